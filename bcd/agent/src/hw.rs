@@ -1,0 +1,473 @@
+//! Hardware and host access behind narrow traits, chosen at construction.
+//!
+//! The real implementations read the host under a root path (`/` in
+//! production, a directory of golden files in tests): the kernel boot id from
+//! `/proc`, NVIDIA GPUs from sysfs, the TPM's presence from sysfs and `/dev`.
+//! The fakes (`fakehw` feature) are first-class code of their own: seeded,
+//! deterministic, and cheap enough to run thousands in one process.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+/// What the agent needs from the machine it runs on.
+pub trait Host: Send + Sync + std::fmt::Debug {
+    /// The kernel's boot id: changes at every boot and kexec.
+    fn boot_id(&self) -> std::io::Result<String>;
+    fn hostname(&self) -> String;
+    fn gpus(&self) -> &dyn Gpus;
+    fn tpm(&self) -> &dyn Tpm;
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Gpu {
+    /// PCI address, `0000:17:00.0`.
+    pub pci_address: String,
+    pub vendor_id: String,
+    pub device_id: String,
+    pub class: String,
+    pub numa_node: Option<i32>,
+    /// From the driver when it is loaded (`GPU-...`).
+    pub uuid: Option<String>,
+    pub model: Option<String>,
+}
+
+pub trait Gpus: Send + Sync + std::fmt::Debug {
+    fn list(&self) -> std::io::Result<Vec<Gpu>>;
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TpmInfo {
+    pub present: bool,
+    pub version_major: Option<u32>,
+    pub device: Option<String>,
+    /// SHA-256 of the endorsement key's public area, where known.
+    pub ek_sha256: Option<String>,
+}
+
+pub trait Tpm: Send + Sync + std::fmt::Debug {
+    fn info(&self) -> TpmInfo;
+}
+
+/// The machine bcd runs on, read under `root`.
+#[derive(Debug)]
+pub struct RealHost {
+    root: PathBuf,
+    gpus: SysfsGpus,
+    tpm: SysfsTpm,
+}
+
+impl RealHost {
+    pub fn new(root: impl Into<PathBuf>) -> RealHost {
+        let root = root.into();
+        RealHost {
+            gpus: SysfsGpus { root: root.clone() },
+            tpm: SysfsTpm { root: root.clone() },
+            root,
+        }
+    }
+}
+
+fn read_trim(path: &Path) -> std::io::Result<String> {
+    Ok(fs::read_to_string(path)?.trim().to_string())
+}
+
+impl Host for RealHost {
+    fn boot_id(&self) -> std::io::Result<String> {
+        read_trim(&self.root.join("proc/sys/kernel/random/boot_id"))
+    }
+
+    fn hostname(&self) -> String {
+        read_trim(&self.root.join("proc/sys/kernel/hostname"))
+            .or_else(|_| read_trim(&self.root.join("etc/hostname")))
+            .unwrap_or_else(|_| "localhost".to_string())
+    }
+
+    fn gpus(&self) -> &dyn Gpus {
+        &self.gpus
+    }
+
+    fn tpm(&self) -> &dyn Tpm {
+        &self.tpm
+    }
+}
+
+/// NVIDIA GPUs from sysfs: PCI functions of vendor 0x10de whose class is VGA
+/// (0x0300) or 3D controller (0x0302); UUID and model from the driver's
+/// `/proc/driver/nvidia/gpus/<address>/information` when it is loaded.
+#[derive(Debug)]
+pub struct SysfsGpus {
+    root: PathBuf,
+}
+
+impl SysfsGpus {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        SysfsGpus { root: root.into() }
+    }
+}
+
+impl Gpus for SysfsGpus {
+    fn list(&self) -> std::io::Result<Vec<Gpu>> {
+        let devices = self.root.join("sys/bus/pci/devices");
+        let entries = match fs::read_dir(&devices) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut gpus = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let dir = entry.path();
+            let vendor = read_trim(&dir.join("vendor")).unwrap_or_default();
+            let class = read_trim(&dir.join("class")).unwrap_or_default();
+            if vendor != "0x10de" || !(class.starts_with("0x0300") || class.starts_with("0x0302")) {
+                continue;
+            }
+            let address = entry.file_name().to_string_lossy().to_string();
+            let info = fs::read_to_string(
+                self.root
+                    .join("proc/driver/nvidia/gpus")
+                    .join(&address)
+                    .join("information"),
+            )
+            .unwrap_or_default();
+            let field = |name: &str| {
+                info.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    (k.trim() == name).then(|| v.trim().to_string())
+                })
+            };
+            gpus.push(Gpu {
+                vendor_id: vendor,
+                device_id: read_trim(&dir.join("device")).unwrap_or_default(),
+                class,
+                numa_node: read_trim(&dir.join("numa_node"))
+                    .ok()
+                    .and_then(|s| s.parse().ok()),
+                uuid: field("GPU UUID"),
+                model: field("Model"),
+                pci_address: address,
+            });
+        }
+        gpus.sort();
+        Ok(gpus)
+    }
+}
+
+/// Whether the kernel exposes a TPM, from sysfs and /dev.
+#[derive(Debug)]
+pub struct SysfsTpm {
+    root: PathBuf,
+}
+
+impl Tpm for SysfsTpm {
+    fn info(&self) -> TpmInfo {
+        let class = self.root.join("sys/class/tpm/tpm0");
+        let present = class.exists();
+        let device = ["dev/tpmrm0", "dev/tpm0"]
+            .iter()
+            .find(|d| self.root.join(d).exists())
+            .map(|d| format!("/{d}"));
+        TpmInfo {
+            present,
+            version_major: read_trim(&class.join("tpm_version_major"))
+                .ok()
+                .and_then(|s| s.parse().ok()),
+            device: if present { device } else { None },
+            ek_sha256: None,
+        }
+    }
+}
+
+/// One inventory section: canonical JSON and its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    pub name: &'static str,
+    pub body: Vec<u8>,
+    pub sha256: String,
+}
+
+impl Section {
+    fn new(name: &'static str, value: &impl Serialize) -> Section {
+        let body = serde_json::to_vec(value).expect("inventory serializes");
+        Section {
+            name,
+            sha256: bcd_proto::fingerprint(&body),
+            body,
+        }
+    }
+}
+
+/// The inventory the node reports: hashes in Hello, bodies on request.
+pub fn inventory(host: &dyn Host) -> Vec<Section> {
+    let gpus = match host.gpus().list() {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(error = %e, "GPU inventory failed");
+            Vec::new()
+        }
+    };
+    #[derive(Serialize)]
+    struct HostSection {
+        hostname: String,
+        agent_version: &'static str,
+    }
+    vec![
+        Section::new(
+            "host",
+            &HostSection {
+                hostname: host.hostname(),
+                agent_version: env!("CARGO_PKG_VERSION"),
+            },
+        ),
+        Section::new("gpus", &gpus),
+        Section::new("tpm", &host.tpm().info()),
+    ]
+}
+
+pub fn real(root: impl Into<PathBuf>) -> Arc<dyn Host> {
+    Arc::new(RealHost::new(root))
+}
+
+#[cfg(feature = "fakehw")]
+pub mod fake {
+    //! Fake hardware for `bcd sim` and laptops: a seeded machine with a
+    //! number of H100-like GPUs, a TPM with a stable endorsement key hash,
+    //! and a boot id that changes when the fake machine reboots.
+
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Debug)]
+    pub struct FakeHost {
+        seed: u64,
+        hostname: String,
+        boot: Mutex<u64>,
+        gpus: FakeGpus,
+        tpm: FakeTpm,
+    }
+
+    #[derive(Debug)]
+    pub struct FakeGpus {
+        gpus: Vec<Gpu>,
+    }
+
+    #[derive(Debug)]
+    pub struct FakeTpm {
+        ek: String,
+    }
+
+    fn hex64(seed: u64, salt: u64) -> String {
+        let mut rng = bcd_core::SplitMix64::new(seed ^ salt.rotate_left(17));
+        format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
+    }
+
+    impl FakeHost {
+        /// A machine named `hostname` with `gpu_count` GPUs; the same seed
+        /// gives the same machine.
+        pub fn new(seed: u64, hostname: impl Into<String>, gpu_count: usize) -> FakeHost {
+            let gpus = (0..gpu_count)
+                .map(|i| {
+                    let u = hex64(seed, 100 + i as u64);
+                    Gpu {
+                        pci_address: format!("0000:{:02x}:00.0", 0x17 + i * 0x10),
+                        vendor_id: "0x10de".into(),
+                        device_id: "0x2330".into(),
+                        class: "0x030200".into(),
+                        numa_node: Some((i / 4) as i32),
+                        uuid: Some(format!(
+                            "GPU-{}-{}-{}-{}-{}",
+                            &u[0..8],
+                            &u[8..12],
+                            &u[12..16],
+                            &u[16..20],
+                            &u[20..32]
+                        )),
+                        model: Some("NVIDIA H100 80GB HBM3 (fake)".into()),
+                    }
+                })
+                .collect();
+            FakeHost {
+                seed,
+                hostname: hostname.into(),
+                boot: Mutex::new(0),
+                gpus: FakeGpus { gpus },
+                tpm: FakeTpm {
+                    ek: hex64(seed, 7) + &hex64(seed, 8),
+                },
+            }
+        }
+
+        /// The fake machine reboots: the next boot id differs.
+        pub fn reboot(&self) {
+            *self.boot.lock().expect("boot lock") += 1;
+        }
+    }
+
+    impl Host for FakeHost {
+        fn boot_id(&self) -> std::io::Result<String> {
+            let boot = *self.boot.lock().expect("boot lock");
+            let h = hex64(self.seed, 1_000 + boot);
+            Ok(format!(
+                "{}-{}-{}-{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[12..16],
+                &h[16..20],
+                &h[20..32]
+            ))
+        }
+
+        fn hostname(&self) -> String {
+            self.hostname.clone()
+        }
+
+        fn gpus(&self) -> &dyn Gpus {
+            &self.gpus
+        }
+
+        fn tpm(&self) -> &dyn Tpm {
+            &self.tpm
+        }
+    }
+
+    impl Gpus for FakeGpus {
+        fn list(&self) -> std::io::Result<Vec<Gpu>> {
+            Ok(self.gpus.clone())
+        }
+    }
+
+    impl Tpm for FakeTpm {
+        fn info(&self) -> TpmInfo {
+            TpmInfo {
+                present: true,
+                version_major: Some(2),
+                device: Some("/dev/tpmrm0".into()),
+                ek_sha256: Some(self.ek.clone()),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn same_seed_same_machine_and_reboot_changes_boot_id() {
+            let a = FakeHost::new(5, "n5", 8);
+            let b = FakeHost::new(5, "n5", 8);
+            assert_eq!(a.gpus().list().unwrap(), b.gpus().list().unwrap());
+            assert_eq!(a.gpus().list().unwrap().len(), 8);
+            let before = a.boot_id().unwrap();
+            assert_eq!(before, b.boot_id().unwrap());
+            a.reboot();
+            assert_ne!(a.boot_id().unwrap(), before);
+            assert_ne!(FakeHost::new(6, "n6", 8).boot_id().unwrap(), before);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, content: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, content).unwrap();
+    }
+
+    /// A golden sysfs/proc tree: two NVIDIA GPUs (one with the driver
+    /// loaded), an NVIDIA audio function and an Intel NIC that must be
+    /// skipped, and a TPM 2.0.
+    fn golden() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        for (addr, vendor, device, class) in [
+            ("0000:17:00.0", "0x10de", "0x2335", "0x030200"),
+            ("0000:2a:00.0", "0x10de", "0x2335", "0x030000"),
+            ("0000:17:00.1", "0x10de", "0x22a3", "0x040300"),
+            ("0000:03:00.0", "0x8086", "0x1521", "0x020000"),
+        ] {
+            write(
+                r,
+                &format!("sys/bus/pci/devices/{addr}/vendor"),
+                &format!("{vendor}\n"),
+            );
+            write(
+                r,
+                &format!("sys/bus/pci/devices/{addr}/device"),
+                &format!("{device}\n"),
+            );
+            write(
+                r,
+                &format!("sys/bus/pci/devices/{addr}/class"),
+                &format!("{class}\n"),
+            );
+            write(r, &format!("sys/bus/pci/devices/{addr}/numa_node"), "1\n");
+        }
+        write(
+            r,
+            "proc/driver/nvidia/gpus/0000:17:00.0/information",
+            "Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nGPU UUID: \t GPU-4b6e0c3a-1f2d-4e5f-8a9b-0c1d2e3f4a5b\n",
+        );
+        write(
+            r,
+            "proc/sys/kernel/random/boot_id",
+            "0f8e2c1a-3b4d-4e5f-9a8b-7c6d5e4f3a2b\n",
+        );
+        write(r, "proc/sys/kernel/hostname", "gpu-node-07\n");
+        write(r, "sys/class/tpm/tpm0/tpm_version_major", "2\n");
+        write(r, "dev/tpmrm0", "");
+        d
+    }
+
+    #[test]
+    fn reads_gpus_boot_id_and_tpm_from_a_golden_tree() {
+        let d = golden();
+        let host = RealHost::new(d.path());
+        assert_eq!(
+            host.boot_id().unwrap(),
+            "0f8e2c1a-3b4d-4e5f-9a8b-7c6d5e4f3a2b"
+        );
+        assert_eq!(host.hostname(), "gpu-node-07");
+        let gpus = host.gpus().list().unwrap();
+        assert_eq!(
+            gpus.iter()
+                .map(|g| g.pci_address.as_str())
+                .collect::<Vec<_>>(),
+            ["0000:17:00.0", "0000:2a:00.0"]
+        );
+        assert_eq!(gpus[0].model.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(
+            gpus[0].uuid.as_deref(),
+            Some("GPU-4b6e0c3a-1f2d-4e5f-8a9b-0c1d2e3f4a5b")
+        );
+        assert_eq!(gpus[1].uuid, None, "driver not loaded for this one");
+        assert_eq!(gpus[0].numa_node, Some(1));
+        let tpm = host.tpm().info();
+        assert!(tpm.present);
+        assert_eq!(tpm.version_major, Some(2));
+        assert_eq!(tpm.device.as_deref(), Some("/dev/tpmrm0"));
+    }
+
+    #[test]
+    fn inventory_hash_changes_with_the_gpus() {
+        let d = golden();
+        let before = inventory(&RealHost::new(d.path()));
+        fs::remove_dir_all(d.path().join("sys/bus/pci/devices/0000:2a:00.0")).unwrap();
+        let after = inventory(&RealHost::new(d.path()));
+        assert_eq!(before[0], after[0], "host section unchanged");
+        assert_ne!(before[1].sha256, after[1].sha256);
+        assert_eq!(before[2], after[2]);
+    }
+
+    #[test]
+    fn a_machine_without_pci_has_no_gpus() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(SysfsGpus::new(d.path()).list().unwrap().is_empty());
+    }
+}

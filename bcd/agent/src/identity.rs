@@ -1,0 +1,277 @@
+//! The node's identity on disk: who it is, the key that proves it, and the
+//! server time mark.
+//!
+//! Layout of the data directory (default `/var/lib/bcd`):
+//!
+//! | file | what |
+//! |---|---|
+//! | `node.key` | the node's ECDSA P-256 key, PKCS#8 PEM, mode 0600 |
+//! | `node.crt` | its certificate from the fleet CA, PEM |
+//! | `ca.crt` | the fleet CA, pinned at join, PEM |
+//! | `identity.json` | node id, server, serial, expiry, server time mark, highest epoch |
+//! | `journal.db` | the journal (see `journal`) |
+//! | `bcd.lock` | held by the one bcd process using the directory |
+//!
+//! `identity.json` is written last at join: it is the commit point, and a
+//! directory without it holds no identity. Every write is atomic.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rcgen::PublicKeyData;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::{self, FsError};
+
+pub const IDENTITY: &str = "identity.json";
+pub const KEY: &str = "node.key";
+pub const CERT: &str = "node.crt";
+pub const CA: &str = "ca.crt";
+pub const JOURNAL: &str = "journal.db";
+
+/// The files `bcd join --reset` moves aside, identity last.
+const RESET_FILES: &[&str] = &[
+    KEY,
+    CERT,
+    CA,
+    "journal.db",
+    "journal.db-wal",
+    "journal.db-shm",
+    IDENTITY,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(
+        "no identity in {dir}: join first: bcd join --server https://HOST:PORT --token TOKEN \
+         --data-dir {dir}"
+    )]
+    NotJoined { dir: PathBuf },
+    #[error(
+        "{path} is unreadable or corrupt ({reason}): join again: bcd join --reset --yes, then \
+         bcd join"
+    )]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "the node key does not match the node certificate in {dir}: join again: bcd join --reset \
+         --yes, then bcd join"
+    )]
+    KeyMismatch { dir: PathBuf },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("cannot move {path} aside")]
+    MoveAside {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The contents of `identity.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IdentityFile {
+    pub version: u32,
+    pub node_id: String,
+    pub server: String,
+    pub cert_serial: String,
+    pub cert_not_after_ms: i64,
+    pub identity_generation: u64,
+    /// Server time mark, unix ms: only moves forward.
+    pub server_time_mark_ms: i64,
+    /// Highest session epoch accepted.
+    pub last_epoch: u64,
+    #[serde(default)]
+    pub ramdisk: bool,
+    /// Worker public keys (ed25519, hex) learned at join.
+    #[serde(default)]
+    pub worker_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub dir: PathBuf,
+    pub file: IdentityFile,
+    pub key_pem: String,
+    pub cert: CertificateDer<'static>,
+    pub ca: CertificateDer<'static>,
+}
+
+fn corrupt(path: &Path, reason: impl std::fmt::Display) -> IdentityError {
+    IdentityError::Corrupt {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
+    fs::read(path).map_err(|e| corrupt(path, e))
+}
+
+pub fn exists(dir: &Path) -> bool {
+    dir.join(IDENTITY).exists()
+}
+
+impl Identity {
+    pub fn load(dir: &Path) -> Result<Identity, IdentityError> {
+        let id_path = dir.join(IDENTITY);
+        if !id_path.exists() {
+            return Err(IdentityError::NotJoined {
+                dir: dir.to_path_buf(),
+            });
+        }
+        let file: IdentityFile =
+            serde_json::from_slice(&read(&id_path)?).map_err(|e| corrupt(&id_path, e))?;
+        if file.version != 1 || file.node_id.is_empty() {
+            return Err(corrupt(&id_path, "unknown version or no node id"));
+        }
+        let key_path = dir.join(KEY);
+        let key_pem = String::from_utf8(read(&key_path)?).map_err(|e| corrupt(&key_path, e))?;
+        let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| corrupt(&key_path, e))?;
+        let cert_path = dir.join(CERT);
+        let cert = CertificateDer::from_pem_slice(&read(&cert_path)?)
+            .map_err(|e| corrupt(&cert_path, e))?;
+        let ca_path = dir.join(CA);
+        let ca =
+            CertificateDer::from_pem_slice(&read(&ca_path)?).map_err(|e| corrupt(&ca_path, e))?;
+        // The certificate embeds the subject public key info verbatim.
+        let spki = key.subject_public_key_info();
+        if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+            return Err(IdentityError::KeyMismatch {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Ok(Identity {
+            dir: dir.to_path_buf(),
+            file,
+            key_pem,
+            cert,
+            ca,
+        })
+    }
+
+    pub fn private_key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .expect("the key parsed when the identity was loaded")
+    }
+
+    /// Writes every file of a new identity; `identity.json` last.
+    pub fn create(
+        dir: &Path,
+        file: IdentityFile,
+        key_pem: String,
+        cert: CertificateDer<'static>,
+        ca: CertificateDer<'static>,
+    ) -> Result<Identity, IdentityError> {
+        fsutil::atomic_write(&dir.join(KEY), key_pem.as_bytes(), 0o600)?;
+        fsutil::atomic_write(&dir.join(CERT), pem("CERTIFICATE", &cert).as_bytes(), 0o644)?;
+        fsutil::atomic_write(&dir.join(CA), pem("CERTIFICATE", &ca).as_bytes(), 0o644)?;
+        let id = Identity {
+            dir: dir.to_path_buf(),
+            file,
+            key_pem,
+            cert,
+            ca,
+        };
+        id.save_state()?;
+        Ok(id)
+    }
+
+    /// Rewrites `identity.json` (the mark and the epoch change over time).
+    pub fn save_state(&self) -> Result<(), IdentityError> {
+        let json = serde_json::to_vec_pretty(&self.file).expect("identity serializes");
+        fsutil::atomic_write(&self.dir.join(IDENTITY), &json, 0o600)?;
+        Ok(())
+    }
+}
+
+/// Moves the identity and journal aside as `<name>.reset-<UTC time>`; never
+/// deletes. Returns the new paths.
+pub fn reset(dir: &Path) -> Result<Vec<PathBuf>, IdentityError> {
+    let stamp = utc_stamp(SystemTime::now());
+    let mut moved = Vec::new();
+    for name in RESET_FILES {
+        let path = dir.join(name);
+        if path.exists() {
+            let to = fsutil::aside_name(&path, "reset", &stamp);
+            fs::rename(&path, &to).map_err(|source| IdentityError::MoveAside {
+                path: path.clone(),
+                source,
+            })?;
+            moved.push(to);
+        }
+    }
+    fsutil::sync_dir(dir).map_err(|source| IdentityError::MoveAside {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(moved)
+}
+
+/// `20261129T101500Z`: compact UTC time for file names.
+pub fn utc_stamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replace(['-', ':'], "")
+}
+
+pub fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamp_is_compact_utc() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        assert_eq!(utc_stamp(t), "20261118T080640Z");
+    }
+
+    #[test]
+    fn missing_identity_says_how_to_join() {
+        let d = tempfile::tempdir().unwrap();
+        let e = Identity::load(d.path()).unwrap_err().to_string();
+        assert!(e.contains("bcd join --server"), "{e}");
+    }
+
+    #[test]
+    fn corrupt_identity_says_how_to_recover() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join(IDENTITY), b"{\"version\": 1, \"node_id\": ").unwrap();
+        let e = Identity::load(d.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("corrupt") && e.contains("bcd join --reset --yes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reset_moves_aside_and_deletes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        for f in [IDENTITY, KEY, CERT, JOURNAL] {
+            fs::write(d.path().join(f), f).unwrap();
+        }
+        let moved = reset(d.path()).unwrap();
+        assert_eq!(moved.len(), 4);
+        assert!(!exists(d.path()));
+        for m in moved {
+            let name = m.file_name().unwrap().to_string_lossy().to_string();
+            assert!(name.contains(".reset-"), "{name}");
+            let original = name.split(".reset-").next().unwrap().to_string();
+            assert_eq!(fs::read_to_string(&m).unwrap(), original);
+        }
+    }
+}

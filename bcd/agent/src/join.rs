@@ -1,0 +1,150 @@
+//! `bcd join`: create the node key, prove the token, receive a certificate
+//! and the fleet CA, and persist the identity.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use bcd_proto::tls::{self, ServerTrust};
+use bcd_proto::token::JoinToken;
+use bcd_proto::v1::{InventoryHash, JoinRequest, join_client::JoinClient};
+use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
+use rustls_pki_types::CertificateDer;
+
+use crate::fsutil::{self, DirLock};
+use crate::hw::{self, Host};
+use crate::identity::{self, Identity, IdentityFile};
+
+#[derive(Debug, Clone)]
+pub struct JoinOptions {
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub data_dir: PathBuf,
+    pub reset: bool,
+    pub yes: bool,
+    pub ramdisk: bool,
+}
+
+/// What `bcd join` did.
+#[derive(Debug)]
+pub enum Joined {
+    Joined(Box<Identity>),
+    /// Only `--reset --yes`: the old identity was moved to these paths.
+    ResetOnly(Vec<PathBuf>),
+}
+
+pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    fsutil::remove_stale_temps(dir);
+    Ok(())
+}
+
+pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> {
+    prepare_dir(&opts.data_dir)?;
+    let _lock = DirLock::acquire(&opts.data_dir)?;
+    let mut moved = Vec::new();
+    if opts.reset && !opts.yes {
+        bail!(
+            "bcd join --reset moves this node's identity and journal aside; confirm with --reset \
+             --yes"
+        );
+    }
+    if identity::exists(&opts.data_dir) {
+        if opts.reset {
+            moved = identity::reset(&opts.data_dir)?;
+        } else {
+            let who = Identity::load(&opts.data_dir)
+                .map(|i| format!(" as node {}", i.file.node_id))
+                .unwrap_or_default();
+            bail!(
+                "this machine already joined{who} (identity in {}): to join again: bcd join \
+                 --reset --yes, then bcd join",
+                opts.data_dir.display()
+            );
+        }
+    }
+    let (server, token) = match (&opts.server, &opts.token) {
+        (Some(s), Some(t)) => (s.clone(), t.clone()),
+        (None, None) if opts.reset => return Ok(Joined::ResetOnly(moved)),
+        _ => bail!("bcd join needs --server https://HOST:PORT and --token TOKEN"),
+    };
+    let token = JoinToken::parse(&token)?;
+    let identity = join_with_token(&server, &token, &opts.data_dir, opts.ramdisk, host).await?;
+    Ok(Joined::Joined(Box::new(identity)))
+}
+
+/// Joins without touching the lock: the caller holds it (or, in the
+/// simulator, owns the whole tree).
+pub async fn join_with_token(
+    server: &str,
+    token: &JoinToken,
+    dir: &Path,
+    ramdisk: bool,
+    host: &dyn Host,
+) -> anyhow::Result<Identity> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("cannot create a key")?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, host.hostname());
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key)?;
+
+    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
+    let channel = tls::connect(server, config).await.map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "cannot reach the server at {server}; check --server and that better-compute \
+             serve runs there"
+        ))
+    })?;
+    let inventory = hw::inventory(host);
+    let resp = JoinClient::new(channel)
+        .join(JoinRequest {
+            token: token.credential(),
+            csr_der: csr.der().to_vec(),
+            hostname: host.hostname(),
+            inventory_hashes: inventory
+                .iter()
+                .map(|s| InventoryHash {
+                    section: s.name.to_string(),
+                    sha256: s.sha256.clone(),
+                })
+                .collect(),
+            ramdisk,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
+        .into_inner();
+
+    if bcd_proto::fingerprint(&resp.ca_der) != token.ca_pin {
+        bail!(
+            "the server returned a CA that does not match the token's pin: ask the operator for \
+             a token from this server"
+        );
+    }
+    let file = IdentityFile {
+        version: 1,
+        node_id: resp.node_id,
+        server: server.to_string(),
+        cert_serial: resp.cert_serial,
+        cert_not_after_ms: resp.not_after_ms,
+        identity_generation: resp.identity_generation,
+        server_time_mark_ms: resp.server_time_ms,
+        last_epoch: 0,
+        ramdisk,
+        worker_keys: resp.worker_keys.iter().map(hex::encode).collect(),
+    };
+    let identity = Identity::create(
+        dir,
+        file,
+        key.serialize_pem(),
+        CertificateDer::from(resp.cert_der),
+        CertificateDer::from(resp.ca_der),
+    )?;
+    // Check what was written reads back as a whole identity.
+    Identity::load(dir)?;
+    Ok(identity)
+}

@@ -1,0 +1,242 @@
+//! `bcd`: the better-compute node daemon, one static multi-call binary.
+//!
+//! Subcommands are thin: the logic lives in the `bcd_agent` library beside
+//! this file, in `bcd-core` (decisions) and `bcd-proto` (wire). Exit codes: 0 success,
+//! 1 error, 2 usage, 3 the server refused this node for good (deleted or
+//! revoked: join again).
+#![forbid(unsafe_code)]
+
+#[cfg(feature = "fakehw")]
+use bcd_agent::sim;
+use bcd_agent::{fsutil, hw, join, node};
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "bcd", version, about = "The better-compute node daemon")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct HwArgs {
+    /// Root of the host's /proc, /sys and /dev (tests point it at a tree of
+    /// golden files).
+    #[arg(long, default_value = "/", env = "BCD_HOST_ROOT")]
+    host_root: PathBuf,
+    /// Use fake hardware (GPUs, TPM, boot id) seeded with this number.
+    #[cfg(feature = "fakehw")]
+    #[arg(long, env = "BCD_FAKE_HW")]
+    fake_hw: Option<u64>,
+    /// Fake GPUs per fake machine.
+    #[cfg(feature = "fakehw")]
+    #[arg(long, default_value_t = 8)]
+    fake_gpus: usize,
+}
+
+impl HwArgs {
+    fn host(&self) -> Arc<dyn hw::Host> {
+        #[cfg(feature = "fakehw")]
+        if let Some(seed) = self.fake_hw {
+            let name = format!("fake-{seed}");
+            return Arc::new(hw::fake::FakeHost::new(seed, name, self.fake_gpus));
+        }
+        hw::real(&self.host_root)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Join a fleet: create the node key, prove the token, store the
+    /// certificate and the fleet CA.
+    Join {
+        /// The server, https://HOST:PORT.
+        #[arg(long, env = "BCD_SERVER")]
+        server: Option<String>,
+        /// A join token from `better-compute tokens create`.
+        #[arg(long, env = "BCD_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Move the current identity and journal aside first (needs --yes).
+        #[arg(long)]
+        reset: bool,
+        #[arg(long)]
+        yes: bool,
+        /// This node boots from a ramdisk (shorter certificates).
+        #[arg(long)]
+        ramdisk: bool,
+        #[command(flatten)]
+        hw: HwArgs,
+    },
+    /// Run the daemon: keep a session with the fleet.
+    Node {
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        hw: HwArgs,
+    },
+    /// Run many simulated nodes (fake hardware, real agents) in one process.
+    #[cfg(feature = "fakehw")]
+    Sim {
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        #[arg(long, env = "BCD_SERVER")]
+        server: String,
+        /// A token with at least as many uses as nodes that have not joined.
+        #[arg(long, env = "BCD_TOKEN", hide_env_values = true)]
+        token: String,
+        #[arg(long, default_value = "./bcd-sim")]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 8)]
+        gpus: usize,
+        #[arg(long, default_value_t = 32)]
+        join_concurrency: usize,
+        /// Stop after this long (e.g. 30s); without it, run until Ctrl-C.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<std::time::Duration>,
+    },
+    /// Print the version and build flavour.
+    Version,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("BCD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if std::env::var("BCD_LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Join {
+            server,
+            token,
+            data_dir,
+            reset,
+            yes,
+            ramdisk,
+            hw,
+        } => {
+            let opts = join::JoinOptions {
+                server,
+                token,
+                data_dir,
+                reset,
+                yes,
+                ramdisk,
+            };
+            match join::run(&opts, hw.host().as_ref()).await? {
+                join::Joined::Joined(id) => {
+                    println!(
+                        "joined as node {} (certificate {} valid until {})",
+                        id.file.node_id,
+                        id.file.cert_serial,
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH
+                                + std::time::Duration::from_millis(
+                                    id.file.cert_not_after_ms.max(0) as u64
+                                )
+                        )
+                    );
+                }
+                join::Joined::ResetOnly(moved) => {
+                    for m in moved {
+                        println!("moved aside: {}", m.display());
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Node { data_dir, hw } => {
+            let _lock = fsutil::DirLock::acquire(&data_dir)?;
+            fsutil::remove_stale_temps(&data_dir);
+            let agent = node::open(&data_dir, hw.host(), rand::random(), None)?;
+            match agent.run(shutdown_signal()).await {
+                node::Stopped::Shutdown => Ok(ExitCode::SUCCESS),
+                node::Stopped::Refused(message) => {
+                    eprintln!("error: the server refused this node: {message}");
+                    Ok(ExitCode::from(3))
+                }
+            }
+        }
+        #[cfg(feature = "fakehw")]
+        Command::Sim {
+            nodes,
+            server,
+            token,
+            data_dir,
+            seed,
+            gpus,
+            join_concurrency,
+            duration,
+        } => {
+            sim::run(sim::SimOptions {
+                nodes,
+                server,
+                token,
+                data_dir,
+                seed,
+                gpus,
+                join_concurrency,
+                duration,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Version => {
+            let flavour = if cfg!(feature = "fakehw") {
+                "fakehw"
+            } else {
+                "real"
+            };
+            println!("bcd {} ({flavour} hardware)", env!("CARGO_PKG_VERSION"));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Sans-IO state machines of the bcd node daemon.
+//!
+//! This crate owns the decisions that must survive crashes, reconnects and
+//! clock trouble: the reconnect back-off, the session's life (Hello, Welcome,
+//! heartbeats, silence), the session epoch rules shared with the gateway, and
+//! the server time mark. Everything here is plain data in, decisions out; time
+//! is always a parameter and randomness comes from a seeded generator, so the
+//! rules are tested exhaustively without sleeping.
+//!
+//! It must not do I/O: no sockets, files, clocks or threads. The tokio shell
+//! that performs the actions lives in the `bcd` crate (`bcd/agent`); the wire
+//! types live in `bcd-proto` (`bcd/proto`); the server applies the epoch rules
+//! inside its store transactions (`server/`).
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod clock;
+pub mod epoch;
+pub mod rng;
+pub mod session;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use clock::{ClockError, ServerClock};
+pub use epoch::{EpochError, EpochTracker};
+pub use rng::SplitMix64;
+pub use session::{Action, CloseReason, Event, Session, SessionConfig};

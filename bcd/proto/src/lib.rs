@@ -1,0 +1,33 @@
+//! The wire protocol between bcd, the gateway, the join service and the
+//! operator API, and the TLS transport both ends use.
+//!
+//! `v1` holds the tonic/prost code generated from `proto/bcd.proto`. `tls`
+//! builds rustls configurations on the one crypto provider of the project
+//! (ring), connects tonic channels over our own TLS so the client can pin the
+//! fleet CA, and accepts server connections so handlers can see the client
+//! certificate. This crate holds no policy: who may do what is decided by the
+//! server (`server/`) and the agent (`bcd/agent`).
+#![forbid(unsafe_code)]
+
+pub mod tls;
+pub mod token;
+
+#[allow(clippy::all, missing_debug_implementations)]
+pub mod v1 {
+    tonic::include_proto!("bcd.v1");
+}
+
+/// The DNS name every gateway serving certificate carries. Nodes reach
+/// gateways by whatever address the operator gives (an IP, a balancer, a
+/// qemu forward); trust comes from the pinned fleet CA, so the name checked
+/// is this fixed one rather than the dialed host.
+pub const GATEWAY_NAME: &str = "gateway.better-compute.internal";
+
+/// Request metadata key carrying the operator's bearer credential.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// SHA-256 of DER bytes, as lowercase hex: how certificates are pinned and
+/// looked up.
+pub fn fingerprint(der: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, der).as_ref())
+}

@@ -1,0 +1,419 @@
+//! TLS for both ends, on rustls with ring as the one crypto provider.
+//!
+//! Clients connect tonic channels through [`connect`], which dials TCP and
+//! runs the TLS handshake itself: this is how a joining node pins the fleet CA
+//! from its token before it has the CA, and how every node presents its
+//! certificate. Servers accept through [`incoming`], which hands tonic
+//! connections that carry the peer's certificate, so handlers know which
+//! node is speaking. Client certificates are verified against the fleet CA
+//! but optional at the TLS layer: Join has none yet, and every other service
+//! refuses a request without one.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{GATEWAY_NAME, fingerprint};
+
+/// How long a peer may take to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 PINGs on idle and busy connections alike, to find dead links.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("certificate or key is not usable")]
+    Rustls(#[from] rustls::Error),
+    #[error("client certificate verifier")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("server address {0:?} is not of the form https://HOST:PORT")]
+    BadAddress(String),
+    #[error("cannot connect to {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// How a client decides to trust the server.
+#[derive(Debug, Clone)]
+pub enum ServerTrust {
+    /// The fleet CA this node or operator already holds.
+    Ca(CertificateDer<'static>),
+    /// First contact: the server must present, in its chain, a CA whose
+    /// SHA-256 is this hex pin, and its certificate must chain to that CA.
+    Pin(String),
+}
+
+/// A client certificate chain and its key.
+#[derive(Debug)]
+pub struct ClientIdentity {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+pub fn client_config(
+    trust: ServerTrust,
+    identity: Option<ClientIdentity>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let verifier: Arc<dyn ServerCertVerifier> = match trust {
+        ServerTrust::Ca(ca) => ca_verifier(ca, provider.clone())?,
+        ServerTrust::Pin(pin) => Arc::new(PinVerifier {
+            pin: pin.to_ascii_lowercase(),
+            provider: provider.clone(),
+        }),
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match identity {
+        Some(id) => builder.with_client_auth_cert(id.chain, id.key)?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn ca_verifier(
+    ca: CertificateDer<'static>,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca)?;
+    let v = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    Ok(v)
+}
+
+/// Trust on first contact, bounded by a pin the operator handed over with
+/// the join token.
+#[derive(Debug)]
+struct PinVerifier {
+    pin: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|c| fingerprint(c) == self.pin)
+            .ok_or_else(|| {
+                rustls::Error::General(format!(
+                    "the server's CA does not match the token's pin sha256:{}; check --server, \
+                     or ask the operator for a token from this server",
+                    self.pin
+                ))
+            })?;
+        let v = ca_verifier(ca.clone().into_owned(), self.provider.clone())
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        v.verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// `https://host:port`, `host:port` → `host:port`.
+pub fn host_port(url: &str) -> Result<String, TlsError> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url);
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
+        return Err(TlsError::BadAddress(url.to_string()));
+    }
+    Ok(rest.to_string())
+}
+
+/// Connects a tonic channel to `url` over our TLS. The connection is made
+/// now, so an unreachable server or a refused certificate fails here.
+pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
+    let addr = host_port(url)?;
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|_| TlsError::BadAddress(url.to_string()))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_INTERVAL)
+        .keep_alive_while_idle(true);
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let dial = addr.clone();
+    let service = tower::service_fn(move |_: http::Uri| {
+        let connector = connector.clone();
+        let dial = dial.clone();
+        async move {
+            let tcp = TcpStream::connect(&dial).await?;
+            tcp.set_nodelay(true)?;
+            let name = ServerName::try_from(GATEWAY_NAME).map_err(io::Error::other)?;
+            let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
+                })??;
+            Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    endpoint
+        .connect_with_connector(service)
+        .await
+        .map_err(|source| TlsError::Connect { addr, source })
+}
+
+/// Server configuration: our chain and key; client certificates verified
+/// against `client_ca` when presented.
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: CertificateDer<'static>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let mut roots = RootCertStore::empty();
+    roots.add(client_ca)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(feature = "server")]
+pub use accept::*;
+
+/// The accepting side, for the server.
+#[cfg(feature = "server")]
+mod accept {
+    use std::io;
+    use std::net::SocketAddr;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use rustls::ServerConfig;
+    use rustls_pki_types::CertificateDer;
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::HANDSHAKE_TIMEOUT;
+    use crate::fingerprint;
+
+    /// Who is on the other end of a server connection.
+    #[derive(Debug, Clone)]
+    pub struct PeerInfo {
+        pub remote: SocketAddr,
+        /// The verified client certificate (end entity), if one was presented.
+        pub cert: Option<Arc<CertificateDer<'static>>>,
+        /// Its SHA-256, hex.
+        pub cert_fingerprint: Option<String>,
+    }
+
+    /// A server connection after a completed handshake.
+    #[derive(Debug)]
+    pub struct TlsConn {
+        inner: tokio_rustls::server::TlsStream<TcpStream>,
+        info: PeerInfo,
+    }
+
+    impl tonic::transport::server::Connected for TlsConn {
+        type ConnectInfo = PeerInfo;
+
+        fn connect_info(&self) -> PeerInfo {
+            self.info.clone()
+        }
+    }
+
+    impl AsyncRead for TlsConn {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for TlsConn {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.inner.is_write_vectored()
+        }
+    }
+
+    /// Decides, per accepted TCP connection, whether to run the handshake now.
+    /// The gateway uses it for its handshake token bucket.
+    pub trait Admission: Send + Sync + 'static {
+        fn admit(&self) -> bool;
+    }
+
+    /// Admits everything.
+    #[derive(Debug, Clone, Copy)]
+    pub struct AdmitAll;
+
+    impl Admission for AdmitAll {
+        fn admit(&self) -> bool {
+            true
+        }
+    }
+
+    /// Accepts TCP connections and completes TLS handshakes concurrently; yields
+    /// finished connections for `Server::serve_with_incoming`. Handshake failures
+    /// are logged and dropped, never fatal to the server. The accept task ends
+    /// when the returned stream is dropped.
+    pub fn incoming(
+        listener: TcpListener,
+        config: Arc<ServerConfig>,
+        admission: Arc<dyn Admission>,
+    ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, io::Error>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, remote) = tokio::select! {
+                    r = listener.accept() => match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                    _ = tx.closed() => return,
+                };
+                if !admission.admit() {
+                    drop(tcp);
+                    continue;
+                }
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let cert = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(|c| Arc::new(c.clone().into_owned()));
+                            let info = PeerInfo {
+                                remote,
+                                cert_fingerprint: cert.as_deref().map(|c| fingerprint(c)),
+                                cert,
+                            };
+                            let _ = tx
+                                .send(Ok(TlsConn {
+                                    inner: stream,
+                                    info,
+                                }))
+                                .await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_accepts_urls_and_bare_addresses() {
+        assert_eq!(
+            host_port("https://127.0.0.1:7443").unwrap(),
+            "127.0.0.1:7443"
+        );
+        assert_eq!(host_port("https://[::1]:7443/").unwrap(), "[::1]:7443");
+        assert_eq!(host_port("gw.example:443").unwrap(), "gw.example:443");
+        assert!(host_port("https://nohost").is_err());
+        assert!(host_port("https://h:1/path").is_err());
+        assert!(host_port("").is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! The command line: `serve` and the operator verbs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use bcd_proto::v1::{CreateTokenRequest, DeleteNodeRequest, ListNodesRequest};
+use clap::{Parser, Subcommand};
+
+use crate::client;
+use crate::gateway::Timing;
+use crate::joinsvc::CertPolicy;
+use crate::serve::{self, ServeOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "better-compute",
+    version,
+    about = "The better-compute control plane"
+)]
+struct Cli {
+    /// The server's data directory (store, CA, operator credential).
+    #[arg(
+        long,
+        global = true,
+        default_value = "/var/lib/better-compute",
+        env = "BC_DATA_DIR"
+    )]
+    data_dir: PathBuf,
+    /// The operator credential; defaults to operator.json in --data-dir.
+    #[arg(long, global = true, env = "BC_OPERATOR")]
+    operator: Option<PathBuf>,
+    /// Override the server address in the operator credential.
+    #[arg(long, global = true, env = "BC_SERVER")]
+    server: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn dur(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the control plane: gateway, join service, API and liveness.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        listen: std::net::SocketAddr,
+        /// Extra DNS names or IPs for the serving certificate.
+        #[arg(long = "san")]
+        sans: Vec<String>,
+        #[arg(long)]
+        gateway_id: Option<String>,
+        /// How often nodes send heartbeats; three missed close a session.
+        #[arg(long, default_value = "10s", value_parser = dur)]
+        heartbeat_interval: Duration,
+        #[arg(long, default_value = "20s", value_parser = dur)]
+        gateway_lease_ttl: Duration,
+        #[arg(long, default_value = "40s", value_parser = dur)]
+        node_lease_ttl: Duration,
+        #[arg(long, default_value = "120s", value_parser = dur)]
+        gateway_loss_grace: Duration,
+        #[arg(long, default_value = "24h", value_parser = dur)]
+        node_cert_ttl: Duration,
+        #[arg(long, default_value = "2h", value_parser = dur)]
+        ramdisk_cert_ttl: Duration,
+    },
+    /// Join tokens.
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
+    /// Nodes of the fleet.
+    Nodes {
+        #[command(subcommand)]
+        command: NodesCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokensCommand {
+    /// Create a join token and print it.
+    Create {
+        #[arg(long, default_value = "24h", value_parser = dur)]
+        ttl: Duration,
+        /// How many nodes may join with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodesCommand {
+    /// Show each node's state, epoch, gateway, certificate expiry and last-seen age.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a node: it can no longer connect; its certificates are revoked.
+    Delete {
+        node: String,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("BC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if std::env::var("BC_LOG_FORMAT").as_deref() == Ok("json") {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn fmt_age(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        _ => format!("{}h", s / 3600),
+    }
+}
+
+fn fmt_time(ms: i64) -> String {
+    humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64),
+    )
+    .to_string()
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let operator = cli
+        .operator
+        .clone()
+        .unwrap_or_else(|| cli.data_dir.join(serve::OPERATOR_FILE));
+    let server = cli.server.as_deref();
+    match cli.command {
+        Command::Serve {
+            listen,
+            sans,
+            gateway_id,
+            heartbeat_interval,
+            gateway_lease_ttl,
+            node_lease_ttl,
+            gateway_loss_grace,
+            node_cert_ttl,
+            ramdisk_cert_ttl,
+        } => {
+            let timing = Timing {
+                heartbeat: heartbeat_interval,
+                gateway_lease_ttl,
+                node_lease_ttl,
+                gateway_loss_grace,
+                ..Timing::default()
+            };
+            serve::serve(
+                ServeOptions {
+                    data_dir: cli.data_dir,
+                    listen,
+                    sans,
+                    gateway_id,
+                    timing,
+                    certs: CertPolicy {
+                        node_ttl: node_cert_ttl,
+                        ramdisk_ttl: ramdisk_cert_ttl,
+                    },
+                },
+                shutdown_signal(),
+            )
+            .await
+        }
+        Command::Tokens {
+            command:
+                TokensCommand::Create {
+                    ttl,
+                    uses,
+                    description,
+                    json,
+                },
+        } => {
+            let mut c = client::connect(&operator, server).await?;
+            let r = c
+                .create_token(CreateTokenRequest {
+                    ttl_ms: ttl.as_millis() as u64,
+                    uses,
+                    description,
+                })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "token": r.token, "token_id": r.token_id,
+                        "expires_at_ms": r.expires_at_ms, "uses": r.uses,
+                    })
+                );
+            } else {
+                println!("{}", r.token);
+                eprintln!(
+                    "token {} for {} node(s), expires {}",
+                    r.token_id,
+                    r.uses,
+                    fmt_time(r.expires_at_ms)
+                );
+            }
+            Ok(())
+        }
+        Command::Nodes {
+            command: NodesCommand::List { json },
+        } => {
+            let mut c = client::connect(&operator, server).await?;
+            let r = c
+                .list_nodes(ListNodesRequest {})
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            if json {
+                let nodes: Vec<_> = r
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        serde_json::json!({
+                            "node_id": n.node_id, "hostname": n.hostname, "state": n.state,
+                            "epoch": n.epoch, "gateway": n.gateway_id,
+                            "cert_not_after_ms": n.cert_not_after_ms,
+                            "last_seen_age_ms": n.last_seen_age_ms, "boot_id": n.boot_id,
+                            "journal_id": n.journal_id, "incarnation_id": n.incarnation_id,
+                            "agent_version": n.agent_version, "conditions": n.conditions,
+                            "taints": n.taints,
+                        })
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "server_time_ms": r.server_time_ms, "nodes": nodes,
+                    }))?
+                );
+            } else {
+                println!(
+                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
+                    "NODE", "HOSTNAME", "STATE", "EPOCH", "GATEWAY", "CERT EXPIRES", "LAST SEEN"
+                );
+                for n in &r.nodes {
+                    println!(
+                        "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
+                        n.node_id,
+                        n.hostname,
+                        n.state,
+                        n.epoch,
+                        n.gateway_id,
+                        fmt_time(n.cert_not_after_ms),
+                        fmt_age(n.last_seen_age_ms)
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Nodes {
+            command: NodesCommand::Delete { node, yes },
+        } => {
+            if !yes {
+                anyhow::bail!(
+                    "deleting node {node} revokes its certificates and it cannot reconnect; \
+                     confirm with --yes"
+                );
+            }
+            let mut c = client::connect(&operator, server).await?;
+            c.delete_node(DeleteNodeRequest {
+                node_id: node.clone(),
+            })
+            .await
+            .map_err(client::status)?;
+            println!("deleted {node}");
+            Ok(())
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)).context("better-compute") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Skip the context we just added; print the chain once.
+            let chain: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}

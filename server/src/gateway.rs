@@ -1,0 +1,540 @@
+//! The gateway: one bidirectional stream per node.
+//!
+//! A stream starts with the node's Hello. The Hello transaction (in the
+//! store) checks the node's certificate, bumps the session epoch and routes
+//! the node here; the gateway answers Welcome with the store's time. Then the
+//! node sends a heartbeat every interval; three missed intervals close the
+//! session with an epoch-fenced disconnect write. Liveness is flushed to the
+//! store as ages ("seen N ms ago"), never as timestamps of this process.
+//!
+//! The gateway holds the lease `gateway:<id>`. Without a renewal for half
+//! its TTL, or on finding another owner, it fences itself: it closes every
+//! stream UNAVAILABLE and refuses new ones until it holds the lease again.
+//! At most 64 Hello transactions run at once; more are refused
+//! RESOURCE_EXHAUSTED and the node retries with back-off.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bcd_proto::tls::PeerInfo;
+use bcd_proto::v1::{
+    self, NodeMessage, ServerMessage, Welcome, gateway_server::Gateway, node_message,
+    server_message,
+};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::store::{HelloInput, Refusal, Store, TxError};
+
+/// Timings of the gateway and the liveness controller.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    pub missed_heartbeats: u32,
+    pub welcome_timeout: Duration,
+    pub gateway_lease_ttl: Duration,
+    pub node_lease_ttl: Duration,
+    pub gateway_loss_grace: Duration,
+    pub sweep_every: Duration,
+    pub outage_gap: Duration,
+    pub outage_hold: Duration,
+    pub max_pending_hellos: usize,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat: Duration::from_secs(10),
+            missed_heartbeats: 3,
+            welcome_timeout: Duration::from_secs(30),
+            gateway_lease_ttl: Duration::from_secs(20),
+            node_lease_ttl: Duration::from_secs(40),
+            gateway_loss_grace: Duration::from_secs(120),
+            sweep_every: Duration::from_secs(1),
+            outage_gap: Duration::from_secs(20),
+            outage_hold: Duration::from_secs(300),
+            max_pending_hellos: 64,
+        }
+    }
+}
+
+/// The store's clock as this process sees it: anchored to `compute_now()`
+/// at every lease renewal, advanced by the monotonic clock in between.
+#[derive(Debug)]
+pub struct StoreClock {
+    anchor: Mutex<(Instant, i64)>,
+}
+
+impl StoreClock {
+    pub fn new(store_now_ms: i64) -> StoreClock {
+        StoreClock {
+            anchor: Mutex::new((Instant::now(), store_now_ms)),
+        }
+    }
+
+    pub fn anchor(&self, store_now_ms: i64) {
+        *self.anchor.lock().unwrap_or_else(|p| p.into_inner()) = (Instant::now(), store_now_ms);
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        let (at, ms) = *self.anchor.lock().unwrap_or_else(|p| p.into_inner());
+        ms + at.elapsed().as_millis() as i64
+    }
+}
+
+struct LocalSession {
+    epoch: u64,
+    last_heard: Arc<Mutex<Instant>>,
+    close: Option<oneshot::Sender<Status>>,
+}
+
+/// One gateway's state, shared by its streams and its background loops.
+pub struct GatewayState {
+    pub id: String,
+    pub store: Store,
+    pub timing: Timing,
+    pub clock: StoreClock,
+    sessions: Mutex<HashMap<String, LocalSession>>,
+    hellos: Arc<Semaphore>,
+    fenced: AtomicBool,
+}
+
+impl std::fmt::Debug for GatewayState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayState")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GatewayState {
+    pub fn new(id: String, store: Store, timing: Timing, store_now_ms: i64) -> Arc<GatewayState> {
+        Arc::new(GatewayState {
+            id,
+            store,
+            timing,
+            clock: StoreClock::new(store_now_ms),
+            sessions: Mutex::new(HashMap::new()),
+            hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
+            fenced: AtomicBool::new(true),
+        })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalSession>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions().len()
+    }
+
+    pub fn lease_name(&self) -> String {
+        format!("gateway:{}", self.id)
+    }
+
+    /// Closes one session with `status`, if it is still the one under `epoch`.
+    fn close_session(&self, node: &str, epoch: Option<u64>, status: Status) {
+        let mut sessions = self.sessions();
+        if let Some(s) = sessions.get_mut(node)
+            && epoch.is_none_or(|e| e == s.epoch)
+            && let Some(tx) = s.close.take()
+        {
+            let _ = tx.send(status);
+        }
+    }
+
+    /// Fences the gateway: forget the lease, close every stream.
+    pub fn fence(&self, why: &str) {
+        if !self.fenced.swap(true, Ordering::SeqCst) {
+            warn!(gateway = %self.id, reason = why, "fencing: closing every session");
+        }
+        let mut sessions = self.sessions();
+        for s in sessions.values_mut() {
+            if let Some(tx) = s.close.take() {
+                let _ = tx.send(Status::unavailable(format!(
+                    "gateway {} lost its lease; reconnect",
+                    self.id
+                )));
+            }
+        }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Keeps the `gateway:<id>` lease. Renews every quarter TTL; fences after
+    /// half the TTL without a renewal or when another owner holds it.
+    pub async fn lease_loop(self: Arc<Self>) {
+        let ttl = self.timing.gateway_lease_ttl;
+        let mut last_ok: Option<Instant> = None;
+        let mut tick = tokio::time::interval(ttl / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (name, owner) = (self.lease_name(), self.id.clone());
+            let r = tokio::time::timeout(
+                ttl / 2,
+                self.store.run(move |s| s.renew_lease(&name, &owner, ttl)),
+            )
+            .await;
+            match r {
+                Ok(Ok(Some(now))) => {
+                    self.clock.anchor(now);
+                    last_ok = Some(Instant::now());
+                    if self.fenced.swap(false, Ordering::SeqCst) {
+                        info!(gateway = %self.id, "holding the gateway lease; admitting sessions");
+                    }
+                }
+                Ok(Ok(None)) => self.fence("another owner holds the gateway lease"),
+                Ok(Err(e)) => {
+                    warn!(error = %format!("{e:#}"), "gateway lease renewal failed");
+                    if last_ok.is_none_or(|t| t.elapsed() >= ttl / 2) {
+                        self.fence("no lease renewal for half the lease TTL");
+                    }
+                }
+                Err(_) => {
+                    warn!("gateway lease renewal timed out");
+                    if last_ok.is_none_or(|t| t.elapsed() >= ttl / 2) {
+                        self.fence("no lease renewal for half the lease TTL");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flushes "seen age ago" for every local session; closes sessions a
+    /// newer Hello took elsewhere.
+    pub async fn liveness_loop(self: Arc<Self>) {
+        let every = self.timing.heartbeat.min(Duration::from_secs(5));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.is_fenced() {
+                continue;
+            }
+            let seen: Vec<(String, u64, Duration)> = self
+                .sessions()
+                .iter()
+                .map(|(n, s)| {
+                    let heard = *s.last_heard.lock().unwrap_or_else(|p| p.into_inner());
+                    (n.clone(), s.epoch, heard.elapsed())
+                })
+                .collect();
+            if seen.is_empty() {
+                continue;
+            }
+            let gw = self.id.clone();
+            match self.store.run(move |s| s.flush_liveness(&gw, &seen)).await {
+                Ok(gone) => {
+                    for (node, epoch) in gone {
+                        debug!(%node, epoch, "session superseded; closing it");
+                        self.close_session(
+                            &node,
+                            Some(epoch),
+                            Status::aborted("session superseded by a newer one"),
+                        );
+                    }
+                }
+                Err(e) => warn!(error = %format!("{e:#}"), "liveness flush failed"),
+            }
+        }
+    }
+
+    /// Marks this gateway's sessions disconnected and gives the lease back;
+    /// for an orderly shutdown only (a crash does neither).
+    pub async fn shutdown(&self) {
+        let mine: Vec<(String, u64)> = self
+            .sessions()
+            .iter()
+            .map(|(n, s)| (n.clone(), s.epoch))
+            .collect();
+        let (name, owner) = (self.lease_name(), self.id.clone());
+        let _ = self
+            .store
+            .run(move |s| {
+                for (node, epoch) in mine {
+                    s.disconnect(&node, epoch, Duration::ZERO, "gateway-shutdown")?;
+                }
+                s.release_lease(&name, &owner)
+            })
+            .await;
+    }
+}
+
+/// The tonic service.
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    pub state: Arc<GatewayState>,
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+
+pub fn refusal_status(e: TxError) -> Status {
+    match e {
+        TxError::Refused(r) => match r {
+            Refusal::UnknownToken | Refusal::ExpiredToken | Refusal::UsedToken => {
+                Status::permission_denied(r.to_string())
+            }
+            Refusal::BadRequest(m) => Status::invalid_argument(m),
+            Refusal::Internal(m) => {
+                warn!(error = %m, "internal error");
+                Status::internal("the server failed to handle the request; see its log")
+            }
+            _ => Status::unauthenticated(r.to_string()),
+        },
+        TxError::Store(e) => {
+            warn!(error = %format!("{e:#}"), "store error");
+            Status::unavailable("the server's store is unavailable; retry later")
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<NodeMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let fingerprint = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "a node certificate is required: join first: bcd join --server URL --token TOKEN",
+                )
+            })?;
+        if self.state.is_fenced() {
+            return Err(Status::unavailable(
+                "this gateway holds no lease right now; retry",
+            ));
+        }
+        let permit = self
+            .state
+            .hellos
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Status::resource_exhausted("too many Hellos in flight; retry"))?;
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            run_session(state, fingerprint, inbound, tx, permit).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+type Out = mpsc::Sender<Result<ServerMessage, Status>>;
+
+fn msg(m: server_message::Msg) -> Result<ServerMessage, Status> {
+    Ok(ServerMessage { msg: Some(m) })
+}
+
+async fn run_session(
+    state: Arc<GatewayState>,
+    fingerprint: String,
+    mut inbound: Streaming<NodeMessage>,
+    out: Out,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let timing = state.timing;
+    let hello = match tokio::time::timeout(timing.welcome_timeout, inbound.message()).await {
+        Ok(Ok(Some(NodeMessage {
+            msg: Some(node_message::Msg::Hello(h)),
+        }))) => h,
+        Ok(Ok(Some(_))) => {
+            let _ = out
+                .send(Err(Status::invalid_argument(
+                    "the first message must be Hello",
+                )))
+                .await;
+            return;
+        }
+        _ => return,
+    };
+    let node = hello.node_id.clone();
+    let input = HelloInput {
+        node_id: hello.node_id,
+        cert_fingerprint: fingerprint,
+        cert_serial: hello.cert_serial,
+        gateway_id: state.id.clone(),
+        incarnation_id: hello.incarnation_id,
+        boot_id: hello.boot_id,
+        journal_id: hello.journal_id,
+        agent_version: hello.agent_version,
+        last_epoch: hello.last_epoch,
+        inventory_hashes: hello
+            .inventory_hashes
+            .into_iter()
+            .map(|h| (h.section, h.sha256))
+            .collect(),
+    };
+    let outcome = match state.store.run(move |s| s.hello(&input)).await {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = out.send(Err(refusal_status(e))).await;
+            return;
+        }
+    };
+    drop(permit);
+    let epoch = outcome.epoch;
+    let span = info_span!("session", %node, epoch, gateway = %state.id);
+    async move {
+        let last_heard = Arc::new(Mutex::new(Instant::now()));
+        let (close_tx, mut close_rx) = oneshot::channel();
+        if let Some(mut old) = state.sessions().insert(
+            node.clone(),
+            LocalSession {
+                epoch,
+                last_heard: last_heard.clone(),
+                close: Some(close_tx),
+            },
+        ) && let Some(tx) = old.close.take()
+        {
+            let _ = tx.send(Status::aborted("session superseded by a newer one"));
+        }
+        info!("session established");
+        let welcome = Welcome {
+            epoch,
+            server_time_ms: outcome.server_time_ms,
+            gateway_id: state.id.clone(),
+            heartbeat_interval_ms: timing.heartbeat.as_millis() as u32,
+            inventory_wanted: outcome.inventory_wanted,
+        };
+        if out
+            .send(msg(server_message::Msg::Welcome(welcome)))
+            .await
+            .is_err()
+        {
+            end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
+            return;
+        }
+        let mut tick = tokio::time::interval(timing.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let dead_after = timing.heartbeat * timing.missed_heartbeats;
+        loop {
+            tokio::select! {
+                status = &mut close_rx => {
+                    // Superseded or fenced: another session owns the node's
+                    // route now, so no disconnect write.
+                    if let Ok(status) = status {
+                        let _ = out.send(Err(status)).await;
+                    }
+                    unregister(&state, &node, epoch);
+                    return;
+                }
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        *last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                        if !handle(&state, &node, epoch, m, &out).await {
+                            end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
+                            return;
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
+                        return;
+                    }
+                },
+                _ = tick.tick() => {
+                    let silent = last_heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+                    if silent >= dead_after {
+                        info!(?silent, "missed heartbeats; closing the session");
+                        let _ = out.send(Err(Status::unavailable(format!(
+                            "no heartbeat for {}s; reconnect", silent.as_secs()
+                        )))).await;
+                        end_session(&state, &node, epoch, silent, "missed-heartbeats").await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Handles one message; false when the stream is unusable.
+async fn handle(
+    state: &Arc<GatewayState>,
+    node: &str,
+    epoch: u64,
+    m: NodeMessage,
+    out: &Out,
+) -> bool {
+    match m.msg {
+        Some(node_message::Msg::Heartbeat(h)) => out
+            .send(msg(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
+                seq: h.seq,
+                server_time_ms: state.clock.now_ms(),
+            })))
+            .await
+            .is_ok(),
+        Some(node_message::Msg::Inventory(inv)) => {
+            if bcd_proto::fingerprint(&inv.body) != inv.sha256 || inv.body.len() > 1 << 20 {
+                warn!(section = %inv.section, "inventory body does not match its hash or is too large; ignored");
+                return true;
+            }
+            let node = node.to_string();
+            if let Err(e) = state
+                .store
+                .run(move |s| s.put_inventory(&node, epoch, &inv.section, &inv.sha256, &inv.body))
+                .await
+            {
+                warn!(error = %format!("{e:#}"), "cannot store inventory");
+            }
+            true
+        }
+        Some(node_message::Msg::Hello(_)) => {
+            let _ = out
+                .send(Err(Status::invalid_argument(
+                    "Hello is only valid as the first message",
+                )))
+                .await;
+            false
+        }
+        // Commands, events and state reports arrive in later protocol
+        // versions; a gateway that does not know them yet ignores them.
+        _ => true,
+    }
+}
+
+fn unregister(state: &GatewayState, node: &str, epoch: u64) {
+    let mut sessions = state.sessions();
+    if sessions.get(node).is_some_and(|s| s.epoch == epoch) {
+        sessions.remove(node);
+    }
+}
+
+async fn end_session(
+    state: &Arc<GatewayState>,
+    node: &str,
+    epoch: u64,
+    age: Duration,
+    cause: &'static str,
+) {
+    unregister(state, node, epoch);
+    let n = node.to_string();
+    match state
+        .store
+        .run(move |s| s.disconnect(&n, epoch, age, cause))
+        .await
+    {
+        Ok(true) => info!(cause, "session ended"),
+        Ok(false) => debug!(cause, "session ended; a newer session owns the node"),
+        Err(e) => warn!(error = %format!("{e:#}"), "cannot record the disconnect"),
+    }
+}

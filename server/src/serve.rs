@@ -1,0 +1,224 @@
+//! `better-compute serve`: the gateway, join service, operator API and
+//! liveness controller in one process on the embedded store.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bcd_proto::tls;
+use bcd_proto::v1::{
+    admin_server::AdminServer, gateway_server::GatewayServer, join_server::JoinServer,
+};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::admin::{AdminService, OperatorAuth};
+use crate::ca::Ca;
+use crate::files;
+use crate::gateway::{GatewayService, GatewayState, Timing};
+use crate::joinsvc::{CertPolicy, JoinService};
+use crate::store::{LivenessRules, Store};
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// Extra names (DNS or IP) for the serving certificate.
+    pub sans: Vec<String>,
+    pub gateway_id: Option<String>,
+    pub timing: Timing,
+    pub certs: CertPolicy,
+}
+
+/// What `operator.json` holds: how the CLI reaches and proves itself to the
+/// API. Readable by its owner only.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OperatorCredential {
+    pub server: String,
+    pub ca_pem: String,
+    pub token: String,
+}
+
+pub const OPERATOR_FILE: &str = "operator.json";
+
+fn prepare(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))
+}
+
+fn pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// Writes the operator credential on first start; afterwards keeps its
+/// server address current. Returns the operator token hashes.
+fn operator_credential(
+    dir: &Path,
+    store: &Store,
+    ca: &Ca,
+    addr: SocketAddr,
+) -> anyhow::Result<HashSet<String>> {
+    let path = dir.join(OPERATOR_FILE);
+    let server = format!("https://{addr}");
+    let cred = if path.exists() {
+        let mut c: OperatorCredential = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is corrupt", path.display()))?;
+        if c.server != server {
+            c.server = server;
+            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+        }
+        c
+    } else {
+        let token = format!(
+            "bco1.{:032x}{:032x}",
+            rand::random::<u128>(),
+            rand::random::<u128>()
+        );
+        store.add_operator("admin", &bcd_proto::fingerprint(token.as_bytes()))?;
+        let c = OperatorCredential {
+            server,
+            ca_pem: pem(&ca.cert),
+            token,
+        };
+        files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+        info!(path = %path.display(), "wrote the operator credential");
+        c
+    };
+    let mut hashes = HashSet::new();
+    hashes.insert(bcd_proto::fingerprint(cred.token.as_bytes()));
+    Ok(hashes)
+}
+
+/// Runs until `shutdown` resolves. Prints `listening on ADDR` on stdout once
+/// it accepts connections.
+pub async fn serve(
+    opts: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    prepare(&opts.data_dir)?;
+    let store = Store::open(&opts.data_dir.join("store.db"))
+        .with_context(|| format!("cannot open the store in {}", opts.data_dir.display()))?;
+    let now = store.now()?;
+    let mut sans = opts.sans.clone();
+    if sans.is_empty() {
+        sans = vec!["localhost".into(), opts.listen.ip().to_string()];
+    }
+    let ca = Arc::new(Ca::load_or_create(&opts.data_dir, &sans, now).context("fleet CA")?);
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let operators = operator_credential(&opts.data_dir, &store, &ca, addr)?;
+
+    let gateway_id = opts
+        .gateway_id
+        .clone()
+        .unwrap_or_else(|| format!("gw-{:08x}", rand::random::<u32>()));
+    let gw = GatewayState::new(gateway_id.clone(), store.clone(), opts.timing, now);
+    // Hold the lease before admitting anyone.
+    match store.renew_lease(&gw.lease_name(), &gateway_id, opts.timing.gateway_lease_ttl)? {
+        Some(now) => gw.clock.anchor(now),
+        None => anyhow::bail!("gateway id {gateway_id} is held by another live gateway"),
+    }
+    let mut tasks = vec![
+        tokio::spawn(gw.clone().lease_loop()),
+        tokio::spawn(gw.clone().liveness_loop()),
+        tokio::spawn(liveness_controller(store.clone(), opts.timing)),
+    ];
+
+    let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
+    let incoming = tls::incoming(listener, config, Arc::new(tls::AdmitAll));
+    let join = JoinService {
+        store: store.clone(),
+        ca: ca.clone(),
+        policy: opts.certs,
+        worker_keys: Arc::new(Vec::new()),
+    };
+    let admin = AdminService {
+        store: store.clone(),
+        ca_pin: ca.fingerprint(),
+    };
+    let auth = OperatorAuth {
+        token_hashes: Arc::new(operators),
+    };
+    println!("listening on {addr} as gateway {gateway_id}");
+    info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
+        .add_service(GatewayServer::new(GatewayService { state: gw.clone() }))
+        .add_service(JoinServer::new(join))
+        .add_service(AdminServer::with_interceptor(admin, auth))
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        });
+    let server = tokio::spawn(server);
+    shutdown.await;
+    info!("shutting down");
+    gw.fence("shutting down");
+    gw.shutdown().await;
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "server ended with an error"),
+        _ => warn!("server did not stop within 5s"),
+    }
+    for t in tasks.drain(..) {
+        t.abort();
+    }
+    Ok(())
+}
+
+/// The liveness controller: sweeps session states on the store's clock.
+async fn liveness_controller(store: Store, timing: Timing) {
+    let rules = LivenessRules {
+        node_lease_ttl: timing.node_lease_ttl,
+        gateway_loss_grace: timing.gateway_loss_grace,
+        outage_gap: timing.outage_gap,
+        outage_hold: timing.outage_hold,
+    };
+    let mut tick = tokio::time::interval(timing.sweep_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was_held = false;
+    loop {
+        tick.tick().await;
+        match store.run(move |s| s.sweep_liveness(&rules)).await {
+            Ok(out) => {
+                if out.held != was_held {
+                    if out.held {
+                        warn!("a liveness sweep gap: holding timed transitions");
+                    } else {
+                        info!("liveness hold over");
+                    }
+                    was_held = out.held;
+                }
+                for n in &out.disconnected {
+                    info!(node = %n, "node disconnected: its gateway's lease expired");
+                }
+                for n in &out.unreachable {
+                    info!(node = %n, "node unreachable");
+                }
+            }
+            Err(e) => warn!(error = %format!("{e:#}"), "liveness sweep failed"),
+        }
+    }
+}

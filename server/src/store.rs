@@ -1,0 +1,850 @@
+//! The store: the only source of truth of the control plane.
+//!
+//! Embedded SQLite (WAL) by default. All time the store records comes from
+//! its own clock, `compute_now()`; gateways hand it ages ("seen 1200 ms
+//! ago"), never timestamps they computed. Writes on behalf of a session carry
+//! its epoch and change nothing once a newer Hello has run (see
+//! `bcd_core::epoch`).
+//!
+//! Methods are blocking; async callers go through [`Store::run`], which moves
+//! the work to the blocking pool. Errors that reach an operator or a node are
+//! [`Refusal`]s with their own wording; [`StoreError`] carries the database
+//! error for logs only and is never sent to a peer.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+/// SQL for `compute_now()` in unix milliseconds.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+const MIGRATIONS: &[&str] = &[
+    // 1: join, nodes, certificates, sessions, inventory, leases, operators.
+    "
+    CREATE TABLE join_tokens (
+        id            TEXT PRIMARY KEY,
+        secret_sha256 TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        expires_at    INTEGER NOT NULL,
+        uses_total    INTEGER NOT NULL,
+        uses_left     INTEGER NOT NULL,
+        description   TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+    CREATE TABLE nodes (
+        id                  TEXT PRIMARY KEY,
+        hostname            TEXT NOT NULL,
+        created_at          INTEGER NOT NULL,
+        deleted_at          INTEGER,
+        identity_generation INTEGER NOT NULL,
+        ramdisk             INTEGER NOT NULL DEFAULT 0,
+        join_token          TEXT NOT NULL,
+        agent_version       TEXT NOT NULL DEFAULT '',
+        conditions          TEXT NOT NULL DEFAULT '[]',
+        taints              TEXT NOT NULL DEFAULT '[]'
+    ) STRICT;
+    CREATE TABLE node_certs (
+        serial              TEXT PRIMARY KEY,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        fingerprint         TEXT NOT NULL UNIQUE,
+        identity_generation INTEGER NOT NULL,
+        not_before          INTEGER NOT NULL,
+        not_after           INTEGER NOT NULL,
+        revoked_at          INTEGER,
+        revoke_reason       TEXT
+    ) STRICT;
+    CREATE INDEX node_certs_node ON node_certs(node_id);
+    CREATE TABLE node_sessions (
+        node_id        TEXT PRIMARY KEY REFERENCES nodes(id),
+        epoch          INTEGER NOT NULL,
+        gateway_id     TEXT NOT NULL,
+        state          TEXT NOT NULL CHECK (state IN ('connected', 'disconnected', 'unreachable')),
+        state_since    INTEGER NOT NULL,
+        disconnect_cause TEXT NOT NULL DEFAULT '',
+        incarnation_id TEXT NOT NULL,
+        boot_id        TEXT NOT NULL,
+        journal_id     TEXT NOT NULL,
+        cert_serial    TEXT NOT NULL,
+        connected_at   INTEGER NOT NULL,
+        last_seen      INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
+    CREATE TABLE inventory (
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        section    TEXT NOT NULL,
+        sha256     TEXT NOT NULL,
+        body       BLOB,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (node_id, section)
+    ) STRICT;
+    CREATE TABLE leases (
+        name       TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        expires_at INTEGER NOT NULL,
+        renewed_at INTEGER NOT NULL
+    ) STRICT;
+    CREATE TABLE operators (
+        id           TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        created_at   INTEGER NOT NULL
+    ) STRICT;
+    CREATE TABLE controller_state (
+        name  TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) STRICT;
+    ",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store")]
+    Sql(#[from] rusqlite::Error),
+    #[error("the store task failed")]
+    Task(#[from] tokio::task::JoinError),
+    #[error(
+        "store schema version {found} is newer than this binary knows ({known}): run a newer better-compute"
+    )]
+    TooNew { found: usize, known: usize },
+}
+
+/// A request the store turns down, worded for the peer that made it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the join token is not known to this server: create one with better-compute tokens create"
+    )]
+    UnknownToken,
+    #[error("the join token expired: create a new one with better-compute tokens create")]
+    ExpiredToken,
+    #[error(
+        "the join token was already used: create a new one with better-compute tokens create (--uses N for several nodes)"
+    )]
+    UsedToken,
+    #[error(
+        "node {0} is not known to this server: join again: bcd join --reset --yes, then bcd join"
+    )]
+    UnknownNode(String),
+    #[error(
+        "this node certificate is not known to this server: join again: bcd join --reset --yes, then bcd join"
+    )]
+    UnknownCertificate,
+    #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join")]
+    DeletedNode(String),
+    #[error(
+        "this certificate does not belong to node {0}: join again: bcd join --reset --yes, then bcd join"
+    )]
+    WrongCertificate(String),
+    #[error(
+        "the node certificate was revoked ({0}): join again: bcd join --reset --yes, then bcd join"
+    )]
+    Revoked(String),
+    #[error("certificate expired; renew and reconnect")]
+    Expired,
+    #[error("{0}")]
+    BadRequest(String),
+    /// Logged in full; the peer sees only that the server failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Either a refusal for the peer or a store failure for the logs.
+#[derive(Debug, thiserror::Error)]
+pub enum TxError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(e: rusqlite::Error) -> Self {
+        TxError::Store(StoreError::Sql(e))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+#[derive(Debug)]
+pub struct NewToken<'a> {
+    pub id: &'a str,
+    pub secret_sha256: &'a str,
+    pub ttl: Duration,
+    pub uses: u32,
+    pub description: &'a str,
+}
+
+/// The certificate a join issues, decided before the transaction.
+#[derive(Debug)]
+pub struct IssuedCert {
+    pub der: Vec<u8>,
+    pub serial: String,
+    pub fingerprint: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+}
+
+#[derive(Debug)]
+pub struct HelloInput {
+    pub node_id: String,
+    pub cert_fingerprint: String,
+    pub cert_serial: String,
+    pub gateway_id: String,
+    pub incarnation_id: String,
+    pub boot_id: String,
+    pub journal_id: String,
+    pub agent_version: String,
+    pub last_epoch: u64,
+    pub inventory_hashes: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloOutcome {
+    pub epoch: u64,
+    pub server_time_ms: i64,
+    pub inventory_wanted: Vec<String>,
+    pub previous_journal_id: Option<String>,
+}
+
+/// A node as `nodes list` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub hostname: String,
+    pub state: String,
+    pub epoch: u64,
+    pub gateway_id: String,
+    pub cert_not_after_ms: i64,
+    pub last_seen_age_ms: i64,
+    pub boot_id: String,
+    pub journal_id: String,
+    pub incarnation_id: String,
+    pub agent_version: String,
+    pub conditions: Vec<String>,
+    pub taints: Vec<String>,
+}
+
+/// What a liveness sweep changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    pub disconnected: Vec<String>,
+    pub unreachable: Vec<String>,
+    pub held: bool,
+}
+
+/// Liveness timings the sweep applies.
+#[derive(Debug, Clone, Copy)]
+pub struct LivenessRules {
+    pub node_lease_ttl: Duration,
+    pub gateway_loss_grace: Duration,
+    pub outage_gap: Duration,
+    pub outage_hold: Duration,
+}
+
+pub const CONDITION_UNREACHABLE: &str = "NodeUnreachable";
+pub const TAINT_UNREACHABLE: &str = "NoSchedule:node.unreachable";
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+fn json_list(s: &str) -> Vec<String> {
+    serde_json::from_str(s).unwrap_or_default()
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        let store = Store {
+            conn: Arc::new(Mutex::new(conn)),
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let version = version.max(0) as usize;
+        if version > MIGRATIONS.len() {
+            return Err(StoreError::TooNew {
+                found: version,
+                known: MIGRATIONS.len(),
+            });
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+            tx.execute_batch(m)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a half-applied
+        // transaction (SQLite rolls it back), so a poisoned lock is usable.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs blocking store work off the async runtime.
+    pub async fn run<T, E>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| E::from(StoreError::Task(e)))?
+    }
+
+    /// `compute_now()`: the store's clock, unix milliseconds.
+    pub fn now(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?)
+    }
+
+    // ------------------------------------------------------------ operators
+
+    pub fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError> {
+        self.lock().execute(
+            &format!("INSERT INTO operators (id, token_sha256, created_at) VALUES (?1, ?2, {NOW})"),
+            params![id, token_sha256],
+        )?;
+        Ok(())
+    }
+
+    pub fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                "SELECT id FROM operators WHERE token_sha256 = ?1",
+                [token_sha256],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    // ---------------------------------------------------------------- tokens
+
+    /// Returns the expiry in store time.
+    pub fn create_token(&self, t: &NewToken<'_>) -> Result<i64, StoreError> {
+        Ok(self.lock().query_row(
+            &format!(
+                "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description)
+                 VALUES (?1, ?2, {NOW}, {NOW} + ?3, ?4, ?4, ?5) RETURNING expires_at"
+            ),
+            params![t.id, t.secret_sha256, ms(t.ttl), t.uses, t.description],
+            |r| r.get(0),
+        )?)
+    }
+
+    /// Checks and spends one use of a token, creates the node and records
+    /// its certificate, in one transaction. `issue` builds the certificate
+    /// once the token is known good, from the store's now.
+    pub fn join(
+        &self,
+        token_id: &str,
+        secret_sha256: &str,
+        hostname: &str,
+        ramdisk: bool,
+        issue: impl FnOnce(&str, i64) -> Result<IssuedCert, TxError>,
+    ) -> Result<(String, IssuedCert, i64), TxError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let row: Option<(String, i64, i64)> = tx
+            .query_row(
+                "SELECT secret_sha256, expires_at, uses_left FROM join_tokens WHERE id = ?1",
+                [token_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let Some((hash, expires_at, uses_left)) = row else {
+            return Err(Refusal::UnknownToken.into());
+        };
+        if hash != secret_sha256 {
+            return Err(Refusal::UnknownToken.into());
+        }
+        if expires_at < now {
+            return Err(Refusal::ExpiredToken.into());
+        }
+        if uses_left <= 0 {
+            return Err(Refusal::UsedToken.into());
+        }
+        tx.execute(
+            "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1",
+            [token_id],
+        )?;
+        let node_id = format!("nd-{:012x}", rand::random::<u64>() >> 16);
+        let cert = issue(&node_id, now)?;
+        tx.execute(
+            "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5)",
+            params![node_id, hostname, now, ramdisk, token_id],
+        )?;
+        tx.execute(
+            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5)",
+            params![cert.serial, node_id, cert.fingerprint, cert.not_before_ms, cert.not_after_ms],
+        )?;
+        tx.commit()?;
+        Ok((node_id, cert, now))
+    }
+
+    /// Issues a next certificate to a node that proved its current one.
+    /// `issue` gets the node id, the store's now and whether the node boots
+    /// from a ramdisk.
+    pub fn renew(
+        &self,
+        fingerprint: &str,
+        issue: impl FnOnce(&str, i64, bool) -> Result<IssuedCert, TxError>,
+    ) -> Result<(String, IssuedCert, i64), TxError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let (node_id, _) = check_cert(&tx, fingerprint)?;
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let (ramdisk, generation): (bool, i64) = tx.query_row(
+            "SELECT ramdisk, identity_generation FROM nodes WHERE id = ?1",
+            [&node_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let cert = issue(&node_id, now, ramdisk)?;
+        tx.execute(
+            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![cert.serial, node_id, cert.fingerprint, generation, cert.not_before_ms, cert.not_after_ms],
+        )?;
+        tx.commit()?;
+        Ok((node_id, cert, now))
+    }
+
+    /// The node a certificate belongs to, if it is valid now.
+    pub fn check_cert(&self, fingerprint: &str) -> Result<(String, String), TxError> {
+        let conn = self.lock();
+        check_cert(&conn, fingerprint)
+    }
+
+    // -------------------------------------------------------------- sessions
+
+    /// The Hello transaction: checks the node and its certificate, bumps the
+    /// epoch, routes the node to this gateway.
+    pub fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let (cert_node, serial) = check_cert(&tx, &h.cert_fingerprint)?;
+        if cert_node != h.node_id || serial != h.cert_serial {
+            return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
+        }
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let prev: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT epoch, journal_id FROM node_sessions WHERE node_id = ?1",
+                [&h.node_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
+        let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
+        tx.execute(
+            "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since, disconnect_cause,
+                 incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen)
+             VALUES (?1, ?2, ?3, 'connected', ?4, '', ?5, ?6, ?7, ?8, ?4, ?4)
+             ON CONFLICT (node_id) DO UPDATE SET
+                 epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
+                 state_since = excluded.state_since, disconnect_cause = '',
+                 incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
+                 journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
+                 connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+            params![
+                h.node_id,
+                epoch as i64,
+                h.gateway_id,
+                now,
+                h.incarnation_id,
+                h.boot_id,
+                h.journal_id,
+                h.cert_serial
+            ],
+        )?;
+        // A node that is back is reachable again.
+        let (conditions, taints): (String, String) = tx.query_row(
+            "SELECT conditions, taints FROM nodes WHERE id = ?1",
+            [&h.node_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let conditions = without(&conditions, CONDITION_UNREACHABLE);
+        let taints = without(&taints, TAINT_UNREACHABLE);
+        tx.execute(
+            "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4 WHERE id = ?1",
+            params![h.node_id, h.agent_version, conditions, taints],
+        )?;
+        let mut wanted = Vec::new();
+        {
+            let mut q = tx.prepare_cached(
+                "SELECT sha256 FROM inventory WHERE node_id = ?1 AND section = ?2",
+            )?;
+            for (section, sha) in &h.inventory_hashes {
+                let known: Option<String> = q
+                    .query_row(params![h.node_id, section], |r| r.get(0))
+                    .optional()?;
+                if known.as_deref() != Some(sha.as_str()) {
+                    wanted.push(section.clone());
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(HelloOutcome {
+            epoch,
+            server_time_ms: now,
+            inventory_wanted: wanted,
+            previous_journal_id: prev.map(|p| p.1),
+        })
+    }
+
+    /// Marks a session disconnected, if `epoch` is still its current epoch.
+    /// Returns whether it applied.
+    pub fn disconnect(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        seen_age: Duration,
+        cause: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self.lock().execute(
+            &format!(
+                "UPDATE node_sessions SET state = 'disconnected', state_since = {NOW},
+                     disconnect_cause = ?3, last_seen = MAX(last_seen, {NOW} - ?4)
+                 WHERE node_id = ?1 AND epoch = ?2 AND state = 'connected'"
+            ),
+            params![node_id, epoch as i64, cause, ms(seen_age)],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Records, for each of a gateway's sessions, that the node was seen
+    /// `age` ago. Returns the sessions that are no longer current (a newer
+    /// Hello ran elsewhere): the gateway must close them.
+    pub fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[(String, u64, Duration)],
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut gone = Vec::new();
+        {
+            let mut q = tx.prepare_cached(&format!(
+                "UPDATE node_sessions SET last_seen = MAX(last_seen, {NOW} - ?4)
+                 WHERE node_id = ?1 AND epoch = ?2 AND gateway_id = ?3 AND state = 'connected'"
+            ))?;
+            for (node, epoch, age) in seen {
+                if q.execute(params![node, *epoch as i64, gateway_id, ms(*age)])? == 0 {
+                    gone.push((node.clone(), *epoch));
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(gone)
+    }
+
+    pub fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &str,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<bool, StoreError> {
+        let conn = self.lock();
+        let current: Option<i64> = conn
+            .query_row(
+                "SELECT epoch FROM node_sessions WHERE node_id = ?1",
+                [node_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if !current.is_some_and(|c| bcd_core::epoch::write_applies(c as u64, epoch)) {
+            return Ok(false);
+        }
+        conn.execute(
+            &format!(
+                "INSERT INTO inventory (node_id, section, sha256, body, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, {NOW})
+                 ON CONFLICT (node_id, section) DO UPDATE SET
+                     sha256 = excluded.sha256, body = excluded.body, updated_at = excluded.updated_at"
+            ),
+            params![node_id, section, sha256, body],
+        )?;
+        Ok(true)
+    }
+
+    // ---------------------------------------------------------------- leases
+
+    /// Takes or renews a lease for `owner`. Returns the store's now when the
+    /// lease is held, `None` when another owner holds it unexpired.
+    pub fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let conn = self.lock();
+        let now: Option<i64> = conn
+            .query_row(
+                &format!(
+                    "INSERT INTO leases (name, owner, expires_at, renewed_at)
+                     VALUES (?1, ?2, {NOW} + ?3, {NOW})
+                     ON CONFLICT (name) DO UPDATE SET
+                         owner = excluded.owner, expires_at = excluded.expires_at,
+                         renewed_at = excluded.renewed_at
+                     WHERE leases.owner = excluded.owner OR leases.expires_at < excluded.renewed_at
+                     RETURNING renewed_at"
+                ),
+                params![name, owner, ms(ttl)],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(now)
+    }
+
+    pub fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        self.lock().execute(
+            "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
+            params![name, owner],
+        )?;
+        Ok(())
+    }
+
+    /// The liveness controller's sweep. Sessions routed to a gateway whose
+    /// `gateway:<id>` lease has expired become disconnected; disconnected
+    /// nodes become unreachable once unseen for the node lease TTL (plus the
+    /// gateway-loss grace when their gateway died), gaining a NoSchedule
+    /// taint and the NodeUnreachable condition. Nothing is released.
+    ///
+    /// If the previous sweep is more than `outage_gap` ago (the store or this
+    /// controller was down), every timed transition is held for
+    /// `outage_hold`, so ages that could not be flushed meanwhile do not read
+    /// as dead nodes.
+    pub fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let get = |name: &str| -> rusqlite::Result<Option<i64>> {
+            tx.query_row(
+                "SELECT value FROM controller_state WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+        };
+        let last_sweep = get("liveness.last_sweep")?;
+        let mut hold_until = get("liveness.hold_until")?.unwrap_or(0);
+        if last_sweep.is_some_and(|l| now - l > ms(rules.outage_gap)) {
+            hold_until = now + ms(rules.outage_hold);
+        }
+        let set = |name: &str, v: i64| -> rusqlite::Result<usize> {
+            tx.execute(
+                "INSERT INTO controller_state (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                params![name, v],
+            )
+        };
+        set("liveness.last_sweep", now)?;
+        set("liveness.hold_until", hold_until)?;
+        let mut out = SweepOutcome {
+            held: now < hold_until,
+            ..Default::default()
+        };
+        if out.held {
+            tx.commit()?;
+            return Ok(out);
+        }
+        {
+            let mut q = tx.prepare(
+                "UPDATE node_sessions SET state = 'disconnected', state_since = ?1,
+                     disconnect_cause = 'gateway-lost'
+                 WHERE state = 'connected' AND NOT EXISTS (
+                     SELECT 1 FROM leases WHERE name = 'gateway:' || node_sessions.gateway_id
+                         AND expires_at >= ?1)
+                 RETURNING node_id",
+            )?;
+            out.disconnected = q
+                .query_map([now], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+        }
+        {
+            let mut q = tx.prepare(
+                "UPDATE node_sessions SET state = 'unreachable', state_since = ?1
+                 WHERE state = 'disconnected' AND last_seen + ?2
+                     + CASE WHEN disconnect_cause = 'gateway-lost' THEN ?3 ELSE 0 END < ?1
+                 RETURNING node_id",
+            )?;
+            out.unreachable = q
+                .query_map(
+                    params![now, ms(rules.node_lease_ttl), ms(rules.gateway_loss_grace)],
+                    |r| r.get(0),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+        }
+        for node in &out.unreachable {
+            let (conditions, taints): (String, String) = tx.query_row(
+                "SELECT conditions, taints FROM nodes WHERE id = ?1",
+                [node],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            tx.execute(
+                "UPDATE nodes SET conditions = ?2, taints = ?3 WHERE id = ?1",
+                params![
+                    node,
+                    with(&conditions, CONDITION_UNREACHABLE),
+                    with(&taints, TAINT_UNREACHABLE)
+                ],
+            )?;
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    // ----------------------------------------------------------------- nodes
+
+    pub fn list_nodes(&self) -> Result<(Vec<NodeRow>, i64), StoreError> {
+        let conn = self.lock();
+        let now: i64 = conn.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let mut q = conn.prepare(
+            "SELECT n.id, n.hostname, COALESCE(s.state, 'disconnected'), COALESCE(s.epoch, 0),
+                    COALESCE(s.gateway_id, ''),
+                    (SELECT MAX(c.not_after) FROM node_certs c
+                       WHERE c.node_id = n.id AND c.revoked_at IS NULL),
+                    COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
+                    COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
+                    n.agent_version, n.conditions, n.taints
+             FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
+             WHERE n.deleted_at IS NULL ORDER BY n.id",
+        )?;
+        let rows = q
+            .query_map([], |r| {
+                Ok(NodeRow {
+                    node_id: r.get(0)?,
+                    hostname: r.get(1)?,
+                    state: r.get(2)?,
+                    epoch: r.get::<_, i64>(3)? as u64,
+                    gateway_id: r.get(4)?,
+                    cert_not_after_ms: r.get::<_, Option<i64>>(5)?.unwrap_or(0),
+                    last_seen_age_ms: now - r.get::<_, i64>(6)?,
+                    boot_id: r.get(7)?,
+                    journal_id: r.get(8)?,
+                    incarnation_id: r.get(9)?,
+                    agent_version: r.get(10)?,
+                    conditions: json_list(&r.get::<_, String>(11)?),
+                    taints: json_list(&r.get::<_, String>(12)?),
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok((rows, now))
+    }
+
+    /// Deletes a node: it can no longer open sessions, and its certificates
+    /// are revoked. Returns false if there was no such node.
+    pub fn delete_node(&self, node_id: &str) -> Result<bool, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx.execute(
+            &format!("UPDATE nodes SET deleted_at = {NOW} WHERE id = ?1 AND deleted_at IS NULL"),
+            [node_id],
+        )?;
+        tx.execute(
+            &format!(
+                "UPDATE node_certs SET revoked_at = {NOW}, revoke_reason = 'node-deleted'
+                 WHERE node_id = ?1 AND revoked_at IS NULL"
+            ),
+            [node_id],
+        )?;
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// Session facts, for tests and `check`.
+    pub fn session(&self, node_id: &str) -> Result<Option<(u64, String, String)>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = ?1",
+                [node_id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?)
+    }
+}
+
+fn check_cert(conn: &Connection, fingerprint: &str) -> Result<(String, String), TxError> {
+    let row: Option<(
+        String,
+        String,
+        Option<i64>,
+        Option<String>,
+        i64,
+        Option<i64>,
+        i64,
+    )> = conn
+        .query_row(
+            &format!(
+                "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after,
+                        n.deleted_at, {NOW}
+                 FROM node_certs c JOIN nodes n ON n.id = c.node_id
+                 WHERE c.fingerprint = ?1"
+            ),
+            [fingerprint],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((node, serial, revoked, reason, not_after, deleted, now)) = row else {
+        return Err(Refusal::UnknownCertificate.into());
+    };
+    if deleted.is_some() {
+        return Err(Refusal::DeletedNode(node).into());
+    }
+    if revoked.is_some() {
+        return Err(Refusal::Revoked(reason.unwrap_or_default()).into());
+    }
+    if not_after < now {
+        return Err(Refusal::Expired.into());
+    }
+    Ok((node, serial))
+}
+
+fn with(list: &str, item: &str) -> String {
+    let mut v = json_list(list);
+    if !v.iter().any(|x| x == item) {
+        v.push(item.to_string());
+    }
+    serde_json::to_string(&v).expect("list serializes")
+}
+
+fn without(list: &str, item: &str) -> String {
+    let mut v = json_list(list);
+    v.retain(|x| x != item);
+    serde_json::to_string(&v).expect("list serializes")
+}
