@@ -111,16 +111,22 @@ enum NodesCommand {
 }
 
 fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("BC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::Targets;
+    // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
+    let filter: Targets = std::env::var("BC_LOG")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let fmt = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if std::env::var("BC_LOG_FORMAT").as_deref() == Ok("json") {
-        b.json().init();
+        fmt.json().finish().with(filter).init();
     } else {
-        b.init();
+        fmt.finish().with(filter).init();
     }
 }
 

@@ -789,16 +789,19 @@ impl Store {
     }
 }
 
+/// node, serial, revoked_at, revoke_reason, not_after, deleted_at, now
+type CertRow = (
+    String,
+    String,
+    Option<i64>,
+    Option<String>,
+    i64,
+    Option<i64>,
+    i64,
+);
+
 fn check_cert(conn: &Connection, fingerprint: &str) -> Result<(String, String), TxError> {
-    let row: Option<(
-        String,
-        String,
-        Option<i64>,
-        Option<String>,
-        i64,
-        Option<i64>,
-        i64,
-    )> = conn
+    let row: Option<CertRow> = conn
         .query_row(
             &format!(
                 "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after,
@@ -847,4 +850,250 @@ fn without(list: &str, item: &str) -> String {
     let mut v = json_list(list);
     v.retain(|x| x != item);
     serde_json::to_string(&v).expect("list serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(&d.path().join("store.db")).unwrap();
+        (d, s)
+    }
+
+    fn fake_cert(n: u8) -> IssuedCert {
+        IssuedCert {
+            der: vec![n],
+            serial: format!("serial{n}"),
+            fingerprint: format!("fp{n}"),
+            not_before_ms: 0,
+            not_after_ms: i64::MAX / 2,
+        }
+    }
+
+    fn joined(s: &Store, cert: u8) -> String {
+        let id = format!("{:016x}", cert);
+        s.create_token(&NewToken {
+            id: &id,
+            secret_sha256: "h",
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            description: "",
+        })
+        .unwrap();
+        s.join(&id, "h", "host", false, |_, _| Ok(fake_cert(cert)))
+            .unwrap()
+            .0
+    }
+
+    fn hello(node: &str, cert: u8, gw: &str, last_epoch: u64) -> HelloInput {
+        HelloInput {
+            node_id: node.into(),
+            cert_fingerprint: format!("fp{cert}"),
+            cert_serial: format!("serial{cert}"),
+            gateway_id: gw.into(),
+            incarnation_id: "i".into(),
+            boot_id: "b".into(),
+            journal_id: "j".into(),
+            agent_version: "0".into(),
+            last_epoch,
+            inventory_hashes: vec![("gpus".into(), "abc".into())],
+        }
+    }
+
+    #[test]
+    fn hello_bumps_the_epoch_and_stale_writes_change_nothing() {
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        let first = s.hello(&hello(&node, 1, "gw-a", 0)).unwrap();
+        assert_eq!(first.epoch, 1);
+        assert_eq!(first.inventory_wanted, vec!["gpus".to_string()]);
+        let second = s.hello(&hello(&node, 1, "gw-b", 0)).unwrap();
+        assert_eq!(second.epoch, 2);
+        // gw-a's late writes under epoch 1 are fenced.
+        assert!(
+            !s.disconnect(&node, 1, Duration::ZERO, "stream-ended")
+                .unwrap()
+        );
+        let gone = s
+            .flush_liveness("gw-a", &[(node.clone(), 1, Duration::ZERO)])
+            .unwrap();
+        assert_eq!(gone, vec![(node.clone(), 1)]);
+        assert!(!s.put_inventory(&node, 1, "gpus", "abc", b"[]").unwrap());
+        assert_eq!(
+            s.session(&node).unwrap().unwrap(),
+            (2, "gw-b".into(), "connected".into())
+        );
+        // The current session's writes apply.
+        assert!(
+            s.flush_liveness("gw-b", &[(node.clone(), 2, Duration::ZERO)])
+                .unwrap()
+                .is_empty()
+        );
+        assert!(s.put_inventory(&node, 2, "gpus", "abc", b"[]").unwrap());
+        assert!(
+            s.disconnect(&node, 2, Duration::ZERO, "stream-ended")
+                .unwrap()
+        );
+        assert_eq!(s.session(&node).unwrap().unwrap().2, "disconnected");
+        // Inventory now matches: not wanted again.
+        let third = s.hello(&hello(&node, 1, "gw-a", 0)).unwrap();
+        assert!(third.inventory_wanted.is_empty());
+    }
+
+    #[test]
+    fn epoch_rises_above_what_the_node_saw() {
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        assert_eq!(s.hello(&hello(&node, 1, "gw", 41)).unwrap().epoch, 42);
+        assert_eq!(s.hello(&hello(&node, 1, "gw", 0)).unwrap().epoch, 43);
+    }
+
+    #[test]
+    fn tokens_are_single_use_and_expire() {
+        let (_d, s) = store();
+        s.create_token(&NewToken {
+            id: "t1",
+            secret_sha256: "h",
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            description: "",
+        })
+        .unwrap();
+        let refuse =
+            |s: &Store, id: &str, secret: &str| match s
+                .join(id, secret, "h", false, |_, _| Ok(fake_cert(9)))
+            {
+                Err(TxError::Refused(r)) => r,
+                other => panic!("expected a refusal, got {:?}", other.map(|x| x.0)),
+            };
+        assert_eq!(refuse(&s, "t1", "wrong"), Refusal::UnknownToken);
+        assert_eq!(refuse(&s, "nope", "h"), Refusal::UnknownToken);
+        s.join("t1", "h", "h", false, |_, _| Ok(fake_cert(1)))
+            .unwrap();
+        assert_eq!(refuse(&s, "t1", "h"), Refusal::UsedToken);
+        s.create_token(&NewToken {
+            id: "t2",
+            secret_sha256: "h",
+            ttl: Duration::ZERO,
+            uses: 5,
+            description: "",
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(refuse(&s, "t2", "h"), Refusal::ExpiredToken);
+        // A refused join leaves no node behind.
+        assert_eq!(s.list_nodes().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn deleted_nodes_and_foreign_certificates_are_refused() {
+        let (_d, s) = store();
+        let a = joined(&s, 1);
+        let b = joined(&s, 2);
+        let refusal = |h: HelloInput| match s.hello(&h) {
+            Err(TxError::Refused(r)) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert_eq!(
+            refusal(hello(&b, 1, "gw", 0)),
+            Refusal::WrongCertificate(b.clone())
+        );
+        assert_eq!(refusal(hello(&a, 7, "gw", 0)), Refusal::UnknownCertificate);
+        assert!(s.delete_node(&a).unwrap());
+        assert!(!s.delete_node(&a).unwrap());
+        assert_eq!(
+            refusal(hello(&a, 1, "gw", 0)),
+            Refusal::DeletedNode(a.clone())
+        );
+        assert_eq!(s.list_nodes().unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it() {
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        let rules = LivenessRules {
+            node_lease_ttl: Duration::from_millis(200),
+            gateway_loss_grace: Duration::from_millis(200),
+            outage_gap: Duration::from_secs(20),
+            outage_hold: Duration::from_secs(300),
+        };
+        assert!(
+            s.renew_lease("gateway:gw", "gw", Duration::from_millis(20))
+                .unwrap()
+                .is_some()
+        );
+        s.hello(&hello(&node, 1, "gw", 0)).unwrap();
+        assert_eq!(s.sweep_liveness(&rules).unwrap(), SweepOutcome::default());
+        std::thread::sleep(Duration::from_millis(25));
+        let out = s.sweep_liveness(&rules).unwrap();
+        assert_eq!(out.disconnected, vec![node.clone()]);
+        // Before the node lease TTL plus the grace: still only disconnected.
+        assert!(s.sweep_liveness(&rules).unwrap().unreachable.is_empty());
+        std::thread::sleep(Duration::from_millis(420));
+        let out = s.sweep_liveness(&rules).unwrap();
+        assert_eq!(out.unreachable, vec![node.clone()]);
+        let row = &s.list_nodes().unwrap().0[0];
+        assert_eq!(row.state, "unreachable");
+        assert_eq!(row.conditions, vec![CONDITION_UNREACHABLE.to_string()]);
+        assert_eq!(row.taints, vec![TAINT_UNREACHABLE.to_string()]);
+        assert!(row.cert_not_after_ms > 0, "the certificate is not revoked");
+        s.hello(&hello(&node, 1, "gw2", 0)).unwrap();
+        let row = &s.list_nodes().unwrap().0[0];
+        assert_eq!(row.state, "connected");
+        assert!(row.conditions.is_empty() && row.taints.is_empty());
+    }
+
+    #[test]
+    fn a_sweep_gap_holds_timed_transitions() {
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        let rules = LivenessRules {
+            node_lease_ttl: Duration::ZERO,
+            gateway_loss_grace: Duration::ZERO,
+            outage_gap: Duration::from_millis(20),
+            outage_hold: Duration::from_secs(300),
+        };
+        s.hello(&hello(&node, 1, "gw-without-lease", 0)).unwrap();
+        s.sweep_liveness(&rules).unwrap();
+        let _ = s.hello(&hello(&node, 1, "gw-without-lease", 0)).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let out = s.sweep_liveness(&rules).unwrap();
+        assert!(out.held);
+        assert!(out.disconnected.is_empty() && out.unreachable.is_empty());
+        assert_eq!(s.session(&node).unwrap().unwrap().2, "connected");
+    }
+
+    #[test]
+    fn leases_have_one_owner_until_they_expire() {
+        let (_d, s) = store();
+        assert!(
+            s.renew_lease("gateway:a", "a", Duration::from_millis(30))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            s.renew_lease("gateway:a", "b", Duration::from_millis(30))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            s.renew_lease("gateway:a", "a", Duration::from_millis(30))
+                .unwrap()
+                .is_some()
+        );
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(
+            s.renew_lease("gateway:a", "b", Duration::from_millis(30))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            s.renew_lease("gateway:a", "a", Duration::from_millis(30))
+                .unwrap()
+                .is_none()
+        );
+    }
 }

@@ -1,1 +1,364 @@
-//! placeholder
+//! Harness for whole-system tests: real `better-compute` and `bcd`
+//! processes on loopback, each in its own temporary directory, stopped when
+//! dropped.
+//!
+//! The binaries come from the workspace's target directory; build them first
+//! with `cargo build --workspace --all-features` (`scripts/test` does).
+//! Conditions are awaited by polling with a deadline, never by sleeping a
+//! guessed time.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+/// A workspace binary, next to the test executable's directory.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // Tests run from target/<profile>/deps, binaries from target/<profile>.
+    let dir = exe.parent().expect("executable directory");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("target directory")
+    } else {
+        dir
+    };
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first with `cargo build --workspace --all-features`",
+        path.display()
+    );
+    path
+}
+
+/// The static musl `bcd`, built by `scripts/test`.
+pub fn static_bcd() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let target = exe
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "target"))
+        .expect("target directory")
+        .to_path_buf();
+    let path = target.join("x86_64-unknown-linux-musl/release/bcd");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p bcd --release --target \
+         x86_64-unknown-linux-musl` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `f` until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed on drop.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid()).expect("pid");
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for the exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.signal(rustix::process::Signal::TERM);
+        self.wait(Duration::from_secs(15))
+            .expect("process exits after SIGTERM")
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running `better-compute serve`.
+#[derive(Debug)]
+pub struct Server {
+    pub dir: PathBuf,
+    pub addr: SocketAddr,
+    pub args: Vec<String>,
+    pub proc: Proc,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeView {
+    pub node_id: String,
+    pub hostname: String,
+    pub state: String,
+    pub epoch: u64,
+    pub gateway: String,
+    pub cert_not_after_ms: i64,
+    pub last_seen_age_ms: i64,
+    pub boot_id: String,
+    pub journal_id: String,
+    pub incarnation_id: String,
+    pub conditions: Vec<String>,
+    pub taints: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodesJson {
+    nodes: Vec<NodeView>,
+}
+
+impl Server {
+    /// Starts a server in `dir` on an ephemeral loopback port. `args` are
+    /// extra `serve` flags (timings for tests).
+    pub fn start(dir: &Path, args: &[&str]) -> anyhow::Result<Server> {
+        Self::start_on(
+            dir,
+            "127.0.0.1:0",
+            args.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
+    fn start_on(dir: &Path, listen: &str, args: Vec<String>) -> anyhow::Result<Server> {
+        std::fs::create_dir_all(dir)?;
+        let log = dir.join(format!("serve-{}.log", unique()));
+        let mut child = Command::new(bin("better-compute"))
+            .arg("--data-dir")
+            .arg(dir)
+            .arg("serve")
+            .arg("--listen")
+            .arg(listen)
+            .args(&args)
+            .env("BC_LOG", "info,better_compute=debug")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("cannot start better-compute serve")?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut proc = Proc { child, log };
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(addr) = line
+            .strip_prefix("listening on ")
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            proc.kill();
+            bail!("server did not start: {line:?}\n{}", proc.log());
+        };
+        Ok(Server {
+            dir: dir.to_path_buf(),
+            addr: addr.parse()?,
+            args,
+            proc,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Stops the server (SIGTERM) and starts it again on the same port.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.proc.stop();
+        self.start_again()
+    }
+
+    /// Kills the server (SIGKILL: no orderly writes) and starts it again.
+    pub fn crash_restart(&mut self) -> anyhow::Result<()> {
+        self.proc.kill();
+        self.start_again()
+    }
+
+    fn start_again(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::start_on(&self.dir, &self.addr.to_string(), self.args.clone()) {
+                Ok(s) => {
+                    let Server { proc, .. } = s;
+                    self.proc = proc;
+                    return Ok(());
+                }
+                // The port may linger briefly after the old process.
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs an operator command against this server.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin("better-compute"))
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(args)
+            .output()
+            .expect("run better-compute")
+    }
+
+    pub fn token(&self, uses: u32) -> String {
+        let out = self.cli(&["tokens", "create", "--uses", &uses.to_string()]);
+        assert!(out.status.success(), "tokens create: {}", stderr(&out));
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_string()
+    }
+
+    pub fn nodes(&self) -> Vec<NodeView> {
+        let out = self.cli(&["nodes", "list", "--json"]);
+        assert!(out.status.success(), "nodes list: {}", stderr(&out));
+        let parsed: NodesJson = serde_json::from_slice(&out.stdout).expect("nodes list json");
+        parsed.nodes
+    }
+
+    pub fn node(&self, id: &str) -> Option<NodeView> {
+        self.nodes().into_iter().find(|n| n.node_id == id)
+    }
+
+    /// Waits until `id` is in `state` and `pred` holds.
+    pub fn wait_node(
+        &self,
+        id: &str,
+        what: &str,
+        mut pred: impl FnMut(&NodeView) -> bool,
+    ) -> NodeView {
+        wait_for(Duration::from_secs(30), what, || {
+            self.node(id).filter(|n| pred(n))
+        })
+    }
+}
+
+/// A node's data directory, and its `bcd node` process while it runs.
+#[derive(Debug)]
+pub struct Node {
+    pub dir: PathBuf,
+    pub seed: u64,
+    pub proc: Option<Proc>,
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Node {
+    pub fn new(dir: &Path, seed: u64) -> Node {
+        Node {
+            dir: dir.to_path_buf(),
+            seed,
+            proc: None,
+        }
+    }
+
+    pub fn bcd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin("bcd"));
+        c.args(args)
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .arg("--fake-hw")
+            .arg(self.seed.to_string())
+            .env("BCD_LOG", "info,bcd_agent=debug");
+        c
+    }
+
+    pub fn join(&self, server: &str, token: &str) -> Output {
+        self.bcd(&["join", "--server", server, "--token", token])
+            .output()
+            .expect("run bcd join")
+    }
+
+    pub fn id(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(self.dir.join("identity.json")).expect("identity.json"),
+        )
+        .expect("identity json");
+        v["node_id"].as_str().expect("node_id").to_string()
+    }
+
+    pub fn identity(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.dir.join("identity.json")).expect("read"))
+            .expect("identity json")
+    }
+
+    pub fn start(&mut self) -> &mut Proc {
+        let log = self.dir.with_extension(format!("{}.log", unique()));
+        let child = self
+            .bcd(&["node"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start bcd node");
+        self.proc = Some(Proc { child, log });
+        self.proc.as_mut().expect("just set")
+    }
+
+    pub fn proc(&mut self) -> &mut Proc {
+        self.proc.as_mut().expect("bcd node is running")
+    }
+}
+
+/// Resident memory of a process, in KiB, from /proc.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}

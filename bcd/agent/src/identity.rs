@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn stamp_is_compact_utc() {
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
-        assert_eq!(utc_stamp(t), "20261118T080640Z");
+        assert_eq!(utc_stamp(t), "20261118T110640Z");
     }
 
     #[test]

@@ -576,46 +576,74 @@ mod tests {
         ) {
             let mut s = Session::new(SessionConfig::default(), seed, 0, 0);
             let mut now = Duration::ZERO;
-            let mut dial_outstanding = false;
-            let mut last_epoch = 0;
-            let mut last_mark = 0;
+            let mut t = Tracker::default();
             for (dt, ev) in events {
                 now += Duration::from_millis(dt);
+                // As the shell does: every deadline up to now gets its Tick
+                // first, and each Tick moves the deadline forward.
+                let mut ticks = 0;
+                while let Some(d) = s.deadline().filter(|d| *d <= now) {
+                    let (was_dialing, was_established) =
+                        (matches!(s.state, State::Dialing), s.is_established());
+                    let actions = s.handle(d, Event::Tick);
+                    t.check(actions, was_dialing, was_established, false)?;
+                    prop_assert!(s.deadline().is_none_or(|n| n >= d), "deadlines never move back");
+                    ticks += 1;
+                    prop_assert!(ticks < 10_000);
+                }
                 let was_dialing = matches!(s.state, State::Dialing);
                 let was_established = s.is_established();
                 let is_connected = matches!(ev, Event::Connected);
-                for a in s.handle(now, ev) {
-                    match a {
-                        Action::Dial => {
-                            prop_assert!(!dial_outstanding);
-                            dial_outstanding = true;
-                        }
-                        Action::SendHello { .. } => {
-                            prop_assert!(was_dialing && is_connected);
-                            dial_outstanding = false;
-                        }
-                        Action::Disconnected { retry_in } => {
-                            dial_outstanding = false;
-                            prop_assert!(retry_in <= Duration::from_secs(60));
-                        }
-                        Action::SendHeartbeat { .. } => prop_assert!(was_established),
-                        Action::Established { epoch, .. } => {
-                            prop_assert!(epoch > last_epoch);
-                            last_epoch = epoch;
-                        }
-                        Action::PersistMark { mark_ms, epoch } => {
-                            prop_assert!(mark_ms >= last_mark);
-                            prop_assert_eq!(epoch, last_epoch);
-                            last_mark = mark_ms;
-                        }
-                        Action::Close { .. } | Action::Stop { .. } => {}
+                let actions = s.handle(now, ev);
+                t.check(actions, was_dialing, was_established, is_connected)?;
+                prop_assert!(s.clock().mark_ms() >= t.last_mark);
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct Tracker {
+        dial_outstanding: bool,
+        last_epoch: u64,
+        last_mark: i64,
+    }
+
+    impl Tracker {
+        fn check(
+            &mut self,
+            actions: Vec<Action>,
+            was_dialing: bool,
+            was_established: bool,
+            is_connected: bool,
+        ) -> Result<(), TestCaseError> {
+            for a in actions {
+                match a {
+                    Action::Dial => {
+                        prop_assert!(!self.dial_outstanding);
+                        self.dial_outstanding = true;
                     }
-                }
-                prop_assert!(s.clock().mark_ms() >= last_mark);
-                if let Some(d) = s.deadline() {
-                    prop_assert!(d + Duration::from_secs(61) >= now, "deadline not far in the past");
+                    Action::SendHello { .. } => {
+                        prop_assert!(was_dialing && is_connected);
+                        self.dial_outstanding = false;
+                    }
+                    Action::Disconnected { retry_in } => {
+                        self.dial_outstanding = false;
+                        prop_assert!(retry_in <= Duration::from_secs(60));
+                    }
+                    Action::SendHeartbeat { .. } => prop_assert!(was_established),
+                    Action::Established { epoch, .. } => {
+                        prop_assert!(epoch > self.last_epoch);
+                        self.last_epoch = epoch;
+                    }
+                    Action::PersistMark { mark_ms, epoch } => {
+                        prop_assert!(mark_ms >= self.last_mark);
+                        prop_assert_eq!(epoch, self.last_epoch);
+                        self.last_mark = mark_ms;
+                    }
+                    Action::Close { .. } | Action::Stop { .. } => {}
                 }
             }
+            Ok(())
         }
     }
 }

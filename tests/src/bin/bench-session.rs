@@ -1,0 +1,200 @@
+//! Session benchmark: prints figures, asserts nothing.
+//!
+//! - Hello transactions per second on one gateway, with N simulated nodes
+//!   (one `bcd sim` process) reconnecting at once: TLS handshake, Hello
+//!   transaction, Welcome. Client and server share this machine's cores.
+//! - The store's own Hello transaction rate, in process, without TLS.
+//! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
+//!
+//! Build first: `cargo build --profile bench-fast --workspace --all-features`,
+//! then run `target/bench-fast/bench-session --nodes 1000`.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bc_tests::{Node, Server, rss_kib, wait_for};
+use better_compute::store::{HelloInput, IssuedCert, NewToken, Store};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Hellos for the in-process store figure.
+    #[arg(long, default_value_t = 20_000)]
+    store_hellos: usize,
+}
+
+fn sim(server: &Server, token: &str, dir: &std::path::Path, nodes: usize) -> Child {
+    Command::new(bc_tests::bin("bcd"))
+        .args([
+            "sim",
+            "--nodes",
+            &nodes.to_string(),
+            "--server",
+            &server.url(),
+        ])
+        .args([
+            "--token",
+            token,
+            "--join-concurrency",
+            "64",
+            "--duration",
+            "1h",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .env("BCD_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start bcd sim")
+}
+
+fn stop(mut c: Child) {
+    let pid = rustix::process::Pid::from_raw(c.id() as i32).expect("pid");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+    let _ = c.wait();
+}
+
+fn connected(server: &Server, min_epoch: u64) -> usize {
+    server
+        .nodes()
+        .iter()
+        .filter(|n| n.state == "connected" && n.epoch >= min_epoch)
+        .count()
+}
+
+fn store_hellos(n: usize) -> f64 {
+    let d = tempfile::tempdir().expect("tempdir");
+    let s = Store::open(&d.path().join("store.db")).expect("store");
+    let nodes = 1000.min(n);
+    let mut ids = Vec::new();
+    for i in 0..nodes {
+        let tid = format!("{i:016x}");
+        s.create_token(&NewToken {
+            id: &tid,
+            secret_sha256: "h",
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            description: "",
+        })
+        .expect("token");
+        let (id, _, _) = s
+            .join(&tid, "h", "bench", false, |_, _| {
+                Ok(IssuedCert {
+                    der: vec![],
+                    serial: format!("s{i}"),
+                    fingerprint: format!("f{i}"),
+                    not_before_ms: 0,
+                    not_after_ms: i64::MAX / 2,
+                })
+            })
+            .expect("join");
+        ids.push(id);
+    }
+    let start = Instant::now();
+    for k in 0..n {
+        let i = k % nodes;
+        s.hello(&HelloInput {
+            node_id: ids[i].clone(),
+            cert_fingerprint: format!("f{i}"),
+            cert_serial: format!("s{i}"),
+            gateway_id: "gw".into(),
+            incarnation_id: "inc".into(),
+            boot_id: "boot".into(),
+            journal_id: "j".into(),
+            agent_version: "0".into(),
+            last_epoch: 0,
+            inventory_hashes: vec![("gpus".into(), "x".into())],
+        })
+        .expect("hello");
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let n = args.nodes;
+    let d = tempfile::tempdir()?;
+    println!("bench-session: {n} simulated nodes, one gateway, loopback");
+
+    let rate = store_hellos(args.store_hellos);
+    println!("store Hello transactions (in process, SQLite WAL): {rate:.0}/s");
+
+    let server = Server::start(&d.path().join("server"), &[])?;
+    let token = server.token(n as u32 + 1);
+
+    // Phase 1: join everyone and connect.
+    let t = Instant::now();
+    let first = sim(&server, &token, &d.path().join("sim"), n);
+    wait_for(
+        Duration::from_secs(600),
+        "every node joined and connected",
+        || (connected(&server, 1) == n).then_some(()),
+    );
+    println!(
+        "join + connect {n} nodes: {:.2}s ({:.0} joins/s)",
+        t.elapsed().as_secs_f64(),
+        n as f64 / t.elapsed().as_secs_f64()
+    );
+    stop(first);
+    wait_for(Duration::from_secs(60), "every node disconnected", || {
+        (connected(&server, 0) == 0).then_some(())
+    });
+
+    // Phase 2: everyone reconnects at once.
+    let t = Instant::now();
+    let second = sim(&server, &token, &d.path().join("sim"), n);
+    wait_for(Duration::from_secs(600), "every node reconnected", || {
+        (connected(&server, 2) == n).then_some(())
+    });
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "reconnect storm: {n} Hellos (TLS + Hello transaction + Welcome) in {secs:.2}s = {:.0} Hellos/s on one gateway",
+        n as f64 / secs
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let sim_rss = rss_kib(second.id() as i32).unwrap_or(0);
+    let server_rss = rss_kib(server.proc.pid()).unwrap_or(0);
+    stop(second);
+
+    // Baseline: the same process with one node.
+    let one = sim(&server, &token, &d.path().join("sim1"), 1);
+    wait_for(
+        Duration::from_secs(60),
+        "the single-node sim connected",
+        || {
+            (server
+                .nodes()
+                .iter()
+                .filter(|x| x.state == "connected")
+                .count()
+                == 1)
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let base = rss_kib(one.id() as i32).unwrap_or(0);
+    stop(one);
+    println!(
+        "bcd sim resident memory: {sim_rss} KiB for {n} nodes, {base} KiB for 1; {:.1} KiB per simulated node (marginal)",
+        (sim_rss.saturating_sub(base)) as f64 / (n.max(2) - 1) as f64
+    );
+    println!("better-compute serve resident memory with {n} sessions: {server_rss} KiB");
+
+    // One real agent process (the static build when present).
+    let mut node = Node::new(&d.path().join("single"), 424242);
+    let out = node.join(&server.url(), &server.token(1));
+    anyhow::ensure!(out.status.success(), "join: {}", bc_tests::stderr(&out));
+    let id = node.id();
+    let proc = node.start();
+    let pid = proc.pid();
+    server.wait_node(&id, "single node connected", |v| v.state == "connected");
+    std::thread::sleep(Duration::from_secs(5));
+    println!(
+        "bcd node resident memory, steady (debug-profile features as built: fakehw): {} KiB",
+        rss_kib(pid).unwrap_or(0)
+    );
+    Ok(())
+}

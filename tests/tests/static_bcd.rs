@@ -1,0 +1,71 @@
+//! The agent ships as one static executable: no ELF interpreter, no shared
+//! libraries, and it runs.
+
+use std::process::Command;
+
+const PT_DYNAMIC: u32 = 2;
+const PT_INTERP: u32 = 3;
+const DT_NEEDED: i64 = 1;
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+/// (has an interpreter, number of DT_NEEDED entries) of a 64-bit
+/// little-endian ELF file.
+fn linkage(elf: &[u8]) -> (bool, usize) {
+    assert_eq!(&elf[..4], b"\x7fELF", "an ELF file");
+    assert_eq!(elf[4], 2, "64-bit");
+    assert_eq!(elf[5], 1, "little-endian");
+    let phoff = u64_at(elf, 0x20) as usize;
+    let phentsize = u16_at(elf, 0x36) as usize;
+    let phnum = u16_at(elf, 0x38) as usize;
+    let mut interp = false;
+    let mut needed = 0;
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        match u32_at(elf, ph) {
+            PT_INTERP => interp = true,
+            PT_DYNAMIC => {
+                let off = u64_at(elf, ph + 8) as usize;
+                let size = u64_at(elf, ph + 32) as usize;
+                for d in (off..off + size).step_by(16) {
+                    if u64_at(elf, d) as i64 == DT_NEEDED {
+                        needed += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (interp, needed)
+}
+
+#[test]
+fn the_musl_bcd_is_fully_static_and_runs() {
+    let path = bc_tests::static_bcd();
+    let elf = std::fs::read(&path).unwrap();
+    assert_eq!(
+        linkage(&elf),
+        (false, 0),
+        "{} must be static",
+        path.display()
+    );
+    let out = Command::new(&path).arg("version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("bcd "));
+}
+
+#[test]
+fn the_checker_sees_a_dynamic_binary() {
+    // The test binary itself is a glibc executable: interpreter and libc.
+    let elf = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let (interp, needed) = linkage(&elf);
+    assert!(interp && needed > 0);
+}
