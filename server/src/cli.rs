@@ -139,6 +139,24 @@ async fn shutdown_signal() {
     }
 }
 
+/// Writes to stdout; a closed pipe (`| head`) ends the output quietly
+/// instead of panicking.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `println!` that goes through [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
 fn fmt_age(ms: i64) -> String {
     let s = ms.max(0) / 1000;
     match s {
@@ -216,7 +234,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .map_err(client::status)?
                 .into_inner();
             if json {
-                println!(
+                out!(
                     "{}",
                     serde_json::json!({
                         "token": r.token, "token_id": r.token_id,
@@ -224,7 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     })
                 );
             } else {
-                println!("{}", r.token);
+                out!("{}", r.token);
                 eprintln!(
                     "token {} for {} node(s), expires {}",
                     r.token_id,
@@ -259,19 +277,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         })
                     })
                     .collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(&serde_json::json!({
                         "server_time_ms": r.server_time_ms, "nodes": nodes,
                     }))?
                 );
             } else {
-                println!(
+                out!(
                     "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
-                    "NODE", "HOSTNAME", "STATE", "EPOCH", "GATEWAY", "CERT EXPIRES", "LAST SEEN"
+                    "NODE",
+                    "HOSTNAME",
+                    "STATE",
+                    "EPOCH",
+                    "GATEWAY",
+                    "CERT EXPIRES",
+                    "LAST SEEN"
                 );
                 for n in &r.nodes {
-                    println!(
+                    out!(
                         "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
                         n.node_id,
                         n.hostname,
@@ -300,7 +324,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             })
             .await
             .map_err(client::status)?;
-            println!("deleted {node}");
+            out!("deleted {node}");
             Ok(())
         }
     }

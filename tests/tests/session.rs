@@ -401,3 +401,54 @@ fn sim_runs_many_fakehw_agents_in_one_process() {
         );
     }
 }
+
+/// Two gateways on one store. A node's session moves from gateway A to
+/// gateway B while A still holds the old stream: A's writes under the old
+/// epoch (liveness, disconnect) must change nothing.
+#[test]
+fn a_stale_gateway_cannot_write_for_a_node_that_moved() {
+    let d = tempfile::tempdir().unwrap();
+    let a = Server::start(&d.path().join("server"), FAST).unwrap();
+    let b = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 13);
+    assert!(node.join(&a.url(), &a.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    let on_a = a.wait_node(&id, "connected via A", |n| n.state == "connected");
+    // Freeze the node: its stream on A stays open, A keeps its session.
+    node.proc().signal(Signal::STOP);
+    // The same identity dials B (a clone of the node's data directory whose
+    // server is B).
+    let clone = Node::new(&d.path().join("clone"), 13);
+    std::fs::create_dir_all(&clone.dir).unwrap();
+    for f in ["node.key", "node.crt", "ca.crt", "journal.db"] {
+        std::fs::copy(node.dir.join(f), clone.dir.join(f)).unwrap();
+    }
+    let mut identity = node.identity();
+    identity["server"] = serde_json::json!(b.url());
+    std::fs::write(clone.dir.join("identity.json"), identity.to_string()).unwrap();
+    let mut clone = clone;
+    clone.start();
+    let on_b = b.wait_node(&id, "connected via B", |n| n.epoch == on_a.epoch + 1);
+    assert_ne!(on_b.gateway, on_a.gateway);
+    // A notices that its session is stale and drops it without a write.
+    wait_for(
+        Duration::from_secs(30),
+        "gateway A to drop the stale session",
+        || {
+            let log = a.proc.log();
+            (log.contains("session superseded; closing it")
+                || log.contains("a newer session owns the node"))
+            .then_some(())
+        },
+    );
+    // Past three heartbeat intervals of A, the node is still B's.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let now = b.node(&id).unwrap();
+    assert_eq!(
+        (now.state.as_str(), now.epoch, now.gateway.as_str()),
+        ("connected", on_b.epoch, on_b.gateway.as_str())
+    );
+    node.proc().signal(Signal::CONT);
+    node.proc().kill();
+}
