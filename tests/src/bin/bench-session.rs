@@ -193,8 +193,54 @@ fn main() -> anyhow::Result<()> {
     server.wait_node(&id, "single node connected", |v| v.state == "connected");
     std::thread::sleep(Duration::from_secs(5));
     println!(
-        "bcd node resident memory, steady (debug-profile features as built: fakehw): {} KiB",
+        "bcd node resident memory, steady ({} build with fakehw): {} KiB",
+        bc_tests::bin("bcd")
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default(),
         rss_kib(pid).unwrap_or(0)
     );
+    drop(node);
+
+    // The static release agent on this host's real (GPU-less) hardware.
+    let musl = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/x86_64-unknown-linux-musl/release/bcd");
+    if musl.exists() {
+        let dir = d.path().join("static");
+        let out = Command::new(&musl)
+            .args([
+                "join",
+                "--server",
+                &server.url(),
+                "--token",
+                &server.token(1),
+            ])
+            .arg("--data-dir")
+            .arg(&dir)
+            .output()?;
+        anyhow::ensure!(out.status.success(), "join: {}", bc_tests::stderr(&out));
+        let mut child = Command::new(&musl)
+            .args(["node", "--data-dir"])
+            .arg(&dir)
+            .env("BCD_LOG", "warn")
+            .spawn()?;
+        let static_node = Node::new(&dir, 0);
+        let id = static_node.id();
+        server.wait_node(&id, "static node connected", |v| v.state == "connected");
+        std::thread::sleep(Duration::from_secs(5));
+        println!(
+            "bcd node resident memory, steady (static musl release build): {} KiB; binary {} bytes",
+            rss_kib(child.id() as i32).unwrap_or(0),
+            std::fs::metadata(&musl)?.len()
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    } else {
+        println!(
+            "(no static bcd at {}: build it to measure it too)",
+            musl.display()
+        );
+    }
     Ok(())
 }
