@@ -15,6 +15,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod command;
 pub mod epoch;
 pub mod rng;
 pub mod session;
