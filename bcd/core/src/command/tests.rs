@@ -353,10 +353,8 @@ impl World {
             .node
             .journal
             .iter()
-            .filter_map(|(id, (j, o))| {
-                (matches!(j, Journaled::Done { acked: false }))
-                    .then(|| (*id, o.expect("done has a result")))
-            })
+            .filter(|(_, (j, _))| matches!(j, Journaled::Done { acked: false }))
+            .map(|(id, (_, o))| (*id, o.expect("done has a result")))
             .collect();
         for (id, outcome) in done {
             if lose {
@@ -483,7 +481,7 @@ impl World {
             self.send_results(false);
             // A command lost in flight (dispatched, never delivered) is
             // replayed at the next Hello; model the reconnect.
-            if self.server.iter().any(|s| *s == ServerState::Dispatched) {
+            if self.server.contains(&ServerState::Dispatched) {
                 self.node.connected = false;
             }
         }
