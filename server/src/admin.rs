@@ -9,13 +9,16 @@ use std::time::Duration;
 
 use bcd_proto::token::JoinToken;
 use bcd_proto::v1::{
-    CreateTokenRequest, CreateTokenResponse, DeleteNodeRequest, DeleteNodeResponse,
-    ListNodesRequest, ListNodesResponse, NodeInfo, admin_server::Admin,
+    CommandInfo, CreateTokenRequest, CreateTokenResponse, DeleteNodeRequest, DeleteNodeResponse,
+    GetCommandRequest, ListCommandsRequest, ListCommandsResponse, ListNodesRequest,
+    ListNodesResponse, NodeInfo, RunCommandRequest, admin_server::Admin,
 };
+use prost::Message;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::store::{NewToken, Store, StoreError};
+use crate::gateway::{GatewayState, refusal_status};
+use crate::store::{CommandRow, NewCommand, NewToken, Store, StoreError};
 
 /// Checks the bearer credential against the operators known at start.
 #[derive(Debug, Clone)]
@@ -48,10 +51,42 @@ impl tonic::service::Interceptor for OperatorAuth {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AdminService {
     pub store: Store,
     pub ca_pin: String,
+    pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
+    /// The gateway in this process, woken when a command is created.
+    pub gateway: Option<Arc<GatewayState>>,
+}
+
+impl std::fmt::Debug for AdminService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminService").finish_non_exhaustive()
+    }
+}
+
+/// Default deadline of a command.
+pub const DEFAULT_NOT_AFTER: Duration = Duration::from_secs(3600);
+
+fn info(c: CommandRow) -> CommandInfo {
+    CommandInfo {
+        command_id: c.id,
+        node_id: c.node_id,
+        seq: c.seq,
+        kind: c.kind,
+        summary: c.summary,
+        state: c.state,
+        reason: c.reason,
+        exit_code: c.exit_code.unwrap_or(0),
+        has_exit_code: c.exit_code.is_some(),
+        output: c.output,
+        output_truncated: c.output_truncated,
+        created_at_ms: c.created_at_ms,
+        not_after_ms: c.not_after_ms,
+        result_at_ms: c.result_at_ms.unwrap_or(0),
+        epoch: c.epoch,
+    }
 }
 
 fn unavailable(e: StoreError) -> Status {
@@ -167,5 +202,101 @@ impl Admin for AdminService {
         }
         info!(%node, "node deleted");
         Ok(Response::new(DeleteNodeResponse {}))
+    }
+
+    async fn run_command(
+        &self,
+        request: Request<RunCommandRequest>,
+    ) -> Result<Response<CommandInfo>, Status> {
+        let r = request.into_inner();
+        let (kind, args, summary) = crate::commands::parse(&r.kind, &r.args, r.timeout_ms)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let not_after = if r.not_after_ms == 0 {
+            DEFAULT_NOT_AFTER
+        } else {
+            Duration::from_millis(r.not_after_ms)
+        };
+        let key = self.worker_key.clone();
+        let (node, min_generation) = (r.node_id.clone(), r.min_generation);
+        let idem = (!r.idempotency_key.is_empty()).then_some(r.idempotency_key);
+        let (row, created) = self
+            .store
+            .run(move |s| {
+                s.create_command(
+                    &NewCommand {
+                        node_id: &node,
+                        kind,
+                        summary: &summary,
+                        not_after,
+                        min_generation,
+                        idempotency_key: idem.as_deref(),
+                    },
+                    |id, seq, now, not_after_ms| {
+                        let payload = crate::commands::payload(
+                            id,
+                            &node,
+                            seq,
+                            kind,
+                            args,
+                            now,
+                            not_after_ms,
+                            min_generation,
+                        );
+                        bcd_proto::sign::seal(&key, payload.encode_to_vec())
+                    },
+                )
+            })
+            .await
+            .map_err(|e| match e {
+                crate::store::TxError::Refused(crate::store::Refusal::NoSuchNode(n)) => {
+                    Status::not_found(format!("no node {n}: see better-compute nodes list"))
+                }
+                e => refusal_status(e),
+            })?;
+        if created {
+            info!(cmd = %row.id, node = %row.node_id, kind = %row.kind, seq = row.seq, "command created");
+            if let Some(gw) = &self.gateway {
+                gw.wake(&row.node_id);
+            }
+        }
+        Ok(Response::new(info(row)))
+    }
+
+    async fn list_commands(
+        &self,
+        request: Request<ListCommandsRequest>,
+    ) -> Result<Response<ListCommandsResponse>, Status> {
+        let r = request.into_inner();
+        let node = (!r.node_id.is_empty()).then_some(r.node_id);
+        let limit = if r.limit == 0 {
+            100
+        } else {
+            r.limit.min(10_000)
+        };
+        let rows = self
+            .store
+            .run(move |s| s.list_commands(node.as_deref(), limit))
+            .await
+            .map_err(unavailable)?;
+        Ok(Response::new(ListCommandsResponse {
+            commands: rows.into_iter().map(info).collect(),
+        }))
+    }
+
+    async fn get_command(
+        &self,
+        request: Request<GetCommandRequest>,
+    ) -> Result<Response<CommandInfo>, Status> {
+        let id = request.into_inner().command_id;
+        let i = id.clone();
+        let row = self
+            .store
+            .run(move |s| s.get_command(&i))
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                Status::not_found(format!("no command {id}: see better-compute commands list"))
+            })?;
+        Ok(Response::new(info(row)))
     }
 }

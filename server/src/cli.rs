@@ -77,6 +77,84 @@ enum Command {
         #[command(subcommand)]
         command: NodesCommand,
     },
+    /// Signed commands, run exactly once on a node.
+    Commands {
+        #[command(subcommand)]
+        command: CommandsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CommandsCommand {
+    /// Run a command on a node: exec.run -- PROGRAM [ARGS...], node.reboot,
+    /// boot.kexec kernel=PATH [initrd=PATH] [cmdline=TEXT], inventory.refresh.
+    Run {
+        node: String,
+        kind: String,
+        args: Vec<String>,
+        /// The node must start it within this long (a duration such as 10m),
+        /// or by this time (RFC 3339); default 1h.
+        #[arg(long)]
+        not_after: Option<String>,
+        /// Refuse to run it before the node applied this spec generation.
+        #[arg(long, default_value_t = 0)]
+        min_generation: u64,
+        /// Repeat-safe submission: the same key returns the first command.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// exec.run: kill the program after this long (default 10m).
+        #[arg(long, value_parser = dur)]
+        timeout: Option<Duration>,
+        /// Wait for the result and print it; the exit code follows the
+        /// command's (0 succeeded, 1 failed, 4 expired or rejected).
+        #[arg(long)]
+        wait: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recent commands, newest first.
+    List {
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One command with its result and output.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `--not-after`: a duration from now, or an RFC 3339 time.
+fn not_after(s: &str) -> anyhow::Result<Duration> {
+    if let Ok(d) = humantime::parse_duration(s) {
+        anyhow::ensure!(!d.is_zero(), "--not-after must be in the future");
+        return Ok(d);
+    }
+    let t = humantime::parse_rfc3339_weak(s).map_err(|_| {
+        anyhow::anyhow!("--not-after takes a duration (10m) or an RFC 3339 time, not {s:?}")
+    })?;
+    t.duration_since(std::time::SystemTime::now())
+        .map_err(|_| anyhow::anyhow!("--not-after {s} has already passed"))
+}
+
+fn command_json(c: &bcd_proto::v1::CommandInfo) -> serde_json::Value {
+    serde_json::json!({
+        "command_id": c.command_id, "node_id": c.node_id, "seq": c.seq, "kind": c.kind,
+        "summary": c.summary, "state": c.state, "reason": c.reason,
+        "exit_code": c.has_exit_code.then_some(c.exit_code),
+        "output": String::from_utf8_lossy(&c.output), "output_truncated": c.output_truncated,
+        "created_at_ms": c.created_at_ms, "not_after_ms": c.not_after_ms,
+        "result_at_ms": (c.result_at_ms != 0).then_some(c.result_at_ms), "epoch": c.epoch,
+    })
+}
+
+fn is_terminal(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "expired" | "rejected")
 }
 
 #[derive(Debug, Subcommand)]
@@ -305,6 +383,153 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         fmt_time(n.cert_not_after_ms),
                         fmt_age(n.last_seen_age_ms)
                     );
+                }
+            }
+            Ok(())
+        }
+        Command::Commands { command } => {
+            let mut c = client::connect(&operator, server).await?;
+            match command {
+                CommandsCommand::Run {
+                    node,
+                    kind,
+                    args,
+                    not_after: deadline,
+                    min_generation,
+                    idempotency_key,
+                    timeout,
+                    wait,
+                    json,
+                } => {
+                    let deadline = deadline.as_deref().map(not_after).transpose()?;
+                    let mut info = c
+                        .run_command(bcd_proto::v1::RunCommandRequest {
+                            node_id: node,
+                            kind,
+                            args,
+                            not_after_ms: deadline.map_or(0, |d| d.as_millis() as u64),
+                            min_generation,
+                            idempotency_key: idempotency_key.unwrap_or_default(),
+                            timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
+                        })
+                        .await
+                        .map_err(client::status)?
+                        .into_inner();
+                    if !wait {
+                        if json {
+                            out!("{}", command_json(&info));
+                        } else {
+                            out!("{}", info.command_id);
+                        }
+                        return Ok(());
+                    }
+                    while !is_terminal(&info.state) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        info = c
+                            .get_command(bcd_proto::v1::GetCommandRequest {
+                                command_id: info.command_id.clone(),
+                            })
+                            .await
+                            .map_err(client::status)?
+                            .into_inner();
+                    }
+                    if json {
+                        out!("{}", command_json(&info));
+                    } else {
+                        emit(&String::from_utf8_lossy(&info.output))?;
+                        eprintln!(
+                            "{} {}{}{}",
+                            info.command_id,
+                            info.state,
+                            if info.reason.is_empty() { "" } else { ": " },
+                            info.reason
+                        );
+                    }
+                    let code = match info.state.as_str() {
+                        "succeeded" => 0,
+                        "failed" => 1,
+                        _ => 4,
+                    };
+                    if code != 0 {
+                        std::process::exit(code);
+                    }
+                }
+                CommandsCommand::List { node, limit, json } => {
+                    let r = c
+                        .list_commands(bcd_proto::v1::ListCommandsRequest {
+                            node_id: node.unwrap_or_default(),
+                            limit,
+                        })
+                        .await
+                        .map_err(client::status)?
+                        .into_inner();
+                    if json {
+                        let v: Vec<_> = r.commands.iter().map(command_json).collect();
+                        out!("{}", serde_json::to_string_pretty(&v)?);
+                    } else {
+                        out!(
+                            "{:<20} {:<16} {:>5} {:<17} {:<10} {}",
+                            "COMMAND",
+                            "NODE",
+                            "SEQ",
+                            "KIND",
+                            "STATE",
+                            "SUMMARY"
+                        );
+                        for i in &r.commands {
+                            out!(
+                                "{:<20} {:<16} {:>5} {:<17} {:<10} {}",
+                                i.command_id,
+                                i.node_id,
+                                i.seq,
+                                i.kind,
+                                i.state,
+                                i.summary
+                            );
+                        }
+                    }
+                }
+                CommandsCommand::Show { id, json } => {
+                    let i = c
+                        .get_command(bcd_proto::v1::GetCommandRequest { command_id: id })
+                        .await
+                        .map_err(client::status)?
+                        .into_inner();
+                    if json {
+                        out!("{}", serde_json::to_string_pretty(&command_json(&i))?);
+                    } else {
+                        out!("command   {}", i.command_id);
+                        out!("node      {} (seq {})", i.node_id, i.seq);
+                        out!("kind      {} {}", i.kind, i.summary);
+                        out!(
+                            "state     {}{}",
+                            i.state,
+                            if i.reason.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" ({})", i.reason)
+                            }
+                        );
+                        if i.has_exit_code {
+                            out!("exit code {}", i.exit_code);
+                        }
+                        out!("created   {}", fmt_time(i.created_at_ms));
+                        out!("not after {}", fmt_time(i.not_after_ms));
+                        if i.result_at_ms != 0 {
+                            out!("finished  {}", fmt_time(i.result_at_ms));
+                        }
+                        if !i.output.is_empty() {
+                            out!(
+                                "output{}:",
+                                if i.output_truncated {
+                                    " (truncated)"
+                                } else {
+                                    ""
+                                }
+                            );
+                            emit(&String::from_utf8_lossy(&i.output))?;
+                        }
+                    }
                 }
             }
             Ok(())

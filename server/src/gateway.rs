@@ -24,7 +24,7 @@ use bcd_proto::v1::{
     self, NodeMessage, ServerMessage, Welcome, gateway_server::Gateway, node_message,
     server_message,
 };
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
@@ -92,6 +92,8 @@ struct LocalSession {
     epoch: u64,
     last_heard: Arc<Mutex<Instant>>,
     close: Option<oneshot::Sender<Status>>,
+    /// Wakes the session's dispatcher when a command is created.
+    wake: Arc<Notify>,
 }
 
 /// One gateway's state, shared by its streams and its background loops.
@@ -162,6 +164,14 @@ impl GatewayState {
                     self.id
                 )));
             }
+        }
+    }
+
+    /// A command for `node` was created: dispatch now rather than at the
+    /// next poll.
+    pub fn wake(&self, node: &str) {
+        if let Some(s) = self.sessions().get(node) {
+            s.wake.notify_one();
         }
     }
 
@@ -381,6 +391,8 @@ async fn run_session(
             .into_iter()
             .map(|h| (h.section, h.sha256))
             .collect(),
+        journal_running: hello.journal_running,
+        journal_done: hello.journal_done,
     };
     let outcome = match state.store.run(move |s| s.hello(&input)).await {
         Ok(o) => o,
@@ -394,6 +406,7 @@ async fn run_session(
     let span = info_span!("session", %node, epoch, gateway = %state.id);
     async move {
         let last_heard = Arc::new(Mutex::new(Instant::now()));
+        let wake = Arc::new(Notify::new());
         let (close_tx, mut close_rx) = oneshot::channel();
         if let Some(mut old) = state.sessions().insert(
             node.clone(),
@@ -401,6 +414,7 @@ async fn run_session(
                 epoch,
                 last_heard: last_heard.clone(),
                 close: Some(close_tx),
+                wake: wake.clone(),
             },
         ) && let Some(tx) = old.close.take()
         {
@@ -422,11 +436,31 @@ async fn run_session(
             end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
             return;
         }
+        for (id, state, reason) in &outcome.finished {
+            info!(cmd = %id, %state, %reason, "command finished at Hello");
+        }
+        // In-flight commands first, in sequence order, then what is pending.
+        for d in outcome.replay {
+            debug!(cmd = %d.id, seq = d.seq, "replaying");
+            if !send_dispatch(&out, d, epoch).await {
+                end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
+                return;
+            }
+        }
+        wake.notify_one();
+        let mut poll = tokio::time::interval(Duration::from_secs(1));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(timing.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let dead_after = timing.heartbeat * timing.missed_heartbeats;
         loop {
             tokio::select! {
+                _ = async { tokio::select! { _ = wake.notified() => {}, _ = poll.tick() => {} } } => {
+                    if !dispatch_pending(&state, &node, epoch, &out).await {
+                        end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
+                        return;
+                    }
+                }
                 status = &mut close_rx => {
                     // Superseded or fenced: another session owns the node's
                     // route now, so no disconnect write.
@@ -467,6 +501,41 @@ async fn run_session(
     .await
 }
 
+async fn send_dispatch(out: &Out, d: crate::store::Dispatch, epoch: u64) -> bool {
+    out.send(msg(server_message::Msg::Command(v1::CommandDispatch {
+        command_id: d.id,
+        seq: d.seq,
+        signed: d.signed,
+        epoch,
+    })))
+    .await
+    .is_ok()
+}
+
+/// Sends what is pending for the node; false when the stream is unusable.
+async fn dispatch_pending(state: &Arc<GatewayState>, node: &str, epoch: u64, out: &Out) -> bool {
+    let (gw, n) = (state.id.clone(), node.to_string());
+    match state
+        .store
+        .run(move |s| s.take_dispatchable(&gw, &n, epoch))
+        .await
+    {
+        Ok(ds) => {
+            for d in ds {
+                debug!(cmd = %d.id, seq = d.seq, "dispatching");
+                if !send_dispatch(out, d, epoch).await {
+                    return false;
+                }
+            }
+            true
+        }
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "cannot dispatch");
+            true
+        }
+    }
+}
+
 /// Handles one message; false when the stream is unusable.
 async fn handle(
     state: &Arc<GatewayState>,
@@ -497,6 +566,61 @@ async fn handle(
                 warn!(error = %format!("{e:#}"), "cannot store inventory");
             }
             true
+        }
+        Some(node_message::Msg::CommandAck(a)) => {
+            let running = a.state == "RUNNING";
+            let (n, id) = (node.to_string(), a.command_id.clone());
+            match state
+                .store
+                .run(move |s| s.command_ack(&n, &id, running))
+                .await
+            {
+                Ok(true) => debug!(cmd = %a.command_id, state = %a.state, "command acknowledged"),
+                Ok(false) => debug!(cmd = %a.command_id, "ack for a finished or unknown command"),
+                Err(e) => warn!(error = %format!("{e:#}"), "cannot record a command ack"),
+            }
+            true
+        }
+        Some(node_message::Msg::CommandResult(r)) => {
+            let Some(outcome) = bcd_core::command::Outcome::parse(&r.outcome) else {
+                warn!(cmd = %r.command_id, outcome = %r.outcome, "result with an unknown outcome; ignored");
+                return true;
+            };
+            let input = crate::store::ResultInput {
+                command_id: r.command_id.clone(),
+                outcome,
+                reason: r.reason,
+                exit_code: r.has_exit_code.then_some(r.exit_code),
+                output: r.output,
+                output_truncated: r.output_truncated,
+            };
+            let n = node.to_string();
+            match state.store.run(move |s| s.command_result(&n, &input)).await {
+                Ok(applied) => {
+                    match applied {
+                        crate::store::ResultApplied::Applied => {
+                            info!(cmd = %r.command_id, outcome = %r.outcome, "command finished")
+                        }
+                        crate::store::ResultApplied::Duplicate => {
+                            debug!(cmd = %r.command_id, "duplicate result; the first one stands")
+                        }
+                        crate::store::ResultApplied::Unknown => warn!(
+                            cmd = %r.command_id,
+                            "result for a command this server does not know; acknowledged and dropped"
+                        ),
+                    }
+                    out.send(msg(server_message::Msg::ResultAck(v1::ResultAck {
+                        command_ids: vec![r.command_id],
+                    })))
+                    .await
+                    .is_ok()
+                }
+                // Not acknowledged: the node keeps it and sends it again.
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "cannot record a result");
+                    true
+                }
+            }
         }
         Some(node_message::Msg::Hello(_)) => {
             let _ = out

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod ca;
 pub mod cli;
 pub mod client;
+pub mod commands;
 pub mod files;
 pub mod gateway;
 pub mod joinsvc;

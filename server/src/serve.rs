@@ -12,6 +12,7 @@ use bcd_proto::tls;
 use bcd_proto::v1::{
     admin_server::AdminServer, gateway_server::GatewayServer, join_server::JoinServer,
 };
+use ring::signature::KeyPair;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -122,6 +123,9 @@ pub async fn serve(
         sans = vec!["localhost".into(), opts.listen.ip().to_string()];
     }
     let ca = Arc::new(Ca::load_or_create(&opts.data_dir, &sans, now).context("fleet CA")?);
+    let worker_key = Arc::new(
+        crate::ca::load_or_create_worker_key(&opts.data_dir).context("worker signing key")?,
+    );
     let listener = TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
@@ -150,11 +154,13 @@ pub async fn serve(
         store: store.clone(),
         ca: ca.clone(),
         policy: opts.certs,
-        worker_keys: Arc::new(Vec::new()),
+        worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
     };
     let admin = AdminService {
         store: store.clone(),
         ca_pin: ca.fingerprint(),
+        worker_key: worker_key.clone(),
+        gateway: Some(gw.clone()),
     };
     let auth = OperatorAuth {
         token_hashes: Arc::new(operators),
@@ -219,6 +225,14 @@ async fn liveness_controller(store: Store, timing: Timing) {
                 }
             }
             Err(e) => warn!(error = %format!("{e:#}"), "liveness sweep failed"),
+        }
+        match store.run(|s| s.sweep_commands()).await {
+            Ok(expired) => {
+                for id in expired {
+                    info!(cmd = %id, "command expired before dispatch");
+                }
+            }
+            Err(e) => warn!(error = %format!("{e:#}"), "command sweep failed"),
         }
     }
 }

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bcd_core::command::{HelloDecision, Kind, NodeReport, ServerState, apply_result, on_hello};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// SQL for `compute_now()` in unix milliseconds.
@@ -94,6 +95,33 @@ const MIGRATIONS: &[&str] = &[
         value INTEGER NOT NULL
     ) STRICT;
     ",
+    // 2: commands.
+    "
+    ALTER TABLE nodes ADD COLUMN next_seq INTEGER NOT NULL DEFAULT 1;
+    CREATE TABLE commands (
+        id               TEXT PRIMARY KEY,
+        node_id          TEXT NOT NULL REFERENCES nodes(id),
+        seq              INTEGER NOT NULL,
+        kind             TEXT NOT NULL,
+        summary          TEXT NOT NULL,
+        signed           BLOB NOT NULL,
+        not_after        INTEGER NOT NULL,
+        min_generation   INTEGER NOT NULL DEFAULT 0,
+        idempotency_key  TEXT UNIQUE,
+        state            TEXT NOT NULL,
+        epoch            INTEGER NOT NULL DEFAULT 0,
+        created_at       INTEGER NOT NULL,
+        updated_at       INTEGER NOT NULL,
+        reason           TEXT NOT NULL DEFAULT '',
+        exit_code        INTEGER,
+        output           BLOB,
+        output_truncated INTEGER NOT NULL DEFAULT 0,
+        result_at        INTEGER,
+        UNIQUE (node_id, seq)
+    ) STRICT;
+    CREATE INDEX commands_node_state ON commands(node_id, state, seq);
+    CREATE INDEX commands_state_deadline ON commands(state, not_after);
+    ",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +171,8 @@ pub enum Refusal {
     Expired,
     #[error("{0}")]
     BadRequest(String),
+    #[error("no node {0}: see better-compute nodes list")]
+    NoSuchNode(String),
     /// Logged in full; the peer sees only that the server failed.
     #[error("internal: {0}")]
     Internal(String),
@@ -187,6 +217,66 @@ pub struct IssuedCert {
     pub not_after_ms: i64,
 }
 
+/// A command ready to send: its id, sequence and signed bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatch {
+    pub id: String,
+    pub seq: u64,
+    pub signed: Vec<u8>,
+}
+
+/// A command as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRow {
+    pub id: String,
+    pub node_id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub summary: String,
+    pub state: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub output: Vec<u8>,
+    pub output_truncated: bool,
+    pub created_at_ms: i64,
+    pub not_after_ms: i64,
+    pub result_at_ms: Option<i64>,
+    pub epoch: u64,
+}
+
+/// What a new command is.
+#[derive(Debug)]
+pub struct NewCommand<'a> {
+    pub node_id: &'a str,
+    pub kind: bcd_core::command::Kind,
+    pub summary: &'a str,
+    /// Relative deadline from the store's now.
+    pub not_after: Duration,
+    pub min_generation: u64,
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// A result reported by a node.
+#[derive(Debug, Clone)]
+pub struct ResultInput {
+    pub command_id: String,
+    pub outcome: bcd_core::command::Outcome,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub output: Vec<u8>,
+    pub output_truncated: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultApplied {
+    /// The command is now terminal with this result.
+    Applied,
+    /// It was terminal already; the first result stands.
+    Duplicate,
+    /// No such command for this node.
+    Unknown,
+}
+
 #[derive(Debug)]
 pub struct HelloInput {
     pub node_id: String,
@@ -199,6 +289,8 @@ pub struct HelloInput {
     pub agent_version: String,
     pub last_epoch: u64,
     pub inventory_hashes: Vec<(String, String)>,
+    pub journal_running: Vec<String>,
+    pub journal_done: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,7 +299,15 @@ pub struct HelloOutcome {
     pub server_time_ms: i64,
     pub inventory_wanted: Vec<String>,
     pub previous_journal_id: Option<String>,
+    /// In-flight commands to send again, in sequence order.
+    pub replay: Vec<Dispatch>,
+    /// Commands the Hello finished (self-terminating after a new boot,
+    /// journal lost).
+    pub finished: Vec<Finished>,
 }
+
+/// A command finished by a Hello: (id, state, reason).
+pub type Finished = (String, String, String);
 
 /// A node as `nodes list` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -449,11 +549,11 @@ impl Store {
             return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
         }
         let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
-        let prev: Option<(i64, String)> = tx
+        let prev: Option<(i64, String, String)> = tx
             .query_row(
-                "SELECT epoch, journal_id FROM node_sessions WHERE node_id = ?1",
+                "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
                 [&h.node_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
         let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
@@ -505,12 +605,17 @@ impl Store {
                 }
             }
         }
+        let new_journal = prev.as_ref().is_some_and(|p| p.1 != h.journal_id);
+        let new_boot = prev.as_ref().is_some_and(|p| p.2 != h.boot_id);
+        let (replay, finished) = settle_in_flight(&tx, h, epoch, now, new_journal, new_boot)?;
         tx.commit()?;
         Ok(HelloOutcome {
             epoch,
             server_time_ms: now,
             inventory_wanted: wanted,
             previous_journal_id: prev.map(|p| p.1),
+            replay,
+            finished,
         })
     }
 
@@ -589,6 +694,209 @@ impl Store {
             params![node_id, section, sha256, body],
         )?;
         Ok(true)
+    }
+
+    // -------------------------------------------------------------- commands
+
+    /// Creates a command: assigns the node's next sequence number, lets
+    /// `seal` sign the payload (id, seq, store now, absolute deadline), and
+    /// stores the signed bytes. A repeated idempotency key returns the first
+    /// command instead.
+    pub fn create_command(
+        &self,
+        c: &NewCommand<'_>,
+        seal: impl FnOnce(&str, u64, i64, i64) -> Vec<u8>,
+    ) -> Result<(CommandRow, bool), TxError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(key) = c.idempotency_key {
+            let existing: Option<String> = tx
+                .query_row(
+                    "SELECT id FROM commands WHERE idempotency_key = ?1",
+                    [key],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(id) = existing {
+                let row = command_row(&tx, &id)?.expect("the command exists");
+                if row.node_id != c.node_id || row.kind != c.kind.name() {
+                    return Err(Refusal::BadRequest(format!(
+                        "idempotency key {key:?} was used for command {id} ({} on {}); use a new key",
+                        row.kind, row.node_id
+                    ))
+                    .into());
+                }
+                return Ok((row, false));
+            }
+        }
+        let node: Option<(Option<i64>, i64)> = tx
+            .query_row(
+                "SELECT deleted_at, next_seq FROM nodes WHERE id = ?1",
+                [c.node_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let seq = match node {
+            Some((None, seq)) => seq as u64,
+            _ => return Err(Refusal::NoSuchNode(c.node_id.to_string()).into()),
+        };
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let not_after = now + ms(c.not_after);
+        let id = format!("cmd-{:016x}", rand::random::<u64>());
+        let signed = seal(&id, seq, now, not_after);
+        tx.execute(
+            "UPDATE nodes SET next_seq = next_seq + 1 WHERE id = ?1",
+            [c.node_id],
+        )?;
+        tx.execute(
+            "INSERT INTO commands (id, node_id, seq, kind, summary, signed, not_after, min_generation,
+                 idempotency_key, state, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10)",
+            params![
+                id,
+                c.node_id,
+                seq as i64,
+                c.kind.name(),
+                c.summary,
+                signed,
+                not_after,
+                c.min_generation as i64,
+                c.idempotency_key,
+                now
+            ],
+        )?;
+        let row = command_row(&tx, &id)?.expect("just inserted");
+        tx.commit()?;
+        Ok((row, true))
+    }
+
+    pub fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
+        Ok(command_row(&self.lock(), id)?)
+    }
+
+    pub fn list_commands(
+        &self,
+        node_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<CommandRow>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare(&format!(
+            "SELECT {COMMAND_COLUMNS} FROM commands
+             WHERE (?1 IS NULL OR node_id = ?1) ORDER BY created_at DESC, seq DESC LIMIT ?2"
+        ))?;
+        let rows = q
+            .query_map(params![node_id, limit], read_command)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Pending commands of a node routed to this gateway under this epoch,
+    /// marked dispatched, in sequence order. Dispatch is a join on the
+    /// node's current route: a node that moved gets nothing here.
+    pub fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out: Vec<Dispatch> = {
+            let mut q = tx.prepare_cached(
+                "SELECT c.id, c.seq, c.signed FROM commands c
+                 JOIN node_sessions s ON s.node_id = c.node_id
+                 WHERE c.node_id = ?1 AND c.state = 'pending'
+                   AND s.gateway_id = ?2 AND s.epoch = ?3 AND s.state = 'connected'
+                 ORDER BY c.seq",
+            )?;
+            q.query_map(params![node_id, gateway_id, epoch as i64], |r| {
+                Ok(Dispatch {
+                    id: r.get(0)?,
+                    seq: r.get::<_, i64>(1)? as u64,
+                    signed: r.get(2)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?
+        };
+        for d in &out {
+            tx.execute(
+                &format!(
+                    "UPDATE commands SET state = 'dispatched', epoch = ?2, updated_at = {NOW}
+                     WHERE id = ?1 AND state = 'pending'"
+                ),
+                params![d.id, epoch as i64],
+            )?;
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// The node acknowledged a dispatch (ACCEPTED) or reported it running.
+    pub fn command_ack(&self, node_id: &str, id: &str, running: bool) -> Result<bool, StoreError> {
+        let n = self.lock().execute(
+            &format!(
+                "UPDATE commands SET state = ?3, updated_at = {NOW}
+                 WHERE id = ?1 AND node_id = ?2
+                   AND state IN ('pending', 'dispatched', 'acked', 'running')"
+            ),
+            params![id, node_id, if running { "running" } else { "acked" }],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Applies a result: the first terminal result wins, from any epoch.
+    pub fn command_result(
+        &self,
+        node_id: &str,
+        r: &ResultInput,
+    ) -> Result<ResultApplied, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let state: Option<String> = tx
+            .query_row(
+                "SELECT state FROM commands WHERE id = ?1 AND node_id = ?2",
+                params![r.command_id, node_id],
+                |row| row.get(0),
+            )
+            .optional()?;
+        let Some(state) = state.and_then(|s| ServerState::parse(&s)) else {
+            return Ok(ResultApplied::Unknown);
+        };
+        let Some(next) = apply_result(state, r.outcome) else {
+            return Ok(ResultApplied::Duplicate);
+        };
+        tx.execute(
+            &format!(
+                "UPDATE commands SET state = ?2, reason = ?3, exit_code = ?4, output = ?5,
+                     output_truncated = ?6, result_at = {NOW}, updated_at = {NOW}
+                 WHERE id = ?1"
+            ),
+            params![
+                r.command_id,
+                next.name(),
+                r.reason,
+                r.exit_code,
+                r.output,
+                r.output_truncated
+            ],
+        )?;
+        tx.commit()?;
+        Ok(ResultApplied::Applied)
+    }
+
+    /// Expires pending commands past their deadline (never one a node may
+    /// hold: those are rejected EXPIRED by the node itself). Returns them.
+    pub fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare(&format!(
+            "UPDATE commands SET state = 'expired', reason = 'not_after passed before dispatch',
+                 result_at = {NOW}, updated_at = {NOW}
+             WHERE state = 'pending' AND not_after < {NOW} RETURNING id"
+        ))?;
+        let ids = q
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(ids)
     }
 
     // ---------------------------------------------------------------- leases
@@ -789,6 +1097,105 @@ impl Store {
     }
 }
 
+const COMMAND_COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
+     COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch";
+
+fn read_command(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
+    Ok(CommandRow {
+        id: r.get(0)?,
+        node_id: r.get(1)?,
+        seq: r.get::<_, i64>(2)? as u64,
+        kind: r.get(3)?,
+        summary: r.get(4)?,
+        state: r.get(5)?,
+        reason: r.get(6)?,
+        exit_code: r.get(7)?,
+        output: r.get(8)?,
+        output_truncated: r.get(9)?,
+        created_at_ms: r.get(10)?,
+        not_after_ms: r.get(11)?,
+        result_at_ms: r.get(12)?,
+        epoch: r.get::<_, i64>(13)? as u64,
+    })
+}
+
+fn command_row(conn: &Connection, id: &str) -> rusqlite::Result<Option<CommandRow>> {
+    conn.query_row(
+        &format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE id = ?1"),
+        [id],
+        read_command,
+    )
+    .optional()
+}
+
+/// The Hello transaction's part for commands: every in-flight command of
+/// the node moves to the new epoch and is replayed, kept, awaited or
+/// finished as `bcd_core::command::on_hello` decides.
+fn settle_in_flight(
+    tx: &Connection,
+    h: &HelloInput,
+    epoch: u64,
+    now: i64,
+    new_journal: bool,
+    new_boot: bool,
+) -> Result<(Vec<Dispatch>, Vec<Finished>), TxError> {
+    let in_flight: Vec<(String, u64, String, String, Vec<u8>)> = {
+        let mut q = tx.prepare_cached(
+            "SELECT id, seq, kind, state, signed FROM commands
+             WHERE node_id = ?1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq",
+        )?;
+        q.query_map([&h.node_id], |r| {
+            Ok((
+                r.get(0)?,
+                r.get::<_, i64>(1)? as u64,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    let mut replay = Vec::new();
+    let mut finished = Vec::new();
+    for (id, seq, kind, state, signed) in in_flight {
+        let (Some(kind), Some(state)) = (Kind::parse(&kind), ServerState::parse(&state)) else {
+            continue;
+        };
+        let report = if h.journal_done.contains(&id) {
+            NodeReport::Done
+        } else if h.journal_running.contains(&id) {
+            NodeReport::Running
+        } else {
+            NodeReport::Unknown
+        };
+        match on_hello(kind, state, report, new_journal, new_boot) {
+            HelloDecision::Replay => {
+                tx.execute(
+                    "UPDATE commands SET state = 'dispatched', epoch = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![id, epoch as i64, now],
+                )?;
+                replay.push(Dispatch { id, seq, signed });
+            }
+            HelloDecision::KeepRunning | HelloDecision::AwaitResult => {
+                tx.execute(
+                    "UPDATE commands SET epoch = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![id, epoch as i64, now],
+                )?;
+            }
+            HelloDecision::Finish(outcome, reason) => {
+                let state = ServerState::Terminal(outcome).name();
+                tx.execute(
+                    "UPDATE commands SET state = ?2, reason = ?3, result_at = ?4, updated_at = ?4
+                     WHERE id = ?1",
+                    params![id, state, reason, now],
+                )?;
+                finished.push((id, state.to_string(), reason.to_string()));
+            }
+        }
+    }
+    Ok((replay, finished))
+}
+
 /// node, serial, revoked_at, revoke_reason, not_after, deleted_at, now
 type CertRow = (
     String,
@@ -899,6 +1306,8 @@ mod tests {
             agent_version: "0".into(),
             last_epoch,
             inventory_hashes: vec![("gpus".into(), "abc".into())],
+            journal_running: vec![],
+            journal_done: vec![],
         }
     }
 

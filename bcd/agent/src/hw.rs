@@ -19,6 +19,12 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn hostname(&self) -> String;
     fn gpus(&self) -> &dyn Gpus;
     fn tpm(&self) -> &dyn Tpm;
+    /// Reboots the machine. On real hardware it does not return when it
+    /// works; a fake machine returns `Ok` after its reboot, and the agent
+    /// restarts in process.
+    fn reboot(&self) -> std::io::Result<()>;
+    /// Boots into another kernel; returns like [`Host::reboot`].
+    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()>;
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -91,6 +97,31 @@ impl Host for RealHost {
 
     fn tpm(&self) -> &dyn Tpm {
         &self.tpm
+    }
+
+    fn reboot(&self) -> std::io::Result<()> {
+        rustix::fs::sync();
+        rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
+        Ok(())
+    }
+
+    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+        // kexec-tools loads the image (kexec_file_load) and jumps into it.
+        let mut load = std::process::Command::new("kexec");
+        load.args(["--kexec-file-syscall", "-l", kernel]);
+        if !initrd.is_empty() {
+            load.arg(format!("--initrd={initrd}"));
+        }
+        load.arg(format!("--command-line={cmdline}"));
+        let status = load.status()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
+        }
+        rustix::fs::sync();
+        let status = std::process::Command::new("kexec").arg("-e").status()?;
+        Err(std::io::Error::other(format!(
+            "kexec -e returned: {status}"
+        )))
     }
 }
 
@@ -331,6 +362,16 @@ pub mod fake {
 
         fn tpm(&self) -> &dyn Tpm {
             &self.tpm
+        }
+
+        fn reboot(&self) -> std::io::Result<()> {
+            FakeHost::reboot(self);
+            Ok(())
+        }
+
+        fn kexec(&self, _kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
+            FakeHost::reboot(self);
+            Ok(())
         }
     }
 

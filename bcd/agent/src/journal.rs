@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension};
+use bcd_core::command::Journaled;
+use rusqlite::{Connection, OptionalExtension, params};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -53,7 +54,40 @@ CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS commands (
+    id         TEXT PRIMARY KEY,
+    seq        INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    payload    BLOB NOT NULL,
+    state      TEXT NOT NULL CHECK (state IN ('accepted', 'running', 'done')),
+    boot_id    TEXT NOT NULL DEFAULT '',
+    result     BLOB,
+    acked      INTEGER NOT NULL DEFAULT 0,
+    updated_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS commands_seq ON commands(seq);
 ";
+
+/// Acknowledged results kept for answering late replays; older ones go.
+const KEEP_ACKED: i64 = 1000;
+
+/// One journaled command, for recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub payload: Vec<u8>,
+    pub state: Journaled,
+    pub result: Option<Vec<u8>>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
 
 impl Journal {
     pub fn open(path: &Path) -> Result<(Journal, Opened), JournalError> {
@@ -145,6 +179,104 @@ impl Journal {
     pub fn connection(&self) -> &Connection {
         &self.conn
     }
+
+    /// The highest command sequence this journal accepted.
+    pub fn highest_seq(&self) -> rusqlite::Result<u64> {
+        let v: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'highest_seq'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0))
+    }
+
+    pub fn command(&self, id: &str) -> rusqlite::Result<Option<Entry>> {
+        self.conn
+            .query_row(
+                "SELECT id, seq, kind, payload, state, boot_id, result, acked FROM commands WHERE id = ?1",
+                [id],
+                read_entry,
+            )
+            .optional()
+    }
+
+    /// Durably records a command as accepted, before anything else happens.
+    pub fn accept(&self, id: &str, seq: u64, kind: &str, payload: &[u8]) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute(
+            "INSERT INTO commands (id, seq, kind, payload, state, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 'accepted', ?5)",
+            params![id, seq as i64, kind, payload, now_ms()],
+        )?;
+        tx.execute(
+            "INSERT INTO meta (key, value) VALUES ('highest_seq', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = MAX(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
+            [seq.to_string()],
+        )?;
+        tx.commit()
+    }
+
+    /// Durably records that the side effect is about to start.
+    pub fn set_running(&self, id: &str, boot_id: &str) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE commands SET state = 'running', boot_id = ?2, updated_at = ?3 WHERE id = ?1",
+            params![id, boot_id, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// Durably records the result (an encoded `CommandResult`).
+    pub fn finish(&self, id: &str, result: &[u8]) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "UPDATE commands SET state = 'done', result = ?2, updated_at = ?3 WHERE id = ?1",
+            params![id, result, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// The server has the result: stop sending it; forget old ones.
+    pub fn mark_acked(&self, id: &str) -> rusqlite::Result<()> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute(
+            "UPDATE commands SET acked = 1 WHERE id = ?1 AND state = 'done'",
+            [id],
+        )?;
+        tx.execute(
+            "DELETE FROM commands WHERE acked = 1 AND seq <
+                 (SELECT seq FROM commands WHERE acked = 1 ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
+            [KEEP_ACKED - 1],
+        )?;
+        tx.commit()
+    }
+
+    /// Every command not acknowledged, in sequence order.
+    pub fn open_entries(&self) -> rusqlite::Result<Vec<Entry>> {
+        let mut q = self.conn.prepare(
+            "SELECT id, seq, kind, payload, state, boot_id, result, acked FROM commands
+             WHERE acked = 0 ORDER BY seq",
+        )?;
+        q.query_map([], read_entry)?.collect()
+    }
+}
+
+fn read_entry(r: &rusqlite::Row<'_>) -> rusqlite::Result<Entry> {
+    let state: String = r.get(4)?;
+    let acked: bool = r.get(7)?;
+    Ok(Entry {
+        id: r.get(0)?,
+        seq: r.get::<_, i64>(1)? as u64,
+        kind: r.get(2)?,
+        payload: r.get(3)?,
+        state: match state.as_str() {
+            "accepted" => Journaled::Accepted,
+            "running" => Journaled::Running { boot_id: r.get(5)? },
+            _ => Journaled::Done { acked },
+        },
+        result: r.get(6)?,
+    })
 }
 
 fn is_corruption(e: &rusqlite::Error) -> bool {
@@ -174,6 +306,61 @@ mod tests {
         let (j, o) = Journal::open(&p).unwrap();
         assert_eq!(o, Opened::Existing);
         assert_eq!(j.journal_id(), id);
+    }
+
+    #[test]
+    fn command_lifecycle_survives_reopening() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("journal.db");
+        let (j, _) = Journal::open(&p).unwrap();
+        j.accept("c1", 1, "exec.run", b"p1").unwrap();
+        j.accept("c2", 2, "exec.run", b"p2").unwrap();
+        j.set_running("c1", "boot-a").unwrap();
+        j.set_running("c2", "boot-a").unwrap();
+        j.finish("c2", b"result").unwrap();
+        assert!(
+            j.accept("c1", 1, "exec.run", b"p1").is_err(),
+            "an id is accepted once"
+        );
+        drop(j);
+        let (j, _) = Journal::open(&p).unwrap();
+        assert_eq!(j.highest_seq().unwrap(), 2);
+        let e = j.open_entries().unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(
+            e[0].state,
+            Journaled::Running {
+                boot_id: "boot-a".into()
+            }
+        );
+        assert_eq!(e[1].state, Journaled::Done { acked: false });
+        assert_eq!(e[1].result.as_deref(), Some(&b"result"[..]));
+        j.mark_acked("c2").unwrap();
+        assert_eq!(j.open_entries().unwrap().len(), 1);
+        assert_eq!(
+            j.command("c2").unwrap().unwrap().state,
+            Journaled::Done { acked: true }
+        );
+        assert_eq!(j.command("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn old_acknowledged_results_are_trimmed() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
+        for i in 1..=(KEEP_ACKED as u64 + 10) {
+            let id = format!("c{i}");
+            j.accept(&id, i, "exec.run", b"").unwrap();
+            j.finish(&id, b"r").unwrap();
+            j.mark_acked(&id).unwrap();
+        }
+        let n: i64 = j
+            .conn
+            .query_row("SELECT COUNT(*) FROM commands", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, KEEP_ACKED);
+        assert_eq!(j.highest_seq().unwrap(), KEEP_ACKED as u64 + 10);
+        assert!(j.command("c1").unwrap().is_none());
     }
 
     #[test]

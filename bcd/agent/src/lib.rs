@@ -8,6 +8,8 @@
 //! in `bcd-core` and must not move here; wire types live in `bcd-proto`.
 #![forbid(unsafe_code)]
 
+pub mod crash;
+pub mod effects;
 pub mod fsutil;
 pub mod hw;
 pub mod identity;

@@ -180,12 +180,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Node { data_dir, hw } => {
             let _lock = fsutil::DirLock::acquire(&data_dir)?;
             fsutil::remove_stale_temps(&data_dir);
-            let agent = node::open(&data_dir, hw.host(), rand::random(), None)?;
-            match agent.run(shutdown_signal()).await {
-                node::Stopped::Shutdown => Ok(ExitCode::SUCCESS),
-                node::Stopped::Refused(message) => {
-                    eprintln!("error: the server refused this node: {message}");
-                    Ok(ExitCode::from(3))
+            let host = hw.host();
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                let _ = stop_tx.send(true);
+            });
+            loop {
+                let agent = node::open(&data_dir, host.clone(), rand::random(), None)?;
+                let mut stop = stop_rx.clone();
+                let stopped = agent
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                match stopped {
+                    node::Stopped::Shutdown => return Ok(ExitCode::SUCCESS),
+                    node::Stopped::Refused(message) => {
+                        eprintln!("error: the server refused this node: {message}");
+                        return Ok(ExitCode::from(3));
+                    }
+                    node::Stopped::Rebooted => {
+                        tracing::info!("the machine rebooted; starting the agent again");
+                    }
+                    node::Stopped::JournalFailed(e) => {
+                        anyhow::bail!(
+                            "the journal failed ({e}); bcd stops rather than act without it: \
+                             check the disk under {}",
+                            data_dir.display()
+                        );
+                    }
                 }
             }
         }

@@ -10,18 +10,22 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use bcd_core::command::{self, DispatchFacts, Journaled, Kind, NodeView, OnDispatch, Recovery};
 use bcd_core::{Action, Event, Session, SessionConfig};
 use bcd_proto::tls::{self, ClientIdentity, ServerTrust};
 use bcd_proto::v1::{
     self, Hello, InventoryHash, NodeMessage, ServerMessage, gateway_client::GatewayClient,
     node_message, server_message,
 };
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::Streaming;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::crash::Crash;
+use crate::effects::{self, Effect};
 use crate::hw::{self, Host};
 use crate::identity::Identity;
 use crate::journal::Journal;
@@ -44,6 +48,7 @@ pub struct Agent {
     pub config: SessionConfig,
     pub seed: u64,
     pub stats: Option<Arc<Stats>>,
+    pub crash: Crash,
 }
 
 /// Why the agent stopped.
@@ -53,7 +58,14 @@ pub enum Stopped {
     Shutdown,
     /// The server refused this node for good.
     Refused(String),
+    /// A command rebooted the (fake) machine: start the agent again.
+    Rebooted,
+    /// The journal failed; the daemon must not act without it.
+    JournalFailed(String),
 }
+
+/// A finished side effect on its way back to the loop.
+type Done = (String, Effect);
 
 struct Conn {
     tx: mpsc::Sender<NodeMessage>,
@@ -83,6 +95,13 @@ impl Agent {
         let mut conn: Option<Conn> = None;
         let mut wanted: Vec<String> = Vec::new();
         let mut counted = false;
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        // Settle what a previous process left in the journal.
+        match self.recover(&done_tx) {
+            Ok(Some(stopped)) => return stopped,
+            Ok(None) => {}
+            Err(e) => return Stopped::JournalFailed(e),
+        }
         tokio::pin!(shutdown);
         let mut events = vec![Event::Tick];
         loop {
@@ -95,7 +114,10 @@ impl Agent {
                             last_epoch,
                             mark_ms,
                         } => {
-                            let hello = self.hello(last_epoch, mark_ms);
+                            let hello = match self.hello(last_epoch, mark_ms) {
+                                Ok(h) => h,
+                                Err(e) => return Stopped::JournalFailed(e),
+                            };
                             send(&conn, node_message::Msg::Hello(hello)).await;
                         }
                         Action::SendHeartbeat { seq } => {
@@ -111,18 +133,11 @@ impl Agent {
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
                                 counted = true;
                             }
-                            for section in hw::inventory(self.host.as_ref()) {
-                                if wanted.iter().any(|w| w == section.name) {
-                                    send(
-                                        &conn,
-                                        node_message::Msg::Inventory(v1::Inventory {
-                                            section: section.name.to_string(),
-                                            sha256: section.sha256,
-                                            body: section.body,
-                                        }),
-                                    )
-                                    .await;
-                                }
+                            self.send_inventory(&conn, Some(&wanted)).await;
+                            // Results the server has not acknowledged, in
+                            // sequence order, before anything new.
+                            if let Err(e) = self.resend_results(&conn).await {
+                                return Stopped::JournalFailed(e);
                             }
                         }
                         Action::Close { reason } => {
@@ -177,9 +192,25 @@ impl Agent {
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
                     }
                 }
+                Some((id, effect)) = done_rx.recv() => {
+                    self.crash.at("mid-effect");
+                    if let Err(e) = self.finish(&conn, &id, effect).await {
+                        return Stopped::JournalFailed(e);
+                    }
+                }
                 m = async { conn.as_mut().expect("guarded").rx.message().await }, if conn.is_some() => {
-                    events.push(match m {
-                        Ok(Some(msg)) => self.on_message(msg, &mut wanted),
+                    let event = match m {
+                        Ok(Some(msg)) => {
+                            let server_now = session.clock().server_now(now());
+                            match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
+                                Ok(ev) => ev,
+                                Err(stopped) => {
+                                    self.uncount(&mut counted);
+                                    self.persist_mark(&mut session, now());
+                                    return stopped;
+                                }
+                            }
+                        }
                         Ok(None) => Event::Closed { error: "the gateway ended the stream".into() },
                         Err(status) => match status.code() {
                             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
@@ -187,7 +218,8 @@ impl Agent {
                             }
                             _ => Event::Closed { error: format!("{}: {}", status.code(), status.message()) },
                         },
-                    });
+                    };
+                    events.push(event);
                 }
             }
         }
@@ -212,8 +244,15 @@ impl Agent {
         }
     }
 
-    fn on_message(&self, msg: ServerMessage, wanted: &mut Vec<String>) -> Event {
-        match msg.msg {
+    async fn on_message(
+        &mut self,
+        msg: ServerMessage,
+        wanted: &mut Vec<String>,
+        conn: &Option<Conn>,
+        server_now: Option<i64>,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Event, Stopped> {
+        Ok(match msg.msg {
             Some(server_message::Msg::Welcome(w)) => {
                 *wanted = w.inventory_wanted;
                 Event::Welcome {
@@ -235,16 +274,319 @@ impl Agent {
             Some(server_message::Msg::Drain(d)) => Event::Drain {
                 within: Duration::from_millis(u64::from(d.reconnect_within_ms)),
             },
+            Some(server_message::Msg::Command(d)) => {
+                self.on_dispatch(d, conn, server_now, done)
+                    .await
+                    .map_err(|e| e.unwrap_or_else(Stopped::JournalFailed))?;
+                Event::Received
+            }
+            Some(server_message::Msg::ResultAck(a)) => {
+                for id in a.command_ids {
+                    self.crash.at("before-ack");
+                    self.journal
+                        .mark_acked(&id)
+                        .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
+                }
+                Event::Received
+            }
             _ => Event::Received,
+        })
+    }
+
+    fn worker_keys(&self) -> Vec<Vec<u8>> {
+        self.identity
+            .file
+            .worker_keys
+            .iter()
+            .filter_map(|k| hex::decode(k).ok())
+            .collect()
+    }
+
+    /// Judges a dispatch by `bcd_core::command::on_dispatch` and acts on
+    /// the decision. `Err(Ok(stopped))` ends the agent (a reboot);
+    /// `Err(Err(message))` is a journal failure.
+    async fn on_dispatch(
+        &mut self,
+        d: v1::CommandDispatch,
+        conn: &Option<Conn>,
+        server_now: Option<i64>,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<(), Result<Stopped, String>> {
+        let journaled = self.journal.command(&d.command_id).map_err(journal_err)?;
+        let opened = bcd_proto::sign::open(&d.signed, &self.worker_keys());
+        let payload = opened
+            .as_ref()
+            .ok()
+            .and_then(|p| v1::CommandPayload::decode(p.as_slice()).ok());
+        let facts = DispatchFacts {
+            signature: match (&opened, &payload) {
+                (Err(e), _) => Err(e.to_string()),
+                (Ok(_), None) => Err("the payload does not decode".to_string()),
+                (Ok(_), Some(p)) if p.command_id != d.command_id || p.seq != d.seq => {
+                    Err("the dispatch does not match its signed payload".to_string())
+                }
+                _ => Ok(()),
+            },
+            node_id: payload
+                .as_ref()
+                .map(|p| p.node_id.clone())
+                .unwrap_or_default(),
+            kind: payload.as_ref().map(|p| p.kind.clone()).unwrap_or_default(),
+            seq: d.seq,
+            not_after_ms: payload.as_ref().map_or(0, |p| p.not_after_ms),
+            min_generation: payload.as_ref().map_or(0, |p| p.min_generation),
+        };
+        let view = NodeView {
+            node_id: &self.identity.file.node_id,
+            highest_seq: self.journal.highest_seq().map_err(journal_err)?,
+            server_now_ms: server_now,
+            applied_generation: 0,
+        };
+        let decision = command::on_dispatch(journaled.as_ref().map(|e| &e.state), &facts, &view);
+        debug!(cmd = %d.command_id, seq = d.seq, ?decision, "dispatch");
+        match decision {
+            OnDispatch::Accept => {
+                let payload = payload.expect("accepted payloads decoded");
+                self.journal
+                    .accept(
+                        &d.command_id,
+                        d.seq,
+                        &payload.kind,
+                        &payload.encode_to_vec(),
+                    )
+                    .map_err(journal_err)?;
+                self.crash.at("after-accept");
+                send(conn, ack(&d.command_id, d.seq, "ACCEPTED")).await;
+                if let Some(stopped) = self.start(&d.command_id, &payload, done).map_err(Err)? {
+                    return Err(Ok(stopped));
+                }
+            }
+            OnDispatch::Reattach => send(conn, ack(&d.command_id, d.seq, "RUNNING")).await,
+            OnDispatch::ResendResult => {
+                if let Some(r) = journaled.and_then(|e| e.result)
+                    && let Ok(r) = v1::CommandResult::decode(r.as_slice())
+                {
+                    send(conn, node_message::Msg::CommandResult(r)).await;
+                }
+            }
+            OnDispatch::Reject(rejection) => {
+                warn!(cmd = %d.command_id, %rejection, "command rejected");
+                let result = v1::CommandResult {
+                    command_id: d.command_id.clone(),
+                    seq: d.seq,
+                    outcome: rejection.outcome().name().to_string(),
+                    reason: rejection.to_string(),
+                    ..Default::default()
+                };
+                // A well-formed command of ours that came too late is
+                // journaled, so a replay gets the same answer; anything
+                // that does not verify is answered and forgotten.
+                if let (
+                    command::Rejection::Expired { .. }
+                    | command::Rejection::BelowMinGeneration { .. },
+                    Some(p),
+                ) = (&rejection, &payload)
+                {
+                    self.journal
+                        .accept(&d.command_id, d.seq, &p.kind, &p.encode_to_vec())
+                        .and_then(|()| self.journal.finish(&d.command_id, &result.encode_to_vec()))
+                        .map_err(journal_err)?;
+                }
+                send(conn, node_message::Msg::CommandResult(result)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an accepted command: journals `running` with the boot id, then
+    /// the side effect. A self-terminating command on a fake machine returns
+    /// `Some(Stopped::Rebooted)`.
+    fn start(
+        &mut self,
+        id: &str,
+        payload: &v1::CommandPayload,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Option<Stopped>, String> {
+        let boot_id = self.host.boot_id().map_err(|e| format!("boot id: {e}"))?;
+        self.journal
+            .set_running(id, &boot_id)
+            .map_err(|e| format!("journal: {e}"))?;
+        self.crash.at("after-running");
+        let id = id.to_string();
+        let kind = Kind::parse(&payload.kind);
+        info!(cmd = %id, kind = %payload.kind, "running");
+        match (kind, payload.args.clone()) {
+            (Some(Kind::ExecRun), Some(v1::command_payload::Args::Exec(args))) => {
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let effect = effects::exec(&args).await;
+                    let _ = done.send((id, effect));
+                });
+            }
+            (Some(Kind::InventoryRefresh), _) => {
+                let _ = done.send((id, Effect::ok()));
+            }
+            (Some(Kind::NodeReboot), _) => {
+                info!("rebooting");
+                match self.host.reboot() {
+                    Ok(()) => return Ok(Some(Stopped::Rebooted)),
+                    Err(e) => {
+                        let _ = done.send((id, Effect::failed(format!("reboot: {e}"))));
+                    }
+                }
+            }
+            (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k))) => {
+                info!(kernel = %k.kernel, "kexec");
+                match self.host.kexec(&k.kernel, &k.initrd, &k.cmdline) {
+                    Ok(()) => return Ok(Some(Stopped::Rebooted)),
+                    Err(e) => {
+                        let _ = done.send((id, Effect::failed(format!("kexec: {e}"))));
+                    }
+                }
+            }
+            _ => {
+                let _ = done.send((id, Effect::failed("arguments do not match the kind")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Journals a finished side effect's result, then sends it.
+    async fn finish(
+        &mut self,
+        conn: &Option<Conn>,
+        id: &str,
+        effect: Effect,
+    ) -> Result<(), String> {
+        let seq = self
+            .journal
+            .command(id)
+            .map_err(|e| format!("journal: {e}"))?
+            .map_or(0, |e| e.seq);
+        if id.is_empty() {
+            return Ok(());
+        }
+        let result = v1::CommandResult {
+            command_id: id.to_string(),
+            seq,
+            outcome: effect.outcome.name().to_string(),
+            reason: effect.reason,
+            exit_code: effect.exit_code.unwrap_or(0),
+            has_exit_code: effect.exit_code.is_some(),
+            output: effect.output,
+            output_truncated: effect.truncated,
+            boot_id: self.host.boot_id().unwrap_or_default(),
+        };
+        self.journal
+            .finish(id, &result.encode_to_vec())
+            .map_err(|e| format!("journal: {e}"))?;
+        self.crash.at("after-result");
+        info!(cmd = %id, outcome = %result.outcome, "finished");
+        if Kind::parse(
+            &self
+                .journal
+                .command(id)
+                .map_err(|e| format!("journal: {e}"))?
+                .map(|e| e.kind)
+                .unwrap_or_default(),
+        ) == Some(Kind::InventoryRefresh)
+        {
+            self.send_inventory(conn, None).await;
+        }
+        send(conn, node_message::Msg::CommandResult(result)).await;
+        Ok(())
+    }
+
+    /// On start: runs what was accepted and never started, finishes what
+    /// was running (`rebooted` after a new boot, `interrupted` otherwise).
+    fn recover(&mut self, done: &mpsc::UnboundedSender<Done>) -> Result<Option<Stopped>, String> {
+        let boot_id = self.host.boot_id().map_err(|e| format!("boot id: {e}"))?;
+        let entries = self
+            .journal
+            .open_entries()
+            .map_err(|e| format!("journal: {e}"))?;
+        for e in entries {
+            match command::recover(Kind::parse(&e.kind), &e.state, &boot_id) {
+                Recovery::Run => {
+                    let Ok(payload) = v1::CommandPayload::decode(e.payload.as_slice()) else {
+                        let _ =
+                            done.send((e.id, Effect::failed("journaled payload does not decode")));
+                        continue;
+                    };
+                    info!(cmd = %e.id, "recovery: running a command accepted before the restart");
+                    if let Some(stopped) = self.start(&e.id, &payload, done)? {
+                        return Ok(Some(stopped));
+                    }
+                }
+                Recovery::Finish(outcome, reason) => {
+                    info!(cmd = %e.id, outcome = outcome.name(), reason, "recovery: settling a command");
+                    let result = v1::CommandResult {
+                        command_id: e.id.clone(),
+                        seq: e.seq,
+                        outcome: outcome.name().to_string(),
+                        reason: reason.to_string(),
+                        boot_id: boot_id.clone(),
+                        ..Default::default()
+                    };
+                    self.journal
+                        .finish(&e.id, &result.encode_to_vec())
+                        .map_err(|e| format!("journal: {e}"))?;
+                }
+                Recovery::Resend | Recovery::Nothing => {}
+            }
+        }
+        Ok(None)
+    }
+
+    async fn resend_results(&mut self, conn: &Option<Conn>) -> Result<(), String> {
+        for e in self
+            .journal
+            .open_entries()
+            .map_err(|e| format!("journal: {e}"))?
+        {
+            if let (Journaled::Done { acked: false }, Some(r)) = (&e.state, &e.result)
+                && let Ok(r) = v1::CommandResult::decode(r.as_slice())
+            {
+                send(conn, node_message::Msg::CommandResult(r)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_inventory(&mut self, conn: &Option<Conn>, only: Option<&[String]>) {
+        for section in hw::inventory(self.host.as_ref()) {
+            if only.is_none_or(|w| w.iter().any(|w| w == section.name)) {
+                send(
+                    conn,
+                    node_message::Msg::Inventory(v1::Inventory {
+                        section: section.name.to_string(),
+                        sha256: section.sha256,
+                        body: section.body,
+                    }),
+                )
+                .await;
+            }
         }
     }
 
-    fn hello(&self, last_epoch: u64, mark_ms: i64) -> Hello {
+    fn hello(&self, last_epoch: u64, mark_ms: i64) -> Result<Hello, String> {
         let boot_id = self.host.boot_id().unwrap_or_else(|e| {
             warn!(error = %e, "cannot read the boot id");
             String::new()
         });
-        Hello {
+        let mut journal_running = Vec::new();
+        let mut journal_done = Vec::new();
+        for e in self
+            .journal
+            .open_entries()
+            .map_err(|e| format!("journal: {e}"))?
+        {
+            match e.state {
+                Journaled::Done { .. } => journal_done.push(e.id),
+                _ => journal_running.push(e.id),
+            }
+        }
+        Ok(Hello {
             node_id: self.identity.file.node_id.clone(),
             cert_serial: self.identity.file.cert_serial.clone(),
             incarnation_id: self.incarnation_id.clone(),
@@ -261,7 +603,9 @@ impl Agent {
             last_epoch,
             release_floor: 0,
             server_time_mark_ms: mark_ms,
-        }
+            journal_running,
+            journal_done,
+        })
     }
 
     fn spawn_dial(&self) -> JoinHandle<DialResult> {
@@ -285,6 +629,19 @@ impl Agent {
             Ok(Conn { tx, rx: stream })
         })
     }
+}
+
+fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
+    Err(format!("journal: {e}"))
+}
+
+fn ack(id: &str, seq: u64, state: &str) -> node_message::Msg {
+    node_message::Msg::CommandAck(v1::CommandAck {
+        command_id: id.to_string(),
+        seq,
+        state: state.to_string(),
+        reason: String::new(),
+    })
 }
 
 async fn send(conn: &Option<Conn>, msg: node_message::Msg) {
@@ -330,5 +687,6 @@ pub fn open(
         config: SessionConfig::default(),
         seed,
         stats,
+        crash: Crash::from_env(),
     })
 }

@@ -59,7 +59,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
             joins.clone(),
             stats.clone(),
         );
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             join::prepare_dir(&dir)?;
             if !identity::exists(&dir) {
@@ -68,16 +68,23 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }
-            let agent = node::open(&dir, host, seed, Some(stats))?;
-            let stopped = agent
-                .run(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Stopped::Refused(m) = stopped {
-                tracing::error!(node = i, message = %m, "simulated node stopped");
+            loop {
+                let agent = node::open(&dir, host.clone(), seed, Some(stats.clone()))?;
+                let mut stop = stop.clone();
+                let stopped = agent
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                match stopped {
+                    Stopped::Shutdown => return anyhow::Ok(()),
+                    Stopped::Rebooted => continue,
+                    Stopped::Refused(m) | Stopped::JournalFailed(m) => {
+                        tracing::error!(node = i, message = %m, "simulated node stopped");
+                        return anyhow::Ok(());
+                    }
+                }
             }
-            anyhow::Ok(())
         }));
     }
 

@@ -9,6 +9,7 @@
 //! server (`server/`) and the agent (`bcd/agent`).
 #![forbid(unsafe_code)]
 
+pub mod sign;
 pub mod tls;
 pub mod token;
 

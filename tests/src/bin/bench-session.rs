@@ -107,6 +107,8 @@ fn store_hellos(n: usize) -> f64 {
             agent_version: "0".into(),
             last_epoch: 0,
             inventory_hashes: vec![("gpus".into(), "x".into())],
+            journal_running: vec![],
+            journal_done: vec![],
         })
         .expect("hello");
     }

@@ -1,0 +1,114 @@
+//! Signed envelopes: worker keys (ed25519) sign commands and specs; nodes
+//! verify them against the worker public keys they learned at join. The
+//! gateway relays the stored envelope bytes verbatim and can forge nothing.
+
+use prost::Message;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+
+use crate::v1::SignedEnvelope;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("the envelope does not decode")]
+    Malformed,
+    #[error("no worker key known to this node (joined before worker keys existed?): join again")]
+    NoKeys,
+    #[error("not signed by a worker key of this fleet (key {0})")]
+    UnknownKey(String),
+    #[error("the signature does not verify (tampered or forged)")]
+    BadSignature,
+}
+
+/// `key_id` of a public key: 16 hex digits of its SHA-256.
+pub fn key_id(public_key: &[u8]) -> String {
+    crate::fingerprint(public_key)[..16].to_string()
+}
+
+/// Signs `payload` and returns the encoded envelope.
+pub fn seal(key: &Ed25519KeyPair, payload: Vec<u8>) -> Vec<u8> {
+    let signature = key.sign(&payload).as_ref().to_vec();
+    SignedEnvelope {
+        key_id: key_id(key.public_key().as_ref()),
+        payload,
+        signature,
+    }
+    .encode_to_vec()
+}
+
+/// Verifies an encoded envelope against `keys` (raw ed25519 public keys)
+/// and returns its payload.
+pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<Vec<u8>, VerifyError> {
+    let env = SignedEnvelope::decode(envelope).map_err(|_| VerifyError::Malformed)?;
+    if keys.is_empty() {
+        return Err(VerifyError::NoKeys);
+    }
+    let key = keys
+        .iter()
+        .find(|k| key_id(k) == env.key_id)
+        .ok_or_else(|| VerifyError::UnknownKey(env.key_id.clone()))?;
+    UnparsedPublicKey::new(&ED25519, key)
+        .verify(&env.payload, &env.signature)
+        .map_err(|_| VerifyError::BadSignature)?;
+    Ok(env.payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use ring::rand::SystemRandom;
+
+    fn key() -> Ed25519KeyPair {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    }
+
+    #[test]
+    fn verifies_and_refuses() {
+        let (k, other) = (key(), key());
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let sealed = seal(&k, b"hello".to_vec());
+        assert_eq!(open(&sealed, &keys).unwrap(), b"hello");
+        assert_eq!(open(&sealed, &[]), Err(VerifyError::NoKeys));
+        let foreign = seal(&other, b"hello".to_vec());
+        assert!(matches!(
+            open(&foreign, &keys),
+            Err(VerifyError::UnknownKey(_))
+        ));
+        // Another key claiming our key id.
+        let mut env = SignedEnvelope::decode(foreign.as_slice()).unwrap();
+        env.key_id = key_id(k.public_key().as_ref());
+        assert_eq!(
+            open(&env.encode_to_vec(), &keys),
+            Err(VerifyError::BadSignature)
+        );
+        let mut env = SignedEnvelope::decode(sealed.as_slice()).unwrap();
+        env.payload = b"hellp".to_vec();
+        assert_eq!(
+            open(&env.encode_to_vec(), &keys),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(open(b"\xff\xff\xff", &keys), Err(VerifyError::Malformed));
+    }
+
+    proptest! {
+        /// Envelopes come from the network: any bytes decode or fail
+        /// cleanly, and a flipped bit never verifies.
+        #[test]
+        fn arbitrary_bytes_never_verify(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let k = key();
+            let keys = vec![k.public_key().as_ref().to_vec()];
+            prop_assert!(open(&bytes, &keys).is_err());
+        }
+
+        #[test]
+        fn any_bit_flip_is_caught(payload in prop::collection::vec(any::<u8>(), 1..256), bit in any::<usize>()) {
+            let k = key();
+            let keys = vec![k.public_key().as_ref().to_vec()];
+            let mut sealed = seal(&k, payload.clone());
+            let i = bit % (sealed.len() * 8);
+            sealed[i / 8] ^= 1 << (i % 8);
+            prop_assert!(open(&sealed, &keys).is_err(), "a flipped bit verified");
+        }
+    }
+}
