@@ -227,6 +227,21 @@ pub enum IssueError {
     Ca(#[from] CaError),
 }
 
+/// The worker signing key (ed25519) in `worker.key`, created on first start.
+/// Commands and specs are signed with it; nodes learn its public half at
+/// join.
+pub fn load_or_create_worker_key(dir: &Path) -> Result<ring::signature::Ed25519KeyPair, CaError> {
+    let path = dir.join("worker.key");
+    if !path.exists() {
+        let pkcs8 =
+            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+                .map_err(|_| CaError::Pem { path: path.clone() })?;
+        files::write_atomic(&path, pkcs8.as_ref(), 0o600)?;
+    }
+    let bytes = read(&path)?;
+    ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|_| CaError::Pem { path })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,19 +315,4 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
     }
-}
-
-/// The worker signing key (ed25519) in `worker.key`, created on first start.
-/// Commands and specs are signed with it; nodes learn its public half at
-/// join.
-pub fn load_or_create_worker_key(dir: &Path) -> Result<ring::signature::Ed25519KeyPair, CaError> {
-    let path = dir.join("worker.key");
-    if !path.exists() {
-        let pkcs8 =
-            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
-                .map_err(|_| CaError::Pem { path: path.clone() })?;
-        files::write_atomic(&path, pkcs8.as_ref(), 0o600)?;
-    }
-    let bytes = read(&path)?;
-    ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|_| CaError::Pem { path })
 }
