@@ -362,3 +362,67 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }
+
+/// A command as `commands show --json` prints it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CommandView {
+    pub command_id: String,
+    pub node_id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub summary: String,
+    pub state: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub output: String,
+    pub epoch: u64,
+}
+
+impl CommandView {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "succeeded" | "failed" | "expired" | "rejected"
+        )
+    }
+}
+
+impl Server {
+    /// Submits a command; returns its id.
+    pub fn run_command(&self, node: &str, kind: &str, args: &[&str]) -> String {
+        let mut a = vec!["commands", "run", node, kind];
+        if !args.is_empty() {
+            a.push("--");
+            a.extend_from_slice(args);
+        }
+        let out = self.cli(&a);
+        assert!(out.status.success(), "commands run: {}", stderr(&out));
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_string()
+    }
+
+    pub fn command(&self, id: &str) -> CommandView {
+        let out = self.cli(&["commands", "show", id, "--json"]);
+        assert!(out.status.success(), "commands show: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("command json")
+    }
+
+    pub fn commands(&self, node: &str) -> Vec<CommandView> {
+        let out = self.cli(&[
+            "commands", "list", "--node", node, "--limit", "10000", "--json",
+        ]);
+        assert!(out.status.success(), "commands list: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("commands json")
+    }
+
+    /// Waits until the command is terminal.
+    pub fn wait_command(&self, id: &str) -> CommandView {
+        wait_for(
+            Duration::from_secs(60),
+            &format!("command {id} to finish"),
+            || Some(self.command(id)).filter(|c| c.is_terminal()),
+        )
+    }
+}

@@ -1,0 +1,482 @@
+//! Exactly-once commands, end to end: real server and node processes,
+//! crashes injected at every step boundary and kill -9 from outside.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bc_tests::{Node, Server, stderr, wait_for};
+
+const FAST: &[&str] = &[
+    "--heartbeat-interval",
+    "300ms",
+    "--gateway-lease-ttl",
+    "2s",
+    "--node-lease-ttl",
+    "2s",
+    "--gateway-loss-grace",
+    "2s",
+];
+
+fn setup(seed: u64) -> (tempfile::TempDir, Server, Node) {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let node = Node::new(&d.path().join(format!("node{seed}")), seed);
+    let out = node.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "join failed: {}", stderr(&out));
+    (d, server, node)
+}
+
+/// `exec.run` that appends its token to `file`: the side effect's own record.
+fn append(server: &Server, node: &str, file: &std::path::Path, token: &str) -> String {
+    server.run_command(
+        node,
+        "exec.run",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("echo \"$0\" >> {}", file.display()),
+            token,
+        ],
+    )
+}
+
+#[test]
+fn commands_run_and_report_results() {
+    let (_d, server, mut node) = setup(21);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let c = server.wait_command(&server.run_command(
+        &id,
+        "exec.run",
+        &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
+    ));
+    assert_eq!((c.state.as_str(), c.exit_code), ("failed", Some(7)));
+    assert_eq!(c.reason, "exit code 7");
+    assert!(
+        c.output.contains("out") && c.output.contains("err"),
+        "{}",
+        c.output
+    );
+    let c = server.wait_command(&server.run_command(&id, "inventory.refresh", &[]));
+    assert_eq!(c.state, "succeeded");
+    // --wait prints the output and exits with the command's status.
+    let out = server.cli(&[
+        "commands",
+        "run",
+        &id,
+        "exec.run",
+        "--wait",
+        "--",
+        "/bin/echo",
+        "hi",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    let out = server.cli(&[
+        "commands",
+        "run",
+        &id,
+        "exec.run",
+        "--wait",
+        "--",
+        "/bin/false",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    // Idempotency: the same key returns the first command.
+    let run = |key: &str| {
+        let out = server.cli(&[
+            "commands",
+            "run",
+            &id,
+            "exec.run",
+            "--idempotency-key",
+            key,
+            "--",
+            "/bin/true",
+        ]);
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(run("k1"), run("k1"));
+    assert_ne!(run("k1"), run("k2"));
+}
+
+#[test]
+fn bad_commands_are_refused_with_clear_errors() {
+    let (_d, server, node) = setup(22);
+    let id = node.id();
+    let err = |args: &[&str]| {
+        let out = server.cli(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        stderr(&out)
+    };
+    assert!(
+        err(&[
+            "commands",
+            "run",
+            "nd-000000000000",
+            "exec.run",
+            "--",
+            "/bin/true"
+        ])
+        .contains("no node nd-000000000000")
+    );
+    assert!(err(&["commands", "run", &id, "rm.rf"]).contains("unknown command kind"));
+    assert!(err(&["commands", "run", &id, "exec.run"]).contains("needs a program"));
+    assert!(err(&["commands", "run", &id, "node.reboot", "now"]).contains("takes no arguments"));
+    assert!(
+        err(&["commands", "run", &id, "boot.kexec", "initrd=/x"]).contains("needs kernel=PATH")
+    );
+    assert!(
+        err(&[
+            "commands",
+            "run",
+            &id,
+            "exec.run",
+            "--not-after",
+            "2020-01-01T00:00:00Z",
+            "--",
+            "/bin/true"
+        ])
+        .contains("already passed")
+    );
+    assert!(err(&["commands", "show", "cmd-0000000000000000"]).contains("no command"));
+    assert!(server.commands(&id).is_empty(), "nothing was created");
+}
+
+#[test]
+fn a_command_past_its_deadline_expires_and_never_runs() {
+    let (d, server, mut node) = setup(23);
+    let id = node.id();
+    let file = d.path().join("ran");
+    let out = server.cli(&[
+        "commands",
+        "run",
+        &id,
+        "exec.run",
+        "--not-after",
+        "300ms",
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("echo ran >> {}", file.display()),
+    ]);
+    let cmd = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    // The node is offline; the sweeper expires the pending command.
+    let c = server.wait_command(&cmd);
+    assert_eq!(c.state, "expired");
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let c2 = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]));
+    assert_eq!(c2.state, "succeeded");
+    assert!(!file.exists(), "an expired command never runs");
+}
+
+#[test]
+fn a_node_killed_mid_command_reports_interrupted_and_never_reruns() {
+    let (d, server, mut node) = setup(24);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let file = d.path().join("count");
+    let cmd = server.run_command(
+        &id,
+        "exec.run",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("echo start >> {}; sleep 30", file.display()),
+        ],
+    );
+    wait_for(Duration::from_secs(20), "the command to start", || {
+        file.exists().then_some(())
+    });
+    node.proc().kill();
+    node.start();
+    let c = server.wait_command(&cmd);
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("failed", "interrupted")
+    );
+    let starts = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(starts.lines().count(), 1, "ran once: {starts}");
+}
+
+#[test]
+fn a_server_restart_mid_command_loses_nothing() {
+    let (d, mut server, mut node) = setup(25);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let file = d.path().join("count");
+    let cmd = server.run_command(
+        &id,
+        "exec.run",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("echo start >> {}; sleep 1; echo done", file.display()),
+        ],
+    );
+    wait_for(Duration::from_secs(20), "the command to start", || {
+        file.exists().then_some(())
+    });
+    server.crash_restart().unwrap();
+    let c = server.wait_command(&cmd);
+    assert_eq!(c.state, "succeeded");
+    assert_eq!(c.output, "done\n");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);
+    assert!(c.epoch >= 2, "finished under the new session");
+}
+
+#[test]
+fn reboot_is_reported_rebooted_exactly_once() {
+    let (_d, server, mut node) = setup(26);
+    let id = node.id();
+    node.start();
+    let before = server.wait_node(&id, "connected", |n| n.state == "connected");
+    let c = server.wait_command(&server.run_command(&id, "node.reboot", &[]));
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("succeeded", "rebooted")
+    );
+    let after = server.wait_node(&id, "back after the reboot", |n| {
+        n.state == "connected" && n.boot_id != before.boot_id
+    });
+    assert_eq!(after.journal_id, before.journal_id);
+    assert_eq!(server.commands(&id).len(), 1);
+}
+
+#[test]
+fn journal_loss_fails_in_flight_commands_with_journal_lost() {
+    let (d, server, mut node) = setup(27);
+    let id = node.id();
+    node.start();
+    let before = server.wait_node(&id, "connected", |n| n.state == "connected");
+    let file = d.path().join("started");
+    let cmd = server.run_command(
+        &id,
+        "exec.run",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("echo x >> {}; sleep 30", file.display()),
+        ],
+    );
+    wait_for(Duration::from_secs(20), "the command to start", || {
+        file.exists().then_some(())
+    });
+    wait_for(
+        Duration::from_secs(20),
+        "the server to see it acknowledged",
+        || (server.command(&cmd).state != "dispatched").then_some(()),
+    );
+    node.proc().kill();
+    for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+        let _ = std::fs::remove_file(node.dir.join(f));
+    }
+    node.start();
+    let c = server.wait_command(&cmd);
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("failed", "journal-lost")
+    );
+    let after = server.wait_node(&id, "reconnected", |n| n.state == "connected");
+    assert_ne!(after.journal_id, before.journal_id);
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);
+    // New commands run on the new journal.
+    assert_eq!(
+        server
+            .wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]))
+            .state,
+        "succeeded"
+    );
+}
+
+#[test]
+fn a_corrupt_journal_is_moved_aside_and_the_node_carries_on() {
+    let (_d, server, mut node) = setup(28);
+    let id = node.id();
+    node.start();
+    let before = server.wait_node(&id, "connected", |n| n.state == "connected");
+    node.proc().stop();
+    for f in ["journal.db-wal", "journal.db-shm"] {
+        let _ = std::fs::remove_file(node.dir.join(f));
+    }
+    std::fs::write(node.dir.join("journal.db"), vec![0x42; 4096]).unwrap();
+    node.start();
+    let after = server.wait_node(&id, "reconnected", |n| {
+        n.state == "connected" && n.epoch > before.epoch
+    });
+    assert_ne!(after.journal_id, before.journal_id);
+    let aside: Vec<_> = std::fs::read_dir(&node.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("journal.db.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(node.dir.join(&aside[0])).unwrap(),
+        vec![0x42; 4096]
+    );
+    assert_eq!(
+        server
+            .wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]))
+            .state,
+        "succeeded"
+    );
+}
+
+/// The node's wall clock ten minutes off either way changes nothing: it
+/// judges deadlines on server time.
+#[test]
+fn a_node_clock_ten_minutes_off_still_runs_commands_with_short_deadlines() {
+    for offset in ["+10m", "-10m"] {
+        let (_d, server, node) = setup(29);
+        let id = node.id();
+        let log = node.dir.with_extension("faketime.log");
+        let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+        assert!(
+            std::path::Path::new(lib).exists(),
+            "{lib} is missing: apt-get install faketime (scripts/test installs it)"
+        );
+        // libfaketime in the daemon itself (not the faketime wrapper, which
+        // would stand between the test and the process it must kill).
+        let child = node
+            .bcd(&["node"])
+            .env("LD_PRELOAD", lib)
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut proc = bc_tests::Proc { child, log };
+        server.wait_node(&id, "connected", |n| n.state == "connected");
+        let out = server.cli(&[
+            "commands",
+            "run",
+            &id,
+            "exec.run",
+            "--not-after",
+            "30s",
+            "--wait",
+            "--",
+            "/bin/date",
+            "+%s",
+        ]);
+        assert!(
+            out.status.success(),
+            "{offset}: {}\n{}",
+            stderr(&out),
+            proc.log()
+        );
+        let node_now: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let real = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        // The program ran under the fake clock (children inherit it).
+        assert!(
+            (node_now - real).abs() > 500,
+            "{offset}: the node's clock was not offset"
+        );
+        proc.kill();
+    }
+}
+
+/// Hundreds of crashes: the daemon aborts at random step boundaries
+/// (BCD_CRASH_AT) and is killed with SIGKILL from outside, and restarted
+/// each time. Afterwards every command has exactly one terminal result and
+/// no side effect ran twice.
+#[test]
+fn exactly_once_through_hundreds_of_crashes() {
+    let (d, server, mut node) = setup(30);
+    let id = node.id();
+    let file = d.path().join("effects");
+    const COMMANDS: usize = 150;
+    let mut tokens = HashMap::new();
+    for i in 0..COMMANDS {
+        let token = format!("tok-{i}");
+        tokens.insert(append(&server, &id, &file, &token), token);
+    }
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut aborts, mut kills) = (0, 0);
+    let started = Instant::now();
+    while aborts + kills < 300 && started.elapsed() < Duration::from_secs(240) {
+        let seed = next();
+        let mut cmd = node.bcd(&["node"]);
+        cmd.env(
+            "BCD_CRASH_AT",
+            "after-accept,after-running,mid-effect,after-result,before-ack",
+        )
+        .env("BCD_CRASH_PROBABILITY", "0.08")
+        .env("BCD_CRASH_SEED", seed.to_string())
+        .env("BCD_LOG", "warn")
+        .stderr(std::process::Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let wait = Duration::from_millis(20 + next() % 400);
+        let deadline = Instant::now() + wait;
+        let mut exited = None;
+        while Instant::now() < deadline {
+            if let Some(s) = child.try_wait().unwrap() {
+                exited = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match exited {
+            Some(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(
+                    s.signal(),
+                    Some(6),
+                    "the daemon only stops by injected abort: {s:?}"
+                );
+                aborts += 1;
+            }
+            None => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    assert!(
+        aborts + kills >= 300,
+        "only {aborts} aborts and {kills} kills in time"
+    );
+    assert!(aborts > 20 && kills > 20, "{aborts} aborts, {kills} kills");
+    // No more faults: the node finishes everything.
+    node.start();
+    let commands = wait_for(Duration::from_secs(120), "every command to finish", || {
+        let cs = server.commands(&id);
+        (cs.len() == COMMANDS && cs.iter().all(|c| c.is_terminal())).then_some(cs)
+    });
+    let effects = std::fs::read_to_string(&file).unwrap_or_default();
+    let mut ran: HashMap<&str, usize> = HashMap::new();
+    for line in effects.lines() {
+        *ran.entry(line).or_default() += 1;
+    }
+    let mut states: HashMap<String, usize> = HashMap::new();
+    for c in &commands {
+        let token = &tokens[&c.command_id];
+        let n = ran.get(token.as_str()).copied().unwrap_or(0);
+        assert!(n <= 1, "{} ({token}) ran {n} times", c.command_id);
+        match c.state.as_str() {
+            "succeeded" => assert_eq!(n, 1, "{} succeeded without its effect", c.command_id),
+            "failed" => assert_eq!(c.reason, "interrupted", "{c:?}"),
+            other => panic!("{} ended {other}: {c:?}", c.command_id),
+        }
+        *states
+            .entry(format!("{} {}", c.state, c.reason))
+            .or_default() += 1;
+    }
+    eprintln!("{aborts} injected aborts, {kills} kills; outcomes: {states:?}");
+}
