@@ -376,6 +376,7 @@ async fn run_session(
         _ => return,
     };
     let node = hello.node_id.clone();
+    let journal_id = hello.journal_id.clone();
     let input = HelloInput {
         node_id: hello.node_id,
         cert_fingerprint: fingerprint,
@@ -473,7 +474,7 @@ async fn run_session(
                 m = inbound.message() => match m {
                     Ok(Some(m)) => {
                         *last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-                        if !handle(&state, &node, epoch, m, &out).await {
+                        if !handle(&state, &node, &journal_id, epoch, m, &out).await {
                             end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
                             return;
                         }
@@ -540,6 +541,7 @@ async fn dispatch_pending(state: &Arc<GatewayState>, node: &str, epoch: u64, out
 async fn handle(
     state: &Arc<GatewayState>,
     node: &str,
+    journal_id: &str,
     epoch: u64,
     m: NodeMessage,
     out: &Out,
@@ -618,6 +620,34 @@ async fn handle(
                 // Not acknowledged: the node keeps it and sends it again.
                 Err(e) => {
                     warn!(error = %format!("{e:#}"), "cannot record a result");
+                    true
+                }
+            }
+        }
+        Some(node_message::Msg::Events(batch)) => {
+            // Oversized events are acknowledged and dropped, so the node
+            // does not send them forever.
+            let max_id = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
+            let events: Vec<(u64, String, Vec<u8>, u64)> = batch
+                .events
+                .into_iter()
+                .filter(|e| e.kind.len() <= 128 && e.body.len() <= 64 << 10)
+                .map(|e| (e.id, e.kind, e.body, e.age_ms))
+                .collect();
+            let (n, j) = (node.to_string(), journal_id.to_string());
+            match state
+                .store
+                .run(move |s| s.put_events(&n, &j, &events))
+                .await
+            {
+                Ok(_) => out
+                    .send(msg(server_message::Msg::EventAck(v1::EventAck {
+                        up_to: max_id,
+                    })))
+                    .await
+                    .is_ok(),
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "cannot store events");
                     true
                 }
             }

@@ -122,7 +122,32 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX commands_node_state ON commands(node_id, state, seq);
     CREATE INDEX commands_state_deadline ON commands(state, not_after);
     ",
+    // 3: node events.
+    "
+    CREATE TABLE node_events (
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        journal_id TEXT NOT NULL,
+        event_id   INTEGER NOT NULL,
+        kind       TEXT NOT NULL,
+        body       BLOB NOT NULL,
+        at         INTEGER NOT NULL,
+        PRIMARY KEY (node_id, journal_id, event_id)
+    ) STRICT;
+    ",
 ];
+
+/// Events kept per node; older ones are trimmed as new ones arrive.
+pub const EVENTS_KEPT_PER_NODE: i64 = 10_000;
+
+/// An event as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow {
+    pub journal_id: String,
+    pub event_id: u64,
+    pub kind: String,
+    pub body: Vec<u8>,
+    pub at_ms: i64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -897,6 +922,69 @@ impl Store {
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<String>>>()?;
         Ok(ids)
+    }
+
+    // ---------------------------------------------------------------- events
+
+    /// Stores a batch of a node's events (idempotent: a resent event is
+    /// ignored) and returns the id to acknowledge up to. Events are facts:
+    /// accepted from any epoch. `at` is derived from the reported age.
+    pub fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[(u64, String, Vec<u8>, u64)],
+    ) -> Result<u64, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut up_to = 0;
+        {
+            let mut q = tx.prepare_cached(&format!(
+                "INSERT INTO node_events (node_id, journal_id, event_id, kind, body, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, {NOW} - ?6)
+                 ON CONFLICT DO NOTHING"
+            ))?;
+            for (id, kind, body, age_ms) in events {
+                q.execute(params![
+                    node_id,
+                    journal_id,
+                    *id as i64,
+                    kind,
+                    body,
+                    (*age_ms).min(i64::MAX as u64) as i64
+                ])?;
+                up_to = up_to.max(*id);
+            }
+        }
+        tx.execute(
+            "DELETE FROM node_events WHERE node_id = ?1 AND rowid IN (
+                 SELECT rowid FROM node_events WHERE node_id = ?1
+                 ORDER BY at DESC, event_id DESC LIMIT -1 OFFSET ?2)",
+            params![node_id, EVENTS_KEPT_PER_NODE],
+        )?;
+        tx.commit()?;
+        Ok(up_to)
+    }
+
+    /// A node's events, oldest first.
+    pub fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare(
+            "SELECT journal_id, event_id, kind, body, at FROM node_events WHERE node_id = ?1
+             ORDER BY at, event_id",
+        )?;
+        let rows = q
+            .query_map([node_id], |r| {
+                Ok(EventRow {
+                    journal_id: r.get(0)?,
+                    event_id: r.get::<_, i64>(1)? as u64,
+                    kind: r.get(2)?,
+                    body: r.get(3)?,
+                    at_ms: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     // ---------------------------------------------------------------- leases

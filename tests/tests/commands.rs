@@ -480,3 +480,84 @@ fn exactly_once_through_hundreds_of_crashes() {
     }
     eprintln!("{aborts} injected aborts, {kills} kills; outcomes: {states:?}");
 }
+
+#[test]
+fn events_reach_the_server_and_restart_with_a_new_journal() {
+    let (_d, server, mut node) = setup(31);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let cmd = server.run_command(&id, "exec.run", &["/bin/true"]);
+    server.wait_command(&cmd);
+    let store = better_compute::store::Store::open(&server.dir.join("store.db")).unwrap();
+    let events = wait_for(Duration::from_secs(20), "the command's events", || {
+        let ev = store.node_events(&id).unwrap();
+        (ev.iter()
+            .filter(|e| String::from_utf8_lossy(&e.body).contains(&cmd))
+            .count()
+            == 3)
+            .then_some(ev)
+    });
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.kind.as_str())
+        .filter(|k| k.starts_with("command."))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["command.accepted", "command.running", "command.finished"]
+    );
+    // The load metric journaled at start is there too; ids count from 1.
+    assert!(events.iter().any(|e| e.kind == "node.load"));
+    let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
+    // Acknowledged events leave the node's journal.
+    wait_for(
+        Duration::from_secs(20),
+        "the node to drop acknowledged events",
+        || {
+            let n: i64 = rusqlite_count(&node.dir.join("journal.db"));
+            (n == 0).then_some(())
+        },
+    );
+    // A new journal starts its event ids (and the server's ack) from 1.
+    node.proc().stop();
+    for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+        let _ = std::fs::remove_file(node.dir.join(f));
+    }
+    node.start();
+    server.wait_node(&id, "reconnected", |n| {
+        n.state == "connected" && n.epoch >= 2
+    });
+    let cmd2 = server.run_command(&id, "exec.run", &["/bin/true"]);
+    server.wait_command(&cmd2);
+    let first_journal = events[0].journal_id.clone();
+    let events = wait_for(
+        Duration::from_secs(20),
+        "the second journal's events",
+        || {
+            let ev: Vec<_> = store
+                .node_events(&id)
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.journal_id != first_journal)
+                .collect();
+            (ev.iter()
+                .filter(|e| String::from_utf8_lossy(&e.body).contains(&cmd2))
+                .count()
+                == 3)
+                .then_some(ev)
+        },
+    );
+    let ids: Vec<u64> = events.iter().map(|e| e.event_id).collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "a new journal counts from 1"
+    );
+}
+
+fn rusqlite_count(journal: &std::path::Path) -> i64 {
+    let (j, _) = bcd_agent::journal::Journal::open(journal).unwrap();
+    j.events_after(0, 100_000).unwrap().len() as i64
+}

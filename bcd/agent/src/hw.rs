@@ -25,6 +25,8 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn reboot(&self) -> std::io::Result<()>;
     /// Boots into another kernel; returns like [`Host::reboot`].
     fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()>;
+    /// The 1, 5 and 15 minute load averages.
+    fn load_average(&self) -> Option<[f64; 3]>;
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -103,6 +105,12 @@ impl Host for RealHost {
         rustix::fs::sync();
         rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
         Ok(())
+    }
+
+    fn load_average(&self) -> Option<[f64; 3]> {
+        let s = fs::read_to_string(self.root.join("proc/loadavg")).ok()?;
+        let mut it = s.split_whitespace().map(|v| v.parse::<f64>().ok());
+        Some([it.next()??, it.next()??, it.next()??])
     }
 
     fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
@@ -373,6 +381,11 @@ pub mod fake {
             FakeHost::reboot(self);
             Ok(())
         }
+
+        fn load_average(&self) -> Option<[f64; 3]> {
+            let x = (self.seed % 100) as f64 / 100.0;
+            Some([x, x / 2.0, x / 4.0])
+        }
     }
 
     impl Gpus for FakeGpus {
@@ -463,6 +476,7 @@ mod tests {
         write(r, "proc/sys/kernel/hostname", "gpu-node-07\n");
         write(r, "sys/class/tpm/tpm0/tpm_version_major", "2\n");
         write(r, "dev/tpmrm0", "");
+        write(r, "proc/loadavg", "0.52 0.58 0.59 1/467 12345\n");
         d
     }
 
@@ -493,6 +507,7 @@ mod tests {
         assert!(tpm.present);
         assert_eq!(tpm.version_major, Some(2));
         assert_eq!(tpm.device.as_deref(), Some("/dev/tpmrm0"));
+        assert_eq!(host.load_average(), Some([0.52, 0.58, 0.59]));
     }
 
     #[test]

@@ -66,7 +66,60 @@ CREATE TABLE IF NOT EXISTS commands (
     updated_at INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS commands_seq ON commands(seq);
+CREATE TABLE IF NOT EXISTS events (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind       TEXT NOT NULL,
+    class      TEXT NOT NULL CHECK (class IN ('metric', 'result', 'transition')),
+    body       BLOB NOT NULL,
+    size       INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS events_class ON events(class, id);
 ";
+
+/// What kind of event: metrics may be dropped when the journal is full,
+/// results and transitions never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventClass {
+    Metric,
+    Result,
+    Transition,
+}
+
+impl EventClass {
+    fn name(self) -> &'static str {
+        match self {
+            EventClass::Metric => "metric",
+            EventClass::Result => "result",
+            EventClass::Transition => "transition",
+        }
+    }
+}
+
+/// Bounds on unacknowledged events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventBounds {
+    pub max_bytes: u64,
+    pub max_count: u64,
+}
+
+impl Default for EventBounds {
+    fn default() -> Self {
+        EventBounds {
+            max_bytes: 64 << 20,
+            max_count: 10_000,
+        }
+    }
+}
+
+/// An event waiting for the server's acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub id: u64,
+    pub kind: String,
+    pub body: Vec<u8>,
+    pub created_ms: i64,
+}
 
 /// Acknowledged results kept for answering late replays; older ones go.
 const KEEP_ACKED: i64 = 1000;
@@ -252,6 +305,72 @@ impl Journal {
         tx.commit()
     }
 
+    /// Journals an event. When the bounds are reached, the oldest metric
+    /// events make room; a metric that still does not fit is dropped
+    /// (returns false); results and transitions are always kept.
+    pub fn push_event(
+        &self,
+        kind: &str,
+        class: EventClass,
+        body: &[u8],
+        bounds: EventBounds,
+    ) -> rusqlite::Result<bool> {
+        let tx = self.conn.unchecked_transaction()?;
+        let (mut count, mut bytes): (u64, u64) = tx.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM events",
+            [],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?;
+        let size = body.len() as u64 + kind.len() as u64;
+        while count + 1 > bounds.max_count || bytes + size > bounds.max_bytes {
+            let oldest: Option<(i64, i64)> = tx
+                .query_row(
+                    "SELECT id, size FROM events WHERE class = 'metric' ORDER BY id LIMIT 1",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            match oldest {
+                Some((id, sz)) => {
+                    tx.execute("DELETE FROM events WHERE id = ?1", [id])?;
+                    count -= 1;
+                    bytes -= sz as u64;
+                }
+                None if class == EventClass::Metric => return Ok(false),
+                None => break,
+            }
+        }
+        tx.execute(
+            "INSERT INTO events (kind, class, body, size, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![kind, class.name(), body, size as i64, now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// Unacknowledged events after `after`, oldest first.
+    pub fn events_after(&self, after: u64, limit: usize) -> rusqlite::Result<Vec<StoredEvent>> {
+        let mut q = self.conn.prepare_cached(
+            "SELECT id, kind, body, created_ms FROM events WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?;
+        q.query_map(params![after as i64, limit as i64], |r| {
+            Ok(StoredEvent {
+                id: r.get::<_, i64>(0)? as u64,
+                kind: r.get(1)?,
+                body: r.get(2)?,
+                created_ms: r.get(3)?,
+            })
+        })?
+        .collect()
+    }
+
+    /// The server stored every event up to `up_to`.
+    pub fn ack_events(&self, up_to: u64) -> rusqlite::Result<()> {
+        self.conn
+            .execute("DELETE FROM events WHERE id <= ?1", [up_to as i64])?;
+        Ok(())
+    }
+
     /// Every command not acknowledged, in sequence order.
     pub fn open_entries(&self) -> rusqlite::Result<Vec<Entry>> {
         let mut q = self.conn.prepare(
@@ -342,6 +461,83 @@ mod tests {
             Journaled::Done { acked: true }
         );
         assert_eq!(j.command("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn full_journal_drops_oldest_metrics_and_never_results_or_transitions() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
+        let b = EventBounds {
+            max_bytes: 1 << 20,
+            max_count: 5,
+        };
+        for i in 0..3 {
+            assert!(
+                j.push_event("m", EventClass::Metric, format!("{i}").as_bytes(), b)
+                    .unwrap()
+            );
+        }
+        for _ in 0..2 {
+            assert!(j.push_event("t", EventClass::Transition, b"x", b).unwrap());
+        }
+        // Full: a new metric pushes out the oldest metric.
+        assert!(j.push_event("m", EventClass::Metric, b"3", b).unwrap());
+        let bodies: Vec<Vec<u8>> = j
+            .events_after(0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.body)
+            .collect();
+        assert_eq!(
+            bodies,
+            vec![
+                b"1".to_vec(),
+                b"2".to_vec(),
+                b"x".to_vec(),
+                b"x".to_vec(),
+                b"3".to_vec()
+            ]
+        );
+        // Results always get in, at the cost of metrics.
+        for _ in 0..3 {
+            assert!(j.push_event("r", EventClass::Result, b"r", b).unwrap());
+        }
+        let classes: Vec<String> = j
+            .events_after(0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(classes, ["t", "t", "r", "r", "r"]);
+        // No metric left to drop: a new metric is refused, a result is kept
+        // beyond the bound.
+        assert!(!j.push_event("m", EventClass::Metric, b"4", b).unwrap());
+        assert!(j.push_event("r", EventClass::Result, b"r", b).unwrap());
+        assert_eq!(j.events_after(0, 100).unwrap().len(), 6);
+        // Bytes bound too.
+        let d2 = tempfile::tempdir().unwrap();
+        let (j2, _) = Journal::open(&d2.path().join("journal.db")).unwrap();
+        let small = EventBounds {
+            max_bytes: 10,
+            max_count: 100,
+        };
+        assert!(
+            j2.push_event("m", EventClass::Metric, b"12345678", small)
+                .unwrap()
+        );
+        assert!(
+            j2.push_event("m", EventClass::Metric, b"abcdefgh", small)
+                .unwrap()
+        );
+        let left = j2.events_after(0, 10).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].body, b"abcdefgh");
+        // Acks remove; ids keep growing.
+        let last = j.events_after(0, 100).unwrap().last().unwrap().id;
+        j.ack_events(last).unwrap();
+        assert!(j.events_after(0, 100).unwrap().is_empty());
+        j.push_event("t", EventClass::Transition, b"y", b).unwrap();
+        assert!(j.events_after(0, 100).unwrap()[0].id > last);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::crash::Crash;
 use crate::effects::{self, Effect};
 use crate::hw::{self, Host};
 use crate::identity::Identity;
-use crate::journal::Journal;
+use crate::journal::{EventBounds, EventClass, Journal};
 
 /// Counters a fleet of agents in one process shares (the simulator's
 /// progress display reads them).
@@ -49,7 +49,14 @@ pub struct Agent {
     pub seed: u64,
     pub stats: Option<Arc<Stats>>,
     pub crash: Crash,
+    /// The highest event id sent in this session.
+    sent_events: u64,
 }
+
+/// How often the node journals a load-average metric.
+const METRIC_EVERY: Duration = Duration::from_secs(60);
+/// Events per batch on the stream.
+const EVENT_BATCH: usize = 256;
 
 /// Why the agent stopped.
 #[derive(Debug)]
@@ -103,6 +110,8 @@ impl Agent {
             Err(e) => return Stopped::JournalFailed(e),
         }
         tokio::pin!(shutdown);
+        let mut metrics = tokio::time::interval(METRIC_EVERY);
+        metrics.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events = vec![Event::Tick];
         loop {
             for event in events.drain(..) {
@@ -139,6 +148,10 @@ impl Agent {
                             if let Err(e) = self.resend_results(&conn).await {
                                 return Stopped::JournalFailed(e);
                             }
+                            // A new session: the server acknowledges events
+                            // from the start of this journal again.
+                            self.sent_events = 0;
+                            self.flush_events(&conn).await;
                         }
                         Action::Close { reason } => {
                             warn!(%reason, "closing the session");
@@ -197,13 +210,24 @@ impl Agent {
                     if let Err(e) = self.finish(&conn, &id, effect).await {
                         return Stopped::JournalFailed(e);
                     }
+                    self.flush_events(&conn).await;
+                }
+                _ = metrics.tick() => {
+                    if let Some(load) = self.host.load_average() {
+                        let body = serde_json::json!({"load1": load[0], "load5": load[1], "load15": load[2]});
+                        self.event("node.load", EventClass::Metric, body.to_string().into_bytes());
+                    }
+                    self.flush_events(&conn).await;
                 }
                 m = async { conn.as_mut().expect("guarded").rx.message().await }, if conn.is_some() => {
                     let event = match m {
                         Ok(Some(msg)) => {
                             let server_now = session.clock().server_now(now());
                             match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
-                                Ok(ev) => ev,
+                                Ok(ev) => {
+                                    self.flush_events(&conn).await;
+                                    ev
+                                }
                                 Err(stopped) => {
                                     self.uncount(&mut counted);
                                     self.persist_mark(&mut session, now());
@@ -278,6 +302,12 @@ impl Agent {
                 self.on_dispatch(d, conn, server_now, done)
                     .await
                     .map_err(|e| e.unwrap_or_else(Stopped::JournalFailed))?;
+                Event::Received
+            }
+            Some(server_message::Msg::EventAck(a)) => {
+                self.journal
+                    .ack_events(a.up_to)
+                    .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 Event::Received
             }
             Some(server_message::Msg::ResultAck(a)) => {
@@ -356,6 +386,13 @@ impl Agent {
                     )
                     .map_err(journal_err)?;
                 self.crash.at("after-accept");
+                self.event(
+                    "command.accepted",
+                    EventClass::Transition,
+                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": payload.kind})
+                        .to_string()
+                        .into_bytes(),
+                );
                 send(conn, ack(&d.command_id, d.seq, "ACCEPTED")).await;
                 if let Some(stopped) = self.start(&d.command_id, &payload, done).map_err(Err)? {
                     return Err(Ok(stopped));
@@ -412,6 +449,13 @@ impl Agent {
             .set_running(id, &boot_id)
             .map_err(|e| format!("journal: {e}"))?;
         self.crash.at("after-running");
+        self.event(
+            "command.running",
+            EventClass::Transition,
+            serde_json::json!({"command_id": id, "boot_id": boot_id})
+                .to_string()
+                .into_bytes(),
+        );
         let id = id.to_string();
         let kind = Kind::parse(&payload.kind);
         info!(cmd = %id, kind = %payload.kind, "running");
@@ -482,6 +526,7 @@ impl Agent {
             .map_err(|e| format!("journal: {e}"))?;
         self.crash.at("after-result");
         info!(cmd = %id, outcome = %result.outcome, "finished");
+        self.finished_event(&result);
         if Kind::parse(
             &self
                 .journal
@@ -531,11 +576,73 @@ impl Agent {
                     self.journal
                         .finish(&e.id, &result.encode_to_vec())
                         .map_err(|e| format!("journal: {e}"))?;
+                    self.finished_event(&result);
                 }
                 Recovery::Resend | Recovery::Nothing => {}
             }
         }
         Ok(None)
+    }
+
+    /// Journals an event; a journal that cannot take it is logged, not
+    /// fatal: events are reports, not decisions.
+    fn event(&mut self, kind: &str, class: EventClass, body: Vec<u8>) {
+        match self
+            .journal
+            .push_event(kind, class, &body, EventBounds::default())
+        {
+            Ok(true) => {}
+            Ok(false) => debug!(kind, "journal full: metric event dropped"),
+            Err(e) => warn!(kind, error = %e, "cannot journal an event"),
+        }
+    }
+
+    fn finished_event(&mut self, r: &v1::CommandResult) {
+        let body = serde_json::json!({
+            "command_id": r.command_id, "outcome": r.outcome, "reason": r.reason,
+        });
+        self.event(
+            "command.finished",
+            EventClass::Result,
+            body.to_string().into_bytes(),
+        );
+    }
+
+    /// Sends journaled events not yet sent in this session.
+    async fn flush_events(&mut self, conn: &Option<Conn>) {
+        if conn.is_none() {
+            return;
+        }
+        loop {
+            let batch = match self.journal.events_after(self.sent_events, EVENT_BATCH) {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "cannot read events");
+                    return;
+                }
+            };
+            let Some(last) = batch.last().map(|e| e.id) else {
+                return;
+            };
+            let full = batch.len() == EVENT_BATCH;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let events = batch
+                .into_iter()
+                .map(|e| v1::Event {
+                    id: e.id,
+                    kind: e.kind,
+                    body: e.body,
+                    age_ms: (now - e.created_ms).max(0) as u64,
+                })
+                .collect();
+            send(conn, node_message::Msg::Events(v1::EventBatch { events })).await;
+            self.sent_events = last;
+            if !full {
+                return;
+            }
+        }
     }
 
     async fn resend_results(&mut self, conn: &Option<Conn>) -> Result<(), String> {
@@ -688,5 +795,6 @@ pub fn open(
         seed,
         stats,
         crash: Crash::from_env(),
+        sent_events: 0,
     })
 }

@@ -32,3 +32,42 @@ pub const AUTHORIZATION: &str = "authorization";
 pub fn fingerprint(der: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, der).as_ref())
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::v1;
+
+    proptest! {
+        /// Every message a peer sends is decoded from untrusted bytes: any
+        /// input decodes or fails cleanly, and what decodes re-encodes to
+        /// something that decodes to the same message.
+        #[test]
+        fn peer_messages_decode_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+            if let Ok(m) = v1::NodeMessage::decode(bytes.as_slice()) {
+                prop_assert_eq!(v1::NodeMessage::decode(m.encode_to_vec().as_slice()).unwrap(), m);
+            }
+            if let Ok(m) = v1::ServerMessage::decode(bytes.as_slice()) {
+                prop_assert_eq!(v1::ServerMessage::decode(m.encode_to_vec().as_slice()).unwrap(), m);
+            }
+            let _ = v1::CommandPayload::decode(bytes.as_slice());
+            let _ = v1::SignedEnvelope::decode(bytes.as_slice());
+            let _ = v1::JoinRequest::decode(bytes.as_slice());
+        }
+
+        #[test]
+        fn hellos_round_trip(node in "[a-z0-9-]{0,20}", epoch: u64, running in prop::collection::vec("[a-z0-9-]{1,20}", 0..5)) {
+            let m = v1::NodeMessage {
+                msg: Some(v1::node_message::Msg::Hello(v1::Hello {
+                    node_id: node,
+                    last_epoch: epoch,
+                    journal_running: running,
+                    ..Default::default()
+                })),
+            };
+            prop_assert_eq!(v1::NodeMessage::decode(m.encode_to_vec().as_slice()).unwrap(), m);
+        }
+    }
+}
