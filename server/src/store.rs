@@ -1440,6 +1440,93 @@ mod tests {
     }
 
     #[test]
+    fn results_first_one_wins_and_unknown_ones_change_nothing() {
+        use bcd_core::command::{Kind, Outcome};
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        let (c, created) = s
+            .create_command(
+                &NewCommand {
+                    node_id: &node,
+                    kind: Kind::ExecRun,
+                    summary: "x",
+                    not_after: Duration::from_secs(60),
+                    min_generation: 0,
+                    idempotency_key: None,
+                },
+                |_, _, _, _| b"signed".to_vec(),
+            )
+            .unwrap();
+        assert!(created);
+        assert_eq!((c.seq, c.state.as_str()), (1, "pending"));
+        let result = |id: &str, outcome| ResultInput {
+            command_id: id.into(),
+            outcome,
+            reason: String::new(),
+            exit_code: Some(0),
+            output: vec![],
+            output_truncated: false,
+        };
+        assert_eq!(
+            s.command_result(&node, &result("cmd-nope", Outcome::Succeeded))
+                .unwrap(),
+            ResultApplied::Unknown
+        );
+        let other = joined(&s, 2);
+        assert_eq!(
+            s.command_result(&other, &result(&c.id, Outcome::Succeeded))
+                .unwrap(),
+            ResultApplied::Unknown,
+            "another node cannot report it"
+        );
+        assert_eq!(
+            s.command_result(&node, &result(&c.id, Outcome::Succeeded))
+                .unwrap(),
+            ResultApplied::Applied
+        );
+        assert_eq!(
+            s.command_result(&node, &result(&c.id, Outcome::Failed))
+                .unwrap(),
+            ResultApplied::Duplicate
+        );
+        assert_eq!(s.get_command(&c.id).unwrap().unwrap().state, "succeeded");
+        assert!(
+            !s.command_ack(&node, &c.id, true).unwrap(),
+            "a finished command stays finished"
+        );
+        // Dispatch is a join on the route: nothing goes to a stale epoch.
+        let (c2, _) = s
+            .create_command(
+                &NewCommand {
+                    node_id: &node,
+                    kind: Kind::ExecRun,
+                    summary: "y",
+                    not_after: Duration::from_secs(60),
+                    min_generation: 0,
+                    idempotency_key: None,
+                },
+                |_, _, _, _| b"signed".to_vec(),
+            )
+            .unwrap();
+        assert_eq!(c2.seq, 2);
+        let e1 = s.hello(&hello(&node, 1, "gw-a", 0)).unwrap().epoch;
+        let e2 = s.hello(&hello(&node, 1, "gw-b", 0)).unwrap().epoch;
+        assert!(s.take_dispatchable("gw-a", &node, e1).unwrap().is_empty());
+        let d = s.take_dispatchable("gw-b", &node, e2).unwrap();
+        assert_eq!(d.len(), 1);
+        assert!(
+            s.take_dispatchable("gw-b", &node, e2).unwrap().is_empty(),
+            "once"
+        );
+        // At the next Hello it is in flight and unknown to the node: replayed.
+        let h = s.hello(&hello(&node, 1, "gw-a", 0)).unwrap();
+        assert_eq!(
+            h.replay.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+            [c2.id.as_str()]
+        );
+    }
+
+    #[test]
     fn epoch_rises_above_what_the_node_saw() {
         let (_d, s) = store();
         let node = joined(&s, 1);

@@ -561,3 +561,116 @@ fn rusqlite_count(journal: &std::path::Path) -> i64 {
     let (j, _) = bcd_agent::journal::Journal::open(journal).unwrap();
     j.events_after(0, 100_000).unwrap().len() as i64
 }
+
+/// What a compromised store or relay could try: a command whose signed
+/// bytes were replaced. The node refuses it and the server records why.
+#[test]
+fn forged_and_tampered_commands_are_rejected_with_the_reason_recorded() {
+    use prost::Message;
+    let (d, server, mut node) = setup(32);
+    let id = node.id();
+    let file = d.path().join("ran");
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    // Validly signed, but for another node: the other node's command,
+    // moved to ours in the store.
+    let other = Node::new(&d.path().join("other"), 33);
+    assert!(other.join(&server.url(), &server.token(1)).status.success());
+    let wrong_node = append(&server, &other.id(), &file, "wrong-node");
+    db.execute(
+        "UPDATE commands SET node_id = ?2 WHERE id = ?1",
+        rusqlite::params![wrong_node, id],
+    )
+    .unwrap();
+    db.execute("UPDATE nodes SET next_seq = 2 WHERE id = ?1", [&id])
+        .unwrap();
+    let forged = append(&server, &id, &file, "forged");
+    let tampered = append(&server, &id, &file, "tampered");
+    let signed = |cmd: &str| -> Vec<u8> {
+        db.query_row("SELECT signed FROM commands WHERE id = ?1", [cmd], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    let store = |cmd: &str, bytes: Vec<u8>| {
+        db.execute(
+            "UPDATE commands SET signed = ?2 WHERE id = ?1",
+            rusqlite::params![cmd, bytes],
+        )
+        .unwrap();
+    };
+    let foreign_key = {
+        let pkcs8 =
+            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+                .unwrap();
+        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    };
+    // Signed by a key that is not a worker key of this fleet.
+    let env = bcd_proto::v1::SignedEnvelope::decode(signed(&forged).as_slice()).unwrap();
+    store(&forged, bcd_proto::sign::seal(&foreign_key, env.payload));
+    // The payload changed after signing: another program.
+    let mut env = bcd_proto::v1::SignedEnvelope::decode(signed(&tampered).as_slice()).unwrap();
+    let mut payload = bcd_proto::v1::CommandPayload::decode(env.payload.as_slice()).unwrap();
+    if let Some(bcd_proto::v1::command_payload::Args::Exec(e)) = &mut payload.args {
+        e.program = "/bin/rm".into();
+    }
+    env.payload = payload.encode_to_vec();
+    store(&tampered, env.encode_to_vec());
+    drop(db);
+
+    node.start();
+    for (cmd, why) in [
+        (&forged, "not signed by a worker key"),
+        (&tampered, "does not verify"),
+        (
+            &wrong_node,
+            &format!("is for node {}, not this one", other.id()),
+        ),
+    ] {
+        let c = server.wait_command(cmd);
+        assert_eq!(c.state, "rejected", "{c:?}");
+        assert!(c.reason.contains(why), "{cmd}: {}", c.reason);
+    }
+    assert!(!file.exists(), "nothing ran");
+    // The node goes on with genuine commands.
+    assert_eq!(
+        server
+            .wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]))
+            .state,
+        "succeeded"
+    );
+}
+
+#[test]
+fn min_generation_and_kexec() {
+    let (_d, server, mut node) = setup(34);
+    let id = node.id();
+    node.start();
+    let before = server.wait_node(&id, "connected", |n| n.state == "connected");
+    let out = server.cli(&[
+        "commands",
+        "run",
+        &id,
+        "exec.run",
+        "--min-generation",
+        "1",
+        "--",
+        "/bin/true",
+    ]);
+    let cmd = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let c = server.wait_command(&cmd);
+    assert_eq!(c.state, "rejected");
+    assert!(c.reason.contains("below min_generation 1"), "{}", c.reason);
+    let c = server.wait_command(&server.run_command(
+        &id,
+        "boot.kexec",
+        &["kernel=/boot/vmlinuz", "cmdline=quiet"],
+    ));
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("succeeded", "rebooted")
+    );
+    server.wait_node(&id, "back on a new boot", |n| {
+        n.state == "connected" && n.boot_id != before.boot_id
+    });
+}
