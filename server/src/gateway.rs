@@ -90,6 +90,7 @@ impl StoreClock {
 
 struct LocalSession {
     epoch: u64,
+    cert_not_after_ms: i64,
     last_heard: Arc<Mutex<Instant>>,
     close: Option<oneshot::Sender<Status>>,
     /// Wakes the session's dispatcher when a command is created.
@@ -238,6 +239,23 @@ impl GatewayState {
                     (n.clone(), s.epoch, heard.elapsed())
                 })
                 .collect();
+            // Sessions whose certificate ran out end here; the node comes
+            // back with its renewed certificate.
+            let now_ms = self.clock.now_ms();
+            let expired: Vec<(String, u64)> = self
+                .sessions()
+                .iter()
+                .filter(|(_, s)| s.cert_not_after_ms < now_ms)
+                .map(|(n, s)| (n.clone(), s.epoch))
+                .collect();
+            for (node, epoch) in expired {
+                info!(%node, "certificate expired; closing the session");
+                self.close_session(
+                    &node,
+                    Some(epoch),
+                    Status::unauthenticated(crate::store::Refusal::Expired.to_string()),
+                );
+            }
             if seen.is_empty() {
                 continue;
             }
@@ -413,6 +431,7 @@ async fn run_session(
             node.clone(),
             LocalSession {
                 epoch,
+                cert_not_after_ms: outcome.cert_not_after_ms,
                 last_heard: last_heard.clone(),
                 close: Some(close_tx),
                 wake: wake.clone(),

@@ -329,6 +329,9 @@ pub struct HelloOutcome {
     /// Commands the Hello finished (self-terminating after a new boot,
     /// journal lost).
     pub finished: Vec<Finished>,
+    /// When the session's certificate expires; the gateway closes the
+    /// session then.
+    pub cert_not_after_ms: i64,
 }
 
 /// A command finished by a Hello: (id, state, reason).
@@ -539,7 +542,7 @@ impl Store {
     ) -> Result<(String, IssuedCert, i64), TxError> {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let (node_id, _) = check_cert(&tx, fingerprint)?;
+        let (node_id, _, _) = check_cert(&tx, fingerprint)?;
         let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
         let (ramdisk, generation): (bool, i64) = tx.query_row(
             "SELECT ramdisk, identity_generation FROM nodes WHERE id = ?1",
@@ -557,7 +560,7 @@ impl Store {
     }
 
     /// The node a certificate belongs to, if it is valid now.
-    pub fn check_cert(&self, fingerprint: &str) -> Result<(String, String), TxError> {
+    pub fn check_cert(&self, fingerprint: &str) -> Result<(String, String, i64), TxError> {
         let conn = self.lock();
         check_cert(&conn, fingerprint)
     }
@@ -569,7 +572,7 @@ impl Store {
     pub fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let (cert_node, serial) = check_cert(&tx, &h.cert_fingerprint)?;
+        let (cert_node, serial, cert_not_after_ms) = check_cert(&tx, &h.cert_fingerprint)?;
         if cert_node != h.node_id || serial != h.cert_serial {
             return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
         }
@@ -641,6 +644,7 @@ impl Store {
             previous_journal_id: prev.map(|p| p.1),
             replay,
             finished,
+            cert_not_after_ms,
         })
     }
 
@@ -1295,7 +1299,8 @@ type CertRow = (
     i64,
 );
 
-fn check_cert(conn: &Connection, fingerprint: &str) -> Result<(String, String), TxError> {
+/// The node, serial and expiry of a certificate that is valid now.
+fn check_cert(conn: &Connection, fingerprint: &str) -> Result<(String, String, i64), TxError> {
     let row: Option<CertRow> = conn
         .query_row(
             &format!(
@@ -1330,7 +1335,7 @@ fn check_cert(conn: &Connection, fingerprint: &str) -> Result<(String, String), 
     if not_after < now {
         return Err(Refusal::Expired.into());
     }
-    Ok((node, serial))
+    Ok((node, serial, not_after))
 }
 
 fn with(list: &str, item: &str) -> String {

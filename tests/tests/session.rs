@@ -452,3 +452,51 @@ fn a_stale_gateway_cannot_write_for_a_node_that_moved() {
     node.proc().signal(Signal::CONT);
     node.proc().kill();
 }
+
+/// Certificates renew at 60% of their life over the current session's
+/// credentials; the node keeps working past its first certificate's expiry.
+#[test]
+fn the_node_renews_its_certificate_before_it_expires() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--node-cert-ttl", "8s"]);
+    let mut server = Server::start(&d.path().join("server"), &args).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 14);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    let first = node.identity();
+    let first_cert = std::fs::read(node.dir.join("node.crt")).unwrap();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let renewed = wait_for(Duration::from_secs(30), "a renewed certificate", || {
+        let now = node.identity();
+        (now["cert_serial"] != first["cert_serial"]).then_some(now)
+    });
+    assert!(renewed["cert_not_after_ms"].as_i64() > first["cert_not_after_ms"].as_i64());
+    assert_ne!(
+        std::fs::read(node.dir.join("node.crt")).unwrap(),
+        first_cert
+    );
+    assert!(
+        node.proc().log().contains("certificate renewed"),
+        "{}",
+        node.proc().log()
+    );
+    // When the first certificate runs out, the gateway closes that session
+    // and the node comes back with the renewed one.
+    let v = server.wait_node(&id, "a session under a renewed certificate", |n| {
+        n.state == "connected" && n.epoch >= 2
+    });
+    assert!(v.cert_not_after_ms > first["cert_not_after_ms"].as_i64().unwrap());
+    assert!(
+        server
+            .proc
+            .log()
+            .contains("certificate expired; closing the session")
+    );
+    server.restart().unwrap();
+    let v = server.wait_node(&id, "reconnected with the renewed certificate", |n| {
+        n.state == "connected" && n.epoch >= 2
+    });
+    assert!(v.cert_not_after_ms >= renewed["cert_not_after_ms"].as_i64().unwrap());
+}

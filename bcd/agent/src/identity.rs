@@ -89,6 +89,27 @@ pub struct IdentityFile {
     /// Worker public keys (ed25519, hex) learned at join.
     #[serde(default)]
     pub worker_keys: Vec<String>,
+    /// Server time the current certificate was issued at, unix ms.
+    #[serde(default)]
+    pub cert_issued_ms: i64,
+    /// A renewed certificate being installed (see [`Identity::install_renewal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextCert>,
+}
+
+/// What identity.json records about a renewed certificate before its files
+/// replace the current ones: the commit point of a renewal.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NextCert {
+    pub serial: String,
+    pub not_after_ms: i64,
+    pub issued_ms: i64,
+}
+
+const NEXT: &str = ".next";
+
+fn next_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{NEXT}"))
 }
 
 #[derive(Debug, Clone)]
@@ -123,8 +144,9 @@ impl Identity {
                 dir: dir.to_path_buf(),
             });
         }
-        let file: IdentityFile =
+        let mut file: IdentityFile =
             serde_json::from_slice(&read(&id_path)?).map_err(|e| corrupt(&id_path, e))?;
+        settle_renewal(dir, &mut file)?;
         if file.version != 1 || file.node_id.is_empty() {
             return Err(corrupt(&id_path, "unknown version or no node id"));
         }
@@ -180,12 +202,88 @@ impl Identity {
         Ok(id)
     }
 
+    /// When the current certificate should be renewed: at 60% of its life.
+    pub fn renew_at_ms(&self) -> i64 {
+        let not_after = self.file.cert_not_after_ms;
+        let issued = if self.file.cert_issued_ms > 0 {
+            self.file.cert_issued_ms
+        } else {
+            // Written before issue times were kept: assume the longest
+            // lifetime the CA grants.
+            not_after - 24 * 3_600_000
+        };
+        issued + (not_after - issued) * 6 / 10
+    }
+
+    /// Installs a renewed key and certificate so that a crash at any point
+    /// leaves either the old pair or the new one:
+    /// 1. write `node.key.next` and `node.crt.next`;
+    /// 2. record the new serial in identity.json (`next`): the commit point;
+    /// 3. rename both over the current files;
+    /// 4. make the new serial current in identity.json.
+    ///
+    /// [`Identity::load`] finishes steps 3–4 after a crash past step 2, and
+    /// removes leftovers of a renewal that never reached it.
+    pub fn install_renewal(
+        &mut self,
+        key_pem: String,
+        cert: CertificateDer<'static>,
+        next: NextCert,
+    ) -> Result<(), IdentityError> {
+        fsutil::atomic_write(&next_path(&self.dir, KEY), key_pem.as_bytes(), 0o600)?;
+        fsutil::atomic_write(
+            &next_path(&self.dir, CERT),
+            pem("CERTIFICATE", &cert).as_bytes(),
+            0o644,
+        )?;
+        self.file.next = Some(next);
+        self.save_state()?;
+        settle_renewal(&self.dir, &mut self.file)?;
+        self.key_pem = key_pem;
+        self.cert = cert;
+        Ok(())
+    }
+
     /// Rewrites `identity.json` (the mark and the epoch change over time).
     pub fn save_state(&self) -> Result<(), IdentityError> {
         let json = serde_json::to_vec_pretty(&self.file).expect("identity serializes");
         fsutil::atomic_write(&self.dir.join(IDENTITY), &json, 0o600)?;
         Ok(())
     }
+}
+
+/// Finishes or discards an interrupted renewal (see
+/// [`Identity::install_renewal`]).
+fn settle_renewal(dir: &Path, file: &mut IdentityFile) -> Result<(), IdentityError> {
+    let moved = |path: &Path, source| IdentityError::MoveAside {
+        path: path.to_path_buf(),
+        source,
+    };
+    match file.next.take() {
+        Some(next) => {
+            for name in [KEY, CERT] {
+                let from = next_path(dir, name);
+                if from.exists() {
+                    fs::rename(&from, dir.join(name)).map_err(|e| moved(&from, e))?;
+                }
+            }
+            fsutil::sync_dir(dir).map_err(|e| moved(dir, e))?;
+            file.cert_serial = next.serial;
+            file.cert_not_after_ms = next.not_after_ms;
+            file.cert_issued_ms = next.issued_ms;
+            let json = serde_json::to_vec_pretty(file).expect("identity serializes");
+            fsutil::atomic_write(&dir.join(IDENTITY), &json, 0o600)?;
+        }
+        None => {
+            for name in [KEY, CERT] {
+                let stray = next_path(dir, name);
+                if stray.exists() {
+                    fs::remove_file(&stray).map_err(|e| moved(&stray, e))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Moves the identity and journal aside as `<name>.reset-<UTC time>`; never
@@ -256,6 +354,81 @@ mod tests {
             e.contains("corrupt") && e.contains("bcd join --reset --yes"),
             "{e}"
         );
+    }
+
+    fn pair(cn: &str) -> (String, CertificateDer<'static>) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap();
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(cn.as_bytes()));
+        let cert = params.self_signed(&key).unwrap();
+        (key.serialize_pem(), cert.der().clone())
+    }
+
+    fn identity(dir: &Path) -> Identity {
+        let (key, cert) = pair("old");
+        let file = IdentityFile {
+            version: 1,
+            node_id: "nd-1".into(),
+            server: "https://127.0.0.1:1".into(),
+            cert_serial: "old".into(),
+            cert_not_after_ms: 1_000_000,
+            identity_generation: 1,
+            server_time_mark_ms: 0,
+            last_epoch: 0,
+            ramdisk: false,
+            worker_keys: vec![],
+            cert_issued_ms: 0,
+            next: None,
+        };
+        let (_, ca) = pair("ca");
+        Identity::create(dir, file, key, cert, ca).unwrap()
+    }
+
+    #[test]
+    fn renewal_installs_the_new_pair_and_survives_a_crash_at_every_step() {
+        let next = NextCert {
+            serial: "new".into(),
+            not_after_ms: 2_000_000,
+            issued_ms: 1_500_000,
+        };
+        // Completed.
+        let d = tempfile::tempdir().unwrap();
+        let mut id = identity(d.path());
+        let (key, cert) = pair("new");
+        id.install_renewal(key.clone(), cert.clone(), next.clone())
+            .unwrap();
+        let loaded = Identity::load(d.path()).unwrap();
+        assert_eq!(loaded.file.cert_serial, "new");
+        assert_eq!(loaded.cert, cert);
+        assert_eq!(loaded.file.next, None);
+        assert_eq!(loaded.renew_at_ms(), 1_500_000 + 300_000);
+
+        // Crash before the commit point: the old pair stays, leftovers go.
+        let d = tempfile::tempdir().unwrap();
+        let old = identity(d.path());
+        fs::write(next_path(d.path(), KEY), &key).unwrap();
+        fs::write(next_path(d.path(), CERT), pem("CERTIFICATE", &cert)).unwrap();
+        let loaded = Identity::load(d.path()).unwrap();
+        assert_eq!(
+            (loaded.file.cert_serial.as_str(), &loaded.cert),
+            ("old", &old.cert)
+        );
+        assert!(!next_path(d.path(), KEY).exists() && !next_path(d.path(), CERT).exists());
+
+        // Crash after the commit point, with the key already renamed and the
+        // certificate not: loading rolls forward to a consistent new pair.
+        let d = tempfile::tempdir().unwrap();
+        let mut old = identity(d.path());
+        fs::write(d.path().join(KEY), &key).unwrap();
+        fs::write(next_path(d.path(), CERT), pem("CERTIFICATE", &cert)).unwrap();
+        old.file.next = Some(next);
+        old.save_state().unwrap();
+        let loaded = Identity::load(d.path()).unwrap();
+        assert_eq!(
+            (loaded.file.cert_serial.as_str(), &loaded.cert),
+            ("new", &cert)
+        );
+        assert_eq!(loaded.key_pem, key);
     }
 
     #[test]

@@ -136,6 +136,8 @@ pub async fn join_with_token(
         last_epoch: 0,
         ramdisk,
         worker_keys: resp.worker_keys.iter().map(hex::encode).collect(),
+        cert_issued_ms: resp.server_time_ms,
+        next: None,
     };
     let identity = Identity::create(
         dir,
@@ -147,4 +149,54 @@ pub async fn join_with_token(
     // Check what was written reads back as a whole identity.
     Identity::load(dir)?;
     Ok(identity)
+}
+
+/// A renewed key and certificate, ready to install.
+#[derive(Debug)]
+pub struct Renewed {
+    pub key_pem: String,
+    pub cert: CertificateDer<'static>,
+    pub next: crate::identity::NextCert,
+}
+
+/// Renew: a new key, proven by its CSR, over a session authenticated with
+/// the current certificate.
+pub async fn renew_certificate(
+    server: &str,
+    ca: CertificateDer<'static>,
+    current: tls::ClientIdentity,
+    hostname: &str,
+) -> Result<Renewed, String> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, hostname);
+    params.distinguished_name = dn;
+    let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
+    let config =
+        tls::client_config(ServerTrust::Ca(ca), Some(current)).map_err(|e| format!("{e:#}"))?;
+    let channel = tls::connect(server, config)
+        .await
+        .map_err(|e| crate::node::error_chain(&e))?;
+    let resp = JoinClient::new(channel)
+        .renew(bcd_proto::v1::RenewRequest {
+            csr_der: csr.der().to_vec(),
+        })
+        .await
+        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
+        .into_inner();
+    let cert = CertificateDer::from(resp.cert_der);
+    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+    if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+        return Err("the renewed certificate is not for the new key".into());
+    }
+    Ok(Renewed {
+        key_pem: key.serialize_pem(),
+        cert,
+        next: crate::identity::NextCert {
+            serial: resp.cert_serial,
+            not_after_ms: resp.not_after_ms,
+            issued_ms: resp.server_time_ms,
+        },
+    })
 }

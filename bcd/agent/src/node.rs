@@ -53,6 +53,10 @@ pub struct Agent {
     sent_events: u64,
 }
 
+/// Certificate renewal retries back off from 30 s to 10 min.
+const RENEW_RETRY_MIN: Duration = Duration::from_secs(30);
+const RENEW_RETRY_MAX: Duration = Duration::from_secs(600);
+
 /// How often the node journals a load-average metric.
 const METRIC_EVERY: Duration = Duration::from_secs(60);
 /// Events per batch on the stream.
@@ -109,6 +113,14 @@ impl Agent {
             Ok(None) => {}
             Err(e) => return Stopped::JournalFailed(e),
         }
+        // Certificate renewal at 60% of the certificate's life, retried
+        // from 30 s doubling to 10 min.
+        let mut renewing: Option<JoinHandle<Result<crate::join::Renewed, String>>> = None;
+        let mut renew_backoff = bcd_core::Backoff::new(bcd_core::BackoffConfig {
+            base: RENEW_RETRY_MIN,
+            cap: RENEW_RETRY_MAX,
+        });
+        let mut renew_not_before = Duration::ZERO;
         tokio::pin!(shutdown);
         let mut metrics = tokio::time::interval(METRIC_EVERY);
         metrics.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,7 +193,43 @@ impl Agent {
                 .deadline()
                 .map(|d| start + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            let renew_due = {
+                let t = now();
+                let server_now = session
+                    .clock()
+                    .server_now(t)
+                    .unwrap_or(session.clock().mark_ms());
+                let wait_ms = (self.identity.renew_at_ms() - server_now).max(0) as u64;
+                start + (t + Duration::from_millis(wait_ms)).max(renew_not_before)
+            };
             tokio::select! {
+                _ = tokio::time::sleep_until(renew_due), if renewing.is_none() => {
+                    info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+                    renewing = Some(self.spawn_renewal());
+                }
+                r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
+                    renewing = None;
+                    match r.map_err(|e| e.to_string()).and_then(|r| r) {
+                        Ok(renewed) => {
+                            let serial = renewed.next.serial.clone();
+                            if let Err(e) = self.identity.install_renewal(renewed.key_pem, renewed.cert, renewed.next) {
+                                warn!(error = %format!("{e:#}"), "cannot install the renewed certificate");
+                            } else {
+                                info!(%serial, "certificate renewed; the next session uses it");
+                                renew_backoff.reset();
+                            }
+                        }
+                        Err(error) => {
+                            let retry = renew_backoff.window();
+                            let mut rng = bcd_core::SplitMix64::new(0);
+                            renew_backoff.next_delay(&mut rng);
+                            renew_not_before = now() + retry;
+                            let expires_in = self.identity.file.cert_not_after_ms
+                                - session.clock().server_now(now()).unwrap_or(session.clock().mark_ms());
+                            warn!(%error, attempt = renew_backoff.attempt(), expires_in_ms = expires_in, ?retry, "renewal failed");
+                        }
+                    }
+                }
                 _ = &mut shutdown => {
                     self.uncount(&mut counted);
                     self.persist_mark(&mut session, now());
@@ -237,6 +285,13 @@ impl Agent {
                         }
                         Ok(None) => Event::Closed { error: "the gateway ended the stream".into() },
                         Err(status) => match status.code() {
+                            // The session's certificate ran out: the next
+                            // session presents the renewed one.
+                            tonic::Code::Unauthenticated
+                                if status.message().starts_with("certificate expired") =>
+                            {
+                                Event::Closed { error: status.message().to_string() }
+                            }
                             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                                 Event::Refused { message: status.message().to_string() }
                             }
@@ -712,6 +767,19 @@ impl Agent {
             server_time_mark_ms: mark_ms,
             journal_running,
             journal_done,
+        })
+    }
+
+    fn spawn_renewal(&self) -> JoinHandle<Result<crate::join::Renewed, String>> {
+        let server = self.identity.file.server.clone();
+        let ca = self.identity.ca.clone();
+        let current = ClientIdentity {
+            chain: vec![self.identity.cert.clone()],
+            key: self.identity.private_key(),
+        };
+        let hostname = self.host.hostname();
+        tokio::spawn(async move {
+            crate::join::renew_certificate(&server, ca, current, &hostname).await
         })
     }
 
