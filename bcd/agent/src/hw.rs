@@ -40,10 +40,118 @@ pub struct Gpu {
     /// From the driver when it is loaded (`GPU-...`).
     pub uuid: Option<String>,
     pub model: Option<String>,
+    /// The driver's minor number: the GPU is `/dev/nvidia<minor>`.
+    pub minor: Option<u32>,
 }
 
 pub trait Gpus: Send + Sync + std::fmt::Debug {
     fn list(&self) -> std::io::Result<Vec<Gpu>>;
+    /// The device nodes and driver files a CDI spec for these GPUs needs.
+    fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory>;
+}
+
+/// Driver binaries mounted into containers when present.
+const DRIVER_BINARIES: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
+
+/// Driver libraries (by name prefix, versioned files only) mounted when
+/// present: the compute set.
+const DRIVER_LIBRARIES: &[&str] = &[
+    "libnvidia-ml.so.",
+    "libcuda.so.",
+    "libcudadebugger.so.",
+    "libnvidia-ptxjitcompiler.so.",
+    "libnvidia-nvvm.so.",
+    "libnvidia-cfg.so.",
+    "libnvidia-opencl.so.",
+    "libnvidia-gpucomp.so.",
+    "libnvidia-allocator.so.",
+];
+
+const LIBRARY_DIRS: &[&str] = &["usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib"];
+
+/// A character device's numbers, if `path` is one.
+fn char_device(path: &Path) -> Option<(u32, u32)> {
+    let st = rustix::fs::stat(path).ok()?;
+    let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+    (kind == rustix::fs::FileType::CharacterDevice)
+        .then(|| (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)))
+}
+
+/// Device nodes and driver files under `root`, for the GPUs in `gpus`.
+pub fn nvidia_cdi_inventory(root: &Path, gpus: &[Gpu]) -> std::io::Result<cdi::nvidia::Inventory> {
+    let dev = root.join("dev");
+    let mut inv = cdi::nvidia::Inventory::default();
+    let node = |name: &str| {
+        let p = dev.join(name);
+        char_device(&p).map(|(major, minor)| cdi::nvidia::Node {
+            path: format!("/dev/{name}"),
+            major,
+            minor,
+        })
+    };
+    if let Ok(entries) = fs::read_dir(&dev) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(rest) = name.strip_prefix("nvidia") else {
+                continue;
+            };
+            let Some(n) = node(&name) else {
+                continue;
+            };
+            if let Ok(index) = rest.parse::<u32>() {
+                inv.gpus.push(cdi::nvidia::Gpu {
+                    index,
+                    uuid: gpus
+                        .iter()
+                        .find(|g| g.minor == Some(index))
+                        .and_then(|g| g.uuid.clone()),
+                    node: n,
+                });
+            } else if rest == "ctl" || rest.starts_with("-uvm") || rest == "-modeset" {
+                inv.control_nodes.push(n);
+            }
+        }
+    }
+    if let Ok(caps) = fs::read_dir(dev.join("nvidia-caps")) {
+        for e in caps.flatten() {
+            let name = format!("nvidia-caps/{}", e.file_name().to_string_lossy());
+            if let Some(n) = node(&name) {
+                inv.control_nodes.push(n);
+            }
+        }
+    }
+    for b in DRIVER_BINARIES {
+        for d in ["usr/bin", "usr/sbin"] {
+            if root.join(d).join(b).is_file() {
+                inv.driver_files.push(format!("/{d}/{b}"));
+            }
+        }
+    }
+    for d in LIBRARY_DIRS {
+        if let Ok(entries) = fs::read_dir(root.join(d)) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                let versioned = DRIVER_LIBRARIES.iter().any(|p| {
+                    name.strip_prefix(p).is_some_and(|v| {
+                        v.chars().next().is_some_and(|c| c.is_ascii_digit()) && v.contains('.')
+                    })
+                });
+                if versioned && e.path().is_file() {
+                    inv.driver_files.push(format!("/{d}/{name}"));
+                }
+            }
+        }
+    }
+    inv.gpus.sort_by_key(|g| g.index);
+    inv.control_nodes.sort_by(|a, b| a.path.cmp(&b.path));
+    inv.driver_files.sort();
+    Ok(inv)
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -186,12 +294,17 @@ impl Gpus for SysfsGpus {
                     .ok()
                     .and_then(|s| s.parse().ok()),
                 uuid: field("GPU UUID"),
+                minor: field("Device Minor").and_then(|m| m.parse().ok()),
                 model: field("Model"),
                 pci_address: address,
             });
         }
         gpus.sort();
         Ok(gpus)
+    }
+
+    fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
+        nvidia_cdi_inventory(&self.root, &self.list()?)
     }
 }
 
@@ -326,6 +439,7 @@ pub mod fake {
                             &u[20..32]
                         )),
                         model: Some("NVIDIA H100 80GB HBM3 (fake)".into()),
+                        minor: Some(i as u32),
                     }
                 })
                 .collect();
@@ -391,6 +505,33 @@ pub mod fake {
     impl Gpus for FakeGpus {
         fn list(&self) -> std::io::Result<Vec<Gpu>> {
             Ok(self.gpus.clone())
+        }
+
+        /// The nodes a real driver would create for these GPUs.
+        fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
+            let node = |path: &str, major, minor| cdi::nvidia::Node {
+                path: path.into(),
+                major,
+                minor,
+            };
+            Ok(cdi::nvidia::Inventory {
+                gpus: self
+                    .gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| cdi::nvidia::Gpu {
+                        index: i as u32,
+                        uuid: g.uuid.clone(),
+                        node: node(&format!("/dev/nvidia{i}"), 195, i as u32),
+                    })
+                    .collect(),
+                control_nodes: vec![
+                    node("/dev/nvidia-uvm", 509, 0),
+                    node("/dev/nvidia-uvm-tools", 509, 1),
+                    node("/dev/nvidiactl", 195, 255),
+                ],
+                driver_files: vec![],
+            })
         }
     }
 
@@ -519,6 +660,75 @@ mod tests {
         assert_eq!(before[0], after[0], "host section unchanged");
         assert_ne!(before[1].sha256, after[1].sha256);
         assert_eq!(before[2], after[2]);
+    }
+
+    /// Real device nodes (made with mknod, as root) in a golden tree: the
+    /// inventory carries their majors and minors, matches UUIDs by the
+    /// driver's minor, and finds the driver files present.
+    #[test]
+    fn cdi_inventory_reads_device_numbers_and_driver_files() {
+        let d = golden();
+        let r = d.path();
+        write(
+            r,
+            "proc/driver/nvidia/gpus/0000:17:00.0/information",
+            "Model: \t\t NVIDIA H200\nGPU UUID: \t GPU-4b6e0c3a-1f2d-4e5f-8a9b-0c1d2e3f4a5b\nDevice Minor: \t 0\n",
+        );
+        fs::create_dir_all(r.join("dev/nvidia-caps")).unwrap();
+        let mknod = |rel: &str, major: u32, minor: u32| {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                r.join(rel),
+                rustix::fs::FileType::CharacterDevice,
+                rustix::fs::Mode::from_raw_mode(0o600),
+                rustix::fs::makedev(major, minor),
+            )
+            .unwrap_or_else(|e| panic!("mknod {rel} (the tests run as root): {e}"));
+        };
+        mknod("dev/nvidia0", 195, 0);
+        mknod("dev/nvidia1", 195, 1);
+        mknod("dev/nvidiactl", 195, 255);
+        mknod("dev/nvidia-uvm", 509, 0);
+        mknod("dev/nvidia-caps/nvidia-cap1", 238, 1);
+        write(r, "dev/nvidia9", "not a device");
+        write(r, "usr/bin/nvidia-smi", "");
+        write(r, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15", "");
+        write(r, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "");
+        write(r, "usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "");
+        write(r, "usr/lib/x86_64-linux-gnu/libc.so.6", "");
+        let inv = RealHost::new(r).gpus().cdi_inventory().unwrap();
+        assert_eq!(
+            inv.gpus
+                .iter()
+                .map(|g| (g.index, g.uuid.as_deref(), g.node.major, g.node.minor))
+                .collect::<Vec<_>>(),
+            [
+                (0, Some("GPU-4b6e0c3a-1f2d-4e5f-8a9b-0c1d2e3f4a5b"), 195, 0),
+                (1, None, 195, 1)
+            ]
+        );
+        assert_eq!(
+            inv.control_nodes
+                .iter()
+                .map(|n| n.path.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "/dev/nvidia-caps/nvidia-cap1",
+                "/dev/nvidia-uvm",
+                "/dev/nvidiactl"
+            ]
+        );
+        assert_eq!(
+            inv.driver_files,
+            [
+                "/usr/bin/nvidia-smi",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+                "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"
+            ]
+        );
+        let spec = cdi::nvidia::spec(&inv);
+        spec.validate().unwrap();
+        assert_eq!(spec.devices.len(), 4, "0, 1, the UUID of 0, all");
     }
 
     #[test]

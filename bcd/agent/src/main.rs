@@ -103,6 +103,16 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<std::time::Duration>,
     },
+    /// Show this machine's GPUs as bcd sees them (sysfs, /proc, /dev), or
+    /// with --cdi the nvidia.com/gpu CDI spec it would write for them.
+    Gpus {
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        cdi: bool,
+        #[command(flatten)]
+        hw: HwArgs,
+    },
     /// Print the version and build flavour.
     Version,
 }
@@ -235,6 +245,61 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 duration,
             })
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Gpus { json, cdi, hw } => {
+            let host = hw.host();
+            let gpus = host.gpus().list()?;
+            let inv = host.gpus().cdi_inventory()?;
+            if cdi {
+                let spec = cdi::nvidia::spec(&inv);
+                spec.validate()
+                    .map_err(|e| anyhow::anyhow!("no CDI spec for this machine: {e}"))?;
+                print!("{}", String::from_utf8_lossy(&spec.to_json()));
+            } else if json {
+                let nodes: Vec<_> = inv
+                    .gpus
+                    .iter()
+                    .map(|g| serde_json::json!({"index": g.index, "uuid": g.uuid, "path": g.node.path, "major": g.node.major, "minor": g.node.minor}))
+                    .collect();
+                let control: Vec<_> = inv
+                    .control_nodes
+                    .iter()
+                    .map(
+                        |n| serde_json::json!({"path": n.path, "major": n.major, "minor": n.minor}),
+                    )
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "gpus": gpus, "device_nodes": nodes, "control_nodes": control,
+                        "driver_files": inv.driver_files,
+                    }))?
+                );
+            } else {
+                println!(
+                    "{:<14} {:<8} {:<42} {:<34} NODE",
+                    "PCI", "DEVICE", "UUID", "MODEL"
+                );
+                for g in &gpus {
+                    let node = g
+                        .minor
+                        .and_then(|m| inv.gpus.iter().find(|n| n.index == m))
+                        .map(|n| format!("{} ({}:{})", n.node.path, n.node.major, n.node.minor))
+                        .unwrap_or_else(|| "-".into());
+                    println!(
+                        "{:<14} {:<8} {:<42} {:<34} {}",
+                        g.pci_address,
+                        g.device_id,
+                        g.uuid.as_deref().unwrap_or("-"),
+                        g.model.as_deref().unwrap_or("-"),
+                        node
+                    );
+                }
+                if gpus.is_empty() {
+                    println!("(no NVIDIA GPUs on this machine)");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Version => {
