@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use bcd_proto::token::JoinToken;
 use bcd_proto::v1::{
-    CommandInfo, CreateTokenRequest, CreateTokenResponse, DeleteNodeRequest, DeleteNodeResponse,
-    GetCommandRequest, ListCommandsRequest, ListCommandsResponse, ListNodesRequest,
-    ListNodesResponse, NodeInfo, RunCommandRequest, admin_server::Admin,
+    AssignGpusRequest, CommandInfo, CreateTokenRequest, CreateTokenResponse, DeleteNodeRequest,
+    DeleteNodeResponse, GetCommandRequest, GetNodeSpecRequest, ListCommandsRequest,
+    ListCommandsResponse, ListNodesRequest, ListNodesResponse, NodeInfo, NodeSpecInfo,
+    RunCommandRequest, SectionStatus, UnassignRequest, admin_server::Admin,
 };
 use prost::Message;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::gateway::{GatewayState, refusal_status};
-use crate::store::{CommandRow, NewCommand, NewToken, Store, StoreError};
+use crate::store::{Assignment, CommandRow, NewCommand, NewToken, Refusal, Store, StoreError};
 
 /// Checks the bearer credential against the operators known at start.
 #[derive(Debug, Clone)]
@@ -63,6 +64,79 @@ pub struct AdminService {
 impl std::fmt::Debug for AdminService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminService").finish_non_exhaustive()
+    }
+}
+
+fn valid_allocation(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+impl AdminService {
+    /// Changes a node's spec and signs the new generation; wakes the node's
+    /// gateway session to send it.
+    async fn change_spec(
+        &self,
+        node: String,
+        change: impl FnOnce(&mut Vec<Assignment>) -> Result<(), Refusal> + Send + 'static,
+    ) -> Result<NodeSpecInfo, Status> {
+        let key = self.worker_key.clone();
+        let n = node.clone();
+        self.store
+            .run(move |s| {
+                s.update_spec(&n, change, |generation, now, assignments| {
+                    let spec = crate::specs::payload(&n, generation, now, assignments);
+                    bcd_proto::sign::seal(&key, spec.encode_to_vec())
+                })
+            })
+            .await
+            .map_err(|e| match e {
+                crate::store::TxError::Refused(Refusal::NoSuchNode(n)) => {
+                    Status::not_found(format!("no node {n}: see better-compute nodes list"))
+                }
+                e => refusal_status(e),
+            })?;
+        if let Some(gw) = &self.gateway {
+            gw.wake(&node);
+        }
+        self.spec_info(node).await
+    }
+
+    async fn spec_info(&self, node: String) -> Result<NodeSpecInfo, Status> {
+        let n = node.clone();
+        let view = self
+            .store
+            .run(move |s| s.spec_view(&n))
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                Status::not_found(format!("no node {node}: see better-compute nodes list"))
+            })?;
+        Ok(NodeSpecInfo {
+            node_id: node,
+            desired_generation: view.desired_generation,
+            applied_generation: view.applied_generation,
+            assignments: view
+                .assignments
+                .into_iter()
+                .map(crate::specs::to_wire)
+                .collect(),
+            sections: view
+                .sections
+                .into_iter()
+                .map(|s| SectionStatus {
+                    section: s.section,
+                    status: s.status,
+                    message: s.message,
+                    age_ms: (view.now_ms - s.since_ms).max(0) as u64,
+                })
+                .collect(),
+            reported_age_ms: view.reported_age_ms.unwrap_or(-1),
+        })
     }
 }
 
@@ -281,6 +355,87 @@ impl Admin for AdminService {
         Ok(Response::new(ListCommandsResponse {
             commands: rows.into_iter().map(info).collect(),
         }))
+    }
+
+    async fn assign_gpus(
+        &self,
+        request: Request<AssignGpusRequest>,
+    ) -> Result<Response<NodeSpecInfo>, Status> {
+        let r = request.into_inner();
+        if !valid_allocation(&r.allocation_id) {
+            return Err(Status::invalid_argument(format!(
+                "allocation id {:?} must be 1-64 letters, digits, '-', '_' or '.'",
+                r.allocation_id
+            )));
+        }
+        if r.gpus.is_empty() || r.gpus.iter().any(|g| g.is_empty()) {
+            return Err(Status::invalid_argument(
+                "name at least one GPU, by UUID or index",
+            ));
+        }
+        for k in r.env.keys() {
+            if k.is_empty() || k.contains('=') || k.contains('\n') {
+                return Err(Status::invalid_argument(format!(
+                    "{k:?} is not an environment variable name"
+                )));
+            }
+        }
+        let info = self
+            .change_spec(r.node_id.clone(), move |assignments| {
+                // A GPU is bound to one allocation at a time.
+                for a in assignments.iter() {
+                    if a.allocation_id == r.allocation_id {
+                        continue;
+                    }
+                    if let Some(g) = r.gpus.iter().find(|g| a.gpus.contains(g)) {
+                        return Err(Refusal::BadRequest(format!(
+                            "GPU {g} is already assigned to allocation {} on this node",
+                            a.allocation_id
+                        )));
+                    }
+                }
+                assignments.retain(|a| a.allocation_id != r.allocation_id);
+                assignments.push(Assignment {
+                    allocation_id: r.allocation_id,
+                    gpus: r.gpus,
+                    env: r.env.into_iter().collect(),
+                });
+                assignments.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
+                Ok(())
+            })
+            .await?;
+        info!(node = %info.node_id, generation = info.desired_generation, "GPUs assigned");
+        Ok(Response::new(info))
+    }
+
+    async fn unassign(
+        &self,
+        request: Request<UnassignRequest>,
+    ) -> Result<Response<NodeSpecInfo>, Status> {
+        let r = request.into_inner();
+        let info = self
+            .change_spec(r.node_id.clone(), move |assignments| {
+                let before = assignments.len();
+                assignments.retain(|a| a.allocation_id != r.allocation_id);
+                if assignments.len() == before {
+                    return Err(Refusal::BadRequest(format!(
+                        "no allocation {} on this node: see better-compute nodes spec",
+                        r.allocation_id
+                    )));
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_node_spec(
+        &self,
+        request: Request<GetNodeSpecRequest>,
+    ) -> Result<Response<NodeSpecInfo>, Status> {
+        Ok(Response::new(
+            self.spec_info(request.into_inner().node_id).await?,
+        ))
     }
 
     async fn get_command(

@@ -13,6 +13,24 @@ use crate::gateway::Timing;
 use crate::joinsvc::CertPolicy;
 use crate::serve::{self, ServeOptions};
 
+/// Writes to stdout; a closed pipe (`| head`) ends the output quietly
+/// instead of panicking.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `println!` that goes through [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "better-compute",
@@ -153,6 +171,56 @@ fn command_json(c: &bcd_proto::v1::CommandInfo) -> serde_json::Value {
     })
 }
 
+fn spec_json(i: &bcd_proto::v1::NodeSpecInfo) -> serde_json::Value {
+    serde_json::json!({
+        "node_id": i.node_id,
+        "desired_generation": i.desired_generation,
+        "applied_generation": i.applied_generation,
+        "assignments": i.assignments.iter().map(|a| serde_json::json!({
+            "allocation_id": a.allocation_id, "gpus": a.gpus,
+            "env": a.env.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        })).collect::<Vec<_>>(),
+        "sections": i.sections.iter().map(|s| serde_json::json!({
+            "section": s.section, "status": s.status, "message": s.message, "age_ms": s.age_ms,
+        })).collect::<Vec<_>>(),
+        "reported_age_ms": (i.reported_age_ms >= 0).then_some(i.reported_age_ms),
+    })
+}
+
+fn print_spec(i: &bcd_proto::v1::NodeSpecInfo, json: bool) -> anyhow::Result<()> {
+    if json {
+        out!("{}", serde_json::to_string_pretty(&spec_json(i))?);
+        return Ok(());
+    }
+    out!("node       {}", i.node_id);
+    out!(
+        "generation desired {}, applied {}{}",
+        i.desired_generation,
+        i.applied_generation,
+        if i.reported_age_ms >= 0 {
+            format!(" (reported {} ago)", fmt_age(i.reported_age_ms))
+        } else {
+            " (never reported)".into()
+        }
+    );
+    for a in &i.assignments {
+        out!("allocation {}: GPUs {}", a.allocation_id, a.gpus.join(","));
+    }
+    for s in &i.sections {
+        out!(
+            "section    {} {}{}",
+            s.section,
+            s.status,
+            if s.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", s.message)
+            }
+        );
+    }
+    Ok(())
+}
+
 fn is_terminal(state: &str) -> bool {
     matches!(state, "succeeded" | "failed" | "expired" | "rejected")
 }
@@ -177,6 +245,32 @@ enum TokensCommand {
 enum NodesCommand {
     /// Show each node's state, epoch, gateway, certificate expiry and last-seen age.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bind GPUs (UUIDs or indices) to an allocation on a node: the node
+    /// writes the CDI spec and the allocation's env file.
+    Assign {
+        node: String,
+        allocation: String,
+        #[arg(long, value_delimiter = ',', required = true)]
+        gpus: Vec<String>,
+        /// Extra environment for the allocation's env file, NAME=VALUE.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an allocation's GPUs from a node's spec.
+    Unassign {
+        node: String,
+        allocation: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A node's desired spec against what it applied.
+    Spec {
+        node: String,
         #[arg(long)]
         json: bool,
     },
@@ -215,24 +309,6 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-}
-
-/// Writes to stdout; a closed pipe (`| head`) ends the output quietly
-/// instead of panicking.
-fn emit(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
-
-/// `println!` that goes through [`emit`].
-macro_rules! out {
-    ($($arg:tt)*) => {
-        emit(&format!("{}\n", format_args!($($arg)*)))?
-    };
 }
 
 fn fmt_age(ms: i64) -> String {
@@ -533,6 +609,66 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
             Ok(())
+        }
+        Command::Nodes {
+            command:
+                NodesCommand::Assign {
+                    node,
+                    allocation,
+                    gpus,
+                    env,
+                    json,
+                },
+        } => {
+            let mut vars = std::collections::HashMap::new();
+            for e in env {
+                let (k, v) = e
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--env takes NAME=VALUE, not {e:?}"))?;
+                vars.insert(k.to_string(), v.to_string());
+            }
+            let mut c = client::connect(&operator, server).await?;
+            let info = c
+                .assign_gpus(bcd_proto::v1::AssignGpusRequest {
+                    node_id: node,
+                    allocation_id: allocation,
+                    gpus,
+                    env: vars,
+                })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        Command::Nodes {
+            command:
+                NodesCommand::Unassign {
+                    node,
+                    allocation,
+                    json,
+                },
+        } => {
+            let mut c = client::connect(&operator, server).await?;
+            let info = c
+                .unassign(bcd_proto::v1::UnassignRequest {
+                    node_id: node,
+                    allocation_id: allocation,
+                })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        Command::Nodes {
+            command: NodesCommand::Spec { node, json },
+        } => {
+            let mut c = client::connect(&operator, server).await?;
+            let info = c
+                .get_node_spec(bcd_proto::v1::GetNodeSpecRequest { node_id: node })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            print_spec(&info, json)
         }
         Command::Nodes {
             command: NodesCommand::Delete { node, yes },

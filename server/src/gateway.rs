@@ -395,6 +395,7 @@ async fn run_session(
     };
     let node = hello.node_id.clone();
     let journal_id = hello.journal_id.clone();
+    let applied_generation = hello.applied_generation;
     let input = HelloInput {
         node_id: hello.node_id,
         cert_fingerprint: fingerprint,
@@ -468,6 +469,9 @@ async fn run_session(
             }
         }
         wake.notify_one();
+        // The spec generation this session has: a full DesiredState goes
+        // out whenever the store has a newer one.
+        let mut sent_generation = applied_generation;
         let mut poll = tokio::time::interval(Duration::from_secs(1));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(timing.heartbeat);
@@ -476,7 +480,9 @@ async fn run_session(
         loop {
             tokio::select! {
                 _ = async { tokio::select! { _ = wake.notified() => {}, _ = poll.tick() => {} } } => {
-                    if !dispatch_pending(&state, &node, epoch, &out).await {
+                    if !send_spec(&state, &node, &mut sent_generation, &out).await
+                        || !dispatch_pending(&state, &node, epoch, &out).await
+                    {
                         end_session(&state, &node, epoch, Duration::ZERO, "stream-ended").await;
                         return;
                     }
@@ -530,6 +536,29 @@ async fn send_dispatch(out: &Out, d: crate::store::Dispatch, epoch: u64) -> bool
     })))
     .await
     .is_ok()
+}
+
+/// Sends the node's spec if the store has a generation newer than the one
+/// the session has; false when the stream is unusable.
+async fn send_spec(state: &Arc<GatewayState>, node: &str, sent: &mut u64, out: &Out) -> bool {
+    let n = node.to_string();
+    match state.store.run(move |s| s.signed_spec(&n)).await {
+        Ok(Some((generation, signed))) if generation > *sent => {
+            debug!(generation, "sending the desired state");
+            *sent = generation;
+            out.send(msg(server_message::Msg::DesiredState(v1::DesiredState {
+                generation,
+                signed_spec: signed,
+            })))
+            .await
+            .is_ok()
+        }
+        Ok(_) => true,
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "cannot read the node's spec");
+            true
+        }
+    }
 }
 
 /// Sends what is pending for the node; false when the stream is unusable.
@@ -670,6 +699,31 @@ async fn handle(
                     true
                 }
             }
+        }
+        Some(node_message::Msg::StateReport(r)) => {
+            let sections: Vec<(String, String, String, u64)> = r
+                .sections
+                .into_iter()
+                .take(32)
+                .map(|s| {
+                    (
+                        s.section,
+                        s.status,
+                        s.message.chars().take(1024).collect(),
+                        s.age_ms,
+                    )
+                })
+                .collect();
+            let n = node.to_string();
+            let applied = r.applied_generation;
+            if let Err(e) = state
+                .store
+                .run(move |s| s.put_state_report(&n, applied, &sections))
+                .await
+            {
+                warn!(error = %format!("{e:#}"), "cannot record a state report");
+            }
+            true
         }
         Some(node_message::Msg::Hello(_)) => {
             let _ = out

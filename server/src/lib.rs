@@ -21,4 +21,5 @@ pub mod files;
 pub mod gateway;
 pub mod joinsvc;
 pub mod serve;
+pub mod specs;
 pub mod store;

@@ -134,7 +134,53 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (node_id, journal_id, event_id)
     ) STRICT;
     ",
+    // 4: desired state.
+    "
+    CREATE TABLE node_specs (
+        node_id     TEXT PRIMARY KEY REFERENCES nodes(id),
+        generation  INTEGER NOT NULL,
+        signed      BLOB NOT NULL,
+        assignments TEXT NOT NULL,
+        updated_at  INTEGER NOT NULL
+    ) STRICT;
+    CREATE TABLE node_state (
+        node_id            TEXT PRIMARY KEY REFERENCES nodes(id),
+        applied_generation INTEGER NOT NULL,
+        sections           TEXT NOT NULL,
+        reported_at        INTEGER NOT NULL
+    ) STRICT;
+    ",
 ];
+
+/// GPUs bound to one allocation, as the store keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Assignment {
+    pub allocation_id: String,
+    pub gpus: Vec<String>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// A section of a node's state report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SectionRow {
+    pub section: String,
+    pub status: String,
+    pub message: String,
+    /// When the section last changed, derived from the node's age.
+    pub since_ms: i64,
+}
+
+/// Desired against applied, for `nodes spec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecView {
+    pub desired_generation: u64,
+    pub assignments: Vec<Assignment>,
+    pub applied_generation: u64,
+    pub sections: Vec<SectionRow>,
+    pub reported_age_ms: Option<i64>,
+    pub now_ms: i64,
+}
 
 /// Events kept per node; older ones are trimmed as new ones arrive.
 pub const EVENTS_KEPT_PER_NODE: i64 = 10_000;
@@ -926,6 +972,152 @@ impl Store {
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<String>>>()?;
         Ok(ids)
+    }
+
+    // ---------------------------------------------------------- desired state
+
+    /// Changes a node's spec: `change` edits the assignments (or refuses),
+    /// the generation grows by one, and `seal` signs the new spec.
+    pub fn update_spec(
+        &self,
+        node_id: &str,
+        change: impl FnOnce(&mut Vec<Assignment>) -> Result<(), Refusal>,
+        seal: impl FnOnce(u64, i64, &[Assignment]) -> Vec<u8>,
+    ) -> Result<(u64, Vec<Assignment>), TxError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let deleted: Option<Option<i64>> = tx
+            .query_row(
+                "SELECT deleted_at FROM nodes WHERE id = ?1",
+                [node_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if !matches!(deleted, Some(None)) {
+            return Err(Refusal::NoSuchNode(node_id.to_string()).into());
+        }
+        let current: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT generation, assignments FROM node_specs WHERE node_id = ?1",
+                [node_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (generation, mut assignments) = match current {
+            Some((g, a)) => (g as u64, serde_json::from_str(&a).unwrap_or_default()),
+            None => (0, Vec::new()),
+        };
+        change(&mut assignments)?;
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let next = generation + 1;
+        let signed = seal(next, now, &assignments);
+        tx.execute(
+            "INSERT INTO node_specs (node_id, generation, signed, assignments, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (node_id) DO UPDATE SET generation = excluded.generation,
+                 signed = excluded.signed, assignments = excluded.assignments,
+                 updated_at = excluded.updated_at",
+            params![
+                node_id,
+                next as i64,
+                signed,
+                serde_json::to_string(&assignments).expect("assignments serialize"),
+                now
+            ],
+        )?;
+        tx.commit()?;
+        Ok((next, assignments))
+    }
+
+    /// The signed spec to send a node, if it has one.
+    pub fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                "SELECT generation, signed FROM node_specs WHERE node_id = ?1",
+                [node_id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// Records a node's state report. Reports are facts: accepted from any
+    /// epoch; an applied generation never moves backward unless the node
+    /// reports 0 (a new journal).
+    pub fn put_state_report(
+        &self,
+        node_id: &str,
+        applied_generation: u64,
+        sections: &[(String, String, String, u64)],
+    ) -> Result<(), StoreError> {
+        let conn = self.lock();
+        let now: i64 = conn.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let rows: Vec<SectionRow> = sections
+            .iter()
+            .map(|(section, status, message, age)| SectionRow {
+                section: section.clone(),
+                status: status.clone(),
+                message: message.clone(),
+                since_ms: now - (*age).min(i64::MAX as u64) as i64,
+            })
+            .collect();
+        conn.execute(
+            "INSERT INTO node_state (node_id, applied_generation, sections, reported_at)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (node_id) DO UPDATE SET
+                 applied_generation = CASE WHEN excluded.applied_generation = 0 THEN 0
+                     ELSE MAX(node_state.applied_generation, excluded.applied_generation) END,
+                 sections = excluded.sections, reported_at = excluded.reported_at",
+            params![
+                node_id,
+                applied_generation as i64,
+                serde_json::to_string(&rows).expect("sections serialize"),
+                now
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+        let conn = self.lock();
+        let exists: Option<Option<i64>> = conn
+            .query_row(
+                "SELECT deleted_at FROM nodes WHERE id = ?1",
+                [node_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if !matches!(exists, Some(None)) {
+            return Ok(None);
+        }
+        let now: i64 = conn.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let (desired_generation, assignments) = conn
+            .query_row(
+                "SELECT generation, assignments FROM node_specs WHERE node_id = ?1",
+                [node_id],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
+            )
+            .optional()?
+            .map(|(g, a)| (g, serde_json::from_str(&a).unwrap_or_default()))
+            .unwrap_or((0, Vec::new()));
+        let state: Option<(i64, String, i64)> = conn
+            .query_row(
+                "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = ?1",
+                [node_id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        Ok(Some(SpecView {
+            desired_generation,
+            assignments,
+            applied_generation: state.as_ref().map_or(0, |s| s.0 as u64),
+            sections: state
+                .as_ref()
+                .map(|s| serde_json::from_str(&s.1).unwrap_or_default())
+                .unwrap_or_default(),
+            reported_age_ms: state.map(|s| now - s.2),
+            now_ms: now,
+        }))
     }
 
     // ---------------------------------------------------------------- events

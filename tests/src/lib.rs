@@ -340,6 +340,11 @@ impl Node {
         let log = self.dir.with_extension(format!("{}.log", unique()));
         let child = self
             .bcd(&["node"])
+            .arg("--cdi-dir")
+            .arg(self.dir.join("cdi"))
+            .arg("--run-dir")
+            .arg(self.dir.join("run"))
+            .args(["--converge-every", "300ms"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

@@ -75,6 +75,11 @@ CREATE TABLE IF NOT EXISTS events (
     created_ms INTEGER NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS events_class ON events(class, id);
+CREATE TABLE IF NOT EXISTS spec (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL,
+    signed     BLOB NOT NULL
+) STRICT;
 ";
 
 /// What kind of event: metrics may be dropped when the journal is full,
@@ -231,6 +236,48 @@ impl Journal {
 
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The signed NodeSpec this node enforces, with its generation.
+    pub fn spec(&self) -> rusqlite::Result<Option<(u64, Vec<u8>)>> {
+        self.conn
+            .query_row(
+                "SELECT generation, signed FROM spec WHERE id = 1",
+                [],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)),
+            )
+            .optional()
+    }
+
+    pub fn set_spec(&self, generation: u64, signed: &[u8]) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "INSERT INTO spec (id, generation, signed) VALUES (1, ?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET generation = excluded.generation, signed = excluded.signed",
+            params![generation as i64, signed],
+        )?;
+        Ok(())
+    }
+
+    /// The highest spec generation applied in full (0: none).
+    pub fn applied_generation(&self) -> rusqlite::Result<u64> {
+        let v: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'applied_generation'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0))
+    }
+
+    pub fn set_applied_generation(&self, generation: u64) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('applied_generation', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [generation.to_string()],
+        )?;
+        Ok(())
     }
 
     /// The highest command sequence this journal accepted.

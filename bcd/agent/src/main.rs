@@ -78,6 +78,15 @@ enum Command {
     Node {
         #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
         data_dir: PathBuf,
+        /// Where the CDI spec for assigned GPUs goes.
+        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
+        cdi_dir: PathBuf,
+        /// Runtime files (per-allocation env files under env/).
+        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
+        run_dir: PathBuf,
+        /// How often the convergers re-check the machine for drift.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        converge_every: std::time::Duration,
         #[command(flatten)]
         hw: HwArgs,
     },
@@ -187,7 +196,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Node { data_dir, hw } => {
+        Command::Node {
+            data_dir,
+            cdi_dir,
+            run_dir,
+            converge_every,
+            hw,
+        } => {
             let _lock = fsutil::DirLock::acquire(&data_dir)?;
             fsutil::remove_stale_temps(&data_dir);
             let host = hw.host();
@@ -197,7 +212,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let _ = stop_tx.send(true);
             });
             loop {
-                let agent = node::open(&data_dir, host.clone(), rand::random(), None)?;
+                let paths = bcd_agent::converge::Paths {
+                    cdi_dir: cdi_dir.clone(),
+                    env_dir: run_dir.join("env"),
+                };
+                let mut agent = node::open(&data_dir, host.clone(), rand::random(), None, paths)?;
+                agent.converge_every = converge_every;
                 let mut stop = stop_rx.clone();
                 let stopped = agent
                     .run(async move {

@@ -51,7 +51,19 @@ pub struct Agent {
     pub crash: Crash,
     /// The highest event id sent in this session.
     sent_events: u64,
+    pub paths: crate::converge::Paths,
+    /// How often the convergers re-check the machine.
+    pub converge_every: Duration,
+    /// The spec this node enforces (verified when it arrived).
+    spec: Option<v1::NodeSpec>,
+    /// The last pass's section status, with when it last changed.
+    section: Option<(crate::converge::Status, String, Instant)>,
+    /// The last report sent: (applied generation, status, message).
+    reported: Option<(u64, crate::converge::Status, String)>,
 }
+
+/// How often the convergers re-check the machine.
+const CONVERGE_EVERY: Duration = Duration::from_secs(30);
 
 /// Certificate renewal retries back off from 30 s to 10 min.
 const RENEW_RETRY_MIN: Duration = Duration::from_secs(30);
@@ -124,6 +136,10 @@ impl Agent {
         tokio::pin!(shutdown);
         let mut metrics = tokio::time::interval(METRIC_EVERY);
         metrics.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick converges at once: the last spec is enforced even
+        // before (or without) a session.
+        let mut converge = tokio::time::interval(self.converge_every);
+        converge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events = vec![Event::Tick];
         loop {
             for event in events.drain(..) {
@@ -164,6 +180,8 @@ impl Agent {
                             // from the start of this journal again.
                             self.sent_events = 0;
                             self.flush_events(&conn).await;
+                            self.reported = None;
+                            self.report(&conn).await;
                         }
                         Action::Close { reason } => {
                             warn!(%reason, "closing the session");
@@ -259,6 +277,11 @@ impl Agent {
                         return Stopped::JournalFailed(e);
                     }
                     self.flush_events(&conn).await;
+                }
+                _ = converge.tick() => {
+                    if let Err(e) = self.converge(&conn).await {
+                        return Stopped::JournalFailed(e);
+                    }
                 }
                 _ = metrics.tick() => {
                     if let Some(load) = self.host.load_average() {
@@ -357,6 +380,12 @@ impl Agent {
                 self.on_dispatch(d, conn, server_now, done)
                     .await
                     .map_err(|e| e.unwrap_or_else(Stopped::JournalFailed))?;
+                Event::Received
+            }
+            Some(server_message::Msg::DesiredState(d)) => {
+                self.on_desired_state(d, conn)
+                    .await
+                    .map_err(Stopped::JournalFailed)?;
                 Event::Received
             }
             Some(server_message::Msg::EventAck(a)) => {
@@ -639,6 +668,136 @@ impl Agent {
         Ok(None)
     }
 
+    /// A new spec from the server: verified, journaled, converged.
+    async fn on_desired_state(
+        &mut self,
+        d: v1::DesiredState,
+        conn: &Option<Conn>,
+    ) -> Result<(), String> {
+        let current = self.spec.as_ref().map_or(0, |s| s.generation);
+        let verdict = bcd_proto::sign::open(&d.signed_spec, &self.worker_keys())
+            .map_err(|e| e.to_string())
+            .and_then(|p| {
+                v1::NodeSpec::decode(p.as_slice()).map_err(|e| format!("does not decode: {e}"))
+            })
+            .and_then(|spec| {
+                if spec.node_id != self.identity.file.node_id {
+                    Err(format!("it is for node {}", spec.node_id))
+                } else if spec.generation < current {
+                    Err(format!(
+                        "generation {} is older than {current}",
+                        spec.generation
+                    ))
+                } else {
+                    Ok(spec)
+                }
+            });
+        let spec = match verdict {
+            Ok(s) => s,
+            Err(reason) => {
+                warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
+                self.event(
+                    "spec.refused",
+                    EventClass::Transition,
+                    serde_json::json!({"generation": d.generation, "reason": reason})
+                        .to_string()
+                        .into_bytes(),
+                );
+                return Ok(());
+            }
+        };
+        if spec.generation == current {
+            return Ok(());
+        }
+        self.journal
+            .set_spec(spec.generation, &d.signed_spec)
+            .map_err(|e| format!("journal: {e}"))?;
+        info!(generation = spec.generation, "new spec");
+        self.spec = Some(spec);
+        self.converge(conn).await
+    }
+
+    /// One pass of the convergers; reports when something changed.
+    async fn converge(&mut self, conn: &Option<Conn>) -> Result<(), String> {
+        let Some(spec) = self.spec.clone() else {
+            return Ok(());
+        };
+        let outcome = match self.host.gpus().cdi_inventory() {
+            Ok(inv) => crate::converge::devices(&self.paths, &spec, &inv),
+            Err(e) => crate::converge::Outcome {
+                status: crate::converge::Status::Progressing,
+                message: format!("cannot read the GPU inventory: {e}"),
+                changed: false,
+            },
+        };
+        if outcome.changed {
+            info!(generation = spec.generation, "devices converged");
+        }
+        if outcome.status == crate::converge::Status::Ready
+            && self
+                .journal
+                .applied_generation()
+                .map_err(|e| format!("journal: {e}"))?
+                != spec.generation
+        {
+            self.journal
+                .set_applied_generation(spec.generation)
+                .map_err(|e| format!("journal: {e}"))?;
+        }
+        if self
+            .section
+            .as_ref()
+            .is_none_or(|(s, m, _)| *s != outcome.status || *m != outcome.message)
+        {
+            if outcome.status != crate::converge::Status::Ready {
+                warn!(status = outcome.status.name(), message = %outcome.message, "devices not converged");
+            }
+            self.section = Some((outcome.status, outcome.message, Instant::now()));
+        }
+        self.report(conn).await;
+        Ok(())
+    }
+
+    /// Sends a StateReport if it says something new.
+    async fn report(&mut self, conn: &Option<Conn>) {
+        if conn.is_none() {
+            return;
+        }
+        let applied = self.journal.applied_generation().unwrap_or(0);
+        let Some((status, message, since)) = self.section.clone() else {
+            if self.reported.is_none() {
+                self.reported = Some((applied, crate::converge::Status::Ready, String::new()));
+                send(
+                    conn,
+                    node_message::Msg::StateReport(v1::StateReport {
+                        applied_generation: applied,
+                        sections: vec![],
+                    }),
+                )
+                .await;
+            }
+            return;
+        };
+        let now = (applied, status, message.clone());
+        if self.reported.as_ref() == Some(&now) {
+            return;
+        }
+        self.reported = Some(now);
+        send(
+            conn,
+            node_message::Msg::StateReport(v1::StateReport {
+                applied_generation: applied,
+                sections: vec![v1::SectionStatus {
+                    section: "devices".into(),
+                    status: status.name().into(),
+                    message,
+                    age_ms: since.elapsed().as_millis() as u64,
+                }],
+            }),
+        )
+        .await;
+    }
+
     /// Journals an event; a journal that cannot take it is logged, not
     /// fatal: events are reports, not decisions.
     fn event(&mut self, kind: &str, class: EventClass, body: Vec<u8>) {
@@ -767,6 +926,10 @@ impl Agent {
             server_time_mark_ms: mark_ms,
             journal_running,
             journal_done,
+            applied_generation: self
+                .journal
+                .applied_generation()
+                .map_err(|e| format!("journal: {e}"))?,
         })
     }
 
@@ -847,6 +1010,7 @@ pub fn open(
     host: Arc<dyn Host>,
     seed: u64,
     stats: Option<Arc<Stats>>,
+    paths: crate::converge::Paths,
 ) -> anyhow::Result<Agent> {
     let identity = Identity::load(dir)?;
     let (journal, opened) = Journal::open(&dir.join(crate::identity::JOURNAL))
@@ -854,6 +1018,19 @@ pub fn open(
     if let crate::journal::Opened::Recreated { corrupt } = &opened {
         warn!(aside = %corrupt.display(), "started a new journal; the old one did not open");
     }
+    // The spec was verified when it arrived; a journaled one that no longer
+    // opens (worker keys changed) is not enforced.
+    let keys: Vec<Vec<u8>> = identity
+        .file
+        .worker_keys
+        .iter()
+        .filter_map(|k| hex::decode(k).ok())
+        .collect();
+    let spec = journal
+        .spec()
+        .context("the journal cannot be read")?
+        .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &keys).ok())
+        .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
     Ok(Agent {
         identity,
         host,
@@ -864,5 +1041,10 @@ pub fn open(
         stats,
         crash: Crash::from_env(),
         sent_events: 0,
+        paths,
+        converge_every: CONVERGE_EVERY,
+        spec,
+        section: None,
+        reported: None,
     })
 }

@@ -69,7 +69,11 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }
             loop {
-                let agent = node::open(&dir, host.clone(), seed, Some(stats.clone()))?;
+                let paths = crate::converge::Paths {
+                    cdi_dir: dir.join("cdi"),
+                    env_dir: dir.join("run/env"),
+                };
+                let agent = node::open(&dir, host.clone(), seed, Some(stats.clone()), paths)?;
                 let mut stop = stop.clone();
                 let stopped = agent
                     .run(async move {

@@ -1,0 +1,186 @@
+//! Desired state end to end: an operator assigns GPUs, the node writes the
+//! CDI spec and env files, keeps enforcing them without the server, and
+//! reports what it applied.
+
+use std::time::Duration;
+
+use bc_tests::{Node, Server, stderr, wait_for};
+use prost::Message;
+
+const FAST: &[&str] = &["--heartbeat-interval", "300ms", "--gateway-lease-ttl", "2s"];
+
+fn spec_json(server: &Server, node: &str) -> serde_json::Value {
+    let out = server.cli(&["nodes", "spec", node, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
+    let d = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 41);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+
+    let out = server.cli(&[
+        "nodes", "assign", &id, "job-a", "--gpus", "0,1", "--env", "JOB=a",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cdi_file = node.dir.join("cdi/bcd-nvidia-gpu.json");
+    let env_file = node.dir.join("run/env/job-a.env");
+    let spec = wait_for(Duration::from_secs(20), "the CDI spec on the node", || {
+        std::fs::read(&cdi_file)
+            .ok()
+            .and_then(|b| cdi::Spec::parse(&b).ok())
+    });
+    assert_eq!(spec.kind, "nvidia.com/gpu");
+    assert_eq!(
+        spec.devices.len(),
+        5,
+        "GPUs 0 and 1 by index and UUID, and all"
+    );
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert!(
+        env.contains("NVIDIA_VISIBLE_DEVICES=GPU-") && env.contains("JOB=a"),
+        "{env}"
+    );
+    let v = wait_for(
+        Duration::from_secs(20),
+        "the node to report generation 1",
+        || {
+            let v = spec_json(&server, &id);
+            (v["applied_generation"] == 1).then_some(v)
+        },
+    );
+    assert_eq!(v["desired_generation"], 1);
+    assert_eq!(v["sections"][0]["status"], "READY");
+
+    // A GPU bound to one allocation cannot be bound to another.
+    let out = server.cli(&["nodes", "assign", &id, "job-b", "--gpus", "1"]);
+    assert!(
+        stderr(&out).contains("already assigned to allocation job-a"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Partitioned: the server is gone. The node keeps the spec and repairs
+    // drift from its journal, even across its own restart.
+    server.proc.kill();
+    std::fs::remove_file(&cdi_file).unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "the CDI spec rewritten offline",
+        || cdi_file.exists().then_some(()),
+    );
+    node.proc().stop();
+    std::fs::remove_file(&cdi_file).unwrap();
+    std::fs::write(&env_file, "NVIDIA_VISIBLE_DEVICES=all\n").unwrap();
+    node.start();
+    wait_for(
+        Duration::from_secs(20),
+        "the spec enforced after a restart, offline",
+        || {
+            (cdi_file.exists()
+                && std::fs::read_to_string(&env_file)
+                    .unwrap()
+                    .contains("JOB=a"))
+            .then_some(())
+        },
+    );
+
+    // Back: the node reports what it applied.
+    server.crash_restart().unwrap();
+    server.wait_node(&id, "reconnected", |n| n.state == "connected");
+    let v = wait_for(Duration::from_secs(20), "a fresh report", || {
+        let v = spec_json(&server, &id);
+        (v["applied_generation"] == 1 && v["reported_age_ms"].as_i64().is_some_and(|a| a < 5_000))
+            .then_some(v)
+    });
+    assert_eq!(v["assignments"][0]["gpus"], serde_json::json!(["0", "1"]));
+
+    // A GPU the node does not have: FAILED with the reason, the last good
+    // state stays.
+    let good = std::fs::read(&cdi_file).unwrap();
+    let out = server.cli(&["nodes", "assign", &id, "job-c", "--gpus", "GPU-not-here"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = wait_for(Duration::from_secs(20), "the failure reported", || {
+        let v = spec_json(&server, &id);
+        (v["sections"][0]["status"] == "FAILED").then_some(v)
+    });
+    assert_eq!(
+        v["sections"][0]["message"],
+        "allocation job-c: GPU GPU-not-here is not on this node"
+    );
+    assert_eq!(v["applied_generation"], 1);
+    assert_eq!(v["desired_generation"], 2);
+    assert_eq!(std::fs::read(&cdi_file).unwrap(), good);
+
+    // Unassigning both returns to READY with no GPU files.
+    server.cli(&["nodes", "unassign", &id, "job-c"]);
+    server.cli(&["nodes", "unassign", &id, "job-a"]);
+    wait_for(Duration::from_secs(20), "the files removed", || {
+        (!cdi_file.exists() && !env_file.exists()).then_some(())
+    });
+    wait_for(Duration::from_secs(20), "generation 4 applied", || {
+        (spec_json(&server, &id)["applied_generation"] == 4).then_some(())
+    });
+}
+
+#[test]
+fn a_spec_not_signed_by_a_worker_key_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 42);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    assert!(
+        server
+            .cli(&["nodes", "assign", &id, "job-a", "--gpus", "0"])
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(20), "generation 1 applied", || {
+        (spec_json(&server, &id)["applied_generation"] == 1).then_some(())
+    });
+    // A forged generation 2 in the store, signed by a foreign key, giving
+    // the node every GPU.
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    let foreign = {
+        let pkcs8 =
+            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+                .unwrap();
+        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    };
+    let forged = bcd_proto::v1::NodeSpec {
+        node_id: id.clone(),
+        generation: 2,
+        issued_at_ms: 0,
+        devices: Some(bcd_proto::v1::DevicesSpec {
+            assignments: vec![bcd_proto::v1::GpuAssignment {
+                allocation_id: "evil".into(),
+                gpus: (0..8).map(|i| i.to_string()).collect(),
+                env: Default::default(),
+            }],
+        }),
+    };
+    db.execute(
+        "UPDATE node_specs SET generation = 2, signed = ?2 WHERE node_id = ?1",
+        rusqlite::params![id, bcd_proto::sign::seal(&foreign, forged.encode_to_vec())],
+    )
+    .unwrap();
+    drop(db);
+    wait_for(
+        Duration::from_secs(20),
+        "the node to refuse the spec",
+        || node.proc().log().contains("spec refused").then_some(()),
+    );
+    assert!(node.proc().log().contains("not signed by a worker key"));
+    assert!(!node.dir.join("run/env/evil.env").exists());
+    assert_eq!(spec_json(&server, &id)["applied_generation"], 1);
+}
