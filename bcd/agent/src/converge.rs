@@ -225,6 +225,7 @@ mod tests {
                     })
                     .collect(),
             }),
+            access: None,
         }
     }
 

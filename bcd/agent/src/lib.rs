@@ -8,6 +8,7 @@
 //! in `bcd-core` and must not move here; wire types live in `bcd-proto`.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod converge;
 pub mod crash;
 pub mod effects;

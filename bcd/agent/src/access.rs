@@ -1,0 +1,782 @@
+//! The access converger: sshd's view of who may log in, and the node's own
+//! nftables table.
+//!
+//! sshd reads what we write under `<etc>/ssh/bcd/`: an authorized_keys file
+//! and a principals file per user, and the trusted user CA keys, wired in by
+//! `<etc>/ssh/sshd_config.d/bcd.conf`. Keys and user names are checked
+//! before anything is written, and the configuration is checked by
+//! `sshd -t` when sshd is installed. The firewall is one table, `inet bcd`,
+//! replaced atomically in one `nft` transaction (JSON through the nftables
+//! crate); no other table is touched, and the table is deleted when the spec
+//! drops it. Every rule carries a comment naming its content, so a pass can
+//! tell an unchanged table from one that drifted.
+
+use std::path::{Path, PathBuf};
+
+use bcd_proto::v1::{AccessSpec, FirewallRule};
+use nftables::{batch::Batch, expr, schema, stmt, types};
+
+use crate::converge::{Outcome, Status};
+
+pub const TABLE: &str = "bcd";
+const CHAIN: &str = "input";
+
+#[derive(Debug, Clone)]
+pub struct AccessPaths {
+    /// `/etc` normally; tests use a directory of their own.
+    pub etc_dir: PathBuf,
+    /// The `nft` program (a wrapper can run it in another namespace).
+    pub nft: PathBuf,
+    /// The `sshd` program used for `sshd -t`; skipped when it is missing.
+    pub sshd: PathBuf,
+}
+
+impl AccessPaths {
+    fn bcd_dir(&self) -> PathBuf {
+        self.etc_dir.join("ssh/bcd")
+    }
+    fn conf(&self) -> PathBuf {
+        self.etc_dir.join("ssh/sshd_config.d/bcd.conf")
+    }
+}
+
+const KEY_TYPES: &[&str] = &[
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// Checks an authorized_keys line: a known type, base64 that decodes to an
+/// SSH public key blob of that same type, an optional comment, no options
+/// and no line breaks.
+pub fn check_key(line: &str) -> Result<(), String> {
+    use base64::Engine;
+    if line.contains(['\n', '\r']) {
+        return Err("a key must be one line".into());
+    }
+    let mut parts = line.split_whitespace();
+    let (Some(kind), Some(b64)) = (parts.next(), parts.next()) else {
+        return Err(format!("{line:?} is not TYPE BASE64 [COMMENT]"));
+    };
+    if !KEY_TYPES.contains(&kind) {
+        return Err(format!("key type {kind:?} is not one sshd accepts here"));
+    }
+    let blob = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|_| format!("the {kind} key is not valid base64"))?;
+    let len = blob
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("the key blob is truncated")?;
+    if blob.get(4..4 + len) != Some(kind.as_bytes()) {
+        return Err(format!("the key blob is not a {kind} key"));
+    }
+    Ok(())
+}
+
+/// A user name sshd and the system accept: `[a-z_][a-z0-9_-]{0,31}`.
+pub fn check_user(name: &str) -> Result<(), String> {
+    let ok = name.len() <= 32
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not a valid user name"))
+    }
+}
+
+fn check_principal(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.contains(|c: char| c.is_whitespace() || c == ',') {
+        return Err(format!("principal {p:?} must be one word"));
+    }
+    Ok(())
+}
+
+fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, String> {
+    if std::fs::read(path).is_ok_and(|b| b == bytes) {
+        return Ok(false);
+    }
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
+    crate::fsutil::atomic_write(path, bytes, 0o644).map_err(|e| {
+        format!(
+            "cannot write {}: {}",
+            path.display(),
+            std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        )
+    })?;
+    Ok(true)
+}
+
+fn remove_others(dir: &Path, keep: &std::collections::BTreeSet<String>) -> Result<bool, String> {
+    let mut changed = false;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !keep.contains(&name) {
+                std::fs::remove_file(e.path())
+                    .map_err(|err| format!("cannot remove {}: {err}", e.path().display()))?;
+                changed = true;
+            }
+        }
+    }
+    Ok(changed)
+}
+
+fn sshd_conf(p: &AccessPaths) -> String {
+    let dir = p.bcd_dir();
+    format!(
+        "# Written by bcd from the node's spec; edits are undone.\n\
+         AuthorizedKeysFile .ssh/authorized_keys {}/authorized_keys/%u\n\
+         AuthorizedPrincipalsFile {}/principals/%u\n\
+         TrustedUserCAKeys {}/trusted_user_ca_keys\n",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    )
+}
+
+/// `sshd -t` on a configuration made of ours and a host key, so a
+/// directive sshd refuses never reaches the live configuration.
+fn sshd_check(p: &AccessPaths, conf: &str) -> Result<(), String> {
+    if !p.sshd.exists() {
+        return Ok(());
+    }
+    // sshd -t wants its privilege separation directory, which its service
+    // normally creates.
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let host_key = p.etc_dir.join("ssh/ssh_host_ed25519_key");
+    let key = if host_key.exists() {
+        host_key
+    } else {
+        let k = dir.path().join("host_key");
+        let out = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&k)
+            .output()
+            .map_err(|e| format!("ssh-keygen for the sshd -t check: {e}"))?;
+        if !out.status.success() {
+            return Err("ssh-keygen failed for the sshd -t check".into());
+        }
+        k
+    };
+    let cfg = dir.path().join("sshd_config");
+    std::fs::write(&cfg, format!("HostKey {}\n{conf}", key.display()))
+        .map_err(|e| format!("sshd -t config: {e}"))?;
+    let out = std::process::Command::new(&p.sshd)
+        .arg("-t")
+        .arg("-f")
+        .arg(&cfg)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", p.sshd.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sshd -t refuses the configuration: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// One pass over the sshd files.
+pub fn sshd(p: &AccessPaths, spec: &AccessSpec) -> Result<bool, (Status, String)> {
+    let failed = |m: String| (Status::Failed, m);
+    let mut users = std::collections::BTreeSet::new();
+    for u in &spec.users {
+        check_user(&u.name).map_err(failed)?;
+        if !users.insert(u.name.clone()) {
+            return Err(failed(format!("user {} appears twice", u.name)));
+        }
+        for k in &u.authorized_keys {
+            check_key(k).map_err(|e| failed(format!("user {}: {e}", u.name)))?;
+        }
+        for pr in &u.principals {
+            check_principal(pr).map_err(|e| failed(format!("user {}: {e}", u.name)))?;
+        }
+    }
+    for k in &spec.trusted_user_ca_keys {
+        check_key(k).map_err(|e| failed(format!("trusted user CA key: {e}")))?;
+    }
+    let progressing = |m: String| (Status::Progressing, m);
+    let dir = p.bcd_dir();
+    let mut changed = false;
+    let in_use = !spec.users.is_empty() || !spec.trusted_user_ca_keys.is_empty();
+    if !in_use {
+        for path in [p.conf(), dir.join("trusted_user_ca_keys")] {
+            if path.exists() {
+                std::fs::remove_file(&path)
+                    .map_err(|e| progressing(format!("cannot remove {}: {e}", path.display())))?;
+                changed = true;
+            }
+        }
+        for sub in ["authorized_keys", "principals"] {
+            changed |= remove_others(&dir.join(sub), &Default::default()).map_err(progressing)?;
+        }
+        return Ok(changed);
+    }
+    let conf = sshd_conf(p);
+    sshd_check(p, &conf).map_err(failed)?;
+    let mut keep = std::collections::BTreeSet::new();
+    for u in &spec.users {
+        keep.insert(u.name.clone());
+        let keys: String = u.authorized_keys.iter().map(|k| format!("{k}\n")).collect();
+        let principals: String = u.principals.iter().map(|k| format!("{k}\n")).collect();
+        changed |= write_if_changed(&dir.join("authorized_keys").join(&u.name), keys.as_bytes())
+            .map_err(progressing)?;
+        changed |= write_if_changed(&dir.join("principals").join(&u.name), principals.as_bytes())
+            .map_err(progressing)?;
+    }
+    for sub in ["authorized_keys", "principals"] {
+        changed |= remove_others(&dir.join(sub), &keep).map_err(progressing)?;
+    }
+    let cas: String = spec
+        .trusted_user_ca_keys
+        .iter()
+        .map(|k| format!("{k}\n"))
+        .collect();
+    changed |=
+        write_if_changed(&dir.join("trusted_user_ca_keys"), cas.as_bytes()).map_err(progressing)?;
+    changed |= write_if_changed(&p.conf(), conf.as_bytes()).map_err(progressing)?;
+    Ok(changed)
+}
+
+fn rule_comment(r: &FirewallRule) -> String {
+    let text = format!("{}|{}|{}|{}", r.protocol, r.port, r.source, r.action);
+    format!("bcd:{}", &bcd_proto::fingerprint(text.as_bytes())[..16])
+}
+
+fn check_rule(r: &FirewallRule) -> Result<(), String> {
+    if !matches!(r.protocol.as_str(), "tcp" | "udp") {
+        return Err(format!("rule protocol {:?} must be tcp or udp", r.protocol));
+    }
+    if r.port == 0 || r.port > 65535 {
+        return Err(format!("rule port {} is not a port", r.port));
+    }
+    if !matches!(r.action.as_str(), "accept" | "drop") {
+        return Err(format!("rule action {:?} must be accept or drop", r.action));
+    }
+    if !r.source.is_empty() {
+        let (addr, len) = match r.source.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (r.source.as_str(), None),
+        };
+        let ip: std::net::IpAddr = addr
+            .parse()
+            .map_err(|_| format!("rule source {:?} is not an address or CIDR", r.source))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if let Some(l) = len {
+            let l: u32 = l
+                .parse()
+                .map_err(|_| format!("rule source {:?} has a bad prefix length", r.source))?;
+            if l > max {
+                return Err(format!(
+                    "rule source {:?} has a bad prefix length",
+                    r.source
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn rule_stmts(r: &FirewallRule) -> Vec<stmt::Statement<'static>> {
+    let field = |protocol: &str, field: &str| {
+        expr::Expression::Named(expr::NamedExpression::Payload(expr::Payload::PayloadField(
+            expr::PayloadField {
+                protocol: protocol.to_string().into(),
+                field: field.to_string().into(),
+            },
+        )))
+    };
+    let mut s = Vec::new();
+    if !r.source.is_empty() {
+        let (addr, len) = match r.source.split_once('/') {
+            Some((a, l)) => (a.to_string(), l.parse::<u32>().ok()),
+            None => (r.source.clone(), None),
+        };
+        let family = if addr.contains(':') { "ip6" } else { "ip" };
+        let right = match len {
+            Some(len) => expr::Expression::Named(expr::NamedExpression::Prefix(expr::Prefix {
+                addr: Box::new(expr::Expression::String(addr.into())),
+                len,
+            })),
+            None => expr::Expression::String(addr.into()),
+        };
+        s.push(stmt::Statement::Match(stmt::Match {
+            left: field(family, "saddr"),
+            right,
+            op: stmt::Operator::EQ,
+        }));
+    }
+    s.push(stmt::Statement::Match(stmt::Match {
+        left: field(&r.protocol, "dport"),
+        right: expr::Expression::Number(r.port),
+        op: stmt::Operator::EQ,
+    }));
+    s.push(if r.action == "accept" {
+        stmt::Statement::Accept(None)
+    } else {
+        stmt::Statement::Drop(None)
+    });
+    s
+}
+
+fn table() -> schema::Table<'static> {
+    schema::Table {
+        family: types::NfFamily::INet,
+        name: TABLE.into(),
+        ..Default::default()
+    }
+}
+
+/// The comments of the rules in our table, in order; `None` without a table.
+fn current_rules(p: &AccessPaths) -> Result<Option<Vec<String>>, String> {
+    let out = std::process::Command::new(&p.nft)
+        .args(["-j", "list", "tables"])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", p.nft.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft list tables: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let tables: nftables::schema::Nftables =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list tables output: {e}"))?;
+    let ours = tables.objects.iter().any(|o| {
+        matches!(o, schema::NfObject::ListObject(schema::NfListObject::Table(t))
+            if t.name == TABLE && t.family == types::NfFamily::INet)
+    });
+    if !ours {
+        return Ok(None);
+    }
+    let out = std::process::Command::new(&p.nft)
+        .args(["-j", "list", "table", "inet", TABLE])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", p.nft.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft list table: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let listed: nftables::schema::Nftables =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list table output: {e}"))?;
+    let mut chain_ok = false;
+    let mut comments = Vec::new();
+    for o in listed.objects.iter() {
+        match o {
+            schema::NfObject::ListObject(schema::NfListObject::Chain(c)) if c.name == CHAIN => {
+                chain_ok = c.hook == Some(types::NfHook::Input);
+            }
+            schema::NfObject::ListObject(schema::NfListObject::Rule(r)) => {
+                comments.push(r.comment.as_deref().unwrap_or("").to_string());
+            }
+            _ => {}
+        }
+    }
+    if !chain_ok {
+        comments.push("<chain missing>".into());
+    }
+    Ok(Some(comments))
+}
+
+/// One pass over the firewall table.
+pub fn firewall(p: &AccessPaths, spec: &AccessSpec) -> Result<bool, (Status, String)> {
+    let progressing = |m: String| (Status::Progressing, m);
+    if let Some(fw) = &spec.firewall {
+        for r in &fw.rules {
+            check_rule(r).map_err(|m| (Status::Failed, m))?;
+        }
+    }
+    let current = current_rules(p).map_err(progressing)?;
+    let mut batch = Batch::new();
+    match (&spec.firewall, current) {
+        (None, None) => return Ok(false),
+        (None, Some(_)) => batch.delete(schema::NfListObject::Table(table())),
+        (Some(fw), current) => {
+            let wanted: Vec<String> = fw.rules.iter().map(rule_comment).collect();
+            if current.as_ref() == Some(&wanted) {
+                return Ok(false);
+            }
+            // add + flush + fill, one transaction: the table is never seen
+            // half-built.
+            batch.add(schema::NfListObject::Table(table()));
+            batch.add_cmd(schema::NfCmd::Flush(schema::FlushObject::Table(table())));
+            batch.add(schema::NfListObject::Chain(schema::Chain {
+                family: types::NfFamily::INet,
+                table: TABLE.into(),
+                name: CHAIN.into(),
+                _type: Some(types::NfChainType::Filter),
+                hook: Some(types::NfHook::Input),
+                prio: Some(0),
+                policy: Some(types::NfChainPolicy::Accept),
+                ..Default::default()
+            }));
+            for r in &fw.rules {
+                batch.add(schema::NfListObject::Rule(schema::Rule {
+                    family: types::NfFamily::INet,
+                    table: TABLE.into(),
+                    chain: CHAIN.into(),
+                    expr: rule_stmts(r).into(),
+                    comment: Some(rule_comment(r).into()),
+                    ..Default::default()
+                }));
+            }
+        }
+    }
+    let ruleset = batch.to_nftables();
+    nftables::helper::apply_ruleset_with_args(
+        &ruleset,
+        Some(&p.nft),
+        nftables::helper::DEFAULT_ARGS,
+    )
+    .map_err(|e| (Status::Failed, format!("nft refused the table: {e}")))?;
+    Ok(true)
+}
+
+/// One pass of the access converger.
+pub fn converge(p: &AccessPaths, spec: &AccessSpec) -> Outcome {
+    let mut changed = false;
+    for step in [
+        sshd as fn(&AccessPaths, &AccessSpec) -> Result<bool, (Status, String)>,
+        firewall,
+    ] {
+        match step(p, spec) {
+            Ok(c) => changed |= c,
+            Err((status, message)) => {
+                return Outcome {
+                    status,
+                    message,
+                    changed,
+                };
+            }
+        }
+    }
+    Outcome {
+        status: Status::Ready,
+        message: String::new(),
+        changed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcd_proto::v1::{AccessUser, FirewallSpec};
+
+    // A real ed25519 public key (from ssh-keygen) and a real ECDSA one.
+    const ED25519: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
+
+    fn keygen(dir: &Path, kind: &str) -> String {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let k = dir.join(format!("k-{kind}-{}", N.fetch_add(1, Ordering::Relaxed)));
+        let out = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", kind, "-N", "", "-f"])
+            .arg(&k)
+            .output()
+            .expect("ssh-keygen (openssh-client; scripts/test installs it)");
+        assert!(out.status.success());
+        std::fs::read_to_string(k.with_extension("pub"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn keys_and_users_are_checked() {
+        check_key(ED25519).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        check_key(&keygen(d.path(), "ecdsa")).unwrap();
+        check_key(&keygen(d.path(), "rsa")).unwrap();
+        assert!(check_key("ssh-ed25519").is_err());
+        assert!(
+            check_key("ssh-dss AAAAB3NzaC1kc3MAAACBAP")
+                .unwrap_err()
+                .contains("not one sshd accepts")
+        );
+        assert!(check_key("ssh-ed25519 !!!").unwrap_err().contains("base64"));
+        // A valid RSA blob labelled ed25519.
+        let rsa = keygen(d.path(), "rsa");
+        let b64 = rsa.split_whitespace().nth(1).unwrap();
+        assert!(
+            check_key(&format!("ssh-ed25519 {b64}"))
+                .unwrap_err()
+                .contains("not a ssh-ed25519 key")
+        );
+        assert!(check_key(&format!("{ED25519}\nssh-rsa AAAA")).is_err());
+        check_user("alice").unwrap();
+        check_user("_svc-1").unwrap();
+        for bad in ["Alice", "1bob", "", "a b", "../etc", &"x".repeat(33)] {
+            assert!(check_user(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn paths(etc: &Path, nft: &Path) -> AccessPaths {
+        AccessPaths {
+            etc_dir: etc.to_path_buf(),
+            nft: nft.to_path_buf(),
+            sshd: PathBuf::from("/usr/sbin/sshd"),
+        }
+    }
+
+    #[test]
+    fn sshd_files_are_written_checked_by_sshd_and_removed() {
+        assert!(
+            Path::new("/usr/sbin/sshd").exists(),
+            "sshd is missing: apt-get install openssh-server (scripts/test installs it)"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let p = paths(d.path(), Path::new("/usr/sbin/nft"));
+        let spec = AccessSpec {
+            users: vec![AccessUser {
+                name: "alice".into(),
+                authorized_keys: vec![ED25519.into()],
+                principals: vec!["alice".into(), "gpu-admins".into()],
+            }],
+            trusted_user_ca_keys: vec![keygen(d.path(), "ed25519")],
+            firewall: None,
+        };
+        assert_eq!(sshd(&p, &spec), Ok(true));
+        let dir = d.path().join("ssh/bcd");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("authorized_keys/alice")).unwrap(),
+            format!("{ED25519}\n")
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("principals/alice")).unwrap(),
+            "alice\ngpu-admins\n"
+        );
+        let conf = std::fs::read_to_string(d.path().join("ssh/sshd_config.d/bcd.conf")).unwrap();
+        assert!(
+            conf.contains("TrustedUserCAKeys") && conf.contains("%u"),
+            "{conf}"
+        );
+        // sshd itself accepts a configuration that includes ours.
+        let host = d.path().join("host");
+        let out = std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&host)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let cfg = d.path().join("sshd_config");
+        std::fs::write(
+            &cfg,
+            format!(
+                "HostKey {}\nInclude {}/ssh/sshd_config.d/*.conf\n",
+                host.display(),
+                d.path().display()
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new("/usr/sbin/sshd")
+            .arg("-t")
+            .arg("-f")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sshd -t: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Again: nothing to do.
+        assert_eq!(sshd(&p, &spec), Ok(false));
+        // A bad key is refused before anything changes.
+        let mut bad = spec.clone();
+        bad.users[0].authorized_keys.push("ssh-ed25519 AAAA".into());
+        assert!(matches!(sshd(&p, &bad), Err((Status::Failed, _))));
+        assert!(
+            std::fs::read_to_string(dir.join("authorized_keys/alice"))
+                .unwrap()
+                .lines()
+                .count()
+                == 1
+        );
+        // Dropping every user removes our files.
+        assert_eq!(sshd(&p, &AccessSpec::default()), Ok(true));
+        assert!(!d.path().join("ssh/sshd_config.d/bcd.conf").exists());
+        assert!(!dir.join("authorized_keys/alice").exists());
+    }
+
+    /// A fresh network namespace, removed when dropped, and an `nft` wrapper
+    /// that runs in it.
+    struct Netns {
+        name: String,
+        nft: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Netns {
+        fn new() -> Netns {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let name = format!(
+                "bcdtest-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            let out = std::process::Command::new("ip")
+                .args(["netns", "add", &name])
+                .output()
+                .expect("ip (iproute2) is missing: apt-get install iproute2");
+            assert!(
+                out.status.success(),
+                "ip netns add (needs root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let nft = dir.path().join("nft");
+            std::fs::write(
+                &nft,
+                format!("#!/bin/sh\nexec ip netns exec {name} nft \"$@\"\n"),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&nft, std::fs::Permissions::from_mode(0o755)).unwrap();
+            Netns {
+                name,
+                nft,
+                _dir: dir,
+            }
+        }
+
+        fn nft(&self, args: &[&str]) -> String {
+            let out = std::process::Command::new(&self.nft)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "nft {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
+        }
+    }
+
+    fn rule(protocol: &str, port: u32, source: &str, action: &str) -> FirewallRule {
+        FirewallRule {
+            protocol: protocol.into(),
+            port,
+            source: source.into(),
+            action: action.into(),
+        }
+    }
+
+    #[test]
+    fn our_table_is_applied_kept_changed_and_removed_and_others_untouched() {
+        assert!(
+            Path::new("/usr/sbin/nft").exists(),
+            "nft is missing: apt-get install nftables"
+        );
+        let ns = Netns::new();
+        ns.nft(&["add", "table", "ip", "theirs"]);
+        ns.nft(&[
+            "add",
+            "chain",
+            "ip",
+            "theirs",
+            "c",
+            "{ type filter hook input priority 10 ; }",
+        ]);
+        ns.nft(&[
+            "add", "rule", "ip", "theirs", "c", "tcp", "dport", "8080", "accept",
+        ]);
+        let theirs = ns.nft(&["list", "table", "ip", "theirs"]);
+        let d = tempfile::tempdir().unwrap();
+        let p = paths(d.path(), &ns.nft);
+        let mut spec = AccessSpec {
+            firewall: Some(FirewallSpec {
+                rules: vec![
+                    rule("tcp", 22, "10.0.0.0/8", "accept"),
+                    rule("tcp", 22, "", "drop"),
+                    rule("udp", 4789, "fd00::/8", "accept"),
+                ],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(firewall(&p, &spec), Ok(true));
+        let listed = ns.nft(&["list", "table", "inet", "bcd"]);
+        assert!(
+            listed.contains("ip saddr 10.0.0.0/8 tcp dport 22 accept"),
+            "{listed}"
+        );
+        assert!(listed.contains("tcp dport 22 drop"), "{listed}");
+        assert!(
+            listed.contains("ip6 saddr fd00::/8 udp dport 4789 accept"),
+            "{listed}"
+        );
+        assert_eq!(
+            firewall(&p, &spec),
+            Ok(false),
+            "re-applying changes nothing"
+        );
+        // Drift: someone deletes a rule; the next pass restores the table.
+        ns.nft(&["flush", "chain", "inet", "bcd", "input"]);
+        assert_eq!(firewall(&p, &spec), Ok(true));
+        assert!(
+            ns.nft(&["list", "table", "inet", "bcd"])
+                .contains("tcp dport 22 drop")
+        );
+        // A change replaces the table's rules atomically.
+        spec.firewall.as_mut().unwrap().rules = vec![rule("tcp", 9100, "192.168.1.7", "accept")];
+        assert_eq!(firewall(&p, &spec), Ok(true));
+        let listed = ns.nft(&["list", "table", "inet", "bcd"]);
+        assert!(
+            listed.contains("ip saddr 192.168.1.7 tcp dport 9100 accept"),
+            "{listed}"
+        );
+        assert!(!listed.contains("dport 22"), "{listed}");
+        // A rule nft would refuse is refused before nft sees it.
+        let mut bad = spec.clone();
+        bad.firewall
+            .as_mut()
+            .unwrap()
+            .rules
+            .push(rule("sctp", 1, "", "accept"));
+        assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
+        bad.firewall.as_mut().unwrap().rules = vec![rule("tcp", 22, "10.0.0.0/33", "accept")];
+        assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
+        assert!(
+            ns.nft(&["list", "table", "inet", "bcd"])
+                .contains("dport 9100"),
+            "the last good table stays"
+        );
+        // Dropped from the spec: the table goes, cleanly.
+        spec.firewall = None;
+        assert_eq!(firewall(&p, &spec), Ok(true));
+        assert!(!ns.nft(&["list", "tables"]).contains("inet bcd"));
+        assert_eq!(firewall(&p, &spec), Ok(false));
+        assert_eq!(
+            ns.nft(&["list", "table", "ip", "theirs"]),
+            theirs,
+            "another table untouched"
+        );
+    }
+}
