@@ -82,14 +82,14 @@ impl AdminService {
     async fn change_spec(
         &self,
         node: String,
-        change: impl FnOnce(&mut Vec<Assignment>) -> Result<(), Refusal> + Send + 'static,
+        change: impl FnOnce(&mut crate::store::SpecBody) -> Result<(), Refusal> + Send + 'static,
     ) -> Result<NodeSpecInfo, Status> {
         let key = self.worker_key.clone();
         let n = node.clone();
         self.store
             .run(move |s| {
-                s.update_spec(&n, change, |generation, now, assignments| {
-                    let spec = crate::specs::payload(&n, generation, now, assignments);
+                s.update_spec(&n, change, |generation, now, body| {
+                    let spec = crate::specs::payload(&n, generation, now, body);
                     bcd_proto::sign::seal(&key, spec.encode_to_vec())
                 })
             })
@@ -125,6 +125,7 @@ impl AdminService {
                 .into_iter()
                 .map(crate::specs::to_wire)
                 .collect(),
+            access: Some(crate::specs::access_to_wire(&view.access)),
             sections: view
                 .sections
                 .into_iter()
@@ -381,7 +382,8 @@ impl Admin for AdminService {
             }
         }
         let info = self
-            .change_spec(r.node_id.clone(), move |assignments| {
+            .change_spec(r.node_id.clone(), move |body| {
+                let assignments = &mut body.assignments;
                 // A GPU is bound to one allocation at a time.
                 for a in assignments.iter() {
                     if a.allocation_id == r.allocation_id {
@@ -414,7 +416,8 @@ impl Admin for AdminService {
     ) -> Result<Response<NodeSpecInfo>, Status> {
         let r = request.into_inner();
         let info = self
-            .change_spec(r.node_id.clone(), move |assignments| {
+            .change_spec(r.node_id.clone(), move |body| {
+                let assignments = &mut body.assignments;
                 let before = assignments.len();
                 assignments.retain(|a| a.allocation_id != r.allocation_id);
                 if assignments.len() == before {
@@ -426,6 +429,46 @@ impl Admin for AdminService {
                 Ok(())
             })
             .await?;
+        Ok(Response::new(info))
+    }
+
+    async fn set_access(
+        &self,
+        request: Request<bcd_proto::v1::SetAccessRequest>,
+    ) -> Result<Response<NodeSpecInfo>, Status> {
+        let r = request.into_inner();
+        let a = r.access.unwrap_or_default();
+        let access = crate::store::Access {
+            users: a
+                .users
+                .into_iter()
+                .map(|u| crate::store::AccessUser {
+                    name: u.name,
+                    authorized_keys: u.authorized_keys,
+                    principals: u.principals,
+                })
+                .collect(),
+            trusted_user_ca_keys: a.trusted_user_ca_keys,
+            firewall: a.firewall.map(|f| crate::store::Firewall {
+                rules: f
+                    .rules
+                    .into_iter()
+                    .map(|r| crate::store::FirewallRule {
+                        protocol: r.protocol,
+                        port: r.port,
+                        source: r.source,
+                        action: r.action,
+                    })
+                    .collect(),
+            }),
+        };
+        let info = self
+            .change_spec(r.node_id, move |body| {
+                body.access = access;
+                Ok(())
+            })
+            .await?;
+        info!(node = %info.node_id, generation = info.desired_generation, "access set");
         Ok(Response::new(info))
     }
 

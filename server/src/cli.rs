@@ -184,6 +184,15 @@ fn spec_json(i: &bcd_proto::v1::NodeSpecInfo) -> serde_json::Value {
             "section": s.section, "status": s.status, "message": s.message, "age_ms": s.age_ms,
         })).collect::<Vec<_>>(),
         "reported_age_ms": (i.reported_age_ms >= 0).then_some(i.reported_age_ms),
+        "access": i.access.as_ref().map(|a| serde_json::json!({
+            "users": a.users.iter().map(|u| serde_json::json!({
+                "name": u.name, "authorized_keys": u.authorized_keys, "principals": u.principals,
+            })).collect::<Vec<_>>(),
+            "trusted_user_ca_keys": a.trusted_user_ca_keys,
+            "firewall": a.firewall.as_ref().map(|f| f.rules.iter().map(|r| serde_json::json!({
+                "protocol": r.protocol, "port": r.port, "source": r.source, "action": r.action,
+            })).collect::<Vec<_>>()),
+        })),
     })
 }
 
@@ -265,6 +274,20 @@ enum NodesCommand {
     Unassign {
         node: String,
         allocation: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set who may log in to a node (sshd keys, principals, user CAs) and
+    /// its firewall table, from a JSON file: {"users": [{"name", "authorized_keys",
+    /// "principals"}], "trusted_user_ca_keys": [...], "firewall": {"rules":
+    /// [{"protocol", "port", "source", "action"}]}}.
+    Access {
+        node: String,
+        #[arg(long, required_unless_present = "clear")]
+        file: Option<PathBuf>,
+        /// No users, no CA keys, no firewall table.
+        #[arg(long, conflicts_with = "file")]
+        clear: bool,
         #[arg(long)]
         json: bool,
     },
@@ -653,6 +676,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .unassign(bcd_proto::v1::UnassignRequest {
                     node_id: node,
                     allocation_id: allocation,
+                })
+                .await
+                .map_err(client::status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        Command::Nodes {
+            command:
+                NodesCommand::Access {
+                    node,
+                    file,
+                    clear,
+                    json,
+                },
+        } => {
+            let access: crate::store::Access = match (file, clear) {
+                (_, true) => Default::default(),
+                (Some(f), false) => serde_json::from_slice(
+                    &std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?,
+                )
+                .with_context(|| format!("{} is not an access description", f.display()))?,
+                (None, false) => anyhow::bail!("nodes access needs --file FILE or --clear"),
+            };
+            let mut c = client::connect(&operator, server).await?;
+            let info = c
+                .set_access(bcd_proto::v1::SetAccessRequest {
+                    node_id: node,
+                    access: Some(crate::specs::access_to_wire(&access)),
                 })
                 .await
                 .map_err(client::status)?

@@ -150,7 +150,53 @@ const MIGRATIONS: &[&str] = &[
         reported_at        INTEGER NOT NULL
     ) STRICT;
     ",
+    // 5: access in the desired state.
+    "
+    ALTER TABLE node_specs ADD COLUMN access TEXT NOT NULL DEFAULT '{}';
+    ",
 ];
+
+/// Who may log in and the firewall table, as the store keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Access {
+    #[serde(default)]
+    pub users: Vec<AccessUser>,
+    #[serde(default)]
+    pub trusted_user_ca_keys: Vec<String>,
+    #[serde(default)]
+    pub firewall: Option<Firewall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AccessUser {
+    pub name: String,
+    #[serde(default)]
+    pub authorized_keys: Vec<String>,
+    #[serde(default)]
+    pub principals: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Firewall {
+    #[serde(default)]
+    pub rules: Vec<FirewallRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FirewallRule {
+    pub protocol: String,
+    pub port: u32,
+    #[serde(default)]
+    pub source: String,
+    pub action: String,
+}
+
+/// Everything a NodeSpec says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecBody {
+    pub assignments: Vec<Assignment>,
+    pub access: Access,
+}
 
 /// GPUs bound to one allocation, as the store keeps them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -176,6 +222,7 @@ pub struct SectionRow {
 pub struct SpecView {
     pub desired_generation: u64,
     pub assignments: Vec<Assignment>,
+    pub access: Access,
     pub applied_generation: u64,
     pub sections: Vec<SectionRow>,
     pub reported_age_ms: Option<i64>,
@@ -981,9 +1028,9 @@ impl Store {
     pub fn update_spec(
         &self,
         node_id: &str,
-        change: impl FnOnce(&mut Vec<Assignment>) -> Result<(), Refusal>,
-        seal: impl FnOnce(u64, i64, &[Assignment]) -> Vec<u8>,
-    ) -> Result<(u64, Vec<Assignment>), TxError> {
+        change: impl FnOnce(&mut SpecBody) -> Result<(), Refusal>,
+        seal: impl FnOnce(u64, i64, &SpecBody) -> Vec<u8>,
+    ) -> Result<(u64, SpecBody), TxError> {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let deleted: Option<Option<i64>> = tx
@@ -996,37 +1043,44 @@ impl Store {
         if !matches!(deleted, Some(None)) {
             return Err(Refusal::NoSuchNode(node_id.to_string()).into());
         }
-        let current: Option<(i64, String)> = tx
+        let current: Option<(i64, String, String)> = tx
             .query_row(
-                "SELECT generation, assignments FROM node_specs WHERE node_id = ?1",
+                "SELECT generation, assignments, access FROM node_specs WHERE node_id = ?1",
                 [node_id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
-        let (generation, mut assignments) = match current {
-            Some((g, a)) => (g as u64, serde_json::from_str(&a).unwrap_or_default()),
-            None => (0, Vec::new()),
+        let (generation, mut body) = match current {
+            Some((g, a, acc)) => (
+                g as u64,
+                SpecBody {
+                    assignments: serde_json::from_str(&a).unwrap_or_default(),
+                    access: serde_json::from_str(&acc).unwrap_or_default(),
+                },
+            ),
+            None => (0, SpecBody::default()),
         };
-        change(&mut assignments)?;
+        change(&mut body)?;
         let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
         let next = generation + 1;
-        let signed = seal(next, now, &assignments);
+        let signed = seal(next, now, &body);
         tx.execute(
-            "INSERT INTO node_specs (node_id, generation, signed, assignments, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)
+            "INSERT INTO node_specs (node_id, generation, signed, assignments, access, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
              ON CONFLICT (node_id) DO UPDATE SET generation = excluded.generation,
                  signed = excluded.signed, assignments = excluded.assignments,
-                 updated_at = excluded.updated_at",
+                 access = excluded.access, updated_at = excluded.updated_at",
             params![
                 node_id,
                 next as i64,
                 signed,
-                serde_json::to_string(&assignments).expect("assignments serialize"),
+                serde_json::to_string(&body.assignments).expect("assignments serialize"),
+                serde_json::to_string(&body.access).expect("access serializes"),
                 now
             ],
         )?;
         tx.commit()?;
-        Ok((next, assignments))
+        Ok((next, body))
     }
 
     /// The signed spec to send a node, if it has one.
@@ -1091,15 +1145,27 @@ impl Store {
             return Ok(None);
         }
         let now: i64 = conn.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
-        let (desired_generation, assignments) = conn
+        let (desired_generation, assignments, access) = conn
             .query_row(
-                "SELECT generation, assignments FROM node_specs WHERE node_id = ?1",
+                "SELECT generation, assignments, access FROM node_specs WHERE node_id = ?1",
                 [node_id],
-                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, String>(1)?)),
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)? as u64,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                },
             )
             .optional()?
-            .map(|(g, a)| (g, serde_json::from_str(&a).unwrap_or_default()))
-            .unwrap_or((0, Vec::new()));
+            .map(|(g, a, acc)| {
+                (
+                    g,
+                    serde_json::from_str(&a).unwrap_or_default(),
+                    serde_json::from_str(&acc).unwrap_or_default(),
+                )
+            })
+            .unwrap_or((0, Vec::new(), Access::default()));
         let state: Option<(i64, String, i64)> = conn
             .query_row(
                 "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = ?1",
@@ -1110,6 +1176,7 @@ impl Store {
         Ok(Some(SpecView {
             desired_generation,
             assignments,
+            access,
             applied_generation: state.as_ref().map_or(0, |s| s.0 as u64),
             sections: state
                 .as_ref()

@@ -281,6 +281,9 @@ pub struct Node {
     pub dir: PathBuf,
     pub seed: u64,
     pub proc: Option<Proc>,
+    /// The nft program the node uses; none by default, so tests never
+    /// touch the host's firewall.
+    pub nft: Option<PathBuf>,
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -303,6 +306,7 @@ impl Node {
             dir: dir.to_path_buf(),
             seed,
             proc: None,
+            nft: None,
         }
     }
 
@@ -345,6 +349,10 @@ impl Node {
             .arg("--run-dir")
             .arg(self.dir.join("run"))
             .args(["--converge-every", "300ms"])
+            .arg("--etc-dir")
+            .arg(self.dir.join("etc"))
+            .arg("--nft")
+            .arg(self.nft.clone().unwrap_or_else(|| self.dir.join("no-nft")))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -429,5 +437,71 @@ impl Server {
             &format!("command {id} to finish"),
             || Some(self.command(id)).filter(|c| c.is_terminal()),
         )
+    }
+}
+
+/// A fresh network namespace, deleted when dropped, and an `nft` wrapper
+/// that runs in it: firewall tests never touch the host's tables.
+#[derive(Debug)]
+pub struct Netns {
+    pub name: String,
+    pub nft: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Netns {
+    pub fn new() -> Netns {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "bcst-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .expect("ip (iproute2) is missing: apt-get install iproute2");
+        assert!(
+            out.status.success(),
+            "ip netns add (needs root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nft = dir.path().join("nft");
+        std::fs::write(
+            &nft,
+            format!("#!/bin/sh\nexec ip netns exec {name} nft \"$@\"\n"),
+        )
+        .expect("write the nft wrapper");
+        std::fs::set_permissions(&nft, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        Netns {
+            name,
+            nft,
+            _dir: dir,
+        }
+    }
+
+    /// Runs nft in the namespace; None if it fails.
+    pub fn nft(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new(&self.nft).args(args).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Netns::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }

@@ -404,6 +404,15 @@ pub fn firewall(p: &AccessPaths, spec: &AccessSpec) -> Result<bool, (Status, Str
             check_rule(r).map_err(|m| (Status::Failed, m))?;
         }
     }
+    if spec.firewall.is_none()
+        && std::process::Command::new(&p.nft)
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        // No nft on this machine: there is no table of ours to remove.
+        return Ok(false);
+    }
     let current = current_rules(p).map_err(progressing)?;
     let mut batch = Batch::new();
     match (&spec.firewall, current) {

@@ -84,6 +84,15 @@ enum Command {
         /// Runtime files (per-allocation env files under env/).
         #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
         run_dir: PathBuf,
+        /// Root of the sshd configuration the access converger writes.
+        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
+        etc_dir: PathBuf,
+        /// The nft program for the node's firewall table.
+        #[arg(long, default_value = "nft")]
+        nft: PathBuf,
+        /// The sshd used to check the configuration (`sshd -t`).
+        #[arg(long, default_value = "/usr/sbin/sshd")]
+        sshd: PathBuf,
         /// How often the convergers re-check the machine for drift.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         converge_every: std::time::Duration,
@@ -201,6 +210,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cdi_dir,
             run_dir,
             converge_every,
+            etc_dir,
+            nft,
+            sshd,
             hw,
         } => {
             let _lock = fsutil::DirLock::acquire(&data_dir)?;
@@ -216,7 +228,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     cdi_dir: cdi_dir.clone(),
                     env_dir: run_dir.join("env"),
                 };
-                let mut agent = node::open(&data_dir, host.clone(), rand::random(), None, paths)?;
+                let access = bcd_agent::access::AccessPaths {
+                    etc_dir: etc_dir.clone(),
+                    nft: nft.clone(),
+                    sshd: sshd.clone(),
+                };
+                let mut agent =
+                    node::open(&data_dir, host.clone(), rand::random(), None, paths, access)?;
                 agent.converge_every = converge_every;
                 let mut stop = stop_rx.clone();
                 let stopped = agent

@@ -56,10 +56,12 @@ pub struct Agent {
     pub converge_every: Duration,
     /// The spec this node enforces (verified when it arrived).
     spec: Option<v1::NodeSpec>,
-    /// The last pass's section status, with when it last changed.
-    section: Option<(crate::converge::Status, String, Instant)>,
-    /// The last report sent: (applied generation, status, message).
-    reported: Option<(u64, crate::converge::Status, String)>,
+    pub access_paths: crate::access::AccessPaths,
+    /// Each section's last status, with when it last changed.
+    sections: std::collections::BTreeMap<&'static str, (crate::converge::Status, String, Instant)>,
+    /// The last report sent.
+    reported: Option<Vec<(String, String, String)>>,
+    reported_generation: u64,
 }
 
 /// How often the convergers re-check the machine.
@@ -719,21 +721,39 @@ impl Agent {
 
     /// One pass of the convergers; reports when something changed.
     async fn converge(&mut self, conn: &Option<Conn>) -> Result<(), String> {
+        use crate::converge::{Outcome, Status};
         let Some(spec) = self.spec.clone() else {
             return Ok(());
         };
-        let outcome = match self.host.gpus().cdi_inventory() {
+        let devices = match self.host.gpus().cdi_inventory() {
             Ok(inv) => crate::converge::devices(&self.paths, &spec, &inv),
-            Err(e) => crate::converge::Outcome {
-                status: crate::converge::Status::Progressing,
+            Err(e) => Outcome {
+                status: Status::Progressing,
                 message: format!("cannot read the GPU inventory: {e}"),
                 changed: false,
             },
         };
-        if outcome.changed {
-            info!(generation = spec.generation, "devices converged");
+        let access =
+            crate::access::converge(&self.access_paths, &spec.access.clone().unwrap_or_default());
+        let mut all_ready = true;
+        for (name, outcome) in [("devices", devices), ("access", access)] {
+            if outcome.changed {
+                info!(generation = spec.generation, section = name, "converged");
+            }
+            all_ready &= outcome.status == Status::Ready;
+            let changed = self
+                .sections
+                .get(name)
+                .is_none_or(|(s, m, _)| *s != outcome.status || *m != outcome.message);
+            if changed {
+                if outcome.status != Status::Ready {
+                    warn!(section = name, status = outcome.status.name(), message = %outcome.message, "not converged");
+                }
+                self.sections
+                    .insert(name, (outcome.status, outcome.message, Instant::now()));
+            }
         }
-        if outcome.status == crate::converge::Status::Ready
+        if all_ready
             && self
                 .journal
                 .applied_generation()
@@ -743,16 +763,6 @@ impl Agent {
             self.journal
                 .set_applied_generation(spec.generation)
                 .map_err(|e| format!("journal: {e}"))?;
-        }
-        if self
-            .section
-            .as_ref()
-            .is_none_or(|(s, m, _)| *s != outcome.status || *m != outcome.message)
-        {
-            if outcome.status != crate::converge::Status::Ready {
-                warn!(status = outcome.status.name(), message = %outcome.message, "devices not converged");
-            }
-            self.section = Some((outcome.status, outcome.message, Instant::now()));
         }
         self.report(conn).await;
         Ok(())
@@ -764,35 +774,31 @@ impl Agent {
             return;
         }
         let applied = self.journal.applied_generation().unwrap_or(0);
-        let Some((status, message, since)) = self.section.clone() else {
-            if self.reported.is_none() {
-                self.reported = Some((applied, crate::converge::Status::Ready, String::new()));
-                send(
-                    conn,
-                    node_message::Msg::StateReport(v1::StateReport {
-                        applied_generation: applied,
-                        sections: vec![],
-                    }),
-                )
-                .await;
-            }
-            return;
-        };
-        let now = (applied, status, message.clone());
-        if self.reported.as_ref() == Some(&now) {
+        let now: Vec<(String, String, String)> = self
+            .sections
+            .iter()
+            .map(|(n, (s, m, _))| (n.to_string(), s.name().to_string(), m.clone()))
+            .collect();
+        if self.reported.as_ref() == Some(&now) && self.reported_generation == applied {
             return;
         }
+        let sections = self
+            .sections
+            .iter()
+            .map(|(n, (s, m, since))| v1::SectionStatus {
+                section: n.to_string(),
+                status: s.name().into(),
+                message: m.clone(),
+                age_ms: since.elapsed().as_millis() as u64,
+            })
+            .collect();
         self.reported = Some(now);
+        self.reported_generation = applied;
         send(
             conn,
             node_message::Msg::StateReport(v1::StateReport {
                 applied_generation: applied,
-                sections: vec![v1::SectionStatus {
-                    section: "devices".into(),
-                    status: status.name().into(),
-                    message,
-                    age_ms: since.elapsed().as_millis() as u64,
-                }],
+                sections,
             }),
         )
         .await;
@@ -1011,6 +1017,7 @@ pub fn open(
     seed: u64,
     stats: Option<Arc<Stats>>,
     paths: crate::converge::Paths,
+    access_paths: crate::access::AccessPaths,
 ) -> anyhow::Result<Agent> {
     let identity = Identity::load(dir)?;
     let (journal, opened) = Journal::open(&dir.join(crate::identity::JOURNAL))
@@ -1044,7 +1051,9 @@ pub fn open(
         paths,
         converge_every: CONVERGE_EVERY,
         spec,
-        section: None,
+        access_paths,
+        sections: Default::default(),
         reported: None,
+        reported_generation: 0,
     })
 }

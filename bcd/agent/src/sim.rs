@@ -73,7 +73,15 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
                     cdi_dir: dir.join("cdi"),
                     env_dir: dir.join("run/env"),
                 };
-                let agent = node::open(&dir, host.clone(), seed, Some(stats.clone()), paths)?;
+                // Simulated machines never touch the host's sshd or
+                // firewall: their /etc is their own and there is no nft.
+                let access = crate::access::AccessPaths {
+                    etc_dir: dir.join("etc"),
+                    nft: dir.join("no-nft"),
+                    sshd: dir.join("no-sshd"),
+                };
+                let agent =
+                    node::open(&dir, host.clone(), seed, Some(stats.clone()), paths, access)?;
                 let mut stop = stop.clone();
                 let stopped = agent
                     .run(async move {
