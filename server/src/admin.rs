@@ -108,6 +108,12 @@ impl AdminService {
 
     async fn spec_info(&self, node: String) -> Result<NodeSpecInfo, Status> {
         let n = node.clone();
+        let (bindings, events) = self
+            .store
+            .run(move |s| Ok::<_, StoreError>((s.bindings(&n)?, s.fleet_events(&n, 20)?)))
+            .await
+            .map_err(unavailable)?;
+        let n = node.clone();
         let view = self
             .store
             .run(move |s| s.spec_view(&n))
@@ -126,6 +132,16 @@ impl AdminService {
                 .map(crate::specs::to_wire)
                 .collect(),
             access: Some(crate::specs::access_to_wire(&view.access)),
+            bindings: bindings
+                .into_iter()
+                .map(|b| bcd_proto::v1::BindingInfo {
+                    allocation_id: b.allocation_id,
+                    gpu_uuids: b.gpus,
+                    state: b.state,
+                    spec_generation: b.spec_generation,
+                })
+                .collect(),
+            events,
             sections: view
                 .sections
                 .into_iter()

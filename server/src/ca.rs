@@ -227,6 +227,19 @@ pub enum IssueError {
     Ca(#[from] CaError),
 }
 
+/// Whether `signature` (ECDSA P-256, ASN.1 DER) over `message` was made by
+/// the key of a node certificate.
+pub fn verify_node_signature(cert_der: &[u8], message: &[u8], signature: &[u8]) -> bool {
+    use x509_parser::prelude::FromDer;
+    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(cert_der) else {
+        return false;
+    };
+    let key = cert.public_key().subject_public_key.data.as_ref();
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key)
+        .verify(message, signature)
+        .is_ok()
+}
+
 /// The worker signing key (ed25519) in `worker.key`, created on first start.
 /// Commands and specs are signed with it; nodes learn its public half at
 /// join.

@@ -184,6 +184,11 @@ fn spec_json(i: &bcd_proto::v1::NodeSpecInfo) -> serde_json::Value {
             "section": s.section, "status": s.status, "message": s.message, "age_ms": s.age_ms,
         })).collect::<Vec<_>>(),
         "reported_age_ms": (i.reported_age_ms >= 0).then_some(i.reported_age_ms),
+        "bindings": i.bindings.iter().map(|b| serde_json::json!({
+            "allocation_id": b.allocation_id, "gpu_uuids": b.gpu_uuids, "state": b.state,
+            "spec_generation": b.spec_generation,
+        })).collect::<Vec<_>>(),
+        "events": i.events,
         "access": i.access.as_ref().map(|a| serde_json::json!({
             "users": a.users.iter().map(|u| serde_json::json!({
                 "name": u.name, "authorized_keys": u.authorized_keys, "principals": u.principals,
@@ -214,6 +219,18 @@ fn print_spec(i: &bcd_proto::v1::NodeSpecInfo, json: bool) -> anyhow::Result<()>
     );
     for a in &i.assignments {
         out!("allocation {}: GPUs {}", a.allocation_id, a.gpus.join(","));
+    }
+    for b in &i.bindings {
+        out!(
+            "binding    {} {} (generation {}): {}",
+            b.allocation_id,
+            b.state,
+            b.spec_generation,
+            b.gpu_uuids.join(",")
+        );
+    }
+    for e in &i.events {
+        out!("event      {e}");
     }
     for s in &i.sections {
         out!(

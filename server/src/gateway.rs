@@ -700,6 +700,24 @@ async fn handle(
                 }
             }
         }
+        Some(node_message::Msg::AllocationBound(b)) => {
+            let n = node.to_string();
+            match state
+                .store
+                .run(move |s| s.record_binding(&n, &b.payload, &b.signature))
+                .await
+            {
+                Ok(crate::store::BindingOutcome::Accepted) => debug!("binding accepted"),
+                Ok(crate::store::BindingOutcome::Rejected(reason)) => {
+                    warn!(%reason, "reservation.binding-rejected")
+                }
+                Ok(crate::store::BindingOutcome::MarkedLost(reason)) => {
+                    warn!(%reason, "forged re-report of an active binding: marked lost")
+                }
+                Err(e) => warn!(error = %format!("{e:#}"), "cannot record a binding"),
+            }
+            true
+        }
         Some(node_message::Msg::StateReport(r)) => {
             let sections: Vec<(String, String, String, u64)> = r
                 .sections

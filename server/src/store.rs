@@ -154,7 +154,52 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE node_specs ADD COLUMN access TEXT NOT NULL DEFAULT '{}';
     ",
+    // 6: attested bindings and the fleet's security events.
+    "
+    ALTER TABLE node_certs ADD COLUMN der BLOB;
+    CREATE TABLE bindings (
+        node_id         TEXT NOT NULL REFERENCES nodes(id),
+        allocation_id   TEXT NOT NULL,
+        gpus            TEXT NOT NULL,
+        state           TEXT NOT NULL CHECK (state IN ('active', 'lost')),
+        spec_generation INTEGER NOT NULL,
+        updated_at      INTEGER NOT NULL,
+        PRIMARY KEY (node_id, allocation_id)
+    ) STRICT;
+    CREATE TABLE binding_nonces (
+        node_id TEXT NOT NULL,
+        nonce   TEXT NOT NULL,
+        PRIMARY KEY (node_id, nonce)
+    ) STRICT;
+    CREATE TABLE fleet_events (
+        id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        at      INTEGER NOT NULL,
+        kind    TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        detail  TEXT NOT NULL
+    ) STRICT;
+    CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
+    ",
 ];
+
+/// What became of a binding report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingOutcome {
+    Accepted,
+    /// Refused; the reason is recorded as `reservation.binding-rejected`.
+    Rejected(String),
+    /// Refused, and the active binding it tried to replace is now lost.
+    MarkedLost(String),
+}
+
+/// A binding as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingRow {
+    pub allocation_id: String,
+    pub gpus: Vec<String>,
+    pub state: String,
+    pub spec_generation: u64,
+}
 
 /// Who may log in and the firewall table, as the store keeps them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -617,9 +662,9 @@ impl Store {
             params![node_id, hostname, now, ramdisk, token_id],
         )?;
         tx.execute(
-            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after)
-             VALUES (?1, ?2, ?3, 1, ?4, ?5)",
-            params![cert.serial, node_id, cert.fingerprint, cert.not_before_ms, cert.not_after_ms],
+            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
+             VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+            params![cert.serial, node_id, cert.fingerprint, cert.not_before_ms, cert.not_after_ms, cert.der],
         )?;
         tx.commit()?;
         Ok((node_id, cert, now))
@@ -644,9 +689,9 @@ impl Store {
         )?;
         let cert = issue(&node_id, now, ramdisk)?;
         tx.execute(
-            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![cert.serial, node_id, cert.fingerprint, generation, cert.not_before_ms, cert.not_after_ms],
+            "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![cert.serial, node_id, cert.fingerprint, generation, cert.not_before_ms, cert.not_after_ms, cert.der],
         )?;
         tx.commit()?;
         Ok((node_id, cert, now))
@@ -1185,6 +1230,157 @@ impl Store {
             reported_age_ms: state.map(|s| now - s.2),
             now_ms: now,
         }))
+    }
+
+    // ------------------------------------------------------------- bindings
+
+    /// Judges a node's signed binding report against the node's current
+    /// certificate (never the session it came on: a gateway can forge a
+    /// relay but not a signature). `session_node` is the node the stream
+    /// belongs to.
+    pub fn record_binding(
+        &self,
+        session_node: &str,
+        payload: &[u8],
+        signature: &[u8],
+    ) -> Result<BindingOutcome, StoreError> {
+        use prost::Message;
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        let event = |tx: &Connection, kind: &str, detail: &str| -> rusqlite::Result<()> {
+            tx.execute(
+                "INSERT INTO fleet_events (at, kind, node_id, detail) VALUES (?1, ?2, ?3, ?4)",
+                params![now, kind, session_node, detail],
+            )?;
+            Ok(())
+        };
+        let p = match bcd_proto::v1::BindingPayload::decode(payload) {
+            Ok(p) => p,
+            Err(_) => {
+                let reason = "malformed binding report".to_string();
+                event(&tx, "reservation.binding-rejected", &reason)?;
+                tx.commit()?;
+                return Ok(BindingOutcome::Rejected(reason));
+            }
+        };
+        let verdict: Result<(), String> = (|| {
+            if p.node_id != session_node {
+                return Err(format!(
+                    "report for node {} on node {session_node}'s session",
+                    p.node_id
+                ));
+            }
+            if signature.is_empty() {
+                return Err("unsigned report".into());
+            }
+            let der: Option<Vec<u8>> = tx
+                .query_row(
+                    &format!(
+                        "SELECT der FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL
+                         AND not_after >= {NOW} AND der IS NOT NULL ORDER BY not_after DESC LIMIT 1"
+                    ),
+                    [&p.node_id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| e.to_string())?;
+            let der = der.ok_or("the node has no current certificate")?;
+            if crate::ca::verify_node_signature(&der, payload, signature) {
+                Ok(())
+            } else {
+                Err("signature is not from the node's current certificate".to_string())
+            }
+        })();
+        let existing: Option<String> = tx
+            .query_row(
+                "SELECT state FROM bindings WHERE node_id = ?1 AND allocation_id = ?2",
+                params![session_node, p.allocation_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Err(reason) = verdict {
+            let reason = format!("allocation {}: {reason}", p.allocation_id);
+            event(&tx, "reservation.binding-rejected", &reason)?;
+            let outcome = if existing.as_deref() == Some("active") {
+                tx.execute(
+                    "UPDATE bindings SET state = 'lost', updated_at = ?3
+                     WHERE node_id = ?1 AND allocation_id = ?2",
+                    params![session_node, p.allocation_id, now],
+                )?;
+                event(&tx, "reservation.binding-lost", &reason)?;
+                BindingOutcome::MarkedLost(reason)
+            } else {
+                BindingOutcome::Rejected(reason)
+            };
+            tx.commit()?;
+            return Ok(outcome);
+        }
+        let fresh = tx.execute(
+            "INSERT INTO binding_nonces (node_id, nonce) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            params![p.node_id, p.nonce],
+        )? == 1;
+        if !fresh || p.nonce.is_empty() {
+            let reason = format!("allocation {}: replayed report", p.allocation_id);
+            event(&tx, "reservation.binding-rejected", &reason)?;
+            tx.commit()?;
+            return Ok(BindingOutcome::Rejected(reason));
+        }
+        let mut gpus = p.gpu_uuids.clone();
+        gpus.sort();
+        tx.execute(
+            "INSERT INTO bindings (node_id, allocation_id, gpus, state, spec_generation, updated_at)
+             VALUES (?1, ?2, ?3, 'active', ?4, ?5)
+             ON CONFLICT (node_id, allocation_id) DO UPDATE SET gpus = excluded.gpus,
+                 state = 'active', spec_generation = excluded.spec_generation,
+                 updated_at = excluded.updated_at",
+            params![
+                p.node_id,
+                p.allocation_id,
+                serde_json::to_string(&gpus).expect("gpus serialize"),
+                p.spec_generation as i64,
+                now
+            ],
+        )?;
+        tx.commit()?;
+        Ok(BindingOutcome::Accepted)
+    }
+
+    pub fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare(
+            "SELECT allocation_id, gpus, state, spec_generation FROM bindings
+             WHERE node_id = ?1 ORDER BY allocation_id",
+        )?;
+        let rows = q
+            .query_map([node_id], |r| {
+                Ok(BindingRow {
+                    allocation_id: r.get(0)?,
+                    gpus: serde_json::from_str(&r.get::<_, String>(1)?).unwrap_or_default(),
+                    state: r.get(2)?,
+                    spec_generation: r.get::<_, i64>(3)? as u64,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// A node's recent fleet events, newest first: "kind: detail".
+    pub fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare(
+            "SELECT kind, detail FROM fleet_events WHERE node_id = ?1 ORDER BY id DESC LIMIT ?2",
+        )?;
+        let rows = q
+            .query_map(params![node_id, limit], |r| {
+                Ok(format!(
+                    "{}: {}",
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     // ---------------------------------------------------------------- events

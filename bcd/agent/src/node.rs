@@ -62,6 +62,8 @@ pub struct Agent {
     /// The last report sent.
     reported: Option<Vec<(String, String, String)>>,
     reported_generation: u64,
+    /// Bindings reported in this session: allocation → GPU UUIDs.
+    bound: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// How often the convergers re-check the machine.
@@ -183,6 +185,7 @@ impl Agent {
                             self.sent_events = 0;
                             self.flush_events(&conn).await;
                             self.reported = None;
+                            self.bound.clear();
                             self.report(&conn).await;
                         }
                         Action::Close { reason } => {
@@ -725,14 +728,20 @@ impl Agent {
         let Some(spec) = self.spec.clone() else {
             return Ok(());
         };
-        let devices = match self.host.gpus().cdi_inventory() {
-            Ok(inv) => crate::converge::devices(&self.paths, &spec, &inv),
+        let inv = self.host.gpus().cdi_inventory();
+        let devices = match &inv {
+            Ok(inv) => crate::converge::devices(&self.paths, &spec, inv),
             Err(e) => Outcome {
                 status: Status::Progressing,
                 message: format!("cannot read the GPU inventory: {e}"),
                 changed: false,
             },
         };
+        if devices.status == Status::Ready
+            && let Ok(inv) = &inv
+        {
+            self.report_bindings(conn, &spec, inv).await;
+        }
         let access =
             crate::access::converge(&self.access_paths, &spec.access.clone().unwrap_or_default());
         let mut all_ready = true;
@@ -766,6 +775,65 @@ impl Agent {
         }
         self.report(conn).await;
         Ok(())
+    }
+
+    /// Reports each active GPU binding once per session, signed by the node
+    /// key, so the server can tell it from anything a gateway makes up.
+    async fn report_bindings(
+        &mut self,
+        conn: &Option<Conn>,
+        spec: &v1::NodeSpec,
+        inv: &cdi::nvidia::Inventory,
+    ) {
+        if conn.is_none() {
+            return;
+        }
+        let Ok(key) = rcgen::KeyPair::from_pem(&self.identity.key_pem) else {
+            return;
+        };
+        let assignments = spec
+            .devices
+            .as_ref()
+            .map(|d| d.assignments.clone())
+            .unwrap_or_default();
+        self.bound
+            .retain(|a, _| assignments.iter().any(|x| x.allocation_id == *a));
+        for a in assignments {
+            let mut uuids: Vec<String> = a
+                .gpus
+                .iter()
+                .filter_map(|r| {
+                    inv.gpus
+                        .iter()
+                        .find(|g| {
+                            g.uuid.as_deref() == Some(r.as_str()) || g.index.to_string() == *r
+                        })
+                        .map(|g| g.uuid.clone().unwrap_or_else(|| g.index.to_string()))
+                })
+                .collect();
+            uuids.sort();
+            if self.bound.get(&a.allocation_id) == Some(&uuids) {
+                continue;
+            }
+            let payload = v1::BindingPayload {
+                node_id: self.identity.file.node_id.clone(),
+                allocation_id: a.allocation_id.clone(),
+                gpu_uuids: uuids.clone(),
+                spec_generation: spec.generation,
+                nonce: crate::journal::new_id(),
+            }
+            .encode_to_vec();
+            let Ok(signature) = rcgen::SigningKey::sign(&key, &payload) else {
+                warn!(allocation = %a.allocation_id, "cannot sign the binding report");
+                continue;
+            };
+            send(
+                conn,
+                node_message::Msg::AllocationBound(v1::AllocationBound { payload, signature }),
+            )
+            .await;
+            self.bound.insert(a.allocation_id, uuids);
+        }
     }
 
     /// Sends a StateReport if it says something new.
@@ -1055,5 +1123,6 @@ pub fn open(
         sections: Default::default(),
         reported: None,
         reported_generation: 0,
+        bound: Default::default(),
     })
 }
