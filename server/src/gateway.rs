@@ -741,7 +741,8 @@ async fn handle(
             {
                 warn!(error = %format!("{e:#}"), "cannot record a state report");
             }
-            true
+            // Commands waiting on this generation may go now.
+            dispatch_pending(state, node, epoch, out).await
         }
         Some(node_message::Msg::Hello(_)) => {
             let _ = out

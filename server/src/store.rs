@@ -959,7 +959,9 @@ impl Store {
 
     /// Pending commands of a node routed to this gateway under this epoch,
     /// marked dispatched, in sequence order. Dispatch is a join on the
-    /// node's current route: a node that moved gets nothing here.
+    /// node's current route: a node that moved gets nothing here. A command
+    /// whose `min_generation` the node has not applied yet waits, and so do
+    /// the commands after it, so the node still sees sequence order.
     pub fn take_dispatchable(
         &self,
         gateway_id: &str,
@@ -969,21 +971,37 @@ impl Store {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out: Vec<Dispatch> = {
+            let applied: i64 = tx
+                .query_row(
+                    "SELECT applied_generation FROM node_state WHERE node_id = ?1",
+                    [node_id],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .unwrap_or(0);
             let mut q = tx.prepare_cached(
-                "SELECT c.id, c.seq, c.signed FROM commands c
+                "SELECT c.id, c.seq, c.signed, c.min_generation FROM commands c
                  JOIN node_sessions s ON s.node_id = c.node_id
                  WHERE c.node_id = ?1 AND c.state = 'pending'
                    AND s.gateway_id = ?2 AND s.epoch = ?3 AND s.state = 'connected'
                  ORDER BY c.seq",
             )?;
-            q.query_map(params![node_id, gateway_id, epoch as i64], |r| {
-                Ok(Dispatch {
-                    id: r.get(0)?,
-                    seq: r.get::<_, i64>(1)? as u64,
-                    signed: r.get(2)?,
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?
+            let rows = q
+                .query_map(params![node_id, gateway_id, epoch as i64], |r| {
+                    Ok((
+                        Dispatch {
+                            id: r.get(0)?,
+                            seq: r.get::<_, i64>(1)? as u64,
+                            signed: r.get(2)?,
+                        },
+                        r.get::<_, i64>(3)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter()
+                .take_while(|(_, min_generation)| *min_generation <= applied)
+                .map(|(d, _)| d)
+                .collect()
         };
         for d in &out {
             tx.execute(

@@ -459,7 +459,7 @@ impl Agent {
             node_id: &self.identity.file.node_id,
             highest_seq: self.journal.highest_seq().map_err(journal_err)?,
             server_now_ms: server_now,
-            applied_generation: 0,
+            applied_generation: self.journal.applied_generation().map_err(journal_err)?,
         };
         let decision = command::on_dispatch(journaled.as_ref().map(|e| &e.state), &facts, &view);
         debug!(cmd = %d.command_id, seq = d.seq, ?decision, "dispatch");
