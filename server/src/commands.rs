@@ -1,7 +1,7 @@
 //! Turning an operator's request into a signed command.
 
 use bcd_core::command::Kind;
-use bcd_proto::v1::{CommandPayload, ExecArgs, KexecArgs, NoArgs, command_payload};
+use bcd_proto::v1::{CommandPayload, ExecArgs, GpuResetArgs, KexecArgs, NoArgs, command_payload};
 
 /// Default `exec.run` timeout and output bound.
 pub const EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -10,7 +10,7 @@ pub const EXEC_MAX_OUTPUT: u32 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh"
+        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset"
     )]
     UnknownKind(String),
     #[error("exec.run needs a program: commands run NODE exec.run -- PROGRAM [ARGS...]")]
@@ -21,6 +21,8 @@ pub enum ArgsError {
     BadKexecArg(String),
     #[error("boot.kexec needs kernel=PATH")]
     NoKernel,
+    #[error("gpu.reset takes one GPU: its UUID, index or PCI address")]
+    OneGpu,
 }
 
 /// Parses the kind and its arguments; returns the kind, the typed arguments
@@ -69,6 +71,14 @@ pub fn parse(
             let summary = a.kernel.clone();
             Ok((k, command_payload::Args::Kexec(a), summary))
         }
+        Kind::GpuReset => match args {
+            [gpu] if !gpu.is_empty() => Ok((
+                k,
+                command_payload::Args::GpuReset(GpuResetArgs { gpu: gpu.clone() }),
+                gpu.clone(),
+            )),
+            _ => Err(ArgsError::OneGpu),
+        },
         Kind::NodeReboot | Kind::InventoryRefresh => {
             if !args.is_empty() {
                 return Err(ArgsError::NoArgsExpected(k.name()));
@@ -148,5 +158,7 @@ mod tests {
             Err(ArgsError::UnknownKind(_))
         ));
         assert!(parse("inventory.refresh", &[], 0).is_ok());
+        assert!(parse("gpu.reset", &s(&["0000:17:00.0"]), 0).is_ok());
+        assert_eq!(parse("gpu.reset", &[], 0).unwrap_err(), ArgsError::OneGpu);
     }
 }

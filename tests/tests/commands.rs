@@ -690,3 +690,34 @@ fn min_generation_and_kexec() {
         n.state == "connected" && n.boot_id != before.boot_id
     });
 }
+
+#[test]
+fn gpu_reset_refuses_an_assigned_gpu_and_resets_a_free_one() {
+    let (_d, server, mut node) = setup(35);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    assert!(
+        server
+            .cli(&["nodes", "assign", &id, "job-a", "--gpus", "0"])
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(20), "the spec applied", || {
+        let out = server.cli(&["nodes", "spec", &id, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (v["applied_generation"] == 1).then_some(())
+    });
+    let c = server.wait_command(&server.run_command(&id, "gpu.reset", &["0"]));
+    assert_eq!(c.state, "failed");
+    assert!(
+        c.reason.contains("assigned to allocation job-a and in use"),
+        "{}",
+        c.reason
+    );
+    let c = server.wait_command(&server.run_command(&id, "gpu.reset", &["1"]));
+    assert_eq!(c.state, "succeeded", "{c:?}");
+    assert!(c.output.contains("function reset"), "{}", c.output);
+    let c = server.wait_command(&server.run_command(&id, "gpu.reset", &["GPU-nope"]));
+    assert!(c.reason.contains("not on this node"), "{}", c.reason);
+}

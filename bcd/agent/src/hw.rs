@@ -48,6 +48,8 @@ pub trait Gpus: Send + Sync + std::fmt::Debug {
     fn list(&self) -> std::io::Result<Vec<Gpu>>;
     /// The device nodes and driver files a CDI spec for these GPUs needs.
     fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory>;
+    /// Resets the GPU at a PCI address; says how.
+    fn reset(&self, pci_address: &str) -> std::io::Result<&'static str>;
 }
 
 /// Driver binaries mounted into containers when present.
@@ -306,6 +308,31 @@ impl Gpus for SysfsGpus {
     fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
         nvidia_cdi_inventory(&self.root, &self.list()?)
     }
+
+    /// A PCI function reset through sysfs when the device offers one;
+    /// otherwise unbind from the driver and bind again.
+    fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
+        if pci_address.contains('/') || pci_address.starts_with('.') {
+            return Err(std::io::Error::other("not a PCI address"));
+        }
+        let dev = self.root.join("sys/bus/pci/devices").join(pci_address);
+        if !dev.exists() {
+            return Err(std::io::Error::other(format!(
+                "no PCI device {pci_address}"
+            )));
+        }
+        let reset = dev.join("reset");
+        if reset.exists() {
+            fs::write(&reset, "1")?;
+            return Ok("function reset");
+        }
+        let driver = fs::read_link(dev.join("driver"))
+            .map_err(|e| std::io::Error::other(format!("no reset and no driver bound: {e}")))?;
+        let driver_dir = dev.join(&driver);
+        fs::write(driver_dir.join("unbind"), pci_address)?;
+        fs::write(driver_dir.join("bind"), pci_address)?;
+        Ok("unbind and bind")
+    }
 }
 
 /// Whether the kernel exposes a TPM, from sysfs and /dev.
@@ -533,6 +560,16 @@ pub mod fake {
                 driver_files: vec![],
             })
         }
+
+        fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
+            if self.gpus.iter().any(|g| g.pci_address == pci_address) {
+                Ok("function reset (fake)")
+            } else {
+                Err(std::io::Error::other(format!(
+                    "no PCI device {pci_address}"
+                )))
+            }
+        }
     }
 
     impl Tpm for FakeTpm {
@@ -729,6 +766,40 @@ mod tests {
         let spec = cdi::nvidia::spec(&inv);
         spec.validate().unwrap();
         assert_eq!(spec.devices.len(), 4, "0, 1, the UUID of 0, all");
+    }
+
+    #[test]
+    fn reset_uses_the_function_reset_or_rebinds_the_driver() {
+        let d = golden();
+        let r = d.path();
+        let host = RealHost::new(r);
+        write(r, "sys/bus/pci/devices/0000:17:00.0/reset", "");
+        assert_eq!(host.gpus().reset("0000:17:00.0").unwrap(), "function reset");
+        assert_eq!(
+            fs::read_to_string(r.join("sys/bus/pci/devices/0000:17:00.0/reset")).unwrap(),
+            "1"
+        );
+        // No reset file: unbind and bind through the bound driver.
+        fs::create_dir_all(r.join("sys/bus/pci/drivers/nvidia")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../drivers/nvidia",
+            r.join("sys/bus/pci/devices/0000:2a:00.0/driver"),
+        )
+        .unwrap();
+        assert_eq!(
+            host.gpus().reset("0000:2a:00.0").unwrap(),
+            "unbind and bind"
+        );
+        assert_eq!(
+            fs::read_to_string(r.join("sys/bus/pci/drivers/nvidia/bind")).unwrap(),
+            "0000:2a:00.0"
+        );
+        assert_eq!(
+            fs::read_to_string(r.join("sys/bus/pci/drivers/nvidia/unbind")).unwrap(),
+            "0000:2a:00.0"
+        );
+        assert!(host.gpus().reset("0000:99:00.0").is_err());
+        assert!(host.gpus().reset("../../etc").is_err());
     }
 
     #[test]

@@ -559,6 +559,27 @@ impl Agent {
             (Some(Kind::InventoryRefresh), _) => {
                 let _ = done.send((id, Effect::ok()));
             }
+            (Some(Kind::GpuReset), Some(v1::command_payload::Args::GpuReset(a))) => {
+                match self.resolve_for_reset(&a.gpu) {
+                    Err(reason) => {
+                        let _ = done.send((id, Effect::failed(reason)));
+                    }
+                    Ok(pci) => {
+                        let host = self.host.clone();
+                        let done = done.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let effect = match host.gpus().reset(&pci) {
+                                Ok(how) => Effect {
+                                    output: format!("{pci}: {how}\n").into_bytes(),
+                                    ..Effect::ok()
+                                },
+                                Err(e) => Effect::failed(format!("reset {pci}: {e}")),
+                            };
+                            let _ = done.send((id, effect));
+                        });
+                    }
+                }
+            }
             (Some(Kind::NodeReboot), _) => {
                 info!("rebooting");
                 match self.host.reboot() {
@@ -1005,6 +1026,45 @@ impl Agent {
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?,
         })
+    }
+
+    /// The PCI address of a GPU named by UUID, index or address, unless the
+    /// spec has it assigned (in use by a workload).
+    fn resolve_for_reset(&self, gpu: &str) -> Result<String, String> {
+        let gpus = self
+            .host
+            .gpus()
+            .list()
+            .map_err(|e| format!("GPU inventory: {e}"))?;
+        let g = gpus
+            .iter()
+            .find(|g| {
+                g.pci_address == gpu
+                    || g.uuid.as_deref() == Some(gpu)
+                    || g.minor.is_some_and(|m| m.to_string() == gpu)
+            })
+            .ok_or_else(|| format!("GPU {gpu} is not on this node"))?;
+        let names: Vec<String> = [g.uuid.clone(), g.minor.map(|m| m.to_string())]
+            .into_iter()
+            .flatten()
+            .collect();
+        let assignments = self
+            .spec
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .map(|d| d.assignments.clone())
+            .unwrap_or_default();
+        if let Some(a) = assignments.iter().find(|a| {
+            a.gpus
+                .iter()
+                .any(|r| names.contains(r) || *r == g.pci_address)
+        }) {
+            return Err(format!(
+                "GPU {gpu} is assigned to allocation {} and in use: unassign it first",
+                a.allocation_id
+            ));
+        }
+        Ok(g.pci_address.clone())
     }
 
     fn spawn_renewal(&self) -> JoinHandle<Result<crate::join::Renewed, String>> {

@@ -29,14 +29,17 @@ pub enum Kind {
     BootKexec,
     /// Re-read the hardware inventory and report what changed.
     InventoryRefresh,
+    /// Reset one GPU (PCI function reset, or unbind and bind).
+    GpuReset,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::ExecRun,
         Kind::NodeReboot,
         Kind::BootKexec,
         Kind::InventoryRefresh,
+        Kind::GpuReset,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl Kind {
             Kind::NodeReboot => "node.reboot",
             Kind::BootKexec => "boot.kexec",
             Kind::InventoryRefresh => "inventory.refresh",
+            Kind::GpuReset => "gpu.reset",
         }
     }
 
