@@ -49,7 +49,10 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
         5,
         "GPUs 0 and 1 by index and UUID, and all"
     );
-    let env = std::fs::read_to_string(&env_file).unwrap();
+    // The env file is written in the same pass, just after the CDI spec.
+    let env = wait_for(Duration::from_secs(20), "the env file", || {
+        std::fs::read_to_string(&env_file).ok()
+    });
     assert!(
         env.contains("NVIDIA_VISIBLE_DEVICES=GPU-") && env.contains("JOB=a"),
         "{env}"
@@ -191,4 +194,58 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     assert!(node.proc().log().contains("not signed by a worker key"));
     assert!(!node.dir.join("run/env/evil.env").exists());
     assert_eq!(spec_json(&server, &id)["applied_generation"], 1);
+
+    // A genuine but older spec, replayed under a higher stored generation:
+    // the node keeps the newer one it has.
+    assert!(
+        server
+            .cli(&["nodes", "assign", &id, "job-b", "--gpus", "1"])
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(20), "generation 3 applied", || {
+        (spec_json(&server, &id)["applied_generation"] == 3).then_some(())
+    });
+    assert!(node.dir.join("run/env/job-b.env").exists());
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    let old: Vec<u8> = db
+        .query_row(
+            "SELECT signed FROM node_specs WHERE node_id = ?1",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    drop(db);
+    assert!(
+        server
+            .cli(&["nodes", "unassign", &id, "job-b"])
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(20), "generation 4 applied", || {
+        (spec_json(&server, &id)["applied_generation"] == 4).then_some(())
+    });
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute(
+        "UPDATE node_specs SET generation = 5, signed = ?2 WHERE node_id = ?1",
+        rusqlite::params![id, old],
+    )
+    .unwrap();
+    drop(db);
+    wait_for(
+        Duration::from_secs(20),
+        "the node to refuse the older spec",
+        || {
+            node.proc()
+                .log()
+                .contains("generation 3 is older than 4")
+                .then_some(())
+        },
+    );
+    assert!(
+        !node.dir.join("run/env/job-b.env").exists(),
+        "generation 3 was not re-applied"
+    );
 }

@@ -173,15 +173,21 @@ pub trait Tpm: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct RealHost {
     root: PathBuf,
-    gpus: SysfsGpus,
+    gpus: Box<dyn Gpus>,
     tpm: SysfsTpm,
 }
 
 impl RealHost {
     pub fn new(root: impl Into<PathBuf>) -> RealHost {
         let root = root.into();
+        RealHost::with_gpus(root.clone(), Box::new(SysfsGpus { root }))
+    }
+
+    /// A host whose GPUs come from another backend (NVML).
+    pub fn with_gpus(root: impl Into<PathBuf>, gpus: Box<dyn Gpus>) -> RealHost {
+        let root = root.into();
         RealHost {
-            gpus: SysfsGpus { root: root.clone() },
+            gpus,
             tpm: SysfsTpm { root: root.clone() },
             root,
         }
@@ -204,7 +210,7 @@ impl Host for RealHost {
     }
 
     fn gpus(&self) -> &dyn Gpus {
-        &self.gpus
+        self.gpus.as_ref()
     }
 
     fn tpm(&self) -> &dyn Tpm {
@@ -332,6 +338,77 @@ impl Gpus for SysfsGpus {
         fs::write(driver_dir.join("unbind"), pci_address)?;
         fs::write(driver_dir.join("bind"), pci_address)?;
         Ok("unbind and bind")
+    }
+}
+
+/// `00000000:17:00.0` (NVML) → `0000:17:00.0` (sysfs).
+pub fn sysfs_pci_address(bus_id: &str) -> String {
+    let lower = bus_id.to_ascii_lowercase();
+    match lower.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..])
+        }
+        _ => lower,
+    }
+}
+
+#[cfg(feature = "nvml")]
+pub mod nvml {
+    //! GPUs through NVML (`libnvidia-ml`, loaded at run time): the fields
+    //! sysfs has, with the UUID, model and minor number from the driver
+    //! itself. Device nodes and reset stay with sysfs.
+
+    use super::*;
+
+    pub struct NvmlGpus {
+        nvml: nvml_wrapper::Nvml,
+        sysfs: SysfsGpus,
+    }
+
+    impl std::fmt::Debug for NvmlGpus {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NvmlGpus").finish_non_exhaustive()
+        }
+    }
+
+    impl NvmlGpus {
+        pub fn new(root: impl Into<PathBuf>) -> Result<NvmlGpus, String> {
+            let nvml = nvml_wrapper::Nvml::init().map_err(|e| {
+                format!("NVML is not usable here ({e}); is the NVIDIA driver installed?")
+            })?;
+            Ok(NvmlGpus {
+                nvml,
+                sysfs: SysfsGpus::new(root),
+            })
+        }
+    }
+
+    fn io(e: nvml_wrapper::error::NvmlError) -> std::io::Error {
+        std::io::Error::other(format!("NVML: {e}"))
+    }
+
+    impl Gpus for NvmlGpus {
+        fn list(&self) -> std::io::Result<Vec<Gpu>> {
+            let mut gpus = self.sysfs.list()?;
+            for i in 0..self.nvml.device_count().map_err(io)? {
+                let d = self.nvml.device_by_index(i).map_err(io)?;
+                let pci = sysfs_pci_address(&d.pci_info().map_err(io)?.bus_id);
+                if let Some(g) = gpus.iter_mut().find(|g| g.pci_address == pci) {
+                    g.uuid = d.uuid().ok().or(g.uuid.take());
+                    g.model = d.name().ok().or(g.model.take());
+                    g.minor = d.minor_number().ok().or(g.minor);
+                }
+            }
+            Ok(gpus)
+        }
+
+        fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
+            nvidia_cdi_inventory(&self.sysfs.root, &self.list()?)
+        }
+
+        fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
+            self.sysfs.reset(pci_address)
+        }
     }
 }
 
@@ -800,6 +877,31 @@ mod tests {
         );
         assert!(host.gpus().reset("0000:99:00.0").is_err());
         assert!(host.gpus().reset("../../etc").is_err());
+    }
+
+    #[test]
+    fn nvml_bus_ids_map_to_sysfs_addresses() {
+        assert_eq!(sysfs_pci_address("00000000:17:00.0"), "0000:17:00.0");
+        assert_eq!(sysfs_pci_address("0000:2A:00.0"), "0000:2a:00.0");
+    }
+
+    /// Where the NVIDIA driver is installed NVML must see every GPU sysfs
+    /// sees; elsewhere it must say why it cannot be used.
+    #[cfg(feature = "nvml")]
+    #[test]
+    fn nvml_lists_what_sysfs_lists_or_says_why_not() {
+        match nvml::NvmlGpus::new("/") {
+            Ok(g) => {
+                let sysfs = SysfsGpus::new("/").list().unwrap();
+                let nvml = g.list().unwrap();
+                assert_eq!(nvml.len(), sysfs.len());
+                assert!(
+                    nvml.iter()
+                        .all(|g| g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")))
+                );
+            }
+            Err(e) => assert!(e.contains("NVML is not usable here"), "{e}"),
+        }
     }
 
     #[test]

@@ -37,6 +37,10 @@ struct HwArgs {
     #[cfg(feature = "fakehw")]
     #[arg(long, default_value_t = 8)]
     fake_gpus: usize,
+    /// Read GPU fields through NVML (libnvidia-ml) as well as sysfs.
+    #[cfg(feature = "nvml")]
+    #[arg(long)]
+    nvml: bool,
 }
 
 impl HwArgs {
@@ -45,6 +49,13 @@ impl HwArgs {
         if let Some(seed) = self.fake_hw {
             let name = format!("fake-{seed}");
             return Arc::new(hw::fake::FakeHost::new(seed, name, self.fake_gpus));
+        }
+        #[cfg(feature = "nvml")]
+        if self.nvml {
+            match hw::nvml::NvmlGpus::new(&self.host_root) {
+                Ok(g) => return Arc::new(hw::RealHost::with_gpus(&self.host_root, Box::new(g))),
+                Err(e) => tracing::warn!(error = %e, "using sysfs for GPUs"),
+            }
         }
         hw::real(&self.host_root)
     }
