@@ -505,3 +505,52 @@ impl Drop for Netns {
             .output();
     }
 }
+
+/// Server timings that make the system tests quick: heartbeats every
+/// 300 ms, short leases.
+pub const FAST: &[&str] = &[
+    "--heartbeat-interval",
+    "300ms",
+    "--gateway-lease-ttl",
+    "2s",
+    "--node-lease-ttl",
+    "1s",
+    "--gateway-loss-grace",
+    "2s",
+];
+
+/// A server with [`FAST`] timings and one joined (not started) fakehw node
+/// seeded with `seed`.
+pub fn setup(seed: u64) -> (tempfile::TempDir, Server, Node) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&d.path().join("server"), FAST).expect("server");
+    let node = Node::new(&d.path().join(format!("node{seed}")), seed);
+    let out = node.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "join failed: {}", stderr(&out));
+    (d, server, node)
+}
+
+impl Server {
+    /// `nodes spec NODE --json`.
+    pub fn spec(&self, node: &str) -> serde_json::Value {
+        let out = self.cli(&["nodes", "spec", node, "--json"]);
+        assert!(out.status.success(), "nodes spec: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("spec json")
+    }
+}
+
+/// A section of `nodes spec --json` by name.
+pub fn section<'a>(spec: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    static NULL: serde_json::Value = serde_json::Value::Null;
+    spec["sections"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["section"] == name))
+        .unwrap_or(&NULL)
+}
+
+/// An ed25519 key that is not a worker key of any fleet: what a forger has.
+pub fn foreign_worker_key() -> ring::signature::Ed25519KeyPair {
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("generate a key");
+    ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("parse the key")
+}

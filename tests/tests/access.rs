@@ -3,23 +3,15 @@
 
 use std::time::Duration;
 
-use bc_tests::{Netns, Node, Server, stderr, wait_for};
+use std::path::PathBuf;
+
+use bc_tests::{Netns, Node, Server, section, stderr, wait_for};
+use bcd_agent::access::{AccessPaths, firewall};
+use bcd_agent::converge::Status;
+use bcd_proto::v1::{AccessSpec, FirewallRule, FirewallSpec};
 
 const KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
-
-fn spec_json(server: &Server, node: &str) -> serde_json::Value {
-    let out = server.cli(&["nodes", "spec", node, "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn section<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    v["sections"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["section"] == name))
-        .unwrap_or(&serde_json::Value::Null)
-}
 
 #[test]
 fn access_reaches_sshd_files_and_the_firewall_table() {
@@ -58,7 +50,7 @@ fn access_reaches_sshd_files_and_the_firewall_table() {
         "{table}"
     );
     let v = wait_for(Duration::from_secs(20), "access READY and applied", || {
-        let v = spec_json(&server, &id);
+        let v = server.spec(&id);
         (section(&v, "access")["status"] == "READY"
             && v["applied_generation"] == v["desired_generation"])
             .then_some(v)
@@ -76,7 +68,7 @@ fn access_reaches_sshd_files_and_the_firewall_table() {
             .success()
     );
     let v = wait_for(Duration::from_secs(20), "access FAILED", || {
-        let v = spec_json(&server, &id);
+        let v = server.spec(&id);
         (section(&v, "access")["status"] == "FAILED").then_some(v)
     });
     assert!(
@@ -102,4 +94,110 @@ fn access_reaches_sshd_files_and_the_firewall_table() {
     wait_for(Duration::from_secs(20), "files and table removed", || {
         (!keys.exists() && ns.nft(&["list", "table", "inet", "bcd"]).is_none()).then_some(())
     });
+}
+
+fn rule(protocol: &str, port: u32, source: &str, action: &str) -> FirewallRule {
+    FirewallRule {
+        protocol: protocol.into(),
+        port,
+        source: source.into(),
+        action: action.into(),
+    }
+}
+
+/// The firewall half of the access converger against the real `nft`, in a
+/// network namespace of the test's own.
+#[test]
+fn our_table_is_applied_kept_changed_and_removed_and_others_untouched() {
+    assert!(
+        std::path::Path::new("/usr/sbin/nft").exists(),
+        "nft is missing: apt-get install nftables"
+    );
+    let ns = Netns::new();
+    let ns_nft = |args: &[&str]| {
+        ns.nft(args)
+            .unwrap_or_else(|| panic!("nft {args:?} failed"))
+    };
+    ns_nft(&["add", "table", "ip", "theirs"]);
+    ns_nft(&[
+        "add",
+        "chain",
+        "ip",
+        "theirs",
+        "c",
+        "{ type filter hook input priority 10 ; }",
+    ]);
+    ns_nft(&[
+        "add", "rule", "ip", "theirs", "c", "tcp", "dport", "8080", "accept",
+    ]);
+    let theirs = ns_nft(&["list", "table", "ip", "theirs"]);
+    let d = tempfile::tempdir().unwrap();
+    let p = AccessPaths {
+        etc_dir: d.path().to_path_buf(),
+        nft: ns.nft.clone(),
+        sshd: PathBuf::from("/usr/sbin/sshd"),
+    };
+    let mut spec = AccessSpec {
+        firewall: Some(FirewallSpec {
+            rules: vec![
+                rule("tcp", 22, "10.0.0.0/8", "accept"),
+                rule("tcp", 22, "", "drop"),
+                rule("udp", 4789, "fd00::/8", "accept"),
+            ],
+        }),
+        ..Default::default()
+    };
+    assert_eq!(firewall(&p, &spec), Ok(true));
+    let listed = ns_nft(&["list", "table", "inet", "bcd"]);
+    assert!(
+        listed.contains("ip saddr 10.0.0.0/8 tcp dport 22 accept"),
+        "{listed}"
+    );
+    assert!(listed.contains("tcp dport 22 drop"), "{listed}");
+    assert!(
+        listed.contains("ip6 saddr fd00::/8 udp dport 4789 accept"),
+        "{listed}"
+    );
+    assert_eq!(
+        firewall(&p, &spec),
+        Ok(false),
+        "re-applying changes nothing"
+    );
+    // Drift: someone deletes a rule; the next pass restores the table.
+    ns_nft(&["flush", "chain", "inet", "bcd", "input"]);
+    assert_eq!(firewall(&p, &spec), Ok(true));
+    assert!(ns_nft(&["list", "table", "inet", "bcd"]).contains("tcp dport 22 drop"));
+    // A change replaces the table's rules atomically.
+    spec.firewall.as_mut().unwrap().rules = vec![rule("tcp", 9100, "192.168.1.7", "accept")];
+    assert_eq!(firewall(&p, &spec), Ok(true));
+    let listed = ns_nft(&["list", "table", "inet", "bcd"]);
+    assert!(
+        listed.contains("ip saddr 192.168.1.7 tcp dport 9100 accept"),
+        "{listed}"
+    );
+    assert!(!listed.contains("dport 22"), "{listed}");
+    // A rule nft would refuse is refused before nft sees it.
+    let mut bad = spec.clone();
+    bad.firewall
+        .as_mut()
+        .unwrap()
+        .rules
+        .push(rule("sctp", 1, "", "accept"));
+    assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
+    bad.firewall.as_mut().unwrap().rules = vec![rule("tcp", 22, "10.0.0.0/33", "accept")];
+    assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
+    assert!(
+        ns_nft(&["list", "table", "inet", "bcd"]).contains("dport 9100"),
+        "the last good table stays"
+    );
+    // Dropped from the spec: the table goes, cleanly.
+    spec.firewall = None;
+    assert_eq!(firewall(&p, &spec), Ok(true));
+    assert!(!ns_nft(&["list", "tables"]).contains("inet bcd"));
+    assert_eq!(firewall(&p, &spec), Ok(false));
+    assert_eq!(
+        ns_nft(&["list", "table", "ip", "theirs"]),
+        theirs,
+        "another table untouched"
+    );
 }

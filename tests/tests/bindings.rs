@@ -5,16 +5,10 @@
 
 use std::time::Duration;
 
-use bc_tests::{Node, Server, stderr, wait_for};
+use bc_tests::{Node, Server, wait_for};
 use bcd_proto::v1::{self, gateway_client::GatewayClient, node_message};
 use prost::Message;
 use rustls_pki_types::pem::PemObject;
-
-fn spec_json(server: &Server, node: &str) -> serde_json::Value {
-    let out = server.cli(&["nodes", "spec", node, "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 fn report(
     node: &str,
@@ -53,7 +47,7 @@ fn only_the_node_key_can_bind_and_forgeries_are_refused() {
             .success()
     );
     let v = wait_for(Duration::from_secs(20), "an active binding", || {
-        let v = spec_json(&server, &id);
+        let v = server.spec(&id);
         (v["bindings"][0]["state"] == "active").then_some(v)
     });
     assert_eq!(v["bindings"][0]["allocation_id"], "job-a");
@@ -137,7 +131,7 @@ fn only_the_node_key_can_bind_and_forgeries_are_refused() {
             }
         }
     });
-    let v = spec_json(&server, &id);
+    let v = server.spec(&id);
     let events: Vec<String> = v["events"]
         .as_array()
         .unwrap()
@@ -180,7 +174,7 @@ fn only_the_node_key_can_bind_and_forgeries_are_refused() {
     // The real node comes back and binds job-a again, validly.
     node.start();
     wait_for(Duration::from_secs(20), "job-a active again", || {
-        let v = spec_json(&server, &id);
+        let v = server.spec(&id);
         let b = v["bindings"]
             .as_array()
             .unwrap()

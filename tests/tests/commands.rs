@@ -4,27 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bc_tests::{Node, Server, stderr, wait_for};
-
-const FAST: &[&str] = &[
-    "--heartbeat-interval",
-    "300ms",
-    "--gateway-lease-ttl",
-    "2s",
-    "--node-lease-ttl",
-    "2s",
-    "--gateway-loss-grace",
-    "2s",
-];
-
-fn setup(seed: u64) -> (tempfile::TempDir, Server, Node) {
-    let d = tempfile::tempdir().unwrap();
-    let server = Server::start(&d.path().join("server"), FAST).unwrap();
-    let node = Node::new(&d.path().join(format!("node{seed}")), seed);
-    let out = node.join(&server.url(), &server.token(1));
-    assert!(out.status.success(), "join failed: {}", stderr(&out));
-    (d, server, node)
-}
+use bc_tests::{Node, Server, setup, stderr, wait_for};
 
 /// `exec.run` that appends its token to `file`: the side effect's own record.
 fn append(server: &Server, node: &str, file: &std::path::Path, token: &str) -> String {
@@ -599,12 +579,7 @@ fn forged_and_tampered_commands_are_rejected_with_the_reason_recorded() {
         )
         .unwrap();
     };
-    let foreign_key = {
-        let pkcs8 =
-            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
-                .unwrap();
-        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
-    };
+    let foreign_key = bc_tests::foreign_worker_key();
     // Signed by a key that is not a worker key of this fleet.
     let env = bcd_proto::v1::SignedEnvelope::decode(signed(&forged).as_slice()).unwrap();
     store(&forged, bcd_proto::sign::seal(&foreign_key, env.payload));

@@ -3,28 +3,8 @@
 
 use std::time::Duration;
 
-use bc_tests::{Node, Server, stderr, wait_for};
+use bc_tests::{FAST, Node, Server, setup, stderr, wait_for};
 use rustix::process::Signal;
-
-const FAST: &[&str] = &[
-    "--heartbeat-interval",
-    "300ms",
-    "--gateway-lease-ttl",
-    "2s",
-    "--node-lease-ttl",
-    "1s",
-    "--gateway-loss-grace",
-    "2s",
-];
-
-fn setup(seed: u64) -> (tempfile::TempDir, Server, Node) {
-    let d = tempfile::tempdir().unwrap();
-    let server = Server::start(&d.path().join("server"), FAST).unwrap();
-    let node = Node::new(&d.path().join(format!("node{seed}")), seed);
-    let out = node.join(&server.url(), &server.token(1));
-    assert!(out.status.success(), "join failed: {}", stderr(&out));
-    (d, server, node)
-}
 
 #[test]
 fn join_then_session_shows_connected() {

@@ -4,23 +4,8 @@
 
 use std::time::Duration;
 
-use bc_tests::{Node, Server, stderr, wait_for};
+use bc_tests::{FAST, Node, Server, section, stderr, wait_for};
 use prost::Message;
-
-const FAST: &[&str] = &["--heartbeat-interval", "300ms", "--gateway-lease-ttl", "2s"];
-
-fn devices(v: &serde_json::Value) -> &serde_json::Value {
-    v["sections"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["section"] == "devices"))
-        .unwrap_or(&serde_json::Value::Null)
-}
-
-fn spec_json(server: &Server, node: &str) -> serde_json::Value {
-    let out = server.cli(&["nodes", "spec", node, "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 #[test]
 fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
@@ -61,12 +46,12 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
         Duration::from_secs(20),
         "the node to report generation 1",
         || {
-            let v = spec_json(&server, &id);
+            let v = server.spec(&id);
             (v["applied_generation"] == 1).then_some(v)
         },
     );
     assert_eq!(v["desired_generation"], 1);
-    assert_eq!(devices(&v)["status"], "READY");
+    assert_eq!(section(&v, "devices")["status"], "READY");
 
     // A GPU bound to one allocation cannot be bound to another.
     let out = server.cli(&["nodes", "assign", &id, "job-b", "--gpus", "1"]);
@@ -105,7 +90,7 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
     server.crash_restart().unwrap();
     server.wait_node(&id, "reconnected", |n| n.state == "connected");
     let v = wait_for(Duration::from_secs(20), "a fresh report", || {
-        let v = spec_json(&server, &id);
+        let v = server.spec(&id);
         (v["applied_generation"] == 1 && v["reported_age_ms"].as_i64().is_some_and(|a| a < 5_000))
             .then_some(v)
     });
@@ -117,11 +102,11 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
     let out = server.cli(&["nodes", "assign", &id, "job-c", "--gpus", "GPU-not-here"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v = wait_for(Duration::from_secs(20), "the failure reported", || {
-        let v = spec_json(&server, &id);
-        (devices(&v)["status"] == "FAILED").then_some(v)
+        let v = server.spec(&id);
+        (section(&v, "devices")["status"] == "FAILED").then_some(v)
     });
     assert_eq!(
-        devices(&v)["message"],
+        section(&v, "devices")["message"],
         "allocation job-c: GPU GPU-not-here is not on this node"
     );
     assert_eq!(v["applied_generation"], 1);
@@ -135,7 +120,7 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
         (!cdi_file.exists() && !env_file.exists()).then_some(())
     });
     wait_for(Duration::from_secs(20), "generation 4 applied", || {
-        (spec_json(&server, &id)["applied_generation"] == 4).then_some(())
+        (server.spec(&id)["applied_generation"] == 4).then_some(())
     });
 }
 
@@ -155,18 +140,13 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
             .success()
     );
     wait_for(Duration::from_secs(20), "generation 1 applied", || {
-        (spec_json(&server, &id)["applied_generation"] == 1).then_some(())
+        (server.spec(&id)["applied_generation"] == 1).then_some(())
     });
     // A forged generation 2 in the store, signed by a foreign key, giving
     // the node every GPU.
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();
-    let foreign = {
-        let pkcs8 =
-            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
-                .unwrap();
-        ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
-    };
+    let foreign = bc_tests::foreign_worker_key();
     let forged = bcd_proto::v1::NodeSpec {
         node_id: id.clone(),
         generation: 2,
@@ -193,7 +173,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     );
     assert!(node.proc().log().contains("not signed by a worker key"));
     assert!(!node.dir.join("run/env/evil.env").exists());
-    assert_eq!(spec_json(&server, &id)["applied_generation"], 1);
+    assert_eq!(server.spec(&id)["applied_generation"], 1);
 
     // A genuine but older spec, replayed under a higher stored generation:
     // the node keeps the newer one it has.
@@ -204,7 +184,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
             .success()
     );
     wait_for(Duration::from_secs(20), "generation 3 applied", || {
-        (spec_json(&server, &id)["applied_generation"] == 3).then_some(())
+        (server.spec(&id)["applied_generation"] == 3).then_some(())
     });
     assert!(node.dir.join("run/env/job-b.env").exists());
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
@@ -224,7 +204,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
             .success()
     );
     wait_for(Duration::from_secs(20), "generation 4 applied", || {
-        (spec_json(&server, &id)["applied_generation"] == 4).then_some(())
+        (server.spec(&id)["applied_generation"] == 4).then_some(())
     });
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();

@@ -103,22 +103,7 @@ fn check_principal(p: &str) -> Result<(), String> {
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, String> {
-    if std::fs::read(path).is_ok_and(|b| b == bytes) {
-        return Ok(false);
-    }
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
-    }
-    crate::fsutil::atomic_write(path, bytes, 0o644).map_err(|e| {
-        format!(
-            "cannot write {}: {}",
-            path.display(),
-            std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        )
-    })?;
-    Ok(true)
+    crate::converge::write_if_changed(path, bytes, 0o644)
 }
 
 fn remove_others(dir: &Path, keep: &std::collections::BTreeSet<String>) -> Result<bool, String> {
@@ -487,7 +472,7 @@ pub fn converge(p: &AccessPaths, spec: &AccessSpec) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bcd_proto::v1::{AccessUser, FirewallSpec};
+    use bcd_proto::v1::AccessUser;
 
     // A real ed25519 public key (from ssh-keygen) and a real ECDSA one.
     const ED25519: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
@@ -623,169 +608,5 @@ mod tests {
         assert_eq!(sshd(&p, &AccessSpec::default()), Ok(true));
         assert!(!d.path().join("ssh/sshd_config.d/bcd.conf").exists());
         assert!(!dir.join("authorized_keys/alice").exists());
-    }
-
-    /// A fresh network namespace, removed when dropped, and an `nft` wrapper
-    /// that runs in it.
-    struct Netns {
-        name: String,
-        nft: PathBuf,
-        _dir: tempfile::TempDir,
-    }
-
-    impl Netns {
-        fn new() -> Netns {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let name = format!(
-                "bcdtest-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            );
-            let out = std::process::Command::new("ip")
-                .args(["netns", "add", &name])
-                .output()
-                .expect("ip (iproute2) is missing: apt-get install iproute2");
-            assert!(
-                out.status.success(),
-                "ip netns add (needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let dir = tempfile::tempdir().unwrap();
-            let nft = dir.path().join("nft");
-            std::fs::write(
-                &nft,
-                format!("#!/bin/sh\nexec ip netns exec {name} nft \"$@\"\n"),
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&nft, std::fs::Permissions::from_mode(0o755)).unwrap();
-            Netns {
-                name,
-                nft,
-                _dir: dir,
-            }
-        }
-
-        fn nft(&self, args: &[&str]) -> String {
-            let out = std::process::Command::new(&self.nft)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "nft {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap()
-        }
-    }
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
-        }
-    }
-
-    fn rule(protocol: &str, port: u32, source: &str, action: &str) -> FirewallRule {
-        FirewallRule {
-            protocol: protocol.into(),
-            port,
-            source: source.into(),
-            action: action.into(),
-        }
-    }
-
-    #[test]
-    fn our_table_is_applied_kept_changed_and_removed_and_others_untouched() {
-        assert!(
-            Path::new("/usr/sbin/nft").exists(),
-            "nft is missing: apt-get install nftables"
-        );
-        let ns = Netns::new();
-        ns.nft(&["add", "table", "ip", "theirs"]);
-        ns.nft(&[
-            "add",
-            "chain",
-            "ip",
-            "theirs",
-            "c",
-            "{ type filter hook input priority 10 ; }",
-        ]);
-        ns.nft(&[
-            "add", "rule", "ip", "theirs", "c", "tcp", "dport", "8080", "accept",
-        ]);
-        let theirs = ns.nft(&["list", "table", "ip", "theirs"]);
-        let d = tempfile::tempdir().unwrap();
-        let p = paths(d.path(), &ns.nft);
-        let mut spec = AccessSpec {
-            firewall: Some(FirewallSpec {
-                rules: vec![
-                    rule("tcp", 22, "10.0.0.0/8", "accept"),
-                    rule("tcp", 22, "", "drop"),
-                    rule("udp", 4789, "fd00::/8", "accept"),
-                ],
-            }),
-            ..Default::default()
-        };
-        assert_eq!(firewall(&p, &spec), Ok(true));
-        let listed = ns.nft(&["list", "table", "inet", "bcd"]);
-        assert!(
-            listed.contains("ip saddr 10.0.0.0/8 tcp dport 22 accept"),
-            "{listed}"
-        );
-        assert!(listed.contains("tcp dport 22 drop"), "{listed}");
-        assert!(
-            listed.contains("ip6 saddr fd00::/8 udp dport 4789 accept"),
-            "{listed}"
-        );
-        assert_eq!(
-            firewall(&p, &spec),
-            Ok(false),
-            "re-applying changes nothing"
-        );
-        // Drift: someone deletes a rule; the next pass restores the table.
-        ns.nft(&["flush", "chain", "inet", "bcd", "input"]);
-        assert_eq!(firewall(&p, &spec), Ok(true));
-        assert!(
-            ns.nft(&["list", "table", "inet", "bcd"])
-                .contains("tcp dport 22 drop")
-        );
-        // A change replaces the table's rules atomically.
-        spec.firewall.as_mut().unwrap().rules = vec![rule("tcp", 9100, "192.168.1.7", "accept")];
-        assert_eq!(firewall(&p, &spec), Ok(true));
-        let listed = ns.nft(&["list", "table", "inet", "bcd"]);
-        assert!(
-            listed.contains("ip saddr 192.168.1.7 tcp dport 9100 accept"),
-            "{listed}"
-        );
-        assert!(!listed.contains("dport 22"), "{listed}");
-        // A rule nft would refuse is refused before nft sees it.
-        let mut bad = spec.clone();
-        bad.firewall
-            .as_mut()
-            .unwrap()
-            .rules
-            .push(rule("sctp", 1, "", "accept"));
-        assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
-        bad.firewall.as_mut().unwrap().rules = vec![rule("tcp", 22, "10.0.0.0/33", "accept")];
-        assert!(matches!(firewall(&p, &bad), Err((Status::Failed, _))));
-        assert!(
-            ns.nft(&["list", "table", "inet", "bcd"])
-                .contains("dport 9100"),
-            "the last good table stays"
-        );
-        // Dropped from the spec: the table goes, cleanly.
-        spec.firewall = None;
-        assert_eq!(firewall(&p, &spec), Ok(true));
-        assert!(!ns.nft(&["list", "tables"]).contains("inet bcd"));
-        assert_eq!(firewall(&p, &spec), Ok(false));
-        assert_eq!(
-            ns.nft(&["list", "table", "ip", "theirs"]),
-            theirs,
-            "another table untouched"
-        );
     }
 }

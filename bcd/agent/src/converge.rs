@@ -54,7 +54,9 @@ pub struct Outcome {
     pub changed: bool,
 }
 
-fn write_if_changed(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, String> {
+/// Writes `bytes` atomically unless the file already holds them; says
+/// whether it wrote.
+pub(crate) fn write_if_changed(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, String> {
     if std::fs::read(path).is_ok_and(|b| b == bytes) {
         return Ok(false);
     }
