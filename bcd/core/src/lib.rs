@@ -19,6 +19,7 @@ pub mod command;
 pub mod epoch;
 pub mod rng;
 pub mod session;
+pub mod update;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use clock::{ClockError, ServerClock};

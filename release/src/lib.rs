@@ -1,0 +1,236 @@
+//! Signed release manifests.
+//!
+//! A release of bcd is a binary and a manifest naming its version, a
+//! sequence number that only grows, the target triple, its size and
+//! SHA-256. The manifest is signed with an ed25519 release key whose public
+//! half the node carries; the signature covers the manifest's exact bytes,
+//! which travel base64-encoded inside the signed file, so no JSON
+//! canonicalization is involved. The server and the node share this code:
+//! the server refuses to register what does not verify, the node refuses to
+//! install it, and both check the binary against the manifest.
+#![forbid(unsafe_code)]
+
+use base64::Engine;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use serde::{Deserialize, Serialize};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: String,
+    pub sequence: u64,
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// The file `releases sign` writes and `releases register` uploads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedManifest {
+    /// Base64 of the manifest's JSON bytes, as signed.
+    pub manifest: String,
+    pub key_id: String,
+    /// Base64 ed25519 signature over the manifest's bytes.
+    pub signature: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("the signed manifest is malformed: {0}")]
+    Malformed(String),
+    #[error("the manifest is signed by key {0}, which is not a release key of this fleet")]
+    UnknownKey(String),
+    #[error("the manifest's signature does not verify (tampered or forged)")]
+    BadSignature,
+    #[error("the binary is {actual} bytes; the manifest says {expected}")]
+    Size { expected: u64, actual: u64 },
+    #[error(
+        "the binary's SHA-256 is {actual}; the manifest says {expected} (corrupt or truncated download)"
+    )]
+    Hash { expected: String, actual: String },
+    #[error("the binary is for {actual}, not {expected}")]
+    Target { expected: String, actual: String },
+}
+
+/// `key_id` of a release public key: 16 hex digits of its SHA-256.
+pub fn key_id(public_key: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, public_key))[..16].to_string()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes))
+}
+
+/// The manifest for `binary`.
+pub fn manifest_for(binary: &[u8], version: &str, sequence: u64, target: &str) -> Manifest {
+    Manifest {
+        version: version.to_string(),
+        sequence,
+        target: target.to_string(),
+        size: binary.len() as u64,
+        sha256: sha256_hex(binary),
+    }
+}
+
+pub fn sign(manifest: &Manifest, key: &Ed25519KeyPair) -> SignedManifest {
+    let bytes = serde_json::to_vec(manifest).expect("a manifest serializes");
+    SignedManifest {
+        signature: B64.encode(key.sign(&bytes).as_ref()),
+        key_id: key_id(key.public_key().as_ref()),
+        manifest: B64.encode(bytes),
+    }
+}
+
+impl SignedManifest {
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("serializes");
+        v.push(b'\n');
+        v
+    }
+
+    pub fn parse(bytes: &[u8]) -> Result<SignedManifest, ReleaseError> {
+        serde_json::from_slice(bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
+    }
+
+    /// Verifies against the release public keys and returns the manifest.
+    pub fn verify(&self, keys: &[Vec<u8>]) -> Result<Manifest, ReleaseError> {
+        let key = keys
+            .iter()
+            .find(|k| key_id(k) == self.key_id)
+            .ok_or_else(|| ReleaseError::UnknownKey(self.key_id.clone()))?;
+        let bytes = B64
+            .decode(&self.manifest)
+            .map_err(|_| ReleaseError::Malformed("manifest is not base64".into()))?;
+        let sig = B64
+            .decode(&self.signature)
+            .map_err(|_| ReleaseError::Malformed("signature is not base64".into()))?;
+        UnparsedPublicKey::new(&ED25519, key)
+            .verify(&bytes, &sig)
+            .map_err(|_| ReleaseError::BadSignature)?;
+        serde_json::from_slice(&bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
+    }
+}
+
+/// The target triple an ELF binary was built for, as far as its header
+/// tells (class, byte order, machine).
+pub fn elf_target(binary: &[u8]) -> Option<&'static str> {
+    if binary.len() < 20 || &binary[..4] != b"\x7fELF" {
+        return None;
+    }
+    let machine = u16::from_le_bytes([binary[18], binary[19]]);
+    match (binary[4], binary[5], machine) {
+        (2, 1, 62) => Some("x86_64"),
+        (2, 1, 183) => Some("aarch64"),
+        _ => None,
+    }
+}
+
+impl Manifest {
+    /// Checks a downloaded binary against this manifest before anything
+    /// is switched.
+    pub fn check(&self, binary: &[u8]) -> Result<(), ReleaseError> {
+        if binary.len() as u64 != self.size {
+            return Err(ReleaseError::Size {
+                expected: self.size,
+                actual: binary.len() as u64,
+            });
+        }
+        let actual = sha256_hex(binary);
+        if actual != self.sha256 {
+            return Err(ReleaseError::Hash {
+                expected: self.sha256.clone(),
+                actual,
+            });
+        }
+        let arch = self.target.split('-').next().unwrap_or("");
+        match elf_target(binary) {
+            Some(a) if a == arch => Ok(()),
+            other => Err(ReleaseError::Target {
+                expected: self.target.clone(),
+                actual: other.unwrap_or("not an ELF executable").to_string(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use ring::rand::SystemRandom;
+
+    fn key() -> Ed25519KeyPair {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+    }
+
+    fn elf(len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len.max(64)];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[18..20].copy_from_slice(&62u16.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn sign_verify_and_check() {
+        let k = key();
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let bin = elf(4096);
+        let m = manifest_for(&bin, "0.2.0", 7, "x86_64-unknown-linux-musl");
+        let signed = sign(&m, &k);
+        let parsed = SignedManifest::parse(&signed.to_json()).unwrap();
+        assert_eq!(parsed.verify(&keys).unwrap(), m);
+        m.check(&bin).unwrap();
+        assert!(matches!(
+            m.check(&bin[..100]),
+            Err(ReleaseError::Size { .. })
+        ));
+        let mut other = bin.clone();
+        other[100] ^= 1;
+        assert!(matches!(m.check(&other), Err(ReleaseError::Hash { .. })));
+        let mut arm = bin.clone();
+        arm[18..20].copy_from_slice(&183u16.to_le_bytes());
+        let arm_m = manifest_for(&arm, "0.2.0", 7, "x86_64-unknown-linux-musl");
+        assert!(matches!(
+            arm_m.check(&arm),
+            Err(ReleaseError::Target { .. })
+        ));
+    }
+
+    #[test]
+    fn forged_and_tampered_manifests_are_refused() {
+        let (k, other) = (key(), key());
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let m = manifest_for(&elf(64), "0.2.0", 7, "x86_64-unknown-linux-musl");
+        assert!(matches!(
+            sign(&m, &other).verify(&keys),
+            Err(ReleaseError::UnknownKey(_))
+        ));
+        let mut forged = sign(&m, &other);
+        forged.key_id = key_id(k.public_key().as_ref());
+        assert_eq!(forged.verify(&keys), Err(ReleaseError::BadSignature));
+        let mut tampered = sign(&m, &k);
+        let mut m2 = m.clone();
+        m2.sequence = 8;
+        tampered.manifest = B64.encode(serde_json::to_vec(&m2).unwrap());
+        assert_eq!(tampered.verify(&keys), Err(ReleaseError::BadSignature));
+        assert!(SignedManifest::parse(b"not json").is_err());
+    }
+
+    proptest! {
+        /// Signed manifests come from the server and from operators' files:
+        /// arbitrary bytes parse or fail cleanly and never verify.
+        #[test]
+        fn arbitrary_input_never_verifies(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let k = key();
+            let keys = vec![k.public_key().as_ref().to_vec()];
+            if let Ok(s) = SignedManifest::parse(&bytes) {
+                prop_assert!(s.verify(&keys).is_err());
+            }
+            let _ = elf_target(&bytes);
+        }
+    }
+}
