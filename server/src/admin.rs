@@ -57,6 +57,8 @@ pub struct AdminService {
     pub store: Store,
     pub ca_pin: String,
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
+    /// Release public keys: what `releases register` accepts.
+    pub release_keys: Arc<Vec<Vec<u8>>>,
     /// The gateway in this process, woken when a command is created.
     pub gateway: Option<Arc<GatewayState>>,
 }
@@ -156,6 +158,21 @@ impl AdminService {
         })
     }
 }
+
+fn release_info(r: crate::store::ReleaseRow) -> bcd_proto::v1::ReleaseInfo {
+    bcd_proto::v1::ReleaseInfo {
+        version: r.version,
+        sequence: r.sequence,
+        target: r.target,
+        size: r.size,
+        sha256: r.sha256,
+        key_id: r.key_id,
+        registered_at_ms: r.registered_at_ms,
+    }
+}
+
+/// The largest request the operator API takes: a release binary fits.
+pub const MAX_REQUEST: usize = 128 << 20;
 
 /// Default deadline of a command.
 pub const DEFAULT_NOT_AFTER: Duration = Duration::from_secs(3600);
@@ -486,6 +503,48 @@ impl Admin for AdminService {
             .await?;
         info!(node = %info.node_id, generation = info.desired_generation, "access set");
         Ok(Response::new(info))
+    }
+
+    async fn register_release(
+        &self,
+        request: Request<bcd_proto::v1::RegisterReleaseRequest>,
+    ) -> Result<Response<bcd_proto::v1::ReleaseInfo>, Status> {
+        let r = request.into_inner();
+        let signed = release::SignedManifest::parse(&r.signed_manifest)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if self.release_keys.is_empty() {
+            return Err(Status::failed_precondition(
+                "this server has no release key: start it with --release-pubkey HEX (from releases keygen)",
+            ));
+        }
+        let manifest = signed
+            .verify(&self.release_keys)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        manifest
+            .check(&r.binary)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let key_id = signed.key_id.clone();
+        let row = self
+            .store
+            .run(move |s| s.register_release(&manifest, &key_id, &r.signed_manifest, &r.binary))
+            .await
+            .map_err(refusal_status)?;
+        info!(version = %row.version, sequence = row.sequence, "release registered");
+        Ok(Response::new(release_info(row)))
+    }
+
+    async fn list_releases(
+        &self,
+        _request: Request<bcd_proto::v1::ListReleasesRequest>,
+    ) -> Result<Response<bcd_proto::v1::ListReleasesResponse>, Status> {
+        let rows = self
+            .store
+            .run(|s| s.list_releases())
+            .await
+            .map_err(unavailable)?;
+        Ok(Response::new(bcd_proto::v1::ListReleasesResponse {
+            releases: rows.into_iter().map(release_info).collect(),
+        }))
     }
 
     async fn get_node_spec(

@@ -84,6 +84,14 @@ enum Command {
         node_cert_ttl: Duration,
         #[arg(long, default_value = "2h", value_parser = dur)]
         ramdisk_cert_ttl: Duration,
+        /// A release public key (hex, from releases keygen); repeatable.
+        #[arg(long = "release-pubkey")]
+        release_pubkeys: Vec<String>,
+    },
+    /// Signed releases of bcd.
+    Releases {
+        #[command(subcommand)]
+        command: ReleasesCommand,
     },
     /// Join tokens.
     Tokens {
@@ -99,6 +107,43 @@ enum Command {
     Commands {
         #[command(subcommand)]
         command: CommandsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ReleasesCommand {
+    /// Make a release key pair: KEY (pkcs8, mode 0600) and KEY.pub (hex).
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign a bcd binary's manifest, offline, with a release key file.
+    Sign {
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(long)]
+        binary: PathBuf,
+        #[arg(long)]
+        version: String,
+        /// Must be above every sequence registered before.
+        #[arg(long)]
+        sequence: u64,
+        #[arg(long, default_value = "x86_64-unknown-linux-musl")]
+        target: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Upload a signed manifest and its binary to the server.
+    Register {
+        #[arg(long)]
+        manifest: PathBuf,
+        #[arg(long)]
+        binary: PathBuf,
+    },
+    /// Registered releases, newest first.
+    List {
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -384,7 +429,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             gateway_loss_grace,
             node_cert_ttl,
             ramdisk_cert_ttl,
+            release_pubkeys,
         } => {
+            let release_keys = release_pubkeys
+                .iter()
+                .map(|k| {
+                    hex::decode(k.trim())
+                        .ok()
+                        .filter(|b| b.len() == 32)
+                        .ok_or_else(|| {
+                            anyhow::anyhow!("--release-pubkey takes 64 hex digits, not {k:?}")
+                        })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let timing = Timing {
                 heartbeat: heartbeat_interval,
                 gateway_lease_ttl,
@@ -403,6 +460,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         node_ttl: node_cert_ttl,
                         ramdisk_ttl: ramdisk_cert_ttl,
                     },
+                    release_keys,
                 },
                 shutdown_signal(),
             )
@@ -503,6 +561,114 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Releases { command } => match command {
+            ReleasesCommand::Keygen { out } => {
+                let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(
+                    &ring::rand::SystemRandom::new(),
+                )
+                .map_err(|_| anyhow::anyhow!("cannot generate a key"))?;
+                let key = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref())
+                    .map_err(|_| anyhow::anyhow!("cannot read the generated key"))?;
+                use ring::signature::KeyPair;
+                let public = hex::encode(key.public_key().as_ref());
+                crate::files::write_atomic(&out, pkcs8.as_ref(), 0o600)?;
+                let mut pub_path = out.clone().into_os_string();
+                pub_path.push(".pub");
+                crate::files::write_atomic(
+                    std::path::Path::new(&pub_path),
+                    format!("{public}\n").as_bytes(),
+                    0o644,
+                )?;
+                out!("{public}");
+                Ok(())
+            }
+            ReleasesCommand::Sign {
+                key,
+                binary,
+                version,
+                sequence,
+                target,
+                out,
+            } => {
+                let pkcs8 = std::fs::read(&key)
+                    .with_context(|| format!("cannot read {}", key.display()))?;
+                let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| {
+                    anyhow::anyhow!("{} is not an ed25519 release key", key.display())
+                })?;
+                let bin = std::fs::read(&binary)
+                    .with_context(|| format!("cannot read {}", binary.display()))?;
+                let manifest = release::manifest_for(&bin, &version, sequence, &target);
+                manifest
+                    .check(&bin)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", binary.display()))?;
+                let signed = release::sign(&manifest, &key);
+                crate::files::write_atomic(&out, &signed.to_json(), 0o644)?;
+                out!(
+                    "signed {version} (sequence {sequence}, {} bytes, sha256 {})",
+                    manifest.size,
+                    manifest.sha256
+                );
+                Ok(())
+            }
+            ReleasesCommand::Register { manifest, binary } => {
+                let signed_manifest = std::fs::read(&manifest)
+                    .with_context(|| format!("cannot read {}", manifest.display()))?;
+                let binary = std::fs::read(&binary)
+                    .with_context(|| format!("cannot read {}", binary.display()))?;
+                let mut c = client::connect(&operator, server).await?;
+                let r = c
+                    .register_release(bcd_proto::v1::RegisterReleaseRequest {
+                        signed_manifest,
+                        binary,
+                    })
+                    .await
+                    .map_err(client::status)?
+                    .into_inner();
+                out!("registered {} (sequence {})", r.version, r.sequence);
+                Ok(())
+            }
+            ReleasesCommand::List { json } => {
+                let mut c = client::connect(&operator, server).await?;
+                let r = c
+                    .list_releases(bcd_proto::v1::ListReleasesRequest {})
+                    .await
+                    .map_err(client::status)?
+                    .into_inner();
+                if json {
+                    let v: Vec<_> = r
+                        .releases
+                        .iter()
+                        .map(|x| {
+                            serde_json::json!({
+                                "version": x.version, "sequence": x.sequence, "target": x.target,
+                                "size": x.size, "sha256": x.sha256, "key_id": x.key_id,
+                                "registered_at_ms": x.registered_at_ms,
+                            })
+                        })
+                        .collect();
+                    out!("{}", serde_json::to_string_pretty(&v)?);
+                } else {
+                    out!(
+                        "{:>8} {:<12} {:<28} {:>10} REGISTERED",
+                        "SEQUENCE",
+                        "VERSION",
+                        "TARGET",
+                        "SIZE"
+                    );
+                    for x in &r.releases {
+                        out!(
+                            "{:>8} {:<12} {:<28} {:>10} {}",
+                            x.sequence,
+                            x.version,
+                            x.target,
+                            x.size,
+                            fmt_time(x.registered_at_ms)
+                        );
+                    }
+                }
+                Ok(())
+            }
+        },
         Command::Commands { command } => {
             let mut c = client::connect(&operator, server).await?;
             match command {

@@ -47,7 +47,8 @@ pub async fn connect(credential: &Path, server: Option<&str>) -> anyhow::Result<
     let bearer: MetadataValue<_> = format!("Bearer {}", cred.token)
         .parse()
         .context("the operator token is not valid ASCII")?;
-    Ok(AdminClient::with_interceptor(channel, Bearer(bearer)))
+    Ok(AdminClient::with_interceptor(channel, Bearer(bearer))
+        .max_encoding_message_size(crate::admin::MAX_REQUEST))
 }
 
 /// The message of a failed API call, for the operator.

@@ -36,6 +36,7 @@ pub struct JoinService {
     pub ca: Arc<Ca>,
     pub policy: CertPolicy,
     pub worker_keys: Arc<Vec<Vec<u8>>>,
+    pub release_keys: Arc<Vec<Vec<u8>>>,
 }
 
 fn issue(
@@ -98,6 +99,7 @@ impl Join for JoinService {
             not_after_ms: cert.not_after_ms,
             server_time_ms: now,
             worker_keys: self.worker_keys.as_ref().clone(),
+            release_keys: self.release_keys.as_ref().clone(),
             identity_generation: 1,
         }))
     }

@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub gateway_id: Option<String>,
     pub timing: Timing,
     pub certs: CertPolicy,
+    /// ed25519 release public keys (raw 32 bytes each).
+    pub release_keys: Vec<Vec<u8>>,
 }
 
 /// What `operator.json` holds: how the CLI reaches and proves itself to the
@@ -155,11 +157,13 @@ pub async fn serve(
         ca: ca.clone(),
         policy: opts.certs,
         worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
+        release_keys: Arc::new(opts.release_keys.clone()),
     };
     let admin = AdminService {
         store: store.clone(),
         ca_pin: ca.fingerprint(),
         worker_key: worker_key.clone(),
+        release_keys: Arc::new(opts.release_keys.clone()),
         gateway: Some(gw.clone()),
     };
     let auth = OperatorAuth {
@@ -173,7 +177,10 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
         .add_service(GatewayServer::new(GatewayService { state: gw.clone() }))
         .add_service(JoinServer::new(join))
-        .add_service(AdminServer::with_interceptor(admin, auth))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AdminServer::new(admin).max_decoding_message_size(crate::admin::MAX_REQUEST),
+            auth,
+        ))
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });

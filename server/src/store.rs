@@ -180,7 +180,33 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
     ",
+    // 7: releases.
+    "
+    CREATE TABLE releases (
+        sequence        INTEGER PRIMARY KEY,
+        version         TEXT NOT NULL,
+        target          TEXT NOT NULL,
+        size            INTEGER NOT NULL,
+        sha256          TEXT NOT NULL,
+        key_id          TEXT NOT NULL,
+        signed_manifest BLOB NOT NULL,
+        binary          BLOB NOT NULL,
+        registered_at   INTEGER NOT NULL
+    ) STRICT;
+    ",
 ];
+
+/// A registered release, without its binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRow {
+    pub version: String,
+    pub sequence: u64,
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+    pub key_id: String,
+    pub registered_at_ms: i64,
+}
 
 /// What became of a binding report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1399,6 +1425,72 @@ impl Store {
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+
+    // -------------------------------------------------------------- releases
+
+    /// Stores a verified release; a sequence already registered is refused.
+    pub fn register_release(
+        &self,
+        manifest: &release::Manifest,
+        key_id: &str,
+        signed_manifest: &[u8],
+        binary: &[u8],
+    ) -> Result<ReleaseRow, TxError> {
+        let conn = self.lock();
+        let n = conn.execute(
+            &format!(
+                "INSERT INTO releases (sequence, version, target, size, sha256, key_id,
+                     signed_manifest, binary, registered_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}) ON CONFLICT (sequence) DO NOTHING"
+            ),
+            params![
+                manifest.sequence as i64,
+                manifest.version,
+                manifest.target,
+                manifest.size as i64,
+                manifest.sha256,
+                key_id,
+                signed_manifest,
+                binary
+            ],
+        )?;
+        if n == 0 {
+            return Err(Refusal::BadRequest(format!(
+                "release sequence {} is already registered: sign the new release with a higher --sequence",
+                manifest.sequence
+            ))
+            .into());
+        }
+        Ok(self
+            .list_releases_locked(&conn)?
+            .into_iter()
+            .find(|r| r.sequence == manifest.sequence)
+            .expect("just registered"))
+    }
+
+    pub fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
+        let conn = self.lock();
+        Ok(self.list_releases_locked(&conn)?)
+    }
+
+    fn list_releases_locked(&self, conn: &Connection) -> rusqlite::Result<Vec<ReleaseRow>> {
+        let mut q = conn.prepare(
+            "SELECT version, sequence, target, size, sha256, key_id, registered_at
+             FROM releases ORDER BY sequence DESC",
+        )?;
+        q.query_map([], |r| {
+            Ok(ReleaseRow {
+                version: r.get(0)?,
+                sequence: r.get::<_, i64>(1)? as u64,
+                target: r.get(2)?,
+                size: r.get::<_, i64>(3)? as u64,
+                sha256: r.get(4)?,
+                key_id: r.get(5)?,
+                registered_at_ms: r.get(6)?,
+            })
+        })?
+        .collect()
     }
 
     // ---------------------------------------------------------------- events

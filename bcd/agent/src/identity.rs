@@ -89,6 +89,10 @@ pub struct IdentityFile {
     /// Worker public keys (ed25519, hex) learned at join.
     #[serde(default)]
     pub worker_keys: Vec<String>,
+    /// Release public keys (ed25519, hex) learned at join: the releases this
+    /// node installs.
+    #[serde(default)]
+    pub release_keys: Vec<String>,
     /// Server time the current certificate was issued at, unix ms.
     #[serde(default)]
     pub cert_issued_ms: i64,
@@ -377,6 +381,7 @@ mod tests {
             last_epoch: 0,
             ramdisk: false,
             worker_keys: vec![],
+            release_keys: vec![],
             cert_issued_ms: 0,
             next: None,
         };

@@ -136,6 +136,7 @@ pub async fn join_with_token(
         last_epoch: 0,
         ramdisk,
         worker_keys: resp.worker_keys.iter().map(hex::encode).collect(),
+        release_keys: resp.release_keys.iter().map(hex::encode).collect(),
         cert_issued_ms: resp.server_time_ms,
         next: None,
     };
