@@ -90,7 +90,10 @@ impl StoreClock {
 
 struct LocalSession {
     epoch: u64,
+    cert_serial: String,
     cert_not_after_ms: i64,
+    /// Set when the certificate is revoked: the session ends with a notice.
+    revoked: Option<oneshot::Sender<(String, String)>>,
     last_heard: Arc<Mutex<Instant>>,
     close: Option<oneshot::Sender<Status>>,
     /// Wakes the session's dispatcher when a command is created.
@@ -276,6 +279,33 @@ impl GatewayState {
         }
     }
 
+    /// The revocation feed: every second, certificates revoked since the
+    /// last look end the sessions that present them.
+    pub async fn revocation_loop(self: Arc<Self>, every: Duration) {
+        let mut since = self.clock.now_ms() - 1_000;
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let from = since;
+            match self.store.run(move |s| s.revoked_since(from)).await {
+                Ok(rows) => {
+                    for (serial, node, reason, at) in rows {
+                        since = since.max(at);
+                        let mut sessions = self.sessions();
+                        if let Some(s) = sessions.get_mut(&node)
+                            && s.cert_serial == serial
+                            && let Some(tx) = s.revoked.take()
+                        {
+                            let _ = tx.send((serial, reason));
+                        }
+                    }
+                }
+                Err(e) => warn!(error = %format!("{e:#}"), "revocation feed failed"),
+            }
+        }
+    }
+
     /// Marks this gateway's sessions disconnected and gives the lease back;
     /// for an orderly shutdown only (a crash does neither).
     pub async fn shutdown(&self) {
@@ -394,6 +424,7 @@ async fn run_session(
         _ => return,
     };
     let node = hello.node_id.clone();
+    let cert_serial = hello.cert_serial.clone();
     let journal_id = hello.journal_id.clone();
     let applied_generation = hello.applied_generation;
     let input = HelloInput {
@@ -428,10 +459,13 @@ async fn run_session(
         let last_heard = Arc::new(Mutex::new(Instant::now()));
         let wake = Arc::new(Notify::new());
         let (close_tx, mut close_rx) = oneshot::channel();
+        let (revoked_tx, mut revoked_rx) = oneshot::channel::<(String, String)>();
         if let Some(mut old) = state.sessions().insert(
             node.clone(),
             LocalSession {
                 epoch,
+                cert_serial: cert_serial.clone(),
+                revoked: Some(revoked_tx),
                 cert_not_after_ms: outcome.cert_not_after_ms,
                 last_heard: last_heard.clone(),
                 close: Some(close_tx),
@@ -479,6 +513,22 @@ async fn run_session(
         let dead_after = timing.heartbeat * timing.missed_heartbeats;
         loop {
             tokio::select! {
+                Ok((serial, reason)) = &mut revoked_rx => {
+                    info!(%serial, %reason, "certificate revoked; closing the session");
+                    let _ = out
+                        .send(msg(server_message::Msg::Revocation(v1::RevocationNotice {
+                            reason: reason.clone(),
+                            serials: vec![serial],
+                        })))
+                        .await;
+                    let _ = out
+                        .send(Err(Status::unauthenticated(format!(
+                            "the node certificate was revoked ({reason})"
+                        ))))
+                        .await;
+                    end_session(&state, &node, epoch, Duration::ZERO, "revoked").await;
+                    return;
+                }
                 _ = async { tokio::select! { _ = wake.notified() => {}, _ = poll.tick() => {} } } => {
                     if !send_spec(&state, &node, &mut sent_generation, &out).await
                         || !dispatch_pending(&state, &node, epoch, &out).await

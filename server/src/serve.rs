@@ -147,6 +147,7 @@ pub async fn serve(
     let mut tasks = vec![
         tokio::spawn(gw.clone().lease_loop()),
         tokio::spawn(gw.clone().liveness_loop()),
+        tokio::spawn(gw.clone().revocation_loop(Duration::from_millis(250))),
         tokio::spawn(liveness_controller(store.clone(), opts.timing)),
     ];
 

@@ -1741,6 +1741,25 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Certificates revoked at or after `since_ms` (store time): serial,
+    /// node, reason, when. The gateways' revocation feed polls this.
+    pub fn revoked_since(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<(String, String, String, i64)>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare_cached(
+            "SELECT serial, node_id, COALESCE(revoke_reason, ''), revoked_at FROM node_certs
+             WHERE revoked_at IS NOT NULL AND revoked_at >= ?1 ORDER BY revoked_at",
+        )?;
+        let rows = q
+            .query_map([since_ms], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
     /// Session facts, for tests and `check`.
     pub fn session(&self, node_id: &str) -> Result<Option<(u64, String, String)>, StoreError> {
         Ok(self

@@ -151,9 +151,26 @@ fn a_deleted_node_is_refused_and_told_to_join_again() {
     let out = server.cli(&["nodes", "delete", &id, "--yes"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(server.node(&id).is_none());
-    // The running node is cut at its next reconnect: restart the server.
-    let mut server = server;
-    server.restart().unwrap();
+    // Deleting revokes the certificate; the revocation feed ends the live
+    // session with a notice, and the node stops for good.
+    let status = node
+        .proc()
+        .wait(Duration::from_secs(30))
+        .expect("bcd node exits once revoked");
+    assert_eq!(status.code(), Some(3));
+    let log = node.proc().log();
+    assert!(
+        log.contains("revoked (node-deleted)") && log.contains("bcd join --reset --yes"),
+        "{log}"
+    );
+    assert!(
+        server
+            .proc
+            .log()
+            .contains("certificate revoked; closing the session")
+    );
+    // Started again, it is refused at its Hello.
+    node.start();
     let status = node
         .proc()
         .wait(Duration::from_secs(30))

@@ -203,6 +203,21 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or_default(),
         rss_kib(pid).unwrap_or(0)
     );
+    // Revocation: from `nodes delete` (which revokes the certificate) to the
+    // node's session closed and the daemon stopped.
+    let t = Instant::now();
+    let out = server.cli(&["nodes", "delete", &id, "--yes"]);
+    anyhow::ensure!(out.status.success(), "delete: {}", bc_tests::stderr(&out));
+    let exited = node.proc().wait(Duration::from_secs(30));
+    println!(
+        "revocation → session closed and bcd node stopped: {} ms{}",
+        t.elapsed().as_millis(),
+        if exited.is_some() {
+            ""
+        } else {
+            " (did not stop within 30 s)"
+        }
+    );
     drop(node);
 
     // The static release agent on this host's real (GPU-less) hardware.
