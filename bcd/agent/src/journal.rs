@@ -200,7 +200,7 @@ impl Journal {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "cache_size", -256)?;
+        conn.pragma_update(None, "cache_size", -64)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         let existing: Option<String> = conn

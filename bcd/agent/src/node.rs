@@ -138,7 +138,9 @@ impl Agent {
         });
         let mut renew_not_before = Duration::ZERO;
         tokio::pin!(shutdown);
-        let mut metrics = tokio::time::interval(METRIC_EVERY);
+        // The first metric after a full period: a fleet restarting at once
+        // does not journal (and fsync) a metric per node all together.
+        let mut metrics = tokio::time::interval_at(Instant::now() + METRIC_EVERY, METRIC_EVERY);
         metrics.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick converges at once: the last spec is enforced even
         // before (or without) a session.
@@ -863,6 +865,10 @@ impl Agent {
             return;
         }
         let applied = self.journal.applied_generation().unwrap_or(0);
+        if self.spec.is_none() && applied == 0 && self.sections.is_empty() {
+            // Nothing to say yet: a node without a spec costs no write.
+            return;
+        }
         let now: Vec<(String, String, String)> = self
             .sections
             .iter()
