@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
-use bcd_proto::v1::{JoinRequest, JoinResponse, RenewRequest, RenewResponse, join_server::Join};
+use bcd_proto::v1::{
+    FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, RenewRequest,
+    RenewResponse, join_server::Join,
+};
 use tonic::{Request, Response, Status};
 use tracing::info;
 
@@ -101,6 +104,34 @@ impl Join for JoinService {
             worker_keys: self.worker_keys.as_ref().clone(),
             release_keys: self.release_keys.as_ref().clone(),
             identity_generation: 1,
+        }))
+    }
+
+    async fn fetch_release(
+        &self,
+        request: Request<FetchReleaseRequest>,
+    ) -> Result<Response<FetchReleaseResponse>, Status> {
+        let fingerprint = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| {
+                Status::unauthenticated("releases are for nodes: present the node certificate")
+            })?;
+        let sequence = request.into_inner().sequence;
+        let found = self
+            .store
+            .run(move |s| {
+                s.check_cert(&fingerprint)?;
+                Ok::<_, TxError>(s.release(sequence)?)
+            })
+            .await
+            .map_err(refusal_status)?;
+        let (signed_manifest, binary) = found
+            .ok_or_else(|| Status::not_found(format!("no release with sequence {sequence}")))?;
+        Ok(Response::new(FetchReleaseResponse {
+            signed_manifest,
+            binary,
         }))
     }
 

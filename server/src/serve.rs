@@ -177,7 +177,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
         .add_service(GatewayServer::new(GatewayService { state: gw.clone() }))
-        .add_service(JoinServer::new(join))
+        .add_service(JoinServer::new(join).max_encoding_message_size(crate::admin::MAX_REQUEST))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             AdminServer::new(admin).max_decoding_message_size(crate::admin::MAX_REQUEST),
             auth,

@@ -196,6 +196,9 @@ const MIGRATIONS: &[&str] = &[
     ",
 ];
 
+/// A release's signed manifest and its binary.
+pub type ReleaseFiles = (Vec<u8>, Vec<u8>);
+
 /// A registered release, without its binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRow {
@@ -1467,6 +1470,18 @@ impl Store {
             .into_iter()
             .find(|r| r.sequence == manifest.sequence)
             .expect("just registered"))
+    }
+
+    /// A release's signed manifest and binary.
+    pub fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                "SELECT signed_manifest, binary FROM releases WHERE sequence = ?1",
+                [sequence as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
     }
 
     pub fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {

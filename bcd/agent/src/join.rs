@@ -201,3 +201,51 @@ pub async fn renew_certificate(
         },
     })
 }
+
+/// Downloads a release over the node's own session credentials and checks
+/// it before anything is written: the manifest must verify against the
+/// release keys learned at join, and the binary must match it.
+pub async fn fetch_release(
+    identity: &Identity,
+    sequence: u64,
+) -> Result<(release::Manifest, Vec<u8>), String> {
+    let config = tls::client_config(
+        ServerTrust::Ca(identity.ca.clone()),
+        Some(tls::ClientIdentity {
+            chain: vec![identity.cert.clone()],
+            key: identity.private_key(),
+        }),
+    )
+    .map_err(|e| format!("{e:#}"))?;
+    let channel = tls::connect(&identity.file.server, config)
+        .await
+        .map_err(|e| crate::node::error_chain(&e))?;
+    let resp = JoinClient::new(channel)
+        .max_decoding_message_size(256 << 20)
+        .fetch_release(bcd_proto::v1::FetchReleaseRequest { sequence })
+        .await
+        .map_err(|s| {
+            format!(
+                "the server did not hand out release {sequence}: {}",
+                s.message()
+            )
+        })?
+        .into_inner();
+    let keys: Vec<Vec<u8>> = identity
+        .file
+        .release_keys
+        .iter()
+        .filter_map(|k| hex::decode(k).ok())
+        .collect();
+    let signed =
+        release::SignedManifest::parse(&resp.signed_manifest).map_err(|e| e.to_string())?;
+    let manifest = signed.verify(&keys).map_err(|e| e.to_string())?;
+    if manifest.sequence != sequence {
+        return Err(format!(
+            "asked for release {sequence}, got a manifest for {}",
+            manifest.sequence
+        ));
+    }
+    manifest.check(&resp.binary).map_err(|e| e.to_string())?;
+    Ok((manifest, resp.binary))
+}

@@ -20,3 +20,4 @@ pub mod journal;
 pub mod node;
 #[cfg(feature = "fakehw")]
 pub mod sim;
+pub mod slots;
