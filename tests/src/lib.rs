@@ -284,6 +284,9 @@ pub struct Node {
     /// The nft program the node uses; none by default, so tests never
     /// touch the host's firewall.
     pub nft: Option<PathBuf>,
+    /// Read real hardware under this root (a tree of golden files) instead
+    /// of using fake hardware.
+    pub host_root: Option<PathBuf>,
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -307,17 +310,18 @@ impl Node {
             seed,
             proc: None,
             nft: None,
+            host_root: None,
         }
     }
 
     pub fn bcd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(bin("bcd"));
-        c.args(args)
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .arg("--fake-hw")
-            .arg(self.seed.to_string())
-            .env("BCD_LOG", "info,bcd_agent=debug");
+        c.args(args).arg("--data-dir").arg(&self.dir);
+        match &self.host_root {
+            Some(root) => c.arg("--host-root").arg(root),
+            None => c.arg("--fake-hw").arg(self.seed.to_string()),
+        };
+        c.env("BCD_LOG", "info,bcd_agent=debug");
         c
     }
 
@@ -553,4 +557,11 @@ pub fn foreign_worker_key() -> ring::signature::Ed25519KeyPair {
     let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
         .expect("generate a key");
     ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("parse the key")
+}
+
+/// A temporary directory with a server ([`FAST`] timings) in it.
+pub fn setup_dirs() -> (tempfile::TempDir, Server) {
+    let d = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&d.path().join("server"), FAST).expect("server");
+    (d, server)
 }

@@ -64,6 +64,8 @@ pub struct Agent {
     reported_generation: u64,
     /// Bindings reported in this session: allocation → GPU UUIDs.
     bound: std::collections::BTreeMap<String, Vec<String>>,
+    /// Inventory hashes the server has, by section.
+    inventory_known: std::collections::BTreeMap<String, String>,
 }
 
 /// How often the convergers re-check the machine.
@@ -289,6 +291,7 @@ impl Agent {
                     if let Err(e) = self.converge(&conn).await {
                         return Stopped::JournalFailed(e);
                     }
+                    self.send_inventory(&conn, None).await;
                 }
                 _ = metrics.tick() => {
                     if let Some(load) = self.host.load_average() {
@@ -648,6 +651,7 @@ impl Agent {
                 .unwrap_or_default(),
         ) == Some(Kind::InventoryRefresh)
         {
+            self.inventory_known.clear();
             self.send_inventory(conn, None).await;
         }
         send(conn, node_message::Msg::CommandResult(result)).await;
@@ -975,9 +979,21 @@ impl Agent {
         Ok(())
     }
 
-    async fn send_inventory(&mut self, conn: &Option<Conn>, only: Option<&[String]>) {
+    /// Sends inventory sections: after a Welcome the ones the server asked
+    /// for; otherwise the ones whose hash changed since the server last
+    /// had them (a GPU that appeared or vanished shows up within a pass).
+    async fn send_inventory(&mut self, conn: &Option<Conn>, wanted: Option<&[String]>) {
+        if conn.is_none() {
+            return;
+        }
         for section in hw::inventory(self.host.as_ref()) {
-            if only.is_none_or(|w| w.iter().any(|w| w == section.name)) {
+            let needed = match wanted {
+                Some(w) => w.iter().any(|w| w == section.name),
+                None => self.inventory_known.get(section.name) != Some(&section.sha256),
+            };
+            self.inventory_known
+                .insert(section.name.to_string(), section.sha256.clone());
+            if needed {
                 send(
                     conn,
                     node_message::Msg::Inventory(v1::Inventory {
@@ -1190,5 +1206,6 @@ pub fn open(
         reported: None,
         reported_generation: 0,
         bound: Default::default(),
+        inventory_known: Default::default(),
     })
 }
