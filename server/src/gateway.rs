@@ -136,10 +136,6 @@ impl GatewayState {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn session_count(&self) -> usize {
-        self.sessions().len()
-    }
-
     pub fn lease_name(&self) -> String {
         format!("gateway:{}", self.id)
     }

@@ -490,7 +490,6 @@ pub struct HelloOutcome {
     pub epoch: u64,
     pub server_time_ms: i64,
     pub inventory_wanted: Vec<String>,
-    pub previous_journal_id: Option<String>,
     /// In-flight commands to send again, in sequence order.
     pub replay: Vec<Dispatch>,
     /// Commands the Hello finished (self-terminating after a new boot,
@@ -808,7 +807,6 @@ impl Store {
             epoch,
             server_time_ms: now,
             inventory_wanted: wanted,
-            previous_journal_id: prev.map(|p| p.1),
             replay,
             finished,
             cert_not_after_ms,

@@ -565,3 +565,37 @@ pub fn setup_dirs() -> (tempfile::TempDir, Server) {
     let server = Server::start(&d.path().join("server"), FAST).expect("server");
     (d, server)
 }
+
+/// [`setup`], with the node running and connected; also returns its id.
+pub fn setup_connected(seed: u64) -> (tempfile::TempDir, Server, Node, String) {
+    let (d, server, mut node) = setup(seed);
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    (d, server, node, id)
+}
+
+impl Server {
+    /// Assigns GPUs to an allocation on a node and waits until the node
+    /// reports `generation` applied.
+    pub fn assign_and_wait(&self, node: &str, allocation: &str, gpus: &str, generation: u64) {
+        let out = self.cli(&["nodes", "assign", node, allocation, "--gpus", gpus]);
+        assert!(out.status.success(), "nodes assign: {}", stderr(&out));
+        wait_for(
+            Duration::from_secs(20),
+            &format!("generation {generation} applied"),
+            || (self.spec(node)["applied_generation"] == generation).then_some(()),
+        );
+    }
+
+    /// Runs `sh -c "echo start >> FILE; REST"` on a node and waits until it
+    /// has started (the file exists); returns the command id.
+    pub fn start_marked_command(&self, node: &str, file: &Path, rest: &str) -> String {
+        let script = format!("echo start >> {}; {rest}", file.display());
+        let cmd = self.run_command(node, "exec.run", &["/bin/sh", "-c", &script]);
+        wait_for(Duration::from_secs(20), "the command to start", || {
+            file.exists().then_some(())
+        });
+        cmd
+    }
+}

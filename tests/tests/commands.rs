@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bc_tests::{Node, Server, setup, stderr, wait_for};
+use bc_tests::{Node, Server, setup, setup_connected, stderr, wait_for};
 
 /// `exec.run` that appends its token to `file`: the side effect's own record.
 fn append(server: &Server, node: &str, file: &std::path::Path, token: &str) -> String {
@@ -22,10 +22,7 @@ fn append(server: &Server, node: &str, file: &std::path::Path, token: &str) -> S
 
 #[test]
 fn commands_run_and_report_results() {
-    let (_d, server, mut node) = setup(21);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (_d, server, _node, id) = setup_connected(21);
     let c = server.wait_command(&server.run_command(
         &id,
         "exec.run",
@@ -154,23 +151,9 @@ fn a_command_past_its_deadline_expires_and_never_runs() {
 
 #[test]
 fn a_node_killed_mid_command_reports_interrupted_and_never_reruns() {
-    let (d, server, mut node) = setup(24);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (d, server, mut node, id) = setup_connected(24);
     let file = d.path().join("count");
-    let cmd = server.run_command(
-        &id,
-        "exec.run",
-        &[
-            "/bin/sh",
-            "-c",
-            &format!("echo start >> {}; sleep 30", file.display()),
-        ],
-    );
-    wait_for(Duration::from_secs(20), "the command to start", || {
-        file.exists().then_some(())
-    });
+    let cmd = server.start_marked_command(&id, &file, "sleep 30");
     node.proc().kill();
     node.start();
     let c = server.wait_command(&cmd);
@@ -184,23 +167,9 @@ fn a_node_killed_mid_command_reports_interrupted_and_never_reruns() {
 
 #[test]
 fn a_server_restart_mid_command_loses_nothing() {
-    let (d, mut server, mut node) = setup(25);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (d, mut server, _node, id) = setup_connected(25);
     let file = d.path().join("count");
-    let cmd = server.run_command(
-        &id,
-        "exec.run",
-        &[
-            "/bin/sh",
-            "-c",
-            &format!("echo start >> {}; sleep 1; echo done", file.display()),
-        ],
-    );
-    wait_for(Duration::from_secs(20), "the command to start", || {
-        file.exists().then_some(())
-    });
+    let cmd = server.start_marked_command(&id, &file, "sleep 1; echo done");
     server.crash_restart().unwrap();
     let c = server.wait_command(&cmd);
     assert_eq!(c.state, "succeeded");
@@ -463,10 +432,7 @@ fn exactly_once_through_hundreds_of_crashes() {
 
 #[test]
 fn events_reach_the_server_and_restart_with_a_new_journal() {
-    let (_d, server, mut node) = setup(31);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (_d, server, mut node, id) = setup_connected(31);
     let cmd = server.run_command(&id, "exec.run", &["/bin/true"]);
     server.wait_command(&cmd);
     let store = better_compute::store::Store::open(&server.dir.join("store.db")).unwrap();
@@ -667,21 +633,8 @@ fn min_generation_and_kexec() {
 
 #[test]
 fn gpu_reset_refuses_an_assigned_gpu_and_resets_a_free_one() {
-    let (_d, server, mut node) = setup(35);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
-    assert!(
-        server
-            .cli(&["nodes", "assign", &id, "job-a", "--gpus", "0"])
-            .status
-            .success()
-    );
-    wait_for(Duration::from_secs(20), "the spec applied", || {
-        let out = server.cli(&["nodes", "spec", &id, "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        (v["applied_generation"] == 1).then_some(())
-    });
+    let (_d, server, _node, id) = setup_connected(35);
+    server.assign_and_wait(&id, "job-a", "0", 1);
     let c = server.wait_command(&server.run_command(&id, "gpu.reset", &["0"]));
     assert_eq!(c.state, "failed");
     assert!(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bc_tests::{FAST, Node, Server, setup, stderr, wait_for};
+use bc_tests::{FAST, Node, Server, setup, setup_connected, stderr, wait_for};
 use rustix::process::Signal;
 
 #[test]
@@ -74,10 +74,7 @@ fn server_restart_and_crash_give_the_node_higher_epochs() {
 
 #[test]
 fn a_frozen_node_is_closed_after_three_missed_heartbeats_and_comes_back() {
-    let (_d, server, mut node) = setup(3);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (_d, server, mut node, id) = setup_connected(3);
     // SIGSTOP keeps the TCP connection open but stops heartbeats: only the
     // missed-heartbeat rule can close this session.
     node.proc().signal(Signal::STOP);
@@ -142,10 +139,7 @@ fn a_second_node_process_on_the_same_data_dir_is_refused() {
 
 #[test]
 fn a_deleted_node_is_refused_and_told_to_join_again() {
-    let (_d, server, mut node) = setup(6);
-    let id = node.id();
-    node.start();
-    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let (_d, server, mut node, id) = setup_connected(6);
     let refused = server.cli(&["nodes", "delete", &id]);
     assert!(!refused.status.success() && stderr(&refused).contains("--yes"));
     let out = server.cli(&["nodes", "delete", &id, "--yes"]);

@@ -133,15 +133,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     let id = node.id();
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
-    assert!(
-        server
-            .cli(&["nodes", "assign", &id, "job-a", "--gpus", "0"])
-            .status
-            .success()
-    );
-    wait_for(Duration::from_secs(20), "generation 1 applied", || {
-        (server.spec(&id)["applied_generation"] == 1).then_some(())
-    });
+    server.assign_and_wait(&id, "job-a", "0", 1);
     // A forged generation 2 in the store, signed by a foreign key, giving
     // the node every GPU.
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
@@ -177,15 +169,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
 
     // A genuine but older spec, replayed under a higher stored generation:
     // the node keeps the newer one it has.
-    assert!(
-        server
-            .cli(&["nodes", "assign", &id, "job-b", "--gpus", "1"])
-            .status
-            .success()
-    );
-    wait_for(Duration::from_secs(20), "generation 3 applied", || {
-        (server.spec(&id)["applied_generation"] == 3).then_some(())
-    });
+    server.assign_and_wait(&id, "job-b", "1", 3);
     assert!(node.dir.join("run/env/job-b.env").exists());
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();

@@ -34,7 +34,6 @@ pub enum JournalError {
 pub struct Journal {
     conn: Connection,
     journal_id: String,
-    path: PathBuf,
 }
 
 /// What opening found.
@@ -219,23 +218,11 @@ impl Journal {
                 id
             }
         };
-        Ok(Journal {
-            conn,
-            journal_id,
-            path: path.to_path_buf(),
-        })
+        Ok(Journal { conn, journal_id })
     }
 
     pub fn journal_id(&self) -> &str {
         &self.journal_id
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn connection(&self) -> &Connection {
-        &self.conn
     }
 
     /// The signed NodeSpec this node enforces, with its generation.

@@ -617,14 +617,15 @@ impl Agent {
         id: &str,
         effect: Effect,
     ) -> Result<(), String> {
-        let seq = self
+        let Some(entry) = self
             .journal
             .command(id)
             .map_err(|e| format!("journal: {e}"))?
-            .map_or(0, |e| e.seq);
-        if id.is_empty() {
+        else {
+            warn!(cmd = %id, "a side effect finished for a command the journal does not hold");
             return Ok(());
-        }
+        };
+        let seq = entry.seq;
         let result = v1::CommandResult {
             command_id: id.to_string(),
             seq,
@@ -642,15 +643,7 @@ impl Agent {
         self.crash.at("after-result");
         info!(cmd = %id, outcome = %result.outcome, "finished");
         self.finished_event(&result);
-        if Kind::parse(
-            &self
-                .journal
-                .command(id)
-                .map_err(|e| format!("journal: {e}"))?
-                .map(|e| e.kind)
-                .unwrap_or_default(),
-        ) == Some(Kind::InventoryRefresh)
-        {
+        if Kind::parse(&entry.kind) == Some(Kind::InventoryRefresh) {
             self.inventory_known.clear();
             self.send_inventory(conn, None).await;
         }
