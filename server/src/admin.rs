@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use crate::gateway::{GatewayState, refusal_status};
-use crate::store::{Assignment, CommandRow, NewCommand, NewToken, Refusal, Store, StoreError};
+use crate::store::{Assignment, CommandRow, NewToken, Refusal, Store, StoreError};
 
 /// Checks the bearer credential against the operators known at start.
 #[derive(Debug, Clone)]
@@ -61,6 +61,8 @@ pub struct AdminService {
     pub release_keys: Arc<Vec<Vec<u8>>>,
     /// The gateway in this process, woken when a command is created.
     pub gateway: Option<Arc<GatewayState>>,
+    /// Wakes the rollout controller.
+    pub rollouts: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for AdminService {
@@ -79,6 +81,27 @@ fn valid_allocation(id: &str) -> bool {
 }
 
 impl AdminService {
+    async fn rollout_info(
+        &self,
+        id: String,
+    ) -> Result<Response<bcd_proto::v1::RolloutInfo>, Status> {
+        let i = id.clone();
+        let r = self
+            .store
+            .run(move |s| s.rollout(&i))
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no rollout {id}: see better-compute rollouts status"
+                ))
+            })?;
+        Ok(Response::new(rollout_info(r)))
+    }
+
+    async fn wake_rollouts(&self) {
+        self.rollouts.notify_one();
+    }
     /// Changes a node's spec and signs the new generation; wakes the node's
     /// gateway session to send it.
     async fn change_spec(
@@ -156,6 +179,33 @@ impl AdminService {
                 .collect(),
             reported_age_ms: view.reported_age_ms.unwrap_or(-1),
         })
+    }
+}
+
+fn rollout_info(r: crate::rollouts::Rollout) -> bcd_proto::v1::RolloutInfo {
+    bcd_proto::v1::RolloutInfo {
+        id: r.id,
+        sequence: r.sequence,
+        version: r.version,
+        selector: r.selector,
+        waves: r.waves,
+        max_failures: r.max_failures,
+        state: r.state,
+        wave: r.wave as u32,
+        reason: r.reason,
+        created_at_ms: r.created_at_ms,
+        nodes: r
+            .nodes
+            .into_iter()
+            .map(|n| bcd_proto::v1::RolloutNode {
+                node_id: n.node_id,
+                position: n.position as u32,
+                status: n.status.name().to_string(),
+                command_id: n.command_id.unwrap_or_default(),
+                reason: n.reason,
+                rollback_command_id: n.rollback_id.unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 
@@ -286,6 +336,7 @@ impl Admin for AdminService {
                     conditions: n.conditions,
                     taints: n.taints,
                     agent_version: n.agent_version,
+                    release_floor: n.release_floor,
                     server_time_ms: now,
                 })
                 .collect(),
@@ -330,28 +381,16 @@ impl Admin for AdminService {
         let (row, created) = self
             .store
             .run(move |s| {
-                s.create_command(
-                    &NewCommand {
-                        node_id: &node,
-                        kind,
-                        summary: &summary,
-                        not_after,
-                        min_generation,
-                        idempotency_key: idem.as_deref(),
-                    },
-                    |id, seq, now, not_after_ms| {
-                        let payload = crate::commands::payload(
-                            id,
-                            &node,
-                            seq,
-                            kind,
-                            args,
-                            now,
-                            not_after_ms,
-                            min_generation,
-                        );
-                        bcd_proto::sign::seal(&key, payload.encode_to_vec())
-                    },
+                crate::commands::create_signed(
+                    s,
+                    &key,
+                    &node,
+                    kind,
+                    args,
+                    &summary,
+                    not_after,
+                    min_generation,
+                    idem.as_deref(),
                 )
             })
             .await
@@ -545,6 +584,82 @@ impl Admin for AdminService {
         Ok(Response::new(bcd_proto::v1::ListReleasesResponse {
             releases: rows.into_iter().map(release_info).collect(),
         }))
+    }
+
+    async fn start_rollout(
+        &self,
+        request: Request<bcd_proto::v1::StartRolloutRequest>,
+    ) -> Result<Response<bcd_proto::v1::RolloutInfo>, Status> {
+        let r = request.into_inner();
+        let waves = if r.waves.is_empty() {
+            crate::rollouts::DEFAULT_WAVES.to_vec()
+        } else {
+            r.waves
+        };
+        let rollout = self
+            .store
+            .run(move |s| s.start_rollout(r.sequence, &r.selector, &waves, r.max_failures))
+            .await
+            .map_err(refusal_status)?;
+        info!(rollout = %rollout.id, sequence = rollout.sequence, nodes = rollout.nodes.len(), "rollout started");
+        self.wake_rollouts().await;
+        let id = rollout.id.clone();
+        self.rollout_info(id).await
+    }
+
+    async fn list_rollouts(
+        &self,
+        _request: Request<bcd_proto::v1::ListRolloutsRequest>,
+    ) -> Result<Response<bcd_proto::v1::ListRolloutsResponse>, Status> {
+        let rows = self
+            .store
+            .run(|s| s.list_rollouts())
+            .await
+            .map_err(unavailable)?;
+        Ok(Response::new(bcd_proto::v1::ListRolloutsResponse {
+            rollouts: rows.into_iter().map(rollout_info).collect(),
+        }))
+    }
+
+    async fn get_rollout(
+        &self,
+        request: Request<bcd_proto::v1::GetRolloutRequest>,
+    ) -> Result<Response<bcd_proto::v1::RolloutInfo>, Status> {
+        self.rollout_info(request.into_inner().id).await
+    }
+
+    async fn change_rollout(
+        &self,
+        request: Request<bcd_proto::v1::ChangeRolloutRequest>,
+    ) -> Result<Response<bcd_proto::v1::RolloutInfo>, Status> {
+        let r = request.into_inner();
+        let change = match r.action.as_str() {
+            "pause" => crate::rollouts::Change::Pause,
+            "resume" => crate::rollouts::Change::Resume,
+            "abort" => crate::rollouts::Change::Abort {
+                rollback: r.rollback,
+            },
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown rollout action {other:?}: pause, resume or abort"
+                )));
+            }
+        };
+        let key = self.worker_key.clone();
+        let id = r.id.clone();
+        let rolled_back = self
+            .store
+            .run(move |s| crate::rollouts::change(s, &key, &id, change))
+            .await
+            .map_err(refusal_status)?;
+        info!(rollout = %r.id, action = %r.action, rolled_back = rolled_back.len(), "rollout changed");
+        if let Some(gw) = &self.gateway {
+            for n in &rolled_back {
+                gw.wake(n);
+            }
+        }
+        self.wake_rollouts().await;
+        self.rollout_info(r.id).await
     }
 
     async fn get_node_spec(

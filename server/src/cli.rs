@@ -108,6 +108,52 @@ enum Command {
         #[command(subcommand)]
         command: CommandsCommand,
     },
+    /// Roll a release out to the fleet in waves.
+    Rollouts {
+        #[command(subcommand)]
+        command: RolloutsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RolloutsCommand {
+    /// Start rolling release SEQUENCE out.
+    Start {
+        sequence: u64,
+        /// Which nodes: node=ID, hostname=GLOB, version=V, comma-separated
+        /// (all must hold); `all` for every node.
+        #[arg(long, default_value = "all")]
+        selector: String,
+        /// Cumulative percentages of the selected nodes.
+        #[arg(long, default_value = "1%,10%,50%,100%")]
+        waves: String,
+        /// Failed upgrades tolerated; one more halts the rollout.
+        #[arg(long, default_value_t = 0)]
+        max_failures: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A rollout's progress (the latest one without an ID).
+    Status {
+        id: Option<String>,
+        /// One line per node.
+        #[arg(long)]
+        nodes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop issuing upgrades; those under way finish.
+    Pause { id: String },
+    /// Go on with a paused or halted rollout.
+    Resume { id: String },
+    /// Stop the rollout: upgrades not yet dispatched are cancelled; with
+    /// --rollback, nodes still upgrading are swapped back (confirmed nodes
+    /// keep the release: roll forward instead).
+    Abort {
+        id: String,
+        #[arg(long)]
+        rollback: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -524,7 +570,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             "cert_not_after_ms": n.cert_not_after_ms,
                             "last_seen_age_ms": n.last_seen_age_ms, "boot_id": n.boot_id,
                             "journal_id": n.journal_id, "incarnation_id": n.incarnation_id,
-                            "agent_version": n.agent_version, "conditions": n.conditions,
+                            "agent_version": n.agent_version, "release_floor": n.release_floor, "conditions": n.conditions,
                             "taints": n.taints,
                         })
                     })
@@ -537,25 +583,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             } else {
                 out!(
-                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
+                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
                     "NODE",
                     "HOSTNAME",
                     "STATE",
                     "EPOCH",
                     "GATEWAY",
                     "CERT EXPIRES",
-                    "LAST SEEN"
+                    "LAST SEEN",
+                    "VERSION",
+                    "FLOOR"
                 );
                 for n in &r.nodes {
                     out!(
-                        "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}",
+                        "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
                         n.node_id,
                         n.hostname,
                         n.state,
                         n.epoch,
                         n.gateway_id,
                         fmt_time(n.cert_not_after_ms),
-                        fmt_age(n.last_seen_age_ms)
+                        fmt_age(n.last_seen_age_ms),
+                        n.agent_version,
+                        n.release_floor
                     );
                 }
             }
@@ -669,6 +719,71 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Rollouts { command } => {
+            let mut c = client::connect(&operator, server).await?;
+            let (info, json, nodes) = match command {
+                RolloutsCommand::Start {
+                    sequence,
+                    selector,
+                    waves,
+                    max_failures,
+                    json,
+                } => {
+                    let waves = crate::rollouts::parse_waves(&waves).map_err(anyhow::Error::msg)?;
+                    let r = c
+                        .start_rollout(bcd_proto::v1::StartRolloutRequest {
+                            sequence,
+                            selector,
+                            waves,
+                            max_failures,
+                        })
+                        .await
+                        .map_err(client::status)?
+                        .into_inner();
+                    (r, json, false)
+                }
+                RolloutsCommand::Status { id, nodes, json } => {
+                    let r = match id {
+                        Some(id) => c
+                            .get_rollout(bcd_proto::v1::GetRolloutRequest { id })
+                            .await
+                            .map_err(client::status)?
+                            .into_inner(),
+                        None => c
+                            .list_rollouts(bcd_proto::v1::ListRolloutsRequest {})
+                            .await
+                            .map_err(client::status)?
+                            .into_inner()
+                            .rollouts
+                            .into_iter()
+                            .next()
+                            .ok_or_else(|| {
+                                anyhow::anyhow!(
+                                    "no rollouts yet: start one with better-compute rollouts start SEQUENCE"
+                                )
+                            })?,
+                    };
+                    (r, json, nodes)
+                }
+                RolloutsCommand::Pause { id } => (
+                    change_rollout(&mut c, id, "pause", false).await?,
+                    false,
+                    false,
+                ),
+                RolloutsCommand::Resume { id } => (
+                    change_rollout(&mut c, id, "resume", false).await?,
+                    false,
+                    false,
+                ),
+                RolloutsCommand::Abort { id, rollback } => (
+                    change_rollout(&mut c, id, "abort", rollback).await?,
+                    false,
+                    true,
+                ),
+            };
+            print_rollout(&info, json, nodes)?;
+            Ok(())
+        }
         Command::Commands { command } => {
             let mut c = client::connect(&operator, server).await?;
             match command {
@@ -947,4 +1062,83 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+async fn change_rollout(
+    c: &mut client::Admin,
+    id: String,
+    action: &str,
+    rollback: bool,
+) -> anyhow::Result<bcd_proto::v1::RolloutInfo> {
+    Ok(c.change_rollout(bcd_proto::v1::ChangeRolloutRequest {
+        id,
+        action: action.to_string(),
+        rollback,
+    })
+    .await
+    .map_err(client::status)?
+    .into_inner())
+}
+
+fn print_rollout(r: &bcd_proto::v1::RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
+    let count = |s: &str| r.nodes.iter().filter(|n| n.status == s).count();
+    if json {
+        let v = serde_json::json!({
+            "id": r.id, "sequence": r.sequence, "version": r.version, "selector": r.selector,
+            "waves": r.waves, "max_failures": r.max_failures, "state": r.state, "wave": r.wave,
+            "reason": r.reason, "created_at_ms": r.created_at_ms,
+            "nodes": r.nodes.iter().map(|n| serde_json::json!({
+                "node_id": n.node_id, "position": n.position, "status": n.status,
+                "command_id": n.command_id, "reason": n.reason,
+                "rollback_command_id": n.rollback_command_id,
+            })).collect::<Vec<_>>(),
+        });
+        out!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let pct = r.waves.get(r.wave as usize).copied().unwrap_or(100);
+    out!(
+        "rollout {}: release {} ({}) to {} nodes ({}), {}{}",
+        r.id,
+        r.sequence,
+        r.version,
+        r.nodes.len(),
+        r.selector,
+        r.state,
+        if r.reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", r.reason)
+        }
+    );
+    out!(
+        "wave {}/{} ({pct}%); confirmed {}, upgrading {}, failed {} (budget {}), waiting {}, skipped {}, cancelled {}",
+        r.wave + 1,
+        r.waves.len(),
+        count("confirmed"),
+        count("upgrading"),
+        count("failed"),
+        r.max_failures,
+        count("waiting"),
+        count("skipped"),
+        count("cancelled"),
+    );
+    if nodes {
+        out!("{:<16} {:<10} {:<22} REASON", "NODE", "STATUS", "COMMAND");
+        for n in &r.nodes {
+            out!(
+                "{:<16} {:<10} {:<22} {}{}",
+                n.node_id,
+                n.status,
+                n.command_id,
+                n.reason,
+                if n.rollback_command_id.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (rollback {})", n.rollback_command_id)
+                }
+            );
+        }
+    }
+    Ok(())
 }

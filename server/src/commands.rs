@@ -1,7 +1,9 @@
 //! Turning an operator's request into a signed command.
 
 use bcd_core::command::Kind;
-use bcd_proto::v1::{CommandPayload, ExecArgs, GpuResetArgs, KexecArgs, NoArgs, command_payload};
+use bcd_proto::v1::{
+    CommandPayload, ExecArgs, GpuResetArgs, KexecArgs, NoArgs, UpgradeArgs, command_payload,
+};
 
 /// Default `exec.run` timeout and output bound.
 pub const EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -10,7 +12,7 @@ pub const EXEC_MAX_OUTPUT: u32 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset"
+        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback"
     )]
     UnknownKind(String),
     #[error("exec.run needs a program: commands run NODE exec.run -- PROGRAM [ARGS...]")]
@@ -23,6 +25,10 @@ pub enum ArgsError {
     NoKernel,
     #[error("gpu.reset takes one GPU: its UUID, index or PCI address")]
     OneGpu,
+    #[error(
+        "daemon.upgrade takes one release sequence (see better-compute releases list), not {0:?}"
+    )]
+    BadSequence(String),
 }
 
 /// Parses the kind and its arguments; returns the kind, the typed arguments
@@ -79,7 +85,24 @@ pub fn parse(
             )),
             _ => Err(ArgsError::OneGpu),
         },
-        Kind::NodeReboot | Kind::InventoryRefresh => {
+        Kind::DaemonUpgrade => match args {
+            [seq] => {
+                let sequence = seq
+                    .strip_prefix("sequence=")
+                    .unwrap_or(seq)
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| *s > 0)
+                    .ok_or_else(|| ArgsError::BadSequence(seq.clone()))?;
+                Ok((
+                    k,
+                    command_payload::Args::Upgrade(UpgradeArgs { sequence }),
+                    format!("release {sequence}"),
+                ))
+            }
+            _ => Err(ArgsError::BadSequence(args.join(" "))),
+        },
+        Kind::NodeReboot | Kind::InventoryRefresh | Kind::DaemonRollback => {
             if !args.is_empty() {
                 return Err(ArgsError::NoArgsExpected(k.name()));
             }
@@ -110,6 +133,38 @@ pub fn payload(
         issued_at_ms,
         args: Some(args),
     }
+}
+
+/// Creates a command and signs its payload with the worker key, in one
+/// store transaction. Returns the row and whether it is new (an
+/// idempotency key already used returns the existing command).
+#[allow(clippy::too_many_arguments)]
+pub fn create_signed(
+    store: &crate::store::Store,
+    key: &ring::signature::Ed25519KeyPair,
+    node: &str,
+    kind: Kind,
+    args: command_payload::Args,
+    summary: &str,
+    not_after: std::time::Duration,
+    min_generation: u64,
+    idempotency_key: Option<&str>,
+) -> Result<(crate::store::CommandRow, bool), crate::store::TxError> {
+    use prost::Message;
+    store.create_command(
+        &crate::store::NewCommand {
+            node_id: node,
+            kind,
+            summary,
+            not_after,
+            min_generation,
+            idempotency_key,
+        },
+        |id, seq, now, not_after_ms| {
+            let payload = payload(id, node, seq, kind, args, now, not_after_ms, min_generation);
+            bcd_proto::sign::seal(key, payload.encode_to_vec())
+        },
+    )
 }
 
 #[cfg(test)]
@@ -160,5 +215,19 @@ mod tests {
         assert!(parse("inventory.refresh", &[], 0).is_ok());
         assert!(parse("gpu.reset", &s(&["0000:17:00.0"]), 0).is_ok());
         assert_eq!(parse("gpu.reset", &[], 0).unwrap_err(), ArgsError::OneGpu);
+        let (_, a, summary) = parse("daemon.upgrade", &s(&["sequence=7"]), 0).unwrap();
+        assert_eq!(summary, "release 7");
+        assert!(matches!(
+            a,
+            command_payload::Args::Upgrade(UpgradeArgs { sequence: 7 })
+        ));
+        assert!(parse("daemon.upgrade", &s(&["7"]), 0).is_ok());
+        for bad in [&[][..], &["0"], &["x"], &["1", "2"]] {
+            assert!(matches!(
+                parse("daemon.upgrade", &s(bad), 0),
+                Err(ArgsError::BadSequence(_))
+            ));
+        }
+        assert!(parse("daemon.rollback", &[], 0).is_ok());
     }
 }

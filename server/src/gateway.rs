@@ -432,6 +432,7 @@ async fn run_session(
         boot_id: hello.boot_id,
         journal_id: hello.journal_id,
         agent_version: hello.agent_version,
+        release_floor: hello.release_floor,
         last_epoch: hello.last_epoch,
         inventory_hashes: hello
             .inventory_hashes

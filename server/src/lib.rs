@@ -20,6 +20,7 @@ pub mod commands;
 pub mod files;
 pub mod gateway;
 pub mod joinsvc;
+pub mod rollouts;
 pub mod serve;
 pub mod specs;
 pub mod store;

@@ -144,11 +144,18 @@ pub async fn serve(
         Some(now) => gw.clock.anchor(now),
         None => anyhow::bail!("gateway id {gateway_id} is held by another live gateway"),
     }
+    let rollouts = Arc::new(tokio::sync::Notify::new());
     let mut tasks = vec![
         tokio::spawn(gw.clone().lease_loop()),
         tokio::spawn(gw.clone().liveness_loop()),
         tokio::spawn(gw.clone().revocation_loop(Duration::from_millis(250))),
         tokio::spawn(liveness_controller(store.clone(), opts.timing)),
+        tokio::spawn(rollout_controller(
+            store.clone(),
+            worker_key.clone(),
+            gw.clone(),
+            rollouts.clone(),
+        )),
     ];
 
     let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
@@ -166,6 +173,7 @@ pub async fn serve(
         worker_key: worker_key.clone(),
         release_keys: Arc::new(opts.release_keys.clone()),
         gateway: Some(gw.clone()),
+        rollouts,
     };
     let auth = OperatorAuth {
         token_hashes: Arc::new(operators),
@@ -200,6 +208,31 @@ pub async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+/// The rollout controller: walks running rollouts every second, or at once
+/// when an operator starts or changes one.
+async fn rollout_controller(
+    store: Store,
+    key: Arc<ring::signature::Ed25519KeyPair>,
+    gw: Arc<GatewayState>,
+    wake: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        let k = key.clone();
+        match store.run(move |s| crate::rollouts::tick(s, &k)).await {
+            Ok(woken) => {
+                for n in woken {
+                    gw.wake(&n);
+                }
+            }
+            Err(e) => warn!(error = %format!("{e:#}"), "rollout pass failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = wake.notified() => {}
+        }
+    }
 }
 
 /// The liveness controller: sweeps session states on the store's clock.

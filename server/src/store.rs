@@ -194,6 +194,31 @@ const MIGRATIONS: &[&str] = &[
         registered_at   INTEGER NOT NULL
     ) STRICT;
     ",
+    // 8: release floors and rollouts.
+    "
+    ALTER TABLE nodes ADD COLUMN release_floor INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE rollouts (
+        id           TEXT PRIMARY KEY,
+        sequence     INTEGER NOT NULL REFERENCES releases(sequence),
+        selector     TEXT NOT NULL,
+        waves        TEXT NOT NULL,
+        max_failures INTEGER NOT NULL,
+        state        TEXT NOT NULL,
+        wave         INTEGER NOT NULL,
+        reason       TEXT NOT NULL DEFAULT '',
+        created_at   INTEGER NOT NULL,
+        updated_at   INTEGER NOT NULL
+    ) STRICT;
+    CREATE TABLE rollout_nodes (
+        rollout_id  TEXT NOT NULL REFERENCES rollouts(id),
+        node_id     TEXT NOT NULL,
+        position    INTEGER NOT NULL,
+        command_id  TEXT,
+        rollback_id TEXT,
+        skipped     INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (rollout_id, node_id)
+    ) STRICT;
+    ",
 ];
 
 /// A release's signed manifest and its binary.
@@ -479,6 +504,7 @@ pub struct HelloInput {
     pub boot_id: String,
     pub journal_id: String,
     pub agent_version: String,
+    pub release_floor: u64,
     pub last_epoch: u64,
     pub inventory_hashes: Vec<(String, String)>,
     pub journal_running: Vec<String>,
@@ -517,6 +543,7 @@ pub struct NodeRow {
     pub journal_id: String,
     pub incarnation_id: String,
     pub agent_version: String,
+    pub release_floor: u64,
     pub conditions: Vec<String>,
     pub taints: Vec<String>,
 }
@@ -582,7 +609,7 @@ impl Store {
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-applied
         // transaction (SQLite rolls it back), so a poisoned lock is usable.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
@@ -782,8 +809,15 @@ impl Store {
         let conditions = without(&conditions, CONDITION_UNREACHABLE);
         let taints = without(&taints, TAINT_UNREACHABLE);
         tx.execute(
-            "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4 WHERE id = ?1",
-            params![h.node_id, h.agent_version, conditions, taints],
+            "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4,
+                 release_floor = MAX(release_floor, ?5) WHERE id = ?1",
+            params![
+                h.node_id,
+                h.agent_version,
+                conditions,
+                taints,
+                h.release_floor as i64
+            ],
         )?;
         let mut wanted = Vec::new();
         {
@@ -1092,6 +1126,24 @@ impl Store {
                 r.output_truncated
             ],
         )?;
+        // A confirmed upgrade raised the node's floor to its release (the
+        // node reports it in its next Hello as well).
+        if next == ServerState::Terminal(bcd_core::command::Outcome::Succeeded) {
+            let (kind, summary): (String, String) = tx.query_row(
+                "SELECT kind, summary FROM commands WHERE id = ?1",
+                [&r.command_id],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )?;
+            if let Some(seq) = (kind == bcd_core::command::Kind::DaemonUpgrade.name())
+                .then(|| summary.strip_prefix("release ")?.parse::<i64>().ok())
+                .flatten()
+            {
+                tx.execute(
+                    "UPDATE nodes SET release_floor = MAX(release_floor, ?2) WHERE id = ?1",
+                    params![node_id, seq],
+                )?;
+            }
+        }
         tx.commit()?;
         Ok(ResultApplied::Applied)
     }
@@ -1708,7 +1760,7 @@ impl Store {
                        WHERE c.node_id = n.id AND c.revoked_at IS NULL),
                     COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
                     COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
-                    n.agent_version, n.conditions, n.taints
+                    n.agent_version, n.conditions, n.taints, n.release_floor
              FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
              WHERE n.deleted_at IS NULL ORDER BY n.id",
         )?;
@@ -1728,6 +1780,7 @@ impl Store {
                     agent_version: r.get(10)?,
                     conditions: json_list(&r.get::<_, String>(11)?),
                     taints: json_list(&r.get::<_, String>(12)?),
+                    release_floor: r.get::<_, i64>(13)? as u64,
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -1994,6 +2047,7 @@ mod tests {
             boot_id: "b".into(),
             journal_id: "j".into(),
             agent_version: "0".into(),
+            release_floor: 0,
             last_epoch,
             inventory_hashes: vec![("gpus".into(), "abc".into())],
             journal_running: vec![],

@@ -287,6 +287,10 @@ pub struct Node {
     /// Read real hardware under this root (a tree of golden files) instead
     /// of using fake hardware.
     pub host_root: Option<PathBuf>,
+    /// The bcd to run (the debug build by default).
+    pub binary: Option<PathBuf>,
+    /// Extra environment for `bcd node`.
+    pub env: Vec<(String, String)>,
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -311,18 +315,72 @@ impl Node {
             proc: None,
             nft: None,
             host_root: None,
+            binary: None,
+            env: Vec::new(),
         }
     }
 
     pub fn bcd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(bin("bcd"));
-        c.args(args).arg("--data-dir").arg(&self.dir);
-        match &self.host_root {
-            Some(root) => c.arg("--host-root").arg(root),
-            None => c.arg("--fake-hw").arg(self.seed.to_string()),
-        };
+        let mut c = Command::new(self.binary.clone().unwrap_or_else(|| bin("bcd")));
+        c.args(args);
+        for a in self.common_args() {
+            c.arg(a);
+        }
         c.env("BCD_LOG", "info,bcd_agent=debug");
         c
+    }
+
+    fn common_args(&self) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = vec!["--data-dir".into(), self.dir.clone().into()];
+        match &self.host_root {
+            Some(root) => a.extend(["--host-root".into(), root.clone().into()]),
+            None => a.extend(["--fake-hw".into(), self.seed.to_string().into()]),
+        }
+        a
+    }
+
+    /// `bcd node`'s arguments after `node`: the data directory, hardware,
+    /// and the node's own cdi/run/etc directories.
+    fn node_args(&self) -> Vec<std::ffi::OsString> {
+        let mut a = self.common_args();
+        a.extend([
+            "--cdi-dir".into(),
+            self.dir.join("cdi").into(),
+            "--run-dir".into(),
+            self.dir.join("run").into(),
+            "--converge-every".into(),
+            "300ms".into(),
+            "--etc-dir".into(),
+            self.dir.join("etc").into(),
+            "--nft".into(),
+            self.nft
+                .clone()
+                .unwrap_or_else(|| self.dir.join("no-nft"))
+                .into(),
+        ]);
+        a
+    }
+
+    /// Runs `bcd supervise ... -- node ...` with `supervise` flags before
+    /// the `--` and `node` flags after the node's own.
+    pub fn supervise(&mut self, supervise: &[&str], node: &[&str]) -> &mut Proc {
+        let log = self.dir.with_extension(format!("{}.log", unique()));
+        let mut c = Command::new(self.binary.clone().unwrap_or_else(|| bin("bcd")));
+        c.arg("supervise")
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .args(supervise)
+            .arg("--")
+            .arg("node")
+            .args(self.node_args())
+            .args(node)
+            .env("BCD_LOG", "info,bcd_agent=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        let child = c.spawn().expect("start bcd supervise");
+        self.proc = Some(Proc { child, log });
+        self.proc.as_mut().expect("just set")
     }
 
     pub fn join(&self, server: &str, token: &str) -> Output {
@@ -346,17 +404,11 @@ impl Node {
 
     pub fn start(&mut self) -> &mut Proc {
         let log = self.dir.with_extension(format!("{}.log", unique()));
-        let child = self
-            .bcd(&["node"])
-            .arg("--cdi-dir")
-            .arg(self.dir.join("cdi"))
-            .arg("--run-dir")
-            .arg(self.dir.join("run"))
-            .args(["--converge-every", "300ms"])
-            .arg("--etc-dir")
-            .arg(self.dir.join("etc"))
-            .arg("--nft")
-            .arg(self.nft.clone().unwrap_or_else(|| self.dir.join("no-nft")))
+        let child = Command::new(self.binary.clone().unwrap_or_else(|| bin("bcd")))
+            .arg("node")
+            .args(self.node_args())
+            .env("BCD_LOG", "info,bcd_agent=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -597,5 +649,99 @@ impl Server {
             file.exists().then_some(())
         });
         cmd
+    }
+}
+
+/// A server that accepts releases signed with its own key, for
+/// self-update tests and benchmarks.
+#[derive(Debug)]
+pub struct Fleet {
+    pub d: tempfile::TempDir,
+    pub server: Server,
+    pub key: PathBuf,
+}
+
+/// A [`FAST`] server with a release key.
+pub fn fleet() -> Fleet {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("release.key");
+    let out = Command::new(bin("better-compute"))
+        .args(["releases", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let public = std::fs::read_to_string(d.path().join("release.key.pub")).unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--release-pubkey", public.trim()]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    Fleet { d, server, key }
+}
+
+impl Fleet {
+    /// Signs and registers `binary` as release `sequence`.
+    pub fn release(&self, binary: &Path, version: &str, sequence: u64) {
+        let manifest = self.d.path().join(format!("release-{sequence}.json"));
+        let seq = sequence.to_string();
+        let out = self.server.cli(&[
+            "releases",
+            "sign",
+            "--key",
+            self.key.to_str().unwrap(),
+            "--binary",
+            binary.to_str().unwrap(),
+            "--version",
+            version,
+            "--sequence",
+            &seq,
+            "--out",
+            manifest.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let out = self.server.cli(&[
+            "releases",
+            "register",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--binary",
+            binary.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+
+    /// The static bcd with a trailer: a different release of the same
+    /// code, which reports the installed version of itself.
+    pub fn bcd_release(&self, tag: &str) -> PathBuf {
+        let mut bytes = std::fs::read(static_bcd()).unwrap();
+        bytes.extend_from_slice(format!("\nrelease {tag}\n").as_bytes());
+        let path = self.d.path().join(format!("bcd-{tag}"));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// A C program built here.
+    pub fn c_program(&self, name: &str, source: &str) -> PathBuf {
+        let src = self.d.path().join(format!("{name}.c"));
+        std::fs::write(&src, source).unwrap();
+        let out_path = self.d.path().join(name);
+        let out = Command::new("gcc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&out_path)
+            .arg(&src)
+            .output()
+            .expect("gcc is missing: apt-get install gcc (scripts/test does)");
+        assert!(out.status.success(), "gcc: {}", stderr(&out));
+        out_path
+    }
+
+    /// A joined node running the static bcd on this machine, not started.
+    pub fn node(&self, name: &str) -> Node {
+        let mut node = Node::new(&self.d.path().join(name), 0);
+        node.host_root = Some(PathBuf::from("/"));
+        node.binary = Some(static_bcd());
+        let out = node.join(&self.server.url(), &self.server.token(1));
+        assert!(out.status.success(), "join: {}", stderr(&out));
+        node
     }
 }

@@ -14,6 +14,9 @@ pub const POINTS: &[&str] = &[
     "mid-effect",
     "after-result",
     "before-ack",
+    // Self-update: the link names the new slot, the restart has not
+    // happened.
+    "after-switch",
 ];
 
 #[derive(Debug)]

@@ -21,3 +21,4 @@ pub mod node;
 #[cfg(feature = "fakehw")]
 pub mod sim;
 pub mod slots;
+pub mod upgrade;

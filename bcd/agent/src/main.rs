@@ -8,7 +8,7 @@
 
 #[cfg(feature = "fakehw")]
 use bcd_agent::sim;
-use bcd_agent::{fsutil, hw, join, node};
+use bcd_agent::{fsutil, hw, join, node, upgrade};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -107,8 +107,42 @@ enum Command {
         /// How often the convergers re-check the machine for drift.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         converge_every: std::time::Duration,
+        /// How long a new release has to get its first Welcome before it
+        /// is swapped back.
+        #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+        confirm_within: std::time::Duration,
         #[command(flatten)]
         hw: HwArgs,
+    },
+    /// Run the daemon and keep it running: start it from the `current`
+    /// slot, start it again when it dies, and swap an upgrade back when the
+    /// new release cannot (the init of ramdisks runs this).
+    Supervise {
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Wait before starting a daemon that died.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        restart_delay: std::time::Duration,
+        /// How long past its deadline an unconfirmed release may run.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+        /// The daemon's arguments, after `--` (e.g. `-- node --data-dir ...`).
+        #[arg(last = true, required = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Swap an unconfirmed upgrade back to the previous release (systemd's
+    /// bcd-rollback.service runs this after a crash loop).
+    Rollback {
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Only an upgrade past its deadline plus --grace (the watchdog).
+        #[arg(long)]
+        overdue: bool,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+        /// Restart this systemd unit after swapping back.
+        #[arg(long)]
+        restart_unit: Option<String>,
     },
     /// Run many simulated nodes (fake hardware, real agents) in one process.
     #[cfg(feature = "fakehw")]
@@ -221,12 +255,20 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cdi_dir,
             run_dir,
             converge_every,
+            confirm_within,
             etc_dir,
             nft,
             sshd,
             hw,
         } => {
-            let _lock = fsutil::DirLock::acquire(&data_dir)?;
+            if upgrade::supervised() {
+                // The daemon does not outlive its supervisor.
+                upgrade::die_with_parent()?;
+            }
+            // With slots set up, only the binary `current` names runs.
+            upgrade::hand_over_if_needed(&bcd_agent::slots::Slots::new(&data_dir))
+                .map_err(anyhow::Error::msg)?;
+            let lock = fsutil::DirLock::acquire(&data_dir)?;
             fsutil::remove_stale_temps(&data_dir);
             let host = hw.host();
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -247,6 +289,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let mut agent =
                     node::open(&data_dir, host.clone(), rand::random(), None, paths, access)?;
                 agent.converge_every = converge_every;
+                agent.update = Some(upgrade::Updater::new(&data_dir, confirm_within));
                 let mut stop = stop_rx.clone();
                 let stopped = agent
                     .run(async move {
@@ -261,6 +304,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     node::Stopped::Rebooted => {
                         tracing::info!("the machine rebooted; starting the agent again");
+                    }
+                    node::Stopped::Restart => {
+                        drop(lock);
+                        if upgrade::supervised() {
+                            return Ok(ExitCode::from(upgrade::EXIT_RESTART));
+                        }
+                        let slots = bcd_agent::slots::Slots::new(&data_dir);
+                        anyhow::bail!(
+                            "cannot restart into {}: {}",
+                            slots.current_binary().display(),
+                            upgrade::exec_current(&slots)
+                        );
+                    }
+                    node::Stopped::BelowFloor(message) => {
+                        eprintln!("error: {message}");
+                        return Ok(ExitCode::from(upgrade::EXIT_BELOW_FLOOR));
                     }
                     node::Stopped::JournalFailed(e) => {
                         anyhow::bail!(
@@ -294,6 +353,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 duration,
             })
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Supervise {
+            data_dir,
+            restart_delay,
+            grace,
+            args,
+        } => {
+            let code = upgrade::supervise(upgrade::SuperviseOptions {
+                data_dir,
+                args,
+                restart_delay,
+                grace,
+            })
+            .await?;
+            Ok(ExitCode::from(code))
+        }
+        Command::Rollback {
+            data_dir,
+            overdue,
+            grace,
+            restart_unit,
+        } => {
+            let (line, swapped) = upgrade::rollback(&data_dir, overdue, grace)?;
+            println!("{line}");
+            if swapped && let Some(unit) = restart_unit {
+                let status = std::process::Command::new("systemctl")
+                    .args(["restart", &unit])
+                    .status()
+                    .map_err(|e| anyhow::anyhow!("cannot run systemctl restart {unit}: {e}"))?;
+                anyhow::ensure!(status.success(), "systemctl restart {unit}: {status}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Gpus { json, cdi, hw } => {

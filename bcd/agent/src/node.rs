@@ -66,6 +66,12 @@ pub struct Agent {
     bound: std::collections::BTreeMap<String, Vec<String>>,
     /// Inventory hashes the server has, by section.
     inventory_known: std::collections::BTreeMap<String, String>,
+    /// Self-update (none in `bcd sim`, whose agents share one process).
+    pub update: Option<crate::upgrade::Updater>,
+    /// Boot-clock deadline for an unconfirmed upgrade's first Welcome.
+    upgrade_deadline: Option<u64>,
+    /// Where a downloaded release goes back to the loop.
+    staged: Option<mpsc::UnboundedSender<Staged>>,
 }
 
 /// How often the convergers re-check the machine.
@@ -91,7 +97,14 @@ pub enum Stopped {
     Rebooted,
     /// The journal failed; the daemon must not act without it.
     JournalFailed(String),
+    /// The `current` slot changed: start again from the binary it names.
+    Restart,
+    /// This binary is below the release floor and must not run.
+    BelowFloor(String),
 }
+
+/// A downloaded, verified release written to the inactive slot, or why not.
+type Staged = (String, Result<release::Manifest, String>);
 
 /// A finished side effect on its way back to the loop.
 type Done = (String, Effect);
@@ -125,7 +138,15 @@ impl Agent {
         let mut wanted: Vec<String> = Vec::new();
         let mut counted = false;
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-        // Settle what a previous process left in the journal.
+        let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
+        self.staged = Some(staged_tx);
+        // Settle an upgrade a previous process started, then what it left
+        // in the journal.
+        match self.settle_update() {
+            Ok(Some(stopped)) => return stopped,
+            Ok(None) => {}
+            Err(e) => return Stopped::JournalFailed(e),
+        }
         match self.recover(&done_tx) {
             Ok(Some(stopped)) => return stopped,
             Ok(None) => {}
@@ -179,6 +200,10 @@ impl Agent {
                                 counted = true;
                             }
                             self.send_inventory(&conn, Some(&wanted)).await;
+                            // The first Welcome confirms a new release.
+                            if let Err(e) = self.confirm_upgrade() {
+                                return Stopped::JournalFailed(e);
+                            }
                             // Results the server has not acknowledged, in
                             // sequence order, before anything new.
                             if let Err(e) = self.resend_results(&conn).await {
@@ -278,6 +303,39 @@ impl Agent {
                             events.push(Event::DialFailed { error });
                         }
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
+                    }
+                }
+                _ = upgrade_sleep(self.upgrade_deadline) => {
+                    self.upgrade_deadline = None;
+                    let swapped = self
+                        .update
+                        .as_mut()
+                        .map(|u| u.tick(crate::upgrade::boot_ms()))
+                        .transpose();
+                    match swapped {
+                        Ok(Some(true)) => {
+                            self.uncount(&mut counted);
+                            self.persist_mark(&mut session, now());
+                            return Stopped::Restart;
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "cannot swap back"),
+                    }
+                }
+                Some((id, staged)) = staged_rx.recv() => {
+                    match self.switch_release(&id, staged) {
+                        Ok(()) => {
+                            self.uncount(&mut counted);
+                            self.persist_mark(&mut session, now());
+                            return Stopped::Restart;
+                        }
+                        Err(reason) => {
+                            warn!(cmd = %id, %reason, "upgrade refused; staying on the current release");
+                            if let Err(e) = self.finish(&conn, &id, Effect::failed(reason)).await {
+                                return Stopped::JournalFailed(e);
+                            }
+                            self.flush_events(&conn).await;
+                        }
                     }
                 }
                 Some((id, effect)) = done_rx.recv() => {
@@ -603,11 +661,177 @@ impl Agent {
                     }
                 }
             }
+            (Some(Kind::DaemonUpgrade), Some(v1::command_payload::Args::Upgrade(u))) => {
+                self.stage_release(id, u.sequence, done);
+            }
+            (Some(Kind::DaemonRollback), _) => {
+                let Some(update) = self.update.as_mut() else {
+                    let _ = done.send((id, Effect::failed("self-update is not available here")));
+                    return Ok(None);
+                };
+                let (output, restart) = update.abort().map_err(|e| format!("slots: {e}"))?;
+                if restart {
+                    // The result is journaled before the switch takes
+                    // effect; the old binary sends it.
+                    self.journal_result(
+                        &id,
+                        Effect {
+                            output: output.into_bytes(),
+                            ..Effect::ok()
+                        },
+                    )?;
+                    return Ok(Some(Stopped::Restart));
+                }
+                let _ = done.send((
+                    id,
+                    Effect {
+                        output: output.into_bytes(),
+                        ..Effect::ok()
+                    },
+                ));
+            }
             _ => {
                 let _ = done.send((id, Effect::failed("arguments do not match the kind")));
             }
         }
         Ok(None)
+    }
+
+    /// `daemon.upgrade`: refuses at once what the update state refuses,
+    /// then downloads, verifies and writes the release to the inactive slot
+    /// in the background; the loop switches (`switch_release`).
+    fn stage_release(&mut self, id: String, sequence: u64, done: &mpsc::UnboundedSender<Done>) {
+        let (Some(update), Some(staged)) = (self.update.as_ref(), self.staged.clone()) else {
+            let _ = done.send((id, Effect::failed("self-update is not available here")));
+            return;
+        };
+        if let Err(refusal) = update.plan(sequence) {
+            let _ = done.send((id, Effect::failed(refusal.to_string())));
+            return;
+        }
+        let identity = self.identity.clone();
+        let slots_dir = update.slots.clone();
+        let state = update.state.clone();
+        let confirm_within = update.confirm_within;
+        tokio::spawn(async move {
+            let result = match crate::join::fetch_release(&identity, sequence).await {
+                Err(e) => Err(e),
+                Ok((manifest, binary)) => tokio::task::spawn_blocking(move || {
+                    let writer = crate::upgrade::Updater {
+                        slots: slots_dir,
+                        state,
+                        confirm_within,
+                        supervised: false,
+                    };
+                    writer.write(manifest.sequence, &binary).map(|_| manifest)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("writing the slot: {e}"))),
+            };
+            let _ = staged.send((id, result));
+        });
+    }
+
+    /// A release is in the inactive slot: record the upgrade and switch
+    /// (the caller restarts), or say why not.
+    fn switch_release(
+        &mut self,
+        id: &str,
+        staged: Result<release::Manifest, String>,
+    ) -> Result<(), String> {
+        let manifest = staged?;
+        let update = self.update.as_mut().expect("staged only with an updater");
+        update.switch(id, &manifest, crate::upgrade::boot_ms())?;
+        self.crash.at("after-switch");
+        Ok(())
+    }
+
+    /// At start: settles what the update state says about a previous
+    /// process's upgrade.
+    fn settle_update(&mut self) -> Result<Option<Stopped>, String> {
+        let Some(update) = self.update.as_mut() else {
+            return Ok(None);
+        };
+        let at_start = match update.start(crate::upgrade::boot_ms()) {
+            Ok(a) => a,
+            Err(e @ crate::upgrade::UpgradeError::BelowFloor { .. }) => {
+                return Ok(Some(Stopped::BelowFloor(e.to_string())));
+            }
+            Err(e) => return Err(format!("update state: {e}")),
+        };
+        match at_start {
+            crate::upgrade::AtStart::Run => {}
+            crate::upgrade::AtStart::AwaitWelcome { deadline_ms } => {
+                info!(
+                    in_ms = deadline_ms.saturating_sub(crate::upgrade::boot_ms()),
+                    "running a new release; it confirms on its first Welcome"
+                );
+                self.upgrade_deadline = Some(deadline_ms);
+            }
+            crate::upgrade::AtStart::Restart => return Ok(Some(Stopped::Restart)),
+            crate::upgrade::AtStart::Finished {
+                command_id,
+                succeeded,
+                reason,
+                output,
+            } => {
+                warn!(cmd = %command_id, reason, "the upgrade did not confirm; this is the previous release");
+                let effect = Effect {
+                    outcome: if succeeded {
+                        command::Outcome::Succeeded
+                    } else {
+                        command::Outcome::Failed
+                    },
+                    reason: reason.to_string(),
+                    output: output.into_bytes(),
+                    ..Effect::ok()
+                };
+                self.journal_result_if_running(&command_id, effect)?;
+                self.update
+                    .as_ref()
+                    .expect("checked above")
+                    .settled()
+                    .map_err(|e| format!("update state: {e}"))?;
+            }
+        }
+        Ok(None)
+    }
+
+    /// The first Welcome of a new release: journal SUCCEEDED, then raise
+    /// the floor on disk.
+    fn confirm_upgrade(&mut self) -> Result<(), String> {
+        let Some((id, output)) = self.update.as_mut().and_then(|u| u.welcome()) else {
+            return Ok(());
+        };
+        self.upgrade_deadline = None;
+        info!(cmd = %id, "the new release is confirmed");
+        self.journal_result_if_running(
+            &id,
+            Effect {
+                output: output.into_bytes(),
+                ..Effect::ok()
+            },
+        )?;
+        self.update
+            .as_ref()
+            .expect("confirmed through it")
+            .settled()
+            .map_err(|e| format!("update state: {e}"))
+    }
+
+    /// Journals a result for a command the journal holds as running (a
+    /// lost journal holds nothing: the server settles it as journal-lost).
+    fn journal_result_if_running(&mut self, id: &str, effect: Effect) -> Result<(), String> {
+        match self
+            .journal
+            .command(id)
+            .map_err(|e| format!("journal: {e}"))?
+        {
+            Some(e) if matches!(e.state, Journaled::Running { .. } | Journaled::Accepted) => {
+                self.journal_result(id, effect).map(|_| ())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Journals a finished side effect's result, then sends it.
@@ -617,18 +841,36 @@ impl Agent {
         id: &str,
         effect: Effect,
     ) -> Result<(), String> {
+        let Some((result, kind)) = self.journal_result(id, effect)? else {
+            return Ok(());
+        };
+        self.crash.at("after-result");
+        if kind == Some(Kind::InventoryRefresh) {
+            self.inventory_known.clear();
+            self.send_inventory(conn, None).await;
+        }
+        send(conn, node_message::Msg::CommandResult(result)).await;
+        Ok(())
+    }
+
+    /// Journals a command's result (sent later: now by `finish`, or after
+    /// the next Welcome).
+    fn journal_result(
+        &mut self,
+        id: &str,
+        effect: Effect,
+    ) -> Result<Option<(v1::CommandResult, Option<Kind>)>, String> {
         let Some(entry) = self
             .journal
             .command(id)
             .map_err(|e| format!("journal: {e}"))?
         else {
             warn!(cmd = %id, "a side effect finished for a command the journal does not hold");
-            return Ok(());
+            return Ok(None);
         };
-        let seq = entry.seq;
         let result = v1::CommandResult {
             command_id: id.to_string(),
-            seq,
+            seq: entry.seq,
             outcome: effect.outcome.name().to_string(),
             reason: effect.reason,
             exit_code: effect.exit_code.unwrap_or(0),
@@ -640,15 +882,9 @@ impl Agent {
         self.journal
             .finish(id, &result.encode_to_vec())
             .map_err(|e| format!("journal: {e}"))?;
-        self.crash.at("after-result");
         info!(cmd = %id, outcome = %result.outcome, "finished");
         self.finished_event(&result);
-        if Kind::parse(&entry.kind) == Some(Kind::InventoryRefresh) {
-            self.inventory_known.clear();
-            self.send_inventory(conn, None).await;
-        }
-        send(conn, node_message::Msg::CommandResult(result)).await;
-        Ok(())
+        Ok(Some((result, Kind::parse(&entry.kind))))
     }
 
     /// On start: runs what was accepted and never started, finishes what
@@ -674,18 +910,28 @@ impl Agent {
                 }
                 Recovery::Finish(outcome, reason) => {
                     info!(cmd = %e.id, outcome = outcome.name(), reason, "recovery: settling a command");
-                    let result = v1::CommandResult {
-                        command_id: e.id.clone(),
-                        seq: e.seq,
-                        outcome: outcome.name().to_string(),
-                        reason: reason.to_string(),
-                        boot_id: boot_id.clone(),
-                        ..Default::default()
-                    };
-                    self.journal
-                        .finish(&e.id, &result.encode_to_vec())
-                        .map_err(|e| format!("journal: {e}"))?;
-                    self.finished_event(&result);
+                    self.journal_result(
+                        &e.id,
+                        Effect {
+                            outcome,
+                            reason: reason.to_string(),
+                            ..Effect::ok()
+                        },
+                    )?;
+                }
+                Recovery::Upgrade => {
+                    // The update state settled it at start, or settles it
+                    // at the first Welcome; with no record there, the
+                    // process stopped before the switch.
+                    let pending = self
+                        .update
+                        .as_ref()
+                        .and_then(|u| u.pending_command())
+                        .is_some_and(|p| p == e.id);
+                    if !pending {
+                        info!(cmd = %e.id, "recovery: an upgrade stopped before the switch");
+                        self.journal_result(&e.id, Effect::failed(command::reason::INTERRUPTED))?;
+                    }
                 }
                 Recovery::Resend | Recovery::Nothing => {}
             }
@@ -1005,6 +1251,11 @@ impl Agent {
             warn!(error = %e, "cannot read the boot id");
             String::new()
         });
+        // The version of the release `current` holds, not the binary's claim.
+        let (version, release_floor) = match &self.update {
+            Some(u) => u.report(),
+            None => (env!("CARGO_PKG_VERSION").to_string(), 0),
+        };
         let mut journal_running = Vec::new();
         let mut journal_done = Vec::new();
         for e in self
@@ -1030,9 +1281,9 @@ impl Agent {
                     sha256: s.sha256,
                 })
                 .collect(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            agent_version: version,
             last_epoch,
-            release_floor: 0,
+            release_floor,
             server_time_mark_ms: mark_ms,
             journal_running,
             journal_done,
@@ -1200,5 +1451,19 @@ pub fn open(
         reported_generation: 0,
         bound: Default::default(),
         inventory_known: Default::default(),
+        update: None,
+        upgrade_deadline: None,
+        staged: None,
     })
+}
+
+/// Sleeps until a boot-clock deadline; forever without one.
+async fn upgrade_sleep(deadline_ms: Option<u64>) {
+    match deadline_ms {
+        Some(d) => {
+            let wait = d.saturating_sub(crate::upgrade::boot_ms());
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        None => std::future::pending().await,
+    }
 }

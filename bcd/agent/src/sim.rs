@@ -90,8 +90,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
                     .await;
                 match stopped {
                     Stopped::Shutdown => return anyhow::Ok(()),
-                    Stopped::Rebooted => continue,
-                    Stopped::Refused(m) | Stopped::JournalFailed(m) => {
+                    Stopped::Rebooted | Stopped::Restart => continue,
+                    Stopped::Refused(m) | Stopped::JournalFailed(m) | Stopped::BelowFloor(m) => {
                         tracing::error!(node = i, message = %m, "simulated node stopped");
                         return anyhow::Ok(());
                     }

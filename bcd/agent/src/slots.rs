@@ -49,6 +49,8 @@ struct PendingFile {
     from_sequence: u64,
     to: String,
     to_sequence: u64,
+    #[serde(default)]
+    to_version: String,
     deadline_ms: u64,
     starts: u32,
 }
@@ -56,6 +58,8 @@ struct PendingFile {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 struct StateFile {
     sequences: [u64; 2],
+    #[serde(default)]
+    versions: [String; 2],
     floor: u64,
     failed: BTreeSet<u64>,
     pending: Option<PendingFile>,
@@ -89,13 +93,28 @@ impl Slots {
         self.dir.join("update.json")
     }
 
+    /// Whether the slots are set up (the first upgrade sets them up).
+    pub fn exist(&self) -> bool {
+        fs::symlink_metadata(self.dir.join("current")).is_ok()
+    }
+
+    /// The binary `current` names, through the link.
+    pub fn current_binary(&self) -> PathBuf {
+        self.dir.join("current").join("bcd")
+    }
+
     /// Sets up slot A with `binary` at `sequence` if there are no slots yet.
-    pub fn init(&self, binary: &[u8], sequence: u64) -> Result<UpdateState, SlotError> {
-        if self.dir.join("current").exists() {
+    pub fn init(
+        &self,
+        binary: &[u8],
+        sequence: u64,
+        version: &str,
+    ) -> Result<UpdateState, SlotError> {
+        if self.exist() {
             return self.load();
         }
         self.write_slot(Slot::A, binary)?;
-        let state = UpdateState::new(Slot::A, sequence);
+        let state = UpdateState::new(Slot::A, sequence, version);
         self.save(&state)?;
         self.point(Slot::A)?;
         Ok(state)
@@ -137,6 +156,7 @@ impl Slots {
     pub fn save(&self, state: &UpdateState) -> Result<(), SlotError> {
         let file = StateFile {
             sequences: state.sequences,
+            versions: state.versions.clone(),
             floor: state.floor,
             failed: state.failed.clone(),
             pending: state.pending.as_ref().map(|p| PendingFile {
@@ -145,6 +165,7 @@ impl Slots {
                 from_sequence: p.from_sequence,
                 to: p.to.name().into(),
                 to_sequence: p.to_sequence,
+                to_version: p.to_version.clone(),
                 deadline_ms: p.deadline_ms,
                 starts: p.starts,
             }),
@@ -175,6 +196,7 @@ impl Slots {
                 command_id: p.command_id,
                 from_sequence: p.from_sequence,
                 to_sequence: p.to_sequence,
+                to_version: p.to_version,
                 deadline_ms: p.deadline_ms,
                 starts: p.starts,
             }),
@@ -182,6 +204,7 @@ impl Slots {
         Ok(UpdateState {
             current: self.link()?,
             sequences: f.sequences,
+            versions: f.versions,
             floor: f.floor,
             failed: f.failed,
             pending,
@@ -198,16 +221,24 @@ mod tests {
     fn upgrade_confirm_and_swap_back_through_the_files() {
         let d = tempfile::tempdir().unwrap();
         let slots = Slots::new(d.path());
-        let mut s = slots.init(b"old binary", 10).unwrap();
+        let mut s = slots.init(b"old binary", 10, "1.0").unwrap();
         assert_eq!(slots.link().unwrap(), Slot::A);
         assert_eq!(
-            slots.init(b"ignored", 99).unwrap(),
+            slots.init(b"ignored", 99, "9.9").unwrap(),
             s,
             "init keeps what is there"
         );
         // Upgrade: write B, record, flip.
         slots.write_slot(Slot::B, b"new binary").unwrap();
-        let to = s.begin("cmd-1", 11, 1_000).unwrap();
+        let to = s
+            .begin(
+                "cmd-1",
+                11,
+                "1.1",
+                1_000,
+                bcd_core::update::CONFIRM_WITHIN_MS,
+            )
+            .unwrap();
         slots.save(&s).unwrap();
         slots.point(to).unwrap();
         assert_eq!(std::fs::read(slots.binary(Slot::B)).unwrap(), b"new binary");
@@ -244,7 +275,7 @@ mod tests {
     fn a_link_that_points_elsewhere_is_corrupt() {
         let d = tempfile::tempdir().unwrap();
         let slots = Slots::new(d.path());
-        slots.init(b"bin", 1).unwrap();
+        slots.init(b"bin", 1, "1").unwrap();
         std::fs::remove_file(d.path().join("slots/current")).unwrap();
         std::os::unix::fs::symlink("/usr/bin", d.path().join("slots/current")).unwrap();
         assert!(matches!(slots.link(), Err(SlotError::Corrupt { .. })));

@@ -58,6 +58,7 @@ pub struct Pending {
     pub from_sequence: u64,
     pub to: Slot,
     pub to_sequence: u64,
+    pub to_version: String,
     /// Monotonic ms by which the new binary must confirm.
     pub deadline_ms: u64,
     /// Times the new binary has started without confirming.
@@ -71,6 +72,8 @@ pub struct UpdateState {
     pub current: Slot,
     /// The sequence of the binary in each slot, as verified when written.
     pub sequences: [u64; 2],
+    /// The version its manifest named, for reports.
+    pub versions: [String; 2],
     /// Only rises.
     pub floor: u64,
     /// Sequences that failed to confirm: never tried again.
@@ -111,12 +114,15 @@ pub enum Decision {
 }
 
 impl UpdateState {
-    pub fn new(current: Slot, sequence: u64) -> UpdateState {
+    pub fn new(current: Slot, sequence: u64, version: &str) -> UpdateState {
         let mut sequences = [0; 2];
         sequences[current as usize] = sequence;
+        let mut versions = [String::new(), String::new()];
+        versions[current as usize] = version.to_string();
         UpdateState {
             current,
             sequences,
+            versions,
             floor: sequence,
             failed: BTreeSet::new(),
             pending: None,
@@ -125,6 +131,12 @@ impl UpdateState {
 
     pub fn running_sequence(&self) -> u64 {
         self.sequences[self.current as usize]
+    }
+
+    /// The version of the release `current` points at (as its verified
+    /// manifest named it), whatever the running binary says of itself.
+    pub fn running_version(&self) -> &str {
+        &self.versions[self.current as usize]
     }
 
     /// Checks a release before anything is written; returns the slot to
@@ -150,17 +162,27 @@ impl UpdateState {
 
     /// The binary is in the other slot, verified: record the upgrade and
     /// flip the link (the caller persists this state, then flips, then
-    /// restarts).
-    pub fn begin(&mut self, command_id: &str, sequence: u64, now_ms: u64) -> Result<Slot, Refusal> {
+    /// restarts). The new binary has `confirm_within_ms` (normally
+    /// [`CONFIRM_WITHIN_MS`]) to get its first Welcome.
+    pub fn begin(
+        &mut self,
+        command_id: &str,
+        sequence: u64,
+        version: &str,
+        now_ms: u64,
+        confirm_within_ms: u64,
+    ) -> Result<Slot, Refusal> {
         let to = self.plan(sequence)?;
         self.sequences[to as usize] = sequence;
+        self.versions[to as usize] = version.to_string();
         self.pending = Some(Pending {
             command_id: command_id.to_string(),
             from: self.current,
             from_sequence: self.running_sequence(),
             to,
             to_sequence: sequence,
-            deadline_ms: now_ms + CONFIRM_WITHIN_MS,
+            to_version: version.to_string(),
+            deadline_ms: now_ms + confirm_within_ms,
             starts: 0,
         });
         self.current = to;
@@ -168,7 +190,32 @@ impl UpdateState {
     }
 
     /// A daemon process starts; `link` is where `current` points now.
+    /// Each start of the unconfirmed binary counts towards a crash loop
+    /// (the supervisor counts the starts it makes itself, with
+    /// [`UpdateState::on_spawn`], and the daemon it started does not count
+    /// again).
     pub fn on_start(&mut self, link: Slot, now_ms: u64) -> Decision {
+        self.decide_start(link, now_ms, true)
+    }
+
+    /// The daemon's start when its supervisor already counted it.
+    pub fn on_supervised_start(&mut self, link: Slot, now_ms: u64) -> Decision {
+        self.decide_start(link, now_ms, false)
+    }
+
+    /// The supervisor is about to start the daemon from `link`: a binary
+    /// that dies before it decides anything still counts towards a crash
+    /// loop, and one past the deadline is not started at all.
+    pub fn on_spawn(&mut self, link: Slot, now_ms: u64) -> Decision {
+        match &self.pending {
+            Some(p) if link == p.to => self.decide_start(link, now_ms, true),
+            // Back on the old slot: the old binary settles and reports the
+            // upgrade itself when it runs.
+            _ => Decision::Run,
+        }
+    }
+
+    fn decide_start(&mut self, link: Slot, now_ms: u64, count: bool) -> Decision {
         self.current = link;
         let Some(p) = self.pending.clone() else {
             return Decision::Run;
@@ -183,7 +230,7 @@ impl UpdateState {
                 reason: "update-failed",
             };
         }
-        let starts = p.starts + 1;
+        let starts = p.starts + u32::from(count);
         if let Some(pending) = &mut self.pending {
             pending.starts = starts;
         }
@@ -212,11 +259,12 @@ impl UpdateState {
         }
     }
 
-    /// The helper's watchdog: an upgrade still unconfirmed well past its
-    /// deadline is swapped back whatever the new binary does.
-    pub fn on_helper_tick(&self, now_ms: u64) -> Decision {
+    /// The helper's watchdog: an upgrade still unconfirmed `grace_ms`
+    /// (normally [`HELPER_GRACE_MS`]) past its deadline is swapped back
+    /// whatever the new binary does.
+    pub fn on_helper_tick(&self, now_ms: u64, grace_ms: u64) -> Decision {
         match &self.pending {
-            Some(p) if self.current == p.to && now_ms >= p.deadline_ms + HELPER_GRACE_MS => {
+            Some(p) if self.current == p.to && now_ms >= p.deadline_ms + grace_ms => {
                 Decision::SwapBack {
                     reason: "unconfirmed past the helper's deadline",
                 }
@@ -249,6 +297,18 @@ impl UpdateState {
         self.current
     }
 
+    /// An operator aborts the rollout with rollback: an unconfirmed upgrade
+    /// is swapped back (the old binary then reports it failed); a confirmed
+    /// release is never taken backwards.
+    pub fn abort(&self) -> Decision {
+        match &self.pending {
+            Some(p) if self.current == p.to => Decision::SwapBack {
+                reason: "the rollout was aborted with rollback",
+            },
+            _ => Decision::Run,
+        }
+    }
+
     /// Whether a slot may run at all: never a binary below the floor.
     pub fn usable(&self, slot: Slot) -> bool {
         self.sequences[slot as usize] >= self.floor
@@ -261,8 +321,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn upgraded(now: u64) -> UpdateState {
-        let mut s = UpdateState::new(Slot::A, 10);
-        assert_eq!(s.begin("cmd-1", 11, now), Ok(Slot::B));
+        let mut s = UpdateState::new(Slot::A, 10, "1.0.0");
+        assert_eq!(
+            s.begin("cmd-1", 11, "1.1.0", now, CONFIRM_WITHIN_MS),
+            Ok(Slot::B)
+        );
         s
     }
 
@@ -357,9 +420,9 @@ mod tests {
     fn the_helper_swaps_back_what_never_decides() {
         let mut s = upgraded(0);
         s.on_start(Slot::B, 1_000);
-        assert_eq!(s.on_helper_tick(149_999), Decision::Run);
+        assert_eq!(s.on_helper_tick(149_999, HELPER_GRACE_MS), Decision::Run);
         assert!(matches!(
-            s.on_helper_tick(150_000),
+            s.on_helper_tick(150_000, HELPER_GRACE_MS),
             Decision::SwapBack { .. }
         ));
     }
@@ -382,6 +445,71 @@ mod tests {
         assert_eq!(t.floor, 10);
     }
 
+    /// A binary that dies before it decides anything: the supervisor's
+    /// count of its own spawns ends the loop, and the daemon it starts does
+    /// not count the same start twice.
+    #[test]
+    fn the_supervisor_counts_spawns_of_a_binary_that_never_decides() {
+        let mut s = upgraded(0);
+        for i in 0..MAX_STARTS {
+            assert!(matches!(
+                s.on_spawn(Slot::B, 1_000 + u64::from(i)),
+                Decision::AwaitWelcome { .. }
+            ));
+        }
+        assert!(matches!(
+            s.on_supervised_start(Slot::B, 1_500),
+            Decision::AwaitWelcome { .. }
+        ));
+        assert!(matches!(
+            s.on_spawn(Slot::B, 2_000),
+            Decision::SwapBack { .. }
+        ));
+        s.swap_back();
+        // The supervisor starts the old binary without settling anything:
+        // the old binary reports the failure itself.
+        assert_eq!(s.on_spawn(Slot::A, 2_100), Decision::Run);
+        assert!(s.pending.is_some());
+        assert!(matches!(
+            s.on_supervised_start(Slot::A, 2_200),
+            Decision::Finished {
+                succeeded: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn abort_with_rollback_returns_only_nodes_still_upgrading() {
+        let mut s = upgraded(0);
+        s.on_start(Slot::B, 1_000);
+        assert!(matches!(s.abort(), Decision::SwapBack { .. }));
+        s.swap_back();
+        assert!(matches!(
+            s.on_start(Slot::A, 2_000),
+            Decision::Finished {
+                succeeded: false,
+                reason: "update-failed",
+                ..
+            }
+        ));
+        // A confirmed node is never taken backwards.
+        let mut c = upgraded(0);
+        c.on_start(Slot::B, 1_000);
+        c.on_welcome();
+        assert_eq!(c.abort(), Decision::Run);
+        assert_eq!(c.current, Slot::B);
+        assert_eq!(c.running_version(), "1.1.0");
+    }
+
+    #[test]
+    fn the_version_reported_is_the_one_the_link_names() {
+        let mut s = upgraded(0);
+        assert_eq!(s.running_version(), "1.1.0");
+        s.swap_back();
+        assert_eq!(s.running_version(), "1.0.0");
+    }
+
     #[test]
     fn one_upgrade_at_a_time() {
         let s = upgraded(0);
@@ -396,6 +524,8 @@ mod tests {
         Tick(u64),
         Helper(u64),
         SwapBack,
+        Spawn,
+        Abort,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -406,6 +536,8 @@ mod tests {
             (0u64..200_000).prop_map(Op::Tick),
             (0u64..200_000).prop_map(Op::Helper),
             Just(Op::SwapBack),
+            Just(Op::Spawn),
+            Just(Op::Abort),
         ]
     }
 
@@ -415,7 +547,7 @@ mod tests {
         /// and each upgrade ends with exactly one result.
         #[test]
         fn floor_and_results_hold(ops in prop::collection::vec(op(), 1..100)) {
-            let mut s = UpdateState::new(Slot::A, 10);
+            let mut s = UpdateState::new(Slot::A, 10, "v10");
             let mut now = 0u64;
             let mut floor = s.floor;
             let mut results = std::collections::BTreeMap::<String, u32>::new();
@@ -426,7 +558,7 @@ mod tests {
                     Op::Upgrade(seq) => {
                         let failed_before = s.failed.contains(&seq);
                         n += 1;
-                        if s.begin(&format!("c{n}"), seq, now).is_ok() {
+                        if s.begin(&format!("c{n}"), seq, "v", now, CONFIRM_WITHIN_MS).is_ok() {
                             prop_assert!(!failed_before && seq > floor);
                         }
                     }
@@ -442,13 +574,28 @@ mod tests {
                         }
                     }
                     Op::Tick(t) | Op::Helper(t) => {
-                        let d = if matches!(op, Op::Tick(_)) { s.on_tick(now + t) } else { s.on_helper_tick(now + t) };
+                        let d = if matches!(op, Op::Tick(_)) { s.on_tick(now + t) } else { s.on_helper_tick(now + t, HELPER_GRACE_MS) };
                         if matches!(d, Decision::SwapBack { .. }) {
                             s.swap_back();
                         }
                     }
                     Op::SwapBack => {
                         s.swap_back();
+                    }
+                    Op::Spawn => {
+                        let link = s.current;
+                        let d = s.on_spawn(link, now);
+                        prop_assert!(!matches!(d, Decision::Finished { .. }), "the supervisor settles nothing");
+                        if matches!(d, Decision::SwapBack { .. }) {
+                            s.swap_back();
+                        }
+                    }
+                    Op::Abort => {
+                        let confirmed = s.pending.is_none();
+                        if matches!(s.abort(), Decision::SwapBack { .. }) {
+                            prop_assert!(!confirmed);
+                            s.swap_back();
+                        }
                     }
                 }
                 prop_assert!(s.floor >= floor);

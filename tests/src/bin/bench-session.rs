@@ -105,6 +105,7 @@ fn store_hellos(n: usize) -> f64 {
             boot_id: "boot".into(),
             journal_id: "j".into(),
             agent_version: "0".into(),
+            release_floor: 0,
             last_epoch: 0,
             inventory_hashes: vec![("gpus".into(), "x".into())],
             journal_running: vec![],

@@ -31,15 +31,24 @@ pub enum Kind {
     InventoryRefresh,
     /// Reset one GPU (PCI function reset, or unbind and bind).
     GpuReset,
+    /// Install a signed release in the other slot and restart into it; the
+    /// result comes from the update state (`bcd_core::update`), not from
+    /// the process that started it.
+    DaemonUpgrade,
+    /// Swap an unconfirmed upgrade back (a rollout aborted with rollback);
+    /// a confirmed release is never taken backwards.
+    DaemonRollback,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::ExecRun,
         Kind::NodeReboot,
         Kind::BootKexec,
         Kind::InventoryRefresh,
         Kind::GpuReset,
+        Kind::DaemonUpgrade,
+        Kind::DaemonRollback,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +58,8 @@ impl Kind {
             Kind::BootKexec => "boot.kexec",
             Kind::InventoryRefresh => "inventory.refresh",
             Kind::GpuReset => "gpu.reset",
+            Kind::DaemonUpgrade => "daemon.upgrade",
+            Kind::DaemonRollback => "daemon.rollback",
         }
     }
 
@@ -66,6 +77,12 @@ impl Kind {
     /// success shows as a new boot.
     pub fn self_terminating(self) -> bool {
         matches!(self, Kind::NodeReboot | Kind::BootKexec)
+    }
+
+    /// Its side effect restarts the daemon on the same boot, and the update
+    /// state, not the journal, knows how it ended.
+    pub fn restarts_daemon(self) -> bool {
+        matches!(self, Kind::DaemonUpgrade)
     }
 }
 
@@ -106,6 +123,7 @@ pub mod reason {
     pub const INTERRUPTED: &str = "interrupted";
     pub const JOURNAL_LOST: &str = "journal-lost";
     pub const EXPIRED: &str = "expired";
+    pub const UPDATE_FAILED: &str = "update-failed";
 }
 
 /// A command's durable state in the node's journal.
@@ -229,12 +247,17 @@ pub enum Recovery {
     Finish(Outcome, &'static str),
     /// Its result is journaled and not acknowledged: send it again.
     Resend,
+    /// A daemon upgrade under way: the update state settles it (and if the
+    /// update state has no record of it, it was interrupted before the
+    /// switch).
+    Upgrade,
     Nothing,
 }
 
 pub fn recover(kind: Option<Kind>, journaled: &Journaled, boot_id: &str) -> Recovery {
     match journaled {
         Journaled::Accepted => Recovery::Run,
+        Journaled::Running { .. } if kind.is_some_and(Kind::restarts_daemon) => Recovery::Upgrade,
         Journaled::Running { boot_id: then } => {
             if kind.is_some_and(Kind::self_terminating) && then != boot_id {
                 Recovery::Finish(Outcome::Succeeded, reason::REBOOTED)

@@ -131,6 +131,16 @@ fn recovery_rules() {
         recover(Some(Kind::NodeReboot), &running("b1"), "b1"),
         Recovery::Finish(Outcome::Failed, reason::INTERRUPTED)
     );
+    // A daemon upgrade restarts the process on the same boot by design: the
+    // update state, not the journal, says how it ended.
+    assert_eq!(
+        recover(Some(Kind::DaemonUpgrade), &running("b1"), "b1"),
+        Recovery::Upgrade
+    );
+    assert_eq!(
+        recover(Some(Kind::DaemonRollback), &running("b1"), "b1"),
+        Recovery::Finish(Outcome::Failed, reason::INTERRUPTED)
+    );
     assert_eq!(
         recover(None, &Journaled::Done { acked: false }, "b"),
         Recovery::Resend
@@ -402,7 +412,7 @@ impl World {
                             .journal
                             .insert(id, (Journaled::Done { acked: false }, Some(o)));
                     }
-                    Recovery::Resend | Recovery::Nothing => {}
+                    Recovery::Resend | Recovery::Nothing | Recovery::Upgrade => {}
                 }
             }
         }

@@ -1,0 +1,433 @@
+//! A/B self-update end to end, with real binaries: the static bcd as the
+//! installed release, copies of it as new releases (they claim the old
+//! version: the version a binary reports decides nothing), and small C
+//! programs built here as releases that crash at start or never connect.
+//! Each node runs under `bcd supervise`, as a ramdisk's init or a unit
+//! would run it.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bc_tests::{Node, Server, fleet, stderr, wait_for};
+
+/// A new release's deadline for its first Welcome, and the supervisor's
+/// grace past it (the defaults are 120 s and 30 s).
+const CONFIRM_WITHIN: &str = "4s";
+const GRACE: &str = "1s";
+
+fn supervise(node: &mut Node) {
+    node.supervise(
+        &["--restart-delay", "200ms", "--grace", GRACE],
+        &["--confirm-within", CONFIRM_WITHIN],
+    );
+}
+
+fn wait_connected(server: &Server, id: &str) {
+    server.wait_node(id, "connected", |n| n.state == "connected");
+}
+
+fn link(node: &Node) -> String {
+    std::fs::read_link(node.dir.join("slots/current"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+fn update_state(node: &Node) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(node.dir.join("slots/update.json")).unwrap()).unwrap()
+}
+
+fn node_json(server: &Server, id: &str) -> serde_json::Value {
+    let out = server.cli(&["nodes", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == id)
+        .cloned()
+        .unwrap()
+}
+
+/// Results the node sent for a command, as `command.finished` events.
+fn finished_events(server: &Server, cmd: &str) -> usize {
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.query_row(
+        "SELECT COUNT(*) FROM node_events WHERE kind = 'command.finished'
+         AND CAST(body AS TEXT) LIKE '%' || ?1 || '%'",
+        [cmd],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap() as usize
+}
+
+fn upgrade(server: &Server, node: &str, sequence: u64) -> bc_tests::CommandView {
+    let id = server.run_command(node, "daemon.upgrade", &[&sequence.to_string()]);
+    wait_for(Duration::from_secs(90), "the upgrade to finish", || {
+        Some(server.command(&id)).filter(|c| c.is_terminal())
+    })
+}
+
+#[test]
+fn a_good_release_confirms_raises_the_floor_and_older_binaries_are_refused() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+
+    let started = Instant::now();
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "succeeded", "{c:?}\n{}", node.proc().log());
+    assert!(c.output.contains("confirmed"), "{}", c.output);
+    eprintln!("daemon.upgrade to confirmed: {:?}", started.elapsed());
+    assert_eq!(link(&node), "b");
+    let state = update_state(&node);
+    assert_eq!(state["floor"], 2);
+    assert!(state["pending"].is_null());
+    // The version reported is the release `current` holds (the binary
+    // itself claims the installed version).
+    let n = wait_for(
+        Duration::from_secs(10),
+        "the new floor on the server",
+        || Some(node_json(&f.server, &id)).filter(|n| n["release_floor"] == 2),
+    );
+    assert_eq!(n["agent_version"], "0.2.0");
+    assert_eq!(finished_events(&f.server, &c.command_id), 1);
+
+    // An older release is refused after confirmation, before any download.
+    f.release(&f.bcd_release("0.1.5"), "0.1.5", 1);
+    let c = upgrade(&f.server, &id, 1);
+    assert_eq!(c.state, "failed");
+    assert!(
+        c.reason.contains("at or below the release floor 2"),
+        "{c:?}"
+    );
+    assert_eq!(link(&node), "b", "nothing switched");
+
+    // The old binary in the other slot is refused too: pointed at by hand,
+    // it will not run.
+    node.proc().stop();
+    std::fs::remove_file(node.dir.join("slots/current")).unwrap();
+    std::os::unix::fs::symlink("a", node.dir.join("slots/current")).unwrap();
+    let out = Command::new(node.dir.join("slots/current/bcd"))
+        .args(["node", "--data-dir"])
+        .arg(&node.dir)
+        .args(["--host-root", "/"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("below the release floor 2"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_release_that_crashes_at_start_is_swapped_back_and_fails_once() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    let crasher = f.c_program(
+        "crasher",
+        "#include <stdlib.h>\nint main(void) { abort(); }\n",
+    );
+    f.release(&crasher, "0.2.0-bad", 2);
+
+    let started = Instant::now();
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "failed", "{c:?}\n{}", node.proc().log());
+    assert_eq!(c.reason, "update-failed");
+    eprintln!(
+        "failed start to the old version reporting: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(link(&node), "a");
+    let state = update_state(&node);
+    assert_eq!(state["failed"], serde_json::json!([2]));
+    assert_eq!(state["floor"], 0);
+    wait_connected(&f.server, &id);
+    // Reported exactly once, and never tried again.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(finished_events(&f.server, &c.command_id), 1);
+    let again = upgrade(&f.server, &id, 2);
+    assert_eq!(again.state, "failed");
+    assert!(again.reason.contains("not tried again"), "{again:?}");
+    assert_eq!(link(&node), "a");
+}
+
+#[test]
+fn a_release_that_never_connects_is_swapped_back_by_the_supervisor() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    let hanger = f.c_program(
+        "hanger",
+        "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
+    );
+    f.release(&hanger, "0.2.0-hangs", 2);
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "failed", "{c:?}\n{}", node.proc().log());
+    assert_eq!(c.reason, "update-failed");
+    assert_eq!(link(&node), "a");
+    assert!(
+        node.proc()
+            .log()
+            .contains("unconfirmed past the helper's deadline"),
+        "{}",
+        node.proc().log()
+    );
+    assert_eq!(finished_events(&f.server, &c.command_id), 1);
+}
+
+/// The new release is our own code, claiming the installed version; it
+/// gets no Welcome (the server is stopped while it starts). Its own
+/// watchdog swaps it back by the link and the pending record, whatever it
+/// claims to be, and the old binary reports the failure once.
+#[test]
+fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    // The daemon dies right after switching; the supervisor waits 3 s
+    // before starting the new binary, while the test stops the server.
+    node.env = vec![("BCD_CRASH_AT".into(), "after-switch".into())];
+    node.supervise(
+        &["--restart-delay", "3s", "--grace", "30s"],
+        &["--confirm-within", "8s"],
+    );
+    wait_connected(&f.server, &id);
+    f.release(&f.bcd_release("0.2.0-liar"), "0.2.0", 2);
+    let cmd = f.server.run_command(&id, "daemon.upgrade", &["2"]);
+    wait_for(Duration::from_secs(30), "the switch", || {
+        (link(&node) == "b").then_some(())
+    });
+    f.server.proc.signal(rustix::process::Signal::STOP);
+    wait_for(Duration::from_secs(30), "the swap back", || {
+        (link(&node) == "a").then_some(())
+    });
+    f.server.proc.signal(rustix::process::Signal::CONT);
+    let c = f.server.wait_command(&cmd);
+    assert_eq!(c.state, "failed", "{c:?}\n{}", node.proc().log());
+    assert_eq!(c.reason, "update-failed");
+    assert!(
+        node.proc().log().contains("no Welcome before the deadline"),
+        "{}",
+        node.proc().log()
+    );
+    assert_eq!(update_state(&node)["failed"], serde_json::json!([2]));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(finished_events(&f.server, &cmd), 1);
+}
+
+#[test]
+fn bad_releases_are_refused_before_anything_switches() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    // Corrupt the stored binary behind the server's back: the node's own
+    // hash check refuses it.
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let db = rusqlite::Connection::open(f.server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    db.execute(
+        "UPDATE releases SET binary = substr(binary, 1, length(binary) / 2) WHERE sequence = 2",
+        [],
+    )
+    .unwrap();
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "failed");
+    assert!(c.reason.contains("manifest says"), "{c:?}");
+    assert!(!node.dir.join("slots/current").exists() || link(&node) == "a");
+    // A sequence the server does not have.
+    let c = upgrade(&f.server, &id, 9);
+    assert_eq!(c.state, "failed");
+    assert!(c.reason.contains("did not hand out release 9"), "{c:?}");
+    wait_connected(&f.server, &id);
+}
+
+#[test]
+fn a_rollout_halts_on_its_failure_budget_and_a_good_one_completes() {
+    let f = fleet();
+    let mut nodes: Vec<Node> = (0..4).map(|i| f.node(&format!("n{i}"))).collect();
+    for n in &mut nodes {
+        supervise(n);
+    }
+    for n in &nodes {
+        wait_connected(&f.server, &n.id());
+    }
+    let crasher = f.c_program(
+        "crasher",
+        "#include <stdlib.h>\nint main(void) { abort(); }\n",
+    );
+    f.release(&crasher, "0.2.0-bad", 2);
+    let out = f.server.cli(&[
+        "rollouts",
+        "start",
+        "2",
+        "--waves",
+        "25%,50%,100%",
+        "--max-failures",
+        "0",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rollout = r["id"].as_str().unwrap().to_string();
+    let status = |id: &str| -> serde_json::Value {
+        let out = f.server.cli(&["rollouts", "status", id, "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let s = wait_for(Duration::from_secs(90), "the rollout to halt", || {
+        Some(status(&rollout)).filter(|s| s["state"] != "running")
+    });
+    assert_eq!(s["state"], "halted", "{s}");
+    assert!(s["reason"].as_str().unwrap().contains("failure budget"));
+    let statuses: Vec<&str> = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["failed", "waiting", "waiting", "waiting"]);
+    // Halted means halted: nothing more is issued.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(status(&rollout)["nodes"][1]["status"], "waiting");
+    let text = f.server.cli(&["rollouts", "status", &rollout]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("failed 1 (budget 0)"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    let out = f.server.cli(&["rollouts", "abort", &rollout, "--rollback"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Roll forward with a good release: every wave, every node.
+    f.release(&f.bcd_release("0.3.0"), "0.3.0", 3);
+    let out = f
+        .server
+        .cli(&["rollouts", "start", "3", "--waves", "25%,100%", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rollout = r["id"].as_str().unwrap().to_string();
+    let s = wait_for(Duration::from_secs(120), "the rollout to finish", || {
+        Some(status(&rollout)).filter(|s| s["state"] != "running")
+    });
+    assert_eq!(s["state"], "done", "{s}");
+    for n in s["nodes"].as_array().unwrap() {
+        assert_eq!(n["status"], "confirmed", "{s}");
+    }
+    for n in &nodes {
+        assert_eq!(update_state(n)["floor"], 3);
+    }
+}
+
+#[test]
+fn aborting_cancels_upgrades_not_yet_dispatched() {
+    let f = fleet();
+    let mut live = f.node("live");
+    let offline = f.node("offline");
+    supervise(&mut live);
+    wait_connected(&f.server, &live.id());
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let out = f.server.cli(&[
+        "rollouts",
+        "start",
+        "2",
+        "--selector",
+        &format!("node={}", offline.id()),
+        "--waves",
+        "100%",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rollout = r["id"].as_str().unwrap().to_string();
+    let cmd = wait_for(Duration::from_secs(10), "the upgrade command", || {
+        let out = f.server.cli(&["rollouts", "status", &rollout, "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        s["nodes"][0]["command_id"]
+            .as_str()
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+    });
+    let out = f.server.cli(&["rollouts", "abort", &rollout, "--rollback"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let c = f.server.command(&cmd);
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("expired", "rollout-aborted")
+    );
+    let out = f.server.cli(&["rollouts", "status", &rollout, "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["state"], "aborted");
+    assert_eq!(s["nodes"][0]["status"], "cancelled");
+    // A second rollout may start once this one is over.
+    let out = f.server.cli(&["rollouts", "start", "2", "--waves", "100%"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// The systemd units verify, and their bcd command lines parse and run.
+#[test]
+fn the_systemd_units_verify() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bcd/agent/systemd");
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    let bcd = bc_tests::bin("bcd");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&units).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("/usr/bin/bcd", bcd.to_str().unwrap())
+            .replace("/var/lib/bcd", data.to_str().unwrap());
+        for line in text.lines() {
+            // Every bcd command line of the units parses and runs here
+            // (the rollback finds nothing to roll back).
+            if let Some(cmd) = line.strip_prefix("ExecStart=")
+                && cmd.contains(" rollback ")
+            {
+                let args: Vec<&str> = cmd.split_whitespace().collect();
+                let args: Vec<&str> = args
+                    .iter()
+                    .copied()
+                    .take_while(|a| *a != "--restart-unit")
+                    .collect();
+                let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+                assert!(out.status.success(), "{cmd}: {}", stderr(&out));
+                assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to roll back"));
+            }
+        }
+        std::fs::write(d.path().join(&name), text).unwrap();
+        names.push(name);
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "bcd-rollback.service",
+            "bcd-watchdog.service",
+            "bcd-watchdog.timer",
+            "bcd.service"
+        ]
+    );
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(names.iter().map(|n| format!("./{n}")))
+        .current_dir(d.path())
+        .output()
+        .expect("systemd-analyze is missing: apt-get install systemd (scripts/test does)");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "no warnings either");
+}
