@@ -59,6 +59,8 @@ pub struct AdminService {
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
     /// Release public keys: what `releases register` accepts.
     pub release_keys: Arc<Vec<Vec<u8>>>,
+    /// Image public keys: what `images register` accepts.
+    pub image_keys: Arc<Vec<Vec<u8>>>,
     /// The gateway in this process, woken when a command is created.
     pub gateway: Option<Arc<GatewayState>>,
     /// Wakes the rollout controller.
@@ -686,5 +688,32 @@ impl Admin for AdminService {
                 Status::not_found(format!("no command {id}: see better-compute commands list"))
             })?;
         Ok(Response::new(info(row)))
+    }
+    async fn register_image(
+        &self,
+        request: Request<bcd_proto::v1::RegisterImageRequest>,
+    ) -> Result<Response<bcd_proto::v1::ImageInfo>, Status> {
+        crate::images::register(self, request).await
+    }
+
+    async fn list_images(
+        &self,
+        request: Request<bcd_proto::v1::ListImagesRequest>,
+    ) -> Result<Response<bcd_proto::v1::ListImagesResponse>, Status> {
+        crate::images::list(self, request).await
+    }
+
+    async fn assign_image(
+        &self,
+        request: Request<bcd_proto::v1::AssignImageRequest>,
+    ) -> Result<Response<bcd_proto::v1::AssignImageResponse>, Status> {
+        crate::images::assign(self, request).await
+    }
+
+    async fn list_boots(
+        &self,
+        request: Request<bcd_proto::v1::ListBootsRequest>,
+    ) -> Result<Response<bcd_proto::v1::ListBootsResponse>, Status> {
+        crate::images::boots(self, request).await
     }
 }

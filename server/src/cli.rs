@@ -80,6 +80,13 @@ enum Command {
         node_lease_ttl: Duration,
         #[arg(long, default_value = "120s", value_parser = dur)]
         gateway_loss_grace: Duration,
+        /// TLS handshakes admitted per second (a token bucket; bursts up to
+        /// the same number).
+        #[arg(long, default_value_t = 200)]
+        handshake_rate: u32,
+        /// On shutdown, nodes are told to reconnect at random within this.
+        #[arg(long, default_value = "60s", value_parser = dur)]
+        drain_within: Duration,
         #[arg(long, default_value = "24h", value_parser = dur)]
         node_cert_ttl: Duration,
         #[arg(long, default_value = "2h", value_parser = dur)]
@@ -87,6 +94,8 @@ enum Command {
         /// A release public key (hex, from releases keygen); repeatable.
         #[arg(long = "release-pubkey")]
         release_pubkeys: Vec<String>,
+        #[command(flatten)]
+        boot: crate::boot::BootOptions,
     },
     /// Signed releases of bcd.
     Releases {
@@ -112,6 +121,51 @@ enum Command {
     Rollouts {
         #[command(subcommand)]
         command: RolloutsCommand,
+    },
+    /// Netboot images: build, register, and choose what machines boot.
+    Images {
+        #[command(subcommand)]
+        command: crate::images::ImagesCommand,
+    },
+    /// Run a whole fleet on this machine: real gateways behind a balancer,
+    /// fakehw agents, a workload and seeded faults; then check the
+    /// invariants. Exits non-zero if one is violated.
+    Sim {
+        #[arg(long, default_value_t = 200)]
+        nodes: usize,
+        #[arg(long, default_value_t = 3)]
+        gateways: usize,
+        #[arg(long, value_enum, default_value = "light")]
+        chaos: crate::sim::chaos::Level,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// How long the workload and the faults run (settling follows).
+        #[arg(long, default_value = "30s", value_parser = dur)]
+        duration: Duration,
+        /// Keep the run's store and nodes here (a temporary directory
+        /// otherwise).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 8)]
+        gpus: usize,
+        /// Each gateway's TLS handshakes per second (serve --handshake-rate).
+        #[arg(long, default_value_t = 200)]
+        handshake_rate: u32,
+        /// The report as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the fleet invariants (I1–I8) on a store, live or not.
+    Check {
+        #[arg(long, default_value = "40s", value_parser = dur)]
+        node_lease_ttl: Duration,
+        #[arg(long, default_value = "120s", value_parser = dur)]
+        gateway_loss_grace: Duration,
+        /// Commands younger than this may still be on their way.
+        #[arg(long, default_value = "60s", value_parser = dur)]
+        settle: Duration,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -413,13 +467,13 @@ enum NodesCommand {
     },
 }
 
-fn init_logging() {
+fn init_logging(default: tracing::Level) {
     use tracing_subscriber::filter::Targets;
     // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
     let filter: Targets = std::env::var("BC_LOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+        .unwrap_or_else(|| Targets::new().with_default(default));
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let fmt = tracing_subscriber::fmt()
@@ -465,6 +519,71 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| cli.data_dir.join(serve::OPERATOR_FILE));
     let server = cli.server.as_deref();
     match cli.command {
+        Command::Sim {
+            nodes,
+            gateways,
+            chaos,
+            seed,
+            duration,
+            dir,
+            gpus,
+            handshake_rate,
+            json,
+        } => {
+            let report = crate::sim::run(crate::sim::SimOptions {
+                handshake_rate,
+                nodes,
+                gateways,
+                chaos,
+                seed,
+                duration,
+                data_dir: dir,
+                gpus,
+                progress: !json,
+            })
+            .await?;
+            if json {
+                out!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                emit(&report.render())?;
+            }
+            anyhow::ensure!(report.ok, "an invariant was violated (see the report)");
+            Ok(())
+        }
+        Command::Check {
+            node_lease_ttl,
+            gateway_loss_grace,
+            settle,
+            json,
+        } => {
+            let store = cli.data_dir.join("store.db");
+            anyhow::ensure!(
+                store.exists(),
+                "no store at {}: pass --data-dir of the server",
+                store.display()
+            );
+            let snapshot = crate::check::snapshot(
+                &store,
+                crate::check::Timings {
+                    node_lease_ttl,
+                    gateway_loss_grace,
+                },
+                settle,
+                crate::check::NodeFacts::default(),
+            )
+            .with_context(|| format!("cannot read {}", store.display()))?;
+            let outcomes = crate::check::all(&snapshot);
+            if json {
+                out!("{}", serde_json::to_string_pretty(&outcomes)?);
+            } else {
+                emit(&crate::check::render(&outcomes))?;
+            }
+            anyhow::ensure!(
+                outcomes.iter().all(|o| o.held()),
+                "an invariant was violated"
+            );
+            Ok(())
+        }
         Command::Serve {
             listen,
             sans,
@@ -473,9 +592,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             gateway_lease_ttl,
             node_lease_ttl,
             gateway_loss_grace,
+            handshake_rate,
+            drain_within,
             node_cert_ttl,
             ramdisk_cert_ttl,
             release_pubkeys,
+            boot,
         } => {
             let release_keys = release_pubkeys
                 .iter()
@@ -493,6 +615,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway_lease_ttl,
                 node_lease_ttl,
                 gateway_loss_grace,
+                handshake_rate,
+                drain_within,
                 ..Timing::default()
             };
             serve::serve(
@@ -507,6 +631,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         ramdisk_ttl: ramdisk_cert_ttl,
                     },
                     release_keys,
+                    boot,
                 },
                 shutdown_signal(),
             )
@@ -663,8 +788,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ReleasesCommand::Register { manifest, binary } => {
                 let signed_manifest = std::fs::read(&manifest)
                     .with_context(|| format!("cannot read {}", manifest.display()))?;
-                let binary = std::fs::read(&binary)
-                    .with_context(|| format!("cannot read {}", binary.display()))?;
+                let path = binary;
+                let binary = std::fs::read(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                // The request carries the binary: keep it under the API's
+                // message limit (a release is the static bcd, a few MB).
+                let limit = crate::admin::MAX_REQUEST - (1 << 20);
+                anyhow::ensure!(
+                    binary.len() < limit,
+                    "{} is {} MiB; a release may be at most {} MiB: register the stripped static build \
+                     (cargo build -p bcd --release --target x86_64-unknown-linux-musl)",
+                    path.display(),
+                    binary.len() >> 20,
+                    limit >> 20
+                );
                 let mut c = client::connect(&operator, server).await?;
                 let r = c
                     .register_release(bcd_proto::v1::RegisterReleaseRequest {
@@ -719,6 +856,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Images { command } => crate::images::run(command, &operator, server).await,
         Command::Rollouts { command } => {
             let mut c = client::connect(&operator, server).await?;
             let (info, json, nodes) = match command {
@@ -1042,7 +1180,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // A simulation runs thousands of agents in this process: their
+    // per-session lines would drown the progress display.
+    init_logging(if matches!(cli.command, Command::Sim { .. }) {
+        tracing::Level::WARN
+    } else {
+        tracing::Level::INFO
+    });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

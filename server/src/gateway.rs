@@ -45,6 +45,10 @@ pub struct Timing {
     pub outage_gap: Duration,
     pub outage_hold: Duration,
     pub max_pending_hellos: usize,
+    /// TLS handshakes admitted per second.
+    pub handshake_rate: u32,
+    /// On shutdown, nodes reconnect at random within this.
+    pub drain_within: Duration,
 }
 
 impl Default for Timing {
@@ -60,6 +64,8 @@ impl Default for Timing {
             outage_gap: Duration::from_secs(20),
             outage_hold: Duration::from_secs(300),
             max_pending_hellos: 64,
+            handshake_rate: 200,
+            drain_within: Duration::from_secs(60),
         }
     }
 }
@@ -98,17 +104,24 @@ struct LocalSession {
     close: Option<oneshot::Sender<Status>>,
     /// Wakes the session's dispatcher when a command is created.
     wake: Arc<Notify>,
+    /// Set when the gateway shuts down: the node is told to reconnect
+    /// within this, at random.
+    drain: Option<oneshot::Sender<Duration>>,
 }
 
 /// One gateway's state, shared by its streams and its background loops.
 pub struct GatewayState {
     pub id: String,
     pub store: Store,
+    /// Its own connection for the lease: renewals never wait behind Hellos.
+    pub lease_store: Store,
     pub timing: Timing,
     pub clock: StoreClock,
     sessions: Mutex<HashMap<String, LocalSession>>,
     hellos: Arc<Semaphore>,
     fenced: AtomicBool,
+    /// Shutting down: stays fenced whatever the lease does.
+    stopping: AtomicBool,
 }
 
 impl std::fmt::Debug for GatewayState {
@@ -120,15 +133,23 @@ impl std::fmt::Debug for GatewayState {
 }
 
 impl GatewayState {
-    pub fn new(id: String, store: Store, timing: Timing, store_now_ms: i64) -> Arc<GatewayState> {
+    pub fn new(
+        id: String,
+        store: Store,
+        lease_store: Store,
+        timing: Timing,
+        store_now_ms: i64,
+    ) -> Arc<GatewayState> {
         Arc::new(GatewayState {
             id,
             store,
+            lease_store,
             timing,
             clock: StoreClock::new(store_now_ms),
             sessions: Mutex::new(HashMap::new()),
             hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
             fenced: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -191,14 +212,17 @@ impl GatewayState {
             let (name, owner) = (self.lease_name(), self.id.clone());
             let r = tokio::time::timeout(
                 ttl / 2,
-                self.store.run(move |s| s.renew_lease(&name, &owner, ttl)),
+                self.lease_store
+                    .run(move |s| s.renew_lease(&name, &owner, ttl)),
             )
             .await;
             match r {
                 Ok(Ok(Some(now))) => {
                     self.clock.anchor(now);
                     last_ok = Some(Instant::now());
-                    if self.fenced.swap(false, Ordering::SeqCst) {
+                    if !self.stopping.load(Ordering::SeqCst)
+                        && self.fenced.swap(false, Ordering::SeqCst)
+                    {
                         info!(gateway = %self.id, "holding the gateway lease; admitting sessions");
                     }
                 }
@@ -304,7 +328,31 @@ impl GatewayState {
 
     /// Marks this gateway's sessions disconnected and gives the lease back;
     /// for an orderly shutdown only (a crash does neither).
+    /// A planned stop: no new sessions, every node drained, then the
+    /// remaining sessions closed, their disconnects written and the lease
+    /// released.
     pub async fn shutdown(&self) {
+        // No new Hellos from here on.
+        self.stopping.store(true, Ordering::SeqCst);
+        self.fenced.store(true, Ordering::SeqCst);
+        // Drain: each node is told to reconnect at random within the drain
+        // window, so a fleet does not land on the other gateways at once.
+        let draining: usize = {
+            let mut sessions = self.sessions();
+            sessions
+                .values_mut()
+                .filter_map(|s| s.drain.take())
+                .map(|tx| tx.send(self.timing.drain_within).is_ok() as usize)
+                .sum()
+        };
+        if draining > 0 {
+            info!(sessions = draining, within = ?self.timing.drain_within, "draining");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !self.sessions().is_empty() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        self.fence("shutting down");
         let mine: Vec<(String, u64)> = self
             .sessions()
             .iter()
@@ -338,6 +386,7 @@ pub fn refusal_status(e: TxError) -> Status {
                 Status::permission_denied(r.to_string())
             }
             Refusal::BadRequest(m) => Status::invalid_argument(m),
+            Refusal::Fenced(_) => Status::unavailable(r.to_string()),
             Refusal::Internal(m) => {
                 warn!(error = %m, "internal error");
                 Status::internal("the server failed to handle the request; see its log")
@@ -444,6 +493,16 @@ async fn run_session(
     };
     let outcome = match state.store.run(move |s| s.hello(&input)).await {
         Ok(o) => o,
+        Err(TxError::Refused(Refusal::Fenced(_))) => {
+            state.fence("the store says another gateway holds the lease, or it ran out");
+            let _ = out
+                .send(Err(Status::unavailable(format!(
+                    "gateway {} lost its lease; reconnect",
+                    state.id
+                ))))
+                .await;
+            return;
+        }
         Err(e) => {
             let _ = out.send(Err(refusal_status(e))).await;
             return;
@@ -457,6 +516,7 @@ async fn run_session(
         let wake = Arc::new(Notify::new());
         let (close_tx, mut close_rx) = oneshot::channel();
         let (revoked_tx, mut revoked_rx) = oneshot::channel::<(String, String)>();
+        let (drain_tx, mut drain_rx) = oneshot::channel::<Duration>();
         if let Some(mut old) = state.sessions().insert(
             node.clone(),
             LocalSession {
@@ -467,6 +527,7 @@ async fn run_session(
                 last_heard: last_heard.clone(),
                 close: Some(close_tx),
                 wake: wake.clone(),
+                drain: Some(drain_tx),
             },
         ) && let Some(tx) = old.close.take()
         {
@@ -510,6 +571,17 @@ async fn run_session(
         let dead_after = timing.heartbeat * timing.missed_heartbeats;
         loop {
             tokio::select! {
+                Ok(within) = &mut drain_rx => {
+                    info!(?within, "draining the session");
+                    let _ = out
+                        .send(msg(server_message::Msg::Drain(v1::Drain {
+                            reconnect_within_ms: within.as_millis().min(u32::MAX as u128) as u32,
+                            reason: "the gateway is shutting down".into(),
+                        })))
+                        .await;
+                    end_session(&state, &node, epoch, Duration::ZERO, "drained").await;
+                    return;
+                }
                 Ok((serial, reason)) = &mut revoked_rx => {
                     info!(%serial, %reason, "certificate revoked; closing the session");
                     let _ = out

@@ -13,14 +13,18 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod boot;
 pub mod ca;
+pub mod check;
 pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod files;
 pub mod gateway;
+pub mod images;
 pub mod joinsvc;
 pub mod rollouts;
 pub mod serve;
+pub mod sim;
 pub mod specs;
 pub mod store;

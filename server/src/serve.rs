@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub certs: CertPolicy,
     /// ed25519 release public keys (raw 32 bytes each).
     pub release_keys: Vec<Vec<u8>>,
+    /// The boot endpoint for netbooting nodes (off without a listen address).
+    pub boot: crate::boot::BootOptions,
 }
 
 /// What `operator.json` holds: how the CLI reaches and proves itself to the
@@ -138,7 +140,15 @@ pub async fn serve(
         .gateway_id
         .clone()
         .unwrap_or_else(|| format!("gw-{:08x}", rand::random::<u32>()));
-    let gw = GatewayState::new(gateway_id.clone(), store.clone(), opts.timing, now);
+    let lease_store = Store::open(&opts.data_dir.join("store.db"))
+        .context("cannot open the store for the gateway lease")?;
+    let gw = GatewayState::new(
+        gateway_id.clone(),
+        store.clone(),
+        lease_store,
+        opts.timing,
+        now,
+    );
     // Hold the lease before admitting anyone.
     match store.renew_lease(&gw.lease_name(), &gateway_id, opts.timing.gateway_lease_ttl)? {
         Some(now) => gw.clock.anchor(now),
@@ -159,7 +169,11 @@ pub async fn serve(
     ];
 
     let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
-    let incoming = tls::incoming(listener, config, Arc::new(tls::AdmitAll));
+    let incoming = tls::incoming(
+        listener,
+        config,
+        Arc::new(HandshakeBucket::new(opts.timing.handshake_rate)),
+    );
     let join = JoinService {
         store: store.clone(),
         ca: ca.clone(),
@@ -172,12 +186,17 @@ pub async fn serve(
         ca_pin: ca.fingerprint(),
         worker_key: worker_key.clone(),
         release_keys: Arc::new(opts.release_keys.clone()),
+        image_keys: Arc::new(opts.boot.image_keys.clone()),
         gateway: Some(gw.clone()),
         rollouts,
     };
     let auth = OperatorAuth {
         token_hashes: Arc::new(operators),
     };
+    if let Some((boot_addr, task)) = crate::boot::start(opts.boot.clone(), store.clone()).await? {
+        println!("boot endpoint on {boot_addr}");
+        tasks.push(task);
+    }
     println!("listening on {addr} as gateway {gateway_id}");
     info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -196,7 +215,6 @@ pub async fn serve(
     let server = tokio::spawn(server);
     shutdown.await;
     info!("shutting down");
-    gw.fence("shutting down");
     gw.shutdown().await;
     let _ = stop_tx.send(());
     match tokio::time::timeout(Duration::from_secs(5), server).await {
@@ -208,6 +226,81 @@ pub async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+/// A token bucket of TLS handshakes: `rate` a second, bursts up to `rate`.
+/// Time is a parameter, so the arithmetic is tested without sleeping.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last_ms: u64,
+}
+
+impl TokenBucket {
+    pub fn new(rate: u32, now_ms: u64) -> TokenBucket {
+        TokenBucket {
+            rate: f64::from(rate),
+            burst: f64::from(rate.max(1)),
+            tokens: f64::from(rate.max(1)),
+            last_ms: now_ms,
+        }
+    }
+
+    pub fn take(&mut self, now_ms: u64) -> bool {
+        let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.last_ms = self.last_ms.max(now_ms);
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The gateway's handshake admission: a connection over the bucket is
+/// closed before its handshake; the node backs off and retries.
+#[derive(Debug)]
+struct HandshakeBucket {
+    start: std::time::Instant,
+    bucket: std::sync::Mutex<TokenBucket>,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl HandshakeBucket {
+    fn new(rate: u32) -> HandshakeBucket {
+        HandshakeBucket {
+            start: std::time::Instant::now(),
+            bucket: std::sync::Mutex::new(TokenBucket::new(rate, 0)),
+            refused: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl tls::Admission for HandshakeBucket {
+    fn admit(&self) -> bool {
+        let now = self.start.elapsed().as_millis() as u64;
+        let ok = self
+            .bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(now);
+        if !ok {
+            let n = self
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(1000) {
+                warn!(
+                    refused = n + 1,
+                    "over the handshake rate; closing connections before their handshake"
+                );
+            }
+        }
+        ok
+    }
 }
 
 /// The rollout controller: walks running rollouts every second, or at once
@@ -275,5 +368,24 @@ async fn liveness_controller(store: Store, timing: Timing) {
             }
             Err(e) => warn!(error = %format!("{e:#}"), "command sweep failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenBucket;
+
+    #[test]
+    fn the_bucket_admits_a_burst_then_the_rate() {
+        let mut b = TokenBucket::new(200, 0);
+        let burst = (0..1000).filter(|_| b.take(0)).count();
+        assert_eq!(burst, 200);
+        assert!(!b.take(0));
+        // 10 ms later: two more.
+        assert_eq!((0..10).filter(|_| b.take(10)).count(), 2);
+        // A long pause refills only up to the burst.
+        assert_eq!((0..1000).filter(|_| b.take(60_000)).count(), 200);
+        // Time going backwards admits nothing extra.
+        assert!(!b.take(1));
     }
 }

@@ -219,6 +219,92 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (rollout_id, node_id)
     ) STRICT;
     ",
+    // 9: the audit history the invariant checkers read (`check`). Triggers
+    // record every route, liveness transition, gateway lease write, spec
+    // generation, release floor and terminal command state as it commits,
+    // whichever code path wrote it.
+    "
+    CREATE TABLE audit (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         INTEGER NOT NULL,
+        node_id    TEXT NOT NULL,
+        kind       TEXT NOT NULL,
+        epoch      INTEGER NOT NULL DEFAULT 0,
+        gateway_id TEXT NOT NULL DEFAULT '',
+        value      INTEGER NOT NULL DEFAULT 0,
+        detail     TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+    CREATE INDEX audit_node ON audit(node_id, id);
+    CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'route',
+                NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    END;
+    CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON node_sessions
+    WHEN NEW.epoch != OLD.epoch OR NEW.gateway_id != OLD.gateway_id BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'route',
+                NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    END;
+    CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON node_sessions
+    WHEN NEW.state != OLD.state AND NEW.state != 'connected' BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value, detail)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, NEW.state,
+                NEW.epoch, NEW.gateway_id, NEW.last_seen, NEW.disconnect_cause);
+    END;
+    CREATE TRIGGER audit_lease_new AFTER INSERT ON leases WHEN NEW.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), '', 'lease', NEW.owner,
+                NEW.expires_at);
+    END;
+    CREATE TRIGGER audit_lease AFTER UPDATE ON leases WHEN NEW.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), '', 'lease', NEW.owner,
+                NEW.expires_at);
+    END;
+    CREATE TRIGGER audit_lease_gone AFTER DELETE ON leases WHEN OLD.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), '', 'lease', OLD.owner, 0);
+    END;
+    CREATE TRIGGER audit_generation_new AFTER INSERT ON node_specs BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'generation',
+                NEW.generation);
+    END;
+    CREATE TRIGGER audit_generation AFTER UPDATE OF generation ON node_specs
+    WHEN NEW.generation != OLD.generation BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'generation',
+                NEW.generation);
+    END;
+    CREATE TRIGGER audit_floor AFTER UPDATE OF release_floor ON nodes
+    WHEN NEW.release_floor != OLD.release_floor BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.id, 'floor',
+                NEW.release_floor);
+    END;
+    CREATE TRIGGER audit_result AFTER UPDATE OF state ON commands
+    WHEN NEW.state != OLD.state
+        AND NEW.state IN ('succeeded', 'failed', 'expired', 'rejected') BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, detail)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'result',
+                NEW.epoch, json_object('command', NEW.id, 'kind', NEW.kind,
+                    'from', OLD.state, 'state', NEW.state, 'reason', NEW.reason));
+    END;
+    CREATE TRIGGER audit_binding AFTER UPDATE OF state ON bindings
+    WHEN NEW.state != OLD.state BEGIN
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), NEW.node_id, 'binding',
+                json_object('allocation', NEW.allocation_id, 'state', NEW.state));
+    END;
+    CREATE TRIGGER audit_binding_gone AFTER DELETE ON bindings BEGIN
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (CAST(unixepoch('subsec') * 1000 AS INTEGER), OLD.node_id, 'binding',
+                json_object('allocation', OLD.allocation_id, 'state', 'deleted'));
+    END;
+    ",
+    // 10: netboot images, their artifacts, assignments and recorded boots.
+    crate::images::MIGRATION,
 ];
 
 /// A release's signed manifest and its binary.
@@ -390,6 +476,9 @@ pub enum Refusal {
     BadRequest(String),
     #[error("no node {0}: see better-compute nodes list")]
     NoSuchNode(String),
+    /// The gateway no longer holds its lease; it fences itself.
+    #[error("gateway {0} does not hold its lease; reconnect")]
+    Fenced(String),
     /// Logged in full; the peer sees only that the server failed.
     #[error("internal: {0}")]
     Internal(String),
@@ -770,6 +859,19 @@ impl Store {
             return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
         }
         let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))?;
+        // The routing transaction's fence: this gateway must hold its lease
+        // now. A lease that moved or ran out aborts the route (the gateway
+        // then fences itself).
+        let held: Option<i64> = tx
+            .query_row(
+                "SELECT expires_at FROM leases WHERE name = 'gateway:' || ?1 AND owner = ?1",
+                [&h.gateway_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if held.is_none_or(|expires| expires < now) {
+            return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+        }
         let prev: Option<(i64, String, String)> = tx
             .query_row(
                 "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
@@ -2006,10 +2108,36 @@ fn without(list: &str, item: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A store where the gateways the tests name hold their leases.
     fn store() -> (tempfile::TempDir, Store) {
         let d = tempfile::tempdir().unwrap();
         let s = Store::open(&d.path().join("store.db")).unwrap();
+        for gw in ["gw", "gw2", "gw-a", "gw-b"] {
+            s.renew_lease(&format!("gateway:{gw}"), gw, Duration::from_secs(3600))
+                .unwrap()
+                .unwrap();
+        }
         (d, s)
+    }
+
+    #[test]
+    fn a_gateway_without_its_lease_routes_nothing() {
+        let (_d, s) = store();
+        let node = joined(&s, 1);
+        let fenced = |gw: &str| {
+            matches!(
+                s.hello(&hello(&node, 1, gw, 0)),
+                Err(TxError::Refused(Refusal::Fenced(_)))
+            )
+        };
+        assert!(fenced("gw-never-leased"));
+        s.renew_lease("gateway:gw-short", "gw-short", Duration::from_millis(10))
+            .unwrap()
+            .unwrap();
+        assert!(!fenced("gw-short"));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(fenced("gw-short"), "an expired lease fences too");
+        assert_eq!(s.session(&node).unwrap().unwrap().1, "gw-short");
     }
 
     fn fake_cert(n: u8) -> IssuedCert {
@@ -2296,9 +2424,9 @@ mod tests {
             outage_gap: Duration::from_millis(20),
             outage_hold: Duration::from_secs(300),
         };
-        s.hello(&hello(&node, 1, "gw-without-lease", 0)).unwrap();
+        s.hello(&hello(&node, 1, "gw", 0)).unwrap();
         s.sweep_liveness(&rules).unwrap();
-        let _ = s.hello(&hello(&node, 1, "gw-without-lease", 0)).unwrap();
+        let _ = s.hello(&hello(&node, 1, "gw", 0)).unwrap();
         std::thread::sleep(Duration::from_millis(30));
         let out = s.sweep_liveness(&rules).unwrap();
         assert!(out.held);

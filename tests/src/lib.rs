@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod netboot;
+
 /// A workspace binary, next to the test executable's directory.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -573,6 +575,8 @@ pub const FAST: &[&str] = &[
     "1s",
     "--gateway-loss-grace",
     "2s",
+    "--drain-within",
+    "1s",
 ];
 
 /// A server with [`FAST`] timings and one joined (not started) fakehw node

@@ -30,7 +30,7 @@ fn releases_are_signed_offline_and_registered_only_when_they_verify() {
         &["--release-pubkey", public.trim()],
     )
     .unwrap();
-    let binary = bc_tests::bin("bcd");
+    let binary = bc_tests::static_bcd();
     let manifest = d.path().join("bcd-0.2.0.json");
     let sign = |seq: &str, out: &std::path::Path| {
         run(

@@ -431,3 +431,51 @@ fn the_systemd_units_verify() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out), "", "no warnings either");
 }
+
+/// A full disk while the new release is written: the command fails with
+/// the reason, nothing switches, and the node keeps running its release.
+#[test]
+fn a_full_disk_while_writing_the_slot_switches_nothing() {
+    let f = fleet();
+    let mut node = f.node("n1");
+    let id = node.id();
+    // Room for slot a (the running binary) and the state, not for slot b.
+    let slots = node.dir.join("slots");
+    std::fs::create_dir_all(&slots).unwrap();
+    let size = std::fs::metadata(bc_tests::static_bcd()).unwrap().len() * 3 / 2;
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&slots)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mounting a small tmpfs needs root (CAP_SYS_ADMIN): {}",
+        stderr(&out)
+    );
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(slots.clone());
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "failed", "{c:?}");
+    assert!(
+        c.reason.contains("cannot write slot b") && c.reason.contains("No space left"),
+        "{c:?}"
+    );
+    assert_eq!(link(&node), "a");
+    assert!(update_state(&node)["pending"].is_null());
+    let leftovers: Vec<_> = std::fs::read_dir(slots.join("b"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "no partial files: {leftovers:?}");
+    // Still the same process, still connected.
+    wait_connected(&f.server, &id);
+    node.proc().stop();
+}

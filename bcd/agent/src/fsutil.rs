@@ -128,6 +128,14 @@ pub fn aside_name(path: &Path, tag: &str, utc: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The wall clock in Unix milliseconds (for records and reports, never for
+/// protocol decisions, which run on the server's time).
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ pub mod effects;
 pub mod fsutil;
 pub mod hw;
 pub mod identity;
+pub mod init;
 pub mod join;
 pub mod journal;
 pub mod node;

@@ -176,6 +176,10 @@ enum Command {
         #[command(flatten)]
         hw: HwArgs,
     },
+    /// PID 1 of a netbooted ramdisk: mounts, modules, DHCP, the identity
+    /// store (bcd.state=LABEL), join, then supervise -- node; reads its
+    /// settings from the kernel command line (bcd.server=, bcd.token=).
+    Init,
     /// Print the version and build flavour.
     Version,
 }
@@ -442,6 +446,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Init => match bcd_agent::init::run()? {},
         Command::Version => {
             let flavour = if cfg!(feature = "fakehw") {
                 "fakehw"

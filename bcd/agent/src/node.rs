@@ -37,6 +37,9 @@ pub struct Stats {
     pub connected: AtomicUsize,
     pub sessions: AtomicU64,
     pub dial_failures: AtomicU64,
+    /// Unix milliseconds of the last session established, and its epoch.
+    pub established_ms: std::sync::atomic::AtomicI64,
+    pub epoch: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -197,6 +200,9 @@ impl Agent {
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
+                                s.epoch.store(epoch, Ordering::Relaxed);
+                                s.established_ms
+                                    .store(crate::fsutil::unix_ms(), Ordering::Relaxed);
                                 counted = true;
                             }
                             self.send_inventory(&conn, Some(&wanted)).await;

@@ -1,15 +1,22 @@
-//! `bcd sim`: many fakehw agents in one process, each with its own data
-//! directory, key, certificate, journal and TLS session. The agents are the
-//! real agent code; only the hardware under them is fake.
+//! Many fakehw agents in one process, each with its own data directory,
+//! key, certificate, journal and TLS session. The agents are the real agent
+//! code; only the hardware under them is fake.
+//!
+//! [`Fleet`] holds a handle per node so a simulator can do to one node what
+//! happens to machines: the daemon crashes (its task dies at whatever it
+//! was waiting on, with only what it made durable), the journal is lost,
+//! the machine reboots. `bcd sim` runs a fleet until stopped;
+//! `better-compute sim` adds gateways, chaos and the invariant checks.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use bcd_proto::token::JoinToken;
 use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
 
 use crate::fsutil::DirLock;
 use crate::hw::fake::FakeHost;
@@ -29,7 +36,7 @@ pub struct SimOptions {
 }
 
 /// Lets one process hold a socket and a journal for each of many agents.
-fn raise_fd_limit() {
+pub fn raise_fd_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut lim = getrlimit(Resource::Nofile);
     if let Some(max) = lim.maximum {
@@ -40,48 +47,109 @@ fn raise_fd_limit() {
     }
 }
 
-pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
-    raise_fd_limit();
-    join::prepare_dir(&opts.data_dir)?;
-    let _lock = DirLock::acquire(&opts.data_dir)?;
-    let token = JoinToken::parse(&opts.token)?;
-    let stats = Arc::new(Stats::default());
-    let joins = Arc::new(Semaphore::new(opts.join_concurrency.max(1)));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::with_capacity(opts.nodes);
-    for i in 0..opts.nodes {
-        let dir = opts.data_dir.join(format!("node-{i:05}"));
-        let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-        let host = Arc::new(FakeHost::new(seed, format!("sim-{i:05}"), opts.gpus));
-        let (server, token, joins, stats) = (
-            opts.server.clone(),
-            token.clone(),
-            joins.clone(),
-            stats.clone(),
-        );
-        let stop = stop_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            join::prepare_dir(&dir)?;
-            if !identity::exists(&dir) {
+/// One simulated machine.
+#[derive(Debug)]
+pub struct SimNode {
+    pub index: usize,
+    pub dir: PathBuf,
+    pub host: Arc<FakeHost>,
+    pub seed: u64,
+    pub stats: Arc<Stats>,
+    task: Mutex<Option<JoinHandle<anyhow::Result<()>>>>,
+}
+
+impl SimNode {
+    /// The node id, once it has joined.
+    pub fn node_id(&self) -> Option<String> {
+        identity::Identity::load(&self.dir)
+            .ok()
+            .map(|i| i.file.node_id)
+    }
+}
+
+/// Totals over the fleet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub connected: usize,
+    pub sessions: u64,
+    pub dial_failures: u64,
+}
+
+#[derive(Debug)]
+pub struct Fleet {
+    pub nodes: Vec<Arc<SimNode>>,
+    server: String,
+    token: JoinToken,
+    joins: Arc<Semaphore>,
+    stop: watch::Sender<bool>,
+}
+
+impl Fleet {
+    pub fn new(opts: &SimOptions) -> anyhow::Result<Fleet> {
+        raise_fd_limit();
+        join::prepare_dir(&opts.data_dir)?;
+        let token = JoinToken::parse(&opts.token)?;
+        let nodes = (0..opts.nodes)
+            .map(|i| {
+                let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+                Arc::new(SimNode {
+                    index: i,
+                    dir: opts.data_dir.join(format!("node-{i:05}")),
+                    host: Arc::new(FakeHost::new(seed, format!("sim-{i:05}"), opts.gpus)),
+                    seed,
+                    stats: Arc::new(Stats::default()),
+                    task: Mutex::new(None),
+                })
+            })
+            .collect();
+        Ok(Fleet {
+            nodes,
+            server: opts.server.clone(),
+            token,
+            joins: Arc::new(Semaphore::new(opts.join_concurrency.max(1))),
+            stop: watch::channel(false).0,
+        })
+    }
+
+    pub fn start_all(&self) {
+        for i in 0..self.nodes.len() {
+            self.start(i);
+        }
+    }
+
+    /// Starts node `i`'s daemon (joining first if it has no identity).
+    pub fn start(&self, i: usize) {
+        let node = self.nodes[i].clone();
+        let (server, token, joins) = (self.server.clone(), self.token.clone(), self.joins.clone());
+        let stop = self.stop.subscribe();
+        let task = tokio::spawn(async move {
+            join::prepare_dir(&node.dir)?;
+            if !identity::exists(&node.dir) {
                 let _permit = joins.acquire().await.expect("semaphore open");
-                join::join_with_token(&server, &token, &dir, false, host.as_ref())
+                join::join_with_token(&server, &token, &node.dir, false, node.host.as_ref())
                     .await
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }
             loop {
                 let paths = crate::converge::Paths {
-                    cdi_dir: dir.join("cdi"),
-                    env_dir: dir.join("run/env"),
+                    cdi_dir: node.dir.join("cdi"),
+                    env_dir: node.dir.join("run/env"),
                 };
                 // Simulated machines never touch the host's sshd or
                 // firewall: their /etc is their own and there is no nft.
                 let access = crate::access::AccessPaths {
-                    etc_dir: dir.join("etc"),
-                    nft: dir.join("no-nft"),
-                    sshd: dir.join("no-sshd"),
+                    etc_dir: node.dir.join("etc"),
+                    nft: node.dir.join("no-nft"),
+                    sshd: node.dir.join("no-sshd"),
                 };
-                let agent =
-                    node::open(&dir, host.clone(), seed, Some(stats.clone()), paths, access)?;
+                let agent = node::open(
+                    &node.dir,
+                    node.host.clone(),
+                    node.seed ^ crate::fsutil::unix_ms() as u64,
+                    Some(node.stats.clone()),
+                    paths,
+                    access,
+                )?;
                 let mut stop = stop.clone();
                 let stopped = agent
                     .run(async move {
@@ -97,21 +165,98 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
                     }
                 }
             }
-        }));
+        });
+        let old = self.nodes[i].task.lock().expect("task lock").replace(task);
+        if let Some(old) = old {
+            old.abort();
+        }
     }
 
+    /// The daemon dies where it stands: its task is dropped at the await
+    /// it was on, with only what it made durable. Not restarted.
+    pub async fn crash(&self, i: usize) {
+        let task = self.nodes[i].task.lock().expect("task lock").take();
+        if let Some(t) = task {
+            t.abort();
+            let _ = t.await;
+        }
+        // A dropped session no longer counts as connected.
+        let s = &self.nodes[i].stats;
+        s.connected.store(0, Ordering::Relaxed);
+    }
+
+    /// `sim.loseJournal(node)`: the daemon dies and its journal is gone;
+    /// it starts again with a new one (and its identity).
+    pub async fn lose_journal(&self, i: usize) {
+        self.crash(i).await;
+        let dir = &self.nodes[i].dir;
+        for name in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+        self.start(i);
+    }
+
+    /// The machine reboots: the daemon dies, the boot id changes, the
+    /// daemon starts again.
+    pub async fn reboot(&self, i: usize) {
+        self.crash(i).await;
+        self.nodes[i].host.reboot();
+        self.start(i);
+    }
+
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for n in &self.nodes {
+            t.connected += n.stats.connected.load(Ordering::Relaxed);
+            t.sessions += n.stats.sessions.load(Ordering::Relaxed);
+            t.dial_failures += n.stats.dial_failures.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    /// Stops every daemon; returns how many ended in an error.
+    pub async fn stop(&self) -> usize {
+        let _ = self.stop.send(true);
+        let mut failed = 0;
+        for n in &self.nodes {
+            let task = n.task.lock().expect("task lock").take();
+            if let Some(t) = task {
+                match t.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        failed += 1;
+                        eprintln!("error: {e:#}");
+                    }
+                    Err(e) if e.is_cancelled() => {}
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("error: a simulated node panicked: {e}");
+                    }
+                }
+            }
+        }
+        failed
+    }
+}
+
+/// `bcd sim`: runs a fleet until Ctrl-C or `duration`.
+pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
+    let fleet = Fleet::new(&opts)?;
+    let _lock = DirLock::acquire(&opts.data_dir)?;
+    fleet.start_all();
     let started = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let deadline = opts.duration.map(|d| started + d);
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                let t = fleet.totals();
                 eprintln!(
                     "sim: {:>6}/{} connected, {} sessions, {} failed dials, {:.0}s",
-                    stats.connected.load(Ordering::Relaxed),
+                    t.connected,
                     opts.nodes,
-                    stats.sessions.load(Ordering::Relaxed),
-                    stats.dial_failures.load(Ordering::Relaxed),
+                    t.sessions,
+                    t.dial_failures,
                     started.elapsed().as_secs_f64(),
                 );
                 if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
@@ -121,27 +266,11 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    let _ = stop_tx.send(true);
-    let mut failed = 0;
-    for t in tasks {
-        match t.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                failed += 1;
-                eprintln!("error: {e:#}");
-            }
-            Err(e) => {
-                failed += 1;
-                eprintln!("error: a simulated node panicked: {e}");
-            }
-        }
-    }
+    let failed = fleet.stop().await;
+    let t = fleet.totals();
     println!(
         "sim: {} nodes, {} sessions established, {} failed dials, {} nodes failed",
-        opts.nodes,
-        stats.sessions.load(Ordering::Relaxed),
-        stats.dial_failures.load(Ordering::Relaxed),
-        failed
+        opts.nodes, t.sessions, t.dial_failures, failed
     );
     if failed > 0 {
         anyhow::bail!("{failed} simulated nodes failed");

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bcd_core::update::{self, Decision, Refusal, Slot, UpdateState};
 use tracing::{info, warn};
 
+use crate::node::error_chain;
 use crate::slots::{SlotError, Slots};
 
 /// Exit status of a supervised daemon that asks to be started again from
@@ -236,13 +237,13 @@ impl Updater {
                 let init = self.initial_state();
                 self.slots
                     .init(&me, init.running_sequence(), init.running_version())
-                    .map_err(|e| format!("cannot set up the slots: {e}"))?
+                    .map_err(|e| format!("cannot set up the slots: {}", error_chain(&e)))?
             }
         };
         let slot = state.plan(sequence).map_err(|e| e.to_string())?;
         self.slots
             .write_slot(slot, binary)
-            .map_err(|e| format!("cannot write slot {}: {e}", slot.name()))?;
+            .map_err(|e| format!("cannot write slot {}: {}", slot.name(), error_chain(&e)))?;
         Ok(slot)
     }
 

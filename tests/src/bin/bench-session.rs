@@ -93,6 +93,10 @@ fn store_hellos(n: usize) -> f64 {
             .expect("join");
         ids.push(id);
     }
+    // The routing transaction checks the gateway's lease.
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(3600))
+        .expect("lease")
+        .expect("free lease");
     let start = Instant::now();
     for k in 0..n {
         let i = k % nodes;

@@ -1,0 +1,800 @@
+//! The fleet invariants, checked after every simulated run and on a live
+//! store (`better-compute check`).
+//!
+//! Each checker is a pure function over a [`Snapshot`]: the store's audit
+//! history (written by triggers as each change commits, see migration 9),
+//! its current tables, and what the nodes themselves recorded (side effects
+//! counted outside the journal, server time marks sampled during a run).
+//! A checker returns the violations it found, each a sentence naming what
+//! broke.
+//!
+//! - I1 single route: a node's epochs only rise, each route was written by a
+//!   gateway holding its lease at that moment, and the current route carries
+//!   the highest epoch.
+//! - I2 exactly once: at most one terminal result per command; a side
+//!   effect that is not retry-safe ran at most once, and exactly once for a
+//!   command that succeeded.
+//! - I3 no double booking: no GPU in two active bindings of one node.
+//! - I4 server clock: unreachable only after the node lease TTL (plus the
+//!   gateway-loss grace) on the store's clock; disconnected for gateway
+//!   loss only once that gateway's lease had expired.
+//! - I5 nothing released: no command ends and no binding changes for
+//!   liveness while the node is away.
+//! - I6 latency: measured by benchmarks, not checked.
+//! - I7 convergence: every command is terminal or waits for a node that is
+//!   not connected (or was created within the settling window); every
+//!   connected node applied its desired generation and is routed to a
+//!   gateway with a live lease.
+//! - I8 monotonic: epochs, spec generations, release floors and the nodes'
+//!   server time marks never move backward.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rusqlite::Connection;
+use serde::Serialize;
+
+/// One row of the audit history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audit {
+    pub id: i64,
+    pub at: i64,
+    pub node_id: String,
+    pub kind: String,
+    pub epoch: u64,
+    pub gateway_id: String,
+    pub value: i64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub node_id: String,
+    pub epoch: u64,
+    pub gateway_id: String,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub id: String,
+    pub node_id: String,
+    pub kind: String,
+    pub state: String,
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub node_id: String,
+    pub allocation_id: String,
+    pub gpus: Vec<String>,
+    pub state: String,
+}
+
+/// What the nodes recorded themselves.
+#[derive(Debug, Clone, Default)]
+pub struct NodeFacts {
+    /// Side effects counted outside the journal, by command id.
+    pub effects: BTreeMap<String, u32>,
+    /// Commands whose effects were counted (the rest ran nothing countable).
+    pub counted: BTreeSet<String>,
+    /// Server time marks sampled during the run, by node, in order.
+    pub marks: BTreeMap<String, Vec<i64>>,
+}
+
+/// The liveness timings the store ran with.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    pub node_lease_ttl: Duration,
+    pub gateway_loss_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub now: i64,
+    pub audit: Vec<Audit>,
+    pub sessions: Vec<Session>,
+    /// Gateway id → lease expiry.
+    pub leases: BTreeMap<String, i64>,
+    pub commands: Vec<Command>,
+    pub bindings: Vec<Binding>,
+    /// Node → desired spec generation.
+    pub desired: BTreeMap<String, u64>,
+    /// Node → applied spec generation it reported.
+    pub applied: BTreeMap<String, u64>,
+    pub timings: Timings,
+    /// Commands created within this window may still be on their way.
+    pub settle: Duration,
+    pub facts: NodeFacts,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub checked: usize,
+    pub violations: Vec<String>,
+}
+
+impl Outcome {
+    pub fn held(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+const TERMINAL: [&str; 4] = ["succeeded", "failed", "expired", "rejected"];
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis() as i64
+}
+
+/// Each gateway's lease writes, in audit order: (audit id, expiry).
+struct Leases(BTreeMap<String, Vec<(i64, i64)>>);
+
+impl Leases {
+    fn new(audit: &[Audit]) -> Leases {
+        let mut m: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+        for a in audit.iter().filter(|a| a.kind == "lease") {
+            m.entry(a.gateway_id.clone())
+                .or_default()
+                .push((a.id, a.value));
+        }
+        Leases(m)
+    }
+
+    /// The expiry of `gateway`'s latest lease write before audit row
+    /// `before`.
+    fn at(&self, gateway: &str, before: i64) -> Option<i64> {
+        let rows = self.0.get(gateway)?;
+        let i = rows.partition_point(|(id, _)| *id < before);
+        (i > 0).then(|| rows[i - 1].1)
+    }
+}
+
+fn by_node(audit: &[Audit]) -> BTreeMap<&str, Vec<&Audit>> {
+    let mut m: BTreeMap<&str, Vec<&Audit>> = BTreeMap::new();
+    for a in audit.iter().filter(|a| !a.node_id.is_empty()) {
+        m.entry(a.node_id.as_str()).or_default().push(a);
+    }
+    m
+}
+
+pub fn i1(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut checked = 0;
+    let leases = Leases::new(&s.audit);
+    let nodes = by_node(&s.audit);
+    for (node, rows) in &nodes {
+        let mut last: Option<u64> = None;
+        for r in rows.iter().filter(|r| r.kind == "route") {
+            checked += 1;
+            if let Some(e) = last
+                && r.epoch <= e
+            {
+                v.push(format!(
+                    "node {node}: routed at epoch {} by {} after epoch {e}",
+                    r.epoch, r.gateway_id
+                ));
+            }
+            last = Some(r.epoch);
+            match leases.at(&r.gateway_id, r.id) {
+                Some(expires) if expires >= r.at => {}
+                _ => v.push(format!(
+                    "node {node}: gateway {} routed it (epoch {}) without holding its lease",
+                    r.gateway_id, r.epoch
+                )),
+            }
+        }
+        if let (Some(e), Some(cur)) = (last, s.sessions.iter().find(|x| x.node_id == *node))
+            && cur.epoch != e
+        {
+            v.push(format!(
+                "node {node}: its session carries epoch {}, its last route epoch {e}",
+                cur.epoch
+            ));
+        }
+    }
+    Outcome {
+        name: "I1",
+        title: "single route",
+        checked,
+        violations: v,
+    }
+}
+
+/// Kinds whose side effect may run more than once.
+fn retry_safe(kind: &str) -> bool {
+    bcd_core::command::Kind::parse(kind).is_some_and(|k| k.retry_safe())
+}
+
+pub fn i2(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut results: BTreeMap<String, u32> = BTreeMap::new();
+    for a in s.audit.iter().filter(|a| a.kind == "result") {
+        let id = serde_json::from_str::<serde_json::Value>(&a.detail)
+            .ok()
+            .and_then(|d| d["command"].as_str().map(String::from))
+            .unwrap_or_default();
+        *results.entry(id).or_default() += 1;
+    }
+    for (id, n) in &results {
+        if *n > 1 {
+            v.push(format!("command {id}: {n} terminal results"));
+        }
+    }
+    for c in &s.commands {
+        if !s.facts.counted.contains(&c.id) {
+            continue;
+        }
+        let n = s.facts.effects.get(&c.id).copied().unwrap_or(0);
+        if n > 1 && !retry_safe(&c.kind) {
+            v.push(format!(
+                "command {} ({}): its side effect ran {n} times",
+                c.id, c.kind
+            ));
+        }
+        if c.state == "succeeded" && c.exit_code == Some(0) && n == 0 {
+            v.push(format!(
+                "command {} succeeded but its side effect never ran",
+                c.id
+            ));
+        }
+    }
+    Outcome {
+        name: "I2",
+        title: "exactly once",
+        checked: s.commands.len(),
+        violations: v,
+    }
+}
+
+pub fn i3(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut held: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    for b in s.bindings.iter().filter(|b| b.state == "active") {
+        for g in &b.gpus {
+            if let Some(other) = held.insert((&b.node_id, g), &b.allocation_id)
+                && other != b.allocation_id
+            {
+                v.push(format!(
+                    "node {}: GPU {g} is bound to {other} and {}",
+                    b.node_id, b.allocation_id
+                ));
+            }
+        }
+    }
+    Outcome {
+        name: "I3",
+        title: "no double booking",
+        checked: s.bindings.len(),
+        violations: v,
+    }
+}
+
+pub fn i4(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut checked = 0;
+    let leases = Leases::new(&s.audit);
+    let ttl = ms(s.timings.node_lease_ttl);
+    let grace = ms(s.timings.gateway_loss_grace);
+    for a in &s.audit {
+        match a.kind.as_str() {
+            "unreachable" => {
+                checked += 1;
+                let need = ttl + if a.detail == "gateway-lost" { grace } else { 0 };
+                if a.at - a.value < need {
+                    v.push(format!(
+                        "node {}: unreachable {} ms after it was last seen; the rule is {need} ms",
+                        a.node_id,
+                        a.at - a.value
+                    ));
+                }
+            }
+            "disconnected" if a.detail == "gateway-lost" => {
+                checked += 1;
+                if let Some(expires) = leases.at(&a.gateway_id, a.id)
+                    && expires >= a.at
+                {
+                    v.push(format!(
+                        "node {}: disconnected for gateway loss while {}'s lease ran {} ms more",
+                        a.node_id,
+                        a.gateway_id,
+                        expires - a.at
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Outcome {
+        name: "I4",
+        title: "server clock",
+        checked,
+        violations: v,
+    }
+}
+
+pub fn i5(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut checked = 0;
+    for (node, rows) in by_node(&s.audit) {
+        let mut away = false;
+        for r in rows {
+            match r.kind.as_str() {
+                "disconnected" | "unreachable" => away = true,
+                "route" => away = false,
+                "binding" if away => v.push(format!(
+                    "node {node}: a binding changed while the node was away ({})",
+                    r.detail
+                )),
+                _ => {}
+            }
+            checked += 1;
+        }
+    }
+    for c in &s.commands {
+        let r = c.reason.to_ascii_lowercase();
+        if TERMINAL.contains(&c.state.as_str())
+            && ["unreachable", "disconnected", "lease"]
+                .iter()
+                .any(|w| r.contains(w))
+        {
+            v.push(format!(
+                "command {}: ended {} for liveness ({})",
+                c.id, c.state, c.reason
+            ));
+        }
+    }
+    Outcome {
+        name: "I5",
+        title: "nothing released",
+        checked,
+        violations: v,
+    }
+}
+
+pub fn i7(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let connected: BTreeMap<&str, &Session> = s
+        .sessions
+        .iter()
+        .filter(|x| x.state == "connected")
+        .map(|x| (x.node_id.as_str(), x))
+        .collect();
+    for c in &s.commands {
+        if TERMINAL.contains(&c.state.as_str()) {
+            continue;
+        }
+        let recent = s.now - c.created_at < ms(s.settle);
+        if connected.contains_key(c.node_id.as_str()) && !recent {
+            v.push(format!(
+                "command {} is still {} for connected node {}",
+                c.id, c.state, c.node_id
+            ));
+        }
+    }
+    for (node, sess) in &connected {
+        if let Some(want) = s.desired.get(*node) {
+            let have = s.applied.get(*node).copied().unwrap_or(0);
+            if have != *want {
+                v.push(format!(
+                    "node {node}: applied generation {have}, desired {want}"
+                ));
+            }
+        }
+        if s.leases.get(&sess.gateway_id).is_none_or(|e| *e < s.now) {
+            v.push(format!(
+                "node {node}: connected through {}, which holds no live lease",
+                sess.gateway_id
+            ));
+        }
+    }
+    Outcome {
+        name: "I7",
+        title: "convergence",
+        checked: s.commands.len() + connected.len(),
+        violations: v,
+    }
+}
+
+pub fn i8(s: &Snapshot) -> Outcome {
+    let mut v = Vec::new();
+    let mut checked = 0;
+    for (node, rows) in by_node(&s.audit) {
+        for kind in ["generation", "floor"] {
+            let mut last: Option<i64> = None;
+            for r in rows.iter().filter(|r| r.kind == kind) {
+                checked += 1;
+                if let Some(l) = last
+                    && r.value < l
+                {
+                    v.push(format!("node {node}: {kind} went from {l} to {}", r.value));
+                }
+                last = Some(r.value);
+            }
+        }
+    }
+    for (node, marks) in &s.facts.marks {
+        for w in marks.windows(2) {
+            checked += 1;
+            if w[1] < w[0] {
+                v.push(format!(
+                    "node {node}: server time mark went back from {} to {}",
+                    w[0], w[1]
+                ));
+            }
+        }
+    }
+    // Epochs are I1's first rule; they count here too.
+    Outcome {
+        name: "I8",
+        title: "monotonic",
+        checked,
+        violations: v,
+    }
+}
+
+/// Every checker, in order.
+pub fn all(s: &Snapshot) -> Vec<Outcome> {
+    vec![i1(s), i2(s), i3(s), i4(s), i5(s), i7(s), i8(s)]
+}
+
+/// Reads a snapshot from a store file (read-only, alongside live gateways).
+pub fn snapshot(
+    path: &std::path::Path,
+    timings: Timings,
+    settle: Duration,
+    facts: NodeFacts,
+) -> rusqlite::Result<Snapshot> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    // One read transaction: every table as of one moment.
+    conn.execute_batch("BEGIN")?;
+    let now: i64 = conn.query_row(
+        "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        [],
+        |r| r.get(0),
+    )?;
+    let audit = conn
+        .prepare(
+            "SELECT id, at, node_id, kind, epoch, gateway_id, value, detail FROM audit ORDER BY id",
+        )?
+        .query_map([], |r| {
+            Ok(Audit {
+                id: r.get(0)?,
+                at: r.get(1)?,
+                node_id: r.get(2)?,
+                kind: r.get(3)?,
+                epoch: r.get::<_, i64>(4)? as u64,
+                gateway_id: r.get(5)?,
+                value: r.get(6)?,
+                detail: r.get(7)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let sessions = conn
+        .prepare("SELECT node_id, epoch, gateway_id, state FROM node_sessions")?
+        .query_map([], |r| {
+            Ok(Session {
+                node_id: r.get(0)?,
+                epoch: r.get::<_, i64>(1)? as u64,
+                gateway_id: r.get(2)?,
+                state: r.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let leases = conn
+        .prepare("SELECT owner, expires_at FROM leases WHERE name LIKE 'gateway:%'")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+    let commands = conn
+        .prepare("SELECT id, node_id, kind, state, reason, exit_code, created_at FROM commands")?
+        .query_map([], |r| {
+            Ok(Command {
+                id: r.get(0)?,
+                node_id: r.get(1)?,
+                kind: r.get(2)?,
+                state: r.get(3)?,
+                reason: r.get(4)?,
+                exit_code: r.get(5)?,
+                created_at: r.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let bindings = conn
+        .prepare("SELECT node_id, allocation_id, gpus, state FROM bindings")?
+        .query_map([], |r| {
+            Ok(Binding {
+                node_id: r.get(0)?,
+                allocation_id: r.get(1)?,
+                gpus: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
+                state: r.get(3)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let desired = conn
+        .prepare("SELECT node_id, generation FROM node_specs")?
+        .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
+        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+    let applied = conn
+        .prepare("SELECT node_id, applied_generation FROM node_state")?
+        .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
+        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+    conn.execute_batch("COMMIT")?;
+    Ok(Snapshot {
+        now,
+        audit,
+        sessions,
+        leases,
+        commands,
+        bindings,
+        desired,
+        applied,
+        timings,
+        settle,
+        facts,
+    })
+}
+
+/// One line per invariant: `I1 single route: held (1234 checked)`.
+pub fn render(outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    for o in outcomes {
+        if o.held() {
+            out.push_str(&format!(
+                "{} {:<18} held ({} checked)\n",
+                o.name, o.title, o.checked
+            ));
+        } else {
+            out.push_str(&format!(
+                "{} {:<18} VIOLATED {} times ({} checked)\n",
+                o.name,
+                o.title,
+                o.violations.len(),
+                o.checked
+            ));
+            for line in o.violations.iter().take(10) {
+                out.push_str(&format!("   - {line}\n"));
+            }
+            if o.violations.len() > 10 {
+                out.push_str(&format!("   - ... {} more\n", o.violations.len() - 10));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn audit(id: i64, at: i64, node: &str, kind: &str) -> Audit {
+        Audit {
+            id,
+            at,
+            node_id: node.into(),
+            kind: kind.into(),
+            epoch: 0,
+            gateway_id: String::new(),
+            value: 0,
+            detail: String::new(),
+        }
+    }
+
+    fn route(id: i64, at: i64, node: &str, epoch: u64, gw: &str) -> Audit {
+        Audit {
+            epoch,
+            gateway_id: gw.into(),
+            ..audit(id, at, node, "route")
+        }
+    }
+
+    fn lease(id: i64, at: i64, gw: &str, expires: i64) -> Audit {
+        Audit {
+            gateway_id: gw.into(),
+            value: expires,
+            ..audit(id, at, "", "lease")
+        }
+    }
+
+    fn empty() -> Snapshot {
+        Snapshot {
+            now: 100_000,
+            audit: vec![],
+            sessions: vec![],
+            leases: BTreeMap::new(),
+            commands: vec![],
+            bindings: vec![],
+            desired: BTreeMap::new(),
+            applied: BTreeMap::new(),
+            timings: Timings {
+                node_lease_ttl: Duration::from_secs(40),
+                gateway_loss_grace: Duration::from_secs(120),
+            },
+            settle: Duration::from_secs(5),
+            facts: NodeFacts::default(),
+        }
+    }
+
+    /// A clean history: every checker holds.
+    fn clean() -> Snapshot {
+        let mut s = empty();
+        s.audit = vec![
+            lease(1, 1_000, "gw-a", 21_000),
+            route(2, 1_100, "n1", 1, "gw-a"),
+            lease(3, 30_000, "gw-b", 50_000),
+            route(4, 30_100, "n1", 2, "gw-b"),
+        ];
+        s.sessions = vec![Session {
+            node_id: "n1".into(),
+            epoch: 2,
+            gateway_id: "gw-b".into(),
+            state: "connected".into(),
+        }];
+        s.leases.insert("gw-b".into(), 120_000);
+        s
+    }
+
+    fn violated(o: Outcome) -> Vec<String> {
+        assert!(!o.held(), "{} should be violated", o.name);
+        o.violations
+    }
+
+    #[test]
+    fn a_clean_history_holds_every_invariant() {
+        for o in all(&clean()) {
+            assert!(o.held(), "{}: {:?}", o.name, o.violations);
+        }
+    }
+
+    #[test]
+    fn i1_catches_an_epoch_routed_twice_a_route_without_a_lease_and_a_rewound_session() {
+        let mut s = clean();
+        s.audit.push(route(5, 30_200, "n1", 2, "gw-a"));
+        let v = violated(i1(&s));
+        assert!(v.iter().any(|l| l.contains("after epoch 2")), "{v:?}");
+        assert!(
+            v.iter().any(|l| l.contains("without holding its lease")),
+            "{v:?}"
+        );
+        let mut s = clean();
+        s.sessions[0].epoch = 1;
+        assert!(violated(i1(&s))[0].contains("carries epoch 1"));
+    }
+
+    #[test]
+    fn i2_catches_two_results_and_a_side_effect_run_twice() {
+        let mut s = clean();
+        for id in [10, 11] {
+            s.audit.push(Audit {
+                detail: r#"{"command":"c1"}"#.into(),
+                ..audit(id, 40_000, "n1", "result")
+            });
+        }
+        assert!(violated(i2(&s))[0].contains("2 terminal results"));
+        let mut s = clean();
+        s.commands.push(Command {
+            id: "c2".into(),
+            node_id: "n1".into(),
+            kind: "exec.run".into(),
+            state: "succeeded".into(),
+            reason: String::new(),
+            exit_code: Some(0),
+            created_at: 0,
+        });
+        s.facts.counted.insert("c2".into());
+        s.facts.effects.insert("c2".into(), 2);
+        assert!(violated(i2(&s))[0].contains("ran 2 times"));
+        s.facts.effects.insert("c2".into(), 0);
+        assert!(violated(i2(&s))[0].contains("never ran"));
+        // A retry-safe kind may run twice.
+        s.commands[0].kind = "inventory.refresh".into();
+        s.facts.effects.insert("c2".into(), 2);
+        assert!(i2(&s).held());
+    }
+
+    #[test]
+    fn i3_catches_a_gpu_in_two_allocations() {
+        let mut s = clean();
+        for a in ["alloc-1", "alloc-2"] {
+            s.bindings.push(Binding {
+                node_id: "n1".into(),
+                allocation_id: a.into(),
+                gpus: vec!["GPU-1".into()],
+                state: "active".into(),
+            });
+        }
+        assert!(violated(i3(&s))[0].contains("GPU-1"));
+        s.bindings[1].state = "lost".into();
+        assert!(i3(&s).held());
+    }
+
+    #[test]
+    fn i4_catches_early_transitions() {
+        let mut s = clean();
+        s.audit.push(Audit {
+            value: 60_000,
+            detail: "gateway-lost".into(),
+            ..audit(6, 90_000, "n1", "unreachable")
+        });
+        assert!(violated(i4(&s))[0].contains("the rule is 160000 ms"));
+        let mut s = clean();
+        s.audit.push(Audit {
+            gateway_id: "gw-b".into(),
+            detail: "gateway-lost".into(),
+            ..audit(6, 45_000, "n1", "disconnected")
+        });
+        assert!(violated(i4(&s))[0].contains("lease ran 5000 ms more"));
+    }
+
+    #[test]
+    fn i5_catches_a_release_while_away() {
+        let mut s = clean();
+        s.audit.push(audit(6, 60_000, "n1", "disconnected"));
+        s.audit.push(Audit {
+            detail: r#"{"allocation":"a","state":"lost"}"#.into(),
+            ..audit(7, 61_000, "n1", "binding")
+        });
+        assert!(violated(i5(&s))[0].contains("while the node was away"));
+        let mut s = clean();
+        s.commands.push(Command {
+            id: "c3".into(),
+            node_id: "n1".into(),
+            kind: "exec.run".into(),
+            state: "failed".into(),
+            reason: "node unreachable".into(),
+            exit_code: None,
+            created_at: 0,
+        });
+        assert!(violated(i5(&s))[0].contains("for liveness"));
+    }
+
+    #[test]
+    fn i7_catches_a_stuck_command_an_unapplied_spec_and_an_orphaned_route() {
+        let mut s = clean();
+        s.commands.push(Command {
+            id: "c4".into(),
+            node_id: "n1".into(),
+            kind: "exec.run".into(),
+            state: "dispatched".into(),
+            reason: String::new(),
+            exit_code: None,
+            created_at: 0,
+        });
+        assert!(violated(i7(&s))[0].contains("still dispatched"));
+        s.commands[0].created_at = s.now - 1_000;
+        assert!(i7(&s).held(), "within the settling window");
+        let mut s = clean();
+        s.desired.insert("n1".into(), 3);
+        s.applied.insert("n1".into(), 2);
+        assert!(violated(i7(&s))[0].contains("applied generation 2"));
+        let mut s = clean();
+        s.leases.insert("gw-b".into(), s.now - 1);
+        assert!(violated(i7(&s))[0].contains("no live lease"));
+    }
+
+    #[test]
+    fn i8_catches_values_moving_back() {
+        let mut s = clean();
+        for (id, g) in [(6, 3), (7, 2)] {
+            s.audit.push(Audit {
+                value: g,
+                ..audit(id, 70_000, "n1", "generation")
+            });
+        }
+        assert!(violated(i8(&s))[0].contains("generation went from 3 to 2"));
+        let mut s = clean();
+        s.facts.marks.insert("n1".into(), vec![5, 9, 7]);
+        assert!(violated(i8(&s))[0].contains("mark went back"));
+    }
+
+    #[test]
+    fn render_names_each_invariant() {
+        let text = render(&all(&clean()));
+        assert!(text.contains("I1 single route"));
+        assert!(text.contains("held"));
+    }
+}

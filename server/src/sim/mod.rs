@@ -1,0 +1,801 @@
+//! `better-compute sim`: a whole fleet on one machine, under chaos, with the
+//! invariants checked at the end.
+//!
+//! The server side is real: G `better-compute serve` processes (gateways,
+//! each with the join service, operator API, liveness and rollout
+//! controllers) on one store, behind an in-process L4 balancer that is also
+//! where link faults happen ([`proxy`]). The nodes are the real agent code
+//! (`bcd_agent::sim::Fleet`, fake hardware), each with its own key,
+//! certificate, journal and TLS session, dialing the balancer. A workload
+//! of signed commands (each a real program whose side effect lands in the
+//! node's `effects` file, counted outside the journal) and GPU assignments
+//! runs while the faults of a seeded schedule ([`chaos`]) happen. Then the
+//! fleet is given time to settle, and [`crate::check`] runs over the store
+//! and what the nodes recorded.
+
+pub mod chaos;
+pub mod proxy;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bcd_agent::sim::Fleet;
+use bcd_core::SplitMix64;
+use serde::Serialize;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::Mutex;
+
+use crate::check;
+use chaos::{Fault, Level};
+use proxy::Balancer;
+
+/// Server timings for simulated runs: the spec's ratios, five times faster,
+/// so liveness transitions happen within a short run.
+pub const TIMINGS: &[(&str, &str)] = &[
+    ("--heartbeat-interval", "2s"),
+    ("--gateway-lease-ttl", "6s"),
+    ("--node-lease-ttl", "8s"),
+    ("--gateway-loss-grace", "24s"),
+];
+
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub nodes: usize,
+    pub gateways: usize,
+    pub chaos: Level,
+    pub seed: u64,
+    /// How long faults and the workload run; settling comes after.
+    pub duration: Duration,
+    /// Where the store and the nodes live; a temporary directory if unset.
+    pub data_dir: Option<PathBuf>,
+    pub gpus: usize,
+    /// Print progress lines.
+    pub progress: bool,
+    /// Each gateway's TLS handshake bucket (serve --handshake-rate).
+    pub handshake_rate: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Rehome {
+    pub gateway: String,
+    pub nodes: usize,
+    pub rehomed: usize,
+    pub p50_ms: i64,
+    pub p99_ms: i64,
+    pub max_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub nodes: usize,
+    pub gateways: usize,
+    pub chaos: String,
+    pub seed: u64,
+    pub connect_s: f64,
+    /// Sessions established per second per gateway while the fleet
+    /// connected (joins included).
+    pub hellos_per_s_per_gateway: f64,
+    /// The most Hello transactions one gateway committed in one second.
+    pub peak_hellos_per_s: u64,
+    /// After every link was reset at once (`--chaos kill`): the time until
+    /// every node was connected again.
+    pub storm_s: Option<f64>,
+    pub connected_at_end: usize,
+    pub settle_s: f64,
+    pub commands: BTreeMap<String, usize>,
+    pub commands_issued: usize,
+    pub faults: BTreeMap<String, usize>,
+    pub rehome: Vec<Rehome>,
+    /// Peak resident memory of this process (balancer and agents) per node.
+    pub peak_kib_per_node: u64,
+    pub invariants: Vec<check::Outcome>,
+    pub ok: bool,
+}
+
+struct Gateway {
+    name: String,
+    child: tokio::process::Child,
+}
+
+async fn start_gateway(
+    dir: &Path,
+    name: &str,
+    handshake_rate: u32,
+) -> anyhow::Result<(Gateway, SocketAddr)> {
+    let exe = std::env::current_exe()?;
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("serve").arg("--data-dir").arg(dir).args([
+        "--listen",
+        "127.0.0.1:0",
+        "--gateway-id",
+        name,
+    ]);
+    for (k, v) in TIMINGS {
+        cmd.args([k, v]);
+    }
+    cmd.args(["--handshake-rate", &handshake_rate.to_string()]);
+    let mut child = cmd
+        .env("BC_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start a gateway")?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                return Ok::<_, anyhow::Error>(addr.parse::<SocketAddr>()?);
+            }
+        }
+        anyhow::bail!("gateway {name} exited before listening; see {name}.log")
+    })
+    .await
+    .with_context(|| format!("gateway {name} did not start in 30 s"))??;
+    // Keep reading stdout so the gateway never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((
+        Gateway {
+            name: name.to_string(),
+            child,
+        },
+        addr,
+    ))
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn mark_of(dir: &Path) -> Option<i64> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("identity.json")).ok()?).ok()?;
+    v["server_time_mark_ms"].as_i64()
+}
+
+/// Nodes routed to `gateway` and connected, read from the store.
+fn routed_to(store: &Path, gateway: &str) -> Vec<String> {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return Vec::new();
+    };
+    let _ = conn.busy_timeout(Duration::from_secs(10));
+    conn.prepare("SELECT node_id FROM node_sessions WHERE gateway_id = ?1 AND state = 'connected'")
+        .and_then(|mut q| {
+            q.query_map([gateway], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()
+        })
+        .unwrap_or_default()
+}
+
+struct Kill {
+    gateway: String,
+    nodes: usize,
+    /// Each re-homed node's first session after the kill, in ms after it.
+    latencies: Arc<std::sync::Mutex<Vec<i64>>>,
+}
+
+struct World {
+    dir: PathBuf,
+    store: PathBuf,
+    balancer: Arc<Balancer>,
+    fleet: Arc<Fleet>,
+    gateways: Mutex<Vec<Gateway>>,
+    kills: Mutex<Vec<Kill>>,
+    restarts: std::sync::atomic::AtomicUsize,
+    storm: Mutex<Option<f64>>,
+    node_ids: Vec<String>,
+    handshake_rate: u32,
+}
+
+impl World {
+    /// Records each node's first session after `at_ms`.
+    fn watch_rehome(&self, nodes: Vec<String>, at_ms: i64, out: Arc<std::sync::Mutex<Vec<i64>>>) {
+        let wanted: BTreeSet<&String> = nodes.iter().collect();
+        let mut pending: Vec<Arc<bcd_agent::node::Stats>> = self
+            .fleet
+            .nodes
+            .iter()
+            .zip(&self.node_ids)
+            .filter(|(_, id)| wanted.contains(id))
+            .map(|(n, _)| n.stats.clone())
+            .collect();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            while !pending.is_empty() && start.elapsed() < Duration::from_secs(300) {
+                pending.retain(|s| {
+                    let est = s.established_ms.load(std::sync::atomic::Ordering::Relaxed);
+                    if est > at_ms {
+                        out.lock().expect("latencies").push(est - at_ms);
+                        false
+                    } else {
+                        true
+                    }
+                });
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+    }
+
+    async fn apply(self: &Arc<Self>, fault: Fault, rng: &mut SplitMix64) -> anyhow::Result<()> {
+        match fault {
+            Fault::KillGateway {
+                gateway,
+                restart_after,
+            } => {
+                let name = {
+                    let mut gws = self.gateways.lock().await;
+                    let g = &mut gws[gateway];
+                    let nodes = routed_to(&self.store, &g.name);
+                    let at_ms = bcd_agent::fsutil::unix_ms();
+                    // No disconnect writes, no lease release: SIGKILL.
+                    let _ = g.child.start_kill();
+                    let _ = g.child.wait().await;
+                    self.balancer.set_backend(&g.name, None);
+                    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+                    self.kills.lock().await.push(Kill {
+                        gateway: g.name.clone(),
+                        nodes: nodes.len(),
+                        latencies: latencies.clone(),
+                    });
+                    self.watch_rehome(nodes, at_ms, latencies);
+                    g.name.clone()
+                };
+                let me = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(restart_after).await;
+                    let k = me
+                        .restarts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let new = format!("{}-r{k}", name.split("-r").next().unwrap_or(&name));
+                    match start_gateway(&me.dir, &new, me.handshake_rate).await {
+                        Ok((g, addr)) => {
+                            me.balancer.set_backend(&new, Some(addr));
+                            me.gateways.lock().await[gateway] = g;
+                        }
+                        Err(e) => eprintln!("sim: cannot start gateway {new}: {e:#}"),
+                    }
+                });
+            }
+            Fault::StoreStall(d) => {
+                let store = self.store.clone();
+                tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
+                    let conn = rusqlite::Connection::open(&store)?;
+                    conn.busy_timeout(Duration::from_secs(30))?;
+                    conn.execute_batch("BEGIN EXCLUSIVE")?;
+                    std::thread::sleep(d);
+                    conn.execute_batch("COMMIT")
+                })
+                .await??;
+            }
+            Fault::Partition { gateway, for_ } => {
+                let name = self.gateways.lock().await[gateway].name.clone();
+                self.balancer.blackhole(&name, true);
+                let b = self.balancer.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(for_).await;
+                    b.blackhole(&name, false);
+                });
+            }
+            Fault::Delay { by, for_ } => {
+                self.balancer.set_delay(by);
+                let b = self.balancer.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(for_).await;
+                    b.set_delay(Duration::ZERO);
+                });
+            }
+            Fault::DropLinks(n) => {
+                self.balancer
+                    .cut(n, false, |len| (rng.next_u64() % len as u64) as usize);
+            }
+            Fault::ResetLinks(usize::MAX) => {
+                // A reconnect storm: every link at once; time until the
+                // whole fleet is back.
+                let links = self.balancer.links_by_backend().values().sum::<usize>();
+                let start = Instant::now();
+                let mut i = 0;
+                self.balancer.cut(links, true, |len| {
+                    i += 1;
+                    (i - 1) % len
+                });
+                let me = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    while me.fleet.totals().connected < me.fleet.nodes.len() {
+                        if start.elapsed() > Duration::from_secs(120) {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    *me.storm.lock().await = Some(start.elapsed().as_secs_f64());
+                });
+            }
+            Fault::ResetLinks(n) => {
+                self.balancer
+                    .cut(n, true, |len| (rng.next_u64() % len as u64) as usize);
+            }
+            Fault::CrashDaemon {
+                node,
+                restart_after,
+            } => {
+                self.fleet.crash(node).await;
+                let fleet = self.fleet.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(restart_after).await;
+                    fleet.start(node);
+                });
+            }
+            Fault::LoseJournal(node) => self.fleet.lose_journal(node).await,
+            Fault::Reboot(node) => self.fleet.reboot(node).await,
+        }
+        Ok(())
+    }
+}
+
+/// Runs a simulation and returns its report.
+pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
+    anyhow::ensure!(opts.nodes > 0, "--nodes must be at least 1");
+    anyhow::ensure!(opts.gateways > 0, "--gateways must be at least 1");
+    let tmp;
+    let dir = match &opts.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new().prefix("bc-sim-").tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let server_dir = dir.join("server");
+    std::fs::create_dir_all(&server_dir)?;
+    let store = server_dir.join("store.db");
+    let say = |line: String| {
+        if opts.progress {
+            eprintln!("{line}");
+        }
+    };
+
+    // The server side: the first gateway creates the CA and the store.
+    let balancer = Balancer::start().await?;
+    let mut gateways = Vec::new();
+    for i in 0..opts.gateways {
+        let name = format!("gw-{i}");
+        let (g, addr) = start_gateway(&server_dir, &name, opts.handshake_rate).await?;
+        balancer.set_backend(&name, Some(addr));
+        gateways.push(g);
+    }
+    // The operator API through the balancer: whichever gateway is up.
+    let api = format!("https://{}", balancer.addr);
+    let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
+    let token = admin
+        .create_token(bcd_proto::v1::CreateTokenRequest {
+            ttl_ms: 0,
+            uses: opts.nodes as u32,
+            description: "bc sim".into(),
+        })
+        .await
+        .map_err(crate::client::status)?
+        .into_inner()
+        .token;
+    say(format!(
+        "sim: {} gateways behind {}, {} nodes, chaos {:?}, seed {}",
+        opts.gateways, balancer.addr, opts.nodes, opts.chaos, opts.seed
+    ));
+
+    // The fleet connects.
+    let fleet = Arc::new(Fleet::new(&bcd_agent::sim::SimOptions {
+        nodes: opts.nodes,
+        server: format!("https://{}", balancer.addr),
+        token,
+        data_dir: dir.join("nodes"),
+        seed: opts.seed,
+        gpus: opts.gpus,
+        join_concurrency: 64,
+        duration: None,
+    })?);
+    let started = Instant::now();
+    fleet.start_all();
+    let connect_deadline = Duration::from_secs(60 + opts.nodes as u64 / 50);
+    loop {
+        let t = fleet.totals();
+        if t.connected == opts.nodes {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < connect_deadline,
+            "only {}/{} nodes connected in {:?}; see the gateway logs in {}",
+            t.connected,
+            opts.nodes,
+            connect_deadline,
+            server_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let connect_s = started.elapsed().as_secs_f64();
+    let hellos = fleet.totals().sessions as f64 / connect_s / opts.gateways as f64;
+    say(format!(
+        "sim: {} nodes connected in {connect_s:.1}s",
+        opts.nodes
+    ));
+    let node_ids: Vec<String> = fleet
+        .nodes
+        .iter()
+        .map(|n| n.node_id().unwrap_or_default())
+        .collect();
+
+    let world = Arc::new(World {
+        dir: server_dir.clone(),
+        store: store.clone(),
+        balancer: balancer.clone(),
+        fleet: fleet.clone(),
+        gateways: Mutex::new(gateways),
+        kills: Mutex::new(Vec::new()),
+        restarts: std::sync::atomic::AtomicUsize::new(0),
+        storm: Mutex::new(None),
+        node_ids: node_ids.clone(),
+        handshake_rate: opts.handshake_rate,
+    });
+
+    // Chaos and the workload, side by side.
+    let schedule = chaos::schedule(
+        opts.chaos,
+        opts.seed,
+        opts.nodes,
+        opts.gateways,
+        opts.duration,
+    );
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, f) in &schedule {
+        *faults.entry(f.kind().to_string()).or_default() += 1;
+    }
+    let chaos_task = {
+        let world = world.clone();
+        let seed = opts.seed;
+        tokio::spawn(async move {
+            let mut rng = SplitMix64::new(seed ^ 0x11_4e5);
+            let t0 = Instant::now();
+            for (at, fault) in schedule {
+                tokio::time::sleep_until((t0 + at).into()).await;
+                let kind = fault.kind();
+                if let Err(e) = world.apply(fault, &mut rng).await {
+                    eprintln!("sim: fault {kind} failed: {e:#}");
+                }
+            }
+        })
+    };
+    let mut rng = SplitMix64::new(opts.seed ^ 0x30_7c1d);
+    let total_commands = (opts.nodes / 2).max(20);
+    let mut issued: BTreeMap<String, (String, usize)> = BTreeMap::new(); // marker → (command id, node)
+    let mut counted: BTreeSet<String> = BTreeSet::new();
+    let t0 = Instant::now();
+    let mut next_progress = Instant::now();
+    let mut marks: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut assigned = 0usize;
+    let mut k = 0usize;
+    while t0.elapsed() < opts.duration {
+        // Spread the commands over the first 80% of the window.
+        let due = ((t0.elapsed().as_secs_f64() / (opts.duration.as_secs_f64() * 0.8))
+            * total_commands as f64)
+            .min(total_commands as f64) as usize;
+        while k < due {
+            let i = (rng.next_u64() % opts.nodes as u64) as usize;
+            let marker = format!("m{k}");
+            let effects = fleet.nodes[i].dir.join("effects");
+            let script = format!("echo {marker} >> {}", effects.display());
+            let r = admin
+                .run_command(bcd_proto::v1::RunCommandRequest {
+                    node_id: node_ids[i].clone(),
+                    kind: "exec.run".into(),
+                    args: vec!["/bin/sh".into(), "-c".into(), script],
+                    not_after_ms: 0,
+                    min_generation: 0,
+                    idempotency_key: marker.clone(),
+                    timeout_ms: 30_000,
+                })
+                .await;
+            match r {
+                Ok(c) => {
+                    let id = c.into_inner().command_id;
+                    counted.insert(id.clone());
+                    issued.insert(marker, (id, i));
+                }
+                // A stalled or restarting gateway: try this one again.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    admin = reconnect(&server_dir, &api).await?;
+                    continue;
+                }
+            }
+            k += 1;
+        }
+        // GPU assignments for a tenth of the nodes, changing under chaos.
+        let want = (t0.elapsed().as_secs_f64() / opts.duration.as_secs_f64()
+            * (opts.nodes / 10).max(1) as f64) as usize;
+        while assigned < want.min(opts.nodes) {
+            let i = assigned;
+            let r = admin
+                .assign_gpus(bcd_proto::v1::AssignGpusRequest {
+                    node_id: node_ids[i].clone(),
+                    allocation_id: format!("alloc-{i}"),
+                    gpus: vec!["0".into(), "1".into()],
+                    env: Default::default(),
+                })
+                .await;
+            if r.is_err() {
+                admin = reconnect(&server_dir, &api).await?;
+                break;
+            }
+            assigned += 1;
+        }
+        if Instant::now() >= next_progress {
+            next_progress += Duration::from_secs(1);
+            let t = fleet.totals();
+            say(format!(
+                "sim: {:>4.0}s {:>6}/{} connected, {} commands issued, {} links",
+                t0.elapsed().as_secs_f64(),
+                t.connected,
+                opts.nodes,
+                k,
+                balancer.links_by_backend().values().sum::<usize>()
+            ));
+            // Sample the server time marks halfway.
+            if marks.is_empty() && t0.elapsed() >= opts.duration / 2 {
+                for (n, id) in fleet.nodes.iter().zip(&node_ids) {
+                    if let Some(m) = mark_of(&n.dir) {
+                        marks.entry(id.clone()).or_default().push(m);
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = chaos_task.await;
+
+    // Settle: every node back, every command finished (or a timeout).
+    let settle_start = Instant::now();
+    let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
+    loop {
+        let t = fleet.totals();
+        let (open, unapplied) = unsettled(&store);
+        if opts.progress && settle_start.elapsed().as_millis() % 1000 < 250 {
+            eprintln!(
+                "sim: settling: {}/{} connected, {open} commands open, {unapplied} specs not applied",
+                t.connected, opts.nodes
+            );
+        }
+        if (t.connected == opts.nodes && open == 0 && unapplied == 0)
+            || settle_start.elapsed() > settle_limit
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let settle_s = settle_start.elapsed().as_secs_f64();
+    let connected_at_end = fleet.totals().connected;
+
+    // Re-home latencies.
+    let mut rehome = Vec::new();
+    for kill in world.kills.lock().await.iter() {
+        let mut lat = kill.latencies.lock().expect("latencies").clone();
+        lat.sort_unstable();
+        rehome.push(Rehome {
+            gateway: kill.gateway.clone(),
+            nodes: kill.nodes,
+            rehomed: lat.len(),
+            p50_ms: percentile(&lat, 0.5),
+            p99_ms: percentile(&lat, 0.99),
+            max_ms: lat.last().copied().unwrap_or(0),
+        });
+    }
+
+    // Stop the nodes (they persist their marks), then check.
+    let _ = fleet.stop().await;
+    for (n, id) in fleet.nodes.iter().zip(&node_ids) {
+        if let Some(m) = mark_of(&n.dir) {
+            marks.entry(id.clone()).or_default().push(m);
+        }
+    }
+    let mut effects: BTreeMap<String, u32> = BTreeMap::new();
+    for n in fleet.nodes.iter() {
+        if let Ok(text) = std::fs::read_to_string(n.dir.join("effects")) {
+            for marker in text.lines() {
+                if let Some((id, _)) = issued.get(marker.trim()) {
+                    *effects.entry(id.clone()).or_default() += 1;
+                }
+            }
+        }
+    }
+    let timings = check::Timings {
+        node_lease_ttl: humantime::parse_duration(TIMINGS[2].1)?,
+        gateway_loss_grace: humantime::parse_duration(TIMINGS[3].1)?,
+    };
+    let snapshot = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || {
+            check::snapshot(
+                &store,
+                timings,
+                Duration::from_secs(2),
+                check::NodeFacts {
+                    effects,
+                    counted,
+                    marks,
+                },
+            )
+        }
+    })
+    .await??;
+    let invariants = check::all(&snapshot);
+    let mut commands: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &snapshot.commands {
+        *commands.entry(c.state.clone()).or_default() += 1;
+    }
+    for g in world.gateways.lock().await.iter_mut() {
+        if let Some(pid) = g.child.id() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid as i32).expect("a child's pid is positive"),
+                rustix::process::Signal::TERM,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), g.child.wait()).await;
+    }
+    let ok = invariants.iter().all(|o| o.held());
+    Ok(Report {
+        nodes: opts.nodes,
+        gateways: opts.gateways,
+        chaos: format!("{:?}", opts.chaos).to_lowercase(),
+        peak_hellos_per_s: peak_hellos(&store),
+        storm_s: *world.storm.lock().await,
+        seed: opts.seed,
+        connect_s,
+        hellos_per_s_per_gateway: hellos,
+        connected_at_end,
+        settle_s,
+        commands_issued: k,
+        commands,
+        faults,
+        rehome,
+        peak_kib_per_node: peak_rss_kib() / opts.nodes as u64,
+        invariants,
+        ok,
+    })
+}
+
+/// A new operator connection, through the balancer.
+async fn reconnect(dir: &Path, api: &str) -> anyhow::Result<crate::client::Admin> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match crate::client::connect(&dir.join("operator.json"), Some(api)).await {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// The most routes (Hello transactions) one gateway committed in one
+/// second, from the audit history.
+fn peak_hellos(store: &Path) -> u64 {
+    rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|c| {
+            c.busy_timeout(Duration::from_secs(10))?;
+            c.query_row(
+                "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM audit
+                 WHERE kind = 'route' GROUP BY gateway_id, at / 1000)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        })
+        .map_or(0, |n| n as u64)
+}
+
+/// Commands not finished, and nodes whose applied spec generation is not
+/// the desired one.
+fn unsettled(store: &Path) -> (usize, usize) {
+    rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|c| {
+            c.busy_timeout(Duration::from_secs(10))?;
+            let open: i64 = c.query_row(
+                "SELECT COUNT(*) FROM commands
+                 WHERE state NOT IN ('succeeded', 'failed', 'expired', 'rejected')",
+                [],
+                |r| r.get(0),
+            )?;
+            let unapplied: i64 = c.query_row(
+                "SELECT COUNT(*) FROM node_specs s LEFT JOIN node_state t ON t.node_id = s.node_id
+                 WHERE COALESCE(t.applied_generation, 0) != s.generation",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok((open as usize, unapplied as usize))
+        })
+        .unwrap_or((usize::MAX, usize::MAX))
+}
+
+impl Report {
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "better-compute sim: {} nodes, {} gateways, chaos {}, seed {}\n",
+            self.nodes, self.gateways, self.chaos, self.seed
+        ));
+        s.push_str(&format!(
+            "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end (settled in {:.1}s)\n",
+            self.connect_s, self.hellos_per_s_per_gateway, self.connected_at_end, self.nodes, self.settle_s
+        ));
+        let outcomes: Vec<String> = self
+            .commands
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        s.push_str(&format!(
+            "  commands: {} issued; {}\n",
+            self.commands_issued,
+            outcomes.join(", ")
+        ));
+        if self.faults.is_empty() {
+            s.push_str("  faults: none\n");
+        } else {
+            let f: Vec<String> = self
+                .faults
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            s.push_str(&format!("  faults: {}\n", f.join(", ")));
+        }
+        for r in &self.rehome {
+            s.push_str(&format!(
+                "  re-home after killing {}: {}/{} nodes, p50 {} ms, p99 {} ms, max {} ms\n",
+                r.gateway, r.rehomed, r.nodes, r.p50_ms, r.p99_ms, r.max_ms
+            ));
+        }
+        s.push_str(&format!(
+            "  Hello transactions: at most {} in one second on one gateway\n",
+            self.peak_hellos_per_s
+        ));
+        if let Some(t) = self.storm_s {
+            s.push_str(&format!(
+                "  reconnect storm (every link reset at once): all {} nodes back in {t:.2}s\n",
+                self.nodes
+            ));
+        }
+        s.push_str(&format!(
+            "  peak memory: {} KiB per simulated node\n",
+            self.peak_kib_per_node
+        ));
+        s.push_str("  invariants:\n");
+        for line in check::render(&self.invariants).lines() {
+            s.push_str(&format!("    {line}\n"));
+        }
+        s.push_str(if self.ok {
+            "  every invariant held\n"
+        } else {
+            "  INVARIANTS VIOLATED\n"
+        });
+        s
+    }
+}

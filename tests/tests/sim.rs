@@ -1,0 +1,148 @@
+//! The fleet simulator end to end: real gateways on one store behind the
+//! balancer, fakehw agents, a workload and seeded faults, with every
+//! invariant checked at the end; and `better-compute check` on a store,
+//! catching a violation planted in it.
+
+use std::process::Command;
+
+use bc_tests::{FAST, Node, Server, bin, stderr};
+
+fn sim(nodes: usize, chaos: &str, seed: u64, duration: &str) -> serde_json::Value {
+    let out = Command::new(bin("better-compute"))
+        .args(["sim", "--gateways", "3", "--json"])
+        .args(["--nodes", &nodes.to_string(), "--chaos", chaos])
+        .args(["--seed", &seed.to_string(), "--duration", duration])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", stderr(&out)));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        serde_json::to_string_pretty(&report["invariants"]).unwrap(),
+        stderr(&out)
+    );
+    report
+}
+
+fn assert_clean(r: &serde_json::Value, nodes: usize) {
+    assert_eq!(r["ok"], true);
+    assert_eq!(r["connected_at_end"], nodes, "{r}");
+    let inv = r["invariants"].as_array().unwrap();
+    let names: Vec<&str> = inv.iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]);
+    for i in inv {
+        assert!(i["violations"].as_array().unwrap().is_empty(), "{i}");
+    }
+    // Every command the workload issued ended, and none failed.
+    let commands = r["commands"].as_object().unwrap();
+    assert_eq!(
+        commands.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
+        r["commands_issued"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn light_chaos_two_seeds() {
+    for seed in [1, 2] {
+        let r = sim(150, "light", seed, "15s");
+        assert_clean(&r, 150);
+        assert_eq!(r["faults"]["gateway kill"], 1, "{r}");
+        let rehome = &r["rehome"][0];
+        assert_eq!(rehome["rehomed"], rehome["nodes"], "{r}");
+    }
+}
+
+#[test]
+fn heavy_chaos_two_seeds() {
+    for seed in [3, 4] {
+        let r = sim(200, "heavy", seed, "25s");
+        assert_clean(&r, 200);
+        for kind in ["store outage", "partition", "journal loss", "daemon crash"] {
+            assert!(r["faults"][kind].as_u64().unwrap() >= 1, "{kind}: {r}");
+        }
+    }
+}
+
+/// `check` on a live store holds, and names the invariant when a second
+/// terminal result for one command is planted in the history.
+#[test]
+fn check_catches_a_planted_violation() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 5);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    node.start();
+    let id = node.id();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let cmd = server.run_command(&id, "exec.run", &["/bin/true"]);
+    assert_eq!(server.wait_command(&cmd).state, "succeeded");
+    let check = || {
+        Command::new(bin("better-compute"))
+            .arg("--data-dir")
+            .arg(&server.dir)
+            .args([
+                "check",
+                "--node-lease-ttl",
+                "1s",
+                "--gateway-loss-grace",
+                "2s",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("I2 exactly once       held"));
+
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    db.execute(
+        "INSERT INTO audit (at, node_id, kind, detail)
+         VALUES (0, ?1, 'result', json_object('command', ?2))",
+        [&id, &cmd],
+    )
+    .unwrap();
+    let out = check();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("I2 exactly once       VIOLATED"), "{text}");
+    assert!(
+        text.contains(&format!("command {cmd}: 2 terminal results")),
+        "{text}"
+    );
+}
+
+/// A gateway that stops tells its nodes to reconnect at random within the
+/// drain window instead of all at once.
+#[test]
+fn a_stopping_gateway_drains_its_nodes() {
+    let d = tempfile::tempdir().unwrap();
+    // FAST drains within 1 s.
+    let mut server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 6);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    node.start();
+    let id = node.id();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    server.restart().unwrap();
+    server.wait_node(&id, "connected again", |n| {
+        n.state == "connected" && n.epoch >= 2
+    });
+    let server_log = std::fs::read_dir(&server.dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("serve-"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(server_log.contains("draining"), "{server_log}");
+    assert!(
+        node.proc().log().contains("the gateway is draining"),
+        "{}",
+        node.proc().log()
+    );
+}
