@@ -151,9 +151,18 @@ enum Command {
         /// Each gateway's TLS handshakes per second (serve --handshake-rate).
         #[arg(long, default_value_t = 200)]
         handshake_rate: u32,
+        /// The gateways' heartbeat and lease timings.
+        #[arg(long, value_enum, default_value = "fast")]
+        timings: crate::sim::Timings,
         /// The report as JSON on stdout.
         #[arg(long)]
         json: bool,
+    },
+    /// One agent host of `sim` (started by it; orders on stdin).
+    #[command(hide = true)]
+    SimHost {
+        #[command(flatten)]
+        opts: crate::sim::host::HostOptions,
     },
     /// Check the fleet invariants (I1–I8) on a store, live or not.
     Check {
@@ -528,10 +537,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dir,
             gpus,
             handshake_rate,
+            timings,
             json,
         } => {
             let report = crate::sim::run(crate::sim::SimOptions {
                 handshake_rate,
+                timings,
                 nodes,
                 gateways,
                 chaos,
@@ -550,6 +561,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(report.ok, "an invariant was violated (see the report)");
             Ok(())
         }
+        Command::SimHost { opts } => crate::sim::host::run_host(opts).await,
         Command::Check {
             node_lease_ttl,
             gateway_loss_grace,
@@ -1182,11 +1194,13 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // A simulation runs thousands of agents in this process: their
     // per-session lines would drown the progress display.
-    init_logging(if matches!(cli.command, Command::Sim { .. }) {
-        tracing::Level::WARN
-    } else {
-        tracing::Level::INFO
-    });
+    init_logging(
+        if matches!(cli.command, Command::Sim { .. } | Command::SimHost { .. }) {
+            tracing::Level::WARN
+        } else {
+            tracing::Level::INFO
+        },
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -188,6 +188,31 @@ impl GatewayState {
         }
     }
 
+    /// Every second, one store query finds the local sessions with a
+    /// pending command or a changed spec (written through any gateway) and
+    /// wakes them.
+    pub async fn work_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.is_fenced() || self.sessions().is_empty() {
+                continue;
+            }
+            // Overlapping windows: a wake for a spec already sent is a no-op.
+            let since = self.clock.now_ms() - 3_000;
+            let gw = self.id.clone();
+            match self.store.run(move |s| s.nodes_with_work(&gw, since)).await {
+                Ok(nodes) => {
+                    for n in nodes {
+                        self.wake(&n);
+                    }
+                }
+                Err(e) => warn!(error = %format!("{e:#}"), "cannot look for pending work"),
+            }
+        }
+    }
+
     /// A command for `node` was created: dispatch now rather than at the
     /// next poll.
     pub fn wake(&self, node: &str) {
@@ -370,6 +395,9 @@ impl GatewayState {
             .await;
     }
 }
+
+/// How often a session looks for work by itself, besides being woken.
+const SESSION_POLL: Duration = Duration::from_secs(30);
 
 /// The tonic service.
 #[derive(Debug, Clone)]
@@ -564,7 +592,9 @@ async fn run_session(
         // The spec generation this session has: a full DesiredState goes
         // out whenever the store has a newer one.
         let mut sent_generation = applied_generation;
-        let mut poll = tokio::time::interval(Duration::from_secs(1));
+        // The gateway's work loop wakes the session when something waits
+        // for it; this slow poll is only the safety net.
+        let mut poll = tokio::time::interval(SESSION_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(timing.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

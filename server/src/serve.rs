@@ -159,6 +159,7 @@ pub async fn serve(
         tokio::spawn(gw.clone().lease_loop()),
         tokio::spawn(gw.clone().liveness_loop()),
         tokio::spawn(gw.clone().revocation_loop(Duration::from_millis(250))),
+        tokio::spawn(gw.clone().work_loop()),
         tokio::spawn(liveness_controller(store.clone(), opts.timing)),
         tokio::spawn(rollout_controller(
             store.clone(),

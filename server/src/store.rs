@@ -665,13 +665,28 @@ fn json_list(s: &str) -> Vec<String> {
     serde_json::from_str(s).unwrap_or_default()
 }
 
+/// The busy handler: `attempt` counts from 0; false gives up (SQLITE_BUSY).
+fn busy_wait(attempt: i32) -> bool {
+    const STEP: Duration = Duration::from_micros(200);
+    const LIMIT: i32 = 50_000; // 10 s
+    if attempt >= LIMIT {
+        return false;
+    }
+    std::thread::sleep(STEP);
+    true
+}
+
 impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(Duration::from_secs(10))?;
+        // Several gateway processes share the file: a writer waiting for
+        // another's lock retries every 200 µs (SQLite's own busy timeout
+        // backs off to 100 ms sleeps, which starves writers under load),
+        // for up to 10 s.
+        conn.busy_handler(Some(busy_wait))?;
         let store = Store {
             conn: Arc::new(Mutex::new(conn)),
         };
@@ -1929,6 +1944,29 @@ impl Store {
     }
 
     /// Session facts, for tests and `check`.
+    /// Nodes connected through `gateway` with work waiting: a pending
+    /// command, or a spec changed since `specs_since_ms`. One query per
+    /// gateway instead of a poll per session.
+    pub fn nodes_with_work(
+        &self,
+        gateway: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let conn = self.lock();
+        let mut q = conn.prepare_cached(
+            "SELECT s.node_id FROM node_sessions s
+             WHERE s.gateway_id = ?1 AND s.state = 'connected' AND (
+                 EXISTS (SELECT 1 FROM commands c
+                         WHERE c.node_id = s.node_id AND c.state = 'pending')
+                 OR EXISTS (SELECT 1 FROM node_specs p
+                            WHERE p.node_id = s.node_id AND p.updated_at >= ?2))",
+        )?;
+        let rows = q
+            .query_map(params![gateway, specs_since_ms], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<String>>>()?;
+        Ok(rows)
+    }
+
     pub fn session(&self, node_id: &str) -> Result<Option<(u64, String, String)>, StoreError> {
         Ok(self
             .lock()

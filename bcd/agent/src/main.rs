@@ -348,6 +348,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             sim::run(sim::SimOptions {
                 nodes,
+                first: 0,
                 server,
                 token,
                 data_dir,

@@ -26,6 +26,9 @@ use crate::{identity, join};
 #[derive(Debug, Clone)]
 pub struct SimOptions {
     pub nodes: usize,
+    /// The first node's number: a fleet split over processes numbers its
+    /// nodes (directories, seeds, hostnames) from here.
+    pub first: usize,
     pub server: String,
     pub token: String,
     pub data_dir: PathBuf,
@@ -35,17 +38,41 @@ pub struct SimOptions {
     pub duration: Option<Duration>,
 }
 
-/// Lets one process hold a socket and a journal for each of many agents.
-pub fn raise_fd_limit() {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut lim = getrlimit(Resource::Nofile);
+/// Lets one process hold a socket and a journal for each of many agents:
+/// the open-file limit goes to the hard limit, and for root past it up to
+/// the kernel's `fs.nr_open`. Returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let mut tries = Vec::new();
+    if let Some(n) = nr_open {
+        tries.push(Rlimit {
+            current: Some(n),
+            maximum: Some(n),
+        });
+    }
     if let Some(max) = lim.maximum {
-        lim.current = Some(max);
-        if let Err(e) = setrlimit(Resource::Nofile, lim) {
-            tracing::warn!(error = %e, "cannot raise the open-file limit");
+        tries.push(Rlimit {
+            current: Some(max),
+            maximum: Some(max),
+        });
+    }
+    for t in tries {
+        if setrlimit(Resource::Nofile, t).is_ok() {
+            return t.current.unwrap_or(u64::MAX);
         }
     }
+    tracing::warn!("cannot raise the open-file limit");
+    lim.current.unwrap_or(u64::MAX)
 }
+
+/// Open files one simulated agent costs: its journal (database, WAL and
+/// shared memory), its TLS socket, room for a join or a renewal, and the two
+/// sockets of its link through `better-compute sim`'s balancer.
+pub const FILES_PER_NODE: u64 = 8;
 
 /// One simulated machine.
 #[derive(Debug)]
@@ -86,10 +113,17 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(opts: &SimOptions) -> anyhow::Result<Fleet> {
-        raise_fd_limit();
+        let limit = raise_fd_limit();
+        let need = opts.nodes as u64 * FILES_PER_NODE + 1024;
+        anyhow::ensure!(
+            limit >= need,
+            "{} simulated nodes need about {need} open files, and this process may open {limit}: \
+             raise the limit (ulimit -n {need}, as root or with a higher hard limit)",
+            opts.nodes
+        );
         join::prepare_dir(&opts.data_dir)?;
         let token = JoinToken::parse(&opts.token)?;
-        let nodes = (0..opts.nodes)
+        let nodes = (opts.first..opts.first + opts.nodes)
             .map(|i| {
                 let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
                 Arc::new(SimNode {

@@ -3,10 +3,11 @@
 //!
 //! The server side is real: G `better-compute serve` processes (gateways,
 //! each with the join service, operator API, liveness and rollout
-//! controllers) on one store, behind an in-process L4 balancer that is also
-//! where link faults happen ([`proxy`]). The nodes are the real agent code
+//! controllers) on one store. The nodes are the real agent code
 //! (`bcd_agent::sim::Fleet`, fake hardware), each with its own key,
-//! certificate, journal and TLS session, dialing the balancer. A workload
+//! certificate, journal and TLS session, in a few agent host processes
+//! ([`host`]); each host dials the gateways through its own L4 balancer,
+//! which is also where link faults happen ([`proxy`]). A workload
 //! of signed commands (each a real program whose side effect lands in the
 //! node's `effects` file, counted outside the journal) and GPU assignments
 //! runs while the faults of a seeded schedule ([`chaos`]) happen. Then the
@@ -14,6 +15,7 @@
 //! and what the nodes recorded.
 
 pub mod chaos;
+pub mod host;
 pub mod proxy;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use bcd_agent::sim::Fleet;
 use bcd_core::SplitMix64;
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
@@ -31,16 +32,41 @@ use tokio::sync::Mutex;
 
 use crate::check;
 use chaos::{Fault, Level};
-use proxy::Balancer;
+use host::{Hosts, Order};
 
-/// Server timings for simulated runs: the spec's ratios, five times faster,
-/// so liveness transitions happen within a short run.
-pub const TIMINGS: &[(&str, &str)] = &[
+/// Server timings for short simulated runs: the spec's ratios, five times
+/// faster, so liveness transitions happen within the run.
+pub const FAST_TIMINGS: &[(&str, &str)] = &[
     ("--heartbeat-interval", "2s"),
     ("--gateway-lease-ttl", "6s"),
     ("--node-lease-ttl", "8s"),
     ("--gateway-loss-grace", "24s"),
 ];
+
+/// The spec's timings (the server's defaults), for large fleets.
+pub const SPEC_TIMINGS: &[(&str, &str)] = &[
+    ("--heartbeat-interval", "10s"),
+    ("--gateway-lease-ttl", "20s"),
+    ("--node-lease-ttl", "40s"),
+    ("--gateway-loss-grace", "120s"),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Timings {
+    /// Five times the spec's pace: liveness transitions within a short run.
+    Fast,
+    /// The spec's: heartbeats every 10 s, 20 s gateway leases.
+    Spec,
+}
+
+impl Timings {
+    pub fn flags(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Timings::Fast => FAST_TIMINGS,
+            Timings::Spec => SPEC_TIMINGS,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct SimOptions {
@@ -57,6 +83,7 @@ pub struct SimOptions {
     pub progress: bool,
     /// Each gateway's TLS handshake bucket (serve --handshake-rate).
     pub handshake_rate: u32,
+    pub timings: Timings,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,7 +117,8 @@ pub struct Report {
     pub commands_issued: usize,
     pub faults: BTreeMap<String, usize>,
     pub rehome: Vec<Rehome>,
-    /// Peak resident memory of this process (balancer and agents) per node.
+    /// Peak resident memory of the agent hosts (agents and balancers) per
+    /// node.
     pub peak_kib_per_node: u64,
     pub invariants: Vec<check::Outcome>,
     pub ok: bool,
@@ -105,6 +133,7 @@ async fn start_gateway(
     dir: &Path,
     name: &str,
     handshake_rate: u32,
+    timings: Timings,
 ) -> anyhow::Result<(Gateway, SocketAddr)> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
@@ -115,7 +144,7 @@ async fn start_gateway(
         "--gateway-id",
         name,
     ]);
-    for (k, v) in TIMINGS {
+    for (k, v) in timings.flags() {
         cmd.args([k, v]);
     }
     cmd.args(["--handshake-rate", &handshake_rate.to_string()]);
@@ -157,15 +186,10 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
+fn node_id_of(dir: &Path) -> Option<String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("identity.json")).ok()?).ok()?;
+    v["node_id"].as_str().map(String::from)
 }
 
 fn mark_of(dir: &Path) -> Option<i64> {
@@ -200,33 +224,57 @@ struct Kill {
 struct World {
     dir: PathBuf,
     store: PathBuf,
-    balancer: Arc<Balancer>,
-    fleet: Arc<Fleet>,
+    hosts: Arc<Hosts>,
     gateways: Mutex<Vec<Gateway>>,
+    /// Gateway name → address, while it is up.
+    backends: std::sync::Mutex<BTreeMap<String, SocketAddr>>,
     kills: Mutex<Vec<Kill>>,
     restarts: std::sync::atomic::AtomicUsize,
     storm: Mutex<Option<f64>>,
     node_ids: Vec<String>,
     handshake_rate: u32,
+    timings: Timings,
 }
 
 impl World {
+    async fn set_backend(&self, name: &str, addr: Option<SocketAddr>) {
+        {
+            let mut b = self.backends.lock().expect("backends");
+            match addr {
+                Some(a) => b.insert(name.to_string(), a),
+                None => b.remove(name),
+            };
+        }
+        self.hosts
+            .broadcast(Order::Backend {
+                name: name.to_string(),
+                addr,
+            })
+            .await;
+    }
+
+    /// The operator API on some gateway that is up.
+    fn api(&self) -> Option<String> {
+        self.backends
+            .lock()
+            .expect("backends")
+            .values()
+            .next()
+            .map(|a| format!("https://{a}"))
+    }
+
     /// Records each node's first session after `at_ms`.
     fn watch_rehome(&self, nodes: Vec<String>, at_ms: i64, out: Arc<std::sync::Mutex<Vec<i64>>>) {
         let wanted: BTreeSet<&String> = nodes.iter().collect();
-        let mut pending: Vec<Arc<bcd_agent::node::Stats>> = self
-            .fleet
-            .nodes
-            .iter()
-            .zip(&self.node_ids)
-            .filter(|(_, id)| wanted.contains(id))
-            .map(|(n, _)| n.stats.clone())
+        let mut pending: Vec<usize> = (0..self.node_ids.len())
+            .filter(|i| wanted.contains(&self.node_ids[*i]))
             .collect();
+        let hosts = self.hosts.clone();
         tokio::spawn(async move {
             let start = Instant::now();
             while !pending.is_empty() && start.elapsed() < Duration::from_secs(300) {
-                pending.retain(|s| {
-                    let est = s.established_ms.load(std::sync::atomic::Ordering::Relaxed);
+                pending.retain(|i| {
+                    let est = hosts.established_ms(*i);
                     if est > at_ms {
                         out.lock().expect("latencies").push(est - at_ms);
                         false
@@ -253,7 +301,7 @@ impl World {
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
                     let _ = g.child.wait().await;
-                    self.balancer.set_backend(&g.name, None);
+                    self.set_backend(&g.name, None).await;
                     let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
                     self.kills.lock().await.push(Kill {
                         gateway: g.name.clone(),
@@ -270,9 +318,9 @@ impl World {
                         .restarts
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let new = format!("{}-r{k}", name.split("-r").next().unwrap_or(&name));
-                    match start_gateway(&me.dir, &new, me.handshake_rate).await {
+                    match start_gateway(&me.dir, &new, me.handshake_rate, me.timings).await {
                         Ok((g, addr)) => {
-                            me.balancer.set_backend(&new, Some(addr));
+                            me.set_backend(&new, Some(addr)).await;
                             me.gateways.lock().await[gateway] = g;
                         }
                         Err(e) => eprintln!("sim: cannot start gateway {new}: {e:#}"),
@@ -292,39 +340,41 @@ impl World {
             }
             Fault::Partition { gateway, for_ } => {
                 let name = self.gateways.lock().await[gateway].name.clone();
-                self.balancer.blackhole(&name, true);
-                let b = self.balancer.clone();
+                self.hosts
+                    .broadcast(Order::Partition {
+                        name: name.clone(),
+                        on: true,
+                    })
+                    .await;
+                let hosts = self.hosts.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(for_).await;
-                    b.blackhole(&name, false);
+                    hosts.broadcast(Order::Partition { name, on: false }).await;
                 });
             }
             Fault::Delay { by, for_ } => {
-                self.balancer.set_delay(by);
-                let b = self.balancer.clone();
+                self.hosts
+                    .broadcast(Order::Delay {
+                        ms: by.as_millis() as u64,
+                    })
+                    .await;
+                let hosts = self.hosts.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(for_).await;
-                    b.set_delay(Duration::ZERO);
+                    hosts.broadcast(Order::Delay { ms: 0 }).await;
                 });
             }
-            Fault::DropLinks(n) => {
-                self.balancer
-                    .cut(n, false, |len| (rng.next_u64() % len as u64) as usize);
-            }
+            Fault::DropLinks(n) => self.hosts.cut(n, false, rng).await,
             Fault::ResetLinks(usize::MAX) => {
                 // A reconnect storm: every link at once; time until the
                 // whole fleet is back.
-                let links = self.balancer.links_by_backend().values().sum::<usize>();
                 let start = Instant::now();
-                let mut i = 0;
-                self.balancer.cut(links, true, |len| {
-                    i += 1;
-                    (i - 1) % len
-                });
+                self.hosts.cut(usize::MAX, true, rng).await;
                 let me = self.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    while me.fleet.totals().connected < me.fleet.nodes.len() {
+                    // Past the hosts' next reports, which show the cut.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    while me.hosts.totals().connected < me.hosts.nodes {
                         if start.elapsed() > Duration::from_secs(120) {
                             return;
                         }
@@ -333,23 +383,23 @@ impl World {
                     *me.storm.lock().await = Some(start.elapsed().as_secs_f64());
                 });
             }
-            Fault::ResetLinks(n) => {
-                self.balancer
-                    .cut(n, true, |len| (rng.next_u64() % len as u64) as usize);
-            }
+            Fault::ResetLinks(n) => self.hosts.cut(n, true, rng).await,
             Fault::CrashDaemon {
                 node,
                 restart_after,
             } => {
-                self.fleet.crash(node).await;
-                let fleet = self.fleet.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(restart_after).await;
-                    fleet.start(node);
-                });
+                self.hosts
+                    .to_node(
+                        node,
+                        Order::Crash {
+                            node,
+                            restart_after_ms: restart_after.as_millis() as u64,
+                        },
+                    )
+                    .await;
             }
-            Fault::LoseJournal(node) => self.fleet.lose_journal(node).await,
-            Fault::Reboot(node) => self.fleet.reboot(node).await,
+            Fault::LoseJournal(node) => self.hosts.to_node(node, Order::LoseJournal { node }).await,
+            Fault::Reboot(node) => self.hosts.to_node(node, Order::Reboot { node }).await,
         }
         Ok(())
     }
@@ -380,16 +430,16 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     };
 
     // The server side: the first gateway creates the CA and the store.
-    let balancer = Balancer::start().await?;
     let mut gateways = Vec::new();
+    let mut addrs = Vec::new();
     for i in 0..opts.gateways {
         let name = format!("gw-{i}");
-        let (g, addr) = start_gateway(&server_dir, &name, opts.handshake_rate).await?;
-        balancer.set_backend(&name, Some(addr));
+        let (g, addr) =
+            start_gateway(&server_dir, &name, opts.handshake_rate, opts.timings).await?;
         gateways.push(g);
+        addrs.push((name, addr));
     }
-    // The operator API through the balancer: whichever gateway is up.
-    let api = format!("https://{}", balancer.addr);
+    let api = format!("https://{}", addrs[0].1);
     let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
     let token = admin
         .create_token(bcd_proto::v1::CreateTokenRequest {
@@ -401,63 +451,76 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         .map_err(crate::client::status)?
         .into_inner()
         .token;
-    say(format!(
-        "sim: {} gateways behind {}, {} nodes, chaos {:?}, seed {}",
-        opts.gateways, balancer.addr, opts.nodes, opts.chaos, opts.seed
-    ));
 
-    // The fleet connects.
-    let fleet = Arc::new(Fleet::new(&bcd_agent::sim::SimOptions {
-        nodes: opts.nodes,
-        server: format!("https://{}", balancer.addr),
-        token,
-        data_dir: dir.join("nodes"),
-        seed: opts.seed,
-        gpus: opts.gpus,
-        join_concurrency: 64,
-        duration: None,
-    })?);
+    // The fleet: agent hosts, which start their nodes once they know the
+    // gateways.
+    let nodes_dir = dir.join("nodes");
+    std::fs::create_dir_all(&nodes_dir)?;
+    let hosts = Arc::new(Hosts::start(&nodes_dir, opts.nodes, opts.seed, opts.gpus, &token).await?);
+    say(format!(
+        "sim: {} gateways, {} nodes in {} agent hosts, chaos {}, seed {}",
+        opts.gateways,
+        opts.nodes,
+        opts.nodes.div_ceil(host::NODES_PER_HOST),
+        format!("{:?}", opts.chaos).to_lowercase(),
+        opts.seed
+    ));
+    let world = Arc::new(World {
+        dir: server_dir.clone(),
+        store: store.clone(),
+        hosts: hosts.clone(),
+        gateways: Mutex::new(gateways),
+        backends: std::sync::Mutex::new(BTreeMap::new()),
+        kills: Mutex::new(Vec::new()),
+        restarts: std::sync::atomic::AtomicUsize::new(0),
+        storm: Mutex::new(None),
+        node_ids: Vec::new(),
+        handshake_rate: opts.handshake_rate,
+        timings: opts.timings,
+    });
     let started = Instant::now();
-    fleet.start_all();
+    for (name, addr) in &addrs {
+        world.set_backend(name, Some(*addr)).await;
+    }
     let connect_deadline = Duration::from_secs(60 + opts.nodes as u64 / 50);
+    let mut next_progress = Instant::now() + Duration::from_secs(1);
     loop {
-        let t = fleet.totals();
+        let t = hosts.totals();
         if t.connected == opts.nodes {
             break;
         }
+        if Instant::now() >= next_progress {
+            next_progress += Duration::from_secs(1);
+            say(format!(
+                "sim: {:>4.0}s joining and connecting: {}/{} connected",
+                started.elapsed().as_secs_f64(),
+                t.connected,
+                opts.nodes
+            ));
+        }
         anyhow::ensure!(
             started.elapsed() < connect_deadline,
-            "only {}/{} nodes connected in {:?}; see the gateway logs in {}",
+            "only {}/{} nodes connected in {:?}; see the logs in {}",
             t.connected,
             opts.nodes,
             connect_deadline,
-            server_dir.display()
+            dir.display()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let connect_s = started.elapsed().as_secs_f64();
-    let hellos = fleet.totals().sessions as f64 / connect_s / opts.gateways as f64;
+    let hellos = hosts.totals().sessions as f64 / connect_s / opts.gateways as f64;
     say(format!(
         "sim: {} nodes connected in {connect_s:.1}s",
         opts.nodes
     ));
-    let node_ids: Vec<String> = fleet
-        .nodes
-        .iter()
-        .map(|n| n.node_id().unwrap_or_default())
+    let node_ids: Vec<String> = (0..opts.nodes)
+        .map(|i| node_id_of(&hosts.node_dir(i)).unwrap_or_default())
         .collect();
-
+    // The world learns the node ids now that every node joined.
     let world = Arc::new(World {
-        dir: server_dir.clone(),
-        store: store.clone(),
-        balancer: balancer.clone(),
-        fleet: fleet.clone(),
-        gateways: Mutex::new(gateways),
-        kills: Mutex::new(Vec::new()),
-        restarts: std::sync::atomic::AtomicUsize::new(0),
-        storm: Mutex::new(None),
         node_ids: node_ids.clone(),
-        handshake_rate: opts.handshake_rate,
+        ..Arc::into_inner(world).expect("not shared yet")
     });
 
     // Chaos and the workload, side by side.
@@ -504,7 +567,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         while k < due {
             let i = (rng.next_u64() % opts.nodes as u64) as usize;
             let marker = format!("m{k}");
-            let effects = fleet.nodes[i].dir.join("effects");
+            let effects = hosts.node_dir(i).join("effects");
             let script = format!("echo {marker} >> {}", effects.display());
             let r = admin
                 .run_command(bcd_proto::v1::RunCommandRequest {
@@ -526,7 +589,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
                 // A stalled or restarting gateway: try this one again.
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    admin = reconnect(&server_dir, &api).await?;
+                    admin = reconnect(&server_dir, &world).await?;
                     continue;
                 }
             }
@@ -546,26 +609,26 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
                 })
                 .await;
             if r.is_err() {
-                admin = reconnect(&server_dir, &api).await?;
+                admin = reconnect(&server_dir, &world).await?;
                 break;
             }
             assigned += 1;
         }
         if Instant::now() >= next_progress {
             next_progress += Duration::from_secs(1);
-            let t = fleet.totals();
+            let t = hosts.totals();
             say(format!(
                 "sim: {:>4.0}s {:>6}/{} connected, {} commands issued, {} links",
                 t0.elapsed().as_secs_f64(),
                 t.connected,
                 opts.nodes,
                 k,
-                balancer.links_by_backend().values().sum::<usize>()
+                t.links
             ));
             // Sample the server time marks halfway.
             if marks.is_empty() && t0.elapsed() >= opts.duration / 2 {
-                for (n, id) in fleet.nodes.iter().zip(&node_ids) {
-                    if let Some(m) = mark_of(&n.dir) {
+                for (i, id) in node_ids.iter().enumerate() {
+                    if let Some(m) = mark_of(&hosts.node_dir(i)) {
                         marks.entry(id.clone()).or_default().push(m);
                     }
                 }
@@ -579,7 +642,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let settle_start = Instant::now();
     let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
     loop {
-        let t = fleet.totals();
+        let t = hosts.totals();
         let (open, unapplied) = unsettled(&store);
         if opts.progress && settle_start.elapsed().as_millis() % 1000 < 250 {
             eprintln!(
@@ -595,7 +658,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let settle_s = settle_start.elapsed().as_secs_f64();
-    let connected_at_end = fleet.totals().connected;
+    let connected_at_end = hosts.totals().connected;
 
     // Re-home latencies.
     let mut rehome = Vec::new();
@@ -613,15 +676,15 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     }
 
     // Stop the nodes (they persist their marks), then check.
-    let _ = fleet.stop().await;
-    for (n, id) in fleet.nodes.iter().zip(&node_ids) {
-        if let Some(m) = mark_of(&n.dir) {
+    let final_stats = hosts.stop().await;
+    for (i, id) in node_ids.iter().enumerate() {
+        if let Some(m) = mark_of(&hosts.node_dir(i)) {
             marks.entry(id.clone()).or_default().push(m);
         }
     }
     let mut effects: BTreeMap<String, u32> = BTreeMap::new();
-    for n in fleet.nodes.iter() {
-        if let Ok(text) = std::fs::read_to_string(n.dir.join("effects")) {
+    for i in 0..opts.nodes {
+        if let Ok(text) = std::fs::read_to_string(hosts.node_dir(i).join("effects")) {
             for marker in text.lines() {
                 if let Some((id, _)) = issued.get(marker.trim()) {
                     *effects.entry(id.clone()).or_default() += 1;
@@ -629,9 +692,10 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             }
         }
     }
+    let flags = opts.timings.flags();
     let timings = check::Timings {
-        node_lease_ttl: humantime::parse_duration(TIMINGS[2].1)?,
-        gateway_loss_grace: humantime::parse_duration(TIMINGS[3].1)?,
+        node_lease_ttl: humantime::parse_duration(flags[2].1)?,
+        gateway_loss_grace: humantime::parse_duration(flags[3].1)?,
     };
     let snapshot = tokio::task::spawn_blocking({
         let store = store.clone();
@@ -679,17 +743,18 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         commands,
         faults,
         rehome,
-        peak_kib_per_node: peak_rss_kib() / opts.nodes as u64,
+        peak_kib_per_node: final_stats.peak_rss_kib / opts.nodes as u64,
         invariants,
         ok,
     })
 }
 
-/// A new operator connection, through the balancer.
-async fn reconnect(dir: &Path, api: &str) -> anyhow::Result<crate::client::Admin> {
+/// A new operator connection, to a gateway that is up.
+async fn reconnect(dir: &Path, world: &World) -> anyhow::Result<crate::client::Admin> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match crate::client::connect(&dir.join("operator.json"), Some(api)).await {
+        let api = world.api();
+        match crate::client::connect(&dir.join("operator.json"), api.as_deref()).await {
             Ok(c) => return Ok(c),
             Err(e) if Instant::now() > deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
