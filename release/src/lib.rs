@@ -23,6 +23,12 @@ pub struct Manifest {
     pub target: String,
     pub size: u64,
     pub sha256: String,
+    /// Rotates the release key: a node that confirms this release trusts
+    /// this key (hex ed25519 public key) from then on, instead of the one
+    /// that signed it. Only a release signed with the current key can name
+    /// the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_key: Option<String>,
 }
 
 /// The file `releases sign` writes and `releases register` uploads.
@@ -70,7 +76,20 @@ pub fn manifest_for(binary: &[u8], version: &str, sequence: u64, target: &str) -
         target: target.to_string(),
         size: binary.len() as u64,
         sha256: sha256_hex(binary),
+        next_key: None,
     }
+}
+
+/// Checks a `next_key`: 64 hex digits, an ed25519 public key.
+pub fn parse_public_key(hex_key: &str) -> Result<Vec<u8>, ReleaseError> {
+    hex::decode(hex_key.trim())
+        .ok()
+        .filter(|k| k.len() == 32)
+        .ok_or_else(|| {
+            ReleaseError::Malformed(format!(
+                "the next release key {hex_key:?} is not 64 hex digits (an ed25519 public key)"
+            ))
+        })
 }
 
 pub fn sign(manifest: &Manifest, key: &Ed25519KeyPair) -> SignedManifest {
@@ -159,6 +178,29 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use ring::rand::SystemRandom;
+
+    #[test]
+    fn a_next_key_is_signed_with_the_manifest_and_absent_otherwise() {
+        let m = manifest_for(b"\x7fELF", "1", 1, "x86_64-unknown-linux-musl");
+        let json = String::from_utf8(serde_json::to_vec(&m).unwrap()).unwrap();
+        assert!(!json.contains("next_key"), "{json}");
+        let rng = SystemRandom::new();
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+        let next = hex::encode([7u8; 32]);
+        let rotating = Manifest {
+            next_key: Some(next.clone()),
+            ..m
+        };
+        let signed = sign(&rotating, &key);
+        let back = signed
+            .verify(&[key.public_key().as_ref().to_vec()])
+            .unwrap();
+        assert_eq!(back.next_key.as_deref(), Some(next.as_str()));
+        assert_eq!(parse_public_key(&next).unwrap(), vec![7u8; 32]);
+        assert!(parse_public_key("abc").is_err());
+        assert!(parse_public_key(&hex::encode([1u8; 31])).is_err());
+    }
 
     fn key() -> Ed25519KeyPair {
         let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();

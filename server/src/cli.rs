@@ -239,6 +239,11 @@ enum ReleasesCommand {
         sequence: u64,
         #[arg(long, default_value = "x86_64-unknown-linux-musl")]
         target: String,
+        /// Rotate the release key: nodes that confirm this release trust
+        /// the public key in this file (KEY.pub from releases keygen) from
+        /// then on, instead of --key's.
+        #[arg(long)]
+        next_key: Option<PathBuf>,
         #[arg(long)]
         out: PathBuf,
     },
@@ -775,8 +780,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 version,
                 sequence,
                 target,
+                next_key,
                 out,
             } => {
+                let next_key = next_key
+                    .map(|p| -> anyhow::Result<String> {
+                        let text = std::fs::read_to_string(&p)
+                            .with_context(|| format!("cannot read {}", p.display()))?;
+                        release::parse_public_key(&text)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                        Ok(text.trim().to_string())
+                    })
+                    .transpose()?;
                 let pkcs8 = std::fs::read(&key)
                     .with_context(|| format!("cannot read {}", key.display()))?;
                 let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| {
@@ -784,7 +799,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 })?;
                 let bin = std::fs::read(&binary)
                     .with_context(|| format!("cannot read {}", binary.display()))?;
-                let manifest = release::manifest_for(&bin, &version, sequence, &target);
+                let mut manifest = release::manifest_for(&bin, &version, sequence, &target);
+                manifest.next_key = next_key;
                 manifest
                     .check(&bin)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", binary.display()))?;

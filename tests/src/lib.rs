@@ -685,13 +685,26 @@ pub fn fleet() -> Fleet {
 impl Fleet {
     /// Signs and registers `binary` as release `sequence`.
     pub fn release(&self, binary: &Path, version: &str, sequence: u64) {
+        self.release_with(binary, version, sequence, &self.key, None);
+    }
+
+    /// Signs `binary` with `key` (naming `next_key`'s public half as the
+    /// next release key, if given) and registers it.
+    pub fn release_with(
+        &self,
+        binary: &Path,
+        version: &str,
+        sequence: u64,
+        key: &Path,
+        next_key: Option<&Path>,
+    ) {
         let manifest = self.d.path().join(format!("release-{sequence}.json"));
         let seq = sequence.to_string();
-        let out = self.server.cli(&[
+        let mut args = vec![
             "releases",
             "sign",
             "--key",
-            self.key.to_str().unwrap(),
+            key.to_str().unwrap(),
             "--binary",
             binary.to_str().unwrap(),
             "--version",
@@ -700,7 +713,11 @@ impl Fleet {
             &seq,
             "--out",
             manifest.to_str().unwrap(),
-        ]);
+        ];
+        if let Some(next) = next_key {
+            args.extend(["--next-key", next.to_str().unwrap()]);
+        }
+        let out = self.server.cli(&args);
         assert!(out.status.success(), "{}", stderr(&out));
         let out = self.server.cli(&[
             "releases",

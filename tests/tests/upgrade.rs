@@ -479,3 +479,56 @@ fn a_full_disk_while_writing_the_slot_switches_nothing() {
     wait_connected(&f.server, &id);
     node.proc().stop();
 }
+
+/// A release signed with the current key rotates the release key: once it
+/// confirms, the node installs only releases signed with the new key.
+#[test]
+fn a_release_rotates_the_release_key() {
+    let mut f = fleet();
+    let next = f.d.path().join("next.key");
+    let out = Command::new(bc_tests::bin("better-compute"))
+        .args(["releases", "keygen", "--out"])
+        .arg(&next)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let next_pub = f.d.path().join("next.key.pub");
+    let next_hex = std::fs::read_to_string(&next_pub)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut node = f.node("n1");
+    let id = node.id();
+    let first = node.identity()["release_keys"].clone();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+
+    let key = f.key.clone();
+    f.release_with(&f.bcd_release("0.2.0"), "0.2.0", 2, &key, Some(&next_pub));
+    let c = upgrade(&f.server, &id, 2);
+    assert_eq!(c.state, "succeeded", "{c:?}");
+    assert!(c.output.contains("release key is rotated"), "{}", c.output);
+    assert_eq!(
+        node.identity()["release_keys"],
+        serde_json::json!([next_hex])
+    );
+    assert_ne!(node.identity()["release_keys"], first);
+
+    // The server learns the new key too; the old one stays registered there.
+    f.server
+        .args
+        .extend(["--release-pubkey".into(), next_hex.clone()]);
+    f.server.restart().unwrap();
+    wait_connected(&f.server, &id);
+    f.release_with(&f.bcd_release("0.3.0"), "0.3.0", 3, &next, None);
+    let c = upgrade(&f.server, &id, 3);
+    assert_eq!(c.state, "succeeded", "{c:?}");
+    // A release signed with the retired key is refused by the node.
+    f.release_with(&f.bcd_release("0.4.0"), "0.4.0", 4, &key, None);
+    let c = upgrade(&f.server, &id, 4);
+    assert_eq!(c.state, "failed");
+    assert!(
+        c.reason.contains("not a release key of this fleet"),
+        "{c:?}"
+    );
+}

@@ -806,18 +806,32 @@ impl Agent {
     /// The first Welcome of a new release: journal SUCCEEDED, then raise
     /// the floor on disk.
     fn confirm_upgrade(&mut self) -> Result<(), String> {
-        let Some((id, output)) = self.update.as_mut().and_then(|u| u.welcome()) else {
+        let Some(confirmed) = self.update.as_mut().and_then(|u| u.welcome()) else {
             return Ok(());
         };
+        let id = confirmed.command_id;
         self.upgrade_deadline = None;
         info!(cmd = %id, "the new release is confirmed");
         self.journal_result_if_running(
             &id,
             Effect {
-                output: output.into_bytes(),
+                output: confirmed.output.into_bytes(),
                 ..Effect::ok()
             },
         )?;
+        // A release signed with the current key rotated it: from now on
+        // only the new key signs releases this node installs. Installed
+        // before the update state is saved, so a crash here confirms (and
+        // installs) again at the next Welcome.
+        if let Some(key) = confirmed.next_key
+            && self.identity.file.release_keys != [key.clone()]
+        {
+            info!(key = %key, "rotating the release key");
+            self.identity.file.release_keys = vec![key];
+            self.identity
+                .save_state()
+                .map_err(|e| format!("cannot save the rotated release key: {e:#}"))?;
+        }
         self.update
             .as_ref()
             .expect("confirmed through it")

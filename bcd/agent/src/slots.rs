@@ -51,6 +51,8 @@ struct PendingFile {
     to_sequence: u64,
     #[serde(default)]
     to_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next_key: Option<String>,
     deadline_ms: u64,
     starts: u32,
 }
@@ -166,6 +168,7 @@ impl Slots {
                 to: p.to.name().into(),
                 to_sequence: p.to_sequence,
                 to_version: p.to_version.clone(),
+                next_key: p.next_key.clone(),
                 deadline_ms: p.deadline_ms,
                 starts: p.starts,
             }),
@@ -197,6 +200,7 @@ impl Slots {
                 from_sequence: p.from_sequence,
                 to_sequence: p.to_sequence,
                 to_version: p.to_version,
+                next_key: p.next_key,
                 deadline_ms: p.deadline_ms,
                 starts: p.starts,
             }),

@@ -64,6 +64,15 @@ pub struct Updater {
     pub supervised: bool,
 }
 
+/// A release that confirmed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Confirmed {
+    pub command_id: String,
+    pub output: String,
+    /// The release key to trust from now on, if the release rotates it.
+    pub next_key: Option<String>,
+}
+
 /// What the daemon does at its start about an upgrade.
 #[derive(Debug, PartialEq, Eq)]
 pub enum AtStart {
@@ -189,20 +198,28 @@ impl Updater {
     }
 
     /// A Welcome: the new binary confirms. Returns the finished upgrade's
-    /// command id and output; the caller journals the result, then calls
+    /// command id, output, and the release key it rotates to; the caller
+    /// journals the result and installs the key, then calls
     /// [`Updater::settled`].
-    pub fn welcome(&mut self) -> Option<(String, String)> {
+    pub fn welcome(&mut self) -> Option<Confirmed> {
         let state = self.state.as_mut()?;
+        let next_key = state.pending.as_ref().and_then(|p| p.next_key.clone());
         match state.on_welcome() {
-            Decision::Finished { command_id, .. } => Some((
+            Decision::Finished { command_id, .. } => Some(Confirmed {
                 command_id,
-                format!(
-                    "release {} ({}) confirmed; the release floor is {}\n",
+                output: format!(
+                    "release {} ({}) confirmed; the release floor is {}{}\n",
                     state.running_sequence(),
                     state.running_version(),
-                    state.floor
+                    state.floor,
+                    if next_key.is_some() {
+                        "; the release key is rotated"
+                    } else {
+                        ""
+                    }
                 ),
-            )),
+                next_key,
+            }),
             _ => None,
         }
     }
@@ -262,6 +279,9 @@ impl Updater {
                 .load()
                 .map_err(|e| format!("cannot read the slots: {e}"))?,
         };
+        if let Some(k) = &manifest.next_key {
+            release::parse_public_key(k).map_err(|e| e.to_string())?;
+        }
         let to = state
             .begin(
                 command_id,
@@ -271,6 +291,9 @@ impl Updater {
                 self.confirm_within.as_millis() as u64,
             )
             .map_err(|e| e.to_string())?;
+        if let Some(p) = &mut state.pending {
+            p.next_key = manifest.next_key.clone();
+        }
         self.slots
             .save(&state)
             .map_err(|e| format!("cannot record the upgrade: {e}"))?;

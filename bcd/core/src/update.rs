@@ -59,6 +59,9 @@ pub struct Pending {
     pub to: Slot,
     pub to_sequence: u64,
     pub to_version: String,
+    /// The release key the new release rotates to, applied when it
+    /// confirms (hex; opaque here).
+    pub next_key: Option<String>,
     /// Monotonic ms by which the new binary must confirm.
     pub deadline_ms: u64,
     /// Times the new binary has started without confirming.
@@ -182,6 +185,7 @@ impl UpdateState {
             to,
             to_sequence: sequence,
             to_version: version.to_string(),
+            next_key: None,
             deadline_ms: now_ms + confirm_within_ms,
             starts: 0,
         });
