@@ -26,11 +26,8 @@
 pub mod build;
 pub mod kernel;
 
-use base64::Engine;
-use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use ring::signature::Ed25519KeyPair;
 use serde::{Deserialize, Serialize};
-
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The manifest format this crate writes and reads.
 pub const FORMAT: u32 = 1;
@@ -147,17 +144,33 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes))
 }
 
-/// `key_id` of an image public key: 16 hex digits of its SHA-256.
+/// `key_id` of an image public key: 16 hex digits of its SHA-256 (as for
+/// release keys).
 pub fn key_id(public_key: &[u8]) -> String {
-    sha256_hex(public_key)[..16].to_string()
+    release::key_id(public_key)
 }
 
+/// Signs the way release manifests are signed (`release::SignedManifest`).
 pub fn sign(manifest: &Manifest, key: &Ed25519KeyPair) -> SignedManifest {
-    let bytes = serde_json::to_vec(manifest).expect("a manifest serializes");
-    SignedManifest {
-        signature: B64.encode(key.sign(&bytes).as_ref()),
-        key_id: key_id(key.public_key().as_ref()),
-        manifest: B64.encode(bytes),
+    SignedManifest::from(release::SignedManifest::seal(manifest, key))
+}
+
+impl From<release::SignedManifest> for SignedManifest {
+    fn from(s: release::SignedManifest) -> SignedManifest {
+        SignedManifest {
+            manifest: s.manifest,
+            key_id: s.key_id,
+            signature: s.signature,
+        }
+    }
+}
+
+fn image_error(e: release::ReleaseError) -> ImageError {
+    use release::ReleaseError as R;
+    match e {
+        R::UnknownKey(k) => ImageError::UnknownKey(k),
+        R::BadSignature => ImageError::BadSignature,
+        other => ImageError::Malformed(other.to_string()),
     }
 }
 
@@ -172,31 +185,23 @@ impl SignedManifest {
         serde_json::from_slice(bytes).map_err(|e| ImageError::Malformed(e.to_string()))
     }
 
-    fn manifest_bytes(&self) -> Result<Vec<u8>, ImageError> {
-        B64.decode(&self.manifest)
-            .map_err(|_| ImageError::Malformed("manifest is not base64".into()))
+    fn envelope(&self) -> release::SignedManifest {
+        release::SignedManifest {
+            manifest: self.manifest.clone(),
+            key_id: self.key_id.clone(),
+            signature: self.signature.clone(),
+        }
     }
 
     /// The image's id: the SHA-256 of the manifest's bytes.
     pub fn id(&self) -> Result<ImageId, ImageError> {
-        Ok(ImageId(sha256_hex(&self.manifest_bytes()?)))
+        let bytes = self.envelope().manifest_bytes().map_err(image_error)?;
+        Ok(ImageId(sha256_hex(&bytes)))
     }
 
     /// Verifies against the image public keys and returns the manifest.
     pub fn verify(&self, keys: &[Vec<u8>]) -> Result<Manifest, ImageError> {
-        let key = keys
-            .iter()
-            .find(|k| key_id(k) == self.key_id)
-            .ok_or_else(|| ImageError::UnknownKey(self.key_id.clone()))?;
-        let bytes = self.manifest_bytes()?;
-        let sig = B64
-            .decode(&self.signature)
-            .map_err(|_| ImageError::Malformed("signature is not base64".into()))?;
-        UnparsedPublicKey::new(&ED25519, key)
-            .verify(&bytes, &sig)
-            .map_err(|_| ImageError::BadSignature)?;
-        let m: Manifest =
-            serde_json::from_slice(&bytes).map_err(|e| ImageError::Malformed(e.to_string()))?;
+        let m: Manifest = self.envelope().open(keys).map_err(image_error)?;
         if m.format != FORMAT {
             return Err(ImageError::Format(m.format));
         }
@@ -259,6 +264,7 @@ pub fn read_key(bytes: &[u8]) -> Result<Ed25519KeyPair, ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ring::signature::KeyPair;
 
     pub(crate) fn key() -> Ed25519KeyPair {
         let pkcs8 = Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();

@@ -93,12 +93,7 @@ pub fn parse_public_key(hex_key: &str) -> Result<Vec<u8>, ReleaseError> {
 }
 
 pub fn sign(manifest: &Manifest, key: &Ed25519KeyPair) -> SignedManifest {
-    let bytes = serde_json::to_vec(manifest).expect("a manifest serializes");
-    SignedManifest {
-        signature: B64.encode(key.sign(&bytes).as_ref()),
-        key_id: key_id(key.public_key().as_ref()),
-        manifest: B64.encode(bytes),
-    }
+    SignedManifest::seal(manifest, key)
 }
 
 impl SignedManifest {
@@ -112,15 +107,34 @@ impl SignedManifest {
         serde_json::from_slice(bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
     }
 
-    /// Verifies against the release public keys and returns the manifest.
-    pub fn verify(&self, keys: &[Vec<u8>]) -> Result<Manifest, ReleaseError> {
+    /// Signs any JSON document this way (release manifests, netboot image
+    /// manifests): its exact bytes travel base64-encoded beside the
+    /// signature.
+    pub fn seal<T: Serialize>(doc: &T, key: &Ed25519KeyPair) -> SignedManifest {
+        let bytes = serde_json::to_vec(doc).expect("a manifest serializes");
+        SignedManifest {
+            signature: B64.encode(key.sign(&bytes).as_ref()),
+            key_id: key_id(key.public_key().as_ref()),
+            manifest: B64.encode(bytes),
+        }
+    }
+
+    /// The signed bytes, as they were signed.
+    pub fn manifest_bytes(&self) -> Result<Vec<u8>, ReleaseError> {
+        B64.decode(&self.manifest)
+            .map_err(|_| ReleaseError::Malformed("manifest is not base64".into()))
+    }
+
+    /// Verifies against `keys` and decodes the document.
+    pub fn open<T: serde::de::DeserializeOwned>(
+        &self,
+        keys: &[Vec<u8>],
+    ) -> Result<T, ReleaseError> {
         let key = keys
             .iter()
             .find(|k| key_id(k) == self.key_id)
             .ok_or_else(|| ReleaseError::UnknownKey(self.key_id.clone()))?;
-        let bytes = B64
-            .decode(&self.manifest)
-            .map_err(|_| ReleaseError::Malformed("manifest is not base64".into()))?;
+        let bytes = self.manifest_bytes()?;
         let sig = B64
             .decode(&self.signature)
             .map_err(|_| ReleaseError::Malformed("signature is not base64".into()))?;
@@ -128,6 +142,11 @@ impl SignedManifest {
             .verify(&bytes, &sig)
             .map_err(|_| ReleaseError::BadSignature)?;
         serde_json::from_slice(&bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
+    }
+
+    /// Verifies against the release public keys and returns the manifest.
+    pub fn verify(&self, keys: &[Vec<u8>]) -> Result<Manifest, ReleaseError> {
+        self.open(keys)
     }
 }
 

@@ -23,6 +23,23 @@ fn supervise(node: &mut Node) {
     );
 }
 
+/// A joined node running under `bcd supervise`, connected.
+fn supervised(f: &bc_tests::Fleet, name: &str) -> (Node, String) {
+    let mut node = f.node(name);
+    let id = node.id();
+    supervise(&mut node);
+    wait_connected(&f.server, &id);
+    (node, id)
+}
+
+/// A release that aborts at start.
+fn crasher(f: &bc_tests::Fleet) -> std::path::PathBuf {
+    f.c_program(
+        "crasher",
+        "#include <stdlib.h>\nint main(void) { abort(); }\n",
+    )
+}
+
 fn wait_connected(server: &Server, id: &str) {
     server.wait_node(id, "connected", |n| n.state == "connected");
 }
@@ -72,10 +89,7 @@ fn upgrade(server: &Server, node: &str, sequence: u64) -> bc_tests::CommandView 
 #[test]
 fn a_good_release_confirms_raises_the_floor_and_older_binaries_are_refused() {
     let f = fleet();
-    let mut node = f.node("n1");
-    let id = node.id();
-    supervise(&mut node);
-    wait_connected(&f.server, &id);
+    let (mut node, id) = supervised(&f, "n1");
     f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
 
     let started = Instant::now();
@@ -129,14 +143,8 @@ fn a_good_release_confirms_raises_the_floor_and_older_binaries_are_refused() {
 #[test]
 fn a_release_that_crashes_at_start_is_swapped_back_and_fails_once() {
     let f = fleet();
-    let mut node = f.node("n1");
-    let id = node.id();
-    supervise(&mut node);
-    wait_connected(&f.server, &id);
-    let crasher = f.c_program(
-        "crasher",
-        "#include <stdlib.h>\nint main(void) { abort(); }\n",
-    );
+    let (mut node, id) = supervised(&f, "n1");
+    let crasher = crasher(&f);
     f.release(&crasher, "0.2.0-bad", 2);
 
     let started = Instant::now();
@@ -164,10 +172,7 @@ fn a_release_that_crashes_at_start_is_swapped_back_and_fails_once() {
 #[test]
 fn a_release_that_never_connects_is_swapped_back_by_the_supervisor() {
     let f = fleet();
-    let mut node = f.node("n1");
-    let id = node.id();
-    supervise(&mut node);
-    wait_connected(&f.server, &id);
+    let (mut node, id) = supervised(&f, "n1");
     let hanger = f.c_program(
         "hanger",
         "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
@@ -230,10 +235,7 @@ fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
 #[test]
 fn bad_releases_are_refused_before_anything_switches() {
     let f = fleet();
-    let mut node = f.node("n1");
-    let id = node.id();
-    supervise(&mut node);
-    wait_connected(&f.server, &id);
+    let (node, id) = supervised(&f, "n1");
     // Corrupt the stored binary behind the server's back: the node's own
     // hash check refuses it.
     f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
@@ -265,10 +267,7 @@ fn a_rollout_halts_on_its_failure_budget_and_a_good_one_completes() {
     for n in &nodes {
         wait_connected(&f.server, &n.id());
     }
-    let crasher = f.c_program(
-        "crasher",
-        "#include <stdlib.h>\nint main(void) { abort(); }\n",
-    );
+    let crasher = crasher(&f);
     f.release(&crasher, "0.2.0-bad", 2);
     let out = f.server.cli(&[
         "rollouts",
