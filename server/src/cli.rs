@@ -396,11 +396,7 @@ fn print_spec(i: &bcd_proto::v1::NodeSpecInfo, json: bool) -> anyhow::Result<()>
             "section    {} {}{}",
             s.section,
             s.status,
-            if s.message.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", s.message)
-            }
+            around(": ", &s.message, "")
         );
     }
     Ok(())
@@ -507,6 +503,15 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// `text` between `before` and `after`, or nothing when it is empty.
+fn around(before: &str, text: &str, after: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{before}{text}{after}")
     }
 }
 
@@ -1064,15 +1069,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         out!("command   {}", i.command_id);
                         out!("node      {} (seq {})", i.node_id, i.seq);
                         out!("kind      {} {}", i.kind, i.summary);
-                        out!(
-                            "state     {}{}",
-                            i.state,
-                            if i.reason.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" ({})", i.reason)
-                            }
-                        );
+                        out!("state     {}{}", i.state, around(" (", &i.reason, ")"));
                         if i.has_exit_code {
                             out!("exit code {}", i.exit_code);
                         }
@@ -1279,11 +1276,7 @@ fn print_rollout(r: &bcd_proto::v1::RolloutInfo, json: bool, nodes: bool) -> any
         r.nodes.len(),
         r.selector,
         r.state,
-        if r.reason.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", r.reason)
-        }
+        around(": ", &r.reason, "")
     );
     out!(
         "wave {}/{} ({pct}%); confirmed {}, upgrading {}, failed {} (budget {}), waiting {}, skipped {}, cancelled {}",
@@ -1306,11 +1299,7 @@ fn print_rollout(r: &bcd_proto::v1::RolloutInfo, json: bool, nodes: bool) -> any
                 n.status,
                 n.command_id,
                 n.reason,
-                if n.rollback_command_id.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (rollback {})", n.rollback_command_id)
-                }
+                around(" (rollback ", &n.rollback_command_id, ")")
             );
         }
     }

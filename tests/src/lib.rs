@@ -129,6 +129,8 @@ impl Drop for Proc {
 pub struct Server {
     pub dir: PathBuf,
     pub addr: SocketAddr,
+    /// The boot endpoint, when started with --boot-listen.
+    pub boot: Option<SocketAddr>,
     pub args: Vec<String>,
     pub proc: Proc,
 }
@@ -182,18 +184,25 @@ impl Server {
             .context("cannot start better-compute serve")?;
         let stdout = child.stdout.take().expect("piped stdout");
         let mut proc = Proc { child, log };
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let Some(addr) = line
-            .strip_prefix("listening on ")
-            .and_then(|r| r.split_whitespace().next())
-        else {
-            proc.kill();
-            bail!("server did not start: {line:?}\n{}", proc.log());
+        // `boot endpoint on ADDR` comes first when the boot endpoint is on.
+        let mut boot = None;
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = loop {
+            let Some(Ok(line)) = lines.next() else {
+                proc.kill();
+                bail!("server did not start:\n{}", proc.log());
+            };
+            if let Some(a) = line.strip_prefix("boot endpoint on ") {
+                boot = Some(a.trim().parse::<SocketAddr>()?);
+            }
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                break rest.split_whitespace().next().unwrap_or_default().parse()?;
+            }
         };
         Ok(Server {
             dir: dir.to_path_buf(),
-            addr: addr.parse()?,
+            addr,
+            boot,
             args,
             proc,
         })

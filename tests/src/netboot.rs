@@ -167,46 +167,11 @@ impl NetFleet {
             "--image-pubkey".into(),
             public,
         ]);
-        let log = dir.join("serve.log");
-        let mut child = Command::new(bin("better-compute"))
-            .arg("--data-dir")
-            .arg(&dir)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(&args)
-            .env("BC_LOG", "info,better_compute=debug")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("cannot start better-compute serve")?;
-        let stdout = child.stdout.take().expect("piped");
-        let mut proc = Proc { child, log };
-        let mut lines = BufReader::new(stdout).lines();
-        let mut boot = None;
-        let addr = loop {
-            let Some(Ok(line)) = lines.next() else {
-                proc.kill();
-                bail!("server did not start:\n{}", proc.log());
-            };
-            if let Some(a) = line.strip_prefix("boot endpoint on ") {
-                boot = Some(a.trim().parse::<SocketAddr>()?);
-            }
-            if let Some(rest) = line.strip_prefix("listening on ") {
-                break rest
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .parse::<SocketAddr>()?;
-            }
-        };
-        let boot = boot.context("the server printed no boot endpoint")?;
+        let server = Server::start_on(&dir, "127.0.0.1:0", args)?;
+        let boot = server.boot.context("the server printed no boot endpoint")?;
         Ok(NetFleet {
             d,
-            server: Server {
-                dir,
-                addr,
-                args,
-                proc,
-            },
+            server,
             boot,
             key,
             kernel,
