@@ -221,7 +221,7 @@ pub fn make_credential_with(
                 .map_err(|e| VerifyError::Unsupported(format!("RSA-OAEP: {e}")))?;
             (seed, encrypted)
         }
-        PublicKey::Ecc { x, .. } => {
+        PublicKey::Ecc { .. } => {
             let ek_point = ek.p256_point().ok_or_else(|| {
                 VerifyError::Unsupported("the EK's curve is not NIST P-256".to_owned())
             })?;
@@ -235,7 +235,6 @@ pub fn make_credential_with(
             let peer = agreement::UnparsedPublicKey::new(&agreement::ECDH_P256, ek_point);
             let mut ek_x = [0u8; 32];
             ek_x.copy_from_slice(&ek_point[1..33]);
-            debug_assert!(x.len() <= 32);
             let seed = agreement::agree_ephemeral(ephemeral, &peer, |z| {
                 kdfe_sha256(z, "IDENTITY", ex, &ek_x, 8 * digest as u32)
             })
@@ -324,6 +323,35 @@ pub fn verify_signature(key: &PublicArea, message: &[u8], der_signature: &[u8]) 
 mod tests {
     use super::*;
     use crate::public::{EkKind, ak_template};
+    use proptest::prelude::*;
+
+    proptest! {
+        // An EK public area comes from the peer: whatever key it holds,
+        // making a credential for it returns an error or a credential.
+        #[test]
+        fn credentials_for_arbitrary_eks_never_panic(
+            rsa in any::<bool>(),
+            key in proptest::collection::vec(any::<u8>(), 0..300),
+            secret in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mut t = if rsa { EkKind::Rsa2048.template() } else { EkKind::EccP256.template() };
+            if rsa {
+                t.truncate(t.len() - 258);
+                t.put_tpm2b(&key);
+            } else {
+                t.truncate(t.len() - 68);
+                let (x, y) = key.split_at(key.len() / 2);
+                t.put_tpm2b(&x[..x.len().min(128)]);
+                t.put_tpm2b(&y[..y.len().min(128)]);
+            }
+            let ek = PublicArea::from_tpmt(&t).unwrap();
+            let name = ek.name();
+            if let Ok(c) = make_credential(&ek, &name, &secret) {
+                prop_assert!(secret.len() <= 32);
+                prop_assert_eq!(c.blob.len(), 2 + 2 + 32 + 2 + secret.len());
+            }
+        }
+    }
 
     // Computed with Python's hmac and hashlib from the formulas of TPM 2.0
     // Part 1, 11.4.10 (an implementation independent of this one).
