@@ -234,7 +234,7 @@ impl NodeKeyRecord {
             .trim()
             .strip_prefix(RECORD_PREFIX)
             .ok_or_else(|| bad("not a TPM node key record (bcd-tpm-key v1)"))?;
-        if value.len() != 64 {
+        if value.len() != 64 || !value.is_ascii() {
             return Err(bad("the value is not 32 bytes of hex"));
         }
         let mut unique = [0u8; 32];
@@ -697,6 +697,8 @@ mod tests {
         assert!(NodeKeyRecord::parse_text("bcd-tpm-key v1 owner-p256 zz").is_err());
         let bad_hex = format!("bcd-tpm-key v1 owner-p256 {}", "g".repeat(64));
         assert!(NodeKeyRecord::parse_text(&bad_hex).is_err());
+        let not_ascii = format!("bcd-tpm-key v1 owner-p256 {}", "é".repeat(32));
+        assert!(NodeKeyRecord::parse_text(&not_ascii).is_err());
     }
 
     #[test]
@@ -734,6 +736,11 @@ mod tests {
         fn parsing_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = PublicArea::from_tpmt(&bytes);
             let _ = PublicArea::from_tpm2b(&bytes);
+        }
+
+        #[test]
+        fn record_text_never_panics(value in "\\PC{0,70}") {
+            let _ = NodeKeyRecord::parse_text(&format!("{RECORD_PREFIX}{value}"));
         }
 
         #[test]
