@@ -226,12 +226,12 @@ pub fn fnmatch(pattern: &str, text: &str) -> bool {
                 star = Some((pi, si));
                 continue;
             }
-            if si < s.len() {
-                if let Some(next) = match_one(p, pi, s[si]) {
-                    pi = next;
-                    si += 1;
-                    continue;
-                }
+            if si < s.len()
+                && let Some(next) = match_one(p, pi, s[si])
+            {
+                pi = next;
+                si += 1;
+                continue;
             }
         } else if si == s.len() {
             return true;
@@ -293,13 +293,23 @@ fn bracket(p: &[u8], at: usize, c: u8) -> Bracket {
             };
         }
         first = false;
+        // `[:name:]`, where glibc takes only letters `a` to `y` (sic: its
+        // test is `c < 'a' || c >= 'z'`) as a name; anything else makes
+        // the `[` an ordinary member.
         if lo == b'[' && p.get(i + 1) == Some(&b':') {
-            if let Some(len) = p[i + 2..].windows(2).position(|w| w == b":]") {
-                match in_class(&p[i + 2..i + 2 + len], c) {
+            let name_end = p[i + 2..]
+                .iter()
+                .position(|&b| !(b'a'..=b'y').contains(&b))
+                .map_or(p.len(), |n| i + 2 + n);
+            if p[name_end..].starts_with(b":]") {
+                match in_class(&p[i + 2..name_end], c) {
                     Some(inside) => found |= inside,
-                    None => return Bracket::Invalid,
+                    // glibc fails an unknown class when it gets to it, that
+                    // is, unless an earlier member matched.
+                    None if !found => return Bracket::Invalid,
+                    None => {}
                 }
-                i += 2 + len + 2;
+                i = name_end + 2;
                 continue;
             }
         }

@@ -59,10 +59,10 @@ pub fn devices(sys: &Path) -> Result<Vec<Device>, SysfsError> {
                 modalias,
             });
         }
-        if depth < MAX_DEPTH {
-            if let Ok(entries) = fs::read_dir(&dir) {
-                push_children(entries, &devpath, depth + 1, &mut stack);
-            }
+        if depth < MAX_DEPTH
+            && let Ok(entries) = fs::read_dir(&dir)
+        {
+            push_children(entries, &devpath, depth + 1, &mut stack);
         }
     }
     out.sort();
