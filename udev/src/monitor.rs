@@ -6,7 +6,10 @@
 //! ([`Group::Udev`]) in its own format. Receiving needs no privilege (the
 //! kernel lets any process join these groups); sending to a group needs
 //! `CAP_NET_ADMIN` in the network namespace, which is how a test (or a
-//! process relaying events) injects one with [`inject`].
+//! process relaying events) injects one with [`inject`]. The kernel sends
+//! device events into every network namespace owned by the initial user
+//! namespace, so a rootless container hears none: there the agent relies
+//! on its periodic inventory.
 //!
 //! Anyone with `CAP_NET_ADMIN` can send to the kernel's group, so every
 //! datagram is checked against its sender's netlink address: the kernel's
@@ -61,6 +64,9 @@ impl Group {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accept {
     /// Only the kernel's (netlink port 0); others are counted and dropped.
+    /// On [`Group::Udev`] that is everything: udevd is a process, and this
+    /// monitor does not check senders' credentials as libudev does, so the
+    /// agent listens to the kernel's group.
     Kernel,
     /// Every sender's, each reported with its [`Sender`].
     Any,
