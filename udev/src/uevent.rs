@@ -175,6 +175,7 @@ impl Uevent {
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
+        let mut seen = std::collections::HashSet::with_capacity(properties.len());
         for (index, (key, value)) in properties.iter().enumerate() {
             if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
                 return Err(ParseError::NotKeyValue {
@@ -182,7 +183,7 @@ impl Uevent {
                     text: format!("{key}={value}"),
                 });
             }
-            if properties[..index].iter().any(|(k, _)| k == key) {
+            if !seen.insert(key.as_str()) {
                 return Err(ParseError::Duplicate(key.clone()));
             }
         }
