@@ -1,9 +1,21 @@
-//! Turning an operator's request into a signed command.
+//! Commands: `RunCommand` (an operator's request parsed into a kind and
+//! typed arguments, then created sealed by the worker key), `ListCommands`,
+//! `GetCommand`.
 
+use std::time::Duration;
+
+use bc_store::Refusal;
+use bc_store::commands::{CommandRow, NewCommand};
 use bcd_core::command::Kind;
 use bcd_proto::v1::{
-    CommandPayload, ExecArgs, GpuResetArgs, KexecArgs, NoArgs, UpgradeArgs, command_payload,
+    CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
+    ListCommandsResponse, NoArgs, RunCommandRequest, UpgradeArgs, command_payload,
 };
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::{refusal, status, unavailable};
 
 /// Default `exec.run` timeout and output bound.
 pub const EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -111,60 +123,86 @@ pub fn parse(
     }
 }
 
-/// The payload a worker signs.
-#[allow(clippy::too_many_arguments)]
-pub fn payload(
-    id: &str,
-    node_id: &str,
-    seq: u64,
-    kind: Kind,
-    args: command_payload::Args,
-    issued_at_ms: i64,
-    not_after_ms: i64,
-    min_generation: u64,
-) -> CommandPayload {
-    CommandPayload {
-        command_id: id.to_string(),
-        node_id: node_id.to_string(),
-        seq,
-        kind: kind.name().to_string(),
-        not_after_ms,
-        min_generation,
-        issued_at_ms,
-        args: Some(args),
+/// Default deadline of a command.
+pub const DEFAULT_NOT_AFTER: Duration = Duration::from_secs(3600);
+
+pub fn info(c: CommandRow) -> CommandInfo {
+    CommandInfo {
+        command_id: c.id,
+        node_id: c.node_id,
+        seq: c.seq,
+        kind: c.kind,
+        summary: c.summary,
+        state: c.state,
+        reason: c.reason,
+        exit_code: c.exit_code.unwrap_or(0),
+        has_exit_code: c.exit_code.is_some(),
+        output: c.output,
+        output_truncated: c.output_truncated,
+        created_at_ms: c.created_at_ms,
+        not_after_ms: c.not_after_ms,
+        result_at_ms: c.result_at_ms.unwrap_or(0),
+        epoch: c.epoch,
     }
 }
 
-/// Creates a command and signs its payload with the worker key, in one
-/// store transaction. Returns the row and whether it is new (an
-/// idempotency key already used returns the existing command).
-#[allow(clippy::too_many_arguments)]
-pub fn create_signed(
-    store: &crate::store::Store,
-    key: &ring::signature::Ed25519KeyPair,
-    node: &str,
-    kind: Kind,
-    args: command_payload::Args,
-    summary: &str,
-    not_after: std::time::Duration,
-    min_generation: u64,
-    idempotency_key: Option<&str>,
-) -> Result<(crate::store::CommandRow, bool), crate::store::TxError> {
-    use prost::Message;
-    store.create_command(
-        &crate::store::NewCommand {
-            node_id: node,
-            kind,
-            summary,
-            not_after,
-            min_generation,
-            idempotency_key,
-        },
-        |id, seq, now, not_after_ms| {
-            let payload = payload(id, node, seq, kind, args, now, not_after_ms, min_generation);
-            bcd_proto::sign::seal(key, payload.encode_to_vec())
-        },
-    )
+/// `RunCommand`.
+pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo, Status> {
+    let (kind, args, summary) = parse(&r.kind, &r.args, r.timeout_ms)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let not_after = if r.not_after_ms == 0 {
+        DEFAULT_NOT_AFTER
+    } else {
+        Duration::from_millis(r.not_after_ms)
+    };
+    let new = NewCommand {
+        node_id: r.node_id,
+        kind,
+        summary,
+        not_after,
+        min_generation: r.min_generation,
+        idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+    };
+    let (row, created) = crate::pki::seal::create_command(&svc.store, &svc.worker_key, &new, args)
+        .await
+        .map_err(status)?;
+    if created {
+        info!(cmd = %row.id, node = %row.node_id, kind = %row.kind, seq = row.seq, "command created");
+        svc.wake(&row.node_id);
+    }
+    Ok(info(row))
+}
+
+/// `ListCommands`.
+pub async fn list(
+    svc: &AdminService,
+    r: ListCommandsRequest,
+) -> Result<ListCommandsResponse, Status> {
+    let node = (!r.node_id.is_empty()).then_some(r.node_id);
+    let limit = if r.limit == 0 {
+        100
+    } else {
+        r.limit.min(10_000)
+    };
+    let rows = svc
+        .store
+        .list_commands(node.as_deref(), limit)
+        .await
+        .map_err(unavailable)?;
+    Ok(ListCommandsResponse {
+        commands: rows.into_iter().map(info).collect(),
+    })
+}
+
+/// `GetCommand`.
+pub async fn get(svc: &AdminService, r: GetCommandRequest) -> Result<CommandInfo, Status> {
+    let id = r.command_id;
+    let row = svc.store.get_command(&id).await.map_err(unavailable)?;
+    row.map(info).ok_or_else(|| {
+        refusal(Refusal::NotFound(format!(
+            "no command {id}: see better-compute commands list"
+        )))
+    })
 }
 
 #[cfg(test)]

@@ -1,10 +1,14 @@
 //! The join service: turns a join token and a certificate request into a
-//! node with a certificate; renews certificates for nodes that prove their
-//! current one.
+//! node with a certificate (`Join`), renews certificates for nodes that
+//! prove their current one (`Renew`), and hands releases to nodes
+//! (`FetchRelease`). It holds the fleet CA.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bc_store::Refusal;
+use bc_store::nodes::IssuedCert;
+use bc_store::tokens::JoinInput;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
 use bcd_proto::v1::{
@@ -14,9 +18,9 @@ use bcd_proto::v1::{
 use tonic::{Request, Response, Status};
 use tracing::info;
 
-use crate::ca::{Ca, IssueError};
-use crate::gateway::refusal_status;
-use crate::store::{IssuedCert, Store, TxError};
+use super::status::{refusal, status, unavailable};
+use crate::pki::Ca;
+use crate::pki::ca::IssueError;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CertPolicy {
@@ -33,31 +37,39 @@ impl Default for CertPolicy {
     }
 }
 
+impl CertPolicy {
+    pub fn ttl(&self, ramdisk: bool) -> Duration {
+        if ramdisk {
+            self.ramdisk_ttl
+        } else {
+            self.node_ttl
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct JoinService {
-    pub store: Store,
+    pub store: bc_store::Store,
     pub ca: Arc<Ca>,
     pub policy: CertPolicy,
     pub worker_keys: Arc<Vec<Vec<u8>>>,
     pub release_keys: Arc<Vec<Vec<u8>>>,
 }
 
+/// Issues a node certificate inside the store's join or renewal
+/// transaction, at the store's now.
 fn issue(
     ca: &Ca,
     csr: &[u8],
     node_id: &str,
     now: i64,
     ttl: Duration,
-) -> Result<IssuedCert, TxError> {
+) -> Result<IssuedCert, Refusal> {
     let c = ca
         .issue_node_cert(csr, node_id, now, ttl)
         .map_err(|e| match e {
-            IssueError::Csr(e) => {
-                TxError::Refused(crate::store::Refusal::BadRequest(e.to_string()))
-            }
-            IssueError::Ca(e) => {
-                TxError::Refused(crate::store::Refusal::Internal(format!("{e:#}")))
-            }
+            IssueError::Csr(e) => Refusal::BadRequest(e.to_string()),
+            IssueError::Ca(e) => Refusal::Internal(format!("{e:#}")),
         })?;
     Ok(IssuedCert {
         fingerprint: bcd_proto::fingerprint(&c.der),
@@ -68,39 +80,43 @@ fn issue(
     })
 }
 
+fn peer_fingerprint<T>(r: &Request<T>) -> Option<String> {
+    r.extensions()
+        .get::<PeerInfo>()
+        .and_then(|p| p.cert_fingerprint.clone())
+}
+
 #[tonic::async_trait]
 impl Join for JoinService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let r = request.into_inner();
         let (id, secret) = JoinToken::split_credential(&r.token)
             .ok_or_else(|| Status::invalid_argument(MalformedToken.to_string()))?;
-        let (id, secret_sha) = (id.to_string(), bcd_proto::fingerprint(secret.as_bytes()));
-        let ttl = if r.ramdisk {
-            self.policy.ramdisk_ttl
-        } else {
-            self.policy.node_ttl
+        let ttl = self.policy.ttl(r.ramdisk);
+        let input = JoinInput {
+            token_id: id.to_string(),
+            secret_sha256: bcd_proto::fingerprint(secret.as_bytes()),
+            hostname: r.hostname.chars().take(253).collect(),
+            ramdisk: r.ramdisk,
         };
-        let hostname: String = r.hostname.chars().take(253).collect();
-        let ca = self.ca.clone();
-        let csr = r.csr_der;
-        let ramdisk = r.ramdisk;
-        let (node_id, cert, now) = self
+        let (ca, csr) = (self.ca.clone(), r.csr_der);
+        let joined = self
             .store
-            .run(move |s| {
-                s.join(&id, &secret_sha, &hostname, ramdisk, |node, now| {
-                    issue(&ca, &csr, node, now, ttl)
-                })
-            })
+            .join(
+                &input,
+                Box::new(move |node, now| issue(&ca, &csr, node, now, ttl)),
+            )
             .await
-            .map_err(refusal_status)?;
-        info!(node = %node_id, serial = %cert.serial, "node joined");
+            .map_err(status)?;
+        let cert = joined.cert;
+        info!(node = %joined.node_id, serial = %cert.serial, "node joined");
         Ok(Response::new(JoinResponse {
-            node_id,
+            node_id: joined.node_id,
             cert_der: cert.der,
             ca_der: self.ca.cert.to_vec(),
             cert_serial: cert.serial,
             not_after_ms: cert.not_after_ms,
-            server_time_ms: now,
+            server_time_ms: joined.now_ms,
             worker_keys: self.worker_keys.as_ref().clone(),
             release_keys: self.release_keys.as_ref().clone(),
             identity_generation: 1,
@@ -111,27 +127,24 @@ impl Join for JoinService {
         &self,
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<FetchReleaseResponse>, Status> {
-        let fingerprint = request
-            .extensions()
-            .get::<PeerInfo>()
-            .and_then(|p| p.cert_fingerprint.clone())
-            .ok_or_else(|| {
-                Status::unauthenticated("releases are for nodes: present the node certificate")
-            })?;
+        let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
+            Status::unauthenticated("releases are for nodes: present the node certificate")
+        })?;
         let sequence = request.into_inner().sequence;
-        let found = self
+        self.store.check_cert(&fingerprint).await.map_err(status)?;
+        let files = self
             .store
-            .run(move |s| {
-                s.check_cert(&fingerprint)?;
-                Ok::<_, TxError>(s.release(sequence)?)
-            })
+            .release(sequence)
             .await
-            .map_err(refusal_status)?;
-        let (signed_manifest, binary) = found
-            .ok_or_else(|| Status::not_found(format!("no release with sequence {sequence}")))?;
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                refusal(Refusal::NotFound(format!(
+                    "no release with sequence {sequence}"
+                )))
+            })?;
         Ok(Response::new(FetchReleaseResponse {
-            signed_manifest,
-            binary,
+            signed_manifest: files.signed_manifest,
+            binary: files.binary,
         }))
     }
 
@@ -139,33 +152,27 @@ impl Join for JoinService {
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
-        let fingerprint = request
-            .extensions()
-            .get::<PeerInfo>()
-            .and_then(|p| p.cert_fingerprint.clone())
+        let fingerprint = peer_fingerprint(&request)
             .ok_or_else(|| Status::unauthenticated("renewal needs the current node certificate"))?;
         let csr = request.into_inner().csr_der;
         let (ca, policy) = (self.ca.clone(), self.policy);
-        let (node_id, cert, now) = self
+        let renewed = self
             .store
-            .run(move |s| {
-                s.renew(&fingerprint, |node, now, ramdisk| {
-                    let ttl = if ramdisk {
-                        policy.ramdisk_ttl
-                    } else {
-                        policy.node_ttl
-                    };
-                    issue(&ca, &csr, node, now, ttl)
-                })
-            })
+            .renew(
+                &fingerprint,
+                Box::new(move |node, now, ramdisk| {
+                    issue(&ca, &csr, node, now, policy.ttl(ramdisk))
+                }),
+            )
             .await
-            .map_err(refusal_status)?;
-        info!(node = %node_id, serial = %cert.serial, "certificate renewed");
+            .map_err(status)?;
+        let cert = renewed.cert;
+        info!(node = %renewed.node_id, serial = %cert.serial, "certificate renewed");
         Ok(Response::new(RenewResponse {
             cert_der: cert.der,
             cert_serial: cert.serial,
             not_after_ms: cert.not_after_ms,
-            server_time_ms: now,
+            server_time_ms: renewed.now_ms,
         }))
     }
 }

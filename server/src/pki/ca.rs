@@ -66,7 +66,7 @@ pub struct NodeCert {
     pub not_after_ms: i64,
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, CaError> {
+pub(super) fn read(path: &Path) -> Result<Vec<u8>, CaError> {
     std::fs::read(path).map_err(|source| CaError::Read {
         path: path.to_path_buf(),
         source,
@@ -238,21 +238,6 @@ pub fn verify_node_signature(cert_der: &[u8], message: &[u8], signature: &[u8]) 
     ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key)
         .verify(message, signature)
         .is_ok()
-}
-
-/// The worker signing key (ed25519) in `worker.key`, created on first start.
-/// Commands and specs are signed with it; nodes learn its public half at
-/// join.
-pub fn load_or_create_worker_key(dir: &Path) -> Result<ring::signature::Ed25519KeyPair, CaError> {
-    let path = dir.join("worker.key");
-    if !path.exists() {
-        let pkcs8 =
-            ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
-                .map_err(|_| CaError::Pem { path: path.clone() })?;
-        files::write_atomic(&path, pkcs8.as_ref(), 0o600)?;
-    }
-    let bytes = read(&path)?;
-    ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|_| CaError::Pem { path })
 }
 
 #[cfg(test)]
