@@ -3,7 +3,8 @@
 //! - Hello transactions per second on one gateway, with N simulated nodes
 //!   (one `bcd sim` process) reconnecting at once: TLS handshake, Hello
 //!   transaction, Welcome. Client and server share this machine's cores.
-//! - The store's own Hello transaction rate, in process, without TLS.
+//! - The store's own Hello transaction rate, in process, without TLS: one
+//!   at a time, and 64 at a time (what group commit shares).
 //! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
@@ -68,9 +69,9 @@ fn connected(server: &Server, min_epoch: u64) -> usize {
         .count()
 }
 
-/// Hello transactions per second through the store interface, one at a
-/// time, in process (no TLS, no gateway).
-fn store_hellos(n: usize) -> f64 {
+/// Hello transactions per second through the store interface, in process
+/// (no TLS, no gateway), `concurrency` at a time.
+fn store_hellos(n: usize, concurrency: usize) -> f64 {
     let d = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,26 +121,38 @@ fn store_hellos(n: usize) -> f64 {
             .await
             .expect("lease")
             .expect("free lease");
+        let hello = |i: usize| HelloInput {
+            node_id: ids[i].clone(),
+            cert_fingerprint: format!("f{i}"),
+            cert_serial: format!("s{i}"),
+            gateway_id: "gw".into(),
+            incarnation_id: "inc".into(),
+            boot_id: "boot".into(),
+            journal_id: "j".into(),
+            agent_version: "0".into(),
+            release_floor: 0,
+            last_epoch: 0,
+            inventory_hashes: vec![("gpus".into(), "x".into())],
+            journal_running: vec![],
+            journal_done: vec![],
+        };
         let start = Instant::now();
-        for k in 0..n {
-            let i = k % nodes;
-            s.hello(&HelloInput {
-                node_id: ids[i].clone(),
-                cert_fingerprint: format!("f{i}"),
-                cert_serial: format!("s{i}"),
-                gateway_id: "gw".into(),
-                incarnation_id: "inc".into(),
-                boot_id: "boot".into(),
-                journal_id: "j".into(),
-                agent_version: "0".into(),
-                release_floor: 0,
-                last_epoch: 0,
-                inventory_hashes: vec![("gpus".into(), "x".into())],
-                journal_running: vec![],
-                journal_done: vec![],
-            })
-            .await
-            .expect("hello");
+        let mut k = 0;
+        while k < n {
+            let wave: Vec<HelloInput> = (k..(k + concurrency).min(n))
+                .map(|k| hello(k % nodes))
+                .collect();
+            k += wave.len();
+            let tasks: Vec<_> = wave
+                .into_iter()
+                .map(|h| {
+                    let s = s.clone();
+                    tokio::spawn(async move { s.hello(&h).await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("task").expect("hello");
+            }
         }
         n as f64 / start.elapsed().as_secs_f64()
     })
@@ -151,8 +164,12 @@ fn main() -> anyhow::Result<()> {
     let d = tempfile::tempdir()?;
     println!("bench-session: {n} simulated nodes, one gateway, loopback");
 
-    let rate = store_hellos(args.store_hellos);
-    println!("store Hello transactions (in process, SQLite WAL, synchronous=FULL): {rate:.0}/s");
+    for concurrency in [1, 64] {
+        let rate = store_hellos(args.store_hellos, concurrency);
+        println!(
+            "store Hello transactions (in process, SQLite WAL, synchronous=FULL, {concurrency} at a time): {rate:.0}/s"
+        );
+    }
 
     let server = Server::start(&d.path().join("server"), &[])?;
     let token = server.token(n as u32 + 1);

@@ -4,9 +4,11 @@
 //!   epoch or a terminal result never rolls back).
 //! - The clock: every connection registers `compute_now()`, which reads the
 //!   [`Clock`] the store was opened with; every query and trigger uses it.
-//! - Three connections: writes go through one, reads through another (WAL
-//!   readers never wait for writers), and lease renewals through their
-//!   own, so a gateway's renewal never waits behind Hellos.
+//! - Three connections: writes go through one, owned by a writer thread
+//!   that commits the writes waiting for it together ([`writer`]: group
+//!   commit, one fsync for many); reads through another (WAL readers never
+//!   wait for writers); lease renewals through their own, so a gateway's
+//!   renewal never waits behind Hellos.
 //! - Several gateway processes share the file: a writer waiting for
 //!   another's lock retries every 200 µs for up to 10 s (SQLite's own busy
 //!   timeout backs off to 100 ms sleeps, which starves writers under load).
@@ -31,6 +33,7 @@ mod rollouts;
 mod sessions;
 mod specs;
 mod tokens;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -180,7 +183,7 @@ fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 pub struct SqliteBackend {
     path: PathBuf,
     clock: Arc<dyn Clock>,
-    writer: Arc<Mutex<Connection>>,
+    writer: writer::Writer,
     reader: Arc<Mutex<Connection>>,
     leases: Arc<Mutex<Connection>>,
 }
@@ -191,12 +194,14 @@ impl SqliteBackend {
         tokio::task::spawn_blocking(move || {
             let mut writer = connect(&path, &clock)?;
             migrate(&mut writer)?;
+            let writer =
+                writer::Writer::start(writer).map_err(|e| StoreError::Database(Box::new(e)))?;
             let reader = connect(&path, &clock)?;
             let leases = connect(&path, &clock)?;
             Ok(SqliteBackend {
                 path,
                 clock,
-                writer: Arc::new(Mutex::new(writer)),
+                writer,
                 reader: Arc::new(Mutex::new(reader)),
                 leases: Arc::new(Mutex::new(leases)),
             })
@@ -242,7 +247,7 @@ impl SqliteBackend {
         T: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        Self::run(&self.writer, TransactionBehavior::Immediate, f).await
+        self.writer.write(f).await
     }
 
     async fn read<T, E>(

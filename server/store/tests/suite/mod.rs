@@ -170,6 +170,7 @@ macro_rules! store_suite {
             races::a_hello_against_a_lease_takeover_never_routes_without_the_lease,
             races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,
             races::of_two_results_the_first_wins,
+            races::concurrent_writes_are_each_their_own_transaction,
             releases::a_release_registers_once,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
             rollouts::a_rollout_needs_a_release_and_no_other_active,

@@ -153,3 +153,49 @@ pub async fn of_two_results_the_first_wins(f: Fixture) {
         "one terminal result per command"
     );
 }
+
+/// Many writes at once, some refused: each is its own transaction. The
+/// refused ones change nothing; the others all land, in one order.
+pub async fn concurrent_writes_are_each_their_own_transaction(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    let mut tasks = Vec::new();
+    for i in 0..48 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let target = if i % 3 == 0 {
+            "nd-nope".to_string()
+        } else {
+            node.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            s.create_command(
+                &command(&target, Kind::ExecRun, ""),
+                Box::new(|c| c.id.clone().into_bytes()),
+            )
+            .await
+        }));
+    }
+    let mut seqs = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok((row, true)) => {
+                assert!(i % 3 != 0);
+                seqs.push(row.seq);
+            }
+            Err(TxError::Refused(Refusal::NoSuchNode(_))) => assert_eq!(i % 3, 0),
+            other => panic!("write {i}: {other:?}"),
+        }
+    }
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (1..=32).collect::<Vec<_>>(),
+        "one sequence each, no gaps"
+    );
+    let (next, _) = a
+        .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    assert_eq!(next.seq, 33);
+    assert_eq!(a.list_commands(Some(&node), 100).await.unwrap().len(), 33);
+}

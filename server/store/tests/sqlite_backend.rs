@@ -1,11 +1,12 @@
 //! What only the SQLite backend has: its schema, pinned by a golden file;
 //! the upgrade from the previous schema version, from a store written by
-//! that version's code; the refusal of a store from a newer binary; and a
-//! database failure in the middle of judging a binding.
+//! that version's code; the refusal of a store from a newer binary; a
+//! database failure in the middle of judging a binding; and a write that
+//! panics inside a group commit.
 //!
 //! After a deliberate schema change (a new migration), regenerate the
 //! golden file with `BC_UPDATE_GOLDEN=1 cargo test -p bc-store --test
-//! sqlite_schema` and commit it with the migration, together with a
+//! sqlite_backend` and commit it with the migration, together with a
 //! fixture of the version it replaces.
 
 use std::path::Path;
@@ -347,4 +348,55 @@ async fn a_store_failure_while_judging_a_binding_changes_nothing() {
             .unwrap(),
         BindingOutcome::MarkedLost(_)
     ));
+}
+
+/// Writes share commits; one that panics (a sealer, say) is undone alone
+/// and the writer goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_panics_changes_nothing_and_the_others_commit() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(&d.path().join("store.db"), &ManualClock::new(1_000))
+        .await
+        .unwrap();
+    let token = |id: &str| NewToken {
+        id: id.into(),
+        secret_sha256: "h".into(),
+        ttl: Duration::from_secs(60),
+        uses: 1,
+        description: String::new(),
+    };
+    let join = |id: &str| JoinInput {
+        token_id: id.into(),
+        secret_sha256: "h".into(),
+        hostname: "h".into(),
+        ramdisk: false,
+    };
+    for id in ["a", "b", "c"] {
+        s.create_token(&token(id)).await.unwrap();
+    }
+    let cert = |n: &str| IssuedCert {
+        der: vec![],
+        serial: n.into(),
+        fingerprint: n.into(),
+        not_before_ms: 0,
+        not_after_ms: i64::MAX / 2,
+    };
+    let (ca, cc) = (cert("a"), cert("c"));
+    let (ja, jb, jc) = (join("a"), join("b"), join("c"));
+    let (a, b, c) = tokio::join!(
+        s.join(&ja, Box::new(move |_, _| Ok(ca))),
+        s.join(
+            &jb,
+            Box::new(|_, _| panic!("the certificate builder fails hard"))
+        ),
+        s.join(&jc, Box::new(move |_, _| Ok(cc))),
+    );
+    assert!(a.is_ok() && c.is_ok());
+    assert!(b.is_err(), "the panicking write fails");
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 2);
+    // Its token was not spent: the join it tried changed nothing.
+    let cb = cert("b");
+    s.join(&jb, Box::new(move |_, _| Ok(cb)))
+        .await
+        .expect("the token is still there");
 }
