@@ -91,8 +91,9 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
     server.wait_node(&id, "reconnected", |n| n.state == "connected");
     let v = wait_for(Duration::from_secs(20), "a fresh report", || {
         let v = server.spec(&id);
-        (v["applied_generation"] == 1 && v["reported_age_ms"].as_i64().is_some_and(|a| a < 5_000))
-            .then_some(v)
+        // reported_age_ms is -1 until the node reports.
+        let age = v["reported_age_ms"].as_i64().unwrap_or(-1);
+        (v["applied_generation"] == 1 && (0..5_000).contains(&age)).then_some(v)
     });
     assert_eq!(v["assignments"][0]["gpus"], serde_json::json!(["0", "1"]));
 
