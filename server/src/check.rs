@@ -2,7 +2,8 @@
 //! store (`better-compute check`).
 //!
 //! Each checker is a pure function over a [`Snapshot`]: the store's audit
-//! history (written by triggers as each change commits, see migration 9),
+//! history (written by triggers as each change commits, see
+//! `bc_store::audit`),
 //! its current tables, and what the nodes themselves recorded (side effects
 //! counted outside the journal, server time marks sampled during a run).
 //! A checker returns the violations it found, each a sentence naming what
@@ -31,48 +32,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use rusqlite::Connection;
+use bc_store::{Store, StoreError};
 use serde::Serialize;
 
-/// One row of the audit history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Audit {
-    pub id: i64,
-    pub at: i64,
-    pub node_id: String,
-    pub kind: String,
-    pub epoch: u64,
-    pub gateway_id: String,
-    pub value: i64,
-    pub detail: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
-    pub node_id: String,
-    pub epoch: u64,
-    pub gateway_id: String,
-    pub state: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Command {
-    pub id: String,
-    pub node_id: String,
-    pub kind: String,
-    pub state: String,
-    pub reason: String,
-    pub exit_code: Option<i32>,
-    pub created_at: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Binding {
-    pub node_id: String,
-    pub allocation_id: String,
-    pub gpus: Vec<String>,
-    pub state: String,
-}
+pub use bc_store::audit::{
+    AuditRow as Audit, BindingFact as Binding, CommandFact as Command, SessionFact as Session,
+};
 
 /// What the nodes recorded themselves.
 #[derive(Debug, Clone, Default)]
@@ -442,97 +407,23 @@ pub fn all(s: &Snapshot) -> Vec<Outcome> {
     vec![i1(s), i2(s), i3(s), i4(s), i5(s), i7(s), i8(s)]
 }
 
-/// Reads a snapshot from a store file (read-only, alongside live gateways).
-pub fn snapshot(
-    path: &std::path::Path,
+/// Reads a snapshot from the store, in one read (alongside live gateways).
+pub async fn snapshot(
+    store: &Store,
     timings: Timings,
     settle: Duration,
     facts: NodeFacts,
-) -> rusqlite::Result<Snapshot> {
-    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    // One read transaction: every table as of one moment.
-    conn.execute_batch("BEGIN")?;
-    let now: i64 = conn.query_row(
-        "SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)",
-        [],
-        |r| r.get(0),
-    )?;
-    let audit = conn
-        .prepare(
-            "SELECT id, at, node_id, kind, epoch, gateway_id, value, detail FROM audit ORDER BY id",
-        )?
-        .query_map([], |r| {
-            Ok(Audit {
-                id: r.get(0)?,
-                at: r.get(1)?,
-                node_id: r.get(2)?,
-                kind: r.get(3)?,
-                epoch: r.get::<_, i64>(4)? as u64,
-                gateway_id: r.get(5)?,
-                value: r.get(6)?,
-                detail: r.get(7)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let sessions = conn
-        .prepare("SELECT node_id, epoch, gateway_id, state FROM node_sessions")?
-        .query_map([], |r| {
-            Ok(Session {
-                node_id: r.get(0)?,
-                epoch: r.get::<_, i64>(1)? as u64,
-                gateway_id: r.get(2)?,
-                state: r.get(3)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let leases = conn
-        .prepare("SELECT owner, expires_at FROM leases WHERE name LIKE 'gateway:%'")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
-    let commands = conn
-        .prepare("SELECT id, node_id, kind, state, reason, exit_code, created_at FROM commands")?
-        .query_map([], |r| {
-            Ok(Command {
-                id: r.get(0)?,
-                node_id: r.get(1)?,
-                kind: r.get(2)?,
-                state: r.get(3)?,
-                reason: r.get(4)?,
-                exit_code: r.get(5)?,
-                created_at: r.get(6)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let bindings = conn
-        .prepare("SELECT node_id, allocation_id, gpus, state FROM bindings")?
-        .query_map([], |r| {
-            Ok(Binding {
-                node_id: r.get(0)?,
-                allocation_id: r.get(1)?,
-                gpus: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
-                state: r.get(3)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let desired = conn
-        .prepare("SELECT node_id, generation FROM node_specs")?
-        .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
-        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
-    let applied = conn
-        .prepare("SELECT node_id, applied_generation FROM node_state")?
-        .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?
-        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
-    conn.execute_batch("COMMIT")?;
+) -> Result<Snapshot, StoreError> {
+    let a = store.audit_snapshot().await?;
     Ok(Snapshot {
-        now,
-        audit,
-        sessions,
-        leases,
-        commands,
-        bindings,
-        desired,
-        applied,
+        now: a.now,
+        audit: a.audit,
+        sessions: a.sessions,
+        leases: a.leases,
+        commands: a.commands,
+        bindings: a.bindings,
+        desired: a.desired,
+        applied: a.applied,
         timings,
         settle,
         facts,

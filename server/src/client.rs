@@ -12,7 +12,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::serve::OperatorCredential;
+use crate::api::auth::OperatorCredential;
 
 #[derive(Debug, Clone)]
 pub struct Bearer(MetadataValue<tonic::metadata::Ascii>);
@@ -48,7 +48,7 @@ pub async fn connect(credential: &Path, server: Option<&str>) -> anyhow::Result<
         .parse()
         .context("the operator token is not valid ASCII")?;
     Ok(AdminClient::with_interceptor(channel, Bearer(bearer))
-        .max_encoding_message_size(crate::admin::MAX_REQUEST))
+        .max_encoding_message_size(crate::api::MAX_REQUEST))
 }
 
 /// The message of a failed API call, for the operator.

@@ -1,30 +1,35 @@
 //! The better-compute control plane.
 //!
-//! One crate, one binary (`better-compute`), several roles: the gateway
-//! (`gateway`: node sessions over mutual TLS), the join service and fleet CA
-//! (`joinsvc`, `ca`), the operator API (`admin`, used by `client`), and the
-//! liveness controller (in `serve`). All state lives in the store (`store`):
-//! embedded SQLite by default. Processes keep nothing that a restart would
-//! miss; they anchor their clock to the store's.
+//! One crate, one binary (`better-compute`), organised by layer, one file
+//! per domain in each:
 //!
-//! Decisions shared with the agent (the epoch rules) come from `bcd-core`;
-//! the wire comes from `bcd-proto`. This crate never sends a peer SQL text,
-//! paths or backtraces: see `store::Refusal`.
+//! - [`serve`]: process assembly (store, keys, listeners, which loops run).
+//! - [`api`]: the operator API and the join service; [`api::status`] is the
+//!   one mapping of store refusals to gRPC statuses.
+//! - [`gateway`]: node sessions over mutual TLS, leases, the feeds.
+//! - [`controllers`]: liveness, the command sweeper, rollouts.
+//! - [`boot`]: the plain-HTTP boot endpoint for PXE clients.
+//! - [`pki`]: the fleet CA, the worker key and what it seals.
+//! - [`cli`] (with [`client`]): the operator's command line.
+//! - [`check`] and [`sim`]: the invariant checkers and the fleet
+//!   simulator.
+//!
+//! All state lives in the store, `bc-store` (`server/store`), which knows
+//! nothing of the wire; processes keep nothing a restart would miss and
+//! anchor their clock to the store's. Decisions shared with the agent (the
+//! epoch rules, the command lifecycle) come from `bcd-core`; the wire comes
+//! from `bcd-proto`. A peer never sees SQL text, paths or backtraces: see
+//! [`api::status`].
 #![forbid(unsafe_code)]
 
-pub mod admin;
+pub mod api;
 pub mod boot;
-pub mod ca;
 pub mod check;
 pub mod cli;
 pub mod client;
-pub mod commands;
+pub mod controllers;
 pub mod files;
 pub mod gateway;
-pub mod images;
-pub mod joinsvc;
-pub mod rollouts;
+pub mod pki;
 pub mod serve;
 pub mod sim;
-pub mod specs;
-pub mod store;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod module_graph;
 pub mod netboot;
 
 /// A workspace binary, next to the test executable's directory.
@@ -141,6 +142,7 @@ pub struct NodeView {
     pub hostname: String,
     pub state: String,
     pub epoch: u64,
+    #[serde(rename = "gateway_id")]
     pub gateway: String,
     pub cert_not_after_ms: i64,
     pub last_seen_age_ms: i64,
@@ -274,6 +276,13 @@ impl Server {
     }
 
     /// Waits until `id` is in `state` and `pred` holds.
+    /// The server's store, opened beside the server as another of its
+    /// processes would: for what the API does not show, and for planting
+    /// what a compromised control plane could write.
+    pub fn store(&self) -> StoreAccess {
+        StoreAccess::open(&self.dir.join("store.db"))
+    }
+
     pub fn wait_node(
         &self,
         id: &str,
@@ -283,6 +292,35 @@ impl Server {
         wait_for(Duration::from_secs(30), what, || {
             self.node(id).filter(|n| pred(n))
         })
+    }
+}
+
+/// A handle on a server's store for a synchronous test: its methods are
+/// async, [`StoreAccess::block`] runs one.
+#[derive(Debug)]
+pub struct StoreAccess {
+    rt: tokio::runtime::Runtime,
+    pub store: bc_store::Store,
+}
+
+impl StoreAccess {
+    pub fn open(path: &Path) -> StoreAccess {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let store = rt
+            .block_on(bc_store::Store::open_sqlite(
+                path,
+                std::sync::Arc::new(bc_store::SystemClock),
+            ))
+            .expect("open the store");
+        StoreAccess { rt, store }
+    }
+
+    /// Runs one store call to its end.
+    pub fn block<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
     }
 }
 
@@ -453,12 +491,18 @@ pub struct CommandView {
     pub summary: String,
     pub state: String,
     pub reason: String,
-    pub exit_code: Option<i32>,
+    pub exit_code: i32,
+    pub has_exit_code: bool,
     pub output: String,
     pub epoch: u64,
 }
 
 impl CommandView {
+    /// The exit code, if the command reported one.
+    pub fn exit(&self) -> Option<i32> {
+        self.has_exit_code.then_some(self.exit_code)
+    }
+
     pub fn is_terminal(&self) -> bool {
         matches!(
             self.state.as_str(),
@@ -707,6 +751,32 @@ impl Fleet {
         key: &Path,
         next_key: Option<&Path>,
     ) {
+        let manifest = self.sign_with(binary, version, sequence, key, next_key);
+        let out = self.server.cli(&[
+            "releases",
+            "register",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--binary",
+            binary.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+
+    /// Signs `binary` as release `sequence` with the fleet's release key;
+    /// returns the signed manifest's path.
+    pub fn sign(&self, binary: &Path, version: &str, sequence: u64) -> PathBuf {
+        self.sign_with(binary, version, sequence, &self.key, None)
+    }
+
+    fn sign_with(
+        &self,
+        binary: &Path,
+        version: &str,
+        sequence: u64,
+        key: &Path,
+        next_key: Option<&Path>,
+    ) -> PathBuf {
         let manifest = self.d.path().join(format!("release-{sequence}.json"));
         let seq = sequence.to_string();
         let mut args = vec![
@@ -728,15 +798,13 @@ impl Fleet {
         }
         let out = self.server.cli(&args);
         assert!(out.status.success(), "{}", stderr(&out));
-        let out = self.server.cli(&[
-            "releases",
-            "register",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--binary",
-            binary.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        manifest
+    }
+
+    /// The fleet's release public key.
+    pub fn public_key(&self) -> Vec<u8> {
+        let text = std::fs::read_to_string(self.d.path().join("release.key.pub")).unwrap();
+        release::parse_public_key(&text).unwrap()
     }
 
     /// The static bcd with a trailer: a different release of the same

@@ -28,7 +28,7 @@ fn commands_run_and_report_results() {
         "exec.run",
         &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
     ));
-    assert_eq!((c.state.as_str(), c.exit_code), ("failed", Some(7)));
+    assert_eq!((c.state.as_str(), c.exit()), ("failed", Some(7)));
     assert_eq!(c.reason, "exit code 7");
     assert!(
         c.output.contains("out") && c.output.contains("err"),
@@ -435,9 +435,9 @@ fn events_reach_the_server_and_restart_with_a_new_journal() {
     let (_d, server, mut node, id) = setup_connected(31);
     let cmd = server.run_command(&id, "exec.run", &["/bin/true"]);
     server.wait_command(&cmd);
-    let store = better_compute::store::Store::open(&server.dir.join("store.db")).unwrap();
+    let store = server.store();
     let events = wait_for(Duration::from_secs(20), "the command's events", || {
-        let ev = store.node_events(&id).unwrap();
+        let ev = store.block(store.store.node_events(&id)).unwrap();
         (ev.iter()
             .filter(|e| String::from_utf8_lossy(&e.body).contains(&cmd))
             .count()
@@ -482,7 +482,7 @@ fn events_reach_the_server_and_restart_with_a_new_journal() {
         "the second journal's events",
         || {
             let ev: Vec<_> = store
-                .node_events(&id)
+                .block(store.store.node_events(&id))
                 .unwrap()
                 .into_iter()
                 .filter(|e| e.journal_id != first_journal)
@@ -507,56 +507,88 @@ fn rusqlite_count(journal: &std::path::Path) -> i64 {
     j.events_after(0, 100_000).unwrap().len() as i64
 }
 
-/// What a compromised store or relay could try: a command whose signed
-/// bytes were replaced. The node refuses it and the server records why.
+/// What a compromised control plane could write: commands whose signed
+/// bytes are not what a worker key signed for this node. They go into the
+/// store through the same method as every command, with their own sealers.
+/// The node refuses each and the server records why.
 #[test]
 fn forged_and_tampered_commands_are_rejected_with_the_reason_recorded() {
     use prost::Message;
     let (d, server, mut node) = setup(32);
     let id = node.id();
     let file = d.path().join("ran");
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    // Validly signed, but for another node: the other node's command,
-    // moved to ours in the store.
     let other = Node::new(&d.path().join("other"), 33);
     assert!(other.join(&server.url(), &server.token(1)).status.success());
-    let wrong_node = append(&server, &other.id(), &file, "wrong-node");
-    db.execute(
-        "UPDATE commands SET node_id = ?2 WHERE id = ?1",
-        rusqlite::params![wrong_node, id],
-    )
-    .unwrap();
-    db.execute("UPDATE nodes SET next_seq = 2 WHERE id = ?1", [&id])
-        .unwrap();
-    let forged = append(&server, &id, &file, "forged");
-    let tampered = append(&server, &id, &file, "tampered");
-    let signed = |cmd: &str| -> Vec<u8> {
-        db.query_row("SELECT signed FROM commands WHERE id = ?1", [cmd], |r| {
-            r.get(0)
+    let worker_key = std::sync::Arc::new(
+        better_compute::pki::worker::load_or_create_worker_key(&server.dir).unwrap(),
+    );
+    let store = server.store();
+    let plant = |tag: &str, seal: bc_store::commands::SealCommand| -> String {
+        let new = bc_store::commands::NewCommand {
+            node_id: id.clone(),
+            kind: bcd_core::command::Kind::ExecRun,
+            summary: tag.to_string(),
+            not_after: Duration::from_secs(3600),
+            min_generation: 0,
+            idempotency_key: None,
+        };
+        store
+            .block(store.store.create_command(&new, seal))
+            .unwrap()
+            .0
+            .id
+    };
+    let args = |tag: &str| {
+        bcd_proto::v1::command_payload::Args::Exec(bcd_proto::v1::ExecArgs {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo \"$0\" >> {}", file.display()),
+                tag.into(),
+            ],
+            timeout_ms: 10_000,
+            max_output: 1024,
         })
-        .unwrap()
     };
-    let store = |cmd: &str, bytes: Vec<u8>| {
-        db.execute(
-            "UPDATE commands SET signed = ?2 WHERE id = ?1",
-            rusqlite::params![cmd, bytes],
-        )
-        .unwrap();
-    };
-    let foreign_key = bc_tests::foreign_worker_key();
+    // Validly signed, but for another node.
+    let (key, a, other_id) = (worker_key.clone(), args("wrong-node"), other.id());
+    let wrong_node = plant(
+        "wrong-node",
+        Box::new(move |c| {
+            let mut p = better_compute::pki::seal::command_payload(c, a);
+            p.node_id = other_id;
+            bcd_proto::sign::seal(&key, p.encode_to_vec())
+        }),
+    );
     // Signed by a key that is not a worker key of this fleet.
-    let env = bcd_proto::v1::SignedEnvelope::decode(signed(&forged).as_slice()).unwrap();
-    store(&forged, bcd_proto::sign::seal(&foreign_key, env.payload));
+    let a = args("forged");
+    let forged = plant(
+        "forged",
+        Box::new(move |c| {
+            let p = better_compute::pki::seal::command_payload(c, a);
+            bcd_proto::sign::seal(&bc_tests::foreign_worker_key(), p.encode_to_vec())
+        }),
+    );
     // The payload changed after signing: another program.
-    let mut env = bcd_proto::v1::SignedEnvelope::decode(signed(&tampered).as_slice()).unwrap();
-    let mut payload = bcd_proto::v1::CommandPayload::decode(env.payload.as_slice()).unwrap();
-    if let Some(bcd_proto::v1::command_payload::Args::Exec(e)) = &mut payload.args {
-        e.program = "/bin/rm".into();
-    }
-    env.payload = payload.encode_to_vec();
-    store(&tampered, env.encode_to_vec());
-    drop(db);
+    let (key, a) = (worker_key.clone(), args("tampered"));
+    let tampered = plant(
+        "tampered",
+        Box::new(move |c| {
+            let p = better_compute::pki::seal::command_payload(c, a);
+            let mut env = bcd_proto::v1::SignedEnvelope::decode(
+                bcd_proto::sign::seal(&key, p.encode_to_vec()).as_slice(),
+            )
+            .unwrap();
+            let mut changed =
+                bcd_proto::v1::CommandPayload::decode(env.payload.as_slice()).unwrap();
+            if let Some(bcd_proto::v1::command_payload::Args::Exec(e)) = &mut changed.args {
+                e.program = "/bin/rm".into();
+            }
+            env.payload = changed.encode_to_vec();
+            env.encode_to_vec()
+        }),
+    );
+    drop(store);
 
     node.start();
     for (cmd, why) in [

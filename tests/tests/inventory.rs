@@ -32,15 +32,11 @@ fn gpu(root: &Path, addr: &str) {
 }
 
 fn stored_gpus(server: &Server, node: &str) -> Vec<String> {
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    let body: Option<Vec<u8>> = db
-        .query_row(
-            "SELECT body FROM inventory WHERE node_id = ?1 AND section = 'gpus'",
-            [node],
-            |r| r.get(0),
-        )
-        .ok();
+    let store = server.store();
+    let body = store
+        .block(store.store.inventory(node, "gpus"))
+        .unwrap()
+        .map(|row| row.body);
     let v: serde_json::Value = body
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(serde_json::json!([]));

@@ -99,6 +99,9 @@ fn check_catches_a_planted_violation() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("I2 exactly once       held"));
 
+    // No store method can write a second terminal result for one command
+    // (the first result wins inside the store), so the violation the
+    // checker must catch is planted in the history directly.
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
     db.execute(

@@ -91,8 +91,9 @@ fn assigned_gpus_become_a_cdi_spec_that_survives_a_partition() {
     server.wait_node(&id, "reconnected", |n| n.state == "connected");
     let v = wait_for(Duration::from_secs(20), "a fresh report", || {
         let v = server.spec(&id);
-        (v["applied_generation"] == 1 && v["reported_age_ms"].as_i64().is_some_and(|a| a < 5_000))
-            .then_some(v)
+        // reported_age_ms is -1 until the node reports.
+        let age = v["reported_age_ms"].as_i64().unwrap_or(-1);
+        (v["applied_generation"] == 1 && (0..5_000).contains(&age)).then_some(v)
     });
     assert_eq!(v["assignments"][0]["gpus"], serde_json::json!(["0", "1"]));
 
@@ -134,30 +135,34 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
     server.assign_and_wait(&id, "job-a", "0", 1);
-    // A forged generation 2 in the store, signed by a foreign key, giving
-    // the node every GPU.
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    // A forged generation 2, signed by a foreign key, giving the node
+    // every GPU: stored through the method that stores every spec.
+    let store = server.store();
     let foreign = bc_tests::foreign_worker_key();
-    let forged = bcd_proto::v1::NodeSpec {
-        node_id: id.clone(),
-        generation: 2,
-        issued_at_ms: 0,
-        devices: Some(bcd_proto::v1::DevicesSpec {
-            assignments: vec![bcd_proto::v1::GpuAssignment {
-                allocation_id: "evil".into(),
-                gpus: (0..8).map(|i| i.to_string()).collect(),
-                env: Default::default(),
-            }],
-        }),
-        access: None,
-    };
-    db.execute(
-        "UPDATE node_specs SET generation = 2, signed = ?2 WHERE node_id = ?1",
-        rusqlite::params![id, bcd_proto::sign::seal(&foreign, forged.encode_to_vec())],
-    )
-    .unwrap();
-    drop(db);
+    let node_id = id.clone();
+    let (generation, _) = store
+        .block(store.store.update_spec(
+            &id,
+            Box::new(|_| Ok(())),
+            Box::new(move |generation, _, _| {
+                let forged = bcd_proto::v1::NodeSpec {
+                    node_id,
+                    generation,
+                    issued_at_ms: 0,
+                    devices: Some(bcd_proto::v1::DevicesSpec {
+                        assignments: vec![bcd_proto::v1::GpuAssignment {
+                            allocation_id: "evil".into(),
+                            gpus: (0..8).map(|i| i.to_string()).collect(),
+                            env: Default::default(),
+                        }],
+                    }),
+                    access: None,
+                };
+                bcd_proto::sign::seal(&foreign, forged.encode_to_vec())
+            }),
+        ))
+        .unwrap();
+    assert_eq!(generation, 2);
     wait_for(
         Duration::from_secs(20),
         "the node to refuse the spec",
@@ -171,16 +176,10 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     // the node keeps the newer one it has.
     server.assign_and_wait(&id, "job-b", "1", 3);
     assert!(node.dir.join("run/env/job-b.env").exists());
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    let old: Vec<u8> = db
-        .query_row(
-            "SELECT signed FROM node_specs WHERE node_id = ?1",
-            [&id],
-            |r| r.get(0),
-        )
-        .unwrap();
-    drop(db);
+    let (_, old) = store
+        .block(store.store.signed_spec(&id))
+        .unwrap()
+        .expect("a signed spec");
     assert!(
         server
             .cli(&["nodes", "unassign", &id, "job-b"])
@@ -190,14 +189,15 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     wait_for(Duration::from_secs(20), "generation 4 applied", || {
         (server.spec(&id)["applied_generation"] == 4).then_some(())
     });
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.execute(
-        "UPDATE node_specs SET generation = 5, signed = ?2 WHERE node_id = ?1",
-        rusqlite::params![id, old],
-    )
-    .unwrap();
-    drop(db);
+    // The genuine generation-3 bytes, stored again as generation 5.
+    let (generation, _) = store
+        .block(
+            store
+                .store
+                .update_spec(&id, Box::new(|_| Ok(())), Box::new(move |_, _, _| old)),
+        )
+        .unwrap();
+    assert_eq!(generation, 5);
     wait_for(
         Duration::from_secs(20),
         "the node to refuse the older spec",

@@ -68,15 +68,14 @@ fn node_json(server: &Server, id: &str) -> serde_json::Value {
 
 /// Results the node sent for a command, as `command.finished` events.
 fn finished_events(server: &Server, cmd: &str) -> usize {
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.query_row(
-        "SELECT COUNT(*) FROM node_events WHERE kind = 'command.finished'
-         AND CAST(body AS TEXT) LIKE '%' || ?1 || '%'",
-        [cmd],
-        |r| r.get::<_, i64>(0),
-    )
-    .unwrap() as usize
+    let node = server.command(cmd).node_id;
+    let store = server.store();
+    store
+        .block(store.store.node_events(&node))
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == "command.finished" && String::from_utf8_lossy(&e.body).contains(cmd))
+        .count()
 }
 
 fn upgrade(server: &Server, node: &str, sequence: u64) -> bc_tests::CommandView {
@@ -236,16 +235,34 @@ fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
 fn bad_releases_are_refused_before_anything_switches() {
     let f = fleet();
     let (node, id) = supervised(&f, "n1");
-    // Corrupt the stored binary behind the server's back: the node's own
-    // hash check refuses it.
-    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
-    let db = rusqlite::Connection::open(f.server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(5)).unwrap();
-    db.execute(
-        "UPDATE releases SET binary = substr(binary, 1, length(binary) / 2) WHERE sequence = 2",
-        [],
-    )
-    .unwrap();
+    let binary = f.bcd_release("0.2.0");
+    let manifest = f.sign(&binary, "0.2.0", 2);
+    // The verified release, registered with half its binary: what a
+    // compromised store could hand out. The node's own hash check refuses
+    // it.
+    let signed = std::fs::read(&manifest).unwrap();
+    let m = release::SignedManifest::parse(&signed)
+        .unwrap()
+        .verify(&[f.public_key()])
+        .unwrap();
+    let bytes = std::fs::read(&binary).unwrap();
+    let store = f.server.store();
+    store
+        .block(
+            store
+                .store
+                .register_release(&bc_store::releases::NewRelease {
+                    sequence: m.sequence,
+                    version: m.version,
+                    target: m.target,
+                    size: m.size,
+                    sha256: m.sha256,
+                    key_id: release::SignedManifest::parse(&signed).unwrap().key_id,
+                    signed_manifest: signed,
+                    binary: bytes[..bytes.len() / 2].to_vec(),
+                }),
+        )
+        .unwrap();
     let c = upgrade(&f.server, &id, 2);
     assert_eq!(c.state, "failed");
     assert!(c.reason.contains("manifest says"), "{c:?}");

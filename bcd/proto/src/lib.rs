@@ -9,6 +9,8 @@
 //! server (`server/`) and the agent (`bcd/agent`).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "serde")]
+pub mod json;
 pub mod sign;
 pub mod tls;
 pub mod token;

@@ -30,6 +30,8 @@ use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Mutex;
 
+use bc_store::Store;
+
 use crate::check;
 use chaos::{Fault, Level};
 use host::{Hosts, Order};
@@ -198,22 +200,6 @@ fn mark_of(dir: &Path) -> Option<i64> {
     v["server_time_mark_ms"].as_i64()
 }
 
-/// Nodes routed to `gateway` and connected, read from the store.
-fn routed_to(store: &Path, gateway: &str) -> Vec<String> {
-    let Ok(conn) =
-        rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-    else {
-        return Vec::new();
-    };
-    let _ = conn.busy_timeout(Duration::from_secs(10));
-    conn.prepare("SELECT node_id FROM node_sessions WHERE gateway_id = ?1 AND state = 'connected'")
-        .and_then(|mut q| {
-            q.query_map([gateway], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<String>>>()
-        })
-        .unwrap_or_default()
-}
-
 struct Kill {
     gateway: String,
     nodes: usize,
@@ -223,7 +209,7 @@ struct Kill {
 
 struct World {
     dir: PathBuf,
-    store: PathBuf,
+    store: Store,
     hosts: Arc<Hosts>,
     gateways: Mutex<Vec<Gateway>>,
     /// Gateway name → address, while it is up.
@@ -296,7 +282,7 @@ impl World {
                 let name = {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
-                    let nodes = routed_to(&self.store, &g.name);
+                    let nodes = self.store.connected_to(&g.name).await.unwrap_or_default();
                     let at_ms = bcd_agent::fsutil::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
@@ -327,17 +313,7 @@ impl World {
                     }
                 });
             }
-            Fault::StoreStall(d) => {
-                let store = self.store.clone();
-                tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
-                    let conn = rusqlite::Connection::open(&store)?;
-                    conn.busy_timeout(Duration::from_secs(30))?;
-                    conn.execute_batch("BEGIN EXCLUSIVE")?;
-                    std::thread::sleep(d);
-                    conn.execute_batch("COMMIT")
-                })
-                .await??;
-            }
+            Fault::StoreStall(d) => self.store.stall(d).await?,
             Fault::Partition { gateway, for_ } => {
                 let name = self.gateways.lock().await[gateway].name.clone();
                 self.hosts
@@ -422,7 +398,6 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     };
     let server_dir = dir.join("server");
     std::fs::create_dir_all(&server_dir)?;
-    let store = server_dir.join("store.db");
     let say = |line: String| {
         if opts.progress {
             eprintln!("{line}");
@@ -439,6 +414,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         gateways.push(g);
         addrs.push((name, addr));
     }
+    // The first gateway created the store; the simulator reads it too.
+    let store = crate::serve::open_store(&server_dir).await?;
     let api = format!("https://{}", addrs[0].1);
     let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
     let token = admin
@@ -643,7 +620,12 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
     loop {
         let t = hosts.totals();
-        let (open, unapplied) = unsettled(&store);
+        let (open, unapplied) = store
+            .settling()
+            .await
+            .map_or((usize::MAX, usize::MAX), |s| {
+                (s.open_commands, s.unapplied_specs)
+            });
         if opts.progress && settle_start.elapsed().as_millis() % 1000 < 250 {
             eprintln!(
                 "sim: settling: {}/{} connected, {open} commands open, {unapplied} specs not applied",
@@ -697,22 +679,17 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         node_lease_ttl: humantime::parse_duration(flags[2].1)?,
         gateway_loss_grace: humantime::parse_duration(flags[3].1)?,
     };
-    let snapshot = tokio::task::spawn_blocking({
-        let store = store.clone();
-        move || {
-            check::snapshot(
-                &store,
-                timings,
-                Duration::from_secs(2),
-                check::NodeFacts {
-                    effects,
-                    counted,
-                    marks,
-                },
-            )
-        }
-    })
-    .await??;
+    let snapshot = check::snapshot(
+        &store,
+        timings,
+        Duration::from_secs(2),
+        check::NodeFacts {
+            effects,
+            counted,
+            marks,
+        },
+    )
+    .await?;
     let invariants = check::all(&snapshot);
     let mut commands: BTreeMap<String, usize> = BTreeMap::new();
     for c in &snapshot.commands {
@@ -732,7 +709,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         nodes: opts.nodes,
         gateways: opts.gateways,
         chaos: format!("{:?}", opts.chaos).to_lowercase(),
-        peak_hellos_per_s: peak_hellos(&store),
+        peak_hellos_per_s: peak_hellos(&snapshot.audit),
         storm_s: *world.storm.lock().await,
         seed: opts.seed,
         connect_s,
@@ -764,41 +741,14 @@ async fn reconnect(dir: &Path, world: &World) -> anyhow::Result<crate::client::A
 
 /// The most routes (Hello transactions) one gateway committed in one
 /// second, from the audit history.
-fn peak_hellos(store: &Path) -> u64 {
-    rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .and_then(|c| {
-            c.busy_timeout(Duration::from_secs(10))?;
-            c.query_row(
-                "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM audit
-                 WHERE kind = 'route' GROUP BY gateway_id, at / 1000)",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-        })
-        .map_or(0, |n| n as u64)
-}
-
-/// Commands not finished, and nodes whose applied spec generation is not
-/// the desired one.
-fn unsettled(store: &Path) -> (usize, usize) {
-    rusqlite::Connection::open_with_flags(store, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .and_then(|c| {
-            c.busy_timeout(Duration::from_secs(10))?;
-            let open: i64 = c.query_row(
-                "SELECT COUNT(*) FROM commands
-                 WHERE state NOT IN ('succeeded', 'failed', 'expired', 'rejected')",
-                [],
-                |r| r.get(0),
-            )?;
-            let unapplied: i64 = c.query_row(
-                "SELECT COUNT(*) FROM node_specs s LEFT JOIN node_state t ON t.node_id = s.node_id
-                 WHERE COALESCE(t.applied_generation, 0) != s.generation",
-                [],
-                |r| r.get(0),
-            )?;
-            Ok((open as usize, unapplied as usize))
-        })
-        .unwrap_or((usize::MAX, usize::MAX))
+fn peak_hellos(audit: &[check::Audit]) -> u64 {
+    let mut per_second: BTreeMap<(&str, i64), u64> = BTreeMap::new();
+    for a in audit.iter().filter(|a| a.kind == "route") {
+        *per_second
+            .entry((a.gateway_id.as_str(), a.at.div_euclid(1000)))
+            .or_default() += 1;
+    }
+    per_second.values().copied().max().unwrap_or(0)
 }
 
 impl Report {

@@ -3,7 +3,8 @@
 //! - Hello transactions per second on one gateway, with N simulated nodes
 //!   (one `bcd sim` process) reconnecting at once: TLS handshake, Hello
 //!   transaction, Welcome. Client and server share this machine's cores.
-//! - The store's own Hello transaction rate, in process, without TLS.
+//! - The store's own Hello transaction rate, in process, without TLS: one
+//!   at a time, and 64 at a time (what group commit shares).
 //! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
@@ -12,8 +13,11 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bc_store::nodes::IssuedCert;
+use bc_store::sessions::HelloInput;
+use bc_store::tokens::{JoinInput, NewToken};
+use bc_store::{Store, SystemClock};
 use bc_tests::{Node, Server, rss_kib, wait_for};
-use better_compute::store::{HelloInput, IssuedCert, NewToken, Store};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -65,42 +69,59 @@ fn connected(server: &Server, min_epoch: u64) -> usize {
         .count()
 }
 
-fn store_hellos(n: usize) -> f64 {
+/// Hello transactions per second through the store interface, in process
+/// (no TLS, no gateway), `concurrency` at a time.
+fn store_hellos(n: usize, concurrency: usize) -> f64 {
     let d = tempfile::tempdir().expect("tempdir");
-    let s = Store::open(&d.path().join("store.db")).expect("store");
-    let nodes = 1000.min(n);
-    let mut ids = Vec::new();
-    for i in 0..nodes {
-        let tid = format!("{i:016x}");
-        s.create_token(&NewToken {
-            id: &tid,
-            secret_sha256: "h",
-            ttl: Duration::from_secs(60),
-            uses: 1,
-            description: "",
-        })
-        .expect("token");
-        let (id, _, _) = s
-            .join(&tid, "h", "bench", false, |_, _| {
-                Ok(IssuedCert {
-                    der: vec![],
-                    serial: format!("s{i}"),
-                    fingerprint: format!("f{i}"),
-                    not_before_ms: 0,
-                    not_after_ms: i64::MAX / 2,
-                })
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let s = Store::open_sqlite(&d.path().join("store.db"), std::sync::Arc::new(SystemClock))
+            .await
+            .expect("store");
+        let nodes = 1000.min(n);
+        let mut ids = Vec::new();
+        for i in 0..nodes {
+            let tid = format!("{i:016x}");
+            s.create_token(&NewToken {
+                id: tid.clone(),
+                secret_sha256: "h".into(),
+                ttl: Duration::from_secs(60),
+                uses: 1,
+                description: String::new(),
             })
-            .expect("join");
-        ids.push(id);
-    }
-    // The routing transaction checks the gateway's lease.
-    s.renew_lease("gateway:gw", "gw", Duration::from_secs(3600))
-        .expect("lease")
-        .expect("free lease");
-    let start = Instant::now();
-    for k in 0..n {
-        let i = k % nodes;
-        s.hello(&HelloInput {
+            .await
+            .expect("token");
+            let joined = s
+                .join(
+                    &JoinInput {
+                        token_id: tid,
+                        secret_sha256: "h".into(),
+                        hostname: "bench".into(),
+                        ramdisk: false,
+                    },
+                    Box::new(move |_, _| {
+                        Ok(IssuedCert {
+                            der: vec![],
+                            serial: format!("s{i}"),
+                            fingerprint: format!("f{i}"),
+                            not_before_ms: 0,
+                            not_after_ms: i64::MAX / 2,
+                        })
+                    }),
+                )
+                .await
+                .expect("join");
+            ids.push(joined.node_id);
+        }
+        // The routing transaction checks the gateway's lease.
+        s.renew_lease("gateway:gw", "gw", Duration::from_secs(3600))
+            .await
+            .expect("lease")
+            .expect("free lease");
+        let hello = |i: usize| HelloInput {
             node_id: ids[i].clone(),
             cert_fingerprint: format!("f{i}"),
             cert_serial: format!("s{i}"),
@@ -114,10 +135,27 @@ fn store_hellos(n: usize) -> f64 {
             inventory_hashes: vec![("gpus".into(), "x".into())],
             journal_running: vec![],
             journal_done: vec![],
-        })
-        .expect("hello");
-    }
-    n as f64 / start.elapsed().as_secs_f64()
+        };
+        let start = Instant::now();
+        let mut k = 0;
+        while k < n {
+            let wave: Vec<HelloInput> = (k..(k + concurrency).min(n))
+                .map(|k| hello(k % nodes))
+                .collect();
+            k += wave.len();
+            let tasks: Vec<_> = wave
+                .into_iter()
+                .map(|h| {
+                    let s = s.clone();
+                    tokio::spawn(async move { s.hello(&h).await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("task").expect("hello");
+            }
+        }
+        n as f64 / start.elapsed().as_secs_f64()
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -126,8 +164,12 @@ fn main() -> anyhow::Result<()> {
     let d = tempfile::tempdir()?;
     println!("bench-session: {n} simulated nodes, one gateway, loopback");
 
-    let rate = store_hellos(args.store_hellos);
-    println!("store Hello transactions (in process, SQLite WAL): {rate:.0}/s");
+    for concurrency in [1, 64] {
+        let rate = store_hellos(args.store_hellos, concurrency);
+        println!(
+            "store Hello transactions (in process, SQLite WAL, synchronous=FULL, {concurrency} at a time): {rate:.0}/s"
+        );
+    }
 
     let server = Server::start(&d.path().join("server"), &[])?;
     let token = server.token(n as u32 + 1);

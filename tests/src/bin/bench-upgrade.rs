@@ -30,16 +30,15 @@ struct Args {
     restart_delay: String,
 }
 
+/// How long a command took on the store's clock (creation to result), and
+/// its state.
 fn store_ms(server: &bc_tests::Server, cmd: &str) -> (i64, String) {
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).expect("store");
-    db.busy_timeout(Duration::from_secs(5))
-        .expect("busy timeout");
-    db.query_row(
-        "SELECT COALESCE(result_at, 0) - created_at, state FROM commands WHERE id = ?1",
-        [cmd],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .expect("command row")
+    let store = server.store();
+    let c = store
+        .block(store.store.get_command(cmd))
+        .expect("the store")
+        .expect("the command");
+    (c.result_at_ms.unwrap_or(0) - c.created_at_ms, c.state)
 }
 
 fn link(dir: &std::path::Path) -> String {

@@ -1,0 +1,79 @@
+//! How the wire types render as JSON (the `serde` feature): the operator
+//! CLI's `--json` output is the messages themselves. Bytes are hex (keys,
+//! signatures and hashes are hex everywhere in this project), a command's
+//! output is text (lossy UTF-8: what a person reads), maps are sorted so
+//! the output is stable. `build.rs` attaches these to the fields.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serializer;
+
+pub fn hex<S: Serializer>(b: &impl AsRef<[u8]>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&::hex::encode(b))
+}
+
+pub fn hex_list<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(::hex::encode))
+}
+
+pub fn text<S: Serializer>(b: &impl AsRef<[u8]>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(b.as_ref()))
+}
+
+pub fn sorted_map<S: Serializer>(m: &HashMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(m.iter().collect::<BTreeMap<_, _>>())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::v1;
+
+    #[test]
+    fn messages_render_with_text_output_hex_bytes_and_sorted_maps() {
+        let info = v1::CommandInfo {
+            command_id: "cmd-1".into(),
+            output: b"hi\n".to_vec(),
+            exit_code: 3,
+            has_exit_code: true,
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&info).unwrap();
+        assert_eq!(v["output"], "hi\n");
+        assert_eq!(
+            (v["exit_code"].as_i64(), v["has_exit_code"].as_bool()),
+            (Some(3), Some(true))
+        );
+        let dispatch = v1::CommandDispatch {
+            signed: vec![0xab, 0x01],
+            ..Default::default()
+        };
+        assert_eq!(serde_json::to_value(&dispatch).unwrap()["signed"], "ab01");
+        let join = v1::JoinResponse {
+            worker_keys: vec![vec![1], vec![2]],
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&join).unwrap()["worker_keys"],
+            serde_json::json!(["01", "02"])
+        );
+        let a = v1::GpuAssignment {
+            allocation_id: "a".into(),
+            gpus: vec![],
+            env: [("B", "2"), ("A", "1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#"{"allocation_id":"a","gpus":[],"env":{"A":"1","B":"2"}}"#
+        );
+        let m = v1::NodeMessage {
+            msg: Some(v1::node_message::Msg::Heartbeat(v1::Heartbeat { seq: 7 })),
+        };
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            serde_json::json!({"msg": {"Heartbeat": {"seq": 7}}})
+        );
+    }
+}

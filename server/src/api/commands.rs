@@ -1,0 +1,271 @@
+//! Commands: `RunCommand` (an operator's request parsed into a kind and
+//! typed arguments, then created sealed by the worker key), `ListCommands`,
+//! `GetCommand`.
+
+use std::time::Duration;
+
+use bc_store::Refusal;
+use bc_store::commands::{CommandRow, NewCommand};
+use bcd_core::command::Kind;
+use bcd_proto::v1::{
+    CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
+    ListCommandsResponse, NoArgs, RunCommandRequest, UpgradeArgs, command_payload,
+};
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::{refusal, status, unavailable};
+
+/// Default `exec.run` timeout and output bound.
+pub const EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+pub const EXEC_MAX_OUTPUT: u32 = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error(
+        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback"
+    )]
+    UnknownKind(String),
+    #[error("exec.run needs a program: commands run NODE exec.run -- PROGRAM [ARGS...]")]
+    NoProgram,
+    #[error("{0} takes no arguments")]
+    NoArgsExpected(&'static str),
+    #[error("boot.kexec takes kernel=PATH [initrd=PATH] [cmdline=TEXT], not {0:?}")]
+    BadKexecArg(String),
+    #[error("boot.kexec needs kernel=PATH")]
+    NoKernel,
+    #[error("gpu.reset takes one GPU: its UUID, index or PCI address")]
+    OneGpu,
+    #[error(
+        "daemon.upgrade takes one release sequence (see better-compute releases list), not {0:?}"
+    )]
+    BadSequence(String),
+}
+
+/// Parses the kind and its arguments; returns the kind, the typed arguments
+/// and a one-line summary for listings.
+pub fn parse(
+    kind: &str,
+    args: &[String],
+    timeout_ms: u64,
+) -> Result<(Kind, command_payload::Args, String), ArgsError> {
+    let k = Kind::parse(kind).ok_or_else(|| ArgsError::UnknownKind(kind.to_string()))?;
+    match k {
+        Kind::ExecRun => {
+            let (program, rest) = args.split_first().ok_or(ArgsError::NoProgram)?;
+            if program.is_empty() {
+                return Err(ArgsError::NoProgram);
+            }
+            let summary = args.join(" ");
+            Ok((
+                k,
+                command_payload::Args::Exec(ExecArgs {
+                    program: program.clone(),
+                    args: rest.to_vec(),
+                    timeout_ms: if timeout_ms == 0 {
+                        EXEC_TIMEOUT_MS
+                    } else {
+                        timeout_ms
+                    },
+                    max_output: EXEC_MAX_OUTPUT,
+                }),
+                summary,
+            ))
+        }
+        Kind::BootKexec => {
+            let mut a = KexecArgs::default();
+            for arg in args {
+                match arg.split_once('=') {
+                    Some(("kernel", v)) => a.kernel = v.to_string(),
+                    Some(("initrd", v)) => a.initrd = v.to_string(),
+                    Some(("cmdline", v)) => a.cmdline = v.to_string(),
+                    _ => return Err(ArgsError::BadKexecArg(arg.clone())),
+                }
+            }
+            if a.kernel.is_empty() {
+                return Err(ArgsError::NoKernel);
+            }
+            let summary = a.kernel.clone();
+            Ok((k, command_payload::Args::Kexec(a), summary))
+        }
+        Kind::GpuReset => match args {
+            [gpu] if !gpu.is_empty() => Ok((
+                k,
+                command_payload::Args::GpuReset(GpuResetArgs { gpu: gpu.clone() }),
+                gpu.clone(),
+            )),
+            _ => Err(ArgsError::OneGpu),
+        },
+        Kind::DaemonUpgrade => match args {
+            [seq] => {
+                let sequence = seq
+                    .strip_prefix("sequence=")
+                    .unwrap_or(seq)
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| *s > 0)
+                    .ok_or_else(|| ArgsError::BadSequence(seq.clone()))?;
+                Ok((
+                    k,
+                    command_payload::Args::Upgrade(UpgradeArgs { sequence }),
+                    format!("release {sequence}"),
+                ))
+            }
+            _ => Err(ArgsError::BadSequence(args.join(" "))),
+        },
+        Kind::NodeReboot | Kind::InventoryRefresh | Kind::DaemonRollback => {
+            if !args.is_empty() {
+                return Err(ArgsError::NoArgsExpected(k.name()));
+            }
+            Ok((k, command_payload::Args::None(NoArgs {}), String::new()))
+        }
+    }
+}
+
+/// Default deadline of a command.
+pub const DEFAULT_NOT_AFTER: Duration = Duration::from_secs(3600);
+
+pub fn info(c: CommandRow) -> CommandInfo {
+    CommandInfo {
+        command_id: c.id,
+        node_id: c.node_id,
+        seq: c.seq,
+        kind: c.kind,
+        summary: c.summary,
+        state: c.state,
+        reason: c.reason,
+        exit_code: c.exit_code.unwrap_or(0),
+        has_exit_code: c.exit_code.is_some(),
+        output: c.output,
+        output_truncated: c.output_truncated,
+        created_at_ms: c.created_at_ms,
+        not_after_ms: c.not_after_ms,
+        result_at_ms: c.result_at_ms.unwrap_or(0),
+        epoch: c.epoch,
+    }
+}
+
+/// `RunCommand`.
+pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo, Status> {
+    let (kind, args, summary) = parse(&r.kind, &r.args, r.timeout_ms)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let not_after = if r.not_after_ms == 0 {
+        DEFAULT_NOT_AFTER
+    } else {
+        Duration::from_millis(r.not_after_ms)
+    };
+    let new = NewCommand {
+        node_id: r.node_id,
+        kind,
+        summary,
+        not_after,
+        min_generation: r.min_generation,
+        idempotency_key: (!r.idempotency_key.is_empty()).then_some(r.idempotency_key),
+    };
+    let (row, created) = crate::pki::seal::create_command(&svc.store, &svc.worker_key, &new, args)
+        .await
+        .map_err(status)?;
+    if created {
+        info!(cmd = %row.id, node = %row.node_id, kind = %row.kind, seq = row.seq, "command created");
+        svc.wake(&row.node_id);
+    }
+    Ok(info(row))
+}
+
+/// `ListCommands`.
+pub async fn list(
+    svc: &AdminService,
+    r: ListCommandsRequest,
+) -> Result<ListCommandsResponse, Status> {
+    let node = (!r.node_id.is_empty()).then_some(r.node_id);
+    let limit = if r.limit == 0 {
+        100
+    } else {
+        r.limit.min(10_000)
+    };
+    let rows = svc
+        .store
+        .list_commands(node.as_deref(), limit)
+        .await
+        .map_err(unavailable)?;
+    Ok(ListCommandsResponse {
+        commands: rows.into_iter().map(info).collect(),
+    })
+}
+
+/// `GetCommand`.
+pub async fn get(svc: &AdminService, r: GetCommandRequest) -> Result<CommandInfo, Status> {
+    let id = r.command_id;
+    let row = svc.store.get_command(&id).await.map_err(unavailable)?;
+    row.map(info).ok_or_else(|| {
+        refusal(Refusal::NotFound(format!(
+            "no command {id}: see better-compute commands list"
+        )))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_each_kind_and_refuses_bad_arguments() {
+        let (k, a, summary) = parse("exec.run", &s(&["/bin/echo", "hi"]), 0).unwrap();
+        assert_eq!(k, Kind::ExecRun);
+        assert_eq!(summary, "/bin/echo hi");
+        let command_payload::Args::Exec(e) = a else {
+            panic!()
+        };
+        assert_eq!(
+            (e.timeout_ms, e.max_output),
+            (EXEC_TIMEOUT_MS, EXEC_MAX_OUTPUT)
+        );
+        assert_eq!(parse("exec.run", &[], 0).unwrap_err(), ArgsError::NoProgram);
+        assert_eq!(
+            parse("node.reboot", &s(&["now"]), 0).unwrap_err(),
+            ArgsError::NoArgsExpected("node.reboot")
+        );
+        assert!(
+            parse(
+                "boot.kexec",
+                &s(&["kernel=/k", "initrd=/i", "cmdline=a b"]),
+                0
+            )
+            .is_ok()
+        );
+        assert_eq!(
+            parse("boot.kexec", &s(&["initrd=/i"]), 0).unwrap_err(),
+            ArgsError::NoKernel
+        );
+        assert!(matches!(
+            parse("boot.kexec", &s(&["kernel"]), 0),
+            Err(ArgsError::BadKexecArg(_))
+        ));
+        assert!(matches!(
+            parse("rm.rf", &[], 0),
+            Err(ArgsError::UnknownKind(_))
+        ));
+        assert!(parse("inventory.refresh", &[], 0).is_ok());
+        assert!(parse("gpu.reset", &s(&["0000:17:00.0"]), 0).is_ok());
+        assert_eq!(parse("gpu.reset", &[], 0).unwrap_err(), ArgsError::OneGpu);
+        let (_, a, summary) = parse("daemon.upgrade", &s(&["sequence=7"]), 0).unwrap();
+        assert_eq!(summary, "release 7");
+        assert!(matches!(
+            a,
+            command_payload::Args::Upgrade(UpgradeArgs { sequence: 7 })
+        ));
+        assert!(parse("daemon.upgrade", &s(&["7"]), 0).is_ok());
+        for bad in [&[][..], &["0"], &["x"], &["1", "2"]] {
+            assert!(matches!(
+                parse("daemon.upgrade", &s(bad), 0),
+                Err(ArgsError::BadSequence(_))
+            ));
+        }
+        assert!(parse("daemon.rollback", &[], 0).is_ok());
+    }
+}

@@ -1,0 +1,196 @@
+//! The operator API and the join service: one file per service area, each
+//! turning requests into store calls and store rows into replies.
+//!
+//! Every operator call carries the operator's bearer credential ([`auth`]);
+//! there is no other way in. Errors reach the operator through the one
+//! mapping in [`status`], worded for them; store failures are logged and
+//! reported as "unavailable". The gateway is reached only through [`Wake`],
+//! so this layer does not depend on it.
+
+pub mod auth;
+pub mod commands;
+pub mod images;
+pub mod join;
+pub mod nodes;
+pub mod releases;
+pub mod rollouts;
+pub mod specs;
+pub mod status;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use bc_store::Store;
+use bcd_proto::v1::{self, admin_server::Admin};
+use tonic::{Request, Response, Status};
+
+/// The largest request the operator API takes: a release binary fits.
+pub const MAX_REQUEST: usize = 128 << 20;
+
+/// Tells the gateway in this process that a node has work (a command, a
+/// spec), so its session sends it now rather than at the next poll.
+pub trait Wake: Send + Sync + std::fmt::Debug {
+    fn wake(&self, node: &str);
+}
+
+#[derive(Clone)]
+pub struct AdminService {
+    pub store: Store,
+    pub ca_pin: String,
+    pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
+    /// Release public keys: what `releases register` accepts.
+    pub release_keys: Arc<Vec<Vec<u8>>>,
+    /// Image public keys: what `images register` accepts.
+    pub image_keys: Arc<Vec<Vec<u8>>>,
+    /// The gateway in this process, if any.
+    pub gateway: Option<Arc<dyn Wake>>,
+    /// Wakes the rollout controller.
+    pub rollouts: Arc<tokio::sync::Notify>,
+}
+
+impl std::fmt::Debug for AdminService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminService").finish_non_exhaustive()
+    }
+}
+
+impl AdminService {
+    fn wake(&self, node: &str) {
+        if let Some(gw) = &self.gateway {
+            gw.wake(node);
+        }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn create_token(
+        &self,
+        r: Request<v1::CreateTokenRequest>,
+    ) -> Reply<v1::CreateTokenResponse> {
+        tokens::create(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Reply<v1::ListNodesResponse> {
+        nodes::list(self).await.map(Response::new)
+    }
+
+    async fn delete_node(
+        &self,
+        r: Request<v1::DeleteNodeRequest>,
+    ) -> Reply<v1::DeleteNodeResponse> {
+        nodes::delete(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn run_command(&self, r: Request<v1::RunCommandRequest>) -> Reply<v1::CommandInfo> {
+        commands::run(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_commands(
+        &self,
+        r: Request<v1::ListCommandsRequest>,
+    ) -> Reply<v1::ListCommandsResponse> {
+        commands::list(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_command(&self, r: Request<v1::GetCommandRequest>) -> Reply<v1::CommandInfo> {
+        commands::get(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn assign_gpus(&self, r: Request<v1::AssignGpusRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::assign_gpus(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn unassign(&self, r: Request<v1::UnassignRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::unassign(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_node_spec(&self, r: Request<v1::GetNodeSpecRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::info(self, r.into_inner().node_id)
+            .await
+            .map(Response::new)
+    }
+
+    async fn set_access(&self, r: Request<v1::SetAccessRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::set_access(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn register_release(
+        &self,
+        r: Request<v1::RegisterReleaseRequest>,
+    ) -> Reply<v1::ReleaseInfo> {
+        releases::register(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_releases(
+        &self,
+        _: Request<v1::ListReleasesRequest>,
+    ) -> Reply<v1::ListReleasesResponse> {
+        releases::list(self).await.map(Response::new)
+    }
+
+    async fn start_rollout(&self, r: Request<v1::StartRolloutRequest>) -> Reply<v1::RolloutInfo> {
+        rollouts::start(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_rollouts(
+        &self,
+        _: Request<v1::ListRolloutsRequest>,
+    ) -> Reply<v1::ListRolloutsResponse> {
+        rollouts::list(self).await.map(Response::new)
+    }
+
+    async fn get_rollout(&self, r: Request<v1::GetRolloutRequest>) -> Reply<v1::RolloutInfo> {
+        rollouts::get(self, r.into_inner().id)
+            .await
+            .map(Response::new)
+    }
+
+    async fn change_rollout(&self, r: Request<v1::ChangeRolloutRequest>) -> Reply<v1::RolloutInfo> {
+        rollouts::change(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn register_image(&self, r: Request<v1::RegisterImageRequest>) -> Reply<v1::ImageInfo> {
+        images::register(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_images(
+        &self,
+        _: Request<v1::ListImagesRequest>,
+    ) -> Reply<v1::ListImagesResponse> {
+        images::list(self).await.map(Response::new)
+    }
+
+    async fn assign_image(
+        &self,
+        r: Request<v1::AssignImageRequest>,
+    ) -> Reply<v1::AssignImageResponse> {
+        images::assign(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_boots(&self, r: Request<v1::ListBootsRequest>) -> Reply<v1::ListBootsResponse> {
+        images::boots(self, r.into_inner()).await.map(Response::new)
+    }
+}

@@ -1,0 +1,50 @@
+//! Nodes: `ListNodes`, `DeleteNode`.
+
+use bc_store::nodes::NodeRow;
+use bcd_proto::v1::{DeleteNodeRequest, DeleteNodeResponse, ListNodesResponse, NodeInfo};
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::{refusal, unavailable};
+
+fn info(n: NodeRow, now: i64) -> NodeInfo {
+    NodeInfo {
+        node_id: n.node_id,
+        hostname: n.hostname,
+        state: n.state,
+        epoch: n.epoch,
+        gateway_id: n.gateway_id,
+        cert_not_after_ms: n.cert_not_after_ms,
+        last_seen_age_ms: n.last_seen_age_ms,
+        boot_id: n.boot_id,
+        journal_id: n.journal_id,
+        incarnation_id: n.incarnation_id,
+        conditions: n.conditions,
+        taints: n.taints,
+        agent_version: n.agent_version,
+        release_floor: n.release_floor,
+        server_time_ms: now,
+    }
+}
+
+pub async fn list(svc: &AdminService) -> Result<ListNodesResponse, Status> {
+    let list = svc.store.list_nodes().await.map_err(unavailable)?;
+    let now = list.now_ms;
+    Ok(ListNodesResponse {
+        server_time_ms: now,
+        nodes: list.nodes.into_iter().map(|n| info(n, now)).collect(),
+    })
+}
+
+pub async fn delete(
+    svc: &AdminService,
+    r: DeleteNodeRequest,
+) -> Result<DeleteNodeResponse, Status> {
+    let node = r.node_id;
+    if !svc.store.delete_node(&node).await.map_err(unavailable)? {
+        return Err(refusal(bc_store::Refusal::NoSuchNode(node)));
+    }
+    info!(%node, "node deleted");
+    Ok(DeleteNodeResponse {})
+}

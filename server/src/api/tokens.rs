@@ -1,0 +1,61 @@
+//! Join tokens: `CreateToken`.
+
+use std::time::Duration;
+
+use bc_store::tokens::NewToken;
+use bcd_proto::token::JoinToken;
+use bcd_proto::v1::{CreateTokenRequest, CreateTokenResponse};
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::unavailable;
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 86_400);
+pub const MAX_USES: u32 = 1_000_000;
+
+pub async fn create(
+    svc: &AdminService,
+    r: CreateTokenRequest,
+) -> Result<CreateTokenResponse, Status> {
+    let ttl = if r.ttl_ms == 0 {
+        DEFAULT_TTL
+    } else {
+        Duration::from_millis(r.ttl_ms)
+    };
+    if ttl > MAX_TTL {
+        return Err(Status::invalid_argument(
+            "a join token lives at most 365 days",
+        ));
+    }
+    let uses = if r.uses == 0 { 1 } else { r.uses };
+    if uses > MAX_USES {
+        return Err(Status::invalid_argument(
+            "a join token has at most 1000000 uses",
+        ));
+    }
+    let token = JoinToken {
+        id: format!("{:016x}", rand::random::<u64>()),
+        secret: format!("{:032x}", rand::random::<u128>()),
+        ca_pin: svc.ca_pin.clone(),
+    };
+    let expires_at_ms = svc
+        .store
+        .create_token(&NewToken {
+            id: token.id.clone(),
+            secret_sha256: bcd_proto::fingerprint(token.secret.as_bytes()),
+            ttl,
+            uses,
+            description: r.description,
+        })
+        .await
+        .map_err(unavailable)?;
+    info!(token = %token.id, uses, ?ttl, "join token created");
+    Ok(CreateTokenResponse {
+        token_id: token.id.clone(),
+        token: token.to_string(),
+        expires_at_ms,
+        uses,
+    })
+}

@@ -1,0 +1,321 @@
+//! The boot endpoint: plain HTTP for PXE clients, which speak nothing
+//! else.
+//!
+//! - `GET /boot/ipxe?mac=MAC` answers the iPXE script for that machine: the
+//!   image assigned to its MAC address, or the fleet default, with the
+//!   assignment's extra kernel command line. Every request is recorded as
+//!   a boot (`images boots`).
+//! - `GET` or `HEAD /boot/artifacts/<sha256>` serves a registered kernel
+//!   or initrd by content hash, with single `Range` requests (`206`), so
+//!   an interrupted download resumes and a cache can keep it forever.
+//!
+//! Nothing here is secret-free by accident: what the script carries (a
+//! pool join token in the assignment's command line) is as public as the
+//! boot network. The artifacts are signed by the image key and checked by
+//! hash; the node trusts the control plane only through the CA pin in its
+//! token. Every decoder of peer bytes here (the query, the MAC, the Range
+//! and Host headers) is a small pure function with property tests
+//! ([`parse`]).
+
+pub mod parse;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+use bc_store::Store;
+use bc_store::images::{BootRecord, valid_sha256};
+
+pub use parse::{Range, parse_mac, parse_range, query_mac, valid_host};
+
+/// How the boot endpoint runs.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BootOptions {
+    /// Serve iPXE scripts and images over plain HTTP on this address
+    /// (e.g. 0.0.0.0:8080); off without it.
+    #[arg(long = "boot-listen", id = "boot_listen")]
+    pub listen: Option<SocketAddr>,
+    /// The URL nodes reach the boot endpoint at, for the scripts (default:
+    /// http:// and the Host the request came to).
+    #[arg(long = "boot-url", id = "boot_url")]
+    pub url: Option<String>,
+    /// An image public key (hex, from images keygen); repeatable. Only
+    /// images signed by one of them are registered and served.
+    #[arg(long = "image-pubkey", value_parser = parse_key)]
+    pub image_keys: Vec<Vec<u8>>,
+}
+
+fn parse_key(s: &str) -> Result<Vec<u8>, String> {
+    hex::decode(s.trim())
+        .ok()
+        .filter(|b| b.len() == 32)
+        .ok_or_else(|| {
+            format!("--image-pubkey takes 64 hex digits (images keygen prints them), not {s:?}")
+        })
+}
+
+/// Artifacts kept in memory after their first request: a fleet boots a
+/// few images many times.
+const CACHE_ENTRIES: usize = 8;
+
+#[derive(Debug)]
+struct State {
+    store: Store,
+    opts: BootOptions,
+    cache: Mutex<HashMap<String, Bytes>>,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn text(status: StatusCode, body: impl Into<String>) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body.into())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Binds the boot endpoint and serves it until the task is dropped.
+/// Returns the bound address.
+pub async fn start(
+    opts: BootOptions,
+    store: Store,
+) -> anyhow::Result<Option<(SocketAddr, tokio::task::JoinHandle<()>)>> {
+    let Some(listen) = opts.listen else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the boot endpoint: {e}"))?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(State {
+        store,
+        opts,
+        cache: Mutex::new(HashMap::new()),
+    });
+    info!(%addr, "boot endpoint listening");
+    let task = tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "boot endpoint: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(handle(&state, peer, req).await) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!(%peer, error = %e, "boot endpoint connection ended");
+                }
+            });
+        }
+    });
+    Ok(Some((addr, task)))
+}
+
+async fn handle(state: &State, peer: SocketAddr, req: Request<hyper::body::Incoming>) -> Reply {
+    let path = req.uri().path().to_string();
+    let head = req.method() == Method::HEAD;
+    if req.method() != Method::GET && !head {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
+    }
+    if path == "/boot/ipxe" {
+        return script(state, peer, &req).await;
+    }
+    if let Some(sha) = path.strip_prefix("/boot/artifacts/") {
+        let range = req
+            .headers()
+            .get(hyper::header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        return artifact(state, sha, range.as_deref(), head).await;
+    }
+    text(
+        StatusCode::NOT_FOUND,
+        "not found: the boot endpoint serves /boot/ipxe?mac=MAC and /boot/artifacts/SHA256\n",
+    )
+}
+
+async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Incoming>) -> Reply {
+    let Some(mac) = req.uri().query().and_then(query_mac) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "pass the booting MAC address: /boot/ipxe?mac=${net0/mac}\n",
+        );
+    };
+    let base = match &state.opts.url {
+        Some(u) => format!("{}/boot/artifacts", u.trim_end_matches('/')),
+        None => {
+            let host = req
+                .headers()
+                .get(hyper::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .filter(|h| valid_host(h));
+            match host {
+                Some(h) => format!("http://{h}/boot/artifacts"),
+                None => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "no usable Host header: start serve with --boot-url http://HOST:PORT\n",
+                    );
+                }
+            }
+        }
+    };
+    let found = state.store.image_for_mac(&mac).await;
+    let remote = peer.to_string();
+    let (outcome, reply) = match found {
+        Err(e) => {
+            warn!(error = %e, "boot endpoint: store error");
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's store is unavailable; retry later\n",
+            );
+        }
+        Ok(None) => (
+            (None, "no image".to_string()),
+            text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no image for {mac}: better-compute images assign IMAGE --default (or --mac {mac})\n"
+                ),
+            ),
+        ),
+        Ok(Some(a)) => match image::SignedManifest::parse(&a.signed_manifest)
+            .and_then(|s| s.verify(&state.opts.image_keys).map(|m| (s, m)))
+        {
+            Ok((signed, manifest)) => {
+                let id = signed.id().expect("a verified manifest decodes");
+                let body =
+                    image::ipxe_script(&manifest, &id, &image::Fetch::Http(&base), &a.append);
+                (
+                    (Some(a.image_id), "script".to_string()),
+                    text(StatusCode::OK, body),
+                )
+            }
+            Err(e) => {
+                warn!(image = %a.image_id, error = %e, "boot endpoint: assigned image does not verify");
+                (
+                    (Some(a.image_id), format!("refused: {e}")),
+                    text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("the assigned image does not verify: {e}\n"),
+                    ),
+                )
+            }
+        },
+    };
+    let ((image_id, outcome), reply) = (outcome, reply);
+    let record = BootRecord {
+        mac: mac.clone(),
+        image_id,
+        remote,
+        outcome: outcome.clone(),
+    };
+    if let Err(e) = state.store.record_boot(&record).await {
+        warn!(error = %e, "boot endpoint: cannot record a boot");
+    }
+    info!(%mac, %peer, %outcome, "iPXE script requested");
+    reply
+}
+
+async fn artifact(state: &State, sha: &str, range: Option<&str>, head: bool) -> Reply {
+    if !valid_sha256(sha) {
+        return text(
+            StatusCode::NOT_FOUND,
+            "artifacts are named by their SHA-256, in lowercase hex\n",
+        );
+    }
+    let cached = state
+        .cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(sha)
+        .cloned();
+    let bytes = match cached {
+        Some(b) => b,
+        None => match state.store.image_artifact(sha).await {
+            Ok(Some(b)) => {
+                let b = Bytes::from(b);
+                let mut cache = state.cache.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.len() >= CACHE_ENTRIES {
+                    cache.clear();
+                }
+                cache.insert(sha.to_string(), b.clone());
+                b
+            }
+            Ok(None) => return text(StatusCode::NOT_FOUND, "no such artifact\n"),
+            Err(e) => {
+                warn!(error = %e, "boot endpoint: store error");
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server's store is unavailable; retry later\n",
+                );
+            }
+        },
+    };
+    let len = bytes.len() as u64;
+    let (status, body, content_range) = match parse_range(range, len) {
+        Range::Whole => (StatusCode::OK, bytes, None),
+        Range::Part { start, end } => (
+            StatusCode::PARTIAL_CONTENT,
+            bytes.slice(start as usize..=end as usize),
+            Some(format!("bytes {start}-{end}/{len}")),
+        ),
+        Range::Unsatisfiable => {
+            let mut r = text(StatusCode::RANGE_NOT_SATISFIABLE, "");
+            r.headers_mut().insert(
+                hyper::header::CONTENT_RANGE,
+                format!("bytes */{len}").parse().expect("ascii"),
+            );
+            return r;
+        }
+    };
+    let body_len = body.len();
+    let mut r = Response::new(Full::new(if head { Bytes::new() } else { body }));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        "application/octet-stream".parse().expect("ascii"),
+    );
+    h.insert(
+        hyper::header::ACCEPT_RANGES,
+        "bytes".parse().expect("ascii"),
+    );
+    h.insert(
+        hyper::header::ETAG,
+        format!("\"{sha}\"").parse().expect("ascii"),
+    );
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        "public, max-age=31536000, immutable"
+            .parse()
+            .expect("ascii"),
+    );
+    if head {
+        h.insert(hyper::header::CONTENT_LENGTH, body_len.into());
+    }
+    if let Some(cr) = content_range {
+        h.insert(hyper::header::CONTENT_RANGE, cr.parse().expect("ascii"));
+    }
+    r
+}

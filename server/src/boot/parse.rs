@@ -1,0 +1,213 @@
+//! The boot endpoint's decoders of peer bytes: the query's MAC address,
+//! the `Range` and `Host` headers. Each is a small pure function with
+//! property tests: whatever a PXE client sends decodes or is refused, and
+//! what decodes is safe to put into a script.
+
+/// A MAC address in the form the store keeps: six lowercase hex pairs
+/// joined by `:`. Accepts `:` or `-` separators, `%3A` escapes and upper
+/// case, as iPXE's `${net0/mac}` and `${net0/mac:hexhyp}` give them.
+pub fn parse_mac(s: &str) -> Option<String> {
+    let s = s.replace("%3A", ":").replace("%3a", ":");
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(6);
+    for p in parts {
+        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        out.push(p.to_ascii_lowercase());
+    }
+    Some(out.join(":"))
+}
+
+/// The `mac` parameter of a query string.
+pub fn query_mac(query: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "mac")
+        .and_then(|(_, v)| parse_mac(v))
+}
+
+/// A `Range` header against a body of `len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    /// Serve the whole body: no header, or one we ignore (several ranges,
+    /// another unit, bad syntax), as RFC 9110 allows.
+    Whole,
+    /// Bytes `start..=end`.
+    Part { start: u64, end: u64 },
+    /// Nothing of the body is in the range: 416.
+    Unsatisfiable,
+}
+
+pub fn parse_range(header: Option<&str>, len: u64) -> Range {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else {
+        return Range::Whole;
+    };
+    if spec.contains(',') {
+        return Range::Whole;
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else {
+        return Range::Whole;
+    };
+    let num = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.len() <= 20 && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    match (a.trim(), b.trim()) {
+        ("", suffix) => match num(suffix) {
+            None => Range::Whole,
+            Some(0) => Range::Unsatisfiable,
+            Some(_) if len == 0 => Range::Unsatisfiable,
+            Some(n) => Range::Part {
+                start: len.saturating_sub(n),
+                end: len - 1,
+            },
+        },
+        (start, end) => {
+            let Some(start) = num(start) else {
+                return Range::Whole;
+            };
+            let end = match end {
+                "" => None,
+                e => match num(e) {
+                    Some(e) => Some(e),
+                    None => return Range::Whole,
+                },
+            };
+            if end.is_some_and(|e| e < start) {
+                return Range::Whole;
+            }
+            if start >= len {
+                return Range::Unsatisfiable;
+            }
+            Range::Part {
+                start,
+                end: end.map_or(len - 1, |e| e.min(len - 1)),
+            }
+        }
+    }
+}
+
+/// A Host header that is safe to put into a script: a host name or
+/// address and an optional port, nothing else.
+pub fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 255
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn macs_in_every_form_ipxe_writes() {
+        let want = Some("52:54:00:12:ab:cd".to_string());
+        assert_eq!(parse_mac("52:54:00:12:AB:CD"), want);
+        assert_eq!(parse_mac("52-54-00-12-ab-cd"), want);
+        assert_eq!(parse_mac("52%3A54%3A00%3A12%3Aab%3Acd"), want);
+        assert_eq!(parse_mac("52:54:00:12:ab"), None);
+        assert_eq!(parse_mac("52:54:00:12:ab:cd:ef"), None);
+        assert_eq!(parse_mac("5:254:00:12:ab:cd"), None);
+        assert_eq!(parse_mac("zz:54:00:12:ab:cd"), None);
+        assert_eq!(query_mac("x=1&mac=52:54:00:12:ab:cd"), want);
+        assert_eq!(query_mac("mac="), None);
+        assert_eq!(query_mac(""), None);
+    }
+
+    #[test]
+    fn ranges_as_rfc_9110_reads_them() {
+        assert_eq!(parse_range(None, 100), Range::Whole);
+        assert_eq!(
+            parse_range(Some("bytes=0-9"), 100),
+            Range::Part { start: 0, end: 9 }
+        );
+        assert_eq!(
+            parse_range(Some("bytes=90-"), 100),
+            Range::Part { start: 90, end: 99 }
+        );
+        assert_eq!(
+            parse_range(Some("bytes=90-500"), 100),
+            Range::Part { start: 90, end: 99 }
+        );
+        assert_eq!(
+            parse_range(Some("bytes=-10"), 100),
+            Range::Part { start: 90, end: 99 }
+        );
+        assert_eq!(
+            parse_range(Some("bytes=-500"), 100),
+            Range::Part { start: 0, end: 99 }
+        );
+        assert_eq!(parse_range(Some("bytes=100-"), 100), Range::Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=-0"), 100), Range::Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=0-"), 0), Range::Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=5-1"), 100), Range::Whole);
+        assert_eq!(parse_range(Some("bytes=0-1,5-6"), 100), Range::Whole);
+        assert_eq!(parse_range(Some("items=0-1"), 100), Range::Whole);
+        assert_eq!(parse_range(Some("bytes=a-b"), 100), Range::Whole);
+        assert_eq!(
+            parse_range(Some("bytes=99999999999999999999999-"), 100),
+            Range::Whole
+        );
+    }
+
+    #[test]
+    fn hosts() {
+        assert!(valid_host("10.0.2.100:8080"));
+        assert!(valid_host("[::1]:80"));
+        assert!(valid_host("boot.example.org"));
+        assert!(!valid_host("a b"));
+        assert!(!valid_host("x\nkernel http://evil/"));
+        assert!(!valid_host(""));
+    }
+
+    proptest! {
+        #[test]
+        fn any_range_header_is_within_the_body(h in "\\PC{0,40}", len in 0u64..10_000) {
+            match parse_range(Some(&h), len) {
+                Range::Part { start, end } => prop_assert!(start <= end && end < len),
+                Range::Whole | Range::Unsatisfiable => {}
+            }
+        }
+
+        #[test]
+        fn byte_ranges_cover_what_they_ask(start in 0u64..200, n in 0u64..200, len in 1u64..150) {
+            let r = parse_range(Some(&format!("bytes={start}-{}", start + n)), len);
+            if start >= len {
+                prop_assert_eq!(r, Range::Unsatisfiable);
+            } else {
+                prop_assert_eq!(r, Range::Part { start, end: (start + n).min(len - 1) });
+            }
+        }
+
+        #[test]
+        fn any_query_gives_a_normal_mac_or_none(q in "\\PC{0,60}") {
+            if let Some(m) = query_mac(&q) {
+                prop_assert_eq!(parse_mac(&m), Some(m.clone()));
+                prop_assert_eq!(m.len(), 17);
+            }
+        }
+
+        #[test]
+        fn every_mac_reads_back(b in proptest::array::uniform6(any::<u8>()), hyphen in any::<bool>()) {
+            let sep = if hyphen { "-" } else { ":" };
+            let s = b.iter().map(|x| format!("{x:02X}")).collect::<Vec<_>>().join(sep);
+            let want = b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":");
+            prop_assert_eq!(parse_mac(&s), Some(want));
+        }
+
+        #[test]
+        fn a_valid_host_never_breaks_a_script_line(h in "\\PC{0,40}") {
+            if valid_host(&h) {
+                prop_assert!(!h.contains(['\n', '\r', ' ', '$', '"']));
+            }
+        }
+    }
+}

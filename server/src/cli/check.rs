@@ -1,0 +1,54 @@
+//! `better-compute check`: the fleet invariants on a store, live or not.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::dur;
+use super::output;
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    #[arg(long, default_value = "40s", value_parser = dur)]
+    node_lease_ttl: Duration,
+    #[arg(long, default_value = "120s", value_parser = dur)]
+    gateway_loss_grace: Duration,
+    /// Commands younger than this may still be on their way.
+    #[arg(long, default_value = "60s", value_parser = dur)]
+    settle: Duration,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(a: CheckArgs, data_dir: &Path) -> anyhow::Result<()> {
+    let path = crate::serve::store_path(data_dir);
+    anyhow::ensure!(
+        path.exists(),
+        "no store at {}: pass --data-dir of the server",
+        path.display()
+    );
+    let store = crate::serve::open_store(data_dir).await?;
+    let snapshot = crate::check::snapshot(
+        &store,
+        crate::check::Timings {
+            node_lease_ttl: a.node_lease_ttl,
+            gateway_loss_grace: a.gateway_loss_grace,
+        },
+        a.settle,
+        crate::check::NodeFacts::default(),
+    )
+    .await
+    .with_context(|| format!("cannot read {}", path.display()))?;
+    let outcomes = crate::check::all(&snapshot);
+    if a.json {
+        output::json(&outcomes)?;
+    } else {
+        output::emit(&crate::check::render(&outcomes))?;
+    }
+    anyhow::ensure!(
+        outcomes.iter().all(|o| o.held()),
+        "an invariant was violated"
+    );
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! `better-compute commands`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bcd_proto::v1::{CommandInfo, GetCommandRequest, ListCommandsRequest, RunCommandRequest};
+use clap::Subcommand;
+
+use super::output::{self, around, out};
+use super::{Target, dur};
+use crate::client::status;
+
+#[derive(Debug, Subcommand)]
+pub enum CommandsCommand {
+    /// Run a command on a node: exec.run -- PROGRAM [ARGS...], node.reboot,
+    /// boot.kexec kernel=PATH [initrd=PATH] [cmdline=TEXT], inventory.refresh.
+    Run {
+        node: String,
+        kind: String,
+        args: Vec<String>,
+        /// The node must start it within this long (a duration such as 10m),
+        /// or by this time (RFC 3339); default 1h.
+        #[arg(long)]
+        not_after: Option<String>,
+        /// Refuse to run it before the node applied this spec generation.
+        #[arg(long, default_value_t = 0)]
+        min_generation: u64,
+        /// Repeat-safe submission: the same key returns the first command.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// exec.run: kill the program after this long (default 10m).
+        #[arg(long, value_parser = dur)]
+        timeout: Option<Duration>,
+        /// Wait for the result and print it; the exit code follows the
+        /// command's (0 succeeded, 1 failed, 4 expired or rejected).
+        #[arg(long)]
+        wait: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recent commands, newest first.
+    List {
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One command with its result and output.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `--not-after`: a duration from now, or an RFC 3339 time.
+fn not_after(s: &str) -> anyhow::Result<Duration> {
+    if let Ok(d) = humantime::parse_duration(s) {
+        anyhow::ensure!(!d.is_zero(), "--not-after must be in the future");
+        return Ok(d);
+    }
+    let t = humantime::parse_rfc3339_weak(s).map_err(|_| {
+        anyhow::anyhow!("--not-after takes a duration (10m) or an RFC 3339 time, not {s:?}")
+    })?;
+    t.duration_since(std::time::SystemTime::now())
+        .map_err(|_| anyhow::anyhow!("--not-after {s} has already passed"))
+}
+
+fn is_terminal(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "expired" | "rejected")
+}
+
+pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCode> {
+    let mut c = target.connect().await?;
+    match cmd {
+        CommandsCommand::Run {
+            node,
+            kind,
+            args,
+            not_after: deadline,
+            min_generation,
+            idempotency_key,
+            timeout,
+            wait,
+            json,
+        } => {
+            let deadline = deadline.as_deref().map(not_after).transpose()?;
+            let mut info = c
+                .run_command(RunCommandRequest {
+                    node_id: node,
+                    kind,
+                    args,
+                    not_after_ms: deadline.map_or(0, |d| d.as_millis() as u64),
+                    min_generation,
+                    idempotency_key: idempotency_key.unwrap_or_default(),
+                    timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if !wait {
+                if json {
+                    output::json_line(&info)?;
+                } else {
+                    out!("{}", info.command_id);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            while !is_terminal(&info.state) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                info = c
+                    .get_command(GetCommandRequest {
+                        command_id: info.command_id.clone(),
+                    })
+                    .await
+                    .map_err(status)?
+                    .into_inner();
+            }
+            if json {
+                output::json_line(&info)?;
+            } else {
+                output::emit(&String::from_utf8_lossy(&info.output))?;
+                eprintln!(
+                    "{} {}{}",
+                    info.command_id,
+                    info.state,
+                    around(": ", &info.reason, "")
+                );
+            }
+            Ok(output::command_exit(&info.state))
+        }
+        CommandsCommand::List { node, limit, json } => {
+            let r = c
+                .list_commands(ListCommandsRequest {
+                    node_id: node.unwrap_or_default(),
+                    limit,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                output::json(&r.commands)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            out!(
+                "{:<20} {:<16} {:>5} {:<17} {:<10} {}",
+                "COMMAND",
+                "NODE",
+                "SEQ",
+                "KIND",
+                "STATE",
+                "SUMMARY"
+            );
+            for i in &r.commands {
+                out!(
+                    "{:<20} {:<16} {:>5} {:<17} {:<10} {}",
+                    i.command_id,
+                    i.node_id,
+                    i.seq,
+                    i.kind,
+                    i.state,
+                    i.summary
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CommandsCommand::Show { id, json } => {
+            let i = c
+                .get_command(GetCommandRequest { command_id: id })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                output::json(&i)?;
+            } else {
+                show(&i)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn show(i: &CommandInfo) -> anyhow::Result<()> {
+    out!("command   {}", i.command_id);
+    out!("node      {} (seq {})", i.node_id, i.seq);
+    out!("kind      {} {}", i.kind, i.summary);
+    out!("state     {}{}", i.state, around(" (", &i.reason, ")"));
+    if i.has_exit_code {
+        out!("exit code {}", i.exit_code);
+    }
+    out!("created   {}", output::time(i.created_at_ms));
+    out!("not after {}", output::time(i.not_after_ms));
+    if i.result_at_ms != 0 {
+        out!("finished  {}", output::time(i.result_at_ms));
+    }
+    if !i.output.is_empty() {
+        out!(
+            "output{}:",
+            if i.output_truncated {
+                " (truncated)"
+            } else {
+                ""
+            }
+        );
+        output::emit(&String::from_utf8_lossy(&i.output))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! `better-compute images`: keygen, build (offline), register, list,
+//! assign, unassign, boots.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use bcd_proto::v1::{
+    AssignImageRequest, ListBootsRequest, ListImagesRequest, RegisterImageRequest,
+};
+use clap::Subcommand;
+use serde::Serialize;
+
+use super::Target;
+use super::output::{self, out};
+use crate::client::status;
+
+/// `better-compute images ...`.
+#[derive(Debug, Subcommand)]
+pub enum ImagesCommand {
+    /// Make an ed25519 image key (offline); prints the public half for
+    /// serve --image-pubkey.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Build a netboot image: kernel, initrd with bcd as init, signed
+    /// manifest and iPXE script, into --out.
+    Build {
+        /// A kernel: a Debian package (.deb), its unpacked folder, or a
+        /// vmlinuz file (modules then under --modules-root).
+        #[arg(long)]
+        kernel: PathBuf,
+        #[arg(long)]
+        modules_root: Option<PathBuf>,
+        /// The static bcd (x86_64-unknown-linux-musl).
+        #[arg(long)]
+        bcd: PathBuf,
+        /// A static busybox (Debian: busybox-static).
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+        /// A kernel module to load at boot (its dependencies come along);
+        /// repeatable, in load order.
+        #[arg(long = "module")]
+        modules: Vec<String>,
+        /// A dynamic program to carry with its libraries (e.g.
+        /// /usr/sbin/kexec for boot.kexec); repeatable.
+        #[arg(long = "program")]
+        programs: Vec<PathBuf>,
+        /// An extra file, SRC:DEST with DEST absolute in the image;
+        /// repeatable.
+        #[arg(long = "file", value_parser = parse_file)]
+        files: Vec<(PathBuf, PathBuf)>,
+        /// The kernel command line (console=..., bcd.server=...).
+        #[arg(long, default_value = "console=ttyS0")]
+        cmdline: String,
+        #[arg(long, default_value = "bcd-node")]
+        name: String,
+        /// The image key (from images keygen).
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// gzip (the default: builds in a second), zstd (about a fifth
+        /// smaller, several seconds at level 19) or none.
+        #[arg(long, default_value = "gzip", value_parser = parse_compression)]
+        compression: initramfs::Compression,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Upload a built image (the folder images build wrote) to the server.
+    Register {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Registered images and what boots them.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Choose the image a MAC address boots, or the fleet's default.
+    Assign {
+        /// An image id (or 6+ hex digits of one) or name.
+        image: String,
+        #[arg(long, conflicts_with = "default", required_unless_present = "default")]
+        mac: Option<String>,
+        #[arg(long)]
+        default: bool,
+        /// Appended to the image's kernel command line for this target
+        /// (bcd.token=..., bcd.state=LABEL).
+        #[arg(long, default_value = "")]
+        append: String,
+    },
+    /// Remove an assignment.
+    Unassign {
+        #[arg(long, conflicts_with = "default", required_unless_present = "default")]
+        mac: Option<String>,
+        #[arg(long)]
+        default: bool,
+    },
+    /// Recorded boots (requests for a boot script), newest first.
+    Boots {
+        #[arg(long)]
+        mac: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_file(s: &str) -> Result<(PathBuf, PathBuf), String> {
+    let (src, dest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("--file takes SRC:DEST, not {s:?}"))?;
+    if !dest.starts_with('/') {
+        return Err(format!(
+            "--file {s}: DEST must be an absolute path in the image"
+        ));
+    }
+    Ok((src.into(), dest.into()))
+}
+
+fn parse_compression(s: &str) -> Result<initramfs::Compression, String> {
+    match s {
+        "zstd" => Ok(initramfs::Compression::Zstd),
+        "gzip" => Ok(initramfs::Compression::Gzip),
+        "none" => Ok(initramfs::Compression::None),
+        _ => Err(format!("--compression takes zstd, gzip or none, not {s:?}")),
+    }
+}
+
+/// A progress bar on stderr for a terminal, one line a step otherwise.
+#[derive(Debug)]
+struct Bar {
+    tty: bool,
+    started: Instant,
+}
+
+impl image::build::Progress for Bar {
+    fn step(&mut self, index: usize, what: &str) {
+        let total = image::build::STEPS;
+        if self.tty {
+            let width = 24;
+            let filled = index * width / total;
+            eprint!(
+                "\r\x1b[2K[{}{}] {}/{} {what}",
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                index + 1,
+                total
+            );
+        } else {
+            eprintln!(
+                "[{}/{}] {what} ({:.1}s)",
+                index + 1,
+                total,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+fn target_of(mac: Option<String>, default: bool) -> anyhow::Result<String> {
+    match (mac, default) {
+        (_, true) => Ok("default".into()),
+        (Some(m), false) => Ok(format!(
+            "mac:{}",
+            crate::boot::parse::parse_mac(&m)
+                .ok_or_else(|| anyhow::anyhow!("{m:?} is not a MAC address (52:54:00:12:34:56)"))?
+        )),
+        (None, false) => anyhow::bail!("give --mac MAC or --default"),
+    }
+}
+
+/// What `images build --json` prints.
+#[derive(Debug, Serialize)]
+struct Built<'a> {
+    image_id: &'a str,
+    name: &'a str,
+    out: &'a std::path::Path,
+    kernel_version: &'a str,
+    bcd_version: &'a str,
+    cmdline: &'a str,
+    modules: &'a [String],
+    kernel: Part<'a>,
+    initrd: Initrd<'a>,
+    seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Part<'a> {
+    size: u64,
+    sha256: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct Initrd<'a> {
+    size: u64,
+    sha256: &'a str,
+    unpacked: u64,
+    entries: usize,
+}
+
+pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
+    match cmd {
+        ImagesCommand::Keygen { out } => {
+            let out = std::path::absolute(&out)
+                .with_context(|| format!("cannot use {}", out.display()))?;
+            let public = super::releases::keygen(&out)?;
+            out!("{public}");
+            Ok(())
+        }
+        ImagesCommand::Build {
+            kernel,
+            modules_root,
+            bcd,
+            busybox,
+            modules,
+            programs,
+            files,
+            cmdline,
+            name,
+            key,
+            out,
+            compression,
+            json,
+        } => {
+            let key_bytes = std::fs::read(&key)
+                .with_context(|| format!("cannot read the image key {}", key.display()))?;
+            let key = image::read_key(&key_bytes).with_context(|| key.display().to_string())?;
+            let spec = image::build::Spec {
+                name,
+                kernel,
+                modules_root,
+                bcd,
+                busybox,
+                programs,
+                modules,
+                files,
+                cmdline,
+                compression,
+            };
+            let started = Instant::now();
+            let mut bar = Bar {
+                tty: std::io::stderr().is_terminal(),
+                started,
+            };
+            let built = image::build::build(&spec, &key, &mut bar)?;
+            built.write(&out)?;
+            let seconds = started.elapsed().as_secs_f64();
+            if bar.tty {
+                eprintln!("\r\x1b[2K[{}] done in {seconds:.1}s", "#".repeat(24));
+            }
+            let m = &built.manifest;
+            if json {
+                return output::json_line(&Built {
+                    image_id: &built.id.0,
+                    name: &m.name,
+                    out: &out,
+                    kernel_version: &m.kernel_version,
+                    bcd_version: &m.bcd_version,
+                    cmdline: &m.cmdline,
+                    modules: &m.modules,
+                    kernel: Part {
+                        size: m.kernel.size,
+                        sha256: &m.kernel.sha256,
+                    },
+                    initrd: Initrd {
+                        size: m.initrd.size,
+                        sha256: &m.initrd.sha256,
+                        unpacked: built.initrd_unpacked,
+                        entries: built.entries,
+                    },
+                    seconds,
+                });
+            }
+            out!(
+                "image {} ({})\n  kernel {} ({}), initrd {} ({} unpacked, {} entries)\n  {}\n  \
+                 written to {}",
+                built.id,
+                m.name,
+                m.kernel_version,
+                output::mib(m.kernel.size),
+                output::mib(m.initrd.size),
+                output::mib(built.initrd_unpacked),
+                built.entries,
+                m.bcd_version,
+                out.display()
+            );
+            Ok(())
+        }
+        ImagesCommand::Register { dir, json } => {
+            let image::build::Files {
+                manifest: signed_manifest,
+                kernel,
+                initrd,
+            } = image::build::load(&dir)?;
+            let mut c = target.connect().await?;
+            let i = c
+                .register_image(RegisterImageRequest {
+                    signed_manifest,
+                    kernel,
+                    initrd,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json_line(&i);
+            }
+            out!("registered image {} ({})", i.image_id, i.name);
+            Ok(())
+        }
+        ImagesCommand::List { json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_images(ListImagesRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r.images);
+            }
+            out!(
+                "{:<17} {:<16} {:<24} {:>9} {:>9} ASSIGNED",
+                "IMAGE",
+                "NAME",
+                "KERNEL",
+                "KERNEL",
+                "INITRD"
+            );
+            for i in &r.images {
+                out!(
+                    "{:<17} {:<16} {:<24} {:>9} {:>9} {}",
+                    output::short(&i.image_id),
+                    i.name,
+                    i.kernel_version,
+                    output::mib(i.kernel_size),
+                    output::mib(i.initrd_size),
+                    if i.assigned_to.is_empty() {
+                        "-".to_string()
+                    } else {
+                        i.assigned_to.join(",")
+                    }
+                );
+            }
+            if r.images.is_empty() {
+                out!("(no images: images build, then images register)");
+            }
+            Ok(())
+        }
+        ImagesCommand::Assign {
+            image,
+            mac,
+            default,
+            append,
+        } => {
+            let target_name = target_of(mac, default)?;
+            let mut c = target.connect().await?;
+            let r = c
+                .assign_image(AssignImageRequest {
+                    image,
+                    target: target_name,
+                    append,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            out!("{} boots image {}", r.target, r.image_id);
+            Ok(())
+        }
+        ImagesCommand::Unassign { mac, default } => {
+            let target_name = target_of(mac, default)?;
+            let mut c = target.connect().await?;
+            let r = c
+                .assign_image(AssignImageRequest {
+                    image: String::new(),
+                    target: target_name,
+                    append: String::new(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            out!("{} has no image assigned", r.target);
+            Ok(())
+        }
+        ImagesCommand::Boots { mac, limit, json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_boots(ListBootsRequest {
+                    mac: mac.unwrap_or_default(),
+                    limit,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r.boots);
+            }
+            out!(
+                "{:<20} {:<17} {:<22} {:<21} OUTCOME",
+                "TIME",
+                "MAC",
+                "FROM",
+                "IMAGE"
+            );
+            for b in &r.boots {
+                out!(
+                    "{:<20} {:<17} {:<22} {:<21} {}",
+                    output::time(b.at_ms),
+                    b.mac,
+                    b.remote,
+                    if b.image_id.is_empty() {
+                        "-"
+                    } else {
+                        output::short(&b.image_id)
+                    },
+                    b.outcome
+                );
+            }
+            Ok(())
+        }
+    }
+}

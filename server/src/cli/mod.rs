@@ -1,0 +1,197 @@
+//! The command line: `serve` and the operator verbs, one file per verb.
+//!
+//! This module is the clap tree and the dispatch; each verb's file holds
+//! its arguments and what it does; [`output`] is the one place output is
+//! formatted (tables, `--json`, exit codes).
+
+mod check;
+mod commands;
+mod images;
+mod nodes;
+pub mod output;
+mod releases;
+mod rollouts;
+mod serve;
+mod sim;
+mod tokens;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "better-compute",
+    version,
+    about = "The better-compute control plane"
+)]
+struct Cli {
+    /// The server's data directory (store, CA, operator credential).
+    #[arg(
+        long,
+        global = true,
+        default_value = "/var/lib/better-compute",
+        env = "BC_DATA_DIR"
+    )]
+    data_dir: PathBuf,
+    /// The operator credential; defaults to operator.json in --data-dir.
+    #[arg(long, global = true, env = "BC_OPERATOR")]
+    operator: Option<PathBuf>,
+    /// Override the server address in the operator credential.
+    #[arg(long, global = true, env = "BC_SERVER")]
+    server: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn dur(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the control plane: gateway, join service, API and liveness.
+    Serve(serve::ServeArgs),
+    /// Signed releases of bcd.
+    Releases {
+        #[command(subcommand)]
+        command: releases::ReleasesCommand,
+    },
+    /// Join tokens.
+    Tokens {
+        #[command(subcommand)]
+        command: tokens::TokensCommand,
+    },
+    /// Nodes of the fleet.
+    Nodes {
+        #[command(subcommand)]
+        command: nodes::NodesCommand,
+    },
+    /// Signed commands, run exactly once on a node.
+    Commands {
+        #[command(subcommand)]
+        command: commands::CommandsCommand,
+    },
+    /// Roll a release out to the fleet in waves.
+    Rollouts {
+        #[command(subcommand)]
+        command: rollouts::RolloutsCommand,
+    },
+    /// Netboot images: build, register, and choose what machines boot.
+    Images {
+        #[command(subcommand)]
+        command: images::ImagesCommand,
+    },
+    /// Run a whole fleet on this machine: real gateways behind a balancer,
+    /// fakehw agents, a workload and seeded faults; then check the
+    /// invariants. Exits non-zero if one is violated.
+    Sim(sim::SimArgs),
+    /// One agent host of `sim` (started by it; orders on stdin).
+    #[command(hide = true)]
+    SimHost {
+        #[command(flatten)]
+        opts: crate::sim::host::HostOptions,
+    },
+    /// Check the fleet invariants (I1–I8) on a store, live or not.
+    Check(check::CheckArgs),
+}
+
+/// Where an operator verb finds the server.
+#[derive(Debug, Clone)]
+struct Target {
+    operator: PathBuf,
+    server: Option<String>,
+}
+
+impl Target {
+    async fn connect(&self) -> anyhow::Result<crate::client::Admin> {
+        crate::client::connect(&self.operator, self.server.as_deref()).await
+    }
+}
+
+fn init_logging(default: tracing::Level) {
+    use tracing_subscriber::filter::Targets;
+    // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
+    let filter: Targets = std::env::var("BC_LOG")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(default));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let fmt = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if std::env::var("BC_LOG_FORMAT").as_deref() == Ok("json") {
+        fmt.json().finish().with(filter).init();
+    } else {
+        fmt.finish().with(filter).init();
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let target = Target {
+        operator: cli
+            .operator
+            .clone()
+            .unwrap_or_else(|| cli.data_dir.join(crate::api::auth::OPERATOR_FILE)),
+        server: cli.server.clone(),
+    };
+    let done = ExitCode::SUCCESS;
+    match cli.command {
+        Command::Serve(args) => serve::run(args, cli.data_dir).await.map(|()| done),
+        Command::Sim(args) => sim::run(args).await.map(|()| done),
+        Command::SimHost { opts } => crate::sim::host::run_host(opts).await.map(|()| done),
+        Command::Check(args) => check::run(args, &cli.data_dir).await.map(|()| done),
+        Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
+        Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
+        Command::Commands { command } => commands::run(command, &target).await,
+        Command::Releases { command } => releases::run(command, &target).await.map(|()| done),
+        Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
+        Command::Images { command } => images::run(command, &target).await.map(|()| done),
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // A simulation runs thousands of agents in this process: their
+    // per-session lines would drown the progress display.
+    init_logging(
+        if matches!(cli.command, Command::Sim { .. } | Command::SimHost { .. }) {
+            tracing::Level::WARN
+        } else {
+            tracing::Level::INFO
+        },
+    );
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)).context("better-compute") {
+        Ok(code) => code,
+        Err(e) => {
+            // Skip the context we just added; print the chain once.
+            let chain: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! `better-compute nodes`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use bcd_proto::v1::{
+    AssignGpusRequest, DeleteNodeRequest, GetNodeSpecRequest, ListNodesRequest, NodeSpecInfo,
+    SetAccessRequest, UnassignRequest,
+};
+use clap::Subcommand;
+
+use super::Target;
+use super::output::{self, around, out};
+use crate::client::status;
+
+#[derive(Debug, Subcommand)]
+pub enum NodesCommand {
+    /// Show each node's state, epoch, gateway, certificate expiry and last-seen age.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bind GPUs (UUIDs or indices) to an allocation on a node: the node
+    /// writes the CDI spec and the allocation's env file.
+    Assign {
+        node: String,
+        allocation: String,
+        #[arg(long, value_delimiter = ',', required = true)]
+        gpus: Vec<String>,
+        /// Extra environment for the allocation's env file, NAME=VALUE.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an allocation's GPUs from a node's spec.
+    Unassign {
+        node: String,
+        allocation: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set who may log in to a node (sshd keys, principals, user CAs) and
+    /// its firewall table, from a JSON file: {"users": [{"name", "authorized_keys",
+    /// "principals"}], "trusted_user_ca_keys": [...], "firewall": {"rules":
+    /// [{"protocol", "port", "source", "action"}]}}.
+    Access {
+        node: String,
+        #[arg(long, required_unless_present = "clear")]
+        file: Option<PathBuf>,
+        /// No users, no CA keys, no firewall table.
+        #[arg(long, conflicts_with = "file")]
+        clear: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A node's desired spec against what it applied.
+    Spec {
+        node: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a node: it can no longer connect; its certificates are revoked.
+    Delete {
+        node: String,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
+    match cmd {
+        NodesCommand::List { json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_nodes(ListNodesRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r);
+            }
+            out!(
+                "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
+                "NODE",
+                "HOSTNAME",
+                "STATE",
+                "EPOCH",
+                "GATEWAY",
+                "CERT EXPIRES",
+                "LAST SEEN",
+                "VERSION",
+                "FLOOR"
+            );
+            for n in &r.nodes {
+                out!(
+                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
+                    n.node_id,
+                    n.hostname,
+                    n.state,
+                    n.epoch,
+                    n.gateway_id,
+                    output::time(n.cert_not_after_ms),
+                    output::age(n.last_seen_age_ms),
+                    n.agent_version,
+                    n.release_floor
+                );
+            }
+            Ok(())
+        }
+        NodesCommand::Assign {
+            node,
+            allocation,
+            gpus,
+            env,
+            json,
+        } => {
+            let mut vars = std::collections::HashMap::new();
+            for e in env {
+                let (k, v) = e
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--env takes NAME=VALUE, not {e:?}"))?;
+                vars.insert(k.to_string(), v.to_string());
+            }
+            let mut c = target.connect().await?;
+            let info = c
+                .assign_gpus(AssignGpusRequest {
+                    node_id: node,
+                    allocation_id: allocation,
+                    gpus,
+                    env: vars,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        NodesCommand::Unassign {
+            node,
+            allocation,
+            json,
+        } => {
+            let mut c = target.connect().await?;
+            let info = c
+                .unassign(UnassignRequest {
+                    node_id: node,
+                    allocation_id: allocation,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        NodesCommand::Access {
+            node,
+            file,
+            clear,
+            json,
+        } => {
+            let access: bc_store::specs::Access = match (file, clear) {
+                (_, true) => Default::default(),
+                (Some(f), false) => serde_json::from_slice(
+                    &std::fs::read(&f).with_context(|| format!("cannot read {}", f.display()))?,
+                )
+                .with_context(|| format!("{} is not an access description", f.display()))?,
+                (None, false) => anyhow::bail!("nodes access needs --file FILE or --clear"),
+            };
+            let mut c = target.connect().await?;
+            let info = c
+                .set_access(SetAccessRequest {
+                    node_id: node,
+                    access: Some(crate::pki::seal::access(&access)),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        NodesCommand::Spec { node, json } => {
+            let mut c = target.connect().await?;
+            let info = c
+                .get_node_spec(GetNodeSpecRequest { node_id: node })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        NodesCommand::Delete { node, yes } => {
+            if !yes {
+                anyhow::bail!(
+                    "deleting node {node} revokes its certificates and it cannot reconnect; \
+                     confirm with --yes"
+                );
+            }
+            let mut c = target.connect().await?;
+            c.delete_node(DeleteNodeRequest {
+                node_id: node.clone(),
+            })
+            .await
+            .map_err(status)?;
+            out!("deleted {node}");
+            Ok(())
+        }
+    }
+}
+
+fn print_spec(i: &NodeSpecInfo, json: bool) -> anyhow::Result<()> {
+    if json {
+        return output::json(i);
+    }
+    out!("node       {}", i.node_id);
+    out!(
+        "generation desired {}, applied {}{}",
+        i.desired_generation,
+        i.applied_generation,
+        if i.reported_age_ms >= 0 {
+            format!(" (reported {} ago)", output::age(i.reported_age_ms))
+        } else {
+            " (never reported)".into()
+        }
+    );
+    for a in &i.assignments {
+        out!("allocation {}: GPUs {}", a.allocation_id, a.gpus.join(","));
+    }
+    for b in &i.bindings {
+        out!(
+            "binding    {} {} (generation {}): {}",
+            b.allocation_id,
+            b.state,
+            b.spec_generation,
+            b.gpu_uuids.join(",")
+        );
+    }
+    for e in &i.events {
+        out!("event      {e}");
+    }
+    for s in &i.sections {
+        out!(
+            "section    {} {}{}",
+            s.section,
+            s.status,
+            around(": ", &s.message, "")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The one place the CLI formats output: stdout that survives a closed
+//! pipe, JSON for scripts (the wire messages' own serialization), times and
+//! ages for people, and the exit codes that mean something.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Writes to stdout; a closed pipe (`| head`) ends the output quietly
+/// instead of panicking.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// `println!` that goes through [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::output::emit(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+pub(crate) use out;
+
+/// A value as pretty JSON, on its own line.
+pub fn json<T: serde::Serialize + ?Sized>(v: &T) -> anyhow::Result<()> {
+    emit(&format!("{}\n", serde_json::to_string_pretty(v)?))
+}
+
+/// A value as JSON on one line.
+pub fn json_line<T: serde::Serialize + ?Sized>(v: &T) -> anyhow::Result<()> {
+    emit(&format!("{}\n", serde_json::to_string(v)?))
+}
+
+/// `text` between `before` and `after`, or nothing when it is empty.
+pub fn around(before: &str, text: &str, after: &str) -> String {
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("{before}{text}{after}")
+    }
+}
+
+/// An age for people: seconds, minutes, hours.
+pub fn age(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        _ => format!("{}h", s / 3600),
+    }
+}
+
+/// A store time (unix ms) in RFC 3339, to the second.
+pub fn time(ms: i64) -> String {
+    humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64),
+    )
+    .to_string()
+}
+
+/// A size in MiB with one decimal.
+pub fn mib(n: u64) -> String {
+    format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0))
+}
+
+/// The first 16 characters of a long id.
+pub fn short(id: &str) -> &str {
+    &id[..id.len().min(16)]
+}
+
+/// What `commands run --wait` exits with: 0 succeeded, 1 failed, 4 expired
+/// or rejected.
+pub fn command_exit(state: &str) -> ExitCode {
+    match state {
+        "succeeded" => ExitCode::SUCCESS,
+        "failed" => ExitCode::from(1),
+        _ => ExitCode::from(4),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_and_times_for_people() {
+        assert_eq!(age(-5), "0s");
+        assert_eq!(age(119_999), "119s");
+        assert_eq!(age(120_000), "2m");
+        assert_eq!(age(7_200_000), "2h");
+        assert_eq!(time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(around(" (", "x", ")"), " (x)");
+        assert_eq!(around(" (", "", ")"), "");
+        assert_eq!(short(&"a".repeat(64)).len(), 16);
+        assert_eq!(mib(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn command_states_have_exit_codes() {
+        assert_eq!(command_exit("succeeded"), ExitCode::SUCCESS);
+        assert_eq!(command_exit("failed"), ExitCode::from(1));
+        assert_eq!(command_exit("rejected"), ExitCode::from(4));
+    }
+}

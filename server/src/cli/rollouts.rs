@@ -1,0 +1,168 @@
+//! `better-compute rollouts`.
+
+use bcd_proto::v1::{
+    ChangeRolloutRequest, GetRolloutRequest, ListRolloutsRequest, RolloutInfo, StartRolloutRequest,
+};
+use clap::Subcommand;
+
+use super::Target;
+use super::output::{self, around, out};
+use crate::client::{Admin, status};
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutsCommand {
+    /// Start rolling release SEQUENCE out.
+    Start {
+        sequence: u64,
+        /// Which nodes: node=ID, hostname=GLOB, version=V, comma-separated
+        /// (all must hold); `all` for every node.
+        #[arg(long, default_value = "all")]
+        selector: String,
+        /// Cumulative percentages of the selected nodes.
+        #[arg(long, default_value = "1%,10%,50%,100%")]
+        waves: String,
+        /// Failed upgrades tolerated; one more halts the rollout.
+        #[arg(long, default_value_t = 0)]
+        max_failures: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A rollout's progress (the latest one without an ID).
+    Status {
+        id: Option<String>,
+        /// One line per node.
+        #[arg(long)]
+        nodes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop issuing upgrades; those under way finish.
+    Pause { id: String },
+    /// Go on with a paused or halted rollout.
+    Resume { id: String },
+    /// Stop the rollout: upgrades not yet dispatched are cancelled; with
+    /// --rollback, nodes still upgrading are swapped back (confirmed nodes
+    /// keep the release: roll forward instead).
+    Abort {
+        id: String,
+        #[arg(long)]
+        rollback: bool,
+    },
+}
+
+async fn change(
+    c: &mut Admin,
+    id: String,
+    action: &str,
+    rollback: bool,
+) -> anyhow::Result<RolloutInfo> {
+    Ok(c.change_rollout(ChangeRolloutRequest {
+        id,
+        action: action.to_string(),
+        rollback,
+    })
+    .await
+    .map_err(status)?
+    .into_inner())
+}
+
+pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    let (info, json, nodes) = match cmd {
+        RolloutsCommand::Start {
+            sequence,
+            selector,
+            waves,
+            max_failures,
+            json,
+        } => {
+            let waves = bc_store::rollouts::parse_waves(&waves).map_err(anyhow::Error::msg)?;
+            let r = c
+                .start_rollout(StartRolloutRequest {
+                    sequence,
+                    selector,
+                    waves,
+                    max_failures,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            (r, json, false)
+        }
+        RolloutsCommand::Status { id, nodes, json } => {
+            let r = match id {
+                Some(id) => c
+                    .get_rollout(GetRolloutRequest { id })
+                    .await
+                    .map_err(status)?
+                    .into_inner(),
+                None => c
+                    .list_rollouts(ListRolloutsRequest {})
+                    .await
+                    .map_err(status)?
+                    .into_inner()
+                    .rollouts
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "no rollouts yet: start one with better-compute rollouts start SEQUENCE"
+                        )
+                    })?,
+            };
+            (r, json, nodes)
+        }
+        RolloutsCommand::Pause { id } => (change(&mut c, id, "pause", false).await?, false, false),
+        RolloutsCommand::Resume { id } => {
+            (change(&mut c, id, "resume", false).await?, false, false)
+        }
+        RolloutsCommand::Abort { id, rollback } => {
+            (change(&mut c, id, "abort", rollback).await?, false, true)
+        }
+    };
+    print(&info, json, nodes)
+}
+
+fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
+    if json {
+        return output::json(r);
+    }
+    let count = |s: &str| r.nodes.iter().filter(|n| n.status == s).count();
+    let pct = r.waves.get(r.wave as usize).copied().unwrap_or(100);
+    out!(
+        "rollout {}: release {} ({}) to {} nodes ({}), {}{}",
+        r.id,
+        r.sequence,
+        r.version,
+        r.nodes.len(),
+        r.selector,
+        r.state,
+        around(": ", &r.reason, "")
+    );
+    out!(
+        "wave {}/{} ({pct}%); confirmed {}, upgrading {}, failed {} (budget {}), waiting {}, skipped {}, cancelled {}",
+        r.wave + 1,
+        r.waves.len(),
+        count("confirmed"),
+        count("upgrading"),
+        count("failed"),
+        r.max_failures,
+        count("waiting"),
+        count("skipped"),
+        count("cancelled"),
+    );
+    if nodes {
+        out!("{:<16} {:<10} {:<22} REASON", "NODE", "STATUS", "COMMAND");
+        for n in &r.nodes {
+            out!(
+                "{:<16} {:<10} {:<22} {}{}",
+                n.node_id,
+                n.status,
+                n.command_id,
+                n.reason,
+                around(" (rollback ", &n.rollback_command_id, ")")
+            );
+        }
+    }
+    Ok(())
+}

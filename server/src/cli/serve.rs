@@ -1,0 +1,84 @@
+//! `better-compute serve`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::dur;
+use crate::api::join::CertPolicy;
+use crate::gateway::Timing;
+use crate::serve::ServeOptions;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:7443")]
+    listen: std::net::SocketAddr,
+    /// Extra DNS names or IPs for the serving certificate.
+    #[arg(long = "san")]
+    sans: Vec<String>,
+    #[arg(long)]
+    gateway_id: Option<String>,
+    /// How often nodes send heartbeats; three missed close a session.
+    #[arg(long, default_value = "10s", value_parser = dur)]
+    heartbeat_interval: Duration,
+    #[arg(long, default_value = "20s", value_parser = dur)]
+    gateway_lease_ttl: Duration,
+    #[arg(long, default_value = "40s", value_parser = dur)]
+    node_lease_ttl: Duration,
+    #[arg(long, default_value = "120s", value_parser = dur)]
+    gateway_loss_grace: Duration,
+    /// TLS handshakes admitted per second (a token bucket; bursts up to
+    /// the same number).
+    #[arg(long, default_value_t = 200)]
+    handshake_rate: u32,
+    /// On shutdown, nodes are told to reconnect at random within this.
+    #[arg(long, default_value = "60s", value_parser = dur)]
+    drain_within: Duration,
+    #[arg(long, default_value = "24h", value_parser = dur)]
+    node_cert_ttl: Duration,
+    #[arg(long, default_value = "2h", value_parser = dur)]
+    ramdisk_cert_ttl: Duration,
+    /// A release public key (hex, from releases keygen); repeatable.
+    #[arg(long = "release-pubkey")]
+    release_pubkeys: Vec<String>,
+    #[command(flatten)]
+    boot: crate::boot::BootOptions,
+}
+
+pub async fn run(a: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
+    let release_keys = a
+        .release_pubkeys
+        .iter()
+        .map(|k| {
+            hex::decode(k.trim())
+                .ok()
+                .filter(|b| b.len() == 32)
+                .ok_or_else(|| anyhow::anyhow!("--release-pubkey takes 64 hex digits, not {k:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let timing = Timing {
+        heartbeat: a.heartbeat_interval,
+        gateway_lease_ttl: a.gateway_lease_ttl,
+        node_lease_ttl: a.node_lease_ttl,
+        gateway_loss_grace: a.gateway_loss_grace,
+        handshake_rate: a.handshake_rate,
+        drain_within: a.drain_within,
+        ..Timing::default()
+    };
+    crate::serve::serve(
+        ServeOptions {
+            data_dir,
+            listen: a.listen,
+            sans: a.sans,
+            gateway_id: a.gateway_id,
+            timing,
+            certs: CertPolicy {
+                node_ttl: a.node_cert_ttl,
+                ramdisk_ttl: a.ramdisk_cert_ttl,
+            },
+            release_keys,
+            boot: a.boot,
+        },
+        super::shutdown_signal(),
+    )
+    .await
+}

@@ -1,0 +1,60 @@
+//! `better-compute sim`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::dur;
+use super::output;
+
+#[derive(Debug, clap::Args)]
+pub struct SimArgs {
+    #[arg(long, default_value_t = 200)]
+    nodes: usize,
+    #[arg(long, default_value_t = 3)]
+    gateways: usize,
+    #[arg(long, value_enum, default_value = "light")]
+    chaos: crate::sim::chaos::Level,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long the workload and the faults run (settling follows).
+    #[arg(long, default_value = "30s", value_parser = dur)]
+    duration: Duration,
+    /// Keep the run's store and nodes here (a temporary directory
+    /// otherwise).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 8)]
+    gpus: usize,
+    /// Each gateway's TLS handshakes per second (serve --handshake-rate).
+    #[arg(long, default_value_t = 200)]
+    handshake_rate: u32,
+    /// The gateways' heartbeat and lease timings.
+    #[arg(long, value_enum, default_value = "fast")]
+    timings: crate::sim::Timings,
+    /// The report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(a: SimArgs) -> anyhow::Result<()> {
+    let report = crate::sim::run(crate::sim::SimOptions {
+        handshake_rate: a.handshake_rate,
+        timings: a.timings,
+        nodes: a.nodes,
+        gateways: a.gateways,
+        chaos: a.chaos,
+        seed: a.seed,
+        duration: a.duration,
+        data_dir: a.dir,
+        gpus: a.gpus,
+        progress: !a.json,
+    })
+    .await?;
+    if a.json {
+        output::json(&report)?;
+    } else {
+        output::emit(&report.render())?;
+    }
+    anyhow::ensure!(report.ok, "an invariant was violated (see the report)");
+    Ok(())
+}

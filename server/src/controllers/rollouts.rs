@@ -1,0 +1,196 @@
+//! The rollout controller: a release reaches a selection of nodes in
+//! waves.
+//!
+//! A rollout fixes its nodes when it starts and walks cumulative waves
+//! (1%, 10%, 50%, 100% of them by default). Each node gets one
+//! `daemon.upgrade`, issued under the idempotency key
+//! `rollout:<id>:<node>`, so a controller that dies between creating a
+//! command and recording it (or two gateways running the controller at
+//! once) never upgrades a node twice. A wave is over when every node in it
+//! has confirmed, failed or been skipped (it already runs the release or a
+//! later one). More failures than `max_failures` halt the rollout by
+//! itself. Operators pause, resume and abort through `api::rollouts`.
+//!
+//! [`decide`] is the decision, pure; [`tick`] reads each running rollout
+//! from the store, decides, and writes what was decided.
+
+use std::sync::Arc;
+
+use bc_store::commands::NewCommand;
+use bc_store::rollouts::{NodeStatus, RolloutCommand, RolloutState};
+use bc_store::{Store, TxError};
+use bcd_core::command::Kind;
+use bcd_proto::v1::{UpgradeArgs, command_payload};
+use tracing::{info, warn};
+
+use crate::api::rollouts::COMMAND_NOT_AFTER;
+
+/// What the controller does next for a running rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Give these positions (in the rollout's order) the upgrade.
+    Issue(Vec<usize>),
+    /// The current wave is over: start the next.
+    Advance(usize),
+    Halt(String),
+    Done,
+    Wait,
+}
+
+/// Nodes in the first `wave + 1` waves: `pct` percent of `total`, rounded
+/// up, at least one.
+pub fn wave_end(total: usize, pct: u32) -> usize {
+    if total == 0 {
+        return 0;
+    }
+    (total * pct as usize).div_ceil(100).clamp(1, total)
+}
+
+/// The controller's decision for a running rollout, from each node's status
+/// in rollout order.
+pub fn decide(waves: &[u32], wave: usize, max_failures: u32, nodes: &[NodeStatus]) -> Step {
+    let failures = nodes.iter().filter(|s| **s == NodeStatus::Failed).count();
+    if failures > max_failures as usize {
+        return Step::Halt(format!(
+            "the failure budget is spent: {failures} failed upgrades, {max_failures} allowed"
+        ));
+    }
+    let Some(pct) = waves.get(wave) else {
+        return Step::Done;
+    };
+    let end = wave_end(nodes.len(), *pct);
+    let issue: Vec<usize> = (0..end)
+        .filter(|&i| nodes[i] == NodeStatus::Waiting)
+        .collect();
+    if !issue.is_empty() {
+        return Step::Issue(issue);
+    }
+    if nodes[..end].iter().all(|s| s.settled()) {
+        if wave + 1 < waves.len() {
+            return Step::Advance(wave + 1);
+        }
+        return Step::Done;
+    }
+    Step::Wait
+}
+
+/// One pass over the running rollouts. Returns the nodes given a command
+/// (their gateway sessions are woken).
+pub async fn tick(
+    store: &Store,
+    key: &Arc<ring::signature::Ed25519KeyPair>,
+) -> Result<Vec<String>, TxError> {
+    let mut woken = Vec::new();
+    let running: Vec<String> = store
+        .list_rollouts()
+        .await?
+        .into_iter()
+        .filter(|r| r.state == RolloutState::Running)
+        .map(|r| r.id)
+        .collect();
+    for id in running {
+        let Some(r) = store.rollout(&id).await? else {
+            continue;
+        };
+        let statuses: Vec<NodeStatus> = r.nodes.iter().map(|n| n.status).collect();
+        match decide(&r.waves, r.wave, r.max_failures, &statuses) {
+            Step::Issue(positions) => {
+                for i in positions {
+                    let n = &r.nodes[i];
+                    if n.release_floor >= r.sequence {
+                        store.skip_rollout_node(&id, &n.node_id).await?;
+                        continue;
+                    }
+                    let new = NewCommand {
+                        node_id: n.node_id.clone(),
+                        kind: Kind::DaemonUpgrade,
+                        summary: format!("release {}", r.sequence),
+                        not_after: COMMAND_NOT_AFTER,
+                        min_generation: 0,
+                        idempotency_key: Some(format!("rollout:{id}:{}", n.node_id)),
+                    };
+                    let args = command_payload::Args::Upgrade(UpgradeArgs {
+                        sequence: r.sequence,
+                    });
+                    let (row, created) =
+                        crate::pki::seal::create_command(store, key, &new, args).await?;
+                    store
+                        .record_rollout_command(&id, &n.node_id, RolloutCommand::Upgrade, &row.id)
+                        .await?;
+                    if created {
+                        info!(rollout = %id, node = %n.node_id, cmd = %row.id, "upgrade issued");
+                        woken.push(n.node_id.clone());
+                    }
+                }
+            }
+            Step::Advance(to) => {
+                if store.advance_rollout(&id, r.wave, to).await? {
+                    info!(rollout = %id, wave = to, pct = r.waves[to], "next wave");
+                }
+            }
+            Step::Halt(reason) => {
+                if store
+                    .set_rollout_state(&id, &[RolloutState::Running], RolloutState::Halted, &reason)
+                    .await?
+                {
+                    warn!(rollout = %id, %reason, "rollout halted");
+                }
+            }
+            Step::Done => {
+                if store
+                    .set_rollout_state(&id, &[RolloutState::Running], RolloutState::Done, "")
+                    .await?
+                {
+                    info!(rollout = %id, "rollout done");
+                }
+            }
+            Step::Wait => {}
+        }
+    }
+    Ok(woken)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use NodeStatus::*;
+
+    #[test]
+    fn waves_round_up_and_cover_everyone_at_100() {
+        assert_eq!(wave_end(1000, 1), 10);
+        assert_eq!(wave_end(10, 1), 1);
+        assert_eq!(wave_end(10, 15), 2);
+        assert_eq!(wave_end(10, 100), 10);
+        assert_eq!(wave_end(0, 50), 0);
+    }
+
+    #[test]
+    fn a_wave_issues_then_waits_then_advances() {
+        let waves = [10, 100];
+        let mut nodes = vec![Waiting; 10];
+        assert_eq!(decide(&waves, 0, 0, &nodes), Step::Issue(vec![0]));
+        nodes[0] = Upgrading;
+        assert_eq!(decide(&waves, 0, 0, &nodes), Step::Wait);
+        nodes[0] = Confirmed;
+        assert_eq!(decide(&waves, 0, 0, &nodes), Step::Advance(1));
+        assert_eq!(decide(&waves, 1, 0, &nodes), Step::Issue((1..10).collect()));
+        for n in &mut nodes[1..] {
+            *n = Confirmed;
+        }
+        nodes[3] = Skipped;
+        assert_eq!(decide(&waves, 1, 0, &nodes), Step::Done);
+    }
+
+    #[test]
+    fn the_failure_budget_halts() {
+        let waves = [50, 100];
+        let mut nodes = vec![Waiting; 4];
+        nodes[0] = Failed;
+        nodes[1] = Upgrading;
+        assert_eq!(decide(&waves, 0, 1, &nodes), Step::Wait, "within budget");
+        nodes[1] = Failed;
+        assert!(matches!(decide(&waves, 0, 1, &nodes), Step::Halt(_)));
+        // Nodes past the halted wave never got anything.
+        assert_eq!(nodes[2], Waiting);
+    }
+}

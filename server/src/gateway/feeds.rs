@@ -1,0 +1,117 @@
+//! The loops over all of a gateway's sessions.
+//!
+//! - Liveness: every heartbeat interval (at most 5 s), "seen N ms ago" for
+//!   every session goes to the store; sessions the store says a newer Hello
+//!   took, and sessions whose certificate ran out, end
+//!   ([`super::lifetime::sweep`]).
+//! - Revocations: every 250 ms, certificates revoked since the last look
+//!   end the sessions that present them.
+//! - Work: every second, one query finds the sessions with a pending
+//!   command or a changed spec (written through any gateway) and wakes
+//!   them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_store::sessions::Seen;
+use tracing::{debug, info, warn};
+
+use super::GatewayState;
+use super::lifetime::{self, End, Local};
+
+pub async fn liveness(state: Arc<GatewayState>) {
+    let every = state.timing.heartbeat.min(Duration::from_secs(5));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if state.is_fenced() {
+            continue;
+        }
+        let (seen, local): (Vec<Seen>, Vec<Local>) = state
+            .sessions()
+            .iter()
+            .map(|(n, s)| {
+                let heard = *s.last_heard.lock().unwrap_or_else(|p| p.into_inner());
+                (
+                    Seen {
+                        node_id: n.clone(),
+                        epoch: s.epoch,
+                        age: heard.elapsed(),
+                    },
+                    Local {
+                        node_id: n.clone(),
+                        epoch: s.epoch,
+                        cert_not_after_ms: s.cert_not_after_ms,
+                    },
+                )
+            })
+            .unzip();
+        if seen.is_empty() {
+            continue;
+        }
+        let gone = match state.store.flush_liveness(&state.id, &seen).await {
+            Ok(gone) => gone,
+            Err(e) => {
+                warn!(error = %e, "liveness flush failed");
+                Vec::new()
+            }
+        };
+        for (key, end) in lifetime::sweep(&local, state.clock.now_ms(), &gone) {
+            match end {
+                End::CertificateExpired => {
+                    info!(node = %key.node_id, "certificate expired; closing the session")
+                }
+                _ => {
+                    debug!(node = %key.node_id, epoch = key.epoch, "session superseded; closing it")
+                }
+            }
+            state.end_session(&key.node_id, Some(key.epoch), end);
+        }
+    }
+}
+
+pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
+    let mut since = state.clock.now_ms() - 1_000;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match state.store.revoked_since(since).await {
+            Ok(rows) => {
+                for r in rows {
+                    since = since.max(r.at_ms);
+                    let mut sessions = state.sessions();
+                    if let Some(s) = sessions.get_mut(&r.node_id)
+                        && s.cert_serial == r.serial
+                        && let Some(tx) = s.end.take()
+                    {
+                        let _ = tx.send(End::Revoked { reason: r.reason });
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "revocation feed failed"),
+        }
+    }
+}
+
+pub async fn work(state: Arc<GatewayState>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if state.is_fenced() || state.sessions().is_empty() {
+            continue;
+        }
+        // Overlapping windows: a wake for a spec already sent is a no-op.
+        let since = state.clock.now_ms() - 3_000;
+        match state.store.nodes_with_work(&state.id, since).await {
+            Ok(nodes) => {
+                for n in nodes {
+                    state.wake(&n);
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot look for pending work"),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The gateway: one bidirectional stream per node.
+//!
+//! A stream starts with the node's Hello. The Hello transaction (in the
+//! store) checks the node's certificate and this gateway's lease, bumps the
+//! session epoch and routes the node here; the gateway answers Welcome with
+//! the store's time. Then the node sends a heartbeat every interval.
+//! Liveness is flushed to the store as ages ("seen N ms ago"), never as
+//! timestamps of this process.
+//!
+//! - [`session`]: one stream, from Hello to its end.
+//! - [`lifetime`]: when a session ends and what it writes, decided without
+//!   I/O.
+//! - [`lease`]: the `gateway:<id>` lease and fencing.
+//! - [`feeds`]: the loops over all sessions: liveness flush, revocations,
+//!   work waiting in the store.
+//! - [`admission`]: the handshake bucket; this module holds the Hello
+//!   permits.
+
+pub mod admission;
+pub mod feeds;
+pub mod lease;
+pub mod lifetime;
+pub mod session;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bc_store::Store;
+use bc_store::sessions::SessionKey;
+use bcd_proto::tls::PeerInfo;
+use bcd_proto::v1::{NodeMessage, ServerMessage, gateway_server::Gateway};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use lifetime::End;
+
+/// Timings of the gateway and the liveness controller.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    pub missed_heartbeats: u32,
+    pub welcome_timeout: Duration,
+    pub gateway_lease_ttl: Duration,
+    pub node_lease_ttl: Duration,
+    pub gateway_loss_grace: Duration,
+    pub sweep_every: Duration,
+    pub outage_gap: Duration,
+    pub outage_hold: Duration,
+    pub max_pending_hellos: usize,
+    /// TLS handshakes admitted per second.
+    pub handshake_rate: u32,
+    /// On shutdown, nodes reconnect at random within this.
+    pub drain_within: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat: Duration::from_secs(10),
+            missed_heartbeats: 3,
+            welcome_timeout: Duration::from_secs(30),
+            gateway_lease_ttl: Duration::from_secs(20),
+            node_lease_ttl: Duration::from_secs(40),
+            gateway_loss_grace: Duration::from_secs(120),
+            sweep_every: Duration::from_secs(1),
+            outage_gap: Duration::from_secs(20),
+            outage_hold: Duration::from_secs(300),
+            max_pending_hellos: 64,
+            handshake_rate: 200,
+            drain_within: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The store's clock as this process sees it: anchored to `compute_now()`
+/// at every lease renewal, advanced by the monotonic clock in between.
+#[derive(Debug)]
+pub struct StoreClock {
+    anchor: Mutex<(Instant, i64)>,
+}
+
+impl StoreClock {
+    pub fn new(store_now_ms: i64) -> StoreClock {
+        StoreClock {
+            anchor: Mutex::new((Instant::now(), store_now_ms)),
+        }
+    }
+
+    pub fn anchor(&self, store_now_ms: i64) {
+        *self.anchor.lock().unwrap_or_else(|p| p.into_inner()) = (Instant::now(), store_now_ms);
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        let (at, ms) = *self.anchor.lock().unwrap_or_else(|p| p.into_inner());
+        ms + at.elapsed().as_millis() as i64
+    }
+}
+
+/// A session this gateway holds.
+struct LocalSession {
+    epoch: u64,
+    cert_serial: String,
+    cert_not_after_ms: i64,
+    last_heard: Arc<Mutex<Instant>>,
+    /// Ends the session: it tells the node and writes what [`End`] says.
+    end: Option<oneshot::Sender<End>>,
+    /// Wakes the session's dispatcher when work waits for it.
+    wake: Arc<Notify>,
+}
+
+/// One gateway's state, shared by its streams and its background loops.
+pub struct GatewayState {
+    pub id: String,
+    pub store: Store,
+    pub timing: Timing,
+    pub clock: StoreClock,
+    sessions: Mutex<HashMap<String, LocalSession>>,
+    hellos: Arc<Semaphore>,
+    fenced: AtomicBool,
+    /// Shutting down: stays fenced whatever the lease does.
+    stopping: AtomicBool,
+}
+
+impl std::fmt::Debug for GatewayState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayState")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GatewayState {
+    pub fn new(id: String, store: Store, timing: Timing, store_now_ms: i64) -> Arc<GatewayState> {
+        Arc::new(GatewayState {
+            id,
+            store,
+            timing,
+            clock: StoreClock::new(store_now_ms),
+            sessions: Mutex::new(HashMap::new()),
+            hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
+            fenced: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalSession>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn lease_name(&self) -> String {
+        bc_store::leases::gateway_lease(&self.id)
+    }
+
+    /// Ends one session, if it is still the one under `epoch` (any epoch
+    /// when `None`).
+    fn end_session(&self, node: &str, epoch: Option<u64>, end: End) {
+        let mut sessions = self.sessions();
+        if let Some(s) = sessions.get_mut(node)
+            && epoch.is_none_or(|e| e == s.epoch)
+            && let Some(tx) = s.end.take()
+        {
+            let _ = tx.send(end);
+        }
+    }
+
+    /// Fences the gateway: forget the lease, close every stream.
+    pub fn fence(&self, why: &str) {
+        if !self.fenced.swap(true, Ordering::SeqCst) {
+            warn!(gateway = %self.id, reason = why, "fencing: closing every session");
+        }
+        let mut sessions = self.sessions();
+        for s in sessions.values_mut() {
+            if let Some(tx) = s.end.take() {
+                let _ = tx.send(End::Fenced {
+                    gateway: self.id.clone(),
+                });
+            }
+        }
+    }
+
+    /// Work for `node` waits in the store: its session looks now rather
+    /// than at the next poll.
+    pub fn wake(&self, node: &str) {
+        if let Some(s) = self.sessions().get(node) {
+            s.wake.notify_one();
+        }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// A planned stop: no new sessions, every node drained (told to
+    /// reconnect at random within the drain window, so a fleet does not
+    /// land on the other gateways at once), then the remaining sessions
+    /// disconnected and the lease released together. A crash does neither.
+    pub async fn shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.fenced.store(true, Ordering::SeqCst);
+        let within = self.timing.drain_within;
+        let draining: usize = {
+            let mut sessions = self.sessions();
+            sessions
+                .values_mut()
+                .filter_map(|s| s.end.take())
+                .map(|tx| tx.send(End::Drain { within }).is_ok() as usize)
+                .sum()
+        };
+        if draining > 0 {
+            info!(sessions = draining, ?within, "draining");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !self.sessions().is_empty() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        self.fence("shutting down");
+        let mine: Vec<SessionKey> = self
+            .sessions()
+            .iter()
+            .map(|(n, s)| SessionKey {
+                node_id: n.clone(),
+                epoch: s.epoch,
+            })
+            .collect();
+        if let Err(e) = self.store.gateway_shutdown(&self.id, &mine).await {
+            warn!(error = %e, "cannot record the gateway's shutdown");
+        }
+    }
+}
+
+impl crate::api::Wake for GatewayState {
+    fn wake(&self, node: &str) {
+        GatewayState::wake(self, node);
+    }
+}
+
+/// The tonic service.
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    pub state: Arc<GatewayState>,
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<NodeMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let fingerprint = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| {
+                Status::unauthenticated(
+                    "a node certificate is required: join first: bcd join --server URL --token TOKEN",
+                )
+            })?;
+        if self.state.is_fenced() {
+            return Err(Status::unavailable(
+                "this gateway holds no lease right now; retry",
+            ));
+        }
+        let permit = self
+            .state
+            .hellos
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Status::resource_exhausted("too many Hellos in flight; retry"))?;
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            session::run(state, fingerprint, inbound, tx, permit).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

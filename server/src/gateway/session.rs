@@ -1,0 +1,501 @@
+//! One node's stream, from its Hello to its end.
+//!
+//! The Hello transaction routes the node here; the Welcome carries the
+//! store's time, the epoch and the inventory sections the store lacks.
+//! In-flight commands go first, in sequence order, then what is pending,
+//! and the node's spec whenever the store has a newer generation. Messages
+//! from the node are facts the store records; a refusal from the store is
+//! answered with the status `api::status` gives it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
+use bc_store::commands::{Dispatch, ResultApplied, ResultInput};
+use bc_store::events::EventInput;
+use bc_store::sessions::HelloInput;
+use bc_store::specs::SectionReport;
+use bc_store::{Refusal, TxError};
+use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
+use prost::Message;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::lifetime::{End, Heartbeats};
+use super::{GatewayState, LocalSession};
+use crate::api::status::status;
+
+/// How often a session looks for work by itself, besides being woken.
+const SESSION_POLL: Duration = Duration::from_secs(30);
+
+type Out = mpsc::Sender<Result<ServerMessage, Status>>;
+
+fn msg(m: server_message::Msg) -> Result<ServerMessage, Status> {
+    Ok(ServerMessage { msg: Some(m) })
+}
+
+fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInput {
+    HelloInput {
+        node_id: h.node_id,
+        cert_fingerprint: fingerprint,
+        cert_serial: h.cert_serial,
+        gateway_id: gateway_id.to_string(),
+        incarnation_id: h.incarnation_id,
+        boot_id: h.boot_id,
+        journal_id: h.journal_id,
+        agent_version: h.agent_version,
+        release_floor: h.release_floor,
+        last_epoch: h.last_epoch,
+        inventory_hashes: h
+            .inventory_hashes
+            .into_iter()
+            .map(|h| (h.section, h.sha256))
+            .collect(),
+        journal_running: h.journal_running,
+        journal_done: h.journal_done,
+    }
+}
+
+/// Runs one session until it ends.
+pub async fn run(
+    state: Arc<GatewayState>,
+    fingerprint: String,
+    mut inbound: Streaming<NodeMessage>,
+    out: Out,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let timing = state.timing;
+    let hello = match tokio::time::timeout(timing.welcome_timeout, inbound.message()).await {
+        Ok(Ok(Some(NodeMessage {
+            msg: Some(node_message::Msg::Hello(h)),
+        }))) => h,
+        Ok(Ok(Some(_))) => {
+            let _ = out
+                .send(Err(Status::invalid_argument(
+                    "the first message must be Hello",
+                )))
+                .await;
+            return;
+        }
+        _ => return,
+    };
+    let node = hello.node_id.clone();
+    let cert_serial = hello.cert_serial.clone();
+    let journal_id = hello.journal_id.clone();
+    let applied_generation = hello.applied_generation;
+    let input = hello_input(hello, fingerprint, &state.id);
+    let outcome = match state.store.hello(&input).await {
+        Ok(o) => o,
+        Err(TxError::Refused(Refusal::Fenced(_))) => {
+            state.fence("the store says another gateway holds the lease, or it ran out");
+            let end = End::Fenced {
+                gateway: state.id.clone(),
+            };
+            if let Some(s) = end.status() {
+                let _ = out.send(Err(s)).await;
+            }
+            return;
+        }
+        Err(e) => {
+            let _ = out.send(Err(status(e))).await;
+            return;
+        }
+    };
+    drop(permit);
+    let epoch = outcome.epoch;
+    let span = info_span!("session", %node, epoch, gateway = %state.id);
+    async move {
+        let last_heard = Arc::new(Mutex::new(Instant::now()));
+        let wake = Arc::new(Notify::new());
+        let (end_tx, mut end_rx) = oneshot::channel::<End>();
+        if let Some(mut old) = state.sessions().insert(
+            node.clone(),
+            LocalSession {
+                epoch,
+                cert_serial: cert_serial.clone(),
+                cert_not_after_ms: outcome.cert_not_after_ms,
+                last_heard: last_heard.clone(),
+                end: Some(end_tx),
+                wake: wake.clone(),
+            },
+        ) && let Some(tx) = old.end.take()
+        {
+            let _ = tx.send(End::Superseded);
+        }
+        info!("session established");
+        let welcome = Welcome {
+            epoch,
+            server_time_ms: outcome.server_time_ms,
+            gateway_id: state.id.clone(),
+            heartbeat_interval_ms: timing.heartbeat.as_millis() as u32,
+            inventory_wanted: outcome.inventory_wanted,
+        };
+        let session = Session {
+            state: &state,
+            node: &node,
+            epoch,
+            cert_serial: &cert_serial,
+            out: &out,
+        };
+        if out
+            .send(msg(server_message::Msg::Welcome(welcome)))
+            .await
+            .is_err()
+        {
+            return session.finish(End::StreamEnded).await;
+        }
+        for f in &outcome.finished {
+            info!(cmd = %f.id, state = %f.state, reason = %f.reason, "command finished at Hello");
+        }
+        // In-flight commands first, in sequence order, then what is pending.
+        for d in outcome.replay {
+            debug!(cmd = %d.id, seq = d.seq, "replaying");
+            if !session.send_dispatch(d).await {
+                return session.finish(End::StreamEnded).await;
+            }
+        }
+        wake.notify_one();
+        // The spec generation this session has: a full DesiredState goes
+        // out whenever the store has a newer one.
+        let mut sent_generation = applied_generation;
+        // The gateway's work loop wakes the session when something waits
+        // for it; this slow poll is only the safety net.
+        let mut poll = tokio::time::interval(SESSION_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tick = tokio::time::interval(timing.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let heartbeats = Heartbeats {
+            interval: timing.heartbeat,
+            missed: timing.missed_heartbeats,
+        };
+        let end = loop {
+            tokio::select! {
+                end = &mut end_rx => break end.unwrap_or(End::Superseded),
+                _ = async { tokio::select! { _ = wake.notified() => {}, _ = poll.tick() => {} } } => {
+                    if !session.send_spec(&mut sent_generation).await
+                        || !session.dispatch_pending().await
+                    {
+                        break End::StreamEnded;
+                    }
+                }
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        *last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                        if !session.handle(&journal_id, m).await {
+                            break End::StreamEnded;
+                        }
+                    }
+                    Ok(None) | Err(_) => break End::StreamEnded,
+                },
+                _ = tick.tick() => {
+                    let silent = last_heard.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+                    if let Some(end) = heartbeats.check(silent) {
+                        info!(?silent, "missed heartbeats; closing the session");
+                        break end;
+                    }
+                }
+            }
+        };
+        session.finish(end).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// What the session's steps share.
+struct Session<'a> {
+    state: &'a Arc<GatewayState>,
+    node: &'a str,
+    epoch: u64,
+    cert_serial: &'a str,
+    out: &'a Out,
+}
+
+impl Session<'_> {
+    /// Ends the session: tells the node, forgets the session here, and
+    /// writes the disconnect the end calls for (epoch-fenced).
+    async fn finish(&self, end: End) {
+        match &end {
+            End::Drain { within } => {
+                info!(?within, "draining the session");
+                let _ = self
+                    .out
+                    .send(msg(server_message::Msg::Drain(v1::Drain {
+                        reconnect_within_ms: within.as_millis().min(u32::MAX as u128) as u32,
+                        reason: "the gateway is shutting down".into(),
+                    })))
+                    .await;
+            }
+            End::Revoked { reason } => {
+                info!(serial = %self.cert_serial, %reason, "certificate revoked; closing the session");
+                let _ = self
+                    .out
+                    .send(msg(server_message::Msg::Revocation(v1::RevocationNotice {
+                        reason: reason.clone(),
+                        serials: vec![self.cert_serial.to_string()],
+                    })))
+                    .await;
+            }
+            _ => {}
+        }
+        if let Some(s) = end.status() {
+            let _ = self.out.send(Err(s)).await;
+        }
+        {
+            let mut sessions = self.state.sessions();
+            if sessions
+                .get(self.node)
+                .is_some_and(|s| s.epoch == self.epoch)
+            {
+                sessions.remove(self.node);
+            }
+        }
+        let Some((cause, age)) = end.disconnect() else {
+            return;
+        };
+        match self
+            .state
+            .store
+            .disconnect(self.node, self.epoch, age, cause)
+            .await
+        {
+            Ok(true) => info!(cause, "session ended"),
+            Ok(false) => debug!(cause, "session ended; a newer session owns the node"),
+            Err(e) => warn!(error = %e, "cannot record the disconnect"),
+        }
+    }
+
+    async fn send(&self, m: server_message::Msg) -> bool {
+        self.out.send(msg(m)).await.is_ok()
+    }
+
+    async fn send_dispatch(&self, d: Dispatch) -> bool {
+        self.send(server_message::Msg::Command(v1::CommandDispatch {
+            command_id: d.id,
+            seq: d.seq,
+            signed: d.signed,
+            epoch: self.epoch,
+        }))
+        .await
+    }
+
+    /// Sends the node's spec if the store has a generation newer than the
+    /// one the session has; false when the stream is unusable.
+    async fn send_spec(&self, sent: &mut u64) -> bool {
+        match self.state.store.signed_spec(self.node).await {
+            Ok(Some((generation, signed))) if generation > *sent => {
+                debug!(generation, "sending the desired state");
+                *sent = generation;
+                self.send(server_message::Msg::DesiredState(v1::DesiredState {
+                    generation,
+                    signed_spec: signed,
+                }))
+                .await
+            }
+            Ok(_) => true,
+            Err(e) => {
+                warn!(error = %e, "cannot read the node's spec");
+                true
+            }
+        }
+    }
+
+    /// Sends what is pending for the node; false when the stream is
+    /// unusable.
+    async fn dispatch_pending(&self) -> bool {
+        match self
+            .state
+            .store
+            .take_dispatchable(&self.state.id, self.node, self.epoch)
+            .await
+        {
+            Ok(ds) => {
+                for d in ds {
+                    debug!(cmd = %d.id, seq = d.seq, "dispatching");
+                    if !self.send_dispatch(d).await {
+                        return false;
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot dispatch");
+                true
+            }
+        }
+    }
+
+    /// Handles one message; false when the stream is unusable.
+    async fn handle(&self, journal_id: &str, m: NodeMessage) -> bool {
+        let store = &self.state.store;
+        let node = self.node;
+        match m.msg {
+            Some(node_message::Msg::Heartbeat(h)) => {
+                self.send(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
+                    seq: h.seq,
+                    server_time_ms: self.state.clock.now_ms(),
+                }))
+                .await
+            }
+            Some(node_message::Msg::Inventory(inv)) => {
+                if bcd_proto::fingerprint(&inv.body) != inv.sha256 || inv.body.len() > 1 << 20 {
+                    warn!(section = %inv.section, "inventory body does not match its hash or is too large; ignored");
+                    return true;
+                }
+                if let Err(e) = store
+                    .put_inventory(node, self.epoch, &inv.section, &inv.sha256, &inv.body)
+                    .await
+                {
+                    warn!(error = %e, "cannot store inventory");
+                }
+                true
+            }
+            Some(node_message::Msg::CommandAck(a)) => {
+                let running = a.state == "RUNNING";
+                match store.command_ack(node, &a.command_id, running).await {
+                    Ok(true) => {
+                        debug!(cmd = %a.command_id, state = %a.state, "command acknowledged")
+                    }
+                    Ok(false) => {
+                        debug!(cmd = %a.command_id, "ack for a finished or unknown command")
+                    }
+                    Err(e) => warn!(error = %e, "cannot record a command ack"),
+                }
+                true
+            }
+            Some(node_message::Msg::CommandResult(r)) => {
+                let Some(outcome) = bcd_core::command::Outcome::parse(&r.outcome) else {
+                    warn!(cmd = %r.command_id, outcome = %r.outcome, "result with an unknown outcome; ignored");
+                    return true;
+                };
+                let input = ResultInput {
+                    command_id: r.command_id.clone(),
+                    outcome,
+                    reason: r.reason,
+                    exit_code: r.has_exit_code.then_some(r.exit_code),
+                    output: r.output,
+                    output_truncated: r.output_truncated,
+                };
+                match store.command_result(node, &input).await {
+                    Ok(applied) => {
+                        match applied {
+                            ResultApplied::Applied => {
+                                info!(cmd = %r.command_id, outcome = %r.outcome, "command finished")
+                            }
+                            ResultApplied::Duplicate => {
+                                debug!(cmd = %r.command_id, "duplicate result; the first one stands")
+                            }
+                            ResultApplied::Unknown => warn!(
+                                cmd = %r.command_id,
+                                "result for a command this server does not know; acknowledged and dropped"
+                            ),
+                        }
+                        self.send(server_message::Msg::ResultAck(v1::ResultAck {
+                            command_ids: vec![r.command_id],
+                        }))
+                        .await
+                    }
+                    // Not acknowledged: the node keeps it and sends it again.
+                    Err(e) => {
+                        warn!(error = %e, "cannot record a result");
+                        true
+                    }
+                }
+            }
+            Some(node_message::Msg::Events(batch)) => {
+                // Oversized events are acknowledged and dropped, so the node
+                // does not send them forever.
+                let max_id = batch.events.iter().map(|e| e.id).max().unwrap_or(0);
+                let events: Vec<EventInput> = batch
+                    .events
+                    .into_iter()
+                    .filter(|e| e.kind.len() <= 128 && e.body.len() <= 64 << 10)
+                    .map(|e| EventInput {
+                        id: e.id,
+                        kind: e.kind,
+                        body: e.body,
+                        age_ms: e.age_ms,
+                    })
+                    .collect();
+                match store.put_events(node, journal_id, &events).await {
+                    Ok(_) => {
+                        self.send(server_message::Msg::EventAck(v1::EventAck {
+                            up_to: max_id,
+                        }))
+                        .await
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot store events");
+                        true
+                    }
+                }
+            }
+            Some(node_message::Msg::AllocationBound(b)) => {
+                let report = v1::BindingPayload::decode(b.payload.as_slice())
+                    .ok()
+                    .map(|p| BindingReport {
+                        node_id: p.node_id,
+                        allocation_id: p.allocation_id,
+                        gpu_uuids: p.gpu_uuids,
+                        spec_generation: p.spec_generation,
+                        nonce: p.nonce,
+                    });
+                let input = BindingInput {
+                    session_node: node.to_string(),
+                    report,
+                    payload: b.payload,
+                    signature: b.signature,
+                };
+                match store
+                    .record_binding(&input, crate::pki::verify_node_signature)
+                    .await
+                {
+                    Ok(BindingOutcome::Accepted) => debug!("binding accepted"),
+                    Ok(BindingOutcome::Rejected(reason)) => {
+                        warn!(%reason, "reservation.binding-rejected")
+                    }
+                    Ok(BindingOutcome::MarkedLost(reason)) => {
+                        warn!(%reason, "forged re-report of an active binding: marked lost")
+                    }
+                    Err(e) => warn!(error = %e, "cannot record a binding"),
+                }
+                true
+            }
+            Some(node_message::Msg::StateReport(r)) => {
+                let sections: Vec<SectionReport> = r
+                    .sections
+                    .into_iter()
+                    .take(32)
+                    .map(|s| SectionReport {
+                        section: s.section,
+                        status: s.status,
+                        message: s.message.chars().take(1024).collect(),
+                        age_ms: s.age_ms,
+                    })
+                    .collect();
+                if let Err(e) = store
+                    .put_state_report(node, r.applied_generation, &sections)
+                    .await
+                {
+                    warn!(error = %e, "cannot record a state report");
+                }
+                // Commands waiting on this generation may go now.
+                self.dispatch_pending().await
+            }
+            Some(node_message::Msg::Hello(_)) => {
+                let _ = self
+                    .out
+                    .send(Err(Status::invalid_argument(
+                        "Hello is only valid as the first message",
+                    )))
+                    .await;
+                false
+            }
+            // A message this gateway does not know (a later protocol
+            // version): ignored.
+            None => true,
+        }
+    }
+}

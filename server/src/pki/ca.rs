@@ -1,0 +1,316 @@
+//! The fleet CA and the certificates it issues.
+//!
+//! Created on first start in the data directory (`ca.key` mode 0600,
+//! `ca.crt`), with a gateway serving certificate (`gateway.key`,
+//! `gateway.crt`) for the fixed name every node verifies
+//! (`bcd_proto::GATEWAY_NAME`) plus the operator's extra names. Node
+//! certificates are issued from a PKCS#10 request whose signature proves
+//! possession of the node key; what the request asks for beyond its key is
+//! ignored: the CA decides names, lifetime and usages.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer};
+
+use crate::files;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a usable PEM file: restore it from a backup")]
+    Pem { path: PathBuf },
+    #[error("certificate")]
+    Rcgen(#[from] rcgen::Error),
+    #[error(transparent)]
+    Write(#[from] files::WriteError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    #[error("the certificate request is not valid (bad encoding or signature)")]
+    Invalid,
+}
+
+pub struct Ca {
+    pub cert: CertificateDer<'static>,
+    key: KeyPair,
+    pub serving_chain: Vec<CertificateDer<'static>>,
+    serving_key_pem: String,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca")
+            .field("fingerprint", &self.fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A certificate issued to a node.
+#[derive(Debug)]
+pub struct NodeCert {
+    pub der: CertificateDer<'static>,
+    pub serial: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+}
+
+pub(super) fn read(path: &Path) -> Result<Vec<u8>, CaError> {
+    std::fs::read(path).map_err(|source| CaError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn offset(ms: i64) -> time::OffsetDateTime {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+}
+
+fn random_serial() -> (SerialNumber, String) {
+    // 16 random bytes with the top bit clear: a positive DER integer.
+    let mut b: [u8; 16] = rand::random();
+    b[0] &= 0x7f;
+    b[0] |= 0x01;
+    (SerialNumber::from_slice(&b), hex::encode(b))
+}
+
+impl Ca {
+    /// Loads the CA from `dir`, creating it and a serving certificate on
+    /// first start. `sans` are extra names for the serving certificate.
+    pub fn load_or_create(dir: &Path, sans: &[String], now_ms: i64) -> Result<Ca, CaError> {
+        let (ca_key_path, ca_cert_path) = (dir.join("ca.key"), dir.join("ca.crt"));
+        if !ca_cert_path.exists() {
+            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            let mut params = CertificateParams::default();
+            let mut dn = DistinguishedName::new();
+            dn.push(DnType::CommonName, "better-compute fleet CA");
+            params.distinguished_name = dn;
+            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            params.not_before = offset(now_ms - 3_600_000);
+            params.not_after = offset(now_ms + 20 * 365 * 86_400_000);
+            params.serial_number = Some(random_serial().0);
+            let cert = params.self_signed(&key)?;
+            files::write_atomic(&ca_key_path, key.serialize_pem().as_bytes(), 0o600)?;
+            files::write_atomic(&ca_cert_path, cert.pem().as_bytes(), 0o644)?;
+        }
+        let key_pem = String::from_utf8(read(&ca_key_path)?).map_err(|_| CaError::Pem {
+            path: ca_key_path.clone(),
+        })?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|_| CaError::Pem { path: ca_key_path })?;
+        let cert = CertificateDer::from_pem_slice(&read(&ca_cert_path)?)
+            .map_err(|_| CaError::Pem { path: ca_cert_path })?;
+        let mut ca = Ca {
+            cert,
+            key,
+            serving_chain: Vec::new(),
+            serving_key_pem: String::new(),
+        };
+        ca.load_or_create_serving(dir, sans, now_ms)?;
+        Ok(ca)
+    }
+
+    fn load_or_create_serving(
+        &mut self,
+        dir: &Path,
+        sans: &[String],
+        now_ms: i64,
+    ) -> Result<(), CaError> {
+        let (key_path, cert_path) = (dir.join("gateway.key"), dir.join("gateway.crt"));
+        let mut names = vec![bcd_proto::GATEWAY_NAME.to_string()];
+        names.extend(sans.iter().cloned());
+        let names_path = dir.join("gateway.names");
+        let wanted = names.join("\n");
+        let current = std::fs::read_to_string(&names_path).unwrap_or_default();
+        if !cert_path.exists() || current != wanted {
+            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+            let mut params = CertificateParams::new(names.clone())?;
+            let mut dn = DistinguishedName::new();
+            dn.push(DnType::CommonName, "better-compute gateway");
+            params.distinguished_name = dn;
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            params.not_before = offset(now_ms - 3_600_000);
+            params.not_after = offset(now_ms + 30 * 86_400_000);
+            params.serial_number = Some(random_serial().0);
+            let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key)?;
+            let cert = params.signed_by(&key, &issuer)?;
+            files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+            files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
+            files::write_atomic(&names_path, wanted.as_bytes(), 0o644)?;
+        }
+        let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
+            path: key_path.clone(),
+        })?;
+        let leaf = CertificateDer::from_pem_slice(&read(&cert_path)?)
+            .map_err(|_| CaError::Pem { path: cert_path })?;
+        // The chain carries the CA so a joining node can match it to the
+        // pin in its token.
+        self.serving_chain = vec![leaf, self.cert.clone()];
+        self.serving_key_pem = key_pem;
+        Ok(())
+    }
+
+    pub fn serving_key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::from_pem_slice(self.serving_key_pem.as_bytes())
+            .expect("the serving key parsed when it was loaded")
+    }
+
+    /// SHA-256 of the CA certificate: the pin in join tokens.
+    pub fn fingerprint(&self) -> String {
+        bcd_proto::fingerprint(&self.cert)
+    }
+
+    /// Issues a client certificate for `node_id` to the key of `csr_der`.
+    pub fn issue_node_cert(
+        &self,
+        csr_der: &[u8],
+        node_id: &str,
+        now_ms: i64,
+        ttl: Duration,
+    ) -> Result<NodeCert, IssueError> {
+        let csr =
+            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+                .map_err(|_| IssueError::Csr(CsrError::Invalid))?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, node_id);
+        params.distinguished_name = dn;
+        params.subject_alt_names = vec![SanType::URI(
+            format!("urn:bc:node:{node_id}").try_into().map_err(|_| {
+                IssueError::Ca(CaError::Rcgen(rcgen::Error::CouldNotParseCertificate))
+            })?,
+        )];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        // A little back-dating absorbs small clock differences of verifiers.
+        let not_before_ms = now_ms - 300_000;
+        let not_after_ms = now_ms + ttl.as_millis() as i64;
+        params.not_before = offset(not_before_ms);
+        params.not_after = offset(not_after_ms);
+        let (serial, serial_hex) = random_serial();
+        params.serial_number = Some(serial);
+        let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key).map_err(CaError::from)?;
+        let cert = params
+            .signed_by(&csr.public_key, &issuer)
+            .map_err(CaError::from)?;
+        Ok(NodeCert {
+            der: cert.der().clone(),
+            serial: serial_hex,
+            not_before_ms,
+            not_after_ms,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    #[error(transparent)]
+    Csr(#[from] CsrError),
+    #[error(transparent)]
+    Ca(#[from] CaError),
+}
+
+/// Whether `signature` (ECDSA P-256, ASN.1 DER) over `message` was made by
+/// the key of a node certificate.
+pub fn verify_node_signature(cert_der: &[u8], message: &[u8], signature: &[u8]) -> bool {
+    use x509_parser::prelude::FromDer;
+    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(cert_der) else {
+        return false;
+    };
+    let key = cert.public_key().subject_public_key.data.as_ref();
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key)
+        .verify(message, signature)
+        .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issues_a_node_cert_that_chains_to_the_ca() {
+        let d = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(d.path(), &["127.0.0.1".into()], 1_800_000_000_000).unwrap();
+        let again = Ca::load_or_create(d.path(), &["127.0.0.1".into()], 1_800_000_000_000).unwrap();
+        assert_eq!(ca.fingerprint(), again.fingerprint(), "the CA persists");
+        assert_eq!(
+            ca.serving_chain, again.serving_chain,
+            "the serving cert persists"
+        );
+
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
+        let cert = ca
+            .issue_node_cert(csr.der(), "nd-1", now, Duration::from_secs(86_400))
+            .unwrap();
+        assert_eq!(cert.not_after_ms - now, 86_400_000);
+        assert_eq!(cert.serial.len(), 32);
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.cert.clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            bcd_proto::tls::provider(),
+        )
+        .build()
+        .unwrap();
+        verifier
+            .verify_client_cert(&cert.der, &[], rustls_pki_types::UnixTime::now())
+            .expect("the node cert verifies against the CA");
+    }
+
+    #[test]
+    fn garbage_and_tampered_requests_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create(d.path(), &[], 1_800_000_000_000).unwrap();
+        assert!(matches!(
+            ca.issue_node_cert(b"not a csr", "nd-1", 0, Duration::from_secs(1)),
+            Err(IssueError::Csr(CsrError::Invalid))
+        ));
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap();
+        let mut bytes = csr.der().to_vec();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x55;
+        assert!(
+            ca.issue_node_cert(&bytes, "nd-1", 0, Duration::from_secs(1))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn ca_key_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        Ca::load_or_create(d.path(), &[], 1_800_000_000_000).unwrap();
+        for f in ["ca.key", "gateway.key"] {
+            let mode = std::fs::metadata(d.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
+    }
+}

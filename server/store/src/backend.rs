@@ -1,0 +1,344 @@
+//! The interface every store backend implements.
+//!
+//! Every method is exactly one transaction: it commits in full or changes
+//! nothing, and no caller holds a transaction across calls (an operation
+//! that must be atomic is one method, e.g. [`Backend::gateway_shutdown`]).
+//! The decisions inside a transaction (certificate validity, token
+//! admission, the Hello's settlement of in-flight commands, binding
+//! judgement, liveness rules) are the pure functions of this crate's domain
+//! modules; a backend owns only its SQL.
+//!
+//! Times are unix milliseconds on the store's clock (`compute_now()`);
+//! callers hand in ages and durations, never timestamps of their own.
+//! Methods that can turn a request down return [`TxError`]; the others
+//! fail only with [`StoreError`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::audit::{AuditSnapshot, Settling};
+use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
+use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
+use crate::error::{StoreError, TxError};
+use crate::events::{EventInput, EventRow};
+use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::inventory::InventoryRow;
+use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
+use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+
+#[async_trait]
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    // ------------------------------------------------------------- core
+
+    /// `compute_now()`: the store's clock.
+    async fn now(&self) -> Result<i64, StoreError>;
+
+    /// The schema version: how many migrations the store has applied.
+    async fn schema_version(&self) -> Result<u32, StoreError>;
+
+    // ------------------------------------------------ tokens, operators
+
+    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError>;
+
+    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError>;
+
+    /// Creates a join token; returns its expiry.
+    async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError>;
+
+    /// Checks and spends one use of a token, creates the node and records
+    /// the certificate `issue` builds for it.
+    async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError>;
+
+    // ------------------------------------------------- nodes, certificates
+
+    /// Issues a next certificate to the node whose valid certificate has
+    /// `fingerprint`, and records it.
+    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError>;
+
+    /// The node a certificate belongs to, if it is valid now.
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError>;
+
+    /// Certificates revoked at or after `since_ms`, oldest first.
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError>;
+
+    async fn list_nodes(&self) -> Result<NodeList, StoreError>;
+
+    /// Deletes a node and revokes its certificates; false if there was no
+    /// such node.
+    async fn delete_node(&self, node_id: &str) -> Result<bool, StoreError>;
+
+    // ----------------------------------------------------------- sessions
+
+    /// The Hello transaction (see [`crate::sessions`]).
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
+
+    /// Marks a session disconnected if `epoch` is still its epoch; the node
+    /// was last seen `seen_age` ago. Returns whether it applied.
+    async fn disconnect(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        seen_age: Duration,
+        cause: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Records when each of a gateway's sessions was last heard. Returns the
+    /// sessions that are no longer current (a newer Hello ran): the gateway
+    /// closes them.
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError>;
+
+    /// An orderly gateway stop: disconnects its remaining sessions (cause
+    /// `gateway-shutdown`) and releases its lease, together.
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError>;
+
+    async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError>;
+
+    /// Nodes connected through `gateway_id`.
+    async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Nodes connected through `gateway_id` with work waiting: a pending
+    /// command, or a spec changed at or after `specs_since_ms`.
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// The liveness controller's sweep (see [`crate::liveness`]).
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError>;
+
+    // ------------------------------------------------------------- leases
+
+    /// Takes or renews a lease for `owner`. Returns the store's now when
+    /// the lease is held, `None` when another owner holds it unexpired.
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError>;
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+
+    // ---------------------------------------------------------- inventory
+
+    /// Stores an inventory section if `epoch` is the node's current epoch;
+    /// returns whether it applied.
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &str,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<bool, StoreError>;
+
+    async fn inventory(
+        &self,
+        node_id: &str,
+        section: &str,
+    ) -> Result<Option<InventoryRow>, StoreError>;
+
+    // ----------------------------------------------------------- commands
+
+    /// Creates a command under the node's next sequence number, sealed by
+    /// `seal`; a repeated idempotency key returns the first command and
+    /// false.
+    async fn create_command(
+        &self,
+        c: &NewCommand,
+        seal: SealCommand,
+    ) -> Result<(CommandRow, bool), TxError>;
+
+    async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError>;
+
+    /// Newest first.
+    async fn list_commands(
+        &self,
+        node_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<CommandRow>, StoreError>;
+
+    /// Takes the node's dispatchable commands (see
+    /// [`crate::commands::dispatchable`]) for the session `epoch` on
+    /// `gateway_id`, marking them dispatched; nothing if the node is routed
+    /// elsewhere.
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError>;
+
+    /// The node acknowledged a dispatch (ACCEPTED) or reported it running.
+    async fn command_ack(&self, node_id: &str, id: &str, running: bool)
+    -> Result<bool, StoreError>;
+
+    /// Applies a result: the first terminal result wins, from any epoch. A
+    /// confirmed upgrade raises the node's release floor.
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &ResultInput,
+    ) -> Result<ResultApplied, StoreError>;
+
+    /// Expires pending commands past their deadline; returns them.
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Expires a command still pending with `reason`; false if it left.
+    async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError>;
+
+    // -------------------------------------------------------------- specs
+
+    /// Changes a node's spec: `change` edits the body (or refuses), the
+    /// generation grows by one, and `seal` signs the new spec.
+    async fn update_spec(
+        &self,
+        node_id: &str,
+        change: ChangeSpec,
+        seal: SealSpec,
+    ) -> Result<(u64, SpecBody), TxError>;
+
+    /// The signed spec to send a node, with its generation.
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
+
+    /// Records a node's state report.
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        applied_generation: u64,
+        sections: &[SectionReport],
+    ) -> Result<(), StoreError>;
+
+    /// Desired against applied; `None` for a node that does not exist.
+    async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError>;
+
+    // ----------------------------------------------------------- bindings
+
+    /// Judges a node's signed binding report (see [`crate::bindings`]).
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError>;
+
+    async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError>;
+
+    /// A node's recent fleet events, newest first: `kind: detail`.
+    async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    // ------------------------------------------------------------- events
+
+    /// Stores a batch of a node's events (idempotently); returns the id to
+    /// acknowledge up to.
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError>;
+
+    /// A node's events, oldest first.
+    async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError>;
+
+    // ----------------------------------------------------------- releases
+
+    /// Stores a verified release; a sequence registered before is refused.
+    async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError>;
+
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError>;
+
+    /// Newest first.
+    async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError>;
+
+    // ------------------------------------------------------------- images
+
+    /// Registers a verified image; false when it was there already.
+    async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError>;
+
+    async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError>;
+
+    /// An image by id, unique id prefix, or name (the latest registered of
+    /// that name).
+    async fn resolve_image(&self, what: &str) -> Result<String, TxError>;
+
+    /// Sets (or with `None` clears) what `target` boots.
+    async fn assign_image(
+        &self,
+        target: &str,
+        image_id: Option<&str>,
+        append: &str,
+    ) -> Result<(), StoreError>;
+
+    /// What `mac` boots: its own assignment, else the fleet default.
+    async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError>;
+
+    /// A kernel or initrd by its SHA-256.
+    async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Records a request for a boot script; keeps the last boots of each
+    /// MAC.
+    async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError>;
+
+    /// Newest first.
+    async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError>;
+
+    // ----------------------------------------------------------- rollouts
+
+    /// Starts a rollout (see [`crate::rollouts::plan`]).
+    async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError>;
+
+    async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError>;
+
+    /// Newest first.
+    async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError>;
+
+    /// Moves a rollout from one of `from` to `to`; false if it was in none.
+    async fn set_rollout_state(
+        &self,
+        id: &str,
+        from: &[RolloutState],
+        to: RolloutState,
+        reason: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves a running rollout from wave `from` to `to`; false if it was
+    /// not there.
+    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError>;
+
+    async fn record_rollout_command(
+        &self,
+        id: &str,
+        node_id: &str,
+        which: RolloutCommand,
+        command_id: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Marks a node skipped: it already runs the release or a later one.
+    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError>;
+
+    // -------------------------------------------------------------- audit
+
+    /// The audit history and the current tables, in one read.
+    async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError>;
+
+    async fn settling(&self) -> Result<Settling, StoreError>;
+
+    /// Blocks every writer for `duration`, as a stalled database would: the
+    /// fleet simulator's store fault.
+    async fn stall(&self, duration: Duration) -> Result<(), StoreError>;
+}

@@ -1,0 +1,99 @@
+//! What can go wrong in the store, and for whom.
+//!
+//! A [`Refusal`] is a request the store turns down, worded for the peer that
+//! made it (an operator or a node): what happened and what to do next. A
+//! [`StoreError`] is a failure of the store itself; it carries the
+//! database's own message and is for the logs only: the API reports it as
+//! "unavailable" without its text. [`TxError`] is either, for operations
+//! that can be refused.
+
+/// A failure of the store: for logs, never for a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed (I/O, a lock held too long, a constraint).
+    #[error("store database: {0}")]
+    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The blocking task running the work failed (a panic).
+    #[error("the store task failed")]
+    Task(#[source] tokio::task::JoinError),
+    #[error(
+        "store schema version {found} is newer than this binary knows ({known}): run a newer better-compute"
+    )]
+    TooNew { found: u32, known: u32 },
+    /// A stored value does not parse: a bug or a hand-edited store.
+    #[error("the store holds a value it cannot read: {0}")]
+    Corrupt(String),
+}
+
+/// A request the store turns down, worded for the peer that made it.
+///
+/// Which status each becomes on the wire is decided in one place, the
+/// server's `api::status`, by an exhaustive match: a new variant does not
+/// compile until it has a status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the join token is not known to this server: create one with better-compute tokens create"
+    )]
+    UnknownToken,
+    #[error("the join token expired: create a new one with better-compute tokens create")]
+    ExpiredToken,
+    #[error(
+        "the join token was already used: create a new one with better-compute tokens create (--uses N for several nodes)"
+    )]
+    UsedToken,
+    #[error(
+        "this node certificate is not known to this server: join again: bcd join --reset --yes, then bcd join"
+    )]
+    UnknownCertificate,
+    #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join")]
+    DeletedNode(String),
+    #[error(
+        "this certificate does not belong to node {0}: join again: bcd join --reset --yes, then bcd join"
+    )]
+    WrongCertificate(String),
+    #[error(
+        "the node certificate was revoked ({0}): join again: bcd join --reset --yes, then bcd join"
+    )]
+    Revoked(String),
+    #[error("certificate expired; renew and reconnect")]
+    Expired,
+    /// The request itself is wrong; the message says how.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("no node {0}: see better-compute nodes list")]
+    NoSuchNode(String),
+    /// Something else the operator named does not exist; the message names
+    /// it and where to look.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is valid but the state forbids it now (a rollout still
+    /// active, a sequence already registered); the message says what to do.
+    #[error("{0}")]
+    Conflict(String),
+    /// The gateway no longer holds its lease; it fences itself.
+    #[error("gateway {0} does not hold its lease; reconnect")]
+    Fenced(String),
+    /// Logged in full; the peer sees only that the server failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Either a refusal for the peer or a store failure for the logs.
+#[derive(Debug, thiserror::Error)]
+pub enum TxError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl TxError {
+    /// The refusal, if this is one.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            TxError::Refused(r) => Some(r),
+            TxError::Store(_) => None,
+        }
+    }
+}

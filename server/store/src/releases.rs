@@ -1,0 +1,45 @@
+//! Signed releases of bcd, once per sequence.
+//!
+//! The caller verifies a release (signature, hash, target) before it is
+//! registered; the store keeps the signed manifest and the binary as given
+//! and refuses a sequence registered before.
+
+use crate::error::Refusal;
+
+/// A verified release to register.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRelease {
+    pub sequence: u64,
+    pub version: String,
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+    pub key_id: String,
+    pub signed_manifest: Vec<u8>,
+    pub binary: Vec<u8>,
+}
+
+/// A registered release, without its binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRow {
+    pub version: String,
+    pub sequence: u64,
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+    pub key_id: String,
+    pub registered_at_ms: i64,
+}
+
+/// A release's signed manifest and its binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseFiles {
+    pub signed_manifest: Vec<u8>,
+    pub binary: Vec<u8>,
+}
+
+pub fn already_registered(sequence: u64) -> Refusal {
+    Refusal::Conflict(format!(
+        "release sequence {sequence} is already registered: sign the new release with a higher --sequence"
+    ))
+}

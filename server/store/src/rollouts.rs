@@ -1,0 +1,358 @@
+//! Rollouts: a release reaches a selection of nodes in waves.
+//!
+//! A rollout fixes its nodes when it starts (the selector is evaluated once,
+//! [`selects`]) and walks cumulative waves (1%, 10%, 50%, 100% of them by
+//! default). Each node gets one `daemon.upgrade`, recorded here; a node's
+//! status follows its upgrade command ([`NodeStatus::of_command`]). The
+//! controller's decision over these statuses lives with the controller.
+
+use crate::error::Refusal;
+
+pub const DEFAULT_WAVES: [u32; 4] = [1, 10, 50, 100];
+
+/// The reason a cancelled upgrade command carries.
+pub const CANCELLED: &str = "rollout-aborted";
+
+/// Where one node of a rollout stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeStatus {
+    /// Not yet given the upgrade.
+    Waiting,
+    Upgrading,
+    Confirmed,
+    Failed,
+    /// Already at the release or later.
+    Skipped,
+    /// Aborted before its upgrade was dispatched.
+    Cancelled,
+}
+
+impl NodeStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeStatus::Waiting => "waiting",
+            NodeStatus::Upgrading => "upgrading",
+            NodeStatus::Confirmed => "confirmed",
+            NodeStatus::Failed => "failed",
+            NodeStatus::Skipped => "skipped",
+            NodeStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// From the upgrade command's state.
+    pub fn of_command(state: Option<&str>, reason: &str) -> NodeStatus {
+        match state {
+            None => NodeStatus::Waiting,
+            Some("succeeded") => NodeStatus::Confirmed,
+            Some("expired") if reason == CANCELLED => NodeStatus::Cancelled,
+            Some("failed" | "expired" | "rejected") => NodeStatus::Failed,
+            Some(_) => NodeStatus::Upgrading,
+        }
+    }
+
+    /// Nothing more will happen to the node in this rollout.
+    pub fn settled(self) -> bool {
+        !matches!(self, NodeStatus::Waiting | NodeStatus::Upgrading)
+    }
+}
+
+/// A rollout's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutState {
+    Running,
+    Paused,
+    /// Stopped by itself: the failure budget is spent.
+    Halted,
+    Aborted,
+    Done,
+}
+
+impl RolloutState {
+    pub const ALL: [RolloutState; 5] = [
+        RolloutState::Running,
+        RolloutState::Paused,
+        RolloutState::Halted,
+        RolloutState::Aborted,
+        RolloutState::Done,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RolloutState::Running => "running",
+            RolloutState::Paused => "paused",
+            RolloutState::Halted => "halted",
+            RolloutState::Aborted => "aborted",
+            RolloutState::Done => "done",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RolloutState> {
+        RolloutState::ALL.into_iter().find(|r| r.name() == s)
+    }
+
+    /// Running or paused: no second rollout starts meanwhile.
+    pub fn active(self) -> bool {
+        matches!(self, RolloutState::Running | RolloutState::Paused)
+    }
+}
+
+/// A rollout to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRollout {
+    pub sequence: u64,
+    pub selector: String,
+    pub waves: Vec<u32>,
+    pub max_failures: u32,
+}
+
+/// A rollout as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    pub id: String,
+    pub sequence: u64,
+    pub version: String,
+    pub selector: String,
+    pub waves: Vec<u32>,
+    pub max_failures: u32,
+    pub state: RolloutState,
+    pub wave: usize,
+    pub reason: String,
+    pub created_at_ms: i64,
+    pub nodes: Vec<RolloutNode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutNode {
+    pub node_id: String,
+    pub position: usize,
+    pub status: NodeStatus,
+    pub command_id: Option<String>,
+    pub command_state: Option<String>,
+    pub reason: String,
+    pub rollback_id: Option<String>,
+    pub release_floor: u64,
+}
+
+/// Which of a rollout node's commands to record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutCommand {
+    Upgrade,
+    Rollback,
+}
+
+/// A fresh rollout id.
+pub fn new_rollout_id() -> String {
+    format!("ro-{:012x}", rand::random::<u64>() >> 16)
+}
+
+/// Parses `1%,10%,50%,100%`: rising percentages ending at 100.
+pub fn parse_waves(s: &str) -> Result<Vec<u32>, String> {
+    let waves: Vec<u32> = s
+        .split(',')
+        .map(|w| {
+            w.trim()
+                .trim_end_matches('%')
+                .parse::<u32>()
+                .map_err(|_| format!("wave {w:?} is not a percentage"))
+        })
+        .collect::<Result<_, _>>()?;
+    validate_waves(&waves)?;
+    Ok(waves)
+}
+
+pub fn validate_waves(waves: &[u32]) -> Result<(), String> {
+    if waves.is_empty() || waves.last() != Some(&100) {
+        return Err("the waves must end at 100%: e.g. 1%,10%,50%,100%".into());
+    }
+    if waves.windows(2).any(|w| w[0] >= w[1]) || waves[0] == 0 {
+        return Err("the waves must rise, from above 0% to 100%: e.g. 1%,10%,50%,100%".into());
+    }
+    Ok(())
+}
+
+/// A node as the selector sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub node_id: String,
+    pub hostname: String,
+    pub version: String,
+}
+
+/// Whether a node matches a selector: comma-separated `key=value` terms,
+/// all of which must hold (`node=ID`, `hostname=GLOB` with `*`,
+/// `version=V`); empty or `all` matches every node.
+pub fn selects(selector: &str, node: &Candidate) -> Result<bool, String> {
+    let selector = selector.trim();
+    if selector.is_empty() || selector == "all" {
+        return Ok(true);
+    }
+    for term in selector.split(',') {
+        let (key, value) = term.split_once('=').ok_or_else(|| {
+            format!("selector term {term:?} is not key=value (node=, hostname=, version=)")
+        })?;
+        let hit = match key.trim() {
+            "node" => node.node_id == value,
+            "hostname" => glob(value, &node.hostname),
+            "version" => node.version == value,
+            other => {
+                return Err(format!(
+                    "unknown selector key {other:?}: use node=, hostname= or version="
+                ));
+            }
+        };
+        if !hit {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `*` matches any run of characters.
+pub fn glob(pattern: &str, s: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == s,
+        Some((head, rest)) => {
+            s.starts_with(head)
+                && (0..=s.len() - head.len())
+                    .any(|i| s.is_char_boundary(head.len() + i) && glob(rest, &s[head.len() + i..]))
+        }
+    }
+}
+
+/// Decides whether a rollout may start, and with which nodes (in order):
+/// the release must exist, no other rollout be active, and the selector
+/// match a node.
+pub fn plan(
+    r: &NewRollout,
+    release_known: bool,
+    active: Option<&str>,
+    candidates: &[Candidate],
+) -> Result<Vec<String>, Refusal> {
+    validate_waves(&r.waves).map_err(Refusal::BadRequest)?;
+    if !release_known {
+        return Err(Refusal::NotFound(format!(
+            "no release {}: register it first (better-compute releases register)",
+            r.sequence
+        )));
+    }
+    if let Some(a) = active {
+        return Err(Refusal::Conflict(format!(
+            "rollout {a} is still active: let it finish, or abort it first"
+        )));
+    }
+    let mut chosen = Vec::new();
+    for c in candidates {
+        if selects(&r.selector, c).map_err(Refusal::BadRequest)? {
+            chosen.push(c.node_id.clone());
+        }
+    }
+    if chosen.is_empty() {
+        return Err(Refusal::BadRequest(format!(
+            "the selector {:?} matches no node: see better-compute nodes list",
+            r.selector
+        )));
+    }
+    Ok(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use NodeStatus::*;
+
+    #[test]
+    fn waves_parse_and_must_rise_to_100() {
+        assert_eq!(
+            parse_waves("1%,10%,50%,100%").unwrap(),
+            vec![1, 10, 50, 100]
+        );
+        assert_eq!(parse_waves("100").unwrap(), vec![100]);
+        for bad in ["", "10%,5%,100%", "1%,50%", "0%,100%", "x,100%"] {
+            assert!(parse_waves(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn command_states_map_to_statuses() {
+        assert_eq!(NodeStatus::of_command(None, ""), Waiting);
+        for s in ["pending", "dispatched", "acked", "running"] {
+            assert_eq!(NodeStatus::of_command(Some(s), ""), Upgrading);
+        }
+        assert_eq!(NodeStatus::of_command(Some("succeeded"), ""), Confirmed);
+        assert_eq!(
+            NodeStatus::of_command(Some("failed"), "update-failed"),
+            Failed
+        );
+        assert_eq!(
+            NodeStatus::of_command(Some("expired"), CANCELLED),
+            Cancelled
+        );
+    }
+
+    #[test]
+    fn states_have_names() {
+        for s in RolloutState::ALL {
+            assert_eq!(RolloutState::parse(s.name()), Some(s));
+        }
+        assert!(RolloutState::Paused.active() && !RolloutState::Halted.active());
+    }
+
+    #[test]
+    fn selectors() {
+        let n = Candidate {
+            node_id: "n1".into(),
+            hostname: "gpu-a-07".into(),
+            version: "0.1.0".into(),
+        };
+        assert!(selects("", &n).unwrap());
+        assert!(selects("all", &n).unwrap());
+        assert!(selects("hostname=gpu-a-*", &n).unwrap());
+        assert!(selects("hostname=*-07,version=0.1.0", &n).unwrap());
+        assert!(!selects("hostname=gpu-b-*", &n).unwrap());
+        assert!(!selects("node=n2", &n).unwrap());
+        assert!(selects("rack=1", &n).is_err());
+        assert!(selects("hostname", &n).is_err());
+        assert!(glob("*", ""));
+        assert!(glob("a*b*c", "aXbYc"));
+        assert!(!glob("a*b", "ab-"));
+    }
+
+    #[test]
+    fn a_rollout_needs_a_release_no_other_rollout_and_a_node() {
+        let r = NewRollout {
+            sequence: 3,
+            selector: "hostname=gpu-*".into(),
+            waves: vec![100],
+            max_failures: 0,
+        };
+        let nodes = [
+            Candidate {
+                node_id: "n1".into(),
+                hostname: "gpu-1".into(),
+                version: String::new(),
+            },
+            Candidate {
+                node_id: "n2".into(),
+                hostname: "cpu-1".into(),
+                version: String::new(),
+            },
+        ];
+        assert_eq!(plan(&r, true, None, &nodes), Ok(vec!["n1".to_string()]));
+        assert!(
+            matches!(plan(&r, false, None, &nodes), Err(Refusal::NotFound(m)) if m.contains("no release 3"))
+        );
+        assert!(matches!(
+            plan(&r, true, Some("ro-1"), &nodes),
+            Err(Refusal::Conflict(_))
+        ));
+        assert!(matches!(
+            plan(&r, true, None, &nodes[1..]),
+            Err(Refusal::BadRequest(_))
+        ));
+        let bad = NewRollout {
+            waves: vec![50],
+            ..r
+        };
+        assert!(plan(&bad, true, None, &nodes).is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! Node sessions: the Hello transaction and what a session writes.
+//!
+//! A Hello checks the node's certificate, checks that the gateway holds its
+//! lease (the routing transaction's fence), bumps the epoch
+//! (`bcd_core::epoch::next_epoch`), routes the node to the gateway, clears
+//! the unreachable marks, names the inventory sections the store lacks, and
+//! settles every in-flight command as `bcd_core::command::on_hello`
+//! decides. Writes on behalf of a session carry its epoch and change
+//! nothing once a newer Hello ran (`bcd_core::epoch::write_applies`).
+
+use std::time::Duration;
+
+use bcd_core::command::{HelloDecision, Kind, NodeReport, ServerState};
+
+use crate::commands::Dispatch;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloInput {
+    pub node_id: String,
+    pub cert_fingerprint: String,
+    pub cert_serial: String,
+    pub gateway_id: String,
+    pub incarnation_id: String,
+    pub boot_id: String,
+    pub journal_id: String,
+    pub agent_version: String,
+    pub release_floor: u64,
+    pub last_epoch: u64,
+    /// (section, SHA-256) of the node's inventory.
+    pub inventory_hashes: Vec<(String, String)>,
+    /// Command ids the node's journal holds running, and done.
+    pub journal_running: Vec<String>,
+    pub journal_done: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloOutcome {
+    pub epoch: u64,
+    pub server_time_ms: i64,
+    pub inventory_wanted: Vec<String>,
+    /// In-flight commands to send again, in sequence order.
+    pub replay: Vec<Dispatch>,
+    /// Commands the Hello finished (self-terminating after a new boot,
+    /// journal lost).
+    pub finished: Vec<Finished>,
+    /// When the session's certificate expires; the gateway closes the
+    /// session then.
+    pub cert_not_after_ms: i64,
+}
+
+/// A command a Hello finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub id: String,
+    pub state: String,
+    pub reason: String,
+}
+
+/// Where a node is routed and in what state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    pub epoch: u64,
+    pub gateway_id: String,
+    pub state: String,
+}
+
+/// A gateway's report for one of its sessions: the node was last heard
+/// `age` ago.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub node_id: String,
+    pub epoch: u64,
+    pub age: Duration,
+}
+
+/// A session a gateway holds, by node and epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionKey {
+    pub node_id: String,
+    pub epoch: u64,
+}
+
+/// Whether a gateway whose lease runs until `lease_expires_ms` (`None`:
+/// it holds none) may route a node at `now_ms`.
+pub fn lease_admits(lease_expires_ms: Option<i64>, now_ms: i64) -> bool {
+    lease_expires_ms.is_some_and(|expires| expires >= now_ms)
+}
+
+/// The sections of the node's inventory whose hash the store does not
+/// have (`known` gives the stored hash of a section).
+pub fn inventory_wanted(
+    hashes: &[(String, String)],
+    mut known: impl FnMut(&str) -> Option<String>,
+) -> Vec<String> {
+    hashes
+        .iter()
+        .filter(|(section, sha)| known(section).as_deref() != Some(sha.as_str()))
+        .map(|(section, _)| section.clone())
+        .collect()
+}
+
+/// An in-flight command as the Hello transaction reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    pub id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub state: String,
+    pub signed: Vec<u8>,
+}
+
+/// What the Hello does with each in-flight command (in sequence order).
+/// Rows whose kind or state this binary does not know are left alone.
+pub fn settle_in_flight(
+    in_flight: Vec<InFlight>,
+    h: &HelloInput,
+    new_journal: bool,
+    new_boot: bool,
+) -> Vec<(InFlight, HelloDecision)> {
+    in_flight
+        .into_iter()
+        .filter_map(|c| {
+            let (kind, state) = (Kind::parse(&c.kind)?, ServerState::parse(&c.state)?);
+            let report = if h.journal_done.contains(&c.id) {
+                NodeReport::Done
+            } else if h.journal_running.contains(&c.id) {
+                NodeReport::Running
+            } else {
+                NodeReport::Unknown
+            };
+            let decision = bcd_core::command::on_hello(kind, state, report, new_journal, new_boot);
+            Some((c, decision))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcd_core::command::Outcome;
+
+    #[test]
+    fn only_a_live_lease_routes() {
+        assert!(lease_admits(Some(10), 10));
+        assert!(!lease_admits(Some(9), 10));
+        assert!(!lease_admits(None, 0));
+    }
+
+    #[test]
+    fn sections_with_a_new_hash_are_wanted() {
+        let hashes = vec![
+            ("gpus".to_string(), "a".to_string()),
+            ("os".into(), "b".into()),
+        ];
+        let wanted = inventory_wanted(&hashes, |s| (s == "gpus").then(|| "a".to_string()));
+        assert_eq!(wanted, vec!["os".to_string()]);
+    }
+
+    fn hello(running: &[&str], done: &[&str]) -> HelloInput {
+        HelloInput {
+            node_id: "n".into(),
+            cert_fingerprint: String::new(),
+            cert_serial: String::new(),
+            gateway_id: "gw".into(),
+            incarnation_id: String::new(),
+            boot_id: String::new(),
+            journal_id: String::new(),
+            agent_version: String::new(),
+            release_floor: 0,
+            last_epoch: 0,
+            inventory_hashes: vec![],
+            journal_running: running.iter().map(|s| s.to_string()).collect(),
+            journal_done: done.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn cmd(id: &str, kind: &str, state: &str) -> InFlight {
+        InFlight {
+            id: id.into(),
+            seq: 1,
+            kind: kind.into(),
+            state: state.into(),
+            signed: vec![],
+        }
+    }
+
+    #[test]
+    fn in_flight_commands_follow_the_shared_hello_rules() {
+        let h = hello(&["b"], &["c"]);
+        let got = settle_in_flight(
+            vec![
+                cmd("a", "exec.run", "dispatched"),
+                cmd("b", "exec.run", "running"),
+                cmd("c", "exec.run", "running"),
+                cmd("d", "exec.run", "frobnicated"),
+                cmd("e", "node.reboot", "running"),
+            ],
+            &h,
+            false,
+            true,
+        );
+        let decisions: Vec<(&str, HelloDecision)> = got
+            .iter()
+            .map(|(c, d)| (c.id.as_str(), d.clone()))
+            .collect();
+        assert_eq!(decisions.len(), 4, "an unknown state is left alone");
+        assert_eq!(decisions[0], ("a", HelloDecision::Replay));
+        assert_eq!(decisions[1], ("b", HelloDecision::KeepRunning));
+        assert_eq!(decisions[2], ("c", HelloDecision::AwaitResult));
+        assert!(matches!(
+            decisions[3],
+            ("e", HelloDecision::Finish(Outcome::Succeeded, _))
+        ));
+    }
+}

@@ -1,0 +1,255 @@
+//! Commands.
+
+use bcd_core::command::{Outcome, ServerState, apply_result};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::now;
+use crate::commands::{
+    CommandRow, CommandSeal, Dispatch, NewCommand, ResultApplied, ResultInput, SWEPT, SealCommand,
+    dispatchable, new_command_id, raises_floor, same_request,
+};
+use crate::error::{Refusal, StoreError, TxError};
+
+const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
+     COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch";
+
+fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
+    Ok(CommandRow {
+        id: r.get(0)?,
+        node_id: r.get(1)?,
+        seq: r.get::<_, i64>(2)? as u64,
+        kind: r.get(3)?,
+        summary: r.get(4)?,
+        state: r.get(5)?,
+        reason: r.get(6)?,
+        exit_code: r.get(7)?,
+        output: r.get(8)?,
+        output_truncated: r.get(9)?,
+        created_at_ms: r.get(10)?,
+        not_after_ms: r.get(11)?,
+        result_at_ms: r.get(12)?,
+        epoch: r.get::<_, i64>(13)? as u64,
+    })
+}
+
+pub(super) fn row(c: &Connection, id: &str) -> rusqlite::Result<Option<CommandRow>> {
+    c.prepare_cached(&format!("SELECT {COLUMNS} FROM commands WHERE id = ?1"))?
+        .query_row([id], read)
+        .optional()
+}
+
+pub(super) fn create(
+    c: &Connection,
+    cmd: &NewCommand,
+    seal: SealCommand,
+) -> Result<(CommandRow, bool), TxError> {
+    if let Some(key) = &cmd.idempotency_key {
+        let existing: Option<String> = c
+            .query_row(
+                "SELECT id FROM commands WHERE idempotency_key = ?1",
+                [key],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(id) = existing {
+            let first = row(c, &id)?
+                .ok_or_else(|| StoreError::Corrupt(format!("command {id} vanished")))?;
+            same_request(&first, cmd, key)?;
+            return Ok((first, false));
+        }
+    }
+    let node: Option<(Option<i64>, i64)> = c
+        .query_row(
+            "SELECT deleted_at, next_seq FROM nodes WHERE id = ?1",
+            [&cmd.node_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let seq = match node {
+        Some((None, seq)) => seq as u64,
+        _ => return Err(Refusal::NoSuchNode(cmd.node_id.clone()).into()),
+    };
+    let now = now(c)?;
+    let sealed = CommandSeal {
+        id: new_command_id(),
+        node_id: cmd.node_id.clone(),
+        seq,
+        kind: cmd.kind,
+        issued_at_ms: now,
+        not_after_ms: now + super::ms(cmd.not_after),
+        min_generation: cmd.min_generation,
+    };
+    let signed = seal(&sealed);
+    c.execute(
+        "UPDATE nodes SET next_seq = next_seq + 1 WHERE id = ?1",
+        [&cmd.node_id],
+    )?;
+    c.execute(
+        "INSERT INTO commands (id, node_id, seq, kind, summary, signed, not_after, min_generation,
+             idempotency_key, state, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10)",
+        params![
+            sealed.id,
+            cmd.node_id,
+            seq as i64,
+            cmd.kind.name(),
+            cmd.summary,
+            signed,
+            sealed.not_after_ms,
+            cmd.min_generation as i64,
+            cmd.idempotency_key,
+            now
+        ],
+    )?;
+    let created = row(c, &sealed.id)?
+        .ok_or_else(|| StoreError::Corrupt(format!("command {} vanished", sealed.id)))?;
+    Ok((created, true))
+}
+
+pub(super) fn list(
+    c: &Connection,
+    node_id: Option<&str>,
+    limit: u32,
+) -> Result<Vec<CommandRow>, StoreError> {
+    let rows = c
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM commands
+             WHERE (?1 IS NULL OR node_id = ?1) ORDER BY created_at DESC, seq DESC LIMIT ?2"
+        ))?
+        .query_map(params![node_id, limit], read)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+pub(super) fn take_dispatchable(
+    c: &Connection,
+    gateway_id: &str,
+    node_id: &str,
+    epoch: u64,
+) -> Result<Vec<Dispatch>, StoreError> {
+    let applied: i64 = c
+        .prepare_cached("SELECT applied_generation FROM node_state WHERE node_id = ?1")?
+        .query_row([node_id], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0);
+    let pending: Vec<(Dispatch, u64)> = c
+        .prepare_cached(
+            "SELECT c.id, c.seq, c.signed, c.min_generation FROM commands c
+             JOIN node_sessions s ON s.node_id = c.node_id
+             WHERE c.node_id = ?1 AND c.state = 'pending'
+               AND s.gateway_id = ?2 AND s.epoch = ?3 AND s.state = 'connected'
+             ORDER BY c.seq",
+        )?
+        .query_map(params![node_id, gateway_id, epoch as i64], |r| {
+            Ok((
+                Dispatch {
+                    id: r.get(0)?,
+                    seq: r.get::<_, i64>(1)? as u64,
+                    signed: r.get(2)?,
+                },
+                r.get::<_, i64>(3)?.max(0) as u64,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let out = dispatchable(pending, applied.max(0) as u64);
+    let mut mark = c.prepare_cached(
+        "UPDATE commands SET state = 'dispatched', epoch = ?2, updated_at = compute_now()
+         WHERE id = ?1 AND state = 'pending'",
+    )?;
+    for d in &out {
+        mark.execute(params![d.id, epoch as i64])?;
+    }
+    Ok(out)
+}
+
+pub(super) fn ack(
+    c: &Connection,
+    node_id: &str,
+    id: &str,
+    running: bool,
+) -> Result<bool, StoreError> {
+    let n = c
+        .prepare_cached(
+            "UPDATE commands SET state = ?3, updated_at = compute_now()
+             WHERE id = ?1 AND node_id = ?2
+               AND state IN ('pending', 'dispatched', 'acked', 'running')",
+        )?
+        .execute(params![
+            id,
+            node_id,
+            if running {
+                ServerState::Running.name()
+            } else {
+                ServerState::Acked.name()
+            }
+        ])?;
+    Ok(n == 1)
+}
+
+pub(super) fn result(
+    c: &Connection,
+    node_id: &str,
+    r: &ResultInput,
+) -> Result<ResultApplied, StoreError> {
+    let found: Option<(String, String, String)> = c
+        .prepare_cached("SELECT state, kind, summary FROM commands WHERE id = ?1 AND node_id = ?2")?
+        .query_row(params![r.command_id, node_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()?;
+    let Some((state, kind, summary)) = found else {
+        return Ok(ResultApplied::Unknown);
+    };
+    let Some(state) = ServerState::parse(&state) else {
+        return Ok(ResultApplied::Unknown);
+    };
+    let Some(next) = apply_result(state, r.outcome) else {
+        return Ok(ResultApplied::Duplicate);
+    };
+    c.prepare_cached(
+        "UPDATE commands SET state = ?2, reason = ?3, exit_code = ?4, output = ?5,
+             output_truncated = ?6, result_at = compute_now(), updated_at = compute_now()
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        r.command_id,
+        next.name(),
+        r.reason,
+        r.exit_code,
+        r.output,
+        r.output_truncated
+    ])?;
+    // A confirmed upgrade raised the node's floor to its release (the node
+    // reports it in its next Hello as well).
+    if next == ServerState::Terminal(Outcome::Succeeded)
+        && let Some(floor) = raises_floor(&kind, &summary)
+    {
+        c.execute(
+            "UPDATE nodes SET release_floor = MAX(release_floor, ?2) WHERE id = ?1",
+            params![node_id, floor as i64],
+        )?;
+    }
+    Ok(ResultApplied::Applied)
+}
+
+pub(super) fn sweep(c: &Connection) -> Result<Vec<String>, StoreError> {
+    let ids = c
+        .prepare_cached(
+            "UPDATE commands SET state = 'expired', reason = ?1,
+                 result_at = compute_now(), updated_at = compute_now()
+             WHERE state = 'pending' AND not_after < compute_now() RETURNING id",
+        )?
+        .query_map([SWEPT], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(ids)
+}
+
+pub(super) fn cancel_pending(c: &Connection, id: &str, reason: &str) -> Result<bool, StoreError> {
+    let n = c.execute(
+        "UPDATE commands SET state = 'expired', reason = ?2,
+             result_at = compute_now(), updated_at = compute_now()
+         WHERE id = ?1 AND state = 'pending'",
+        params![id, reason],
+    )?;
+    Ok(n == 1)
+}

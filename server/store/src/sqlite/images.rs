@@ -1,0 +1,193 @@
+//! Netboot images.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::{StoreError, TxError};
+use crate::images::{
+    Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, NewImage, by_prefix, image_ref,
+    no_image_named, no_such_image,
+};
+
+pub(super) fn register(c: &Connection, i: &NewImage) -> Result<bool, StoreError> {
+    for (sha, bytes) in [(&i.kernel_sha256, &i.kernel), (&i.initrd_sha256, &i.initrd)] {
+        c.execute(
+            "INSERT INTO image_artifacts (sha256, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            params![sha, bytes],
+        )?;
+    }
+    let n = c.execute(
+        "INSERT INTO images (image_id, name, key_id, kernel_version, bcd_version, cmdline,
+             kernel_sha256, kernel_size, initrd_sha256, initrd_size, signed_manifest,
+             registered_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, compute_now())
+         ON CONFLICT (image_id) DO NOTHING",
+        params![
+            i.image_id,
+            i.name,
+            i.key_id,
+            i.kernel_version,
+            i.bcd_version,
+            i.cmdline,
+            i.kernel_sha256,
+            i.kernel_size as i64,
+            i.initrd_sha256,
+            i.initrd_size as i64,
+            i.signed_manifest,
+        ],
+    )?;
+    Ok(n == 1)
+}
+
+pub(super) fn list(c: &Connection) -> Result<Vec<ImageRow>, StoreError> {
+    let mut images = c
+        .prepare(
+            "SELECT image_id, name, kernel_version, bcd_version, cmdline, kernel_size,
+                    kernel_sha256, initrd_size, initrd_sha256, key_id, registered_at
+             FROM images ORDER BY registered_at, image_id",
+        )?
+        .query_map([], |r| {
+            Ok(ImageRow {
+                image_id: r.get(0)?,
+                name: r.get(1)?,
+                kernel_version: r.get(2)?,
+                bcd_version: r.get(3)?,
+                cmdline: r.get(4)?,
+                kernel_size: r.get::<_, i64>(5)? as u64,
+                kernel_sha256: r.get(6)?,
+                initrd_size: r.get::<_, i64>(7)? as u64,
+                initrd_sha256: r.get(8)?,
+                key_id: r.get(9)?,
+                registered_at_ms: r.get(10)?,
+                assigned_to: Vec::new(),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let assignments = c
+        .prepare("SELECT target, image_id FROM image_assignments ORDER BY target")?
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for (target, id) in assignments {
+        if let Some(i) = images.iter_mut().find(|i| i.image_id == id) {
+            i.assigned_to.push(target);
+        }
+    }
+    Ok(images)
+}
+
+pub(super) fn resolve(c: &Connection, what: &str) -> Result<String, TxError> {
+    let (name, prefix) = match image_ref(what) {
+        ImageRef::Id(id) => {
+            let found: Option<String> = c
+                .query_row(
+                    "SELECT image_id FROM images WHERE image_id = ?1",
+                    [&id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            return Ok(found.ok_or_else(|| no_such_image(what))?);
+        }
+        ImageRef::Name { name, prefix } => (name, prefix),
+    };
+    let by_name: Option<String> = c
+        .query_row(
+            "SELECT image_id FROM images WHERE name = ?1
+             ORDER BY registered_at DESC, image_id LIMIT 1",
+            [&name],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(id) = by_name {
+        return Ok(id);
+    }
+    let Some(prefix) = prefix else {
+        return Err(no_image_named(what).into());
+    };
+    let ids = c
+        .prepare("SELECT image_id FROM images WHERE image_id LIKE ?1 || '%'")?
+        .query_map([prefix], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(by_prefix(what, ids)?)
+}
+
+pub(super) fn assign(
+    c: &Connection,
+    target: &str,
+    image_id: Option<&str>,
+    append: &str,
+) -> Result<(), StoreError> {
+    match image_id {
+        Some(id) => c.execute(
+            "INSERT INTO image_assignments (target, image_id, append, assigned_at)
+             VALUES (?1, ?2, ?3, compute_now())
+             ON CONFLICT (target) DO UPDATE SET image_id = ?2, append = ?3,
+                 assigned_at = compute_now()",
+            params![target, id, append],
+        )?,
+        None => c.execute("DELETE FROM image_assignments WHERE target = ?1", [target])?,
+    };
+    Ok(())
+}
+
+pub(super) fn for_mac(c: &Connection, mac: &str) -> Result<Option<Assigned>, StoreError> {
+    Ok(c.query_row(
+        "SELECT a.image_id, i.signed_manifest, a.append
+             FROM image_assignments a JOIN images i ON i.image_id = a.image_id
+             WHERE a.target IN ('mac:' || ?1, 'default')
+             ORDER BY a.target = 'default' LIMIT 1",
+        [mac],
+        |r| {
+            Ok(Assigned {
+                image_id: r.get(0)?,
+                signed_manifest: r.get(1)?,
+                append: r.get(2)?,
+            })
+        },
+    )
+    .optional()?)
+}
+
+pub(super) fn artifact(c: &Connection, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(c.query_row(
+        "SELECT bytes FROM image_artifacts WHERE sha256 = ?1",
+        [sha256],
+        |r| r.get(0),
+    )
+    .optional()?)
+}
+
+pub(super) fn record_boot(c: &Connection, b: &BootRecord) -> Result<(), StoreError> {
+    c.execute(
+        "INSERT INTO boots (mac, image_id, remote, outcome, at)
+         VALUES (?1, ?2, ?3, ?4, compute_now())",
+        params![b.mac, b.image_id, b.remote, b.outcome],
+    )?;
+    c.execute(
+        "DELETE FROM boots WHERE mac = ?1 AND id <= (SELECT id FROM boots WHERE mac = ?1
+             ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+        params![b.mac, BOOTS_KEPT],
+    )?;
+    Ok(())
+}
+
+pub(super) fn boots(
+    c: &Connection,
+    mac: Option<&str>,
+    limit: u32,
+) -> Result<Vec<BootRow>, StoreError> {
+    let rows = c
+        .prepare(
+            "SELECT mac, COALESCE(image_id, ''), at, remote, outcome FROM boots
+             WHERE ?1 IS NULL OR mac = ?1 ORDER BY id DESC LIMIT ?2",
+        )?
+        .query_map(params![mac, limit.max(1) as i64], |r| {
+            Ok(BootRow {
+                mac: r.get(0)?,
+                image_id: r.get(1)?,
+                at_ms: r.get(2)?,
+                remote: r.get(3)?,
+                outcome: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}

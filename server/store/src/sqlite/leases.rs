@@ -1,0 +1,35 @@
+//! Leases.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::ms;
+use crate::error::StoreError;
+
+pub(super) fn renew(
+    c: &Connection,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<Option<i64>, StoreError> {
+    Ok(c.prepare_cached(
+        "INSERT INTO leases (name, owner, expires_at, renewed_at)
+             VALUES (?1, ?2, compute_now() + ?3, compute_now())
+             ON CONFLICT (name) DO UPDATE SET
+                 owner = excluded.owner, expires_at = excluded.expires_at,
+                 renewed_at = excluded.renewed_at
+             WHERE leases.owner = excluded.owner OR leases.expires_at < excluded.renewed_at
+             RETURNING renewed_at",
+    )?
+    .query_row(params![name, owner, ms(ttl)], |r| r.get(0))
+    .optional()?)
+}
+
+pub(super) fn release(c: &Connection, name: &str, owner: &str) -> Result<(), StoreError> {
+    c.execute(
+        "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
+        params![name, owner],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,696 @@
+//! The SQLite backend: one file, WAL, shared by several processes.
+//!
+//! - Durable: `synchronous=FULL`, so a commit survives an OS crash (an
+//!   epoch or a terminal result never rolls back).
+//! - The clock: every connection registers `compute_now()`, which reads the
+//!   [`Clock`] the store was opened with; every query and trigger uses it.
+//! - Three connections: writes go through one, owned by a writer thread
+//!   that commits the writes waiting for it together ([`writer`]: group
+//!   commit, one fsync for many); reads through another (WAL readers never
+//!   wait for writers); lease renewals through their own, so a gateway's
+//!   renewal never waits behind Hellos.
+//! - Several gateway processes share the file: a writer waiting for
+//!   another's lock retries every 200 µs for up to 10 s (SQLite's own busy
+//!   timeout backs off to 100 ms sleeps, which starves writers under load).
+//! - Migrations: one SQL file each in `migrations/`, applied in order, one
+//!   transaction each; the schema version (`user_version`) is the number
+//!   applied. A store newer than this binary is refused.
+//!
+//! Each domain's SQL is in the file of the same name; this module holds the
+//! connections and the [`Backend`] implementation that calls them.
+
+mod audit;
+mod bindings;
+mod commands;
+mod events;
+mod images;
+mod inventory;
+mod leases;
+mod liveness;
+mod nodes;
+mod releases;
+mod rollouts;
+mod sessions;
+mod specs;
+mod tokens;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::functions::FunctionFlags;
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::audit::{AuditSnapshot, Settling};
+use crate::backend::Backend;
+use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
+use crate::clock::Clock;
+use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
+use crate::error::{StoreError, TxError};
+use crate::events::{EventInput, EventRow};
+use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::inventory::InventoryRow;
+use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
+use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+
+/// The migrations, in order. The schema version is how many ran.
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_join_nodes_sessions.sql"),
+    include_str!("migrations/0002_commands.sql"),
+    include_str!("migrations/0003_node_events.sql"),
+    include_str!("migrations/0004_desired_state.sql"),
+    include_str!("migrations/0005_access.sql"),
+    include_str!("migrations/0006_bindings_fleet_events.sql"),
+    include_str!("migrations/0007_releases.sql"),
+    include_str!("migrations/0008_release_floors_rollouts.sql"),
+    include_str!("migrations/0009_audit.sql"),
+    include_str!("migrations/0010_images.sql"),
+    include_str!("migrations/0011_compute_now.sql"),
+];
+
+/// The schema version this binary writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Database(Box::new(e))
+    }
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(e: rusqlite::Error) -> Self {
+        TxError::Store(e.into())
+    }
+}
+
+/// The busy handler: `attempt` counts from 0; false gives up (SQLITE_BUSY).
+fn busy_wait(attempt: i32) -> bool {
+    const STEP: Duration = Duration::from_micros(200);
+    const LIMIT: i32 = 50_000; // 10 s
+    if attempt >= LIMIT {
+        return false;
+    }
+    std::thread::sleep(STEP);
+    true
+}
+
+/// A connection to the store file with the store's settings and clock.
+fn connect(path: &Path, clock: &Arc<dyn Clock>) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_handler(Some(busy_wait))?;
+    let clock = clock.clone();
+    conn.create_scalar_function(
+        "compute_now",
+        0,
+        // Not deterministic: it is a clock. Innocuous: triggers may call it.
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_INNOCUOUS,
+        move |_| Ok(clock.now_ms()),
+    )?;
+    Ok(conn)
+}
+
+/// Applies the migrations the store lacks, one transaction each; the
+/// version is read inside each, so processes opening one store at once
+/// apply each migration once.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    loop {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive)?;
+        let version = user_version(&tx)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                found: version,
+                known: SCHEMA_VERSION,
+            });
+        }
+        let Some(m) = MIGRATIONS.get(version as usize) else {
+            return Ok(());
+        };
+        tx.execute_batch(m)?;
+        tx.pragma_update(None, "user_version", version + 1)?;
+        tx.commit()?;
+    }
+}
+
+fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
+    let v: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    Ok(v.clamp(0, u32::MAX as i64) as u32)
+}
+
+/// `compute_now()`.
+fn now(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT compute_now()", [], |r| r.get(0))
+}
+
+/// A duration in milliseconds, as the store keeps it.
+fn ms(d: Duration) -> i64 {
+    crate::clock::ms(d)
+}
+
+/// A JSON column, parsed; a value that does not parse is an error.
+fn json_col<T: serde::de::DeserializeOwned>(
+    r: &rusqlite::Row<'_>,
+    i: usize,
+) -> rusqlite::Result<T> {
+    let text: String = r.get(i)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// A value as the JSON text of a column.
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain data serializes")
+}
+
+fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic while holding the lock cannot leave a half-applied
+    // transaction (SQLite rolls it back), so a poisoned lock is usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The SQLite store.
+#[derive(Debug)]
+pub struct SqliteBackend {
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    writer: writer::Writer,
+    reader: Arc<Mutex<Connection>>,
+    leases: Arc<Mutex<Connection>>,
+}
+
+impl SqliteBackend {
+    /// Opens the store at `path`, creating and migrating it.
+    pub async fn open(path: PathBuf, clock: Arc<dyn Clock>) -> Result<SqliteBackend, StoreError> {
+        tokio::task::spawn_blocking(move || {
+            let mut writer = connect(&path, &clock)?;
+            migrate(&mut writer)?;
+            let writer =
+                writer::Writer::start(writer).map_err(|e| StoreError::Database(Box::new(e)))?;
+            let reader = connect(&path, &clock)?;
+            let leases = connect(&path, &clock)?;
+            Ok(SqliteBackend {
+                path,
+                clock,
+                writer,
+                reader: Arc::new(Mutex::new(reader)),
+                leases: Arc::new(Mutex::new(leases)),
+            })
+        })
+        .await
+        .map_err(StoreError::Task)?
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` in one transaction on `conn`, off the async runtime.
+    async fn run<T, E>(
+        conn: &Arc<Mutex<Connection>>,
+        behavior: TransactionBehavior,
+        f: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let conn = conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = lock(&conn);
+            let tx = c
+                .transaction_with_behavior(behavior)
+                .map_err(|e| E::from(e.into()))?;
+            let out = f(&tx)?;
+            tx.commit().map_err(|e| E::from(e.into()))?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| E::from(StoreError::Task(e)))?
+    }
+
+    async fn write<T, E>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        self.writer.write(f).await
+    }
+
+    async fn read<T, E>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        Self::run(&self.reader, TransactionBehavior::Deferred, f).await
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    async fn now(&self) -> Result<i64, StoreError> {
+        Ok(self.clock.now_ms())
+    }
+
+    async fn schema_version(&self) -> Result<u32, StoreError> {
+        self.read(|c| Ok(user_version(c)?)).await
+    }
+
+    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError> {
+        let (id, hash) = (id.to_string(), token_sha256.to_string());
+        self.write(move |c| tokens::add_operator(c, &id, &hash))
+            .await
+    }
+
+    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
+        let hash = token_sha256.to_string();
+        self.read(move |c| tokens::operator_by_token(c, &hash))
+            .await
+    }
+
+    async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {
+        let t = t.clone();
+        self.write(move |c| tokens::create_token(c, &t)).await
+    }
+
+    async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
+        let j = j.clone();
+        self.write(move |c| tokens::join(c, &j, issue)).await
+    }
+
+    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
+        let fp = fingerprint.to_string();
+        self.write(move |c| nodes::renew(c, &fp, issue)).await
+    }
+
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
+        let fp = fingerprint.to_string();
+        self.read(move |c| nodes::check_cert(c, &fp)).await
+    }
+
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
+        self.read(move |c| nodes::revoked_since(c, since_ms)).await
+    }
+
+    async fn list_nodes(&self) -> Result<NodeList, StoreError> {
+        self.read(nodes::list_nodes).await
+    }
+
+    async fn delete_node(&self, node_id: &str) -> Result<bool, StoreError> {
+        let node = node_id.to_string();
+        self.write(move |c| nodes::delete_node(c, &node)).await
+    }
+
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+        let h = h.clone();
+        self.write(move |c| sessions::hello(c, &h)).await
+    }
+
+    async fn disconnect(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        seen_age: Duration,
+        cause: &str,
+    ) -> Result<bool, StoreError> {
+        let (node, cause) = (node_id.to_string(), cause.to_string());
+        self.write(move |c| sessions::disconnect(c, &node, epoch, seen_age, &cause))
+            .await
+    }
+
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError> {
+        let (gw, seen) = (gateway_id.to_string(), seen.to_vec());
+        self.write(move |c| sessions::flush_liveness(c, &gw, &seen))
+            .await
+    }
+
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError> {
+        let (gw, mine) = (gateway_id.to_string(), sessions.to_vec());
+        self.write(move |c| sessions::gateway_shutdown(c, &gw, &mine))
+            .await
+    }
+
+    async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| sessions::session(c, &node)).await
+    }
+
+    async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
+        let gw = gateway_id.to_string();
+        self.read(move |c| sessions::connected_to(c, &gw)).await
+    }
+
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let gw = gateway_id.to_string();
+        self.read(move |c| sessions::nodes_with_work(c, &gw, specs_since_ms))
+            .await
+    }
+
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
+        let rules = *rules;
+        self.write(move |c| liveness::sweep(c, &rules)).await
+    }
+
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let (name, owner) = (name.to_string(), owner.to_string());
+        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
+            leases::renew(c, &name, &owner, ttl)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let (name, owner) = (name.to_string(), owner.to_string());
+        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
+            leases::release(c, &name, &owner)
+        })
+        .await
+    }
+
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &str,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<bool, StoreError> {
+        let (node, section, sha, body) = (
+            node_id.to_string(),
+            section.to_string(),
+            sha256.to_string(),
+            body.to_vec(),
+        );
+        self.write(move |c| inventory::put(c, &node, epoch, &section, &sha, &body))
+            .await
+    }
+
+    async fn inventory(
+        &self,
+        node_id: &str,
+        section: &str,
+    ) -> Result<Option<InventoryRow>, StoreError> {
+        let (node, section) = (node_id.to_string(), section.to_string());
+        self.read(move |c| inventory::get(c, &node, &section)).await
+    }
+
+    async fn create_command(
+        &self,
+        cmd: &NewCommand,
+        seal: SealCommand,
+    ) -> Result<(CommandRow, bool), TxError> {
+        let cmd = cmd.clone();
+        self.write(move |c| commands::create(c, &cmd, seal)).await
+    }
+
+    async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| Ok(commands::row(c, &id)?)).await
+    }
+
+    async fn list_commands(
+        &self,
+        node_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<CommandRow>, StoreError> {
+        let node = node_id.map(str::to_string);
+        self.read(move |c| commands::list(c, node.as_deref(), limit))
+            .await
+    }
+
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError> {
+        let (gw, node) = (gateway_id.to_string(), node_id.to_string());
+        self.write(move |c| commands::take_dispatchable(c, &gw, &node, epoch))
+            .await
+    }
+
+    async fn command_ack(
+        &self,
+        node_id: &str,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError> {
+        let (node, id) = (node_id.to_string(), id.to_string());
+        self.write(move |c| commands::ack(c, &node, &id, running))
+            .await
+    }
+
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &ResultInput,
+    ) -> Result<ResultApplied, StoreError> {
+        let (node, r) = (node_id.to_string(), r.clone());
+        self.write(move |c| commands::result(c, &node, &r)).await
+    }
+
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
+        self.write(commands::sweep).await
+    }
+
+    async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        self.write(move |c| commands::cancel_pending(c, &id, &reason))
+            .await
+    }
+
+    async fn update_spec(
+        &self,
+        node_id: &str,
+        change: ChangeSpec,
+        seal: SealSpec,
+    ) -> Result<(u64, SpecBody), TxError> {
+        let node = node_id.to_string();
+        self.write(move |c| specs::update(c, &node, change, seal))
+            .await
+    }
+
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| specs::signed(c, &node)).await
+    }
+
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        applied_generation: u64,
+        sections: &[SectionReport],
+    ) -> Result<(), StoreError> {
+        let (node, sections) = (node_id.to_string(), sections.to_vec());
+        self.write(move |c| specs::put_state_report(c, &node, applied_generation, &sections))
+            .await
+    }
+
+    async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| specs::view(c, &node)).await
+    }
+
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError> {
+        let b = b.clone();
+        self.write(move |c| bindings::record(c, &b, verify)).await
+    }
+
+    async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| bindings::list(c, &node)).await
+    }
+
+    async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| bindings::fleet_events(c, &node, limit))
+            .await
+    }
+
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError> {
+        let (node, journal, events) =
+            (node_id.to_string(), journal_id.to_string(), events.to_vec());
+        self.write(move |c| events::put(c, &node, &journal, &events))
+            .await
+    }
+
+    async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| events::list(c, &node)).await
+    }
+
+    async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
+        let r = r.clone();
+        self.write(move |c| releases::register(c, &r)).await
+    }
+
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+        self.read(move |c| releases::files(c, sequence)).await
+    }
+
+    async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
+        self.read(|c| Ok(releases::list(c)?)).await
+    }
+
+    async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
+        let i = i.clone();
+        self.write(move |c| images::register(c, &i)).await
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
+        self.read(images::list).await
+    }
+
+    async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
+        let what = what.to_string();
+        self.read(move |c| images::resolve(c, &what)).await
+    }
+
+    async fn assign_image(
+        &self,
+        target: &str,
+        image_id: Option<&str>,
+        append: &str,
+    ) -> Result<(), StoreError> {
+        let (target, image, append) = (
+            target.to_string(),
+            image_id.map(str::to_string),
+            append.to_string(),
+        );
+        self.write(move |c| images::assign(c, &target, image.as_deref(), &append))
+            .await
+    }
+
+    async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
+        let mac = mac.to_string();
+        self.read(move |c| images::for_mac(c, &mac)).await
+    }
+
+    async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let sha = sha256.to_string();
+        self.read(move |c| images::artifact(c, &sha)).await
+    }
+
+    async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
+        let b = b.clone();
+        self.write(move |c| images::record_boot(c, &b)).await
+    }
+
+    async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError> {
+        let mac = mac.map(str::to_string);
+        self.read(move |c| images::boots(c, mac.as_deref(), limit))
+            .await
+    }
+
+    async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError> {
+        let r = r.clone();
+        self.write(move |c| rollouts::start(c, &r)).await
+    }
+
+    async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| Ok(rollouts::get(c, &id)?)).await
+    }
+
+    async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
+        self.read(rollouts::list).await
+    }
+
+    async fn set_rollout_state(
+        &self,
+        id: &str,
+        from: &[RolloutState],
+        to: RolloutState,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let (id, from, reason) = (id.to_string(), from.to_vec(), reason.to_string());
+        self.write(move |c| rollouts::set_state(c, &id, &from, to, &reason))
+            .await
+    }
+
+    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| rollouts::advance(c, &id, from, to))
+            .await
+    }
+
+    async fn record_rollout_command(
+        &self,
+        id: &str,
+        node_id: &str,
+        which: RolloutCommand,
+        command_id: &str,
+    ) -> Result<(), StoreError> {
+        let (id, node, cmd) = (id.to_string(), node_id.to_string(), command_id.to_string());
+        self.write(move |c| rollouts::record_command(c, &id, &node, which, &cmd))
+            .await
+    }
+
+    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError> {
+        let (id, node) = (id.to_string(), node_id.to_string());
+        self.write(move |c| rollouts::skip(c, &id, &node)).await
+    }
+
+    async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
+        self.read(audit::snapshot).await
+    }
+
+    async fn settling(&self) -> Result<Settling, StoreError> {
+        self.read(audit::settling).await
+    }
+
+    async fn stall(&self, duration: Duration) -> Result<(), StoreError> {
+        let (path, clock) = (self.path.clone(), self.clock.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
+            let conn = connect(&path, &clock)?;
+            conn.execute_batch("BEGIN EXCLUSIVE")?;
+            std::thread::sleep(duration);
+            conn.execute_batch("COMMIT")?;
+            Ok(())
+        })
+        .await
+        .map_err(StoreError::Task)?
+    }
+}

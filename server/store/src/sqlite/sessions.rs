@@ -1,0 +1,275 @@
+//! Sessions: the Hello transaction and what sessions write.
+
+use std::time::Duration;
+
+use bcd_core::command::{HelloDecision, ServerState};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::nodes::cert_row;
+use super::{json_col, ms, now, to_json};
+use crate::commands::Dispatch;
+use crate::error::{Refusal, StoreError, TxError};
+use crate::leases::gateway_lease;
+use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, check_cert, without};
+use crate::sessions::{
+    Finished, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow, inventory_wanted,
+    lease_admits, settle_in_flight,
+};
+
+pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+    let now = now(c)?;
+    let cert = check_cert(cert_row(c, &h.cert_fingerprint)?, now)?;
+    if cert.node_id != h.node_id || cert.serial != h.cert_serial {
+        return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
+    }
+    // The routing transaction's fence: this gateway must hold its lease
+    // now. A lease that moved or ran out aborts the route (the gateway
+    // then fences itself).
+    let lease: Option<i64> = c
+        .query_row(
+            "SELECT expires_at FROM leases WHERE name = ?1 AND owner = ?2",
+            params![gateway_lease(&h.gateway_id), h.gateway_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if !lease_admits(lease, now) {
+        return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+    }
+    let prev: Option<(i64, String, String)> = c
+        .query_row(
+            "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
+            [&h.node_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
+    let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
+    c.prepare_cached(
+        "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since, disconnect_cause,
+             incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen)
+         VALUES (?1, ?2, ?3, 'connected', ?4, '', ?5, ?6, ?7, ?8, ?4, ?4)
+         ON CONFLICT (node_id) DO UPDATE SET
+             epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
+             state_since = excluded.state_since, disconnect_cause = '',
+             incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
+             journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
+             connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+    )?
+    .execute(params![
+        h.node_id,
+        epoch as i64,
+        h.gateway_id,
+        now,
+        h.incarnation_id,
+        h.boot_id,
+        h.journal_id,
+        h.cert_serial
+    ])?;
+    // A node that is back is reachable again.
+    let (conditions, taints): (Vec<String>, Vec<String>) = c
+        .prepare_cached("SELECT conditions, taints FROM nodes WHERE id = ?1")?
+        .query_row([&h.node_id], |r| Ok((json_col(r, 0)?, json_col(r, 1)?)))?;
+    c.prepare_cached(
+        "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4,
+             release_floor = MAX(release_floor, ?5) WHERE id = ?1",
+    )?
+    .execute(params![
+        h.node_id,
+        h.agent_version,
+        to_json(&without(conditions, CONDITION_UNREACHABLE)),
+        to_json(&without(taints, TAINT_UNREACHABLE)),
+        h.release_floor as i64
+    ])?;
+    let wanted = {
+        let mut q =
+            c.prepare_cached("SELECT sha256 FROM inventory WHERE node_id = ?1 AND section = ?2")?;
+        let mut failed = None;
+        let wanted = inventory_wanted(&h.inventory_hashes, |section| {
+            match q
+                .query_row(params![h.node_id, section], |r| r.get(0))
+                .optional()
+            {
+                Ok(known) => known,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    None
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        wanted
+    };
+    let new_journal = prev.as_ref().is_some_and(|p| p.1 != h.journal_id);
+    let new_boot = prev.as_ref().is_some_and(|p| p.2 != h.boot_id);
+    let (replay, finished) = settle(c, h, epoch, now, new_journal, new_boot)?;
+    Ok(HelloOutcome {
+        epoch,
+        server_time_ms: now,
+        inventory_wanted: wanted,
+        replay,
+        finished,
+        cert_not_after_ms: cert.not_after_ms,
+    })
+}
+
+/// The Hello's part for commands: every in-flight command moves to the new
+/// epoch and is replayed, kept, awaited or finished.
+fn settle(
+    c: &Connection,
+    h: &HelloInput,
+    epoch: u64,
+    now: i64,
+    new_journal: bool,
+    new_boot: bool,
+) -> rusqlite::Result<(Vec<Dispatch>, Vec<Finished>)> {
+    let in_flight: Vec<InFlight> = c
+        .prepare_cached(
+            "SELECT id, seq, kind, state, signed FROM commands
+             WHERE node_id = ?1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq",
+        )?
+        .query_map([&h.node_id], |r| {
+            Ok(InFlight {
+                id: r.get(0)?,
+                seq: r.get::<_, i64>(1)? as u64,
+                kind: r.get(2)?,
+                state: r.get(3)?,
+                signed: r.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut replay = Vec::new();
+    let mut finished = Vec::new();
+    for (cmd, decision) in settle_in_flight(in_flight, h, new_journal, new_boot) {
+        match decision {
+            HelloDecision::Replay => {
+                c.prepare_cached(
+                    "UPDATE commands SET state = 'dispatched', epoch = ?2, updated_at = ?3 WHERE id = ?1",
+                )?
+                .execute(params![cmd.id, epoch as i64, now])?;
+                replay.push(Dispatch {
+                    id: cmd.id,
+                    seq: cmd.seq,
+                    signed: cmd.signed,
+                });
+            }
+            HelloDecision::KeepRunning | HelloDecision::AwaitResult => {
+                c.prepare_cached("UPDATE commands SET epoch = ?2, updated_at = ?3 WHERE id = ?1")?
+                    .execute(params![cmd.id, epoch as i64, now])?;
+            }
+            HelloDecision::Finish(outcome, reason) => {
+                let state = ServerState::Terminal(outcome).name();
+                c.prepare_cached(
+                    "UPDATE commands SET state = ?2, reason = ?3, result_at = ?4, updated_at = ?4
+                     WHERE id = ?1",
+                )?
+                .execute(params![cmd.id, state, reason, now])?;
+                finished.push(Finished {
+                    id: cmd.id,
+                    state: state.to_string(),
+                    reason: reason.to_string(),
+                });
+            }
+        }
+    }
+    Ok((replay, finished))
+}
+
+pub(super) fn disconnect(
+    c: &Connection,
+    node_id: &str,
+    epoch: u64,
+    seen_age: Duration,
+    cause: &str,
+) -> Result<bool, StoreError> {
+    let n = c
+        .prepare_cached(
+            "UPDATE node_sessions SET state = 'disconnected', state_since = compute_now(),
+                 disconnect_cause = ?3, last_seen = MAX(last_seen, compute_now() - ?4)
+             WHERE node_id = ?1 AND epoch = ?2 AND state = 'connected'",
+        )?
+        .execute(params![node_id, epoch as i64, cause, ms(seen_age)])?;
+    Ok(n == 1)
+}
+
+pub(super) fn flush_liveness(
+    c: &Connection,
+    gateway_id: &str,
+    seen: &[Seen],
+) -> Result<Vec<SessionKey>, StoreError> {
+    let mut gone = Vec::new();
+    let mut q = c.prepare_cached(
+        "UPDATE node_sessions SET last_seen = MAX(last_seen, compute_now() - ?4)
+         WHERE node_id = ?1 AND epoch = ?2 AND gateway_id = ?3 AND state = 'connected'",
+    )?;
+    for s in seen {
+        if q.execute(params![s.node_id, s.epoch as i64, gateway_id, ms(s.age)])? == 0 {
+            gone.push(SessionKey {
+                node_id: s.node_id.clone(),
+                epoch: s.epoch,
+            });
+        }
+    }
+    Ok(gone)
+}
+
+pub(super) fn gateway_shutdown(
+    c: &Connection,
+    gateway_id: &str,
+    sessions: &[SessionKey],
+) -> Result<(), StoreError> {
+    for s in sessions {
+        disconnect(c, &s.node_id, s.epoch, Duration::ZERO, "gateway-shutdown")?;
+    }
+    c.execute(
+        "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
+        params![gateway_lease(gateway_id), gateway_id],
+    )?;
+    Ok(())
+}
+
+pub(super) fn session(c: &Connection, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+    Ok(c.query_row(
+        "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = ?1",
+        [node_id],
+        |r| {
+            Ok(SessionRow {
+                epoch: r.get::<_, i64>(0)? as u64,
+                gateway_id: r.get(1)?,
+                state: r.get(2)?,
+            })
+        },
+    )
+    .optional()?)
+}
+
+pub(super) fn connected_to(c: &Connection, gateway_id: &str) -> Result<Vec<String>, StoreError> {
+    let mut q = c.prepare_cached(
+        "SELECT node_id FROM node_sessions WHERE gateway_id = ?1 AND state = 'connected'
+         ORDER BY node_id",
+    )?;
+    let rows = q
+        .query_map([gateway_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(rows)
+}
+
+pub(super) fn nodes_with_work(
+    c: &Connection,
+    gateway_id: &str,
+    specs_since_ms: i64,
+) -> Result<Vec<String>, StoreError> {
+    let mut q = c.prepare_cached(
+        "SELECT s.node_id FROM node_sessions s
+         WHERE s.gateway_id = ?1 AND s.state = 'connected' AND (
+             EXISTS (SELECT 1 FROM commands c
+                     WHERE c.node_id = s.node_id AND c.state = 'pending')
+             OR EXISTS (SELECT 1 FROM node_specs p
+                        WHERE p.node_id = s.node_id AND p.updated_at >= ?2))",
+    )?;
+    let rows = q
+        .query_map(params![gateway_id, specs_since_ms], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(rows)
+}

@@ -1,0 +1,368 @@
+-- schema version 11
+
+-- index audit_node
+CREATE INDEX audit_node ON audit(node_id, id);
+
+-- index boots_mac
+CREATE INDEX boots_mac ON boots(mac, id);
+
+-- index commands_node_state
+CREATE INDEX commands_node_state ON commands(node_id, state, seq);
+
+-- index commands_state_deadline
+CREATE INDEX commands_state_deadline ON commands(state, not_after);
+
+-- index fleet_events_node
+CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
+
+-- index node_certs_node
+CREATE INDEX node_certs_node ON node_certs(node_id);
+
+-- index node_sessions_gateway
+CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
+
+-- table audit
+CREATE TABLE audit (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         INTEGER NOT NULL,
+        node_id    TEXT NOT NULL,
+        kind       TEXT NOT NULL,
+        epoch      INTEGER NOT NULL DEFAULT 0,
+        gateway_id TEXT NOT NULL DEFAULT '',
+        value      INTEGER NOT NULL DEFAULT 0,
+        detail     TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+
+-- table binding_nonces
+CREATE TABLE binding_nonces (
+        node_id TEXT NOT NULL,
+        nonce   TEXT NOT NULL,
+        PRIMARY KEY (node_id, nonce)
+    ) STRICT;
+
+-- table bindings
+CREATE TABLE bindings (
+        node_id         TEXT NOT NULL REFERENCES nodes(id),
+        allocation_id   TEXT NOT NULL,
+        gpus            TEXT NOT NULL,
+        state           TEXT NOT NULL CHECK (state IN ('active', 'lost')),
+        spec_generation INTEGER NOT NULL,
+        updated_at      INTEGER NOT NULL,
+        PRIMARY KEY (node_id, allocation_id)
+    ) STRICT;
+
+-- table boots
+CREATE TABLE boots (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        mac      TEXT NOT NULL,
+        image_id TEXT,
+        remote   TEXT NOT NULL,
+        outcome  TEXT NOT NULL,
+        at       INTEGER NOT NULL
+    ) STRICT;
+
+-- table commands
+CREATE TABLE commands (
+        id               TEXT PRIMARY KEY,
+        node_id          TEXT NOT NULL REFERENCES nodes(id),
+        seq              INTEGER NOT NULL,
+        kind             TEXT NOT NULL,
+        summary          TEXT NOT NULL,
+        signed           BLOB NOT NULL,
+        not_after        INTEGER NOT NULL,
+        min_generation   INTEGER NOT NULL DEFAULT 0,
+        idempotency_key  TEXT UNIQUE,
+        state            TEXT NOT NULL,
+        epoch            INTEGER NOT NULL DEFAULT 0,
+        created_at       INTEGER NOT NULL,
+        updated_at       INTEGER NOT NULL,
+        reason           TEXT NOT NULL DEFAULT '',
+        exit_code        INTEGER,
+        output           BLOB,
+        output_truncated INTEGER NOT NULL DEFAULT 0,
+        result_at        INTEGER,
+        UNIQUE (node_id, seq)
+    ) STRICT;
+
+-- table controller_state
+CREATE TABLE controller_state (
+        name  TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) STRICT;
+
+-- table fleet_events
+CREATE TABLE fleet_events (
+        id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        at      INTEGER NOT NULL,
+        kind    TEXT NOT NULL,
+        node_id TEXT NOT NULL,
+        detail  TEXT NOT NULL
+    ) STRICT;
+
+-- table image_artifacts
+CREATE TABLE image_artifacts (
+        sha256 TEXT PRIMARY KEY,
+        bytes  BLOB NOT NULL
+    ) STRICT;
+
+-- table image_assignments
+CREATE TABLE image_assignments (
+        target      TEXT PRIMARY KEY,
+        image_id    TEXT NOT NULL REFERENCES images(image_id),
+        append      TEXT NOT NULL DEFAULT '',
+        assigned_at INTEGER NOT NULL
+    ) STRICT;
+
+-- table images
+CREATE TABLE images (
+        image_id        TEXT PRIMARY KEY,
+        name            TEXT NOT NULL,
+        key_id          TEXT NOT NULL,
+        kernel_version  TEXT NOT NULL,
+        bcd_version     TEXT NOT NULL,
+        cmdline         TEXT NOT NULL,
+        kernel_sha256   TEXT NOT NULL,
+        kernel_size     INTEGER NOT NULL,
+        initrd_sha256   TEXT NOT NULL,
+        initrd_size     INTEGER NOT NULL,
+        signed_manifest BLOB NOT NULL,
+        registered_at   INTEGER NOT NULL
+    ) STRICT;
+
+-- table inventory
+CREATE TABLE inventory (
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        section    TEXT NOT NULL,
+        sha256     TEXT NOT NULL,
+        body       BLOB,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (node_id, section)
+    ) STRICT;
+
+-- table join_tokens
+CREATE TABLE join_tokens (
+        id            TEXT PRIMARY KEY,
+        secret_sha256 TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        expires_at    INTEGER NOT NULL,
+        uses_total    INTEGER NOT NULL,
+        uses_left     INTEGER NOT NULL,
+        description   TEXT NOT NULL DEFAULT ''
+    ) STRICT;
+
+-- table leases
+CREATE TABLE leases (
+        name       TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        expires_at INTEGER NOT NULL,
+        renewed_at INTEGER NOT NULL
+    ) STRICT;
+
+-- table node_certs
+CREATE TABLE node_certs (
+        serial              TEXT PRIMARY KEY,
+        node_id             TEXT NOT NULL REFERENCES nodes(id),
+        fingerprint         TEXT NOT NULL UNIQUE,
+        identity_generation INTEGER NOT NULL,
+        not_before          INTEGER NOT NULL,
+        not_after           INTEGER NOT NULL,
+        revoked_at          INTEGER,
+        revoke_reason       TEXT
+    , der BLOB) STRICT;
+
+-- table node_events
+CREATE TABLE node_events (
+        node_id    TEXT NOT NULL REFERENCES nodes(id),
+        journal_id TEXT NOT NULL,
+        event_id   INTEGER NOT NULL,
+        kind       TEXT NOT NULL,
+        body       BLOB NOT NULL,
+        at         INTEGER NOT NULL,
+        PRIMARY KEY (node_id, journal_id, event_id)
+    ) STRICT;
+
+-- table node_sessions
+CREATE TABLE node_sessions (
+        node_id        TEXT PRIMARY KEY REFERENCES nodes(id),
+        epoch          INTEGER NOT NULL,
+        gateway_id     TEXT NOT NULL,
+        state          TEXT NOT NULL CHECK (state IN ('connected', 'disconnected', 'unreachable')),
+        state_since    INTEGER NOT NULL,
+        disconnect_cause TEXT NOT NULL DEFAULT '',
+        incarnation_id TEXT NOT NULL,
+        boot_id        TEXT NOT NULL,
+        journal_id     TEXT NOT NULL,
+        cert_serial    TEXT NOT NULL,
+        connected_at   INTEGER NOT NULL,
+        last_seen      INTEGER NOT NULL
+    ) STRICT;
+
+-- table node_specs
+CREATE TABLE node_specs (
+        node_id     TEXT PRIMARY KEY REFERENCES nodes(id),
+        generation  INTEGER NOT NULL,
+        signed      BLOB NOT NULL,
+        assignments TEXT NOT NULL,
+        updated_at  INTEGER NOT NULL
+    , access TEXT NOT NULL DEFAULT '{}') STRICT;
+
+-- table node_state
+CREATE TABLE node_state (
+        node_id            TEXT PRIMARY KEY REFERENCES nodes(id),
+        applied_generation INTEGER NOT NULL,
+        sections           TEXT NOT NULL,
+        reported_at        INTEGER NOT NULL
+    ) STRICT;
+
+-- table nodes
+CREATE TABLE nodes (
+        id                  TEXT PRIMARY KEY,
+        hostname            TEXT NOT NULL,
+        created_at          INTEGER NOT NULL,
+        deleted_at          INTEGER,
+        identity_generation INTEGER NOT NULL,
+        ramdisk             INTEGER NOT NULL DEFAULT 0,
+        join_token          TEXT NOT NULL,
+        agent_version       TEXT NOT NULL DEFAULT '',
+        conditions          TEXT NOT NULL DEFAULT '[]',
+        taints              TEXT NOT NULL DEFAULT '[]'
+    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0) STRICT;
+
+-- table operators
+CREATE TABLE operators (
+        id           TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        created_at   INTEGER NOT NULL
+    ) STRICT;
+
+-- table releases
+CREATE TABLE releases (
+        sequence        INTEGER PRIMARY KEY,
+        version         TEXT NOT NULL,
+        target          TEXT NOT NULL,
+        size            INTEGER NOT NULL,
+        sha256          TEXT NOT NULL,
+        key_id          TEXT NOT NULL,
+        signed_manifest BLOB NOT NULL,
+        binary          BLOB NOT NULL,
+        registered_at   INTEGER NOT NULL
+    ) STRICT;
+
+-- table rollout_nodes
+CREATE TABLE rollout_nodes (
+        rollout_id  TEXT NOT NULL REFERENCES rollouts(id),
+        node_id     TEXT NOT NULL,
+        position    INTEGER NOT NULL,
+        command_id  TEXT,
+        rollback_id TEXT,
+        skipped     INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (rollout_id, node_id)
+    ) STRICT;
+
+-- table rollouts
+CREATE TABLE rollouts (
+        id           TEXT PRIMARY KEY,
+        sequence     INTEGER NOT NULL REFERENCES releases(sequence),
+        selector     TEXT NOT NULL,
+        waves        TEXT NOT NULL,
+        max_failures INTEGER NOT NULL,
+        state        TEXT NOT NULL,
+        wave         INTEGER NOT NULL,
+        reason       TEXT NOT NULL DEFAULT '',
+        created_at   INTEGER NOT NULL,
+        updated_at   INTEGER NOT NULL
+    ) STRICT;
+
+-- table sqlite_sequence
+CREATE TABLE sqlite_sequence(name,seq);
+
+-- trigger audit_binding
+CREATE TRIGGER audit_binding AFTER UPDATE OF state ON bindings
+    WHEN NEW.state != OLD.state BEGIN
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (compute_now(), NEW.node_id, 'binding',
+                json_object('allocation', NEW.allocation_id, 'state', NEW.state));
+    END;
+
+-- trigger audit_binding_gone
+CREATE TRIGGER audit_binding_gone AFTER DELETE ON bindings BEGIN
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (compute_now(), OLD.node_id, 'binding',
+                json_object('allocation', OLD.allocation_id, 'state', 'deleted'));
+    END;
+
+-- trigger audit_floor
+CREATE TRIGGER audit_floor AFTER UPDATE OF release_floor ON nodes
+    WHEN NEW.release_floor != OLD.release_floor BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (compute_now(), NEW.id, 'floor',
+                NEW.release_floor);
+    END;
+
+-- trigger audit_generation
+CREATE TRIGGER audit_generation AFTER UPDATE OF generation ON node_specs
+    WHEN NEW.generation != OLD.generation BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (compute_now(), NEW.node_id, 'generation',
+                NEW.generation);
+    END;
+
+-- trigger audit_generation_new
+CREATE TRIGGER audit_generation_new AFTER INSERT ON node_specs BEGIN
+        INSERT INTO audit (at, node_id, kind, value)
+        VALUES (compute_now(), NEW.node_id, 'generation',
+                NEW.generation);
+    END;
+
+-- trigger audit_lease
+CREATE TRIGGER audit_lease AFTER UPDATE ON leases WHEN NEW.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (compute_now(), '', 'lease', NEW.owner,
+                NEW.expires_at);
+    END;
+
+-- trigger audit_lease_gone
+CREATE TRIGGER audit_lease_gone AFTER DELETE ON leases WHEN OLD.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (compute_now(), '', 'lease', OLD.owner, 0);
+    END;
+
+-- trigger audit_lease_new
+CREATE TRIGGER audit_lease_new AFTER INSERT ON leases WHEN NEW.name LIKE 'gateway:%' BEGIN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (compute_now(), '', 'lease', NEW.owner,
+                NEW.expires_at);
+    END;
+
+-- trigger audit_liveness
+CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON node_sessions
+    WHEN NEW.state != OLD.state AND NEW.state != 'connected' BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value, detail)
+        VALUES (compute_now(), NEW.node_id, NEW.state,
+                NEW.epoch, NEW.gateway_id, NEW.last_seen, NEW.disconnect_cause);
+    END;
+
+-- trigger audit_result
+CREATE TRIGGER audit_result AFTER UPDATE OF state ON commands
+    WHEN NEW.state != OLD.state
+        AND NEW.state IN ('succeeded', 'failed', 'expired', 'rejected') BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, detail)
+        VALUES (compute_now(), NEW.node_id, 'result',
+                NEW.epoch, json_object('command', NEW.id, 'kind', NEW.kind,
+                    'from', OLD.state, 'state', NEW.state, 'reason', NEW.reason));
+    END;
+
+-- trigger audit_route
+CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON node_sessions
+    WHEN NEW.epoch != OLD.epoch OR NEW.gateway_id != OLD.gateway_id BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
+        VALUES (compute_now(), NEW.node_id, 'route',
+                NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    END;
+
+-- trigger audit_route_new
+CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
+        INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
+        VALUES (compute_now(), NEW.node_id, 'route',
+                NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    END;

@@ -1,0 +1,28 @@
+//! The store suite against the SQLite backend.
+
+#[macro_use]
+mod suite;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bc_store::{ManualClock, Store};
+
+async fn sqlite() -> suite::Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let clock = ManualClock::new(suite::T0);
+    let store = Store::open_sqlite(&path, Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let c = clock.clone();
+    let reopen = Box::new(move || {
+        let (path, clock) = (path.clone(), c.clone());
+        Box::pin(async move { Store::open_sqlite(&path, Arc::new(clock)).await.unwrap() })
+            as Pin<Box<dyn Future<Output = Store> + Send>>
+    });
+    suite::Fixture::new(store, clock, reopen, Box::new(dir)).await
+}
+
+store_suite!(sqlite);

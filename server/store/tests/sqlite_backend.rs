@@ -1,0 +1,402 @@
+//! What only the SQLite backend has: its schema, pinned by a golden file;
+//! the upgrade from the previous schema version, from a store written by
+//! that version's code; the refusal of a store from a newer binary; a
+//! database failure in the middle of judging a binding; and a write that
+//! panics inside a group commit.
+//!
+//! After a deliberate schema change (a new migration), regenerate the
+//! golden file with `BC_UPDATE_GOLDEN=1 cargo test -p bc-store --test
+//! sqlite_backend` and commit it with the migration, together with a
+//! fixture of the version it replaces.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
+use bc_store::nodes::IssuedCert;
+use bc_store::sqlite::{MIGRATIONS, SCHEMA_VERSION};
+use bc_store::tokens::{JoinInput, NewToken};
+use bc_store::{ManualClock, Store, StoreError};
+
+const GOLDEN: &str = "tests/golden/schema.sql";
+
+/// Every schema object, sorted, as SQLite keeps its definition.
+fn schema(path: &Path) -> String {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut q = conn
+        .prepare(
+            "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY type, name",
+        )
+        .unwrap();
+    let rows = q
+        .query_map([], |r| {
+            Ok(format!(
+                "-- {} {}\n{};\n",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?
+            ))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    format!("-- schema version {version}\n\n{}", rows.join("\n"))
+}
+
+async fn open(path: &Path, clock: &ManualClock) -> Result<Store, StoreError> {
+    Store::open_sqlite(path, Arc::new(clock.clone())).await
+}
+
+#[tokio::test]
+async fn the_schema_is_pinned_by_its_golden_file() {
+    assert_eq!(SCHEMA_VERSION as usize, MIGRATIONS.len());
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    let s = open(&path, &ManualClock::new(0)).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let got = schema(&path);
+    if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
+        std::fs::write(GOLDEN, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(GOLDEN).unwrap_or_default();
+    assert!(
+        got == want,
+        "the store schema changed: if that is intended, add a migration (never edit one \
+         that shipped), regenerate {GOLDEN} with BC_UPDATE_GOLDEN=1 and commit both\n\
+         --- got ---\n{got}"
+    );
+    assert!(
+        !got.contains("unixepoch"),
+        "every stored time comes from compute_now()"
+    );
+}
+
+/// The store the previous schema version wrote (see the fixture's header).
+const V10: &str = include_str!("fixtures/schema-v10.sql");
+/// When the fixture was written, on its store's clock.
+const V10_NOW: i64 = 1_796_047_939_392;
+const NODE: &str = "nd-d7e9042f69d6";
+
+#[tokio::test]
+async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(V10)
+        .unwrap();
+    let clock = ManualClock::new(V10_NOW + 1_000);
+    let s = open(&path, &clock).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    // Upgraded, the schema is exactly a fresh store's.
+    let fresh = d.path().join("fresh.db");
+    open(&fresh, &clock).await.unwrap();
+    assert_eq!(schema(&path), schema(&fresh));
+
+    assert_eq!(
+        s.operator_by_token("ab12").await.unwrap().as_deref(),
+        Some("admin")
+    );
+    let nodes = s.list_nodes().await.unwrap().nodes;
+    assert_eq!(nodes.len(), 1);
+    let n = &nodes[0];
+    assert_eq!(
+        (
+            n.node_id.as_str(),
+            n.hostname.as_str(),
+            n.state.as_str(),
+            n.epoch
+        ),
+        (NODE, "gpu-a-01", "disconnected", 1)
+    );
+    assert_eq!((n.agent_version.as_str(), n.release_floor), ("0.1.0", 1));
+    assert_eq!(n.cert_not_after_ms, 1_796_134_339_376);
+    let cert = s.check_cert(&"f1".repeat(32)).await.unwrap();
+    assert_eq!(
+        (cert.node_id.as_str(), cert.serial.as_str()),
+        (NODE, "0123456789abcdef0123456789abcdef")
+    );
+    let session = s.session(NODE).await.unwrap().unwrap();
+    assert_eq!((session.epoch, session.gateway_id.as_str()), (1, "gw-1"));
+    let inv = s.inventory(NODE, "gpus").await.unwrap().unwrap();
+    assert_eq!(inv.sha256, "9a");
+    assert!(String::from_utf8_lossy(&inv.body).contains("0000:17:00.0"));
+
+    let commands = s.list_commands(Some(NODE), 10).await.unwrap();
+    let states: Vec<(u64, &str, &str)> = commands
+        .iter()
+        .map(|c| (c.seq, c.kind.as_str(), c.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (3, "daemon.upgrade", "pending"),
+            (2, "node.reboot", "pending"),
+            (1, "exec.run", "succeeded"),
+        ]
+    );
+    let done = s
+        .get_command("cmd-07e170d3e2eb9bcd")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (done.output.as_slice(), done.exit_code),
+        (&b"ok\n"[..], Some(0))
+    );
+
+    let spec = s.spec_view(NODE).await.unwrap().unwrap();
+    assert_eq!((spec.desired_generation, spec.applied_generation), (1, 1));
+    assert_eq!(spec.assignments[0].allocation_id, "job-a");
+    assert_eq!(
+        spec.assignments[0].env.get("A").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(spec.access.users[0].name, "ops");
+    assert_eq!(spec.sections[0].status, "OBSERVED");
+    assert_eq!(
+        s.signed_spec(NODE).await.unwrap(),
+        Some((1, b"signed-spec".to_vec()))
+    );
+    let bindings = s.bindings(NODE).await.unwrap();
+    assert_eq!(
+        (
+            bindings[0].allocation_id.as_str(),
+            bindings[0].state.as_str()
+        ),
+        ("job-a", "active")
+    );
+    assert_eq!(bindings[0].gpus, vec!["GPU-0".to_string()]);
+    assert_eq!(
+        s.fleet_events(NODE, 10).await.unwrap(),
+        vec!["reservation.binding-rejected: allocation job-b: unsigned report".to_string()]
+    );
+    let events = s.node_events(NODE).await.unwrap();
+    assert_eq!(
+        (events[0].kind.as_str(), events[0].event_id),
+        ("command.accepted", 1)
+    );
+
+    let releases = s.list_releases().await.unwrap();
+    assert_eq!(
+        (releases[0].sequence, releases[0].version.as_str()),
+        (2, "0.2.0")
+    );
+    assert_eq!(s.release(2).await.unwrap().unwrap().binary, b"\x7fELF");
+    let image = "c".repeat(64);
+    let images = s.list_images().await.unwrap();
+    assert_eq!(
+        (images[0].image_id.as_str(), images[0].name.as_str()),
+        (image.as_str(), "bcd-node")
+    );
+    assert_eq!(images[0].assigned_to, vec!["default".to_string()]);
+    let assigned = s.image_for_mac("52:54:00:12:34:56").await.unwrap().unwrap();
+    assert_eq!(
+        (assigned.image_id.as_str(), assigned.append.as_str()),
+        (image.as_str(), "bcd.state=state")
+    );
+    assert_eq!(
+        s.image_artifact(&images[0].kernel_sha256)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"kernel"[..])
+    );
+    assert_eq!(s.boots(None, 10).await.unwrap()[0].outcome, "script");
+    let rollout = s.rollout("ro-188cf3d9e009").await.unwrap().unwrap();
+    assert_eq!(
+        (rollout.sequence, rollout.waves.clone()),
+        (2, vec![50, 100])
+    );
+    assert_eq!(
+        rollout.nodes[0].command_id.as_deref(),
+        Some("cmd-d7332f5887e9fe8d")
+    );
+    assert_eq!(
+        rollout.nodes[0].status,
+        bc_store::rollouts::NodeStatus::Upgrading
+    );
+    let snap = s.audit_snapshot().await.unwrap();
+    assert_eq!(snap.audit.len(), 8, "the history is kept");
+
+    // The upgraded store works, and its triggers use the store's clock.
+    let t = s
+        .renew_lease("gateway:gw-2", "gw-2", Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(t, Some(V10_NOW + 1_000));
+    let h = bc_store::sessions::HelloInput {
+        node_id: NODE.into(),
+        cert_fingerprint: "f1".repeat(32),
+        cert_serial: "0123456789abcdef0123456789abcdef".into(),
+        gateway_id: "gw-2".into(),
+        incarnation_id: "inc-2".into(),
+        boot_id: "boot-2".into(),
+        journal_id: "journal-1".into(),
+        agent_version: "0.2.0".into(),
+        release_floor: 2,
+        last_epoch: 1,
+        inventory_hashes: vec![("gpus".into(), "9a".into())],
+        journal_running: vec![],
+        journal_done: vec![],
+    };
+    clock.advance(Duration::from_millis(5));
+    let out = s.hello(&h).await.unwrap();
+    assert_eq!(out.epoch, 2);
+    assert!(out.inventory_wanted.is_empty());
+    let snap = s.audit_snapshot().await.unwrap();
+    let route = snap.audit.iter().rev().find(|a| a.kind == "route").unwrap();
+    assert_eq!((route.epoch, route.at), (2, V10_NOW + 1_005));
+}
+
+#[tokio::test]
+async fn a_store_from_a_newer_binary_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    let clock = ManualClock::new(0);
+    drop(open(&path, &clock).await.unwrap());
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    match open(&path, &clock).await {
+        Err(e @ StoreError::TooNew { .. }) => {
+            assert!(e.to_string().contains("run a newer better-compute"), "{e}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// A database failure while a binding is judged is a store error: the
+/// binding stays as it was and nothing is recorded against the node.
+#[tokio::test]
+async fn a_store_failure_while_judging_a_binding_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    let s = open(&path, &ManualClock::new(1_000)).await.unwrap();
+    s.create_token(&NewToken {
+        id: "t".into(),
+        secret_sha256: "h".into(),
+        ttl: Duration::from_secs(60),
+        uses: 1,
+        description: String::new(),
+    })
+    .await
+    .unwrap();
+    let cert = IssuedCert {
+        der: b"cert".to_vec(),
+        serial: "s".into(),
+        fingerprint: "f".into(),
+        not_before_ms: 0,
+        not_after_ms: i64::MAX / 2,
+    };
+    let node = s
+        .join(
+            &JoinInput {
+                token_id: "t".into(),
+                secret_sha256: "h".into(),
+                hostname: "h".into(),
+                ramdisk: false,
+            },
+            Box::new(move |_, _| Ok(cert)),
+        )
+        .await
+        .unwrap()
+        .node_id;
+    fn verify(cert: &[u8], _message: &[u8], signature: &[u8]) -> bool {
+        cert == signature
+    }
+    let report = |nonce: &str, signature: &[u8]| BindingInput {
+        session_node: node.clone(),
+        report: Some(BindingReport {
+            node_id: node.clone(),
+            allocation_id: "job-a".into(),
+            gpu_uuids: vec!["GPU-1".into()],
+            spec_generation: 1,
+            nonce: nonce.into(),
+        }),
+        payload: nonce.as_bytes().to_vec(),
+        signature: signature.to_vec(),
+    };
+    assert_eq!(
+        s.record_binding(&report("n1", b"cert"), verify)
+            .await
+            .unwrap(),
+        BindingOutcome::Accepted
+    );
+    // The certificates cannot be read: the store fails mid-judgement.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch("ALTER TABLE node_certs RENAME TO node_certs_away")
+        .unwrap();
+    let err = s
+        .record_binding(&report("n2", b"forged"), verify)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+    assert_eq!(s.bindings(&node).await.unwrap()[0].state, "active");
+    assert!(s.fleet_events(&node, 10).await.unwrap().is_empty());
+    // Once the store works, the same forged report is judged as one.
+    raw.execute_batch("ALTER TABLE node_certs_away RENAME TO node_certs")
+        .unwrap();
+    assert!(matches!(
+        s.record_binding(&report("n2", b"forged"), verify)
+            .await
+            .unwrap(),
+        BindingOutcome::MarkedLost(_)
+    ));
+}
+
+/// Writes share commits; one that panics (a sealer, say) is undone alone
+/// and the writer goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_panics_changes_nothing_and_the_others_commit() {
+    let d = tempfile::tempdir().unwrap();
+    let s = open(&d.path().join("store.db"), &ManualClock::new(1_000))
+        .await
+        .unwrap();
+    let token = |id: &str| NewToken {
+        id: id.into(),
+        secret_sha256: "h".into(),
+        ttl: Duration::from_secs(60),
+        uses: 1,
+        description: String::new(),
+    };
+    let join = |id: &str| JoinInput {
+        token_id: id.into(),
+        secret_sha256: "h".into(),
+        hostname: "h".into(),
+        ramdisk: false,
+    };
+    for id in ["a", "b", "c"] {
+        s.create_token(&token(id)).await.unwrap();
+    }
+    let cert = |n: &str| IssuedCert {
+        der: vec![],
+        serial: n.into(),
+        fingerprint: n.into(),
+        not_before_ms: 0,
+        not_after_ms: i64::MAX / 2,
+    };
+    let (ca, cc) = (cert("a"), cert("c"));
+    let (ja, jb, jc) = (join("a"), join("b"), join("c"));
+    let (a, b, c) = tokio::join!(
+        s.join(&ja, Box::new(move |_, _| Ok(ca))),
+        s.join(
+            &jb,
+            Box::new(|_, _| panic!("the certificate builder fails hard"))
+        ),
+        s.join(&jc, Box::new(move |_, _| Ok(cc))),
+    );
+    assert!(a.is_ok() && c.is_ok());
+    assert!(b.is_err(), "the panicking write fails");
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 2);
+    // Its token was not spent: the join it tried changed nothing.
+    let cb = cert("b");
+    s.join(&jb, Box::new(move |_, _| Ok(cb)))
+        .await
+        .expect("the token is still there");
+}

@@ -1,0 +1,302 @@
+use std::time::Duration;
+
+use bc_store::commands::{NewCommand, ResultApplied, ResultInput};
+use bc_store::{Refusal, TxError};
+use bcd_core::command::{Kind, Outcome};
+
+use super::{Fixture, T0, hello, joined};
+
+pub fn command(node: &str, kind: Kind, summary: &str) -> NewCommand {
+    NewCommand {
+        node_id: node.into(),
+        kind,
+        summary: summary.into(),
+        not_after: Duration::from_secs(60),
+        min_generation: 0,
+        idempotency_key: None,
+    }
+}
+
+pub fn result(id: &str, outcome: Outcome) -> ResultInput {
+    ResultInput {
+        command_id: id.into(),
+        outcome,
+        reason: String::new(),
+        exit_code: Some(0),
+        output: b"out".to_vec(),
+        output_truncated: false,
+    }
+}
+
+pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let (c, created) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "x"),
+            Box::new(|seal| {
+                assert_eq!((seal.seq, seal.issued_at_ms), (1, T0));
+                assert_eq!(seal.not_after_ms, T0 + 60_000);
+                b"signed".to_vec()
+            }),
+        )
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!((c.seq, c.state.as_str()), (1, "pending"));
+    assert_eq!((c.created_at_ms, c.not_after_ms), (T0, T0 + 60_000));
+    assert_eq!(
+        s.command_result(&node, &result("cmd-nope", Outcome::Succeeded))
+            .await
+            .unwrap(),
+        ResultApplied::Unknown
+    );
+    let other = joined(s, 2).await;
+    assert_eq!(
+        s.command_result(&other, &result(&c.id, Outcome::Succeeded))
+            .await
+            .unwrap(),
+        ResultApplied::Unknown,
+        "another node cannot report it"
+    );
+    f.advance(Duration::from_millis(7));
+    assert_eq!(
+        s.command_result(&node, &result(&c.id, Outcome::Succeeded))
+            .await
+            .unwrap(),
+        ResultApplied::Applied
+    );
+    assert_eq!(
+        s.command_result(&node, &result(&c.id, Outcome::Failed))
+            .await
+            .unwrap(),
+        ResultApplied::Duplicate
+    );
+    let row = s.get_command(&c.id).await.unwrap().unwrap();
+    assert_eq!(row.state, "succeeded");
+    assert_eq!(
+        (row.exit_code, row.output.as_slice()),
+        (Some(0), &b"out"[..])
+    );
+    assert_eq!(row.result_at_ms, Some(T0 + 7));
+    assert!(
+        !s.command_ack(&node, &c.id, true).await.unwrap(),
+        "a finished command stays finished"
+    );
+    let listed = s.list_commands(Some(&node), 10).await.unwrap();
+    assert_eq!(listed, vec![row]);
+    assert!(s.list_commands(Some(&other), 10).await.unwrap().is_empty());
+}
+
+pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let e1 = s.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap().epoch;
+    let e2 = s.hello(&hello(&node, 1, "gw-b", 0)).await.unwrap().epoch;
+    let (c1, _) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "a"),
+            Box::new(|_| b"1".to_vec()),
+        )
+        .await
+        .unwrap();
+    let mut gated = command(&node, Kind::ExecRun, "b");
+    gated.min_generation = 2;
+    let (c2, _) = s
+        .create_command(&gated, Box::new(|_| b"2".to_vec()))
+        .await
+        .unwrap();
+    let (c3, _) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "c"),
+            Box::new(|_| b"3".to_vec()),
+        )
+        .await
+        .unwrap();
+    assert_eq!((c1.seq, c2.seq, c3.seq), (1, 2, 3));
+    assert_eq!(
+        s.nodes_with_work("gw-b", i64::MAX).await.unwrap(),
+        vec![node.clone()]
+    );
+    assert!(
+        s.nodes_with_work("gw-a", i64::MAX)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Nothing goes to a stale route or epoch.
+    assert!(
+        s.take_dispatchable("gw-a", &node, e1)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.take_dispatchable("gw-b", &node, e1)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The command waiting for generation 2 holds back the one after it.
+    let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
+    assert_eq!(
+        d.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+        [c1.id.as_str()]
+    );
+    assert_eq!(d[0].signed, b"1");
+    assert!(
+        s.take_dispatchable("gw-b", &node, e2)
+            .await
+            .unwrap()
+            .is_empty(),
+        "once"
+    );
+    s.put_state_report(&node, 2, &[]).await.unwrap();
+    let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
+    assert_eq!(
+        d.iter().map(|d| d.seq).collect::<Vec<_>>(),
+        [2, 3],
+        "in sequence order"
+    );
+    let row = s.get_command(&c3.id).await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.epoch), ("dispatched", e2));
+    assert!(s.command_ack(&node, &c3.id, false).await.unwrap());
+    assert_eq!(s.get_command(&c3.id).await.unwrap().unwrap().state, "acked");
+    assert!(
+        s.nodes_with_work("gw-b", i64::MAX)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub async fn idempotency_keys_return_the_first_command(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let mut c = command(&node, Kind::ExecRun, "x");
+    c.idempotency_key = Some("k1".into());
+    let (first, created) = s.create_command(&c, Box::new(|_| vec![1])).await.unwrap();
+    assert!(created);
+    let (again, created) = s
+        .create_command(&c, Box::new(|_| panic!("a repeat is not sealed again")))
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(again, first);
+    let other = joined(s, 2).await;
+    let mut elsewhere = c.clone();
+    elsewhere.node_id = other;
+    let err = s
+        .create_command(&elsewhere, Box::new(|_| vec![2]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, TxError::Refused(Refusal::Conflict(ref m)) if m.contains("k1")),
+        "{err:?}"
+    );
+}
+
+pub async fn the_sweeper_expires_only_pending_commands_past_their_deadline(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let e = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch;
+    let (held, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "held"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    assert_eq!(s.take_dispatchable("gw", &node, e).await.unwrap().len(), 1);
+    let (waiting, _) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "waiting"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    let (cancelled, _) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "cancelled"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    assert!(
+        s.cancel_pending_command(&cancelled.id, "rollout-aborted")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.cancel_pending_command(&held.id, "rollout-aborted")
+            .await
+            .unwrap()
+    );
+    f.advance(Duration::from_secs(60));
+    assert!(
+        s.sweep_commands().await.unwrap().is_empty(),
+        "at the deadline"
+    );
+    f.advance(Duration::from_millis(1));
+    assert_eq!(s.sweep_commands().await.unwrap(), vec![waiting.id.clone()]);
+    let w = s.get_command(&waiting.id).await.unwrap().unwrap();
+    assert_eq!(
+        (w.state.as_str(), w.reason.as_str()),
+        ("expired", "not_after passed before dispatch")
+    );
+    assert_eq!(
+        s.get_command(&cancelled.id).await.unwrap().unwrap().reason,
+        "rollout-aborted"
+    );
+    assert_eq!(
+        s.get_command(&held.id).await.unwrap().unwrap().state,
+        "dispatched",
+        "a command the node may hold is never swept"
+    );
+}
+
+pub async fn a_confirmed_upgrade_raises_the_release_floor(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let (failed, _) = s
+        .create_command(
+            &command(&node, Kind::DaemonUpgrade, "release 9"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    s.command_result(&node, &result(&failed.id, Outcome::Failed))
+        .await
+        .unwrap();
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 0);
+    let (ok, _) = s
+        .create_command(
+            &command(&node, Kind::DaemonUpgrade, "release 7"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    s.command_result(&node, &result(&ok.id, Outcome::Succeeded))
+        .await
+        .unwrap();
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
+    // A Hello reporting a lower floor does not lower it.
+    let mut h = hello(&node, 1, "gw", 0);
+    h.release_floor = 3;
+    s.hello(&h).await.unwrap();
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
+}
+
+pub async fn commands_for_unknown_nodes_are_refused(f: Fixture) {
+    let s = &f.store;
+    let err = s
+        .create_command(&command("nd-nope", Kind::ExecRun, ""), Box::new(|_| vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
+    let node = joined(s, 1).await;
+    s.delete_node(&node).await.unwrap();
+    assert!(
+        s.create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+            .await
+            .is_err(),
+        "nor for deleted ones"
+    );
+}

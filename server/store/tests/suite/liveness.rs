@@ -1,0 +1,149 @@
+use std::time::Duration;
+
+use bc_store::liveness::{LivenessRules, SweepOutcome};
+use bc_store::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE};
+
+use super::{Fixture, hello, joined, lease};
+
+pub async fn gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let rules = LivenessRules {
+        node_lease_ttl: Duration::from_millis(200),
+        gateway_loss_grace: Duration::from_millis(200),
+        outage_gap: Duration::from_secs(20),
+        outage_hold: Duration::from_secs(300),
+    };
+    lease(s, "gw-l", Duration::from_millis(20)).await;
+    s.hello(&hello(&node, 1, "gw-l", 0)).await.unwrap();
+    assert_eq!(
+        s.sweep_liveness(&rules).await.unwrap(),
+        SweepOutcome::default()
+    );
+    f.advance(Duration::from_millis(20));
+    assert_eq!(
+        s.sweep_liveness(&rules).await.unwrap(),
+        SweepOutcome::default(),
+        "the lease runs through its last millisecond"
+    );
+    f.advance(Duration::from_millis(1));
+    let out = s.sweep_liveness(&rules).await.unwrap();
+    assert_eq!(out.disconnected, vec![node.clone()]);
+    // Last seen at the Hello (21 ms ago): unreachable after the node lease
+    // TTL plus the grace, 400 ms after that.
+    f.advance(Duration::from_millis(379));
+    assert!(
+        s.sweep_liveness(&rules)
+            .await
+            .unwrap()
+            .unreachable
+            .is_empty()
+    );
+    f.advance(Duration::from_millis(1));
+    let out = s.sweep_liveness(&rules).await.unwrap();
+    assert_eq!(out.unreachable, vec![node.clone()]);
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert_eq!(row.state, "unreachable");
+    assert_eq!(row.conditions, vec![CONDITION_UNREACHABLE.to_string()]);
+    assert_eq!(row.taints, vec![TAINT_UNREACHABLE.to_string()]);
+    assert!(row.cert_not_after_ms > 0, "the certificate is not revoked");
+    assert!(
+        s.sweep_liveness(&rules)
+            .await
+            .unwrap()
+            .unreachable
+            .is_empty(),
+        "once"
+    );
+    s.hello(&hello(&node, 1, "gw2", 0)).await.unwrap();
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert_eq!(row.state, "connected");
+    assert!(row.conditions.is_empty() && row.taints.is_empty());
+}
+
+pub async fn a_sweep_gap_holds_timed_transitions(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let rules = LivenessRules {
+        node_lease_ttl: Duration::ZERO,
+        gateway_loss_grace: Duration::ZERO,
+        outage_gap: Duration::from_millis(20),
+        outage_hold: Duration::from_millis(100),
+    };
+    lease(s, "gw-g", Duration::from_millis(10)).await;
+    s.hello(&hello(&node, 1, "gw-g", 0)).await.unwrap();
+    s.sweep_liveness(&rules).await.unwrap();
+    // The gateway's lease ran out during a 30 ms gap in sweeps: held.
+    f.advance(Duration::from_millis(30));
+    let out = s.sweep_liveness(&rules).await.unwrap();
+    assert!(out.held);
+    assert!(out.disconnected.is_empty() && out.unreachable.is_empty());
+    assert_eq!(s.session(&node).await.unwrap().unwrap().state, "connected");
+    // Regular sweeps during the hold keep holding until it ends.
+    for _ in 0..4 {
+        f.advance(Duration::from_millis(20));
+        assert!(s.sweep_liveness(&rules).await.unwrap().held);
+    }
+    f.advance(Duration::from_millis(20));
+    let out = s.sweep_liveness(&rules).await.unwrap();
+    assert!(!out.held);
+    assert_eq!(out.disconnected, vec![node.clone()]);
+}
+
+pub async fn leases_have_one_owner_until_they_expire(f: Fixture) {
+    let s = &f.store;
+    let ttl = Duration::from_millis(30);
+    assert_eq!(
+        s.renew_lease("gateway:a", "a", ttl).await.unwrap(),
+        Some(super::T0),
+        "a renewal answers the store's now"
+    );
+    assert!(
+        s.renew_lease("gateway:a", "b", ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.renew_lease("gateway:a", "a", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    f.advance(Duration::from_millis(30));
+    assert!(
+        s.renew_lease("gateway:a", "b", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "not before it expires"
+    );
+    f.advance(Duration::from_millis(1));
+    assert!(
+        s.renew_lease("gateway:a", "b", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.renew_lease("gateway:a", "a", ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    s.release_lease("gateway:a", "a").await.unwrap();
+    assert!(
+        s.renew_lease("gateway:a", "a", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "only the owner releases"
+    );
+    s.release_lease("gateway:a", "b").await.unwrap();
+    assert!(
+        s.renew_lease("gateway:a", "a", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

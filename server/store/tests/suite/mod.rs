@@ -1,0 +1,198 @@
+//! The store suite: the behaviour every backend must have, written against
+//! [`Store`] alone. A backend runs it by defining a fixture function and
+//! invoking [`store_suite!`] with it (see `tests/sqlite.rs`).
+//!
+//! Time moves only through the fixture's [`ManualClock`]; nothing here
+//! sleeps to let time pass.
+
+#![allow(dead_code)]
+
+pub mod audit;
+pub mod bindings;
+pub mod commands;
+pub mod events;
+pub mod images;
+pub mod liveness;
+pub mod races;
+pub mod releases;
+pub mod rollouts;
+pub mod sessions;
+pub mod specs;
+pub mod tokens;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bc_store::nodes::IssuedCert;
+use bc_store::sessions::HelloInput;
+use bc_store::tokens::{JoinInput, NewToken};
+use bc_store::{ManualClock, Store};
+
+/// The clock's start in every fixture: a time in 2027.
+pub const T0: i64 = 1_800_000_000_000;
+
+type Reopen = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Store> + Send>> + Send + Sync>;
+
+/// A fresh, empty store on a manual clock, with the gateways the tests
+/// name holding their leases for an hour.
+pub struct Fixture {
+    pub store: Store,
+    pub clock: ManualClock,
+    reopen: Reopen,
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Fixture {
+    /// `keep` lives as long as the fixture (a temporary directory, a
+    /// database); `reopen` opens another handle on the same store, as a
+    /// second process would.
+    pub async fn new(
+        store: Store,
+        clock: ManualClock,
+        reopen: Reopen,
+        keep: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Fixture {
+        for gw in ["gw", "gw2", "gw-a", "gw-b"] {
+            lease(&store, gw, Duration::from_secs(3600)).await;
+        }
+        Fixture {
+            store,
+            clock,
+            reopen,
+            _keep: keep,
+        }
+    }
+
+    /// Another handle on the same store.
+    pub async fn reopen(&self) -> Store {
+        (self.reopen)().await
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}
+
+/// Takes (or renews) `gateway:<gw>` for `gw`.
+pub async fn lease(s: &Store, gw: &str, ttl: Duration) {
+    s.renew_lease(&bc_store::leases::gateway_lease(gw), gw, ttl)
+        .await
+        .unwrap()
+        .expect("the lease is free");
+}
+
+pub fn fake_cert(n: u8) -> IssuedCert {
+    IssuedCert {
+        der: vec![n],
+        serial: format!("serial{n}"),
+        fingerprint: format!("fp{n}"),
+        not_before_ms: 0,
+        not_after_ms: i64::MAX / 2,
+    }
+}
+
+pub fn token(id: &str, ttl: Duration, uses: u32) -> NewToken {
+    NewToken {
+        id: id.into(),
+        secret_sha256: "h".into(),
+        ttl,
+        uses,
+        description: String::new(),
+    }
+}
+
+pub fn join_input(token_id: &str, secret: &str) -> JoinInput {
+    JoinInput {
+        token_id: token_id.into(),
+        secret_sha256: secret.into(),
+        hostname: "host".into(),
+        ramdisk: false,
+    }
+}
+
+/// A node joined with certificate `fake_cert(cert)`; returns its id.
+pub async fn joined(s: &Store, cert: u8) -> String {
+    joined_with(s, fake_cert(cert)).await
+}
+
+pub async fn joined_with(s: &Store, cert: IssuedCert) -> String {
+    let id = format!("t-{}", cert.serial);
+    s.create_token(&token(&id, Duration::from_secs(60), 1))
+        .await
+        .unwrap();
+    s.join(&join_input(&id, "h"), Box::new(move |_, _| Ok(cert)))
+        .await
+        .unwrap()
+        .node_id
+}
+
+pub fn hello(node: &str, cert: u8, gw: &str, last_epoch: u64) -> HelloInput {
+    HelloInput {
+        node_id: node.into(),
+        cert_fingerprint: format!("fp{cert}"),
+        cert_serial: format!("serial{cert}"),
+        gateway_id: gw.into(),
+        incarnation_id: "i".into(),
+        boot_id: "b".into(),
+        journal_id: "j".into(),
+        agent_version: "0".into(),
+        release_floor: 0,
+        last_epoch,
+        inventory_hashes: vec![("gpus".into(), "abc".into())],
+        journal_running: vec![],
+        journal_done: vec![],
+    }
+}
+
+/// Runs each suite test against the fixture function `$fixture` (an async
+/// fn returning a [`Fixture`]).
+macro_rules! store_suite {
+    ($fixture:path) => {
+        store_suite!(@each $fixture;
+            audit::triggers_stamp_history_with_the_store_clock,
+            audit::a_snapshot_reads_the_history_and_the_tables,
+            bindings::only_the_nodes_current_key_binds_and_replays_are_refused,
+            bindings::a_forged_report_marks_an_active_binding_lost,
+            commands::results_first_one_wins_and_unknown_ones_change_nothing,
+            commands::dispatch_follows_the_route_and_the_applied_generation,
+            commands::idempotency_keys_return_the_first_command,
+            commands::the_sweeper_expires_only_pending_commands_past_their_deadline,
+            commands::a_confirmed_upgrade_raises_the_release_floor,
+            commands::commands_for_unknown_nodes_are_refused,
+            events::events_are_kept_once_and_acknowledged_up_to_the_highest,
+            images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
+            images::images_resolve_by_id_name_or_prefix,
+            liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
+            liveness::a_sweep_gap_holds_timed_transitions,
+            liveness::leases_have_one_owner_until_they_expire,
+            races::two_hellos_for_one_node_get_distinct_epochs,
+            races::a_hello_against_a_lease_takeover_never_routes_without_the_lease,
+            races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,
+            races::of_two_results_the_first_wins,
+            races::concurrent_writes_are_each_their_own_transaction,
+            releases::a_release_registers_once,
+            rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
+            rollouts::a_rollout_needs_a_release_and_no_other_active,
+            sessions::hello_bumps_the_epoch_and_stale_writes_change_nothing,
+            sessions::epoch_rises_above_what_the_node_saw,
+            sessions::deleted_nodes_and_foreign_certificates_are_refused,
+            sessions::a_gateway_without_its_lease_routes_nothing,
+            sessions::hello_settles_in_flight_commands,
+            sessions::a_gateway_shutdown_disconnects_and_releases_together,
+            sessions::certificates_renew_expire_and_are_revoked_with_their_node,
+            specs::spec_changes_are_sealed_and_refusals_change_nothing,
+            specs::state_reports_move_the_applied_generation_forward_or_to_zero,
+            tokens::tokens_are_single_use_and_expire,
+            tokens::operators_are_found_by_their_token,
+        );
+    };
+    (@each $fixture:path; $($module:ident :: $test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                suite::$module::$test($fixture().await).await
+            }
+        )*
+    };
+}

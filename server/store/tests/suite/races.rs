@@ -1,0 +1,201 @@
+//! Races between handles on one store, as between gateway processes: each
+//! is run many times so both orders happen; what must hold holds in every
+//! order.
+
+use std::time::Duration;
+
+use bc_store::commands::ResultApplied;
+use bc_store::{Refusal, TxError};
+use bcd_core::command::{Kind, Outcome};
+
+use super::commands::{command, result};
+use super::{Fixture, hello, joined, lease};
+
+const ROUNDS: usize = 40;
+
+pub async fn two_hellos_for_one_node_get_distinct_epochs(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    for round in 0..ROUNDS {
+        let (ha, hb) = (hello(&node, 1, "gw-a", 0), hello(&node, 1, "gw-b", 0));
+        let (ra, rb) = tokio::join!(a.hello(&ha), b.hello(&hb));
+        let (ea, eb) = (ra.unwrap().epoch, rb.unwrap().epoch);
+        assert_ne!(ea, eb, "round {round}");
+        let winner = if ea > eb { "gw-a" } else { "gw-b" };
+        let s = a.session(&node).await.unwrap().unwrap();
+        assert_eq!(
+            (s.epoch, s.gateway_id.as_str()),
+            (ea.max(eb), winner),
+            "the later Hello owns the route"
+        );
+        assert_eq!(ea.max(eb), 2 * round as u64 + 2);
+    }
+    // Every route in the history carries a higher epoch than the last.
+    let snap = a.audit_snapshot().await.unwrap();
+    let epochs: Vec<u64> = snap
+        .audit
+        .iter()
+        .filter(|r| r.kind == "route")
+        .map(|r| r.epoch)
+        .collect();
+    assert_eq!(epochs, (1..=2 * ROUNDS as u64).collect::<Vec<_>>());
+}
+
+pub async fn a_hello_against_a_lease_takeover_never_routes_without_the_lease(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    let mut routed = 0;
+    for round in 0..ROUNDS {
+        // gw-x's lease runs out now; a newcomer takes its name while gw-x
+        // routes the node.
+        lease(&a, "gw-x", Duration::from_millis(10)).await;
+        f.advance(Duration::from_millis(11));
+        let h = hello(&node, 1, "gw-x", 0);
+        let (routed_by_x, took) = tokio::join!(
+            a.hello(&h),
+            b.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
+        );
+        assert!(took.unwrap().is_some(), "an expired lease is free to take");
+        assert!(
+            matches!(routed_by_x, Err(TxError::Refused(Refusal::Fenced(_)))),
+            "round {round}: {routed_by_x:?}"
+        );
+        // While gw-x holds it, the newcomer cannot take it, and gw-x routes.
+        b.release_lease("gateway:gw-x", "newcomer").await.unwrap();
+        lease(&a, "gw-x", Duration::from_secs(1)).await;
+        let (routed_by_x, took) = tokio::join!(
+            a.hello(&h),
+            b.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
+        );
+        assert!(took.unwrap().is_none());
+        routed_by_x.unwrap();
+        routed += 1;
+        a.release_lease("gateway:gw-x", "gw-x").await.unwrap();
+    }
+    let snap = a.audit_snapshot().await.unwrap();
+    assert_eq!(
+        snap.audit.iter().filter(|r| r.kind == "route").count(),
+        routed
+    );
+}
+
+pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    let (mut before, mut after) = (0, 0);
+    for round in 0..ROUNDS {
+        let e1 = a.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap().epoch;
+        let (c, _) = a
+            .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+            .await
+            .unwrap();
+        let h = hello(&node, 1, "gw-b", 0);
+        let (taken, bumped) = tokio::join!(a.take_dispatchable("gw-a", &node, e1), b.hello(&h));
+        let (taken, bumped) = (taken.unwrap(), bumped.unwrap());
+        let row = a.get_command(&c.id).await.unwrap().unwrap();
+        if taken.iter().any(|d| d.id == c.id) {
+            // Dispatched first: the Hello moved it to the new epoch and
+            // replays it.
+            before += 1;
+            assert!(bumped.replay.iter().any(|d| d.id == c.id), "round {round}");
+            assert_eq!(
+                (row.state.as_str(), row.epoch),
+                ("dispatched", bumped.epoch)
+            );
+        } else {
+            // The bump came first: nothing went to the old session; the
+            // command waits for the new one.
+            after += 1;
+            assert!(bumped.replay.is_empty(), "round {round}");
+            assert_eq!(row.state, "pending");
+            let d = b
+                .take_dispatchable("gw-b", &node, bumped.epoch)
+                .await
+                .unwrap();
+            assert_eq!(d.len(), 1);
+        }
+        // Finish it so the next round starts clean.
+        a.command_result(&node, &result(&c.id, Outcome::Succeeded))
+            .await
+            .unwrap();
+    }
+    assert_eq!(before + after, ROUNDS);
+}
+
+pub async fn of_two_results_the_first_wins(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    for round in 0..ROUNDS {
+        let (c, _) = a
+            .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+            .await
+            .unwrap();
+        let (ok, failed) = (
+            result(&c.id, Outcome::Succeeded),
+            result(&c.id, Outcome::Failed),
+        );
+        let (ra, rb) = tokio::join!(
+            a.command_result(&node, &ok),
+            b.command_result(&node, &failed)
+        );
+        let (ra, rb) = (ra.unwrap(), rb.unwrap());
+        let state = a.get_command(&c.id).await.unwrap().unwrap().state;
+        match (ra, rb) {
+            (ResultApplied::Applied, ResultApplied::Duplicate) => assert_eq!(state, "succeeded"),
+            (ResultApplied::Duplicate, ResultApplied::Applied) => assert_eq!(state, "failed"),
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    let snap = a.audit_snapshot().await.unwrap();
+    assert_eq!(
+        snap.audit.iter().filter(|r| r.kind == "result").count(),
+        ROUNDS,
+        "one terminal result per command"
+    );
+}
+
+/// Many writes at once, some refused: each is its own transaction. The
+/// refused ones change nothing; the others all land, in one order.
+pub async fn concurrent_writes_are_each_their_own_transaction(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    let mut tasks = Vec::new();
+    for i in 0..48 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let target = if i % 3 == 0 {
+            "nd-nope".to_string()
+        } else {
+            node.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            s.create_command(
+                &command(&target, Kind::ExecRun, ""),
+                Box::new(|c| c.id.clone().into_bytes()),
+            )
+            .await
+        }));
+    }
+    let mut seqs = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok((row, true)) => {
+                assert!(i % 3 != 0);
+                seqs.push(row.seq);
+            }
+            Err(TxError::Refused(Refusal::NoSuchNode(_))) => assert_eq!(i % 3, 0),
+            other => panic!("write {i}: {other:?}"),
+        }
+    }
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (1..=32).collect::<Vec<_>>(),
+        "one sequence each, no gaps"
+    );
+    let (next, _) = a
+        .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    assert_eq!(next.seq, 33);
+    assert_eq!(a.list_commands(Some(&node), 100).await.unwrap().len(), 33);
+}

@@ -1,0 +1,332 @@
+use std::time::Duration;
+
+use bc_store::commands::NewCommand;
+use bc_store::nodes::IssuedCert;
+use bc_store::sessions::{HelloInput, Seen, SessionKey};
+use bc_store::{Refusal, TxError};
+use bcd_core::command::Kind;
+
+use super::{Fixture, T0, fake_cert, hello, joined, joined_with, lease};
+
+fn seen(node: &str, epoch: u64) -> Vec<Seen> {
+    vec![Seen {
+        node_id: node.into(),
+        epoch,
+        age: Duration::ZERO,
+    }]
+}
+
+pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let first = s.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap();
+    assert_eq!(first.epoch, 1);
+    assert_eq!(first.server_time_ms, T0);
+    assert_eq!(first.inventory_wanted, vec!["gpus".to_string()]);
+    let second = s.hello(&hello(&node, 1, "gw-b", 0)).await.unwrap();
+    assert_eq!(second.epoch, 2);
+    // gw-a's late writes under epoch 1 are fenced.
+    assert!(
+        !s.disconnect(&node, 1, Duration::ZERO, "stream-ended")
+            .await
+            .unwrap()
+    );
+    let gone = s.flush_liveness("gw-a", &seen(&node, 1)).await.unwrap();
+    assert_eq!(
+        gone,
+        vec![SessionKey {
+            node_id: node.clone(),
+            epoch: 1
+        }]
+    );
+    assert!(
+        !s.put_inventory(&node, 1, "gpus", "abc", b"[]")
+            .await
+            .unwrap()
+    );
+    let sess = s.session(&node).await.unwrap().unwrap();
+    assert_eq!(
+        (sess.epoch, sess.gateway_id.as_str(), sess.state.as_str()),
+        (2, "gw-b", "connected")
+    );
+    assert_eq!(s.connected_to("gw-b").await.unwrap(), vec![node.clone()]);
+    assert!(s.connected_to("gw-a").await.unwrap().is_empty());
+    // The current session's writes apply.
+    assert!(
+        s.flush_liveness("gw-b", &seen(&node, 2))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.put_inventory(&node, 2, "gpus", "abc", b"[]")
+            .await
+            .unwrap()
+    );
+    let inv = s.inventory(&node, "gpus").await.unwrap().unwrap();
+    assert_eq!(
+        (inv.sha256.as_str(), inv.body.as_slice()),
+        ("abc", &b"[]"[..])
+    );
+    f.advance(Duration::from_secs(5));
+    assert!(
+        s.disconnect(&node, 2, Duration::from_secs(2), "stream-ended")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.session(&node).await.unwrap().unwrap().state,
+        "disconnected"
+    );
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert_eq!(row.last_seen_age_ms, 2_000, "last seen = now - the age");
+    // Inventory now matches: not wanted again.
+    let third = s.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap();
+    assert!(third.inventory_wanted.is_empty());
+}
+
+pub async fn epoch_rises_above_what_the_node_saw(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    assert_eq!(s.hello(&hello(&node, 1, "gw", 41)).await.unwrap().epoch, 42);
+    assert_eq!(s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch, 43);
+}
+
+pub async fn deleted_nodes_and_foreign_certificates_are_refused(f: Fixture) {
+    let s = &f.store;
+    let a = joined(s, 1).await;
+    let b = joined(s, 2).await;
+    let refusal = |h: HelloInput| async move {
+        match s.hello(&h).await {
+            Err(TxError::Refused(r)) => r,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        refusal(hello(&b, 1, "gw", 0)).await,
+        Refusal::WrongCertificate(b.clone())
+    );
+    assert_eq!(
+        refusal(hello(&a, 7, "gw", 0)).await,
+        Refusal::UnknownCertificate
+    );
+    assert!(s.delete_node(&a).await.unwrap());
+    assert!(!s.delete_node(&a).await.unwrap());
+    assert_eq!(
+        refusal(hello(&a, 1, "gw", 0)).await,
+        Refusal::DeletedNode(a.clone())
+    );
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
+}
+
+pub async fn a_gateway_without_its_lease_routes_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let fenced = |gw: &'static str| {
+        let node = node.clone();
+        async move {
+            matches!(
+                s.hello(&hello(&node, 1, gw, 0)).await,
+                Err(TxError::Refused(Refusal::Fenced(_)))
+            )
+        }
+    };
+    assert!(fenced("gw-never-leased").await);
+    lease(s, "gw-short", Duration::from_millis(10)).await;
+    assert!(!fenced("gw-short").await);
+    f.advance(Duration::from_millis(10));
+    assert!(
+        !fenced("gw-short").await,
+        "held through its last millisecond"
+    );
+    f.advance(Duration::from_millis(1));
+    assert!(fenced("gw-short").await, "an expired lease fences too");
+    assert_eq!(
+        s.session(&node).await.unwrap().unwrap().gateway_id,
+        "gw-short"
+    );
+}
+
+fn command(node: &str, kind: Kind) -> NewCommand {
+    NewCommand {
+        node_id: node.into(),
+        kind,
+        summary: String::new(),
+        not_after: Duration::from_secs(60),
+        min_generation: 0,
+        idempotency_key: None,
+    }
+}
+
+pub async fn hello_settles_in_flight_commands(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let e1 = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch;
+    let mut ids = Vec::new();
+    for kind in [
+        Kind::ExecRun,
+        Kind::ExecRun,
+        Kind::NodeReboot,
+        Kind::InventoryRefresh,
+    ] {
+        let (c, _) = s
+            .create_command(
+                &command(&node, kind),
+                Box::new(|c| c.id.clone().into_bytes()),
+            )
+            .await
+            .unwrap();
+        ids.push(c.id);
+    }
+    assert_eq!(s.take_dispatchable("gw", &node, e1).await.unwrap().len(), 4);
+    assert!(s.command_ack(&node, &ids[2], true).await.unwrap());
+    // Same journal and boot: what the node does not report is replayed;
+    // what it reports running or done is kept.
+    let mut h = hello(&node, 1, "gw", 0);
+    h.journal_running = vec![ids[1].clone()];
+    let out = s.hello(&h).await.unwrap();
+    let replayed: Vec<&str> = out.replay.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        replayed,
+        [ids[0].as_str(), ids[2].as_str(), ids[3].as_str()]
+    );
+    assert_eq!(
+        out.replay[0].signed,
+        ids[0].as_bytes(),
+        "the stored bytes, verbatim"
+    );
+    assert!(out.finished.is_empty());
+    assert_eq!(
+        s.get_command(&ids[1]).await.unwrap().unwrap().epoch,
+        out.epoch,
+        "moved to the new epoch"
+    );
+    // A new boot and a new journal: the reboot it took on did what it was
+    // for; the command it cannot know fails journal-lost; the retry-safe one
+    // is replayed.
+    assert!(s.command_ack(&node, &ids[2], true).await.unwrap());
+    let mut h = hello(&node, 1, "gw", 0);
+    h.boot_id = "b2".into();
+    h.journal_id = "j2".into();
+    let out = s.hello(&h).await.unwrap();
+    let finished: Vec<(&str, &str, &str)> = out
+        .finished
+        .iter()
+        .map(|x| (x.id.as_str(), x.state.as_str(), x.reason.as_str()))
+        .collect();
+    assert_eq!(
+        finished,
+        [
+            (ids[0].as_str(), "failed", "journal-lost"),
+            (ids[1].as_str(), "failed", "journal-lost"),
+            (ids[2].as_str(), "succeeded", "rebooted"),
+        ]
+    );
+    assert_eq!(
+        out.replay.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+        [ids[3].as_str()]
+    );
+    let reboot = s.get_command(&ids[2]).await.unwrap().unwrap();
+    assert_eq!(
+        (reboot.state.as_str(), reboot.result_at_ms),
+        ("succeeded", Some(T0))
+    );
+}
+
+pub async fn a_gateway_shutdown_disconnects_and_releases_together(f: Fixture) {
+    let s = &f.store;
+    let a = joined(s, 1).await;
+    let b = joined(s, 2).await;
+    lease(s, "gw-x", Duration::from_secs(60)).await;
+    let ea = s.hello(&hello(&a, 1, "gw-x", 0)).await.unwrap().epoch;
+    let eb = s.hello(&hello(&b, 2, "gw-x", 0)).await.unwrap().epoch;
+    // b moved on meanwhile: its disconnect under the old epoch is fenced.
+    s.hello(&hello(&b, 2, "gw", 0)).await.unwrap();
+    s.gateway_shutdown(
+        "gw-x",
+        &[
+            SessionKey {
+                node_id: a.clone(),
+                epoch: ea,
+            },
+            SessionKey {
+                node_id: b.clone(),
+                epoch: eb,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.session(&a).await.unwrap().unwrap().state, "disconnected");
+    assert_eq!(s.session(&b).await.unwrap().unwrap().state, "connected");
+    // The lease is free: another owner takes it at once.
+    assert!(
+        s.renew_lease("gateway:gw-x", "someone", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixture) {
+    let s = &f.store;
+    let short = IssuedCert {
+        not_after_ms: T0 + 1_000,
+        ..fake_cert(1)
+    };
+    let node = joined_with(s, short).await;
+    let valid = s.check_cert("fp1").await.unwrap();
+    assert_eq!(
+        (valid.node_id.as_str(), valid.serial.as_str()),
+        (node.as_str(), "serial1")
+    );
+    let renewed = s
+        .renew(
+            "fp1",
+            Box::new(|n, now, ramdisk| {
+                assert!(!ramdisk);
+                assert_eq!(now, T0);
+                Ok(IssuedCert {
+                    not_after_ms: now + 86_400_000,
+                    ..fake_cert(2)
+                })
+                .inspect(|_| assert!(n.starts_with("nd-")))
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(renewed.node_id, node);
+    f.advance(Duration::from_millis(1_001));
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Expired)
+    );
+    assert!(
+        s.renew("fp1", Box::new(|_, _, _| Ok(fake_cert(3))))
+            .await
+            .is_err(),
+        "an expired certificate cannot renew"
+    );
+    assert_eq!(s.check_cert("fp2").await.unwrap().serial, "serial2");
+    let before = s.now().await.unwrap();
+    assert!(s.revoked_since(before).await.unwrap().is_empty());
+    s.delete_node(&node).await.unwrap();
+    let revoked = s.revoked_since(before).await.unwrap();
+    let serials: Vec<(&str, &str)> = revoked
+        .iter()
+        .map(|r| (r.serial.as_str(), r.reason.as_str()))
+        .collect();
+    assert!(
+        serials.contains(&("serial2", "node-deleted")),
+        "{serials:?}"
+    );
+    assert!(
+        revoked
+            .iter()
+            .all(|r| r.node_id == node && r.at_ms == before)
+    );
+    assert_eq!(
+        s.check_cert("fp2").await.unwrap_err().refusal(),
+        Some(&Refusal::DeletedNode(node))
+    );
+}

@@ -1,0 +1,134 @@
+use std::time::Duration;
+
+use bc_store::specs::{Access, AccessUser, Assignment, SectionReport};
+use bc_store::{Refusal, TxError};
+
+use super::{Fixture, T0, joined};
+
+fn assignment(id: &str, gpus: &[&str]) -> Assignment {
+    Assignment {
+        allocation_id: id.into(),
+        gpus: gpus.iter().map(|g| g.to_string()).collect(),
+        env: [("A".to_string(), "1".to_string())].into(),
+    }
+}
+
+pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    assert_eq!(s.signed_spec(&node).await.unwrap(), None);
+    let (generation, body) = s
+        .update_spec(
+            &node,
+            Box::new(|b| {
+                b.assignments.push(assignment("job-a", &["0"]));
+                Ok(())
+            }),
+            Box::new(|generation, now, body| {
+                assert_eq!((generation, now), (1, T0));
+                format!("g{generation}:{}", body.assignments.len()).into_bytes()
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!((generation, body.assignments.len()), (1, 1));
+    assert_eq!(
+        s.signed_spec(&node).await.unwrap(),
+        Some((1, b"g1:1".to_vec()))
+    );
+    // A refused change leaves generation and body alone.
+    let err = s
+        .update_spec(
+            &node,
+            Box::new(|b| {
+                b.assignments.clear();
+                Err(Refusal::BadRequest("no".into()))
+            }),
+            Box::new(|_, _, _| panic!("a refused change is not sealed")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, TxError::Refused(Refusal::BadRequest(_))));
+    // Access edits keep the assignments.
+    f.advance(Duration::from_millis(5));
+    let (generation, _) = s
+        .update_spec(
+            &node,
+            Box::new(|b| {
+                b.access = Access {
+                    users: vec![AccessUser {
+                        name: "ops".into(),
+                        authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+                        principals: vec![],
+                    }],
+                    ..Access::default()
+                };
+                Ok(())
+            }),
+            Box::new(|g, _, _| format!("g{g}").into_bytes()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation, 2);
+    let view = s.spec_view(&node).await.unwrap().unwrap();
+    assert_eq!(view.desired_generation, 2);
+    assert_eq!(view.assignments, vec![assignment("job-a", &["0"])]);
+    assert_eq!(view.access.users[0].name, "ops");
+    assert_eq!((view.applied_generation, view.reported_age_ms), (0, None));
+    assert_eq!(view.now_ms, T0 + 5);
+    // Work for the node's gateway: a spec changed since a given time.
+    let e = s
+        .hello(&super::hello(&node, 1, "gw", 0))
+        .await
+        .unwrap()
+        .epoch;
+    assert!(e > 0);
+    assert_eq!(
+        s.nodes_with_work("gw", T0 + 5).await.unwrap(),
+        vec![node.clone()]
+    );
+    assert!(s.nodes_with_work("gw", T0 + 6).await.unwrap().is_empty());
+    // No spec for a node that does not exist.
+    let err = s
+        .update_spec("nd-nope", Box::new(|_| Ok(())), Box::new(|_, _, _| vec![]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
+    assert_eq!(s.spec_view("nd-nope").await.unwrap(), None);
+}
+
+pub async fn state_reports_move_the_applied_generation_forward_or_to_zero(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let report = |age_ms| {
+        vec![SectionReport {
+            section: "devices".into(),
+            status: "OBSERVED".into(),
+            message: "ok".into(),
+            age_ms,
+        }]
+    };
+    s.put_state_report(&node, 3, &report(1_000)).await.unwrap();
+    s.put_state_report(&node, 2, &report(0)).await.unwrap();
+    f.advance(Duration::from_secs(2));
+    let view = s.spec_view(&node).await.unwrap().unwrap();
+    assert_eq!(
+        view.applied_generation, 3,
+        "a late report does not move it back"
+    );
+    assert_eq!(view.reported_age_ms, Some(2_000));
+    assert_eq!(
+        view.sections[0].since_ms, T0,
+        "the latest report's section time"
+    );
+    s.put_state_report(&node, 0, &report(0)).await.unwrap();
+    assert_eq!(
+        s.spec_view(&node)
+            .await
+            .unwrap()
+            .unwrap()
+            .applied_generation,
+        0,
+        "a new journal starts again"
+    );
+}
