@@ -12,45 +12,56 @@ use crate::validate::{
 };
 use crate::wire;
 
-/// A request that passed validation.
+/// A request that passed validation, with what the handler is to do.
+///
+/// Files are written atomically (temporary file, fsync, rename, fsync the
+/// directory) and only when their bytes differ, as the agent's convergers
+/// write them in root mode, so both modes leave the same machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// Write the `nvidia.com/gpu` CDI spec.
+    /// Write the `nvidia.com/gpu` CDI spec's bytes as sent
+    /// (`<cdi dir>/bcd-nvidia-gpu.json`, mode 0644).
     WriteCdiSpec(Box<CdiSpec>),
-    /// Write one allocation's env file.
+    /// Write [`EnvFile::render`] to `<env dir>/<id>.env` (mode 0644).
     WriteEnvFile(EnvFile),
-    /// Remove one allocation's env file.
+    /// Remove `<env dir>/<id>.env` if it is there.
     RemoveEnvFile(AllocationId),
-    /// Write (or, when empty, remove) the sshd files.
+    /// Write the sshd files and `sshd_config.d/bcd.conf` after `sshd -t`
+    /// accepts them; when empty, remove them.
     WriteSshd(SshdFiles),
-    /// Replace table `inet bcd` with these rules.
+    /// Replace table `inet bcd` with these rules in one `nft` transaction.
     ApplyFirewall(Vec<FirewallRule>),
-    /// Delete table `inet bcd`.
+    /// Delete table `inet bcd` if it is there.
     DeleteFirewall,
-    /// Reset the GPU at this PCI address (checked present under sysfs by
-    /// the server before the handler sees it).
+    /// Reset the GPU at this PCI address (the server checked under sysfs
+    /// that it is an NVIDIA GPU before the handler sees it).
     ResetGpu(PciAddress),
-    Reboot {
-        reason: String,
-    },
+    /// Reboot: through logind where [`crate::systemd::detect`] finds
+    /// systemd, else directly.
+    Reboot { reason: String },
+    /// Copy the staged kernel (and initrd) somewhere the client cannot
+    /// write, check the copies' SHA-256, then load and execute them.
     Kexec(Kexec),
-    /// Install a staged release binary into a slot after checking its
-    /// digest.
+    /// Copy a staged release binary into the slot (root-owned, mode 0755)
+    /// after checking the copy's SHA-256.
     InstallSlot {
         slot: validate::Slot,
         file: StagedFile,
         sha256: Sha256,
     },
-    /// Point `current` at a slot whose binary has this digest.
+    /// Point `current` at the slot, once its binary exists and has this
+    /// SHA-256.
     SwitchSlot {
         slot: validate::Slot,
         sha256: Sha256,
     },
-    /// Swap an unconfirmed upgrade back.
+    /// Swap an unconfirmed upgrade back (as `bcd rollback`).
     RollBack,
-    /// Restart the bcd service.
+    /// Restart the bcd service: the systemd manager's `RestartUnit` where
+    /// systemd runs.
     RestartDaemon,
-    /// Relay one TPM command.
+    /// Send the command to the TPM on this connection's own open of
+    /// `/dev/tpmrm0`, and answer its whole response.
     Tpm(TpmCommand),
 }
 

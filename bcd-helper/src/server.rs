@@ -322,7 +322,13 @@ async fn connection<H: Handler>(mut stream: UnixStream, shared: Arc<Shared<H>>) 
             return;
         }
     };
-    let permit = shared.slots.clone().try_acquire_owned();
+    // Only a peer that may be served takes one of the connection slots, so
+    // other users who can reach the socket cannot crowd the daemon out.
+    let refused_peer = refusal(config, &peer);
+    let permit = match refused_peer {
+        None => shared.slots.clone().try_acquire_owned().ok(),
+        Some(_) => None,
+    };
     debug!(pid = peer.pid, uid = peer.uid, "connection");
     let hello = tokio::time::timeout(
         config.handshake_timeout,
@@ -339,15 +345,15 @@ async fn connection<H: Handler>(mut stream: UnixStream, shared: Arc<Shared<H>>) 
         Ok(Ok(body)) => frame::decode::<wire::Hello>("Hello", &body)
             .map_err(|e| format!("not a bcd-helper handshake: {e}")),
     };
-    let refused = match (&hello, refusal(config, &peer), &permit) {
+    let refused = match (&hello, refused_peer, &permit) {
         (_, Some(r), _) => Some(r),
         (Err(e), None, _) => Some(e.clone()),
-        (Ok(_), None, Err(_)) => Some(format!(
+        (Ok(_), None, None) => Some(format!(
             "bcd-helper serves {} connections already: stop the other clients or raise its connection limit",
             config.max_connections
         )),
-        (Ok(h), None, Ok(_)) if h.version != PROTOCOL_VERSION => Some(version_refusal(h.version)),
-        (Ok(_), None, Ok(_)) => None,
+        (Ok(h), None, Some(_)) if h.version != PROTOCOL_VERSION => Some(version_refusal(h.version)),
+        (Ok(_), None, Some(_)) => None,
     };
     let reply = wire::HelloReply {
         version: PROTOCOL_VERSION,

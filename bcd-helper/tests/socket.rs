@@ -773,6 +773,40 @@ fn connections_over_the_cap_are_refused() {
     }
 }
 
+#[test]
+fn peers_that_are_refused_take_no_connection_slot() {
+    const BCD: u32 = 4242;
+    let d = dir();
+    let socket = d.path().join("helper.sock");
+    let mut cfg = config(&socket);
+    cfg.uid = BCD;
+    cfg.socket_gid = Some(BCD);
+    cfg.max_connections = 1;
+    let _helper = Helper::start(cfg, Recorder::default());
+    // Another user in the socket's group connects and says nothing,
+    // holding its connection through the handshake timeout.
+    let (held, release) = std::sync::mpsc::channel::<()>();
+    let (connected, wait) = std::sync::mpsc::channel::<()>();
+    let path = socket.clone();
+    let squatter = std::thread::spawn(move || {
+        as_user(BCD + 1, BCD, move || {
+            let s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            connected.send(()).unwrap();
+            let _ = release.recv();
+            drop(s);
+        })
+    });
+    wait.recv().unwrap();
+    // The one slot is still the daemon's.
+    as_user(BCD, BCD, {
+        let socket = socket.clone();
+        move || rt().block_on(client(&socket).reboot("still served"))
+    })
+    .unwrap();
+    held.send(()).unwrap();
+    squatter.join().unwrap();
+}
+
 fn create_primary(template: &[u8]) -> Vec<u8> {
     use tpm2_protocol::TpmUnmarshal;
     use tpm2_protocol::basic::TpmHandle;
