@@ -18,6 +18,12 @@
 //! Tested against a real `dbus-daemon` on a private bus. logind and
 //! systemd cannot run in a test, so the tests serve the two objects on that
 //! bus themselves, with only the methods and the signal used here.
+//!
+//! Cost: zbus (default features off, tokio only) adds about 860 KiB to a
+//! static musl binary built with the workspace's release profile (a
+//! throw-away binary using the client: 738,080 bytes; the same calling
+//! these functions too: 1,622,848 bytes; zbus's own code is about 425 KiB
+//! of it).
 
 use std::path::Path;
 use std::time::Duration;
