@@ -15,8 +15,6 @@ use std::path::{Path, PathBuf};
 
 use bcd_proto::v1::NodeSpec;
 
-use crate::fsutil;
-
 pub const CDI_FILE: &str = "bcd-nvidia-gpu.json";
 
 #[derive(Debug, Clone)]
@@ -54,30 +52,14 @@ pub struct Outcome {
     pub changed: bool,
 }
 
-/// Writes `bytes` atomically unless the file already holds them; says
-/// whether it wrote.
+/// Writes `bytes` durably unless the file already holds them; says whether
+/// it wrote. The error is worded for a section's status message.
 pub(crate) fn write_if_changed(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, String> {
-    if std::fs::read(path).is_ok_and(|b| b == bytes) {
-        return Ok(false);
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    fsutil::atomic_write(path, bytes, mode).map_err(|e| format!("{e}: {}", e_source(&e)))?;
-    Ok(true)
-}
-
-fn e_source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
+    bcd_sys::fs::write_if_changed(path, bytes, mode).map_err(|e| bcd_sys::error::chain(&e))
 }
 
 fn remove(path: &Path) -> Result<bool, String> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
-    }
+    bcd_sys::fs::remove_if_present(path).map_err(|e| bcd_sys::error::chain(&e))
 }
 
 /// The env file of one allocation.

@@ -25,7 +25,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::{self, FsError};
+use bcd_sys::fs::{self as fsutil, FsError};
 
 pub const IDENTITY: &str = "identity.json";
 pub const KEY: &str = "node.key";

@@ -10,9 +10,9 @@ use bcd_proto::v1::{InventoryHash, JoinRequest, join_client::JoinClient};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 
-use crate::fsutil::{self, DirLock};
 use crate::hw::{self, Host};
 use crate::identity::{self, Identity, IdentityFile};
+use crate::lock::DirLock;
 
 #[derive(Debug, Clone)]
 pub struct JoinOptions {
@@ -39,7 +39,7 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    fsutil::remove_stale_temps(dir);
+    bcd_sys::fs::remove_stale_temps(dir);
     Ok(())
 }
 
@@ -178,7 +178,7 @@ pub async fn renew_certificate(
         tls::client_config(ServerTrust::Ca(ca), Some(current)).map_err(|e| format!("{e:#}"))?;
     let channel = tls::connect(server, config)
         .await
-        .map_err(|e| crate::node::error_chain(&e))?;
+        .map_err(|e| bcd_sys::error::chain(&e))?;
     let resp = JoinClient::new(channel)
         .renew(bcd_proto::v1::RenewRequest {
             csr_der: csr.der().to_vec(),
@@ -219,7 +219,7 @@ pub async fn fetch_release(
     .map_err(|e| format!("{e:#}"))?;
     let channel = tls::connect(&identity.file.server, config)
         .await
-        .map_err(|e| crate::node::error_chain(&e))?;
+        .map_err(|e| bcd_sys::error::chain(&e))?;
     let resp = JoinClient::new(channel)
         .max_decoding_message_size(256 << 20)
         .fetch_release(bcd_proto::v1::FetchReleaseRequest { sequence })

@@ -12,12 +12,12 @@ pub mod access;
 pub mod converge;
 pub mod crash;
 pub mod effects;
-pub mod fsutil;
 pub mod hw;
 pub mod identity;
 pub mod init;
 pub mod join;
 pub mod journal;
+pub mod lock;
 pub mod node;
 #[cfg(feature = "fakehw")]
 pub mod sim;

@@ -8,7 +8,7 @@
 
 #[cfg(feature = "fakehw")]
 use bcd_agent::sim;
-use bcd_agent::{fsutil, hw, join, node, upgrade};
+use bcd_agent::{hw, join, lock, node, upgrade};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -184,26 +184,6 @@ enum Command {
     Version,
 }
 
-fn init_logging() {
-    use tracing_subscriber::filter::Targets;
-    // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
-    let filter: Targets = std::env::var("BCD_LOG")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let fmt = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if std::env::var("BCD_LOG_FORMAT").as_deref() == Ok("json") {
-        fmt.json().finish().with(filter).init();
-    } else {
-        fmt.finish().with(filter).init();
-    }
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -272,8 +252,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // With slots set up, only the binary `current` names runs.
             upgrade::hand_over_if_needed(&bcd_agent::slots::Slots::new(&data_dir))
                 .map_err(anyhow::Error::msg)?;
-            let lock = fsutil::DirLock::acquire(&data_dir)?;
-            fsutil::remove_stale_temps(&data_dir);
+            let lock = lock::DirLock::acquire(&data_dir)?;
+            bcd_sys::fs::remove_stale_temps(&data_dir);
             let host = hw.host();
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
@@ -462,7 +442,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    bcd_sys::log::init(bcd_sys::log::LogConfig::BCD);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -476,7 +456,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", bcd_sys::error::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

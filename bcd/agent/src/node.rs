@@ -202,7 +202,7 @@ impl Agent {
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
                                 s.epoch.store(epoch, Ordering::Relaxed);
                                 s.established_ms
-                                    .store(crate::fsutil::unix_ms(), Ordering::Relaxed);
+                                    .store(bcd_sys::clock::unix_ms(), Ordering::Relaxed);
                                 counted = true;
                             }
                             self.send_inventory(&conn, Some(&wanted)).await;
@@ -1377,7 +1377,7 @@ impl Agent {
             let config = tls::client_config(trust, Some(id)).map_err(|e| format!("{e:#}"))?;
             let channel = tls::connect(&server, config)
                 .await
-                .map_err(|e| error_chain(&e))?;
+                .map_err(|e| bcd_sys::error::chain(&e))?;
             let (tx, rx) = mpsc::channel(64);
             let stream = GatewayClient::new(channel)
                 .session(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -1407,21 +1407,6 @@ async fn send(conn: &Option<Conn>, msg: node_message::Msg) {
         // A failed send means the stream is gone; its end arrives as an event.
         let _ = c.tx.send(NodeMessage { msg: Some(msg) }).await;
     }
-}
-
-/// Every message of an error's source chain, joined: transport errors bury
-/// the useful part (refused, pin mismatch) several sources deep.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let m = s.to_string();
-        if !parts.iter().any(|p| p.contains(&m)) {
-            parts.push(m);
-        }
-        cur = s.source();
-    }
-    parts.join(": ")
 }
 
 /// Opens what `bcd node` needs from the data directory.

@@ -18,8 +18,8 @@ use bcd_proto::token::JoinToken;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::fsutil::DirLock;
 use crate::hw::fake::FakeHost;
+use crate::lock::DirLock;
 use crate::node::{self, Stats, Stopped};
 use crate::{identity, join};
 
@@ -179,7 +179,7 @@ impl Fleet {
                 let agent = node::open(
                     &node.dir,
                     node.host.clone(),
-                    node.seed ^ crate::fsutil::unix_ms() as u64,
+                    node.seed ^ bcd_sys::clock::unix_ms() as u64,
                     Some(node.stats.clone()),
                     paths,
                     access,

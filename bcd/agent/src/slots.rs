@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use bcd_core::update::{Pending, Slot, UpdateState};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil;
+use bcd_sys::fs as fsutil;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
@@ -32,7 +32,7 @@ pub enum SlotError {
     )]
     Corrupt { path: PathBuf, reason: String },
     #[error(transparent)]
-    Fs(#[from] fsutil::FsError),
+    Fs(#[from] bcd_sys::fs::FsError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SlotError + '_ {

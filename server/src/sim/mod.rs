@@ -297,7 +297,7 @@ impl World {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
                     let nodes = routed_to(&self.store, &g.name);
-                    let at_ms = bcd_agent::fsutil::unix_ms();
+                    let at_ms = bcd_sys::clock::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
                     let _ = g.child.wait().await;
