@@ -767,9 +767,14 @@ impl Fleet {
 
     /// A joined node running the static bcd on this machine, not started.
     pub fn node(&self, name: &str) -> Node {
+        self.node_with(name, static_bcd())
+    }
+
+    /// A joined node running `binary` on this machine, not started.
+    pub fn node_with(&self, name: &str, binary: PathBuf) -> Node {
         let mut node = Node::new(&self.d.path().join(name), 0);
         node.host_root = Some(PathBuf::from("/"));
-        node.binary = Some(static_bcd());
+        node.binary = Some(binary);
         let out = node.join(&self.server.url(), &self.server.token(1));
         assert!(out.status.success(), "join: {}", stderr(&out));
         node

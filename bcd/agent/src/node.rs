@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use tonic::Streaming;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::crash::Crash;
 use crate::effects::{self, Effect};
+use crate::failpoints::{Failpoints, Point};
 use crate::hw::{self, Host};
 use crate::identity::Identity;
 use crate::journal::{EventBounds, EventClass, Journal};
@@ -51,7 +51,8 @@ pub struct Agent {
     pub config: SessionConfig,
     pub seed: u64,
     pub stats: Option<Arc<Stats>>,
-    pub crash: Crash,
+    /// Test builds only (`failpoints` feature): where to die.
+    pub failpoints: Failpoints,
     /// The highest event id sent in this session.
     sent_events: u64,
     pub paths: crate::converge::Paths,
@@ -345,7 +346,7 @@ impl Agent {
                     }
                 }
                 Some((id, effect)) = done_rx.recv() => {
-                    self.crash.at("mid-effect");
+                    self.failpoints.at(Point::MidEffect);
                     if let Err(e) = self.finish(&conn, &id, effect).await {
                         return Stopped::JournalFailed(e);
                     }
@@ -470,7 +471,7 @@ impl Agent {
             }
             Some(server_message::Msg::ResultAck(a)) => {
                 for id in a.command_ids {
-                    self.crash.at("before-ack");
+                    self.failpoints.at(Point::BeforeAck);
                     self.journal
                         .mark_acked(&id)
                         .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
@@ -543,7 +544,7 @@ impl Agent {
                         &payload.encode_to_vec(),
                     )
                     .map_err(journal_err)?;
-                self.crash.at("after-accept");
+                self.failpoints.at(Point::AfterAccept);
                 self.event(
                     "command.accepted",
                     EventClass::Transition,
@@ -606,7 +607,7 @@ impl Agent {
         self.journal
             .set_running(id, &boot_id)
             .map_err(|e| format!("journal: {e}"))?;
-        self.crash.at("after-running");
+        self.failpoints.at(Point::AfterRunning);
         self.event(
             "command.running",
             EventClass::Transition,
@@ -748,7 +749,7 @@ impl Agent {
         let manifest = staged?;
         let update = self.update.as_mut().expect("staged only with an updater");
         update.switch(id, &manifest, crate::upgrade::boot_ms())?;
-        self.crash.at("after-switch");
+        self.failpoints.at(Point::AfterSwitch);
         Ok(())
     }
 
@@ -864,7 +865,7 @@ impl Agent {
         let Some((result, kind)) = self.journal_result(id, effect)? else {
             return Ok(());
         };
-        self.crash.at("after-result");
+        self.failpoints.at(Point::AfterResult);
         if kind == Some(Kind::InventoryRefresh) {
             self.inventory_known.clear();
             self.send_inventory(conn, None).await;
@@ -1445,7 +1446,7 @@ pub fn open(
         config: SessionConfig::default(),
         seed,
         stats,
-        crash: Crash::from_env(),
+        failpoints: Failpoints::none(),
         sent_events: 0,
         paths,
         converge_every: CONVERGE_EVERY,

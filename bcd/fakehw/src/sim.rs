@@ -1,4 +1,4 @@
-//! Many fakehw agents in one process, each with its own data directory,
+//! Many agents on fake hardware in one process, each with its own data directory,
 //! key, certificate, journal and TLS session. The agents are the real agent
 //! code; only the hardware under them is fake.
 //!
@@ -18,10 +18,11 @@ use bcd_proto::token::JoinToken;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::hw::fake::FakeHost;
-use crate::lock::DirLock;
-use crate::node::{self, Stats, Stopped};
-use crate::{identity, join};
+use bcd_agent::lock::DirLock;
+use bcd_agent::node::{self, Stats, Stopped};
+use bcd_agent::{access, converge, identity, join};
+
+use crate::host::FakeHost;
 
 #[derive(Debug, Clone)]
 pub struct SimOptions {
@@ -165,13 +166,13 @@ impl Fleet {
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }
             loop {
-                let paths = crate::converge::Paths {
+                let paths = converge::Paths {
                     cdi_dir: node.dir.join("cdi"),
                     env_dir: node.dir.join("run/env"),
                 };
                 // Simulated machines never touch the host's sshd or
                 // firewall: their /etc is their own and there is no nft.
-                let access = crate::access::AccessPaths {
+                let access = access::AccessPaths {
                     etc_dir: node.dir.join("etc"),
                     nft: node.dir.join("no-nft"),
                     sshd: node.dir.join("no-sshd"),

@@ -1,14 +1,20 @@
 //! `bcd`: the better-compute node daemon, one static multi-call binary.
 //!
-//! Subcommands are thin: the logic lives in the `bcd_agent` library beside
-//! this file, in `bcd-core` (decisions) and `bcd-proto` (wire). Exit codes: 0 success,
-//! 1 error, 2 usage, 3 the server refused this node for good (deleted or
-//! revoked: join again).
+//! Subcommands are thin: the logic lives in the `bcd-agent` library
+//! (`bcd/agent`), in `bcd-core` (decisions) and `bcd-proto` (wire). Exit
+//! codes: 0 success, 1 error, 2 usage, 3 the server refused this node for
+//! good (deleted or revoked: join again), 4 this binary is below the release
+//! floor, 75 restart from the `current` slot (to `bcd supervise`).
+//!
+//! Build flavours are cargo features of this package, none on by default: a
+//! release has real hardware only. `fakehw` adds `bcd sim` and `--fake-hw`
+//! (the `bcd-fakehw` crate), `failpoints` arms the agent's failpoints from
+//! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "fakehw")]
-use bcd_agent::sim;
 use bcd_agent::{hw, join, lock, node, upgrade};
+#[cfg(feature = "fakehw")]
+use bcd_fakehw::sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,7 +54,7 @@ impl HwArgs {
         #[cfg(feature = "fakehw")]
         if let Some(seed) = self.fake_hw {
             let name = format!("fake-{seed}");
-            return Arc::new(hw::fake::FakeHost::new(seed, name, self.fake_gpus));
+            return Arc::new(bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus));
         }
         #[cfg(feature = "nvml")]
         if self.nvml {
@@ -273,6 +279,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let mut agent =
                     node::open(&data_dir, host.clone(), rand::random(), None, paths, access)?;
                 agent.converge_every = converge_every;
+                #[cfg(feature = "failpoints")]
+                {
+                    agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()
+                        .map_err(anyhow::Error::msg)?;
+                }
                 agent.update = Some(upgrade::Updater::new(&data_dir, confirm_within));
                 let mut stop = stop_rx.clone();
                 let stopped = agent
@@ -429,14 +440,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Init => match bcd_agent::init::run()? {},
         Command::Version => {
-            let flavour = if cfg!(feature = "fakehw") {
-                "fakehw"
-            } else {
-                "real"
-            };
-            println!("bcd {} ({flavour} hardware)", env!("CARGO_PKG_VERSION"));
+            println!("bcd {} ({})", env!("CARGO_PKG_VERSION"), flavour());
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// What this build carries beyond real hardware: `real hardware` for a
+/// release, otherwise the test and laptop features it was built with.
+fn flavour() -> String {
+    let extras: Vec<&str> = [
+        (cfg!(feature = "fakehw"), "fakehw"),
+        (cfg!(feature = "failpoints"), "failpoints"),
+        (cfg!(feature = "nvml"), "nvml"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if extras.is_empty() {
+        "real hardware".to_string()
+    } else {
+        format!("real hardware with {}", extras.join(", "))
     }
 }
 
