@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod modgraph;
 pub mod netboot;
 
 /// A workspace binary, next to the test executable's directory.

@@ -206,17 +206,21 @@ impl Identity {
         Ok(id)
     }
 
-    /// When the current certificate should be renewed: at 60% of its life.
-    pub fn renew_at_ms(&self) -> i64 {
-        let not_after = self.file.cert_not_after_ms;
-        let issued = if self.file.cert_issued_ms > 0 {
+    /// The current certificate's life on server time, for the renewal
+    /// schedule (`bcd_core::renewal`).
+    pub fn cert_life(&self) -> bcd_core::CertLife {
+        let not_after_ms = self.file.cert_not_after_ms;
+        let issued_ms = if self.file.cert_issued_ms > 0 {
             self.file.cert_issued_ms
         } else {
             // Written before issue times were kept: assume the longest
-            // lifetime the CA grants.
-            not_after - 24 * 3_600_000
+            // life the CA grants.
+            not_after_ms - bcd_core::renewal::MAX_CERT_LIFE_MS
         };
-        issued + (not_after - issued) * 6 / 10
+        bcd_core::CertLife {
+            issued_ms,
+            not_after_ms,
+        }
     }
 
     /// Installs a renewed key and certificate so that a crash at any point
@@ -406,7 +410,7 @@ mod tests {
         assert_eq!(loaded.file.cert_serial, "new");
         assert_eq!(loaded.cert, cert);
         assert_eq!(loaded.file.next, None);
-        assert_eq!(loaded.renew_at_ms(), 1_500_000 + 300_000);
+        assert_eq!(loaded.cert_life().renew_at_ms(), 1_500_000 + 300_000);
 
         // Crash before the commit point: the old pair stays, leftovers go.
         let d = tempfile::tempdir().unwrap();

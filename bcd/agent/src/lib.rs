@@ -9,7 +9,7 @@
 //! in `bcd-core` and must not move here; wire types live in `bcd-proto`.
 #![forbid(unsafe_code)]
 
-pub mod access;
+pub mod client;
 pub mod converge;
 pub mod effects;
 pub mod failpoints;

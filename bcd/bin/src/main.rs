@@ -12,6 +12,7 @@
 //! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
 
+use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
 use bcd_agent::{hw, join, lock, node, upgrade};
 #[cfg(feature = "fakehw")]
 use bcd_fakehw::sim;
@@ -51,11 +52,22 @@ struct HwArgs {
 
 impl HwArgs {
     fn host(&self) -> Arc<dyn hw::Host> {
+        self.machine().0
+    }
+
+    /// The host to read and the power to reboot it with: the fake machine
+    /// when asked for (fakehw builds), this one otherwise.
+    fn machine(&self) -> (Arc<dyn hw::Host>, Arc<dyn hw::Power>) {
         #[cfg(feature = "fakehw")]
         if let Some(seed) = self.fake_hw {
             let name = format!("fake-{seed}");
-            return Arc::new(bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus));
+            let fake = Arc::new(bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus));
+            return (fake.clone(), fake);
         }
+        (self.real_host(), Arc::new(hw::SystemPower))
+    }
+
+    fn real_host(&self) -> Arc<dyn hw::Host> {
         #[cfg(feature = "nvml")]
         if self.nvml {
             match hw::nvml::NvmlGpus::new(&self.host_root) {
@@ -260,24 +272,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map_err(anyhow::Error::msg)?;
             let lock = lock::DirLock::acquire(&data_dir)?;
             bcd_sys::fs::remove_stale_temps(&data_dir);
-            let host = hw.host();
+            let (host, power) = hw.machine();
+            let machine = node::Machine {
+                host,
+                power,
+                devices: Arc::new(DeviceDirs {
+                    cdi_dir,
+                    env_dir: run_dir.join("env"),
+                }),
+                sshd: Arc::new(SshdDirs { etc_dir, sshd }),
+                firewall: Arc::new(Nft { nft }),
+            };
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 shutdown_signal().await;
                 let _ = stop_tx.send(true);
             });
             loop {
-                let paths = bcd_agent::converge::Paths {
-                    cdi_dir: cdi_dir.clone(),
-                    env_dir: run_dir.join("env"),
-                };
-                let access = bcd_agent::access::AccessPaths {
-                    etc_dir: etc_dir.clone(),
-                    nft: nft.clone(),
-                    sshd: sshd.clone(),
-                };
-                let mut agent =
-                    node::open(&data_dir, host.clone(), rand::random(), None, paths, access)?;
+                let mut agent = node::open(&data_dir, machine.clone(), rand::random(), None)?;
                 agent.converge_every = converge_every;
                 #[cfg(feature = "failpoints")]
                 {

@@ -17,12 +17,17 @@ pub mod backoff;
 pub mod clock;
 pub mod command;
 pub mod epoch;
+pub mod renewal;
+pub mod report;
 pub mod rng;
 pub mod session;
+pub mod spec;
 pub mod update;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use clock::{ClockError, ServerClock};
 pub use epoch::{EpochError, EpochTracker};
+pub use renewal::{CertLife, Renewal, RenewalConfig};
+pub use report::{Reports, Status};
 pub use rng::SplitMix64;
-pub use session::{Action, CloseReason, Event, Session, SessionConfig};
+pub use session::{Action, CloseReason, Event, Session, SessionConfig, StreamStatus};

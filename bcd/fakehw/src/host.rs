@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use bcd_agent::hw::{Gpu, Gpus, Host, Tpm, TpmInfo};
+use bcd_agent::hw::{Gpu, Gpus, Host, Power, Tpm, TpmInfo};
 
 #[derive(Debug)]
 pub struct FakeHost {
@@ -99,6 +99,15 @@ impl Host for FakeHost {
         &self.tpm
     }
 
+    fn load_average(&self) -> Option<[f64; 3]> {
+        let x = (self.seed % 100) as f64 / 100.0;
+        Some([x, x / 2.0, x / 4.0])
+    }
+}
+
+/// A fake reboot or kexec returns at once with a new boot id; the agent
+/// starts again in process.
+impl Power for FakeHost {
     fn reboot(&self) -> std::io::Result<()> {
         FakeHost::reboot(self);
         Ok(())
@@ -107,11 +116,6 @@ impl Host for FakeHost {
     fn kexec(&self, _kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
         FakeHost::reboot(self);
         Ok(())
-    }
-
-    fn load_average(&self) -> Option<[f64; 3]> {
-        let x = (self.seed % 100) as f64 / 100.0;
-        Some([x, x / 2.0, x / 4.0])
     }
 }
 

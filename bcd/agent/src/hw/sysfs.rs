@@ -1,57 +1,13 @@
-//! Hardware and host access behind narrow traits, chosen at construction.
-//!
-//! The real implementations read the host under a root path (`/` in
-//! production, a directory of golden files in tests): the kernel boot id from
-//! `/proc`, NVIDIA GPUs from sysfs, the TPM's presence from sysfs and `/dev`.
-//! The fakes live in their own crate (`bcd-fakehw`, `bcd/fakehw`), which
-//! implements these traits from outside: nothing here knows them, and a
-//! `bcd` built without its `fakehw` feature does not contain them.
+//! The real machine, read under a root path (`/` in production, a tree of
+//! golden files in tests): the boot id and host name from `/proc`, NVIDIA
+//! GPUs from sysfs (with UUID and model from the driver's `/proc` files),
+//! their device nodes and driver files, and the TPM's presence.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Serialize;
-
-/// What the agent needs from the machine it runs on.
-pub trait Host: Send + Sync + std::fmt::Debug {
-    /// The kernel's boot id: changes at every boot and kexec.
-    fn boot_id(&self) -> std::io::Result<String>;
-    fn hostname(&self) -> String;
-    fn gpus(&self) -> &dyn Gpus;
-    fn tpm(&self) -> &dyn Tpm;
-    /// Reboots the machine. On real hardware it does not return when it
-    /// works; a fake machine returns `Ok` after its reboot, and the agent
-    /// restarts in process.
-    fn reboot(&self) -> std::io::Result<()>;
-    /// Boots into another kernel; returns like [`Host::reboot`].
-    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()>;
-    /// The 1, 5 and 15 minute load averages.
-    fn load_average(&self) -> Option<[f64; 3]>;
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Gpu {
-    /// PCI address, `0000:17:00.0`.
-    pub pci_address: String,
-    pub vendor_id: String,
-    pub device_id: String,
-    pub class: String,
-    pub numa_node: Option<i32>,
-    /// From the driver when it is loaded (`GPU-...`).
-    pub uuid: Option<String>,
-    pub model: Option<String>,
-    /// The driver's minor number: the GPU is `/dev/nvidia<minor>`.
-    pub minor: Option<u32>,
-}
-
-pub trait Gpus: Send + Sync + std::fmt::Debug {
-    fn list(&self) -> std::io::Result<Vec<Gpu>>;
-    /// The device nodes and driver files a CDI spec for these GPUs needs.
-    fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory>;
-    /// Resets the GPU at a PCI address; says how.
-    fn reset(&self, pci_address: &str) -> std::io::Result<&'static str>;
-}
+use super::{Gpu, Gpus, Host, Power, Tpm, TpmInfo};
 
 /// Driver binaries mounted into containers when present.
 const DRIVER_BINARIES: &[&str] = &[
@@ -157,19 +113,6 @@ pub fn nvidia_cdi_inventory(root: &Path, gpus: &[Gpu]) -> std::io::Result<cdi::n
     Ok(inv)
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct TpmInfo {
-    pub present: bool,
-    pub version_major: Option<u32>,
-    pub device: Option<String>,
-    /// SHA-256 of the endorsement key's public area, where known.
-    pub ek_sha256: Option<String>,
-}
-
-pub trait Tpm: Send + Sync + std::fmt::Debug {
-    fn info(&self) -> TpmInfo;
-}
-
 /// The machine bcd runs on, read under `root`.
 #[derive(Debug)]
 pub struct RealHost {
@@ -218,35 +161,10 @@ impl Host for RealHost {
         &self.tpm
     }
 
-    fn reboot(&self) -> std::io::Result<()> {
-        rustix::fs::sync();
-        rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
-        Ok(())
-    }
-
     fn load_average(&self) -> Option<[f64; 3]> {
         let s = fs::read_to_string(self.root.join("proc/loadavg")).ok()?;
         let mut it = s.split_whitespace().map(|v| v.parse::<f64>().ok());
         Some([it.next()??, it.next()??, it.next()??])
-    }
-
-    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-        // kexec-tools loads the image (kexec_file_load) and jumps into it.
-        let mut load = std::process::Command::new("kexec");
-        load.args(["--kexec-file-syscall", "-l", kernel]);
-        if !initrd.is_empty() {
-            load.arg(format!("--initrd={initrd}"));
-        }
-        load.arg(format!("--command-line={cmdline}"));
-        let status = load.status()?;
-        if !status.success() {
-            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
-        }
-        rustix::fs::sync();
-        let status = std::process::Command::new("kexec").arg("-e").status()?;
-        Err(std::io::Error::other(format!(
-            "kexec -e returned: {status}"
-        )))
     }
 }
 
@@ -255,7 +173,7 @@ impl Host for RealHost {
 /// `/proc/driver/nvidia/gpus/<address>/information` when it is loaded.
 #[derive(Debug)]
 pub struct SysfsGpus {
-    root: PathBuf,
+    pub(super) root: PathBuf,
 }
 
 impl SysfsGpus {
@@ -353,66 +271,6 @@ pub fn sysfs_pci_address(bus_id: &str) -> String {
     }
 }
 
-#[cfg(feature = "nvml")]
-pub mod nvml {
-    //! GPUs through NVML (`libnvidia-ml`, loaded at run time): the fields
-    //! sysfs has, with the UUID, model and minor number from the driver
-    //! itself. Device nodes and reset stay with sysfs.
-
-    use super::*;
-
-    pub struct NvmlGpus {
-        nvml: nvml_wrapper::Nvml,
-        sysfs: SysfsGpus,
-    }
-
-    impl std::fmt::Debug for NvmlGpus {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("NvmlGpus").finish_non_exhaustive()
-        }
-    }
-
-    impl NvmlGpus {
-        pub fn new(root: impl Into<PathBuf>) -> Result<NvmlGpus, String> {
-            let nvml = nvml_wrapper::Nvml::init().map_err(|e| {
-                format!("NVML is not usable here ({e}); is the NVIDIA driver installed?")
-            })?;
-            Ok(NvmlGpus {
-                nvml,
-                sysfs: SysfsGpus::new(root),
-            })
-        }
-    }
-
-    fn io(e: nvml_wrapper::error::NvmlError) -> std::io::Error {
-        std::io::Error::other(format!("NVML: {e}"))
-    }
-
-    impl Gpus for NvmlGpus {
-        fn list(&self) -> std::io::Result<Vec<Gpu>> {
-            let mut gpus = self.sysfs.list()?;
-            for i in 0..self.nvml.device_count().map_err(io)? {
-                let d = self.nvml.device_by_index(i).map_err(io)?;
-                let pci = sysfs_pci_address(&d.pci_info().map_err(io)?.bus_id);
-                if let Some(g) = gpus.iter_mut().find(|g| g.pci_address == pci) {
-                    g.uuid = d.uuid().ok().or(g.uuid.take());
-                    g.model = d.name().ok().or(g.model.take());
-                    g.minor = d.minor_number().ok().or(g.minor);
-                }
-            }
-            Ok(gpus)
-        }
-
-        fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
-            nvidia_cdi_inventory(&self.sysfs.root, &self.list()?)
-        }
-
-        fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
-            self.sysfs.reset(pci_address)
-        }
-    }
-}
-
 /// Whether the kernel exposes a TPM, from sysfs and /dev.
 #[derive(Debug)]
 pub struct SysfsTpm {
@@ -438,50 +296,35 @@ impl Tpm for SysfsTpm {
     }
 }
 
-/// One inventory section: canonical JSON and its hash.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Section {
-    pub name: &'static str,
-    pub body: Vec<u8>,
-    pub sha256: String,
-}
+/// Reboot and kexec of this machine (root, CAP_SYS_BOOT).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemPower;
 
-impl Section {
-    fn new(name: &'static str, value: &impl Serialize) -> Section {
-        let body = serde_json::to_vec(value).expect("inventory serializes");
-        Section {
-            name,
-            sha256: bcd_proto::fingerprint(&body),
-            body,
-        }
+impl Power for SystemPower {
+    fn reboot(&self) -> std::io::Result<()> {
+        rustix::fs::sync();
+        rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
+        Ok(())
     }
-}
 
-/// The inventory the node reports: hashes in Hello, bodies on request.
-pub fn inventory(host: &dyn Host) -> Vec<Section> {
-    let gpus = match host.gpus().list() {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::warn!(error = %e, "GPU inventory failed");
-            Vec::new()
+    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+        // kexec-tools loads the image (kexec_file_load) and jumps into it.
+        let mut load = std::process::Command::new("kexec");
+        load.args(["--kexec-file-syscall", "-l", kernel]);
+        if !initrd.is_empty() {
+            load.arg(format!("--initrd={initrd}"));
         }
-    };
-    #[derive(Serialize)]
-    struct HostSection {
-        hostname: String,
-        agent_version: &'static str,
+        load.arg(format!("--command-line={cmdline}"));
+        let status = load.status()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
+        }
+        rustix::fs::sync();
+        let status = std::process::Command::new("kexec").arg("-e").status()?;
+        Err(std::io::Error::other(format!(
+            "kexec -e returned: {status}"
+        )))
     }
-    vec![
-        Section::new(
-            "host",
-            &HostSection {
-                hostname: host.hostname(),
-                agent_version: env!("CARGO_PKG_VERSION"),
-            },
-        ),
-        Section::new("gpus", &gpus),
-        Section::new("tpm", &host.tpm().info()),
-    ]
 }
 
 pub fn real(root: impl Into<PathBuf>) -> Arc<dyn Host> {
@@ -491,6 +334,7 @@ pub fn real(root: impl Into<PathBuf>) -> Arc<dyn Host> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hw::inventory;
 
     fn write(root: &Path, rel: &str, content: &str) {
         let p = root.join(rel);
@@ -692,25 +536,6 @@ mod tests {
     fn nvml_bus_ids_map_to_sysfs_addresses() {
         assert_eq!(sysfs_pci_address("00000000:17:00.0"), "0000:17:00.0");
         assert_eq!(sysfs_pci_address("0000:2A:00.0"), "0000:2a:00.0");
-    }
-
-    /// Where the NVIDIA driver is installed NVML must see every GPU sysfs
-    /// sees; elsewhere it must say why it cannot be used.
-    #[cfg(feature = "nvml")]
-    #[test]
-    fn nvml_lists_what_sysfs_lists_or_says_why_not() {
-        match nvml::NvmlGpus::new("/") {
-            Ok(g) => {
-                let sysfs = SysfsGpus::new("/").list().unwrap();
-                let nvml = g.list().unwrap();
-                assert_eq!(nvml.len(), sysfs.len());
-                assert!(
-                    nvml.iter()
-                        .all(|g| g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")))
-                );
-            }
-            Err(e) => assert!(e.contains("NVML is not usable here"), "{e}"),
-        }
     }
 
     #[test]
