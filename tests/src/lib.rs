@@ -38,7 +38,7 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// The static musl `bcd`, built by `scripts/test`.
+/// The static musl `bcd`, built by `scripts/build-static`.
 pub fn static_bcd() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let target = exe
@@ -49,8 +49,7 @@ pub fn static_bcd() -> PathBuf {
     let path = target.join("x86_64-unknown-linux-musl/release/bcd");
     assert!(
         path.exists(),
-        "{} is missing: build it with `cargo build -p bcd --release --target \
-         x86_64-unknown-linux-musl` (scripts/test does)",
+        "{} is missing: build it with scripts/build-static (scripts/test does)",
         path.display()
     );
     path

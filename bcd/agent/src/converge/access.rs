@@ -406,6 +406,41 @@ fn table() -> schema::Table<'static> {
     }
 }
 
+/// What `nft -j list` prints, as far as drift detection reads it: tables by
+/// family and name, our chain's hook, and each rule's comment (the nftables
+/// crate's full schema types are only needed, and only serialized, for the
+/// ruleset we apply).
+#[derive(Debug, serde::Deserialize)]
+struct Listing {
+    nftables: Vec<ListItem>,
+}
+
+/// One element of the listing: a table, a chain, a rule, or something
+/// else (metainfo, sets), which has none of these.
+#[derive(Debug, serde::Deserialize)]
+struct ListItem {
+    table: Option<ListedTable>,
+    chain: Option<ListedChain>,
+    rule: Option<ListedRule>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedTable {
+    family: String,
+    name: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedChain {
+    name: String,
+    hook: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedRule {
+    comment: Option<String>,
+}
+
 /// The comments of the rules in our table, in order; `None` without a table.
 fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
     let out = std::process::Command::new(&p.nft)
@@ -418,13 +453,7 @@ fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let tables: nftables::schema::Nftables =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list tables output: {e}"))?;
-    let ours = tables.objects.iter().any(|o| {
-        matches!(o, schema::NfObject::ListObject(schema::NfListObject::Table(t))
-            if t.name == TABLE && t.family == types::NfFamily::INet)
-    });
-    if !ours {
+    if !has_our_table(&out.stdout)? {
         return Ok(None);
     }
     let out = std::process::Command::new(&p.nft)
@@ -437,25 +466,40 @@ fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let listed: nftables::schema::Nftables =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list table output: {e}"))?;
+    rule_comments(&out.stdout).map(Some)
+}
+
+/// Whether `nft -j list tables` lists table `inet bcd`.
+fn has_our_table(json: &[u8]) -> Result<bool, String> {
+    let tables: Listing =
+        serde_json::from_slice(json).map_err(|e| format!("nft list tables output: {e}"))?;
+    Ok(tables
+        .nftables
+        .iter()
+        .filter_map(|o| o.table.as_ref())
+        .any(|t| t.name == TABLE && t.family == "inet"))
+}
+
+/// The rules' comments from `nft -j list table inet bcd`, in order, with a
+/// marker when our chain is missing or hooked elsewhere: what a pass
+/// compares with the rules it wants.
+fn rule_comments(json: &[u8]) -> Result<Vec<String>, String> {
+    let listed: Listing =
+        serde_json::from_slice(json).map_err(|e| format!("nft list table output: {e}"))?;
     let mut chain_ok = false;
     let mut comments = Vec::new();
-    for o in listed.objects.iter() {
-        match o {
-            schema::NfObject::ListObject(schema::NfListObject::Chain(c)) if c.name == CHAIN => {
-                chain_ok = c.hook == Some(types::NfHook::Input);
-            }
-            schema::NfObject::ListObject(schema::NfListObject::Rule(r)) => {
-                comments.push(r.comment.as_deref().unwrap_or("").to_string());
-            }
-            _ => {}
+    for o in listed.nftables {
+        if let Some(c) = o.chain.filter(|c| c.name == CHAIN) {
+            chain_ok = c.hook.as_deref() == Some("input");
+        }
+        if let Some(r) = o.rule {
+            comments.push(r.comment.unwrap_or_default());
         }
     }
     if !chain_ok {
         comments.push("<chain missing>".into());
     }
-    Ok(Some(comments))
+    Ok(comments)
 }
 
 /// Checks every rule before anything is applied.
@@ -595,6 +639,36 @@ mod tests {
         for bad in ["Alice", "1bob", "", "a b", "../etc", &"x".repeat(33)] {
             assert!(check_user(bad).is_err(), "{bad}");
         }
+    }
+
+    /// What nft 1.0.6 prints (captured from `nft -j list tables` and
+    /// `nft -j list table inet bcd` in a network namespace).
+    const LISTED_TABLES: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "bcd", "handle": 1}}, {"table": {"family": "ip", "name": "theirs", "handle": 2}}]}"#;
+    const LISTED_TABLE: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "bcd", "handle": 1}}, {"chain": {"family": "inet", "table": "bcd", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "bcd", "chain": "input", "handle": 2, "comment": "bcd:0123456789abcdef", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 22}}, {"accept": null}]}}]}"#;
+
+    #[test]
+    fn nft_listings_are_read_for_drift_detection() {
+        assert_eq!(has_our_table(LISTED_TABLES.as_bytes()), Ok(true));
+        let theirs_only = LISTED_TABLES.replace("\"bcd\"", "\"other\"");
+        assert_eq!(has_our_table(theirs_only.as_bytes()), Ok(false));
+        assert_eq!(
+            rule_comments(LISTED_TABLE.as_bytes()),
+            Ok(vec!["bcd:0123456789abcdef".to_string()])
+        );
+        // The chain hooked elsewhere (or gone) is drift too.
+        let moved = LISTED_TABLE.replace("\"hook\": \"input\"", "\"hook\": \"output\"");
+        assert_eq!(
+            rule_comments(moved.as_bytes()),
+            Ok(vec![
+                "bcd:0123456789abcdef".to_string(),
+                "<chain missing>".to_string()
+            ])
+        );
+        assert!(
+            has_our_table(b"not json")
+                .unwrap_err()
+                .contains("nft list tables output")
+        );
     }
 
     fn paths(etc: &Path) -> SshdDirs {
