@@ -1,5 +1,5 @@
-//! Host helpers shared by `bcd` (`bcd/agent`), its privileged helper and the
-//! server: one copy of each.
+//! Host helpers shared by the node daemon (`bcd-agent`, `bcd/agent`), its
+//! privileged helper and the server: one copy of each.
 //!
 //! - [`fs`]: the durable file write every persisted file goes through (a
 //!   temporary file beside the target, fsync, rename, fsync of the
