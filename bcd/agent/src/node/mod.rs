@@ -15,14 +15,15 @@
 //! table ([`Firewall`]). Self-update's slots come in as an
 //! [`Updater`](crate::upgrade::Updater).
 //!
-//! The children, from the bottom up (each uses only those above it):
+//! The children, from the bottom up (each uses only those listed before
+//! it, through imports or the `Agent` methods they define):
 //! - `conn`: the session stream: dialing, sending, how a stream ends;
 //! - `outbox`: events, journaled and sent until acknowledged;
+//! - `state`: desired state, convergence, state reports, bindings,
+//!   inventory;
 //! - `results`: command results, journaled then sent;
 //! - `update`: self-update glue (stage, switch, settle, confirm);
 //! - `commands`: dispatches judged by the core, side effects, recovery;
-//! - `state`: desired state, convergence, state reports, bindings,
-//!   inventory;
 //! - `renewal`: certificate renewal attempts;
 //! - `session`: the loop that ties them to the session state machine.
 
