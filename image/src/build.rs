@@ -144,6 +144,8 @@ pub enum BuildError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Fs(#[from] bcd_sys::fs::FsError),
 }
 
 /// Steps of a build, for a progress display.
@@ -356,9 +358,7 @@ impl Built {
             (IPXE_FILE, self.ipxe.as_bytes()),
         ] {
             let path = dir.join(name);
-            let tmp = dir.join(format!(".{name}.tmp"));
-            std::fs::write(&tmp, bytes).map_err(err(tmp.clone()))?;
-            std::fs::rename(&tmp, &path).map_err(err(path.clone()))?;
+            bcd_sys::fs::atomic_write(&path, bytes, 0o644)?;
         }
         Ok(())
     }

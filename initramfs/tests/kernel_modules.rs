@@ -1,5 +1,5 @@
 //! Kernel modules from a modules tree into an archive: a fake tree built
-//! here, and every real tree under /lib/modules when the machine has one.
+//! here, and real trees (the machine's, and the fetched netboot kernel's).
 
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -168,29 +168,47 @@ fn a_module_file_missing_from_the_tree_is_named() {
     );
 }
 
-/// Real trees, when this machine has any. Containers and CI machines often
-/// have no kernel modules installed; there is nothing to check then.
+/// Real trees: the machine's own under `/lib/modules`, and the Debian
+/// kernel `scripts/fetch-kernel` unpacks for the netboot tests (its cache:
+/// `BC_NETBOOT_CACHE`, or `target/netboot-cache`). At least one must be
+/// there: containers and CI machines often have no modules of their own,
+/// which is why this needs the fetched kernel.
 #[test]
+#[ignore = "needs a real kernel module tree: run scripts/fetch-kernel (scripts/test does, then runs it)"]
 fn real_module_trees_resolve() {
-    let Ok(dirs) = fs::read_dir("/lib/modules") else {
-        eprintln!("no /lib/modules on this machine: only the fake tree was checked");
-        return;
-    };
-    let mut checked = 0;
-    for dir in dirs {
-        let dir = dir.unwrap().path();
-        let kver = dir.file_name().unwrap().to_str().unwrap().to_owned();
-        let Ok(dep) = fs::read_to_string(dir.join("modules.dep")) else {
+    let cache = std::env::var_os("BC_NETBOOT_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/netboot-cache"));
+    let mut roots: Vec<std::path::PathBuf> = vec!["/".into()];
+    roots.push(cache.join("kernel"));
+    let mut trees = Vec::new();
+    for root in roots {
+        let Ok(dirs) = fs::read_dir(root.join("lib/modules")) else {
             continue;
         };
-        let modules = Modules::open(Path::new("/"), &kver).unwrap();
+        for dir in dirs {
+            let dir = dir.unwrap().path();
+            if dir.join("modules.dep").exists() {
+                trees.push((root.clone(), dir));
+            }
+        }
+    }
+    assert!(
+        !trees.is_empty(),
+        "no kernel module tree in /lib/modules or {}: run scripts/fetch-kernel (or apt-get \
+         install linux-image-amd64)",
+        cache.join("kernel").display()
+    );
+    let mut checked = 0;
+    for (root, dir) in trees {
+        let kver = dir.file_name().unwrap().to_str().unwrap().to_owned();
+        let dep = fs::read_to_string(dir.join("modules.dep")).unwrap();
+        let modules = Modules::open(&root, &kver).unwrap();
         // The module with the most dependencies exercises the ordering most.
-        let Some(line) = dep
+        let line = dep
             .lines()
             .max_by_key(|line| line.split_whitespace().count())
-        else {
-            continue;
-        };
+            .expect("modules.dep lists modules");
         let path = line.split(':').next().unwrap();
         let name = modules::module_name(path);
         let plan = modules.resolve(&[name.as_str()]).unwrap();
@@ -205,7 +223,7 @@ fn real_module_trees_resolve() {
             }
         }
         let mut archive = Archive::new();
-        modules.add_to(&mut archive, Path::new("/"), &plan).unwrap();
+        modules.add_to(&mut archive, &root, &plan).unwrap();
         assert!(archive.contains(format!("lib/modules/{kver}/{path}")));
         checked += 1;
     }

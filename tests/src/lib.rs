@@ -38,7 +38,7 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// The static musl `bcd`, built by `scripts/test`.
+/// The static musl `bcd`, built by `scripts/build-static`.
 pub fn static_bcd() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let target = exe
@@ -49,8 +49,7 @@ pub fn static_bcd() -> PathBuf {
     let path = target.join("x86_64-unknown-linux-musl/release/bcd");
     assert!(
         path.exists(),
-        "{} is missing: build it with `cargo build -p bcd --release --target \
-         x86_64-unknown-linux-musl` (scripts/test does)",
+        "{} is missing: build it with scripts/build-static (scripts/test does)",
         path.display()
     );
     path
@@ -835,9 +834,14 @@ impl Fleet {
 
     /// A joined node running the static bcd on this machine, not started.
     pub fn node(&self, name: &str) -> Node {
+        self.node_with(name, static_bcd())
+    }
+
+    /// A joined node running `binary` on this machine, not started.
+    pub fn node_with(&self, name: &str, binary: PathBuf) -> Node {
         let mut node = Node::new(&self.d.path().join(name), 0);
         node.host_root = Some(PathBuf::from("/"));
-        node.binary = Some(static_bcd());
+        node.binary = Some(binary);
         let out = node.join(&self.server.url(), &self.server.token(1));
         assert!(out.status.success(), "join: {}", stderr(&out));
         node

@@ -1,14 +1,12 @@
 //! The access converger end to end: sshd files and the node's nftables
 //! table (in a network namespace of the test's own) from the signed spec.
 
-use std::time::Duration;
-
-use std::path::PathBuf;
-
 use bc_tests::{Netns, Node, Server, section, stderr, wait_for};
-use bcd_agent::access::{AccessPaths, firewall};
+use bcd_agent::converge::Nft;
 use bcd_agent::converge::Status;
+use bcd_agent::converge::access::firewall;
 use bcd_proto::v1::{AccessSpec, FirewallRule, FirewallSpec};
+use std::time::Duration;
 
 const KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop";
@@ -131,11 +129,8 @@ fn our_table_is_applied_kept_changed_and_removed_and_others_untouched() {
         "add", "rule", "ip", "theirs", "c", "tcp", "dport", "8080", "accept",
     ]);
     let theirs = ns_nft(&["list", "table", "ip", "theirs"]);
-    let d = tempfile::tempdir().unwrap();
-    let p = AccessPaths {
-        etc_dir: d.path().to_path_buf(),
+    let p = Nft {
         nft: ns.nft.clone(),
-        sshd: PathBuf::from("/usr/sbin/sshd"),
     };
     let mut spec = AccessSpec {
         firewall: Some(FirewallSpec {

@@ -6,7 +6,10 @@
 //!
 //! Needs the kernel cache (`scripts/fetch-kernel`), qemu, swtpm, busybox,
 //! kexec-tools and e2fsprogs (`scripts/test` installs them) and the static
-//! bcd. One VM at a time.
+//! bcd. One VM at a time. Each test is `#[ignore]`d with what it needs, so
+//! a plain `cargo test` says it did not run them; `scripts/test` runs them
+//! (`--include-ignored`), and a missing piece fails them with the command
+//! that provides it.
 
 use std::time::Duration;
 
@@ -19,10 +22,10 @@ use bc_tests::{NodeView, stderr};
 /// Boots under TCG take seconds; a node has this long to show up.
 const BOOT: Duration = Duration::from_secs(180);
 
-fn fleet() -> Option<NetFleet> {
-    let kernel = netboot::kernel()?;
+fn fleet() -> NetFleet {
+    let kernel = netboot::kernel().unwrap_or_else(|e| panic!("{e}"));
     require_tools();
-    Some(NetFleet::start(kernel).expect("server"))
+    NetFleet::start(kernel).expect("server")
 }
 
 fn pxe(f: &NetFleet, mac: &str) -> VmConfig {
@@ -47,9 +50,10 @@ fn wait_view(
 }
 
 #[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel) and qemu, minutes under TCG: scripts/test runs it"]
 fn pxe_boot_joins_with_a_token_from_the_command_line_and_runs_a_command() {
     let _one = vm_lock();
-    let Some(f) = fleet() else { return };
+    let f = fleet();
     let img = f.build_image("pxe", &base_cmdline());
     f.register(&img);
     let token = f.server.token(1);
@@ -134,9 +138,10 @@ fn pxe_boot_joins_with_a_token_from_the_command_line_and_runs_a_command() {
 }
 
 #[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel) and qemu, minutes under TCG: scripts/test runs it"]
 fn node_reboot_netboots_again_and_returns_as_the_same_node_with_a_new_journal() {
     let _one = vm_lock();
-    let Some(f) = fleet() else { return };
+    let f = fleet();
     let img = f.build_image("reboot", &base_cmdline());
     f.register(&img);
     // One use: coming back must not need a second join.
@@ -210,9 +215,10 @@ fn node_reboot_netboots_again_and_returns_as_the_same_node_with_a_new_journal() 
 }
 
 #[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel) and qemu, minutes under TCG: scripts/test runs it"]
 fn boot_kexec_starts_a_second_image_and_the_node_returns() {
     let _one = vm_lock();
-    let Some(f) = fleet() else { return };
+    let f = fleet();
     let first = f.build_image("first", &base_cmdline());
     let second = f.build_image("second", &format!("{} bc.second=1", base_cmdline()));
     f.register(&second);
@@ -287,9 +293,10 @@ fn boot_kexec_starts_a_second_image_and_the_node_returns() {
 }
 
 #[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel) and qemu, minutes under TCG: scripts/test runs it"]
 fn without_a_state_partition_every_boot_joins_as_a_new_node() {
     let _one = vm_lock();
-    let Some(f) = fleet() else { return };
+    let f = fleet();
     let img = f.build_image("volatile", &base_cmdline());
     // A pool token: one use per boot.
     let token = f.server.token(2);
@@ -319,8 +326,9 @@ fn without_a_state_partition_every_boot_joins_as_a_new_node() {
 }
 
 #[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel): scripts/test runs it"]
 fn images_are_reproducible_and_gnu_cpio_reads_the_initrd() {
-    let Some(f) = fleet() else { return };
+    let f = fleet();
     let a = f.build_image_into(&f.d.path().join("a"), "same", &base_cmdline());
     let b = f.build_image_into(&f.d.path().join("b"), "same", &base_cmdline());
     assert_eq!(a.id, b.id);

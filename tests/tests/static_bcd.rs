@@ -1,5 +1,6 @@
 //! The agent ships as one static executable: no ELF interpreter, no shared
-//! libraries, and it runs.
+//! libraries, and it runs; and a release carries no fake hardware, no
+//! simulator and no failpoints.
 
 use std::process::Command;
 
@@ -60,6 +61,90 @@ fn the_musl_bcd_is_fully_static_and_runs() {
     let out = Command::new(&path).arg("version").output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("bcd "));
+}
+
+/// The release build (`-p bcd`, no features) has real hardware only: `bcd
+/// sim` and `--fake-hw` do not exist, `BCD_FAKE_HW` and the failpoints'
+/// variables are not read, and none of their code is in the file.
+#[test]
+fn the_release_bcd_has_no_fake_hardware_no_sim_and_no_failpoints() {
+    let path = bc_tests::static_bcd();
+    let out = Command::new(&path).arg("version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("bcd {} (real hardware)", env!("CARGO_PKG_VERSION"))
+    );
+    let out = Command::new(&path)
+        .args(["sim", "--nodes", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand 'sim'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&path)
+        .args(["gpus", "--fake-hw", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--fake-hw'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // With BCD_FAKE_HW set, `bcd gpus` still reads the (golden) host tree.
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new(&path)
+        .args(["gpus", "--json", "--host-root"])
+        .arg(root.path())
+        .env("BCD_FAKE_HW", "7")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpus"], serde_json::json!([]), "no fake GPUs");
+    // Nothing of the fakes or the failpoints is in the file.
+    let elf = std::fs::read(&path).unwrap();
+    for needle in [
+        "BCD_FAKE_HW",
+        "BCD_CRASH_AT",
+        "crash injection",
+        "(fake)",
+        "simulated node",
+    ] {
+        assert!(
+            !elf.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "{} contains {needle:?}",
+            path.display()
+        );
+    }
+}
+
+/// The test build the system tests run (`--all-features`) does have them:
+/// the check above would see them.
+#[test]
+fn the_test_bcd_has_the_fakes_the_release_lacks() {
+    let path = bc_tests::bin("bcd");
+    let out = Command::new(&path).arg("version").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("fakehw, failpoints"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let elf = std::fs::read(&path).unwrap();
+    for needle in ["BCD_FAKE_HW", "BCD_CRASH_AT", "crash injection", "(fake)"] {
+        assert!(
+            elf.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "{} lacks {needle:?}",
+            path.display()
+        );
+    }
 }
 
 #[test]

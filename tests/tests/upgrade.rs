@@ -195,10 +195,14 @@ fn a_release_that_never_connects_is_swapped_back_by_the_supervisor() {
 /// gets no Welcome (the server is stopped while it starts). Its own
 /// watchdog swaps it back by the link and the pending record, whatever it
 /// claims to be, and the old binary reports the failure once.
+///
+/// The installed binary is the test build (failpoints armed, so it dies
+/// right after the switch); the release it switches to is the static
+/// release build, which has no failpoints.
 #[test]
 fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
     let f = fleet();
-    let mut node = f.node("n1");
+    let mut node = f.node_with("n1", bc_tests::bin("bcd"));
     let id = node.id();
     // The daemon dies right after switching; the supervisor waits 3 s
     // before starting the new binary, while the test stops the server.
@@ -396,7 +400,7 @@ fn aborting_cancels_upgrades_not_yet_dispatched() {
 /// The systemd units verify, and their bcd command lines parse and run.
 #[test]
 fn the_systemd_units_verify() {
-    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bcd/agent/systemd");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bcd/bin/systemd");
     let d = tempfile::tempdir().unwrap();
     let data = d.path().join("data");
     let bcd = bc_tests::bin("bcd");

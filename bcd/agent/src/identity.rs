@@ -14,6 +14,21 @@
 //!
 //! `identity.json` is written last at join: it is the commit point, and a
 //! directory without it holds no identity. Every write is atomic.
+//!
+//! # Format versions
+//!
+//! `identity.json` carries `version`. This bcd writes [`IDENTITY_VERSION`]
+//! and reads every version up to it; a file from a newer bcd is refused
+//! ([`IdentityError::Newer`]), never misread. Version 1 is frozen: it was
+//! first written without `cert_issued_ms`, `next` and `release_keys`
+//! (those shapes still load, with the defaults below), and anything added
+//! from now on is version 2, with its own reader and a migration from 1.
+//! Golden files in `testdata/identity/` pin what this code writes and every
+//! earlier shape it reads (`tests/formats.rs`).
+//!
+//! A release must not write a version the previous release cannot read
+//! until it has confirmed (`bcd_core::update`): until then it can be
+//! swapped back to that release, which would refuse the file.
 
 use std::fs;
 use std::io;
@@ -25,13 +40,16 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::{self, FsError};
+use bcd_sys::fs::{self as fsutil, FsError};
 
 pub const IDENTITY: &str = "identity.json";
 pub const KEY: &str = "node.key";
 pub const CERT: &str = "node.crt";
 pub const CA: &str = "ca.crt";
 pub const JOURNAL: &str = "journal.db";
+
+/// The `identity.json` format this bcd writes (and the newest it reads).
+pub const IDENTITY_VERSION: u32 = 1;
 
 /// The files `bcd join --reset` moves aside, identity last.
 const RESET_FILES: &[&str] = &[
@@ -61,6 +79,15 @@ pub enum IdentityError {
          --yes, then bcd join"
     )]
     KeyMismatch { dir: PathBuf },
+    #[error(
+        "{path} is format version {version}, written by a newer bcd (this one reads up to \
+         {known}): run that release of bcd or a newer one"
+    )]
+    Newer {
+        path: PathBuf,
+        version: u32,
+        known: u32,
+    },
     #[error(transparent)]
     Fs(#[from] FsError),
     #[error("cannot move {path} aside")]
@@ -71,7 +98,7 @@ pub enum IdentityError {
     },
 }
 
-/// The contents of `identity.json`.
+/// The contents of `identity.json`, format version 1.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct IdentityFile {
     pub version: u32,
@@ -136,6 +163,31 @@ fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
     fs::read(path).map_err(|e| corrupt(path, e))
 }
 
+/// Reads `identity.json` of any version this bcd knows.
+fn parse(path: &Path, bytes: &[u8]) -> Result<IdentityFile, IdentityError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        version: Option<u32>,
+    }
+    let probe: Probe = serde_json::from_slice(bytes).map_err(|e| corrupt(path, e))?;
+    match probe.version {
+        Some(1) => {
+            let file: IdentityFile = serde_json::from_slice(bytes).map_err(|e| corrupt(path, e))?;
+            if file.node_id.is_empty() {
+                return Err(corrupt(path, "no node id"));
+            }
+            Ok(file)
+        }
+        Some(version) if version > IDENTITY_VERSION => Err(IdentityError::Newer {
+            path: path.to_path_buf(),
+            version,
+            known: IDENTITY_VERSION,
+        }),
+        Some(version) => Err(corrupt(path, format!("unknown format version {version}"))),
+        None => Err(corrupt(path, "no format version")),
+    }
+}
+
 pub fn exists(dir: &Path) -> bool {
     dir.join(IDENTITY).exists()
 }
@@ -148,12 +200,8 @@ impl Identity {
                 dir: dir.to_path_buf(),
             });
         }
-        let mut file: IdentityFile =
-            serde_json::from_slice(&read(&id_path)?).map_err(|e| corrupt(&id_path, e))?;
+        let mut file = parse(&id_path, &read(&id_path)?)?;
         settle_renewal(dir, &mut file)?;
-        if file.version != 1 || file.node_id.is_empty() {
-            return Err(corrupt(&id_path, "unknown version or no node id"));
-        }
         let key_path = dir.join(KEY);
         let key_pem = String::from_utf8(read(&key_path)?).map_err(|e| corrupt(&key_path, e))?;
         let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| corrupt(&key_path, e))?;
@@ -206,17 +254,21 @@ impl Identity {
         Ok(id)
     }
 
-    /// When the current certificate should be renewed: at 60% of its life.
-    pub fn renew_at_ms(&self) -> i64 {
-        let not_after = self.file.cert_not_after_ms;
-        let issued = if self.file.cert_issued_ms > 0 {
+    /// The current certificate's life on server time, for the renewal
+    /// schedule (`bcd_core::renewal`).
+    pub fn cert_life(&self) -> bcd_core::CertLife {
+        let not_after_ms = self.file.cert_not_after_ms;
+        let issued_ms = if self.file.cert_issued_ms > 0 {
             self.file.cert_issued_ms
         } else {
             // Written before issue times were kept: assume the longest
-            // lifetime the CA grants.
-            not_after - 24 * 3_600_000
+            // life the CA grants.
+            not_after_ms - bcd_core::renewal::MAX_CERT_LIFE_MS
         };
-        issued + (not_after - issued) * 6 / 10
+        bcd_core::CertLife {
+            issued_ms,
+            not_after_ms,
+        }
     }
 
     /// Installs a renewed key and certificate so that a crash at any point
@@ -250,10 +302,17 @@ impl Identity {
 
     /// Rewrites `identity.json` (the mark and the epoch change over time).
     pub fn save_state(&self) -> Result<(), IdentityError> {
-        let json = serde_json::to_vec_pretty(&self.file).expect("identity serializes");
-        fsutil::atomic_write(&self.dir.join(IDENTITY), &json, 0o600)?;
-        Ok(())
+        write_file(&self.dir, &self.file)
     }
+}
+
+/// Writes `identity.json` in the current format version.
+fn write_file(dir: &Path, file: &IdentityFile) -> Result<(), IdentityError> {
+    let mut file = file.clone();
+    file.version = IDENTITY_VERSION;
+    let json = serde_json::to_vec_pretty(&file).expect("identity serializes");
+    fsutil::atomic_write(&dir.join(IDENTITY), &json, 0o600)?;
+    Ok(())
 }
 
 /// Finishes or discards an interrupted renewal (see
@@ -275,8 +334,7 @@ fn settle_renewal(dir: &Path, file: &mut IdentityFile) -> Result<(), IdentityErr
             file.cert_serial = next.serial;
             file.cert_not_after_ms = next.not_after_ms;
             file.cert_issued_ms = next.issued_ms;
-            let json = serde_json::to_vec_pretty(file).expect("identity serializes");
-            fsutil::atomic_write(&dir.join(IDENTITY), &json, 0o600)?;
+            write_file(dir, file)?;
         }
         None => {
             for name in [KEY, CERT] {
@@ -406,7 +464,7 @@ mod tests {
         assert_eq!(loaded.file.cert_serial, "new");
         assert_eq!(loaded.cert, cert);
         assert_eq!(loaded.file.next, None);
-        assert_eq!(loaded.renew_at_ms(), 1_500_000 + 300_000);
+        assert_eq!(loaded.cert_life().renew_at_ms(), 1_500_000 + 300_000);
 
         // Crash before the commit point: the old pair stays, leftovers go.
         let d = tempfile::tempdir().unwrap();

@@ -209,7 +209,7 @@ pub fn link_journal(data_dir: &Path, volatile: &Path) -> Result<(), InitError> {
             for suffix in ["", "-wal", "-shm"] {
                 let path = data_dir.join(format!("{JOURNAL}{suffix}"));
                 if path.exists() {
-                    let aside = crate::fsutil::aside_name(&path, "disk", &stamp);
+                    let aside = bcd_sys::fs::aside_name(&path, "disk", &stamp);
                     std::fs::rename(&path, &aside).map_err(io_at(&path))?;
                     warn!(aside = %aside.display(), "moved a journal on the state partition aside");
                 }
@@ -219,7 +219,7 @@ pub fn link_journal(data_dir: &Path, volatile: &Path) -> Result<(), InitError> {
         Err(e) => return Err(io_at(&link)(e)),
     }
     symlink(volatile.join(JOURNAL), &link).map_err(io_at(&link))?;
-    crate::fsutil::sync_dir(data_dir).map_err(io_at(data_dir))
+    bcd_sys::fs::sync_dir(data_dir).map_err(io_at(data_dir))
 }
 
 /// The store the command line asks for.

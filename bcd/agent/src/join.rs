@@ -10,9 +10,9 @@ use bcd_proto::v1::{InventoryHash, JoinRequest, join_client::JoinClient};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 
-use crate::fsutil::{self, DirLock};
 use crate::hw::{self, Host};
 use crate::identity::{self, Identity, IdentityFile};
+use crate::lock::DirLock;
 
 #[derive(Debug, Clone)]
 pub struct JoinOptions {
@@ -39,7 +39,7 @@ pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    fsutil::remove_stale_temps(dir);
+    bcd_sys::fs::remove_stale_temps(dir);
     Ok(())
 }
 
@@ -150,102 +150,4 @@ pub async fn join_with_token(
     // Check what was written reads back as a whole identity.
     Identity::load(dir)?;
     Ok(identity)
-}
-
-/// A renewed key and certificate, ready to install.
-#[derive(Debug)]
-pub struct Renewed {
-    pub key_pem: String,
-    pub cert: CertificateDer<'static>,
-    pub next: crate::identity::NextCert,
-}
-
-/// Renew: a new key, proven by its CSR, over a session authenticated with
-/// the current certificate.
-pub async fn renew_certificate(
-    server: &str,
-    ca: CertificateDer<'static>,
-    current: tls::ClientIdentity,
-    hostname: &str,
-) -> Result<Renewed, String> {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, hostname);
-    params.distinguished_name = dn;
-    let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
-    let config =
-        tls::client_config(ServerTrust::Ca(ca), Some(current)).map_err(|e| format!("{e:#}"))?;
-    let channel = tls::connect(server, config)
-        .await
-        .map_err(|e| crate::node::error_chain(&e))?;
-    let resp = JoinClient::new(channel)
-        .renew(bcd_proto::v1::RenewRequest {
-            csr_der: csr.der().to_vec(),
-        })
-        .await
-        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
-        .into_inner();
-    let cert = CertificateDer::from(resp.cert_der);
-    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
-    if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
-        return Err("the renewed certificate is not for the new key".into());
-    }
-    Ok(Renewed {
-        key_pem: key.serialize_pem(),
-        cert,
-        next: crate::identity::NextCert {
-            serial: resp.cert_serial,
-            not_after_ms: resp.not_after_ms,
-            issued_ms: resp.server_time_ms,
-        },
-    })
-}
-
-/// Downloads a release over the node's own session credentials and checks
-/// it before anything is written: the manifest must verify against the
-/// release keys learned at join, and the binary must match it.
-pub async fn fetch_release(
-    identity: &Identity,
-    sequence: u64,
-) -> Result<(release::Manifest, Vec<u8>), String> {
-    let config = tls::client_config(
-        ServerTrust::Ca(identity.ca.clone()),
-        Some(tls::ClientIdentity {
-            chain: vec![identity.cert.clone()],
-            key: identity.private_key(),
-        }),
-    )
-    .map_err(|e| format!("{e:#}"))?;
-    let channel = tls::connect(&identity.file.server, config)
-        .await
-        .map_err(|e| crate::node::error_chain(&e))?;
-    let resp = JoinClient::new(channel)
-        .max_decoding_message_size(256 << 20)
-        .fetch_release(bcd_proto::v1::FetchReleaseRequest { sequence })
-        .await
-        .map_err(|s| {
-            format!(
-                "the server did not hand out release {sequence}: {}",
-                s.message()
-            )
-        })?
-        .into_inner();
-    let keys: Vec<Vec<u8>> = identity
-        .file
-        .release_keys
-        .iter()
-        .filter_map(|k| hex::decode(k).ok())
-        .collect();
-    let signed =
-        release::SignedManifest::parse(&resp.signed_manifest).map_err(|e| e.to_string())?;
-    let manifest = signed.verify(&keys).map_err(|e| e.to_string())?;
-    if manifest.sequence != sequence {
-        return Err(format!(
-            "asked for release {sequence}, got a manifest for {}",
-            manifest.sequence
-        ));
-    }
-    manifest.check(&resp.binary).map_err(|e| e.to_string())?;
-    Ok((manifest, resp.binary))
 }

@@ -7,6 +7,18 @@
 //! temporary name and renamed over `current`, then the directory is fsynced.
 //! What `current` points at is read from the link itself, never from a
 //! binary's claims.
+//!
+//! # Format versions
+//!
+//! `update.json` carries `version`, which versions the whole slots
+//! directory (this layout and the state file). Version 0 is the unversioned
+//! file of releases before format versions (its later fields with
+//! defaults); version 1 adds `version` and writes every field. This bcd
+//! writes [`STATE_VERSION`], reads every earlier version, and refuses a
+//! newer one ([`SlotError::Newer`]). Golden files in `testdata/slots/` pin
+//! the layout and what this code writes; `tests/formats.rs` reads every
+//! earlier version back. Version 0 readers ignore the `version` field, so a
+//! release swapped back to one still reads the state.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -17,7 +29,7 @@ use std::path::{Path, PathBuf};
 use bcd_core::update::{Pending, Slot, UpdateState};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil;
+use bcd_sys::fs as fsutil;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
@@ -31,9 +43,21 @@ pub enum SlotError {
         "{path} is corrupt ({reason}): restore it from the slot directory's state or reinstall bcd"
     )]
     Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "{path} is format version {version}, written by a newer bcd (this one reads up to \
+         {known}): run that release of bcd or a newer one"
+    )]
+    Newer {
+        path: PathBuf,
+        version: u32,
+        known: u32,
+    },
     #[error(transparent)]
-    Fs(#[from] fsutil::FsError),
+    Fs(#[from] bcd_sys::fs::FsError),
 }
+
+/// The `update.json` format (and slots layout) this bcd writes.
+pub const STATE_VERSION: u32 = 1;
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SlotError + '_ {
     move |source| SlotError::Io {
@@ -42,8 +66,46 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SlotError + '_ {
     }
 }
 
+/// `update.json`, version 1: every field written, none defaulted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct PendingFile {
+#[serde(deny_unknown_fields)]
+struct StateV1 {
+    version: u32,
+    sequences: [u64; 2],
+    versions: [String; 2],
+    floor: u64,
+    failed: BTreeSet<u64>,
+    pending: Option<PendingV1>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct PendingV1 {
+    command_id: String,
+    from: String,
+    from_sequence: u64,
+    to: String,
+    to_sequence: u64,
+    to_version: String,
+    next_key: Option<String>,
+    deadline_ms: u64,
+    starts: u32,
+}
+
+/// `update.json`, version 0: no version field; `versions`, `to_version`
+/// and `next_key` were added to it with defaults.
+#[derive(Debug, Clone, Deserialize)]
+struct StateV0 {
+    sequences: [u64; 2],
+    #[serde(default)]
+    versions: [String; 2],
+    floor: u64,
+    failed: BTreeSet<u64>,
+    pending: Option<PendingV0>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct PendingV0 {
     command_id: String,
     from: String,
     from_sequence: u64,
@@ -51,20 +113,58 @@ struct PendingFile {
     to_sequence: u64,
     #[serde(default)]
     to_version: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     next_key: Option<String>,
     deadline_ms: u64,
     starts: u32,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-struct StateFile {
-    sequences: [u64; 2],
-    #[serde(default)]
-    versions: [String; 2],
-    floor: u64,
-    failed: BTreeSet<u64>,
-    pending: Option<PendingFile>,
+impl From<StateV0> for StateV1 {
+    fn from(v0: StateV0) -> StateV1 {
+        StateV1 {
+            version: 1,
+            sequences: v0.sequences,
+            versions: v0.versions,
+            floor: v0.floor,
+            failed: v0.failed,
+            pending: v0.pending.map(|p| PendingV1 {
+                command_id: p.command_id,
+                from: p.from,
+                from_sequence: p.from_sequence,
+                to: p.to,
+                to_sequence: p.to_sequence,
+                to_version: p.to_version,
+                next_key: p.next_key,
+                deadline_ms: p.deadline_ms,
+                starts: p.starts,
+            }),
+        }
+    }
+}
+
+/// Reads `update.json` of any version this bcd knows, as the current one.
+fn parse_state(path: &Path, bytes: &[u8]) -> Result<StateV1, SlotError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        version: Option<u32>,
+    }
+    let corrupt = |reason: String| SlotError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let probe: Probe = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    match probe.version {
+        None => serde_json::from_slice::<StateV0>(bytes)
+            .map(StateV1::from)
+            .map_err(|e| corrupt(e.to_string())),
+        Some(1) => serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string())),
+        Some(version) if version > STATE_VERSION => Err(SlotError::Newer {
+            path: path.to_path_buf(),
+            version,
+            known: STATE_VERSION,
+        }),
+        Some(version) => Err(corrupt(format!("unknown format version {version}"))),
+    }
 }
 
 fn slot_of(s: &str) -> Option<Slot> {
@@ -156,12 +256,13 @@ impl Slots {
     }
 
     pub fn save(&self, state: &UpdateState) -> Result<(), SlotError> {
-        let file = StateFile {
+        let file = StateV1 {
+            version: STATE_VERSION,
             sequences: state.sequences,
             versions: state.versions.clone(),
             floor: state.floor,
             failed: state.failed.clone(),
-            pending: state.pending.as_ref().map(|p| PendingFile {
+            pending: state.pending.as_ref().map(|p| PendingV1 {
                 command_id: p.command_id.clone(),
                 from: p.from.name().into(),
                 from_sequence: p.from_sequence,
@@ -190,7 +291,7 @@ impl Slots {
             path: path.clone(),
             reason,
         };
-        let f: StateFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let f = parse_state(&path, &bytes)?;
         let pending = match f.pending {
             None => None,
             Some(p) => Some(Pending {

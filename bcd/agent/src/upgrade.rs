@@ -15,8 +15,8 @@ use std::time::Duration;
 use bcd_core::update::{self, Decision, Refusal, Slot, UpdateState};
 use tracing::{info, warn};
 
-use crate::node::error_chain;
 use crate::slots::{SlotError, Slots};
+use bcd_sys::error::chain as error_chain;
 
 /// Exit status of a supervised daemon that asks to be started again from
 /// `current` at once (it switched slots). EX_TEMPFAIL.
@@ -40,8 +40,7 @@ pub fn build_sequence() -> u64 {
 /// Milliseconds on this boot's clock (CLOCK_BOOTTIME): the same for every
 /// process of one boot, so a deadline survives a daemon restart.
 pub fn boot_ms() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    bcd_sys::clock::boot_ms()
 }
 
 pub fn supervised() -> bool {

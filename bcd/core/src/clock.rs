@@ -101,8 +101,13 @@ impl ServerClock {
     /// mark stands in for now: a deadline before the mark has certainly
     /// passed.
     pub fn is_past(&self, now: Duration, deadline_ms: i64) -> bool {
-        let now_ms = self.server_now(now).unwrap_or(self.mark_ms);
-        now_ms > deadline_ms
+        self.now_or_mark(now) > deadline_ms
+    }
+
+    /// Server time now, or the mark before a Welcome anchored the clock
+    /// (the latest server time this node knows to have passed).
+    pub fn now_or_mark(&self, now: Duration) -> i64 {
+        self.server_now(now).unwrap_or(self.mark_ms)
     }
 }
 
@@ -117,8 +122,10 @@ mod tests {
     fn evaluates_server_time_through_the_offset() {
         let mut c = ServerClock::new(0);
         assert_eq!(c.server_now(Duration::from_secs(5)), None);
+        assert_eq!(c.now_or_mark(Duration::from_secs(5)), 0);
         c.on_welcome(Duration::from_secs(100), 1_000_000).unwrap();
         assert_eq!(c.server_now(Duration::from_secs(103)), Some(1_003_000));
+        assert_eq!(c.now_or_mark(Duration::from_secs(103)), 1_003_000);
         assert!(c.is_past(Duration::from_secs(103), 1_002_999));
         assert!(!c.is_past(Duration::from_secs(103), 1_003_000));
     }

@@ -81,6 +81,50 @@ pub enum Event {
     },
 }
 
+/// How the gateway ended a stream with an error, in the terms the session
+/// rules need (the shell maps its transport's status codes onto these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamStatus {
+    Unauthenticated,
+    PermissionDenied,
+    /// Any other code: the stream broke or the server is unavailable.
+    Other,
+}
+
+/// What the gateway says when it closes a session whose certificate ran
+/// out: the node reconnects with its renewed certificate.
+pub const CERT_EXPIRED: &str = "certificate expired";
+
+impl Event {
+    /// The event for a stream the gateway ended with an error: an expired
+    /// certificate is a reconnect; any other authentication or permission
+    /// refusal means the server refused this node for good (deleted,
+    /// revoked); anything else is a broken stream, redialed with back-off.
+    pub fn stream_error(status: StreamStatus, code: &str, message: &str) -> Event {
+        match status {
+            StreamStatus::Unauthenticated if message.starts_with(CERT_EXPIRED) => Event::Closed {
+                error: message.to_string(),
+            },
+            StreamStatus::Unauthenticated | StreamStatus::PermissionDenied => Event::Refused {
+                message: message.to_string(),
+            },
+            StreamStatus::Other => Event::Closed {
+                error: format!("{code}: {message}"),
+            },
+        }
+    }
+
+    /// The gateway says this node's certificate was revoked.
+    pub fn revoked(reason: &str) -> Event {
+        Event::Refused {
+            message: format!(
+                "the node certificate was revoked ({reason}): join again: bcd join --reset --yes, \
+                 then bcd join"
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CloseReason {
     WelcomeTimeout,
@@ -407,6 +451,45 @@ mod tests {
         let a = s.handle(now, Event::Tick);
         assert_eq!(a, vec![Action::Dial]);
         s.handle(now, Event::Connected)
+    }
+
+    #[test]
+    fn stream_errors_are_reconnects_or_refusals() {
+        let expired = Event::stream_error(
+            StreamStatus::Unauthenticated,
+            "Unauthenticated",
+            "certificate expired; renew and reconnect",
+        );
+        assert!(matches!(expired, Event::Closed { .. }));
+        for status in [
+            StreamStatus::Unauthenticated,
+            StreamStatus::PermissionDenied,
+        ] {
+            assert_eq!(
+                Event::stream_error(status, "x", "node nd-1 was deleted"),
+                Event::Refused {
+                    message: "node nd-1 was deleted".into()
+                }
+            );
+        }
+        assert_eq!(
+            Event::stream_error(StreamStatus::Other, "Unavailable", "fenced"),
+            Event::Closed {
+                error: "Unavailable: fenced".into()
+            }
+        );
+        let Event::Refused { message } = Event::revoked("duplicate-identity") else {
+            panic!("a revocation is a refusal");
+        };
+        assert!(
+            message.contains("duplicate-identity") && message.contains("bcd join --reset --yes")
+        );
+        // A refusal stops the session for good.
+        let mut s = Session::new(SessionConfig::default(), 1, 0, 0);
+        connect(&mut s, Duration::ZERO);
+        let a = s.handle(S, Event::revoked("revoked"));
+        assert!(matches!(a.last(), Some(Action::Stop { .. })));
+        assert!(s.is_stopped());
     }
 
     #[test]

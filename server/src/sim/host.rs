@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bcd_agent::sim::Fleet;
 use bcd_core::SplitMix64;
+use bcd_fakehw::sim::Fleet;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
@@ -105,7 +105,7 @@ fn peak_rss_kib() -> u64 {
 /// then stats lines until told to stop.
 pub async fn run_host(opts: HostOptions) -> anyhow::Result<()> {
     let balancer = Balancer::start().await?;
-    let fleet = Arc::new(Fleet::new(&bcd_agent::sim::SimOptions {
+    let fleet = Arc::new(Fleet::new(&bcd_fakehw::sim::SimOptions {
         nodes: opts.count,
         first: opts.first,
         server: format!("https://{}", balancer.addr),

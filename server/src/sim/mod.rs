@@ -4,7 +4,7 @@
 //! The server side is real: G `better-compute serve` processes (gateways,
 //! each with the join service, operator API, liveness and rollout
 //! controllers) on one store. The nodes are the real agent code
-//! (`bcd_agent::sim::Fleet`, fake hardware), each with its own key,
+//! (`bcd_fakehw::sim::Fleet`, fake hardware), each with its own key,
 //! certificate, journal and TLS session, in a few agent host processes
 //! ([`host`]); each host dials the gateways through its own L4 balancer,
 //! which is also where link faults happen ([`proxy`]). A workload
@@ -283,7 +283,7 @@ impl World {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
                     let nodes = self.store.connected_to(&g.name).await.unwrap_or_default();
-                    let at_ms = bcd_agent::fsutil::unix_ms();
+                    let at_ms = bcd_sys::clock::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
                     let _ = g.child.wait().await;

@@ -32,8 +32,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
-    let kernel = netboot::kernel()
-        .ok_or_else(|| anyhow::anyhow!("no kernel: run scripts/fetch-kernel first"))?;
+    let kernel = netboot::kernel().map_err(anyhow::Error::msg)?;
     netboot::require_tools();
     let f = NetFleet::start(kernel)?;
 

@@ -1,56 +1,13 @@
-//! Hardware and host access behind narrow traits, chosen at construction.
-//!
-//! The real implementations read the host under a root path (`/` in
-//! production, a directory of golden files in tests): the kernel boot id from
-//! `/proc`, NVIDIA GPUs from sysfs, the TPM's presence from sysfs and `/dev`.
-//! The fakes (`fakehw` feature) are first-class code of their own: seeded,
-//! deterministic, and cheap enough to run thousands in one process.
+//! The real machine, read under a root path (`/` in production, a tree of
+//! golden files in tests): the boot id and host name from `/proc`, NVIDIA
+//! GPUs from sysfs (with UUID and model from the driver's `/proc` files),
+//! their device nodes and driver files, and the TPM's presence.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Serialize;
-
-/// What the agent needs from the machine it runs on.
-pub trait Host: Send + Sync + std::fmt::Debug {
-    /// The kernel's boot id: changes at every boot and kexec.
-    fn boot_id(&self) -> std::io::Result<String>;
-    fn hostname(&self) -> String;
-    fn gpus(&self) -> &dyn Gpus;
-    fn tpm(&self) -> &dyn Tpm;
-    /// Reboots the machine. On real hardware it does not return when it
-    /// works; a fake machine returns `Ok` after its reboot, and the agent
-    /// restarts in process.
-    fn reboot(&self) -> std::io::Result<()>;
-    /// Boots into another kernel; returns like [`Host::reboot`].
-    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()>;
-    /// The 1, 5 and 15 minute load averages.
-    fn load_average(&self) -> Option<[f64; 3]>;
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Gpu {
-    /// PCI address, `0000:17:00.0`.
-    pub pci_address: String,
-    pub vendor_id: String,
-    pub device_id: String,
-    pub class: String,
-    pub numa_node: Option<i32>,
-    /// From the driver when it is loaded (`GPU-...`).
-    pub uuid: Option<String>,
-    pub model: Option<String>,
-    /// The driver's minor number: the GPU is `/dev/nvidia<minor>`.
-    pub minor: Option<u32>,
-}
-
-pub trait Gpus: Send + Sync + std::fmt::Debug {
-    fn list(&self) -> std::io::Result<Vec<Gpu>>;
-    /// The device nodes and driver files a CDI spec for these GPUs needs.
-    fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory>;
-    /// Resets the GPU at a PCI address; says how.
-    fn reset(&self, pci_address: &str) -> std::io::Result<&'static str>;
-}
+use super::{Gpu, Gpus, Host, Power, Tpm, TpmInfo};
 
 /// Driver binaries mounted into containers when present.
 const DRIVER_BINARIES: &[&str] = &[
@@ -156,19 +113,6 @@ pub fn nvidia_cdi_inventory(root: &Path, gpus: &[Gpu]) -> std::io::Result<cdi::n
     Ok(inv)
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct TpmInfo {
-    pub present: bool,
-    pub version_major: Option<u32>,
-    pub device: Option<String>,
-    /// SHA-256 of the endorsement key's public area, where known.
-    pub ek_sha256: Option<String>,
-}
-
-pub trait Tpm: Send + Sync + std::fmt::Debug {
-    fn info(&self) -> TpmInfo;
-}
-
 /// The machine bcd runs on, read under `root`.
 #[derive(Debug)]
 pub struct RealHost {
@@ -217,35 +161,10 @@ impl Host for RealHost {
         &self.tpm
     }
 
-    fn reboot(&self) -> std::io::Result<()> {
-        rustix::fs::sync();
-        rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
-        Ok(())
-    }
-
     fn load_average(&self) -> Option<[f64; 3]> {
         let s = fs::read_to_string(self.root.join("proc/loadavg")).ok()?;
         let mut it = s.split_whitespace().map(|v| v.parse::<f64>().ok());
         Some([it.next()??, it.next()??, it.next()??])
-    }
-
-    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-        // kexec-tools loads the image (kexec_file_load) and jumps into it.
-        let mut load = std::process::Command::new("kexec");
-        load.args(["--kexec-file-syscall", "-l", kernel]);
-        if !initrd.is_empty() {
-            load.arg(format!("--initrd={initrd}"));
-        }
-        load.arg(format!("--command-line={cmdline}"));
-        let status = load.status()?;
-        if !status.success() {
-            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
-        }
-        rustix::fs::sync();
-        let status = std::process::Command::new("kexec").arg("-e").status()?;
-        Err(std::io::Error::other(format!(
-            "kexec -e returned: {status}"
-        )))
     }
 }
 
@@ -254,7 +173,7 @@ impl Host for RealHost {
 /// `/proc/driver/nvidia/gpus/<address>/information` when it is loaded.
 #[derive(Debug)]
 pub struct SysfsGpus {
-    root: PathBuf,
+    pub(super) root: PathBuf,
 }
 
 impl SysfsGpus {
@@ -352,66 +271,6 @@ pub fn sysfs_pci_address(bus_id: &str) -> String {
     }
 }
 
-#[cfg(feature = "nvml")]
-pub mod nvml {
-    //! GPUs through NVML (`libnvidia-ml`, loaded at run time): the fields
-    //! sysfs has, with the UUID, model and minor number from the driver
-    //! itself. Device nodes and reset stay with sysfs.
-
-    use super::*;
-
-    pub struct NvmlGpus {
-        nvml: nvml_wrapper::Nvml,
-        sysfs: SysfsGpus,
-    }
-
-    impl std::fmt::Debug for NvmlGpus {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("NvmlGpus").finish_non_exhaustive()
-        }
-    }
-
-    impl NvmlGpus {
-        pub fn new(root: impl Into<PathBuf>) -> Result<NvmlGpus, String> {
-            let nvml = nvml_wrapper::Nvml::init().map_err(|e| {
-                format!("NVML is not usable here ({e}); is the NVIDIA driver installed?")
-            })?;
-            Ok(NvmlGpus {
-                nvml,
-                sysfs: SysfsGpus::new(root),
-            })
-        }
-    }
-
-    fn io(e: nvml_wrapper::error::NvmlError) -> std::io::Error {
-        std::io::Error::other(format!("NVML: {e}"))
-    }
-
-    impl Gpus for NvmlGpus {
-        fn list(&self) -> std::io::Result<Vec<Gpu>> {
-            let mut gpus = self.sysfs.list()?;
-            for i in 0..self.nvml.device_count().map_err(io)? {
-                let d = self.nvml.device_by_index(i).map_err(io)?;
-                let pci = sysfs_pci_address(&d.pci_info().map_err(io)?.bus_id);
-                if let Some(g) = gpus.iter_mut().find(|g| g.pci_address == pci) {
-                    g.uuid = d.uuid().ok().or(g.uuid.take());
-                    g.model = d.name().ok().or(g.model.take());
-                    g.minor = d.minor_number().ok().or(g.minor);
-                }
-            }
-            Ok(gpus)
-        }
-
-        fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
-            nvidia_cdi_inventory(&self.sysfs.root, &self.list()?)
-        }
-
-        fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
-            self.sysfs.reset(pci_address)
-        }
-    }
-}
-
 /// Whether the kernel exposes a TPM, from sysfs and /dev.
 #[derive(Debug)]
 pub struct SysfsTpm {
@@ -437,251 +296,45 @@ impl Tpm for SysfsTpm {
     }
 }
 
-/// One inventory section: canonical JSON and its hash.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Section {
-    pub name: &'static str,
-    pub body: Vec<u8>,
-    pub sha256: String,
-}
+/// Reboot and kexec of this machine (root, CAP_SYS_BOOT).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemPower;
 
-impl Section {
-    fn new(name: &'static str, value: &impl Serialize) -> Section {
-        let body = serde_json::to_vec(value).expect("inventory serializes");
-        Section {
-            name,
-            sha256: bcd_proto::fingerprint(&body),
-            body,
-        }
+impl Power for SystemPower {
+    fn reboot(&self) -> std::io::Result<()> {
+        rustix::fs::sync();
+        rustix::system::reboot(rustix::system::RebootCommand::Restart)?;
+        Ok(())
     }
-}
 
-/// The inventory the node reports: hashes in Hello, bodies on request.
-pub fn inventory(host: &dyn Host) -> Vec<Section> {
-    let gpus = match host.gpus().list() {
-        Ok(g) => g,
-        Err(e) => {
-            tracing::warn!(error = %e, "GPU inventory failed");
-            Vec::new()
+    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+        // kexec-tools loads the image (kexec_file_load) and jumps into it.
+        let mut load = std::process::Command::new("kexec");
+        load.args(["--kexec-file-syscall", "-l", kernel]);
+        if !initrd.is_empty() {
+            load.arg(format!("--initrd={initrd}"));
         }
-    };
-    #[derive(Serialize)]
-    struct HostSection {
-        hostname: String,
-        agent_version: &'static str,
+        load.arg(format!("--command-line={cmdline}"));
+        let status = load.status()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
+        }
+        rustix::fs::sync();
+        let status = std::process::Command::new("kexec").arg("-e").status()?;
+        Err(std::io::Error::other(format!(
+            "kexec -e returned: {status}"
+        )))
     }
-    vec![
-        Section::new(
-            "host",
-            &HostSection {
-                hostname: host.hostname(),
-                agent_version: env!("CARGO_PKG_VERSION"),
-            },
-        ),
-        Section::new("gpus", &gpus),
-        Section::new("tpm", &host.tpm().info()),
-    ]
 }
 
 pub fn real(root: impl Into<PathBuf>) -> Arc<dyn Host> {
     Arc::new(RealHost::new(root))
 }
 
-#[cfg(feature = "fakehw")]
-pub mod fake {
-    //! Fake hardware for `bcd sim` and laptops: a seeded machine with a
-    //! number of H100-like GPUs, a TPM with a stable endorsement key hash,
-    //! and a boot id that changes when the fake machine reboots.
-
-    use std::sync::Mutex;
-
-    use super::*;
-
-    #[derive(Debug)]
-    pub struct FakeHost {
-        seed: u64,
-        hostname: String,
-        boot: Mutex<u64>,
-        gpus: FakeGpus,
-        tpm: FakeTpm,
-    }
-
-    #[derive(Debug)]
-    pub struct FakeGpus {
-        gpus: Vec<Gpu>,
-    }
-
-    #[derive(Debug)]
-    pub struct FakeTpm {
-        ek: String,
-    }
-
-    fn hex64(seed: u64, salt: u64) -> String {
-        let mut rng = bcd_core::SplitMix64::new(seed ^ salt.rotate_left(17));
-        format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
-    }
-
-    impl FakeHost {
-        /// A machine named `hostname` with `gpu_count` GPUs; the same seed
-        /// gives the same machine.
-        pub fn new(seed: u64, hostname: impl Into<String>, gpu_count: usize) -> FakeHost {
-            let gpus = (0..gpu_count)
-                .map(|i| {
-                    let u = hex64(seed, 100 + i as u64);
-                    Gpu {
-                        pci_address: format!("0000:{:02x}:00.0", 0x17 + i * 0x10),
-                        vendor_id: "0x10de".into(),
-                        device_id: "0x2330".into(),
-                        class: "0x030200".into(),
-                        numa_node: Some((i / 4) as i32),
-                        uuid: Some(format!(
-                            "GPU-{}-{}-{}-{}-{}",
-                            &u[0..8],
-                            &u[8..12],
-                            &u[12..16],
-                            &u[16..20],
-                            &u[20..32]
-                        )),
-                        model: Some("NVIDIA H100 80GB HBM3 (fake)".into()),
-                        minor: Some(i as u32),
-                    }
-                })
-                .collect();
-            FakeHost {
-                seed,
-                hostname: hostname.into(),
-                boot: Mutex::new(0),
-                gpus: FakeGpus { gpus },
-                tpm: FakeTpm {
-                    ek: hex64(seed, 7) + &hex64(seed, 8),
-                },
-            }
-        }
-
-        /// The fake machine reboots: the next boot id differs.
-        pub fn reboot(&self) {
-            *self.boot.lock().expect("boot lock") += 1;
-        }
-    }
-
-    impl Host for FakeHost {
-        fn boot_id(&self) -> std::io::Result<String> {
-            let boot = *self.boot.lock().expect("boot lock");
-            let h = hex64(self.seed, 1_000 + boot);
-            Ok(format!(
-                "{}-{}-{}-{}-{}",
-                &h[0..8],
-                &h[8..12],
-                &h[12..16],
-                &h[16..20],
-                &h[20..32]
-            ))
-        }
-
-        fn hostname(&self) -> String {
-            self.hostname.clone()
-        }
-
-        fn gpus(&self) -> &dyn Gpus {
-            &self.gpus
-        }
-
-        fn tpm(&self) -> &dyn Tpm {
-            &self.tpm
-        }
-
-        fn reboot(&self) -> std::io::Result<()> {
-            FakeHost::reboot(self);
-            Ok(())
-        }
-
-        fn kexec(&self, _kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
-            FakeHost::reboot(self);
-            Ok(())
-        }
-
-        fn load_average(&self) -> Option<[f64; 3]> {
-            let x = (self.seed % 100) as f64 / 100.0;
-            Some([x, x / 2.0, x / 4.0])
-        }
-    }
-
-    impl Gpus for FakeGpus {
-        fn list(&self) -> std::io::Result<Vec<Gpu>> {
-            Ok(self.gpus.clone())
-        }
-
-        /// The nodes a real driver would create for these GPUs.
-        fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
-            let node = |path: &str, major, minor| cdi::nvidia::Node {
-                path: path.into(),
-                major,
-                minor,
-            };
-            Ok(cdi::nvidia::Inventory {
-                gpus: self
-                    .gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| cdi::nvidia::Gpu {
-                        index: i as u32,
-                        uuid: g.uuid.clone(),
-                        node: node(&format!("/dev/nvidia{i}"), 195, i as u32),
-                    })
-                    .collect(),
-                control_nodes: vec![
-                    node("/dev/nvidia-uvm", 509, 0),
-                    node("/dev/nvidia-uvm-tools", 509, 1),
-                    node("/dev/nvidiactl", 195, 255),
-                ],
-                driver_files: vec![],
-            })
-        }
-
-        fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
-            if self.gpus.iter().any(|g| g.pci_address == pci_address) {
-                Ok("function reset (fake)")
-            } else {
-                Err(std::io::Error::other(format!(
-                    "no PCI device {pci_address}"
-                )))
-            }
-        }
-    }
-
-    impl Tpm for FakeTpm {
-        fn info(&self) -> TpmInfo {
-            TpmInfo {
-                present: true,
-                version_major: Some(2),
-                device: Some("/dev/tpmrm0".into()),
-                ek_sha256: Some(self.ek.clone()),
-            }
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn same_seed_same_machine_and_reboot_changes_boot_id() {
-            let a = FakeHost::new(5, "n5", 8);
-            let b = FakeHost::new(5, "n5", 8);
-            assert_eq!(a.gpus().list().unwrap(), b.gpus().list().unwrap());
-            assert_eq!(a.gpus().list().unwrap().len(), 8);
-            let before = a.boot_id().unwrap();
-            assert_eq!(before, b.boot_id().unwrap());
-            a.reboot();
-            assert_ne!(a.boot_id().unwrap(), before);
-            assert_ne!(FakeHost::new(6, "n6", 8).boot_id().unwrap(), before);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hw::inventory;
 
     fn write(root: &Path, rel: &str, content: &str) {
         let p = root.join(rel);
@@ -883,25 +536,6 @@ mod tests {
     fn nvml_bus_ids_map_to_sysfs_addresses() {
         assert_eq!(sysfs_pci_address("00000000:17:00.0"), "0000:17:00.0");
         assert_eq!(sysfs_pci_address("0000:2A:00.0"), "0000:2a:00.0");
-    }
-
-    /// Where the NVIDIA driver is installed NVML must see every GPU sysfs
-    /// sees; elsewhere it must say why it cannot be used.
-    #[cfg(feature = "nvml")]
-    #[test]
-    fn nvml_lists_what_sysfs_lists_or_says_why_not() {
-        match nvml::NvmlGpus::new("/") {
-            Ok(g) => {
-                let sysfs = SysfsGpus::new("/").list().unwrap();
-                let nvml = g.list().unwrap();
-                assert_eq!(nvml.len(), sysfs.len());
-                assert!(
-                    nvml.iter()
-                        .all(|g| g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")))
-                );
-            }
-            Err(e) => assert!(e.contains("NVML is not usable here"), "{e}"),
-        }
     }
 
     #[test]

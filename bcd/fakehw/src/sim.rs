@@ -1,4 +1,4 @@
-//! Many fakehw agents in one process, each with its own data directory,
+//! Many agents on fake hardware in one process, each with its own data directory,
 //! key, certificate, journal and TLS session. The agents are the real agent
 //! code; only the hardware under them is fake.
 //!
@@ -18,10 +18,12 @@ use bcd_proto::token::JoinToken;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
-use crate::fsutil::DirLock;
-use crate::hw::fake::FakeHost;
-use crate::node::{self, Stats, Stopped};
-use crate::{identity, join};
+use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
+use bcd_agent::lock::DirLock;
+use bcd_agent::node::{self, Stats, Stopped};
+use bcd_agent::{identity, join};
+
+use crate::host::FakeHost;
 
 #[derive(Debug, Clone)]
 pub struct SimOptions {
@@ -165,24 +167,28 @@ impl Fleet {
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }
             loop {
-                let paths = crate::converge::Paths {
-                    cdi_dir: node.dir.join("cdi"),
-                    env_dir: node.dir.join("run/env"),
-                };
                 // Simulated machines never touch the host's sshd or
                 // firewall: their /etc is their own and there is no nft.
-                let access = crate::access::AccessPaths {
-                    etc_dir: node.dir.join("etc"),
-                    nft: node.dir.join("no-nft"),
-                    sshd: node.dir.join("no-sshd"),
+                let machine = node::Machine {
+                    host: node.host.clone(),
+                    power: node.host.clone(),
+                    devices: Arc::new(DeviceDirs {
+                        cdi_dir: node.dir.join("cdi"),
+                        env_dir: node.dir.join("run/env"),
+                    }),
+                    sshd: Arc::new(SshdDirs {
+                        etc_dir: node.dir.join("etc"),
+                        sshd: node.dir.join("no-sshd"),
+                    }),
+                    firewall: Arc::new(Nft {
+                        nft: node.dir.join("no-nft"),
+                    }),
                 };
                 let agent = node::open(
                     &node.dir,
-                    node.host.clone(),
-                    node.seed ^ crate::fsutil::unix_ms() as u64,
+                    machine,
+                    node.seed ^ bcd_sys::clock::unix_ms() as u64,
                     Some(node.stats.clone()),
-                    paths,
-                    access,
                 )?;
                 let mut stop = stop.clone();
                 let stopped = agent

@@ -1,87 +1,85 @@
-//! Convergers: make the machine what the NodeSpec says, and say how far it
-//! got.
+//! The devices converger: the `nvidia.com/gpu` CDI spec for the GPUs the
+//! spec assigns to allocations (`bcd-nvidia-gpu.json` in the CDI spec
+//! directory) and one env file per allocation (`<allocation>.env`).
 //!
-//! The devices converger writes, for the GPUs the spec assigns to
-//! allocations, the `nvidia.com/gpu` CDI spec (`bcd-nvidia-gpu.json` in the
-//! CDI spec directory) and one env file per allocation (`<allocation>.env`).
-//! Every pass re-reads the host and compares bytes, so drift (a device node
-//! whose numbers changed, a GPU gone, a file edited by hand) is repaired or
-//! reported, and a pass with nothing to change writes nothing. A spec that
-//! names a GPU the node does not have fails without touching the files: the
-//! last good state stays enforced.
+//! [`plan`] resolves every GPU reference against the host's inventory and
+//! computes every file's bytes without touching anything: a spec that names
+//! a GPU the node does not have fails there, and the last good state stays
+//! enforced. [`DeviceFiles::apply`] makes the files so, comparing bytes:
+//! drift (a device node whose numbers changed, a GPU gone, a file edited by
+//! hand) is repaired, and a pass with nothing to change writes nothing.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use bcd_proto::v1::NodeSpec;
 
-use crate::fsutil;
+use super::{Outcome, Status};
 
 pub const CDI_FILE: &str = "bcd-nvidia-gpu.json";
 
+/// What the device files must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DevicePlan {
+    /// The CDI spec's bytes; `None`: no GPU assigned, no spec file.
+    pub cdi_spec: Option<Vec<u8>>,
+    /// Allocation id → its env file.
+    pub env_files: BTreeMap<String, String>,
+}
+
+/// Writes the CDI spec and the env files (a privileged act: the CDI spec
+/// directory and `/run` belong to root).
+pub trait DeviceFiles: Send + Sync + std::fmt::Debug {
+    /// Makes the files what `plan` says, removing env files of allocations
+    /// it does not name; says whether anything changed. The error is worded
+    /// for the section's status (the pass is retried).
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, String>;
+}
+
+/// The files in two directories of this machine.
 #[derive(Debug, Clone)]
-pub struct Paths {
+pub struct DeviceDirs {
     /// CDI spec directory (`/var/run/cdi`).
     pub cdi_dir: PathBuf,
     /// Per-allocation env files (`/run/bcd/env`).
     pub env_dir: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Ready,
-    /// Not there yet; retried on the next pass.
-    Progressing,
-    /// The spec cannot be applied as it is.
-    Failed,
+fn chain(e: bcd_sys::fs::FsError) -> String {
+    bcd_sys::error::chain(&e)
 }
 
-impl Status {
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Ready => "READY",
-            Status::Progressing => "PROGRESSING",
-            Status::Failed => "FAILED",
+impl DeviceFiles for DeviceDirs {
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, String> {
+        let mut changed = false;
+        let cdi_path = self.cdi_dir.join(CDI_FILE);
+        changed |= match &plan.cdi_spec {
+            Some(bytes) => bcd_sys::fs::write_if_changed(&cdi_path, bytes, 0o644),
+            None => bcd_sys::fs::remove_if_present(&cdi_path),
         }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub status: Status,
-    pub message: String,
-    /// Files were written or removed in this pass.
-    pub changed: bool,
-}
-
-/// Writes `bytes` atomically unless the file already holds them; says
-/// whether it wrote.
-pub(crate) fn write_if_changed(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, String> {
-    if std::fs::read(path).is_ok_and(|b| b == bytes) {
-        return Ok(false);
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    fsutil::atomic_write(path, bytes, mode).map_err(|e| format!("{e}: {}", e_source(&e)))?;
-    Ok(true)
-}
-
-fn e_source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
-}
-
-fn remove(path: &Path) -> Result<bool, String> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(format!("cannot remove {}: {e}", path.display())),
+        .map_err(chain)?;
+        let mut wanted = BTreeSet::new();
+        for (id, body) in &plan.env_files {
+            let path = self.env_dir.join(format!("{id}.env"));
+            changed |=
+                bcd_sys::fs::write_if_changed(&path, body.as_bytes(), 0o644).map_err(chain)?;
+            wanted.insert(path);
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.env_dir) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "env") && !wanted.contains(&p) {
+                    changed |= bcd_sys::fs::remove_if_present(&p).map_err(chain)?;
+                }
+            }
+        }
+        Ok(changed)
     }
 }
 
 /// The env file of one allocation.
-pub fn env_file(names: &[String], extra: &std::collections::BTreeMap<&String, &String>) -> String {
+pub fn env_file(names: &[String], extra: &BTreeMap<&String, &String>) -> String {
     let mut s = String::from("# Written by bcd from the node's spec; edits are undone.\n");
     let _ = writeln!(s, "NVIDIA_VISIBLE_DEVICES={}", names.join(","));
     let cdi: Vec<String> = names
@@ -95,22 +93,17 @@ pub fn env_file(names: &[String], extra: &std::collections::BTreeMap<&String, &S
     s
 }
 
-/// One pass of the devices converger.
-pub fn devices(paths: &Paths, spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Outcome {
-    let fail = |status, message: String| Outcome {
-        status,
-        message,
-        changed: false,
-    };
+/// Resolves the spec's GPU assignments against the inventory and computes
+/// the files; the error says why the spec cannot be applied.
+pub fn plan(spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Result<DevicePlan, String> {
     let assignments = spec
         .devices
         .as_ref()
-        .map(|d| d.assignments.clone())
+        .map(|d| d.assignments.as_slice())
         .unwrap_or_default();
-    // Resolve every reference before touching anything.
     let mut selected: Vec<cdi::nvidia::Gpu> = Vec::new();
-    let mut per_allocation = Vec::new();
-    for a in &assignments {
+    let mut env_files = BTreeMap::new();
+    for a in assignments {
         let mut names = Vec::new();
         for r in &a.gpus {
             let Some(g) = inv
@@ -118,69 +111,48 @@ pub fn devices(paths: &Paths, spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> 
                 .iter()
                 .find(|g| g.uuid.as_deref() == Some(r.as_str()) || g.index.to_string() == *r)
             else {
-                return fail(
-                    Status::Failed,
-                    format!(
-                        "allocation {}: GPU {r} is not on this node",
-                        a.allocation_id
-                    ),
-                );
+                return Err(format!(
+                    "allocation {}: GPU {r} is not on this node",
+                    a.allocation_id
+                ));
             };
             if !selected.iter().any(|s| s.index == g.index) {
                 selected.push(g.clone());
             }
             names.push(g.uuid.clone().unwrap_or_else(|| g.index.to_string()));
         }
-        per_allocation.push((a.allocation_id.clone(), names, a.env.iter().collect()));
+        env_files.insert(
+            a.allocation_id.clone(),
+            env_file(&names, &a.env.iter().collect()),
+        );
     }
-    let mut changed = false;
-    let cdi_path = paths.cdi_dir.join(CDI_FILE);
-    let step = if selected.is_empty() {
-        remove(&cdi_path)
+    let cdi_spec = if selected.is_empty() {
+        None
     } else {
         let spec = cdi::nvidia::spec(&cdi::nvidia::Inventory {
             gpus: selected,
             control_nodes: inv.control_nodes.clone(),
             driver_files: inv.driver_files.clone(),
         });
-        match spec.validate() {
-            Ok(()) => write_if_changed(&cdi_path, &spec.to_json(), 0o644),
-            Err(e) => {
-                return fail(
-                    Status::Failed,
-                    format!("the CDI spec would be invalid: {e}"),
-                );
-            }
-        }
+        spec.validate()
+            .map_err(|e| format!("the CDI spec would be invalid: {e}"))?;
+        Some(spec.to_json())
     };
-    match step {
-        Ok(c) => changed |= c,
-        Err(e) => return fail(Status::Progressing, e),
-    }
-    let mut wanted = std::collections::BTreeSet::new();
-    for (id, names, extra) in &per_allocation {
-        let path = paths.env_dir.join(format!("{id}.env"));
-        wanted.insert(path.clone());
-        match write_if_changed(&path, env_file(names, extra).as_bytes(), 0o644) {
-            Ok(c) => changed |= c,
-            Err(e) => return fail(Status::Progressing, e),
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir(&paths.env_dir) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "env") && !wanted.contains(&p) {
-                match remove(&p) {
-                    Ok(c) => changed |= c,
-                    Err(e) => return fail(Status::Progressing, e),
-                }
-            }
-        }
-    }
-    Outcome {
-        status: Status::Ready,
-        message: String::new(),
-        changed,
+    Ok(DevicePlan {
+        cdi_spec,
+        env_files,
+    })
+}
+
+/// One pass of the devices converger.
+pub fn converge(files: &dyn DeviceFiles, spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Outcome {
+    let plan = match plan(spec, inv) {
+        Ok(p) => p,
+        Err(message) => return Outcome::not(Status::Failed, message),
+    };
+    match files.apply(&plan) {
+        Ok(changed) => Outcome::ready(changed),
+        Err(message) => Outcome::not(Status::Progressing, message),
     }
 }
 
@@ -188,6 +160,7 @@ pub fn devices(paths: &Paths, spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> 
 mod tests {
     use super::*;
     use bcd_proto::v1::{DevicesSpec, GpuAssignment};
+    use std::path::Path;
 
     fn inv() -> cdi::nvidia::Inventory {
         let node = |i: u32| cdi::nvidia::Node {
@@ -231,8 +204,8 @@ mod tests {
         }
     }
 
-    fn paths(d: &Path) -> Paths {
-        Paths {
+    fn paths(d: &Path) -> DeviceDirs {
+        DeviceDirs {
             cdi_dir: d.join("cdi"),
             env_dir: d.join("env"),
         }
@@ -243,7 +216,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = paths(d.path());
         let s = spec(&[("job-a", &["0", "GPU-00000001-0000-0000-0000-000000000000"])]);
-        let o = devices(&p, &s, &inv());
+        let o = converge(&p, &s, &inv());
         assert_eq!((o.status, o.changed), (Status::Ready, true));
         let cdi_bytes = std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap();
         let parsed = cdi::Spec::parse(&cdi_bytes).unwrap();
@@ -261,7 +234,7 @@ mod tests {
              JOB=job-a\n"
         );
         let before = std::fs::metadata(p.cdi_dir.join(CDI_FILE)).unwrap();
-        let o = devices(&p, &s, &inv());
+        let o = converge(&p, &s, &inv());
         assert_eq!(
             (o.status, o.changed),
             (Status::Ready, false),
@@ -277,14 +250,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = paths(d.path());
         let s = spec(&[("job-a", &["1"])]);
-        devices(&p, &s, &inv());
+        converge(&p, &s, &inv());
         // Edited by hand.
         std::fs::write(p.cdi_dir.join(CDI_FILE), b"{}").unwrap();
         std::fs::write(p.env_dir.join("job-a.env"), b"NVIDIA_VISIBLE_DEVICES=all\n").unwrap();
         // A device node's major changed (a driver reload).
         let mut moved = inv();
         moved.gpus[1].node.major = 500;
-        let o = devices(&p, &s, &moved);
+        let o = converge(&p, &s, &moved);
         assert_eq!((o.status, o.changed), (Status::Ready, true));
         let spec = cdi::Spec::parse(&std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap()).unwrap();
         assert_eq!(spec.devices[0].container_edits.device_nodes[0].major, 500);
@@ -299,9 +272,9 @@ mod tests {
     fn a_missing_gpu_fails_and_leaves_the_last_good_state() {
         let d = tempfile::tempdir().unwrap();
         let p = paths(d.path());
-        devices(&p, &spec(&[("job-a", &["0"])]), &inv());
+        converge(&p, &spec(&[("job-a", &["0"])]), &inv());
         let good = std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap();
-        let o = devices(&p, &spec(&[("job-a", &["0"]), ("job-b", &["7"])]), &inv());
+        let o = converge(&p, &spec(&[("job-a", &["0"]), ("job-b", &["7"])]), &inv());
         assert_eq!(o.status, Status::Failed);
         assert_eq!(o.message, "allocation job-b: GPU 7 is not on this node");
         assert_eq!(std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap(), good);
@@ -312,11 +285,11 @@ mod tests {
     fn dropped_allocations_lose_their_files() {
         let d = tempfile::tempdir().unwrap();
         let p = paths(d.path());
-        devices(&p, &spec(&[("job-a", &["0"]), ("job-b", &["1"])]), &inv());
-        devices(&p, &spec(&[("job-b", &["1"])]), &inv());
+        converge(&p, &spec(&[("job-a", &["0"]), ("job-b", &["1"])]), &inv());
+        converge(&p, &spec(&[("job-b", &["1"])]), &inv());
         assert!(!p.env_dir.join("job-a.env").exists());
         assert!(p.env_dir.join("job-b.env").exists());
-        let o = devices(&p, &spec(&[]), &inv());
+        let o = converge(&p, &spec(&[]), &inv());
         assert_eq!((o.status, o.changed), (Status::Ready, true));
         assert!(!p.cdi_dir.join(CDI_FILE).exists());
     }
@@ -326,7 +299,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let blocker = d.path().join("cdi");
         std::fs::write(&blocker, b"a file where the directory should be").unwrap();
-        let o = devices(&paths(d.path()), &spec(&[("job-a", &["0"])]), &inv());
+        let o = converge(&paths(d.path()), &spec(&[("job-a", &["0"])]), &inv());
         assert_eq!(o.status, Status::Progressing);
         assert!(o.message.contains("cdi"), "{}", o.message);
     }

@@ -7,6 +7,14 @@
 //! corruption). A journal file that does not open as a database is moved
 //! aside as `journal.db.corrupt-<unix time>`, never deleted, and a new one is
 //! started.
+//!
+//! # Schema versions
+//!
+//! The schema version is SQLite's `user_version`: 0 for journals written
+//! before versions were kept, then one numbered migration per version
+//! (`migrations/`), applied in order at open. A journal from a newer bcd
+//! is refused ([`JournalError::Newer`]) and left where it is: it is not
+//! corrupt, and moving it aside would lose what it holds.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -28,6 +36,30 @@ pub enum JournalError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the journal {path} has schema version {version}, written by a newer bcd (this one knows \
+         up to {known}): run that release of bcd or a newer one, or move the journal aside to \
+         start a new one (the server then fails its in-flight commands as journal-lost)"
+    )]
+    Newer {
+        path: PathBuf,
+        version: u32,
+        known: u32,
+    },
+}
+
+/// Why a journal did not open.
+#[derive(Debug)]
+enum OpenFailure {
+    Sqlite(rusqlite::Error),
+    /// Its schema is newer than this bcd knows.
+    Newer(u32),
+}
+
+impl From<rusqlite::Error> for OpenFailure {
+    fn from(e: rusqlite::Error) -> Self {
+        OpenFailure::Sqlite(e)
+    }
 }
 
 #[derive(Debug)]
@@ -48,38 +80,14 @@ pub enum Opened {
     },
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS commands (
-    id         TEXT PRIMARY KEY,
-    seq        INTEGER NOT NULL,
-    kind       TEXT NOT NULL,
-    payload    BLOB NOT NULL,
-    state      TEXT NOT NULL CHECK (state IN ('accepted', 'running', 'done')),
-    boot_id    TEXT NOT NULL DEFAULT '',
-    result     BLOB,
-    acked      INTEGER NOT NULL DEFAULT 0,
-    updated_at INTEGER NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS commands_seq ON commands(seq);
-CREATE TABLE IF NOT EXISTS events (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind       TEXT NOT NULL,
-    class      TEXT NOT NULL CHECK (class IN ('metric', 'result', 'transition')),
-    body       BLOB NOT NULL,
-    size       INTEGER NOT NULL,
-    created_ms INTEGER NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS events_class ON events(class, id);
-CREATE TABLE IF NOT EXISTS spec (
-    id         INTEGER PRIMARY KEY CHECK (id = 1),
-    generation INTEGER NOT NULL,
-    signed     BLOB NOT NULL
-) STRICT;
-";
+/// The journal's schema, one migration per version: migration `n` takes a
+/// journal at `user_version` `n - 1` to `n`, in one transaction. Append
+/// only: a migration that shipped is never edited (its SQL is pinned by
+/// `testdata/journal/`).
+const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_initial.sql")];
+
+/// The schema version this bcd writes (and the newest it opens).
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
 /// What kind of event: metrics may be dropped when the journal is full,
 /// results and transitions never.
@@ -149,6 +157,17 @@ fn now_ms() -> i64 {
 impl Journal {
     pub fn open(path: &Path) -> Result<(Journal, Opened), JournalError> {
         let existed = path.exists();
+        let open_err = |e: OpenFailure| match e {
+            OpenFailure::Sqlite(source) => JournalError::Open {
+                path: path.to_path_buf(),
+                source,
+            },
+            OpenFailure::Newer(version) => JournalError::Newer {
+                path: path.to_path_buf(),
+                version,
+                known: SCHEMA_VERSION,
+            },
+        };
         match Self::try_open(path) {
             Ok(j) => Ok((
                 j,
@@ -158,7 +177,7 @@ impl Journal {
                     Opened::New
                 },
             )),
-            Err(e) if existed && is_corruption(&e) => {
+            Err(OpenFailure::Sqlite(e)) if existed && is_corruption(&e) => {
                 let unix = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
@@ -182,26 +201,20 @@ impl Journal {
                 }
                 tracing::warn!(path = %path.display(), aside = %aside.display(), error = %e,
                     "journal did not open; moved it aside and started a new one");
-                let j = Self::try_open(path).map_err(|source| JournalError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
+                let j = Self::try_open(path).map_err(open_err)?;
                 Ok((j, Opened::Recreated { corrupt: aside }))
             }
-            Err(source) => Err(JournalError::Open {
-                path: path.to_path_buf(),
-                source,
-            }),
+            Err(e) => Err(open_err(e)),
         }
     }
 
-    fn try_open(path: &Path) -> rusqlite::Result<Journal> {
-        let conn = Connection::open(path)?;
+    fn try_open(path: &Path) -> Result<Journal, OpenFailure> {
+        let mut conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "cache_size", -64)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(SCHEMA)?;
+        migrate(&mut conn)?;
         let existing: Option<String> = conn
             .query_row("SELECT value FROM meta WHERE key = 'journal_id'", [], |r| {
                 r.get(0)
@@ -223,6 +236,15 @@ impl Journal {
 
     pub fn journal_id(&self) -> &str {
         &self.journal_id
+    }
+
+    /// The schema version of the open journal, and its schema (for the
+    /// golden file and `bcd doctor`).
+    pub fn schema(&self) -> rusqlite::Result<(u32, String)> {
+        let version = self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))?;
+        Ok((version, schema_text(&self.conn)?))
     }
 
     /// The signed NodeSpec this node enforces, with its generation.
@@ -413,6 +435,43 @@ impl Journal {
         )?;
         q.query_map([], read_entry)?.collect()
     }
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], one migration per transaction.
+fn migrate(conn: &mut Connection) -> Result<(), OpenFailure> {
+    let version: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenFailure::Newer(version));
+    }
+    for (done, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", done as u32 + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// The schema as SQLite holds it, one statement per object in a stable
+/// order: what the golden file pins.
+pub fn schema_text(conn: &Connection) -> rusqlite::Result<String> {
+    let mut q = conn.prepare(
+        "SELECT type, name, sql FROM sqlite_master
+         WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%' ORDER BY type, name",
+    )?;
+    let rows = q.query_map([], |r| {
+        Ok(format!(
+            "-- {} {}\n{};\n",
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?
+        ))
+    })?;
+    let mut out = String::new();
+    for row in rows {
+        out.push_str(&row?);
+    }
+    Ok(out)
 }
 
 fn read_entry(r: &rusqlite::Row<'_>) -> rusqlite::Result<Entry> {

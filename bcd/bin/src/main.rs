@@ -1,14 +1,21 @@
 //! `bcd`: the better-compute node daemon, one static multi-call binary.
 //!
-//! Subcommands are thin: the logic lives in the `bcd_agent` library beside
-//! this file, in `bcd-core` (decisions) and `bcd-proto` (wire). Exit codes: 0 success,
-//! 1 error, 2 usage, 3 the server refused this node for good (deleted or
-//! revoked: join again).
+//! Subcommands are thin: the logic lives in the `bcd-agent` library
+//! (`bcd/agent`), in `bcd-core` (decisions) and `bcd-proto` (wire). Exit
+//! codes: 0 success, 1 error, 2 usage, 3 the server refused this node for
+//! good (deleted or revoked: join again), 4 this binary is below the release
+//! floor, 75 restart from the `current` slot (to `bcd supervise`).
+//!
+//! Build flavours are cargo features of this package, none on by default: a
+//! release has real hardware only. `fakehw` adds `bcd sim` and `--fake-hw`
+//! (the `bcd-fakehw` crate), `failpoints` arms the agent's failpoints from
+//! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
 
+use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
+use bcd_agent::{hw, join, lock, node, upgrade};
 #[cfg(feature = "fakehw")]
-use bcd_agent::sim;
-use bcd_agent::{fsutil, hw, join, node, upgrade};
+use bcd_fakehw::sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,11 +52,22 @@ struct HwArgs {
 
 impl HwArgs {
     fn host(&self) -> Arc<dyn hw::Host> {
+        self.machine().0
+    }
+
+    /// The host to read and the power to reboot it with: the fake machine
+    /// when asked for (fakehw builds), this one otherwise.
+    fn machine(&self) -> (Arc<dyn hw::Host>, Arc<dyn hw::Power>) {
         #[cfg(feature = "fakehw")]
         if let Some(seed) = self.fake_hw {
             let name = format!("fake-{seed}");
-            return Arc::new(hw::fake::FakeHost::new(seed, name, self.fake_gpus));
+            let fake = Arc::new(bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus));
+            return (fake.clone(), fake);
         }
+        (self.real_host(), Arc::new(hw::SystemPower))
+    }
+
+    fn real_host(&self) -> Arc<dyn hw::Host> {
         #[cfg(feature = "nvml")]
         if self.nvml {
             match hw::nvml::NvmlGpus::new(&self.host_root) {
@@ -184,26 +202,6 @@ enum Command {
     Version,
 }
 
-fn init_logging() {
-    use tracing_subscriber::filter::Targets;
-    // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
-    let filter: Targets = std::env::var("BCD_LOG")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let fmt = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if std::env::var("BCD_LOG_FORMAT").as_deref() == Ok("json") {
-        fmt.json().finish().with(filter).init();
-    } else {
-        fmt.finish().with(filter).init();
-    }
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -272,27 +270,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // With slots set up, only the binary `current` names runs.
             upgrade::hand_over_if_needed(&bcd_agent::slots::Slots::new(&data_dir))
                 .map_err(anyhow::Error::msg)?;
-            let lock = fsutil::DirLock::acquire(&data_dir)?;
-            fsutil::remove_stale_temps(&data_dir);
-            let host = hw.host();
+            let lock = lock::DirLock::acquire(&data_dir)?;
+            bcd_sys::fs::remove_stale_temps(&data_dir);
+            let (host, power) = hw.machine();
+            let machine = node::Machine {
+                host,
+                power,
+                devices: Arc::new(DeviceDirs {
+                    cdi_dir,
+                    env_dir: run_dir.join("env"),
+                }),
+                sshd: Arc::new(SshdDirs { etc_dir, sshd }),
+                firewall: Arc::new(Nft { nft }),
+            };
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 shutdown_signal().await;
                 let _ = stop_tx.send(true);
             });
             loop {
-                let paths = bcd_agent::converge::Paths {
-                    cdi_dir: cdi_dir.clone(),
-                    env_dir: run_dir.join("env"),
-                };
-                let access = bcd_agent::access::AccessPaths {
-                    etc_dir: etc_dir.clone(),
-                    nft: nft.clone(),
-                    sshd: sshd.clone(),
-                };
-                let mut agent =
-                    node::open(&data_dir, host.clone(), rand::random(), None, paths, access)?;
+                let mut agent = node::open(&data_dir, machine.clone(), rand::random(), None)?;
                 agent.converge_every = converge_every;
+                #[cfg(feature = "failpoints")]
+                {
+                    agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()
+                        .map_err(anyhow::Error::msg)?;
+                }
                 agent.update = Some(upgrade::Updater::new(&data_dir, confirm_within));
                 let mut stop = stop_rx.clone();
                 let stopped = agent
@@ -449,20 +452,33 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Init => match bcd_agent::init::run()? {},
         Command::Version => {
-            let flavour = if cfg!(feature = "fakehw") {
-                "fakehw"
-            } else {
-                "real"
-            };
-            println!("bcd {} ({flavour} hardware)", env!("CARGO_PKG_VERSION"));
+            println!("bcd {} ({})", env!("CARGO_PKG_VERSION"), flavour());
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
+/// What this build carries beyond real hardware: `real hardware` for a
+/// release, otherwise the test and laptop features it was built with.
+fn flavour() -> String {
+    let extras: Vec<&str> = [
+        (cfg!(feature = "fakehw"), "fakehw"),
+        (cfg!(feature = "failpoints"), "failpoints"),
+        (cfg!(feature = "nvml"), "nvml"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if extras.is_empty() {
+        "real hardware".to_string()
+    } else {
+        format!("real hardware with {}", extras.join(", "))
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    bcd_sys::log::init(bcd_sys::log::LogConfig::BCD);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -476,7 +492,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", bcd_sys::error::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

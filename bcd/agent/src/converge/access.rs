@@ -11,33 +11,86 @@
 //! drops it. Every rule carries a comment naming its content, so a pass can
 //! tell an unchanged table from one that drifted.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use bcd_proto::v1::{AccessSpec, FirewallRule};
+use bcd_proto::v1::{AccessSpec, FirewallRule, FirewallSpec};
 use nftables::{batch::Batch, expr, schema, stmt, types};
 
-use crate::converge::{Outcome, Status};
+use super::{Outcome, Status};
 
 pub const TABLE: &str = "bcd";
 const CHAIN: &str = "input";
 
+/// A failed step: `Failed` when the spec cannot be applied as it is,
+/// `Progressing` when the machine did not take it (retried).
+pub type StepError = (Status, String);
+
+/// sshd's files under one `/etc`.
 #[derive(Debug, Clone)]
-pub struct AccessPaths {
+pub struct SshdDirs {
     /// `/etc` normally; tests use a directory of their own.
     pub etc_dir: PathBuf,
-    /// The `nft` program (a wrapper can run it in another namespace).
-    pub nft: PathBuf,
     /// The `sshd` program used for `sshd -t`; skipped when it is missing.
     pub sshd: PathBuf,
 }
 
-impl AccessPaths {
+impl SshdDirs {
     fn bcd_dir(&self) -> PathBuf {
         self.etc_dir.join("ssh/bcd")
     }
     fn conf(&self) -> PathBuf {
         self.etc_dir.join("ssh/sshd_config.d/bcd.conf")
     }
+}
+
+/// One user's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshdUser {
+    pub name: String,
+    /// The authorized_keys file, one key a line.
+    pub authorized_keys: String,
+    /// The principals file, one principal a line.
+    pub principals: String,
+}
+
+/// What sshd's files must hold: every name and key checked.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SshdPlan {
+    pub users: Vec<SshdUser>,
+    /// The trusted user CA keys file, one key a line.
+    pub trusted_user_ca_keys: String,
+}
+
+impl SshdPlan {
+    /// Whether bcd's sshd configuration is wanted at all.
+    pub fn in_use(&self) -> bool {
+        !self.users.is_empty() || !self.trusted_user_ca_keys.is_empty()
+    }
+}
+
+/// Writes sshd's files (a privileged act: they are root's and sshd trusts
+/// them).
+pub trait SshdFiles: Send + Sync + std::fmt::Debug {
+    /// Makes the files what `plan` says (checked by `sshd -t` first),
+    /// removing bcd's files of users it does not name, or all of them when
+    /// it is not in use; says whether anything changed.
+    fn apply(&self, plan: &SshdPlan) -> Result<bool, StepError>;
+}
+
+/// Replaces or removes the node's own nftables table, `inet bcd` (a
+/// privileged act: CAP_NET_ADMIN).
+pub trait Firewall: Send + Sync + std::fmt::Debug {
+    /// Makes the table hold exactly `rules` (checked already), in one
+    /// transaction; `None` removes the table. Says whether anything changed.
+    fn apply(&self, rules: Option<&[FirewallRule]>) -> Result<bool, StepError>;
+}
+
+/// The table through the `nft` program.
+#[derive(Debug, Clone)]
+pub struct Nft {
+    /// The `nft` program (a wrapper can run it in another namespace).
+    pub nft: PathBuf,
 }
 
 const KEY_TYPES: &[&str] = &[
@@ -103,10 +156,10 @@ fn check_principal(p: &str) -> Result<(), String> {
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, String> {
-    crate::converge::write_if_changed(path, bytes, 0o644)
+    bcd_sys::fs::write_if_changed(path, bytes, 0o644).map_err(|e| bcd_sys::error::chain(&e))
 }
 
-fn remove_others(dir: &Path, keep: &std::collections::BTreeSet<String>) -> Result<bool, String> {
+fn remove_others(dir: &Path, keep: &BTreeSet<String>) -> Result<bool, String> {
     let mut changed = false;
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
@@ -121,7 +174,7 @@ fn remove_others(dir: &Path, keep: &std::collections::BTreeSet<String>) -> Resul
     Ok(changed)
 }
 
-fn sshd_conf(p: &AccessPaths) -> String {
+fn sshd_conf(p: &SshdDirs) -> String {
     let dir = p.bcd_dir();
     format!(
         "# Written by bcd from the node's spec; edits are undone.\n\
@@ -136,7 +189,7 @@ fn sshd_conf(p: &AccessPaths) -> String {
 
 /// `sshd -t` on a configuration made of ours and a host key, so a
 /// directive sshd refuses never reaches the live configuration.
-fn sshd_check(p: &AccessPaths, conf: &str) -> Result<(), String> {
+fn sshd_check(p: &SshdDirs, conf: &str) -> Result<(), String> {
     if !p.sshd.exists() {
         return Ok(());
     }
@@ -178,66 +231,90 @@ fn sshd_check(p: &AccessPaths, conf: &str) -> Result<(), String> {
     }
 }
 
-/// One pass over the sshd files.
-pub fn sshd(p: &AccessPaths, spec: &AccessSpec) -> Result<bool, (Status, String)> {
-    let failed = |m: String| (Status::Failed, m);
-    let mut users = std::collections::BTreeSet::new();
+/// Checks every user name, key and principal and computes sshd's files.
+pub fn sshd_plan(spec: &AccessSpec) -> Result<SshdPlan, String> {
+    let mut names = BTreeSet::new();
+    let mut users = Vec::new();
     for u in &spec.users {
-        check_user(&u.name).map_err(failed)?;
-        if !users.insert(u.name.clone()) {
-            return Err(failed(format!("user {} appears twice", u.name)));
+        check_user(&u.name)?;
+        if !names.insert(u.name.clone()) {
+            return Err(format!("user {} appears twice", u.name));
         }
         for k in &u.authorized_keys {
-            check_key(k).map_err(|e| failed(format!("user {}: {e}", u.name)))?;
+            check_key(k).map_err(|e| format!("user {}: {e}", u.name))?;
         }
         for pr in &u.principals {
-            check_principal(pr).map_err(|e| failed(format!("user {}: {e}", u.name)))?;
+            check_principal(pr).map_err(|e| format!("user {}: {e}", u.name))?;
         }
+        users.push(SshdUser {
+            name: u.name.clone(),
+            authorized_keys: u.authorized_keys.iter().map(|k| format!("{k}\n")).collect(),
+            principals: u.principals.iter().map(|k| format!("{k}\n")).collect(),
+        });
     }
     for k in &spec.trusted_user_ca_keys {
-        check_key(k).map_err(|e| failed(format!("trusted user CA key: {e}")))?;
+        check_key(k).map_err(|e| format!("trusted user CA key: {e}"))?;
     }
-    let progressing = |m: String| (Status::Progressing, m);
-    let dir = p.bcd_dir();
-    let mut changed = false;
-    let in_use = !spec.users.is_empty() || !spec.trusted_user_ca_keys.is_empty();
-    if !in_use {
-        for path in [p.conf(), dir.join("trusted_user_ca_keys")] {
-            if path.exists() {
-                std::fs::remove_file(&path)
-                    .map_err(|e| progressing(format!("cannot remove {}: {e}", path.display())))?;
-                changed = true;
+    Ok(SshdPlan {
+        users,
+        trusted_user_ca_keys: spec
+            .trusted_user_ca_keys
+            .iter()
+            .map(|k| format!("{k}\n"))
+            .collect(),
+    })
+}
+
+impl SshdFiles for SshdDirs {
+    fn apply(&self, plan: &SshdPlan) -> Result<bool, StepError> {
+        let failed = |m: String| (Status::Failed, m);
+        let progressing = |m: String| (Status::Progressing, m);
+        let dir = self.bcd_dir();
+        let mut changed = false;
+        if !plan.in_use() {
+            for path in [self.conf(), dir.join("trusted_user_ca_keys")] {
+                changed |= bcd_sys::fs::remove_if_present(&path)
+                    .map_err(|e| progressing(bcd_sys::error::chain(&e)))?;
             }
+            for sub in ["authorized_keys", "principals"] {
+                changed |=
+                    remove_others(&dir.join(sub), &Default::default()).map_err(progressing)?;
+            }
+            return Ok(changed);
+        }
+        let conf = sshd_conf(self);
+        sshd_check(self, &conf).map_err(failed)?;
+        let mut keep = BTreeSet::new();
+        for u in &plan.users {
+            keep.insert(u.name.clone());
+            changed |= write_if_changed(
+                &dir.join("authorized_keys").join(&u.name),
+                u.authorized_keys.as_bytes(),
+            )
+            .map_err(progressing)?;
+            changed |= write_if_changed(
+                &dir.join("principals").join(&u.name),
+                u.principals.as_bytes(),
+            )
+            .map_err(progressing)?;
         }
         for sub in ["authorized_keys", "principals"] {
-            changed |= remove_others(&dir.join(sub), &Default::default()).map_err(progressing)?;
+            changed |= remove_others(&dir.join(sub), &keep).map_err(progressing)?;
         }
-        return Ok(changed);
+        changed |= write_if_changed(
+            &dir.join("trusted_user_ca_keys"),
+            plan.trusted_user_ca_keys.as_bytes(),
+        )
+        .map_err(progressing)?;
+        changed |= write_if_changed(&self.conf(), conf.as_bytes()).map_err(progressing)?;
+        Ok(changed)
     }
-    let conf = sshd_conf(p);
-    sshd_check(p, &conf).map_err(failed)?;
-    let mut keep = std::collections::BTreeSet::new();
-    for u in &spec.users {
-        keep.insert(u.name.clone());
-        let keys: String = u.authorized_keys.iter().map(|k| format!("{k}\n")).collect();
-        let principals: String = u.principals.iter().map(|k| format!("{k}\n")).collect();
-        changed |= write_if_changed(&dir.join("authorized_keys").join(&u.name), keys.as_bytes())
-            .map_err(progressing)?;
-        changed |= write_if_changed(&dir.join("principals").join(&u.name), principals.as_bytes())
-            .map_err(progressing)?;
-    }
-    for sub in ["authorized_keys", "principals"] {
-        changed |= remove_others(&dir.join(sub), &keep).map_err(progressing)?;
-    }
-    let cas: String = spec
-        .trusted_user_ca_keys
-        .iter()
-        .map(|k| format!("{k}\n"))
-        .collect();
-    changed |=
-        write_if_changed(&dir.join("trusted_user_ca_keys"), cas.as_bytes()).map_err(progressing)?;
-    changed |= write_if_changed(&p.conf(), conf.as_bytes()).map_err(progressing)?;
-    Ok(changed)
+}
+
+/// One pass over the sshd files: the plan, then the files.
+pub fn sshd(files: &dyn SshdFiles, spec: &AccessSpec) -> Result<bool, StepError> {
+    let plan = sshd_plan(spec).map_err(|m| (Status::Failed, m))?;
+    files.apply(&plan)
 }
 
 fn rule_comment(r: &FirewallRule) -> String {
@@ -329,8 +406,43 @@ fn table() -> schema::Table<'static> {
     }
 }
 
+/// What `nft -j list` prints, as far as drift detection reads it: tables by
+/// family and name, our chain's hook, and each rule's comment (the nftables
+/// crate's full schema types are only needed, and only serialized, for the
+/// ruleset we apply).
+#[derive(Debug, serde::Deserialize)]
+struct Listing {
+    nftables: Vec<ListItem>,
+}
+
+/// One element of the listing: a table, a chain, a rule, or something
+/// else (metainfo, sets), which has none of these.
+#[derive(Debug, serde::Deserialize)]
+struct ListItem {
+    table: Option<ListedTable>,
+    chain: Option<ListedChain>,
+    rule: Option<ListedRule>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedTable {
+    family: String,
+    name: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedChain {
+    name: String,
+    hook: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ListedRule {
+    comment: Option<String>,
+}
+
 /// The comments of the rules in our table, in order; `None` without a table.
-fn current_rules(p: &AccessPaths) -> Result<Option<Vec<String>>, String> {
+fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
     let out = std::process::Command::new(&p.nft)
         .args(["-j", "list", "tables"])
         .output()
@@ -341,13 +453,7 @@ fn current_rules(p: &AccessPaths) -> Result<Option<Vec<String>>, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let tables: nftables::schema::Nftables =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list tables output: {e}"))?;
-    let ours = tables.objects.iter().any(|o| {
-        matches!(o, schema::NfObject::ListObject(schema::NfListObject::Table(t))
-            if t.name == TABLE && t.family == types::NfFamily::INet)
-    });
-    if !ours {
+    if !has_our_table(&out.stdout)? {
         return Ok(None);
     }
     let out = std::process::Command::new(&p.nft)
@@ -360,112 +466,125 @@ fn current_rules(p: &AccessPaths) -> Result<Option<Vec<String>>, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let listed: nftables::schema::Nftables =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("nft list table output: {e}"))?;
+    rule_comments(&out.stdout).map(Some)
+}
+
+/// Whether `nft -j list tables` lists table `inet bcd`.
+fn has_our_table(json: &[u8]) -> Result<bool, String> {
+    let tables: Listing =
+        serde_json::from_slice(json).map_err(|e| format!("nft list tables output: {e}"))?;
+    Ok(tables
+        .nftables
+        .iter()
+        .filter_map(|o| o.table.as_ref())
+        .any(|t| t.name == TABLE && t.family == "inet"))
+}
+
+/// The rules' comments from `nft -j list table inet bcd`, in order, with a
+/// marker when our chain is missing or hooked elsewhere: what a pass
+/// compares with the rules it wants.
+fn rule_comments(json: &[u8]) -> Result<Vec<String>, String> {
+    let listed: Listing =
+        serde_json::from_slice(json).map_err(|e| format!("nft list table output: {e}"))?;
     let mut chain_ok = false;
     let mut comments = Vec::new();
-    for o in listed.objects.iter() {
-        match o {
-            schema::NfObject::ListObject(schema::NfListObject::Chain(c)) if c.name == CHAIN => {
-                chain_ok = c.hook == Some(types::NfHook::Input);
-            }
-            schema::NfObject::ListObject(schema::NfListObject::Rule(r)) => {
-                comments.push(r.comment.as_deref().unwrap_or("").to_string());
-            }
-            _ => {}
+    for o in listed.nftables {
+        if let Some(c) = o.chain.filter(|c| c.name == CHAIN) {
+            chain_ok = c.hook.as_deref() == Some("input");
+        }
+        if let Some(r) = o.rule {
+            comments.push(r.comment.unwrap_or_default());
         }
     }
     if !chain_ok {
         comments.push("<chain missing>".into());
     }
-    Ok(Some(comments))
+    Ok(comments)
 }
 
-/// One pass over the firewall table.
-pub fn firewall(p: &AccessPaths, spec: &AccessSpec) -> Result<bool, (Status, String)> {
-    let progressing = |m: String| (Status::Progressing, m);
-    if let Some(fw) = &spec.firewall {
-        for r in &fw.rules {
-            check_rule(r).map_err(|m| (Status::Failed, m))?;
+/// Checks every rule before anything is applied.
+pub fn check_rules(firewall: Option<&FirewallSpec>) -> Result<(), String> {
+    firewall.map_or(Ok(()), |fw| fw.rules.iter().try_for_each(check_rule))
+}
+
+impl Firewall for Nft {
+    fn apply(&self, rules: Option<&[FirewallRule]>) -> Result<bool, StepError> {
+        let progressing = |m: String| (Status::Progressing, m);
+        if rules.is_none()
+            && std::process::Command::new(&self.nft)
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            // No nft on this machine: there is no table of ours to remove.
+            return Ok(false);
         }
-    }
-    if spec.firewall.is_none()
-        && std::process::Command::new(&p.nft)
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        // No nft on this machine: there is no table of ours to remove.
-        return Ok(false);
-    }
-    let current = current_rules(p).map_err(progressing)?;
-    let mut batch = Batch::new();
-    match (&spec.firewall, current) {
-        (None, None) => return Ok(false),
-        (None, Some(_)) => batch.delete(schema::NfListObject::Table(table())),
-        (Some(fw), current) => {
-            let wanted: Vec<String> = fw.rules.iter().map(rule_comment).collect();
-            if current.as_ref() == Some(&wanted) {
-                return Ok(false);
-            }
-            // add + flush + fill, one transaction: the table is never seen
-            // half-built.
-            batch.add(schema::NfListObject::Table(table()));
-            batch.add_cmd(schema::NfCmd::Flush(schema::FlushObject::Table(table())));
-            batch.add(schema::NfListObject::Chain(schema::Chain {
-                family: types::NfFamily::INet,
-                table: TABLE.into(),
-                name: CHAIN.into(),
-                _type: Some(types::NfChainType::Filter),
-                hook: Some(types::NfHook::Input),
-                prio: Some(0),
-                policy: Some(types::NfChainPolicy::Accept),
-                ..Default::default()
-            }));
-            for r in &fw.rules {
-                batch.add(schema::NfListObject::Rule(schema::Rule {
+        let current = current_rules(self).map_err(progressing)?;
+        let mut batch = Batch::new();
+        match (rules, current) {
+            (None, None) => return Ok(false),
+            (None, Some(_)) => batch.delete(schema::NfListObject::Table(table())),
+            (Some(rules), current) => {
+                let wanted: Vec<String> = rules.iter().map(rule_comment).collect();
+                if current.as_ref() == Some(&wanted) {
+                    return Ok(false);
+                }
+                // add + flush + fill, one transaction: the table is never
+                // seen half-built.
+                batch.add(schema::NfListObject::Table(table()));
+                batch.add_cmd(schema::NfCmd::Flush(schema::FlushObject::Table(table())));
+                batch.add(schema::NfListObject::Chain(schema::Chain {
                     family: types::NfFamily::INet,
                     table: TABLE.into(),
-                    chain: CHAIN.into(),
-                    expr: rule_stmts(r).into(),
-                    comment: Some(rule_comment(r).into()),
+                    name: CHAIN.into(),
+                    _type: Some(types::NfChainType::Filter),
+                    hook: Some(types::NfHook::Input),
+                    prio: Some(0),
+                    policy: Some(types::NfChainPolicy::Accept),
                     ..Default::default()
                 }));
+                for r in rules {
+                    batch.add(schema::NfListObject::Rule(schema::Rule {
+                        family: types::NfFamily::INet,
+                        table: TABLE.into(),
+                        chain: CHAIN.into(),
+                        expr: rule_stmts(r).into(),
+                        comment: Some(rule_comment(r).into()),
+                        ..Default::default()
+                    }));
+                }
             }
         }
+        let ruleset = batch.to_nftables();
+        nftables::helper::apply_ruleset_with_args(
+            &ruleset,
+            Some(&self.nft),
+            nftables::helper::DEFAULT_ARGS,
+        )
+        .map_err(|e| (Status::Failed, format!("nft refused the table: {e}")))?;
+        Ok(true)
     }
-    let ruleset = batch.to_nftables();
-    nftables::helper::apply_ruleset_with_args(
-        &ruleset,
-        Some(&p.nft),
-        nftables::helper::DEFAULT_ARGS,
-    )
-    .map_err(|e| (Status::Failed, format!("nft refused the table: {e}")))?;
-    Ok(true)
 }
 
-/// One pass of the access converger.
-pub fn converge(p: &AccessPaths, spec: &AccessSpec) -> Outcome {
-    let mut changed = false;
-    for step in [
-        sshd as fn(&AccessPaths, &AccessSpec) -> Result<bool, (Status, String)>,
-        firewall,
-    ] {
-        match step(p, spec) {
-            Ok(c) => changed |= c,
-            Err((status, message)) => {
-                return Outcome {
-                    status,
-                    message,
-                    changed,
-                };
-            }
-        }
-    }
-    Outcome {
-        status: Status::Ready,
-        message: String::new(),
-        changed,
+/// One pass over the firewall table: the rules checked, then applied.
+pub fn firewall(fw: &dyn Firewall, spec: &AccessSpec) -> Result<bool, StepError> {
+    check_rules(spec.firewall.as_ref()).map_err(|m| (Status::Failed, m))?;
+    fw.apply(spec.firewall.as_ref().map(|f| f.rules.as_slice()))
+}
+
+/// One pass of the access converger: sshd's files, then the table.
+pub fn converge(files: &dyn SshdFiles, fw: &dyn Firewall, spec: &AccessSpec) -> Outcome {
+    let sshd_changed = match sshd(files, spec) {
+        Ok(c) => c,
+        Err((status, message)) => return Outcome::not(status, message),
+    };
+    match firewall(fw, spec) {
+        Ok(c) => Outcome::ready(sshd_changed || c),
+        Err((status, message)) => Outcome {
+            status,
+            message,
+            changed: sshd_changed,
+        },
     }
 }
 
@@ -522,10 +641,39 @@ mod tests {
         }
     }
 
-    fn paths(etc: &Path, nft: &Path) -> AccessPaths {
-        AccessPaths {
+    /// What nft 1.0.6 prints (captured from `nft -j list tables` and
+    /// `nft -j list table inet bcd` in a network namespace).
+    const LISTED_TABLES: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "bcd", "handle": 1}}, {"table": {"family": "ip", "name": "theirs", "handle": 2}}]}"#;
+    const LISTED_TABLE: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "bcd", "handle": 1}}, {"chain": {"family": "inet", "table": "bcd", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": 0, "policy": "accept"}}, {"rule": {"family": "inet", "table": "bcd", "chain": "input", "handle": 2, "comment": "bcd:0123456789abcdef", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 22}}, {"accept": null}]}}]}"#;
+
+    #[test]
+    fn nft_listings_are_read_for_drift_detection() {
+        assert_eq!(has_our_table(LISTED_TABLES.as_bytes()), Ok(true));
+        let theirs_only = LISTED_TABLES.replace("\"bcd\"", "\"other\"");
+        assert_eq!(has_our_table(theirs_only.as_bytes()), Ok(false));
+        assert_eq!(
+            rule_comments(LISTED_TABLE.as_bytes()),
+            Ok(vec!["bcd:0123456789abcdef".to_string()])
+        );
+        // The chain hooked elsewhere (or gone) is drift too.
+        let moved = LISTED_TABLE.replace("\"hook\": \"input\"", "\"hook\": \"output\"");
+        assert_eq!(
+            rule_comments(moved.as_bytes()),
+            Ok(vec![
+                "bcd:0123456789abcdef".to_string(),
+                "<chain missing>".to_string()
+            ])
+        );
+        assert!(
+            has_our_table(b"not json")
+                .unwrap_err()
+                .contains("nft list tables output")
+        );
+    }
+
+    fn paths(etc: &Path) -> SshdDirs {
+        SshdDirs {
             etc_dir: etc.to_path_buf(),
-            nft: nft.to_path_buf(),
             sshd: PathBuf::from("/usr/sbin/sshd"),
         }
     }
@@ -537,7 +685,7 @@ mod tests {
             "sshd is missing: apt-get install openssh-server (scripts/test installs it)"
         );
         let d = tempfile::tempdir().unwrap();
-        let p = paths(d.path(), Path::new("/usr/sbin/nft"));
+        let p = paths(d.path());
         let spec = AccessSpec {
             users: vec![AccessUser {
                 name: "alice".into(),

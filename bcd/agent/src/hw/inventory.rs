@@ -1,0 +1,52 @@
+//! The inventory the node reports: canonical JSON per section and its
+//! hash (hashes travel in Hello, bodies when the server asks).
+
+use serde::Serialize;
+
+use super::Host;
+
+/// One inventory section: canonical JSON and its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    pub name: &'static str,
+    pub body: Vec<u8>,
+    pub sha256: String,
+}
+
+impl Section {
+    fn new(name: &'static str, value: &impl Serialize) -> Section {
+        let body = serde_json::to_vec(value).expect("inventory serializes");
+        Section {
+            name,
+            sha256: bcd_proto::fingerprint(&body),
+            body,
+        }
+    }
+}
+
+/// The inventory the node reports: hashes in Hello, bodies on request.
+pub fn inventory(host: &dyn Host) -> Vec<Section> {
+    let gpus = match host.gpus().list() {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(error = %e, "GPU inventory failed");
+            Vec::new()
+        }
+    };
+    #[derive(Serialize)]
+    struct HostSection {
+        hostname: String,
+        agent_version: &'static str,
+    }
+    vec![
+        Section::new(
+            "host",
+            &HostSection {
+                hostname: host.hostname(),
+                agent_version: env!("CARGO_PKG_VERSION"),
+            },
+        ),
+        Section::new("gpus", &gpus),
+        Section::new("tpm", &host.tpm().info()),
+    ]
+}

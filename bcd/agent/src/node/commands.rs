@@ -1,0 +1,382 @@
+//! Commands, exactly once: a dispatch is judged by
+//! `bcd_core::command::on_dispatch`; an accepted command is journaled
+//! (fsynced) before anything happens, journaled `running` with the boot id
+//! right before its side effect, and its result journaled before it is
+//! sent. At start, `bcd_core::command::recover` settles what a previous
+//! process left.
+
+use bcd_core::command::{self, DispatchFacts, Kind, NodeView, OnDispatch, Recovery};
+use bcd_proto::v1::{self, node_message};
+use prost::Message;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::conn::{Conn, ack, send};
+use super::{Agent, Done, Stopped};
+use crate::effects::{self, Effect};
+use crate::failpoints::Point;
+use crate::hw::Gpu;
+use crate::journal::EventClass;
+
+fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
+    Err(format!("journal: {e}"))
+}
+
+impl Agent {
+    /// Judges a dispatch by `bcd_core::command::on_dispatch` and acts on
+    /// the decision. `Err(Ok(stopped))` ends the agent (a reboot);
+    /// `Err(Err(message))` is a journal failure.
+    pub(super) async fn on_dispatch(
+        &mut self,
+        d: v1::CommandDispatch,
+        conn: &Conn,
+        server_now: Option<i64>,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<(), Result<Stopped, String>> {
+        let journaled = self.journal.command(&d.command_id).map_err(journal_err)?;
+        let opened = bcd_proto::sign::open(&d.signed, &self.worker_keys());
+        let payload = opened
+            .as_ref()
+            .ok()
+            .and_then(|p| v1::CommandPayload::decode(p.as_slice()).ok());
+        let facts = DispatchFacts {
+            signature: match (&opened, &payload) {
+                (Err(e), _) => Err(e.to_string()),
+                (Ok(_), None) => Err("the payload does not decode".to_string()),
+                (Ok(_), Some(p)) if p.command_id != d.command_id || p.seq != d.seq => {
+                    Err("the dispatch does not match its signed payload".to_string())
+                }
+                _ => Ok(()),
+            },
+            node_id: payload
+                .as_ref()
+                .map(|p| p.node_id.clone())
+                .unwrap_or_default(),
+            kind: payload.as_ref().map(|p| p.kind.clone()).unwrap_or_default(),
+            seq: d.seq,
+            not_after_ms: payload.as_ref().map_or(0, |p| p.not_after_ms),
+            min_generation: payload.as_ref().map_or(0, |p| p.min_generation),
+        };
+        let view = NodeView {
+            node_id: &self.identity.file.node_id,
+            highest_seq: self.journal.highest_seq().map_err(journal_err)?,
+            server_now_ms: server_now,
+            applied_generation: self.journal.applied_generation().map_err(journal_err)?,
+        };
+        let decision = command::on_dispatch(journaled.as_ref().map(|e| &e.state), &facts, &view);
+        debug!(cmd = %d.command_id, seq = d.seq, ?decision, "dispatch");
+        match decision {
+            OnDispatch::Accept => {
+                let payload = payload.expect("accepted payloads decoded");
+                self.journal
+                    .accept(
+                        &d.command_id,
+                        d.seq,
+                        &payload.kind,
+                        &payload.encode_to_vec(),
+                    )
+                    .map_err(journal_err)?;
+                self.failpoints.at(Point::AfterAccept);
+                self.event(
+                    "command.accepted",
+                    EventClass::Transition,
+                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": payload.kind}),
+                );
+                send(conn, ack(&d.command_id, d.seq, "ACCEPTED")).await;
+                if let Some(stopped) = self.start(&d.command_id, &payload, done).map_err(Err)? {
+                    return Err(Ok(stopped));
+                }
+            }
+            OnDispatch::Reattach => send(conn, ack(&d.command_id, d.seq, "RUNNING")).await,
+            OnDispatch::ResendResult => {
+                if let Some(r) = journaled.and_then(|e| e.result)
+                    && let Ok(r) = v1::CommandResult::decode(r.as_slice())
+                {
+                    send(conn, node_message::Msg::CommandResult(r)).await;
+                }
+            }
+            OnDispatch::Reject(rejection) => {
+                warn!(cmd = %d.command_id, %rejection, "command rejected");
+                let result = v1::CommandResult {
+                    command_id: d.command_id.clone(),
+                    seq: d.seq,
+                    outcome: rejection.outcome().name().to_string(),
+                    reason: rejection.to_string(),
+                    ..Default::default()
+                };
+                // A well-formed command of ours that came too late is
+                // journaled, so a replay gets the same answer; anything
+                // that does not verify is answered and forgotten.
+                if let (
+                    command::Rejection::Expired { .. }
+                    | command::Rejection::BelowMinGeneration { .. },
+                    Some(p),
+                ) = (&rejection, &payload)
+                {
+                    self.journal
+                        .accept(&d.command_id, d.seq, &p.kind, &p.encode_to_vec())
+                        .and_then(|()| self.journal.finish(&d.command_id, &result.encode_to_vec()))
+                        .map_err(journal_err)?;
+                }
+                send(conn, node_message::Msg::CommandResult(result)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an accepted command: journals `running` with the boot id, then
+    /// the side effect. A self-terminating command on a fake machine returns
+    /// `Some(Stopped::Rebooted)`.
+    pub(super) fn start(
+        &mut self,
+        id: &str,
+        payload: &v1::CommandPayload,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Option<Stopped>, String> {
+        let boot_id = self
+            .machine
+            .host
+            .boot_id()
+            .map_err(|e| format!("boot id: {e}"))?;
+        self.journal
+            .set_running(id, &boot_id)
+            .map_err(|e| format!("journal: {e}"))?;
+        self.failpoints.at(Point::AfterRunning);
+        self.event(
+            "command.running",
+            EventClass::Transition,
+            serde_json::json!({"command_id": id, "boot_id": boot_id}),
+        );
+        let id = id.to_string();
+        let kind = Kind::parse(&payload.kind);
+        info!(cmd = %id, kind = %payload.kind, "running");
+        match (kind, payload.args.clone()) {
+            (Some(Kind::ExecRun), Some(v1::command_payload::Args::Exec(args))) => {
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let effect = effects::exec(&args).await;
+                    let _ = done.send((id, effect));
+                });
+            }
+            (Some(Kind::InventoryRefresh), _) => {
+                let _ = done.send((id, Effect::ok()));
+            }
+            (Some(Kind::GpuReset), Some(v1::command_payload::Args::GpuReset(a))) => {
+                let assignments = self
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.devices.as_ref())
+                    .map(|d| d.assignments.clone())
+                    .unwrap_or_default();
+                let resolved = self
+                    .machine
+                    .host
+                    .gpus()
+                    .list()
+                    .map_err(|e| format!("GPU inventory: {e}"))
+                    .and_then(|gpus| resolve_for_reset(&gpus, &assignments, &a.gpu));
+                match resolved {
+                    Err(reason) => {
+                        let _ = done.send((id, Effect::failed(reason)));
+                    }
+                    Ok(pci) => {
+                        let host = self.machine.host.clone();
+                        let done = done.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let effect = match host.gpus().reset(&pci) {
+                                Ok(how) => Effect {
+                                    output: format!("{pci}: {how}\n").into_bytes(),
+                                    ..Effect::ok()
+                                },
+                                Err(e) => Effect::failed(format!("reset {pci}: {e}")),
+                            };
+                            let _ = done.send((id, effect));
+                        });
+                    }
+                }
+            }
+            (Some(Kind::NodeReboot), _) => {
+                info!("rebooting");
+                match self.machine.power.reboot() {
+                    Ok(()) => return Ok(Some(Stopped::Rebooted)),
+                    Err(e) => {
+                        let _ = done.send((id, Effect::failed(format!("reboot: {e}"))));
+                    }
+                }
+            }
+            (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k))) => {
+                info!(kernel = %k.kernel, "kexec");
+                match self.machine.power.kexec(&k.kernel, &k.initrd, &k.cmdline) {
+                    Ok(()) => return Ok(Some(Stopped::Rebooted)),
+                    Err(e) => {
+                        let _ = done.send((id, Effect::failed(format!("kexec: {e}"))));
+                    }
+                }
+            }
+            (Some(Kind::DaemonUpgrade), Some(v1::command_payload::Args::Upgrade(u))) => {
+                self.stage_release(id, u.sequence, done);
+            }
+            (Some(Kind::DaemonRollback), _) => {
+                let Some(update) = self.update.as_mut() else {
+                    let _ = done.send((id, Effect::failed("self-update is not available here")));
+                    return Ok(None);
+                };
+                let (output, restart) = update.abort().map_err(|e| format!("slots: {e}"))?;
+                let effect = Effect {
+                    output: output.into_bytes(),
+                    ..Effect::ok()
+                };
+                if restart {
+                    // The result is journaled before the switch takes
+                    // effect; the old binary sends it.
+                    self.journal_result(&id, effect)?;
+                    return Ok(Some(Stopped::Restart));
+                }
+                let _ = done.send((id, effect));
+            }
+            _ => {
+                let _ = done.send((id, Effect::failed("arguments do not match the kind")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// On start: runs what was accepted and never started, finishes what
+    /// was running (`rebooted` after a new boot, `interrupted` otherwise).
+    pub(super) fn recover(
+        &mut self,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Option<Stopped>, String> {
+        let boot_id = self
+            .machine
+            .host
+            .boot_id()
+            .map_err(|e| format!("boot id: {e}"))?;
+        let entries = self
+            .journal
+            .open_entries()
+            .map_err(|e| format!("journal: {e}"))?;
+        for e in entries {
+            match command::recover(Kind::parse(&e.kind), &e.state, &boot_id) {
+                Recovery::Run => {
+                    let Ok(payload) = v1::CommandPayload::decode(e.payload.as_slice()) else {
+                        let _ =
+                            done.send((e.id, Effect::failed("journaled payload does not decode")));
+                        continue;
+                    };
+                    info!(cmd = %e.id, "recovery: running a command accepted before the restart");
+                    if let Some(stopped) = self.start(&e.id, &payload, done)? {
+                        return Ok(Some(stopped));
+                    }
+                }
+                Recovery::Finish(outcome, reason) => {
+                    info!(cmd = %e.id, outcome = outcome.name(), reason, "recovery: settling a command");
+                    self.journal_result(
+                        &e.id,
+                        Effect {
+                            outcome,
+                            reason: reason.to_string(),
+                            ..Effect::ok()
+                        },
+                    )?;
+                }
+                Recovery::Upgrade => {
+                    // The update state settled it at start, or settles it
+                    // at the first Welcome; with no record there, the
+                    // process stopped before the switch.
+                    let pending = self
+                        .update
+                        .as_ref()
+                        .and_then(|u| u.pending_command())
+                        .is_some_and(|p| p == e.id);
+                    if !pending {
+                        info!(cmd = %e.id, "recovery: an upgrade stopped before the switch");
+                        self.journal_result(&e.id, Effect::failed(command::reason::INTERRUPTED))?;
+                    }
+                }
+                Recovery::Resend | Recovery::Nothing => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The PCI address of the GPU `gpu` names (UUID, index or address), unless
+/// an assignment holds it (a workload uses it).
+pub(super) fn resolve_for_reset(
+    gpus: &[Gpu],
+    assignments: &[v1::GpuAssignment],
+    gpu: &str,
+) -> Result<String, String> {
+    let g = gpus
+        .iter()
+        .find(|g| {
+            g.pci_address == gpu
+                || g.uuid.as_deref() == Some(gpu)
+                || g.minor.is_some_and(|m| m.to_string() == gpu)
+        })
+        .ok_or_else(|| format!("GPU {gpu} is not on this node"))?;
+    let names: Vec<String> = [g.uuid.clone(), g.minor.map(|m| m.to_string())]
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Some(a) = assignments.iter().find(|a| {
+        a.gpus
+            .iter()
+            .any(|r| names.contains(r) || *r == g.pci_address)
+    }) {
+        return Err(format!(
+            "GPU {gpu} is assigned to allocation {} and in use: unassign it first",
+            a.allocation_id
+        ));
+    }
+    Ok(g.pci_address.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(pci: &str, uuid: &str, minor: u32) -> Gpu {
+        Gpu {
+            pci_address: pci.into(),
+            vendor_id: "0x10de".into(),
+            device_id: "0x2330".into(),
+            class: "0x030200".into(),
+            numa_node: None,
+            uuid: Some(uuid.into()),
+            model: None,
+            minor: Some(minor),
+        }
+    }
+
+    #[test]
+    fn a_gpu_is_reset_by_any_name_unless_an_allocation_holds_it() {
+        let gpus = [
+            gpu("0000:17:00.0", "GPU-a", 0),
+            gpu("0000:27:00.0", "GPU-b", 1),
+        ];
+        let held = [v1::GpuAssignment {
+            allocation_id: "job-1".into(),
+            gpus: vec!["1".into()],
+            env: Default::default(),
+        }];
+        for name in ["0000:17:00.0", "GPU-a", "0"] {
+            assert_eq!(
+                resolve_for_reset(&gpus, &held, name).unwrap(),
+                "0000:17:00.0"
+            );
+        }
+        for name in ["0000:27:00.0", "GPU-b", "1"] {
+            let e = resolve_for_reset(&gpus, &held, name).unwrap_err();
+            assert!(
+                e.contains("allocation job-1") && e.contains("unassign it first"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            resolve_for_reset(&gpus, &[], "GPU-z").unwrap_err(),
+            "GPU GPU-z is not on this node"
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! `bcd node`: the daemon's tokio shell around `bcd_core::Session`.
+//!
+//! The shell performs what the core decides: it dials the gateway over
+//! mutual TLS, sends Hello and heartbeats, turns server messages and stream
+//! ends into events, journals commands before their side effects, converges
+//! the machine to the journaled spec, reports, renews the certificate and
+//! takes part in self-update. Decisions (when to dial, what to refuse, when
+//! the server counts as gone, when to renew and retry, what is worth
+//! reporting, which commands run) are `bcd-core`'s.
+//!
+//! Privileged acts go through the narrow traits of [`Machine`], handed in
+//! at construction, never called directly from the loop: hardware reads and
+//! GPU resets ([`Host`]), reboot and kexec ([`Power`]), the CDI spec and env
+//! files ([`DeviceFiles`]), sshd's files ([`SshdFiles`]) and the nftables
+//! table ([`Firewall`]). Self-update's slots come in as an
+//! [`Updater`](crate::upgrade::Updater).
+//!
+//! The children, from the bottom up (each uses only those listed before
+//! it, through imports or the `Agent` methods they define):
+//! - `conn`: the session stream: dialing, sending, how a stream ends;
+//! - `outbox`: events, journaled and sent until acknowledged;
+//! - `state`: desired state, convergence, state reports, bindings,
+//!   inventory;
+//! - `results`: command results, journaled then sent;
+//! - `update`: self-update glue (stage, switch, settle, confirm);
+//! - `commands`: dispatches judged by the core, side effects, recovery;
+//! - `renewal`: certificate renewal attempts;
+//! - `session`: the loop that ties them to the session state machine.
+
+mod commands;
+mod conn;
+mod outbox;
+mod renewal;
+mod results;
+mod session;
+mod state;
+mod update;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
+use std::time::Duration;
+
+use anyhow::Context;
+use bcd_core::{Reports, SessionConfig, SplitMix64};
+use bcd_proto::v1;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{Instrument, info_span, warn};
+
+use crate::converge::{DeviceFiles, Firewall, SshdFiles};
+use crate::effects::Effect;
+use crate::failpoints::Failpoints;
+use crate::hw::{Host, Power};
+use crate::identity::{self, Identity};
+use crate::journal::{self, Journal};
+use crate::upgrade::Updater;
+
+/// Counters a fleet of agents in one process shares (the simulator's
+/// progress display reads them).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connected: AtomicUsize,
+    pub sessions: AtomicU64,
+    pub dial_failures: AtomicU64,
+    /// Unix milliseconds of the last session established, and its epoch.
+    pub established_ms: AtomicI64,
+    pub epoch: AtomicU64,
+}
+
+/// The machine under the agent: what it reads and the privileged acts it
+/// asks for, each behind a narrow trait.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// Boot id, host name, GPUs (and their reset), TPM, load.
+    pub host: Arc<dyn Host>,
+    /// Reboot and kexec.
+    pub power: Arc<dyn Power>,
+    /// The CDI spec and the per-allocation env files.
+    pub devices: Arc<dyn DeviceFiles>,
+    /// sshd's files.
+    pub sshd: Arc<dyn SshdFiles>,
+    /// The node's nftables table.
+    pub firewall: Arc<dyn Firewall>,
+}
+
+#[derive(Debug)]
+pub struct Agent {
+    pub identity: Identity,
+    pub machine: Machine,
+    pub journal: Journal,
+    pub incarnation_id: String,
+    pub config: SessionConfig,
+    pub seed: u64,
+    pub stats: Option<Arc<Stats>>,
+    /// Test builds only (`failpoints` feature): where to die.
+    pub failpoints: Failpoints,
+    /// How often the convergers re-check the machine.
+    pub converge_every: Duration,
+    /// Self-update (none in `bcd sim`, whose agents share one process).
+    pub update: Option<Updater>,
+    /// The origin of the monotonic times handed to the core.
+    origin: Instant,
+    /// Jitter for decisions outside the session (renewal retries).
+    rng: SplitMix64,
+    /// The highest event id sent in this session.
+    sent_events: u64,
+    /// The spec this node enforces (verified when it arrived).
+    spec: Option<v1::NodeSpec>,
+    /// What the server has heard from this process.
+    reports: Reports,
+    /// Boot-clock deadline for an unconfirmed upgrade's first Welcome.
+    upgrade_deadline: Option<u64>,
+    /// Where a downloaded release goes back to the loop.
+    staged: Option<mpsc::UnboundedSender<Staged>>,
+}
+
+/// How often the convergers re-check the machine.
+const CONVERGE_EVERY: Duration = Duration::from_secs(30);
+
+/// Why the agent stopped.
+#[derive(Debug)]
+pub enum Stopped {
+    /// Shutdown was requested.
+    Shutdown,
+    /// The server refused this node for good.
+    Refused(String),
+    /// A command rebooted the (fake) machine: start the agent again.
+    Rebooted,
+    /// The journal failed; the daemon must not act without it.
+    JournalFailed(String),
+    /// The `current` slot changed: start again from the binary it names.
+    Restart,
+    /// This binary is below the release floor and must not run.
+    BelowFloor(String),
+}
+
+/// A downloaded, verified release written to the inactive slot, or why not.
+type Staged = (String, Result<release::Manifest, String>);
+
+/// A finished side effect on its way back to the loop.
+type Done = (String, Effect);
+
+impl Agent {
+    /// Runs the daemon until `shutdown` completes or it must stop.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Stopped {
+        let span = info_span!("session", node = %self.identity.file.node_id);
+        async move { self.run_loop(shutdown).await }
+            .instrument(span)
+            .await
+    }
+
+    /// The monotonic time handed to the core.
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    fn worker_keys(&self) -> Vec<Vec<u8>> {
+        self.identity
+            .file
+            .worker_keys
+            .iter()
+            .filter_map(|k| hex::decode(k).ok())
+            .collect()
+    }
+}
+
+/// Opens what `bcd node` needs from the data directory.
+pub fn open(
+    dir: &Path,
+    machine: Machine,
+    seed: u64,
+    stats: Option<Arc<Stats>>,
+) -> anyhow::Result<Agent> {
+    let identity = Identity::load(dir)?;
+    let (journal, opened) =
+        Journal::open(&dir.join(identity::JOURNAL)).context("the journal cannot be opened")?;
+    if let journal::Opened::Recreated { corrupt } = &opened {
+        warn!(aside = %corrupt.display(), "started a new journal; the old one did not open");
+    }
+    // The spec was verified when it arrived; a journaled one that no longer
+    // opens (worker keys changed) is not enforced.
+    let keys: Vec<Vec<u8>> = identity
+        .file
+        .worker_keys
+        .iter()
+        .filter_map(|k| hex::decode(k).ok())
+        .collect();
+    let spec = journal
+        .spec()
+        .context("the journal cannot be read")?
+        .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &keys).ok())
+        .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
+    Ok(Agent {
+        identity,
+        machine,
+        journal,
+        incarnation_id: journal::new_id(),
+        config: SessionConfig::default(),
+        seed,
+        stats,
+        failpoints: Failpoints::none(),
+        converge_every: CONVERGE_EVERY,
+        update: None,
+        origin: Instant::now(),
+        rng: SplitMix64::new(seed.rotate_left(29) ^ 0x5245_4e45_5741_4c00),
+        sent_events: 0,
+        spec,
+        reports: Reports::new(),
+        upgrade_deadline: None,
+        staged: None,
+    })
+}

@@ -1,0 +1,74 @@
+//! Events: journaled as they happen, sent after each Welcome and as they
+//! come, deleted when the gateway acknowledges them.
+
+use bcd_proto::v1::{self, node_message};
+use tracing::{debug, warn};
+
+use super::Agent;
+use super::conn::{Conn, send};
+use crate::journal::{EventBounds, EventClass};
+
+/// Events per batch on the stream.
+const EVENT_BATCH: usize = 256;
+
+impl Agent {
+    /// Journals an event; a journal that cannot take it is logged, not
+    /// fatal: events are reports, not decisions.
+    pub(super) fn event(&mut self, kind: &str, class: EventClass, body: serde_json::Value) {
+        let body = body.to_string().into_bytes();
+        match self
+            .journal
+            .push_event(kind, class, &body, EventBounds::default())
+        {
+            Ok(true) => {}
+            Ok(false) => debug!(kind, "journal full: metric event dropped"),
+            Err(e) => warn!(kind, error = %e, "cannot journal an event"),
+        }
+    }
+
+    pub(super) fn finished_event(&mut self, r: &v1::CommandResult) {
+        self.event(
+            "command.finished",
+            EventClass::Result,
+            serde_json::json!({
+                "command_id": r.command_id, "outcome": r.outcome, "reason": r.reason,
+            }),
+        );
+    }
+
+    /// Sends journaled events not yet sent in this session.
+    pub(super) async fn flush_events(&mut self, conn: &Conn) {
+        if conn.is_none() {
+            return;
+        }
+        loop {
+            let batch = match self.journal.events_after(self.sent_events, EVENT_BATCH) {
+                Ok(b) => b,
+                Err(e) => {
+                    warn!(error = %e, "cannot read events");
+                    return;
+                }
+            };
+            let Some(last) = batch.last().map(|e| e.id) else {
+                return;
+            };
+            let full = batch.len() == EVENT_BATCH;
+            // Ages, not times: the server dates events on its own clock.
+            let now = bcd_sys::clock::unix_ms();
+            let events = batch
+                .into_iter()
+                .map(|e| v1::Event {
+                    id: e.id,
+                    kind: e.kind,
+                    body: e.body,
+                    age_ms: (now - e.created_ms).max(0) as u64,
+                })
+                .collect();
+            send(conn, node_message::Msg::Events(v1::EventBatch { events })).await;
+            self.sent_events = last;
+            if !full {
+                return;
+            }
+        }
+    }
+}

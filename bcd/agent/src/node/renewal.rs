@@ -1,0 +1,65 @@
+//! Certificate renewal: attempts run in the background when
+//! `bcd_core::Renewal` says one is due; a renewed pair is installed
+//! crash-safely (`Identity::install_renewal`) and presented by the next
+//! session.
+
+use std::time::Duration;
+
+use bcd_core::Renewal;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::Agent;
+use crate::client::{self, Renewed};
+use bcd_proto::tls::ClientIdentity;
+
+impl Agent {
+    /// Starts an attempt with the current certificate.
+    pub(super) fn spawn_renewal(&self) -> JoinHandle<Result<Renewed, String>> {
+        info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+        let server = self.identity.file.server.clone();
+        let ca = self.identity.ca.clone();
+        let current = ClientIdentity {
+            chain: vec![self.identity.cert.clone()],
+            key: self.identity.private_key(),
+        };
+        let hostname = self.machine.host.hostname();
+        tokio::spawn(
+            async move { client::renew_certificate(&server, ca, current, &hostname).await },
+        )
+    }
+
+    /// An attempt ended at `now` (server time `server_now_ms`): install the
+    /// new pair, or schedule the retry.
+    pub(super) fn renewal_finished(
+        &mut self,
+        result: Result<Renewed, String>,
+        renewal: &mut Renewal,
+        now: Duration,
+        server_now_ms: i64,
+    ) {
+        let error = match result {
+            Ok(renewed) => {
+                let serial = renewed.next.serial.clone();
+                match self
+                    .identity
+                    .install_renewal(renewed.key_pem, renewed.cert, renewed.next)
+                {
+                    Ok(()) => {
+                        info!(%serial, "certificate renewed; the next session uses it");
+                        renewal.renewed();
+                        return;
+                    }
+                    Err(e) => format!(
+                        "cannot install the renewed certificate: {}",
+                        bcd_sys::error::chain(&e)
+                    ),
+                }
+            }
+            Err(e) => e,
+        };
+        let retry = renewal.failed(now, &mut self.rng);
+        let expires_in_ms = self.identity.file.cert_not_after_ms - server_now_ms;
+        warn!(%error, attempt = retry.attempt, expires_in_ms, retry_in = ?retry.retry_in, "renewal failed");
+    }
+}

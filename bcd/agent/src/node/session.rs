@@ -1,0 +1,381 @@
+//! The session loop: feeds the session state machine
+//! (`bcd_core::Session::handle(now, event)`) with time, stream events and
+//! server messages, performs its actions, and multiplexes the rest of the
+//! daemon's work around it: results of side effects, staged releases, the
+//! convergence and metric timers, certificate renewal and the update
+//! watchdog.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bcd_core::command::Journaled;
+use bcd_core::{Action, Event, Renewal, RenewalConfig, Session};
+use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::conn::{self, Conn, send};
+use super::update::upgrade_sleep;
+use super::{Agent, Done, Staged, Stopped};
+use crate::client::Stream;
+use crate::failpoints::Point;
+use crate::hw;
+use crate::journal::EventClass;
+
+/// How often the node journals a load-average metric.
+const METRIC_EVERY: Duration = Duration::from_secs(60);
+
+impl Agent {
+    pub(super) async fn run_loop(
+        &mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Stopped {
+        let mut session = Session::new(
+            self.config,
+            self.seed,
+            self.identity.file.server_time_mark_ms,
+            self.identity.file.last_epoch,
+        );
+        let mut dialing: Option<JoinHandle<Result<Stream, String>>> = None;
+        let mut conn: Conn = None;
+        let mut wanted: Vec<String> = Vec::new();
+        let mut counted = false;
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
+        self.staged = Some(staged_tx);
+        // Settle an upgrade a previous process started, then what it left
+        // in the journal.
+        match self.settle_update() {
+            Ok(Some(stopped)) => return stopped,
+            Ok(None) => {}
+            Err(e) => return Stopped::JournalFailed(e),
+        }
+        match self.recover(&done_tx) {
+            Ok(Some(stopped)) => return stopped,
+            Ok(None) => {}
+            Err(e) => return Stopped::JournalFailed(e),
+        }
+        let mut renewal = Renewal::new(RenewalConfig::default());
+        let mut renewing: Option<JoinHandle<Result<crate::client::Renewed, String>>> = None;
+        tokio::pin!(shutdown);
+        // The first metric after a full period: a fleet restarting at once
+        // does not journal (and fsync) a metric per node all together.
+        let mut metrics = tokio::time::interval_at(Instant::now() + METRIC_EVERY, METRIC_EVERY);
+        metrics.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick converges at once: the last spec is enforced even
+        // before (or without) a session.
+        let mut converge = tokio::time::interval(self.converge_every);
+        converge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut events = vec![Event::Tick];
+        loop {
+            for event in events.drain(..) {
+                let actions = session.handle(self.now(), event);
+                for action in actions {
+                    match action {
+                        Action::Dial => dialing = Some(conn::spawn_dial(&self.identity)),
+                        Action::SendHello {
+                            last_epoch,
+                            mark_ms,
+                        } => {
+                            let hello = match self.hello(last_epoch, mark_ms) {
+                                Ok(h) => h,
+                                Err(e) => return Stopped::JournalFailed(e),
+                            };
+                            send(&conn, node_message::Msg::Hello(hello)).await;
+                        }
+                        Action::SendHeartbeat { seq } => {
+                            send(&conn, node_message::Msg::Heartbeat(v1::Heartbeat { seq })).await;
+                        }
+                        Action::Established {
+                            epoch,
+                            server_time_ms,
+                        } => {
+                            info!(epoch, server_time_ms, "session established");
+                            if let Some(s) = &self.stats {
+                                s.connected.fetch_add(1, Ordering::Relaxed);
+                                s.sessions.fetch_add(1, Ordering::Relaxed);
+                                s.epoch.store(epoch, Ordering::Relaxed);
+                                s.established_ms
+                                    .store(bcd_sys::clock::unix_ms(), Ordering::Relaxed);
+                                counted = true;
+                            }
+                            self.send_inventory(&conn, Some(&wanted)).await;
+                            // The first Welcome confirms a new release.
+                            if let Err(e) = self.confirm_upgrade() {
+                                return Stopped::JournalFailed(e);
+                            }
+                            // Results the server has not acknowledged, in
+                            // sequence order, before anything new.
+                            if let Err(e) = self.resend_results(&conn).await {
+                                return Stopped::JournalFailed(e);
+                            }
+                            // A new session: the server acknowledges events
+                            // from the start of this journal again, and has
+                            // heard none of this process's reports.
+                            self.sent_events = 0;
+                            self.flush_events(&conn).await;
+                            self.reports.new_session();
+                            self.report(&conn).await;
+                        }
+                        Action::Close { reason } => {
+                            warn!(%reason, "closing the session");
+                        }
+                        Action::Disconnected { retry_in } => {
+                            conn = None;
+                            dialing = None;
+                            self.uncount(&mut counted);
+                            debug!(?retry_in, "disconnected");
+                        }
+                        Action::PersistMark { mark_ms, epoch } => {
+                            self.identity.file.server_time_mark_ms = mark_ms;
+                            self.identity.file.last_epoch = epoch;
+                            if let Err(e) = self.identity.save_state() {
+                                warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
+                            }
+                        }
+                        Action::Stop { message } => {
+                            self.uncount(&mut counted);
+                            self.persist_mark(&session);
+                            return Stopped::Refused(message);
+                        }
+                    }
+                }
+            }
+            let now = self.now();
+            let sleep_until = session
+                .deadline()
+                .map(|d| self.origin + d)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            let server_now = session.clock().now_or_mark(now);
+            let renew_due =
+                Instant::now() + renewal.wait(now, server_now, self.identity.cert_life());
+            tokio::select! {
+                _ = tokio::time::sleep_until(renew_due), if renewing.is_none() => {
+                    renewing = Some(self.spawn_renewal());
+                }
+                r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
+                    renewing = None;
+                    let result = r.map_err(|e| e.to_string()).and_then(|r| r);
+                    let now = self.now();
+                    let server_now = session.clock().now_or_mark(now);
+                    self.renewal_finished(result, &mut renewal, now, server_now);
+                }
+                _ = &mut shutdown => {
+                    self.uncount(&mut counted);
+                    self.persist_mark(&session);
+                    return Stopped::Shutdown;
+                }
+                _ = tokio::time::sleep_until(sleep_until) => events.push(Event::Tick),
+                r = async { dialing.as_mut().expect("guarded").await }, if dialing.is_some() => {
+                    dialing = None;
+                    match r {
+                        Ok(Ok(c)) => {
+                            conn = Some(c);
+                            events.push(Event::Connected);
+                        }
+                        Ok(Err(error)) => {
+                            if let Some(s) = &self.stats {
+                                s.dial_failures.fetch_add(1, Ordering::Relaxed);
+                            }
+                            debug!(%error, "dial failed");
+                            events.push(Event::DialFailed { error });
+                        }
+                        Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
+                    }
+                }
+                _ = upgrade_sleep(self.upgrade_deadline) => {
+                    if self.upgrade_overdue() {
+                        self.uncount(&mut counted);
+                        self.persist_mark(&session);
+                        return Stopped::Restart;
+                    }
+                }
+                Some((id, staged)) = staged_rx.recv() => {
+                    match self.switch_release(&id, staged) {
+                        Ok(()) => {
+                            self.uncount(&mut counted);
+                            self.persist_mark(&session);
+                            return Stopped::Restart;
+                        }
+                        Err(reason) => {
+                            warn!(cmd = %id, %reason, "upgrade refused; staying on the current release");
+                            if let Err(e) = self.finish(&conn, &id, crate::effects::Effect::failed(reason)).await {
+                                return Stopped::JournalFailed(e);
+                            }
+                            self.flush_events(&conn).await;
+                        }
+                    }
+                }
+                Some((id, effect)) = done_rx.recv() => {
+                    self.failpoints.at(Point::MidEffect);
+                    if let Err(e) = self.finish(&conn, &id, effect).await {
+                        return Stopped::JournalFailed(e);
+                    }
+                    self.flush_events(&conn).await;
+                }
+                _ = converge.tick() => {
+                    if let Err(e) = self.converge(&conn).await {
+                        return Stopped::JournalFailed(e);
+                    }
+                    self.send_inventory(&conn, None).await;
+                }
+                _ = metrics.tick() => {
+                    if let Some(load) = self.machine.host.load_average() {
+                        self.event(
+                            "node.load",
+                            EventClass::Metric,
+                            serde_json::json!({"load1": load[0], "load5": load[1], "load15": load[2]}),
+                        );
+                    }
+                    self.flush_events(&conn).await;
+                }
+                m = async { conn.as_mut().expect("guarded").rx.message().await }, if conn.is_some() => {
+                    let event = match m {
+                        Ok(Some(msg)) => {
+                            let server_now = session.clock().server_now(self.now());
+                            match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
+                                Ok(ev) => {
+                                    self.flush_events(&conn).await;
+                                    ev
+                                }
+                                Err(stopped) => {
+                                    self.uncount(&mut counted);
+                                    self.persist_mark(&session);
+                                    return stopped;
+                                }
+                            }
+                        }
+                        Ok(None) => Event::Closed { error: "the gateway ended the stream".into() },
+                        Err(status) => conn::stream_error(&status),
+                    };
+                    events.push(event);
+                }
+            }
+        }
+    }
+
+    fn uncount(&self, counted: &mut bool) {
+        if std::mem::take(counted)
+            && let Some(s) = &self.stats
+        {
+            s.connected.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Persists the server time mark as the session's clock has it now.
+    fn persist_mark(&mut self, session: &Session) {
+        let mut clock = session.clock().clone();
+        let mark = clock.advance(self.now());
+        if mark != self.identity.file.server_time_mark_ms {
+            self.identity.file.server_time_mark_ms = mark;
+            if let Err(e) = self.identity.save_state() {
+                warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        msg: ServerMessage,
+        wanted: &mut Vec<String>,
+        conn: &Conn,
+        server_now: Option<i64>,
+        done: &mpsc::UnboundedSender<Done>,
+    ) -> Result<Event, Stopped> {
+        Ok(match msg.msg {
+            Some(server_message::Msg::Welcome(w)) => {
+                *wanted = w.inventory_wanted;
+                Event::Welcome {
+                    epoch: w.epoch,
+                    server_time_ms: w.server_time_ms,
+                    heartbeat_interval: Duration::from_millis(u64::from(w.heartbeat_interval_ms)),
+                }
+            }
+            Some(server_message::Msg::HeartbeatAck(a)) => Event::HeartbeatAck {
+                server_time_ms: a.server_time_ms,
+            },
+            Some(server_message::Msg::Revocation(r)) => Event::revoked(&r.reason),
+            Some(server_message::Msg::Drain(d)) => Event::Drain {
+                within: Duration::from_millis(u64::from(d.reconnect_within_ms)),
+            },
+            Some(server_message::Msg::Command(d)) => {
+                self.on_dispatch(d, conn, server_now, done)
+                    .await
+                    .map_err(|e| e.unwrap_or_else(Stopped::JournalFailed))?;
+                Event::Received
+            }
+            Some(server_message::Msg::DesiredState(d)) => {
+                self.on_desired_state(d, conn)
+                    .await
+                    .map_err(Stopped::JournalFailed)?;
+                Event::Received
+            }
+            Some(server_message::Msg::EventAck(a)) => {
+                self.journal
+                    .ack_events(a.up_to)
+                    .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
+                Event::Received
+            }
+            Some(server_message::Msg::ResultAck(a)) => {
+                for id in a.command_ids {
+                    self.failpoints.at(Point::BeforeAck);
+                    self.journal
+                        .mark_acked(&id)
+                        .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
+                }
+                Event::Received
+            }
+            _ => Event::Received,
+        })
+    }
+
+    fn hello(&self, last_epoch: u64, mark_ms: i64) -> Result<Hello, String> {
+        let boot_id = self.machine.host.boot_id().unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read the boot id");
+            String::new()
+        });
+        // The version of the release `current` holds, not the binary's claim.
+        let (version, release_floor) = match &self.update {
+            Some(u) => u.report(),
+            None => (env!("CARGO_PKG_VERSION").to_string(), 0),
+        };
+        let mut journal_running = Vec::new();
+        let mut journal_done = Vec::new();
+        for e in self
+            .journal
+            .open_entries()
+            .map_err(|e| format!("journal: {e}"))?
+        {
+            match e.state {
+                Journaled::Done { .. } => journal_done.push(e.id),
+                _ => journal_running.push(e.id),
+            }
+        }
+        Ok(Hello {
+            node_id: self.identity.file.node_id.clone(),
+            cert_serial: self.identity.file.cert_serial.clone(),
+            incarnation_id: self.incarnation_id.clone(),
+            boot_id,
+            journal_id: self.journal.journal_id().to_string(),
+            inventory_hashes: hw::inventory(self.machine.host.as_ref())
+                .into_iter()
+                .map(|s| InventoryHash {
+                    section: s.name.to_string(),
+                    sha256: s.sha256,
+                })
+                .collect(),
+            agent_version: version,
+            last_epoch,
+            release_floor,
+            server_time_mark_ms: mark_ms,
+            journal_running,
+            journal_done,
+            applied_generation: self
+                .journal
+                .applied_generation()
+                .map_err(|e| format!("journal: {e}"))?,
+        })
+    }
+}

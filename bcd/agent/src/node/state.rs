@@ -1,0 +1,228 @@
+//! Desired state: a spec from the server is verified, judged
+//! (`bcd_core::spec::judge`), journaled and converged; the convergers run
+//! again on a timer; what changed is reported (`bcd_core::Reports` decides
+//! what is news): state reports, signed GPU bindings, inventory sections.
+
+use bcd_core::report::Status;
+use bcd_core::spec::{self, Verdict};
+use bcd_proto::v1::{self, node_message};
+use prost::Message;
+use tracing::{info, warn};
+
+use super::Agent;
+use super::conn::{Conn, send};
+use crate::converge::{self, Outcome};
+use crate::hw;
+use crate::journal::EventClass;
+
+impl Agent {
+    /// A new spec from the server: verified, judged, journaled, converged.
+    pub(super) async fn on_desired_state(
+        &mut self,
+        d: v1::DesiredState,
+        conn: &Conn,
+    ) -> Result<(), String> {
+        let current = self.spec.as_ref().map_or(0, |s| s.generation);
+        let verdict = bcd_proto::sign::open(&d.signed_spec, &self.worker_keys())
+            .map_err(|e| e.to_string())
+            .and_then(|p| {
+                v1::NodeSpec::decode(p.as_slice()).map_err(|e| format!("does not decode: {e}"))
+            })
+            .map(|s| {
+                let v = spec::judge(
+                    &self.identity.file.node_id,
+                    current,
+                    &s.node_id,
+                    s.generation,
+                );
+                (s, v)
+            });
+        let spec = match verdict {
+            Ok((s, Verdict::Apply)) => s,
+            Ok((_, Verdict::Same)) => return Ok(()),
+            Ok((_, Verdict::Refuse(reason))) | Err(reason) => {
+                warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
+                self.event(
+                    "spec.refused",
+                    EventClass::Transition,
+                    serde_json::json!({"generation": d.generation, "reason": reason}),
+                );
+                return Ok(());
+            }
+        };
+        self.journal
+            .set_spec(spec.generation, &d.signed_spec)
+            .map_err(|e| format!("journal: {e}"))?;
+        info!(generation = spec.generation, "new spec");
+        self.spec = Some(spec);
+        self.converge(conn).await
+    }
+
+    /// One pass of the convergers; reports what changed.
+    pub(super) async fn converge(&mut self, conn: &Conn) -> Result<(), String> {
+        let Some(spec) = self.spec.clone() else {
+            return Ok(());
+        };
+        let inv = self.machine.host.gpus().cdi_inventory();
+        let devices = match &inv {
+            Ok(inv) => converge::devices::converge(self.machine.devices.as_ref(), &spec, inv),
+            Err(e) => Outcome::not(
+                Status::Progressing,
+                format!("cannot read the GPU inventory: {e}"),
+            ),
+        };
+        if devices.status == Status::Ready
+            && let Ok(inv) = &inv
+        {
+            self.report_bindings(conn, &spec, inv).await;
+        }
+        let access = converge::access::converge(
+            self.machine.sshd.as_ref(),
+            self.machine.firewall.as_ref(),
+            &spec.access.clone().unwrap_or_default(),
+        );
+        let now = self.now();
+        for (name, outcome) in [("devices", devices), ("access", access)] {
+            if outcome.changed {
+                info!(generation = spec.generation, section = name, "converged");
+            }
+            if self
+                .reports
+                .observe(name, outcome.status, &outcome.message, now)
+                && outcome.status != Status::Ready
+            {
+                warn!(section = name, status = outcome.status.name(), message = %outcome.message, "not converged");
+            }
+        }
+        if self.reports.all_ready()
+            && self
+                .journal
+                .applied_generation()
+                .map_err(|e| format!("journal: {e}"))?
+                != spec.generation
+        {
+            self.journal
+                .set_applied_generation(spec.generation)
+                .map_err(|e| format!("journal: {e}"))?;
+        }
+        self.report(conn).await;
+        Ok(())
+    }
+
+    /// Reports each active GPU binding once per session, signed by the node
+    /// key, so the server can tell it from anything a gateway makes up.
+    async fn report_bindings(
+        &mut self,
+        conn: &Conn,
+        spec: &v1::NodeSpec,
+        inv: &cdi::nvidia::Inventory,
+    ) {
+        if conn.is_none() {
+            return;
+        }
+        let Ok(key) = rcgen::KeyPair::from_pem(&self.identity.key_pem) else {
+            return;
+        };
+        let assignments = spec
+            .devices
+            .as_ref()
+            .map(|d| d.assignments.clone())
+            .unwrap_or_default();
+        let assigned: Vec<&str> = assignments
+            .iter()
+            .map(|a| a.allocation_id.as_str())
+            .collect();
+        self.reports.retain_bindings(&assigned);
+        for a in &assignments {
+            let mut uuids: Vec<String> = a
+                .gpus
+                .iter()
+                .filter_map(|r| {
+                    inv.gpus
+                        .iter()
+                        .find(|g| {
+                            g.uuid.as_deref() == Some(r.as_str()) || g.index.to_string() == *r
+                        })
+                        .map(|g| g.uuid.clone().unwrap_or_else(|| g.index.to_string()))
+                })
+                .collect();
+            uuids.sort();
+            if !self.reports.binding_needed(&a.allocation_id, &uuids) {
+                continue;
+            }
+            let payload = v1::BindingPayload {
+                node_id: self.identity.file.node_id.clone(),
+                allocation_id: a.allocation_id.clone(),
+                gpu_uuids: uuids.clone(),
+                spec_generation: spec.generation,
+                nonce: crate::journal::new_id(),
+            }
+            .encode_to_vec();
+            let Ok(signature) = rcgen::SigningKey::sign(&key, &payload) else {
+                warn!(allocation = %a.allocation_id, "cannot sign the binding report");
+                continue;
+            };
+            send(
+                conn,
+                node_message::Msg::AllocationBound(v1::AllocationBound { payload, signature }),
+            )
+            .await;
+            self.reports.binding_sent(&a.allocation_id, &uuids);
+        }
+    }
+
+    /// Sends a StateReport if it says something new.
+    pub(super) async fn report(&mut self, conn: &Conn) {
+        if conn.is_none() {
+            return;
+        }
+        let applied = self.journal.applied_generation().unwrap_or(0);
+        let now = self.now();
+        let Some(report) = self.reports.state_report(applied, self.spec.is_some(), now) else {
+            return;
+        };
+        let sections = report
+            .sections
+            .into_iter()
+            .map(|s| v1::SectionStatus {
+                section: s.name,
+                status: s.status.name().into(),
+                message: s.message,
+                age_ms: s.age.as_millis() as u64,
+            })
+            .collect();
+        send(
+            conn,
+            node_message::Msg::StateReport(v1::StateReport {
+                applied_generation: report.applied_generation,
+                sections,
+            }),
+        )
+        .await;
+    }
+
+    /// Sends inventory sections: after a Welcome the ones the server asked
+    /// for; otherwise the ones whose hash changed since the server last
+    /// had them (a GPU that appeared or vanished shows up within a pass).
+    pub(super) async fn send_inventory(&mut self, conn: &Conn, wanted: Option<&[String]>) {
+        if conn.is_none() {
+            return;
+        }
+        for section in hw::inventory(self.machine.host.as_ref()) {
+            if self
+                .reports
+                .inventory_needed(section.name, &section.sha256, wanted)
+            {
+                send(
+                    conn,
+                    node_message::Msg::Inventory(v1::Inventory {
+                        section: section.name.to_string(),
+                        sha256: section.sha256,
+                        body: section.body,
+                    }),
+                )
+                .await;
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Self-update glue: `daemon.upgrade` stages a release and switches slots;
+//! at start the update state a previous process left is settled; the first
+//! Welcome confirms a new release. The decisions are
+//! `bcd_core::update`'s, the files [`Updater`](crate::upgrade::Updater)'s.
+
+use bcd_core::command;
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::{Agent, Done, Stopped};
+use crate::effects::Effect;
+use crate::failpoints::Point;
+use crate::upgrade::{self, AtStart, Updater, UpgradeError};
+
+impl Agent {
+    /// `daemon.upgrade`: refuses at once what the update state refuses,
+    /// then downloads, verifies and writes the release to the inactive slot
+    /// in the background; the loop switches (`switch_release`).
+    pub(super) fn stage_release(
+        &mut self,
+        id: String,
+        sequence: u64,
+        done: &mpsc::UnboundedSender<Done>,
+    ) {
+        let (Some(update), Some(staged)) = (self.update.as_ref(), self.staged.clone()) else {
+            let _ = done.send((id, Effect::failed("self-update is not available here")));
+            return;
+        };
+        if let Err(refusal) = update.plan(sequence) {
+            let _ = done.send((id, Effect::failed(refusal.to_string())));
+            return;
+        }
+        let identity = self.identity.clone();
+        let writer = Updater {
+            slots: update.slots.clone(),
+            state: update.state.clone(),
+            confirm_within: update.confirm_within,
+            supervised: false,
+        };
+        tokio::spawn(async move {
+            let result = match crate::client::fetch_release(&identity, sequence).await {
+                Err(e) => Err(e),
+                Ok((manifest, binary)) => tokio::task::spawn_blocking(move || {
+                    writer.write(manifest.sequence, &binary).map(|_| manifest)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("writing the slot: {e}"))),
+            };
+            let _ = staged.send((id, result));
+        });
+    }
+
+    /// A release is in the inactive slot: record the upgrade and switch
+    /// (the caller restarts), or say why not.
+    pub(super) fn switch_release(
+        &mut self,
+        id: &str,
+        staged: Result<release::Manifest, String>,
+    ) -> Result<(), String> {
+        let manifest = staged?;
+        let update = self.update.as_mut().expect("staged only with an updater");
+        update.switch(id, &manifest, upgrade::boot_ms())?;
+        self.failpoints.at(Point::AfterSwitch);
+        Ok(())
+    }
+
+    /// At start: settles what the update state says about a previous
+    /// process's upgrade.
+    pub(super) fn settle_update(&mut self) -> Result<Option<Stopped>, String> {
+        let Some(update) = self.update.as_mut() else {
+            return Ok(None);
+        };
+        let at_start = match update.start(upgrade::boot_ms()) {
+            Ok(a) => a,
+            Err(e @ UpgradeError::BelowFloor { .. }) => {
+                return Ok(Some(Stopped::BelowFloor(e.to_string())));
+            }
+            Err(e) => return Err(format!("update state: {e}")),
+        };
+        match at_start {
+            AtStart::Run => {}
+            AtStart::AwaitWelcome { deadline_ms } => {
+                info!(
+                    in_ms = deadline_ms.saturating_sub(upgrade::boot_ms()),
+                    "running a new release; it confirms on its first Welcome"
+                );
+                self.upgrade_deadline = Some(deadline_ms);
+            }
+            AtStart::Restart => return Ok(Some(Stopped::Restart)),
+            AtStart::Finished {
+                command_id,
+                succeeded,
+                reason,
+                output,
+            } => {
+                tracing::warn!(cmd = %command_id, reason, "the upgrade did not confirm; this is the previous release");
+                let effect = Effect {
+                    outcome: if succeeded {
+                        command::Outcome::Succeeded
+                    } else {
+                        command::Outcome::Failed
+                    },
+                    reason: reason.to_string(),
+                    output: output.into_bytes(),
+                    ..Effect::ok()
+                };
+                self.journal_result_if_running(&command_id, effect)?;
+                self.update
+                    .as_ref()
+                    .expect("checked above")
+                    .settled()
+                    .map_err(|e| format!("update state: {e}"))?;
+            }
+        }
+        Ok(None)
+    }
+
+    /// The first Welcome of a new release: journal SUCCEEDED, then raise
+    /// the floor on disk.
+    pub(super) fn confirm_upgrade(&mut self) -> Result<(), String> {
+        let Some(confirmed) = self.update.as_mut().and_then(|u| u.welcome()) else {
+            return Ok(());
+        };
+        let id = confirmed.command_id;
+        self.upgrade_deadline = None;
+        info!(cmd = %id, "the new release is confirmed");
+        self.journal_result_if_running(
+            &id,
+            Effect {
+                output: confirmed.output.into_bytes(),
+                ..Effect::ok()
+            },
+        )?;
+        // A release signed with the current key rotated it: from now on
+        // only the new key signs releases this node installs. Installed
+        // before the update state is saved, so a crash here confirms (and
+        // installs) again at the next Welcome.
+        if let Some(key) = confirmed.next_key
+            && self.identity.file.release_keys != [key.clone()]
+        {
+            info!(key = %key, "rotating the release key");
+            self.identity.file.release_keys = vec![key];
+            self.identity
+                .save_state()
+                .map_err(|e| format!("cannot save the rotated release key: {e:#}"))?;
+        }
+        self.update
+            .as_ref()
+            .expect("confirmed through it")
+            .settled()
+            .map_err(|e| format!("update state: {e}"))
+    }
+
+    /// The daemon's own watchdog: swaps an upgrade still unconfirmed at its
+    /// deadline back. True when it swapped (the caller restarts).
+    pub(super) fn upgrade_overdue(&mut self) -> bool {
+        self.upgrade_deadline = None;
+        match self.update.as_mut().map(|u| u.tick(upgrade::boot_ms())) {
+            Some(Ok(swapped)) => swapped,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot swap back");
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// Sleeps until a boot-clock deadline; forever without one.
+pub(super) async fn upgrade_sleep(deadline_ms: Option<u64>) {
+    match deadline_ms {
+        Some(d) => {
+            let wait = d.saturating_sub(upgrade::boot_ms());
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,192 @@
+//! A fake machine: a seeded number of H100-like GPUs with their device
+//! nodes, a TPM with a stable endorsement key hash, a load average, and a
+//! boot id that changes when the machine reboots or kexecs.
+
+use std::sync::Mutex;
+
+use bcd_agent::hw::{Gpu, Gpus, Host, Power, Tpm, TpmInfo};
+
+#[derive(Debug)]
+pub struct FakeHost {
+    seed: u64,
+    hostname: String,
+    boot: Mutex<u64>,
+    gpus: FakeGpus,
+    tpm: FakeTpm,
+}
+
+#[derive(Debug)]
+pub struct FakeGpus {
+    gpus: Vec<Gpu>,
+}
+
+#[derive(Debug)]
+pub struct FakeTpm {
+    ek: String,
+}
+
+fn hex64(seed: u64, salt: u64) -> String {
+    let mut rng = bcd_core::SplitMix64::new(seed ^ salt.rotate_left(17));
+    format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64())
+}
+
+impl FakeHost {
+    /// A machine named `hostname` with `gpu_count` GPUs; the same seed
+    /// gives the same machine.
+    pub fn new(seed: u64, hostname: impl Into<String>, gpu_count: usize) -> FakeHost {
+        let gpus = (0..gpu_count)
+            .map(|i| {
+                let u = hex64(seed, 100 + i as u64);
+                Gpu {
+                    pci_address: format!("0000:{:02x}:00.0", 0x17 + i * 0x10),
+                    vendor_id: "0x10de".into(),
+                    device_id: "0x2330".into(),
+                    class: "0x030200".into(),
+                    numa_node: Some((i / 4) as i32),
+                    uuid: Some(format!(
+                        "GPU-{}-{}-{}-{}-{}",
+                        &u[0..8],
+                        &u[8..12],
+                        &u[12..16],
+                        &u[16..20],
+                        &u[20..32]
+                    )),
+                    model: Some("NVIDIA H100 80GB HBM3 (fake)".into()),
+                    minor: Some(i as u32),
+                }
+            })
+            .collect();
+        FakeHost {
+            seed,
+            hostname: hostname.into(),
+            boot: Mutex::new(0),
+            gpus: FakeGpus { gpus },
+            tpm: FakeTpm {
+                ek: hex64(seed, 7) + &hex64(seed, 8),
+            },
+        }
+    }
+
+    /// The fake machine reboots: the next boot id differs.
+    pub fn reboot(&self) {
+        *self.boot.lock().expect("boot lock") += 1;
+    }
+}
+
+impl Host for FakeHost {
+    fn boot_id(&self) -> std::io::Result<String> {
+        let boot = *self.boot.lock().expect("boot lock");
+        let h = hex64(self.seed, 1_000 + boot);
+        Ok(format!(
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        ))
+    }
+
+    fn hostname(&self) -> String {
+        self.hostname.clone()
+    }
+
+    fn gpus(&self) -> &dyn Gpus {
+        &self.gpus
+    }
+
+    fn tpm(&self) -> &dyn Tpm {
+        &self.tpm
+    }
+
+    fn load_average(&self) -> Option<[f64; 3]> {
+        let x = (self.seed % 100) as f64 / 100.0;
+        Some([x, x / 2.0, x / 4.0])
+    }
+}
+
+/// A fake reboot or kexec returns at once with a new boot id; the agent
+/// starts again in process.
+impl Power for FakeHost {
+    fn reboot(&self) -> std::io::Result<()> {
+        FakeHost::reboot(self);
+        Ok(())
+    }
+
+    fn kexec(&self, _kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
+        FakeHost::reboot(self);
+        Ok(())
+    }
+}
+
+impl Gpus for FakeGpus {
+    fn list(&self) -> std::io::Result<Vec<Gpu>> {
+        Ok(self.gpus.clone())
+    }
+
+    /// The nodes a real driver would create for these GPUs.
+    fn cdi_inventory(&self) -> std::io::Result<cdi::nvidia::Inventory> {
+        let node = |path: &str, major, minor| cdi::nvidia::Node {
+            path: path.into(),
+            major,
+            minor,
+        };
+        Ok(cdi::nvidia::Inventory {
+            gpus: self
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| cdi::nvidia::Gpu {
+                    index: i as u32,
+                    uuid: g.uuid.clone(),
+                    node: node(&format!("/dev/nvidia{i}"), 195, i as u32),
+                })
+                .collect(),
+            control_nodes: vec![
+                node("/dev/nvidia-uvm", 509, 0),
+                node("/dev/nvidia-uvm-tools", 509, 1),
+                node("/dev/nvidiactl", 195, 255),
+            ],
+            driver_files: vec![],
+        })
+    }
+
+    fn reset(&self, pci_address: &str) -> std::io::Result<&'static str> {
+        if self.gpus.iter().any(|g| g.pci_address == pci_address) {
+            Ok("function reset (fake)")
+        } else {
+            Err(std::io::Error::other(format!(
+                "no PCI device {pci_address}"
+            )))
+        }
+    }
+}
+
+impl Tpm for FakeTpm {
+    fn info(&self) -> TpmInfo {
+        TpmInfo {
+            present: true,
+            version_major: Some(2),
+            device: Some("/dev/tpmrm0".into()),
+            ek_sha256: Some(self.ek.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_machine_and_reboot_changes_boot_id() {
+        let a = FakeHost::new(5, "n5", 8);
+        let b = FakeHost::new(5, "n5", 8);
+        assert_eq!(a.gpus().list().unwrap(), b.gpus().list().unwrap());
+        assert_eq!(a.gpus().list().unwrap().len(), 8);
+        let before = a.boot_id().unwrap();
+        assert_eq!(before, b.boot_id().unwrap());
+        a.reboot();
+        assert_ne!(a.boot_id().unwrap(), before);
+        assert_ne!(FakeHost::new(6, "n6", 8).boot_id().unwrap(), before);
+    }
+}
