@@ -3,8 +3,8 @@
 //!
 //! With the `serde` feature the types also derive `serde::Serialize`; the
 //! descriptor set decides how each field renders (see `src/json.rs`), so a
-//! new `bytes` or `map` field gets the same treatment without a change
-//! here.
+//! new `bytes`, `map` or enum field gets the same treatment without a
+//! change here.
 
 use protox::prost_reflect::prost_types::DescriptorProto;
 use protox::prost_reflect::prost_types::field_descriptor_proto::{Label, Type};
@@ -13,8 +13,19 @@ use tonic_prost_build::Builder;
 /// `bytes` fields rendered as text: what people read.
 const TEXT: &[&str] = &[".bcd.v1.CommandInfo.output"];
 
+/// Rendered as the operator spells it on the command line: `default`,
+/// `mac:52:54:00:12:34:56`.
+const IMAGE_TARGET: &str = ".bcd.v1.ImageTarget";
+
 fn serde_attr(with: &str) -> String {
     format!("#[cfg_attr(feature = \"serde\", serde(serialize_with = \"{with}\"))]")
+}
+
+/// `.bcd.v1.CommandKind` -> `crate::v1::CommandKind` (every enum of the
+/// protocol is declared at the top level of its file).
+fn rust_type(type_name: &str) -> String {
+    let name = type_name.rsplit('.').next().unwrap_or(type_name);
+    format!("crate::v1::{name}")
 }
 
 fn json_fields(mut config: Builder, scope: &str, m: &DescriptorProto) -> Builder {
@@ -28,16 +39,32 @@ fn json_fields(mut config: Builder, scope: &str, m: &DescriptorProto) -> Builder
     for f in &m.field {
         let field = format!("{path}.{}", f.name());
         let with = match (f.r#type(), f.label()) {
-            (Type::Bytes, Label::Repeated) => Some("crate::json::hex_list"),
-            (Type::Bytes, _) if TEXT.contains(&field.as_str()) => Some("crate::json::text"),
-            (Type::Bytes, _) => Some("crate::json::hex"),
+            (Type::Bytes, Label::Repeated) => Some("crate::json::hex_list".to_string()),
+            (Type::Bytes, _) if TEXT.contains(&field.as_str()) => {
+                Some("crate::json::text".to_string())
+            }
+            (Type::Bytes, _) => Some("crate::json::hex".to_string()),
             (Type::Message, Label::Repeated) if is_map(f.type_name()) => {
-                Some("crate::json::sorted_map")
+                Some("crate::json::sorted_map".to_string())
+            }
+            (Type::Enum, Label::Repeated) => Some(format!(
+                "crate::json::enumeration_list::<{}, _>",
+                rust_type(f.type_name())
+            )),
+            (Type::Enum, _) => Some(format!(
+                "crate::json::enumeration::<{}, _>",
+                rust_type(f.type_name())
+            )),
+            (Type::Message, Label::Repeated) if f.type_name() == IMAGE_TARGET => {
+                Some("crate::json::image_targets".to_string())
+            }
+            (Type::Message, _) if f.type_name() == IMAGE_TARGET => {
+                Some("crate::json::image_target".to_string())
             }
             _ => None,
         };
         if let Some(with) = with {
-            config = config.field_attribute(&field, serde_attr(with));
+            config = config.field_attribute(&field, serde_attr(&with));
         }
     }
     for nested in &m.nested_type {

@@ -127,6 +127,11 @@ pub async fn serve(
             gw.clone(),
             rollouts.clone(),
         )),
+        tokio::spawn(crate::controllers::run_specs(
+            store.clone(),
+            worker_key.clone(),
+            gw.clone(),
+        )),
     ];
 
     let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;

@@ -94,12 +94,17 @@ fn access_reaches_sshd_files_and_the_firewall_table() {
     });
 }
 
+/// A rule as the operator spells it (an unknown spelling is UNSPECIFIED,
+/// which the node refuses).
 fn rule(protocol: &str, port: u32, source: &str, action: &str) -> FirewallRule {
+    use bcd_proto::typed::parse;
+    use bcd_proto::v1::{FirewallAction, FirewallProtocol};
     FirewallRule {
-        protocol: protocol.into(),
+        protocol: parse::<FirewallProtocol>(protocol).unwrap_or(FirewallProtocol::Unspecified)
+            as i32,
         port,
         source: source.into(),
-        action: action.into(),
+        action: parse::<FirewallAction>(action).unwrap_or(FirewallAction::Unspecified) as i32,
     }
 }
 

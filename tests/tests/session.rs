@@ -146,7 +146,8 @@ fn a_deleted_node_is_refused_and_told_to_join_again() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(server.node(&id).is_none());
     // Deleting revokes the certificate; the revocation feed ends the live
-    // session with a notice, and the node stops for good.
+    // session with a notice carrying the worker-signed statement of the
+    // deletion, and the node stops for good.
     let status = node
         .proc()
         .wait(Duration::from_secs(30))
@@ -154,7 +155,7 @@ fn a_deleted_node_is_refused_and_told_to_join_again() {
     assert_eq!(status.code(), Some(3));
     let log = node.proc().log();
     assert!(
-        log.contains("revoked (node-deleted)") && log.contains("bcd join --reset --yes"),
+        log.contains(&format!("node {id} was deleted")) && log.contains("bcd join --reset --yes"),
         "{log}"
     );
     assert!(

@@ -144,11 +144,12 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
         .block(store.store.update_spec(
             &id,
             Box::new(|_| Ok(())),
-            Box::new(move |generation, _, _| {
+            Box::new(move |seal, _| {
                 let forged = bcd_proto::v1::NodeSpec {
                     node_id,
-                    generation,
-                    issued_at_ms: 0,
+                    generation: seal.generation,
+                    issued_at_ms: seal.issued_at_ms,
+                    not_after_ms: seal.not_after_ms,
                     devices: Some(bcd_proto::v1::DevicesSpec {
                         assignments: vec![bcd_proto::v1::GpuAssignment {
                             allocation_id: "evil".into(),
@@ -194,7 +195,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
         .block(
             store
                 .store
-                .update_spec(&id, Box::new(|_| Ok(())), Box::new(move |_, _, _| old)),
+                .update_spec(&id, Box::new(|_| Ok(())), Box::new(move |_, _| old)),
         )
         .unwrap();
     assert_eq!(generation, 5);

@@ -1,5 +1,5 @@
-//! The node's identity on disk: who it is, the key that proves it, and the
-//! server time mark.
+//! The node's identity on disk: who it is, the key that proves it, the
+//! server time mark and the replay floors.
 //!
 //! Layout of the data directory (default `/var/lib/bcd`):
 //!
@@ -8,7 +8,7 @@
 //! | `node.key` | the node's ECDSA P-256 key, PKCS#8 PEM, mode 0600 |
 //! | `node.crt` | its certificate from the fleet CA, PEM |
 //! | `ca.crt` | the fleet CA, pinned at join, PEM |
-//! | `identity.json` | node id, server, serial, expiry, server time mark, highest epoch |
+//! | `identity.json` | node id, server, serial, expiry, server time mark (with the base that bounds it), highest epoch, replay floors |
 //! | `journal.db` | the journal (see `journal`) |
 //! | `bcd.lock` | held by the one bcd process using the directory |
 //!
@@ -19,16 +19,24 @@
 //!
 //! `identity.json` carries `version`. This bcd writes [`IDENTITY_VERSION`]
 //! and reads every version up to it; a file from a newer bcd is refused
-//! ([`IdentityError::Newer`]), never misread. Version 1 is frozen: it was
-//! first written without `cert_issued_ms`, `next` and `release_keys`
-//! (those shapes still load, with the defaults below), and anything added
-//! from now on is version 2, with its own reader and a migration from 1.
-//! Golden files in `testdata/identity/` pin what this code writes and every
-//! earlier shape it reads (`tests/formats.rs`).
+//! ([`IdentityError::Newer`]), never misread. Golden files in
+//! `testdata/identity/` pin what this code writes and every earlier shape
+//! it reads (`tests/formats.rs`).
+//!
+//! - Version 1 (frozen): first written without `cert_issued_ms`, `next`
+//!   and `release_keys` (those shapes still load, with defaults).
+//! - Version 2 adds `replay_floors` (the highest command sequence and spec
+//!   generation the node took on: kept here because a ramdisk node loses
+//!   its journal at every boot) and `clock_base` (what bounds how far the
+//!   server time mark may move; see `bcd_core::clock`). Reading version 1
+//!   migrates it: floors 0, no base (a base starts at the next start).
 //!
 //! A release must not write a version the previous release cannot read
 //! until it has confirmed (`bcd_core::update`): until then it can be
-//! swapped back to that release, which would refuse the file.
+//! swapped back to that release, which would refuse the file. So
+//! [`Identity::write_version`] is 1 while this binary is an unconfirmed
+//! upgrade (the floors and the base then live in memory only; the journal
+//! still holds what the floors guard), and 2 from its confirmation on.
 
 use std::fs;
 use std::io;
@@ -49,7 +57,7 @@ pub const CA: &str = "ca.crt";
 pub const JOURNAL: &str = "journal.db";
 
 /// The `identity.json` format this bcd writes (and the newest it reads).
-pub const IDENTITY_VERSION: u32 = 1;
+pub const IDENTITY_VERSION: u32 = 2;
 
 /// The files `bcd join --reset` moves aside, identity last.
 const RESET_FILES: &[&str] = &[
@@ -98,7 +106,8 @@ pub enum IdentityError {
     },
 }
 
-/// The contents of `identity.json`, format version 1.
+/// The contents of `identity.json`, format version 2 (version 1 is the
+/// same without `replay_floors` and `clock_base`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct IdentityFile {
     pub version: u32,
@@ -126,6 +135,117 @@ pub struct IdentityFile {
     /// A renewed certificate being installed (see [`Identity::install_renewal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<NextCert>,
+    /// Version 2: what this node took on, journal or not.
+    pub replay_floors: ReplayFloors,
+    /// Version 2: what bounds the server time mark (`None` until a session
+    /// of this version ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_base: Option<ClockBase>,
+}
+
+/// The highest command sequence and spec generation this node accepted.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplayFloors {
+    pub command_seq: u64,
+    pub spec_generation: u64,
+}
+
+/// A server time known to have passed at a reading of one boot's boot
+/// clock (`bcd_core::clock::Base`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClockBase {
+    pub boot_id: String,
+    pub boot_ms: i64,
+    pub server_ms: i64,
+}
+
+impl IdentityFile {
+    /// The persisted server time mark, for `bcd_core::ServerClock`.
+    pub fn mark(&self) -> bcd_core::Mark {
+        bcd_core::Mark {
+            ms: self.server_time_mark_ms,
+            base: self.clock_base.as_ref().map(|b| bcd_core::clock::Base {
+                boot_id: b.boot_id.clone(),
+                boot_ms: b.boot_ms,
+                server_ms: b.server_ms,
+            }),
+        }
+    }
+
+    /// Takes the mark to persist.
+    pub fn set_mark(&mut self, mark: &bcd_core::Mark) {
+        self.server_time_mark_ms = mark.ms;
+        self.clock_base = mark.base.as_ref().map(|b| ClockBase {
+            boot_id: b.boot_id.clone(),
+            boot_ms: b.boot_ms,
+            server_ms: b.server_ms,
+        });
+    }
+}
+
+/// Version 1 of `identity.json`, as that version wrote it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct IdentityFileV1 {
+    version: u32,
+    node_id: String,
+    server: String,
+    cert_serial: String,
+    cert_not_after_ms: i64,
+    identity_generation: u64,
+    server_time_mark_ms: i64,
+    last_epoch: u64,
+    #[serde(default)]
+    ramdisk: bool,
+    #[serde(default)]
+    worker_keys: Vec<String>,
+    #[serde(default)]
+    release_keys: Vec<String>,
+    #[serde(default)]
+    cert_issued_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next: Option<NextCert>,
+}
+
+impl From<IdentityFileV1> for IdentityFile {
+    fn from(v: IdentityFileV1) -> IdentityFile {
+        IdentityFile {
+            version: 1,
+            node_id: v.node_id,
+            server: v.server,
+            cert_serial: v.cert_serial,
+            cert_not_after_ms: v.cert_not_after_ms,
+            identity_generation: v.identity_generation,
+            server_time_mark_ms: v.server_time_mark_ms,
+            last_epoch: v.last_epoch,
+            ramdisk: v.ramdisk,
+            worker_keys: v.worker_keys,
+            release_keys: v.release_keys,
+            cert_issued_ms: v.cert_issued_ms,
+            next: v.next,
+            replay_floors: ReplayFloors::default(),
+            clock_base: None,
+        }
+    }
+}
+
+impl From<&IdentityFile> for IdentityFileV1 {
+    fn from(f: &IdentityFile) -> IdentityFileV1 {
+        IdentityFileV1 {
+            version: 1,
+            node_id: f.node_id.clone(),
+            server: f.server.clone(),
+            cert_serial: f.cert_serial.clone(),
+            cert_not_after_ms: f.cert_not_after_ms,
+            identity_generation: f.identity_generation,
+            server_time_mark_ms: f.server_time_mark_ms,
+            last_epoch: f.last_epoch,
+            ramdisk: f.ramdisk,
+            worker_keys: f.worker_keys.clone(),
+            release_keys: f.release_keys.clone(),
+            cert_issued_ms: f.cert_issued_ms,
+            next: f.next.clone(),
+        }
+    }
 }
 
 /// What identity.json records about a renewed certificate before its files
@@ -150,6 +270,9 @@ pub struct Identity {
     pub key_pem: String,
     pub cert: CertificateDer<'static>,
     pub ca: CertificateDer<'static>,
+    /// The format version [`Identity::save_state`] writes: the previous one
+    /// while this binary is an unconfirmed upgrade (see the module docs).
+    pub write_version: u32,
 }
 
 fn corrupt(path: &Path, reason: impl std::fmt::Display) -> IdentityError {
@@ -170,22 +293,25 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<IdentityFile, IdentityError> {
         version: Option<u32>,
     }
     let probe: Probe = serde_json::from_slice(bytes).map_err(|e| corrupt(path, e))?;
-    match probe.version {
-        Some(1) => {
-            let file: IdentityFile = serde_json::from_slice(bytes).map_err(|e| corrupt(path, e))?;
-            if file.node_id.is_empty() {
-                return Err(corrupt(path, "no node id"));
-            }
-            Ok(file)
+    let file: IdentityFile = match probe.version {
+        Some(1) => serde_json::from_slice::<IdentityFileV1>(bytes)
+            .map_err(|e| corrupt(path, e))?
+            .into(),
+        Some(2) => serde_json::from_slice(bytes).map_err(|e| corrupt(path, e))?,
+        Some(version) if version > IDENTITY_VERSION => {
+            return Err(IdentityError::Newer {
+                path: path.to_path_buf(),
+                version,
+                known: IDENTITY_VERSION,
+            });
         }
-        Some(version) if version > IDENTITY_VERSION => Err(IdentityError::Newer {
-            path: path.to_path_buf(),
-            version,
-            known: IDENTITY_VERSION,
-        }),
-        Some(version) => Err(corrupt(path, format!("unknown format version {version}"))),
-        None => Err(corrupt(path, "no format version")),
+        Some(version) => return Err(corrupt(path, format!("unknown format version {version}"))),
+        None => return Err(corrupt(path, "no format version")),
+    };
+    if file.node_id.is_empty() {
+        return Err(corrupt(path, "no node id"));
     }
+    Ok(file)
 }
 
 pub fn exists(dir: &Path) -> bool {
@@ -201,7 +327,10 @@ impl Identity {
             });
         }
         let mut file = parse(&id_path, &read(&id_path)?)?;
-        settle_renewal(dir, &mut file)?;
+        // A file rewritten while settling keeps its version: the binary that
+        // loads it may be an unconfirmed upgrade.
+        let version = file.version.min(IDENTITY_VERSION);
+        settle_renewal(dir, &mut file, version)?;
         let key_path = dir.join(KEY);
         let key_pem = String::from_utf8(read(&key_path)?).map_err(|e| corrupt(&key_path, e))?;
         let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| corrupt(&key_path, e))?;
@@ -224,6 +353,7 @@ impl Identity {
             key_pem,
             cert,
             ca,
+            write_version: IDENTITY_VERSION,
         })
     }
 
@@ -249,6 +379,7 @@ impl Identity {
             key_pem,
             cert,
             ca,
+            write_version: IDENTITY_VERSION,
         };
         id.save_state()?;
         Ok(id)
@@ -294,30 +425,52 @@ impl Identity {
         )?;
         self.file.next = Some(next);
         self.save_state()?;
-        settle_renewal(&self.dir, &mut self.file)?;
+        settle_renewal(&self.dir, &mut self.file, self.write_version)?;
         self.key_pem = key_pem;
         self.cert = cert;
         Ok(())
     }
 
-    /// Rewrites `identity.json` (the mark and the epoch change over time).
+    /// Rewrites `identity.json` (the mark, the epoch and the floors change
+    /// over time) in [`Identity::write_version`].
     pub fn save_state(&self) -> Result<(), IdentityError> {
-        write_file(&self.dir, &self.file)
+        write_file(&self.dir, &self.file, self.write_version)
+    }
+
+    /// Raises the floors (never lowers them) and writes them before the
+    /// caller acts on what they guard; nothing is written when they do not
+    /// rise.
+    pub fn raise_floors(&mut self, floors: ReplayFloors) -> Result<(), IdentityError> {
+        let f = &mut self.file.replay_floors;
+        let raised = ReplayFloors {
+            command_seq: f.command_seq.max(floors.command_seq),
+            spec_generation: f.spec_generation.max(floors.spec_generation),
+        };
+        if raised == *f {
+            return Ok(());
+        }
+        *f = raised;
+        self.save_state()
     }
 }
 
-/// Writes `identity.json` in the current format version.
-fn write_file(dir: &Path, file: &IdentityFile) -> Result<(), IdentityError> {
-    let mut file = file.clone();
-    file.version = IDENTITY_VERSION;
-    let json = serde_json::to_vec_pretty(&file).expect("identity serializes");
+/// Writes `identity.json` in format `version` (1 or the current one).
+fn write_file(dir: &Path, file: &IdentityFile, version: u32) -> Result<(), IdentityError> {
+    let json = if version == 1 {
+        serde_json::to_vec_pretty(&IdentityFileV1::from(file))
+    } else {
+        let mut file = file.clone();
+        file.version = IDENTITY_VERSION;
+        serde_json::to_vec_pretty(&file)
+    }
+    .expect("identity serializes");
     fsutil::atomic_write(&dir.join(IDENTITY), &json, 0o600)?;
     Ok(())
 }
 
 /// Finishes or discards an interrupted renewal (see
 /// [`Identity::install_renewal`]).
-fn settle_renewal(dir: &Path, file: &mut IdentityFile) -> Result<(), IdentityError> {
+fn settle_renewal(dir: &Path, file: &mut IdentityFile, version: u32) -> Result<(), IdentityError> {
     let moved = |path: &Path, source| IdentityError::MoveAside {
         path: path.to_path_buf(),
         source,
@@ -334,7 +487,7 @@ fn settle_renewal(dir: &Path, file: &mut IdentityFile) -> Result<(), IdentityErr
             file.cert_serial = next.serial;
             file.cert_not_after_ms = next.not_after_ms;
             file.cert_issued_ms = next.issued_ms;
-            write_file(dir, file)?;
+            write_file(dir, file, version)?;
         }
         None => {
             for name in [KEY, CERT] {
@@ -442,6 +595,8 @@ mod tests {
             release_keys: vec![],
             cert_issued_ms: 0,
             next: None,
+            replay_floors: ReplayFloors::default(),
+            clock_base: None,
         };
         let (_, ca) = pair("ca");
         Identity::create(dir, file, key, cert, ca).unwrap()

@@ -11,7 +11,7 @@ use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P2
 use rustls_pki_types::CertificateDer;
 
 use crate::hw::{self, Host};
-use crate::identity::{self, Identity, IdentityFile};
+use crate::identity::{self, Identity, IdentityFile, ReplayFloors};
 use crate::lock::DirLock;
 
 #[derive(Debug, Clone)]
@@ -126,7 +126,7 @@ pub async fn join_with_token(
         );
     }
     let file = IdentityFile {
-        version: 1,
+        version: crate::identity::IDENTITY_VERSION,
         node_id: resp.node_id,
         server: server.to_string(),
         cert_serial: resp.cert_serial,
@@ -139,6 +139,15 @@ pub async fn join_with_token(
         release_keys: resp.release_keys.iter().map(hex::encode).collect(),
         cert_issued_ms: resp.server_time_ms,
         next: None,
+        // A node that joins again as itself starts above what it saw.
+        replay_floors: resp
+            .floors
+            .map(|f| ReplayFloors {
+                command_seq: f.command_seq,
+                spec_generation: f.spec_generation,
+            })
+            .unwrap_or_default(),
+        clock_base: None,
     };
     let identity = Identity::create(
         dir,

@@ -11,7 +11,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use bcd_agent::identity::{self, Identity, IdentityError, IdentityFile};
+use bcd_agent::identity::{self, ClockBase, Identity, IdentityError, IdentityFile, ReplayFloors};
 use bcd_agent::journal::{self, Journal, JournalError};
 use bcd_agent::slots::{SlotError, Slots};
 use bcd_core::command::Journaled;
@@ -82,17 +82,81 @@ fn sample_identity() -> IdentityFile {
         release_keys: vec!["22".repeat(32)],
         cert_issued_ms: 1_790_000_000_000,
         next: None,
+        replay_floors: ReplayFloors {
+            command_seq: 40,
+            spec_generation: 4,
+        },
+        clock_base: Some(ClockBase {
+            boot_id: "0f3a9c1e-2b4d-4f6a-8c0e-1a2b3c4d5e6f".into(),
+            boot_ms: 86_400_000,
+            server_ms: 1_790_000_063_456,
+        }),
+    }
+}
+
+/// What a version 1 file holds of [`sample_identity`].
+fn sample_identity_v1() -> IdentityFile {
+    IdentityFile {
+        version: 1,
+        replay_floors: ReplayFloors::default(),
+        clock_base: None,
+        ..sample_identity()
     }
 }
 
 #[test]
-fn identity_is_written_as_the_golden_file() {
+fn identity_is_written_as_the_golden_files() {
     let d = data_dir_with("identity/v1-4e03bc7.json");
     let mut id = Identity::load(d.path()).unwrap();
     id.file = sample_identity();
     id.save_state().unwrap();
     let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v2.json", &written);
+    assert_eq!(Identity::load(d.path()).unwrap().file, sample_identity());
+    // An unconfirmed upgrade writes what the release before it reads.
+    id.write_version = 1;
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
     assert_golden("identity/v1.json", &written);
+}
+
+#[test]
+fn floors_only_rise_and_are_written_when_they_do() {
+    let d = data_dir_with("identity/v1-4e03bc7.json");
+    let mut id = Identity::load(d.path()).unwrap();
+    id.raise_floors(ReplayFloors {
+        command_seq: 5,
+        spec_generation: 2,
+    })
+    .unwrap();
+    id.raise_floors(ReplayFloors {
+        command_seq: 3,
+        spec_generation: 7,
+    })
+    .unwrap();
+    let back = Identity::load(d.path()).unwrap();
+    assert_eq!(
+        back.file.replay_floors,
+        ReplayFloors {
+            command_seq: 5,
+            spec_generation: 7
+        }
+    );
+    let before = fs::metadata(d.path().join(identity::IDENTITY))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let mut id = back;
+    id.raise_floors(ReplayFloors {
+        command_seq: 1,
+        spec_generation: 1,
+    })
+    .unwrap();
+    let after = fs::metadata(d.path().join(identity::IDENTITY))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(before, after, "nothing rose, nothing written");
 }
 
 #[test]
@@ -118,8 +182,13 @@ fn every_earlier_identity_reads_back() {
     assert_eq!(id.cert_life().issued_ms, 1_790_079_200_000);
     assert!(id.file.release_keys.is_empty());
 
-    // Today's, and today's in the middle of a renewal: loading finishes it.
+    // The last version 1 shape, and one in the middle of a renewal:
+    // loading finishes it.
     let d = data_dir_with("identity/v1-4e03bc7.json");
+    let id = Identity::load(d.path()).unwrap();
+    assert_eq!(id.file, sample_identity_v1());
+    // Version 2: the floors and the clock base.
+    let d = data_dir_with("identity/v2.json");
     let id = Identity::load(d.path()).unwrap();
     assert_eq!(id.file, sample_identity());
     let d = data_dir_with("identity/v1-4e03bc7-renewing.json");
@@ -139,15 +208,15 @@ fn every_earlier_identity_reads_back() {
 
 #[test]
 fn a_newer_identity_is_refused_and_left_alone() {
-    let d = data_dir_with("identity/v2-future.json");
+    let d = data_dir_with("identity/v3-future.json");
     let before = fs::read(d.path().join(identity::IDENTITY)).unwrap();
     let e = Identity::load(d.path()).unwrap_err();
     assert!(
         matches!(
             e,
             IdentityError::Newer {
-                version: 2,
-                known: 1,
+                version: 3,
+                known: 2,
                 ..
             }
         ),

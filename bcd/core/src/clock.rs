@@ -9,11 +9,32 @@
 //! mark* that only moves forward and is persisted in `identity.json`. A
 //! Welcome more than [`MAX_REWIND`] before the mark is refused: a gateway
 //! cannot rewind the node into an expired window.
+//!
+//! The same unsigned time must not push the mark out of reach of honest
+//! gateways (a mark ten years ahead would refuse every honest Welcome for
+//! ten years). So the mark moves no further than the node's own clocks
+//! allow: at most [`SLACK`] past its *ceiling*, the larger of
+//!
+//! - a base (a server time known to have passed, at a reading of the boot
+//!   clock, `CLOCK_BOOTTIME`, of one boot) plus the boot clock's progress
+//!   since: server time cannot run faster than the machine's own clock;
+//! - the node's own wall clock, which no gateway sets.
+//!
+//! The base is persisted with the mark and kept for the whole boot, so
+//! restarting the daemon does not restart the allowance. A new boot (or a
+//! mark written before bases existed) starts a new base at the mark less
+//! [`SLACK`], the most a gateway can have pushed it. A gateway can
+//! therefore move the mark at most [`SLACK`] ahead of true server time,
+//! however long it holds the node. The anchor used for deadlines follows
+//! the Welcome regardless; only what is persisted is bounded.
 
 use std::time::Duration;
 
 /// How far before the mark a Welcome may be and still be accepted.
 pub const MAX_REWIND: Duration = Duration::from_secs(5 * 60);
+
+/// How far past the node's own clocks the mark may move.
+pub const SLACK: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClockError {
@@ -28,22 +49,86 @@ pub enum ClockError {
     },
 }
 
-/// `now` arguments are the node's monotonic clock; server times are unix
-/// milliseconds on the store's clock.
+/// A server time known to have passed at a reading of one boot's boot
+/// clock: what bounds the mark (persisted with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Base {
+    pub boot_id: String,
+    /// `CLOCK_BOOTTIME` of that boot, milliseconds.
+    pub boot_ms: i64,
+    /// Server time, unix milliseconds.
+    pub server_ms: i64,
+}
+
+/// The mark as persisted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Mark {
+    /// Unix milliseconds; only moves forward.
+    pub ms: i64,
+    /// `None` in a file written before bases existed.
+    pub base: Option<Base>,
+}
+
+/// The node's own clocks when the process started (its monotonic `now` is
+/// counted from then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Witness {
+    pub boot_id: String,
+    /// `CLOCK_BOOTTIME`, milliseconds.
+    pub boot_ms: i64,
+    /// The wall clock, unix milliseconds; 0 or less: none.
+    pub wall_ms: i64,
+}
+
+impl Witness {
+    /// Clocks that allow nothing beyond a mark's own base: for a node that
+    /// cannot read them (and for tests).
+    pub fn none(boot_id: &str) -> Witness {
+        Witness {
+            boot_id: boot_id.to_string(),
+            boot_ms: 0,
+            wall_ms: 0,
+        }
+    }
+}
+
+/// `now` arguments are the node's monotonic clock since the process
+/// started; server times are unix milliseconds on the store's clock.
 #[derive(Debug, Clone)]
 pub struct ServerClock {
     mark_ms: i64,
+    base: Base,
+    witness: Witness,
     anchor: Option<(Duration, i64)>,
     max_rewind_ms: i64,
+    slack_ms: i64,
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
 }
 
 impl ServerClock {
-    /// Starts from the mark persisted in `identity.json` (0 on a new node).
-    pub fn new(mark_ms: i64) -> Self {
+    /// Starts from the mark persisted in `identity.json` (0 on a new node)
+    /// and the node's clocks now. The mark's base stays when it is of this
+    /// boot; otherwise a new one starts here.
+    pub fn new(mark: Mark, witness: Witness) -> Self {
+        let slack_ms = ms(SLACK);
+        let base = match mark.base {
+            Some(b) if b.boot_id == witness.boot_id && b.boot_ms <= witness.boot_ms => b,
+            _ => Base {
+                boot_id: witness.boot_id.clone(),
+                boot_ms: witness.boot_ms,
+                server_ms: mark.ms.saturating_sub(slack_ms),
+            },
+        };
         ServerClock {
-            mark_ms,
+            mark_ms: mark.ms,
+            base,
+            witness,
             anchor: None,
-            max_rewind_ms: MAX_REWIND.as_millis() as i64,
+            max_rewind_ms: ms(MAX_REWIND),
+            slack_ms,
         }
     }
 
@@ -51,8 +136,40 @@ impl ServerClock {
         self.mark_ms
     }
 
+    /// What to persist.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            ms: self.mark_ms,
+            base: Some(self.base.clone()),
+        }
+    }
+
+    /// The furthest the mark may be at `now`: the base plus the boot
+    /// clock's progress, or the wall clock, whichever is later, plus the
+    /// slack.
+    pub fn ceiling(&self, now: Duration) -> i64 {
+        let boot_now = self.witness.boot_ms.saturating_add(ms(now));
+        let by_boot = self
+            .base
+            .server_ms
+            .saturating_add(boot_now.saturating_sub(self.base.boot_ms));
+        // A wall clock at or before 1970 is one the node does not have.
+        let by_wall = if self.witness.wall_ms > 0 {
+            self.witness.wall_ms.saturating_add(ms(now))
+        } else {
+            i64::MIN
+        };
+        by_boot.max(by_wall).saturating_add(self.slack_ms)
+    }
+
+    /// Moves the mark towards `server_ms`, as far as the ceiling allows.
+    fn raise(&mut self, now: Duration, server_ms: i64) {
+        let to = server_ms.min(self.ceiling(now));
+        self.mark_ms = self.mark_ms.max(to);
+    }
+
     /// Applies a Welcome's server time. On success the clock is anchored and
-    /// the mark moves forward to the server time if it is later.
+    /// the mark moves towards the server time if it is later.
     pub fn on_welcome(&mut self, now: Duration, server_time_ms: i64) -> Result<(), ClockError> {
         let behind = self.mark_ms.saturating_sub(server_time_ms);
         if behind > self.max_rewind_ms {
@@ -63,7 +180,7 @@ impl ServerClock {
             });
         }
         self.anchor = Some((now, server_time_ms));
-        self.mark_ms = self.mark_ms.max(server_time_ms);
+        self.raise(now, server_time_ms);
         Ok(())
     }
 
@@ -76,7 +193,7 @@ impl ServerClock {
             _ if self.anchor.is_none() => {}
             _ => {
                 self.anchor = Some((now, server_time_ms));
-                self.mark_ms = self.mark_ms.max(server_time_ms);
+                self.raise(now, server_time_ms);
             }
         }
     }
@@ -84,15 +201,16 @@ impl ServerClock {
     /// Server time now, if a Welcome anchored the clock in this process.
     pub fn server_now(&self, now: Duration) -> Option<i64> {
         let (at, server) = self.anchor?;
-        let elapsed = now.saturating_sub(at).as_millis() as i64;
+        let elapsed = ms(now.saturating_sub(at));
         Some(server.saturating_add(elapsed))
     }
 
-    /// Moves the mark forward to the current estimate and returns it, for
-    /// persisting. The mark never moves backward.
+    /// Moves the mark forward to the current estimate (as far as the
+    /// ceiling allows) and returns it, for persisting. The mark never moves
+    /// backward.
     pub fn advance(&mut self, now: Duration) -> i64 {
         if let Some(estimate) = self.server_now(now) {
-            self.mark_ms = self.mark_ms.max(estimate);
+            self.raise(now, estimate);
         }
         self.mark_ms
     }
@@ -117,10 +235,27 @@ mod tests {
     use proptest::prelude::*;
 
     const MIN: i64 = 60_000;
+    const DAY: i64 = 24 * 60 * MIN;
+
+    /// A node whose wall clock is right at `wall` (0: unknown), booted at
+    /// boot-clock reading `boot`.
+    fn clock(mark: i64, boot: i64, wall: i64) -> ServerClock {
+        ServerClock::new(
+            Mark {
+                ms: mark,
+                base: None,
+            },
+            Witness {
+                boot_id: "b1".into(),
+                boot_ms: boot,
+                wall_ms: wall,
+            },
+        )
+    }
 
     #[test]
     fn evaluates_server_time_through_the_offset() {
-        let mut c = ServerClock::new(0);
+        let mut c = clock(0, 0, 0);
         assert_eq!(c.server_now(Duration::from_secs(5)), None);
         assert_eq!(c.now_or_mark(Duration::from_secs(5)), 0);
         c.on_welcome(Duration::from_secs(100), 1_000_000).unwrap();
@@ -133,7 +268,7 @@ mod tests {
     #[test]
     fn refuses_a_welcome_more_than_five_minutes_before_the_mark() {
         let mark = 10_000 * MIN;
-        let mut c = ServerClock::new(mark);
+        let mut c = clock(mark, 0, 0);
         let err = c
             .on_welcome(Duration::ZERO, mark - 5 * MIN - 1)
             .unwrap_err();
@@ -148,13 +283,78 @@ mod tests {
         assert_eq!(c.mark_ms(), mark, "the mark does not move back");
     }
 
+    #[test]
+    fn a_future_dated_welcome_moves_the_mark_no_further_than_the_nodes_clocks() {
+        // The node knows server time 1,000 days in; its wall clock is lost.
+        let truth = 1_000 * DAY;
+        let mut c = clock(truth, 50_000, 0);
+        // A gateway says it is ten years later.
+        c.on_welcome(Duration::from_secs(1), truth + 3650 * DAY)
+            .unwrap();
+        // The session runs on that (deadlines follow the anchor) ...
+        assert_eq!(
+            c.server_now(Duration::from_secs(1)),
+            Some(truth + 3650 * DAY)
+        );
+        // ... but the mark is at most the slack past the boot clock's
+        // progress (the new base starts the slack below the old mark).
+        let persisted = c.advance(Duration::from_secs(61));
+        assert_eq!(persisted, truth + 61_000);
+        assert!(c.mark_ms() <= truth + 61_000 + SLACK.as_millis() as i64);
+        // An honest Welcome still passes, in this process and the next one
+        // on the same boot (the base is kept).
+        let record = c.mark();
+        c.on_welcome(Duration::from_secs(62), truth + 62_000)
+            .unwrap();
+        let mut next = ServerClock::new(
+            record.clone(),
+            Witness {
+                boot_id: "b1".into(),
+                boot_ms: 50_000 + 70_000,
+                wall_ms: 0,
+            },
+        );
+        next.on_welcome(Duration::ZERO, truth + 70_000).unwrap();
+        // The restart does not restart the allowance: the ceiling still
+        // counts from the base.
+        next.on_welcome(Duration::ZERO, truth + 3650 * DAY).unwrap();
+        assert_eq!(next.mark_ms(), truth + 70_000);
+        // A new boot: the base restarts at the mark less the slack.
+        let booted = ServerClock::new(
+            next.mark(),
+            Witness {
+                boot_id: "b2".into(),
+                boot_ms: 10_000,
+                wall_ms: 0,
+            },
+        );
+        assert_eq!(
+            booted.ceiling(Duration::ZERO),
+            truth + 70_000,
+            "the mark less the slack, plus the slack"
+        );
+    }
+
+    #[test]
+    fn the_wall_clock_lets_a_long_powered_off_node_catch_up() {
+        let mark = 1_000 * DAY;
+        // Off for 30 days; the wall clock kept time.
+        let mut c = clock(mark, 5_000, mark + 30 * DAY);
+        c.on_welcome(Duration::ZERO, mark + 30 * DAY).unwrap();
+        assert_eq!(c.mark_ms(), mark + 30 * DAY);
+        // Without a wall clock it lags, harmlessly: the mark is only a floor.
+        let mut c = clock(mark, 5_000, 0);
+        c.on_welcome(Duration::ZERO, mark + 30 * DAY).unwrap();
+        assert_eq!(c.mark_ms(), mark);
+    }
+
     proptest! {
         #[test]
         fn mark_never_moves_backward(
             start in 0i64..1_000_000_000,
             steps in proptest::collection::vec((0u64..100_000, -20 * MIN..20 * MIN, 0u8..3), 1..60),
         ) {
-            let mut c = ServerClock::new(start);
+            let mut c = clock(start, 0, start);
             let mut now = Duration::ZERO;
             let mut server = start;
             let mut last_mark = c.mark_ms();
@@ -175,12 +375,60 @@ mod tests {
             }
         }
 
+        /// Whatever a gateway sends, over any number of restarts and
+        /// reboots, the mark stays within the slack of true server time
+        /// (which runs with the boot clock while the machine is up), so an
+        /// honest Welcome is never refused.
+        #[test]
+        fn no_gateway_pushes_the_mark_out_of_reach(
+            truth0 in 1_000_000i64..1_000_000_000,
+            steps in proptest::collection::vec(
+                (0u64..600_000, any::<i64>(), 0u8..4, 0i64..DAY), 1..80),
+        ) {
+            let mut truth = truth0;
+            let mut boot = 1u32;
+            let mut boot_clock = 10_000i64;
+            let mut c = clock(truth, boot_clock, 0);
+            let mut now = Duration::ZERO;
+            for (dt, forged, op, downtime) in steps {
+                now += Duration::from_millis(dt);
+                truth += dt as i64;
+                boot_clock += dt as i64;
+                match op {
+                    0 => { let _ = c.on_welcome(now, forged); }
+                    1 => c.on_sample(now, forged),
+                    2 => {
+                        // A restart on the same boot.
+                        c = ServerClock::new(c.mark(), Witness {
+                            boot_id: format!("b{boot}"), boot_ms: boot_clock, wall_ms: 0,
+                        });
+                        now = Duration::ZERO;
+                    }
+                    _ => {
+                        // A reboot after some downtime.
+                        boot += 1;
+                        truth += downtime;
+                        boot_clock = 1_000;
+                        c = ServerClock::new(c.mark(), Witness {
+                            boot_id: format!("b{boot}"), boot_ms: boot_clock, wall_ms: 0,
+                        });
+                        now = Duration::ZERO;
+                    }
+                }
+                c.advance(now);
+                prop_assert!(c.mark_ms() <= truth + SLACK.as_millis() as i64,
+                    "mark {} ahead of truth {}", c.mark_ms(), truth);
+                let mut probe = c.clone();
+                prop_assert!(probe.on_welcome(now, truth).is_ok());
+            }
+        }
+
         #[test]
         fn estimate_is_monotonic_between_welcomes(
             welcome in 0i64..1_000_000_000,
             samples in proptest::collection::vec((0u64..10_000, -MIN..MIN), 1..40),
         ) {
-            let mut c = ServerClock::new(0);
+            let mut c = clock(0, 0, 0);
             let mut now = Duration::from_secs(1);
             c.on_welcome(now, welcome).unwrap();
             let mut last = c.server_now(now).unwrap();

@@ -6,6 +6,17 @@
 //! change nothing once a newer Hello has run: at most one gateway routes to a
 //! node at a time. The server applies these rules inside its transactions;
 //! the node applies [`EpochTracker`] to Welcomes.
+//!
+//! A Welcome is not signed, so the node also bounds how far one may move
+//! its epoch: at most [`MAX_JUMP`] above the highest it accepted. The store
+//! assigns `max(stored, node's last) + 1`, so an honest epoch is one above
+//! what the node reported unless other sessions of the node ran in
+//! between; a gateway that offers `u64::MAX` (after which no epoch could
+//! ever rise) is refused, and one that inflates the epoch as far as it may
+//! needs 2^48 sessions to exhaust it.
+
+/// How far above the highest accepted epoch a Welcome may be.
+pub const MAX_JUMP: u64 = 1 << 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EpochError {
@@ -14,6 +25,11 @@ pub enum EpochError {
          accepted: a stale or replayed session, refusing it"
     )]
     Stale { offered: u64, highest: u64 },
+    #[error(
+        "the Welcome's session epoch {offered} is more than 65,536 above epoch {highest} this \
+         node accepted last: not an epoch the store assigns, refusing it"
+    )]
+    TooFar { offered: u64, highest: u64 },
 }
 
 /// The epoch a Hello transaction assigns. It is above the stored epoch and
@@ -52,6 +68,12 @@ impl EpochTracker {
                 highest: self.highest,
             });
         }
+        if offered > self.highest.saturating_add(MAX_JUMP) {
+            return Err(EpochError::TooFar {
+                offered,
+                highest: self.highest,
+            });
+        }
         self.highest = offered;
         Ok(())
     }
@@ -76,6 +98,30 @@ mod tests {
         assert!(t.accept(2).is_err());
         t.accept(4).unwrap();
         assert_eq!(t.highest(), 4);
+    }
+
+    #[test]
+    fn a_jump_past_the_bound_is_refused_and_changes_nothing() {
+        let mut t = EpochTracker::new(10);
+        assert_eq!(
+            t.accept(u64::MAX),
+            Err(EpochError::TooFar {
+                offered: u64::MAX,
+                highest: 10
+            })
+        );
+        assert_eq!(t.highest(), 10);
+        t.accept(10 + MAX_JUMP).unwrap();
+        assert!(matches!(
+            t.accept(10 + 2 * MAX_JUMP + 1),
+            Err(EpochError::TooFar { .. })
+        ));
+        // What the store assigns next is always acceptable.
+        t.accept(next_epoch(3, t.highest())).unwrap();
+        // Near the top, the bound saturates instead of overflowing.
+        let mut t = EpochTracker::new(u64::MAX - 1);
+        t.accept(u64::MAX).unwrap();
+        assert!(matches!(t.accept(u64::MAX), Err(EpochError::Stale { .. })));
     }
 
     /// A model of the store: several gateways race Hellos and fenced writes
@@ -123,13 +169,17 @@ mod tests {
         }
 
         #[test]
-        fn tracker_accepts_exactly_increasing_epochs(epochs in proptest::collection::vec(0u64..100, 0..100)) {
+        fn tracker_accepts_exactly_increasing_epochs_within_the_bound(
+            epochs in proptest::collection::vec(prop_oneof![0u64..100, any::<u64>()], 0..100),
+        ) {
             let mut t = EpochTracker::new(0);
-            let mut highest = 0;
+            let mut highest = 0u64;
             for e in epochs {
                 let ok = t.accept(e).is_ok();
-                prop_assert_eq!(ok, e > highest);
-                highest = highest.max(e);
+                prop_assert_eq!(ok, e > highest && e - highest <= MAX_JUMP);
+                if ok {
+                    highest = e;
+                }
                 prop_assert_eq!(t.highest(), highest);
             }
         }

@@ -28,9 +28,11 @@ pub mod spec;
 pub mod update;
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use clock::{ClockError, ServerClock};
+pub use clock::{ClockError, Mark, ServerClock, Witness};
 pub use epoch::{EpochError, EpochTracker};
 pub use renewal::{CertLife, Renewal, RenewalConfig};
 pub use report::{Reports, Status};
 pub use rng::SplitMix64;
-pub use session::{Action, CloseReason, Event, Session, SessionConfig, StreamStatus};
+pub use session::{
+    Action, Claim, CloseReason, Event, Me, Session, SessionConfig, Statement, StatementKind,
+};

@@ -13,14 +13,21 @@
 //! Once established the node sends a Heartbeat every interval the Welcome
 //! names and treats the server as gone after `missed_heartbeats` intervals
 //! without hearing from it. A Welcome is refused if its epoch is not above
-//! every epoch accepted before or its server time is more than five minutes
-//! before the mark. A permanent refusal (node deleted, certificate revoked)
-//! stops the session for good.
+//! every epoch accepted before (or too far above it) or its server time is
+//! more than five minutes before the mark.
+//!
+//! Nothing a gateway sends unsigned can stop the node for good: only a
+//! refusal whose typed reason is a deletion or a revocation, carrying a
+//! statement signed by a worker key that names this node (and, for a
+//! revocation, the certificate it presented), does ([`Event::stream_error`],
+//! [`Event::revoked`]). Every other refusal, whatever its code or words, is
+//! a broken stream: the node backs off and dials again. A Drain's window is
+//! clamped to [`SessionConfig::max_drain`].
 
 use std::time::Duration;
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::clock::{ClockError, ServerClock};
+use crate::clock::{ClockError, Mark, ServerClock};
 use crate::epoch::{EpochError, EpochTracker};
 use crate::rng::SplitMix64;
 
@@ -33,6 +40,9 @@ pub struct SessionConfig {
     pub missed_heartbeats: u32,
     /// How often the server time mark is handed to the shell to persist.
     pub persist_mark_every: Duration,
+    /// The longest a Drain may make the node wait before it dials again
+    /// (the spec spreads planned reconnects over up to 60 seconds).
+    pub max_drain: Duration,
 }
 
 impl Default for SessionConfig {
@@ -42,6 +52,7 @@ impl Default for SessionConfig {
             welcome_timeout: Duration::from_secs(30),
             missed_heartbeats: 3,
             persist_mark_every: Duration::from_secs(300),
+            max_drain: Duration::from_secs(60),
         }
     }
 }
@@ -74,54 +85,120 @@ pub enum Event {
     Closed {
         error: String,
     },
-    /// The server refused this node for good (deleted, revoked): retrying
-    /// with this identity cannot help.
+    /// The server refused this node for good (deleted, revoked), as a
+    /// worker-signed statement confirms: retrying with this identity cannot
+    /// help. Only [`Event::stream_error`] and [`Event::revoked`] make one.
     Refused {
         message: String,
     },
 }
 
-/// How the gateway ended a stream with an error, in the terms the session
-/// rules need (the shell maps its transport's status codes onto these).
+/// What a refusal claims, by its typed reason (the shell decodes the
+/// reason from the status details, never from the message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamStatus {
-    Unauthenticated,
-    PermissionDenied,
-    /// Any other code: the stream broke or the server is unavailable.
+pub enum Claim {
+    /// The node was deleted.
+    NodeDeleted,
+    /// The certificate the session presented was revoked.
+    CertificateRevoked,
+    /// Anything else (an expired certificate, an unknown one, a fenced
+    /// gateway, an unknown reason, no reason at all).
     Other,
 }
 
-/// What the gateway says when it closes a session whose certificate ran
-/// out: the node reconnects with its renewed certificate.
-pub const CERT_EXPIRED: &str = "certificate expired";
+/// What a worker-signed statement says. The shell builds one only from a
+/// statement whose signature verified against the worker keys the node
+/// learned at join; whether it is about this node is decided here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statement {
+    pub node_id: String,
+    pub kind: StatementKind,
+    /// Revoked serials; a deletion covers every certificate.
+    pub serials: Vec<String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatementKind {
+    Deleted,
+    Revoked,
+}
+
+/// The identity a session speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Me<'a> {
+    pub node_id: &'a str,
+    /// The serial of the certificate the session presents.
+    pub serial: &'a str,
+}
+
+impl Statement {
+    /// Whether this statement confirms `claim` about `me`: a deletion of
+    /// this node, or a revocation of the certificate it presents.
+    pub fn confirms(&self, claim: Claim, me: Me<'_>) -> bool {
+        if self.node_id != me.node_id {
+            return false;
+        }
+        match (claim, self.kind) {
+            (Claim::NodeDeleted, StatementKind::Deleted) => true,
+            // A deletion revokes every certificate of the node.
+            (Claim::CertificateRevoked, StatementKind::Deleted) => true,
+            (Claim::CertificateRevoked, StatementKind::Revoked) => {
+                self.serials.iter().any(|s| s == me.serial)
+            }
+            (Claim::NodeDeleted, StatementKind::Revoked) | (Claim::Other, _) => false,
+        }
+    }
+
+    fn stop_message(&self) -> String {
+        match self.kind {
+            StatementKind::Deleted => format!(
+                "node {} was deleted: join again: bcd join --reset --yes, then bcd join",
+                self.node_id
+            ),
+            StatementKind::Revoked => format!(
+                "the node certificate was revoked ({}): join again: bcd join --reset --yes, then \
+                 bcd join",
+                self.reason
+            ),
+        }
+    }
+}
 
 impl Event {
-    /// The event for a stream the gateway ended with an error: an expired
-    /// certificate is a reconnect; any other authentication or permission
-    /// refusal means the server refused this node for good (deleted,
-    /// revoked); anything else is a broken stream, redialed with back-off.
-    pub fn stream_error(status: StreamStatus, code: &str, message: &str) -> Event {
-        match status {
-            StreamStatus::Unauthenticated if message.starts_with(CERT_EXPIRED) => Event::Closed {
-                error: message.to_string(),
+    /// The event for a stream the gateway ended with an error status.
+    /// `claim` comes from the status's typed reason; `statement` is the
+    /// verified statement it carried, if any. Only a deletion or revocation
+    /// that the statement confirms for `me` stops the node; anything else is
+    /// a broken stream, redialed with back-off (an expired certificate is
+    /// renewed meanwhile).
+    pub fn stream_error(
+        claim: Claim,
+        statement: Option<&Statement>,
+        me: Me<'_>,
+        code: &str,
+        message: &str,
+    ) -> Event {
+        match statement {
+            Some(s) if s.confirms(claim, me) => Event::Refused {
+                message: s.stop_message(),
             },
-            StreamStatus::Unauthenticated | StreamStatus::PermissionDenied => Event::Refused {
-                message: message.to_string(),
-            },
-            StreamStatus::Other => Event::Closed {
+            _ => Event::Closed {
                 error: format!("{code}: {message}"),
             },
         }
     }
 
-    /// The gateway says this node's certificate was revoked.
-    pub fn revoked(reason: &str) -> Event {
-        Event::Refused {
-            message: format!(
-                "the node certificate was revoked ({reason}): join again: bcd join --reset --yes, \
-                 then bcd join"
-            ),
-        }
+    /// A RevocationNotice: the node stops only when its verified statement
+    /// confirms the revocation of this node's certificate. `None`: the
+    /// notice is not obeyed (the shell logs it); the session goes on until
+    /// the gateway ends it.
+    pub fn revoked(statement: Option<&Statement>, me: Me<'_>) -> Option<Event> {
+        statement
+            .filter(|s| s.confirms(Claim::CertificateRevoked, me))
+            .map(|s| Event::Refused {
+                message: s.stop_message(),
+            })
     }
 }
 
@@ -175,7 +252,7 @@ pub enum Action {
     },
     /// Write the mark (and the highest epoch) to `identity.json`.
     PersistMark {
-        mark_ms: i64,
+        mark: Mark,
         epoch: u64,
     },
     /// Give up: the daemon must exit with this message.
@@ -215,9 +292,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// `mark_ms` and `last_epoch` come from `identity.json`. The first dial is
-    /// due immediately.
-    pub fn new(config: SessionConfig, seed: u64, mark_ms: i64, last_epoch: u64) -> Self {
+    /// The clock starts from the mark in `identity.json` and the node's
+    /// clocks; `last_epoch` comes from `identity.json` too. The first dial
+    /// is due immediately.
+    pub fn new(config: SessionConfig, seed: u64, clock: ServerClock, last_epoch: u64) -> Self {
         Session {
             config,
             state: State::Idle {
@@ -225,7 +303,7 @@ impl Session {
             },
             backoff: Backoff::new(config.backoff),
             rng: SplitMix64::new(seed),
-            clock: ServerClock::new(mark_ms),
+            clock,
             epochs: EpochTracker::new(last_epoch),
             heartbeat_seq: 0,
         }
@@ -337,7 +415,7 @@ impl Session {
                     server_time_ms,
                 });
                 out.push(Action::PersistMark {
-                    mark_ms: self.clock.mark_ms(),
+                    mark: self.clock.mark(),
                     epoch,
                 });
             }
@@ -356,6 +434,7 @@ impl Session {
                 State::AwaitingWelcome { .. } | State::Established { .. },
                 Event::Drain { within },
             ) => {
+                let within = within.min(self.config.max_drain);
                 let delay = Duration::from_millis(
                     self.rng
                         .below_inclusive(within.as_millis().min(u64::MAX as u128) as u64),
@@ -407,8 +486,9 @@ impl Session {
                 if now >= *next_persist {
                     *next_persist = now + self.config.persist_mark_every;
                     let epoch = *epoch;
+                    self.clock.advance(now);
                     out.push(Action::PersistMark {
-                        mark_ms: self.clock.advance(now),
+                        mark: self.clock.mark(),
                         epoch,
                     });
                 }
@@ -447,6 +527,38 @@ mod tests {
         }
     }
 
+    fn clock(mark_ms: i64) -> ServerClock {
+        ServerClock::new(
+            Mark {
+                ms: mark_ms,
+                base: None,
+            },
+            crate::clock::Witness {
+                boot_id: "boot".into(),
+                boot_ms: 0,
+                wall_ms: 0,
+            },
+        )
+    }
+
+    fn session(seed: u64, mark_ms: i64, last_epoch: u64) -> Session {
+        Session::new(SessionConfig::default(), seed, clock(mark_ms), last_epoch)
+    }
+
+    const ME: Me<'static> = Me {
+        node_id: "nd-1",
+        serial: "0a",
+    };
+
+    fn statement(node: &str, kind: StatementKind, serials: &[&str]) -> Statement {
+        Statement {
+            node_id: node.into(),
+            kind,
+            serials: serials.iter().map(|s| s.to_string()).collect(),
+            reason: "node-deleted".into(),
+        }
+    }
+
     fn connect(s: &mut Session, now: Duration) -> Vec<Action> {
         let a = s.handle(now, Event::Tick);
         assert_eq!(a, vec![Action::Dial]);
@@ -454,47 +566,79 @@ mod tests {
     }
 
     #[test]
-    fn stream_errors_are_reconnects_or_refusals() {
-        let expired = Event::stream_error(
-            StreamStatus::Unauthenticated,
+    fn only_a_confirmed_deletion_or_revocation_stops_the_node() {
+        let deleted = statement("nd-1", StatementKind::Deleted, &[]);
+        let revoked = statement("nd-1", StatementKind::Revoked, &["0a"]);
+        let Event::Refused { message } = Event::stream_error(
+            Claim::NodeDeleted,
+            Some(&deleted),
+            ME,
             "Unauthenticated",
-            "certificate expired; renew and reconnect",
-        );
-        assert!(matches!(expired, Event::Closed { .. }));
-        for status in [
-            StreamStatus::Unauthenticated,
-            StreamStatus::PermissionDenied,
-        ] {
-            assert_eq!(
-                Event::stream_error(status, "x", "node nd-1 was deleted"),
-                Event::Refused {
-                    message: "node nd-1 was deleted".into()
-                }
-            );
-        }
-        assert_eq!(
-            Event::stream_error(StreamStatus::Other, "Unavailable", "fenced"),
-            Event::Closed {
-                error: "Unavailable: fenced".into()
-            }
-        );
-        let Event::Refused { message } = Event::revoked("duplicate-identity") else {
-            panic!("a revocation is a refusal");
+            "x",
+        ) else {
+            panic!("a confirmed deletion is a refusal");
         };
         assert!(
-            message.contains("duplicate-identity") && message.contains("bcd join --reset --yes")
+            message.contains("node nd-1 was deleted") && message.contains("bcd join --reset --yes"),
+            "{message}"
         );
+        assert!(matches!(
+            Event::stream_error(Claim::CertificateRevoked, Some(&revoked), ME, "x", "y"),
+            Event::Refused { .. }
+        ));
+        // A deletion revokes every certificate of the node.
+        assert!(matches!(
+            Event::stream_error(Claim::CertificateRevoked, Some(&deleted), ME, "x", "y"),
+            Event::Refused { .. }
+        ));
+        // Everything else is a reconnect: no statement, another node's
+        // statement, another certificate's revocation, a revocation offered
+        // as a deletion, a statement under a reason that ends nothing.
+        let other_node = statement("nd-2", StatementKind::Deleted, &[]);
+        let other_cert = statement("nd-1", StatementKind::Revoked, &["0b"]);
+        for (claim, st) in [
+            (Claim::NodeDeleted, None),
+            (Claim::CertificateRevoked, None),
+            (Claim::NodeDeleted, Some(&other_node)),
+            (Claim::CertificateRevoked, Some(&other_cert)),
+            (Claim::NodeDeleted, Some(&revoked)),
+            (Claim::Other, Some(&deleted)),
+        ] {
+            assert_eq!(
+                Event::stream_error(claim, st, ME, "Unauthenticated", "node nd-1 was deleted"),
+                Event::Closed {
+                    error: "Unauthenticated: node nd-1 was deleted".into()
+                },
+                "{claim:?} {st:?}"
+            );
+        }
+        assert_eq!(Event::revoked(None, ME), None);
+        assert_eq!(Event::revoked(Some(&other_cert), ME), None);
+        let Some(Event::Refused { message }) = Event::revoked(Some(&revoked), ME) else {
+            panic!("a confirmed revocation is a refusal");
+        };
+        assert!(message.contains("revoked (node-deleted)"), "{message}");
         // A refusal stops the session for good.
-        let mut s = Session::new(SessionConfig::default(), 1, 0, 0);
+        let mut s = session(1, 0, 0);
         connect(&mut s, Duration::ZERO);
-        let a = s.handle(S, Event::revoked("revoked"));
+        let a = s.handle(S, Event::revoked(Some(&revoked), ME).unwrap());
         assert!(matches!(a.last(), Some(Action::Stop { .. })));
         assert!(s.is_stopped());
+        // An unconfirmed one is a reconnect with back-off.
+        let mut s = session(1, 0, 0);
+        connect(&mut s, Duration::ZERO);
+        let a = s.handle(
+            S,
+            Event::stream_error(Claim::NodeDeleted, None, ME, "Unauthenticated", "deleted"),
+        );
+        assert!(matches!(a.last(), Some(Action::Disconnected { retry_in }) if *retry_in <= S));
+        assert!(!s.is_stopped());
+        assert!(s.deadline().is_some());
     }
 
     #[test]
     fn hello_welcome_heartbeats() {
-        let mut s = Session::new(SessionConfig::default(), 1, 5_000, 7);
+        let mut s = session(1, 5_000, 7);
         let hello = connect(&mut s, Duration::ZERO);
         assert_eq!(
             hello,
@@ -508,10 +652,14 @@ mod tests {
             epoch: 8,
             server_time_ms: 1_000_000
         }));
-        assert!(a.contains(&Action::PersistMark {
-            mark_ms: 1_000_000,
-            epoch: 8
-        }));
+        // The mark moves only as far as the node's clocks allow (no wall
+        // clock here, one second of boot clock): the Welcome is anchored,
+        // the mark is bounded.
+        assert!(a.iter().any(|a| matches!(
+            a,
+            Action::PersistMark { mark, epoch: 8 } if mark.ms == 5_000 + 1_000
+        )));
+        assert_eq!(s.clock().server_now(S), Some(1_000_000));
         assert_eq!(s.deadline(), Some(S + HB));
         assert_eq!(
             s.handle(S + HB, Event::Tick),
@@ -531,7 +679,7 @@ mod tests {
 
     #[test]
     fn three_silent_intervals_close_the_session() {
-        let mut s = Session::new(SessionConfig::default(), 1, 0, 0);
+        let mut s = session(1, 0, 0);
         connect(&mut s, Duration::ZERO);
         s.handle(Duration::ZERO, welcome(1, 1_000));
         s.handle(HB, Event::Tick);
@@ -549,7 +697,7 @@ mod tests {
 
     #[test]
     fn stale_epoch_and_rewound_clock_are_refused() {
-        let mut s = Session::new(SessionConfig::default(), 3, 10 * 60_000, 5);
+        let mut s = session(3, 10 * 60_000, 5);
         connect(&mut s, Duration::ZERO);
         let a = s.handle(Duration::ZERO, welcome(5, 10 * 60_000));
         assert!(matches!(
@@ -577,7 +725,7 @@ mod tests {
 
     #[test]
     fn refused_stops_for_good() {
-        let mut s = Session::new(SessionConfig::default(), 1, 0, 0);
+        let mut s = session(1, 0, 0);
         connect(&mut s, Duration::ZERO);
         let a = s.handle(
             S,
@@ -595,7 +743,7 @@ mod tests {
 
     #[test]
     fn drain_reconnects_within_the_window_without_growing_backoff() {
-        let mut s = Session::new(SessionConfig::default(), 9, 0, 0);
+        let mut s = session(9, 0, 0);
         connect(&mut s, Duration::ZERO);
         s.handle(Duration::ZERO, welcome(1, 1));
         let a = s.handle(
@@ -616,8 +764,53 @@ mod tests {
     }
 
     #[test]
+    fn an_endless_drain_is_clamped_to_the_longest_spread() {
+        for seed in 0..50 {
+            let mut s = session(seed, 0, 0);
+            connect(&mut s, Duration::ZERO);
+            s.handle(Duration::ZERO, welcome(1, 1));
+            let a = s.handle(
+                S,
+                Event::Drain {
+                    within: Duration::from_millis(u64::from(u32::MAX)),
+                },
+            );
+            let Some(Action::Disconnected { retry_in }) = a.last() else {
+                panic!("{a:?}");
+            };
+            assert!(*retry_in <= Duration::from_secs(60), "{retry_in:?}");
+            assert!(s.deadline().unwrap() <= S + Duration::from_secs(60));
+        }
+    }
+
+    #[test]
+    fn a_huge_epoch_is_refused_and_the_next_honest_one_accepted() {
+        let mut s = session(1, 0, 7);
+        connect(&mut s, Duration::ZERO);
+        let a = s.handle(Duration::ZERO, welcome(u64::MAX, 1_000));
+        assert!(matches!(
+            &a[0],
+            Action::Close {
+                reason: CloseReason::StaleEpoch(EpochError::TooFar { .. })
+            }
+        ));
+        let dial_at = s.deadline().unwrap();
+        let hello = connect(&mut s, dial_at);
+        assert_eq!(
+            hello,
+            vec![Action::SendHello {
+                last_epoch: 7,
+                mark_ms: 0
+            }],
+            "the refused epoch was not taken"
+        );
+        let a = s.handle(dial_at, welcome(crate::epoch::next_epoch(7, 7), 1_000));
+        assert!(matches!(a[0], Action::Established { epoch: 8, .. }));
+    }
+
+    #[test]
     fn welcome_timeout() {
-        let mut s = Session::new(SessionConfig::default(), 1, 0, 0);
+        let mut s = session(1, 0, 0);
         connect(&mut s, Duration::ZERO);
         assert!(s.handle(Duration::from_secs(29), Event::Tick).is_empty());
         let a = s.handle(Duration::from_secs(30), Event::Tick);
@@ -657,7 +850,7 @@ mod tests {
             seed: u64,
             events in proptest::collection::vec(event(), 1..300),
         ) {
-            let mut s = Session::new(SessionConfig::default(), seed, 0, 0);
+            let mut s = session(seed, 0, 0);
             let mut now = Duration::ZERO;
             let mut t = Tracker::default();
             for (dt, ev) in events {
@@ -718,10 +911,10 @@ mod tests {
                         prop_assert!(epoch > self.last_epoch);
                         self.last_epoch = epoch;
                     }
-                    Action::PersistMark { mark_ms, epoch } => {
-                        prop_assert!(mark_ms >= self.last_mark);
+                    Action::PersistMark { mark, epoch } => {
+                        prop_assert!(mark.ms >= self.last_mark);
                         prop_assert_eq!(epoch, self.last_epoch);
-                        self.last_mark = mark_ms;
+                        self.last_mark = mark.ms;
                     }
                     Action::Close { .. } | Action::Stop { .. } => {}
                 }

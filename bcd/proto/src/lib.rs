@@ -1,7 +1,11 @@
 //! The wire protocol between bcd, the gateway, the join service and the
 //! operator API, and the TLS transport both ends use.
 //!
-//! `v1` holds the tonic/prost code generated from `proto/bcd.proto`. `tls`
+//! `v1` holds the tonic/prost code generated from `proto/bcd.proto`;
+//! `typed` converts its enums to and from the domain types of `bcd-core`
+//! with exhaustive matches and gives each value its one spelling; `sign`
+//! seals and opens worker-signed envelopes and checks statements about a
+//! node; `refusal` carries a typed reason in an error status. `tls`
 //! builds rustls configurations on the one crypto provider of the project
 //! (ring), connects tonic channels over our own TLS so the client can pin the
 //! fleet CA, and accepts server connections so handlers can see the client
@@ -11,9 +15,11 @@
 
 #[cfg(feature = "serde")]
 pub mod json;
+pub mod refusal;
 pub mod sign;
 pub mod tls;
 pub mod token;
+pub mod typed;
 
 #[allow(clippy::all, missing_debug_implementations)]
 pub mod v1 {

@@ -1,11 +1,12 @@
-//! Signed envelopes: worker keys (ed25519) sign commands and specs; nodes
-//! verify them against the worker public keys they learned at join. The
-//! gateway relays the stored envelope bytes verbatim and can forge nothing.
+//! Signed envelopes: worker keys (ed25519) sign commands, specs and
+//! statements about nodes (deleted, revoked); nodes verify them against the
+//! worker public keys they learned at join. The gateway relays the stored
+//! envelope bytes verbatim and can forge nothing.
 
 use prost::Message;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 
-use crate::v1::SignedEnvelope;
+use crate::v1::{self, SignedEnvelope};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
@@ -52,6 +53,19 @@ pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<Vec<u8>, VerifyError> {
     Ok(env.payload)
 }
 
+/// Seals a statement about a node.
+pub fn seal_statement(key: &Ed25519KeyPair, statement: &v1::NodeStatement) -> Vec<u8> {
+    seal(key, statement.encode_to_vec())
+}
+
+/// Opens a statement about a node: it verifies against `keys` and decodes.
+/// Whether it is about this node is the caller's decision
+/// (`bcd_core::Statement::confirms`).
+pub fn open_statement(envelope: &[u8], keys: &[Vec<u8>]) -> Result<v1::NodeStatement, VerifyError> {
+    let payload = open(envelope, keys)?;
+    v1::NodeStatement::decode(payload.as_slice()).map_err(|_| VerifyError::Malformed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +103,21 @@ mod tests {
             Err(VerifyError::BadSignature)
         );
         assert_eq!(open(b"\xff\xff\xff", &keys), Err(VerifyError::Malformed));
+    }
+
+    #[test]
+    fn statements_open_only_with_a_worker_key() {
+        let (k, other) = (key(), key());
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let st = v1::NodeStatement {
+            node_id: "nd-1".into(),
+            kind: v1::NodeStatementKind::Deleted as i32,
+            reason: "node-deleted".into(),
+            ..Default::default()
+        };
+        assert_eq!(open_statement(&seal_statement(&k, &st), &keys).unwrap(), st);
+        assert!(open_statement(&seal_statement(&other, &st), &keys).is_err());
+        assert!(open_statement(b"", &keys).is_err());
     }
 
     proptest! {

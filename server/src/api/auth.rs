@@ -2,6 +2,7 @@
 //! `operator.json` (mode 0600) in the server's data directory, whose
 //! SHA-256 the store keeps; the API checks every call against it.
 
+use super::status::{Turned, turned};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -40,18 +41,18 @@ impl tonic::service::Interceptor for OperatorAuth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(|| {
-                Status::unauthenticated(
+                turned(Turned::Operator(
                     "the operator API needs the operator credential (operator.json in the \
                      server's data directory)",
-                )
+                ))
             })?;
         if !self
             .token_hashes
             .contains(&bcd_proto::fingerprint(token.as_bytes()))
         {
-            return Err(Status::unauthenticated(
+            return Err(turned(Turned::Operator(
                 "the operator credential is not valid",
-            ));
+            )));
         }
         Ok(request)
     }

@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use bc_store::Refusal;
 use bc_store::commands::{CommandRow, NewCommand};
-use bcd_core::command::Kind;
+use bcd_core::command::{Kind, MAX_LIFE, ServerState};
 use bcd_proto::v1::{
-    CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
+    self, CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
     ListCommandsResponse, NoArgs, RunCommandRequest, UpgradeArgs, command_payload,
 };
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{refusal, status, unavailable};
+use super::status::{bad_request, refusal, status, unavailable};
 
 /// Default `exec.run` timeout and output bound.
 pub const EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
@@ -24,9 +24,9 @@ pub const EXEC_MAX_OUTPUT: u32 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "unknown command kind {0:?}: one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback"
+        "unknown command kind (value {0}): one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback"
     )]
-    UnknownKind(String),
+    UnknownKind(i32),
     #[error("exec.run needs a program: commands run NODE exec.run -- PROGRAM [ARGS...]")]
     NoProgram,
     #[error("{0} takes no arguments")]
@@ -46,11 +46,11 @@ pub enum ArgsError {
 /// Parses the kind and its arguments; returns the kind, the typed arguments
 /// and a one-line summary for listings.
 pub fn parse(
-    kind: &str,
+    kind: i32,
     args: &[String],
     timeout_ms: u64,
 ) -> Result<(Kind, command_payload::Args, String), ArgsError> {
-    let k = Kind::parse(kind).ok_or_else(|| ArgsError::UnknownKind(kind.to_string()))?;
+    let k = bcd_proto::typed::kind(kind).ok_or(ArgsError::UnknownKind(kind))?;
     match k {
         Kind::ExecRun => {
             let (program, rest) = args.split_first().ok_or(ArgsError::NoProgram)?;
@@ -126,14 +126,33 @@ pub fn parse(
 /// Default deadline of a command.
 pub const DEFAULT_NOT_AFTER: Duration = Duration::from_secs(3600);
 
+/// The deadline a request asks for, or why it may not have it: a command
+/// lives at most `bcd_core::command::MAX_LIFE` (nodes refuse a longer one).
+pub fn not_after(requested_ms: u64) -> Result<Duration, String> {
+    if requested_ms == 0 {
+        return Ok(DEFAULT_NOT_AFTER);
+    }
+    let d = Duration::from_millis(requested_ms);
+    if d > MAX_LIFE {
+        return Err(format!(
+            "a command may live at most 24 hours (nodes refuse a longer one), not {}: give \
+             --not-after 24h or less",
+            humantime::format_duration(Duration::from_secs(d.as_secs()))
+        ));
+    }
+    Ok(d)
+}
+
 pub fn info(c: CommandRow) -> CommandInfo {
+    let kind = Kind::parse(&c.kind).map_or(0, |k| v1::CommandKind::from(k) as i32);
+    let state = ServerState::parse(&c.state).map_or(0, |s| v1::CommandState::from(s) as i32);
     CommandInfo {
         command_id: c.id,
         node_id: c.node_id,
         seq: c.seq,
-        kind: c.kind,
+        kind,
         summary: c.summary,
-        state: c.state,
+        state,
         reason: c.reason,
         exit_code: c.exit_code.unwrap_or(0),
         has_exit_code: c.exit_code.is_some(),
@@ -148,13 +167,9 @@ pub fn info(c: CommandRow) -> CommandInfo {
 
 /// `RunCommand`.
 pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo, Status> {
-    let (kind, args, summary) = parse(&r.kind, &r.args, r.timeout_ms)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    let not_after = if r.not_after_ms == 0 {
-        DEFAULT_NOT_AFTER
-    } else {
-        Duration::from_millis(r.not_after_ms)
-    };
+    let (kind, args, summary) =
+        parse(r.kind, &r.args, r.timeout_ms).map_err(|e| bad_request(e.to_string()))?;
+    let not_after = not_after(r.not_after_ms).map_err(bad_request)?;
     let new = NewCommand {
         node_id: r.node_id,
         kind,
@@ -213,9 +228,24 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
+    fn kind_of(name: &str) -> i32 {
+        bcd_proto::typed::parse::<v1::CommandKind>(name).map_or(99, |k| k as i32)
+    }
+
+    #[test]
+    fn a_command_lives_a_day_at_most() {
+        assert_eq!(not_after(0), Ok(DEFAULT_NOT_AFTER));
+        assert_eq!(not_after(MAX_LIFE.as_millis() as u64), Ok(MAX_LIFE));
+        let e = not_after(MAX_LIFE.as_millis() as u64 + 1).unwrap_err();
+        assert!(
+            e.contains("at most 24 hours") && e.contains("--not-after 24h"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn parses_each_kind_and_refuses_bad_arguments() {
-        let (k, a, summary) = parse("exec.run", &s(&["/bin/echo", "hi"]), 0).unwrap();
+        let (k, a, summary) = parse(kind_of("exec.run"), &s(&["/bin/echo", "hi"]), 0).unwrap();
         assert_eq!(k, Kind::ExecRun);
         assert_eq!(summary, "/bin/echo hi");
         let command_payload::Args::Exec(e) = a else {
@@ -225,47 +255,53 @@ mod tests {
             (e.timeout_ms, e.max_output),
             (EXEC_TIMEOUT_MS, EXEC_MAX_OUTPUT)
         );
-        assert_eq!(parse("exec.run", &[], 0).unwrap_err(), ArgsError::NoProgram);
         assert_eq!(
-            parse("node.reboot", &s(&["now"]), 0).unwrap_err(),
+            parse(kind_of("exec.run"), &[], 0).unwrap_err(),
+            ArgsError::NoProgram
+        );
+        assert_eq!(
+            parse(kind_of("node.reboot"), &s(&["now"]), 0).unwrap_err(),
             ArgsError::NoArgsExpected("node.reboot")
         );
         assert!(
             parse(
-                "boot.kexec",
+                kind_of("boot.kexec"),
                 &s(&["kernel=/k", "initrd=/i", "cmdline=a b"]),
                 0
             )
             .is_ok()
         );
         assert_eq!(
-            parse("boot.kexec", &s(&["initrd=/i"]), 0).unwrap_err(),
+            parse(kind_of("boot.kexec"), &s(&["initrd=/i"]), 0).unwrap_err(),
             ArgsError::NoKernel
         );
         assert!(matches!(
-            parse("boot.kexec", &s(&["kernel"]), 0),
+            parse(kind_of("boot.kexec"), &s(&["kernel"]), 0),
             Err(ArgsError::BadKexecArg(_))
         ));
         assert!(matches!(
-            parse("rm.rf", &[], 0),
+            parse(kind_of("rm.rf"), &[], 0),
             Err(ArgsError::UnknownKind(_))
         ));
-        assert!(parse("inventory.refresh", &[], 0).is_ok());
-        assert!(parse("gpu.reset", &s(&["0000:17:00.0"]), 0).is_ok());
-        assert_eq!(parse("gpu.reset", &[], 0).unwrap_err(), ArgsError::OneGpu);
-        let (_, a, summary) = parse("daemon.upgrade", &s(&["sequence=7"]), 0).unwrap();
+        assert!(parse(kind_of("inventory.refresh"), &[], 0).is_ok());
+        assert!(parse(kind_of("gpu.reset"), &s(&["0000:17:00.0"]), 0).is_ok());
+        assert_eq!(
+            parse(kind_of("gpu.reset"), &[], 0).unwrap_err(),
+            ArgsError::OneGpu
+        );
+        let (_, a, summary) = parse(kind_of("daemon.upgrade"), &s(&["sequence=7"]), 0).unwrap();
         assert_eq!(summary, "release 7");
         assert!(matches!(
             a,
             command_payload::Args::Upgrade(UpgradeArgs { sequence: 7 })
         ));
-        assert!(parse("daemon.upgrade", &s(&["7"]), 0).is_ok());
+        assert!(parse(kind_of("daemon.upgrade"), &s(&["7"]), 0).is_ok());
         for bad in [&[][..], &["0"], &["x"], &["1", "2"]] {
             assert!(matches!(
-                parse("daemon.upgrade", &s(bad), 0),
+                parse(kind_of("daemon.upgrade"), &s(bad), 0),
                 Err(ArgsError::BadSequence(_))
             ));
         }
-        assert!(parse("daemon.rollback", &[], 0).is_ok());
+        assert!(parse(kind_of("daemon.rollback"), &[], 0).is_ok());
     }
 }

@@ -5,27 +5,42 @@
 //! to the kernel command line), `ListBoots`. The boot endpoint that serves
 //! them is `boot`; what goes into an image is the `image` crate's.
 
+use bc_store::Refusal;
 use bc_store::images::{BootRow, ImageRow, NewImage};
 use bcd_proto::v1::{
-    AssignImageRequest, AssignImageResponse, BootInfo, ImageInfo, ListBootsRequest,
-    ListBootsResponse, ListImagesResponse, RegisterImageRequest,
+    AssignImageRequest, AssignImageResponse, BootInfo, DefaultTarget, ImageInfo, ImageTarget,
+    ListBootsRequest, ListBootsResponse, ListImagesResponse, RegisterImageRequest, image_target,
 };
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{status, unavailable};
+use super::status::{bad_request, refusal, status, unavailable};
 
 /// The most an assignment may append to the kernel command line.
 const MAX_APPEND: usize = 2048;
 
-/// An assignment target: the fleet default or one MAC address.
-pub fn parse_target(t: &str) -> Option<String> {
-    if t == "default" {
-        return Some(t.to_string());
+/// The store's key of an assignment target (`default`, `mac:<MAC>`), or
+/// `None` for a target that names neither (or a MAC that does not parse).
+pub fn target_key(t: &ImageTarget) -> Option<String> {
+    match t.target.as_ref()? {
+        image_target::Target::Default(_) => Some("default".to_string()),
+        image_target::Target::Mac(m) => {
+            let mac = crate::boot::parse::parse_mac(m)?;
+            Some(format!("mac:{mac}"))
+        }
     }
-    let mac = crate::boot::parse::parse_mac(t.strip_prefix("mac:")?)?;
-    Some(format!("mac:{mac}"))
+}
+
+/// The target a store key names.
+pub fn wire_target(key: &str) -> ImageTarget {
+    let target = if key == "default" {
+        Some(image_target::Target::Default(DefaultTarget {}))
+    } else {
+        key.strip_prefix("mac:")
+            .map(|m| image_target::Target::Mac(m.to_string()))
+    };
+    ImageTarget { target }
 }
 
 fn info(i: ImageRow) -> ImageInfo {
@@ -41,39 +56,38 @@ fn info(i: ImageRow) -> ImageInfo {
         initrd_sha256: i.initrd_sha256,
         key_id: i.key_id,
         registered_at_ms: i.registered_at_ms,
-        assigned_to: i.assigned_to,
+        assigned_to: i.assigned_to.iter().map(|t| wire_target(t)).collect(),
     }
 }
 
 fn boot_info(b: BootRow) -> BootInfo {
+    let (outcome, detail) = crate::boot::outcome(&b.outcome);
     BootInfo {
         mac: b.mac,
         image_id: b.image_id,
         at_ms: b.at_ms,
         remote: b.remote,
-        outcome: b.outcome,
+        outcome: outcome as i32,
+        detail,
     }
 }
 
 pub async fn register(svc: &AdminService, r: RegisterImageRequest) -> Result<ImageInfo, Status> {
     if svc.image_keys.is_empty() {
-        return Err(Status::failed_precondition(
-            "this server has no image key: start it with --image-pubkey HEX (from images keygen)",
-        ));
+        return Err(refusal(Refusal::Conflict(
+            "this server has no image key: start it with --image-pubkey HEX (from images keygen)"
+                .into(),
+        )));
     }
-    let signed = image::SignedManifest::parse(&r.signed_manifest)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let signed =
+        image::SignedManifest::parse(&r.signed_manifest).map_err(|e| bad_request(e.to_string()))?;
     let manifest = signed
         .verify(&svc.image_keys)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| bad_request(e.to_string()))?;
     for (part, bytes) in [(&manifest.kernel, &r.kernel), (&manifest.initrd, &r.initrd)] {
-        part.check(bytes)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        part.check(bytes).map_err(|e| bad_request(e.to_string()))?;
     }
-    let id = signed
-        .id()
-        .map_err(|e| Status::invalid_argument(e.to_string()))?
-        .0;
+    let id = signed.id().map_err(|e| bad_request(e.to_string()))?.0;
     let created = svc
         .store
         .register_image(&NewImage {
@@ -99,7 +113,11 @@ pub async fn register(svc: &AdminService, r: RegisterImageRequest) -> Result<Ima
         .into_iter()
         .find(|i| i.image_id == id)
         .map(info)
-        .ok_or_else(|| Status::internal("the image just registered is not listed"))
+        .ok_or_else(|| {
+            refusal(Refusal::Internal(
+                "the image just registered is not listed".into(),
+            ))
+        })
 }
 
 pub async fn list(svc: &AdminService) -> Result<ListImagesResponse, Status> {
@@ -113,14 +131,13 @@ pub async fn assign(
     svc: &AdminService,
     r: AssignImageRequest,
 ) -> Result<AssignImageResponse, Status> {
-    let target = parse_target(&r.target).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "{:?} is not a target: use default or mac:52:54:00:12:34:56",
-            r.target
-        ))
-    })?;
+    let target = r
+        .target
+        .as_ref()
+        .and_then(target_key)
+        .ok_or_else(|| bad_request("name a target: --default, or --mac 52:54:00:12:34:56"))?;
     if r.append.len() > MAX_APPEND || r.append.contains(['\n', '\r', '\0']) {
-        return Err(Status::invalid_argument(format!(
+        return Err(bad_request(format!(
             "--append takes one line of at most {MAX_APPEND} bytes"
         )));
     }
@@ -136,20 +153,20 @@ pub async fn assign(
     info!(%target, image = ?image_id, "image assignment changed");
     Ok(AssignImageResponse {
         image_id: image_id.unwrap_or_default(),
-        target,
+        target: Some(wire_target(&target)),
         append: r.append,
     })
 }
 
 pub async fn boots(svc: &AdminService, r: ListBootsRequest) -> Result<ListBootsResponse, Status> {
-    let mac =
-        if r.mac.is_empty() {
-            None
-        } else {
-            Some(crate::boot::parse::parse_mac(&r.mac).ok_or_else(|| {
-                Status::invalid_argument(format!("{:?} is not a MAC address", r.mac))
-            })?)
-        };
+    let mac = if r.mac.is_empty() {
+        None
+    } else {
+        Some(
+            crate::boot::parse::parse_mac(&r.mac)
+                .ok_or_else(|| bad_request(format!("{:?} is not a MAC address", r.mac)))?,
+        )
+    };
     let limit = if r.limit == 0 {
         100
     } else {
@@ -168,15 +185,47 @@ pub async fn boots(svc: &AdminService, r: ListBootsRequest) -> Result<ListBootsR
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bcd_proto::v1;
+
+    fn mac(m: &str) -> ImageTarget {
+        ImageTarget {
+            target: Some(image_target::Target::Mac(m.into())),
+        }
+    }
 
     #[test]
     fn targets() {
-        assert_eq!(parse_target("default").as_deref(), Some("default"));
+        let default = ImageTarget {
+            target: Some(image_target::Target::Default(DefaultTarget {})),
+        };
+        assert_eq!(target_key(&default).as_deref(), Some("default"));
         assert_eq!(
-            parse_target("mac:52-54-00-12-34-AB").as_deref(),
+            target_key(&mac("52-54-00-12-34-AB")).as_deref(),
             Some("mac:52:54:00:12:34:ab")
         );
-        assert_eq!(parse_target("52:54:00:12:34:ab"), None);
-        assert_eq!(parse_target("node:x"), None);
+        assert_eq!(target_key(&mac("node:x")), None);
+        assert_eq!(target_key(&ImageTarget { target: None }), None);
+        for key in ["default", "mac:52:54:00:12:34:ab"] {
+            assert_eq!(target_key(&wire_target(key)).as_deref(), Some(key));
+        }
+    }
+
+    #[test]
+    fn boot_outcomes_are_recorded_and_read_back_typed() {
+        for (o, d) in [
+            (v1::BootOutcome::Script, ""),
+            (v1::BootOutcome::NoImage, ""),
+            (v1::BootOutcome::Refused, "the signature does not verify"),
+        ] {
+            assert_eq!(
+                crate::boot::outcome(&crate::boot::record(o, d)),
+                (o, d.to_string())
+            );
+        }
+        assert_eq!(
+            crate::boot::outcome("no image"),
+            (v1::BootOutcome::NoImage, String::new()),
+            "as rows were written before"
+        );
     }
 }

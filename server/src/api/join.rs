@@ -13,12 +13,12 @@ use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
 use bcd_proto::v1::{
     FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, RenewRequest,
-    RenewResponse, join_server::Join,
+    RenewResponse, ReplayFloors, join_server::Join,
 };
 use tonic::{Request, Response, Status};
 use tracing::info;
 
-use super::status::{refusal, status, unavailable};
+use super::status::{Turned, bad_request, refusal, status, turned, unavailable};
 use crate::pki::Ca;
 use crate::pki::ca::IssueError;
 
@@ -91,7 +91,7 @@ impl Join for JoinService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let r = request.into_inner();
         let (id, secret) = JoinToken::split_credential(&r.token)
-            .ok_or_else(|| Status::invalid_argument(MalformedToken.to_string()))?;
+            .ok_or_else(|| bad_request(MalformedToken.to_string()))?;
         let ttl = self.policy.ttl(r.ramdisk);
         let input = JoinInput {
             token_id: id.to_string(),
@@ -120,6 +120,10 @@ impl Join for JoinService {
             worker_keys: self.worker_keys.as_ref().clone(),
             release_keys: self.release_keys.as_ref().clone(),
             identity_generation: 1,
+            floors: Some(ReplayFloors {
+                command_seq: joined.command_seq_floor,
+                spec_generation: joined.spec_generation_floor,
+            }),
         }))
     }
 
@@ -128,7 +132,9 @@ impl Join for JoinService {
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<FetchReleaseResponse>, Status> {
         let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
-            Status::unauthenticated("releases are for nodes: present the node certificate")
+            turned(Turned::NoCertificate(
+                "releases are for nodes: present the node certificate",
+            ))
         })?;
         let sequence = request.into_inner().sequence;
         self.store.check_cert(&fingerprint).await.map_err(status)?;
@@ -152,8 +158,11 @@ impl Join for JoinService {
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
-        let fingerprint = peer_fingerprint(&request)
-            .ok_or_else(|| Status::unauthenticated("renewal needs the current node certificate"))?;
+        let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
+            turned(Turned::NoCertificate(
+                "renewal needs the current node certificate",
+            ))
+        })?;
         let csr = request.into_inner().csr_der;
         let (ca, policy) = (self.ca.clone(), self.policy);
         let renewed = self

@@ -1,7 +1,7 @@
 //! Nodes: `ListNodes`, `DeleteNode`.
 
 use bc_store::nodes::NodeRow;
-use bcd_proto::v1::{DeleteNodeRequest, DeleteNodeResponse, ListNodesResponse, NodeInfo};
+use bcd_proto::v1::{self, DeleteNodeRequest, DeleteNodeResponse, ListNodesResponse, NodeInfo};
 use tonic::Status;
 use tracing::info;
 
@@ -9,10 +9,12 @@ use super::AdminService;
 use super::status::{refusal, unavailable};
 
 fn info(n: NodeRow, now: i64) -> NodeInfo {
+    let state = bcd_proto::typed::parse::<v1::NodeState>(&n.state)
+        .unwrap_or(v1::NodeState::Unspecified) as i32;
     NodeInfo {
         node_id: n.node_id,
         hostname: n.hostname,
-        state: n.state,
+        state,
         epoch: n.epoch,
         gateway_id: n.gateway_id,
         cert_not_after_ms: n.cert_not_after_ms,
@@ -42,7 +44,15 @@ pub async fn delete(
     r: DeleteNodeRequest,
 ) -> Result<DeleteNodeResponse, Status> {
     let node = r.node_id;
-    if !svc.store.delete_node(&node).await.map_err(unavailable)? {
+    // The worker key signs the statement of it: the one thing that makes
+    // the node stop for good (a gateway relays it, and cannot forge it).
+    let seal = crate::pki::seal::statement_sealer(svc.worker_key.clone());
+    if !svc
+        .store
+        .delete_node(&node, seal)
+        .await
+        .map_err(unavailable)?
+    {
         return Err(refusal(bc_store::Refusal::NoSuchNode(node)));
     }
     info!(%node, "node deleted");

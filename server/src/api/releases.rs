@@ -1,13 +1,14 @@
 //! Releases: `RegisterRelease` (only what verifies against a release key
 //! and matches its manifest), `ListReleases`.
 
+use bc_store::Refusal;
 use bc_store::releases::{NewRelease, ReleaseRow};
 use bcd_proto::v1::{ListReleasesResponse, RegisterReleaseRequest, ReleaseInfo};
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{status, unavailable};
+use super::status::{bad_request, refusal, status, unavailable};
 
 fn info(r: ReleaseRow) -> ReleaseInfo {
     ReleaseInfo {
@@ -26,18 +27,19 @@ pub async fn register(
     r: RegisterReleaseRequest,
 ) -> Result<ReleaseInfo, Status> {
     let signed = release::SignedManifest::parse(&r.signed_manifest)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| bad_request(e.to_string()))?;
     if svc.release_keys.is_empty() {
-        return Err(Status::failed_precondition(
-            "this server has no release key: start it with --release-pubkey HEX (from releases keygen)",
-        ));
+        return Err(refusal(Refusal::Conflict(
+            "this server has no release key: start it with --release-pubkey HEX (from releases keygen)"
+                .into(),
+        )));
     }
     let manifest = signed
         .verify(&svc.release_keys)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| bad_request(e.to_string()))?;
     manifest
         .check(&r.binary)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| bad_request(e.to_string()))?;
     let row = svc
         .store
         .register_release(&NewRelease {

@@ -21,7 +21,7 @@ use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{refusal, status, unavailable};
+use super::status::{bad_request, refusal, status, unavailable};
 
 /// How long a rollout's upgrade or rollback command may wait for its node.
 pub const COMMAND_NOT_AFTER: Duration = Duration::from_secs(24 * 3600);
@@ -79,7 +79,8 @@ pub fn info(r: Rollout) -> RolloutInfo {
         selector: r.selector,
         waves: r.waves,
         max_failures: r.max_failures,
-        state: r.state.name().to_string(),
+        state: bcd_proto::typed::parse::<v1::RolloutState>(r.state.name())
+            .unwrap_or(v1::RolloutState::Unspecified) as i32,
         wave: r.wave as u32,
         reason: r.reason,
         created_at_ms: r.created_at_ms,
@@ -89,7 +90,8 @@ pub fn info(r: Rollout) -> RolloutInfo {
             .map(|n| v1::RolloutNode {
                 node_id: n.node_id,
                 position: n.position as u32,
-                status: n.status.name().to_string(),
+                status: bcd_proto::typed::parse::<v1::RolloutNodeStatus>(n.status.name())
+                    .unwrap_or(v1::RolloutNodeStatus::Unspecified) as i32,
                 command_id: n.command_id.unwrap_or_default(),
                 reason: n.reason,
                 rollback_command_id: n.rollback_id.unwrap_or_default(),
@@ -136,20 +138,21 @@ pub async fn start(svc: &AdminService, r: StartRolloutRequest) -> Result<Rollout
 }
 
 pub async fn change(svc: &AdminService, r: ChangeRolloutRequest) -> Result<RolloutInfo, Status> {
-    let change = match r.action.as_str() {
-        "pause" => Change::Pause,
-        "resume" => Change::Resume,
-        "abort" => Change::Abort {
+    let change = match v1::RolloutAction::try_from(r.action) {
+        Ok(v1::RolloutAction::Pause) => Change::Pause,
+        Ok(v1::RolloutAction::Resume) => Change::Resume,
+        Ok(v1::RolloutAction::Abort) => Change::Abort {
             rollback: r.rollback,
         },
-        other => {
-            return Err(Status::invalid_argument(format!(
-                "unknown rollout action {other:?}: pause, resume or abort"
+        Ok(v1::RolloutAction::Unspecified) | Err(_) => {
+            return Err(bad_request(format!(
+                "unknown rollout action (value {}): pause, resume or abort",
+                r.action
             )));
         }
     };
     let rolled_back = apply(svc, &r.id, change).await?;
-    info!(rollout = %r.id, action = %r.action, rolled_back = rolled_back.len(), "rollout changed");
+    info!(rollout = %r.id, action = ?change, rolled_back = rolled_back.len(), "rollout changed");
     for n in &rolled_back {
         svc.wake(n);
     }

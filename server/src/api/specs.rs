@@ -4,22 +4,42 @@
 use bc_store::Refusal;
 use bc_store::specs::{Assignment, SpecBody};
 use bcd_proto::v1::{
-    AssignGpusRequest, BindingInfo, NodeSpecInfo, SectionStatus, SetAccessRequest, UnassignRequest,
+    self, AssignGpusRequest, BindingInfo, NodeSpecInfo, SectionStatus, SetAccessRequest,
+    UnassignRequest,
 };
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{refusal, status, unavailable};
+use super::status::{bad_request, refusal, status, unavailable};
 use crate::pki::seal;
 
-fn valid_allocation(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && !id.starts_with('.')
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+/// An allocation's id and environment, checked by the rules the node
+/// applies before it writes the env file (`bcd_helper::validate`): an id
+/// that is a safe file name; variable names without `=`, NUL or a line
+/// break, none that bcd writes itself (NVIDIA_VISIBLE_DEVICES, ...) or
+/// that steers the dynamic loader (LD_*); values without a line break.
+pub fn check_allocation(
+    allocation_id: &str,
+    env: &std::collections::HashMap<String, String>,
+) -> Result<(), String> {
+    use bcd_helper::validate;
+    validate::AllocationId::parse(allocation_id).map_err(|e| e.to_string())?;
+    if env.len() > validate::MAX_ENV {
+        return Err(format!(
+            "allocation {allocation_id}: {} variables, more than {}",
+            env.len(),
+            validate::MAX_ENV
+        ));
+    }
+    let mut keys: Vec<&String> = env.keys().collect();
+    keys.sort();
+    for k in keys {
+        validate::check_env_key(k).map_err(|e| format!("allocation {allocation_id}: {e}"))?;
+        validate::check_env_value(k, &env[k])
+            .map_err(|e| format!("allocation {allocation_id}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Changes a node's spec and seals the new generation; wakes the node's
@@ -63,7 +83,8 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
             .map(|b| BindingInfo {
                 allocation_id: b.allocation_id,
                 gpu_uuids: b.gpus,
-                state: b.state,
+                state: bcd_proto::typed::parse::<v1::BindingState>(&b.state)
+                    .unwrap_or(v1::BindingState::Unspecified) as i32,
                 spec_generation: b.spec_generation,
             })
             .collect(),
@@ -73,7 +94,8 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
             .into_iter()
             .map(|s| SectionStatus {
                 section: s.section,
-                status: s.status,
+                status: bcd_proto::typed::parse::<v1::SectionState>(&s.status)
+                    .unwrap_or(v1::SectionState::Unspecified) as i32,
                 message: s.message,
                 age_ms: (view.now_ms - s.since_ms).max(0) as u64,
             })
@@ -84,23 +106,12 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
 
 /// `AssignGpus`: one allocation per GPU.
 pub async fn assign_gpus(svc: &AdminService, r: AssignGpusRequest) -> Result<NodeSpecInfo, Status> {
-    if !valid_allocation(&r.allocation_id) {
-        return Err(Status::invalid_argument(format!(
-            "allocation id {:?} must be 1-64 letters, digits, '-', '_' or '.'",
-            r.allocation_id
-        )));
-    }
+    check_allocation(&r.allocation_id, &r.env).map_err(bad_request)?;
     if r.gpus.is_empty() || r.gpus.iter().any(|g| g.is_empty()) {
-        return Err(Status::invalid_argument(
-            "name at least one GPU, by UUID or index",
-        ));
+        return Err(bad_request("name at least one GPU, by UUID or index"));
     }
-    for k in r.env.keys() {
-        if k.is_empty() || k.contains('=') || k.contains('\n') {
-            return Err(Status::invalid_argument(format!(
-                "{k:?} is not an environment variable name"
-            )));
-        }
+    for g in &r.gpus {
+        bcd_helper::validate::check_device_name(g).map_err(|e| bad_request(e.to_string()))?;
     }
     let info = change(svc, r.node_id.clone(), move |body| {
         let assignments = &mut body.assignments;
@@ -149,7 +160,7 @@ pub async fn unassign(svc: &AdminService, r: UnassignRequest) -> Result<NodeSpec
 
 /// `SetAccess`.
 pub async fn set_access(svc: &AdminService, r: SetAccessRequest) -> Result<NodeSpecInfo, Status> {
-    let access = seal::access_from_wire(r.access.unwrap_or_default());
+    let access = seal::access_from_wire(r.access.unwrap_or_default()).map_err(bad_request)?;
     let info = change(svc, r.node_id, move |body| {
         body.access = access;
         Ok(())
@@ -157,4 +168,41 @@ pub async fn set_access(svc: &AdminService, r: SetAccessRequest) -> Result<NodeS
     .await?;
     info!(node = %info.node_id, generation = info.desired_generation, "access set");
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn allocation_ids_and_environments_follow_the_nodes_rules() {
+        assert_eq!(check_allocation("job-1.a_b", &env(&[("JOB", "1")])), Ok(()));
+        for id in ["", "../x", "a/b", "..", ".hidden", "a\nb", &"x".repeat(65)] {
+            let e = check_allocation(id, &env(&[])).unwrap_err();
+            assert!(e.contains("allocation id"), "{id:?}: {e}");
+        }
+        for (k, v, why) in [
+            ("NVIDIA_VISIBLE_DEVICES", "all", "reserved"),
+            ("CDI_DEVICES", "x", "reserved"),
+            ("LD_PRELOAD", "/x.so", "reserved"),
+            ("A=B", "1", "not an environment variable name"),
+            ("A\nB", "1", "not an environment variable name"),
+            ("", "1", "not an environment variable name"),
+            ("OK", "two\nlines", "line break"),
+            ("OK", "nul\0", "NUL"),
+        ] {
+            let e = check_allocation("job", &env(&[(k, v)])).unwrap_err();
+            assert!(
+                e.contains(why) && e.starts_with("allocation job:"),
+                "{k}={v:?}: {e}"
+            );
+        }
+    }
 }

@@ -9,7 +9,7 @@ use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::unavailable;
+use super::status::{bad_request, unavailable};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 86_400);
@@ -25,15 +25,11 @@ pub async fn create(
         Duration::from_millis(r.ttl_ms)
     };
     if ttl > MAX_TTL {
-        return Err(Status::invalid_argument(
-            "a join token lives at most 365 days",
-        ));
+        return Err(bad_request("a join token lives at most 365 days"));
     }
     let uses = if r.uses == 0 { 1 } else { r.uses };
     if uses > MAX_USES {
-        return Err(Status::invalid_argument(
-            "a join token has at most 1000000 uses",
-        ));
+        return Err(bad_request("a join token has at most 1000000 uses"));
     }
     let token = JoinToken {
         id: format!("{:016x}", rand::random::<u64>()),

@@ -32,6 +32,34 @@ use tracing::{debug, info, warn};
 
 use bc_store::Store;
 use bc_store::images::{BootRecord, valid_sha256};
+use bcd_proto::typed::Spelling;
+use bcd_proto::v1;
+
+/// What the boot endpoint records for an outcome: its spelling, and for a
+/// refusal why (`refused: <why>`).
+pub fn record(outcome: v1::BootOutcome, detail: &str) -> String {
+    match outcome {
+        v1::BootOutcome::Refused => format!("{}: {detail}", outcome.spelling()),
+        v1::BootOutcome::Script | v1::BootOutcome::NoImage | v1::BootOutcome::Unspecified => {
+            outcome.spelling().to_string()
+        }
+    }
+}
+
+/// A recorded outcome, typed; rows written before outcomes were typed
+/// (`no image`) read back too.
+pub fn outcome(recorded: &str) -> (v1::BootOutcome, String) {
+    if let Some(why) = recorded.strip_prefix("refused: ") {
+        return (v1::BootOutcome::Refused, why.to_string());
+    }
+    match recorded {
+        "no image" => (v1::BootOutcome::NoImage, String::new()),
+        other => match bcd_proto::typed::parse::<v1::BootOutcome>(other) {
+            Some(o) => (o, String::new()),
+            None => (v1::BootOutcome::Unspecified, other.to_string()),
+        },
+    }
+}
 
 pub use parse::{Range, parse_mac, parse_range, query_mac, valid_host};
 
@@ -191,7 +219,7 @@ async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Inco
             );
         }
         Ok(None) => (
-            (None, "no image".to_string()),
+            (None, record(v1::BootOutcome::NoImage, "")),
             text(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -207,14 +235,17 @@ async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Inco
                 let body =
                     image::ipxe_script(&manifest, &id, &image::Fetch::Http(&base), &a.append);
                 (
-                    (Some(a.image_id), "script".to_string()),
+                    (Some(a.image_id), record(v1::BootOutcome::Script, "")),
                     text(StatusCode::OK, body),
                 )
             }
             Err(e) => {
                 warn!(image = %a.image_id, error = %e, "boot endpoint: assigned image does not verify");
                 (
-                    (Some(a.image_id), format!("refused: {e}")),
+                    (
+                        Some(a.image_id),
+                        record(v1::BootOutcome::Refused, &e.to_string()),
+                    ),
                     text(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         format!("the assigned image does not verify: {e}\n"),

@@ -3,10 +3,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bcd_proto::v1::{CommandInfo, GetCommandRequest, ListCommandsRequest, RunCommandRequest};
+use bcd_proto::v1::{
+    CommandInfo, CommandKind, CommandState, GetCommandRequest, ListCommandsRequest,
+    RunCommandRequest,
+};
 use clap::Subcommand;
 
-use super::output::{self, around, out};
+use super::output::{self, around, is_terminal, out, spelled};
 use super::{Target, dur};
 use crate::client::status;
 
@@ -68,10 +71,6 @@ fn not_after(s: &str) -> anyhow::Result<Duration> {
         .map_err(|_| anyhow::anyhow!("--not-after {s} has already passed"))
 }
 
-fn is_terminal(state: &str) -> bool {
-    matches!(state, "succeeded" | "failed" | "expired" | "rejected")
-}
-
 pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCode> {
     let mut c = target.connect().await?;
     match cmd {
@@ -87,10 +86,19 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
             json,
         } => {
             let deadline = deadline.as_deref().map(not_after).transpose()?;
+            let kind = bcd_proto::typed::parse::<CommandKind>(&kind)
+                .filter(|k| *k != CommandKind::Unspecified)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown command kind {kind:?}: one of exec.run, node.reboot, \
+                         boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, \
+                         daemon.rollback"
+                    )
+                })?;
             let mut info = c
                 .run_command(RunCommandRequest {
                     node_id: node,
-                    kind,
+                    kind: kind as i32,
                     args,
                     not_after_ms: deadline.map_or(0, |d| d.as_millis() as u64),
                     min_generation,
@@ -108,7 +116,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            while !is_terminal(&info.state) {
+            while !is_terminal(info.state) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 info = c
                     .get_command(GetCommandRequest {
@@ -125,11 +133,11 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 eprintln!(
                     "{} {}{}",
                     info.command_id,
-                    info.state,
+                    spelled::<CommandState>(info.state),
                     around(": ", &info.reason, "")
                 );
             }
-            Ok(output::command_exit(&info.state))
+            Ok(output::command_exit(info.state))
         }
         CommandsCommand::List { node, limit, json } => {
             let r = c
@@ -159,8 +167,8 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                     i.command_id,
                     i.node_id,
                     i.seq,
-                    i.kind,
-                    i.state,
+                    spelled::<CommandKind>(i.kind),
+                    spelled::<CommandState>(i.state),
                     i.summary
                 );
             }
@@ -185,8 +193,12 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
 fn show(i: &CommandInfo) -> anyhow::Result<()> {
     out!("command   {}", i.command_id);
     out!("node      {} (seq {})", i.node_id, i.seq);
-    out!("kind      {} {}", i.kind, i.summary);
-    out!("state     {}{}", i.state, around(" (", &i.reason, ")"));
+    out!("kind      {} {}", spelled::<CommandKind>(i.kind), i.summary);
+    out!(
+        "state     {}{}",
+        spelled::<CommandState>(i.state),
+        around(" (", &i.reason, ")")
+    );
     if i.has_exit_code {
         out!("exit code {}", i.exit_code);
     }

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignImageRequest, ListBootsRequest, ListImagesRequest, RegisterImageRequest,
+    AssignImageRequest, BootOutcome, DefaultTarget, ImageTarget, ListBootsRequest,
+    ListImagesRequest, RegisterImageRequest, image_target,
 };
 use clap::Subcommand;
 use serde::Serialize;
@@ -163,16 +164,24 @@ impl image::build::Progress for Bar {
     }
 }
 
-fn target_of(mac: Option<String>, default: bool) -> anyhow::Result<String> {
-    match (mac, default) {
-        (_, true) => Ok("default".into()),
-        (Some(m), false) => Ok(format!(
-            "mac:{}",
+fn target_of(mac: Option<String>, default: bool) -> anyhow::Result<ImageTarget> {
+    let target = match (mac, default) {
+        (_, true) => image_target::Target::Default(DefaultTarget {}),
+        (Some(m), false) => image_target::Target::Mac(
             crate::boot::parse::parse_mac(&m)
-                .ok_or_else(|| anyhow::anyhow!("{m:?} is not a MAC address (52:54:00:12:34:56)"))?
-        )),
+                .ok_or_else(|| anyhow::anyhow!("{m:?} is not a MAC address (52:54:00:12:34:56)"))?,
+        ),
         (None, false) => anyhow::bail!("give --mac MAC or --default"),
-    }
+    };
+    Ok(ImageTarget {
+        target: Some(target),
+    })
+}
+
+/// A target as the operator spells it.
+fn shown(t: &Option<ImageTarget>) -> String {
+    t.as_ref()
+        .map_or("-".to_string(), bcd_proto::typed::image_target)
 }
 
 /// What `images build --json` prints.
@@ -343,7 +352,11 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                     if i.assigned_to.is_empty() {
                         "-".to_string()
                     } else {
-                        i.assigned_to.join(",")
+                        i.assigned_to
+                            .iter()
+                            .map(bcd_proto::typed::image_target)
+                            .collect::<Vec<_>>()
+                            .join(",")
                     }
                 );
             }
@@ -363,13 +376,13 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
             let r = c
                 .assign_image(AssignImageRequest {
                     image,
-                    target: target_name,
+                    target: Some(target_name),
                     append,
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
-            out!("{} boots image {}", r.target, r.image_id);
+            out!("{} boots image {}", shown(&r.target), r.image_id);
             Ok(())
         }
         ImagesCommand::Unassign { mac, default } => {
@@ -378,13 +391,13 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
             let r = c
                 .assign_image(AssignImageRequest {
                     image: String::new(),
-                    target: target_name,
+                    target: Some(target_name),
                     append: String::new(),
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
-            out!("{} has no image assigned", r.target);
+            out!("{} has no image assigned", shown(&r.target));
             Ok(())
         }
         ImagesCommand::Boots { mac, limit, json } => {
@@ -418,7 +431,8 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                     } else {
                         output::short(&b.image_id)
                     },
-                    b.outcome
+                    output::spelled::<BootOutcome>(b.outcome)
+                        + &output::around(": ", &b.detail, "")
                 );
             }
             Ok(())

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignGpusRequest, DeleteNodeRequest, GetNodeSpecRequest, ListNodesRequest, NodeSpecInfo,
-    SetAccessRequest, UnassignRequest,
+    AssignGpusRequest, BindingState, DeleteNodeRequest, GetNodeSpecRequest, ListNodesRequest,
+    NodeSpecInfo, NodeState, SectionState, SetAccessRequest, UnassignRequest,
 };
 use clap::Subcommand;
 
 use super::Target;
-use super::output::{self, around, out};
+use super::output::{self, around, out, spelled};
 use crate::client::status;
 
 #[derive(Debug, Subcommand)]
@@ -97,7 +97,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                     "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
                     n.node_id,
                     n.hostname,
-                    n.state,
+                    spelled::<NodeState>(n.state),
                     n.epoch,
                     n.gateway_id,
                     output::time(n.cert_not_after_ms),
@@ -226,7 +226,7 @@ fn print_spec(i: &NodeSpecInfo, json: bool) -> anyhow::Result<()> {
         out!(
             "binding    {} {} (generation {}): {}",
             b.allocation_id,
-            b.state,
+            spelled::<BindingState>(b.state),
             b.spec_generation,
             b.gpu_uuids.join(",")
         );
@@ -238,7 +238,7 @@ fn print_spec(i: &NodeSpecInfo, json: bool) -> anyhow::Result<()> {
         out!(
             "section    {} {}{}",
             s.section,
-            s.status,
+            spelled::<SectionState>(s.status),
             around(": ", &s.message, "")
         );
     }

@@ -71,13 +71,35 @@ pub fn short(id: &str) -> &str {
     &id[..id.len().min(16)]
 }
 
+/// An enum field of a wire message as people read it: its one spelling
+/// (`bcd_proto::typed`), or the number of a value this CLI does not know.
+pub fn spelled<E: bcd_proto::typed::Spelling + TryFrom<i32>>(v: i32) -> String {
+    match E::try_from(v) {
+        Ok(e) => e.spelling().to_string(),
+        Err(_) => v.to_string(),
+    }
+}
+
+/// Whether a command's state is terminal.
+pub fn is_terminal(state: i32) -> bool {
+    bcd_proto::typed::command_state(state).is_some_and(|s| s.is_terminal())
+}
+
 /// What `commands run --wait` exits with: 0 succeeded, 1 failed, 4 expired
-/// or rejected.
-pub fn command_exit(state: &str) -> ExitCode {
-    match state {
-        "succeeded" => ExitCode::SUCCESS,
-        "failed" => ExitCode::from(1),
-        _ => ExitCode::from(4),
+/// or rejected (or a state this CLI does not know).
+pub fn command_exit(state: i32) -> ExitCode {
+    use bcd_core::command::{Outcome, ServerState};
+    match bcd_proto::typed::command_state(state) {
+        Some(ServerState::Terminal(Outcome::Succeeded)) => ExitCode::SUCCESS,
+        Some(ServerState::Terminal(Outcome::Failed)) => ExitCode::from(1),
+        Some(
+            ServerState::Terminal(Outcome::Expired | Outcome::Rejected)
+            | ServerState::Pending
+            | ServerState::Dispatched
+            | ServerState::Acked
+            | ServerState::Running,
+        )
+        | None => ExitCode::from(4),
     }
 }
 
@@ -100,8 +122,20 @@ mod tests {
 
     #[test]
     fn command_states_have_exit_codes() {
-        assert_eq!(command_exit("succeeded"), ExitCode::SUCCESS);
-        assert_eq!(command_exit("failed"), ExitCode::from(1));
-        assert_eq!(command_exit("rejected"), ExitCode::from(4));
+        use bcd_proto::v1::CommandState;
+        assert_eq!(
+            command_exit(CommandState::Succeeded as i32),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(command_exit(CommandState::Failed as i32), ExitCode::from(1));
+        assert_eq!(
+            command_exit(CommandState::Rejected as i32),
+            ExitCode::from(4)
+        );
+        assert!(is_terminal(CommandState::Expired as i32));
+        assert!(!is_terminal(CommandState::Running as i32));
+        assert!(!is_terminal(0));
+        assert_eq!(spelled::<CommandState>(CommandState::Acked as i32), "acked");
+        assert_eq!(spelled::<CommandState>(77), "77");
     }
 }

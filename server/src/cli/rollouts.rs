@@ -1,12 +1,13 @@
 //! `better-compute rollouts`.
 
 use bcd_proto::v1::{
-    ChangeRolloutRequest, GetRolloutRequest, ListRolloutsRequest, RolloutInfo, StartRolloutRequest,
+    self, ChangeRolloutRequest, GetRolloutRequest, ListRolloutsRequest, RolloutAction, RolloutInfo,
+    RolloutNodeStatus, StartRolloutRequest,
 };
 use clap::Subcommand;
 
 use super::Target;
-use super::output::{self, around, out};
+use super::output::{self, around, out, spelled};
 use crate::client::{Admin, status};
 
 #[derive(Debug, Subcommand)]
@@ -53,12 +54,12 @@ pub enum RolloutsCommand {
 async fn change(
     c: &mut Admin,
     id: String,
-    action: &str,
+    action: RolloutAction,
     rollback: bool,
 ) -> anyhow::Result<RolloutInfo> {
     Ok(c.change_rollout(ChangeRolloutRequest {
         id,
-        action: action.to_string(),
+        action: action as i32,
         rollback,
     })
     .await
@@ -112,13 +113,21 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
             };
             (r, json, nodes)
         }
-        RolloutsCommand::Pause { id } => (change(&mut c, id, "pause", false).await?, false, false),
-        RolloutsCommand::Resume { id } => {
-            (change(&mut c, id, "resume", false).await?, false, false)
-        }
-        RolloutsCommand::Abort { id, rollback } => {
-            (change(&mut c, id, "abort", rollback).await?, false, true)
-        }
+        RolloutsCommand::Pause { id } => (
+            change(&mut c, id, RolloutAction::Pause, false).await?,
+            false,
+            false,
+        ),
+        RolloutsCommand::Resume { id } => (
+            change(&mut c, id, RolloutAction::Resume, false).await?,
+            false,
+            false,
+        ),
+        RolloutsCommand::Abort { id, rollback } => (
+            change(&mut c, id, RolloutAction::Abort, rollback).await?,
+            false,
+            true,
+        ),
     };
     print(&info, json, nodes)
 }
@@ -127,7 +136,7 @@ fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
     if json {
         return output::json(r);
     }
-    let count = |s: &str| r.nodes.iter().filter(|n| n.status == s).count();
+    let count = |s: RolloutNodeStatus| r.nodes.iter().filter(|n| n.status == s as i32).count();
     let pct = r.waves.get(r.wave as usize).copied().unwrap_or(100);
     out!(
         "rollout {}: release {} ({}) to {} nodes ({}), {}{}",
@@ -136,20 +145,20 @@ fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
         r.version,
         r.nodes.len(),
         r.selector,
-        r.state,
+        spelled::<v1::RolloutState>(r.state),
         around(": ", &r.reason, "")
     );
     out!(
         "wave {}/{} ({pct}%); confirmed {}, upgrading {}, failed {} (budget {}), waiting {}, skipped {}, cancelled {}",
         r.wave + 1,
         r.waves.len(),
-        count("confirmed"),
-        count("upgrading"),
-        count("failed"),
+        count(RolloutNodeStatus::Confirmed),
+        count(RolloutNodeStatus::Upgrading),
+        count(RolloutNodeStatus::Failed),
         r.max_failures,
-        count("waiting"),
-        count("skipped"),
-        count("cancelled"),
+        count(RolloutNodeStatus::Waiting),
+        count(RolloutNodeStatus::Skipped),
+        count(RolloutNodeStatus::Cancelled),
     );
     if nodes {
         out!("{:<16} {:<10} {:<22} REASON", "NODE", "STATUS", "COMMAND");
@@ -157,7 +166,7 @@ fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
             out!(
                 "{:<16} {:<10} {:<22} {}{}",
                 n.node_id,
-                n.status,
+                spelled::<RolloutNodeStatus>(n.status),
                 n.command_id,
                 n.reason,
                 around(" (rollback ", &n.rollback_command_id, ")")

@@ -7,9 +7,11 @@
 //!   `bc_store::liveness`, applied inside the sweep's transaction).
 //! - [`sweeper`]: commands still pending past their deadline.
 //! - [`rollouts`]: releases in waves.
+//! - [`specs`]: specs signed again before they expire.
 
 pub mod liveness;
 pub mod rollouts;
+pub mod specs;
 pub mod sweeper;
 
 use std::sync::Arc;
@@ -59,6 +61,31 @@ pub async fn run_rollouts(
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = wake.notified() => {}
+        }
+    }
+}
+
+/// How often specs are looked at for signing again.
+const SPECS_EVERY: Duration = Duration::from_secs(60);
+
+/// The spec controller: every minute, specs that expire soon are signed
+/// again; their nodes are woken through `gateway`.
+pub async fn run_specs(
+    store: Store,
+    key: Arc<ring::signature::Ed25519KeyPair>,
+    gateway: Arc<dyn Wake>,
+) {
+    let mut tick = tokio::time::interval(SPECS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match specs::tick(&store, &key).await {
+            Ok(renewed) => {
+                for n in renewed {
+                    gateway.wake(&n);
+                }
+            }
+            Err(e) => warn!(error = %e, "spec signing pass failed"),
         }
     }
 }

@@ -86,7 +86,10 @@ pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
                         && s.cert_serial == r.serial
                         && let Some(tx) = s.end.take()
                     {
-                        let _ = tx.send(End::Revoked { reason: r.reason });
+                        let _ = tx.send(End::Revoked {
+                            reason: r.reason,
+                            statement: r.statement,
+                        });
                     }
                 }
             }

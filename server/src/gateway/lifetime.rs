@@ -13,6 +13,8 @@ use bc_store::Refusal;
 use bc_store::sessions::SessionKey;
 use tonic::Status;
 
+use crate::api::status::{Turned, refusal, turned};
+
 /// Why a session ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
@@ -27,29 +29,29 @@ pub enum End {
     Fenced { gateway: String },
     /// The gateway is stopping; the node reconnects at random within this.
     Drain { within: Duration },
-    /// The certificate was revoked.
-    Revoked { reason: String },
+    /// The certificate was revoked; the statement the store kept says so.
+    Revoked {
+        reason: String,
+        statement: Option<Vec<u8>>,
+    },
     /// The node closed the stream, or it broke.
     StreamEnded,
 }
 
 impl End {
-    /// The status the stream ends with; none when the node is told another
-    /// way (a Drain) or cannot be told (the stream is gone).
+    /// The status the stream ends with (its typed reason in the details,
+    /// through `api::status`); none when the node is told another way (a
+    /// Drain) or cannot be told (the stream is gone).
     pub fn status(&self) -> Option<Status> {
         match self {
-            End::MissedHeartbeats { silent } => Some(Status::unavailable(format!(
-                "no heartbeat for {}s; reconnect",
-                silent.as_secs()
-            ))),
-            End::CertificateExpired => Some(Status::unauthenticated(Refusal::Expired.to_string())),
-            End::Superseded => Some(Status::aborted("session superseded by a newer one")),
-            End::Fenced { gateway } => Some(Status::unavailable(format!(
-                "gateway {gateway} lost its lease; reconnect"
-            ))),
-            End::Revoked { reason } => Some(Status::unauthenticated(format!(
-                "the node certificate was revoked ({reason})"
-            ))),
+            End::MissedHeartbeats { silent } => Some(turned(Turned::MissedHeartbeats(*silent))),
+            End::CertificateExpired => Some(refusal(Refusal::Expired)),
+            End::Superseded => Some(turned(Turned::Superseded)),
+            End::Fenced { gateway } => Some(refusal(Refusal::Fenced(gateway.clone()))),
+            End::Revoked { reason, statement } => Some(turned(Turned::Revoked {
+                reason: reason.clone(),
+                statement: statement.clone(),
+            })),
             End::Drain { .. } | End::StreamEnded => None,
         }
     }
@@ -202,13 +204,20 @@ mod tests {
         };
         assert_eq!(
             fenced.status().unwrap().message(),
-            "gateway gw-1 lost its lease; reconnect"
+            "gateway gw-1 does not hold its lease; reconnect"
         );
         assert_eq!(fenced.disconnect(), None);
         let revoked = End::Revoked {
             reason: "node-deleted".into(),
+            statement: Some(b"st".to_vec()),
         };
-        assert_eq!(revoked.status().unwrap().code(), Code::Unauthenticated);
+        let s = revoked.status().unwrap();
+        assert_eq!(s.code(), Code::Unauthenticated);
+        assert_eq!(
+            bcd_proto::refusal::reason(&s),
+            bcd_proto::v1::RefusalReason::CertificateRevoked
+        );
+        assert_eq!(bcd_proto::refusal::of(&s).unwrap().statement, b"st");
         assert_eq!(revoked.disconnect(), Some(("revoked", Duration::ZERO)));
         let drain = End::Drain {
             within: Duration::from_secs(60),

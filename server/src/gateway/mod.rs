@@ -15,8 +15,11 @@
 //!   work waiting in the store.
 //! - [`admission`]: the handshake bucket; this module holds the Hello
 //!   permits.
+//! - [`facts`]: the node's signed facts (results, state reports,
+//!   inventory), decoded for the store to judge.
 
 pub mod admission;
+pub mod facts;
 pub mod feeds;
 pub mod lease;
 pub mod lifetime;
@@ -38,6 +41,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
+use crate::api::status::{Turned, turned};
 use lifetime::End;
 
 /// Timings of the gateway and the liveness controller.
@@ -261,21 +265,19 @@ impl Gateway for GatewayService {
             .get::<PeerInfo>()
             .and_then(|p| p.cert_fingerprint.clone())
             .ok_or_else(|| {
-                Status::unauthenticated(
+                turned(Turned::NoCertificate(
                     "a node certificate is required: join first: bcd join --server URL --token TOKEN",
-                )
+                ))
             })?;
         if self.state.is_fenced() {
-            return Err(Status::unavailable(
-                "this gateway holds no lease right now; retry",
-            ));
+            return Err(turned(Turned::GatewayFenced(self.state.id.clone())));
         }
         let permit = self
             .state
             .hellos
             .clone()
             .try_acquire_owned()
-            .map_err(|_| Status::resource_exhausted("too many Hellos in flight; retry"))?;
+            .map_err(|_| turned(Turned::Busy))?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);
         let state = self.state.clone();

@@ -4,17 +4,19 @@
 //! store's time, the epoch and the inventory sections the store lacks.
 //! In-flight commands go first, in sequence order, then what is pending,
 //! and the node's spec whenever the store has a newer generation. Messages
-//! from the node are facts the store records; a refusal from the store is
-//! answered with the status `api::status` gives it.
+//! from the node are facts the store records; results, state reports and
+//! inventory only as the node's signed facts ([`super::facts`]), verified
+//! by the store against the node's certificates. A refusal from the store
+//! is answered with the status `api::status` gives it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
-use bc_store::commands::{Dispatch, ResultApplied, ResultInput};
+use bc_store::commands::{Dispatch, ResultApplied};
 use bc_store::events::EventInput;
 use bc_store::sessions::HelloInput;
-use bc_store::specs::SectionReport;
+use bc_store::specs::FactApplied;
 use bc_store::{Refusal, TxError};
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
 use prost::Message;
@@ -23,9 +25,10 @@ use tokio::time::Instant;
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::facts;
 use super::lifetime::{End, Heartbeats};
 use super::{GatewayState, LocalSession};
-use crate::api::status::status;
+use crate::api::status::{Turned, status, turned};
 
 /// How often a session looks for work by itself, besides being woken.
 const SESSION_POLL: Duration = Duration::from_secs(30);
@@ -46,7 +49,6 @@ fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInpu
         boot_id: h.boot_id,
         journal_id: h.journal_id,
         agent_version: h.agent_version,
-        release_floor: h.release_floor,
         last_epoch: h.last_epoch,
         inventory_hashes: h
             .inventory_hashes
@@ -73,9 +75,9 @@ pub async fn run(
         }))) => h,
         Ok(Ok(Some(_))) => {
             let _ = out
-                .send(Err(Status::invalid_argument(
+                .send(Err(turned(Turned::Protocol(
                     "the first message must be Hello",
-                )))
+                ))))
                 .await;
             return;
         }
@@ -228,13 +230,14 @@ impl Session<'_> {
                     })))
                     .await;
             }
-            End::Revoked { reason } => {
+            End::Revoked { reason, statement } => {
                 info!(serial = %self.cert_serial, %reason, "certificate revoked; closing the session");
                 let _ = self
                     .out
                     .send(msg(server_message::Msg::Revocation(v1::RevocationNotice {
                         reason: reason.clone(),
                         serials: vec![self.cert_serial.to_string()],
+                        statement: statement.clone().unwrap_or_default(),
                     })))
                     .await;
             }
@@ -339,24 +342,43 @@ impl Session<'_> {
                 }))
                 .await
             }
-            Some(node_message::Msg::Inventory(inv)) => {
-                if bcd_proto::fingerprint(&inv.body) != inv.sha256 || inv.body.len() > 1 << 20 {
-                    warn!(section = %inv.section, "inventory body does not match its hash or is too large; ignored");
+            Some(node_message::Msg::Inventory(signed)) => {
+                let section = facts::inventory(signed);
+                if let Some(i) = &section.fact
+                    && (bcd_proto::fingerprint(&i.body) != i.sha256 || i.body.len() > 1 << 20)
+                {
+                    warn!(section = %i.section, "inventory body does not match its hash or is too large; ignored");
                     return true;
                 }
-                if let Err(e) = store
-                    .put_inventory(node, self.epoch, &inv.section, &inv.sha256, &inv.body)
+                match store
+                    .put_inventory(
+                        node,
+                        self.epoch,
+                        &section,
+                        crate::pki::verify_node_signature,
+                    )
                     .await
                 {
-                    warn!(error = %e, "cannot store inventory");
+                    Ok(FactApplied::Applied | FactApplied::Stale) => {}
+                    Ok(FactApplied::Forged(reason)) => {
+                        warn!(%reason, "{}", bc_store::inventory::FORGED)
+                    }
+                    Err(e) => warn!(error = %e, "cannot store inventory"),
                 }
                 true
             }
             Some(node_message::Msg::CommandAck(a)) => {
-                let running = a.state == "RUNNING";
+                let running = match v1::AckState::try_from(a.state) {
+                    Ok(v1::AckState::Accepted) => false,
+                    Ok(v1::AckState::Running) => true,
+                    Ok(v1::AckState::Unspecified) | Err(_) => {
+                        warn!(cmd = %a.command_id, state = a.state, "an ack of a state this gateway does not know; ignored");
+                        return true;
+                    }
+                };
                 match store.command_ack(node, &a.command_id, running).await {
                     Ok(true) => {
-                        debug!(cmd = %a.command_id, state = %a.state, "command acknowledged")
+                        debug!(cmd = %a.command_id, running, "command acknowledged")
                     }
                     Ok(false) => {
                         debug!(cmd = %a.command_id, "ack for a finished or unknown command")
@@ -365,35 +387,36 @@ impl Session<'_> {
                 }
                 true
             }
-            Some(node_message::Msg::CommandResult(r)) => {
-                let Some(outcome) = bcd_core::command::Outcome::parse(&r.outcome) else {
-                    warn!(cmd = %r.command_id, outcome = %r.outcome, "result with an unknown outcome; ignored");
-                    return true;
-                };
-                let input = ResultInput {
-                    command_id: r.command_id.clone(),
-                    outcome,
-                    reason: r.reason,
-                    exit_code: r.has_exit_code.then_some(r.exit_code),
-                    output: r.output,
-                    output_truncated: r.output_truncated,
-                };
-                match store.command_result(node, &input).await {
+            Some(node_message::Msg::CommandResult(signed)) => {
+                let r = facts::result(signed);
+                let id = r
+                    .fact
+                    .as_ref()
+                    .map(|f| f.command_id.clone())
+                    .unwrap_or_default();
+                match store
+                    .command_result(node, &r, crate::pki::verify_node_signature)
+                    .await
+                {
+                    Ok(ResultApplied::Forged(reason)) => {
+                        // Not the node's: nothing to acknowledge.
+                        warn!(%reason, "{}", bc_store::commands::FORGED);
+                        true
+                    }
                     Ok(applied) => {
                         match applied {
-                            ResultApplied::Applied => {
-                                info!(cmd = %r.command_id, outcome = %r.outcome, "command finished")
-                            }
+                            ResultApplied::Applied => info!(cmd = %id, "command finished"),
                             ResultApplied::Duplicate => {
-                                debug!(cmd = %r.command_id, "duplicate result; the first one stands")
+                                debug!(cmd = %id, "duplicate result; the first one stands")
                             }
                             ResultApplied::Unknown => warn!(
-                                cmd = %r.command_id,
+                                cmd = %id,
                                 "result for a command this server does not know; acknowledged and dropped"
                             ),
+                            ResultApplied::Forged(_) => unreachable!("handled above"),
                         }
                         self.send(server_message::Msg::ResultAck(v1::ResultAck {
-                            command_ids: vec![r.command_id],
+                            command_ids: vec![id],
                         }))
                         .await
                     }
@@ -463,23 +486,17 @@ impl Session<'_> {
                 }
                 true
             }
-            Some(node_message::Msg::StateReport(r)) => {
-                let sections: Vec<SectionReport> = r
-                    .sections
-                    .into_iter()
-                    .take(32)
-                    .map(|s| SectionReport {
-                        section: s.section,
-                        status: s.status,
-                        message: s.message.chars().take(1024).collect(),
-                        age_ms: s.age_ms,
-                    })
-                    .collect();
-                if let Err(e) = store
-                    .put_state_report(node, r.applied_generation, &sections)
+            Some(node_message::Msg::StateReport(signed)) => {
+                let report = facts::state_report(signed);
+                match store
+                    .put_state_report(node, &report, crate::pki::verify_node_signature)
                     .await
                 {
-                    warn!(error = %e, "cannot record a state report");
+                    Ok(FactApplied::Applied | FactApplied::Stale) => {}
+                    Ok(FactApplied::Forged(reason)) => {
+                        warn!(%reason, "{}", bc_store::specs::FORGED)
+                    }
+                    Err(e) => warn!(error = %e, "cannot record a state report"),
                 }
                 // Commands waiting on this generation may go now.
                 self.dispatch_pending().await
@@ -487,9 +504,9 @@ impl Session<'_> {
             Some(node_message::Msg::Hello(_)) => {
                 let _ = self
                     .out
-                    .send(Err(Status::invalid_argument(
+                    .send(Err(turned(Turned::Protocol(
                         "Hello is only valid as the first message",
-                    )))
+                    ))))
                     .await;
                 false
             }

@@ -1,16 +1,23 @@
-//! What the worker key signs: commands and NodeSpecs.
+//! What the worker key signs: commands, NodeSpecs, and statements about a
+//! node (its deletion).
 //!
-//! The store decides a command's id, sequence and deadline, and a spec's
-//! generation, inside the transaction that stores it; the sealers here turn
-//! those decisions into the signed bytes it keeps ([`command_sealer`],
-//! [`spec_sealer`]). Nodes verify the signature and the payload; the gateway
-//! relays the stored bytes verbatim and can forge nothing.
+//! The store decides a command's id, sequence and deadline, a spec's
+//! generation and expiry, and which certificates a deletion revokes,
+//! inside the transaction that stores it; the sealers here turn those
+//! decisions into the signed bytes it keeps ([`command_sealer`],
+//! [`spec_sealer`], [`statement_sealer`]). Nodes verify the signature and
+//! the payload; the gateway relays the stored bytes verbatim and can forge
+//! nothing.
 
 use std::sync::Arc;
 
 use bc_store::commands::{CommandRow, CommandSeal, NewCommand, SealCommand};
-use bc_store::specs::{Access, AccessUser, Assignment, Firewall, FirewallRule, SealSpec, SpecBody};
+use bc_store::nodes::{SealStatement, StatementKind, StatementSeal};
+use bc_store::specs::{
+    Access, AccessUser, Assignment, Firewall, FirewallRule, SealSpec, SpecBody, SpecSeal,
+};
 use bc_store::{Store, TxError};
+use bcd_proto::typed::{Spelling, parse};
 use bcd_proto::v1::{self, CommandPayload, DevicesSpec, GpuAssignment, NodeSpec, command_payload};
 use prost::Message;
 use ring::signature::Ed25519KeyPair;
@@ -40,19 +47,63 @@ pub fn access(a: &Access) -> v1::AccessSpec {
                 .rules
                 .iter()
                 .map(|r| v1::FirewallRule {
-                    protocol: r.protocol.clone(),
+                    protocol: parse::<v1::FirewallProtocol>(&r.protocol)
+                        .unwrap_or(v1::FirewallProtocol::Unspecified)
+                        as i32,
                     port: r.port,
                     source: r.source.clone(),
-                    action: r.action.clone(),
+                    action: parse::<v1::FirewallAction>(&r.action)
+                        .unwrap_or(v1::FirewallAction::Unspecified)
+                        as i32,
                 })
                 .collect(),
         }),
     }
 }
 
-/// The store's form of an access section an operator sent.
-pub fn access_from_wire(a: v1::AccessSpec) -> Access {
-    Access {
+/// The store's form of an access section an operator sent; a firewall
+/// rule without a protocol or an action it knows is refused.
+pub fn access_from_wire(a: v1::AccessSpec) -> Result<Access, String> {
+    let named = |r: &v1::FirewallRule| -> Result<(&'static str, &'static str), String> {
+        let p = match v1::FirewallProtocol::try_from(r.protocol) {
+            Ok(p @ (v1::FirewallProtocol::Tcp | v1::FirewallProtocol::Udp)) => p.spelling(),
+            Ok(v1::FirewallProtocol::Unspecified) | Err(_) => {
+                return Err(format!(
+                    "firewall rule for port {}: the protocol must be tcp or udp",
+                    r.port
+                ));
+            }
+        };
+        let a = match v1::FirewallAction::try_from(r.action) {
+            Ok(a @ (v1::FirewallAction::Accept | v1::FirewallAction::Drop)) => a.spelling(),
+            Ok(v1::FirewallAction::Unspecified) | Err(_) => {
+                return Err(format!(
+                    "firewall rule for port {}: the action must be accept or drop",
+                    r.port
+                ));
+            }
+        };
+        Ok((p, a))
+    };
+    let firewall = match a.firewall {
+        None => None,
+        Some(f) => Some(Firewall {
+            rules: f
+                .rules
+                .into_iter()
+                .map(|r| {
+                    let (protocol, action) = named(&r)?;
+                    Ok(FirewallRule {
+                        protocol: protocol.to_string(),
+                        port: r.port,
+                        source: r.source,
+                        action: action.to_string(),
+                    })
+                })
+                .collect::<Result<_, String>>()?,
+        }),
+    };
+    Ok(Access {
         users: a
             .users
             .into_iter()
@@ -63,27 +114,17 @@ pub fn access_from_wire(a: v1::AccessSpec) -> Access {
             })
             .collect(),
         trusted_user_ca_keys: a.trusted_user_ca_keys,
-        firewall: a.firewall.map(|f| Firewall {
-            rules: f
-                .rules
-                .into_iter()
-                .map(|r| FirewallRule {
-                    protocol: r.protocol,
-                    port: r.port,
-                    source: r.source,
-                    action: r.action,
-                })
-                .collect(),
-        }),
-    }
+        firewall,
+    })
 }
 
-/// The spec a worker signs for `node` at `generation`.
-pub fn spec_payload(node: &str, generation: u64, issued_at_ms: i64, body: &SpecBody) -> NodeSpec {
+/// The spec a worker signs for `node`, as the store decided it.
+pub fn spec_payload(node: &str, seal: &SpecSeal, body: &SpecBody) -> NodeSpec {
     NodeSpec {
         node_id: node.to_string(),
-        generation,
-        issued_at_ms,
+        generation: seal.generation,
+        issued_at_ms: seal.issued_at_ms,
+        not_after_ms: seal.not_after_ms,
         devices: Some(DevicesSpec {
             assignments: body.assignments.iter().map(assignment).collect(),
         }),
@@ -94,12 +135,28 @@ pub fn spec_payload(node: &str, generation: u64, issued_at_ms: i64, body: &SpecB
 /// Seals `node`'s next spec with `key`.
 pub fn spec_sealer(key: Arc<Ed25519KeyPair>, node: &str) -> SealSpec {
     let node = node.to_string();
-    Box::new(move |generation, now, body| {
-        bcd_proto::sign::seal(
-            &key,
-            spec_payload(&node, generation, now, body).encode_to_vec(),
-        )
+    Box::new(move |seal, body| {
+        bcd_proto::sign::seal(&key, spec_payload(&node, seal, body).encode_to_vec())
     })
+}
+
+/// The statement a worker signs about a node.
+pub fn statement(s: &StatementSeal) -> v1::NodeStatement {
+    v1::NodeStatement {
+        node_id: s.node_id.clone(),
+        kind: match s.kind {
+            StatementKind::Deleted => v1::NodeStatementKind::Deleted,
+            StatementKind::Revoked => v1::NodeStatementKind::Revoked,
+        } as i32,
+        serials: s.serials.clone(),
+        reason: s.reason.clone(),
+        issued_at_ms: s.issued_at_ms,
+    }
+}
+
+/// Seals a statement about a node with `key`.
+pub fn statement_sealer(key: Arc<Ed25519KeyPair>) -> SealStatement {
+    Box::new(move |s| bcd_proto::sign::seal_statement(&key, &statement(s)))
 }
 
 /// The payload a worker signs for a command.
@@ -108,7 +165,7 @@ pub fn command_payload(c: &CommandSeal, args: command_payload::Args) -> CommandP
         command_id: c.id.clone(),
         node_id: c.node_id.clone(),
         seq: c.seq,
-        kind: c.kind.name().to_string(),
+        kind: v1::CommandKind::from(c.kind) as i32,
         not_after_ms: c.not_after_ms,
         min_generation: c.min_generation,
         issued_at_ms: c.issued_at_ms,
@@ -166,12 +223,12 @@ mod tests {
         );
         assert_eq!(
             (
-                p.kind.as_str(),
+                bcd_proto::typed::kind(p.kind),
                 p.issued_at_ms,
                 p.not_after_ms,
                 p.min_generation
             ),
-            ("exec.run", 10, 20, 2)
+            (Some(Kind::ExecRun), 10, 20, 2)
         );
     }
 
@@ -193,6 +250,33 @@ mod tests {
                 }],
             }),
         };
-        assert_eq!(access_from_wire(access(&a)), a);
+        assert_eq!(access_from_wire(access(&a)), Ok(a));
+        let bad = v1::AccessSpec {
+            firewall: Some(v1::FirewallSpec {
+                rules: vec![v1::FirewallRule {
+                    port: 22,
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        };
+        assert!(access_from_wire(bad).unwrap_err().contains("tcp or udp"));
+    }
+
+    #[test]
+    fn a_sealed_statement_opens_with_the_worker_key() {
+        use ring::signature::KeyPair;
+        let seal = StatementSeal {
+            node_id: "nd-1".into(),
+            kind: StatementKind::Deleted,
+            serials: vec!["0a".into()],
+            reason: "node-deleted".into(),
+            issued_at_ms: 5,
+        };
+        let signed = statement_sealer(key())(&seal);
+        let public = key().public_key().as_ref().to_vec();
+        let st = bcd_proto::sign::open_statement(&signed, &[public]).unwrap();
+        assert_eq!(st, statement(&seal));
+        assert_eq!(st.kind, v1::NodeStatementKind::Deleted as i32);
     }
 }

@@ -549,7 +549,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             let r = admin
                 .run_command(bcd_proto::v1::RunCommandRequest {
                     node_id: node_ids[i].clone(),
-                    kind: "exec.run".into(),
+                    kind: bcd_proto::v1::CommandKind::ExecRun as i32,
                     args: vec!["/bin/sh".into(), "-c".into(), script],
                     not_after_ms: 0,
                     min_generation: 0,

@@ -23,13 +23,13 @@ use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInp
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
-use crate::inventory::InventoryRow;
+use crate::inventory::{InventoryInput, InventoryRow};
 use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
+use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
+use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
 #[async_trait]
@@ -69,9 +69,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError>;
 
-    /// Deletes a node and revokes its certificates; false if there was no
-    /// such node.
-    async fn delete_node(&self, node_id: &str) -> Result<bool, StoreError>;
+    /// Deletes a node and revokes its certificates, keeping the statement
+    /// `seal` signs of it with them; false if there was no such node.
+    async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError>;
 
     // ----------------------------------------------------------- sessions
 
@@ -136,16 +136,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     // ---------------------------------------------------------- inventory
 
-    /// Stores an inventory section if `epoch` is the node's current epoch;
-    /// returns whether it applied.
+    /// Stores an inventory section the node signed, if it verifies
+    /// ([`crate::nodes::judge_signed`]) and names the session `epoch`, which
+    /// must be the node's current one; a forgery is recorded.
     async fn put_inventory(
         &self,
         node_id: &str,
         epoch: u64,
-        section: &str,
-        sha256: &str,
-        body: &[u8],
-    ) -> Result<bool, StoreError>;
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError>;
 
     async fn inventory(
         &self,
@@ -188,12 +188,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn command_ack(&self, node_id: &str, id: &str, running: bool)
     -> Result<bool, StoreError>;
 
-    /// Applies a result: the first terminal result wins, from any epoch. A
-    /// confirmed upgrade raises the node's release floor.
+    /// Applies a result the node signed, if it verifies (a forgery is
+    /// recorded and applied nowhere): the first terminal result wins, from
+    /// any epoch. A confirmed upgrade raises the node's release floor.
     async fn command_result(
         &self,
         node_id: &str,
-        r: &ResultInput,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
     ) -> Result<ResultApplied, StoreError>;
 
     /// Expires pending commands past their deadline; returns them.
@@ -205,7 +207,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     // -------------------------------------------------------------- specs
 
     /// Changes a node's spec: `change` edits the body (or refuses), the
-    /// generation grows by one, and `seal` signs the new spec.
+    /// generation grows by one, and `seal` signs the new spec, which lives
+    /// [`crate::specs::LIFETIME`].
     async fn update_spec(
         &self,
         node_id: &str,
@@ -216,13 +219,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The signed spec to send a node, with its generation.
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
 
-    /// Records a node's state report.
+    /// Nodes (not deleted) whose signed spec expires within `within`: the
+    /// worker signs a new generation for each.
+    async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError>;
+
+    /// Records a state report the node signed, if it verifies (a forgery is
+    /// recorded) and is not from an older session than the last applied.
     async fn put_state_report(
         &self,
         node_id: &str,
-        applied_generation: u64,
-        sections: &[SectionReport],
-    ) -> Result<(), StoreError>;
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError>;
 
     /// Desired against applied; `None` for a node that does not exist.
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError>;

@@ -5,8 +5,11 @@
 //! a worker key, outside this crate) inside the creating transaction, so
 //! its payload names its id, sequence and deadline. A repeated idempotency
 //! key returns the first command. Dispatch is a join on the node's session:
-//! a node routed elsewhere, or a stale epoch, gets nothing. The first
-//! terminal result wins, from any epoch (`bcd_core::command::apply_result`).
+//! a node routed elsewhere, or a stale epoch, gets nothing. A result is
+//! the node's signed fact ([`crate::nodes::judge_signed`]): one that does
+//! not verify is recorded as `security.result.forged` and applied nowhere,
+//! so neither a release floor nor a rollout moves on it. The first terminal
+//! result wins, from any epoch (`bcd_core::command::apply_result`).
 //! The sweeper expires commands still pending after their deadline, never
 //! one a node may hold.
 
@@ -71,9 +74,11 @@ pub struct CommandRow {
     pub epoch: u64,
 }
 
-/// A result reported by a node.
+/// A result as the node signed it (inside a [`crate::nodes::Signed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultInput {
+    /// The node the result says ran the command.
+    pub node_id: String,
     pub command_id: String,
     pub outcome: bcd_core::command::Outcome,
     pub reason: String,
@@ -82,7 +87,13 @@ pub struct ResultInput {
     pub output_truncated: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl crate::nodes::About for ResultInput {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResultApplied {
     /// The command is now terminal with this result.
     Applied,
@@ -90,7 +101,12 @@ pub enum ResultApplied {
     Duplicate,
     /// No such command for this node.
     Unknown,
+    /// Not the node's signed fact: recorded as [`FORGED`], applied nowhere.
+    Forged(String),
 }
+
+/// The fleet event a forged result is recorded as.
+pub const FORGED: &str = "security.result.forged";
 
 /// The reason the sweeper records.
 pub const SWEPT: &str = "not_after passed before dispatch";

@@ -46,16 +46,18 @@ pub enum Refusal {
         "this node certificate is not known to this server: join again: bcd join --reset --yes, then bcd join"
     )]
     UnknownCertificate,
+    /// With the signed statement of the deletion, when the store has one.
     #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join")]
-    DeletedNode(String),
+    DeletedNode(String, Option<Vec<u8>>),
     #[error(
         "this certificate does not belong to node {0}: join again: bcd join --reset --yes, then bcd join"
     )]
     WrongCertificate(String),
+    /// With the signed statement of the revocation, when the store has one.
     #[error(
         "the node certificate was revoked ({0}): join again: bcd join --reset --yes, then bcd join"
     )]
-    Revoked(String),
+    Revoked(String, Option<Vec<u8>>),
     #[error("certificate expired; renew and reconnect")]
     Expired,
     /// The request itself is wrong; the message says how.

@@ -2,9 +2,20 @@
 //!
 //! A certificate is valid while its node exists, it is not revoked and it
 //! has not run out, all on the store's clock ([`check_cert`]). Deleting a
-//! node revokes its certificates; the gateways' revocation feed reads
-//! [`Revocation`]s. A node's conditions and taints are lists of names.
+//! node revokes its certificates and keeps a statement of it signed by a
+//! worker key (sealed outside this crate, [`SealStatement`]): the refusal
+//! and the revocation feed ([`Revocation`]) carry it, and nodes obey only
+//! what such a statement confirms. A node's conditions and taints are lists
+//! of names.
+//!
+//! Facts a node signs (results, state reports, inventory) are judged here
+//! ([`judge_signed`]) against the node's valid certificates, with a
+//! verifier handed in: the signature must be by the key of one of them
+//! (a renewal leaves the old and the new valid together, and a fact
+//! journaled before it may be signed with either), and the fact must be
+//! about the node whose session it came on.
 
+use crate::bindings::VerifySignature;
 use crate::error::Refusal;
 
 /// The certificate a join or renewal issues, decided before it is recorded.
@@ -30,6 +41,8 @@ pub struct CertRow {
     pub revoke_reason: Option<String>,
     pub not_after_ms: i64,
     pub node_deleted_at_ms: Option<i64>,
+    /// The signed statement of its revocation (or its node's deletion).
+    pub statement: Option<Vec<u8>>,
 }
 
 /// A certificate that is valid now: whose it is, and until when.
@@ -47,10 +60,13 @@ pub fn check_cert(row: Option<CertRow>, now_ms: i64) -> Result<ValidCert, Refusa
         return Err(Refusal::UnknownCertificate);
     };
     if c.node_deleted_at_ms.is_some() {
-        return Err(Refusal::DeletedNode(c.node_id));
+        return Err(Refusal::DeletedNode(c.node_id, c.statement));
     }
     if c.revoked_at_ms.is_some() {
-        return Err(Refusal::Revoked(c.revoke_reason.unwrap_or_default()));
+        return Err(Refusal::Revoked(
+            c.revoke_reason.unwrap_or_default(),
+            c.statement,
+        ));
     }
     if c.not_after_ms < now_ms {
         return Err(Refusal::Expired);
@@ -69,10 +85,82 @@ pub struct Revocation {
     pub node_id: String,
     pub reason: String,
     pub at_ms: i64,
+    /// The signed statement that confirms it, relayed to the node.
+    pub statement: Option<Vec<u8>>,
 }
 
 /// The reason recorded on certificates revoked by deleting their node.
 pub const NODE_DELETED: &str = "node-deleted";
+
+/// What a statement says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatementKind {
+    Deleted,
+    Revoked,
+}
+
+/// What the store decided about a node, for the sealer to sign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatementSeal {
+    pub node_id: String,
+    pub kind: StatementKind,
+    /// The certificates revoked now.
+    pub serials: Vec<String>,
+    pub reason: String,
+    pub issued_at_ms: i64,
+}
+
+/// Seals a statement inside the transaction that makes it true.
+pub type SealStatement = Box<dyn FnOnce(&StatementSeal) -> Vec<u8> + Send>;
+
+/// A fact as a node signed it, and as it arrived on a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed<T> {
+    /// The decoded payload; `None` when it did not decode (or names
+    /// nothing this server understands).
+    pub fact: Option<T>,
+    /// The signed bytes, as sent.
+    pub payload: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// A fact names the node it is about.
+pub trait About {
+    fn node_id(&self) -> &str;
+}
+
+/// Judges a signed fact that arrived on `session_node`'s session against
+/// the node's valid certificates (DER): the fact, if it may be applied, or
+/// why not (recorded as a forgery).
+pub fn judge_signed<'a, T: About>(
+    session_node: &str,
+    signed: &'a Signed<T>,
+    certs: &[Vec<u8>],
+    verify: VerifySignature,
+) -> Result<&'a T, String> {
+    let Some(fact) = &signed.fact else {
+        return Err("the payload does not decode".to_string());
+    };
+    if fact.node_id() != session_node {
+        return Err(format!(
+            "a fact about node {} on node {session_node}'s session",
+            fact.node_id()
+        ));
+    }
+    if signed.signature.is_empty() {
+        return Err("unsigned".to_string());
+    }
+    if certs.is_empty() {
+        return Err("the node has no valid certificate".to_string());
+    }
+    if !certs
+        .iter()
+        .any(|der| verify(der, &signed.payload, &signed.signature))
+    {
+        return Err("the signature is not from a valid certificate of the node".to_string());
+    }
+    Ok(fact)
+}
 
 /// A node as `nodes list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +217,7 @@ mod tests {
             revoke_reason: None,
             not_after_ms: 100,
             node_deleted_at_ms: None,
+            statement: None,
         }
     }
 
@@ -144,18 +233,70 @@ mod tests {
         };
         assert_eq!(
             check_cert(Some(revoked), 0),
-            Err(Refusal::Revoked("duplicate-identity".into()))
+            Err(Refusal::Revoked("duplicate-identity".into(), None))
         );
         let deleted = CertRow {
             revoked_at_ms: Some(5),
             node_deleted_at_ms: Some(5),
+            statement: Some(b"signed".to_vec()),
             ..row()
         };
         assert_eq!(
             check_cert(Some(deleted), 0),
-            Err(Refusal::DeletedNode("n".into())),
-            "deletion is named before the revocation it caused"
+            Err(Refusal::DeletedNode("n".into(), Some(b"signed".to_vec()))),
+            "deletion is named before the revocation it caused, with its statement"
         );
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Fact(&'static str);
+
+    impl About for Fact {
+        fn node_id(&self) -> &str {
+            self.0
+        }
+    }
+
+    /// A signature is good when it is the certificate's bytes reversed.
+    fn verify(cert: &[u8], _message: &[u8], signature: &[u8]) -> bool {
+        cert.iter().rev().eq(signature.iter())
+    }
+
+    fn signed(node: &'static str, signature: &[u8]) -> Signed<Fact> {
+        Signed {
+            fact: Some(Fact(node)),
+            payload: b"p".to_vec(),
+            signature: signature.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_fact_applies_only_signed_by_a_valid_certificate_of_its_own_node() {
+        let certs = vec![b"old".to_vec(), b"new".to_vec()];
+        // Either certificate of a renewal verifies.
+        assert!(judge_signed("n1", &signed("n1", b"wen"), &certs, verify).is_ok());
+        assert!(judge_signed("n1", &signed("n1", b"dlo"), &certs, verify).is_ok());
+        let refused =
+            |s: &Signed<Fact>, certs: &[Vec<u8>]| judge_signed("n1", s, certs, verify).unwrap_err();
+        assert_eq!(
+            refused(&signed("n1", b"xyz"), &certs),
+            "the signature is not from a valid certificate of the node"
+        );
+        assert_eq!(refused(&signed("n1", b""), &certs), "unsigned");
+        assert_eq!(
+            refused(&signed("n2", b"wen"), &certs),
+            "a fact about node n2 on node n1's session"
+        );
+        assert_eq!(
+            refused(&signed("n1", b"wen"), &[]),
+            "the node has no valid certificate"
+        );
+        let garbled = Signed::<Fact> {
+            fact: None,
+            payload: vec![],
+            signature: vec![],
+        };
+        assert_eq!(refused(&garbled, &certs), "the payload does not decode");
     }
 
     #[test]

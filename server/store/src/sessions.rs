@@ -24,7 +24,6 @@ pub struct HelloInput {
     pub boot_id: String,
     pub journal_id: String,
     pub agent_version: String,
-    pub release_floor: u64,
     pub last_epoch: u64,
     /// (section, SHA-256) of the node's inventory.
     pub inventory_hashes: Vec<(String, String)>,
@@ -166,7 +165,6 @@ mod tests {
             boot_id: String::new(),
             journal_id: String::new(),
             agent_version: String::new(),
-            release_floor: 0,
             last_epoch: 0,
             inventory_hashes: vec![],
             journal_running: running.iter().map(|s| s.to_string()).collect(),

@@ -3,13 +3,29 @@
 //!
 //! A change edits the spec body (GPU assignments, access) or refuses; the
 //! generation grows by one and the sealer signs the new spec, all in one
-//! transaction. State reports are facts, accepted from any epoch; an
+//! transaction. A spec lives [`LIFETIME`] from its signing: nodes refuse a
+//! spec that arrives after its `not_after` (a replay), so workers sign a
+//! new generation of the same body before then ([`RESIGN_WITHIN`]).
+//!
+//! State reports are the node's signed facts ([`crate::nodes::judge_signed`];
+//! a forged one is recorded as `security.state-report.forged`), accepted
+//! from the node's latest session or a later one, never an older one; an
 //! applied generation never moves backward except to 0, which a node with
 //! a new journal reports ([`applied_generation`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::error::Refusal;
+
+/// How long a signed spec lives.
+pub const LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// Specs expiring within this are signed again.
+pub const RESIGN_WITHIN: Duration = Duration::from_secs(12 * 3600);
+
+/// The fleet event a forged state report is recorded as.
+pub const FORGED: &str = "security.state-report.forged";
 
 /// Who may log in and the firewall table, as the store keeps them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -65,14 +81,56 @@ pub struct SpecBody {
 /// Edits a node's spec body, or refuses the change.
 pub type ChangeSpec = Box<dyn FnOnce(&mut SpecBody) -> Result<(), Refusal> + Send>;
 
-/// Seals a spec inside its changing transaction: gets the new generation,
-/// the store's now and the body; returns the signed bytes.
-pub type SealSpec = Box<dyn FnOnce(u64, i64, &SpecBody) -> Vec<u8> + Send>;
+/// What the store decided about a spec, for the sealer to sign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecSeal {
+    pub generation: u64,
+    pub issued_at_ms: i64,
+    pub not_after_ms: i64,
+}
+
+/// Seals a spec inside its changing transaction; returns the signed bytes.
+pub type SealSpec = Box<dyn FnOnce(&SpecSeal, &SpecBody) -> Vec<u8> + Send>;
+
+/// A state report as the node signed it (inside a
+/// [`crate::nodes::Signed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateReportInput {
+    pub node_id: String,
+    /// The session epoch the node sent it under.
+    pub epoch: u64,
+    pub applied_generation: u64,
+    pub sections: Vec<SectionReport>,
+}
+
+impl crate::nodes::About for StateReportInput {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+}
+
+/// What became of a signed fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FactApplied {
+    Applied,
+    /// Verified, but from an older session than what is applied already
+    /// (or, for inventory, not from the current one): nothing changes.
+    Stale,
+    /// Not the node's signed fact: recorded, applied nowhere.
+    Forged(String),
+}
+
+/// Whether a report sent under `epoch` may replace one sent under
+/// `stored_epoch`: the same session or a later one.
+pub fn report_applies(stored_epoch: u64, epoch: u64) -> bool {
+    epoch >= stored_epoch
+}
 
 /// One section of a node's state report, as the node sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionReport {
     pub section: String,
+    /// `bcd_core::report::Status`'s name: the one spelling in the store.
     pub status: String,
     pub message: String,
     /// How long ago, on the node's monotonic clock, the section changed.
@@ -133,6 +191,13 @@ mod tests {
         assert_eq!(applied_generation(Some(5), 3), 5, "a late report");
         assert_eq!(applied_generation(Some(5), 6), 6);
         assert_eq!(applied_generation(Some(5), 0), 0, "a new journal");
+    }
+
+    #[test]
+    fn a_report_from_an_older_session_changes_nothing() {
+        assert!(report_applies(3, 3));
+        assert!(report_applies(3, 4));
+        assert!(!report_applies(4, 3));
     }
 
     #[test]

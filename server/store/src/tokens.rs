@@ -29,12 +29,18 @@ pub struct JoinInput {
 }
 
 /// A node that joined (or renewed): its id, the certificate recorded for
-/// it, and the store's time of the transaction.
+/// it, the store's time of the transaction, and what the store knows the
+/// node took on (its replay floors: a node that joins again as itself
+/// starts above them).
 #[derive(Debug, Clone)]
 pub struct Joined {
     pub node_id: String,
     pub cert: IssuedCert,
     pub now_ms: i64,
+    /// The highest command sequence the store issued the node.
+    pub command_seq_floor: u64,
+    /// The node's spec generation.
+    pub spec_generation_floor: u64,
 }
 
 /// Builds the joining node's certificate once the token is known good:

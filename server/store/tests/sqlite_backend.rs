@@ -238,7 +238,6 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
         boot_id: "boot-2".into(),
         journal_id: "journal-1".into(),
         agent_version: "0.2.0".into(),
-        release_floor: 2,
         last_epoch: 1,
         inventory_hashes: vec![("gpus".into(), "9a".into())],
         journal_running: vec![],
@@ -251,6 +250,71 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let snap = s.audit_snapshot().await.unwrap();
     let route = snap.audit.iter().rev().find(|a| a.kind == "route").unwrap();
     assert_eq!((route.epoch, route.at), (2, V10_NOW + 1_005));
+}
+
+/// The store the version before this one wrote (see the fixture's header).
+const V11: &str = include_str!("fixtures/schema-v11.sql");
+
+#[tokio::test]
+async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(V11)
+        .unwrap();
+    let clock = ManualClock::new(V10_NOW + 1_000);
+    let s = open(&path, &clock).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let fresh = d.path().join("fresh.db");
+    open(&fresh, &clock).await.unwrap();
+    assert_eq!(schema(&path), schema(&fresh));
+    // A spec signed before specs expired has no expiry: it is due at once.
+    assert_eq!(
+        s.specs_expiring(bc_store::specs::RESIGN_WITHIN)
+            .await
+            .unwrap(),
+        vec![NODE.to_string()]
+    );
+    let (generation, body) = s
+        .update_spec(
+            NODE,
+            Box::new(|_| Ok(())),
+            Box::new(|_, _| b"resigned".to_vec()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (generation, body.assignments.len()),
+        (2, 1),
+        "the same body, a new generation"
+    );
+    assert!(
+        s.specs_expiring(bc_store::specs::RESIGN_WITHIN)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The state report it held still reads, and a report of any session
+    // applies over it (it predates report epochs).
+    assert_eq!(
+        s.spec_view(NODE).await.unwrap().unwrap().applied_generation,
+        1
+    );
+    // The certificate revoked by a deletion from then has no statement.
+    assert!(s.check_cert(&"f1".repeat(32)).await.is_ok());
+    assert!(
+        s.delete_node(NODE, Box::new(|_| b"st".to_vec()))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.check_cert(&"f1".repeat(32)).await.unwrap_err().refusal(),
+        Some(&bc_store::Refusal::DeletedNode(
+            NODE.into(),
+            Some(b"st".to_vec())
+        ))
+    );
 }
 
 #[tokio::test]

@@ -130,7 +130,6 @@ fn store_hellos(n: usize, concurrency: usize) -> f64 {
             boot_id: "boot".into(),
             journal_id: "j".into(),
             agent_version: "0".into(),
-            release_floor: 0,
             last_epoch: 0,
             inventory_hashes: vec![("gpus".into(), "x".into())],
             journal_running: vec![],

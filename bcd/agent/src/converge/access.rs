@@ -14,7 +14,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use bcd_proto::v1::{AccessSpec, FirewallRule, FirewallSpec};
+use bcd_proto::typed::Spelling;
+use bcd_proto::v1::{self, AccessSpec, FirewallRule, FirewallSpec};
 use nftables::{batch::Batch, expr, schema, stmt, types};
 
 use super::{Outcome, Status};
@@ -317,20 +318,40 @@ pub fn sshd(files: &dyn SshdFiles, spec: &AccessSpec) -> Result<bool, StepError>
     files.apply(&plan)
 }
 
+/// The rule's protocol, if it names one this node knows.
+fn protocol(r: &FirewallRule) -> Option<v1::FirewallProtocol> {
+    match v1::FirewallProtocol::try_from(r.protocol).ok()? {
+        v1::FirewallProtocol::Unspecified => None,
+        p @ (v1::FirewallProtocol::Tcp | v1::FirewallProtocol::Udp) => Some(p),
+    }
+}
+
+/// The rule's action, if it names one this node knows.
+fn action(r: &FirewallRule) -> Option<v1::FirewallAction> {
+    match v1::FirewallAction::try_from(r.action).ok()? {
+        v1::FirewallAction::Unspecified => None,
+        a @ (v1::FirewallAction::Accept | v1::FirewallAction::Drop) => Some(a),
+    }
+}
+
+/// Names the rule's content (its spelling, as before enums: a node that
+/// upgrades does not see its own rules as drift).
 fn rule_comment(r: &FirewallRule) -> String {
-    let text = format!("{}|{}|{}|{}", r.protocol, r.port, r.source, r.action);
+    let p = protocol(r).map_or("unspecified", Spelling::spelling);
+    let a = action(r).map_or("unspecified", Spelling::spelling);
+    let text = format!("{p}|{}|{}|{a}", r.port, r.source);
     format!("bcd:{}", &bcd_proto::fingerprint(text.as_bytes())[..16])
 }
 
 fn check_rule(r: &FirewallRule) -> Result<(), String> {
-    if !matches!(r.protocol.as_str(), "tcp" | "udp") {
-        return Err(format!("rule protocol {:?} must be tcp or udp", r.protocol));
+    if protocol(r).is_none() {
+        return Err(format!("rule protocol {} must be tcp or udp", r.protocol));
     }
     if r.port == 0 || r.port > 65535 {
         return Err(format!("rule port {} is not a port", r.port));
     }
-    if !matches!(r.action.as_str(), "accept" | "drop") {
-        return Err(format!("rule action {:?} must be accept or drop", r.action));
+    if action(r).is_none() {
+        return Err(format!("rule action {} must be accept or drop", r.action));
     }
     if !r.source.is_empty() {
         let (addr, len) = match r.source.split_once('/') {
@@ -385,15 +406,18 @@ fn rule_stmts(r: &FirewallRule) -> Vec<stmt::Statement<'static>> {
             op: stmt::Operator::EQ,
         }));
     }
+    // Checked: only rules that name both are planned.
+    let p = protocol(r).map_or("unspecified", Spelling::spelling);
     s.push(stmt::Statement::Match(stmt::Match {
-        left: field(&r.protocol, "dport"),
+        left: field(p, "dport"),
         right: expr::Expression::Number(r.port),
         op: stmt::Operator::EQ,
     }));
-    s.push(if r.action == "accept" {
-        stmt::Statement::Accept(None)
-    } else {
-        stmt::Statement::Drop(None)
+    s.push(match action(r) {
+        Some(v1::FirewallAction::Accept) => stmt::Statement::Accept(None),
+        Some(v1::FirewallAction::Drop | v1::FirewallAction::Unspecified) | None => {
+            stmt::Statement::Drop(None)
+        }
     });
     s
 }

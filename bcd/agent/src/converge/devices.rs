@@ -4,13 +4,17 @@
 //!
 //! [`plan`] resolves every GPU reference against the host's inventory and
 //! computes every file's bytes without touching anything: a spec that names
-//! a GPU the node does not have fails there, and the last good state stays
-//! enforced. [`DeviceFiles::apply`] makes the files so, comparing bytes:
+//! a GPU the node does not have, or an allocation id or environment the
+//! helper's rules refuse (`bcd_helper::validate::EnvFile`: an id that is a
+//! safe file name, variable names without `=`, NUL or a line break, none
+//! that bcd writes itself or that steers the dynamic loader, values
+//! without a line break), fails there, and the last good state stays
+//! enforced. Env files are written 0640: they may carry a workload's
+//! settings. [`DeviceFiles::apply`] makes the files so, comparing bytes:
 //! drift (a device node whose numbers changed, a GPU gone, a file edited by
 //! hand) is repaired, and a pass with nothing to change writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use bcd_proto::v1::NodeSpec;
@@ -63,7 +67,7 @@ impl DeviceFiles for DeviceDirs {
         for (id, body) in &plan.env_files {
             let path = self.env_dir.join(format!("{id}.env"));
             changed |=
-                bcd_sys::fs::write_if_changed(&path, body.as_bytes(), 0o644).map_err(chain)?;
+                bcd_sys::fs::write_if_changed(&path, body.as_bytes(), ENV_MODE).map_err(chain)?;
             wanted.insert(path);
         }
         if let Ok(entries) = std::fs::read_dir(&self.env_dir) {
@@ -78,19 +82,23 @@ impl DeviceFiles for DeviceDirs {
     }
 }
 
-/// The env file of one allocation.
-pub fn env_file(names: &[String], extra: &BTreeMap<&String, &String>) -> String {
-    let mut s = String::from("# Written by bcd from the node's spec; edits are undone.\n");
-    let _ = writeln!(s, "NVIDIA_VISIBLE_DEVICES={}", names.join(","));
-    let cdi: Vec<String> = names
-        .iter()
-        .map(|n| format!("{}={n}", cdi::nvidia::KIND))
-        .collect();
-    let _ = writeln!(s, "CDI_DEVICES={}", cdi.join(","));
-    for (k, v) in extra {
-        let _ = writeln!(s, "{k}={v}");
-    }
-    s
+/// The mode of an allocation's env file.
+pub const ENV_MODE: u32 = 0o640;
+
+/// The env file of one allocation, checked by the helper's rules (the same
+/// bytes the helper writes for an unprivileged node).
+pub fn env_file(
+    allocation_id: &str,
+    names: &[String],
+    extra: &std::collections::HashMap<String, String>,
+) -> Result<String, String> {
+    let checked = bcd_helper::validate::EnvFile::parse(bcd_helper::wire::WriteEnvFile {
+        allocation_id: allocation_id.to_string(),
+        devices: names.to_vec(),
+        env: extra.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(checked.render())
 }
 
 /// Resolves the spec's GPU assignments against the inventory and computes
@@ -123,7 +131,7 @@ pub fn plan(spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Result<DevicePlan,
         }
         env_files.insert(
             a.allocation_id.clone(),
-            env_file(&names, &a.env.iter().collect()),
+            env_file(&a.allocation_id, &names, &a.env)?,
         );
     }
     let cdi_spec = if selected.is_empty() {
@@ -201,6 +209,7 @@ mod tests {
                     .collect(),
             }),
             access: None,
+            not_after_ms: 0,
         }
     }
 
@@ -279,6 +288,45 @@ mod tests {
         assert_eq!(o.message, "allocation job-b: GPU 7 is not on this node");
         assert_eq!(std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap(), good);
         assert!(!p.env_dir.join("job-b.env").exists());
+    }
+
+    #[test]
+    fn env_files_are_0640_and_unsafe_ids_or_variables_change_nothing() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = paths(d.path());
+        converge(&p, &spec(&[("job-a", &["0"])]), &inv());
+        let mode = std::fs::metadata(p.env_dir.join("job-a.env"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640);
+        let good = std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap();
+        for id in ["../../etc/cron.d/x", "a/b", "..", ".hidden", "a\nb", ""] {
+            let o = converge(&p, &spec(&[("job-a", &["0"]), (id, &["1"])]), &inv());
+            assert_eq!(o.status, Status::Failed, "{id:?}");
+            assert!(o.message.contains("allocation id"), "{}", o.message);
+        }
+        for (k, v) in [
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("LD_PRELOAD", "/tmp/x.so"),
+            ("A=B", "1"),
+            ("OK", "two\nlines"),
+            ("NUL", "a\0b"),
+        ] {
+            let mut s = spec(&[("job-b", &["1"])]);
+            s.devices.as_mut().unwrap().assignments[0]
+                .env
+                .insert(k.to_string(), v.to_string());
+            let o = converge(&p, &s, &inv());
+            assert_eq!(o.status, Status::Failed, "{k}={v:?}");
+        }
+        assert_eq!(std::fs::read(p.cdi_dir.join(CDI_FILE)).unwrap(), good);
+        let names: Vec<String> = std::fs::read_dir(&p.env_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["job-a.env"], "nothing else was written");
     }
 
     #[test]

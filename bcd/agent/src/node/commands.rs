@@ -1,21 +1,24 @@
 //! Commands, exactly once: a dispatch is judged by
 //! `bcd_core::command::on_dispatch`; an accepted command is journaled
-//! (fsynced) before anything happens, journaled `running` with the boot id
-//! right before its side effect, and its result journaled before it is
-//! sent. At start, `bcd_core::command::recover` settles what a previous
-//! process left.
+//! (fsynced) before anything happens, its sequence written to the replay
+//! floor in `identity.json` (which outlives the journal), journaled
+//! `running` with the boot id right before its side effect, and its result
+//! journaled before it is sent. At start, `bcd_core::command::recover`
+//! settles what a previous process left.
 
 use bcd_core::command::{self, DispatchFacts, Kind, NodeView, OnDispatch, Recovery};
-use bcd_proto::v1::{self, node_message};
+use bcd_proto::v1;
 use prost::Message;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::conn::{Conn, ack, send};
+use super::results::journaled_result;
 use super::{Agent, Done, Stopped};
 use crate::effects::{self, Effect};
 use crate::failpoints::Point;
 use crate::hw::Gpu;
+use crate::identity::ReplayFloors;
 use crate::journal::EventClass;
 
 fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
@@ -39,6 +42,9 @@ impl Agent {
             .as_ref()
             .ok()
             .and_then(|p| v1::CommandPayload::decode(p.as_slice()).ok());
+        let kind = payload
+            .as_ref()
+            .and_then(|p| bcd_proto::typed::kind(p.kind));
         let facts = DispatchFacts {
             signature: match (&opened, &payload) {
                 (Err(e), _) => Err(e.to_string()),
@@ -52,14 +58,16 @@ impl Agent {
                 .as_ref()
                 .map(|p| p.node_id.clone())
                 .unwrap_or_default(),
-            kind: payload.as_ref().map(|p| p.kind.clone()).unwrap_or_default(),
+            kind,
             seq: d.seq,
+            issued_at_ms: payload.as_ref().map_or(0, |p| p.issued_at_ms),
             not_after_ms: payload.as_ref().map_or(0, |p| p.not_after_ms),
             min_generation: payload.as_ref().map_or(0, |p| p.min_generation),
         };
         let view = NodeView {
             node_id: &self.identity.file.node_id,
             highest_seq: self.journal.highest_seq().map_err(journal_err)?,
+            seq_floor: self.identity.file.replay_floors.command_seq,
             server_now_ms: server_now,
             applied_generation: self.journal.applied_generation().map_err(journal_err)?,
         };
@@ -68,40 +76,60 @@ impl Agent {
         match decision {
             OnDispatch::Accept => {
                 let payload = payload.expect("accepted payloads decoded");
+                let kind = kind.expect("accepted kinds are known");
                 self.journal
-                    .accept(
-                        &d.command_id,
-                        d.seq,
-                        &payload.kind,
-                        &payload.encode_to_vec(),
-                    )
+                    .accept(&d.command_id, d.seq, kind.name(), &payload.encode_to_vec())
                     .map_err(journal_err)?;
                 self.failpoints.at(Point::AfterAccept);
                 self.event(
                     "command.accepted",
                     EventClass::Transition,
-                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": payload.kind}),
+                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": kind.name()}),
                 );
-                send(conn, ack(&d.command_id, d.seq, "ACCEPTED")).await;
-                if let Some(stopped) = self.start(&d.command_id, &payload, done).map_err(Err)? {
+                send(conn, ack(&d.command_id, d.seq, v1::AckState::Accepted)).await;
+                if let Some(stopped) = self
+                    .start(&d.command_id, Some(kind), &payload, done)
+                    .map_err(Err)?
+                {
                     return Err(Ok(stopped));
                 }
             }
-            OnDispatch::Reattach => send(conn, ack(&d.command_id, d.seq, "RUNNING")).await,
+            OnDispatch::Reattach => {
+                send(conn, ack(&d.command_id, d.seq, v1::AckState::Running)).await
+            }
             OnDispatch::ResendResult => {
                 if let Some(r) = journaled.and_then(|e| e.result)
-                    && let Ok(r) = v1::CommandResult::decode(r.as_slice())
+                    && let Some(r) = journaled_result(&r)
                 {
-                    send(conn, node_message::Msg::CommandResult(r)).await;
+                    self.send_result(conn, r).await;
                 }
             }
             OnDispatch::Reject(rejection) => {
-                warn!(cmd = %d.command_id, %rejection, "command rejected");
+                match &rejection {
+                    // What only a gateway's forgery or replay produces.
+                    command::Rejection::Signature(_)
+                    | command::Rejection::WrongNode(_)
+                    | command::Rejection::UnknownKind
+                    | command::Rejection::Replayed { .. }
+                    | command::Rejection::TooLong { .. } => self.refused_frame(
+                        "security.command.refused",
+                        serde_json::json!({
+                            "command_id": d.command_id, "seq": d.seq,
+                            "reason": rejection.to_string(),
+                        }),
+                    ),
+                    command::Rejection::OutOfOrder { .. }
+                    | command::Rejection::Expired { .. }
+                    | command::Rejection::BelowMinGeneration { .. } => {
+                        warn!(cmd = %d.command_id, %rejection, "command rejected")
+                    }
+                }
                 let result = v1::CommandResult {
                     command_id: d.command_id.clone(),
                     seq: d.seq,
-                    outcome: rejection.outcome().name().to_string(),
+                    outcome: v1::Outcome::from(rejection.outcome()) as i32,
                     reason: rejection.to_string(),
+                    node_id: self.identity.file.node_id.clone(),
                     ..Default::default()
                 };
                 // A well-formed command of ours that came too late is
@@ -111,28 +139,45 @@ impl Agent {
                     command::Rejection::Expired { .. }
                     | command::Rejection::BelowMinGeneration { .. },
                     Some(p),
-                ) = (&rejection, &payload)
+                    Some(k),
+                ) = (&rejection, &payload, kind)
                 {
                     self.journal
-                        .accept(&d.command_id, d.seq, &p.kind, &p.encode_to_vec())
+                        .accept(&d.command_id, d.seq, k.name(), &p.encode_to_vec())
                         .and_then(|()| self.journal.finish(&d.command_id, &result.encode_to_vec()))
                         .map_err(journal_err)?;
                 }
-                send(conn, node_message::Msg::CommandResult(result)).await;
+                self.send_result(conn, result).await;
             }
         }
         Ok(())
     }
 
-    /// Starts an accepted command: journals `running` with the boot id, then
+    /// Starts an accepted command: raises the replay floor to its sequence
+    /// (durable before anything happens; a floor that cannot be written
+    /// fails the command instead), journals `running` with the boot id, then
     /// the side effect. A self-terminating command on a fake machine returns
     /// `Some(Stopped::Rebooted)`.
     pub(super) fn start(
         &mut self,
         id: &str,
+        kind: Option<Kind>,
         payload: &v1::CommandPayload,
         done: &mpsc::UnboundedSender<Done>,
     ) -> Result<Option<Stopped>, String> {
+        let floors = ReplayFloors {
+            command_seq: payload.seq,
+            ..self.identity.file.replay_floors
+        };
+        if let Err(e) = self.identity.raise_floors(floors) {
+            let reason = format!(
+                "cannot persist the replay floor, so the command does not run: {}",
+                bcd_sys::error::chain(&e)
+            );
+            warn!(cmd = %id, %reason);
+            let _ = done.send((id.to_string(), Effect::failed(reason)));
+            return Ok(None);
+        }
         let boot_id = self
             .machine
             .host
@@ -148,8 +193,7 @@ impl Agent {
             serde_json::json!({"command_id": id, "boot_id": boot_id}),
         );
         let id = id.to_string();
-        let kind = Kind::parse(&payload.kind);
-        info!(cmd = %id, kind = %payload.kind, "running");
+        info!(cmd = %id, kind = kind.map_or("unknown", Kind::name), "running");
         match (kind, payload.args.clone()) {
             (Some(Kind::ExecRun), Some(v1::command_payload::Args::Exec(args))) => {
                 let done = done.clone();
@@ -265,7 +309,9 @@ impl Agent {
                         continue;
                     };
                     info!(cmd = %e.id, "recovery: running a command accepted before the restart");
-                    if let Some(stopped) = self.start(&e.id, &payload, done)? {
+                    if let Some(stopped) =
+                        self.start(&e.id, Kind::parse(&e.kind), &payload, done)?
+                    {
                         return Ok(Some(stopped));
                     }
                 }

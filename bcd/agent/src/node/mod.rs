@@ -114,6 +114,44 @@ pub struct Agent {
     upgrade_deadline: Option<u64>,
     /// Where a downloaded release goes back to the loop.
     staged: Option<mpsc::UnboundedSender<Staged>>,
+    /// The epoch of the session established now, if any: what state
+    /// reports and inventory are signed under.
+    epoch: Option<u64>,
+    /// The node key, parsed once per key (a renewal replaces it).
+    signer: Option<(String, Arc<rcgen::KeyPair>)>,
+    /// What a gateway can make the node log or journal, rate-limited.
+    warned: Warned,
+}
+
+/// Rate limits for what a peer can trigger: at most one log line and one
+/// journaled event per kind a minute, with the count of those held back.
+#[derive(Debug, Default)]
+struct Warned {
+    last: std::collections::HashMap<&'static str, (Duration, u64)>,
+}
+
+/// Between two reports of the same kind of refused frame.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl Warned {
+    /// `Some(held back since the last one)` when `kind` may be reported at
+    /// `now`.
+    fn allow(&mut self, kind: &'static str, now: Duration) -> Option<u64> {
+        match self.last.get_mut(kind) {
+            Some((at, held)) if now.saturating_sub(*at) < WARN_EVERY => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                self.last.insert(kind, (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 /// How often the convergers re-check the machine.
@@ -164,6 +202,43 @@ impl Agent {
             .filter_map(|k| hex::decode(k).ok())
             .collect()
     }
+
+    /// The identity the session speaks for.
+    fn me(&self) -> bcd_core::Me<'_> {
+        bcd_core::Me {
+            node_id: &self.identity.file.node_id,
+            serial: &self.identity.file.cert_serial,
+        }
+    }
+
+    /// Signs `payload` with the node key the node holds now (so a fact
+    /// journaled before a renewal is signed with the renewed key).
+    fn sign(&mut self, payload: &[u8]) -> Option<Vec<u8>> {
+        let pem = &self.identity.key_pem;
+        let key = match &self.signer {
+            Some((p, k)) if p == pem => k.clone(),
+            _ => {
+                let k = Arc::new(rcgen::KeyPair::from_pem(pem).ok()?);
+                self.signer = Some((pem.clone(), k.clone()));
+                k
+            }
+        };
+        rcgen::SigningKey::sign(key.as_ref(), payload).ok()
+    }
+
+    /// A frame a gateway sent that the node refuses: logged and journaled
+    /// as a `security.*` event, at most once a minute per kind.
+    fn refused_frame(&mut self, kind: &'static str, detail: serde_json::Value) {
+        let Some(held) = self.warned.allow(kind, self.now()) else {
+            return;
+        };
+        warn!(kind, %detail, held_back = held, "refused a frame from the gateway");
+        self.event(
+            kind,
+            crate::journal::EventClass::Transition,
+            serde_json::json!({"detail": detail, "held_back": held}),
+        );
+    }
 }
 
 /// Opens what `bcd node` needs from the data directory.
@@ -210,5 +285,25 @@ pub fn open(
         reports: Reports::new(),
         upgrade_deadline: None,
         staged: None,
+        epoch: None,
+        signer: None,
+        warned: Warned::default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_peer_triggers_is_reported_once_a_minute_with_a_count() {
+        let mut w = Warned::default();
+        let s = Duration::from_secs;
+        assert_eq!(w.allow("a", s(0)), Some(0));
+        assert_eq!(w.allow("a", s(1)), None);
+        assert_eq!(w.allow("a", s(59)), None);
+        assert_eq!(w.allow("b", s(59)), Some(0), "kinds are limited apart");
+        assert_eq!(w.allow("a", s(60)), Some(2));
+        assert_eq!(w.allow("a", s(61)), None);
+    }
 }

@@ -1,6 +1,7 @@
 //! Events: journaled as they happen, sent after each Welcome and as they
 //! come, deleted when the gateway acknowledges them.
 
+use bcd_core::command::Outcome;
 use bcd_proto::v1::{self, node_message};
 use tracing::{debug, warn};
 
@@ -26,12 +27,12 @@ impl Agent {
         }
     }
 
-    pub(super) fn finished_event(&mut self, r: &v1::CommandResult) {
+    pub(super) fn finished_event(&mut self, r: &v1::CommandResult, outcome: Outcome) {
         self.event(
             "command.finished",
             EventClass::Result,
             serde_json::json!({
-                "command_id": r.command_id, "outcome": r.outcome, "reason": r.reason,
+                "command_id": r.command_id, "outcome": outcome.name(), "reason": r.reason,
             }),
         );
     }

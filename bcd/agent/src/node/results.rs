@@ -1,7 +1,12 @@
 //! Command results: journaled (fsynced) first, then sent, and sent again
 //! after every Welcome until the server acknowledges them.
+//!
+//! The journal keeps a result unsigned; each time it is sent it is signed
+//! with the node key the node holds then (`NodeSigned`), so a result
+//! journaled before a certificate renewal still verifies after it. A result
+//! journaled by an earlier release (its outcome a string) reads back too.
 
-use bcd_core::command::{Journaled, Kind};
+use bcd_core::command::{Journaled, Kind, Outcome};
 use bcd_proto::v1::{self, node_message};
 use prost::Message;
 use tracing::{info, warn};
@@ -10,6 +15,25 @@ use super::Agent;
 use super::conn::{Conn, send};
 use crate::effects::Effect;
 use crate::failpoints::Point;
+
+/// The shape a journaled result had before outcomes were typed: the
+/// outcome's name at field 3 (now reserved).
+#[derive(Clone, PartialEq, prost::Message)]
+struct ResultV0 {
+    #[prost(string, tag = "3")]
+    outcome: String,
+}
+
+/// A journaled result, whichever release journaled it; `None` when the
+/// bytes are not a result.
+pub(super) fn journaled_result(bytes: &[u8]) -> Option<v1::CommandResult> {
+    let mut r = v1::CommandResult::decode(bytes).ok()?;
+    if bcd_proto::typed::outcome(r.outcome).is_none() {
+        let old = ResultV0::decode(bytes).ok()?;
+        r.outcome = v1::Outcome::from(Outcome::parse(&old.outcome)?) as i32;
+    }
+    Some(r)
+}
 
 impl Agent {
     /// Journals a command's result (sent now by [`Agent::finish`], or after
@@ -30,19 +54,20 @@ impl Agent {
         let result = v1::CommandResult {
             command_id: id.to_string(),
             seq: entry.seq,
-            outcome: effect.outcome.name().to_string(),
+            outcome: v1::Outcome::from(effect.outcome) as i32,
             reason: effect.reason,
             exit_code: effect.exit_code.unwrap_or(0),
             has_exit_code: effect.exit_code.is_some(),
             output: effect.output,
             output_truncated: effect.truncated,
             boot_id: self.machine.host.boot_id().unwrap_or_default(),
+            node_id: self.identity.file.node_id.clone(),
         };
         self.journal
             .finish(id, &result.encode_to_vec())
             .map_err(|e| format!("journal: {e}"))?;
-        info!(cmd = %id, outcome = %result.outcome, "finished");
-        self.finished_event(&result);
+        info!(cmd = %id, outcome = effect.outcome.name(), "finished");
+        self.finished_event(&result, effect.outcome);
         Ok(Some((result, Kind::parse(&entry.kind))))
     }
 
@@ -66,6 +91,27 @@ impl Agent {
         }
     }
 
+    /// Sends a result, signed now with the node's current key.
+    pub(super) async fn send_result(&mut self, conn: &Conn, mut result: v1::CommandResult) {
+        if conn.is_none() {
+            return;
+        }
+        // Results journaled before node ids were in them name this node.
+        if result.node_id.is_empty() {
+            result.node_id = self.identity.file.node_id.clone();
+        }
+        let payload = result.encode_to_vec();
+        let Some(signature) = self.sign(&payload) else {
+            warn!(cmd = %result.command_id, "cannot sign the result; it stays journaled");
+            return;
+        };
+        send(
+            conn,
+            node_message::Msg::CommandResult(v1::NodeSigned { payload, signature }),
+        )
+        .await;
+    }
+
     /// Journals a finished side effect's result, then sends it.
     pub(super) async fn finish(
         &mut self,
@@ -81,7 +127,7 @@ impl Agent {
             self.reports.forget_inventory();
             self.send_inventory(conn, None).await;
         }
-        send(conn, node_message::Msg::CommandResult(result)).await;
+        self.send_result(conn, result).await;
         Ok(())
     }
 
@@ -93,11 +139,55 @@ impl Agent {
             .map_err(|e| format!("journal: {e}"))?
         {
             if let (Journaled::Done { acked: false }, Some(r)) = (&e.state, &e.result)
-                && let Ok(r) = v1::CommandResult::decode(r.as_slice())
+                && let Some(r) = journaled_result(r)
             {
-                send(conn, node_message::Msg::CommandResult(r)).await;
+                self.send_result(conn, r).await;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_journaled_by_an_earlier_release_read_back() {
+        // As the release before typed outcomes journaled one: the outcome's
+        // name at field 3.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Before {
+            #[prost(string, tag = "1")]
+            command_id: String,
+            #[prost(uint64, tag = "2")]
+            seq: u64,
+            #[prost(string, tag = "3")]
+            outcome: String,
+            #[prost(string, tag = "4")]
+            reason: String,
+        }
+        let old = Before {
+            command_id: "cmd-1".into(),
+            seq: 3,
+            outcome: "FAILED".into(),
+            reason: "interrupted".into(),
+        }
+        .encode_to_vec();
+        let r = journaled_result(&old).unwrap();
+        assert_eq!(
+            (r.command_id.as_str(), r.seq, r.reason.as_str()),
+            ("cmd-1", 3, "interrupted")
+        );
+        assert_eq!(r.outcome, v1::Outcome::Failed as i32);
+        // Today's.
+        let now = v1::CommandResult {
+            command_id: "cmd-2".into(),
+            outcome: v1::Outcome::Succeeded as i32,
+            ..Default::default()
+        };
+        assert_eq!(journaled_result(&now.encode_to_vec()), Some(now));
+        // Neither.
+        assert_eq!(journaled_result(b"\x1a\x03BAD"), None);
     }
 }

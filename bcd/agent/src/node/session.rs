@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bcd_core::command::Journaled;
-use bcd_core::{Action, Event, Renewal, RenewalConfig, Session};
+use bcd_core::{Action, CloseReason, Event, Renewal, RenewalConfig, ServerClock, Session, Witness};
 use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -35,7 +35,7 @@ impl Agent {
         let mut session = Session::new(
             self.config,
             self.seed,
-            self.identity.file.server_time_mark_ms,
+            ServerClock::new(self.identity.file.mark(), self.witness()),
             self.identity.file.last_epoch,
         );
         let mut dialing: Option<JoinHandle<Result<Stream, String>>> = None;
@@ -93,6 +93,7 @@ impl Agent {
                             server_time_ms,
                         } => {
                             info!(epoch, server_time_ms, "session established");
+                            self.epoch = Some(epoch);
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
@@ -119,17 +120,25 @@ impl Agent {
                             self.reports.new_session();
                             self.report(&conn).await;
                         }
-                        Action::Close { reason } => {
-                            warn!(%reason, "closing the session");
-                        }
+                        Action::Close { reason } => match &reason {
+                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => self
+                                .refused_frame(
+                                    "security.welcome.refused",
+                                    serde_json::json!(reason.to_string()),
+                                ),
+                            CloseReason::WelcomeTimeout
+                            | CloseReason::ServerSilent { .. }
+                            | CloseReason::Drain => warn!(%reason, "closing the session"),
+                        },
                         Action::Disconnected { retry_in } => {
                             conn = None;
                             dialing = None;
+                            self.epoch = None;
                             self.uncount(&mut counted);
                             debug!(?retry_in, "disconnected");
                         }
-                        Action::PersistMark { mark_ms, epoch } => {
-                            self.identity.file.server_time_mark_ms = mark_ms;
+                        Action::PersistMark { mark, epoch } => {
+                            self.identity.file.set_mark(&mark);
                             self.identity.file.last_epoch = epoch;
                             if let Err(e) = self.identity.save_state() {
                                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
@@ -248,7 +257,21 @@ impl Agent {
                             }
                         }
                         Ok(None) => Event::Closed { error: "the gateway ended the stream".into() },
-                        Err(status) => conn::stream_error(&status),
+                        Err(status) => {
+                            let keys = self.worker_keys();
+                            let ended = conn::stream_error(&status, self.me(), &keys);
+                            if let Some(why) = ended.unconfirmed {
+                                self.refused_frame(
+                                    "security.refusal.unconfirmed",
+                                    serde_json::json!({
+                                        "code": status.code().to_string(),
+                                        "message": status.message(),
+                                        "why": why,
+                                    }),
+                                );
+                            }
+                            ended.event
+                        }
                     };
                     events.push(event);
                 }
@@ -267,12 +290,23 @@ impl Agent {
     /// Persists the server time mark as the session's clock has it now.
     fn persist_mark(&mut self, session: &Session) {
         let mut clock = session.clock().clone();
-        let mark = clock.advance(self.now());
-        if mark != self.identity.file.server_time_mark_ms {
-            self.identity.file.server_time_mark_ms = mark;
+        clock.advance(self.now());
+        let mark = clock.mark();
+        if mark != self.identity.file.mark() {
+            self.identity.file.set_mark(&mark);
             if let Err(e) = self.identity.save_state() {
                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
             }
+        }
+    }
+
+    /// The node's own clocks at the origin of the times handed to the core.
+    fn witness(&self) -> Witness {
+        let since = self.now().as_millis() as i64;
+        Witness {
+            boot_id: self.machine.host.boot_id().unwrap_or_default(),
+            boot_ms: (bcd_sys::clock::boot_ms() as i64).saturating_sub(since),
+            wall_ms: bcd_sys::clock::unix_ms().saturating_sub(since),
         }
     }
 
@@ -296,10 +330,41 @@ impl Agent {
             Some(server_message::Msg::HeartbeatAck(a)) => Event::HeartbeatAck {
                 server_time_ms: a.server_time_ms,
             },
-            Some(server_message::Msg::Revocation(r)) => Event::revoked(&r.reason),
-            Some(server_message::Msg::Drain(d)) => Event::Drain {
-                within: Duration::from_millis(u64::from(d.reconnect_within_ms)),
-            },
+            Some(server_message::Msg::Revocation(r)) => {
+                let keys = self.worker_keys();
+                let checked = conn::statement(&r.statement, &keys);
+                match Event::revoked(checked.as_ref().ok(), self.me()) {
+                    Some(stop) => stop,
+                    None => {
+                        let why = match checked {
+                            Err(why) => why,
+                            Ok(s) => format!(
+                                "the statement is about node {} ({:?} {:?}), not this node and \
+                                 certificate",
+                                s.node_id, s.kind, s.serials
+                            ),
+                        };
+                        self.refused_frame(
+                            "security.revocation.unconfirmed",
+                            serde_json::json!({"reason": r.reason, "why": why}),
+                        );
+                        Event::Received
+                    }
+                }
+            }
+            Some(server_message::Msg::Drain(d)) => {
+                let within = Duration::from_millis(u64::from(d.reconnect_within_ms));
+                if within > self.config.max_drain {
+                    self.refused_frame(
+                        "security.drain.clamped",
+                        serde_json::json!({
+                            "asked_ms": d.reconnect_within_ms,
+                            "clamped_ms": self.config.max_drain.as_millis() as u64,
+                        }),
+                    );
+                }
+                Event::Drain { within }
+            }
             Some(server_message::Msg::Command(d)) => {
                 self.on_dispatch(d, conn, server_now, done)
                     .await
@@ -307,14 +372,15 @@ impl Agent {
                 Event::Received
             }
             Some(server_message::Msg::DesiredState(d)) => {
-                self.on_desired_state(d, conn)
+                self.on_desired_state(d, conn, server_now)
                     .await
                     .map_err(Stopped::JournalFailed)?;
                 Event::Received
             }
             Some(server_message::Msg::EventAck(a)) => {
+                // Only what this session sent can be acknowledged.
                 self.journal
-                    .ack_events(a.up_to)
+                    .ack_events(a.up_to.min(self.sent_events))
                     .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 Event::Received
             }
@@ -327,7 +393,8 @@ impl Agent {
                 }
                 Event::Received
             }
-            _ => Event::Received,
+            // A message of a later protocol: evidence the server is there.
+            None => Event::Received,
         })
     }
 

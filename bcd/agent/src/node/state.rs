@@ -1,7 +1,11 @@
 //! Desired state: a spec from the server is verified, judged
-//! (`bcd_core::spec::judge`), journaled and converged; the convergers run
-//! again on a timer; what changed is reported (`bcd_core::Reports` decides
-//! what is news): state reports, signed GPU bindings, inventory sections.
+//! (`bcd_core::spec::judge`: not another node's, not older than what is
+//! enforced or than the generation floor, not expired), its generation
+//! written to the floor in `identity.json`, journaled and converged; the
+//! convergers run again on a timer; what changed is reported
+//! (`bcd_core::Reports` decides what is news). State reports, GPU bindings
+//! and inventory sections are signed by the node key, and state reports
+//! and inventory name the session epoch they were sent under.
 
 use bcd_core::report::Status;
 use bcd_core::spec::{self, Verdict};
@@ -13,6 +17,7 @@ use super::Agent;
 use super::conn::{Conn, send};
 use crate::converge::{self, Outcome};
 use crate::hw;
+use crate::identity::ReplayFloors;
 use crate::journal::EventClass;
 
 impl Agent {
@@ -21,8 +26,14 @@ impl Agent {
         &mut self,
         d: v1::DesiredState,
         conn: &Conn,
+        server_now: Option<i64>,
     ) -> Result<(), String> {
-        let current = self.spec.as_ref().map_or(0, |s| s.generation);
+        let held = spec::Held {
+            node_id: &self.identity.file.node_id,
+            current: self.spec.as_ref().map_or(0, |s| s.generation),
+            floor: self.identity.file.replay_floors.spec_generation,
+            server_now_ms: server_now,
+        };
         let verdict = bcd_proto::sign::open(&d.signed_spec, &self.worker_keys())
             .map_err(|e| e.to_string())
             .and_then(|p| {
@@ -30,10 +41,12 @@ impl Agent {
             })
             .map(|s| {
                 let v = spec::judge(
-                    &self.identity.file.node_id,
-                    current,
-                    &s.node_id,
-                    s.generation,
+                    held,
+                    spec::Offered {
+                        node_id: &s.node_id,
+                        generation: s.generation,
+                        not_after_ms: s.not_after_ms,
+                    },
                 );
                 (s, v)
             });
@@ -50,6 +63,17 @@ impl Agent {
                 return Ok(());
             }
         };
+        // The floor first: once it is written, no lost journal lets an
+        // older generation back in.
+        let floors = ReplayFloors {
+            spec_generation: spec.generation,
+            ..self.identity.file.replay_floors
+        };
+        if let Err(e) = self.identity.raise_floors(floors) {
+            warn!(generation = spec.generation, error = %bcd_sys::error::chain(&e),
+                "cannot persist the spec generation floor; the spec is not taken now");
+            return Ok(());
+        }
         self.journal
             .set_spec(spec.generation, &d.signed_spec)
             .map_err(|e| format!("journal: {e}"))?;
@@ -120,9 +144,6 @@ impl Agent {
         if conn.is_none() {
             return;
         }
-        let Ok(key) = rcgen::KeyPair::from_pem(&self.identity.key_pem) else {
-            return;
-        };
         let assignments = spec
             .devices
             .as_ref()
@@ -158,7 +179,7 @@ impl Agent {
                 nonce: crate::journal::new_id(),
             }
             .encode_to_vec();
-            let Ok(signature) = rcgen::SigningKey::sign(&key, &payload) else {
+            let Some(signature) = self.sign(&payload) else {
                 warn!(allocation = %a.allocation_id, "cannot sign the binding report");
                 continue;
             };
@@ -171,11 +192,12 @@ impl Agent {
         }
     }
 
-    /// Sends a StateReport if it says something new.
+    /// Sends a StateReport if it says something new, signed, once the
+    /// session is established.
     pub(super) async fn report(&mut self, conn: &Conn) {
-        if conn.is_none() {
+        let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
             return;
-        }
+        };
         let applied = self.journal.applied_generation().unwrap_or(0);
         let now = self.now();
         let Some(report) = self.reports.state_report(applied, self.spec.is_some(), now) else {
@@ -186,17 +208,25 @@ impl Agent {
             .into_iter()
             .map(|s| v1::SectionStatus {
                 section: s.name,
-                status: s.status.name().into(),
+                status: v1::SectionState::from(s.status) as i32,
                 message: s.message,
                 age_ms: s.age.as_millis() as u64,
             })
             .collect();
+        let payload = v1::StateReport {
+            applied_generation: report.applied_generation,
+            sections,
+            node_id: self.identity.file.node_id.clone(),
+            epoch,
+        }
+        .encode_to_vec();
+        let Some(signature) = self.sign(&payload) else {
+            warn!("cannot sign the state report");
+            return;
+        };
         send(
             conn,
-            node_message::Msg::StateReport(v1::StateReport {
-                applied_generation: report.applied_generation,
-                sections,
-            }),
+            node_message::Msg::StateReport(v1::NodeSigned { payload, signature }),
         )
         .await;
     }
@@ -205,21 +235,29 @@ impl Agent {
     /// for; otherwise the ones whose hash changed since the server last
     /// had them (a GPU that appeared or vanished shows up within a pass).
     pub(super) async fn send_inventory(&mut self, conn: &Conn, wanted: Option<&[String]>) {
-        if conn.is_none() {
+        let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
             return;
-        }
+        };
         for section in hw::inventory(self.machine.host.as_ref()) {
             if self
                 .reports
                 .inventory_needed(section.name, &section.sha256, wanted)
             {
+                let payload = v1::Inventory {
+                    section: section.name.to_string(),
+                    sha256: section.sha256,
+                    body: section.body,
+                    node_id: self.identity.file.node_id.clone(),
+                    epoch,
+                }
+                .encode_to_vec();
+                let Some(signature) = self.sign(&payload) else {
+                    warn!(section = section.name, "cannot sign the inventory section");
+                    continue;
+                };
                 send(
                     conn,
-                    node_message::Msg::Inventory(v1::Inventory {
-                        section: section.name.to_string(),
-                        sha256: section.sha256,
-                        body: section.body,
-                    }),
+                    node_message::Msg::Inventory(v1::NodeSigned { payload, signature }),
                 )
                 .await;
             }

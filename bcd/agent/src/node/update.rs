@@ -85,6 +85,9 @@ impl Agent {
                     "running a new release; it confirms on its first Welcome"
                 );
                 self.upgrade_deadline = Some(deadline_ms);
+                // It may be swapped back: keep writing what the previous
+                // release reads until then.
+                self.identity.write_version = 1;
             }
             AtStart::Restart => return Ok(Some(Stopped::Restart)),
             AtStart::Finished {
@@ -124,6 +127,14 @@ impl Agent {
         let id = confirmed.command_id;
         self.upgrade_deadline = None;
         info!(cmd = %id, "the new release is confirmed");
+        // From now on the floor keeps older releases from running: write
+        // this release's format (with the floors and the clock base).
+        if self.identity.write_version != crate::identity::IDENTITY_VERSION {
+            self.identity.write_version = crate::identity::IDENTITY_VERSION;
+            self.identity
+                .save_state()
+                .map_err(|e| format!("cannot rewrite identity.json: {e:#}"))?;
+        }
         self.journal_result_if_running(
             &id,
             Effect {

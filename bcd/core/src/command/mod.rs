@@ -17,6 +17,21 @@
 //! The server side ([`on_hello`], [`apply_result`]) keeps at most one
 //! terminal result per command and decides what a reconnecting node gets
 //! replayed.
+//!
+//! A journal can be lost (a ramdisk boots with a new one), and a gateway can
+//! keep a signed dispatch it relayed and send it again. So the node also
+//! keeps a *sequence floor* outside the journal (beside its server time
+//! mark): the highest sequence it accepted, durable before the side effect
+//! starts. A dispatch at or below it is refused unless its kind is
+//! retry-safe, and no command lives longer than [`MAX_LIFE`] from its
+//! issue, which bounds what a node that lost even its floor could be
+//! replayed.
+
+use std::time::Duration;
+
+/// The longest a command may live from its issue to its `not_after`
+/// (upgrades included): the API refuses more, and so does the node.
+pub const MAX_LIFE: Duration = Duration::from_secs(24 * 3600);
 
 /// What a command does, and the two facts recovery needs about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,10 +156,17 @@ pub enum Rejection {
     Signature(String),
     #[error("the command is for node {0}, not this one")]
     WrongNode(String),
-    #[error("unknown command kind {0:?}")]
-    UnknownKind(String),
+    #[error("a command kind this node does not know")]
+    UnknownKind,
     #[error("out of order: sequence {seq} after {highest}")]
     OutOfOrder { seq: u64, highest: u64 },
+    #[error(
+        "replayed: sequence {seq} is at or below {floor}, the highest this node took on \
+         (its journal may be new, its floor is not)"
+    )]
+    Replayed { seq: u64, floor: u64 },
+    #[error("lives {life_ms} ms from issue to not_after, longer than the 24 hours a command may")]
+    TooLong { life_ms: i64 },
     #[error("expired: not_after {not_after_ms} has passed on server time")]
     Expired { not_after_ms: i64 },
     #[error("below min_generation {min}: applied generation is {applied}")]
@@ -180,8 +202,10 @@ pub struct DispatchFacts {
     /// `Err` when the signature did not verify against a worker key.
     pub signature: Result<(), String>,
     pub node_id: String,
-    pub kind: String,
+    /// `None`: a kind this node does not know (or none).
+    pub kind: Option<Kind>,
     pub seq: u64,
+    pub issued_at_ms: i64,
     pub not_after_ms: i64,
     pub min_generation: u64,
 }
@@ -192,6 +216,9 @@ pub struct NodeView<'a> {
     pub node_id: &'a str,
     /// The highest sequence number this journal has accepted.
     pub highest_seq: u64,
+    /// The highest sequence number this node has accepted, kept outside the
+    /// journal (it survives a lost journal).
+    pub seq_floor: u64,
     /// Server time now, through the Welcome offset; `None` before a Welcome.
     pub server_now_ms: Option<i64>,
     pub applied_generation: u64,
@@ -213,14 +240,26 @@ pub fn on_dispatch(
     if d.node_id != node.node_id {
         return OnDispatch::Reject(Rejection::WrongNode(d.node_id.clone()));
     }
-    if Kind::parse(&d.kind).is_none() {
-        return OnDispatch::Reject(Rejection::UnknownKind(d.kind.clone()));
-    }
+    let Some(kind) = d.kind else {
+        return OnDispatch::Reject(Rejection::UnknownKind);
+    };
     if d.seq <= node.highest_seq {
         return OnDispatch::Reject(Rejection::OutOfOrder {
             seq: d.seq,
             highest: node.highest_seq,
         });
+    }
+    // Below the floor: a journal lost since. The server replays only what
+    // is retry-safe into a new journal; anything else is a replay.
+    if d.seq <= node.seq_floor && !kind.retry_safe() {
+        return OnDispatch::Reject(Rejection::Replayed {
+            seq: d.seq,
+            floor: node.seq_floor,
+        });
+    }
+    let life_ms = d.not_after_ms.saturating_sub(d.issued_at_ms);
+    if life_ms > MAX_LIFE.as_millis() as i64 {
+        return OnDispatch::Reject(Rejection::TooLong { life_ms });
     }
     // Without a server time there is no dispatch (it arrives after Welcome);
     // an unknown now never expires anything.

@@ -31,8 +31,9 @@ fn facts(seq: u64) -> DispatchFacts {
     DispatchFacts {
         signature: Ok(()),
         node_id: "n1".into(),
-        kind: "exec.run".into(),
+        kind: Some(Kind::ExecRun),
         seq,
+        issued_at_ms: 1_000,
         not_after_ms: 10_000,
         min_generation: 0,
     }
@@ -42,6 +43,7 @@ fn view(highest_seq: u64, now: i64) -> NodeView<'static> {
     NodeView {
         node_id: "n1",
         highest_seq,
+        seq_floor: 0,
         server_now_ms: Some(now),
         applied_generation: 0,
     }
@@ -98,6 +100,50 @@ fn dispatch_rules() {
         on_dispatch(None, &needs_gen, &v),
         OnDispatch::Reject(Rejection::BelowMinGeneration { min: 2, applied: 0 })
     ));
+    let unknown = DispatchFacts {
+        kind: None,
+        ..facts(4)
+    };
+    assert_eq!(
+        on_dispatch(None, &unknown, &v),
+        OnDispatch::Reject(Rejection::UnknownKind)
+    );
+    // A journal lost since: the floor refuses a replay, except of a kind
+    // that is safe to run again.
+    let after_loss = NodeView {
+        seq_floor: 4,
+        ..view(0, 5_000)
+    };
+    assert_eq!(
+        on_dispatch(None, &facts(4), &after_loss),
+        OnDispatch::Reject(Rejection::Replayed { seq: 4, floor: 4 })
+    );
+    let refresh = DispatchFacts {
+        kind: Some(Kind::InventoryRefresh),
+        ..facts(3)
+    };
+    assert_eq!(on_dispatch(None, &refresh, &after_loss), OnDispatch::Accept);
+    assert_eq!(
+        on_dispatch(None, &facts(5), &after_loss),
+        OnDispatch::Accept
+    );
+    // A command may live 24 hours, not a millisecond more.
+    let day = MAX_LIFE.as_millis() as i64;
+    let long = DispatchFacts {
+        issued_at_ms: 0,
+        not_after_ms: day + 1,
+        ..facts(4)
+    };
+    assert_eq!(
+        on_dispatch(None, &long, &v),
+        OnDispatch::Reject(Rejection::TooLong { life_ms: day + 1 })
+    );
+    let day_long = DispatchFacts {
+        issued_at_ms: 0,
+        not_after_ms: day,
+        ..facts(4)
+    };
+    assert_eq!(on_dispatch(None, &day_long, &v), OnDispatch::Accept);
     // A known command is never re-judged: a replay of an accepted command
     // is re-attached even after its not_after passed.
     assert_eq!(
@@ -209,6 +255,8 @@ struct Node {
     // Durable.
     journal: BTreeMap<usize, (Journaled, Option<Outcome>)>,
     highest_seq: u64,
+    /// Kept outside the journal: a lost journal keeps it.
+    seq_floor: u64,
     journal_id: u32,
     boot: u32,
     // Volatile.
@@ -230,13 +278,19 @@ struct World {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Dispatch { lose: bool },
+    Dispatch {
+        lose: bool,
+    },
     Step(usize),
-    SendResults { lose: bool },
+    SendResults {
+        lose: bool,
+    },
     Crash,
     Reboot,
     LoseJournal,
     Reconnect,
+    /// A gateway sends an earlier dispatch again, as it kept it.
+    Replay(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -249,6 +303,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reboot),
         1 => Just(Op::LoseJournal),
         3 => Just(Op::Reconnect),
+        2 => (0usize..8).prop_map(Op::Replay),
     ]
 }
 
@@ -292,14 +347,16 @@ impl World {
         let facts = DispatchFacts {
             signature: Ok(()),
             node_id: "n1".into(),
-            kind: self.kinds[id].name().into(),
+            kind: Some(self.kinds[id]),
             seq: id as u64 + 1,
-            not_after_ms: i64::MAX,
+            issued_at_ms: 0,
+            not_after_ms: MAX_LIFE.as_millis() as i64,
             min_generation: 0,
         };
         let v = NodeView {
             node_id: "n1",
             highest_seq: self.node.highest_seq,
+            seq_floor: self.node.seq_floor,
             server_now_ms: Some(0),
             applied_generation: 0,
         };
@@ -307,6 +364,8 @@ impl World {
             OnDispatch::Accept => {
                 self.node.journal.insert(id, (Journaled::Accepted, None));
                 self.node.highest_seq = self.node.highest_seq.max(id as u64 + 1);
+                // Durable before the side effect, beside the journal.
+                self.node.seq_floor = self.node.seq_floor.max(id as u64 + 1);
                 self.node.work.push((id, Step::JournalRunning));
                 if self.server[id] == ServerState::Dispatched {
                     self.server[id] = ServerState::Acked;
@@ -314,9 +373,9 @@ impl World {
             }
             OnDispatch::Reattach | OnDispatch::ResendResult => {}
             OnDispatch::Reject(r) => {
-                // Out of order is the only rejection this model can reach:
-                // a lower sequence dispatched after a higher one. The
-                // server records it; nothing ran.
+                // Out of order (a lower sequence dispatched after a higher
+                // one) or a replay below the floor: the server records it
+                // (the first terminal result stands); nothing ran.
                 self.server_apply(id, r.outcome());
             }
         }
@@ -471,6 +530,14 @@ impl World {
                 self.crash();
             }
             Op::Reconnect => self.reconnect(),
+            Op::Replay(id) => {
+                if self.node.connected
+                    && id < self.server.len()
+                    && self.server[id] != ServerState::Pending
+                {
+                    self.deliver(id);
+                }
+            }
         }
     }
 

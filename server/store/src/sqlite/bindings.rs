@@ -9,7 +9,14 @@ use crate::bindings::{
 };
 use crate::error::StoreError;
 
-fn event(c: &Connection, at: i64, kind: &str, node_id: &str, detail: &str) -> rusqlite::Result<()> {
+/// Records a fleet event about a node.
+pub(super) fn fleet_event(
+    c: &Connection,
+    at: i64,
+    kind: &str,
+    node_id: &str,
+    detail: &str,
+) -> rusqlite::Result<()> {
     c.prepare_cached(
         "INSERT INTO fleet_events (at, kind, node_id, detail) VALUES (?1, ?2, ?3, ?4)",
     )?
@@ -41,18 +48,18 @@ pub(super) fn record(
     };
     let report = match judge(b, cert.as_deref(), verify, existing.as_deref()) {
         Verdict::Reject(reason) => {
-            event(c, now, REJECTED, node, &reason)?;
+            fleet_event(c, now, REJECTED, node, &reason)?;
             return Ok(BindingOutcome::Rejected(reason));
         }
         Verdict::MarkLost(reason) => {
-            event(c, now, REJECTED, node, &reason)?;
+            fleet_event(c, now, REJECTED, node, &reason)?;
             let allocation = b.report.as_ref().map(|r| r.allocation_id.as_str());
             c.execute(
                 "UPDATE bindings SET state = 'lost', updated_at = ?3
                  WHERE node_id = ?1 AND allocation_id = ?2",
                 params![node, allocation, now],
             )?;
-            event(c, now, LOST, node, &reason)?;
+            fleet_event(c, now, LOST, node, &reason)?;
             return Ok(BindingOutcome::MarkedLost(reason));
         }
         Verdict::Verified(report) => report,
@@ -63,7 +70,7 @@ pub(super) fn record(
     )? == 1;
     if !fresh || report.nonce.is_empty() {
         let reason = replayed(report);
-        event(c, now, REJECTED, node, &reason)?;
+        fleet_event(c, now, REJECTED, node, &reason)?;
         return Ok(BindingOutcome::Rejected(reason));
     }
     let mut gpus = report.gpu_uuids.clone();

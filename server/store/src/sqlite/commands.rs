@@ -3,12 +3,16 @@
 use bcd_core::command::{Outcome, ServerState, apply_result};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::bindings::fleet_event;
+use super::nodes::valid_certs;
 use super::now;
+use crate::bindings::VerifySignature;
 use crate::commands::{
-    CommandRow, CommandSeal, Dispatch, NewCommand, ResultApplied, ResultInput, SWEPT, SealCommand,
-    dispatchable, new_command_id, raises_floor, same_request,
+    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, SWEPT,
+    SealCommand, dispatchable, new_command_id, raises_floor, same_request,
 };
 use crate::error::{Refusal, StoreError, TxError};
+use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
      COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch";
@@ -189,8 +193,22 @@ pub(super) fn ack(
 pub(super) fn result(
     c: &Connection,
     node_id: &str,
-    r: &ResultInput,
+    signed: &Signed<ResultInput>,
+    verify: VerifySignature,
 ) -> Result<ResultApplied, StoreError> {
+    let now = now(c)?;
+    let certs = valid_certs(c, node_id, now)?;
+    let r = match judge_signed(node_id, signed, &certs, verify) {
+        Ok(r) => r,
+        Err(reason) => {
+            let detail = match &signed.fact {
+                Some(r) => format!("command {}: {reason}", r.command_id),
+                None => reason,
+            };
+            fleet_event(c, now, FORGED, node_id, &detail)?;
+            return Ok(ResultApplied::Forged(detail));
+        }
+    };
     let found: Option<(String, String, String)> = c
         .prepare_cached("SELECT state, kind, summary FROM commands WHERE id = ?1 AND node_id = ?2")?
         .query_row(params![r.command_id, node_id], |row| {
@@ -208,7 +226,7 @@ pub(super) fn result(
     };
     c.prepare_cached(
         "UPDATE commands SET state = ?2, reason = ?3, exit_code = ?4, output = ?5,
-             output_truncated = ?6, result_at = compute_now(), updated_at = compute_now()
+             output_truncated = ?6, result_at = ?7, updated_at = ?7
          WHERE id = ?1",
     )?
     .execute(params![
@@ -217,7 +235,8 @@ pub(super) fn result(
         r.reason,
         r.exit_code,
         r.output,
-        r.output_truncated
+        r.output_truncated,
+        now
     ])?;
     // A confirmed upgrade raised the node's floor to its release (the node
     // reports it in its next Hello as well).

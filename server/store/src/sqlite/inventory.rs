@@ -2,17 +2,35 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::bindings::fleet_event;
+use super::nodes::valid_certs;
+use super::now;
+use crate::bindings::VerifySignature;
 use crate::error::StoreError;
-use crate::inventory::InventoryRow;
+use crate::inventory::{FORGED, InventoryInput, InventoryRow};
+use crate::nodes::{Signed, judge_signed};
+use crate::specs::FactApplied;
 
 pub(super) fn put(
     c: &Connection,
     node_id: &str,
     epoch: u64,
-    section: &str,
-    sha256: &str,
-    body: &[u8],
-) -> Result<bool, StoreError> {
+    signed: &Signed<InventoryInput>,
+    verify: VerifySignature,
+) -> Result<FactApplied, StoreError> {
+    let now = now(c)?;
+    let certs = valid_certs(c, node_id, now)?;
+    let section = match judge_signed(node_id, signed, &certs, verify) {
+        Ok(s) => s,
+        Err(reason) => {
+            let detail = match &signed.fact {
+                Some(s) => format!("section {}: {reason}", s.section),
+                None => reason,
+            };
+            fleet_event(c, now, FORGED, node_id, &detail)?;
+            return Ok(FactApplied::Forged(detail));
+        }
+    };
     let current: Option<i64> = c
         .query_row(
             "SELECT epoch FROM node_sessions WHERE node_id = ?1",
@@ -20,17 +38,20 @@ pub(super) fn put(
             |r| r.get(0),
         )
         .optional()?;
-    if !current.is_some_and(|cur| bcd_core::epoch::write_applies(cur as u64, epoch)) {
-        return Ok(false);
+    // Sent under this session's epoch, and this session is the current one.
+    if section.epoch != epoch
+        || !current.is_some_and(|cur| bcd_core::epoch::write_applies(cur as u64, epoch))
+    {
+        return Ok(FactApplied::Stale);
     }
     c.execute(
         "INSERT INTO inventory (node_id, section, sha256, body, updated_at)
-         VALUES (?1, ?2, ?3, ?4, compute_now())
+         VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (node_id, section) DO UPDATE SET
              sha256 = excluded.sha256, body = excluded.body, updated_at = excluded.updated_at",
-        params![node_id, section, sha256, body],
+        params![node_id, section.section, section.sha256, section.body, now],
     )?;
-    Ok(true)
+    Ok(FactApplied::Applied)
 }
 
 pub(super) fn get(

@@ -51,13 +51,13 @@ use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInp
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
-use crate::inventory::InventoryRow;
+use crate::inventory::{InventoryInput, InventoryRow};
 use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
+use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
+use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
 /// The migrations, in order. The schema version is how many ran.
@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0009_audit.sql"),
     include_str!("migrations/0010_images.sql"),
     include_str!("migrations/0011_compute_now.sql"),
+    include_str!("migrations/0012_signed_facts_statements.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -312,9 +313,10 @@ impl Backend for SqliteBackend {
         self.read(nodes::list_nodes).await
     }
 
-    async fn delete_node(&self, node_id: &str) -> Result<bool, StoreError> {
+    async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
         let node = node_id.to_string();
-        self.write(move |c| nodes::delete_node(c, &node)).await
+        self.write(move |c| nodes::delete_node(c, &node, seal))
+            .await
     }
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -404,17 +406,11 @@ impl Backend for SqliteBackend {
         &self,
         node_id: &str,
         epoch: u64,
-        section: &str,
-        sha256: &str,
-        body: &[u8],
-    ) -> Result<bool, StoreError> {
-        let (node, section, sha, body) = (
-            node_id.to_string(),
-            section.to_string(),
-            sha256.to_string(),
-            body.to_vec(),
-        );
-        self.write(move |c| inventory::put(c, &node, epoch, &section, &sha, &body))
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        let (node, section) = (node_id.to_string(), section.clone());
+        self.write(move |c| inventory::put(c, &node, epoch, &section, verify))
             .await
     }
 
@@ -476,10 +472,12 @@ impl Backend for SqliteBackend {
     async fn command_result(
         &self,
         node_id: &str,
-        r: &ResultInput,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
     ) -> Result<ResultApplied, StoreError> {
         let (node, r) = (node_id.to_string(), r.clone());
-        self.write(move |c| commands::result(c, &node, &r)).await
+        self.write(move |c| commands::result(c, &node, &r, verify))
+            .await
     }
 
     async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
@@ -508,14 +506,18 @@ impl Backend for SqliteBackend {
         self.read(move |c| specs::signed(c, &node)).await
     }
 
+    async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+        self.read(move |c| specs::expiring(c, within)).await
+    }
+
     async fn put_state_report(
         &self,
         node_id: &str,
-        applied_generation: u64,
-        sections: &[SectionReport],
-    ) -> Result<(), StoreError> {
-        let (node, sections) = (node_id.to_string(), sections.to_vec());
-        self.write(move |c| specs::put_state_report(c, &node, applied_generation, &sections))
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        let (node, report) = (node_id.to_string(), report.clone());
+        self.write(move |c| specs::put_state_report(c, &node, &report, verify))
             .await
     }
 

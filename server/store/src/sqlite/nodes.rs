@@ -5,14 +5,52 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{json_col, now};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{
-    CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, ValidCert, check_cert as check,
+    CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
+    StatementSeal, ValidCert, check_cert as check,
 };
 use crate::tokens::Joined;
+
+/// The DER of every certificate of `node_id` valid at `now`, newest first:
+/// what a node's signed facts are verified against.
+pub(super) fn valid_certs(
+    c: &Connection,
+    node_id: &str,
+    now: i64,
+) -> rusqlite::Result<Vec<Vec<u8>>> {
+    c.prepare_cached(
+        "SELECT der FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL
+         AND not_after >= ?2 AND der IS NOT NULL ORDER BY not_after DESC",
+    )?
+    .query_map(params![node_id, now], |r| r.get(0))?
+    .collect()
+}
+
+/// The replay floors the store knows for a node: the highest sequence it
+/// dispatched and its spec generation.
+pub(super) fn floors(c: &Connection, node_id: &str) -> rusqlite::Result<(u64, u64)> {
+    let seq: Option<i64> = c.query_row(
+        "SELECT MAX(seq) FROM commands WHERE node_id = ?1 AND state != 'pending'",
+        [node_id],
+        |r| r.get(0),
+    )?;
+    let generation: Option<i64> = c
+        .query_row(
+            "SELECT generation FROM node_specs WHERE node_id = ?1",
+            [node_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok((
+        seq.unwrap_or(0).max(0) as u64,
+        generation.unwrap_or(0).max(0) as u64,
+    ))
+}
 
 /// The certificate with `fingerprint`, with its node's deletion time.
 pub(super) fn cert_row(c: &Connection, fingerprint: &str) -> rusqlite::Result<Option<CertRow>> {
     c.query_row(
-        "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at
+        "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at,
+                c.statement
          FROM node_certs c JOIN nodes n ON n.id = c.node_id
          WHERE c.fingerprint = ?1",
         [fingerprint],
@@ -24,6 +62,7 @@ pub(super) fn cert_row(c: &Connection, fingerprint: &str) -> rusqlite::Result<Op
                 revoke_reason: r.get(3)?,
                 not_after_ms: r.get(4)?,
                 node_deleted_at_ms: r.get(5)?,
+                statement: r.get(6)?,
             })
         },
     )
@@ -61,16 +100,19 @@ pub(super) fn renew(
             cert.der
         ],
     )?;
+    let (command_seq_floor, spec_generation_floor) = floors(c, &valid.node_id)?;
     Ok(Joined {
         node_id: valid.node_id,
         cert,
         now_ms: now,
+        command_seq_floor,
+        spec_generation_floor,
     })
 }
 
 pub(super) fn revoked_since(c: &Connection, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
     let mut q = c.prepare_cached(
-        "SELECT serial, node_id, COALESCE(revoke_reason, ''), revoked_at FROM node_certs
+        "SELECT serial, node_id, COALESCE(revoke_reason, ''), revoked_at, statement FROM node_certs
          WHERE revoked_at IS NOT NULL AND revoked_at >= ?1 ORDER BY revoked_at",
     )?;
     let rows = q
@@ -80,6 +122,7 @@ pub(super) fn revoked_since(c: &Connection, since_ms: i64) -> Result<Vec<Revocat
                 node_id: r.get(1)?,
                 reason: r.get(2)?,
                 at_ms: r.get(3)?,
+                statement: r.get(4)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -122,15 +165,37 @@ pub(super) fn list_nodes(c: &Connection) -> Result<NodeList, StoreError> {
     Ok(NodeList { nodes, now_ms: now })
 }
 
-pub(super) fn delete_node(c: &Connection, node_id: &str) -> Result<bool, StoreError> {
+pub(super) fn delete_node(
+    c: &Connection,
+    node_id: &str,
+    seal: SealStatement,
+) -> Result<bool, StoreError> {
+    let now = now(c)?;
     let n = c.execute(
-        "UPDATE nodes SET deleted_at = compute_now() WHERE id = ?1 AND deleted_at IS NULL",
-        [node_id],
+        "UPDATE nodes SET deleted_at = ?2 WHERE id = ?1 AND deleted_at IS NULL",
+        params![node_id, now],
     )?;
+    if n == 0 {
+        return Ok(false);
+    }
+    let serials: Vec<String> = c
+        .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL")?
+        .query_map([node_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    // Every certificate the node ever had gets the statement: a node
+    // presenting an older one is told the same.
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Deleted,
+        serials,
+        reason: NODE_DELETED.to_string(),
+        issued_at_ms: now,
+    });
     c.execute(
-        "UPDATE node_certs SET revoked_at = compute_now(), revoke_reason = ?2
-         WHERE node_id = ?1 AND revoked_at IS NULL",
-        params![node_id, NODE_DELETED],
+        "UPDATE node_certs SET revoked_at = COALESCE(revoked_at, ?2),
+             revoke_reason = COALESCE(revoke_reason, ?3), statement = ?4
+         WHERE node_id = ?1",
+        params![node_id, now, NODE_DELETED, statement],
     )?;
-    Ok(n == 1)
+    Ok(true)
 }

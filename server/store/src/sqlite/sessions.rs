@@ -69,16 +69,16 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     let (conditions, taints): (Vec<String>, Vec<String>) = c
         .prepare_cached("SELECT conditions, taints FROM nodes WHERE id = ?1")?
         .query_row([&h.node_id], |r| Ok((json_col(r, 0)?, json_col(r, 1)?)))?;
+    // The Hello is not signed: the release floor it reports is not taken
+    // (only the node's signed upgrade results raise it).
     c.prepare_cached(
-        "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4,
-             release_floor = MAX(release_floor, ?5) WHERE id = ?1",
+        "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4 WHERE id = ?1",
     )?
     .execute(params![
         h.node_id,
         h.agent_version,
         to_json(&without(conditions, CONDITION_UNREACHABLE)),
         to_json(&without(taints, TAINT_UNREACHABLE)),
-        h.release_floor as i64
     ])?;
     let wanted = {
         let mut q =

@@ -74,9 +74,12 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
             cert.der
         ],
     )?;
+    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(c, &node_id)?;
     Ok(Joined {
         node_id,
         cert,
         now_ms: now,
+        command_seq_floor,
+        spec_generation_floor,
     })
 }

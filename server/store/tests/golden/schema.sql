@@ -1,4 +1,4 @@
--- schema version 11
+-- schema version 12
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -20,6 +20,9 @@ CREATE INDEX node_certs_node ON node_certs(node_id);
 
 -- index node_sessions_gateway
 CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
+
+-- index node_specs_not_after
+CREATE INDEX node_specs_not_after ON node_specs(not_after);
 
 -- table audit
 CREATE TABLE audit (
@@ -168,7 +171,7 @@ CREATE TABLE node_certs (
         not_after           INTEGER NOT NULL,
         revoked_at          INTEGER,
         revoke_reason       TEXT
-    , der BLOB) STRICT;
+    , der BLOB, statement BLOB) STRICT;
 
 -- table node_events
 CREATE TABLE node_events (
@@ -204,7 +207,7 @@ CREATE TABLE node_specs (
         signed      BLOB NOT NULL,
         assignments TEXT NOT NULL,
         updated_at  INTEGER NOT NULL
-    , access TEXT NOT NULL DEFAULT '{}') STRICT;
+    , access TEXT NOT NULL DEFAULT '{}', not_after INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table node_state
 CREATE TABLE node_state (
@@ -212,7 +215,7 @@ CREATE TABLE node_state (
         applied_generation INTEGER NOT NULL,
         sections           TEXT NOT NULL,
         reported_at        INTEGER NOT NULL
-    ) STRICT;
+    , report_epoch INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table nodes
 CREATE TABLE nodes (

@@ -4,7 +4,7 @@ use bc_store::specs::Assignment;
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
-use super::{Fixture, T0, hello, joined, lease};
+use super::{Fixture, T0, hello, joined, lease, state, verify};
 
 pub async fn triggers_stamp_history_with_the_store_clock(f: Fixture) {
     let s = &f.store;
@@ -18,7 +18,7 @@ pub async fn triggers_stamp_history_with_the_store_clock(f: Fixture) {
         .create_command(&command(&node, Kind::ExecRun, "x"), Box::new(|_| vec![]))
         .await
         .unwrap();
-    s.command_result(&node, &result(&c.id, Outcome::Failed))
+    s.command_result(&node, &result(&node, 1, &c.id, Outcome::Failed), verify)
         .await
         .unwrap();
     f.advance(Duration::from_millis(100));
@@ -68,7 +68,7 @@ pub async fn a_snapshot_reads_the_history_and_the_tables(f: Fixture) {
             });
             Ok(())
         }),
-        Box::new(|_, _, _| vec![]),
+        Box::new(|_, _| vec![]),
     )
     .await
     .unwrap();
@@ -86,6 +86,8 @@ pub async fn a_snapshot_reads_the_history_and_the_tables(f: Fixture) {
     );
     let settling = s.settling().await.unwrap();
     assert_eq!((settling.open_commands, settling.unapplied_specs), (1, 1));
-    s.put_state_report(&node, 1, &[]).await.unwrap();
+    s.put_state_report(&node, &state(&node, 1, 0, 1, vec![]), verify)
+        .await
+        .unwrap();
     assert_eq!(s.settling().await.unwrap().unapplied_specs, 0);
 }

@@ -1,19 +1,7 @@
 use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
 use bc_store::nodes::IssuedCert;
 
-use super::{Fixture, fake_cert, joined_with};
-
-/// A signature is good when it is the certificate's bytes followed by the
-/// message: enough to tell the node's key from any other.
-fn verify(cert: &[u8], message: &[u8], signature: &[u8]) -> bool {
-    signature.len() == cert.len() + message.len()
-        && signature.starts_with(cert)
-        && signature.ends_with(message)
-}
-
-fn sign(cert: &[u8], message: &[u8]) -> Vec<u8> {
-    [cert, message].concat()
-}
+use super::{Fixture, fake_cert, joined_with, sign, verify};
 
 fn report(session: &str, node: &str, alloc: &str, nonce: &str, key: Option<&[u8]>) -> BindingInput {
     let payload = format!("{node}/{alloc}/{nonce}").into_bytes();
@@ -143,7 +131,7 @@ pub async fn a_forged_report_marks_an_active_binding_lost(f: Fixture) {
     );
     assert_eq!(s.bindings(&n).await.unwrap()[0].state, "active");
     // A node without a valid certificate binds nothing.
-    s.delete_node(&n).await.unwrap();
+    s.delete_node(&n, Box::new(|_| vec![])).await.unwrap();
     assert!(matches!(
         s.record_binding(&report(&n, &n, "job-z", "n3", Some(key)), verify).await.unwrap(),
         BindingOutcome::Rejected(r) if r.ends_with("the node has no current certificate")

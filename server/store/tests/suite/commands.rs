@@ -4,7 +4,9 @@ use bc_store::commands::{NewCommand, ResultApplied, ResultInput};
 use bc_store::{Refusal, TxError};
 use bcd_core::command::{Kind, Outcome};
 
-use super::{Fixture, T0, hello, joined};
+use bc_store::nodes::Signed;
+
+use super::{Fixture, T0, hello, joined, signed, state, verify};
 
 pub fn command(node: &str, kind: Kind, summary: &str) -> NewCommand {
     NewCommand {
@@ -17,8 +19,14 @@ pub fn command(node: &str, kind: Kind, summary: &str) -> NewCommand {
     }
 }
 
-pub fn result(id: &str, outcome: Outcome) -> ResultInput {
+/// A result of `node` (certificate `cert`), signed.
+pub fn result(node: &str, cert: u8, id: &str, outcome: Outcome) -> Signed<ResultInput> {
+    signed(cert, result_of(node, id, outcome))
+}
+
+pub fn result_of(node: &str, id: &str, outcome: Outcome) -> ResultInput {
     ResultInput {
+        node_id: node.into(),
         command_id: id.into(),
         outcome,
         reason: String::new(),
@@ -46,28 +54,36 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
     assert_eq!((c.seq, c.state.as_str()), (1, "pending"));
     assert_eq!((c.created_at_ms, c.not_after_ms), (T0, T0 + 60_000));
     assert_eq!(
-        s.command_result(&node, &result("cmd-nope", Outcome::Succeeded))
-            .await
-            .unwrap(),
+        s.command_result(
+            &node,
+            &result(&node, 1, "cmd-nope", Outcome::Succeeded),
+            verify
+        )
+        .await
+        .unwrap(),
         ResultApplied::Unknown
     );
     let other = joined(s, 2).await;
     assert_eq!(
-        s.command_result(&other, &result(&c.id, Outcome::Succeeded))
-            .await
-            .unwrap(),
+        s.command_result(
+            &other,
+            &result(&other, 2, &c.id, Outcome::Succeeded),
+            verify
+        )
+        .await
+        .unwrap(),
         ResultApplied::Unknown,
         "another node cannot report it"
     );
     f.advance(Duration::from_millis(7));
     assert_eq!(
-        s.command_result(&node, &result(&c.id, Outcome::Succeeded))
+        s.command_result(&node, &result(&node, 1, &c.id, Outcome::Succeeded), verify)
             .await
             .unwrap(),
         ResultApplied::Applied
     );
     assert_eq!(
-        s.command_result(&node, &result(&c.id, Outcome::Failed))
+        s.command_result(&node, &result(&node, 1, &c.id, Outcome::Failed), verify)
             .await
             .unwrap(),
         ResultApplied::Duplicate
@@ -151,7 +167,9 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
             .is_empty(),
         "once"
     );
-    s.put_state_report(&node, 2, &[]).await.unwrap();
+    s.put_state_report(&node, &state(&node, 1, e2, 2, vec![]), verify)
+        .await
+        .unwrap();
     let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
     assert_eq!(
         d.iter().map(|d| d.seq).collect::<Vec<_>>(),
@@ -262,9 +280,13 @@ pub async fn a_confirmed_upgrade_raises_the_release_floor(f: Fixture) {
         )
         .await
         .unwrap();
-    s.command_result(&node, &result(&failed.id, Outcome::Failed))
-        .await
-        .unwrap();
+    s.command_result(
+        &node,
+        &result(&node, 1, &failed.id, Outcome::Failed),
+        verify,
+    )
+    .await
+    .unwrap();
     assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 0);
     let (ok, _) = s
         .create_command(
@@ -273,14 +295,26 @@ pub async fn a_confirmed_upgrade_raises_the_release_floor(f: Fixture) {
         )
         .await
         .unwrap();
-    s.command_result(&node, &result(&ok.id, Outcome::Succeeded))
+    s.command_result(&node, &result(&node, 1, &ok.id, Outcome::Succeeded), verify)
         .await
         .unwrap();
     assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
-    // A Hello reporting a lower floor does not lower it.
-    let mut h = hello(&node, 1, "gw", 0);
-    h.release_floor = 3;
-    s.hello(&h).await.unwrap();
+    // A Hello does not move it: it is not signed.
+    s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
+    // Nor does a success the node did not sign.
+    let (later, _) = s
+        .create_command(
+            &command(&node, Kind::DaemonUpgrade, "release 9"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    let forged = result(&node, 4, &later.id, Outcome::Succeeded);
+    assert!(matches!(
+        s.command_result(&node, &forged, verify).await.unwrap(),
+        ResultApplied::Forged(_)
+    ));
     assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
 }
 
@@ -292,7 +326,7 @@ pub async fn commands_for_unknown_nodes_are_refused(f: Fixture) {
         .unwrap_err();
     assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
     let node = joined(s, 1).await;
-    s.delete_node(&node).await.unwrap();
+    s.delete_node(&node, Box::new(|_| vec![])).await.unwrap();
     assert!(
         s.create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
             .await

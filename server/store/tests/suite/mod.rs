@@ -11,6 +11,7 @@ pub mod audit;
 pub mod bindings;
 pub mod commands;
 pub mod events;
+pub mod facts;
 pub mod images;
 pub mod liveness;
 pub mod races;
@@ -24,8 +25,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bc_store::nodes::IssuedCert;
+use bc_store::nodes::{IssuedCert, Signed};
 use bc_store::sessions::HelloInput;
+use bc_store::specs::{SectionReport, StateReportInput};
 use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{ManualClock, Store};
 
@@ -137,12 +139,52 @@ pub fn hello(node: &str, cert: u8, gw: &str, last_epoch: u64) -> HelloInput {
         boot_id: "b".into(),
         journal_id: "j".into(),
         agent_version: "0".into(),
-        release_floor: 0,
         last_epoch,
         inventory_hashes: vec![("gpus".into(), "abc".into())],
         journal_running: vec![],
         journal_done: vec![],
     }
+}
+
+/// A signature is good when it is the certificate's bytes followed by the
+/// message: enough to tell the node's key from any other.
+pub fn verify(cert: &[u8], message: &[u8], signature: &[u8]) -> bool {
+    signature.len() == cert.len() + message.len()
+        && signature.starts_with(cert)
+        && signature.ends_with(message)
+}
+
+pub fn sign(cert: &[u8], message: &[u8]) -> Vec<u8> {
+    [cert, message].concat()
+}
+
+/// `fact` as a node with certificate `fake_cert(cert)` signs it.
+pub fn signed<T: std::fmt::Debug>(cert: u8, fact: T) -> Signed<T> {
+    let payload = format!("{fact:?}").into_bytes();
+    Signed {
+        signature: sign(&fake_cert(cert).der, &payload),
+        fact: Some(fact),
+        payload,
+    }
+}
+
+/// A state report of `node` (certificate `cert`), sent under `epoch`.
+pub fn state(
+    node: &str,
+    cert: u8,
+    epoch: u64,
+    applied_generation: u64,
+    sections: Vec<SectionReport>,
+) -> Signed<StateReportInput> {
+    signed(
+        cert,
+        StateReportInput {
+            node_id: node.into(),
+            epoch,
+            applied_generation,
+            sections,
+        },
+    )
 }
 
 /// Runs each suite test against the fixture function `$fixture` (an async
@@ -160,6 +202,10 @@ macro_rules! store_suite {
             commands::the_sweeper_expires_only_pending_commands_past_their_deadline,
             commands::a_confirmed_upgrade_raises_the_release_floor,
             commands::commands_for_unknown_nodes_are_refused,
+            facts::forged_facts_are_recorded_and_applied_nowhere,
+            facts::a_report_from_an_older_session_changes_nothing,
+            facts::deleting_a_node_keeps_a_signed_statement_with_its_certificates,
+            specs::expiring_specs_are_found_for_signing_again,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,

@@ -9,7 +9,7 @@ use bc_store::{Refusal, TxError};
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
-use super::{Fixture, hello, joined, lease};
+use super::{Fixture, hello, joined, lease, verify};
 
 const ROUNDS: usize = 40;
 
@@ -115,7 +115,7 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
             assert_eq!(d.len(), 1);
         }
         // Finish it so the next round starts clean.
-        a.command_result(&node, &result(&c.id, Outcome::Succeeded))
+        a.command_result(&node, &result(&node, 1, &c.id, Outcome::Succeeded), verify)
             .await
             .unwrap();
     }
@@ -131,12 +131,12 @@ pub async fn of_two_results_the_first_wins(f: Fixture) {
             .await
             .unwrap();
         let (ok, failed) = (
-            result(&c.id, Outcome::Succeeded),
-            result(&c.id, Outcome::Failed),
+            result(&node, 1, &c.id, Outcome::Succeeded),
+            result(&node, 1, &c.id, Outcome::Failed),
         );
         let (ra, rb) = tokio::join!(
-            a.command_result(&node, &ok),
-            b.command_result(&node, &failed)
+            a.command_result(&node, &ok, verify),
+            b.command_result(&node, &failed, verify)
         );
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         let state = a.get_command(&c.id).await.unwrap().unwrap().state;

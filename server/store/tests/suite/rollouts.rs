@@ -70,9 +70,14 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
     assert_eq!(got.nodes[0].status, NodeStatus::Upgrading);
     assert_eq!(got.nodes[0].command_state.as_deref(), Some("pending"));
     assert_eq!(got.nodes[1].status, NodeStatus::Skipped);
-    s.command_result(ids[0], &result(&up.id, Outcome::Succeeded))
-        .await
-        .unwrap();
+    let cert = if ids[0] == a { 1 } else { 2 };
+    s.command_result(
+        ids[0],
+        &result(ids[0], cert, &up.id, Outcome::Succeeded),
+        super::verify,
+    )
+    .await
+    .unwrap();
     let got = s.rollout(&r.id).await.unwrap().unwrap();
     assert_eq!(got.nodes[0].status, NodeStatus::Confirmed);
     assert_eq!(got.nodes[0].release_floor, 2);

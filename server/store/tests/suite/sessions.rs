@@ -6,7 +6,25 @@ use bc_store::sessions::{HelloInput, Seen, SessionKey};
 use bc_store::{Refusal, TxError};
 use bcd_core::command::Kind;
 
-use super::{Fixture, T0, fake_cert, hello, joined, joined_with, lease};
+use bc_store::inventory::InventoryInput;
+use bc_store::nodes::Signed;
+use bc_store::specs::FactApplied;
+
+use super::{Fixture, T0, fake_cert, hello, joined, joined_with, lease, signed, verify};
+
+/// The `gpus` section of `node` (certificate 1), sent under `epoch`.
+fn inventory(node: &str, epoch: u64) -> Signed<InventoryInput> {
+    signed(
+        1,
+        InventoryInput {
+            node_id: node.into(),
+            epoch,
+            section: "gpus".into(),
+            sha256: "abc".into(),
+            body: b"[]".to_vec(),
+        },
+    )
+}
 
 fn seen(node: &str, epoch: u64) -> Vec<Seen> {
     vec![Seen {
@@ -39,10 +57,11 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
             epoch: 1
         }]
     );
-    assert!(
-        !s.put_inventory(&node, 1, "gpus", "abc", b"[]")
+    assert_eq!(
+        s.put_inventory(&node, 1, &inventory(&node, 1), verify)
             .await
-            .unwrap()
+            .unwrap(),
+        FactApplied::Stale
     );
     let sess = s.session(&node).await.unwrap().unwrap();
     assert_eq!(
@@ -58,10 +77,11 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
             .unwrap()
             .is_empty()
     );
-    assert!(
-        s.put_inventory(&node, 2, "gpus", "abc", b"[]")
+    assert_eq!(
+        s.put_inventory(&node, 2, &inventory(&node, 2), verify)
             .await
-            .unwrap()
+            .unwrap(),
+        FactApplied::Applied
     );
     let inv = s.inventory(&node, "gpus").await.unwrap().unwrap();
     assert_eq!(
@@ -110,11 +130,19 @@ pub async fn deleted_nodes_and_foreign_certificates_are_refused(f: Fixture) {
         refusal(hello(&a, 7, "gw", 0)).await,
         Refusal::UnknownCertificate
     );
-    assert!(s.delete_node(&a).await.unwrap());
-    assert!(!s.delete_node(&a).await.unwrap());
+    assert!(
+        s.delete_node(&a, Box::new(|_| b"statement".to_vec()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.delete_node(&a, Box::new(|_| panic!("nothing to state")))
+            .await
+            .unwrap()
+    );
     assert_eq!(
         refusal(hello(&a, 1, "gw", 0)).await,
-        Refusal::DeletedNode(a.clone())
+        Refusal::DeletedNode(a.clone(), Some(b"statement".to_vec()))
     );
     assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
 }
@@ -310,7 +338,9 @@ pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixtur
     assert_eq!(s.check_cert("fp2").await.unwrap().serial, "serial2");
     let before = s.now().await.unwrap();
     assert!(s.revoked_since(before).await.unwrap().is_empty());
-    s.delete_node(&node).await.unwrap();
+    s.delete_node(&node, Box::new(|_| b"st".to_vec()))
+        .await
+        .unwrap();
     let revoked = s.revoked_since(before).await.unwrap();
     let serials: Vec<(&str, &str)> = revoked
         .iter()
@@ -320,13 +350,11 @@ pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixtur
         serials.contains(&("serial2", "node-deleted")),
         "{serials:?}"
     );
-    assert!(
-        revoked
-            .iter()
-            .all(|r| r.node_id == node && r.at_ms == before)
-    );
+    assert!(revoked.iter().all(|r| r.node_id == node
+        && r.at_ms == before
+        && r.statement.as_deref() == Some(&b"st"[..])));
     assert_eq!(
         s.check_cert("fp2").await.unwrap_err().refusal(),
-        Some(&Refusal::DeletedNode(node))
+        Some(&Refusal::DeletedNode(node, Some(b"st".to_vec())))
     );
 }

@@ -1,9 +1,9 @@
 use std::time::Duration;
 
-use bc_store::specs::{Access, AccessUser, Assignment, SectionReport};
+use bc_store::specs::{Access, AccessUser, Assignment, LIFETIME, RESIGN_WITHIN, SectionReport};
 use bc_store::{Refusal, TxError};
 
-use super::{Fixture, T0, joined};
+use super::{Fixture, T0, joined, state, verify};
 
 fn assignment(id: &str, gpus: &[&str]) -> Assignment {
     Assignment {
@@ -24,9 +24,10 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 b.assignments.push(assignment("job-a", &["0"]));
                 Ok(())
             }),
-            Box::new(|generation, now, body| {
-                assert_eq!((generation, now), (1, T0));
-                format!("g{generation}:{}", body.assignments.len()).into_bytes()
+            Box::new(|seal, body| {
+                assert_eq!((seal.generation, seal.issued_at_ms), (1, T0));
+                assert_eq!(seal.not_after_ms, T0 + LIFETIME.as_millis() as i64);
+                format!("g{}:{}", seal.generation, body.assignments.len()).into_bytes()
             }),
         )
         .await
@@ -44,7 +45,7 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 b.assignments.clear();
                 Err(Refusal::BadRequest("no".into()))
             }),
-            Box::new(|_, _, _| panic!("a refused change is not sealed")),
+            Box::new(|_, _| panic!("a refused change is not sealed")),
         )
         .await
         .unwrap_err();
@@ -65,7 +66,7 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 };
                 Ok(())
             }),
-            Box::new(|g, _, _| format!("g{g}").into_bytes()),
+            Box::new(|seal, _| format!("g{}", seal.generation).into_bytes()),
         )
         .await
         .unwrap();
@@ -90,7 +91,7 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
     assert!(s.nodes_with_work("gw", T0 + 6).await.unwrap().is_empty());
     // No spec for a node that does not exist.
     let err = s
-        .update_spec("nd-nope", Box::new(|_| Ok(())), Box::new(|_, _, _| vec![]))
+        .update_spec("nd-nope", Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
         .await
         .unwrap_err();
     assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
@@ -103,13 +104,17 @@ pub async fn state_reports_move_the_applied_generation_forward_or_to_zero(f: Fix
     let report = |age_ms| {
         vec![SectionReport {
             section: "devices".into(),
-            status: "OBSERVED".into(),
+            status: "READY".into(),
             message: "ok".into(),
             age_ms,
         }]
     };
-    s.put_state_report(&node, 3, &report(1_000)).await.unwrap();
-    s.put_state_report(&node, 2, &report(0)).await.unwrap();
+    s.put_state_report(&node, &state(&node, 1, 1, 3, report(1_000)), verify)
+        .await
+        .unwrap();
+    s.put_state_report(&node, &state(&node, 1, 1, 2, report(0)), verify)
+        .await
+        .unwrap();
     f.advance(Duration::from_secs(2));
     let view = s.spec_view(&node).await.unwrap().unwrap();
     assert_eq!(
@@ -121,7 +126,9 @@ pub async fn state_reports_move_the_applied_generation_forward_or_to_zero(f: Fix
         view.sections[0].since_ms, T0,
         "the latest report's section time"
     );
-    s.put_state_report(&node, 0, &report(0)).await.unwrap();
+    s.put_state_report(&node, &state(&node, 1, 1, 0, report(0)), verify)
+        .await
+        .unwrap();
     assert_eq!(
         s.spec_view(&node)
             .await
@@ -131,4 +138,34 @@ pub async fn state_reports_move_the_applied_generation_forward_or_to_zero(f: Fix
         0,
         "a new journal starts again"
     );
+}
+
+pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
+    let s = &f.store;
+    let (a, b) = (joined(s, 1).await, joined(s, 2).await);
+    for n in [&a, &b] {
+        s.update_spec(n, Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
+            .await
+            .unwrap();
+    }
+    assert!(s.specs_expiring(RESIGN_WITHIN).await.unwrap().is_empty());
+    f.advance(LIFETIME - RESIGN_WITHIN + Duration::from_millis(1));
+    let mut due = s.specs_expiring(RESIGN_WITHIN).await.unwrap();
+    due.sort();
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(due, both);
+    // Signed again (a new generation of the same body), it is not due.
+    let (generation, _) = s
+        .update_spec(&a, Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
+        .await
+        .unwrap();
+    assert_eq!(generation, 2);
+    assert_eq!(
+        s.specs_expiring(RESIGN_WITHIN).await.unwrap(),
+        vec![b.clone()]
+    );
+    // A deleted node's spec is nobody's business.
+    s.delete_node(&b, Box::new(|_| vec![])).await.unwrap();
+    assert!(s.specs_expiring(RESIGN_WITHIN).await.unwrap().is_empty());
 }

@@ -1,0 +1,307 @@
+//! The wire, pinned: representative messages encoded and compared with the
+//! bytes in `testdata/` (hex, one file per message), and the files decoded
+//! back into the same messages.
+//!
+//! A failure here means an encoding changed. That is allowed only as the
+//! proto's header says: a new field under a new number, a removed one
+//! `reserved`. An existing golden file is never edited to make this pass;
+//! a new message gets its file with `BCD_WRITE_GOLDEN=1` (which writes only
+//! files that do not exist yet).
+
+use std::path::PathBuf;
+
+use bcd_proto::v1::{self, node_message, server_message};
+use prost::Message;
+
+fn path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(format!("{name}.hex"))
+}
+
+fn check<M: Message + Default + PartialEq + std::fmt::Debug>(name: &str, m: &M) {
+    let hex = hex::encode(m.encode_to_vec());
+    let p = path(name);
+    if std::env::var_os("BCD_WRITE_GOLDEN").is_some() && !p.exists() {
+        std::fs::write(&p, format!("{hex}\n")).unwrap();
+    }
+    let golden = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (new messages: BCD_WRITE_GOLDEN=1)", p.display()));
+    let golden = golden.trim();
+    assert_eq!(
+        hex, golden,
+        "the encoding of {name} changed: a changed field is a new field number, the old one reserved"
+    );
+    let decoded = M::decode(hex::decode(golden).unwrap().as_slice()).unwrap();
+    assert_eq!(&decoded, m, "{name} does not decode back to itself");
+}
+
+fn worker_key() -> ring::signature::Ed25519KeyPair {
+    // ed25519 signatures are deterministic: a fixed seed pins the envelope.
+    ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7; 32]).unwrap()
+}
+
+#[test]
+fn session_messages() {
+    check(
+        "hello",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::Hello(v1::Hello {
+                node_id: "nd-0f3a9c".into(),
+                cert_serial: "5a17c0de".into(),
+                incarnation_id: "inc-1".into(),
+                boot_id: "boot-1".into(),
+                journal_id: "j-1".into(),
+                inventory_hashes: vec![v1::InventoryHash {
+                    section: "gpus".into(),
+                    sha256: "ab".repeat(32),
+                }],
+                agent_version: "0.1.0".into(),
+                last_epoch: 7,
+                release_floor: 3,
+                server_time_mark_ms: 1_790_000_123_456,
+                journal_running: vec!["cmd-1".into()],
+                journal_done: vec!["cmd-0".into()],
+                applied_generation: 4,
+            })),
+        },
+    );
+    check(
+        "welcome",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::Welcome(v1::Welcome {
+                epoch: 8,
+                server_time_ms: 1_790_000_200_000,
+                gateway_id: "gw-1".into(),
+                heartbeat_interval_ms: 10_000,
+                inventory_wanted: vec!["tpm".into()],
+            })),
+        },
+    );
+    check(
+        "command_ack",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::CommandAck(v1::CommandAck {
+                command_id: "cmd-1".into(),
+                seq: 5,
+                state: v1::AckState::Running as i32,
+            })),
+        },
+    );
+    check(
+        "drain",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::Drain(v1::Drain {
+                reconnect_within_ms: 60_000,
+                reason: "the gateway is shutting down".into(),
+            })),
+        },
+    );
+}
+
+#[test]
+fn signed_intent_and_facts() {
+    let key = worker_key();
+    let payload = v1::CommandPayload {
+        command_id: "cmd-1".into(),
+        node_id: "nd-0f3a9c".into(),
+        seq: 5,
+        kind: v1::CommandKind::ExecRun as i32,
+        not_after_ms: 1_790_003_600_000,
+        min_generation: 2,
+        issued_at_ms: 1_790_000_000_000,
+        args: Some(v1::command_payload::Args::Exec(v1::ExecArgs {
+            program: "/bin/true".into(),
+            args: vec!["-x".into()],
+            timeout_ms: 600_000,
+            max_output: 65_536,
+        })),
+    };
+    check("command_payload", &payload);
+    check(
+        "command_dispatch",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::Command(v1::CommandDispatch {
+                command_id: "cmd-1".into(),
+                seq: 5,
+                signed: bcd_proto::sign::seal(&key, payload.encode_to_vec()),
+                epoch: 8,
+            })),
+        },
+    );
+    let spec = v1::NodeSpec {
+        node_id: "nd-0f3a9c".into(),
+        generation: 4,
+        issued_at_ms: 1_790_000_000_000,
+        not_after_ms: 1_790_086_400_000,
+        devices: Some(v1::DevicesSpec {
+            assignments: vec![v1::GpuAssignment {
+                allocation_id: "job-1".into(),
+                gpus: vec!["0".into()],
+                env: [("JOB".to_string(), "1".to_string())].into(),
+            }],
+        }),
+        access: Some(v1::AccessSpec {
+            users: vec![v1::AccessUser {
+                name: "ops".into(),
+                authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+                principals: vec![],
+            }],
+            trusted_user_ca_keys: vec![],
+            firewall: Some(v1::FirewallSpec {
+                rules: vec![v1::FirewallRule {
+                    protocol: v1::FirewallProtocol::Tcp as i32,
+                    port: 22,
+                    source: "10.0.0.0/8".into(),
+                    action: v1::FirewallAction::Accept as i32,
+                }],
+            }),
+        }),
+    };
+    check("node_spec", &spec);
+    let result = v1::CommandResult {
+        command_id: "cmd-1".into(),
+        seq: 5,
+        outcome: v1::Outcome::Succeeded as i32,
+        reason: String::new(),
+        exit_code: 0,
+        has_exit_code: true,
+        output: b"ok\n".to_vec(),
+        output_truncated: false,
+        boot_id: "boot-1".into(),
+        node_id: "nd-0f3a9c".into(),
+    };
+    check("command_result", &result);
+    // ECDSA signatures are randomized: a fixed stand-in pins the framing.
+    check(
+        "signed_result",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::CommandResult(v1::NodeSigned {
+                payload: result.encode_to_vec(),
+                signature: vec![0x30, 0x44, 0x02, 0x20],
+            })),
+        },
+    );
+    check(
+        "state_report",
+        &v1::StateReport {
+            applied_generation: 4,
+            sections: vec![v1::SectionStatus {
+                section: "devices".into(),
+                status: v1::SectionState::Ready as i32,
+                message: String::new(),
+                age_ms: 1_500,
+            }],
+            node_id: "nd-0f3a9c".into(),
+            epoch: 8,
+        },
+    );
+    check(
+        "inventory",
+        &v1::Inventory {
+            section: "gpus".into(),
+            sha256: "cd".repeat(32),
+            body: b"{\"gpus\":[]}".to_vec(),
+            node_id: "nd-0f3a9c".into(),
+            epoch: 8,
+        },
+    );
+}
+
+#[test]
+fn refusals_statements_and_join() {
+    let key = worker_key();
+    let statement = v1::NodeStatement {
+        node_id: "nd-0f3a9c".into(),
+        kind: v1::NodeStatementKind::Deleted as i32,
+        serials: vec!["5a17c0de".into()],
+        reason: "node-deleted".into(),
+        issued_at_ms: 1_790_000_300_000,
+    };
+    check("node_statement", &statement);
+    check(
+        "refusal",
+        &v1::Refusal {
+            reason: v1::RefusalReason::NodeDeleted as i32,
+            message:
+                "node nd-0f3a9c was deleted: join again: bcd join --reset --yes, then bcd join"
+                    .into(),
+            statement: bcd_proto::sign::seal_statement(&key, &statement),
+        },
+    );
+    check(
+        "revocation_notice",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::Revocation(v1::RevocationNotice {
+                reason: "node-deleted".into(),
+                serials: vec!["5a17c0de".into()],
+                statement: bcd_proto::sign::seal_statement(&key, &statement),
+            })),
+        },
+    );
+    check(
+        "join_response",
+        &v1::JoinResponse {
+            node_id: "nd-0f3a9c".into(),
+            cert_der: vec![0x30, 0x82],
+            ca_der: vec![0x30, 0x81],
+            cert_serial: "5a17c0de".into(),
+            not_after_ms: 1_790_086_400_000,
+            server_time_ms: 1_790_000_000_000,
+            worker_keys: vec![vec![0x11; 32]],
+            identity_generation: 1,
+            release_keys: vec![vec![0x22; 32]],
+            floors: Some(v1::ReplayFloors {
+                command_seq: 5,
+                spec_generation: 4,
+            }),
+        },
+    );
+}
+
+#[test]
+fn operator_messages() {
+    check(
+        "command_info",
+        &v1::CommandInfo {
+            command_id: "cmd-1".into(),
+            node_id: "nd-0f3a9c".into(),
+            seq: 5,
+            kind: v1::CommandKind::GpuReset as i32,
+            summary: "0".into(),
+            state: v1::CommandState::Succeeded as i32,
+            created_at_ms: 1_790_000_000_000,
+            not_after_ms: 1_790_003_600_000,
+            result_at_ms: 1_790_000_000_050,
+            epoch: 8,
+            ..Default::default()
+        },
+    );
+    check(
+        "node_info",
+        &v1::NodeInfo {
+            node_id: "nd-0f3a9c".into(),
+            state: v1::NodeState::Connected as i32,
+            epoch: 8,
+            ..Default::default()
+        },
+    );
+    check(
+        "change_rollout",
+        &v1::ChangeRolloutRequest {
+            id: "ro-1".into(),
+            action: v1::RolloutAction::Abort as i32,
+            rollback: true,
+        },
+    );
+    check(
+        "assign_image",
+        &v1::AssignImageRequest {
+            image: "netboot".into(),
+            target: Some(v1::ImageTarget {
+                target: Some(v1::image_target::Target::Mac("52:54:00:12:34:56".into())),
+            }),
+            append: "bcd.state=STATE".into(),
+        },
+    );
+}
