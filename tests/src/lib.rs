@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod hostile;
 pub mod module_graph;
 pub mod netboot;
 
@@ -225,7 +226,8 @@ impl Server {
         self.start_again()
     }
 
-    fn start_again(&mut self) -> anyhow::Result<()> {
+    /// Starts the server again on its address after it stopped.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match Self::start_on(&self.dir, &self.addr.to_string(), self.args.clone()) {
