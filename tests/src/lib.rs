@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod hosttree;
 pub mod module_graph;
 pub mod netboot;
 

@@ -174,7 +174,7 @@ fn remove_others(dir: &Path, keep: &BTreeSet<String>) -> Result<bool, String> {
     Ok(changed)
 }
 
-fn sshd_conf(p: &SshdDirs) -> String {
+pub(crate) fn sshd_conf(p: &SshdDirs) -> String {
     let dir = p.bcd_dir();
     format!(
         "# Written by bcd from the node's spec; edits are undone.\n\
@@ -189,7 +189,7 @@ fn sshd_conf(p: &SshdDirs) -> String {
 
 /// `sshd -t` on a configuration made of ours and a host key, so a
 /// directive sshd refuses never reaches the live configuration.
-fn sshd_check(p: &SshdDirs, conf: &str) -> Result<(), String> {
+pub(crate) fn sshd_check(p: &SshdDirs, conf: &str) -> Result<(), String> {
     if !p.sshd.exists() {
         return Ok(());
     }
@@ -317,7 +317,7 @@ pub fn sshd(files: &dyn SshdFiles, spec: &AccessSpec) -> Result<bool, StepError>
     files.apply(&plan)
 }
 
-fn rule_comment(r: &FirewallRule) -> String {
+pub(crate) fn rule_comment(r: &FirewallRule) -> String {
     let text = format!("{}|{}|{}|{}", r.protocol, r.port, r.source, r.action);
     format!("bcd:{}", &bcd_proto::fingerprint(text.as_bytes())[..16])
 }
@@ -442,7 +442,7 @@ struct ListedRule {
 }
 
 /// The comments of the rules in our table, in order; `None` without a table.
-fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
+pub(crate) fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
     let out = std::process::Command::new(&p.nft)
         .args(["-j", "list", "tables"])
         .output()

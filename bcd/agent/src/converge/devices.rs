@@ -15,9 +15,25 @@ use std::path::PathBuf;
 
 use bcd_proto::v1::NodeSpec;
 
+use super::access::StepError;
 use super::{Outcome, Status};
 
 pub const CDI_FILE: &str = "bcd-nvidia-gpu.json";
+
+/// One allocation's env file: the GPUs it names (as the CDI spec names
+/// them) and the spec's extra variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvFile {
+    pub devices: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+impl EnvFile {
+    /// The file's bytes ([`env_file`]).
+    pub fn render(&self) -> String {
+        env_file(&self.devices, &self.env.iter().collect())
+    }
+}
 
 /// What the device files must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -25,7 +41,7 @@ pub struct DevicePlan {
     /// The CDI spec's bytes; `None`: no GPU assigned, no spec file.
     pub cdi_spec: Option<Vec<u8>>,
     /// Allocation id → its env file.
-    pub env_files: BTreeMap<String, String>,
+    pub env_files: BTreeMap<String, EnvFile>,
 }
 
 /// Writes the CDI spec and the env files (a privileged act: the CDI spec
@@ -33,8 +49,28 @@ pub struct DevicePlan {
 pub trait DeviceFiles: Send + Sync + std::fmt::Debug {
     /// Makes the files what `plan` says, removing env files of allocations
     /// it does not name; says whether anything changed. The error is worded
-    /// for the section's status (the pass is retried).
-    fn apply(&self, plan: &DevicePlan) -> Result<bool, String>;
+    /// for the section's status: `Progressing` is retried, `Failed` means
+    /// the files cannot be written as planned.
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, StepError>;
+}
+
+/// The env files of `dir`, by allocation id.
+pub fn env_files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".env"))
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
 }
 
 /// The files in two directories of this machine.
@@ -46,12 +82,12 @@ pub struct DeviceDirs {
     pub env_dir: PathBuf,
 }
 
-fn chain(e: bcd_sys::fs::FsError) -> String {
-    bcd_sys::error::chain(&e)
+fn chain(e: bcd_sys::fs::FsError) -> StepError {
+    (Status::Progressing, bcd_sys::error::chain(&e))
 }
 
 impl DeviceFiles for DeviceDirs {
-    fn apply(&self, plan: &DevicePlan) -> Result<bool, String> {
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, StepError> {
         let mut changed = false;
         let cdi_path = self.cdi_dir.join(CDI_FILE);
         changed |= match &plan.cdi_spec {
@@ -60,10 +96,10 @@ impl DeviceFiles for DeviceDirs {
         }
         .map_err(chain)?;
         let mut wanted = BTreeSet::new();
-        for (id, body) in &plan.env_files {
+        for (id, file) in &plan.env_files {
             let path = self.env_dir.join(format!("{id}.env"));
-            changed |=
-                bcd_sys::fs::write_if_changed(&path, body.as_bytes(), 0o644).map_err(chain)?;
+            changed |= bcd_sys::fs::write_if_changed(&path, file.render().as_bytes(), 0o644)
+                .map_err(chain)?;
             wanted.insert(path);
         }
         if let Ok(entries) = std::fs::read_dir(&self.env_dir) {
@@ -123,7 +159,10 @@ pub fn plan(spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Result<DevicePlan,
         }
         env_files.insert(
             a.allocation_id.clone(),
-            env_file(&names, &a.env.iter().collect()),
+            EnvFile {
+                devices: names,
+                env: a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            },
         );
     }
     let cdi_spec = if selected.is_empty() {
@@ -152,7 +191,7 @@ pub fn converge(files: &dyn DeviceFiles, spec: &NodeSpec, inv: &cdi::nvidia::Inv
     };
     match files.apply(&plan) {
         Ok(changed) => Outcome::ready(changed),
-        Err(message) => Outcome::not(Status::Progressing, message),
+        Err((status, message)) => Outcome::not(status, message),
     }
 }
 
