@@ -80,7 +80,7 @@ impl Setup {
             .arg(&self.ns.nft)
             .arg("--host-root")
             .arg(&self.tree.root)
-            .args(["--fake-power", "--system-bus", "unix:path=/nonexistent"])
+            .arg("--fake-power")
             .env("BCD_LOG", "info,bcd_agent=debug,bcd_helper=debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -212,8 +212,11 @@ fn an_unprivileged_daemon_acts_through_the_helper() {
         .server
         .cli(&["nodes", "access", &id, "--file", access.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    wait_for(Duration::from_secs(20), "access READY", || {
-        (section(&f.server.spec(&id), "access")["status"] == "READY").then_some(())
+    wait_for(Duration::from_secs(20), "access READY and applied", || {
+        let v = f.server.spec(&id);
+        (section(&v, "access")["status"] == "READY"
+            && v["applied_generation"] == v["desired_generation"])
+            .then_some(())
     });
     let keys = s.dir.join("etc/ssh/bcd/authorized_keys/alice");
     assert_eq!(std::fs::read_to_string(&keys).unwrap(), format!("{KEY}\n"));

@@ -208,7 +208,8 @@ enum Command {
         #[arg(long, default_value = "/etc/passwd", hide = true)]
         passwd: PathBuf,
         /// Test builds: reboot and kexec write a new boot id under
-        /// --host-root instead of restarting this machine.
+        /// --host-root instead of restarting this machine (never through
+        /// logind).
         #[cfg(feature = "fakehw")]
         #[arg(long, hide = true)]
         fake_power: bool,

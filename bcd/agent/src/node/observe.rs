@@ -44,7 +44,7 @@ impl Agent {
                 .flatten()
                 .map(|e| e.kind)
                 .unwrap_or_default();
-            m.command(&kind, effect.outcome.name());
+            m.command(&kind, &effect.outcome.name().to_ascii_lowercase());
         }
     }
 
