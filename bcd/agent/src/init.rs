@@ -703,6 +703,67 @@ pub fn run() -> Result<Infallible, InitError> {
 mod tests {
     use super::*;
 
+    /// The device manager's wiring: a NIC whose driver the image carries
+    /// but does not list is loaded, with its dependency first; a device
+    /// whose driver the image lacks is reported, not loaded.
+    #[test]
+    fn drivers_are_loaded_by_modalias_from_the_image() {
+        let d = tempfile::tempdir().unwrap();
+        let (root, sys) = (d.path().join("root"), d.path().join("sys"));
+        let dir = root.join("lib/modules/6.1.0-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("modules.dep"),
+            "kernel/drivers/net/vmxnet3/vmxnet3.ko.xz: kernel/net/core/page_pool.ko.xz\n\
+             kernel/net/core/page_pool.ko.xz:\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("modules.alias"),
+            "alias pci:v000015ADd000007B0sv*sd*bc*sc*i* vmxnet3\n\
+             alias pci:v00008086d0000100Esv*sd*bc*sc*i* e1000\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("modules.order"), "").unwrap();
+        for (dev, alias) in [
+            (
+                "0000:00:03.0",
+                "pci:v000015ADd000007B0sv000015ADsd000007B0bc02sc00i01",
+            ),
+            (
+                "0000:00:04.0",
+                "pci:v00008086d0000100Esv00008086sd0000001Ebc02sc00i00",
+            ),
+        ] {
+            let p = sys.join("devices/pci0000:00").join(dev);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("modalias"), format!("{alias}\n")).unwrap();
+        }
+        let mut loaded = Vec::new();
+        let report = load_by_modalias(&root, &sys, "6.1.0-test", |m| {
+            loaded.push(m.path.clone());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            loaded,
+            [
+                "kernel/net/core/page_pool.ko.xz",
+                "kernel/drivers/net/vmxnet3/vmxnet3.ko.xz"
+            ]
+        );
+        assert_eq!(report.loaded, ["page_pool", "vmxnet3"]);
+        assert_eq!(
+            report.not_carried.get("e1000").map(Vec::len),
+            Some(1),
+            "{report:?}"
+        );
+        // An image without modules.alias: nothing to match, said so.
+        std::fs::remove_file(dir.join("modules.alias")).unwrap();
+        let e = load_by_modalias(&root, &sys, "6.1.0-test", |_| Ok(())).unwrap_err();
+        assert!(e.contains("modules.alias"), "{e}");
+    }
+
     #[test]
     fn the_journal_is_a_link_into_tmpfs_and_a_disk_journal_goes_aside() {
         let d = tempfile::tempdir().unwrap();
