@@ -528,6 +528,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         if upgrade::supervised() {
                             return Ok(ExitCode::from(upgrade::EXIT_RESTART));
                         }
+                        // Under systemd, the helper restarts bcd.service
+                        // through systemd's manager, which stops this
+                        // process first; elsewhere it cannot, and this
+                        // process starts the new binary in its place.
+                        if let Some(client) = &client {
+                            let c = client.clone();
+                            let mut stop = stop_rx.clone();
+                            tokio::select! {
+                                r = tokio::task::spawn_blocking(move || c.restart_daemon()) => {
+                                    match r? {
+                                        Ok(()) => return Ok(ExitCode::SUCCESS),
+                                        Err(e) => tracing::info!(error = %e, "restarting in place"),
+                                    }
+                                }
+                                _ = stop.wait_for(|s| *s) => return Ok(ExitCode::SUCCESS),
+                            }
+                        }
                         let slots = bcd_agent::slots::Slots::new(&data_dir);
                         anyhow::bail!(
                             "cannot restart into {}: {}",
