@@ -316,6 +316,12 @@ impl Client {
         .await
     }
 
+    /// Removes the CDI spec; says whether it was there.
+    pub async fn remove_cdi_spec(&self) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::RemoveCdiSpec(wire::RemoveCdiSpec {}))
+            .await
+    }
+
     pub async fn write_env_file(&self, m: wire::WriteEnvFile) -> Result<bool, ClientError> {
         self.written(wire::request::Kind::WriteEnvFile(m)).await
     }
@@ -407,6 +413,223 @@ impl Client {
     }
 }
 
+/// Connects and shakes hands on a blocking socket, whose read and write
+/// timeouts are the request timeout afterwards.
+fn connect_blocking(
+    config: &ClientConfig,
+) -> Result<(std::os::unix::net::UnixStream, ServerInfo), ClientError> {
+    let socket = &config.socket;
+    let unreachable = |source| ClientError::Unreachable {
+        socket: socket.clone(),
+        source,
+    };
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
+    stream
+        .set_read_timeout(Some(config.connect_timeout))
+        .and_then(|()| stream.set_write_timeout(Some(config.connect_timeout)))
+        .map_err(unreachable)?;
+    let f = frame::encode(&hello(config)).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    // A helper that refuses may close before reading the Hello; its reply
+    // is still there to read.
+    let _ = frame::write_blocking(&mut stream, &f);
+    let body = frame::read_blocking(&mut stream, frame::MAX_HELLO).map_err(|e| match e {
+        FrameError::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            ClientError::HandshakeTimeout {
+                socket: socket.clone(),
+                within: config.connect_timeout,
+            }
+        }
+        FrameError::Io(source) => unreachable(source),
+        e => ClientError::Protocol(format!("no handshake: {e}")),
+    })?;
+    let info = check_hello_reply(&body)?;
+    stream
+        .set_read_timeout(Some(config.request_timeout))
+        .and_then(|()| stream.set_write_timeout(Some(config.request_timeout)))
+        .map_err(unreachable)?;
+    Ok((stream, info))
+}
+
+fn timed_out(e: &FrameError) -> bool {
+    matches!(e, FrameError::Io(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+}
+
+/// The daemon's connection to the helper for callers that are not async:
+/// the agent's machine traits, which the direct implementations satisfy
+/// with blocking system calls too. It behaves as [`Client`] does: it
+/// connects at its first request, keeps the connection, makes a new one at
+/// the next request after the helper closed it, never sends a failed
+/// request again, and every error starts `helper: `. Callers on several
+/// threads wait their turn.
+#[derive(Debug)]
+pub struct BlockingClient {
+    config: ClientConfig,
+    conn: std::sync::Mutex<Option<(std::os::unix::net::UnixStream, ServerInfo)>>,
+}
+
+impl BlockingClient {
+    pub fn new(config: ClientConfig) -> BlockingClient {
+        BlockingClient {
+            config,
+            conn: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Connects if needed and says what the helper is.
+    pub fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, info)) = guard.as_ref().filter(|(s, _)| still_open(s)) {
+            return Ok(info.clone());
+        }
+        let (stream, info) = connect_blocking(&self.config)?;
+        *guard = Some((stream, info.clone()));
+        Ok(info)
+    }
+
+    /// Sends one request and reads its reply; the request is checked here
+    /// first, as the helper will check it.
+    pub fn call(&self, request: wire::Request) -> Result<Reply, ClientError> {
+        let kind = Request::validate(request.clone())?.kind();
+        let f = frame::encode(&request)
+            .map_err(|e| ClientError::Invalid(Invalid(format!("the {kind} request: {e}"))))?;
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_some_and(|(s, _)| !still_open(s)) {
+            *guard = None;
+        }
+        if guard.is_none() {
+            *guard = Some(connect_blocking(&self.config)?);
+        }
+        let (stream, _) = guard.as_mut().expect("connected above");
+        let exchange = frame::write_blocking(stream, &f)
+            .and_then(|()| frame::read_blocking(stream, frame::MAX_FRAME));
+        let body = match exchange {
+            Ok(body) => body,
+            Err(e) => {
+                *guard = None;
+                return Err(if timed_out(&e) {
+                    ClientError::Timeout {
+                        kind,
+                        within: self.config.request_timeout,
+                    }
+                } else {
+                    ClientError::Broken { kind, source: e }
+                });
+            }
+        };
+        reply_of(kind, &body).inspect_err(|e| {
+            if matches!(e, ClientError::Protocol(_)) {
+                *guard = None;
+            }
+        })
+    }
+
+    fn written(&self, kind: wire::request::Kind) -> Result<bool, ClientError> {
+        match self.call(wire::Request { kind: Some(kind) })? {
+            Reply::Written { changed } => Ok(changed),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn done(&self, kind: wire::request::Kind) -> Result<(), ClientError> {
+        match self.call(wire::Request { kind: Some(kind) })? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn write_cdi_spec(&self, json: Vec<u8>) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::WriteCdiSpec(wire::WriteCdiSpec {
+            json,
+        }))
+    }
+
+    pub fn remove_cdi_spec(&self) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::RemoveCdiSpec(wire::RemoveCdiSpec {}))
+    }
+
+    pub fn write_env_file(&self, m: wire::WriteEnvFile) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::WriteEnvFile(m))
+    }
+
+    pub fn remove_env_file(&self, allocation_id: &str) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::RemoveEnvFile(wire::RemoveEnvFile {
+            allocation_id: allocation_id.into(),
+        }))
+    }
+
+    pub fn write_sshd(&self, m: wire::WriteSshd) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::WriteSshd(m))
+    }
+
+    pub fn apply_firewall(&self, rules: Vec<wire::FirewallRule>) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::ApplyFirewall(wire::ApplyFirewall {
+            rules,
+        }))
+    }
+
+    pub fn delete_firewall(&self) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::DeleteFirewall(wire::DeleteFirewall {}))
+    }
+
+    pub fn reset_gpu(&self, pci_address: &str) -> Result<(), ClientError> {
+        self.done(wire::request::Kind::ResetGpu(wire::ResetGpu {
+            pci_address: pci_address.into(),
+        }))
+    }
+
+    pub fn reboot(&self, reason: &str) -> Result<(), ClientError> {
+        self.done(wire::request::Kind::Reboot(wire::Reboot {
+            reason: reason.into(),
+        }))
+    }
+
+    pub fn kexec(&self, m: wire::Kexec) -> Result<(), ClientError> {
+        self.done(wire::request::Kind::Kexec(m))
+    }
+
+    pub fn install_slot(
+        &self,
+        slot: Slot,
+        file: &str,
+        sha256: [u8; 32],
+    ) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::InstallSlot(wire::InstallSlot {
+            slot: slot.to_wire(),
+            file: file.into(),
+            sha256: sha256.to_vec(),
+        }))
+    }
+
+    pub fn switch_slot(&self, slot: Slot, sha256: [u8; 32]) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::SwitchSlot(wire::SwitchSlot {
+            slot: slot.to_wire(),
+            sha256: sha256.to_vec(),
+        }))
+    }
+
+    pub fn roll_back(&self) -> Result<(bool, String), ClientError> {
+        match self.call(wire::Request {
+            kind: Some(wire::request::Kind::RollBack(wire::RollBack {})),
+        })? {
+            Reply::RolledBack { swapped, message } => Ok((swapped, message)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn restart_daemon(&self) -> Result<(), ClientError> {
+        self.done(wire::request::Kind::RestartDaemon(wire::RestartDaemon {}))
+    }
+}
+
 fn unexpected(reply: Reply) -> ClientError {
     ClientError::Protocol(format!("an unexpected {:?} answer", reply.shape()))
 }
@@ -425,38 +648,7 @@ pub struct TpmSession {
 impl TpmSession {
     /// Connects and shakes hands (blocking).
     pub fn open(config: &ClientConfig) -> Result<TpmSession, ClientError> {
-        let socket = &config.socket;
-        let unreachable = |source| ClientError::Unreachable {
-            socket: socket.clone(),
-            source,
-        };
-        let mut stream = std::os::unix::net::UnixStream::connect(socket).map_err(unreachable)?;
-        stream
-            .set_read_timeout(Some(config.connect_timeout))
-            .and_then(|()| stream.set_write_timeout(Some(config.connect_timeout)))
-            .map_err(unreachable)?;
-        let f = frame::encode(&hello(config)).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let _ = frame::write_blocking(&mut stream, &f);
-        let body = frame::read_blocking(&mut stream, frame::MAX_HELLO).map_err(|e| match e {
-            FrameError::Io(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                ClientError::HandshakeTimeout {
-                    socket: socket.clone(),
-                    within: config.connect_timeout,
-                }
-            }
-            FrameError::Io(source) => unreachable(source),
-            e => ClientError::Protocol(format!("no handshake: {e}")),
-        })?;
-        let info = check_hello_reply(&body)?;
-        stream
-            .set_read_timeout(Some(config.request_timeout))
-            .and_then(|()| stream.set_write_timeout(Some(config.request_timeout)))
-            .map_err(unreachable)?;
+        let (stream, info) = connect_blocking(config)?;
         Ok(TpmSession {
             stream,
             info,
@@ -487,7 +679,7 @@ impl TpmSession {
         let body = match exchange {
             Ok(b) => b,
             Err(e) => {
-                let timed_out = matches!(&e, FrameError::Io(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+                let timed_out = timed_out(&e);
                 self.ended = Some(e.to_string());
                 return Err(if timed_out {
                     ClientError::Timeout {

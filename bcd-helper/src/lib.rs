@@ -67,7 +67,7 @@ pub mod wire {
     include!(concat!(env!("OUT_DIR"), "/bcd.helper.v1.rs"));
 }
 
-pub use client::{Client, ClientConfig, ClientError, ServerInfo, TpmSession};
+pub use client::{BlockingClient, Client, ClientConfig, ClientError, ServerInfo, TpmSession};
 pub use error::{ErrorKind, HelperError};
 pub use request::{Kind, Reply, ReplyShape, Request};
 pub use server::{Handler, Peer, Server, ServerConfig, ServerError};

@@ -22,6 +22,8 @@ pub enum Request {
     /// Write the `nvidia.com/gpu` CDI spec's bytes as sent
     /// (`<cdi dir>/bcd-nvidia-gpu.json`, mode 0644).
     WriteCdiSpec(Box<CdiSpec>),
+    /// Remove the CDI spec if it is there.
+    RemoveCdiSpec,
     /// Write [`EnvFile::render`] to `<env dir>/<id>.env` (mode 0644).
     WriteEnvFile(EnvFile),
     /// Remove `<env dir>/<id>.env` if it is there.
@@ -69,6 +71,7 @@ pub enum Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     WriteCdiSpec,
+    RemoveCdiSpec,
     WriteEnvFile,
     RemoveEnvFile,
     WriteSshd,
@@ -98,6 +101,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::WriteCdiSpec => "write-cdi-spec",
+            Kind::RemoveCdiSpec => "remove-cdi-spec",
             Kind::WriteEnvFile => "write-env-file",
             Kind::RemoveEnvFile => "remove-env-file",
             Kind::WriteSshd => "write-sshd",
@@ -118,6 +122,7 @@ impl Kind {
     pub fn reply_shape(self) -> ReplyShape {
         match self {
             Kind::WriteCdiSpec
+            | Kind::RemoveCdiSpec
             | Kind::WriteEnvFile
             | Kind::RemoveEnvFile
             | Kind::WriteSshd
@@ -150,6 +155,7 @@ impl Request {
         };
         Ok(match kind {
             W::WriteCdiSpec(m) => Request::WriteCdiSpec(Box::new(CdiSpec::parse(m.json)?)),
+            W::RemoveCdiSpec(_) => Request::RemoveCdiSpec,
             W::WriteEnvFile(m) => Request::WriteEnvFile(EnvFile::parse(m)?),
             W::RemoveEnvFile(m) => Request::RemoveEnvFile(AllocationId::parse(&m.allocation_id)?),
             W::WriteSshd(m) => Request::WriteSshd(SshdFiles::parse(m)?),
@@ -179,6 +185,7 @@ impl Request {
     pub fn kind(&self) -> Kind {
         match self {
             Request::WriteCdiSpec(_) => Kind::WriteCdiSpec,
+            Request::RemoveCdiSpec => Kind::RemoveCdiSpec,
             Request::WriteEnvFile(_) => Kind::WriteEnvFile,
             Request::RemoveEnvFile(_) => Kind::RemoveEnvFile,
             Request::WriteSshd(_) => Kind::WriteSshd,
@@ -202,6 +209,7 @@ impl Request {
             Request::WriteCdiSpec(s) => W::WriteCdiSpec(wire::WriteCdiSpec {
                 json: s.json().to_vec(),
             }),
+            Request::RemoveCdiSpec => W::RemoveCdiSpec(wire::RemoveCdiSpec {}),
             Request::WriteEnvFile(e) => W::WriteEnvFile(e.to_wire()),
             Request::RemoveEnvFile(a) => W::RemoveEnvFile(wire::RemoveEnvFile {
                 allocation_id: a.as_str().to_string(),

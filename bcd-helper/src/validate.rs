@@ -29,13 +29,20 @@ fn invalid(message: impl Into<String>) -> Invalid {
     Invalid(message.into())
 }
 
-/// At most 48 characters of `s`, quoted, for an error text.
+/// `s` quoted for an error text, at most about 96 bytes of it.
 pub(crate) fn shown(s: &str) -> String {
-    const MAX: usize = 48;
-    match s.char_indices().nth(MAX) {
-        None => format!("{s:?}"),
-        Some((at, _)) => format!("{:?}... ({} bytes)", &s[..at], s.len()),
+    // Bounded after escaping: one unprintable character escapes to as
+    // many as ten bytes.
+    const MAX: usize = 96;
+    let quoted = format!("{s:?}");
+    if quoted.len() <= MAX {
+        return quoted;
     }
+    let mut cut = MAX;
+    while !quoted.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}... ({} bytes)", &quoted[..cut], s.len())
 }
 
 /// An allocation id: 1 to 64 letters, digits, `.`, `_`, `-`; not starting

@@ -5,7 +5,9 @@
 //! (`sh`, `ip`, `udhcpc`, `wget`, ...), the DHCP event script `bcd init`
 //! hands to `udhcpc`, dynamic programs with their libraries (`kexec`, for
 //! `boot.kexec`), the kernel modules asked for with their dependencies and
-//! a load list, extra files, and `/dev/console`, which the kernel needs
+//! a load list, the drivers it carries for `bcd init` to load when a
+//! device asks for them (with the kernel's `modules.alias` lines for every
+//! carried module), extra files, and `/dev/console`, which the kernel needs
 //! before `/init` runs.
 
 use std::path::{Path, PathBuf};
@@ -71,6 +73,10 @@ pub struct Spec {
     pub programs: Vec<PathBuf>,
     /// Kernel modules to load at boot, by name; dependencies are added.
     pub modules: Vec<String>,
+    /// Drivers to carry without loading them at boot: `bcd init` loads
+    /// each when a device's modalias asks for it (one image, machines
+    /// with different NICs). Dependencies are added.
+    pub carry: Vec<String>,
     /// Extra files: a file on this machine and its absolute path in the
     /// image.
     pub files: Vec<(PathBuf, PathBuf)>,
@@ -128,6 +134,10 @@ pub enum BuildError {
     },
     #[error("cannot add the kernel modules")]
     Modules(#[source] Box<initramfs::ModuleError>),
+    #[error(
+        "the kernel's modules.alias is needed to carry drivers (run depmod on its modules folder)"
+    )]
+    Aliases(#[source] bcd_udev::AliasError),
     #[error("cannot add {path} to the ramdisk")]
     Archive {
         path: String,
@@ -275,16 +285,10 @@ pub fn build(
     }
 
     progress.step(4, "adding kernel modules");
-    let plan = if spec.modules.is_empty() {
+    let plan = if spec.modules.is_empty() && spec.carry.is_empty() {
         initramfs::LoadPlan::default()
     } else {
-        initramfs::add_modules(
-            &mut archive,
-            &kernel.modules_root,
-            &kernel.release,
-            &spec.modules,
-        )
-        .map_err(|e| BuildError::Modules(Box::new(e)))?
+        add_modules(&mut archive, &kernel, spec)?
     };
 
     progress.step(5, "adding extra files");
@@ -334,6 +338,48 @@ pub fn build(
         entries,
         ipxe,
     })
+}
+
+/// The modules to load at boot and the drivers to carry, with their
+/// dependencies, `modules.dep`, `modules.order` (boot only) and the
+/// `modules.alias` lines of every module carried. Returns every module
+/// the image holds.
+fn add_modules(
+    archive: &mut Archive,
+    kernel: &kernel::Kernel,
+    spec: &Spec,
+) -> Result<initramfs::LoadPlan, BuildError> {
+    let modules_err = |e| BuildError::Modules(Box::new(e));
+    let modules =
+        initramfs::Modules::open(&kernel.modules_root, &kernel.release).map_err(modules_err)?;
+    let at_boot = modules.resolve(&spec.modules).map_err(modules_err)?;
+    let all: Vec<&str> = spec
+        .modules
+        .iter()
+        .chain(&spec.carry)
+        .map(String::as_str)
+        .collect();
+    let carried = modules.resolve(&all).map_err(modules_err)?;
+    modules
+        .add_carried(archive, &kernel.modules_root, &carried, &at_boot)
+        .map_err(modules_err)?;
+    let mut aliases = match bcd_udev::Aliases::open(&kernel.modules_root, &kernel.release) {
+        Ok(a) => a,
+        // Without drivers to carry, an image needs no alias list.
+        Err(bcd_udev::AliasError::Missing { .. }) if spec.carry.is_empty() => return Ok(carried),
+        Err(e) => return Err(BuildError::Aliases(e)),
+    };
+    let names: std::collections::BTreeSet<&str> =
+        carried.modules.iter().map(|m| m.name.as_str()).collect();
+    aliases.retain(|a| names.contains(a.module.replace('-', "_").as_str()));
+    let path = format!("lib/modules/{}/modules.alias", kernel.release);
+    add(
+        archive,
+        &path,
+        0o644,
+        Node::File(aliases.to_text().into_bytes()),
+    )?;
+    Ok(carried)
 }
 
 fn absolute(p: &Path) -> PathBuf {

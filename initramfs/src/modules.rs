@@ -296,15 +296,30 @@ impl Modules {
         root: &Path,
         plan: &LoadPlan,
     ) -> Result<(), ModuleError> {
+        self.add_carried(archive, root, plan, plan)
+    }
+
+    /// As [`Modules::add_to`], for an image that carries more modules than
+    /// it loads at boot: `carried`'s modules and `modules.dep`, and
+    /// `at_boot`'s load list as `modules.order`. The rest wait for a
+    /// device that asks for them (by modalias). `at_boot` must be part of
+    /// `carried`.
+    pub fn add_carried(
+        &self,
+        archive: &mut Archive,
+        root: &Path,
+        carried: &LoadPlan,
+        at_boot: &LoadPlan,
+    ) -> Result<(), ModuleError> {
         let dir = self.dir();
         let mut files = BTreeMap::new();
-        for module in &plan.modules {
+        for module in &carried.modules {
             host::collect(root, &dir.join(&module.path), &mut files)?;
         }
         host::add_host_files(archive, files.values())?;
         let mut generated = vec![
-            ("modules.dep", plan.modules_dep()),
-            ("modules.order", plan.load_order()),
+            ("modules.dep", carried.modules_dep()),
+            ("modules.order", at_boot.load_order()),
         ];
         if let Some(text) = &self.builtin_text {
             generated.push(("modules.builtin", text.clone()));

@@ -17,6 +17,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 pub mod hostile;
+pub mod hosttree;
 pub mod module_graph;
 pub mod netboot;
 

@@ -182,6 +182,18 @@ impl NetFleet {
     }
 
     pub fn build_image_into(&self, dir: &Path, name: &str, cmdline: &str) -> Image {
+        self.build_image_carrying(dir, name, cmdline, &[])
+    }
+
+    /// [`NetFleet::build_image_into`], carrying `carry` as drivers that
+    /// `bcd init` loads only when a device's modalias asks for them.
+    pub fn build_image_carrying(
+        &self,
+        dir: &Path,
+        name: &str,
+        cmdline: &str,
+        carry: &[&str],
+    ) -> Image {
         let mut c = Command::new(bin("better-compute"));
         c.args(["images", "build", "--kernel"])
             .arg(&self.kernel)
@@ -202,6 +214,9 @@ impl NetFleet {
             .arg("--json");
         for m in MODULES {
             c.args(["--module", m]);
+        }
+        for m in carry {
+            c.args(["--carry", m]);
         }
         let out = c.output().expect("run images build");
         assert!(out.status.success(), "images build: {}", stderr(&out));
@@ -310,6 +325,8 @@ pub struct VmConfig {
     pub memory_mib: u32,
     /// The most the VM may run before `timeout` ends it.
     pub limit: Duration,
+    /// The NIC's qemu device model (`virtio-net-pci`, `vmxnet3`).
+    pub nic: String,
 }
 
 impl VmConfig {
@@ -322,6 +339,7 @@ impl VmConfig {
             // kexec_file_load needs room for a second kernel and initrd.
             memory_mib: 512,
             limit: Duration::from_secs(600),
+            nic: "virtio-net-pci".into(),
         }
     }
 }
@@ -421,7 +439,7 @@ impl Vm {
         c.arg("-netdev")
             .arg(&netdev)
             .arg("-device")
-            .arg(format!("virtio-net-pci,netdev=n0,mac={}", cfg.mac));
+            .arg(format!("{},netdev=n0,mac={}", cfg.nic, cfg.mac));
         if let Some(disk) = &cfg.state_disk {
             c.arg("-drive")
                 .arg(format!("file={},format=raw,if=virtio", disk.display()));

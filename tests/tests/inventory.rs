@@ -74,3 +74,75 @@ fn a_gpu_that_appears_mid_session_reaches_the_store() {
         (stored_gpus(&server, &id) == ["0000:17:00.0", "0000:2a:00.0"]).then_some(())
     });
 }
+
+/// A GPU that appears raises a uevent, and the node takes inventory at
+/// once: the server has it within a second, long before the next pass.
+/// The uevent is injected on the kernel's netlink group as the kernel
+/// would send it (a test build takes uevents from any sender).
+#[test]
+fn a_gpu_uevent_reaches_the_server_within_a_second() {
+    let (d, server) = setup_dirs();
+    let root = d.path().join("host");
+    write(
+        &root,
+        "proc/sys/kernel/random/boot_id",
+        "3f1c2b4a-0000-4000-8000-000000000002\n",
+    );
+    write(&root, "proc/sys/kernel/hostname", "uevent-host\n");
+    gpu(&root, "0000:17:00.0");
+    let mut node = Node::new(&d.path().join("n"), 0);
+    node.host_root = Some(root.clone());
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    // The pass would find the GPU only after 10 minutes.
+    let log = node.dir.with_extension("uevent.log");
+    let child = std::process::Command::new(bc_tests::bin("bcd"))
+        .arg("node")
+        .arg("--data-dir")
+        .arg(&node.dir)
+        .arg("--host-root")
+        .arg(&root)
+        .arg("--cdi-dir")
+        .arg(node.dir.join("cdi"))
+        .arg("--run-dir")
+        .arg(node.dir.join("run"))
+        .args(["--converge-every", "600s", "--uevents-from-any-sender"])
+        .env("BCD_LOG", "info,bcd_agent=debug")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut proc = bc_tests::Proc { child, log };
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    wait_for(Duration::from_secs(20), "one GPU in the store", || {
+        (stored_gpus(&server, &id) == ["0000:17:00.0"]).then_some(())
+    });
+
+    gpu(&root, "0000:2a:00.0");
+    let event = bcd_udev::Uevent::from_properties([
+        ("ACTION", "add"),
+        ("DEVPATH", "/devices/pci0000:20/0000:20:01.0/0000:2a:00.0"),
+        ("SUBSYSTEM", "pci"),
+        ("PCI_CLASS", "30200"),
+        ("PCI_ID", "10DE:2335"),
+        ("PCI_SLOT_NAME", "0000:2a:00.0"),
+        (
+            "MODALIAS",
+            "pci:v000010DEd00002335sv000010DEsd000018BEbc03sc02i00",
+        ),
+        ("SEQNUM", "4711"),
+    ])
+    .unwrap();
+    let sent = std::time::Instant::now();
+    bcd_udev::inject(&event.encode(), bcd_udev::Group::Kernel)
+        .expect("injecting a uevent needs CAP_NET_ADMIN: run the tests as root");
+    wait_for(Duration::from_secs(5), "the new GPU in the store", || {
+        (stored_gpus(&server, &id) == ["0000:17:00.0", "0000:2a:00.0"]).then_some(())
+    });
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the inventory took {took:?} to reach the server:\n{}",
+        proc.log()
+    );
+    proc.stop();
+}

@@ -297,11 +297,19 @@ fn boot_kexec_starts_a_second_image_and_the_node_returns() {
 fn without_a_state_partition_every_boot_joins_as_a_new_node() {
     let _one = vm_lock();
     let f = fleet();
-    let img = f.build_image("volatile", &base_cmdline());
+    // The machine's NIC is a vmxnet3, for which the image loads nothing at
+    // boot: it carries the driver, and bcd init loads it because the
+    // NIC's modalias asks for it.
+    let img = f.build_image_carrying(
+        &f.d.path().join("volatile"),
+        "volatile",
+        &base_cmdline(),
+        &["vmxnet3"],
+    );
     // A pool token: one use per boot.
     let token = f.server.token(2);
     let mac = "52:54:00:bc:00:04";
-    let cfg = VmConfig::new(
+    let mut cfg = VmConfig::new(
         Boot::Direct {
             kernel: img.kernel(),
             initrd: img.initrd(),
@@ -310,8 +318,15 @@ fn without_a_state_partition_every_boot_joins_as_a_new_node() {
         mac,
         f.forwards(),
     );
+    cfg.nic = "vmxnet3".into();
     let vm = Vm::start(&cfg).expect("qemu");
     let first = f.wait_hostname(&vm, &hostname_for(mac), "connected", BOOT);
+    let console = vm.console();
+    let loaded = console
+        .lines()
+        .find(|l| l.contains("drivers loaded by modalias"))
+        .unwrap_or_else(|| panic!("no modalias loading on the console:\n{}", vm.tail()));
+    assert!(loaded.contains("vmxnet3"), "{loaded}");
     f.server.run_command(&first, "node.reboot", &[]);
     let second = vm.wait(BOOT, "a second node from the same machine", || {
         f.server.nodes().into_iter().find(|n| {

@@ -397,59 +397,99 @@ fn aborting_cancels_upgrades_not_yet_dispatched() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
-/// The systemd units verify, and their bcd command lines parse and run.
+/// Both flavours of the systemd units verify (root mode, and the
+/// unprivileged daemon beside its helper with the root rollback unit), and
+/// their bcd command lines parse and run.
 #[test]
 fn the_systemd_units_verify() {
     let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bcd/bin/systemd");
-    let d = tempfile::tempdir().unwrap();
-    let data = d.path().join("data");
     let bcd = bc_tests::bin("bcd");
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(&units).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_str().unwrap().to_string();
-        let text = std::fs::read_to_string(&path)
-            .unwrap()
-            .replace("/usr/bin/bcd", bcd.to_str().unwrap())
-            .replace("/var/lib/bcd", data.to_str().unwrap());
-        for line in text.lines() {
-            // Every bcd command line of the units parses and runs here
-            // (the rollback finds nothing to roll back).
-            if let Some(cmd) = line.strip_prefix("ExecStart=")
-                && cmd.contains(" rollback ")
-            {
-                let args: Vec<&str> = cmd.split_whitespace().collect();
-                let args: Vec<&str> = args
-                    .iter()
-                    .copied()
-                    .take_while(|a| *a != "--restart-unit")
-                    .collect();
-                let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-                assert!(out.status.success(), "{cmd}: {}", stderr(&out));
-                assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to roll back"));
+    for (flavour, dirs, want) in [
+        (
+            "root",
+            vec![units.clone()],
+            vec![
+                "bcd-rollback.service",
+                "bcd-watchdog.service",
+                "bcd-watchdog.timer",
+                "bcd.service",
+            ],
+        ),
+        (
+            "unprivileged",
+            vec![units.join("unprivileged"), units.clone()],
+            vec!["bcd-helper.service", "bcd-rollback.service", "bcd.service"],
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        let mut names = Vec::new();
+        for dir in dirs {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if !path.is_file() {
+                    continue;
+                }
+                let name = path.file_name().unwrap().to_str().unwrap().to_string();
+                // The flavour's own file wins; the rest come from root mode.
+                if names.contains(&name) || !want.contains(&name.as_str()) {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path)
+                    .unwrap()
+                    .replace("/usr/bin/bcd", bcd.to_str().unwrap())
+                    .replace("/var/lib/bcd", data.to_str().unwrap());
+                for line in text.lines() {
+                    let Some(cmd) = line.strip_prefix("ExecStart=") else {
+                        continue;
+                    };
+                    let args: Vec<&str> = cmd.split_whitespace().collect();
+                    if cmd.contains(" rollback ") {
+                        // Every rollback line runs here (and finds nothing
+                        // to roll back).
+                        let args: Vec<&str> = args
+                            .iter()
+                            .copied()
+                            .take_while(|a| *a != "--restart-unit")
+                            .collect();
+                        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+                        assert!(out.status.success(), "{cmd}: {}", stderr(&out));
+                        assert!(
+                            String::from_utf8_lossy(&out.stdout).contains("nothing to roll back")
+                        );
+                    } else {
+                        // The daemon's and the helper's lines parse.
+                        let mut c = Command::new(args[0]);
+                        c.args(&args[1..]);
+                        assert_parses(c, cmd);
+                    }
+                }
+                std::fs::write(d.path().join(&name), text).unwrap();
+                names.push(name);
             }
         }
-        std::fs::write(d.path().join(&name), text).unwrap();
-        names.push(name);
+        names.sort();
+        assert_eq!(names, want, "{flavour}");
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .args(names.iter().map(|n| format!("./{n}")))
+            .current_dir(d.path())
+            .output()
+            .expect("systemd-analyze is missing: apt-get install systemd (scripts/test does)");
+        assert!(out.status.success(), "{flavour}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{flavour}: no warnings either");
     }
-    names.sort();
-    assert_eq!(
-        names,
-        [
-            "bcd-rollback.service",
-            "bcd-watchdog.service",
-            "bcd-watchdog.timer",
-            "bcd.service"
-        ]
+}
+
+/// A command line that clap accepts: run with a bad extra argument, it
+/// fails on that argument and nothing before it.
+fn assert_parses(mut c: Command, line: &str) {
+    let out = c.arg("--no-such-flag-here").output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        err.contains("unexpected argument '--no-such-flag-here'"),
+        "{line}: {err}"
     );
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .args(names.iter().map(|n| format!("./{n}")))
-        .current_dir(d.path())
-        .output()
-        .expect("systemd-analyze is missing: apt-get install systemd (scripts/test does)");
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stderr(&out), "", "no warnings either");
 }
 
 /// A full disk while the new release is written: the command fails with

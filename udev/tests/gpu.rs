@@ -3,7 +3,7 @@
 //! its driver. Run as root on such a machine:
 //!
 //! ```text
-//! cargo test -p bcd-udev --test gpu -- --ignored
+//! cargo test -p bcd-udev --test gpu -- --ignored needs_gpu
 //! ```
 //!
 //! A synthetic `change` is all these tests send the GPU: the kernel
@@ -56,8 +56,8 @@ fn driver(dir: &Path) -> Option<String> {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: cargo test -p bcd-udev --test gpu -- --ignored"]
-fn sysfs_lists_every_gpu_with_its_modalias_and_driver() {
+#[ignore = "needs an NVIDIA GPU: cargo test -p bcd-udev --test gpu -- --ignored needs_gpu"]
+fn needs_gpu_sysfs_lists_every_gpu_with_its_modalias_and_driver() {
     let devices = sysfs::devices(Path::new("/sys")).unwrap();
     for (address, link) in gpus() {
         let real = std::fs::canonicalize(&link).unwrap();
@@ -77,8 +77,8 @@ fn sysfs_lists_every_gpu_with_its_modalias_and_driver() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and root: cargo test -p bcd-udev --test gpu -- --ignored"]
-fn a_change_on_a_gpu_reaches_the_monitor_as_a_gpu_event() {
+#[ignore = "needs an NVIDIA GPU and root: cargo test -p bcd-udev --test gpu -- --ignored needs_gpu"]
+fn needs_gpu_a_change_on_a_gpu_reaches_the_monitor_as_a_gpu_event() {
     let (address, dir) = gpus().remove(0);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -122,8 +122,8 @@ fn a_change_on_a_gpu_reaches_the_monitor_as_a_gpu_event() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and the running kernel's modules: cargo test -p bcd-udev --test gpu -- --ignored"]
-fn the_running_kernel_names_the_gpu_driver_as_modprobe_does() {
+#[ignore = "needs an NVIDIA GPU and the running kernel's modules: cargo test -p bcd-udev --test gpu -- --ignored needs_gpu"]
+fn needs_gpu_the_running_kernel_names_the_gpu_driver_as_modprobe_does() {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let release = release.trim();
     let aliases = Aliases::open(Path::new("/"), release)

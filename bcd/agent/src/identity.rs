@@ -287,7 +287,7 @@ fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
 }
 
 /// Reads `identity.json` of any version this bcd knows.
-fn parse(path: &Path, bytes: &[u8]) -> Result<IdentityFile, IdentityError> {
+pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<IdentityFile, IdentityError> {
     #[derive(Deserialize)]
     struct Probe {
         version: Option<u32>,

@@ -2,7 +2,10 @@
 //!
 //! The image's `/init` execs `bcd init`, which mounts `/proc`, `/sys`,
 //! `/dev` and `/run`, loads the modules the image lists
-//! (`/lib/modules/<release>/modules.order`), names the host, runs busybox
+//! (`/lib/modules/<release>/modules.order`), then, as the ramdisk's device
+//! manager, the drivers its devices ask for (each device's modalias
+//! against the image's `modules.alias`, from the modules it carries),
+//! names the host, runs busybox
 //! `udhcpc` on the Ethernet interfaces with our event script
 //! (`/etc/bcd/udhcpc.script`), reads its settings from the kernel command
 //! line ([`cmdline`]), opens the data directory where the identity lives
@@ -266,6 +269,24 @@ pub fn hostname_for(mac: &str) -> String {
     format!("node-{}", hex.to_ascii_lowercase())
 }
 
+/// Loads one module, `rel` relative to the modules directory `dir`
+/// (`finit_module`; a compressed one is decompressed by the kernel). One
+/// already loaded counts as loaded.
+pub fn load_one(dir: &Path, rel: &str) -> std::io::Result<()> {
+    let path = dir.join(rel);
+    // MODULE_INIT_COMPRESSED_FILE: the kernel decompresses.
+    let flags = if [".xz", ".zst", ".gz"].iter().any(|s| rel.ends_with(s)) {
+        4
+    } else {
+        0
+    };
+    let file = std::fs::File::open(&path)?;
+    match rustix::system::finit_module(&file, c"", flags) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The modules listed in `<root>/lib/modules/<release>/modules.order`,
 /// loaded in order; returns how many loaded. Built-in and already loaded
 /// ones count as loaded.
@@ -277,26 +298,54 @@ pub fn load_modules(root: &Path, release: &str) -> usize {
     };
     let mut loaded = 0;
     for rel in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let path = dir.join(rel);
-        // MODULE_INIT_COMPRESSED_FILE: the kernel decompresses.
-        let flags = if [".xz", ".zst", ".gz"].iter().any(|s| rel.ends_with(s)) {
-            4
-        } else {
-            0
-        };
-        let file = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) => {
-                warn!(module = %rel, error = %e, "cannot open a module");
-                continue;
-            }
-        };
-        match rustix::system::finit_module(&file, c"", flags) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => loaded += 1,
+        match load_one(&dir, rel) {
+            Ok(()) => loaded += 1,
             Err(e) => warn!(module = %rel, error = %e, "cannot load a module"),
         }
     }
     loaded
+}
+
+/// The device manager of a ramdisk: loads the driver each device under
+/// `<sys>` asks for (its modalias against the image's `modules.alias`),
+/// from the modules the image carries under `<root>/lib/modules/<release>`,
+/// round after round while loading drivers makes new devices. `load`
+/// loads one module (relative path); tests hand in their own. Returns
+/// the report, or why there was nothing to match against.
+pub fn load_by_modalias(
+    root: &Path,
+    sys: &Path,
+    release: &str,
+    load: impl FnMut(&initramfs::Module) -> std::io::Result<()>,
+) -> Result<bcd_udev::Report, String> {
+    let aliases = bcd_udev::Aliases::open(root, release).map_err(|e| bcd_sys::error::chain(&e))?;
+    let modules = initramfs::Modules::open(root, release).map_err(|e| bcd_sys::error::chain(&e))?;
+    bcd_udev::coldplug::run(sys, &aliases, &modules, load).map_err(|e| bcd_sys::error::chain(&e))
+}
+
+/// Logs what [`load_by_modalias`] did.
+fn report_coldplug(report: &Result<bcd_udev::Report, String>) {
+    match report {
+        Err(e) => info!(error = %e, "no driver loading by modalias"),
+        Ok(r) => {
+            info!(
+                loaded = r.loaded.len(),
+                modules = %r.loaded.join(" "),
+                devices = r.devices,
+                matched = r.matched,
+                rounds = r.rounds,
+                "drivers loaded by modalias"
+            );
+            for (module, error) in &r.failed {
+                warn!(%module, %error, "cannot load a driver");
+            }
+            for (module, devices) in &r.not_carried {
+                for device in devices {
+                    warn!(%module, %device, "no driver in the image for {device} ({module})");
+                }
+            }
+        }
+    }
 }
 
 /// What a child of PID 1 is for.
@@ -525,6 +574,13 @@ pub fn run() -> Result<Infallible, InitError> {
         .into_owned();
     let loaded = load_modules(Path::new("/"), &release);
     info!(loaded, %release, "modules loaded");
+    // Then the drivers the hardware asks for, so one image boots machines
+    // with different NICs.
+    let dir = Path::new("/lib/modules").join(&release);
+    let report = load_by_modalias(Path::new("/"), Path::new("/sys"), &release, |m| {
+        load_one(&dir, &m.path)
+    });
+    report_coldplug(&report);
 
     let mut pid1 = Pid1 {
         exe,
@@ -646,6 +702,67 @@ pub fn run() -> Result<Infallible, InitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The device manager's wiring: a NIC whose driver the image carries
+    /// but does not list is loaded, with its dependency first; a device
+    /// whose driver the image lacks is reported, not loaded.
+    #[test]
+    fn drivers_are_loaded_by_modalias_from_the_image() {
+        let d = tempfile::tempdir().unwrap();
+        let (root, sys) = (d.path().join("root"), d.path().join("sys"));
+        let dir = root.join("lib/modules/6.1.0-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("modules.dep"),
+            "kernel/drivers/net/vmxnet3/vmxnet3.ko.xz: kernel/net/core/page_pool.ko.xz\n\
+             kernel/net/core/page_pool.ko.xz:\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("modules.alias"),
+            "alias pci:v000015ADd000007B0sv*sd*bc*sc*i* vmxnet3\n\
+             alias pci:v00008086d0000100Esv*sd*bc*sc*i* e1000\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("modules.order"), "").unwrap();
+        for (dev, alias) in [
+            (
+                "0000:00:03.0",
+                "pci:v000015ADd000007B0sv000015ADsd000007B0bc02sc00i01",
+            ),
+            (
+                "0000:00:04.0",
+                "pci:v00008086d0000100Esv00008086sd0000001Ebc02sc00i00",
+            ),
+        ] {
+            let p = sys.join("devices/pci0000:00").join(dev);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("modalias"), format!("{alias}\n")).unwrap();
+        }
+        let mut loaded = Vec::new();
+        let report = load_by_modalias(&root, &sys, "6.1.0-test", |m| {
+            loaded.push(m.path.clone());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            loaded,
+            [
+                "kernel/net/core/page_pool.ko.xz",
+                "kernel/drivers/net/vmxnet3/vmxnet3.ko.xz"
+            ]
+        );
+        assert_eq!(report.loaded, ["page_pool", "vmxnet3"]);
+        assert_eq!(
+            report.not_carried.get("e1000").map(Vec::len),
+            Some(1),
+            "{report:?}"
+        );
+        // An image without modules.alias: nothing to match, said so.
+        std::fs::remove_file(dir.join("modules.alias")).unwrap();
+        let e = load_by_modalias(&root, &sys, "6.1.0-test", |_| Ok(())).unwrap_err();
+        assert!(e.contains("modules.alias"), "{e}");
+    }
 
     #[test]
     fn the_journal_is_a_link_into_tmpfs_and_a_disk_journal_goes_aside() {

@@ -11,14 +11,17 @@
 
 pub mod client;
 pub mod converge;
+pub mod doctor;
 pub mod effects;
 pub mod failpoints;
+pub mod helper;
 pub mod hw;
 pub mod identity;
 pub mod init;
 pub mod join;
 pub mod journal;
 pub mod lock;
+pub mod metrics;
 pub mod node;
 pub mod slots;
 pub mod upgrade;

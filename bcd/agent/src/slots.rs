@@ -54,6 +54,10 @@ pub enum SlotError {
     },
     #[error(transparent)]
     Fs(#[from] bcd_sys::fs::FsError),
+    /// A step the helper took for an unprivileged node failed (the text
+    /// starts `helper: `).
+    #[error("{0}")]
+    Helper(String),
 }
 
 /// The `update.json` format (and slots layout) this bcd writes.

@@ -10,6 +10,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bcd_core::update::{self, Decision, Refusal, Slot, UpdateState};
@@ -51,10 +52,34 @@ fn supervisor_pid() -> Option<i32> {
     std::env::var(SUPERVISED_ENV).ok()?.parse().ok()
 }
 
+/// The privileged steps of a self-update: a verified release binary into
+/// a slot, and the `current` link. A node that runs as root takes them
+/// itself ([`Slots`]); an unprivileged node asks the helper
+/// (`crate::helper::via::HelperSlots`). `update.json` is the daemon's own
+/// record and stays its to write.
+pub trait SlotActs: Send + Sync + std::fmt::Debug {
+    /// Writes `binary` into `slot` (mode 0755, fsynced).
+    fn install(&self, slot: Slot, binary: &[u8]) -> Result<(), SlotError>;
+    /// Points `current` at `slot`, atomically.
+    fn point(&self, slot: Slot) -> Result<(), SlotError>;
+}
+
+impl SlotActs for Slots {
+    fn install(&self, slot: Slot, binary: &[u8]) -> Result<(), SlotError> {
+        self.write_slot(slot, binary)
+    }
+
+    fn point(&self, slot: Slot) -> Result<(), SlotError> {
+        Slots::point(self, slot)
+    }
+}
+
 /// The daemon's update state and where it lives.
 #[derive(Debug)]
 pub struct Updater {
     pub slots: Slots,
+    /// Who writes slots and flips the link.
+    pub acts: Arc<dyn SlotActs>,
     /// Loaded at start; `None` until the first upgrade sets up the slots.
     pub state: Option<UpdateState>,
     /// How long a new binary has to get its first Welcome.
@@ -109,8 +134,10 @@ pub enum UpgradeError {
 
 impl Updater {
     pub fn new(data_dir: &Path, confirm_within: Duration) -> Updater {
+        let slots = Slots::new(data_dir);
         Updater {
-            slots: Slots::new(data_dir),
+            acts: Arc::new(slots.clone()),
+            slots,
             state: None,
             confirm_within,
             supervised: supervised(),
@@ -250,17 +277,28 @@ impl Updater {
                 let me = std::env::current_exe()
                     .and_then(std::fs::read)
                     .map_err(|e| format!("cannot read the running binary to set up slot a: {e}"))?;
-                let init = self.initial_state();
-                self.slots
-                    .init(&me, init.running_sequence(), init.running_version())
+                self.init(&me)
                     .map_err(|e| format!("cannot set up the slots: {}", error_chain(&e)))?
             }
         };
         let slot = state.plan(sequence).map_err(|e| e.to_string())?;
-        self.slots
-            .write_slot(slot, binary)
+        self.acts
+            .install(slot, binary)
             .map_err(|e| format!("cannot write slot {}: {}", slot.name(), error_chain(&e)))?;
         Ok(slot)
+    }
+
+    /// Sets up slot A with the running binary, as [`Slots::init`] does,
+    /// through [`Updater::acts`].
+    fn init(&self, me: &[u8]) -> Result<UpdateState, SlotError> {
+        if self.slots.exist() {
+            return self.slots.load();
+        }
+        let state = self.initial_state();
+        self.acts.install(Slot::A, me)?;
+        self.slots.save(&state)?;
+        self.acts.point(Slot::A)?;
+        Ok(state)
     }
 
     /// The new binary is in its slot: record the upgrade, flip the link.
@@ -296,9 +334,9 @@ impl Updater {
         self.slots
             .save(&state)
             .map_err(|e| format!("cannot record the upgrade: {e}"))?;
-        self.slots
+        self.acts
             .point(to)
-            .map_err(|e| format!("cannot switch slots: {e}"))?;
+            .map_err(|e| format!("cannot switch slots: {}", error_chain(&e)))?;
         info!(
             from = state.sequences[to.other() as usize],
             to = manifest.sequence,
@@ -339,7 +377,7 @@ impl Updater {
 
     fn swap_back(&self, state: &mut UpdateState) -> Result<(), SlotError> {
         let slot = state.swap_back();
-        self.slots.point(slot)
+        self.acts.point(slot)
     }
 
     /// The running release's version and the floor, for Hello.

@@ -13,7 +13,8 @@
 #![forbid(unsafe_code)]
 
 use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
-use bcd_agent::{hw, join, lock, node, upgrade};
+use bcd_agent::helper::via;
+use bcd_agent::{doctor, helper, hw, join, lock, metrics, node, upgrade};
 #[cfg(feature = "fakehw")]
 use bcd_fakehw::sim;
 
@@ -129,6 +130,124 @@ enum Command {
         /// is swapped back.
         #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
         confirm_within: std::time::Duration,
+        /// Run unprivileged: ask the privileged `bcd helper` listening on
+        /// this socket for every privileged act (/run/bcd/helper.sock).
+        #[arg(long, env = "BCD_HELPER")]
+        helper: Option<PathBuf>,
+        /// Where this daemon leaves files for the helper to install
+        /// (default: <data-dir>/staging; the helper's --staging).
+        #[arg(long)]
+        helper_staging: Option<PathBuf>,
+        /// Serve metrics (Prometheus text format) on GET /metrics at this
+        /// address; loopback port 9464 when given without one. Off unless
+        /// given.
+        #[arg(long, num_args = 0..=1, default_missing_value = metrics::DEFAULT_LISTEN)]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// Test builds: take uevents from any sender, so a test can inject
+        /// them (the release takes the kernel's only).
+        #[cfg(feature = "fakehw")]
+        #[arg(long, hide = true)]
+        uevents_from_any_sender: bool,
+        #[command(flatten)]
+        hw: HwArgs,
+    },
+    /// The privileged helper of an unprivileged `bcd node` (runs as root):
+    /// writes the CDI spec, env files, sshd files and the nftables table,
+    /// resets GPUs, reboots (through logind under systemd), kexecs,
+    /// installs and switches self-update slots, relays TPM commands; and
+    /// swaps back an upgrade that never confirmed.
+    Helper {
+        /// The user `bcd node` runs as (a name or a uid): the only one
+        /// served.
+        #[arg(long)]
+        user: String,
+        /// Serve root too (so `bcd doctor` run as root can check it).
+        #[arg(long)]
+        allow_root: bool,
+        #[arg(long, default_value = bcd_agent::helper::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// The node's data directory (its self-update slots).
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Where the daemon leaves files to install (default:
+        /// <data-dir>/staging).
+        #[arg(long)]
+        staging: Option<PathBuf>,
+        /// Root's own directory for the copies it checks before use.
+        #[arg(long, default_value = "/run/bcd-helper")]
+        private_dir: PathBuf,
+        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
+        cdi_dir: PathBuf,
+        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
+        run_dir: PathBuf,
+        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
+        etc_dir: PathBuf,
+        #[arg(long, default_value = "nft")]
+        nft: PathBuf,
+        #[arg(long, default_value = "/usr/sbin/sshd")]
+        sshd: PathBuf,
+        /// The TPM: a device (/dev/tpmrm0), or swtpm:HOST:PORT.
+        #[arg(long, default_value = "/dev/tpmrm0")]
+        tpm: String,
+        /// The system bus of logind and systemd; detected when not given
+        /// (none where systemd does not run: the direct path).
+        #[arg(long)]
+        system_bus: Option<String>,
+        /// How long a reboot waits for logind's block inhibitors.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        reboot_wait: std::time::Duration,
+        /// Reboot through block inhibitors still held after --reboot-wait.
+        #[arg(long)]
+        reboot_anyway: bool,
+        /// The unit the watchdog restarts after swapping back.
+        #[arg(long, default_value = "bcd.service")]
+        unit: String,
+        /// How long past its deadline an unconfirmed upgrade may run.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        grace: std::time::Duration,
+        #[arg(long, default_value = "/etc/passwd", hide = true)]
+        passwd: PathBuf,
+        /// Test builds: reboot and kexec write a new boot id under
+        /// --host-root instead of restarting this machine (never through
+        /// logind).
+        #[cfg(feature = "fakehw")]
+        #[arg(long, hide = true)]
+        fake_power: bool,
+        #[command(flatten)]
+        hw: HwArgs,
+    },
+    /// Check this node and say what to do: identity, certificate, clock,
+    /// journal, slots, helper, GPUs, CDI spec, env files, sshd, firewall,
+    /// udev rules, gateway. Read-only. Exit 0 all ok, 1 a failure, 2
+    /// warnings only.
+    Doctor {
+        #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
+        cdi_dir: PathBuf,
+        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
+        run_dir: PathBuf,
+        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
+        etc_dir: PathBuf,
+        #[arg(long, default_value = "nft")]
+        nft: PathBuf,
+        #[arg(long, default_value = "/usr/sbin/sshd")]
+        sshd: PathBuf,
+        /// The helper's socket when bcd node runs under one; checked at
+        /// its default path when that exists.
+        #[arg(long, env = "BCD_HELPER")]
+        helper: Option<PathBuf>,
+        #[arg(long, default_value = bcd_agent::helper::UDEV_RULES_DIR)]
+        udev_rules_dir: PathBuf,
+        #[arg(long, default_value = "/run/udev/control", hide = true)]
+        udevd: PathBuf,
+        #[arg(long, default_value = "/dev/tpmrm0")]
+        tpm: PathBuf,
+        /// How long the gateway may take to answer.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         hw: HwArgs,
     },
@@ -202,6 +321,17 @@ enum Command {
     Version,
 }
 
+/// A TPM endpoint from the command line.
+fn tpm_endpoint(s: &str) -> anyhow::Result<bcd_agent::helper::TpmEndpoint> {
+    Ok(match s.strip_prefix("swtpm:") {
+        Some(addr) => bcd_agent::helper::TpmEndpoint::Tcp(
+            addr.parse()
+                .map_err(|e| anyhow::anyhow!("--tpm swtpm:{addr}: {e}"))?,
+        ),
+        None => bcd_agent::helper::TpmEndpoint::Device(s.into()),
+    })
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -261,6 +391,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             etc_dir,
             nft,
             sshd,
+            helper,
+            helper_staging,
+            metrics_listen,
+            #[cfg(feature = "fakehw")]
+            uevents_from_any_sender,
             hw,
         } => {
             if upgrade::supervised() {
@@ -273,16 +408,76 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let lock = lock::DirLock::acquire(&data_dir)?;
             bcd_sys::fs::remove_stale_temps(&data_dir);
             let (host, power) = hw.machine();
-            let machine = node::Machine {
-                host,
-                power,
-                devices: Arc::new(DeviceDirs {
-                    cdi_dir,
-                    env_dir: run_dir.join("env"),
-                }),
-                sshd: Arc::new(SshdDirs { etc_dir, sshd }),
-                firewall: Arc::new(Nft { nft }),
+            let staging = helper_staging.unwrap_or_else(|| data_dir.join("staging"));
+            let client = helper.as_ref().map(|socket| {
+                Arc::new(bcd_helper::BlockingClient::new(
+                    bcd_helper::ClientConfig::new(socket),
+                ))
+            });
+            let machine = match &client {
+                None => node::Machine {
+                    host,
+                    power,
+                    devices: Arc::new(DeviceDirs {
+                        cdi_dir,
+                        env_dir: run_dir.join("env"),
+                    }),
+                    sshd: Arc::new(SshdDirs { etc_dir, sshd }),
+                    firewall: Arc::new(Nft { nft }),
+                },
+                Some(client) => {
+                    let c = client.clone();
+                    match tokio::task::spawn_blocking(move || c.server_info()).await? {
+                        Ok(info) => tracing::info!(
+                            helper = %info.software,
+                            protocol = info.version,
+                            "privileged acts go through the helper"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the helper does not answer yet; privileged acts fail until it does")
+                        }
+                    }
+                    node::Machine {
+                        host: Arc::new(via::HelperHost::new(host.clone(), client.clone())),
+                        power: Arc::new(via::HelperPower {
+                            client: client.clone(),
+                            host,
+                            staging: staging.clone(),
+                            wait: via::REBOOT_WAIT,
+                        }),
+                        devices: Arc::new(via::HelperDevices {
+                            client: client.clone(),
+                            env_dir: run_dir.join("env"),
+                        }),
+                        sshd: Arc::new(via::HelperSshd {
+                            client: client.clone(),
+                        }),
+                        firewall: Arc::new(via::HelperFirewall {
+                            client: client.clone(),
+                        }),
+                    }
+                }
             };
+            let node_metrics = match metrics_listen {
+                Some(addr) => {
+                    let listener = metrics::bind(addr).await.map_err(|e| {
+                        anyhow::anyhow!("cannot listen for metrics on {addr}: {e}; choose another address with --metrics-listen")
+                    })?;
+                    tracing::info!(%addr, "metrics on /metrics");
+                    let m = Arc::new(metrics::NodeMetrics::new());
+                    tokio::spawn(metrics::serve(listener, m.clone()));
+                    Some(m)
+                }
+                None => None,
+            };
+            #[cfg(feature = "fakehw")]
+            let accept = if uevents_from_any_sender {
+                bcd_udev::Accept::Any
+            } else {
+                bcd_udev::Accept::Kernel
+            };
+            #[cfg(not(feature = "fakehw"))]
+            let accept = bcd_udev::Accept::Kernel;
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 shutdown_signal().await;
@@ -296,7 +491,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()
                         .map_err(anyhow::Error::msg)?;
                 }
-                agent.update = Some(upgrade::Updater::new(&data_dir, confirm_within));
+                let mut updater = upgrade::Updater::new(&data_dir, confirm_within);
+                if let Some(client) = &client {
+                    updater.acts = Arc::new(via::HelperSlots {
+                        client: client.clone(),
+                        slots: bcd_agent::slots::Slots::new(&data_dir),
+                        staging: staging.clone(),
+                    });
+                }
+                agent.update = Some(updater);
+                agent.metrics = node_metrics.clone();
+                agent.uevents = match bcd_udev::Monitor::open(bcd_udev::Group::Kernel, accept) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::warn!(error = %bcd_sys::error::chain(&e), "no uevents");
+                        None
+                    }
+                };
                 let mut stop = stop_rx.clone();
                 let stopped = agent
                     .run(async move {
@@ -316,6 +527,23 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         drop(lock);
                         if upgrade::supervised() {
                             return Ok(ExitCode::from(upgrade::EXIT_RESTART));
+                        }
+                        // Under systemd, the helper restarts bcd.service
+                        // through systemd's manager, which stops this
+                        // process first; elsewhere it cannot, and this
+                        // process starts the new binary in its place.
+                        if let Some(client) = &client {
+                            let c = client.clone();
+                            let mut stop = stop_rx.clone();
+                            tokio::select! {
+                                r = tokio::task::spawn_blocking(move || c.restart_daemon()) => {
+                                    match r? {
+                                        Ok(()) => return Ok(ExitCode::SUCCESS),
+                                        Err(e) => tracing::info!(error = %e, "restarting in place"),
+                                    }
+                                }
+                                _ = stop.wait_for(|s| *s) => return Ok(ExitCode::SUCCESS),
+                            }
                         }
                         let slots = bcd_agent::slots::Slots::new(&data_dir);
                         anyhow::bail!(
@@ -337,6 +565,124 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
+        }
+        Command::Helper {
+            user,
+            allow_root,
+            socket,
+            data_dir,
+            staging,
+            private_dir,
+            cdi_dir,
+            run_dir,
+            etc_dir,
+            nft,
+            sshd,
+            tpm,
+            system_bus,
+            reboot_wait,
+            reboot_anyway,
+            unit,
+            grace,
+            passwd,
+            #[cfg(feature = "fakehw")]
+            fake_power,
+            hw,
+        } => {
+            let user = helper::lookup_user(&passwd, &user)?;
+            let (host, power) = hw.machine();
+            #[cfg(feature = "fakehw")]
+            let power: Arc<dyn hw::Power> = if fake_power {
+                Arc::new(bcd_fakehw::TreePower {
+                    root: hw.host_root.clone(),
+                })
+            } else {
+                power
+            };
+            let system_bus =
+                system_bus.or_else(|| bcd_helper::systemd::detect(std::path::Path::new("/")));
+            let handler = helper::AgentHandler::new(helper::HandlerConfig {
+                staging: staging.unwrap_or_else(|| data_dir.join("staging")),
+                data_dir,
+                private: private_dir,
+                devices: DeviceDirs {
+                    cdi_dir,
+                    env_dir: run_dir.join("env"),
+                },
+                sshd: SshdDirs { etc_dir, sshd },
+                nft: Nft { nft },
+                host,
+                power,
+                system_bus,
+                reboot: bcd_helper::systemd::RebootPolicy {
+                    max_wait: reboot_wait,
+                    when_blocked: if reboot_anyway {
+                        bcd_helper::systemd::WhenBlocked::Proceed
+                    } else {
+                        bcd_helper::systemd::WhenBlocked::Fail
+                    },
+                    ..Default::default()
+                },
+                unit,
+                tpm: tpm_endpoint(&tpm)?,
+            });
+            helper::serve(
+                helper::ServeOptions {
+                    user,
+                    allow_root,
+                    socket,
+                    grace,
+                    sysfs_root: hw.host_root.join("sys"),
+                },
+                handler,
+                shutdown_signal(),
+            )
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor {
+            data_dir,
+            cdi_dir,
+            run_dir,
+            etc_dir,
+            nft,
+            sshd,
+            helper,
+            udev_rules_dir,
+            udevd,
+            tpm,
+            timeout,
+            json,
+            hw,
+        } => {
+            let helper = helper.or_else(|| {
+                let default = PathBuf::from(bcd_agent::helper::DEFAULT_SOCKET);
+                default.exists().then_some(default)
+            });
+            let report = doctor::run(&doctor::Options {
+                data_dir,
+                devices: DeviceDirs {
+                    cdi_dir,
+                    env_dir: run_dir.join("env"),
+                },
+                sshd: SshdDirs { etc_dir, sshd },
+                nft: Nft { nft },
+                host: hw.host(),
+                helper,
+                udev_rules_dir,
+                udevd,
+                tpm_device: tpm,
+                gateway_timeout: timeout,
+                now_ms: bcd_sys::clock::unix_ms(),
+                boot_ms: upgrade::boot_ms(),
+            })
+            .await;
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(ExitCode::from(report.exit_code()))
         }
         #[cfg(feature = "fakehw")]
         Command::Sim {

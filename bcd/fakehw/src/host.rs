@@ -119,6 +119,57 @@ impl Power for FakeHost {
     }
 }
 
+/// Reboot and kexec of a machine read from a host tree (a `RealHost` over
+/// a directory of files): a fake reboot writes a new boot id into
+/// `<root>/proc/sys/kernel/random/boot_id`, so every process reading the
+/// tree (the daemon, through the helper that rebooted it) sees a new boot.
+#[derive(Debug, Clone)]
+pub struct TreePower {
+    pub root: std::path::PathBuf,
+}
+
+impl TreePower {
+    fn new_boot(&self) -> std::io::Result<()> {
+        let path = self.root.join("proc/sys/kernel/random/boot_id");
+        let boot = format!("{:032x}", rand_u128());
+        let id = format!(
+            "{}-{}-{}-{}-{}\n",
+            &boot[0..8],
+            &boot[8..12],
+            &boot[12..16],
+            &boot[16..20],
+            &boot[20..32]
+        );
+        std::fs::write(path, id)
+    }
+}
+
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    let a = h.finish();
+    h.write_u64(a);
+    (u128::from(a) << 64) | u128::from(h.finish())
+}
+
+impl Power for TreePower {
+    fn reboot(&self) -> std::io::Result<()> {
+        self.new_boot()
+    }
+
+    fn kexec(&self, kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
+        // What a real kexec needs first: the kernel is there to load.
+        std::fs::metadata(kernel)?;
+        self.new_boot()
+    }
+}
+
 impl Gpus for FakeGpus {
     fn list(&self) -> std::io::Result<Vec<Gpu>> {
         Ok(self.gpus.clone())

@@ -17,4 +17,4 @@
 pub mod host;
 pub mod sim;
 
-pub use host::FakeHost;
+pub use host::{FakeHost, TreePower};

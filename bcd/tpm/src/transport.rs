@@ -1,7 +1,9 @@
 //! Where the pure-Rust backend sends its command bytes: the kernel's TPM
 //! character device (`/dev/tpmrm0`, with the kernel's resource manager) or
 //! swtpm's TCP command socket (no resource manager: the backend flushes its
-//! own transient objects).
+//! own transient objects), or, with the `helper` feature, the privileged
+//! `bcd helper` of an unprivileged node, which relays each command to the
+//! TPM it opened for this connection (`bcd_helper::TpmSession`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -27,6 +29,11 @@ pub enum Endpoint {
     Device(PathBuf),
     /// swtpm's command socket (`swtpm socket --server type=tcp,...`).
     Tcp(SocketAddr),
+    /// `bcd helper`'s socket: the helper opens the TPM for this connection
+    /// and relays the commands its allow-list takes. Handles live as long
+    /// as the connection.
+    #[cfg(feature = "helper")]
+    Helper(PathBuf),
 }
 
 impl Endpoint {
@@ -38,6 +45,9 @@ impl Endpoint {
                 .file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("tpmrm")),
             Endpoint::Tcp(_) => false,
+            // Whatever the helper opened, the backend flushes its own.
+            #[cfg(feature = "helper")]
+            Endpoint::Helper(_) => false,
         }
     }
 }
@@ -47,19 +57,24 @@ impl std::fmt::Display for Endpoint {
         match self {
             Endpoint::Device(p) => write!(f, "{}", p.display()),
             Endpoint::Tcp(a) => write!(f, "swtpm:{a}"),
+            #[cfg(feature = "helper")]
+            Endpoint::Helper(p) => write!(f, "bcd-helper at {}", p.display()),
         }
     }
 }
 
-/// An open connection to a TPM.
+/// An open connection to a TPM: the raw command channel the backends use,
+/// and what a relay (the helper) forwards commands over.
 #[derive(Debug)]
-pub(crate) enum Connection {
+pub enum Connection {
     Device(File),
     Tcp(TcpStream),
+    #[cfg(feature = "helper")]
+    Helper(bcd_helper::TpmSession),
 }
 
 impl Connection {
-    pub(crate) fn open(endpoint: &Endpoint) -> io::Result<Self> {
+    pub fn open(endpoint: &Endpoint) -> io::Result<Self> {
         match endpoint {
             Endpoint::Device(path) => Ok(Connection::Device(
                 OpenOptions::new().read(true).write(true).open(path)?,
@@ -71,11 +86,21 @@ impl Connection {
                 s.set_nodelay(true)?;
                 Ok(Connection::Tcp(s))
             }
+            // The helper's errors start `helper: ` and say what to do; a
+            // renewal that fails on them reads `renewal: helper: ...`.
+            #[cfg(feature = "helper")]
+            Endpoint::Helper(socket) => {
+                let mut config = bcd_helper::ClientConfig::new(socket);
+                config.request_timeout = COMMAND_TIMEOUT;
+                bcd_helper::TpmSession::open(&config)
+                    .map(Connection::Helper)
+                    .map_err(|e| io::Error::other(e.to_string()))
+            }
         }
     }
 
     /// Sends one command and reads its whole response.
-    pub(crate) fn transceive(&mut self, command: &[u8]) -> io::Result<Vec<u8>> {
+    pub fn transceive(&mut self, command: &[u8]) -> io::Result<Vec<u8>> {
         match self {
             Connection::Device(f) => {
                 f.write_all(command)?;
@@ -101,6 +126,14 @@ impl Connection {
                 let mut buf = header.to_vec();
                 buf.resize(size, 0);
                 s.read_exact(&mut buf[10..])?;
+                Ok(buf)
+            }
+            #[cfg(feature = "helper")]
+            Connection::Helper(session) => {
+                let buf = session
+                    .transceive(command)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                check_size(&buf)?;
                 Ok(buf)
             }
         }

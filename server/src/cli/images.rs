@@ -18,6 +18,9 @@ use super::output::{self, out};
 use crate::client::status;
 
 /// `better-compute images ...`.
+// Parsed once per process: a boxed Build variant would save nothing worth
+// the indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum ImagesCommand {
     /// Make an ed25519 image key (offline); prints the public half for
@@ -45,6 +48,11 @@ pub enum ImagesCommand {
         /// repeatable, in load order.
         #[arg(long = "module")]
         modules: Vec<String>,
+        /// A driver to carry without loading it at boot: bcd init loads it
+        /// when a device's modalias asks for it (e.g. NIC drivers, so one
+        /// image boots machines with different NICs); repeatable.
+        #[arg(long = "carry")]
+        carry: Vec<String>,
         /// A dynamic program to carry with its libraries (e.g.
         /// /usr/sbin/kexec for boot.kexec); repeatable.
         #[arg(long = "program")]
@@ -228,6 +236,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
             bcd,
             busybox,
             modules,
+            carry,
             programs,
             files,
             cmdline,
@@ -248,6 +257,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 busybox,
                 programs,
                 modules,
+                carry,
                 files,
                 cmdline,
                 compression,

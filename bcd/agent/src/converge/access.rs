@@ -175,7 +175,7 @@ fn remove_others(dir: &Path, keep: &BTreeSet<String>) -> Result<bool, String> {
     Ok(changed)
 }
 
-fn sshd_conf(p: &SshdDirs) -> String {
+pub(crate) fn sshd_conf(p: &SshdDirs) -> String {
     let dir = p.bcd_dir();
     format!(
         "# Written by bcd from the node's spec; edits are undone.\n\
@@ -190,7 +190,7 @@ fn sshd_conf(p: &SshdDirs) -> String {
 
 /// `sshd -t` on a configuration made of ours and a host key, so a
 /// directive sshd refuses never reaches the live configuration.
-fn sshd_check(p: &SshdDirs, conf: &str) -> Result<(), String> {
+pub(crate) fn sshd_check(p: &SshdDirs, conf: &str) -> Result<(), String> {
     if !p.sshd.exists() {
         return Ok(());
     }
@@ -336,7 +336,7 @@ fn action(r: &FirewallRule) -> Option<v1::FirewallAction> {
 
 /// Names the rule's content (its spelling, as before enums: a node that
 /// upgrades does not see its own rules as drift).
-fn rule_comment(r: &FirewallRule) -> String {
+pub(crate) fn rule_comment(r: &FirewallRule) -> String {
     let p = protocol(r).map_or("unspecified", Spelling::spelling);
     let a = action(r).map_or("unspecified", Spelling::spelling);
     let text = format!("{p}|{}|{}|{a}", r.port, r.source);
@@ -466,7 +466,7 @@ struct ListedRule {
 }
 
 /// The comments of the rules in our table, in order; `None` without a table.
-fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
+pub(crate) fn current_rules(p: &Nft) -> Result<Option<Vec<String>>, String> {
     let out = std::process::Command::new(&p.nft)
         .args(["-j", "list", "tables"])
         .output()

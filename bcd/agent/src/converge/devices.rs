@@ -15,13 +15,30 @@
 //! hand) is repaired, and a pass with nothing to change writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use bcd_proto::v1::NodeSpec;
 
+use super::access::StepError;
 use super::{Outcome, Status};
 
 pub const CDI_FILE: &str = "bcd-nvidia-gpu.json";
+
+/// One allocation's env file: the GPUs it names (as the CDI spec names
+/// them) and the spec's extra variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvFile {
+    pub devices: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+impl EnvFile {
+    /// The file's bytes ([`env_file`]).
+    pub fn render(&self) -> String {
+        env_file(&self.devices, &self.env.iter().collect())
+    }
+}
 
 /// What the device files must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -29,7 +46,7 @@ pub struct DevicePlan {
     /// The CDI spec's bytes; `None`: no GPU assigned, no spec file.
     pub cdi_spec: Option<Vec<u8>>,
     /// Allocation id → its env file.
-    pub env_files: BTreeMap<String, String>,
+    pub env_files: BTreeMap<String, EnvFile>,
 }
 
 /// Writes the CDI spec and the env files (a privileged act: the CDI spec
@@ -37,8 +54,28 @@ pub struct DevicePlan {
 pub trait DeviceFiles: Send + Sync + std::fmt::Debug {
     /// Makes the files what `plan` says, removing env files of allocations
     /// it does not name; says whether anything changed. The error is worded
-    /// for the section's status (the pass is retried).
-    fn apply(&self, plan: &DevicePlan) -> Result<bool, String>;
+    /// for the section's status: `Progressing` is retried, `Failed` means
+    /// the files cannot be written as planned.
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, StepError>;
+}
+
+/// The env files of `dir`, by allocation id.
+pub fn env_files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".env"))
+                        .map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
 }
 
 /// The files in two directories of this machine.
@@ -50,12 +87,12 @@ pub struct DeviceDirs {
     pub env_dir: PathBuf,
 }
 
-fn chain(e: bcd_sys::fs::FsError) -> String {
-    bcd_sys::error::chain(&e)
+fn chain(e: bcd_sys::fs::FsError) -> StepError {
+    (Status::Progressing, bcd_sys::error::chain(&e))
 }
 
 impl DeviceFiles for DeviceDirs {
-    fn apply(&self, plan: &DevicePlan) -> Result<bool, String> {
+    fn apply(&self, plan: &DevicePlan) -> Result<bool, StepError> {
         let mut changed = false;
         let cdi_path = self.cdi_dir.join(CDI_FILE);
         changed |= match &plan.cdi_spec {
@@ -64,10 +101,10 @@ impl DeviceFiles for DeviceDirs {
         }
         .map_err(chain)?;
         let mut wanted = BTreeSet::new();
-        for (id, body) in &plan.env_files {
+        for (id, file) in &plan.env_files {
             let path = self.env_dir.join(format!("{id}.env"));
-            changed |=
-                bcd_sys::fs::write_if_changed(&path, body.as_bytes(), ENV_MODE).map_err(chain)?;
+            changed |= bcd_sys::fs::write_if_changed(&path, file.render().as_bytes(), ENV_MODE)
+                .map_err(chain)?;
             wanted.insert(path);
         }
         if let Ok(entries) = std::fs::read_dir(&self.env_dir) {
@@ -85,20 +122,35 @@ impl DeviceFiles for DeviceDirs {
 /// The mode of an allocation's env file.
 pub const ENV_MODE: u32 = 0o640;
 
-/// The env file of one allocation, checked by the helper's rules (the same
-/// bytes the helper writes for an unprivileged node).
-pub fn env_file(
+/// Checks one allocation's env file by the helper's rules (the rules the
+/// helper applies when it writes the file for an unprivileged node).
+pub fn check_env_file(
     allocation_id: &str,
     names: &[String],
     extra: &std::collections::HashMap<String, String>,
-) -> Result<String, String> {
-    let checked = bcd_helper::validate::EnvFile::parse(bcd_helper::wire::WriteEnvFile {
+) -> Result<(), String> {
+    bcd_helper::validate::EnvFile::parse(bcd_helper::wire::WriteEnvFile {
         allocation_id: allocation_id.to_string(),
         devices: names.to_vec(),
         env: extra.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     })
-    .map_err(|e| e.to_string())?;
-    Ok(checked.render())
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+/// The env file of one allocation.
+pub fn env_file(names: &[String], extra: &BTreeMap<&String, &String>) -> String {
+    let mut s = String::from("# Written by bcd from the node's spec; edits are undone.\n");
+    let _ = writeln!(s, "NVIDIA_VISIBLE_DEVICES={}", names.join(","));
+    let cdi: Vec<String> = names
+        .iter()
+        .map(|n| format!("{}={n}", cdi::nvidia::KIND))
+        .collect();
+    let _ = writeln!(s, "CDI_DEVICES={}", cdi.join(","));
+    for (k, v) in extra {
+        let _ = writeln!(s, "{k}={v}");
+    }
+    s
 }
 
 /// Resolves the spec's GPU assignments against the inventory and computes
@@ -129,9 +181,13 @@ pub fn plan(spec: &NodeSpec, inv: &cdi::nvidia::Inventory) -> Result<DevicePlan,
             }
             names.push(g.uuid.clone().unwrap_or_else(|| g.index.to_string()));
         }
+        check_env_file(&a.allocation_id, &names, &a.env)?;
         env_files.insert(
             a.allocation_id.clone(),
-            env_file(&a.allocation_id, &names, &a.env)?,
+            EnvFile {
+                devices: names,
+                env: a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            },
         );
     }
     let cdi_spec = if selected.is_empty() {
@@ -160,7 +216,7 @@ pub fn converge(files: &dyn DeviceFiles, spec: &NodeSpec, inv: &cdi::nvidia::Inv
     };
     match files.apply(&plan) {
         Ok(changed) => Outcome::ready(changed),
-        Err(message) => Outcome::not(Status::Progressing, message),
+        Err((status, message)) => Outcome::not(status, message),
     }
 }
 

@@ -427,6 +427,19 @@ impl Journal {
         Ok(())
     }
 
+    /// What waits for the server: unacknowledged events and results.
+    pub fn backlog(&self) -> rusqlite::Result<(u64, u64)> {
+        let events: i64 = self
+            .conn
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))?;
+        let results: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM commands WHERE state = 'done' AND acked = 0",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok((events as u64, results as u64))
+    }
+
     /// Every command not acknowledged, in sequence order.
     pub fn open_entries(&self) -> rusqlite::Result<Vec<Entry>> {
         let mut q = self.conn.prepare(

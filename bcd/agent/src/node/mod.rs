@@ -25,15 +25,19 @@
 //! - `update`: self-update glue (stage, switch, settle, confirm);
 //! - `commands`: dispatches judged by the core, side effects, recovery;
 //! - `renewal`: certificate renewal attempts;
+//! - `observe`: what the metrics show (`--metrics-listen`);
+//! - `uevents`: device changes the kernel announces, re-taking inventory;
 //! - `session`: the loop that ties them to the session state machine.
 
 mod commands;
 mod conn;
+mod observe;
 mod outbox;
 mod renewal;
 mod results;
 mod session;
 mod state;
+mod uevents;
 mod update;
 
 use std::path::Path;
@@ -55,6 +59,7 @@ use crate::failpoints::Failpoints;
 use crate::hw::{Host, Power};
 use crate::identity::{self, Identity};
 use crate::journal::{self, Journal};
+use crate::metrics::NodeMetrics;
 use crate::upgrade::Updater;
 
 /// Counters a fleet of agents in one process shares (the simulator's
@@ -100,6 +105,10 @@ pub struct Agent {
     pub converge_every: Duration,
     /// Self-update (none in `bcd sim`, whose agents share one process).
     pub update: Option<Updater>,
+    /// What `--metrics-listen` serves (none: metrics off).
+    pub metrics: Option<Arc<NodeMetrics>>,
+    /// Kernel uevents (none: device changes show at the next pass).
+    pub uevents: Option<bcd_udev::Monitor>,
     /// The origin of the monotonic times handed to the core.
     origin: Instant,
     /// Jitter for decisions outside the session (renewal retries).
@@ -278,6 +287,8 @@ pub fn open(
         failpoints: Failpoints::none(),
         converge_every: CONVERGE_EVERY,
         update: None,
+        metrics: None,
+        uevents: None,
         origin: Instant::now(),
         rng: SplitMix64::new(seed.rotate_left(29) ^ 0x5245_4e45_5741_4c00),
         sent_events: 0,

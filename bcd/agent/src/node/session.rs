@@ -69,6 +69,10 @@ impl Agent {
         let mut converge = tokio::time::interval(self.converge_every);
         converge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events = vec![Event::Tick];
+        // Device changes from the kernel, coalesced (see `uevents`).
+        let mut uevents = self.uevents.take();
+        let mut debounce = bcd_udev::Debounce::default();
+        let mut observed = None;
         loop {
             for event in events.drain(..) {
                 let actions = session.handle(self.now(), event);
@@ -94,6 +98,7 @@ impl Agent {
                         } => {
                             info!(epoch, server_time_ms, "session established");
                             self.epoch = Some(epoch);
+                            self.observe_established(epoch);
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
@@ -131,6 +136,7 @@ impl Agent {
                             | CloseReason::Drain => warn!(%reason, "closing the session"),
                         },
                         Action::Disconnected { retry_in } => {
+                            self.observe_disconnected(false);
                             conn = None;
                             dialing = None;
                             self.epoch = None;
@@ -152,6 +158,7 @@ impl Agent {
                     }
                 }
             }
+            self.observe(&session, &mut observed);
             let now = self.now();
             let sleep_until = session
                 .deadline()
@@ -189,6 +196,7 @@ impl Agent {
                                 s.dial_failures.fetch_add(1, Ordering::Relaxed);
                             }
                             debug!(%error, "dial failed");
+                            self.observe_disconnected(true);
                             events.push(Event::DialFailed { error });
                         }
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
@@ -219,6 +227,7 @@ impl Agent {
                 }
                 Some((id, effect)) = done_rx.recv() => {
                     self.failpoints.at(Point::MidEffect);
+                    self.observe_command(&id, &effect);
                     if let Err(e) = self.finish(&conn, &id, effect).await {
                         return Stopped::JournalFailed(e);
                     }
@@ -228,7 +237,18 @@ impl Agent {
                     if let Err(e) = self.converge(&conn).await {
                         return Stopped::JournalFailed(e);
                     }
+                    self.observe_inventory("pass");
                     self.send_inventory(&conn, None).await;
+                }
+                n = async { uevents.as_mut().expect("guarded").next().await }, if uevents.is_some() => {
+                    super::uevents::on_notice(n, &mut debounce, &mut uevents);
+                }
+                _ = super::uevents::due(&debounce) => {
+                    if debounce.fire(std::time::Instant::now())
+                        && let Err(e) = self.reinventory(&conn).await
+                    {
+                        return Stopped::JournalFailed(e);
+                    }
                 }
                 _ = metrics.tick() => {
                     if let Some(load) = self.machine.host.load_average() {

@@ -107,6 +107,7 @@ impl Agent {
         );
         let now = self.now();
         for (name, outcome) in [("devices", devices), ("access", access)] {
+            self.observe_section(name, &outcome.status.name().to_ascii_lowercase());
             if outcome.changed {
                 info!(generation = spec.generation, section = name, "converged");
             }

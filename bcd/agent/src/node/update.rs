@@ -33,6 +33,7 @@ impl Agent {
         let identity = self.identity.clone();
         let writer = Updater {
             slots: update.slots.clone(),
+            acts: update.acts.clone(),
             state: update.state.clone(),
             confirm_within: update.confirm_within,
             supervised: false,

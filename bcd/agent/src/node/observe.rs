@@ -1,0 +1,79 @@
+//! What the node's metrics show ([`crate::metrics::NodeMetrics`]), set
+//! from the loop: each a small function, called where the thing happens.
+
+use std::time::{Duration, Instant};
+
+use bcd_core::Session;
+
+use super::Agent;
+use crate::effects::Effect;
+
+/// How often the journal backlog, certificate life and clock offset are
+/// read again (when metrics are on).
+pub(super) const OBSERVE_EVERY: Duration = Duration::from_secs(1);
+
+impl Agent {
+    pub(super) fn observe_established(&self, epoch: u64) {
+        if let Some(m) = &self.metrics {
+            m.established(epoch);
+        }
+    }
+
+    pub(super) fn observe_disconnected(&self, dial_failed: bool) {
+        if let Some(m) = &self.metrics {
+            m.connected.set(0);
+            if dial_failed {
+                m.dial_failures.inc();
+            }
+        }
+    }
+
+    pub(super) fn observe_section(&self, section: &str, status: &str) {
+        if let Some(m) = &self.metrics {
+            m.section(section, status);
+        }
+    }
+
+    /// A command's side effect finished.
+    pub(super) fn observe_command(&self, id: &str, effect: &Effect) {
+        if let Some(m) = &self.metrics {
+            let kind = self
+                .journal
+                .command(id)
+                .ok()
+                .flatten()
+                .map(|e| e.kind)
+                .unwrap_or_default();
+            m.command(&kind, &effect.outcome.name().to_ascii_lowercase());
+        }
+    }
+
+    pub(super) fn observe_inventory(&self, cause: &str) {
+        if let Some(m) = &self.metrics {
+            m.inventory(cause);
+        }
+    }
+
+    /// The gauges read from state: at most every [`OBSERVE_EVERY`].
+    pub(super) fn observe(&mut self, session: &Session, last: &mut Option<Instant>) {
+        let Some(m) = self.metrics.clone() else {
+            return;
+        };
+        if last.is_some_and(|l| l.elapsed() < OBSERVE_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        if let Ok((events, results)) = self.journal.backlog() {
+            m.unacked_events.set(events as i64);
+            m.unacked_results.set(results as i64);
+        }
+        let local = bcd_sys::clock::unix_ms();
+        let server = session.clock().server_now(self.now());
+        if let Some(server) = server {
+            m.clock_offset_seconds.set((server - local) as f64 / 1000.0);
+        }
+        let now = server.unwrap_or(local);
+        m.cert_seconds_left
+            .set((self.identity.file.cert_not_after_ms - now) as f64 / 1000.0);
+    }
+}

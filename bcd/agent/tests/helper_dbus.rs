@@ -1,0 +1,299 @@
+//! The helper's handler with systemd over D-Bus, against a real
+//! `dbus-daemon` on a private bus: a reboot goes through logind, the
+//! restart through systemd's manager, and the watchdog swaps back an
+//! overdue upgrade and restarts bcd.service; without a bus, the direct
+//! path. logind and systemd cannot run in a test, so the test serves the
+//! two objects on the bus with only the methods the helper calls (as
+//! bcd-helper's own tests do); the bus daemon, its routing and the wire
+//! format are the real thing. What this cannot show: a real logind
+//! rebooting a real machine.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
+use bcd_agent::helper::handler::watchdog_tick;
+use bcd_agent::helper::{AgentHandler, HandlerConfig};
+use bcd_agent::hw::Power;
+use bcd_agent::slots::Slots;
+use bcd_core::update::Slot;
+use bcd_helper::{Handler, Reply, Request};
+use zbus::object_server::SignalEmitter;
+use zbus::zvariant::{ObjectPath, OwnedObjectPath};
+
+struct Bus {
+    child: Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Bus {
+    fn start() -> Bus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("bus.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <listen>unix:path={}/bus</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+  </policy>
+</busconfig>
+"#,
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .args(["--nofork", "--nopidfile", "--print-address=1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run dbus-daemon ({e}): apt-get install dbus-daemon (scripts/test installs it)")
+            });
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        Bus {
+            child,
+            address: line.trim().to_string(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Calls(Vec<String>);
+
+struct Login1(Arc<Mutex<Calls>>);
+
+#[zbus::interface(name = "org.freedesktop.login1.Manager")]
+impl Login1 {
+    fn list_inhibitors(&self) -> Vec<(String, String, String, String, u32, u32)> {
+        self.0.lock().unwrap().0.push("ListInhibitors".into());
+        Vec::new()
+    }
+
+    fn reboot(&self, interactive: bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .0
+            .push(format!("Reboot {interactive}"));
+    }
+}
+
+struct Manager(Arc<Mutex<Calls>>);
+
+#[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
+impl Manager {
+    fn subscribe(&self) {
+        self.0.lock().unwrap().0.push("Subscribe".into());
+    }
+
+    async fn restart_unit(
+        &self,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+        name: String,
+        mode: String,
+    ) -> zbus::fdo::Result<OwnedObjectPath> {
+        self.0
+            .lock()
+            .unwrap()
+            .0
+            .push(format!("RestartUnit {name} {mode}"));
+        let job = OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/7").unwrap();
+        Manager::job_removed(&emitter, 7, job.as_ref(), &name, "done").await?;
+        Ok(job)
+    }
+
+    #[zbus(signal)]
+    async fn job_removed(
+        emitter: &SignalEmitter<'_>,
+        id: u32,
+        job: ObjectPath<'_>,
+        unit: &str,
+        result: &str,
+    ) -> zbus::Result<()>;
+}
+
+async fn serve(bus: &Bus) -> (Arc<Mutex<Calls>>, Vec<zbus::Connection>) {
+    let calls = Arc::new(Mutex::new(Calls::default()));
+    let a = zbus::connection::Builder::address(bus.address.as_str())
+        .unwrap()
+        .name("org.freedesktop.login1")
+        .unwrap()
+        .serve_at("/org/freedesktop/login1", Login1(calls.clone()))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let b = zbus::connection::Builder::address(bus.address.as_str())
+        .unwrap()
+        .name("org.freedesktop.systemd1")
+        .unwrap()
+        .serve_at("/org/freedesktop/systemd1", Manager(calls.clone()))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    (calls, vec![a, b])
+}
+
+/// Counts reboots instead of rebooting.
+#[derive(Debug, Default)]
+struct CountingPower(Mutex<u32>);
+
+impl Power for CountingPower {
+    fn reboot(&self) -> std::io::Result<()> {
+        *self.0.lock().unwrap() += 1;
+        Ok(())
+    }
+
+    fn kexec(&self, _: &str, _: &str, _: &str) -> std::io::Result<()> {
+        Err(std::io::Error::other("not here"))
+    }
+}
+
+fn handler(dir: &Path, bus: Option<String>, power: Arc<CountingPower>) -> AgentHandler {
+    AgentHandler::new(HandlerConfig {
+        data_dir: dir.join("data"),
+        staging: dir.join("staging"),
+        private: dir.join("private"),
+        devices: DeviceDirs {
+            cdi_dir: dir.join("cdi"),
+            env_dir: dir.join("env"),
+        },
+        sshd: SshdDirs {
+            etc_dir: dir.join("etc"),
+            sshd: dir.join("no-sshd"),
+        },
+        nft: Nft {
+            nft: dir.join("no-nft"),
+        },
+        host: bcd_agent::hw::real(dir.join("host")),
+        power,
+        system_bus: bus,
+        reboot: Default::default(),
+        unit: "bcd.service".into(),
+        tpm: bcd_tpm::Endpoint::Device(dir.join("no-tpm")),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_and_restart_go_through_systemd_where_it_runs() {
+    let bus = Bus::start();
+    let (calls, _conns) = serve(&bus).await;
+    let d = tempfile::tempdir().unwrap();
+    let power = Arc::new(CountingPower::default());
+    let h = handler(d.path(), Some(bus.address.clone()), power.clone());
+    let mut conn = Default::default();
+    let r = h
+        .handle(
+            &mut conn,
+            Request::Reboot {
+                reason: "node.reboot".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, Reply::Done);
+    assert_eq!(*power.0.lock().unwrap(), 0, "not the direct path");
+    let r = h.handle(&mut conn, Request::RestartDaemon).await.unwrap();
+    assert_eq!(r, Reply::Done);
+    assert_eq!(
+        calls.lock().unwrap().0,
+        [
+            "ListInhibitors",
+            "Reboot false",
+            "Subscribe",
+            "RestartUnit bcd.service replace"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_systemd_reboot_is_direct_and_restart_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let power = Arc::new(CountingPower::default());
+    let h = handler(d.path(), None, power.clone());
+    let mut conn = Default::default();
+    h.handle(
+        &mut conn,
+        Request::Reboot {
+            reason: "node.reboot".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(*power.0.lock().unwrap(), 1);
+    let e = h
+        .handle(&mut conn, Request::RestartDaemon)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, bcd_helper::ErrorKind::Unavailable);
+    assert!(
+        e.message.contains("systemd does not manage this machine"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_swaps_back_an_overdue_upgrade_and_restarts_bcd() {
+    let bus = Bus::start();
+    let (calls, _conns) = serve(&bus).await;
+    let d = tempfile::tempdir().unwrap();
+    let h = handler(
+        d.path(),
+        Some(bus.address.clone()),
+        Arc::new(CountingPower::default()),
+    );
+    let grace = Duration::from_millis(1);
+    // Nothing to do without slots.
+    assert_eq!(watchdog_tick(&h, grace).await, None);
+    // Release 2 in slot b, pending, its deadline long past on the boot
+    // clock.
+    let slots = Slots::new(&d.path().join("data"));
+    let mut state = slots.init(b"release 1", 1, "0.1.0").unwrap();
+    slots.write_slot(Slot::B, b"release 2").unwrap();
+    let to = state.begin("cmd-1", 2, "0.2.0", 0, 1).unwrap();
+    slots.save(&state).unwrap();
+    slots.point(to).unwrap();
+    let said = watchdog_tick(&h, grace).await.expect("it swapped back");
+    assert!(
+        said.contains("swapped back from release 2 to release 1"),
+        "{said}"
+    );
+    assert!(said.contains("restarted bcd.service"), "{said}");
+    assert_eq!(slots.link().unwrap(), Slot::A);
+    assert!(
+        calls
+            .lock()
+            .unwrap()
+            .0
+            .contains(&"RestartUnit bcd.service replace".to_string())
+    );
+    // Once back, nothing more to do.
+    assert_eq!(watchdog_tick(&h, grace).await, None);
+}
