@@ -1,6 +1,7 @@
 //! The store suite: the behaviour every backend must have, written against
 //! [`Store`] alone. A backend runs it by defining a fixture function and
-//! invoking [`store_suite!`] with it (see `tests/sqlite.rs`).
+//! invoking [`store_suite!`] with it (see `tests/sqlite.rs` and
+//! `tests/postgres.rs`).
 //!
 //! Time moves only through the fixture's [`ManualClock`]; nothing here
 //! sleeps to let time pass.
