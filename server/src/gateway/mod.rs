@@ -24,7 +24,7 @@ pub mod session;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub struct Timing {
     pub handshake_rate: u32,
     /// On shutdown, nodes reconnect at random within this.
     pub drain_within: Duration,
+    /// The controllers' table leases (renewed every third of it).
+    pub controller_lease_ttl: Duration,
 }
 
 impl Default for Timing {
@@ -74,6 +76,7 @@ impl Default for Timing {
             max_pending_hellos: 64,
             handshake_rate: 200,
             drain_within: Duration::from_secs(60),
+            controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
         }
     }
 }
@@ -122,6 +125,10 @@ pub struct GatewayState {
     pub clock: StoreClock,
     sessions: Mutex<HashMap<String, LocalSession>>,
     hellos: Arc<Semaphore>,
+    /// This process's own wall clock (only ever compared with the store's).
+    pub own_clock: lease::OwnClock,
+    /// How far it was from the store's at the last renewal.
+    pub clock_offset_ms: AtomicI64,
     fenced: AtomicBool,
     /// Shutting down: stays fenced whatever the lease does.
     stopping: AtomicBool,
@@ -136,7 +143,13 @@ impl std::fmt::Debug for GatewayState {
 }
 
 impl GatewayState {
-    pub fn new(id: String, store: Store, timing: Timing, store_now_ms: i64) -> Arc<GatewayState> {
+    pub fn new(
+        id: String,
+        store: Store,
+        timing: Timing,
+        store_now_ms: i64,
+        own_clock: lease::OwnClock,
+    ) -> Arc<GatewayState> {
         Arc::new(GatewayState {
             id,
             store,
@@ -144,6 +157,8 @@ impl GatewayState {
             clock: StoreClock::new(store_now_ms),
             sessions: Mutex::new(HashMap::new()),
             hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
+            own_clock,
+            clock_offset_ms: AtomicI64::new(0),
             fenced: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
         })
