@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// the same number).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// Hello transactions a second this gateway takes: with the handshake
+    /// rate, it sizes the window nodes spread their first redial over.
+    #[arg(long, default_value_t = 2000)]
+    hello_capacity: u32,
     /// On shutdown, nodes are told to reconnect at random within this.
     #[arg(long, default_value = "60s", value_parser = dur)]
     drain_within: Duration,
@@ -71,6 +75,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         handshake_rate: a.handshake_rate,
         drain_within: a.drain_within,
         controller_lease_ttl: a.controller_lease_ttl,
+        hello_capacity: a.hello_capacity,
         ..Timing::default()
     };
     crate::serve::serve(

@@ -24,7 +24,7 @@ pub mod session;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,6 +59,9 @@ pub struct Timing {
     pub drain_within: Duration,
     /// The controllers' table leases (renewed every third of it).
     pub controller_lease_ttl: Duration,
+    /// Hello transactions a second one gateway takes (with the handshake
+    /// rate, what sizes the nodes' first redial window).
+    pub hello_capacity: u32,
 }
 
 impl Default for Timing {
@@ -77,6 +80,7 @@ impl Default for Timing {
             handshake_rate: 200,
             drain_within: Duration::from_secs(60),
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
+            hello_capacity: 2_000,
         }
     }
 }
@@ -129,6 +133,9 @@ pub struct GatewayState {
     pub own_clock: lease::OwnClock,
     /// How far it was from the store's at the last renewal.
     pub clock_offset_ms: AtomicI64,
+    /// The first-redial window Welcomes carry (see
+    /// [`admission::first_retry_window`]), refreshed by the work feed.
+    pub first_retry_ms: AtomicU32,
     fenced: AtomicBool,
     /// Shutting down: stays fenced whatever the lease does.
     stopping: AtomicBool,
@@ -159,6 +166,7 @@ impl GatewayState {
             hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
             own_clock,
             clock_offset_ms: AtomicI64::new(0),
+            first_retry_ms: AtomicU32::new(1_000),
             fenced: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
         })
@@ -285,17 +293,11 @@ impl Gateway for GatewayService {
                 "this gateway holds no lease right now; retry",
             ));
         }
-        let permit = self
-            .state
-            .hellos
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Status::resource_exhausted("too many Hellos in flight; retry"))?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);
         let state = self.state.clone();
         tokio::spawn(async move {
-            session::run(state, fingerprint, inbound, tx, permit).await;
+            session::run(state, fingerprint, inbound, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

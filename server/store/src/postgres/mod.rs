@@ -73,7 +73,7 @@ use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
@@ -481,6 +481,10 @@ impl Backend for PostgresBackend {
 
     async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
         tx!(self, |tx| liveness::sweep(&tx, rules).await)
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        tx!(self, |tx| sessions::fleet_size(&tx).await)
     }
 
     async fn renew_lease(

@@ -17,8 +17,8 @@ use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
 use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, check_cert, without};
 use crate::sessions::{
-    Finished, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow, inventory_wanted,
-    lease_admits, settle_in_flight,
+    Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
+    inventory_wanted, lease_admits, settle_in_flight,
 };
 
 pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -274,6 +274,21 @@ pub(super) async fn gateway_shutdown(
     )
     .await?;
     Ok(())
+}
+
+pub(super) async fn fleet_size(tx: &Tx<'_>) -> Result<FleetSize, StoreError> {
+    let r = query_one(
+        tx,
+        "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
+                (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
+                    AND expires_at >= compute_now())",
+        &[],
+    )
+    .await?;
+    Ok(FleetSize {
+        connected: r.get::<_, i64>(0).max(0) as usize,
+        gateways: r.get::<_, i64>(1).max(0) as usize,
+    })
 }
 
 pub(super) async fn session(tx: &Tx<'_>, node_id: &str) -> Result<Option<SessionRow>, StoreError> {

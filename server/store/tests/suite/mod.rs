@@ -167,6 +167,7 @@ macro_rules! store_suite {
             liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
             liveness::a_sweep_gap_holds_timed_transitions,
             liveness::leases_have_one_owner_until_they_expire,
+            liveness::the_fleet_size_counts_connected_sessions_and_live_gateways,
             races::two_hellos_for_one_node_get_distinct_epochs,
             races::a_hello_against_a_lease_takeover_never_routes_without_the_lease,
             races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,
