@@ -56,7 +56,7 @@ use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, SealSpec, SectionReport, SpecBody, SpecView};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
@@ -377,6 +377,10 @@ impl Backend for SqliteBackend {
     async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
         let rules = *rules;
         self.write(move |c| liveness::sweep(c, &rules)).await
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        self.read(sessions::fleet_size).await
     }
 
     async fn renew_lease(
