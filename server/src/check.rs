@@ -18,7 +18,9 @@
 //! - I3 no double booking: no GPU in two active bindings of one node.
 //! - I4 server clock: unreachable only after the node lease TTL (plus the
 //!   gateway-loss grace) on the store's clock; disconnected for gateway
-//!   loss only once that gateway's lease had expired.
+//!   loss only once that gateway's lease had expired; no node ever seen
+//!   later than the store's now when the sighting was written (a gateway
+//!   writing its own clock's times, running ahead, would show as one).
 //! - I5 nothing released: no command ends and no binding changes for
 //!   liveness while the node is away.
 //! - I6 latency: measured by benchmarks, not checked.
@@ -246,6 +248,18 @@ pub fn i4(s: &Snapshot) -> Outcome {
     let ttl = ms(s.timings.node_lease_ttl);
     let grace = ms(s.timings.gateway_loss_grace);
     for a in &s.audit {
+        if matches!(a.kind.as_str(), "route" | "disconnected" | "unreachable") {
+            checked += 1;
+            if a.value > a.at {
+                v.push(format!(
+                    "node {}: seen {} ms in the store's future ({} by {})",
+                    a.node_id,
+                    a.value - a.at,
+                    a.kind,
+                    a.gateway_id
+                ));
+            }
+        }
         match a.kind.as_str() {
             "unreachable" => {
                 checked += 1;
@@ -619,6 +633,15 @@ mod tests {
             ..audit(6, 45_000, "n1", "disconnected")
         });
         assert!(violated(i4(&s))[0].contains("lease ran 5000 ms more"));
+        // A gateway whose clock runs ahead, writing its own times.
+        let mut s = clean();
+        s.audit.push(Audit {
+            gateway_id: "gw-b".into(),
+            value: 47_000,
+            detail: "stream-ended".into(),
+            ..audit(6, 45_000, "n1", "disconnected")
+        });
+        assert!(violated(i4(&s))[0].contains("seen 2000 ms in the store's future"));
     }
 
     #[test]

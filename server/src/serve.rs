@@ -1,7 +1,8 @@
 //! `better-compute serve`: process assembly. One process runs the gateway,
-//! the join service, the operator API, the liveness and rollout
-//! controllers and (optionally) the boot endpoint on one store; several
-//! such processes share a SQLite store file. This module opens the store,
+//! the join service, the operator API, the controllers (each only while it
+//! holds that controller's table lease) and (optionally) the boot endpoint
+//! on one store; several such processes share a SQLite store file on one
+//! host, or a PostgreSQL database from several hosts. This module opens the store,
 //! loads the keys, binds the listeners and decides which loops run; the
 //! logic lives in the modules it wires together.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bc_store::liveness::LivenessRules;
-use bc_store::{Store, SystemClock};
+use bc_store::{Location, Store, SystemClock};
 use bcd_proto::tls;
 use bcd_proto::v1::{
     admin_server::AdminServer, gateway_server::GatewayServer, join_server::JoinServer,
@@ -31,6 +32,8 @@ use crate::pki::Ca;
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub data_dir: PathBuf,
+    /// The store: SQLite in the data directory, or PostgreSQL.
+    pub store: Location,
     pub listen: SocketAddr,
     /// Extra names (DNS or IP) for the serving certificate.
     pub sans: Vec<String>,
@@ -41,6 +44,9 @@ pub struct ServeOptions {
     pub release_keys: Vec<Vec<u8>>,
     /// The boot endpoint for netbooting nodes (off without a listen address).
     pub boot: crate::boot::BootOptions,
+    /// The simulator's clock fault: milliseconds this process's own clock
+    /// is off, read from this file at each lease renewal.
+    pub clock_offset_file: Option<PathBuf>,
 }
 
 /// The store file in a data directory.
@@ -48,11 +54,19 @@ pub fn store_path(data_dir: &Path) -> PathBuf {
     data_dir.join("store.db")
 }
 
-/// Opens the store in `data_dir` (creating or migrating it).
-pub async fn open_store(data_dir: &Path) -> anyhow::Result<Store> {
-    Store::open_sqlite(&store_path(data_dir), Arc::new(SystemClock))
+/// The store `--store` names (`postgres://...`, `sqlite:PATH`), else the
+/// SQLite file in `data_dir`.
+pub fn store_location(data_dir: &Path, store: Option<&str>) -> Location {
+    store.map_or_else(|| Location::Sqlite(store_path(data_dir)), Location::parse)
+}
+
+/// Opens the store (creating or migrating it). Its clock is the host's
+/// for SQLite, the database's for PostgreSQL.
+pub async fn open_store(location: &Location) -> anyhow::Result<Store> {
+    // The location shows without its address: errors never carry one.
+    Store::open(location, Arc::new(SystemClock))
         .await
-        .with_context(|| format!("cannot open the store in {}", data_dir.display()))
+        .with_context(|| format!("cannot open {location}"))
 }
 
 fn prepare(dir: &Path) -> anyhow::Result<()> {
@@ -71,7 +85,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     prepare(&opts.data_dir)?;
-    let store = open_store(&opts.data_dir).await?;
+    let store = open_store(&opts.store).await?;
     let now = store.now().await?;
     let mut sans = opts.sans.clone();
     if sans.is_empty() {
@@ -92,7 +106,16 @@ pub async fn serve(
         .gateway_id
         .clone()
         .unwrap_or_else(|| format!("gw-{:08x}", rand::random::<u32>()));
-    let gw = GatewayState::new(gateway_id.clone(), store.clone(), opts.timing, now);
+    let own_clock = crate::gateway::lease::OwnClock {
+        offset_file: opts.clock_offset_file.clone(),
+    };
+    let gw = GatewayState::new(
+        gateway_id.clone(),
+        store.clone(),
+        opts.timing,
+        now,
+        own_clock,
+    );
     // Hold the lease before admitting anyone.
     match store
         .renew_lease(&gw.lease_name(), &gateway_id, opts.timing.gateway_lease_ttl)
@@ -108,6 +131,42 @@ pub async fn serve(
         outage_gap: opts.timing.outage_gap,
         outage_hold: opts.timing.outage_hold,
     };
+    let leases = crate::controllers::Leases {
+        owner: gateway_id.clone(),
+        ttl: opts.timing.controller_lease_ttl,
+    };
+    // Controllers give their leases up on an orderly stop.
+    let (stop_controllers, controllers_stop) = tokio::sync::watch::channel(false);
+    let controllers = vec![
+        tokio::spawn(crate::controllers::run_liveness(
+            store.clone(),
+            rules,
+            opts.timing.sweep_every,
+            leases.clone(),
+            controllers_stop.clone(),
+        )),
+        tokio::spawn(crate::controllers::run_sweeper(
+            store.clone(),
+            opts.timing.sweep_every,
+            leases.clone(),
+            controllers_stop.clone(),
+        )),
+        tokio::spawn(crate::controllers::run_rollouts(
+            store.clone(),
+            worker_key.clone(),
+            gw.clone(),
+            rollouts.clone(),
+            leases.clone(),
+            controllers_stop.clone(),
+        )),
+        tokio::spawn(crate::controllers::run_specs(
+            store.clone(),
+            worker_key.clone(),
+            gw.clone(),
+            leases,
+            controllers_stop,
+        )),
+    ];
     let mut tasks = vec![
         tokio::spawn(crate::gateway::lease::keep(gw.clone())),
         tokio::spawn(crate::gateway::feeds::liveness(gw.clone())),
@@ -116,22 +175,6 @@ pub async fn serve(
             Duration::from_millis(250),
         )),
         tokio::spawn(crate::gateway::feeds::work(gw.clone())),
-        tokio::spawn(crate::controllers::run_liveness(
-            store.clone(),
-            rules,
-            opts.timing.sweep_every,
-        )),
-        tokio::spawn(crate::controllers::run_rollouts(
-            store.clone(),
-            worker_key.clone(),
-            gw.clone(),
-            rollouts.clone(),
-        )),
-        tokio::spawn(crate::controllers::run_specs(
-            store.clone(),
-            worker_key.clone(),
-            gw.clone(),
-        )),
     ];
 
     let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
@@ -181,6 +224,10 @@ pub async fn serve(
     let server = tokio::spawn(server);
     shutdown.await;
     info!("shutting down");
+    let _ = stop_controllers.send(true);
+    for c in controllers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), c).await;
+    }
     gw.shutdown().await;
     let _ = stop_tx.send(());
     match tokio::time::timeout(Duration::from_secs(5), server).await {

@@ -243,6 +243,7 @@ impl HostileSession {
             gateway_id: "gw-hostile".into(),
             heartbeat_interval_ms: 30_000,
             inventory_wanted: wanted.iter().map(|s| s.to_string()).collect(),
+            first_retry_ms: 0,
         }));
     }
 }

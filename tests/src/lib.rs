@@ -134,6 +134,8 @@ pub struct Server {
     /// The boot endpoint, when started with --boot-listen.
     pub boot: Option<SocketAddr>,
     pub args: Vec<String>,
+    /// A PostgreSQL store's address (`None`: SQLite in `dir`).
+    pub store_url: Option<String>,
     pub proc: Proc,
 }
 
@@ -167,13 +169,34 @@ impl Server {
             dir,
             "127.0.0.1:0",
             args.iter().map(|s| s.to_string()).collect(),
+            None,
         )
     }
 
-    fn start_on(dir: &Path, listen: &str, args: Vec<String>) -> anyhow::Result<Server> {
+    /// Starts a server on the PostgreSQL store at `url` (several servers
+    /// may share it, and a data directory for their CA and keys).
+    pub fn start_postgres(dir: &Path, url: &str, args: &[&str]) -> anyhow::Result<Server> {
+        Self::start_on(
+            dir,
+            "127.0.0.1:0",
+            args.iter().map(|s| s.to_string()).collect(),
+            Some(url.to_string()),
+        )
+    }
+
+    fn start_on(
+        dir: &Path,
+        listen: &str,
+        args: Vec<String>,
+        store_url: Option<String>,
+    ) -> anyhow::Result<Server> {
         std::fs::create_dir_all(dir)?;
         let log = dir.join(format!("serve-{}.log", unique()));
-        let mut child = Command::new(bin("better-compute"))
+        let mut command = Command::new(bin("better-compute"));
+        if let Some(url) = &store_url {
+            command.env("BC_STORE", url);
+        }
+        let mut child = command
             .arg("--data-dir")
             .arg(dir)
             .arg("serve")
@@ -207,6 +230,7 @@ impl Server {
             addr,
             boot,
             args,
+            store_url,
             proc,
         })
     }
@@ -231,7 +255,12 @@ impl Server {
     pub fn start_again(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match Self::start_on(&self.dir, &self.addr.to_string(), self.args.clone()) {
+            match Self::start_on(
+                &self.dir,
+                &self.addr.to_string(),
+                self.args.clone(),
+                self.store_url.clone(),
+            ) {
                 Ok(s) => {
                     let Server { proc, .. } = s;
                     self.proc = proc;
@@ -247,11 +276,17 @@ impl Server {
         }
     }
 
-    /// Runs an operator command against this server.
+    /// Runs an operator command against this server (`check` reads the
+    /// server's store).
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(bin("better-compute"))
-            .arg("--data-dir")
+        let mut c = Command::new(bin("better-compute"));
+        if let Some(url) = &self.store_url {
+            c.env("BC_STORE", url);
+        }
+        c.arg("--data-dir")
             .arg(&self.dir)
+            .arg("--server")
+            .arg(self.url())
             .args(args)
             .output()
             .expect("run better-compute")
@@ -282,7 +317,10 @@ impl Server {
     /// processes would: for what the API does not show, and for planting
     /// what a compromised control plane could write.
     pub fn store(&self) -> StoreAccess {
-        StoreAccess::open(&self.dir.join("store.db"))
+        StoreAccess::open(&match &self.store_url {
+            Some(url) => bc_store::Location::Postgres(url.clone()),
+            None => bc_store::Location::Sqlite(self.dir.join("store.db")),
+        })
     }
 
     pub fn wait_node(
@@ -306,14 +344,14 @@ pub struct StoreAccess {
 }
 
 impl StoreAccess {
-    pub fn open(path: &Path) -> StoreAccess {
+    pub fn open(location: &bc_store::Location) -> StoreAccess {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime");
         let store = rt
-            .block_on(bc_store::Store::open_sqlite(
-                path,
+            .block_on(bc_store::Store::open(
+                location,
                 std::sync::Arc::new(bc_store::SystemClock),
             ))
             .expect("open the store");
@@ -632,6 +670,8 @@ pub const FAST: &[&str] = &[
     "2s",
     "--drain-within",
     "1s",
+    "--controller-lease-ttl",
+    "1500ms",
 ];
 
 /// A server with [`FAST`] timings and one joined (not started) fakehw node
@@ -849,4 +889,15 @@ impl Fleet {
         assert!(out.status.success(), "join: {}", stderr(&out));
         node
     }
+}
+
+/// A fresh PostgreSQL database for a system test (see
+/// `bc_store::postgres::cluster::test_database`); returns its address.
+pub fn postgres_database(prefix: &str) -> String {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(bc_store::postgres::cluster::test_database(prefix))
+        .unwrap_or_else(|e| panic!("{e}"))
 }

@@ -27,17 +27,32 @@ impl Default for BackoffConfig {
 #[derive(Debug, Clone)]
 pub struct Backoff {
     config: BackoffConfig,
+    /// The first window, when the server sized it (see [`Backoff::set_base`]).
+    base: Option<Duration>,
     attempt: u32,
 }
 
 impl Backoff {
     pub fn new(config: BackoffConfig) -> Self {
-        Backoff { config, attempt: 0 }
+        Backoff {
+            config,
+            base: None,
+            attempt: 0,
+        }
+    }
+
+    /// Sets the first window (later ones double from it, up to the cap):
+    /// the server's, which knows how many nodes its gateways can take at
+    /// once; `None` or zero: the configured base.
+    pub fn set_base(&mut self, base: Option<Duration>) {
+        self.base = base
+            .filter(|b| !b.is_zero())
+            .map(|b| b.clamp(Duration::from_millis(1), self.config.cap));
     }
 
     /// The upper bound of the window for the next attempt.
     pub fn window(&self) -> Duration {
-        let base = self.config.base.as_millis() as u64;
+        let base = self.base.unwrap_or(self.config.base).as_millis() as u64;
         let cap = self.config.cap.as_millis() as u64;
         let shift = self.attempt.min(63);
         let grown = base.checked_shl(shift).filter(|v| v >> shift == base);
@@ -151,5 +166,24 @@ mod tests {
             };
             prop_assert_eq!(run(seed), run(seed));
         }
+    }
+
+    #[test]
+    fn a_server_sized_first_window_doubles_from_there() {
+        let mut b = Backoff::new(BackoffConfig::default());
+        b.set_base(Some(Duration::from_millis(150)));
+        assert_eq!(b.window(), Duration::from_millis(150));
+        let mut rng = SplitMix64::new(1);
+        assert!(b.next_delay(&mut rng) <= Duration::from_millis(150));
+        assert_eq!(b.window(), Duration::from_millis(300));
+        b.set_base(Some(Duration::from_secs(3600)));
+        assert_eq!(b.window(), Duration::from_secs(60), "never past the cap");
+        b.set_base(None);
+        b.reset();
+        assert_eq!(
+            b.window(),
+            Duration::from_secs(1),
+            "the configured base again"
+        );
     }
 }

@@ -71,6 +71,9 @@ pub enum Event {
         epoch: u64,
         server_time_ms: i64,
         heartbeat_interval: Duration,
+        /// The server's window for the first redial after this session
+        /// (zero: the configured back-off).
+        first_retry: Duration,
     },
     HeartbeatAck {
         server_time_ms: i64,
@@ -387,6 +390,7 @@ impl Session {
                     epoch,
                     server_time_ms,
                     heartbeat_interval,
+                    first_retry,
                 },
             ) => {
                 // Check the clock before the epoch so a refused Welcome
@@ -402,6 +406,7 @@ impl Session {
                 }
                 self.clock = probe;
                 self.backoff.reset();
+                self.backoff.set_base(Some(first_retry));
                 let interval = heartbeat_interval.max(Duration::from_millis(10));
                 self.state = State::Established {
                     epoch,
@@ -524,6 +529,7 @@ mod tests {
             epoch,
             server_time_ms,
             heartbeat_interval: HB,
+            first_retry: Duration::ZERO,
         }
     }
 
@@ -634,6 +640,33 @@ mod tests {
         assert!(matches!(a.last(), Some(Action::Disconnected { retry_in }) if *retry_in <= S));
         assert!(!s.is_stopped());
         assert!(s.deadline().is_some());
+    }
+
+    #[test]
+    fn the_first_redial_is_within_the_servers_window() {
+        for seed in 0..50 {
+            let mut s = session(seed, 0, 0);
+            connect(&mut s, Duration::ZERO);
+            s.handle(
+                S,
+                Event::Welcome {
+                    epoch: 1,
+                    server_time_ms: 1_000,
+                    heartbeat_interval: HB,
+                    first_retry: Duration::from_millis(150),
+                },
+            );
+            let a = s.handle(
+                2 * S,
+                Event::Closed {
+                    error: "reset".into(),
+                },
+            );
+            let Some(Action::Disconnected { retry_in }) = a.last() else {
+                panic!("{a:?}");
+            };
+            assert!(*retry_in <= Duration::from_millis(150), "{retry_in:?}");
+        }
     }
 
     #[test]
@@ -831,6 +864,7 @@ mod tests {
                 epoch,
                 server_time_ms: t,
                 heartbeat_interval: HB,
+                first_retry: Duration::ZERO,
             }),
             1 => (0i64..3_000_000).prop_map(|t| Event::HeartbeatAck { server_time_ms: t }),
             1 => Just(Event::Received),

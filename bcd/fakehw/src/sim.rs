@@ -153,12 +153,22 @@ impl Fleet {
         }
     }
 
-    /// Starts node `i`'s daemon (joining first if it has no identity).
+    /// Starts node `i`'s daemon (joining first if it has no identity). A
+    /// daemon of the node still running is ended first, as a supervisor
+    /// ends one before it starts another: one machine never runs two, and
+    /// the one that ended no longer counts as connected.
     pub fn start(&self, i: usize) {
         let node = self.nodes[i].clone();
         let (server, token, joins) = (self.server.clone(), self.token.clone(), self.joins.clone());
         let stop = self.stop.subscribe();
+        let mut slot = self.nodes[i].task.lock().expect("task lock");
+        let old = slot.take();
         let task = tokio::spawn(async move {
+            if let Some(old) = old {
+                old.abort();
+                let _ = old.await;
+                node.stats.connected.store(0, Ordering::Relaxed);
+            }
             join::prepare_dir(&node.dir)?;
             if !identity::exists(&node.dir) {
                 let _permit = joins.acquire().await.expect("semaphore open");
@@ -206,10 +216,7 @@ impl Fleet {
                 }
             }
         });
-        let old = self.nodes[i].task.lock().expect("task lock").replace(task);
-        if let Some(old) = old {
-            old.abort();
-        }
+        *slot = Some(task);
     }
 
     /// The daemon dies where it stands: its task is dropped at the await

@@ -75,6 +75,8 @@ fn session_messages() {
                 gateway_id: "gw-1".into(),
                 heartbeat_interval_ms: 10_000,
                 inventory_wanted: vec!["tpm".into()],
+                // Added later: unset, it leaves the earlier encoding as it was.
+                first_retry_ms: 0,
             })),
         },
     );

@@ -21,14 +21,16 @@ pub struct CheckArgs {
     json: bool,
 }
 
-pub async fn run(a: CheckArgs, data_dir: &Path) -> anyhow::Result<()> {
-    let path = crate::serve::store_path(data_dir);
-    anyhow::ensure!(
-        path.exists(),
-        "no store at {}: pass --data-dir of the server",
-        path.display()
-    );
-    let store = crate::serve::open_store(data_dir).await?;
+pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::Result<()> {
+    let location = crate::serve::store_location(data_dir, store);
+    if let bc_store::Location::Sqlite(path) = &location {
+        anyhow::ensure!(
+            path.exists(),
+            "no store at {}: pass --data-dir of the server, or its --store",
+            path.display()
+        );
+    }
+    let store = crate::serve::open_store(&location).await?;
     let snapshot = crate::check::snapshot(
         &store,
         crate::check::Timings {
@@ -39,7 +41,7 @@ pub async fn run(a: CheckArgs, data_dir: &Path) -> anyhow::Result<()> {
         crate::check::NodeFacts::default(),
     )
     .await
-    .with_context(|| format!("cannot read {}", path.display()))?;
+    .with_context(|| format!("cannot read {location}"))?;
     let outcomes = crate::check::all(&snapshot);
     if a.json {
         output::json(&outcomes)?;

@@ -43,6 +43,12 @@ struct Cli {
     /// Override the server address in the operator credential.
     #[arg(long, global = true, env = "BC_SERVER")]
     server: Option<String>,
+    /// The store `serve` and `check` use: `postgres://USER@HOST/DATABASE`
+    /// (several gateway hosts), or `sqlite:PATH`; the SQLite file store.db
+    /// in --data-dir by default. For `sim`: sqlite, postgres (a throw-away
+    /// cluster for the run) or a postgres:// address.
+    #[arg(long, global = true, env = "BC_STORE", hide_env_values = true)]
+    store: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -151,10 +157,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let done = ExitCode::SUCCESS;
     match cli.command {
-        Command::Serve(args) => serve::run(args, cli.data_dir).await.map(|()| done),
-        Command::Sim(args) => sim::run(args).await.map(|()| done),
+        Command::Serve(args) => serve::run(args, cli.data_dir, cli.store)
+            .await
+            .map(|()| done),
+        Command::Sim(args) => sim::run(args, cli.store).await.map(|()| done),
         Command::SimHost { opts } => crate::sim::host::run_host(opts).await.map(|()| done),
-        Command::Check(args) => check::run(args, &cli.data_dir).await.map(|()| done),
+        Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
+            .await
+            .map(|()| done),
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,

@@ -30,9 +30,17 @@ pub struct ServeArgs {
     /// the same number).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// Hello transactions a second this gateway takes: with the handshake
+    /// rate, it sizes the window nodes spread their first redial over.
+    #[arg(long, default_value_t = 2000)]
+    hello_capacity: u32,
     /// On shutdown, nodes are told to reconnect at random within this.
     #[arg(long, default_value = "60s", value_parser = dur)]
     drain_within: Duration,
+    /// The controllers' table leases: one process at a time runs each of
+    /// the liveness controller, the command sweeper and rollouts.
+    #[arg(long, default_value = "15s", value_parser = dur)]
+    controller_lease_ttl: Duration,
     #[arg(long, default_value = "24h", value_parser = dur)]
     node_cert_ttl: Duration,
     #[arg(long, default_value = "2h", value_parser = dur)]
@@ -42,9 +50,13 @@ pub struct ServeArgs {
     release_pubkeys: Vec<String>,
     #[command(flatten)]
     boot: crate::boot::BootOptions,
+    /// For the simulator's clock faults: a file holding how many
+    /// milliseconds this process's own clock is off.
+    #[arg(long, hide = true)]
+    clock_offset_file: Option<PathBuf>,
 }
 
-pub async fn run(a: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
+pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyhow::Result<()> {
     let release_keys = a
         .release_pubkeys
         .iter()
@@ -62,10 +74,13 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
         gateway_loss_grace: a.gateway_loss_grace,
         handshake_rate: a.handshake_rate,
         drain_within: a.drain_within,
+        controller_lease_ttl: a.controller_lease_ttl,
+        hello_capacity: a.hello_capacity,
         ..Timing::default()
     };
     crate::serve::serve(
         ServeOptions {
+            store: crate::serve::store_location(&data_dir, store.as_deref()),
             data_dir,
             listen: a.listen,
             sans: a.sans,
@@ -77,6 +92,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf) -> anyhow::Result<()> {
             },
             release_keys,
             boot: a.boot,
+            clock_offset_file: a.clock_offset_file,
         },
         super::shutdown_signal(),
     )

@@ -36,7 +36,9 @@ pub struct SimArgs {
     json: bool,
 }
 
-pub async fn run(a: SimArgs) -> anyhow::Result<()> {
+/// `store` is the global `--store`: `sqlite` (the default), `postgres` (a
+/// throw-away cluster for the run) or a postgres:// address.
+pub async fn run(a: SimArgs, store: Option<String>) -> anyhow::Result<()> {
     let report = crate::sim::run(crate::sim::SimOptions {
         handshake_rate: a.handshake_rate,
         timings: a.timings,
@@ -48,6 +50,7 @@ pub async fn run(a: SimArgs) -> anyhow::Result<()> {
         data_dir: a.dir,
         gpus: a.gpus,
         progress: !a.json,
+        store: store.unwrap_or_else(|| "sqlite".into()),
     })
     .await?;
     if a.json {
@@ -55,6 +58,12 @@ pub async fn run(a: SimArgs) -> anyhow::Result<()> {
     } else {
         output::emit(&report.render())?;
     }
+    anyhow::ensure!(
+        report.settled,
+        "the fleet did not settle: {} of {} connected at the end (see the report)",
+        report.connected_at_end,
+        report.nodes
+    );
     anyhow::ensure!(report.ok, "an invariant was violated (see the report)");
     Ok(())
 }

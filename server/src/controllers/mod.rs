@@ -1,7 +1,9 @@
 //! Controllers: loops that move the fleet toward what the store says.
 //!
 //! Each is a pure decision, the store methods it reads and writes through,
-//! and a `tick` that does one pass; the loops here run the ticks.
+//! and a `tick` that does one pass; the loops here run the ticks, each in
+//! one process at a time: the one holding the controller's table lease
+//! ([`lease`]), so N gateway processes do not each sweep.
 //!
 //! - [`liveness`]: session states on the store's clock (its rules are
 //!   `bc_store::liveness`, applied inside the sweep's transaction).
@@ -9,12 +11,14 @@
 //! - [`rollouts`]: releases in waves.
 //! - [`specs`]: specs signed again before they expire.
 
+pub mod lease;
 pub mod liveness;
 pub mod rollouts;
 pub mod specs;
 pub mod sweeper;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bc_store::Store;
@@ -23,69 +27,163 @@ use tracing::warn;
 
 use crate::api::Wake;
 
-/// The liveness controller and the command sweeper, every `every`.
-pub async fn run_liveness(store: Store, rules: LivenessRules, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut held = false;
+/// Which process runs the controllers: its owner name on their leases,
+/// and their TTL.
+#[derive(Debug, Clone)]
+pub struct Leases {
+    pub owner: String,
+    pub ttl: Duration,
+}
+
+/// Runs `pass` every `every` while this process holds `controller`'s
+/// lease, until `stop` fires; then gives the lease up.
+async fn under_lease<F, Fut>(
+    store: Store,
+    controller: &str,
+    leases: Leases,
+    every: Duration,
+    wake: Option<Arc<tokio::sync::Notify>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut holder = lease::Holder::new(store, controller, &leases.owner, leases.ttl);
     loop {
-        tick.tick().await;
-        match liveness::tick(&store, &rules, held).await {
-            Ok(now_held) => held = now_held,
-            Err(e) => warn!(error = %e, "liveness sweep failed"),
+        if holder.may_run().await {
+            pass().await;
         }
-        if let Err(e) = sweeper::tick(&store).await {
-            warn!(error = %e, "command sweep failed");
+        let woken = async {
+            match &wake {
+                Some(w) => w.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = woken => {}
+            _ = stopped(&mut stop) => {
+                holder.release().await;
+                return;
+            }
         }
     }
 }
 
+/// Resolves once `stop` says so.
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    // The guard wait_for answers with is dropped here, not held across
+    // the caller's awaits.
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// The liveness controller, every `every`.
+pub async fn run_liveness(
+    store: Store,
+    rules: LivenessRules,
+    every: Duration,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    // Whether timed transitions were held at the last pass (for the log).
+    let held = Arc::new(AtomicBool::new(false));
+    let s = store.clone();
+    under_lease(store, "liveness", leases, every, None, stop, || {
+        let (s, held) = (s.clone(), held.clone());
+        async move {
+            match liveness::tick(&s, &rules, held.load(Ordering::Relaxed)).await {
+                Ok(now_held) => held.store(now_held, Ordering::Relaxed),
+                Err(e) => warn!(error = %e, "liveness sweep failed"),
+            }
+        }
+    })
+    .await
+}
+
+/// The command sweeper, every `every`.
+pub async fn run_sweeper(
+    store: Store,
+    every: Duration,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let s = store.clone();
+    under_lease(store, "sweeper", leases, every, None, stop, || {
+        let s = s.clone();
+        async move {
+            if let Err(e) = sweeper::tick(&s).await {
+                warn!(error = %e, "command sweep failed");
+            }
+        }
+    })
+    .await
+}
+
 /// The rollout controller: every second, or at once when an operator
-/// starts or changes a rollout (`wake`). Nodes given a command are woken
-/// through `gateway`.
+/// starts or changes a rollout through this process (`wake`; an operator
+/// on another process is seen within the second). Nodes given a command
+/// are woken through `gateway` (those on other gateways by their own
+/// work feed).
 pub async fn run_rollouts(
     store: Store,
     key: Arc<ring::signature::Ed25519KeyPair>,
     gateway: Arc<dyn Wake>,
     wake: Arc<tokio::sync::Notify>,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        match rollouts::tick(&store, &key).await {
-            Ok(woken) => {
-                for n in woken {
-                    gateway.wake(&n);
+    let s = store.clone();
+    under_lease(
+        store,
+        "rollouts",
+        leases,
+        Duration::from_secs(1),
+        Some(wake),
+        stop,
+        || {
+            let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
+            async move {
+                match rollouts::tick(&s, &key).await {
+                    Ok(woken) => {
+                        for n in woken {
+                            gateway.wake(&n);
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "rollout pass failed"),
                 }
             }
-            Err(e) => warn!(error = %e, "rollout pass failed"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = wake.notified() => {}
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// How often specs are looked at for signing again.
 const SPECS_EVERY: Duration = Duration::from_secs(60);
 
 /// The spec controller: every minute, specs that expire soon are signed
-/// again; their nodes are woken through `gateway`.
+/// again; their nodes are woken through `gateway` (those on other
+/// gateways by their own work feed).
 pub async fn run_specs(
     store: Store,
     key: Arc<ring::signature::Ed25519KeyPair>,
     gateway: Arc<dyn Wake>,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(SPECS_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        match specs::tick(&store, &key).await {
-            Ok(renewed) => {
-                for n in renewed {
-                    gateway.wake(&n);
+    let s = store.clone();
+    under_lease(store, "specs", leases, SPECS_EVERY, None, stop, || {
+        let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
+        async move {
+            match specs::tick(&s, &key).await {
+                Ok(renewed) => {
+                    for n in renewed {
+                        gateway.wake(&n);
+                    }
                 }
+                Err(e) => warn!(error = %e, "spec signing pass failed"),
             }
-            Err(e) => warn!(error = %e, "spec signing pass failed"),
         }
-    }
+    })
+    .await
 }

@@ -7,8 +7,27 @@
 //! refused RESOURCE_EXHAUSTED. Without that bound a reconnect storm once
 //! queued enough Hellos to starve the gateway's own lease renewal.
 
+use std::time::Duration;
+
 use bcd_proto::tls;
 use tracing::warn;
+
+/// The shortest first-redial window the server hands out.
+pub const MIN_FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The longest: past it the node's own doubling takes over anyway.
+pub const MAX_FIRST_RETRY: Duration = Duration::from_secs(30);
+
+/// The window a node draws its first redial from after losing its session
+/// (full jitter): long enough that the whole fleet (`connected` nodes)
+/// redialing at once arrives no faster than the `gateways` can take them
+/// at `per_gateway` Hellos a second each. After one gateway dies its
+/// share of the fleet arrives over the others in the same window, well
+/// under their capacity; after every link breaks, the fleet arrives at
+/// about the gateways' capacity. A node cannot know either number.
+pub fn first_retry_window(connected: usize, gateways: usize, per_gateway: u32) -> Duration {
+    let capacity = gateways.max(1) as f64 * f64::from(per_gateway.max(1));
+    Duration::from_secs_f64(connected as f64 / capacity).clamp(MIN_FIRST_RETRY, MAX_FIRST_RETRY)
+}
 
 /// A token bucket: `rate` a second, bursts up to `rate`. Time is a
 /// parameter, so the arithmetic is tested without sleeping.
@@ -86,7 +105,23 @@ impl tls::Admission for HandshakeBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::TokenBucket;
+    use super::{Duration, TokenBucket, first_retry_window};
+
+    #[test]
+    fn the_first_retry_window_spreads_the_fleet_over_what_the_gateways_take() {
+        // 1,000 nodes on 3 gateways taking 2,000 Hellos/s each: 1/6 s.
+        assert_eq!(
+            first_retry_window(1_000, 3, 2_000),
+            Duration::from_secs_f64(1_000.0 / 6_000.0)
+        );
+        // 10,000 nodes behind the default 200/s bucket on 3 gateways.
+        assert_eq!(
+            first_retry_window(10_000, 3, 200),
+            Duration::from_secs_f64(10_000.0 / 600.0)
+        );
+        assert_eq!(first_retry_window(3, 3, 2_000), Duration::from_millis(50));
+        assert_eq!(first_retry_window(1_000_000, 0, 1), Duration::from_secs(30));
+    }
 
     #[test]
     fn the_bucket_admits_a_burst_then_the_rate() {

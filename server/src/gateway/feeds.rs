@@ -8,7 +8,8 @@
 //!   end the sessions that present them.
 //! - Work: every second, one query finds the sessions with a pending
 //!   command or a changed spec (written through any gateway) and wakes
-//!   them.
+//!   them; every five, the fleet's size sizes the first-redial window
+//!   Welcomes carry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,8 +102,28 @@ pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
 pub async fn work(state: Arc<GatewayState>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
+        // Every 5 s: the fleet's size, for the first-redial window.
+        if ticks.is_multiple_of(5) && !state.is_fenced() {
+            match state.store.fleet_size().await {
+                Ok(size) => {
+                    let per_gateway = state.timing.hello_capacity.min(state.timing.handshake_rate);
+                    let window = super::admission::first_retry_window(
+                        size.connected,
+                        size.gateways,
+                        per_gateway,
+                    );
+                    state.first_retry_ms.store(
+                        window.as_millis().min(u32::MAX as u128) as u32,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+                Err(e) => warn!(error = %e, "cannot read the fleet's size"),
+            }
+        }
+        ticks += 1;
         if state.is_fenced() || state.sessions().is_empty() {
             continue;
         }

@@ -3,8 +3,13 @@
 //! renewal for half the TTL, or on finding another owner, the gateway
 //! fences itself: it closes every stream UNAVAILABLE and refuses new ones
 //! until it holds the lease again. Each renewal anchors the gateway's
-//! clock to the store's.
+//! clock to the store's, and measures how far this process's own clock is
+//! from it: past [`CLOCK_SKEW_LIMIT`] the gateway raises ClockSkew (a
+//! warning with the `clock_offset_seconds` figure). Its own clock decides
+//! nothing (liveness goes to the store as ages), so a skewed gateway keeps
+//! serving; the warning is for whoever runs its time sync.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,6 +18,47 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::GatewayState;
+
+/// How far a control-plane process's clock may be from the store's before
+/// it raises ClockSkew.
+pub const CLOCK_SKEW_LIMIT: Duration = Duration::from_secs(1);
+/// How often a skew that persists is raised again.
+const SKEW_REPEAT: Duration = Duration::from_secs(60);
+
+/// This process's own wall clock. The simulator's clock faults shift it by
+/// the milliseconds written in `offset_file` (read at each renewal), as a
+/// host whose time sync stepped its clock would.
+#[derive(Debug, Clone, Default)]
+pub struct OwnClock {
+    pub offset_file: Option<PathBuf>,
+}
+
+impl OwnClock {
+    fn offset_ms(&self) -> i64 {
+        self.offset_file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        bcd_sys::clock::unix_ms() + self.offset_ms()
+    }
+}
+
+/// How far this process's clock is ahead of the store's (negative:
+/// behind), from a renewal that began at `own_before` and answered at
+/// `own_after` on this process's clock with the store's `store_now`: the
+/// store read its clock somewhere in between, taken as the middle.
+pub fn clock_offset_ms(own_before: i64, own_after: i64, store_now: i64) -> i64 {
+    own_before + (own_after - own_before) / 2 - store_now
+}
+
+/// Whether an offset is ClockSkew.
+pub fn skewed(offset_ms: i64) -> bool {
+    offset_ms.unsigned_abs() > CLOCK_SKEW_LIMIT.as_millis() as u64
+}
 
 /// What a renewal attempt came back with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +101,10 @@ pub async fn keep(state: Arc<GatewayState>) {
     let mut tick = tokio::time::interval(ttl / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = state.lease_name();
+    let mut skew_raised: Option<Instant> = None;
     loop {
         tick.tick().await;
+        let own_before = state.own_clock.now_ms();
         let renewal =
             match tokio::time::timeout(ttl / 2, state.store.renew_lease(&name, &state.id, ttl))
                 .await
@@ -76,6 +124,22 @@ pub async fn keep(state: Arc<GatewayState>) {
             Action::Hold(now) => {
                 state.clock.anchor(now);
                 last_ok = Some(Instant::now());
+                let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
+                state.clock_offset_ms.store(offset, Ordering::Relaxed);
+                let seconds = offset as f64 / 1000.0;
+                if skewed(offset) {
+                    if skew_raised.is_none_or(|t| t.elapsed() >= SKEW_REPEAT) {
+                        skew_raised = Some(Instant::now());
+                        warn!(
+                            gateway = %state.id,
+                            clock_offset_seconds = seconds,
+                            "ClockSkew: this host's clock is {seconds:+.1}s off the store's; \
+                             nothing here trusts it, but fix the host's time sync"
+                        );
+                    }
+                } else if skew_raised.take().is_some() {
+                    info!(gateway = %state.id, clock_offset_seconds = seconds, "clock back within the skew limit");
+                }
                 if !state.stopping.load(Ordering::SeqCst)
                     && state.fenced.swap(false, Ordering::SeqCst)
                 {
@@ -105,6 +169,15 @@ mod tests {
             decide(Renewal::Taken, Some(Duration::ZERO), TTL),
             Action::Fence(_)
         ));
+    }
+
+    #[test]
+    fn the_offset_is_taken_at_the_middle_of_the_renewal() {
+        assert_eq!(clock_offset_ms(1_000, 1_010, 1_005), 0);
+        assert_eq!(clock_offset_ms(4_000, 4_010, 1_005), 3_000);
+        assert_eq!(clock_offset_ms(1_000, 1_000, 2_500), -1_500);
+        assert!(!skewed(1_000) && !skewed(-1_000));
+        assert!(skewed(1_001) && skewed(-1_001));
     }
 
     #[test]

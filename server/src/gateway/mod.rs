@@ -27,7 +27,7 @@ pub mod session;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +61,11 @@ pub struct Timing {
     pub handshake_rate: u32,
     /// On shutdown, nodes reconnect at random within this.
     pub drain_within: Duration,
+    /// The controllers' table leases (renewed every third of it).
+    pub controller_lease_ttl: Duration,
+    /// Hello transactions a second one gateway takes (with the handshake
+    /// rate, what sizes the nodes' first redial window).
+    pub hello_capacity: u32,
 }
 
 impl Default for Timing {
@@ -78,6 +83,8 @@ impl Default for Timing {
             max_pending_hellos: 64,
             handshake_rate: 200,
             drain_within: Duration::from_secs(60),
+            controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
+            hello_capacity: 2_000,
         }
     }
 }
@@ -126,6 +133,13 @@ pub struct GatewayState {
     pub clock: StoreClock,
     sessions: Mutex<HashMap<String, LocalSession>>,
     hellos: Arc<Semaphore>,
+    /// This process's own wall clock (only ever compared with the store's).
+    pub own_clock: lease::OwnClock,
+    /// How far it was from the store's at the last renewal.
+    pub clock_offset_ms: AtomicI64,
+    /// The first-redial window Welcomes carry (see
+    /// [`admission::first_retry_window`]), refreshed by the work feed.
+    pub first_retry_ms: AtomicU32,
     fenced: AtomicBool,
     /// Shutting down: stays fenced whatever the lease does.
     stopping: AtomicBool,
@@ -140,7 +154,13 @@ impl std::fmt::Debug for GatewayState {
 }
 
 impl GatewayState {
-    pub fn new(id: String, store: Store, timing: Timing, store_now_ms: i64) -> Arc<GatewayState> {
+    pub fn new(
+        id: String,
+        store: Store,
+        timing: Timing,
+        store_now_ms: i64,
+        own_clock: lease::OwnClock,
+    ) -> Arc<GatewayState> {
         Arc::new(GatewayState {
             id,
             store,
@@ -148,6 +168,9 @@ impl GatewayState {
             clock: StoreClock::new(store_now_ms),
             sessions: Mutex::new(HashMap::new()),
             hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
+            own_clock,
+            clock_offset_ms: AtomicI64::new(0),
+            first_retry_ms: AtomicU32::new(1_000),
             fenced: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
         })
@@ -272,17 +295,11 @@ impl Gateway for GatewayService {
         if self.state.is_fenced() {
             return Err(turned(Turned::GatewayFenced(self.state.id.clone())));
         }
-        let permit = self
-            .state
-            .hellos
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| turned(Turned::Busy))?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);
         let state = self.state.clone();
         tokio::spawn(async move {
-            session::run(state, fingerprint, inbound, tx, permit).await;
+            session::run(state, fingerprint, inbound, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

@@ -66,7 +66,6 @@ pub async fn run(
     fingerprint: String,
     mut inbound: Streaming<NodeMessage>,
     out: Out,
-    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let timing = state.timing;
     let hello = match tokio::time::timeout(timing.welcome_timeout, inbound.message()).await {
@@ -82,6 +81,12 @@ pub async fn run(
             return;
         }
         _ => return,
+    };
+    // The pending-Hello bound counts Hello transactions, taken once the
+    // Hello is here: a node slow to send it holds no permit meanwhile.
+    let Ok(permit) = state.hellos.clone().try_acquire_owned() else {
+        let _ = out.send(Err(turned(Turned::Busy))).await;
+        return;
     };
     let node = hello.node_id.clone();
     let cert_serial = hello.cert_serial.clone();
@@ -133,6 +138,9 @@ pub async fn run(
             gateway_id: state.id.clone(),
             heartbeat_interval_ms: timing.heartbeat.as_millis() as u32,
             inventory_wanted: outcome.inventory_wanted,
+            first_retry_ms: state
+                .first_retry_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
         };
         let session = Session {
             state: &state,

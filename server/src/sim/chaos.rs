@@ -2,12 +2,13 @@
 //! the seed, so the same seed gives the same schedule.
 //!
 //! - `light`: one gateway killed (and a replacement started), a few daemon
-//!   crashes, one lost journal, one reboot, a handful of reset links.
+//!   crashes, one lost journal, one reboot, a handful of reset links, one
+//!   gateway host's clock stepped seconds off.
 //! - `heavy`: two gateway kills, a store stall and a longer store outage
 //!   (an exclusive lock held on the store, past the gateways' lease
 //!   renewal), a partition of one gateway (half-open links), link delay,
-//!   dropped and reset links, and daemon crashes, lost journals and reboots
-//!   on 2% of the nodes each.
+//!   dropped and reset links, two gateway clocks stepped off, and daemon
+//!   crashes, lost journals and reboots on 2% of the nodes each.
 //! - `kill`: for measuring: one gateway killed a third of the way in, and a
 //!   reconnect storm (every link reset at once) two thirds of the way in;
 //!   nothing else.
@@ -52,6 +53,10 @@ pub enum Fault {
     LoseJournal(usize),
     /// The machine reboots.
     Reboot(usize),
+    /// The clock of a gateway's host steps by this many milliseconds
+    /// (ahead when positive): the gateway raises ClockSkew, and nothing
+    /// that decides liveness may follow its clock.
+    ClockOffset { gateway: usize, by_ms: i64 },
 }
 
 impl Fault {
@@ -67,6 +72,7 @@ impl Fault {
             Fault::CrashDaemon { .. } => "daemon crash",
             Fault::LoseJournal(_) => "journal loss",
             Fault::Reboot(_) => "node reboot",
+            Fault::ClockOffset { .. } => "clock offset",
         }
     }
 }
@@ -132,6 +138,23 @@ pub fn schedule(
     }
     let t = at(&mut rng);
     out.push((t, Fault::ResetLinks(links)));
+    // A gateway's host clock steps 2 to 30 s ahead or behind (heavy: two).
+    for _ in 0..(if stalls { 2 } else { 1 }) {
+        let t = at(&mut rng);
+        let by_ms = (2_000 + (rng.next_u64() % 28_000) as i64)
+            * if rng.next_u64().is_multiple_of(2) {
+                1
+            } else {
+                -1
+            };
+        out.push((
+            t,
+            Fault::ClockOffset {
+                gateway: gw(&mut rng),
+                by_ms,
+            },
+        ));
+    }
     if stalls {
         let t = at(&mut rng);
         out.push((t, Fault::StoreStall(Duration::from_millis(1500))));
@@ -173,6 +196,22 @@ mod tests {
         assert!(a.windows(2).all(|p| p[0].0 <= p[1].0));
         assert!(a.iter().all(|(t, _)| *t < w));
         assert!(schedule(Level::None, 7, 300, 3, w).is_empty());
+    }
+
+    #[test]
+    fn chaos_steps_gateway_clocks_by_seconds() {
+        let w = Duration::from_secs(30);
+        for (level, n) in [(Level::Light, 1), (Level::Heavy, 2), (Level::Kill, 0)] {
+            let offsets: Vec<i64> = schedule(level, 9, 100, 3, w)
+                .into_iter()
+                .filter_map(|(_, f)| match f {
+                    Fault::ClockOffset { by_ms, .. } => Some(by_ms),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(offsets.len(), n, "{level:?}");
+            assert!(offsets.iter().all(|o| (2_000..30_000).contains(&o.abs())));
+        }
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub const FAST_TIMINGS: &[(&str, &str)] = &[
     ("--gateway-lease-ttl", "6s"),
     ("--node-lease-ttl", "8s"),
     ("--gateway-loss-grace", "24s"),
+    ("--controller-lease-ttl", "3s"),
 ];
 
 /// The spec's timings (the server's defaults), for large fleets.
@@ -51,6 +52,7 @@ pub const SPEC_TIMINGS: &[(&str, &str)] = &[
     ("--gateway-lease-ttl", "20s"),
     ("--node-lease-ttl", "40s"),
     ("--gateway-loss-grace", "120s"),
+    ("--controller-lease-ttl", "15s"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +88,9 @@ pub struct SimOptions {
     /// Each gateway's TLS handshake bucket (serve --handshake-rate).
     pub handshake_rate: u32,
     pub timings: Timings,
+    /// `sqlite` (one file the gateways share), `postgres` (a throw-away
+    /// cluster this run starts), or a PostgreSQL address.
+    pub store: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -98,10 +103,21 @@ pub struct Rehome {
     pub max_ms: i64,
 }
 
+/// A gateway whose host clock was stepped off, and whether it said so.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockFault {
+    pub gateway: String,
+    pub offset_ms: i64,
+    /// The gateway raised ClockSkew (its log says so).
+    pub raised: bool,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub nodes: usize,
     pub gateways: usize,
+    /// `sqlite` or `postgres`.
+    pub store: String,
     pub chaos: String,
     pub seed: u64,
     pub connect_s: f64,
@@ -114,7 +130,12 @@ pub struct Report {
     /// every node was connected again.
     pub storm_s: Option<f64>,
     pub connected_at_end: usize,
+    /// Every node connected (each counted once), every command finished and
+    /// every spec applied before the settling limit.
+    pub settled: bool,
     pub settle_s: f64,
+    pub settle_limit_s: f64,
+    pub clock_faults: Vec<ClockFault>,
     pub commands: BTreeMap<String, usize>,
     pub commands_issued: usize,
     pub faults: BTreeMap<String, usize>,
@@ -131,11 +152,26 @@ struct Gateway {
     child: tokio::process::Child,
 }
 
+/// How a gateway process is started.
+#[derive(Debug, Clone)]
+struct GatewayConfig {
+    handshake_rate: u32,
+    timings: Timings,
+    /// A PostgreSQL address (through the environment, never the command
+    /// line); `None`: the SQLite file in the data directory.
+    store: Option<String>,
+}
+
+/// The file the gateway in `slot` reads its clock offset from.
+fn clock_offset_file(dir: &Path, slot: usize) -> PathBuf {
+    dir.join(format!("clock-{slot}.offset"))
+}
+
 async fn start_gateway(
     dir: &Path,
     name: &str,
-    handshake_rate: u32,
-    timings: Timings,
+    slot: usize,
+    config: &GatewayConfig,
 ) -> anyhow::Result<(Gateway, SocketAddr)> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
@@ -146,6 +182,12 @@ async fn start_gateway(
         "--gateway-id",
         name,
     ]);
+    cmd.arg("--clock-offset-file")
+        .arg(clock_offset_file(dir, slot));
+    if let Some(url) = &config.store {
+        cmd.env("BC_STORE", url);
+    }
+    let (handshake_rate, timings) = (config.handshake_rate, config.timings);
     for (k, v) in timings.flags() {
         cmd.args([k, v]);
     }
@@ -218,8 +260,9 @@ struct World {
     restarts: std::sync::atomic::AtomicUsize,
     storm: Mutex<Option<f64>>,
     node_ids: Vec<String>,
-    handshake_rate: u32,
-    timings: Timings,
+    config: GatewayConfig,
+    /// (gateway slot, offset) of each clock fault.
+    clock_faults: std::sync::Mutex<Vec<(usize, i64)>>,
 }
 
 impl World {
@@ -304,7 +347,7 @@ impl World {
                         .restarts
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let new = format!("{}-r{k}", name.split("-r").next().unwrap_or(&name));
-                    match start_gateway(&me.dir, &new, me.handshake_rate, me.timings).await {
+                    match start_gateway(&me.dir, &new, gateway, &me.config).await {
                         Ok((g, addr)) => {
                             me.set_backend(&new, Some(addr)).await;
                             me.gateways.lock().await[gateway] = g;
@@ -376,6 +419,13 @@ impl World {
             }
             Fault::LoseJournal(node) => self.hosts.to_node(node, Order::LoseJournal { node }).await,
             Fault::Reboot(node) => self.hosts.to_node(node, Order::Reboot { node }).await,
+            Fault::ClockOffset { gateway, by_ms } => {
+                std::fs::write(clock_offset_file(&self.dir, gateway), by_ms.to_string())?;
+                self.clock_faults
+                    .lock()
+                    .expect("clock faults")
+                    .push((gateway, by_ms));
+            }
         }
         Ok(())
     }
@@ -404,18 +454,49 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         }
     };
 
+    // The store: SQLite in the server's directory, or PostgreSQL (a
+    // throw-away cluster for the run, stopped when the run ends).
+    let mut _cluster = None;
+    let (store_kind, pg_url) = match opts.store.as_str() {
+        "sqlite" => ("sqlite", None),
+        "postgres" | "postgresql" => {
+            let cluster = tokio::task::spawn_blocking(|| {
+                bc_store::postgres::cluster::TempCluster::start(Default::default())
+            })
+            .await??;
+            let url = cluster.create_database("fleet").await?;
+            say(format!(
+                "sim: PostgreSQL cluster in {}",
+                cluster.dir().display()
+            ));
+            _cluster = Some(cluster);
+            ("postgres", Some(url))
+        }
+        other if bc_store::Location::parse(other).is_postgres() => {
+            ("postgres", Some(other.to_string()))
+        }
+        other => anyhow::bail!(
+            "--store takes sqlite, postgres (a throw-away cluster) or a postgres:// address, not {other:?}"
+        ),
+    };
+    let config = GatewayConfig {
+        handshake_rate: opts.handshake_rate,
+        timings: opts.timings,
+        store: pg_url.clone(),
+    };
+    let location = crate::serve::store_location(&server_dir, pg_url.as_deref());
+
     // The server side: the first gateway creates the CA and the store.
     let mut gateways = Vec::new();
     let mut addrs = Vec::new();
     for i in 0..opts.gateways {
         let name = format!("gw-{i}");
-        let (g, addr) =
-            start_gateway(&server_dir, &name, opts.handshake_rate, opts.timings).await?;
+        let (g, addr) = start_gateway(&server_dir, &name, i, &config).await?;
         gateways.push(g);
         addrs.push((name, addr));
     }
     // The first gateway created the store; the simulator reads it too.
-    let store = crate::serve::open_store(&server_dir).await?;
+    let store = crate::serve::open_store(&location).await?;
     let api = format!("https://{}", addrs[0].1);
     let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
     let token = admin
@@ -452,8 +533,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         restarts: std::sync::atomic::AtomicUsize::new(0),
         storm: Mutex::new(None),
         node_ids: Vec::new(),
-        handshake_rate: opts.handshake_rate,
-        timings: opts.timings,
+        config,
+        clock_faults: std::sync::Mutex::new(Vec::new()),
     });
     let started = Instant::now();
     for (name, addr) in &addrs {
@@ -618,6 +699,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     // Settle: every node back, every command finished (or a timeout).
     let settle_start = Instant::now();
     let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
+    let mut settled = false;
     loop {
         let t = hosts.totals();
         let (open, unapplied) = store
@@ -632,15 +714,44 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
                 t.connected, opts.nodes
             );
         }
-        if (t.connected == opts.nodes && open == 0 && unapplied == 0)
-            || settle_start.elapsed() > settle_limit
-        {
+        if t.connected == opts.nodes && open == 0 && unapplied == 0 {
+            settled = true;
+            break;
+        }
+        if settle_start.elapsed() > settle_limit {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let settle_s = settle_start.elapsed().as_secs_f64();
     let connected_at_end = hosts.totals().connected;
+    // Which gateways said their clock was off.
+    let clock_faults: Vec<ClockFault> = {
+        let faults = world.clock_faults.lock().expect("clock faults").clone();
+        let logs: Vec<(String, String)> = std::fs::read_dir(&server_dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                let gw = name.strip_suffix(".log")?.to_string();
+                gw.starts_with("gw-")
+                    .then(|| (gw, std::fs::read_to_string(e.path()).unwrap_or_default()))
+            })
+            .collect();
+        faults
+            .into_iter()
+            .map(|(slot, offset_ms)| {
+                let base = format!("gw-{slot}");
+                ClockFault {
+                    raised: logs.iter().any(|(gw, log)| {
+                        (gw == &base || gw.starts_with(&format!("{base}-r")))
+                            && log.contains("ClockSkew")
+                    }),
+                    gateway: base,
+                    offset_ms,
+                }
+            })
+            .collect()
+    };
 
     // Re-home latencies.
     let mut rehome = Vec::new();
@@ -704,10 +815,16 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), g.child.wait()).await;
     }
-    let ok = invariants.iter().all(|o| o.held());
+    // A fleet that did not settle fails the run, whatever the checkers
+    // found in what did happen.
+    let ok = settled && invariants.iter().all(|o| o.held());
     Ok(Report {
         nodes: opts.nodes,
         gateways: opts.gateways,
+        store: store_kind.to_string(),
+        settled,
+        settle_limit_s: settle_limit.as_secs_f64(),
+        clock_faults,
         chaos: format!("{:?}", opts.chaos).to_lowercase(),
         peak_hellos_per_s: peak_hellos(&snapshot.audit),
         storm_s: *world.storm.lock().await,
@@ -755,8 +872,8 @@ impl Report {
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
-            "better-compute sim: {} nodes, {} gateways, chaos {}, seed {}\n",
-            self.nodes, self.gateways, self.chaos, self.seed
+            "better-compute sim: {} nodes, {} gateways on {}, chaos {}, seed {}\n",
+            self.nodes, self.gateways, self.store, self.chaos, self.seed
         ));
         s.push_str(&format!(
             "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end (settled in {:.1}s)\n",
@@ -781,6 +898,20 @@ impl Report {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             s.push_str(&format!("  faults: {}\n", f.join(", ")));
+        }
+        if !self.settled {
+            s.push_str(&format!(
+                "  DID NOT SETTLE within {:.0}s: {} of {} connected, or commands or specs still open\n",
+                self.settle_limit_s, self.connected_at_end, self.nodes
+            ));
+        }
+        for c in &self.clock_faults {
+            s.push_str(&format!(
+                "  clock fault: {}'s host clock stepped {:+.1}s; ClockSkew {}\n",
+                c.gateway,
+                c.offset_ms as f64 / 1000.0,
+                if c.raised { "raised" } else { "NOT raised" }
+            ));
         }
         for r in &self.rehome {
             s.push_str(&format!(
@@ -807,9 +938,11 @@ impl Report {
             s.push_str(&format!("    {line}\n"));
         }
         s.push_str(if self.ok {
-            "  every invariant held\n"
-        } else {
+            "  every invariant held and the fleet settled\n"
+        } else if self.settled {
             "  INVARIANTS VIOLATED\n"
+        } else {
+            "  FAILED: the fleet did not settle\n"
         });
         s
     }

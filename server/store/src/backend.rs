@@ -28,7 +28,7 @@ use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
@@ -120,6 +120,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// The liveness controller's sweep (see [`crate::liveness`]).
     async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError>;
+
+    /// How many sessions are connected, and how many gateways hold a live
+    /// lease: what a whole fleet redialing at once would bring.
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError>;
 
     // ------------------------------------------------------------- leases
 

@@ -1,7 +1,8 @@
 //! The store's clock: `compute_now()` in every query and trigger reads it.
 //!
-//! Production stores read the host's clock ([`SystemClock`]); tests hand in
-//! a [`ManualClock`] and move time themselves, so nothing in a store test
+//! Production stores read the host's clock ([`SystemClock`]) with SQLite
+//! and the database's own clock with PostgreSQL; tests hand in a
+//! [`ManualClock`] and move time themselves, so nothing in a store test
 //! sleeps to let time pass.
 
 use std::sync::Arc;
@@ -11,6 +12,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Unix milliseconds, as the store records every time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> i64;
+
+    /// Whether this is the host's own wall clock. A database with a clock
+    /// of its own (PostgreSQL) keeps to that instead: only an injected
+    /// clock (tests) overrides it.
+    fn is_host_clock(&self) -> bool {
+        false
+    }
 }
 
 /// The host's wall clock.
@@ -22,6 +30,10 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis().min(i64::MAX as u128) as i64)
+    }
+
+    fn is_host_clock(&self) -> bool {
+        true
     }
 }
 

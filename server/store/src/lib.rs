@@ -14,9 +14,13 @@
 //! reach a peer are [`Refusal`]s with their own wording; a [`StoreError`]
 //! carries the database's text for logs only.
 //!
-//! Backends: SQLite ([`sqlite`]; one file, several processes). Its
-//! neighbours: the server (`server/src`) drives it; `bcd-core` supplies the
-//! shared epoch and command rules.
+//! Backends: SQLite ([`sqlite`]; one file, several processes on one host,
+//! the embedded default) and PostgreSQL ([`postgres`]; gateways and
+//! controllers on several hosts). [`Location`] names one: a path or
+//! `sqlite:PATH`, or `postgres://...`; the same suite of behaviour runs
+//! against both (`tests/suite`). Its neighbours: the server
+//! (`server/src`) drives it; `bcd-core` supplies the shared epoch and
+//! command rules.
 #![forbid(unsafe_code)]
 
 pub mod audit;
@@ -31,6 +35,7 @@ pub mod inventory;
 pub mod leases;
 pub mod liveness;
 pub mod nodes;
+pub mod postgres;
 pub mod releases;
 pub mod rollouts;
 pub mod sessions;
@@ -38,7 +43,7 @@ pub mod specs;
 pub mod sqlite;
 pub mod tokens;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use backend::Backend;
@@ -67,6 +72,61 @@ impl Store {
         let backend = sqlite::SqliteBackend::open(path.to_path_buf(), clock).await?;
         Ok(Store::new(Arc::new(backend)))
     }
+
+    /// Opens (migrating) the PostgreSQL store at `url`. Its clock is the
+    /// database's, unless `clock` is an injected one (tests).
+    pub async fn open_postgres(url: &str, clock: Arc<dyn Clock>) -> Result<Store, StoreError> {
+        let clock = (!clock.is_host_clock()).then_some(clock);
+        let backend = postgres::PostgresBackend::open(url, clock).await?;
+        Ok(Store::new(Arc::new(backend)))
+    }
+
+    /// Opens the store at `location`.
+    pub async fn open(location: &Location, clock: Arc<dyn Clock>) -> Result<Store, StoreError> {
+        match location {
+            Location::Sqlite(path) => Store::open_sqlite(path, clock).await,
+            Location::Postgres(url) => Store::open_postgres(url, clock).await,
+        }
+    }
+}
+
+/// Where a store is: `sqlite:PATH` (or a plain path), or a PostgreSQL
+/// address (`postgres://...`, `postgresql://...`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Location {
+    pub fn parse(s: &str) -> Location {
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            Location::Postgres(s.to_string())
+        } else {
+            Location::Sqlite(PathBuf::from(s.strip_prefix("sqlite:").unwrap_or(s)))
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, Location::Postgres(_))
+    }
+}
+
+/// Shown without a PostgreSQL address's credentials, host or options: a
+/// location may end up in a log or an error, which must never carry it.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Sqlite(p) => write!(f, "the SQLite store {}", p.display()),
+            Location::Postgres(_) => f.write_str("the PostgreSQL store"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl std::ops::Deref for Store {
@@ -74,5 +134,30 @@ impl std::ops::Deref for Store {
 
     fn deref(&self) -> &Self::Target {
         self.backend.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Location;
+
+    #[test]
+    fn locations_parse_and_never_show_an_address() {
+        assert_eq!(
+            Location::parse("sqlite:/var/lib/bc/store.db"),
+            Location::Sqlite("/var/lib/bc/store.db".into())
+        );
+        assert_eq!(
+            Location::parse("/tmp/store.db"),
+            Location::Sqlite("/tmp/store.db".into())
+        );
+        let pg = Location::parse("postgres://bc:secret@db.internal:5432/fleet");
+        assert!(pg.is_postgres());
+        let shown = format!("{pg} {pg:?}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("db.internal"),
+            "{shown}"
+        );
+        assert!(Location::parse("postgresql:///fleet?host=/run/pg").is_postgres());
     }
 }

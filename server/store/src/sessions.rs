@@ -72,6 +72,13 @@ pub struct Seen {
     pub age: Duration,
 }
 
+/// The fleet as a gateway sizes its nodes' first redial window by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetSize {
+    pub connected: usize,
+    pub gateways: usize,
+}
+
 /// A session a gateway holds, by node and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionKey {

@@ -4,7 +4,9 @@
 //!   (one `bcd sim` process) reconnecting at once: TLS handshake, Hello
 //!   transaction, Welcome. Client and server share this machine's cores.
 //! - The store's own Hello transaction rate, in process, without TLS: one
-//!   at a time, and 64 at a time (what group commit shares).
+//!   at a time, and 64 at a time (what group commit shares), on SQLite and
+//!   on PostgreSQL (a throw-away cluster with durable commits), side by
+//!   side.
 //! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
@@ -14,9 +16,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bc_store::nodes::IssuedCert;
+use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
 use bc_store::sessions::HelloInput;
 use bc_store::tokens::{JoinInput, NewToken};
-use bc_store::{Store, SystemClock};
+use bc_store::{Location, Store, SystemClock};
 use bc_tests::{Node, Server, rss_kib, wait_for};
 use clap::Parser;
 
@@ -27,6 +30,12 @@ struct Args {
     /// Hellos for the in-process store figure.
     #[arg(long, default_value_t = 20_000)]
     store_hellos: usize,
+    /// The gateway's store for the end-to-end figures: sqlite or postgres.
+    #[arg(long, default_value = "sqlite")]
+    store: String,
+    /// The gateway's handshake bucket (serve --handshake-rate).
+    #[arg(long, default_value_t = 200)]
+    handshake_rate: u32,
 }
 
 fn sim(server: &Server, token: &str, dir: &std::path::Path, nodes: usize) -> Child {
@@ -71,14 +80,14 @@ fn connected(server: &Server, min_epoch: u64) -> usize {
 
 /// Hello transactions per second through the store interface, in process
 /// (no TLS, no gateway), `concurrency` at a time.
-fn store_hellos(n: usize, concurrency: usize) -> f64 {
-    let d = tempfile::tempdir().expect("tempdir");
-    let rt = tokio::runtime::Builder::new_current_thread()
+fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let s = Store::open_sqlite(&d.path().join("store.db"), std::sync::Arc::new(SystemClock))
+        let s = Store::open(location, std::sync::Arc::new(SystemClock))
             .await
             .expect("store");
         let nodes = 1000.min(n);
@@ -163,14 +172,42 @@ fn main() -> anyhow::Result<()> {
     let d = tempfile::tempdir()?;
     println!("bench-session: {n} simulated nodes, one gateway, loopback");
 
+    // The store alone, both backends side by side. PostgreSQL commits
+    // durably too (fsync on, synchronous_commit on).
+    let cluster = TempCluster::start(ClusterOptions::default())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!("store Hello transactions per second, in process (no TLS), durable commits:");
+    println!("  {:<14} {:>10} {:>12}", "", "SQLite", "PostgreSQL");
     for concurrency in [1, 64] {
-        let rate = store_hellos(args.store_hellos, concurrency);
+        let sqlite = store_hellos(
+            &Location::Sqlite(d.path().join(format!("hellos-{concurrency}.db"))),
+            args.store_hellos,
+            concurrency,
+        );
+        let url = rt.block_on(cluster.create_database(&format!("hellos_{concurrency}")))?;
+        let pg = store_hellos(&Location::Postgres(url), args.store_hellos, concurrency);
         println!(
-            "store Hello transactions (in process, SQLite WAL, synchronous=FULL, {concurrency} at a time): {rate:.0}/s"
+            "  {:<14} {sqlite:>10.0} {pg:>12.0}",
+            format!("{concurrency} at a time")
         );
     }
 
-    let server = Server::start(&d.path().join("server"), &[])?;
+    let store_url = match args.store.as_str() {
+        "sqlite" => None,
+        "postgres" => Some(rt.block_on(cluster.create_database("sessions"))?),
+        other => anyhow::bail!("--store takes sqlite or postgres, not {other:?}"),
+    };
+    let serve_args = ["--handshake-rate", &args.handshake_rate.to_string()];
+    let server = match &store_url {
+        Some(url) => Server::start_postgres(&d.path().join("server"), url, &serve_args)?,
+        None => Server::start(&d.path().join("server"), &serve_args)?,
+    };
+    println!(
+        "one gateway on {}, --handshake-rate {}:",
+        args.store, args.handshake_rate
+    );
     let token = server.token(n as u32 + 1);
 
     // Phase 1: join everyone and connect.

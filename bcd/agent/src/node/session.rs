@@ -345,6 +345,7 @@ impl Agent {
                     epoch: w.epoch,
                     server_time_ms: w.server_time_ms,
                     heartbeat_interval: Duration::from_millis(u64::from(w.heartbeat_interval_ms)),
+                    first_retry: Duration::from_millis(u64::from(w.first_retry_ms)),
                 }
             }
             Some(server_message::Msg::HeartbeatAck(a)) => Event::HeartbeatAck {

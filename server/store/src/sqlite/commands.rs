@@ -238,8 +238,8 @@ pub(super) fn result(
         r.output_truncated,
         now
     ])?;
-    // A confirmed upgrade raised the node's floor to its release (the node
-    // reports it in its next Hello as well).
+    // A confirmed upgrade, as the node signed it, raises the node's floor to
+    // its release.
     if next == ServerState::Terminal(Outcome::Succeeded)
         && let Some(floor) = raises_floor(&kind, &summary)
     {

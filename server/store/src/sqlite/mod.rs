@@ -56,7 +56,7 @@ use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
 
@@ -104,6 +104,16 @@ fn busy_wait(attempt: i32) -> bool {
 
 /// A connection to the store file with the store's settings and clock.
 fn connect(path: &Path, clock: &Arc<dyn Clock>) -> rusqlite::Result<Connection> {
+    connect_pinned(path, clock, None)
+}
+
+/// [`connect`], with `compute_now()` answering the time `pin` holds while
+/// it holds one (the writer pins it for each write: see [`writer::Pin`]).
+fn connect_pinned(
+    path: &Path,
+    clock: &Arc<dyn Clock>,
+    pin: Option<Arc<writer::Pin>>,
+) -> rusqlite::Result<Connection> {
     let mut conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -115,7 +125,12 @@ fn connect(path: &Path, clock: &Arc<dyn Clock>) -> rusqlite::Result<Connection> 
         0,
         // Not deterministic: it is a clock. Innocuous: triggers may call it.
         FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_INNOCUOUS,
-        move |_| Ok(clock.now_ms()),
+        move |_| {
+            Ok(pin
+                .as_ref()
+                .and_then(|p| p.get())
+                .unwrap_or_else(|| clock.now_ms()))
+        },
     )?;
     Ok(conn)
 }
@@ -193,10 +208,11 @@ impl SqliteBackend {
     /// Opens the store at `path`, creating and migrating it.
     pub async fn open(path: PathBuf, clock: Arc<dyn Clock>) -> Result<SqliteBackend, StoreError> {
         tokio::task::spawn_blocking(move || {
-            let mut writer = connect(&path, &clock)?;
+            let pin = Arc::new(writer::Pin::new(clock.clone()));
+            let mut writer = connect_pinned(&path, &clock, Some(pin.clone()))?;
             migrate(&mut writer)?;
-            let writer =
-                writer::Writer::start(writer).map_err(|e| StoreError::Database(Box::new(e)))?;
+            let writer = writer::Writer::start(writer, pin)
+                .map_err(|e| StoreError::Database(Box::new(e)))?;
             let reader = connect(&path, &clock)?;
             let leases = connect(&path, &clock)?;
             Ok(SqliteBackend {
@@ -379,6 +395,10 @@ impl Backend for SqliteBackend {
     async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
         let rules = *rules;
         self.write(move |c| liveness::sweep(c, &rules)).await
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        self.read(sessions::fleet_size).await
     }
 
     async fn renew_lease(

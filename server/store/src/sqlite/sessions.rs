@@ -12,8 +12,8 @@ use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
 use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, check_cert, without};
 use crate::sessions::{
-    Finished, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow, inventory_wanted,
-    lease_admits, settle_in_flight,
+    Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
+    inventory_wanted, lease_admits, settle_in_flight,
 };
 
 pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -227,6 +227,20 @@ pub(super) fn gateway_shutdown(
         params![gateway_lease(gateway_id), gateway_id],
     )?;
     Ok(())
+}
+
+pub(super) fn fleet_size(c: &Connection) -> Result<FleetSize, StoreError> {
+    let (connected, gateways): (i64, i64) = c.query_row(
+        "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
+                (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
+                    AND expires_at >= compute_now())",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(FleetSize {
+        connected: connected.max(0) as usize,
+        gateways: gateways.max(0) as usize,
+    })
 }
 
 pub(super) fn session(c: &Connection, node_id: &str) -> Result<Option<SessionRow>, StoreError> {

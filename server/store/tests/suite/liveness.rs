@@ -147,3 +147,21 @@ pub async fn leases_have_one_owner_until_they_expire(f: Fixture) {
             .is_some()
     );
 }
+
+pub async fn the_fleet_size_counts_connected_sessions_and_live_gateways(f: Fixture) {
+    let s = &f.store;
+    // The fixture's four gateways hold their leases.
+    let size = s.fleet_size().await.unwrap();
+    assert_eq!((size.connected, size.gateways), (0, 4));
+    let (a, b) = (joined(s, 1).await, joined(s, 2).await);
+    let ea = s.hello(&hello(&a, 1, "gw", 0)).await.unwrap().epoch;
+    s.hello(&hello(&b, 2, "gw2", 0)).await.unwrap();
+    lease(s, "gw-short", Duration::from_millis(10)).await;
+    assert_eq!(s.fleet_size().await.unwrap().gateways, 5);
+    f.advance(Duration::from_millis(11));
+    s.disconnect(&a, ea, Duration::ZERO, "stream-ended")
+        .await
+        .unwrap();
+    let size = s.fleet_size().await.unwrap();
+    assert_eq!((size.connected, size.gateways), (1, 4));
+}

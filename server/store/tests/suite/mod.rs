@@ -1,6 +1,7 @@
 //! The store suite: the behaviour every backend must have, written against
 //! [`Store`] alone. A backend runs it by defining a fixture function and
-//! invoking [`store_suite!`] with it (see `tests/sqlite.rs`).
+//! invoking [`store_suite!`] with it (see `tests/sqlite.rs` and
+//! `tests/postgres.rs`).
 //!
 //! Time moves only through the fixture's [`ManualClock`]; nothing here
 //! sleeps to let time pass.
@@ -212,6 +213,7 @@ macro_rules! store_suite {
             liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
             liveness::a_sweep_gap_holds_timed_transitions,
             liveness::leases_have_one_owner_until_they_expire,
+            liveness::the_fleet_size_counts_connected_sessions_and_live_gateways,
             races::two_hellos_for_one_node_get_distinct_epochs,
             races::a_hello_against_a_lease_takeover_never_routes_without_the_lease,
             races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,

@@ -1,0 +1,347 @@
+//! Commands.
+
+use bcd_core::command::{Outcome, ServerState, apply_result};
+
+use super::bindings::fleet_event;
+use super::nodes::valid_certs;
+use super::{Tx, execute, ms, now, query, query_one, query_opt};
+use crate::bindings::VerifySignature;
+use crate::commands::{
+    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, SWEPT,
+    SealCommand, dispatchable, new_command_id, raises_floor, same_request,
+};
+use crate::error::{Refusal, StoreError, TxError};
+use crate::nodes::{Signed, judge_signed};
+
+const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
+     COALESCE(output, ''::bytea), output_truncated, created_at, not_after, result_at, epoch";
+
+fn read(r: &tokio_postgres::Row) -> CommandRow {
+    CommandRow {
+        id: r.get(0),
+        node_id: r.get(1),
+        seq: r.get::<_, i64>(2) as u64,
+        kind: r.get(3),
+        summary: r.get(4),
+        state: r.get(5),
+        reason: r.get(6),
+        exit_code: r.get(7),
+        output: r.get(8),
+        output_truncated: r.get(9),
+        created_at_ms: r.get(10),
+        not_after_ms: r.get(11),
+        result_at_ms: r.get(12),
+        epoch: r.get::<_, i64>(13) as u64,
+    }
+}
+
+pub(super) async fn row(tx: &Tx<'_>, id: &str) -> Result<Option<CommandRow>, StoreError> {
+    Ok(query_opt(
+        tx,
+        &format!("SELECT {COLUMNS} FROM commands WHERE id = $1"),
+        &[&id],
+    )
+    .await?
+    .map(|r| read(&r)))
+}
+
+pub(super) async fn create(
+    tx: &Tx<'_>,
+    cmd: &NewCommand,
+    seal: SealCommand,
+) -> Result<(CommandRow, bool), TxError> {
+    // The node's row orders its commands: sequence numbers without gaps,
+    // and a repeated idempotency key finds the first command.
+    let node = query_opt(
+        tx,
+        "SELECT deleted_at, next_seq FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+        &[&cmd.node_id],
+    )
+    .await?
+    .map(|r| (r.get::<_, Option<i64>>(0), r.get::<_, i64>(1)));
+    if let Some(key) = &cmd.idempotency_key {
+        let existing: Option<String> = query_opt(
+            tx,
+            "SELECT id FROM commands WHERE idempotency_key = $1",
+            &[key],
+        )
+        .await?
+        .map(|r| r.get(0));
+        if let Some(id) = existing {
+            let first = row(tx, &id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt(format!("command {id} vanished")))?;
+            same_request(&first, cmd, key)?;
+            return Ok((first, false));
+        }
+    }
+    let seq = match node {
+        Some((None, seq)) => seq as u64,
+        _ => return Err(Refusal::NoSuchNode(cmd.node_id.clone()).into()),
+    };
+    let now = now(tx).await?;
+    let sealed = CommandSeal {
+        id: new_command_id(),
+        node_id: cmd.node_id.clone(),
+        seq,
+        kind: cmd.kind,
+        issued_at_ms: now,
+        not_after_ms: now + ms(cmd.not_after),
+        min_generation: cmd.min_generation,
+    };
+    let signed = seal(&sealed);
+    execute(
+        tx,
+        "UPDATE nodes SET next_seq = next_seq + 1 WHERE id = $1",
+        &[&cmd.node_id],
+    )
+    .await?;
+    let created = query_one(
+        tx,
+        &format!(
+            "INSERT INTO commands (id, node_id, seq, kind, summary, signed, not_after, min_generation,
+                 idempotency_key, state, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10)
+             RETURNING {COLUMNS}"
+        ),
+        &[
+            &sealed.id,
+            &cmd.node_id,
+            &(seq as i64),
+            &cmd.kind.name(),
+            &cmd.summary,
+            &signed,
+            &sealed.not_after_ms,
+            &(cmd.min_generation.min(i64::MAX as u64) as i64),
+            &cmd.idempotency_key,
+            &now,
+        ],
+    )
+    .await?;
+    Ok((read(&created), true))
+}
+
+pub(super) async fn list(
+    tx: &Tx<'_>,
+    node_id: Option<&str>,
+    limit: u32,
+) -> Result<Vec<CommandRow>, StoreError> {
+    Ok(query(
+        tx,
+        &format!(
+            "SELECT {COLUMNS} FROM commands
+             WHERE ($1::text IS NULL OR node_id = $1) ORDER BY created_at DESC, seq DESC LIMIT $2"
+        ),
+        &[&node_id, &i64::from(limit)],
+    )
+    .await?
+    .iter()
+    .map(read)
+    .collect())
+}
+
+/// Dispatch holds the session row `FOR SHARE`: a Hello bumping the epoch
+/// waits until this commits (and then replays what it marked), or runs
+/// first and this finds nothing to send on the old epoch.
+pub(super) async fn take_dispatchable(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+    node_id: &str,
+    epoch: u64,
+) -> Result<Vec<Dispatch>, StoreError> {
+    let epoch = epoch as i64;
+    let current = query_opt(
+        tx,
+        "SELECT 1 FROM node_sessions
+         WHERE node_id = $1 AND gateway_id = $2 AND epoch = $3 AND state = 'connected'
+         FOR SHARE",
+        &[&node_id, &gateway_id, &epoch],
+    )
+    .await?;
+    if current.is_none() {
+        return Ok(Vec::new());
+    }
+    let applied: i64 = query_opt(
+        tx,
+        "SELECT applied_generation FROM node_state WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map_or(0, |r| r.get(0));
+    let pending: Vec<(Dispatch, u64)> = query(
+        tx,
+        "SELECT id, seq, signed, min_generation FROM commands
+         WHERE node_id = $1 AND state = 'pending' ORDER BY seq",
+        &[&node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        (
+            Dispatch {
+                id: r.get(0),
+                seq: r.get::<_, i64>(1) as u64,
+                signed: r.get(2),
+            },
+            r.get::<_, i64>(3).max(0) as u64,
+        )
+    })
+    .collect();
+    let mut out = dispatchable(pending, applied.max(0) as u64);
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let ids: Vec<&str> = out.iter().map(|d| d.id.as_str()).collect();
+    // Marked in one statement; a command another transaction finished or
+    // expired meanwhile is not sent.
+    let marked: std::collections::HashSet<String> = query(
+        tx,
+        "UPDATE commands SET state = 'dispatched', epoch = $2, updated_at = compute_now()
+         WHERE id = ANY($1) AND state = 'pending' RETURNING id",
+        &[&ids, &epoch],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    out.retain(|d| marked.contains(&d.id));
+    Ok(out)
+}
+
+pub(super) async fn ack(
+    tx: &Tx<'_>,
+    node_id: &str,
+    id: &str,
+    running: bool,
+) -> Result<bool, StoreError> {
+    let state = if running {
+        ServerState::Running.name()
+    } else {
+        ServerState::Acked.name()
+    };
+    let n = execute(
+        tx,
+        "UPDATE commands SET state = $3, updated_at = compute_now()
+         WHERE id = $1 AND node_id = $2
+           AND state IN ('pending', 'dispatched', 'acked', 'running')",
+        &[&id, &node_id, &state],
+    )
+    .await?;
+    Ok(n == 1)
+}
+
+pub(super) async fn result(
+    tx: &Tx<'_>,
+    node_id: &str,
+    signed: &Signed<ResultInput>,
+    verify: VerifySignature,
+) -> Result<ResultApplied, StoreError> {
+    let now = now(tx).await?;
+    let certs = valid_certs(tx, node_id, now).await?;
+    let r = match judge_signed(node_id, signed, &certs, verify) {
+        Ok(r) => r,
+        Err(reason) => {
+            let detail = match &signed.fact {
+                Some(r) => format!("command {}: {reason}", r.command_id),
+                None => reason,
+            };
+            fleet_event(tx, now, FORGED, node_id, &detail).await?;
+            return Ok(ResultApplied::Forged(detail));
+        }
+    };
+    // The kind never changes: read it first, to take the node's row before
+    // the command's when a confirmed upgrade may raise the node's floor
+    // (the order a Hello takes them in).
+    let Some(kind) = query_opt(
+        tx,
+        "SELECT kind, summary FROM commands WHERE id = $1 AND node_id = $2",
+        &[&r.command_id, &node_id],
+    )
+    .await?
+    .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1))) else {
+        return Ok(ResultApplied::Unknown);
+    };
+    let floor = raises_floor(&kind.0, &kind.1);
+    if floor.is_some() {
+        execute(
+            tx,
+            "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+            &[&node_id],
+        )
+        .await?;
+    }
+    // Locked: of two results at once, the second waits and finds the
+    // first.
+    let state: String = query_one(
+        tx,
+        "SELECT state FROM commands WHERE id = $1 FOR UPDATE",
+        &[&r.command_id],
+    )
+    .await?
+    .get(0);
+    let Some(state) = ServerState::parse(&state) else {
+        return Ok(ResultApplied::Unknown);
+    };
+    let Some(next) = apply_result(state, r.outcome) else {
+        return Ok(ResultApplied::Duplicate);
+    };
+    execute(
+        tx,
+        "UPDATE commands SET state = $2, reason = $3, exit_code = $4, output = $5,
+             output_truncated = $6, result_at = compute_now(), updated_at = compute_now()
+         WHERE id = $1",
+        &[
+            &r.command_id,
+            &next.name(),
+            &r.reason,
+            &r.exit_code,
+            &r.output,
+            &r.output_truncated,
+        ],
+    )
+    .await?;
+    // A confirmed upgrade, as the node signed it, raises the node's floor to
+    // its release.
+    if next == ServerState::Terminal(Outcome::Succeeded)
+        && let Some(floor) = floor
+    {
+        execute(
+            tx,
+            "UPDATE nodes SET release_floor = GREATEST(release_floor, $2) WHERE id = $1",
+            &[&node_id, &(floor.min(i64::MAX as u64) as i64)],
+        )
+        .await?;
+    }
+    Ok(ResultApplied::Applied)
+}
+
+pub(super) async fn sweep(tx: &Tx<'_>) -> Result<Vec<String>, StoreError> {
+    // "now" as a value, so the deadline index bounds the scan.
+    let now = now(tx).await?;
+    Ok(query(
+        tx,
+        "UPDATE commands SET state = 'expired', reason = $1, result_at = $2, updated_at = $2
+         WHERE state = 'pending' AND not_after < $2 RETURNING id",
+        &[&SWEPT, &now],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+pub(super) async fn cancel_pending(
+    tx: &Tx<'_>,
+    id: &str,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    let n = execute(
+        tx,
+        "UPDATE commands SET state = 'expired', reason = $2,
+             result_at = compute_now(), updated_at = compute_now()
+         WHERE id = $1 AND state = 'pending'",
+        &[&id, &reason],
+    )
+    .await?;
+    Ok(n == 1)
+}

@@ -1,0 +1,220 @@
+//! Netboot images.
+
+use super::{Tx, execute, query, query_opt};
+use crate::error::{StoreError, TxError};
+use crate::images::{
+    Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, NewImage, by_prefix, image_ref,
+    no_image_named, no_such_image,
+};
+
+pub(super) async fn register(tx: &Tx<'_>, i: &NewImage) -> Result<bool, StoreError> {
+    for (sha, bytes) in [(&i.kernel_sha256, &i.kernel), (&i.initrd_sha256, &i.initrd)] {
+        execute(
+            tx,
+            "INSERT INTO image_artifacts (sha256, bytes) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[sha, bytes],
+        )
+        .await?;
+    }
+    let n = execute(
+        tx,
+        "INSERT INTO images (image_id, name, key_id, kernel_version, bcd_version, cmdline,
+             kernel_sha256, kernel_size, initrd_sha256, initrd_size, signed_manifest,
+             registered_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, compute_now())
+         ON CONFLICT (image_id) DO NOTHING",
+        &[
+            &i.image_id,
+            &i.name,
+            &i.key_id,
+            &i.kernel_version,
+            &i.bcd_version,
+            &i.cmdline,
+            &i.kernel_sha256,
+            &(i.kernel_size.min(i64::MAX as u64) as i64),
+            &i.initrd_sha256,
+            &(i.initrd_size.min(i64::MAX as u64) as i64),
+            &i.signed_manifest,
+        ],
+    )
+    .await?;
+    Ok(n == 1)
+}
+
+pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<ImageRow>, StoreError> {
+    let mut images: Vec<ImageRow> = query(
+        tx,
+        "SELECT image_id, name, kernel_version, bcd_version, cmdline, kernel_size,
+                kernel_sha256, initrd_size, initrd_sha256, key_id, registered_at
+         FROM images ORDER BY registered_at, image_id",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| ImageRow {
+        image_id: r.get(0),
+        name: r.get(1),
+        kernel_version: r.get(2),
+        bcd_version: r.get(3),
+        cmdline: r.get(4),
+        kernel_size: r.get::<_, i64>(5) as u64,
+        kernel_sha256: r.get(6),
+        initrd_size: r.get::<_, i64>(7) as u64,
+        initrd_sha256: r.get(8),
+        key_id: r.get(9),
+        registered_at_ms: r.get(10),
+        assigned_to: Vec::new(),
+    })
+    .collect();
+    let assignments = query(
+        tx,
+        "SELECT target, image_id FROM image_assignments ORDER BY target",
+        &[],
+    )
+    .await?;
+    for r in &assignments {
+        let (target, id): (String, String) = (r.get(0), r.get(1));
+        if let Some(i) = images.iter_mut().find(|i| i.image_id == id) {
+            i.assigned_to.push(target);
+        }
+    }
+    Ok(images)
+}
+
+pub(super) async fn resolve(tx: &Tx<'_>, what: &str) -> Result<String, TxError> {
+    let (name, prefix) = match image_ref(what) {
+        ImageRef::Id(id) => {
+            let found: Option<String> = query_opt(
+                tx,
+                "SELECT image_id FROM images WHERE image_id = $1",
+                &[&id],
+            )
+            .await?
+            .map(|r| r.get(0));
+            return Ok(found.ok_or_else(|| no_such_image(what))?);
+        }
+        ImageRef::Name { name, prefix } => (name, prefix),
+    };
+    let by_name: Option<String> = query_opt(
+        tx,
+        "SELECT image_id FROM images WHERE name = $1
+         ORDER BY registered_at DESC, image_id LIMIT 1",
+        &[&name],
+    )
+    .await?
+    .map(|r| r.get(0));
+    if let Some(id) = by_name {
+        return Ok(id);
+    }
+    let Some(prefix) = prefix else {
+        return Err(no_image_named(what).into());
+    };
+    let ids: Vec<String> = query(
+        tx,
+        "SELECT image_id FROM images WHERE starts_with(image_id, $1)",
+        &[&prefix],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    Ok(by_prefix(what, ids)?)
+}
+
+pub(super) async fn assign(
+    tx: &Tx<'_>,
+    target: &str,
+    image_id: Option<&str>,
+    append: &str,
+) -> Result<(), StoreError> {
+    match image_id {
+        Some(id) => {
+            execute(
+                tx,
+                "INSERT INTO image_assignments (target, image_id, append, assigned_at)
+                 VALUES ($1, $2, $3, compute_now())
+                 ON CONFLICT (target) DO UPDATE SET image_id = $2, append = $3,
+                     assigned_at = compute_now()",
+                &[&target, &id, &append],
+            )
+            .await?
+        }
+        None => {
+            execute(
+                tx,
+                "DELETE FROM image_assignments WHERE target = $1",
+                &[&target],
+            )
+            .await?
+        }
+    };
+    Ok(())
+}
+
+pub(super) async fn for_mac(tx: &Tx<'_>, mac: &str) -> Result<Option<Assigned>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT a.image_id, i.signed_manifest, a.append
+             FROM image_assignments a JOIN images i ON i.image_id = a.image_id
+             WHERE a.target IN ('mac:' || $1, 'default')
+             ORDER BY a.target = 'default' LIMIT 1",
+        &[&mac],
+    )
+    .await?
+    .map(|r| Assigned {
+        image_id: r.get(0),
+        signed_manifest: r.get(1),
+        append: r.get(2),
+    }))
+}
+
+pub(super) async fn artifact(tx: &Tx<'_>, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT bytes FROM image_artifacts WHERE sha256 = $1",
+        &[&sha256],
+    )
+    .await?
+    .map(|r| r.get(0)))
+}
+
+pub(super) async fn record_boot(tx: &Tx<'_>, b: &BootRecord) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO boots (mac, image_id, remote, outcome, at)
+         VALUES ($1, $2, $3, $4, compute_now())",
+        &[&b.mac, &b.image_id, &b.remote, &b.outcome],
+    )
+    .await?;
+    execute(
+        tx,
+        "DELETE FROM boots WHERE mac = $1 AND id <= (SELECT id FROM boots WHERE mac = $1
+             ORDER BY id DESC LIMIT 1 OFFSET $2)",
+        &[&b.mac, &BOOTS_KEPT],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn boots(
+    tx: &Tx<'_>,
+    mac: Option<&str>,
+    limit: u32,
+) -> Result<Vec<BootRow>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT mac, COALESCE(image_id, ''), at, remote, outcome FROM boots
+         WHERE $1::text IS NULL OR mac = $1 ORDER BY id DESC LIMIT $2",
+        &[&mac, &i64::from(limit.max(1))],
+    )
+    .await?
+    .iter()
+    .map(|r| BootRow {
+        mac: r.get(0),
+        image_id: r.get(1),
+        at_ms: r.get(2),
+        remote: r.get(3),
+        outcome: r.get(4),
+    })
+    .collect())
+}

@@ -1,0 +1,774 @@
+//! The PostgreSQL backend: the store for a fleet past one machine, with
+//! gateways and controllers on several hosts.
+//!
+//! - Connections: a pool ([`deadpool_postgres`] over [`tokio_postgres`])
+//!   that replaces a broken connection when it is next taken, so the store
+//!   recovers from a database restart by itself. Lease renewals go through
+//!   a pool of their own, so a renewal never waits for a connection behind
+//!   Hellos. Every connection runs with `lock_timeout` and
+//!   `idle_in_transaction_session_timeout` ([`LOCK_TIMEOUT`],
+//!   [`IDLE_IN_TRANSACTION_TIMEOUT`]): a paused gateway (a zombie) holding
+//!   locks cannot block a takeover for longer than that. Statements are
+//!   prepared once per connection and cached.
+//! - The clock: `compute_now()` is an SQL function reading the database's
+//!   clock, so every process agrees on "now" whatever its own clock says.
+//!   A store opened with an injected clock (tests) sets it in each
+//!   transaction (`bc.now_ms`).
+//! - The spec's rules, in the SQL of each domain: the Hello re-reads its
+//!   gateway's lease `FOR SHARE` (a lease that moved aborts it, fenced);
+//!   session writes carry `AND epoch = $epoch`; dispatch holds the session
+//!   row `FOR SHARE`, so it cannot race an epoch bump; liveness is flushed
+//!   as ages and the database computes `compute_now() - age`. Read
+//!   committed is the isolation level: a transaction that reads a row to
+//!   change it locks it first (`FOR UPDATE`), always a node's row before
+//!   its session and its commands, so concurrent transactions queue
+//!   instead of deadlocking.
+//! - A gateway's own Hellos and its lease renewal take a lock in this
+//!   process (Hellos shared, the renewal exclusive) before the database's:
+//!   `FOR SHARE` lockers can otherwise keep an `UPDATE` of the lease row
+//!   waiting for as long as Hellos overlap, which in a reconnect storm is
+//!   until the gateway fences itself.
+//! - Migrations: one SQL file each in `migrations/`, the same numbers as
+//!   SQLite's for the same schema, applied in order under an advisory lock,
+//!   one transaction each; `bc_schema.version` is the number applied.
+//!
+//! Errors carry the database's message for the logs (never the connection
+//! string); peers see only that the store is unavailable.
+
+mod audit;
+mod bindings;
+pub mod cluster;
+mod commands;
+mod events;
+mod images;
+mod inventory;
+mod leases;
+mod liveness;
+mod nodes;
+mod releases;
+mod rollouts;
+mod sessions;
+mod specs;
+mod tokens;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+
+use crate::audit::{AuditSnapshot, Settling};
+use crate::backend::Backend;
+use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
+use crate::clock::Clock;
+use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
+use crate::error::{StoreError, TxError};
+use crate::events::{EventInput, EventRow};
+use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::inventory::{InventoryInput, InventoryRow};
+use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
+use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+
+/// The migrations, in order. The schema version is how many ran; the
+/// numbers mean the same schema as SQLite's.
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("migrations/0001_join_nodes_sessions.sql"),
+    include_str!("migrations/0002_commands.sql"),
+    include_str!("migrations/0003_node_events.sql"),
+    include_str!("migrations/0004_desired_state.sql"),
+    include_str!("migrations/0005_access.sql"),
+    include_str!("migrations/0006_bindings_fleet_events.sql"),
+    include_str!("migrations/0007_releases.sql"),
+    include_str!("migrations/0008_release_floors_rollouts.sql"),
+    include_str!("migrations/0009_audit.sql"),
+    include_str!("migrations/0010_images.sql"),
+    include_str!("migrations/0011_compute_now.sql"),
+    include_str!("migrations/0012_signed_facts_statements.sql"),
+];
+
+/// The schema version this binary writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// How long a statement waits for a row or table lock before it fails.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connection may sit inside a transaction doing nothing before
+/// the database ends its session (and so releases its locks).
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections in the main pool of one process.
+pub const POOL_SIZE: usize = 16;
+/// How long a caller waits for a pooled connection, and for a new one.
+const POOL_WAIT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The advisory lock key that orders migrations of one database.
+const MIGRATION_LOCK: i64 = 0x6263_5f6d_6967; // "bc_mig"
+
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Database(Box::new(e))
+    }
+}
+
+impl From<tokio_postgres::Error> for TxError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TxError::Store(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        StoreError::Database(Box::new(e))
+    }
+}
+
+/// Rows of a cached statement.
+async fn query(
+    tx: &Tx<'_>,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let st = tx.prepare_cached(sql).await?;
+    tx.query(&st, params).await
+}
+
+/// At most one row of a cached statement.
+async fn query_opt(
+    tx: &Tx<'_>,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+    let st = tx.prepare_cached(sql).await?;
+    tx.query_opt(&st, params).await
+}
+
+/// Exactly one row of a cached statement.
+async fn query_one(
+    tx: &Tx<'_>,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    let st = tx.prepare_cached(sql).await?;
+    tx.query_one(&st, params).await
+}
+
+/// A cached statement's changed row count.
+async fn execute(tx: &Tx<'_>, sql: &str, params: Params<'_>) -> Result<u64, tokio_postgres::Error> {
+    let st = tx.prepare_cached(sql).await?;
+    tx.execute(&st, params).await
+}
+
+/// `compute_now()`.
+async fn now(tx: &Tx<'_>) -> Result<i64, tokio_postgres::Error> {
+    Ok(query_one(tx, "SELECT compute_now()", &[]).await?.get(0))
+}
+
+/// A duration in milliseconds, as the store keeps it.
+fn ms(d: Duration) -> i64 {
+    crate::clock::ms(d)
+}
+
+/// A JSON column, parsed; a value that does not parse is an error.
+fn json_col<T: serde::de::DeserializeOwned>(
+    r: &tokio_postgres::Row,
+    i: usize,
+) -> Result<T, StoreError> {
+    let text: String = r.get(i);
+    serde_json::from_str(&text)
+        .map_err(|e| StoreError::Corrupt(format!("column {i} does not parse: {e}")))
+}
+
+/// A value as the JSON text of a column.
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("plain data serializes")
+}
+
+/// Runs `$body` (an expression that awaits a domain function given the
+/// transaction `$tx`) in one transaction on a connection from `$pool`:
+/// committed when it returns `Ok`, rolled back otherwise.
+macro_rules! tx {
+    ($self:ident, $pool:ident, |$tx:ident| $body:expr) => {{
+        let mut conn = $self.$pool.get().await.map_err(StoreError::from)?;
+        let $tx = $self.begin(&mut conn).await?;
+        let out = $body;
+        match out {
+            Ok(v) => {
+                $tx.commit().await.map_err(StoreError::from)?;
+                Ok(v)
+            }
+            // Dropping the transaction rolls it back.
+            Err(e) => Err(e),
+        }
+    }};
+    ($self:ident, |$tx:ident| $body:expr) => {
+        tx!($self, pool, |$tx| $body)
+    };
+}
+
+/// The PostgreSQL store.
+pub struct PostgresBackend {
+    pool: Pool,
+    leases: Pool,
+    /// An injected clock (tests); `None`: the database's own.
+    clock: Option<Arc<dyn Clock>>,
+    /// Per gateway lease: its Hellos share it, its renewal takes it alone.
+    fences: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the connection string: it may carry a password.
+        f.debug_struct("PostgresBackend")
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection settings every connection of the store gets: the
+/// address's own, with the store's timeouts and keepalives.
+pub fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|_| {
+        StoreError::Database(
+            "the PostgreSQL store address does not parse: use postgres://USER@HOST/DATABASE \
+             or postgresql:///DATABASE?host=/SOCKET/DIR"
+                .into(),
+        )
+    })?;
+    let mut options = config.get_options().unwrap_or_default().to_string();
+    options.push_str(&format!(
+        " -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        LOCK_TIMEOUT.as_millis(),
+        IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+    ));
+    config.options(options.trim());
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    config.keepalives(true);
+    config.keepalives_idle(Duration::from_secs(10));
+    if config.get_application_name().is_none() {
+        config.application_name("better-compute");
+    }
+    Ok(config)
+}
+
+fn pool(config: tokio_postgres::Config, size: usize) -> Result<Pool, StoreError> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            // A connection whose socket closed (a database restart) is
+            // replaced when next taken; one that broke mid-statement fails
+            // that statement and is replaced then.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .recycle_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .map_err(|e| StoreError::Database(Box::new(e)))
+}
+
+impl PostgresBackend {
+    /// Opens the store at `url` (`postgres://...`), migrating it. With an
+    /// injected `clock`, `compute_now()` follows it; with `None` it is the
+    /// database's clock.
+    pub async fn open(
+        url: &str,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<PostgresBackend, StoreError> {
+        let config = config(url)?;
+        let backend = PostgresBackend {
+            pool: pool(config.clone(), POOL_SIZE)?,
+            leases: pool(config, 2)?,
+            clock,
+            fences: Mutex::new(HashMap::new()),
+        };
+        backend.migrate().await?;
+        Ok(backend)
+    }
+
+    /// Begins a transaction with the store's clock.
+    async fn begin<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
+        let tx = conn.transaction().await?;
+        if let Some(clock) = &self.clock {
+            execute(
+                &tx,
+                "SELECT set_config('bc.now_ms', $1, true)",
+                &[&clock.now_ms().to_string()],
+            )
+            .await?;
+        }
+        Ok(tx)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        loop {
+            let tx = conn.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            tx.batch_execute("CREATE TABLE IF NOT EXISTS bc_schema (version BIGINT NOT NULL)")
+                .await?;
+            let version: i64 = match tx.query_opt("SELECT version FROM bc_schema", &[]).await? {
+                Some(r) => r.get(0),
+                None => {
+                    tx.execute("INSERT INTO bc_schema (version) VALUES (0)", &[])
+                        .await?;
+                    0
+                }
+            };
+            let version = version.clamp(0, u32::MAX as i64) as u32;
+            if version > SCHEMA_VERSION {
+                return Err(StoreError::TooNew {
+                    found: version,
+                    known: SCHEMA_VERSION,
+                });
+            }
+            let Some(m) = MIGRATIONS.get(version as usize) else {
+                tx.commit().await?;
+                return Ok(());
+            };
+            tx.batch_execute(m).await?;
+            tx.execute(
+                "UPDATE bc_schema SET version = $1",
+                &[&(i64::from(version) + 1)],
+            )
+            .await?;
+            tx.commit().await?;
+        }
+    }
+
+    /// The lock a gateway's Hellos share and its lease renewal takes alone.
+    fn fence(&self, lease: &str) -> Arc<tokio::sync::RwLock<()>> {
+        self.fences
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(lease.to_string())
+            .or_default()
+            .clone()
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn now(&self) -> Result<i64, StoreError> {
+        if let Some(c) = &self.clock {
+            return Ok(c.now_ms());
+        }
+        tx!(self, |tx| now(&tx).await.map_err(StoreError::from))
+    }
+
+    async fn schema_version(&self) -> Result<u32, StoreError> {
+        tx!(self, |tx| async {
+            let v: i64 = query_one(&tx, "SELECT version FROM bc_schema", &[])
+                .await?
+                .get(0);
+            Ok::<_, StoreError>(v.clamp(0, u32::MAX as i64) as u32)
+        }
+        .await)
+    }
+
+    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError> {
+        tx!(self, |tx| tokens::add_operator(&tx, id, token_sha256).await)
+    }
+
+    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
+        tx!(self, |tx| tokens::operator_by_token(&tx, token_sha256)
+            .await)
+    }
+
+    async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {
+        tx!(self, |tx| tokens::create_token(&tx, t).await)
+    }
+
+    async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
+        tx!(self, |tx| tokens::join(&tx, j, issue).await)
+    }
+
+    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
+        tx!(self, |tx| nodes::renew(&tx, fingerprint, issue).await)
+    }
+
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
+        tx!(self, |tx| nodes::check_cert(&tx, fingerprint).await)
+    }
+
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
+        tx!(self, |tx| nodes::revoked_since(&tx, since_ms).await)
+    }
+
+    async fn list_nodes(&self) -> Result<NodeList, StoreError> {
+        tx!(self, |tx| nodes::list_nodes(&tx).await)
+    }
+
+    async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
+        tx!(self, |tx| nodes::delete_node(&tx, node_id, seal).await)
+    }
+
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+        let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
+        let _shared = fence.read().await;
+        tx!(self, |tx| sessions::hello(&tx, h).await)
+    }
+
+    async fn disconnect(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        seen_age: Duration,
+        cause: &str,
+    ) -> Result<bool, StoreError> {
+        tx!(self, |tx| sessions::disconnect(
+            &tx, node_id, epoch, seen_age, cause
+        )
+        .await)
+    }
+
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError> {
+        tx!(self, |tx| sessions::flush_liveness(&tx, gateway_id, seen)
+            .await)
+    }
+
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| sessions::gateway_shutdown(
+            &tx, gateway_id, sessions
+        )
+        .await)
+    }
+
+    async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+        tx!(self, |tx| sessions::session(&tx, node_id).await)
+    }
+
+    async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| sessions::connected_to(&tx, gateway_id).await)
+    }
+
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| sessions::nodes_with_work(
+            &tx,
+            gateway_id,
+            specs_since_ms
+        )
+        .await)
+    }
+
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
+        tx!(self, |tx| liveness::sweep(&tx, rules).await)
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        tx!(self, |tx| sessions::fleet_size(&tx).await)
+    }
+
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let fence = self.fence(name);
+        let _alone = fence.write().await;
+        tx!(self, leases, |tx| leases::renew(&tx, name, owner, ttl)
+            .await)
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let fence = self.fence(name);
+        let _alone = fence.write().await;
+        tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
+    }
+
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        tx!(self, |tx| inventory::put(
+            &tx, node_id, epoch, section, verify
+        )
+        .await)
+    }
+
+    async fn inventory(
+        &self,
+        node_id: &str,
+        section: &str,
+    ) -> Result<Option<InventoryRow>, StoreError> {
+        tx!(self, |tx| inventory::get(&tx, node_id, section).await)
+    }
+
+    async fn create_command(
+        &self,
+        cmd: &NewCommand,
+        seal: SealCommand,
+    ) -> Result<(CommandRow, bool), TxError> {
+        tx!(self, |tx| commands::create(&tx, cmd, seal).await)
+    }
+
+    async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
+        tx!(self, |tx| commands::row(&tx, id).await)
+    }
+
+    async fn list_commands(
+        &self,
+        node_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<CommandRow>, StoreError> {
+        tx!(self, |tx| commands::list(&tx, node_id, limit).await)
+    }
+
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError> {
+        tx!(self, |tx| commands::take_dispatchable(
+            &tx, gateway_id, node_id, epoch
+        )
+        .await)
+    }
+
+    async fn command_ack(
+        &self,
+        node_id: &str,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError> {
+        tx!(self, |tx| commands::ack(&tx, node_id, id, running).await)
+    }
+
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
+    ) -> Result<ResultApplied, StoreError> {
+        tx!(self, |tx| commands::result(&tx, node_id, r, verify).await)
+    }
+
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| commands::sweep(&tx).await)
+    }
+
+    async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
+        tx!(self, |tx| commands::cancel_pending(&tx, id, reason).await)
+    }
+
+    async fn update_spec(
+        &self,
+        node_id: &str,
+        change: ChangeSpec,
+        seal: SealSpec,
+    ) -> Result<(u64, SpecBody), TxError> {
+        tx!(self, |tx| specs::update(&tx, node_id, change, seal).await)
+    }
+
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| specs::signed(&tx, node_id).await)
+    }
+
+    async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| specs::expiring(&tx, within).await)
+    }
+
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        tx!(self, |tx| specs::put_state_report(
+            &tx, node_id, report, verify
+        )
+        .await)
+    }
+
+    async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+        tx!(self, |tx| specs::view(&tx, node_id).await)
+    }
+
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError> {
+        tx!(self, |tx| bindings::record(&tx, b, verify).await)
+    }
+
+    async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
+        tx!(self, |tx| bindings::list(&tx, node_id).await)
+    }
+
+    async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| bindings::fleet_events(&tx, node_id, limit).await)
+    }
+
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError> {
+        tx!(self, |tx| events::put(&tx, node_id, journal_id, events)
+            .await)
+    }
+
+    async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
+        tx!(self, |tx| events::list(&tx, node_id).await)
+    }
+
+    async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
+        tx!(self, |tx| releases::register(&tx, r).await)
+    }
+
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+        tx!(self, |tx| releases::files(&tx, sequence).await)
+    }
+
+    async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
+        tx!(self, |tx| releases::list(&tx).await)
+    }
+
+    async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
+        tx!(self, |tx| images::register(&tx, i).await)
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
+        tx!(self, |tx| images::list(&tx).await)
+    }
+
+    async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
+        tx!(self, |tx| images::resolve(&tx, what).await)
+    }
+
+    async fn assign_image(
+        &self,
+        target: &str,
+        image_id: Option<&str>,
+        append: &str,
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| images::assign(&tx, target, image_id, append)
+            .await)
+    }
+
+    async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
+        tx!(self, |tx| images::for_mac(&tx, mac).await)
+    }
+
+    async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        tx!(self, |tx| images::artifact(&tx, sha256).await)
+    }
+
+    async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
+        tx!(self, |tx| images::record_boot(&tx, b).await)
+    }
+
+    async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError> {
+        tx!(self, |tx| images::boots(&tx, mac, limit).await)
+    }
+
+    async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError> {
+        tx!(self, |tx| rollouts::start(&tx, r).await)
+    }
+
+    async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
+        tx!(self, |tx| rollouts::get(&tx, id).await)
+    }
+
+    async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
+        tx!(self, |tx| rollouts::list(&tx).await)
+    }
+
+    async fn set_rollout_state(
+        &self,
+        id: &str,
+        from: &[RolloutState],
+        to: RolloutState,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        tx!(self, |tx| rollouts::set_state(&tx, id, from, to, reason)
+            .await)
+    }
+
+    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError> {
+        tx!(self, |tx| rollouts::advance(&tx, id, from, to).await)
+    }
+
+    async fn record_rollout_command(
+        &self,
+        id: &str,
+        node_id: &str,
+        which: RolloutCommand,
+        command_id: &str,
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| rollouts::record_command(
+            &tx, id, node_id, which, command_id
+        )
+        .await)
+    }
+
+    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError> {
+        tx!(self, |tx| rollouts::skip(&tx, id, node_id).await)
+    }
+
+    async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
+        // One consistent reading of every table.
+        let mut conn = self.pool.get().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        if let Some(clock) = &self.clock {
+            execute(
+                &tx,
+                "SELECT set_config('bc.now_ms', $1, true)",
+                &[&clock.now_ms().to_string()],
+            )
+            .await?;
+        }
+        let snap = audit::snapshot(&tx).await?;
+        tx.commit().await?;
+        Ok(snap)
+    }
+
+    async fn settling(&self) -> Result<Settling, StoreError> {
+        tx!(self, |tx| audit::settling(&tx).await)
+    }
+
+    async fn stall(&self, duration: Duration) -> Result<(), StoreError> {
+        tx!(self, |tx| audit::stall(&tx, duration).await)
+    }
+}

@@ -1,0 +1,228 @@
+//! Nodes and their certificates.
+
+use super::{Tx, execute, json_col, now, query, query_one, query_opt};
+use crate::error::{StoreError, TxError};
+use crate::nodes::{
+    CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
+    StatementSeal, ValidCert, check_cert as check,
+};
+use crate::tokens::Joined;
+
+/// The DER of every certificate of `node_id` valid at `now`, newest first:
+/// what a node's signed facts are verified against.
+pub(super) async fn valid_certs(
+    tx: &Tx<'_>,
+    node_id: &str,
+    now: i64,
+) -> Result<Vec<Vec<u8>>, tokio_postgres::Error> {
+    Ok(query(
+        tx,
+        "SELECT der FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
+         AND not_after >= $2 AND der IS NOT NULL ORDER BY not_after DESC",
+        &[&node_id, &now],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// The replay floors the store knows for a node: the highest sequence it
+/// dispatched and its spec generation.
+pub(super) async fn floors(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<(u64, u64), tokio_postgres::Error> {
+    let seq: Option<i64> = query_one(
+        tx,
+        "SELECT MAX(seq) FROM commands WHERE node_id = $1 AND state <> 'pending'",
+        &[&node_id],
+    )
+    .await?
+    .get(0);
+    let generation: Option<i64> = query_opt(
+        tx,
+        "SELECT generation FROM node_specs WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| r.get(0));
+    Ok((
+        seq.unwrap_or(0).max(0) as u64,
+        generation.unwrap_or(0).max(0) as u64,
+    ))
+}
+
+/// The certificate with `fingerprint`, with its node's deletion time.
+pub(super) async fn cert_row(
+    tx: &Tx<'_>,
+    fingerprint: &str,
+) -> Result<Option<CertRow>, tokio_postgres::Error> {
+    Ok(query_opt(
+        tx,
+        "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at,
+                c.statement
+         FROM node_certs c JOIN nodes n ON n.id = c.node_id
+         WHERE c.fingerprint = $1",
+        &[&fingerprint],
+    )
+    .await?
+    .map(|r| CertRow {
+        node_id: r.get(0),
+        serial: r.get(1),
+        revoked_at_ms: r.get(2),
+        revoke_reason: r.get(3),
+        not_after_ms: r.get(4),
+        node_deleted_at_ms: r.get(5),
+        statement: r.get(6),
+    }))
+}
+
+pub(super) async fn check_cert(tx: &Tx<'_>, fingerprint: &str) -> Result<ValidCert, TxError> {
+    let row = cert_row(tx, fingerprint).await?;
+    Ok(check(row, now(tx).await?)?)
+}
+
+pub(super) async fn renew(
+    tx: &Tx<'_>,
+    fingerprint: &str,
+    issue: RenewCert,
+) -> Result<Joined, TxError> {
+    let now = now(tx).await?;
+    let valid = check(cert_row(tx, fingerprint).await?, now)?;
+    let r = query_one(
+        tx,
+        "SELECT ramdisk, identity_generation FROM nodes WHERE id = $1",
+        &[&valid.node_id],
+    )
+    .await?;
+    let (ramdisk, generation): (bool, i64) = (r.get(0), r.get(1));
+    let cert = issue(&valid.node_id, now, ramdisk)?;
+    execute(
+        tx,
+        "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            &cert.serial,
+            &valid.node_id,
+            &cert.fingerprint,
+            &generation,
+            &cert.not_before_ms,
+            &cert.not_after_ms,
+            &cert.der,
+        ],
+    )
+    .await?;
+    let (command_seq_floor, spec_generation_floor) = floors(tx, &valid.node_id).await?;
+    Ok(Joined {
+        node_id: valid.node_id,
+        cert,
+        now_ms: now,
+        command_seq_floor,
+        spec_generation_floor,
+    })
+}
+
+pub(super) async fn revoked_since(
+    tx: &Tx<'_>,
+    since_ms: i64,
+) -> Result<Vec<Revocation>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT serial, node_id, COALESCE(revoke_reason, ''), revoked_at, statement FROM node_certs
+         WHERE revoked_at IS NOT NULL AND revoked_at >= $1 ORDER BY revoked_at",
+        &[&since_ms],
+    )
+    .await?
+    .iter()
+    .map(|r| Revocation {
+        serial: r.get(0),
+        node_id: r.get(1),
+        reason: r.get(2),
+        at_ms: r.get(3),
+        statement: r.get(4),
+    })
+    .collect())
+}
+
+pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
+    let now = now(tx).await?;
+    let rows = query(
+        tx,
+        "SELECT n.id, n.hostname, COALESCE(s.state, 'disconnected'), COALESCE(s.epoch, 0),
+                COALESCE(s.gateway_id, ''),
+                (SELECT MAX(c.not_after) FROM node_certs c
+                   WHERE c.node_id = n.id AND c.revoked_at IS NULL),
+                COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
+                COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
+                n.agent_version, n.conditions, n.taints, n.release_floor
+         FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
+         WHERE n.deleted_at IS NULL ORDER BY n.id",
+        &[],
+    )
+    .await?;
+    let mut nodes = Vec::with_capacity(rows.len());
+    for r in &rows {
+        nodes.push(NodeRow {
+            node_id: r.get(0),
+            hostname: r.get(1),
+            state: r.get(2),
+            epoch: r.get::<_, i64>(3) as u64,
+            gateway_id: r.get(4),
+            cert_not_after_ms: r.get::<_, Option<i64>>(5).unwrap_or(0),
+            last_seen_age_ms: now - r.get::<_, i64>(6),
+            boot_id: r.get(7),
+            journal_id: r.get(8),
+            incarnation_id: r.get(9),
+            agent_version: r.get(10),
+            conditions: json_col(r, 11)?,
+            taints: json_col(r, 12)?,
+            release_floor: r.get::<_, i64>(13) as u64,
+        });
+    }
+    Ok(NodeList { nodes, now_ms: now })
+}
+
+pub(super) async fn delete_node(
+    tx: &Tx<'_>,
+    node_id: &str,
+    seal: SealStatement,
+) -> Result<bool, StoreError> {
+    let now = now(tx).await?;
+    let n = execute(
+        tx,
+        "UPDATE nodes SET deleted_at = $2 WHERE id = $1 AND deleted_at IS NULL",
+        &[&node_id, &now],
+    )
+    .await?;
+    if n == 0 {
+        return Ok(false);
+    }
+    let serials: Vec<String> = query(
+        tx,
+        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
+        &[&node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    // Every certificate the node ever had gets the statement: a node
+    // presenting an older one is told the same.
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Deleted,
+        serials,
+        reason: NODE_DELETED.to_string(),
+        issued_at_ms: now,
+    });
+    execute(
+        tx,
+        "UPDATE node_certs SET revoked_at = COALESCE(revoked_at, $2),
+             revoke_reason = COALESCE(revoke_reason, $3), statement = $4
+         WHERE node_id = $1",
+        &[&node_id, &now, &NODE_DELETED, &statement],
+    )
+    .await?;
+    Ok(true)
+}

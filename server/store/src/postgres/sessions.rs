@@ -1,0 +1,340 @@
+//! Sessions: the Hello transaction and what sessions write.
+//!
+//! The Hello locks the node's row first (two Hellos of one node queue
+//! there), re-reads its gateway's lease `FOR SHARE` (a renewal by another
+//! owner waits until the Hello commits, and a Hello after it sees the new
+//! owner and is fenced), then routes. Writes on behalf of a session carry
+//! `AND epoch = $epoch` and match nothing once a newer Hello ran.
+
+use std::time::Duration;
+
+use bcd_core::command::{HelloDecision, ServerState};
+
+use super::nodes::cert_row;
+use super::{Tx, execute, json_col, ms, now, query, query_one, query_opt, to_json};
+use crate::commands::Dispatch;
+use crate::error::{Refusal, StoreError, TxError};
+use crate::leases::gateway_lease;
+use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, check_cert, without};
+use crate::sessions::{
+    Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
+    inventory_wanted, lease_admits, settle_in_flight,
+};
+
+pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+    let now = now(tx).await?;
+    let cert = check_cert(cert_row(tx, &h.cert_fingerprint).await?, now)?;
+    if cert.node_id != h.node_id || cert.serial != h.cert_serial {
+        return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
+    }
+    // The routing transaction's fence: this gateway holds its lease now,
+    // and nobody changes it until this transaction ends.
+    let lease: Option<i64> = query_opt(
+        tx,
+        "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE",
+        &[&gateway_lease(&h.gateway_id), &h.gateway_id],
+    )
+    .await?
+    .map(|r| r.get(0));
+    if !lease_admits(lease, now) {
+        return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+    }
+    let node = query_one(
+        tx,
+        "SELECT conditions, taints FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+        &[&h.node_id],
+    )
+    .await?;
+    let (conditions, taints): (Vec<String>, Vec<String>) =
+        (json_col(&node, 0)?, json_col(&node, 1)?);
+    let prev = query_opt(
+        tx,
+        "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = $1",
+        &[&h.node_id],
+    )
+    .await?
+    .map(|r| {
+        (
+            r.get::<_, i64>(0),
+            r.get::<_, String>(1),
+            r.get::<_, String>(2),
+        )
+    });
+    let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
+    let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
+    execute(
+        tx,
+        "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since, disconnect_cause,
+             incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen)
+         VALUES ($1, $2, $3, 'connected', $4, '', $5, $6, $7, $8, $4, $4)
+         ON CONFLICT (node_id) DO UPDATE SET
+             epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
+             state_since = excluded.state_since, disconnect_cause = '',
+             incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
+             journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
+             connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+        &[
+            &h.node_id,
+            &(epoch as i64),
+            &h.gateway_id,
+            &now,
+            &h.incarnation_id,
+            &h.boot_id,
+            &h.journal_id,
+            &h.cert_serial,
+        ],
+    )
+    .await?;
+    // A node that is back is reachable again. The Hello is not signed: the
+    // release floor it reports is not taken (only the node's signed upgrade
+    // results raise it).
+    execute(
+        tx,
+        "UPDATE nodes SET agent_version = $2, conditions = $3, taints = $4 WHERE id = $1",
+        &[
+            &h.node_id,
+            &h.agent_version,
+            &to_json(&without(conditions, CONDITION_UNREACHABLE)),
+            &to_json(&without(taints, TAINT_UNREACHABLE)),
+        ],
+    )
+    .await?;
+    let known: Vec<(String, String)> = query(
+        tx,
+        "SELECT section, sha256 FROM inventory WHERE node_id = $1",
+        &[&h.node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let wanted = inventory_wanted(&h.inventory_hashes, |section| {
+        known
+            .iter()
+            .find(|(s, _)| s == section)
+            .map(|(_, sha)| sha.clone())
+    });
+    let new_journal = prev.as_ref().is_some_and(|p| p.1 != h.journal_id);
+    let new_boot = prev.as_ref().is_some_and(|p| p.2 != h.boot_id);
+    let (replay, finished) = settle(tx, h, epoch, now, new_journal, new_boot).await?;
+    Ok(HelloOutcome {
+        epoch,
+        server_time_ms: now,
+        inventory_wanted: wanted,
+        replay,
+        finished,
+        cert_not_after_ms: cert.not_after_ms,
+    })
+}
+
+/// The Hello's part for commands: every in-flight command moves to the new
+/// epoch and is replayed, kept, awaited or finished. The rows are locked:
+/// a result arriving meanwhile waits and then finds the new state.
+async fn settle(
+    tx: &Tx<'_>,
+    h: &HelloInput,
+    epoch: u64,
+    now: i64,
+    new_journal: bool,
+    new_boot: bool,
+) -> Result<(Vec<Dispatch>, Vec<Finished>), StoreError> {
+    let in_flight: Vec<InFlight> = query(
+        tx,
+        "SELECT id, seq, kind, state, signed FROM commands
+         WHERE node_id = $1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq
+         FOR UPDATE",
+        &[&h.node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| InFlight {
+        id: r.get(0),
+        seq: r.get::<_, i64>(1) as u64,
+        kind: r.get(2),
+        state: r.get(3),
+        signed: r.get(4),
+    })
+    .collect();
+    let mut replay = Vec::new();
+    let mut finished = Vec::new();
+    let epoch = epoch as i64;
+    for (cmd, decision) in settle_in_flight(in_flight, h, new_journal, new_boot) {
+        match decision {
+            HelloDecision::Replay => {
+                execute(
+                    tx,
+                    "UPDATE commands SET state = 'dispatched', epoch = $2, updated_at = $3 WHERE id = $1",
+                    &[&cmd.id, &epoch, &now],
+                )
+                .await?;
+                replay.push(Dispatch {
+                    id: cmd.id,
+                    seq: cmd.seq,
+                    signed: cmd.signed,
+                });
+            }
+            HelloDecision::KeepRunning | HelloDecision::AwaitResult => {
+                execute(
+                    tx,
+                    "UPDATE commands SET epoch = $2, updated_at = $3 WHERE id = $1",
+                    &[&cmd.id, &epoch, &now],
+                )
+                .await?;
+            }
+            HelloDecision::Finish(outcome, reason) => {
+                let state = ServerState::Terminal(outcome).name();
+                execute(
+                    tx,
+                    "UPDATE commands SET state = $2, reason = $3, result_at = $4, updated_at = $4
+                     WHERE id = $1",
+                    &[&cmd.id, &state, &reason, &now],
+                )
+                .await?;
+                finished.push(Finished {
+                    id: cmd.id,
+                    state: state.to_string(),
+                    reason: reason.to_string(),
+                });
+            }
+        }
+    }
+    Ok((replay, finished))
+}
+
+pub(super) async fn disconnect(
+    tx: &Tx<'_>,
+    node_id: &str,
+    epoch: u64,
+    seen_age: Duration,
+    cause: &str,
+) -> Result<bool, StoreError> {
+    let n = execute(
+        tx,
+        "UPDATE node_sessions SET state = 'disconnected', state_since = compute_now(),
+             disconnect_cause = $3, last_seen = GREATEST(last_seen, compute_now() - $4)
+         WHERE node_id = $1 AND epoch = $2 AND state = 'connected'",
+        &[&node_id, &(epoch as i64), &cause, &ms(seen_age)],
+    )
+    .await?;
+    Ok(n == 1)
+}
+
+/// One statement for the whole flush: the database turns each age into a
+/// time on its own clock; rows whose epoch moved on match nothing, and
+/// those sessions are answered as gone.
+pub(super) async fn flush_liveness(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+    seen: &[Seen],
+) -> Result<Vec<SessionKey>, StoreError> {
+    if seen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sorted: Vec<&Seen> = seen.iter().collect();
+    // One order for every writer of many session rows.
+    sorted.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    let nodes: Vec<&str> = sorted.iter().map(|s| s.node_id.as_str()).collect();
+    let epochs: Vec<i64> = sorted.iter().map(|s| s.epoch as i64).collect();
+    let ages: Vec<i64> = sorted.iter().map(|s| ms(s.age)).collect();
+    let current: std::collections::HashSet<(String, i64)> = query(
+        tx,
+        "UPDATE node_sessions s SET last_seen = GREATEST(s.last_seen, compute_now() - v.age)
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS v(node_id, epoch, age)
+         WHERE s.node_id = v.node_id AND s.epoch = v.epoch AND s.gateway_id = $4
+           AND s.state = 'connected'
+         RETURNING s.node_id, s.epoch",
+        &[&nodes, &epochs, &ages, &gateway_id],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    Ok(seen
+        .iter()
+        .filter(|s| !current.contains(&(s.node_id.clone(), s.epoch as i64)))
+        .map(|s| SessionKey {
+            node_id: s.node_id.clone(),
+            epoch: s.epoch,
+        })
+        .collect())
+}
+
+pub(super) async fn gateway_shutdown(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+    sessions: &[SessionKey],
+) -> Result<(), StoreError> {
+    for s in sessions {
+        disconnect(tx, &s.node_id, s.epoch, Duration::ZERO, "gateway-shutdown").await?;
+    }
+    execute(
+        tx,
+        "DELETE FROM leases WHERE name = $1 AND owner = $2",
+        &[&gateway_lease(gateway_id), &gateway_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn fleet_size(tx: &Tx<'_>) -> Result<FleetSize, StoreError> {
+    let r = query_one(
+        tx,
+        "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
+                (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
+                    AND expires_at >= compute_now())",
+        &[],
+    )
+    .await?;
+    Ok(FleetSize {
+        connected: r.get::<_, i64>(0).max(0) as usize,
+        gateways: r.get::<_, i64>(1).max(0) as usize,
+    })
+}
+
+pub(super) async fn session(tx: &Tx<'_>, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| SessionRow {
+        epoch: r.get::<_, i64>(0) as u64,
+        gateway_id: r.get(1),
+        state: r.get(2),
+    }))
+}
+
+pub(super) async fn connected_to(tx: &Tx<'_>, gateway_id: &str) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT node_id FROM node_sessions WHERE gateway_id = $1 AND state = 'connected'
+         ORDER BY node_id",
+        &[&gateway_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+pub(super) async fn nodes_with_work(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+    specs_since_ms: i64,
+) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT s.node_id FROM node_sessions s
+         WHERE s.gateway_id = $1 AND s.state = 'connected' AND (
+             EXISTS (SELECT 1 FROM commands c
+                     WHERE c.node_id = s.node_id AND c.state = 'pending')
+             OR EXISTS (SELECT 1 FROM node_specs p
+                        WHERE p.node_id = s.node_id AND p.updated_at >= $2))",
+        &[&gateway_id, &specs_since_ms],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}

@@ -1,0 +1,201 @@
+//! Desired state and state reports.
+
+use std::time::Duration;
+
+use super::bindings::fleet_event;
+use super::nodes::valid_certs;
+use super::{Tx, execute, json_col, ms, now, query, query_opt, to_json};
+use crate::bindings::VerifySignature;
+use crate::error::{Refusal, StoreError, TxError};
+use crate::nodes::{Signed, judge_signed};
+use crate::specs::{
+    ChangeSpec, FORGED, FactApplied, LIFETIME, SealSpec, SectionRow, SpecBody, SpecSeal, SpecView,
+    StateReportInput, applied_generation, report_applies, sections_at,
+};
+
+/// Whether the node exists and is not deleted; with `lock`, its row is
+/// held until the transaction ends (what changes a node's spec or state
+/// takes it, so two changes queue instead of losing one).
+async fn live_node(tx: &Tx<'_>, node_id: &str, lock: bool) -> Result<bool, StoreError> {
+    let sql = if lock {
+        "SELECT deleted_at FROM nodes WHERE id = $1 FOR NO KEY UPDATE"
+    } else {
+        "SELECT deleted_at FROM nodes WHERE id = $1"
+    };
+    let deleted: Option<Option<i64>> = query_opt(tx, sql, &[&node_id]).await?.map(|r| r.get(0));
+    Ok(matches!(deleted, Some(None)))
+}
+
+/// The stored spec: generation and body.
+async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, StoreError> {
+    let Some(r) = query_opt(
+        tx,
+        "SELECT generation, assignments, access FROM node_specs WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    Ok(Some((
+        r.get::<_, i64>(0) as u64,
+        SpecBody {
+            assignments: json_col(&r, 1)?,
+            access: json_col(&r, 2)?,
+        },
+    )))
+}
+
+pub(super) async fn update(
+    tx: &Tx<'_>,
+    node_id: &str,
+    change: ChangeSpec,
+    seal: SealSpec,
+) -> Result<(u64, SpecBody), TxError> {
+    if !live_node(tx, node_id, true).await? {
+        return Err(Refusal::NoSuchNode(node_id.to_string()).into());
+    }
+    let (generation, mut body) = current(tx, node_id).await?.unwrap_or_default();
+    change(&mut body)?;
+    let now = now(tx).await?;
+    let next = generation + 1;
+    let sealed = SpecSeal {
+        generation: next,
+        issued_at_ms: now,
+        not_after_ms: now + ms(LIFETIME),
+    };
+    let signed = seal(&sealed, &body);
+    execute(
+        tx,
+        "INSERT INTO node_specs (node_id, generation, signed, assignments, access, updated_at,
+             not_after)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (node_id) DO UPDATE SET generation = excluded.generation,
+             signed = excluded.signed, assignments = excluded.assignments,
+             access = excluded.access, updated_at = excluded.updated_at,
+             not_after = excluded.not_after",
+        &[
+            &node_id,
+            &(next as i64),
+            &signed,
+            &to_json(&body.assignments),
+            &to_json(&body.access),
+            &now,
+            &sealed.not_after_ms,
+        ],
+    )
+    .await?;
+    Ok((next, body))
+}
+
+pub(super) async fn expiring(tx: &Tx<'_>, within: Duration) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT s.node_id FROM node_specs s JOIN nodes n ON n.id = s.node_id
+         WHERE n.deleted_at IS NULL AND s.not_after < compute_now() + $1
+         ORDER BY s.not_after",
+        &[&ms(within)],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+pub(super) async fn signed(
+    tx: &Tx<'_>,
+    node_id: &str,
+) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT generation, signed FROM node_specs WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+}
+
+pub(super) async fn put_state_report(
+    tx: &Tx<'_>,
+    node_id: &str,
+    signed: &Signed<StateReportInput>,
+    verify: VerifySignature,
+) -> Result<FactApplied, StoreError> {
+    let now = now(tx).await?;
+    let certs = valid_certs(tx, node_id, now).await?;
+    let report = match judge_signed(node_id, signed, &certs, verify) {
+        Ok(r) => r,
+        Err(reason) => {
+            fleet_event(tx, now, FORGED, node_id, &reason).await?;
+            return Ok(FactApplied::Forged(reason));
+        }
+    };
+    let stored: Option<(i64, i64)> = query_opt(
+        tx,
+        "SELECT applied_generation, report_epoch FROM node_state WHERE node_id = $1 FOR UPDATE",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| (r.get(0), r.get(1)));
+    if let Some((_, stored_epoch)) = stored
+        && !report_applies(stored_epoch.max(0) as u64, report.epoch)
+    {
+        return Ok(FactApplied::Stale);
+    }
+    let generation = applied_generation(
+        stored.map(|(g, _)| g.max(0) as u64),
+        report.applied_generation,
+    );
+    execute(
+        tx,
+        "INSERT INTO node_state (node_id, applied_generation, sections, reported_at, report_epoch)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (node_id) DO UPDATE SET applied_generation = excluded.applied_generation,
+             sections = excluded.sections, reported_at = excluded.reported_at,
+             report_epoch = excluded.report_epoch",
+        &[
+            &node_id,
+            &(generation.min(i64::MAX as u64) as i64),
+            &to_json(&sections_at(now, &report.sections)),
+            &now,
+            &(report.epoch.min(i64::MAX as u64) as i64),
+        ],
+    )
+    .await?;
+    Ok(FactApplied::Applied)
+}
+
+pub(super) async fn view(tx: &Tx<'_>, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+    if !live_node(tx, node_id, false).await? {
+        return Ok(None);
+    }
+    let now = now(tx).await?;
+    let (desired_generation, body) = current(tx, node_id).await?.unwrap_or_default();
+    let state = match query_opt(
+        tx,
+        "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    {
+        Some(r) => Some((
+            r.get::<_, i64>(0),
+            json_col::<Vec<SectionRow>>(&r, 1)?,
+            r.get::<_, i64>(2),
+        )),
+        None => None,
+    };
+    let (applied_generation, sections, reported_age_ms) = match state {
+        Some((g, s, at)) => (g.max(0) as u64, s, Some(now - at)),
+        None => (0, Vec::new(), None),
+    };
+    Ok(Some(SpecView {
+        desired_generation,
+        assignments: body.assignments,
+        access: body.access,
+        applied_generation,
+        sections,
+        reported_age_ms,
+        now_ms: now,
+    }))
+}

@@ -1,0 +1,344 @@
+-- schema version 11
+
+-- columns
+audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
+audit.at: bigint NOT NULL
+audit.node_id: text NOT NULL
+audit.kind: text NOT NULL
+audit.epoch: bigint NOT NULL DEFAULT 0
+audit.gateway_id: text NOT NULL DEFAULT ''::text
+audit.value: bigint NOT NULL DEFAULT 0
+audit.detail: text NOT NULL DEFAULT ''::text
+bc_schema.version: bigint NOT NULL
+binding_nonces.node_id: text NOT NULL
+binding_nonces.nonce: text NOT NULL
+bindings.node_id: text NOT NULL
+bindings.allocation_id: text NOT NULL
+bindings.gpus: text NOT NULL
+bindings.state: text NOT NULL
+bindings.spec_generation: bigint NOT NULL
+bindings.updated_at: bigint NOT NULL
+boots.id: bigint NOT NULL DEFAULT nextval('boots_id_seq'::regclass)
+boots.mac: text NOT NULL
+boots.image_id: text
+boots.remote: text NOT NULL
+boots.outcome: text NOT NULL
+boots.at: bigint NOT NULL
+commands.id: text NOT NULL
+commands.node_id: text NOT NULL
+commands.seq: bigint NOT NULL
+commands.kind: text NOT NULL
+commands.summary: text NOT NULL
+commands.signed: bytea NOT NULL
+commands.not_after: bigint NOT NULL
+commands.min_generation: bigint NOT NULL DEFAULT 0
+commands.idempotency_key: text
+commands.state: text NOT NULL
+commands.epoch: bigint NOT NULL DEFAULT 0
+commands.created_at: bigint NOT NULL
+commands.updated_at: bigint NOT NULL
+commands.reason: text NOT NULL DEFAULT ''::text
+commands.exit_code: integer
+commands.output: bytea
+commands.output_truncated: boolean NOT NULL DEFAULT false
+commands.result_at: bigint
+controller_state.name: text NOT NULL
+controller_state.value: bigint NOT NULL
+fleet_events.id: bigint NOT NULL DEFAULT nextval('fleet_events_id_seq'::regclass)
+fleet_events.at: bigint NOT NULL
+fleet_events.kind: text NOT NULL
+fleet_events.node_id: text NOT NULL
+fleet_events.detail: text NOT NULL
+image_artifacts.sha256: text NOT NULL
+image_artifacts.bytes: bytea NOT NULL
+image_assignments.target: text NOT NULL
+image_assignments.image_id: text NOT NULL
+image_assignments.append: text NOT NULL DEFAULT ''::text
+image_assignments.assigned_at: bigint NOT NULL
+images.image_id: text NOT NULL
+images.name: text NOT NULL
+images.key_id: text NOT NULL
+images.kernel_version: text NOT NULL
+images.bcd_version: text NOT NULL
+images.cmdline: text NOT NULL
+images.kernel_sha256: text NOT NULL
+images.kernel_size: bigint NOT NULL
+images.initrd_sha256: text NOT NULL
+images.initrd_size: bigint NOT NULL
+images.signed_manifest: bytea NOT NULL
+images.registered_at: bigint NOT NULL
+inventory.node_id: text NOT NULL
+inventory.section: text NOT NULL
+inventory.sha256: text NOT NULL
+inventory.body: bytea
+inventory.updated_at: bigint NOT NULL
+join_tokens.id: text NOT NULL
+join_tokens.secret_sha256: text NOT NULL
+join_tokens.created_at: bigint NOT NULL
+join_tokens.expires_at: bigint NOT NULL
+join_tokens.uses_total: bigint NOT NULL
+join_tokens.uses_left: bigint NOT NULL
+join_tokens.description: text NOT NULL DEFAULT ''::text
+leases.name: text NOT NULL
+leases.owner: text NOT NULL
+leases.expires_at: bigint NOT NULL
+leases.renewed_at: bigint NOT NULL
+node_certs.serial: text NOT NULL
+node_certs.node_id: text NOT NULL
+node_certs.fingerprint: text NOT NULL
+node_certs.identity_generation: bigint NOT NULL
+node_certs.not_before: bigint NOT NULL
+node_certs.not_after: bigint NOT NULL
+node_certs.revoked_at: bigint
+node_certs.revoke_reason: text
+node_certs.der: bytea
+node_events.node_id: text NOT NULL
+node_events.journal_id: text NOT NULL
+node_events.event_id: bigint NOT NULL
+node_events.kind: text NOT NULL
+node_events.body: bytea NOT NULL
+node_events.at: bigint NOT NULL
+node_sessions.node_id: text NOT NULL
+node_sessions.epoch: bigint NOT NULL
+node_sessions.gateway_id: text NOT NULL
+node_sessions.state: text NOT NULL
+node_sessions.state_since: bigint NOT NULL
+node_sessions.disconnect_cause: text NOT NULL DEFAULT ''::text
+node_sessions.incarnation_id: text NOT NULL
+node_sessions.boot_id: text NOT NULL
+node_sessions.journal_id: text NOT NULL
+node_sessions.cert_serial: text NOT NULL
+node_sessions.connected_at: bigint NOT NULL
+node_sessions.last_seen: bigint NOT NULL
+node_specs.node_id: text NOT NULL
+node_specs.generation: bigint NOT NULL
+node_specs.signed: bytea NOT NULL
+node_specs.assignments: text NOT NULL
+node_specs.updated_at: bigint NOT NULL
+node_specs.access: text NOT NULL DEFAULT '{}'::text
+node_state.node_id: text NOT NULL
+node_state.applied_generation: bigint NOT NULL
+node_state.sections: text NOT NULL
+node_state.reported_at: bigint NOT NULL
+nodes.id: text NOT NULL
+nodes.hostname: text NOT NULL
+nodes.created_at: bigint NOT NULL
+nodes.deleted_at: bigint
+nodes.identity_generation: bigint NOT NULL
+nodes.ramdisk: boolean NOT NULL DEFAULT false
+nodes.join_token: text NOT NULL
+nodes.agent_version: text NOT NULL DEFAULT ''::text
+nodes.conditions: text NOT NULL DEFAULT '[]'::text
+nodes.taints: text NOT NULL DEFAULT '[]'::text
+nodes.next_seq: bigint NOT NULL DEFAULT 1
+nodes.release_floor: bigint NOT NULL DEFAULT 0
+operators.id: text NOT NULL
+operators.token_sha256: text NOT NULL
+operators.created_at: bigint NOT NULL
+releases.sequence: bigint NOT NULL
+releases.version: text NOT NULL
+releases.target: text NOT NULL
+releases.size: bigint NOT NULL
+releases.sha256: text NOT NULL
+releases.key_id: text NOT NULL
+releases.signed_manifest: bytea NOT NULL
+releases.binary: bytea NOT NULL
+releases.registered_at: bigint NOT NULL
+rollout_nodes.rollout_id: text NOT NULL
+rollout_nodes.node_id: text NOT NULL
+rollout_nodes.position: bigint NOT NULL
+rollout_nodes.command_id: text
+rollout_nodes.rollback_id: text
+rollout_nodes.skipped: boolean NOT NULL DEFAULT false
+rollouts.id: text NOT NULL
+rollouts.sequence: bigint NOT NULL
+rollouts.selector: text NOT NULL
+rollouts.waves: text NOT NULL
+rollouts.max_failures: bigint NOT NULL
+rollouts.state: text NOT NULL
+rollouts.wave: bigint NOT NULL
+rollouts.reason: text NOT NULL DEFAULT ''::text
+rollouts.created_at: bigint NOT NULL
+rollouts.updated_at: bigint NOT NULL
+
+-- constraints
+audit audit_pkey: PRIMARY KEY (id)
+binding_nonces binding_nonces_pkey: PRIMARY KEY (node_id, nonce)
+bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+bindings bindings_pkey: PRIMARY KEY (node_id, allocation_id)
+bindings bindings_state_check: CHECK ((state = ANY (ARRAY['active'::text, 'lost'::text])))
+boots boots_pkey: PRIMARY KEY (id)
+commands commands_idempotency_key_key: UNIQUE (idempotency_key)
+commands commands_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+commands commands_node_id_seq_key: UNIQUE (node_id, seq)
+commands commands_pkey: PRIMARY KEY (id)
+controller_state controller_state_pkey: PRIMARY KEY (name)
+fleet_events fleet_events_pkey: PRIMARY KEY (id)
+image_artifacts image_artifacts_pkey: PRIMARY KEY (sha256)
+image_assignments image_assignments_image_id_fkey: FOREIGN KEY (image_id) REFERENCES images(image_id)
+image_assignments image_assignments_pkey: PRIMARY KEY (target)
+images images_pkey: PRIMARY KEY (image_id)
+inventory inventory_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+inventory inventory_pkey: PRIMARY KEY (node_id, section)
+join_tokens join_tokens_pkey: PRIMARY KEY (id)
+leases leases_pkey: PRIMARY KEY (name)
+node_certs node_certs_fingerprint_key: UNIQUE (fingerprint)
+node_certs node_certs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_certs node_certs_pkey: PRIMARY KEY (serial)
+node_events node_events_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_events node_events_pkey: PRIMARY KEY (node_id, journal_id, event_id)
+node_sessions node_sessions_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_sessions node_sessions_pkey: PRIMARY KEY (node_id)
+node_sessions node_sessions_state_check: CHECK ((state = ANY (ARRAY['connected'::text, 'disconnected'::text, 'unreachable'::text])))
+node_specs node_specs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_specs node_specs_pkey: PRIMARY KEY (node_id)
+node_state node_state_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_state node_state_pkey: PRIMARY KEY (node_id)
+nodes nodes_pkey: PRIMARY KEY (id)
+operators operators_pkey: PRIMARY KEY (id)
+operators operators_token_sha256_key: UNIQUE (token_sha256)
+releases releases_pkey: PRIMARY KEY (sequence)
+rollout_nodes rollout_nodes_pkey: PRIMARY KEY (rollout_id, node_id)
+rollout_nodes rollout_nodes_rollout_id_fkey: FOREIGN KEY (rollout_id) REFERENCES rollouts(id)
+rollouts rollouts_pkey: PRIMARY KEY (id)
+rollouts rollouts_sequence_fkey: FOREIGN KEY (sequence) REFERENCES releases(sequence)
+
+-- indexes
+audit_node: CREATE INDEX audit_node ON public.audit USING btree (node_id, id)
+audit_pkey: CREATE UNIQUE INDEX audit_pkey ON public.audit USING btree (id)
+binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_nonces USING btree (node_id, nonce)
+bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
+boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
+boots_pkey: CREATE UNIQUE INDEX boots_pkey ON public.boots USING btree (id)
+commands_idempotency_key_key: CREATE UNIQUE INDEX commands_idempotency_key_key ON public.commands USING btree (idempotency_key)
+commands_node_id_seq_key: CREATE UNIQUE INDEX commands_node_id_seq_key ON public.commands USING btree (node_id, seq)
+commands_node_state: CREATE INDEX commands_node_state ON public.commands USING btree (node_id, state, seq)
+commands_pkey: CREATE UNIQUE INDEX commands_pkey ON public.commands USING btree (id)
+commands_state_deadline: CREATE INDEX commands_state_deadline ON public.commands USING btree (state, not_after)
+controller_state_pkey: CREATE UNIQUE INDEX controller_state_pkey ON public.controller_state USING btree (name)
+fleet_events_node: CREATE INDEX fleet_events_node ON public.fleet_events USING btree (node_id, id)
+fleet_events_pkey: CREATE UNIQUE INDEX fleet_events_pkey ON public.fleet_events USING btree (id)
+image_artifacts_pkey: CREATE UNIQUE INDEX image_artifacts_pkey ON public.image_artifacts USING btree (sha256)
+image_assignments_pkey: CREATE UNIQUE INDEX image_assignments_pkey ON public.image_assignments USING btree (target)
+images_pkey: CREATE UNIQUE INDEX images_pkey ON public.images USING btree (image_id)
+inventory_pkey: CREATE UNIQUE INDEX inventory_pkey ON public.inventory USING btree (node_id, section)
+join_tokens_pkey: CREATE UNIQUE INDEX join_tokens_pkey ON public.join_tokens USING btree (id)
+leases_pkey: CREATE UNIQUE INDEX leases_pkey ON public.leases USING btree (name)
+node_certs_fingerprint_key: CREATE UNIQUE INDEX node_certs_fingerprint_key ON public.node_certs USING btree (fingerprint)
+node_certs_node: CREATE INDEX node_certs_node ON public.node_certs USING btree (node_id)
+node_certs_pkey: CREATE UNIQUE INDEX node_certs_pkey ON public.node_certs USING btree (serial)
+node_certs_revoked: CREATE INDEX node_certs_revoked ON public.node_certs USING btree (revoked_at) WHERE (revoked_at IS NOT NULL)
+node_events_node_at: CREATE INDEX node_events_node_at ON public.node_events USING btree (node_id, at, event_id)
+node_events_pkey: CREATE UNIQUE INDEX node_events_pkey ON public.node_events USING btree (node_id, journal_id, event_id)
+node_sessions_away: CREATE INDEX node_sessions_away ON public.node_sessions USING btree (state) WHERE (state <> 'connected'::text)
+node_sessions_gateway: CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id, state)
+node_sessions_pkey: CREATE UNIQUE INDEX node_sessions_pkey ON public.node_sessions USING btree (node_id)
+node_specs_pkey: CREATE UNIQUE INDEX node_specs_pkey ON public.node_specs USING btree (node_id)
+node_state_pkey: CREATE UNIQUE INDEX node_state_pkey ON public.node_state USING btree (node_id)
+nodes_pkey: CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (id)
+operators_pkey: CREATE UNIQUE INDEX operators_pkey ON public.operators USING btree (id)
+operators_token_sha256_key: CREATE UNIQUE INDEX operators_token_sha256_key ON public.operators USING btree (token_sha256)
+releases_pkey: CREATE UNIQUE INDEX releases_pkey ON public.releases USING btree (sequence)
+rollout_nodes_pkey: CREATE UNIQUE INDEX rollout_nodes_pkey ON public.rollout_nodes USING btree (rollout_id, node_id)
+rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree (id)
+
+-- triggers
+audit_binding: CREATE TRIGGER audit_binding AFTER UPDATE OF state ON public.bindings FOR EACH ROW WHEN ((new.state <> old.state)) EXECUTE FUNCTION audit_binding()
+audit_binding_gone: CREATE TRIGGER audit_binding_gone AFTER DELETE ON public.bindings FOR EACH ROW EXECUTE FUNCTION audit_binding()
+audit_floor: CREATE TRIGGER audit_floor AFTER UPDATE OF release_floor ON public.nodes FOR EACH ROW WHEN ((new.release_floor <> old.release_floor)) EXECUTE FUNCTION audit_floor()
+audit_generation: CREATE TRIGGER audit_generation AFTER UPDATE OF generation ON public.node_specs FOR EACH ROW WHEN ((new.generation <> old.generation)) EXECUTE FUNCTION audit_generation()
+audit_generation_new: CREATE TRIGGER audit_generation_new AFTER INSERT ON public.node_specs FOR EACH ROW EXECUTE FUNCTION audit_generation()
+audit_lease: CREATE TRIGGER audit_lease AFTER UPDATE ON public.leases FOR EACH ROW WHEN ((new.name ~~ 'gateway:%'::text)) EXECUTE FUNCTION audit_lease()
+audit_lease_gone: CREATE TRIGGER audit_lease_gone AFTER DELETE ON public.leases FOR EACH ROW WHEN ((old.name ~~ 'gateway:%'::text)) EXECUTE FUNCTION audit_lease()
+audit_lease_new: CREATE TRIGGER audit_lease_new AFTER INSERT ON public.leases FOR EACH ROW WHEN ((new.name ~~ 'gateway:%'::text)) EXECUTE FUNCTION audit_lease()
+audit_liveness: CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON public.node_sessions FOR EACH ROW WHEN (((new.state <> old.state) AND (new.state <> 'connected'::text))) EXECUTE FUNCTION audit_liveness()
+audit_result: CREATE TRIGGER audit_result AFTER UPDATE OF state ON public.commands FOR EACH ROW WHEN (((new.state <> old.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'expired'::text, 'rejected'::text])))) EXECUTE FUNCTION audit_result()
+audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON public.node_sessions FOR EACH ROW WHEN (((new.epoch <> old.epoch) OR (new.gateway_id <> old.gateway_id))) EXECUTE FUNCTION audit_route()
+audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
+
+-- functions
+audit_binding: CREATE OR REPLACE FUNCTION public.audit_binding()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (compute_now(), OLD.node_id, 'binding',
+                json_build_object('allocation', OLD.allocation_id, 'state', 'deleted')::text);
+    ELSE
+        INSERT INTO audit (at, node_id, kind, detail)
+        VALUES (compute_now(), NEW.node_id, 'binding',
+                json_build_object('allocation', NEW.allocation_id, 'state', NEW.state)::text);
+    END IF;
+    RETURN NULL;
+END $function$
+audit_floor: CREATE OR REPLACE FUNCTION public.audit_floor()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO audit (at, node_id, kind, value)
+    VALUES (compute_now(), NEW.id, 'floor', NEW.release_floor);
+    RETURN NULL;
+END $function$
+audit_generation: CREATE OR REPLACE FUNCTION public.audit_generation()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO audit (at, node_id, kind, value)
+    VALUES (compute_now(), NEW.node_id, 'generation', NEW.generation);
+    RETURN NULL;
+END $function$
+audit_lease: CREATE OR REPLACE FUNCTION public.audit_lease()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (compute_now(), '', 'lease', OLD.owner, 0);
+    ELSE
+        INSERT INTO audit (at, node_id, kind, gateway_id, value)
+        VALUES (compute_now(), '', 'lease', NEW.owner, NEW.expires_at);
+    END IF;
+    RETURN NULL;
+END $function$
+audit_liveness: CREATE OR REPLACE FUNCTION public.audit_liveness()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value, detail)
+    VALUES (compute_now(), NEW.node_id, NEW.state, NEW.epoch, NEW.gateway_id, NEW.last_seen,
+            NEW.disconnect_cause);
+    RETURN NULL;
+END $function$
+audit_result: CREATE OR REPLACE FUNCTION public.audit_result()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO audit (at, node_id, kind, epoch, detail)
+    VALUES (compute_now(), NEW.node_id, 'result', NEW.epoch,
+            json_build_object('command', NEW.id, 'kind', NEW.kind, 'from', OLD.state,
+                              'state', NEW.state, 'reason', NEW.reason)::text);
+    RETURN NULL;
+END $function$
+audit_route: CREATE OR REPLACE FUNCTION public.audit_route()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
+    VALUES (compute_now(), NEW.node_id, 'route', NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    RETURN NULL;
+END $function$
+compute_now: CREATE OR REPLACE FUNCTION public.compute_now()
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+    SELECT COALESCE(NULLIF(current_setting('bc.now_ms', true), '')::BIGINT,
+                    floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
+$function$

@@ -1,0 +1,31 @@
+//! The store suite against the PostgreSQL backend: a real server (a
+//! throw-away cluster, or the one `BC_TEST_POSTGRES` names), a fresh
+//! database per test.
+
+#[macro_use]
+mod suite;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bc_store::{ManualClock, Store};
+
+async fn postgres() -> suite::Fixture {
+    let url = bc_store::postgres::cluster::test_database("suite")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let clock = ManualClock::new(suite::T0);
+    let store = Store::open_postgres(&url, Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    let c = clock.clone();
+    let reopen = Box::new(move || {
+        let (url, clock) = (url.clone(), c.clone());
+        Box::pin(async move { Store::open_postgres(&url, Arc::new(clock)).await.unwrap() })
+            as Pin<Box<dyn Future<Output = Store> + Send>>
+    });
+    suite::Fixture::new(store, clock, reopen, Box::new(())).await
+}
+
+store_suite!(postgres);

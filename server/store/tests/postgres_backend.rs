@@ -1,0 +1,276 @@
+//! What only the PostgreSQL backend has: its schema, pinned by a golden
+//! file read from the database's catalog; migrations run by several
+//! processes at once; the refusal of a store from a newer binary; a pool
+//! that recovers from a database restart without reopening the store, and
+//! errors meanwhile that carry no address; and the lock and idle timeouts
+//! that keep a paused holder of a lease from blocking its takeover.
+//!
+//! After a deliberate schema change (a new migration, for both backends),
+//! regenerate the golden file with `BC_UPDATE_GOLDEN=1 cargo test -p
+//! bc-store --test postgres_backend` and commit it with the migration.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bc_store::postgres::cluster::{ClusterOptions, TempCluster, test_database};
+use bc_store::postgres::{IDLE_IN_TRANSACTION_TIMEOUT, MIGRATIONS, SCHEMA_VERSION};
+use bc_store::{ManualClock, Store, StoreError, SystemClock};
+
+const GOLDEN: &str = "tests/golden/schema-postgres.sql";
+
+async fn client(url: &str) -> tokio_postgres::Client {
+    let config = bc_store::postgres::config(url).unwrap();
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Every schema object, sorted, as the catalog describes it.
+async fn schema(url: &str) -> String {
+    let c = client(url).await;
+    let mut out = String::new();
+    let version: i64 = c
+        .query_one("SELECT version FROM bc_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    out.push_str(&format!("-- schema version {version}\n"));
+    let sections = [
+        (
+            "columns",
+            "SELECT table_name || '.' || column_name, data_type || CASE WHEN is_nullable = 'NO'
+                 THEN ' NOT NULL' ELSE '' END || COALESCE(' DEFAULT ' || column_default, '')
+             FROM information_schema.columns WHERE table_schema = 'public'
+             ORDER BY table_name, ordinal_position",
+        ),
+        (
+            "constraints",
+            "SELECT conrelid::regclass::text || ' ' || conname, pg_get_constraintdef(oid)
+             FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1",
+        ),
+        (
+            "indexes",
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1",
+        ),
+        (
+            "triggers",
+            "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal
+             ORDER BY 1",
+        ),
+        (
+            "functions",
+            "SELECT proname, pg_get_functiondef(oid) FROM pg_proc
+             WHERE pronamespace = 'public'::regnamespace ORDER BY 1",
+        ),
+    ];
+    for (title, sql) in sections {
+        out.push_str(&format!("\n-- {title}\n"));
+        for r in c.query(sql, &[]).await.unwrap() {
+            let (name, def): (String, String) = (r.get(0), r.get(1));
+            out.push_str(&format!("{name}: {}\n", def.trim()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_is_pinned_by_its_golden_file() {
+    assert_eq!(SCHEMA_VERSION as usize, MIGRATIONS.len());
+    assert_eq!(
+        SCHEMA_VERSION,
+        bc_store::sqlite::SCHEMA_VERSION,
+        "one schema version means the same schema on both backends: add a migration to each"
+    );
+    let url = test_database("golden").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(ManualClock::new(0)))
+        .await
+        .unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let got = schema(&url).await;
+    if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
+        std::fs::write(GOLDEN, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(GOLDEN).unwrap_or_default();
+    assert!(
+        got == want,
+        "the store schema changed: if that is intended, add a migration (never edit one \
+         that shipped), regenerate {GOLDEN} with BC_UPDATE_GOLDEN=1 and commit both\n\
+         --- got ---\n{got}"
+    );
+    let rest = got.replace("compute_now()", "");
+    assert!(
+        !rest.contains("now()") && !rest.contains("CURRENT_TIMESTAMP"),
+        "every stored time comes from compute_now()"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_opening_one_store_at_once_migrate_it_once() {
+    let url = test_database("migrate").await.unwrap();
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Store::open_postgres(&url, Arc::new(SystemClock)).await })
+        })
+        .collect();
+    for o in opens {
+        let s = o.await.unwrap().unwrap();
+        assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_a_newer_binary_is_refused() {
+    let url = test_database("newer").await.unwrap();
+    drop(
+        Store::open_postgres(&url, Arc::new(SystemClock))
+            .await
+            .unwrap(),
+    );
+    client(&url)
+        .await
+        .execute(
+            "UPDATE bc_schema SET version = $1",
+            &[&(i64::from(SCHEMA_VERSION) + 1)],
+        )
+        .await
+        .unwrap();
+    match Store::open_postgres(&url, Arc::new(SystemClock)).await {
+        Err(e @ StoreError::TooNew { .. }) => {
+            assert!(e.to_string().contains("run a newer better-compute"), "{e}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// The database's clock is the store's: a store opened with the host's
+/// clock reads compute_now() from the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_clock_is_the_databases() {
+    let url = test_database("clock").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let db: i64 = client(&url)
+        .await
+        .query_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let store = s.now().await.unwrap();
+    assert!((store - db).abs() < 5_000, "store {store}, database {db}");
+    let leased = s
+        .renew_lease("gateway:g", "g", Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!((leased - db).abs() < 5_000);
+}
+
+/// A database restart: calls fail meanwhile with errors that carry no
+/// address, and the same store works again once the database is back, with
+/// no reopening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_recovers_from_a_database_restart() {
+    let mut cluster = TempCluster::start(ClusterOptions {
+        durable: false,
+        ..ClusterOptions::default()
+    })
+    .unwrap();
+    let url = cluster.create_database("restart").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    s.renew_lease("gateway:g", "g", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s.list_nodes().await.unwrap().nodes.is_empty());
+    cluster.stop().unwrap();
+    let failed = s.list_nodes().await.unwrap_err();
+    let renewal = s
+        .renew_lease("gateway:g", "g", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    for e in [failed.to_string(), renewal.to_string()] {
+        let dir = cluster.dir().display().to_string();
+        assert!(
+            !e.contains(&dir) && !e.contains("postgresql://") && !e.contains("user="),
+            "{e}"
+        );
+    }
+    cluster.start_again().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match s.list_nodes().await {
+            Ok(list) => {
+                assert!(list.nodes.is_empty());
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "the pool did not recover: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        s.renew_lease("gateway:g", "g", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_some(),
+        "the lease pool recovered too"
+    );
+}
+
+/// A gateway paused inside a Hello (a zombie) holds its lease row FOR
+/// SHARE; the database ends its idle transaction, so another owner takes
+/// the lease once it expires instead of waiting for the zombie forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
+    let url = test_database("zombie").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    s.renew_lease("gateway:z", "z", Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut zombie = client(&url).await;
+    let tx = zombie.transaction().await.unwrap();
+    tx.query_one(
+        "SELECT expires_at FROM leases WHERE name = 'gateway:z' FOR SHARE",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The zombie stops here, its transaction open. The lease runs out.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let mut taken = None;
+    while taken.is_none() {
+        // An error is a lock timeout while the zombie still holds it.
+        if let Ok(t) = s
+            .renew_lease("gateway:z", "newcomer", Duration::from_secs(20))
+            .await
+        {
+            taken = t;
+        }
+        assert!(
+            start.elapsed() < IDLE_IN_TRANSACTION_TIMEOUT + Duration::from_secs(10),
+            "the takeover waited {:?}",
+            start.elapsed()
+        );
+    }
+    assert!(
+        tx.commit().await.is_err(),
+        "the zombie's transaction was ended"
+    );
+    assert!(
+        s.renew_lease("gateway:z", "z", Duration::from_secs(20))
+            .await
+            .unwrap()
+            .is_none(),
+        "the zombie's own renewal finds another owner"
+    );
+}
