@@ -1,4 +1,4 @@
--- schema version 11
+-- schema version 12
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -92,6 +92,7 @@ node_certs.not_after: bigint NOT NULL
 node_certs.revoked_at: bigint
 node_certs.revoke_reason: text
 node_certs.der: bytea
+node_certs.statement: bytea
 node_events.node_id: text NOT NULL
 node_events.journal_id: text NOT NULL
 node_events.event_id: bigint NOT NULL
@@ -116,10 +117,12 @@ node_specs.signed: bytea NOT NULL
 node_specs.assignments: text NOT NULL
 node_specs.updated_at: bigint NOT NULL
 node_specs.access: text NOT NULL DEFAULT '{}'::text
+node_specs.not_after: bigint NOT NULL DEFAULT 0
 node_state.node_id: text NOT NULL
 node_state.applied_generation: bigint NOT NULL
 node_state.sections: text NOT NULL
 node_state.reported_at: bigint NOT NULL
+node_state.report_epoch: bigint NOT NULL DEFAULT 0
 nodes.id: text NOT NULL
 nodes.hostname: text NOT NULL
 nodes.created_at: bigint NOT NULL
@@ -233,6 +236,7 @@ node_events_pkey: CREATE UNIQUE INDEX node_events_pkey ON public.node_events USI
 node_sessions_away: CREATE INDEX node_sessions_away ON public.node_sessions USING btree (state) WHERE (state <> 'connected'::text)
 node_sessions_gateway: CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id, state)
 node_sessions_pkey: CREATE UNIQUE INDEX node_sessions_pkey ON public.node_sessions USING btree (node_id)
+node_specs_not_after: CREATE INDEX node_specs_not_after ON public.node_specs USING btree (not_after)
 node_specs_pkey: CREATE UNIQUE INDEX node_specs_pkey ON public.node_specs USING btree (node_id)
 node_state_pkey: CREATE UNIQUE INDEX node_state_pkey ON public.node_state USING btree (node_id)
 nodes_pkey: CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (id)
