@@ -30,6 +30,8 @@ pub mod client;
 pub mod controllers;
 pub mod files;
 pub mod gateway;
+pub mod http;
+pub mod metrics;
 pub mod pki;
 pub mod serve;
 pub mod sim;
