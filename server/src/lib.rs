@@ -28,6 +28,7 @@ pub mod check;
 pub mod cli;
 pub mod client;
 pub mod controllers;
+pub mod doctor;
 pub mod files;
 pub mod gateway;
 pub mod http;

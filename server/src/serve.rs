@@ -83,6 +83,22 @@ fn prepare(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create the data directory {}", dir.display()))
 }
 
+/// Records the public keys this process checks releases and images with
+/// (`keys.json`), for `better-compute doctor`.
+fn record_keys(opts: &ServeOptions) -> anyhow::Result<()> {
+    let doc = serde_json::json!({
+        "release_pubkeys": opts.release_keys.iter().map(hex::encode).collect::<Vec<_>>(),
+        "image_pubkeys": opts.boot.image_keys.iter().map(hex::encode).collect::<Vec<_>>(),
+    });
+    let path = opts.data_dir.join(crate::doctor::KEYS_FILE);
+    let bytes = serde_json::to_vec_pretty(&doc).expect("plain data serializes");
+    if std::fs::read(&path).ok().as_deref() != Some(bytes.as_slice()) {
+        crate::files::write_atomic(&path, &bytes, 0o644)
+            .with_context(|| format!("cannot record the public keys in {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs until `shutdown` resolves. Prints `listening on ADDR` on stdout once
 /// it accepts connections.
 pub async fn serve(
@@ -126,6 +142,7 @@ pub async fn serve(
         crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
             .context("worker signing key")?,
     );
+    record_keys(&opts)?;
     let listener = TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("cannot listen on {}", opts.listen))?;

@@ -6,6 +6,7 @@
 
 mod check;
 mod commands;
+mod doctor;
 mod images;
 mod nodes;
 pub mod output;
@@ -103,6 +104,10 @@ enum Command {
     },
     /// Check the fleet invariants (I1–I8) on a store, live or not.
     Check(check::CheckArgs),
+    /// Check this control plane's host: CA and serving certificate, the
+    /// store, leases, clock, releases and images. Read-only; exit 0 all
+    /// ok, 1 a failure, 2 warnings only.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Where an operator verb finds the server.
@@ -165,6 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
             .await
             .map(|()| done),
+        Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,

@@ -104,6 +104,12 @@ pub async fn keep(state: Arc<GatewayState>) {
     let mut skew_raised: Option<Instant> = None;
     loop {
         tick.tick().await;
+        // A stopping gateway releases its lease with its sessions; a
+        // renewal after that would hold it again for a whole TTL.
+        let _renewing = state.renewing.lock().await;
+        if state.stopping.load(Ordering::SeqCst) {
+            return;
+        }
         let own_before = state.own_clock.now_ms();
         let renewal = match tokio::time::timeout(
             ttl / 2,

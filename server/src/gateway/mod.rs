@@ -141,6 +141,9 @@ pub struct GatewayState {
     pub metrics: Arc<crate::metrics::ServerMetrics>,
     /// Shutting down: stays fenced whatever the lease does.
     stopping: AtomicBool,
+    /// Held by a lease renewal while it runs; a shutdown takes it before
+    /// releasing the lease, so no renewal in flight takes it back.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for GatewayState {
@@ -175,6 +178,7 @@ impl GatewayState {
             fenced: AtomicBool::new(true),
             metrics,
             stopping: AtomicBool::new(false),
+            renewing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -255,6 +259,7 @@ impl GatewayState {
             }
         }
         self.fence("shutting down");
+        let _no_renewal = self.renewing.lock().await;
         let mine: Vec<SessionKey> = self
             .sessions()
             .iter()
