@@ -228,3 +228,98 @@ fn a_missing_store_fails_and_nothing_is_written() {
         "doctor wrote into the data directory"
     );
 }
+
+/// On PostgreSQL: doctor reads the store (and this host's clock against
+/// the database's), `/readyz` follows the database going away and coming
+/// back, and while it is away doctor fails the store without naming it.
+#[test]
+fn on_postgres_doctor_and_readiness_follow_the_database() {
+    use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
+    let mut cluster = TempCluster::start(ClusterOptions {
+        durable: false,
+        ..Default::default()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = rt.block_on(cluster.create_database("doctor")).unwrap();
+    let secret = cluster.dir().display().to_string();
+    let d = tempfile::tempdir().unwrap();
+    let server =
+        bc_tests::Server::start_postgres(&d.path().join("server"), &url, bc_tests::FAST).unwrap();
+    let http = server.http.expect("the http listener");
+    let readyz = |code: u16| {
+        move || {
+            let mut s = std::net::TcpStream::connect(http).ok()?;
+            use std::io::{Read, Write};
+            s.write_all(b"GET /readyz HTTP/1.1\r\nHost: bc\r\nConnection: close\r\n\r\n")
+                .ok()?;
+            let mut r = String::new();
+            s.read_to_string(&mut r).ok()?;
+            let (head, body) = r.split_once("\r\n\r\n")?;
+            head.starts_with(&format!("HTTP/1.1 {code} "))
+                .then(|| body.to_string())
+        }
+    };
+    wait_for(Duration::from_secs(20), "ready", readyz(200));
+    let out = wait_for(Duration::from_secs(20), "doctor all ok", || {
+        let out = doctor(&server.dir, Some(&url), &["--json"]);
+        (out.status.code() == Some(0)).then_some(out)
+    });
+    let report = json(&out);
+    let store = check(&report, "store")["summary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        store.starts_with("the PostgreSQL store answers; schema "),
+        "{store}"
+    );
+    let clock = check(&report, "clock")["summary"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        clock.starts_with("this host's clock is ") && clock.ends_with(" s off the store's"),
+        "{clock}"
+    );
+
+    cluster.stop().unwrap();
+    // The probe sees the store gone at once; the gateway fences within
+    // half its lease TTL.
+    let mut not_ready = readyz(503);
+    let why = wait_for(Duration::from_secs(20), "not ready, fenced", || {
+        not_ready().filter(|b| b.contains("gateway lease: not held (fenced)"))
+    });
+    assert_eq!(
+        why,
+        "not ready\nstore: unreachable\ngateway lease: not held (fenced)\n"
+    );
+    let out = doctor(&server.dir, Some(&url), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let all = format!(
+        "{why}{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    assert!(
+        all.contains("fail  store        the PostgreSQL store"),
+        "{all}"
+    );
+    for leak in [
+        secret.as_str(),
+        "postgresql://",
+        "doctor?",
+        "user=",
+        "socket",
+        "SELECT",
+        "db error",
+    ] {
+        assert!(!all.contains(leak), "{leak:?} in:\n{all}");
+    }
+
+    cluster.start_again().unwrap();
+    wait_for(Duration::from_secs(30), "ready again", readyz(200));
+}
