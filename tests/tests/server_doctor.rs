@@ -289,7 +289,7 @@ fn on_postgres_doctor_and_readiness_follow_the_database() {
     cluster.stop().unwrap();
     // The probe sees the store gone at once; the gateway fences within
     // half its lease TTL.
-    let mut not_ready = readyz(503);
+    let not_ready = readyz(503);
     let why = wait_for(Duration::from_secs(20), "not ready, fenced", || {
         not_ready().filter(|b| b.contains("gateway lease: not held (fenced)"))
     });
