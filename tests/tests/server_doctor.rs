@@ -323,3 +323,100 @@ fn on_postgres_doctor_and_readiness_follow_the_database() {
     cluster.start_again().unwrap();
     wait_for(Duration::from_secs(30), "ready again", readyz(200));
 }
+
+/// Releases are checked with the key `serve` recorded (or one given): a
+/// registered release verifies; without any key doctor says so; a binary
+/// changed in the store fails.
+#[test]
+fn releases_are_verified_with_the_recorded_keys() {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("release.key");
+    let out = Command::new(bin("better-compute"))
+        .args(["releases", "keygen", "--out"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let public = std::fs::read_to_string(d.path().join("release.key.pub")).unwrap();
+    let mut server = bc_tests::Server::start(
+        &d.path().join("server"),
+        &["--release-pubkey", public.trim()],
+    )
+    .unwrap();
+    let manifest = d.path().join("m.json");
+    let k = key.to_str().unwrap();
+    let m = manifest.to_str().unwrap();
+    for args in [
+        &[
+            "releases",
+            "sign",
+            "--key",
+            k,
+            "--binary",
+            "/bin/true",
+            "--version",
+            "0.2.0",
+            "--sequence",
+            "2",
+            "--out",
+            m,
+        ][..],
+        &[
+            "releases",
+            "register",
+            "--manifest",
+            m,
+            "--binary",
+            "/bin/true",
+        ][..],
+    ] {
+        let out = server.cli(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    let report = json(&doctor(&server.dir, None, &["--json"]));
+    let releases = check(&report, "releases");
+    assert_eq!(releases["status"], "ok", "{report}");
+    assert_eq!(
+        releases["summary"],
+        "1 releases verify and match their binaries"
+    );
+    server.proc.stop();
+
+    // No key recorded and none given: not checked, and said so.
+    let keys = std::fs::read(server.dir.join("keys.json")).unwrap();
+    std::fs::remove_file(server.dir.join("keys.json")).unwrap();
+    let report = json(&doctor(&server.dir, None, &["--json"]));
+    let releases = check(&report, "releases");
+    assert_eq!(releases["status"], "warn", "{report}");
+    assert!(
+        releases["next"]
+            .as_str()
+            .unwrap()
+            .contains("--release-pubkey"),
+        "{releases}"
+    );
+    // The key on the command line does as well as the recorded one.
+    let out = doctor(
+        &server.dir,
+        None,
+        &["--json", "--release-pubkey", public.trim()],
+    );
+    assert_eq!(check(&json(&out), "releases")["status"], "ok");
+    std::fs::write(server.dir.join("keys.json"), keys).unwrap();
+
+    // The binary edited in the store.
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.execute(
+        "UPDATE releases SET binary = X'7f454c46' WHERE sequence = 2",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    let out = doctor(&server.dir, None, &["--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report = json(&out);
+    let releases = check(&report, "releases");
+    assert_eq!(releases["status"], "fail", "{report}");
+    let summary = releases["summary"].as_str().unwrap();
+    assert!(summary.starts_with("release 2: "), "{summary}");
+}
