@@ -696,3 +696,121 @@ mod tests {
         assert!(c.summary.contains("expired at"), "{}", c.summary);
     }
 }
+
+#[cfg(test)]
+mod store_tests {
+    use std::sync::Arc;
+
+    use bc_store::images::NewImage;
+    use ring::signature::KeyPair;
+
+    use super::*;
+    use crate::doctor::Level;
+
+    fn options(dir: &Path) -> Options {
+        Options {
+            data_dir: dir.to_path_buf(),
+            store: bc_store::Location::Sqlite(dir.join("store.db")),
+            release_keys: vec![],
+            image_keys: vec![],
+            store_timeout: Duration::from_secs(5),
+            now_ms: bcd_sys::clock::unix_ms(),
+        }
+    }
+
+    /// An image registered as `images register` would: its manifest
+    /// signed, its parts stored by hash.
+    fn new_image(key: &ring::signature::Ed25519KeyPair) -> NewImage {
+        let (kernel, initrd) = (b"kernel".to_vec(), b"initrd".to_vec());
+        let manifest = image::Manifest {
+            format: image::FORMAT,
+            name: "gpu-node".into(),
+            kernel_version: "6.1.0".into(),
+            bcd_version: "bcd 0.1.0".into(),
+            cmdline: "console=ttyS0".into(),
+            kernel: image::Part::of("vmlinuz", &kernel),
+            initrd: image::Part::of("initrd.img", &initrd),
+            modules: vec![],
+        };
+        let signed = image::sign(&manifest, key);
+        NewImage {
+            image_id: signed.id().unwrap().0,
+            name: manifest.name.clone(),
+            key_id: signed.key_id.clone(),
+            kernel_version: manifest.kernel_version.clone(),
+            bcd_version: manifest.bcd_version.clone(),
+            cmdline: manifest.cmdline.clone(),
+            kernel_sha256: manifest.kernel.sha256.clone(),
+            kernel_size: manifest.kernel.size,
+            initrd_sha256: manifest.initrd.sha256.clone(),
+            initrd_size: manifest.initrd.size,
+            signed_manifest: signed.to_json(),
+            kernel,
+            initrd,
+        }
+    }
+
+    #[tokio::test]
+    async fn images_verify_with_their_key_and_fail_with_another() {
+        let d = tempfile::tempdir().unwrap();
+        let opts = options(d.path());
+        let store = Store::open(&opts.store, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let keys = |k: &ring::signature::Ed25519KeyPair| Keys {
+            image: vec![k.public_key().as_ref().to_vec()],
+            ..Keys::default()
+        };
+        let rng = ring::rand::SystemRandom::new();
+        let gen_key = || {
+            let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+            ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap()
+        };
+        let (key, other) = (gen_key(), gen_key());
+        let c = images(&opts, &store, &keys(&key)).await;
+        assert_eq!(
+            (c.status, c.summary.as_str()),
+            (Level::Ok, "no images registered")
+        );
+        store.register_image(&new_image(&key)).await.unwrap();
+        let c = images(&opts, &store, &keys(&key)).await;
+        assert_eq!(
+            (c.status, c.summary.as_str()),
+            (Level::Ok, "1 images verify and match their artifacts")
+        );
+        let c = images(&opts, &store, &Keys::default()).await;
+        assert_eq!(c.status, Level::Warn, "{c:?}");
+        assert!(c.next.contains("--image-pubkey"), "{c:?}");
+        let c = images(&opts, &store, &keys(&other)).await;
+        assert_eq!(c.status, Level::Fail, "{c:?}");
+        assert!(
+            c.summary.contains("not an image key of this server"),
+            "{c:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_behind_this_binary_warns_and_one_missing_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let opts = options(d.path());
+        let (c, store) = super::store(&opts).await;
+        assert_eq!(c.status, Level::Fail);
+        assert!(store.is_none());
+        assert!(!d.path().join("store.db").exists(), "nothing created");
+        // A store at version 3, as an older server left it.
+        let db = rusqlite::Connection::open(d.path().join("store.db")).unwrap();
+        db.pragma_update(None, "user_version", 3).unwrap();
+        drop(db);
+        let (c, store) = super::store(&opts).await;
+        assert_eq!(c.status, Level::Warn, "{c:?}");
+        assert!(
+            c.summary.ends_with(&format!(
+                "3 of {} migrations applied",
+                bc_store::sqlite::SCHEMA_VERSION
+            )),
+            "{c:?}"
+        );
+        assert!(c.next.contains("serve applies the rest"), "{c:?}");
+        assert!(store.is_some());
+    }
+}
