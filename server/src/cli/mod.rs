@@ -143,12 +143,18 @@ fn init_logging(default: tracing::Level) {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves at SIGTERM or SIGINT. The SIGTERM handler is installed when
+/// this is called, not when it is first awaited: a SIGTERM that comes
+/// while the process is still starting ends it in order too (its lease
+/// released) rather than by the signal's default action.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
     }
 }
 
