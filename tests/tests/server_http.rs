@@ -130,6 +130,28 @@ fn server_metrics_move_with_a_node_and_a_command() {
         },
     );
     assert!(value(&s, "bc_liveness_transitions_total", &[("to", "connected")]).unwrap() >= 2.0);
+
+    // A deleted node started again is refused at its Hello, by reason.
+    let out = server.cli(&["nodes", "delete", &id, "--yes"]);
+    assert!(out.status.success(), "{}", bc_tests::stderr(&out));
+    node.proc().wait(Duration::from_secs(30)).expect("revoked");
+    node.start();
+    let status = node.proc().wait(Duration::from_secs(30)).expect("refused");
+    assert_eq!(status.code(), Some(3));
+    let s = wait_for(
+        Duration::from_secs(10),
+        "the refusal in the metrics",
+        || {
+            scrape(http).filter(|s| {
+                value(s, "bc_hello_refusals_total", &[("reason", "deleted-node")]) == Some(1.0)
+            })
+        },
+    );
+    assert_eq!(
+        value(&s, "bc_hellos_total", &[("outcome", "refused")]),
+        Some(1.0)
+    );
+    assert_eq!(value(&s, "bc_gateway_sessions", &[]), Some(0.0));
 }
 
 #[test]
