@@ -157,16 +157,16 @@ pub async fn run(
         let old = {
             let mut sessions = state.sessions();
             let old = sessions.insert(
-            node.clone(),
-            LocalSession {
-                epoch,
-                cert_serial: cert_serial.clone(),
-                cert_not_after_ms: outcome.cert_not_after_ms,
-                last_heard: last_heard.clone(),
-                end: Some(end_tx),
-                wake: wake.clone(),
-            },
-        );
+                node.clone(),
+                LocalSession {
+                    epoch,
+                    cert_serial: cert_serial.clone(),
+                    cert_not_after_ms: outcome.cert_not_after_ms,
+                    last_heard: last_heard.clone(),
+                    end: Some(end_tx),
+                    wake: wake.clone(),
+                },
+            );
             state.count_sessions(&sessions);
             old
         };
