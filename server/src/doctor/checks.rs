@@ -157,6 +157,19 @@ pub fn ca(dir: &Path, now_ms: i64) -> Check {
         }
         Ok(_) => {}
     }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key_path).map_or(0, |m| m.permissions().mode());
+    if mode & 0o077 != 0 {
+        return Check::warn(
+            C,
+            format!(
+                "ca.key is readable beyond its owner (mode {:o}): whoever reads it can mint node \
+                 certificates",
+                mode & 0o777
+            ),
+            format!("chmod 600 {}", key_path.display()),
+        );
+    }
     expiry(
         C,
         "the fleet CA is",
@@ -748,6 +761,49 @@ mod store_tests {
             kernel,
             initrd,
         }
+    }
+
+    #[test]
+    fn the_ca_and_serving_certificate_are_checked_as_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let now = bcd_sys::clock::unix_ms();
+        crate::pki::Ca::load_or_create(d.path(), &[], now).unwrap();
+        let c = ca(d.path(), now);
+        assert_eq!(c.status, Level::Ok, "{c:?}");
+        assert!(c.summary.ends_with(" days left)"), "{c:?}");
+        let s = serving(d.path(), now);
+        assert_eq!(s.status, Level::Ok, "{s:?}");
+        // 25 days on: the serving certificate (30 days) warns.
+        let later = now + 25 * DAY_MS;
+        assert_eq!(serving(d.path(), later).status, Level::Warn);
+        // A key readable by others.
+        let key = d.path().join("ca.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let c = ca(d.path(), now);
+        assert_eq!(c.status, Level::Warn, "{c:?}");
+        assert!(c.next.starts_with("chmod 600 "), "{c:?}");
+        // Another CA's key: not a pair; and a serving certificate that
+        // this CA did not sign.
+        let other = tempfile::tempdir().unwrap();
+        crate::pki::Ca::load_or_create(other.path(), &[], now).unwrap();
+        std::fs::copy(other.path().join("ca.key"), &key).unwrap();
+        let c = ca(d.path(), now);
+        assert_eq!(
+            (c.status, c.summary.as_str()),
+            (Level::Fail, "ca.key is not the key of ca.crt")
+        );
+        std::fs::copy(
+            other.path().join("gateway.crt"),
+            d.path().join("gateway.crt"),
+        )
+        .unwrap();
+        let s = serving(d.path(), now);
+        assert_eq!(s.status, Level::Fail, "{s:?}");
+        assert!(
+            s.summary.contains("not signed by this data directory's CA"),
+            "{s:?}"
+        );
     }
 
     #[tokio::test]
