@@ -104,6 +104,16 @@ fn busy_wait(attempt: i32) -> bool {
 
 /// A connection to the store file with the store's settings and clock.
 fn connect(path: &Path, clock: &Arc<dyn Clock>) -> rusqlite::Result<Connection> {
+    connect_pinned(path, clock, None)
+}
+
+/// [`connect`], with `compute_now()` answering the time `pin` holds while
+/// it holds one (the writer pins it for each write: see [`writer::Pin`]).
+fn connect_pinned(
+    path: &Path,
+    clock: &Arc<dyn Clock>,
+    pin: Option<Arc<writer::Pin>>,
+) -> rusqlite::Result<Connection> {
     let mut conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -115,7 +125,12 @@ fn connect(path: &Path, clock: &Arc<dyn Clock>) -> rusqlite::Result<Connection> 
         0,
         // Not deterministic: it is a clock. Innocuous: triggers may call it.
         FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_INNOCUOUS,
-        move |_| Ok(clock.now_ms()),
+        move |_| {
+            Ok(pin
+                .as_ref()
+                .and_then(|p| p.get())
+                .unwrap_or_else(|| clock.now_ms()))
+        },
     )?;
     Ok(conn)
 }
@@ -214,7 +229,8 @@ impl SqliteBackend {
         migrating: bool,
     ) -> Result<SqliteBackend, StoreError> {
         tokio::task::spawn_blocking(move || {
-            let mut writer = connect(&path, &clock)?;
+            let pin = Arc::new(writer::Pin::new(clock.clone()));
+            let mut writer = connect_pinned(&path, &clock, Some(pin.clone()))?;
             if migrating {
                 migrate(&mut writer)?;
             } else {
@@ -226,8 +242,8 @@ impl SqliteBackend {
                     });
                 }
             }
-            let writer =
-                writer::Writer::start(writer).map_err(|e| StoreError::Database(Box::new(e)))?;
+            let writer = writer::Writer::start(writer, pin)
+                .map_err(|e| StoreError::Database(Box::new(e)))?;
             let reader = connect(&path, &clock)?;
             let leases = connect(&path, &clock)?;
             Ok(SqliteBackend {

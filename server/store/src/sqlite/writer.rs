@@ -14,12 +14,49 @@
 //! waits instead of queueing behind one another.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, mpsc};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use crate::clock::Clock;
 use crate::error::StoreError;
+
+/// The time one write sees: `compute_now()` on the writer's connection
+/// answers the time read when the write began, for the whole write, as a
+/// PostgreSQL transaction sees one time. A Hello that checks its gateway's
+/// lease and routes the node records the route at the time it checked the
+/// lease, however long the write itself takes.
+#[derive(Debug)]
+pub(super) struct Pin {
+    clock: Arc<dyn Clock>,
+    at: AtomicI64,
+}
+
+const UNPINNED: i64 = i64::MIN;
+
+impl Pin {
+    pub(super) fn new(clock: Arc<dyn Clock>) -> Pin {
+        Pin {
+            clock,
+            at: AtomicI64::new(UNPINNED),
+        }
+    }
+
+    /// The pinned time, while a write runs.
+    pub(super) fn get(&self) -> Option<i64> {
+        Some(self.at.load(Ordering::Relaxed)).filter(|&t| t != UNPINNED)
+    }
+
+    fn hold(&self) {
+        self.at.store(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    fn release(&self) {
+        self.at.store(UNPINNED, Ordering::Relaxed);
+    }
+}
 
 /// The most writes one commit carries.
 const MAX_GROUP: usize = 64;
@@ -77,7 +114,7 @@ pub(super) struct Writer {
 impl Writer {
     /// Starts the writer thread on `conn`; it ends when the handle is
     /// dropped.
-    pub(super) fn start(conn: Connection) -> std::io::Result<Writer> {
+    pub(super) fn start(conn: Connection, pin: Arc<Pin>) -> std::io::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
         std::thread::Builder::new()
             .name("bc-store-writer".into())
@@ -90,7 +127,7 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    commit(&conn, group);
+                    commit(&conn, &pin, group);
                 }
             })?;
         Ok(Writer { jobs: tx })
@@ -118,7 +155,7 @@ impl Writer {
 }
 
 /// Runs a group of writes in one transaction, one savepoint each.
-fn commit(c: &Connection, mut group: Vec<Box<dyn Job>>) {
+fn commit(c: &Connection, pin: &Pin, mut group: Vec<Box<dyn Job>>) {
     let mut failed: Option<StoreError> = c.execute_batch("BEGIN IMMEDIATE").err().map(Into::into);
     for job in group.iter_mut() {
         if failed.is_some() {
@@ -128,7 +165,9 @@ fn commit(c: &Connection, mut group: Vec<Box<dyn Job>>) {
             failed = Some(e.into());
             break;
         }
+        pin.hold();
         let ok = std::panic::catch_unwind(AssertUnwindSafe(|| job.run(c))).unwrap_or(false);
+        pin.release();
         if c.is_autocommit() {
             // The database ended the transaction itself (some I/O and
             // memory errors do): the writes before this one are gone too.
@@ -156,5 +195,47 @@ fn commit(c: &Connection, mut group: Vec<Box<dyn Job>>) {
     }
     for job in group {
         job.answer(failed.as_ref());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::{Pin, Writer};
+    use crate::clock::Clock;
+    use crate::error::StoreError;
+
+    /// A clock that moves a millisecond every time it is read.
+    #[derive(Debug, Default)]
+    struct Ticking(AtomicI64);
+
+    impl Clock for Ticking {
+        fn now_ms(&self) -> i64 {
+            self.0.fetch_add(1, Ordering::Relaxed)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_sees_one_time_and_the_next_write_a_later_one() {
+        let d = tempfile::tempdir().unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(Ticking::default());
+        let pin = Arc::new(Pin::new(clock.clone()));
+        let conn = super::super::connect_pinned(&d.path().join("s.db"), &clock, Some(pin.clone()))
+            .unwrap();
+        let writer = Writer::start(conn, pin).unwrap();
+        let read_twice = |c: &rusqlite::Connection| -> Result<(i64, i64), StoreError> {
+            let t = |c: &rusqlite::Connection| -> rusqlite::Result<i64> {
+                c.query_row("SELECT compute_now()", [], |r| r.get(0))
+            };
+            Ok((t(c)?, t(c)?))
+        };
+        let (a, b) = writer.write(read_twice).await.unwrap();
+        assert_eq!(a, b, "one write, one time");
+        let (c, _) = writer.write(read_twice).await.unwrap();
+        assert!(c > a, "the clock moves between writes");
+        // Outside a write the clock is read as it is.
+        assert!(clock.now_ms() > c);
     }
 }
