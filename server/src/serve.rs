@@ -27,6 +27,9 @@ use crate::api::join::{CertPolicy, JoinService};
 use crate::api::{AdminService, MAX_REQUEST};
 use crate::gateway::admission::HandshakeBucket;
 use crate::gateway::{GatewayService, GatewayState, Timing};
+use crate::http::Observed;
+use crate::http::ready::Readiness;
+use crate::metrics::ServerMetrics;
 use crate::pki::Ca;
 
 #[derive(Debug, Clone)]
@@ -47,6 +50,8 @@ pub struct ServeOptions {
     /// The simulator's clock fault: milliseconds this process's own clock
     /// is off, read from this file at each lease renewal.
     pub clock_offset_file: Option<PathBuf>,
+    /// `/healthz`, `/readyz` and `/metrics` (off with `None`).
+    pub http: Option<SocketAddr>,
 }
 
 /// The store file in a data directory.
@@ -78,6 +83,22 @@ fn prepare(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create the data directory {}", dir.display()))
 }
 
+/// Records the public keys this process checks releases and images with
+/// (`keys.json`), for `better-compute doctor`.
+fn record_keys(opts: &ServeOptions) -> anyhow::Result<()> {
+    let doc = serde_json::json!({
+        "release_pubkeys": opts.release_keys.iter().map(hex::encode).collect::<Vec<_>>(),
+        "image_pubkeys": opts.boot.image_keys.iter().map(hex::encode).collect::<Vec<_>>(),
+    });
+    let path = opts.data_dir.join(crate::doctor::KEYS_FILE);
+    let bytes = serde_json::to_vec_pretty(&doc).expect("plain data serializes");
+    if std::fs::read(&path).ok().as_deref() != Some(bytes.as_slice()) {
+        crate::files::write_atomic(&path, &bytes, 0o644)
+            .with_context(|| format!("cannot record the public keys in {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs until `shutdown` resolves. Prints `listening on ADDR` on stdout once
 /// it accepts connections.
 pub async fn serve(
@@ -85,7 +106,32 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     prepare(&opts.data_dir)?;
+    // The HTTP listener first: /healthz answers and /readyz says why not
+    // while the rest starts.
+    let metrics = Arc::new(ServerMetrics::new());
+    let readiness = Arc::new(Readiness::new());
+    let mut tasks = Vec::new();
+    if let Some(listen) = opts.http {
+        let listener = crate::http::bind(listen).await?;
+        println!("http on {}", listener.local_addr()?);
+        tasks.push(tokio::spawn(crate::http::serve(
+            listener,
+            Observed {
+                metrics: metrics.clone(),
+                readiness: readiness.clone(),
+            },
+        )));
+    }
     let store = open_store(&opts.store).await?;
+    tasks.push(tokio::spawn(crate::http::ready::probe(
+        store.clone(),
+        Store::schema_target(&opts.store),
+        readiness.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::metrics::refresh_commands(
+        store.clone(),
+        metrics.clone(),
+    )));
     let now = store.now().await?;
     let mut sans = opts.sans.clone();
     if sans.is_empty() {
@@ -96,6 +142,7 @@ pub async fn serve(
         crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
             .context("worker signing key")?,
     );
+    record_keys(&opts)?;
     let listener = TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
@@ -115,7 +162,12 @@ pub async fn serve(
         opts.timing,
         now,
         own_clock,
+        metrics.clone(),
     );
+    {
+        let gw = gw.clone();
+        readiness.watch_lease(Box::new(move || !gw.is_fenced()));
+    }
     // Hold the lease before admitting anyone.
     match store
         .renew_lease(&gw.lease_name(), &gateway_id, opts.timing.gateway_lease_ttl)
@@ -144,6 +196,7 @@ pub async fn serve(
             opts.timing.sweep_every,
             leases.clone(),
             controllers_stop.clone(),
+            metrics.clone(),
         )),
         tokio::spawn(crate::controllers::run_sweeper(
             store.clone(),
@@ -167,7 +220,7 @@ pub async fn serve(
             controllers_stop,
         )),
     ];
-    let mut tasks = vec![
+    tasks.extend([
         tokio::spawn(crate::gateway::lease::keep(gw.clone())),
         tokio::spawn(crate::gateway::feeds::liveness(gw.clone())),
         tokio::spawn(crate::gateway::feeds::revocations(
@@ -175,13 +228,16 @@ pub async fn serve(
             Duration::from_millis(250),
         )),
         tokio::spawn(crate::gateway::feeds::work(gw.clone())),
-    ];
+    ]);
 
     let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
     let incoming = tls::incoming(
         listener,
         config,
-        Arc::new(HandshakeBucket::new(opts.timing.handshake_rate)),
+        Arc::new(HandshakeBucket::new(
+            opts.timing.handshake_rate,
+            metrics.clone(),
+        )),
     );
     let join = JoinService {
         store: store.clone(),
@@ -222,6 +278,7 @@ pub async fn serve(
             let _ = stop_rx.await;
         });
     let server = tokio::spawn(server);
+    readiness.started();
     shutdown.await;
     info!("shutting down");
     let _ = stop_controllers.send(true);

@@ -133,6 +133,9 @@ pub struct Server {
     pub addr: SocketAddr,
     /// The boot endpoint, when started with --boot-listen.
     pub boot: Option<SocketAddr>,
+    /// `/healthz`, `/readyz` and `/metrics` (an ephemeral loopback port
+    /// unless the args say `--http-listen`).
+    pub http: Option<SocketAddr>,
     pub args: Vec<String>,
     /// A PostgreSQL store's address (`None`: SQLite in `dir`).
     pub store_url: Option<String>,
@@ -196,12 +199,16 @@ impl Server {
         if let Some(url) = &store_url {
             command.env("BC_STORE", url);
         }
-        let mut child = command
+        command
             .arg("--data-dir")
             .arg(dir)
             .arg("serve")
             .arg("--listen")
-            .arg(listen)
+            .arg(listen);
+        if !args.iter().any(|a| a == "--http-listen") {
+            command.args(["--http-listen", "127.0.0.1:0"]);
+        }
+        let mut child = command
             .args(&args)
             .env("BC_LOG", "info,better_compute=debug")
             .stdout(Stdio::piped())
@@ -212,6 +219,7 @@ impl Server {
         let mut proc = Proc { child, log };
         // `boot endpoint on ADDR` comes first when the boot endpoint is on.
         let mut boot = None;
+        let mut http = None;
         let mut lines = BufReader::new(stdout).lines();
         let addr = loop {
             let Some(Ok(line)) = lines.next() else {
@@ -221,6 +229,9 @@ impl Server {
             if let Some(a) = line.strip_prefix("boot endpoint on ") {
                 boot = Some(a.trim().parse::<SocketAddr>()?);
             }
+            if let Some(a) = line.strip_prefix("http on ") {
+                http = Some(a.trim().parse::<SocketAddr>()?);
+            }
             if let Some(rest) = line.strip_prefix("listening on ") {
                 break rest.split_whitespace().next().unwrap_or_default().parse()?;
             }
@@ -229,6 +240,7 @@ impl Server {
             dir: dir.to_path_buf(),
             addr,
             boot,
+            http,
             args,
             store_url,
             proc,
@@ -262,8 +274,9 @@ impl Server {
                 self.store_url.clone(),
             ) {
                 Ok(s) => {
-                    let Server { proc, .. } = s;
+                    let Server { proc, http, .. } = s;
                     self.proc = proc;
+                    self.http = http;
                     return Ok(());
                 }
                 // The port may linger briefly after the old process.

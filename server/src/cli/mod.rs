@@ -6,6 +6,7 @@
 
 mod check;
 mod commands;
+mod doctor;
 mod images;
 mod nodes;
 pub mod output;
@@ -103,6 +104,10 @@ enum Command {
     },
     /// Check the fleet invariants (I1–I8) on a store, live or not.
     Check(check::CheckArgs),
+    /// Check this control plane's host: CA and serving certificate, the
+    /// store, leases, clock, releases and images. Read-only; exit 0 all
+    /// ok, 1 a failure, 2 warnings only.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Where an operator verb finds the server.
@@ -138,12 +143,18 @@ fn init_logging(default: tracing::Level) {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves at SIGTERM or SIGINT. The SIGTERM handler is installed when
+/// this is called, not when it is first awaited: a SIGTERM that comes
+/// while the process is still starting ends it in order too (its lease
+/// released) rather than by the signal's default action.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
     }
 }
 
@@ -165,6 +176,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
             .await
             .map(|()| done),
+        Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,

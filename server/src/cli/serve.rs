@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// A release public key (hex, from releases keygen); repeatable.
     #[arg(long = "release-pubkey")]
     release_pubkeys: Vec<String>,
+    /// `/healthz`, `/readyz` and `/metrics` over plain HTTP on this
+    /// address (loopback by default; `off` for none).
+    #[arg(long, default_value = crate::http::DEFAULT_LISTEN, env = "BC_HTTP_LISTEN")]
+    http_listen: String,
     #[command(flatten)]
     boot: crate::boot::BootOptions,
     /// For the simulator's clock faults: a file holding how many
@@ -67,6 +71,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
                 .ok_or_else(|| anyhow::anyhow!("--release-pubkey takes 64 hex digits, not {k:?}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let http = crate::http::parse_listen(&a.http_listen).map_err(anyhow::Error::msg)?;
     let timing = Timing {
         heartbeat: a.heartbeat_interval,
         gateway_lease_ttl: a.gateway_lease_ttl,
@@ -93,6 +98,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
             release_keys,
             boot: a.boot,
             clock_offset_file: a.clock_offset_file,
+            http,
         },
         super::shutdown_signal(),
     )

@@ -12,13 +12,20 @@ use bc_store::liveness::LivenessRules;
 use bc_store::{Store, StoreError};
 use tracing::{info, warn};
 
+use crate::metrics::ServerMetrics;
+
 /// One sweep; returns whether timed transitions are held now.
 pub async fn tick(
     store: &Store,
     rules: &LivenessRules,
     was_held: bool,
+    metrics: &ServerMetrics,
 ) -> Result<bool, StoreError> {
-    let out = store.sweep_liveness(rules).await?;
+    let out = metrics
+        .timed("sweep_liveness", store.sweep_liveness(rules))
+        .await?;
+    metrics.transition("disconnected", out.disconnected.len());
+    metrics.transition("unreachable", out.unreachable.len());
     match (was_held, out.held) {
         (false, true) => warn!("a liveness sweep gap: holding timed transitions"),
         (true, false) => info!("liveness hold over"),

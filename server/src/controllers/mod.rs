@@ -85,14 +85,15 @@ pub async fn run_liveness(
     every: Duration,
     leases: Leases,
     stop: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<crate::metrics::ServerMetrics>,
 ) {
     // Whether timed transitions were held at the last pass (for the log).
     let held = Arc::new(AtomicBool::new(false));
     let s = store.clone();
     under_lease(store, "liveness", leases, every, None, stop, || {
-        let (s, held) = (s.clone(), held.clone());
+        let (s, held, metrics) = (s.clone(), held.clone(), metrics.clone());
         async move {
-            match liveness::tick(&s, &rules, held.load(Ordering::Relaxed)).await {
+            match liveness::tick(&s, &rules, held.load(Ordering::Relaxed), &metrics).await {
                 Ok(now_held) => held.store(now_held, Ordering::Relaxed),
                 Err(e) => warn!(error = %e, "liveness sweep failed"),
             }

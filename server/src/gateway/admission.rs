@@ -68,14 +68,19 @@ pub struct HandshakeBucket {
     start: std::time::Instant,
     bucket: std::sync::Mutex<TokenBucket>,
     refused: std::sync::atomic::AtomicU64,
+    metrics: std::sync::Arc<crate::metrics::ServerMetrics>,
 }
 
 impl HandshakeBucket {
-    pub fn new(rate: u32) -> HandshakeBucket {
+    pub fn new(
+        rate: u32,
+        metrics: std::sync::Arc<crate::metrics::ServerMetrics>,
+    ) -> HandshakeBucket {
         HandshakeBucket {
             start: std::time::Instant::now(),
             bucket: std::sync::Mutex::new(TokenBucket::new(rate, 0)),
             refused: std::sync::atomic::AtomicU64::new(0),
+            metrics,
         }
     }
 }
@@ -88,6 +93,7 @@ impl tls::Admission for HandshakeBucket {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take(now);
+        self.metrics.handshake(ok);
         if !ok {
             let n = self
                 .refused

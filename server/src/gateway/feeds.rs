@@ -51,7 +51,14 @@ pub async fn liveness(state: Arc<GatewayState>) {
         if seen.is_empty() {
             continue;
         }
-        let gone = match state.store.flush_liveness(&state.id, &seen).await {
+        let gone = match state
+            .metrics
+            .timed(
+                "flush_liveness",
+                state.store.flush_liveness(&state.id, &seen),
+            )
+            .await
+        {
             Ok(gone) => gone,
             Err(e) => {
                 warn!(error = %e, "liveness flush failed");
@@ -129,7 +136,14 @@ pub async fn work(state: Arc<GatewayState>) {
         }
         // Overlapping windows: a wake for a spec already sent is a no-op.
         let since = state.clock.now_ms() - 3_000;
-        match state.store.nodes_with_work(&state.id, since).await {
+        match state
+            .metrics
+            .timed(
+                "nodes_with_work",
+                state.store.nodes_with_work(&state.id, since),
+            )
+            .await
+        {
             Ok(nodes) => {
                 for n in nodes {
                     state.wake(&n);

@@ -104,22 +104,33 @@ pub async fn keep(state: Arc<GatewayState>) {
     let mut skew_raised: Option<Instant> = None;
     loop {
         tick.tick().await;
+        // A stopping gateway releases its lease with its sessions; a
+        // renewal after that would hold it again for a whole TTL.
+        let _renewing = state.renewing.lock().await;
+        if state.stopping.load(Ordering::SeqCst) {
+            return;
+        }
         let own_before = state.own_clock.now_ms();
-        let renewal =
-            match tokio::time::timeout(ttl / 2, state.store.renew_lease(&name, &state.id, ttl))
-                .await
-            {
-                Ok(Ok(Some(now))) => Renewal::Held(now),
-                Ok(Ok(None)) => Renewal::Taken,
-                Ok(Err(e)) => {
-                    warn!(error = %e, "gateway lease renewal failed");
-                    Renewal::Failed
-                }
-                Err(_) => {
-                    warn!("gateway lease renewal timed out");
-                    Renewal::Failed
-                }
-            };
+        // Timed with its bound, so a renewal that times out is counted.
+        let renewal = match state
+            .metrics
+            .timed(
+                "renew_lease",
+                tokio::time::timeout(ttl / 2, state.store.renew_lease(&name, &state.id, ttl)),
+            )
+            .await
+        {
+            Ok(Ok(Some(now))) => Renewal::Held(now),
+            Ok(Ok(None)) => Renewal::Taken,
+            Ok(Err(e)) => {
+                warn!(error = %e, "gateway lease renewal failed");
+                Renewal::Failed
+            }
+            Err(_) => {
+                warn!("gateway lease renewal timed out");
+                Renewal::Failed
+            }
+        };
         match decide(renewal, last_ok.map(|t| t.elapsed()), ttl) {
             Action::Hold(now) => {
                 state.clock.anchor(now);
@@ -127,6 +138,7 @@ pub async fn keep(state: Arc<GatewayState>) {
                 let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
                 state.clock_offset_ms.store(offset, Ordering::Relaxed);
                 let seconds = offset as f64 / 1000.0;
+                state.metrics.clock_offset_seconds.set(seconds);
                 if skewed(offset) {
                     if skew_raised.is_none_or(|t| t.elapsed() >= SKEW_REPEAT) {
                         skew_raised = Some(Instant::now());
@@ -144,6 +156,9 @@ pub async fn keep(state: Arc<GatewayState>) {
                     && state.fenced.swap(false, Ordering::SeqCst)
                 {
                     info!(gateway = %state.id, "holding the gateway lease; admitting sessions");
+                }
+                if !state.stopping.load(Ordering::SeqCst) {
+                    state.metrics.fenced.set(0);
                 }
             }
             Action::Fence(why) => state.fence(why),

@@ -141,8 +141,13 @@ pub struct GatewayState {
     /// [`admission::first_retry_window`]), refreshed by the work feed.
     pub first_retry_ms: AtomicU32,
     fenced: AtomicBool,
+    /// What the gateway counts for `/metrics`.
+    pub metrics: Arc<crate::metrics::ServerMetrics>,
     /// Shutting down: stays fenced whatever the lease does.
     stopping: AtomicBool,
+    /// Held by a lease renewal while it runs; a shutdown takes it before
+    /// releasing the lease, so no renewal in flight takes it back.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for GatewayState {
@@ -160,7 +165,10 @@ impl GatewayState {
         timing: Timing,
         store_now_ms: i64,
         own_clock: lease::OwnClock,
+        metrics: Arc<crate::metrics::ServerMetrics>,
     ) -> Arc<GatewayState> {
+        metrics.set_gateway(&id);
+        metrics.fenced.set(1);
         Arc::new(GatewayState {
             id,
             store,
@@ -172,12 +180,19 @@ impl GatewayState {
             clock_offset_ms: AtomicI64::new(0),
             first_retry_ms: AtomicU32::new(1_000),
             fenced: AtomicBool::new(true),
+            metrics,
             stopping: AtomicBool::new(false),
+            renewing: tokio::sync::Mutex::new(()),
         })
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalSession>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sessions held now, for `/metrics`.
+    fn count_sessions(&self, sessions: &HashMap<String, LocalSession>) {
+        self.metrics.sessions.set(sessions.len() as i64);
     }
 
     pub fn lease_name(&self) -> String {
@@ -198,6 +213,7 @@ impl GatewayState {
 
     /// Fences the gateway: forget the lease, close every stream.
     pub fn fence(&self, why: &str) {
+        self.metrics.fenced.set(1);
         if !self.fenced.swap(true, Ordering::SeqCst) {
             warn!(gateway = %self.id, reason = why, "fencing: closing every session");
         }
@@ -247,6 +263,7 @@ impl GatewayState {
             }
         }
         self.fence("shutting down");
+        let _no_renewal = self.renewing.lock().await;
         let mine: Vec<SessionKey> = self
             .sessions()
             .iter()
@@ -255,7 +272,14 @@ impl GatewayState {
                 epoch: s.epoch,
             })
             .collect();
-        if let Err(e) = self.store.gateway_shutdown(&self.id, &mine).await {
+        if let Err(e) = self
+            .metrics
+            .timed(
+                "gateway_shutdown",
+                self.store.gateway_shutdown(&self.id, &mine),
+            )
+            .await
+        {
             warn!(error = %e, "cannot record the gateway's shutdown");
         }
     }
@@ -293,6 +317,7 @@ impl Gateway for GatewayService {
                 ))
             })?;
         if self.state.is_fenced() {
+            self.state.metrics.hello_refused("fenced");
             return Err(turned(Turned::GatewayFenced(self.state.id.clone())));
         }
         let inbound = request.into_inner();

@@ -60,6 +60,29 @@ fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInpu
     }
 }
 
+/// The `reason` label of a Hello the store turned down.
+fn refusal_reason(e: &TxError) -> &'static str {
+    match e {
+        TxError::Store(_) => "store-unavailable",
+        TxError::Refused(r) => match r {
+            Refusal::UnknownCertificate => "unknown-certificate",
+            Refusal::DeletedNode(..) => "deleted-node",
+            Refusal::WrongCertificate(_) => "wrong-certificate",
+            Refusal::Revoked(..) => "revoked",
+            Refusal::Expired => "certificate-expired",
+            Refusal::Fenced(_) => "fenced",
+            Refusal::BadRequest(_) => "bad-request",
+            Refusal::UnknownToken
+            | Refusal::ExpiredToken
+            | Refusal::UsedToken
+            | Refusal::NoSuchNode(_)
+            | Refusal::NotFound(_)
+            | Refusal::Conflict(_)
+            | Refusal::Internal(_) => "other",
+        },
+    }
+}
+
 /// Runs one session until it ends.
 pub async fn run(
     state: Arc<GatewayState>,
@@ -73,6 +96,7 @@ pub async fn run(
             msg: Some(node_message::Msg::Hello(h)),
         }))) => h,
         Ok(Ok(Some(_))) => {
+            state.metrics.hello_refused("not-hello");
             let _ = out
                 .send(Err(turned(Turned::Protocol(
                     "the first message must be Hello",
@@ -85,6 +109,7 @@ pub async fn run(
     // The pending-Hello bound counts Hello transactions, taken once the
     // Hello is here: a node slow to send it holds no permit meanwhile.
     let Ok(permit) = state.hellos.clone().try_acquire_owned() else {
+        state.metrics.hello_refused("too-many-hellos");
         let _ = out.send(Err(turned(Turned::Busy))).await;
         return;
     };
@@ -93,9 +118,18 @@ pub async fn run(
     let journal_id = hello.journal_id.clone();
     let applied_generation = hello.applied_generation;
     let input = hello_input(hello, fingerprint, &state.id);
-    let outcome = match state.store.hello(&input).await {
-        Ok(o) => o,
+    let outcome = match state
+        .metrics
+        .timed("hello", state.store.hello(&input))
+        .await
+    {
+        Ok(o) => {
+            state.metrics.hello_welcomed();
+            state.metrics.transition("connected", 1);
+            o
+        }
         Err(TxError::Refused(Refusal::Fenced(_))) => {
+            state.metrics.hello_refused("fenced");
             state.fence("the store says another gateway holds the lease, or it ran out");
             let end = End::Fenced {
                 gateway: state.id.clone(),
@@ -106,6 +140,7 @@ pub async fn run(
             return;
         }
         Err(e) => {
+            state.metrics.hello_refused(refusal_reason(&e));
             let _ = out.send(Err(status(e))).await;
             return;
         }
@@ -117,17 +152,24 @@ pub async fn run(
         let last_heard = Arc::new(Mutex::new(Instant::now()));
         let wake = Arc::new(Notify::new());
         let (end_tx, mut end_rx) = oneshot::channel::<End>();
-        if let Some(mut old) = state.sessions().insert(
-            node.clone(),
-            LocalSession {
-                epoch,
-                cert_serial: cert_serial.clone(),
-                cert_not_after_ms: outcome.cert_not_after_ms,
-                last_heard: last_heard.clone(),
-                end: Some(end_tx),
-                wake: wake.clone(),
-            },
-        ) && let Some(tx) = old.end.take()
+        let old = {
+            let mut sessions = state.sessions();
+            let old = sessions.insert(
+                node.clone(),
+                LocalSession {
+                    epoch,
+                    cert_serial: cert_serial.clone(),
+                    cert_not_after_ms: outcome.cert_not_after_ms,
+                    last_heard: last_heard.clone(),
+                    end: Some(end_tx),
+                    wake: wake.clone(),
+                },
+            );
+            state.count_sessions(&sessions);
+            old
+        };
+        if let Some(mut old) = old
+            && let Some(tx) = old.end.take()
         {
             let _ = tx.send(End::Superseded);
         }
@@ -262,17 +304,26 @@ impl Session<'_> {
             {
                 sessions.remove(self.node);
             }
+            self.state.count_sessions(&sessions);
         }
         let Some((cause, age)) = end.disconnect() else {
             return;
         };
         match self
             .state
-            .store
-            .disconnect(self.node, self.epoch, age, cause)
+            .metrics
+            .timed(
+                "disconnect",
+                self.state
+                    .store
+                    .disconnect(self.node, self.epoch, age, cause),
+            )
             .await
         {
-            Ok(true) => info!(cause, "session ended"),
+            Ok(true) => {
+                self.state.metrics.transition("disconnected", 1);
+                info!(cause, "session ended")
+            }
             Ok(false) => debug!(cause, "session ended; a newer session owns the node"),
             Err(e) => warn!(error = %e, "cannot record the disconnect"),
         }
@@ -283,6 +334,9 @@ impl Session<'_> {
     }
 
     async fn send_dispatch(&self, d: Dispatch) -> bool {
+        if let Some(waited) = d.waited_ms {
+            self.state.metrics.dispatched_after(waited);
+        }
         self.send(server_message::Msg::Command(v1::CommandDispatch {
             command_id: d.id,
             seq: d.seq,
@@ -316,10 +370,14 @@ impl Session<'_> {
     /// Sends what is pending for the node; false when the stream is
     /// unusable.
     async fn dispatch_pending(&self) -> bool {
+        let store = &self.state.store;
         match self
             .state
-            .store
-            .take_dispatchable(&self.state.id, self.node, self.epoch)
+            .metrics
+            .timed(
+                "take_dispatchable",
+                store.take_dispatchable(&self.state.id, self.node, self.epoch),
+            )
             .await
         {
             Ok(ds) => {
@@ -402,8 +460,13 @@ impl Session<'_> {
                     .as_ref()
                     .map(|f| f.command_id.clone())
                     .unwrap_or_default();
-                match store
-                    .command_result(node, &r, crate::pki::verify_node_signature)
+                match self
+                    .state
+                    .metrics
+                    .timed(
+                        "command_result",
+                        store.command_result(node, &r, crate::pki::verify_node_signature),
+                    )
                     .await
                 {
                     Ok(ResultApplied::Forged(reason)) => {

@@ -181,6 +181,8 @@ async fn start_gateway(
         "127.0.0.1:0",
         "--gateway-id",
         name,
+        "--http-listen",
+        "127.0.0.1:0",
     ]);
     cmd.arg("--clock-offset-file")
         .arg(clock_offset_file(dir, slot));

@@ -24,6 +24,7 @@ use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
+use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
@@ -138,6 +139,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
 
+    /// Every lease, live or expired, by name.
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
+
     // ---------------------------------------------------------- inventory
 
     /// Stores an inventory section the node signed, if it verifies
@@ -201,6 +205,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         r: &Signed<ResultInput>,
         verify: VerifySignature,
     ) -> Result<ResultApplied, StoreError>;
+
+    /// How many commands are in each state (only states that have some).
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError>;
 
     /// Expires pending commands past their deadline; returns them.
     async fn sweep_commands(&self) -> Result<Vec<String>, StoreError>;
@@ -283,6 +290,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError>;
 
     async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError>;
+
+    /// Each image's id and signed manifest, as registered.
+    async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
 
     /// An image by id, unique id prefix, or name (the latest registered of
     /// that name).

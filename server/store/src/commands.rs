@@ -53,6 +53,9 @@ pub struct Dispatch {
     pub id: String,
     pub seq: u64,
     pub signed: Vec<u8>,
+    /// How long the command waited in the store before this, its first
+    /// dispatch (store clock); `None` when it is sent again (a replay).
+    pub waited_ms: Option<i64>,
 }
 
 /// A command as operators see it.
@@ -156,6 +159,7 @@ mod tests {
             id: id.into(),
             seq,
             signed: vec![],
+            waited_ms: Some(0),
         }
     }
 

@@ -20,6 +20,9 @@ pub enum StoreError {
         "store schema version {found} is newer than this binary knows ({known}): run a newer better-compute"
     )]
     TooNew { found: u32, known: u32 },
+    /// There is no store where it was looked for (opened as it is).
+    #[error("there is no store there yet: better-compute serve creates it")]
+    Missing,
     /// A stored value does not parse: a bug or a hand-edited store.
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),

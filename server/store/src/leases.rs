@@ -9,3 +9,24 @@
 pub fn gateway_lease(gateway_id: &str) -> String {
     format!("gateway:{gateway_id}")
 }
+
+/// The lease of a controller (`liveness`, `sweeper`, `rollouts`).
+pub fn controller_lease(name: &str) -> String {
+    format!("controller:{name}")
+}
+
+/// A lease as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub name: String,
+    pub owner: String,
+    pub expires_at_ms: i64,
+    pub renewed_at_ms: i64,
+}
+
+impl LeaseRow {
+    /// Whether it is held at `now_ms` (store clock).
+    pub fn live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms >= now_ms
+    }
+}

@@ -81,6 +81,33 @@ impl Store {
         Ok(Store::new(Arc::new(backend)))
     }
 
+    /// Opens the store at `location` as it is, for reading: nothing is
+    /// created and no migration runs. A SQLite file that is not there is
+    /// [`StoreError::Missing`]; a PostgreSQL store connects at the first
+    /// call.
+    pub async fn open_existing(
+        location: &Location,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Store, StoreError> {
+        Ok(Store::new(match location {
+            Location::Sqlite(path) => {
+                Arc::new(sqlite::SqliteBackend::open_existing(path.clone(), clock).await?)
+            }
+            Location::Postgres(url) => {
+                let clock = (!clock.is_host_clock()).then_some(clock);
+                Arc::new(postgres::PostgresBackend::open_existing(url, clock)?)
+            }
+        }))
+    }
+
+    /// The schema version this binary writes to the store at `location`.
+    pub fn schema_target(location: &Location) -> u32 {
+        match location {
+            Location::Sqlite(_) => sqlite::SCHEMA_VERSION,
+            Location::Postgres(_) => postgres::SCHEMA_VERSION,
+        }
+    }
+
     /// Opens the store at `location`.
     pub async fn open(location: &Location, clock: Arc<dyn Clock>) -> Result<Store, StoreError> {
         match location {

@@ -170,7 +170,7 @@ pub(super) async fn take_dispatchable(
     .map_or(0, |r| r.get(0));
     let pending: Vec<(Dispatch, u64)> = query(
         tx,
-        "SELECT id, seq, signed, min_generation FROM commands
+        "SELECT id, seq, signed, min_generation, compute_now() - created_at FROM commands
          WHERE node_id = $1 AND state = 'pending' ORDER BY seq",
         &[&node_id],
     )
@@ -182,6 +182,7 @@ pub(super) async fn take_dispatchable(
                 id: r.get(0),
                 seq: r.get::<_, i64>(1) as u64,
                 signed: r.get(2),
+                waited_ms: Some(r.get(4)),
             },
             r.get::<_, i64>(3).max(0) as u64,
         )
@@ -344,4 +345,16 @@ pub(super) async fn cancel_pending(
     )
     .await?;
     Ok(n == 1)
+}
+
+pub(super) async fn states(tx: &Tx<'_>) -> Result<Vec<(String, u64)>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT state, COUNT(*) FROM commands GROUP BY state ORDER BY state",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get::<_, i64>(1).max(0) as u64))
+    .collect())
 }

@@ -218,3 +218,15 @@ pub(super) async fn boots(
     })
     .collect())
 }
+
+pub(super) async fn manifests(tx: &Tx<'_>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT image_id, signed_manifest FROM images ORDER BY image_id",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}

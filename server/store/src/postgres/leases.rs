@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use super::{Tx, execute, ms, query_opt};
+use super::{Tx, execute, ms, query, query_opt};
 use crate::error::StoreError;
+use crate::leases::LeaseRow;
 
 /// Takes a free or expired lease, or renews one `owner` holds; the
 /// conflicting row is locked, so a renewal waits for the Hellos that hold
@@ -37,4 +38,21 @@ pub(super) async fn release(tx: &Tx<'_>, name: &str, owner: &str) -> Result<(), 
     )
     .await?;
     Ok(())
+}
+
+pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<LeaseRow>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT name, owner, expires_at, renewed_at FROM leases ORDER BY name",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| LeaseRow {
+        name: r.get(0),
+        owner: r.get(1),
+        expires_at_ms: r.get(2),
+        renewed_at_ms: r.get(3),
+    })
+    .collect())
 }

@@ -69,6 +69,7 @@ use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
+use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
@@ -302,6 +303,21 @@ impl PostgresBackend {
         Ok(backend)
     }
 
+    /// The store at `url` as it is: no migration runs, nothing is
+    /// written, and no connection is made until the first call.
+    pub fn open_existing(
+        url: &str,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<PostgresBackend, StoreError> {
+        let config = config(url)?;
+        Ok(PostgresBackend {
+            pool: pool(config.clone(), 2)?,
+            leases: pool(config, 1)?,
+            clock,
+            fences: Mutex::new(HashMap::new()),
+        })
+    }
+
     /// Begins a transaction with the store's clock.
     async fn begin<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
         let tx = conn.transaction().await?;
@@ -506,6 +522,10 @@ impl Backend for PostgresBackend {
         tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
     }
 
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        tx!(self, |tx| leases::list(&tx).await)
+    }
+
     async fn put_inventory(
         &self,
         node_id: &str,
@@ -537,6 +557,10 @@ impl Backend for PostgresBackend {
 
     async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
         tx!(self, |tx| commands::row(&tx, id).await)
+    }
+
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        tx!(self, |tx| commands::states(&tx).await)
     }
 
     async fn list_commands(
@@ -666,6 +690,10 @@ impl Backend for PostgresBackend {
 
     async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
         tx!(self, |tx| images::list(&tx).await)
+    }
+
+    async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| images::manifests(&tx).await)
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {

@@ -171,6 +171,7 @@ async fn settle(
                     id: cmd.id,
                     seq: cmd.seq,
                     signed: cmd.signed,
+                    waited_ms: None,
                 });
             }
             HelloDecision::KeepRunning | HelloDecision::AwaitResult => {

@@ -138,7 +138,8 @@ pub(super) fn take_dispatchable(
         .unwrap_or(0);
     let pending: Vec<(Dispatch, u64)> = c
         .prepare_cached(
-            "SELECT c.id, c.seq, c.signed, c.min_generation FROM commands c
+            "SELECT c.id, c.seq, c.signed, c.min_generation, compute_now() - c.created_at
+             FROM commands c
              JOIN node_sessions s ON s.node_id = c.node_id
              WHERE c.node_id = ?1 AND c.state = 'pending'
                AND s.gateway_id = ?2 AND s.epoch = ?3 AND s.state = 'connected'
@@ -150,6 +151,7 @@ pub(super) fn take_dispatchable(
                     id: r.get(0)?,
                     seq: r.get::<_, i64>(1)? as u64,
                     signed: r.get(2)?,
+                    waited_ms: Some(r.get(4)?),
                 },
                 r.get::<_, i64>(3)?.max(0) as u64,
             ))
@@ -271,4 +273,12 @@ pub(super) fn cancel_pending(c: &Connection, id: &str, reason: &str) -> Result<b
         params![id, reason],
     )?;
     Ok(n == 1)
+}
+
+pub(super) fn states(c: &Connection) -> Result<Vec<(String, u64)>, StoreError> {
+    Ok(
+        c.prepare_cached("SELECT state, COUNT(*) FROM commands GROUP BY state ORDER BY state")?
+            .query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64)))?
+            .collect::<rusqlite::Result<_>>()?,
+    )
 }

@@ -191,3 +191,11 @@ pub(super) fn boots(
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
 }
+
+pub(super) fn manifests(c: &Connection) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    Ok(
+        c.prepare_cached("SELECT image_id, signed_manifest FROM images ORDER BY image_id")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?,
+    )
+}

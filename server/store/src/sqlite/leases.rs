@@ -6,6 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::ms;
 use crate::error::StoreError;
+use crate::leases::LeaseRow;
 
 pub(super) fn renew(
     c: &Connection,
@@ -32,4 +33,19 @@ pub(super) fn release(c: &Connection, name: &str, owner: &str) -> Result<(), Sto
         params![name, owner],
     )?;
     Ok(())
+}
+
+pub(super) fn list(c: &Connection) -> Result<Vec<LeaseRow>, StoreError> {
+    Ok(
+        c.prepare_cached("SELECT name, owner, expires_at, renewed_at FROM leases ORDER BY name")?
+            .query_map([], |r| {
+                Ok(LeaseRow {
+                    name: r.get(0)?,
+                    owner: r.get(1)?,
+                    expires_at_ms: r.get(2)?,
+                    renewed_at_ms: r.get(3)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?,
+    )
 }

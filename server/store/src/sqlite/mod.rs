@@ -52,6 +52,7 @@ use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
+use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
@@ -207,10 +208,41 @@ pub struct SqliteBackend {
 impl SqliteBackend {
     /// Opens the store at `path`, creating and migrating it.
     pub async fn open(path: PathBuf, clock: Arc<dyn Clock>) -> Result<SqliteBackend, StoreError> {
+        Self::open_with(path, clock, true).await
+    }
+
+    /// Opens the store at `path` as it is: no file is created and no
+    /// migration runs (what `better-compute doctor` looks at). A store
+    /// newer than this binary is refused.
+    pub async fn open_existing(
+        path: PathBuf,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SqliteBackend, StoreError> {
+        if !path.is_file() {
+            return Err(StoreError::Missing);
+        }
+        Self::open_with(path, clock, false).await
+    }
+
+    async fn open_with(
+        path: PathBuf,
+        clock: Arc<dyn Clock>,
+        migrating: bool,
+    ) -> Result<SqliteBackend, StoreError> {
         tokio::task::spawn_blocking(move || {
             let pin = Arc::new(writer::Pin::new(clock.clone()));
             let mut writer = connect_pinned(&path, &clock, Some(pin.clone()))?;
-            migrate(&mut writer)?;
+            if migrating {
+                migrate(&mut writer)?;
+            } else {
+                let found = user_version(&writer)?;
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::TooNew {
+                        found,
+                        known: SCHEMA_VERSION,
+                    });
+                }
+            }
             let writer = writer::Writer::start(writer, pin)
                 .map_err(|e| StoreError::Database(Box::new(e)))?;
             let reader = connect(&path, &clock)?;
@@ -422,6 +454,10 @@ impl Backend for SqliteBackend {
         .await
     }
 
+    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        self.read(leases::list).await
+    }
+
     async fn put_inventory(
         &self,
         node_id: &str,
@@ -455,6 +491,10 @@ impl Backend for SqliteBackend {
     async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
         let id = id.to_string();
         self.read(move |c| Ok(commands::row(c, &id)?)).await
+    }
+
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read(commands::states).await
     }
 
     async fn list_commands(
@@ -603,6 +643,10 @@ impl Backend for SqliteBackend {
 
     async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
         self.read(images::list).await
+    }
+
+    async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(images::manifests).await
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {

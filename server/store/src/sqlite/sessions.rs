@@ -152,6 +152,7 @@ fn settle(
                     id: cmd.id,
                     seq: cmd.seq,
                     signed: cmd.signed,
+                    waited_ms: None,
                 });
             }
             HelloDecision::KeepRunning | HelloDecision::AwaitResult => {

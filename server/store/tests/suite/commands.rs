@@ -154,7 +154,9 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
             .is_empty()
     );
     // The command waiting for generation 2 holds back the one after it.
+    f.advance(Duration::from_millis(250));
     let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
+    assert_eq!(d[0].waited_ms, Some(250), "how long it waited, store clock");
     assert_eq!(
         d.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
         [c1.id.as_str()]
@@ -332,5 +334,36 @@ pub async fn commands_for_unknown_nodes_are_refused(f: Fixture) {
             .await
             .is_err(),
         "nor for deleted ones"
+    );
+}
+
+pub async fn command_states_are_counted(f: Fixture) {
+    let s = &f.store;
+    assert!(s.command_states().await.unwrap().is_empty());
+    let node = joined(s, 1).await;
+    let e = s.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap().epoch;
+    for summary in ["a", "b"] {
+        s.create_command(
+            &command(&node, Kind::ExecRun, summary),
+            Box::new(|_| b"x".to_vec()),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        s.command_states().await.unwrap(),
+        [("pending".to_string(), 2)]
+    );
+    let d = s.take_dispatchable("gw-a", &node, e).await.unwrap();
+    s.command_result(
+        &node,
+        &result(&node, 1, &d[0].id, Outcome::Succeeded),
+        verify,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.command_states().await.unwrap(),
+        [("dispatched".to_string(), 1), ("succeeded".to_string(), 1)]
     );
 }

@@ -114,6 +114,14 @@ pub async fn images_resolve_by_id_name_or_prefix(f: Fixture) {
         s.resolve_image(&"a".repeat(64)).await.unwrap(),
         "a".repeat(64)
     );
+    assert_eq!(
+        s.image_manifests().await.unwrap(),
+        [
+            ("a".repeat(64), b"{a}".to_vec()),
+            ("b".repeat(64), b"{b}".to_vec())
+        ],
+        "each image's signed manifest, by id"
+    );
     for missing in ["cccccccc", "nope", &"c".repeat(64)] {
         let err = s.resolve_image(missing).await.unwrap_err();
         assert!(

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use bc_store::leases::LeaseRow;
 use bc_store::liveness::{LivenessRules, SweepOutcome};
 use bc_store::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE};
 
@@ -164,4 +165,48 @@ pub async fn the_fleet_size_counts_connected_sessions_and_live_gateways(f: Fixtu
         .unwrap();
     let size = s.fleet_size().await.unwrap();
     assert_eq!((size.connected, size.gateways), (1, 4));
+}
+
+pub async fn leases_are_listed_with_owner_and_expiry(f: Fixture) {
+    let s = &f.store;
+    // Only the leases this test takes (a fixture may hold others).
+    let mine = || async {
+        s.leases()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.owner == "listed")
+            .collect::<Vec<_>>()
+    };
+    assert!(mine().await.is_empty());
+    let ttl = Duration::from_millis(30);
+    s.renew_lease("gateway:listed", "listed", ttl)
+        .await
+        .unwrap();
+    f.advance(Duration::from_millis(5));
+    s.renew_lease("controller:listed", "listed", ttl)
+        .await
+        .unwrap();
+    let rows = mine().await;
+    assert_eq!(
+        rows,
+        [
+            LeaseRow {
+                name: "controller:listed".into(),
+                owner: "listed".into(),
+                expires_at_ms: super::T0 + 35,
+                renewed_at_ms: super::T0 + 5,
+            },
+            LeaseRow {
+                name: "gateway:listed".into(),
+                owner: "listed".into(),
+                expires_at_ms: super::T0 + 30,
+                renewed_at_ms: super::T0,
+            },
+        ]
+    );
+    let now = super::T0 + 31;
+    assert!(rows[0].live(now) && !rows[1].live(now));
+    s.release_lease("gateway:listed", "listed").await.unwrap();
+    assert_eq!(mine().await.len(), 1, "a released lease is gone");
 }
