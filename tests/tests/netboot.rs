@@ -6,10 +6,10 @@
 //!
 //! Needs the kernel cache (`scripts/fetch-kernel`), qemu, swtpm, busybox,
 //! kexec-tools and e2fsprogs (`scripts/test` installs them) and the static
-//! bcd. One VM at a time. Each test is `#[ignore]`d with what it needs, so
-//! a plain `cargo test` says it did not run them; `scripts/test` runs them
-//! (`--include-ignored`), and a missing piece fails them with the command
-//! that provides it.
+//! bcd. One VM at a time. Each test is ignored with what it needs
+//! (`#[ignore = "needs ..."]`), so a plain `cargo test` says it did not run
+//! them; `scripts/test` runs them (`--include-ignored`), and a missing piece
+//! fails them with the command that provides it.
 
 use std::time::Duration;
 
