@@ -31,6 +31,54 @@ struct Cli {
     command: Command,
 }
 
+/// Where the convergers write on this machine, and the tools they check
+/// with: one set, so `bcd node`, `bcd helper` and `bcd doctor` agree on
+/// every default.
+#[derive(Debug, clap::Args)]
+struct MachineFiles {
+    /// Where the CDI spec for assigned GPUs goes.
+    #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
+    cdi_dir: PathBuf,
+    /// Runtime files (per-allocation env files under env/).
+    #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
+    run_dir: PathBuf,
+    /// Root of the sshd configuration the access converger writes.
+    #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
+    etc_dir: PathBuf,
+    /// The nft program for the node's firewall table.
+    #[arg(long, default_value = "nft")]
+    nft: PathBuf,
+    /// The sshd used to check the configuration (`sshd -t`).
+    #[arg(long, default_value = "/usr/sbin/sshd")]
+    sshd: PathBuf,
+}
+
+impl MachineFiles {
+    fn env_dir(&self) -> PathBuf {
+        self.run_dir.join("env")
+    }
+
+    fn devices(&self) -> DeviceDirs {
+        DeviceDirs {
+            cdi_dir: self.cdi_dir.clone(),
+            env_dir: self.env_dir(),
+        }
+    }
+
+    fn sshd(&self) -> SshdDirs {
+        SshdDirs {
+            etc_dir: self.etc_dir.clone(),
+            sshd: self.sshd.clone(),
+        }
+    }
+
+    fn nft(&self) -> Nft {
+        Nft {
+            nft: self.nft.clone(),
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct HwArgs {
     /// Root of the host's /proc, /sys and /dev (tests point it at a tree of
@@ -108,21 +156,8 @@ enum Command {
     Node {
         #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
         data_dir: PathBuf,
-        /// Where the CDI spec for assigned GPUs goes.
-        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
-        cdi_dir: PathBuf,
-        /// Runtime files (per-allocation env files under env/).
-        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
-        run_dir: PathBuf,
-        /// Root of the sshd configuration the access converger writes.
-        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
-        etc_dir: PathBuf,
-        /// The nft program for the node's firewall table.
-        #[arg(long, default_value = "nft")]
-        nft: PathBuf,
-        /// The sshd used to check the configuration (`sshd -t`).
-        #[arg(long, default_value = "/usr/sbin/sshd")]
-        sshd: PathBuf,
+        #[command(flatten)]
+        files: MachineFiles,
         /// How often the convergers re-check the machine for drift.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         converge_every: std::time::Duration,
@@ -176,16 +211,8 @@ enum Command {
         /// Root's own directory for the copies it checks before use.
         #[arg(long, default_value = "/run/bcd-helper")]
         private_dir: PathBuf,
-        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
-        cdi_dir: PathBuf,
-        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
-        run_dir: PathBuf,
-        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
-        etc_dir: PathBuf,
-        #[arg(long, default_value = "nft")]
-        nft: PathBuf,
-        #[arg(long, default_value = "/usr/sbin/sshd")]
-        sshd: PathBuf,
+        #[command(flatten)]
+        files: MachineFiles,
         /// The TPM: a device (/dev/tpmrm0), or swtpm:HOST:PORT.
         #[arg(long, default_value = "/dev/tpmrm0")]
         tpm: String,
@@ -223,16 +250,8 @@ enum Command {
     Doctor {
         #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
         data_dir: PathBuf,
-        #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
-        cdi_dir: PathBuf,
-        #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
-        run_dir: PathBuf,
-        #[arg(long, default_value = "/etc", env = "BCD_ETC_DIR")]
-        etc_dir: PathBuf,
-        #[arg(long, default_value = "nft")]
-        nft: PathBuf,
-        #[arg(long, default_value = "/usr/sbin/sshd")]
-        sshd: PathBuf,
+        #[command(flatten)]
+        files: MachineFiles,
         /// The helper's socket when bcd node runs under one; checked at
         /// its default path when that exists.
         #[arg(long, env = "BCD_HELPER")]
@@ -384,13 +403,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Node {
             data_dir,
-            cdi_dir,
-            run_dir,
+            files,
             converge_every,
             confirm_within,
-            etc_dir,
-            nft,
-            sshd,
             helper,
             helper_staging,
             metrics_listen,
@@ -418,12 +433,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => node::Machine {
                     host,
                     power,
-                    devices: Arc::new(DeviceDirs {
-                        cdi_dir,
-                        env_dir: run_dir.join("env"),
-                    }),
-                    sshd: Arc::new(SshdDirs { etc_dir, sshd }),
-                    firewall: Arc::new(Nft { nft }),
+                    devices: Arc::new(files.devices()),
+                    sshd: Arc::new(files.sshd()),
+                    firewall: Arc::new(files.nft()),
                 },
                 Some(client) => {
                     let c = client.clone();
@@ -447,7 +459,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         }),
                         devices: Arc::new(via::HelperDevices {
                             client: client.clone(),
-                            env_dir: run_dir.join("env"),
+                            env_dir: files.env_dir(),
                         }),
                         sshd: Arc::new(via::HelperSshd {
                             client: client.clone(),
@@ -573,11 +585,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             data_dir,
             staging,
             private_dir,
-            cdi_dir,
-            run_dir,
-            etc_dir,
-            nft,
-            sshd,
+            files,
             tpm,
             system_bus,
             reboot_wait,
@@ -605,12 +613,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 staging: staging.unwrap_or_else(|| data_dir.join("staging")),
                 data_dir,
                 private: private_dir,
-                devices: DeviceDirs {
-                    cdi_dir,
-                    env_dir: run_dir.join("env"),
-                },
-                sshd: SshdDirs { etc_dir, sshd },
-                nft: Nft { nft },
+                devices: files.devices(),
+                sshd: files.sshd(),
+                nft: files.nft(),
                 host,
                 power,
                 system_bus,
@@ -642,11 +647,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Doctor {
             data_dir,
-            cdi_dir,
-            run_dir,
-            etc_dir,
-            nft,
-            sshd,
+            files,
             helper,
             udev_rules_dir,
             udevd,
@@ -661,12 +662,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             });
             let report = doctor::run(&doctor::Options {
                 data_dir,
-                devices: DeviceDirs {
-                    cdi_dir,
-                    env_dir: run_dir.join("env"),
-                },
-                sshd: SshdDirs { etc_dir, sshd },
-                nft: Nft { nft },
+                devices: files.devices(),
+                sshd: files.sshd(),
+                nft: files.nft(),
                 host: hw.host(),
                 helper,
                 udev_rules_dir,
