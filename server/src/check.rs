@@ -30,6 +30,18 @@
 //!   gateway with a live lease.
 //! - I8 monotonic: epochs, spec generations, release floors and the nodes'
 //!   server time marks never move backward.
+//!
+//! And what a restart must leave behind (checked the same way):
+//!
+//! - audit_chain_intact: the audit history is one unbroken hash chain up to
+//!   its head (`bc_store::audit::verify_chain`): no record edited, removed
+//!   or written around the store.
+//! - no orphaned lease: no lease (gateway or controller) has been dead for
+//!   longer than the gateway-loss grace plus a node lease: the process that
+//!   held it is gone, and reconcile (at every start, and on each sweep)
+//!   clears such leases.
+//! - no stranded command: no command waits, non-terminal, for a node the
+//!   store no longer knows (no route can ever carry it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -63,6 +75,10 @@ pub struct Timings {
 pub struct Snapshot {
     pub now: i64,
     pub audit: Vec<Audit>,
+    pub head: bc_store::audit::ChainHead,
+    /// Every lease: name → (owner, expiry).
+    pub all_leases: BTreeMap<String, (String, i64)>,
+    pub nodes: BTreeSet<String>,
     pub sessions: Vec<Session>,
     /// Gateway id → lease expiry.
     pub leases: BTreeMap<String, i64>,
@@ -83,6 +99,8 @@ pub struct Outcome {
     pub name: &'static str,
     pub title: &'static str,
     pub checked: usize,
+    /// What `checked` counts.
+    pub what: &'static str,
     pub violations: Vec<String>,
 }
 
@@ -168,6 +186,7 @@ pub fn i1(s: &Snapshot) -> Outcome {
         name: "I1",
         title: "single route",
         checked,
+        what: "routes",
         violations: v,
     }
 }
@@ -214,6 +233,7 @@ pub fn i2(s: &Snapshot) -> Outcome {
         name: "I2",
         title: "exactly once",
         checked: s.commands.len(),
+        what: "commands",
         violations: v,
     }
 }
@@ -237,6 +257,7 @@ pub fn i3(s: &Snapshot) -> Outcome {
         name: "I3",
         title: "no double booking",
         checked: s.bindings.len(),
+        what: "bindings",
         violations: v,
     }
 }
@@ -292,6 +313,7 @@ pub fn i4(s: &Snapshot) -> Outcome {
         name: "I4",
         title: "server clock",
         checked,
+        what: "liveness transitions",
         violations: v,
     }
 }
@@ -331,6 +353,7 @@ pub fn i5(s: &Snapshot) -> Outcome {
         name: "I5",
         title: "nothing released",
         checked,
+        what: "results and binding changes",
         violations: v,
     }
 }
@@ -375,6 +398,7 @@ pub fn i7(s: &Snapshot) -> Outcome {
         name: "I7",
         title: "convergence",
         checked: s.commands.len() + connected.len(),
+        what: "commands and connected nodes",
         violations: v,
     }
 }
@@ -412,13 +436,82 @@ pub fn i8(s: &Snapshot) -> Outcome {
         name: "I8",
         title: "monotonic",
         checked,
+        what: "generations, floors and time marks",
         violations: v,
+    }
+}
+
+pub fn audit_chain(s: &Snapshot) -> Outcome {
+    Outcome {
+        name: "AC",
+        title: "audit_chain_intact",
+        checked: s.audit.len(),
+        what: "audit records",
+        violations: bc_store::audit::verify_chain(&s.audit, &s.head),
+    }
+}
+
+pub fn orphaned_leases(s: &Snapshot) -> Outcome {
+    let dead_for = ms(s.timings.gateway_loss_grace) + ms(s.timings.node_lease_ttl);
+    let violations = s
+        .all_leases
+        .iter()
+        .filter(|(_, (_, expires))| s.now - expires > dead_for)
+        .map(|(name, (owner, expires))| {
+            format!(
+                "lease {name}: held by {owner}, dead for {} s and never cleared",
+                (s.now - expires) / 1000
+            )
+        })
+        .collect();
+    Outcome {
+        name: "OL",
+        title: "no orphaned lease",
+        checked: s.all_leases.len(),
+        what: "leases",
+        violations,
+    }
+}
+
+pub fn stranded_commands(s: &Snapshot) -> Outcome {
+    let open: Vec<&Command> = s
+        .commands
+        .iter()
+        .filter(|c| !TERMINAL.contains(&c.state.as_str()))
+        .collect();
+    let violations = open
+        .iter()
+        .filter(|c| !s.nodes.contains(&c.node_id))
+        .map(|c| {
+            format!(
+                "command {} is still {} for node {}, which the store no longer knows",
+                c.id, c.state, c.node_id
+            )
+        })
+        .collect();
+    Outcome {
+        name: "SC",
+        title: "no stuck command",
+        checked: open.len(),
+        what: "open commands",
+        violations,
     }
 }
 
 /// Every checker, in order.
 pub fn all(s: &Snapshot) -> Vec<Outcome> {
-    vec![i1(s), i2(s), i3(s), i4(s), i5(s), i7(s), i8(s)]
+    vec![
+        i1(s),
+        i2(s),
+        i3(s),
+        i4(s),
+        i5(s),
+        i7(s),
+        i8(s),
+        audit_chain(s),
+        orphaned_leases(s),
+        stranded_commands(s),
+    ]
 }
 
 /// Reads a snapshot from the store, in one read (alongside live gateways).
@@ -432,6 +525,9 @@ pub async fn snapshot(
     Ok(Snapshot {
         now: a.now,
         audit: a.audit,
+        head: a.head,
+        all_leases: a.all_leases,
+        nodes: a.nodes,
         sessions: a.sessions,
         leases: a.leases,
         commands: a.commands,
@@ -450,16 +546,17 @@ pub fn render(outcomes: &[Outcome]) -> String {
     for o in outcomes {
         if o.held() {
             out.push_str(&format!(
-                "{} {:<18} held ({} checked)\n",
-                o.name, o.title, o.checked
+                "{} {:<18} held ({} {} checked)\n",
+                o.name, o.title, o.checked, o.what
             ));
         } else {
             out.push_str(&format!(
-                "{} {:<18} VIOLATED {} times ({} checked)\n",
+                "{} {:<18} VIOLATED {} times ({} {} checked)\n",
                 o.name,
                 o.title,
                 o.violations.len(),
-                o.checked
+                o.checked,
+                o.what
             ));
             for line in o.violations.iter().take(10) {
                 out.push_str(&format!("   - {line}\n"));
@@ -486,7 +583,24 @@ mod tests {
             gateway_id: String::new(),
             value: 0,
             detail: String::new(),
+            prev_hash: String::new(),
+            hash: String::new(),
         }
+    }
+
+    /// Seals `s.audit` into a chain in its order, as the store does.
+    fn seal(s: &mut Snapshot) {
+        let mut prev = bc_store::audit::GENESIS.to_string();
+        for (i, r) in s.audit.iter_mut().enumerate() {
+            r.id = i as i64 + 1;
+            r.prev_hash = prev;
+            r.hash = r.expected_hash();
+            prev = r.hash.clone();
+        }
+        s.head = bc_store::audit::ChainHead {
+            seq: s.audit.len() as i64,
+            hash: prev,
+        };
     }
 
     fn route(id: i64, at: i64, node: &str, epoch: u64, gw: &str) -> Audit {
@@ -509,6 +623,12 @@ mod tests {
         Snapshot {
             now: 100_000,
             audit: vec![],
+            head: bc_store::audit::ChainHead {
+                seq: 0,
+                hash: bc_store::audit::GENESIS.into(),
+            },
+            all_leases: BTreeMap::new(),
+            nodes: BTreeSet::new(),
             sessions: vec![],
             leases: BTreeMap::new(),
             commands: vec![],
@@ -540,7 +660,75 @@ mod tests {
             state: "connected".into(),
         }];
         s.leases.insert("gw-b".into(), 120_000);
+        s.all_leases
+            .insert("gateway:gw-b".into(), ("gw-b".into(), 120_000));
+        s.nodes.insert("n1".into());
+        seal(&mut s);
         s
+    }
+
+    #[test]
+    fn the_audit_chain_catches_an_edited_a_removed_and_a_truncated_record() {
+        let s = clean();
+        assert!(audit_chain(&s).held());
+        let mut edited = clean();
+        edited.audit[1].epoch = 7;
+        let v = violated(audit_chain(&edited));
+        assert!(
+            v[0].contains("record 2") && v[0].contains("edited"),
+            "{v:?}"
+        );
+        let mut removed = clean();
+        removed.audit.remove(1);
+        let v = violated(audit_chain(&removed));
+        assert!(v[0].contains("record 2 is missing"), "{v:?}");
+        let mut truncated = clean();
+        truncated.audit.pop();
+        let v = violated(audit_chain(&truncated));
+        assert!(v[0].contains("last records were removed"), "{v:?}");
+        // Rewriting a record and its hash still breaks the next link.
+        let mut rewritten = clean();
+        rewritten.audit[1].epoch = 7;
+        rewritten.audit[1].hash = rewritten.audit[1].expected_hash();
+        let v = violated(audit_chain(&rewritten));
+        assert!(v[0].contains("record 3 does not follow"), "{v:?}");
+        // A record written around the store (never sealed).
+        let mut around = clean();
+        around.audit.push(audit(0, 40_000, "n1", "route"));
+        let v = violated(audit_chain(&around));
+        assert!(v[0].contains("never sealed"), "{v:?}");
+    }
+
+    #[test]
+    fn a_lease_dead_past_the_grace_is_orphaned() {
+        let mut s = clean();
+        // Dead for 100 s: within the grace (120 s) plus a node lease (40 s).
+        s.all_leases
+            .insert("controller:liveness".into(), ("gw-a".into(), 0));
+        assert!(orphaned_leases(&s).held());
+        s.now = 161_000;
+        let v = violated(orphaned_leases(&s));
+        assert!(
+            v[0].contains("controller:liveness") && v[0].contains("gw-a"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn an_open_command_for_a_node_the_store_forgot_is_stranded() {
+        let mut s = clean();
+        s.commands.push(Command {
+            id: "c9".into(),
+            node_id: "gone".into(),
+            kind: "exec.run".into(),
+            state: "pending".into(),
+            reason: String::new(),
+            exit_code: None,
+            created_at: 0,
+        });
+        assert!(violated(stranded_commands(&s))[0].contains("c9"));
+        s.commands[0].state = "expired".into();
+        assert!(stranded_commands(&s).held());
     }
 
     fn violated(o: Outcome) -> Vec<String> {

@@ -176,6 +176,19 @@ pub async fn serve(
         Some(now) => gw.clock.anchor(now),
         None => anyhow::bail!("gateway id {gateway_id} is held by another live gateway"),
     }
+    // Reconcile what a crash may have left before anything else runs.
+    let reconciled = store
+        .reconcile(&gateway_id, opts.timing.gateway_loss_grace)
+        .await
+        .context("cannot reconcile the store at start")?;
+    info!(
+        leases_removed = reconciled.leases_removed.len(),
+        derived_fixed = reconciled.derived_fixed.len(),
+        routes_to_dead_gateways = reconciled.routes_to_dead_gateways,
+        commands_held_by_away_nodes = reconciled.commands_held_by_away_nodes,
+        rollouts_running = reconciled.rollouts_running,
+        "reconciled"
+    );
     let rollouts = Arc::new(tokio::sync::Notify::new());
     let rules = LivenessRules {
         node_lease_ttl: opts.timing.node_lease_ttl,
@@ -201,6 +214,7 @@ pub async fn serve(
         tokio::spawn(crate::controllers::run_sweeper(
             store.clone(),
             opts.timing.sweep_every,
+            opts.timing.gateway_loss_grace,
             leases.clone(),
             controllers_stop.clone(),
         )),

@@ -122,8 +122,11 @@ fn check_catches_a_planted_violation() {
     // No store method can write a second terminal result for one command
     // (the first result wins inside the store), so the violation the
     // checker must catch is planted in the history directly.
+    // The record is sealed into the chain as the store would seal it (the
+    // chain holds): only I2 sees the second result.
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    bc_store::sqlite::audit_functions(&db).unwrap();
     db.execute(
         "INSERT INTO audit (at, node_id, kind, detail)
          VALUES (0, ?1, 'result', json_object('command', ?2))",
@@ -136,6 +139,42 @@ fn check_catches_a_planted_violation() {
     assert!(text.contains("I2 exactly once       VIOLATED"), "{text}");
     assert!(
         text.contains(&format!("command {cmd}: 2 terminal results")),
+        "{text}"
+    );
+    assert!(text.contains("AC audit_chain_intact held"), "{text}");
+
+    // Edited in the store: the chain catches it, and names the record.
+    let seq: i64 = db
+        .query_row(
+            "SELECT seq FROM audit WHERE kind = 'route' ORDER BY seq LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute("UPDATE audit SET epoch = epoch + 7 WHERE seq = ?1", [seq])
+        .unwrap();
+    let out = check();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("AC audit_chain_intact VIOLATED"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "audit record {seq} (route of node '{id}') was edited"
+        )),
+        "{text}"
+    );
+    db.execute("UPDATE audit SET epoch = epoch - 7 WHERE seq = ?1", [seq])
+        .unwrap();
+    assert!(String::from_utf8_lossy(&check().stdout).contains("AC audit_chain_intact held"));
+    // Removed: the gap is named.
+    db.execute("DELETE FROM audit WHERE seq = ?1", [seq + 1])
+        .unwrap();
+    let text = String::from_utf8_lossy(&check().stdout).to_string();
+    assert!(
+        text.contains(&format!(
+            "audit record {} is missing: it was removed",
+            seq + 1
+        )),
         "{text}"
     );
 }

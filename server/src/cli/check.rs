@@ -17,6 +17,10 @@ pub struct CheckArgs {
     /// Commands younger than this may still be on their way.
     #[arg(long, default_value = "60s", value_parser = dur)]
     settle: Duration,
+    /// A label for this check, printed above it (`--label "after
+    /// restart"`), so a series of checks reads as one report.
+    #[arg(long)]
+    label: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -44,9 +48,20 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
     .with_context(|| format!("cannot read {location}"))?;
     let outcomes = crate::check::all(&snapshot);
     if a.json {
-        output::json(&outcomes)?;
+        match &a.label {
+            Some(label) => output::json(&serde_json::json!({
+                "label": label,
+                "invariants": outcomes,
+            }))?,
+            None => output::json(&outcomes)?,
+        }
     } else {
-        output::emit(&crate::check::render(&outcomes))?;
+        let mut text = String::new();
+        if let Some(label) = &a.label {
+            text.push_str(&format!("== {label}: {} invariants ==\n", outcomes.len()));
+        }
+        text.push_str(&crate::check::render(&outcomes));
+        output::emit(&text)?;
     }
     anyhow::ensure!(
         outcomes.iter().all(|o| o.held()),

@@ -106,6 +106,7 @@ pub async fn run_liveness(
 pub async fn run_sweeper(
     store: Store,
     every: Duration,
+    dead_lease_after: Duration,
     leases: Leases,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -113,8 +114,8 @@ pub async fn run_sweeper(
     under_lease(store, "sweeper", leases, every, None, stop, || {
         let s = s.clone();
         async move {
-            if let Err(e) = sweeper::tick(&s).await {
-                warn!(error = %e, "command sweep failed");
+            if let Err(e) = sweeper::tick(&s, dead_lease_after).await {
+                warn!(error = %e, "sweep failed");
             }
         }
     })

@@ -1,15 +1,22 @@
-//! The command sweeper: commands still pending after their deadline
-//! expire (`not_after passed before dispatch`). A command a node may hold
-//! is never swept: the node itself rejects it EXPIRED on server time.
+//! The sweeper: commands still pending after their deadline expire
+//! (`not_after passed before dispatch`); a command a node may hold is never
+//! swept: the node itself rejects it EXPIRED on server time. Leases dead
+//! past the gateway-loss grace (their holder is gone) are removed, as every
+//! start's reconcile does.
+
+use std::time::Duration;
 
 use bc_store::{Store, StoreError};
 use tracing::info;
 
 /// One sweep; returns the commands it expired.
-pub async fn tick(store: &Store) -> Result<Vec<String>, StoreError> {
+pub async fn tick(store: &Store, dead_lease_after: Duration) -> Result<Vec<String>, StoreError> {
     let expired = store.sweep_commands().await?;
     for id in &expired {
         info!(cmd = %id, "command expired before dispatch");
+    }
+    for lease in store.remove_dead_leases(dead_lease_after).await? {
+        info!(%lease, "removed a lease its holder left behind");
     }
     Ok(expired)
 }

@@ -55,7 +55,7 @@ impl StoreState {
 pub fn verdict(started: bool, store: StoreState, lease_held: Option<bool>) -> Vec<String> {
     let mut why = Vec::new();
     if !started {
-        why.push("start-up: not finished".to_string());
+        why.push("start-up: reconcile and listeners not finished".to_string());
     }
     match store {
         StoreState::Ready => {}
@@ -161,7 +161,7 @@ mod tests {
         assert!(verdict(true, StoreState::Ready, Some(true)).is_empty());
         assert_eq!(
             verdict(false, StoreState::Ready, Some(true)),
-            ["start-up: not finished"]
+            ["start-up: reconcile and listeners not finished"]
         );
         assert_eq!(
             verdict(true, StoreState::Unreachable, Some(false)),

@@ -142,6 +142,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Every lease, live or expired, by name.
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
 
+    /// Removes leases expired longer than `dead_after` ago (their holders
+    /// are gone); returns their names.
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError>;
+
+    /// The reconcile every start runs (see [`crate::reconcile`]), audited
+    /// as `owner`'s.
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError>;
+
     // ---------------------------------------------------------- inventory
 
     /// Stores an inventory section the node signed, if it verifies

@@ -36,6 +36,7 @@ pub mod leases;
 pub mod liveness;
 pub mod nodes;
 pub mod postgres;
+pub mod reconcile;
 pub mod releases;
 pub mod rollouts;
 pub mod sessions;

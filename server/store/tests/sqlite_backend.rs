@@ -222,6 +222,12 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     );
     let snap = s.audit_snapshot().await.unwrap();
     assert_eq!(snap.audit.len(), 8, "the history is kept");
+    // ... and sealed into the audit chain, in the order it was written.
+    assert_eq!(
+        bc_store::audit::verify_chain(&snap.audit, &snap.head),
+        Vec::<String>::new()
+    );
+    assert_eq!(snap.head.seq, 8);
 
     // The upgraded store works, and its triggers use the store's clock.
     let t = s
@@ -250,6 +256,8 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let snap = s.audit_snapshot().await.unwrap();
     let route = snap.audit.iter().rev().find(|a| a.kind == "route").unwrap();
     assert_eq!((route.epoch, route.at), (2, V10_NOW + 1_005));
+    assert!(bc_store::audit::verify_chain(&snap.audit, &snap.head).is_empty());
+    assert!(snap.head.seq > 8);
 }
 
 /// The store the version before this one wrote (see the fixture's header).

@@ -5,14 +5,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Tx, json_col, now, query, query_one};
-use crate::audit::{AuditRow, AuditSnapshot, BindingFact, CommandFact, SessionFact, Settling};
+use crate::audit::{
+    AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
+};
 use crate::error::StoreError;
 
 pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
     let now = now(tx).await?;
     let audit = query(
         tx,
-        "SELECT id, at, node_id, kind, epoch, gateway_id, value, detail FROM audit ORDER BY id",
+        "SELECT COALESCE(seq, 0), at, node_id, kind, epoch, gateway_id, value, detail, \
+         COALESCE(prev_hash, ''), COALESCE(hash, '') FROM audit ORDER BY seq NULLS FIRST, id",
         &[],
     )
     .await?
@@ -26,8 +29,16 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
         gateway_id: r.get(5),
         value: r.get(6),
         detail: r.get(7),
+        prev_hash: r.get(8),
+        hash: r.get(9),
     })
     .collect();
+    let head = query_one(tx, "SELECT seq, hash FROM audit_head WHERE one = 1", &[])
+        .await
+        .map(|r| ChainHead {
+            seq: r.get(0),
+            hash: r.get(1),
+        })?;
     let sessions = query(
         tx,
         "SELECT node_id, epoch, gateway_id, state FROM node_sessions",
@@ -51,6 +62,16 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
     .iter()
     .map(|r| (r.get(0), r.get(1)))
     .collect::<BTreeMap<_, _>>();
+    let all_leases = query(tx, "SELECT name, owner, expires_at FROM leases", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect::<BTreeMap<_, _>>();
+    let nodes = query(tx, "SELECT id FROM nodes", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let commands = query(
         tx,
         "SELECT id, node_id, kind, state, reason, exit_code, created_at FROM commands",
@@ -100,8 +121,11 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
     Ok(AuditSnapshot {
         now,
         audit,
+        head,
         sessions,
         leases,
+        all_leases,
+        nodes,
         commands,
         bindings,
         desired,

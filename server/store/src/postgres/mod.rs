@@ -45,6 +45,7 @@ mod inventory;
 mod leases;
 mod liveness;
 mod nodes;
+mod reconcile;
 mod releases;
 mod rollouts;
 mod sessions;
@@ -93,6 +94,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0010_images.sql"),
     include_str!("migrations/0011_compute_now.sql"),
     include_str!("migrations/0012_signed_facts_statements.sql"),
+    include_str!("migrations/0013_audit_chain.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -524,6 +526,19 @@ impl Backend for PostgresBackend {
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
         tx!(self, |tx| leases::list(&tx).await)
+    }
+
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| reconcile::remove_dead_leases(&tx, dead_after)
+            .await)
+    }
+
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError> {
+        tx!(self, |tx| reconcile::run(&tx, owner, dead_after).await)
     }
 
     async fn put_inventory(

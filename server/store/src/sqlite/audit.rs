@@ -5,14 +5,17 @@ use std::collections::BTreeMap;
 use rusqlite::Connection;
 
 use super::{json_col, now};
-use crate::audit::{AuditRow, AuditSnapshot, BindingFact, CommandFact, SessionFact, Settling};
+use crate::audit::{
+    AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
+};
 use crate::error::StoreError;
 
 pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
     let now = now(c)?;
     let audit = c
         .prepare(
-            "SELECT id, at, node_id, kind, epoch, gateway_id, value, detail FROM audit ORDER BY id",
+            "SELECT COALESCE(seq, 0), at, node_id, kind, epoch, gateway_id, value, detail, \
+         COALESCE(prev_hash, ''), COALESCE(hash, '') FROM audit ORDER BY seq NULLS FIRST, id",
         )?
         .query_map([], |r| {
             Ok(AuditRow {
@@ -24,9 +27,17 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
                 gateway_id: r.get(5)?,
                 value: r.get(6)?,
                 detail: r.get(7)?,
+                prev_hash: r.get(8)?,
+                hash: r.get(9)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let head = c.query_row("SELECT seq, hash FROM audit_head WHERE one = 1", [], |r| {
+        Ok(ChainHead {
+            seq: r.get(0)?,
+            hash: r.get(1)?,
+        })
+    })?;
     let sessions = c
         .prepare("SELECT node_id, epoch, gateway_id, state FROM node_sessions")?
         .query_map([], |r| {
@@ -42,6 +53,14 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
         .prepare("SELECT owner, expires_at FROM leases WHERE name LIKE 'gateway:%'")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+    let all_leases = c
+        .prepare("SELECT name, owner, expires_at FROM leases")?
+        .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))?
+        .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+    let nodes = c
+        .prepare("SELECT id FROM nodes")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
     let commands = c
         .prepare("SELECT id, node_id, kind, state, reason, exit_code, created_at FROM commands")?
         .query_map([], |r| {
@@ -78,8 +97,11 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
     Ok(AuditSnapshot {
         now,
         audit,
+        head,
         sessions,
         leases,
+        all_leases,
+        nodes,
         commands,
         bindings,
         desired,

@@ -28,6 +28,7 @@ mod inventory;
 mod leases;
 mod liveness;
 mod nodes;
+mod reconcile;
 mod releases;
 mod rollouts;
 mod sessions;
@@ -75,6 +76,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0010_images.sql"),
     include_str!("migrations/0011_compute_now.sql"),
     include_str!("migrations/0012_signed_facts_statements.sql"),
+    include_str!("migrations/0013_audit_chain.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -133,7 +135,34 @@ fn connect_pinned(
                 .unwrap_or_else(|| clock.now_ms()))
         },
     )?;
+    audit_functions(&conn)?;
     Ok(conn)
+}
+
+/// Registers `audit_hash()`, which the audit chain's trigger calls, on a
+/// connection: every connection the store opens has it; a tool that writes
+/// to the store file through a plain connection needs it too.
+pub fn audit_functions(conn: &Connection) -> rusqlite::Result<()> {
+    conn.create_scalar_function(
+        "audit_hash",
+        9,
+        FunctionFlags::SQLITE_UTF8
+            | FunctionFlags::SQLITE_DETERMINISTIC
+            | FunctionFlags::SQLITE_INNOCUOUS,
+        |ctx| {
+            Ok(crate::audit::chain_hash(
+                &ctx.get::<String>(0)?,
+                ctx.get(1)?,
+                ctx.get(2)?,
+                &ctx.get::<String>(3)?,
+                &ctx.get::<String>(4)?,
+                ctx.get(5)?,
+                &ctx.get::<String>(6)?,
+                ctx.get(7)?,
+                &ctx.get::<String>(8)?,
+            ))
+        },
+    )
 }
 
 /// Applies the migrations the store lacks, one transaction each; the
@@ -456,6 +485,21 @@ impl Backend for SqliteBackend {
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
         self.read(leases::list).await
+    }
+
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
+        self.write(move |c| reconcile::remove_dead_leases(c, dead_after))
+            .await
+    }
+
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |c| reconcile::run(c, &owner, dead_after))
+            .await
     }
 
     async fn put_inventory(

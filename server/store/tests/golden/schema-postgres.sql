@@ -1,4 +1,4 @@
--- schema version 12
+-- schema version 13
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -9,6 +9,12 @@ audit.epoch: bigint NOT NULL DEFAULT 0
 audit.gateway_id: text NOT NULL DEFAULT ''::text
 audit.value: bigint NOT NULL DEFAULT 0
 audit.detail: text NOT NULL DEFAULT ''::text
+audit.seq: bigint
+audit.prev_hash: text
+audit.hash: text
+audit_head.one: integer NOT NULL
+audit_head.seq: bigint NOT NULL
+audit_head.hash: text NOT NULL
 bc_schema.version: bigint NOT NULL
 binding_nonces.node_id: text NOT NULL
 binding_nonces.nonce: text NOT NULL
@@ -165,7 +171,10 @@ rollouts.created_at: bigint NOT NULL
 rollouts.updated_at: bigint NOT NULL
 
 -- constraints
+audit audit_chain: TRIGGER DEFERRABLE INITIALLY DEFERRED
 audit audit_pkey: PRIMARY KEY (id)
+audit_head audit_head_one_check: CHECK ((one = 1))
+audit_head audit_head_pkey: PRIMARY KEY (one)
 binding_nonces binding_nonces_pkey: PRIMARY KEY (node_id, nonce)
 bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 bindings bindings_pkey: PRIMARY KEY (node_id, allocation_id)
@@ -207,8 +216,10 @@ rollouts rollouts_pkey: PRIMARY KEY (id)
 rollouts rollouts_sequence_fkey: FOREIGN KEY (sequence) REFERENCES releases(sequence)
 
 -- indexes
+audit_head_pkey: CREATE UNIQUE INDEX audit_head_pkey ON public.audit_head USING btree (one)
 audit_node: CREATE INDEX audit_node ON public.audit USING btree (node_id, id)
 audit_pkey: CREATE UNIQUE INDEX audit_pkey ON public.audit USING btree (id)
+audit_seq: CREATE UNIQUE INDEX audit_seq ON public.audit USING btree (seq)
 binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_nonces USING btree (node_id, nonce)
 bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
 boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
@@ -249,6 +260,7 @@ rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree 
 -- triggers
 audit_binding: CREATE TRIGGER audit_binding AFTER UPDATE OF state ON public.bindings FOR EACH ROW WHEN ((new.state <> old.state)) EXECUTE FUNCTION audit_binding()
 audit_binding_gone: CREATE TRIGGER audit_binding_gone AFTER DELETE ON public.bindings FOR EACH ROW EXECUTE FUNCTION audit_binding()
+audit_chain: CREATE CONSTRAINT TRIGGER audit_chain AFTER INSERT ON public.audit DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION audit_seal()
 audit_floor: CREATE TRIGGER audit_floor AFTER UPDATE OF release_floor ON public.nodes FOR EACH ROW WHEN ((new.release_floor <> old.release_floor)) EXECUTE FUNCTION audit_floor()
 audit_generation: CREATE TRIGGER audit_generation AFTER UPDATE OF generation ON public.node_specs FOR EACH ROW WHEN ((new.generation <> old.generation)) EXECUTE FUNCTION audit_generation()
 audit_generation_new: CREATE TRIGGER audit_generation_new AFTER INSERT ON public.node_specs FOR EACH ROW EXECUTE FUNCTION audit_generation()
@@ -295,6 +307,20 @@ BEGIN
     VALUES (compute_now(), NEW.node_id, 'generation', NEW.generation);
     RETURN NULL;
 END $function$
+audit_hash: CREATE OR REPLACE FUNCTION public.audit_hash(prev text, seq bigint, at bigint, node_id text, kind text, epoch bigint, gateway_id text, value bigint, detail text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE STRICT
+AS $function$
+    SELECT encode(sha256(convert_to(
+        'bc-audit-v1' || chr(10) || prev || chr(10) || seq::text || chr(10) || at::text
+        || chr(10) || length(node_id)::text || ':' || node_id
+        || chr(10) || length(kind)::text || ':' || kind
+        || chr(10) || epoch::text
+        || chr(10) || length(gateway_id)::text || ':' || gateway_id
+        || chr(10) || value::text
+        || chr(10) || length(detail)::text || ':' || detail, 'UTF8')), 'hex')
+$function$
 audit_lease: CREATE OR REPLACE FUNCTION public.audit_lease()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -337,6 +363,21 @@ AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
     VALUES (compute_now(), NEW.node_id, 'route', NEW.epoch, NEW.gateway_id, NEW.last_seen);
+    RETURN NULL;
+END $function$
+audit_seal: CREATE OR REPLACE FUNCTION public.audit_seal()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    h RECORD;
+    sealed TEXT;
+BEGIN
+    SELECT seq, hash INTO h FROM audit_head WHERE one = 1 FOR UPDATE;
+    sealed := audit_hash(h.hash, h.seq + 1, NEW.at, NEW.node_id, NEW.kind, NEW.epoch,
+                         NEW.gateway_id, NEW.value, NEW.detail);
+    UPDATE audit SET seq = h.seq + 1, prev_hash = h.hash, hash = sealed WHERE id = NEW.id;
+    UPDATE audit_head SET seq = h.seq + 1, hash = sealed WHERE one = 1;
     RETURN NULL;
 END $function$
 compute_now: CREATE OR REPLACE FUNCTION public.compute_now()

@@ -1,7 +1,10 @@
--- schema version 12
+-- schema version 13
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
+
+-- index audit_seq
+CREATE UNIQUE INDEX audit_seq ON audit(seq);
 
 -- index boots_mac
 CREATE INDEX boots_mac ON boots(mac, id);
@@ -34,7 +37,14 @@ CREATE TABLE audit (
         gateway_id TEXT NOT NULL DEFAULT '',
         value      INTEGER NOT NULL DEFAULT 0,
         detail     TEXT NOT NULL DEFAULT ''
-    ) STRICT;
+    , seq INTEGER, prev_hash TEXT, hash TEXT) STRICT;
+
+-- table audit_head
+CREATE TABLE audit_head (
+    one  INTEGER PRIMARY KEY CHECK (one = 1),
+    seq  INTEGER NOT NULL,
+    hash TEXT NOT NULL
+) STRICT;
 
 -- table binding_nonces
 CREATE TABLE binding_nonces (
@@ -293,6 +303,18 @@ CREATE TRIGGER audit_binding_gone AFTER DELETE ON bindings BEGIN
         VALUES (compute_now(), OLD.node_id, 'binding',
                 json_object('allocation', OLD.allocation_id, 'state', 'deleted'));
     END;
+
+-- trigger audit_chain
+CREATE TRIGGER audit_chain AFTER INSERT ON audit BEGIN
+    UPDATE audit SET seq = (SELECT seq + 1 FROM audit_head WHERE one = 1),
+                     prev_hash = (SELECT hash FROM audit_head WHERE one = 1)
+    WHERE id = NEW.id;
+    UPDATE audit SET hash = audit_hash(prev_hash, seq, at, node_id, kind, epoch, gateway_id,
+                                       value, detail)
+    WHERE id = NEW.id;
+    UPDATE audit_head SET seq = seq + 1, hash = (SELECT hash FROM audit WHERE id = NEW.id)
+    WHERE one = 1;
+END;
 
 -- trigger audit_floor
 CREATE TRIGGER audit_floor AFTER UPDATE OF release_floor ON nodes

@@ -16,6 +16,7 @@ pub mod facts;
 pub mod images;
 pub mod liveness;
 pub mod races;
+pub mod recovery;
 pub mod releases;
 pub mod rollouts;
 pub mod sessions;
@@ -221,6 +222,9 @@ macro_rules! store_suite {
             races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,
             races::of_two_results_the_first_wins,
             races::concurrent_writes_are_each_their_own_transaction,
+            recovery::the_audit_history_is_one_chain_across_handles_and_reopenings,
+            recovery::reconcile_clears_dead_leases_keeps_live_ones_and_is_idempotent,
+            recovery::the_sweeper_removes_only_leases_dead_past_the_grace,
             releases::a_release_registers_once,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
             rollouts::a_rollout_needs_a_release_and_no_other_active,

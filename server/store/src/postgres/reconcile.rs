@@ -1,0 +1,82 @@
+//! The start-up reconcile (see `crate::reconcile`; as SQLite's).
+
+use super::{Tx, execute, json_col, ms, query, query_one, to_json};
+use crate::error::StoreError;
+use crate::reconcile::{Reconciled, derived};
+
+/// Removes leases dead for longer than `dead_after`; returns their names.
+pub(super) async fn remove_dead_leases(
+    tx: &Tx<'_>,
+    dead_after: std::time::Duration,
+) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "DELETE FROM leases WHERE expires_at < compute_now() - $1 RETURNING name",
+        &[&ms(dead_after)],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+pub(super) async fn run(
+    tx: &Tx<'_>,
+    owner: &str,
+    dead_after: std::time::Duration,
+) -> Result<Reconciled, StoreError> {
+    let mut out = Reconciled {
+        leases_removed: remove_dead_leases(tx, dead_after).await?,
+        ..Default::default()
+    };
+    out.leases_removed.sort();
+    let rows = query(
+        tx,
+        "SELECT n.id, n.conditions, n.taints, s.state FROM nodes n
+         LEFT JOIN node_sessions s ON s.node_id = n.id ORDER BY n.id FOR UPDATE OF n",
+        &[],
+    )
+    .await?;
+    for r in &rows {
+        let id: String = r.get(0);
+        let conditions: Vec<String> = json_col(r, 1)?;
+        let taints: Vec<String> = json_col(r, 2)?;
+        let state: Option<String> = r.get(3);
+        let want = derived(conditions.clone(), taints.clone(), state.as_deref());
+        if want != (conditions, taints) {
+            execute(
+                tx,
+                "UPDATE nodes SET conditions = $2, taints = $3 WHERE id = $1",
+                &[&id, &to_json(&want.0), &to_json(&want.1)],
+            )
+            .await?;
+            out.derived_fixed.push(id);
+        }
+    }
+    let count = |sql: &'static str| async move {
+        query_one(tx, sql, &[])
+            .await
+            .map(|r| r.get::<_, i64>(0).max(0) as u64)
+    };
+    out.routes_to_dead_gateways = count(
+        "SELECT count(*) FROM node_sessions s WHERE s.state = 'connected' AND NOT EXISTS (
+             SELECT 1 FROM leases WHERE name = 'gateway:' || s.gateway_id
+                 AND expires_at >= compute_now())",
+    )
+    .await?;
+    out.commands_held_by_away_nodes = count(
+        "SELECT count(*) FROM commands c WHERE c.state IN ('dispatched', 'acked', 'running')
+             AND NOT EXISTS (SELECT 1 FROM node_sessions s
+                 WHERE s.node_id = c.node_id AND s.state = 'connected')",
+    )
+    .await?;
+    out.rollouts_running = count("SELECT count(*) FROM rollouts WHERE state = 'running'").await?;
+    execute(
+        tx,
+        "INSERT INTO audit (at, node_id, kind, gateway_id, detail)
+         VALUES (compute_now(), '', 'reconcile', $1, $2)",
+        &[&owner, &to_json(&out)],
+    )
+    .await?;
+    Ok(out)
+}

@@ -1,0 +1,122 @@
+//! What a restart relies on: the audit chain across processes and
+//! reopenings, and the reconcile every start runs.
+
+use std::time::Duration;
+
+use bc_store::audit::verify_chain;
+use bc_store::liveness::LivenessRules;
+use bcd_core::command::Kind;
+
+use super::commands::command;
+use super::{Fixture, hello, joined, lease};
+
+async fn intact(s: &bc_store::Store) -> bc_store::audit::AuditSnapshot {
+    let snap = s.audit_snapshot().await.unwrap();
+    let broken = verify_chain(&snap.audit, &snap.head);
+    assert!(broken.is_empty(), "{broken:?}");
+    snap
+}
+
+pub async fn the_audit_history_is_one_chain_across_handles_and_reopenings(f: Fixture) {
+    let a = f.store.clone();
+    let b = f.reopen().await;
+    let n1 = joined(&a, 1).await;
+    let n2 = joined(&b, 2).await;
+    // Two handles writing at once, as two processes would.
+    let (x, y) = tokio::join!(
+        async {
+            for _ in 0..5 {
+                a.hello(&hello(&n1, 1, "gw", 0)).await.unwrap();
+            }
+        },
+        async {
+            for _ in 0..5 {
+                b.hello(&hello(&n2, 2, "gw-a", 0)).await.unwrap();
+            }
+        }
+    );
+    let ((), ()) = (x, y);
+    let before = intact(&a).await;
+    assert!(before.audit.len() >= 10, "{}", before.audit.len());
+    assert_eq!(before.head.seq, before.audit.len() as i64);
+    // A new handle (a restarted process, a database restart) continues the
+    // same sequence: no number repeats.
+    drop(b);
+    let c = f.reopen().await;
+    c.create_command(&command(&n1, Kind::ExecRun, "x"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    c.hello(&hello(&n1, 1, "gw", 0)).await.unwrap();
+    let after = intact(&c).await;
+    assert!(after.head.seq > before.head.seq);
+    assert_eq!(&after.audit[..before.audit.len()], &before.audit[..]);
+    let seqs: Vec<i64> = after.audit.iter().map(|r| r.id).collect();
+    assert_eq!(seqs, (1..=after.audit.len() as i64).collect::<Vec<_>>());
+}
+
+pub async fn reconcile_clears_dead_leases_keeps_live_ones_and_is_idempotent(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    // gw-dead held a lease for 10 s, routed a node, and died.
+    lease(s, "gw-dead", Duration::from_secs(10)).await;
+    s.hello(&hello(&node, 1, "gw-dead", 0)).await.unwrap();
+    let grace = Duration::from_secs(120);
+    f.advance(Duration::from_secs(60));
+    let first = s.reconcile("gw-new", grace).await.unwrap();
+    assert!(
+        first.leases_removed.is_empty(),
+        "within the grace: {first:?}"
+    );
+    assert_eq!(first.routes_to_dead_gateways, 1, "{first:?}");
+    f.advance(Duration::from_secs(80));
+    let second = s.reconcile("gw-new", grace).await.unwrap();
+    assert_eq!(second.leases_removed, vec!["gateway:gw-dead".to_string()]);
+    // Live leases (the fixture's gateways hold theirs for an hour) stay.
+    let names: Vec<String> = s
+        .leases()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    assert!(names.contains(&"gateway:gw".to_string()), "{names:?}");
+    assert!(!names.contains(&"gateway:gw-dead".to_string()), "{names:?}");
+    // The liveness sweep takes the route over; reconcile derives the node's
+    // conditions from what the sweep decided, and changes nothing twice.
+    let rules = LivenessRules {
+        node_lease_ttl: Duration::from_secs(1),
+        gateway_loss_grace: Duration::from_secs(1),
+        outage_gap: Duration::from_secs(3600),
+        outage_hold: Duration::from_secs(1),
+    };
+    s.sweep_liveness(&rules).await.unwrap();
+    s.sweep_liveness(&rules).await.unwrap();
+    let third = s.reconcile("gw-new", grace).await.unwrap();
+    let fourth = s.reconcile("gw-new", grace).await.unwrap();
+    assert_eq!(third, fourth);
+    assert!(fourth.leases_removed.is_empty() && fourth.derived_fixed.is_empty());
+    assert_eq!(fourth.routes_to_dead_gateways, 0, "{fourth:?}");
+    // Each reconcile is audited, and the history stays one chain.
+    let snap = intact(s).await;
+    let audited: Vec<&str> = snap
+        .audit
+        .iter()
+        .filter(|r| r.kind == "reconcile")
+        .map(|r| r.gateway_id.as_str())
+        .collect();
+    assert_eq!(audited, vec!["gw-new"; 4]);
+}
+
+pub async fn the_sweeper_removes_only_leases_dead_past_the_grace(f: Fixture) {
+    let s = &f.store;
+    lease(s, "gw-gone", Duration::from_secs(1)).await;
+    let grace = Duration::from_secs(120);
+    f.advance(Duration::from_secs(121));
+    assert!(s.remove_dead_leases(grace).await.unwrap().is_empty());
+    f.advance(Duration::from_secs(1));
+    assert_eq!(
+        s.remove_dead_leases(grace).await.unwrap(),
+        vec!["gateway:gw-gone".to_string()]
+    );
+    assert!(s.remove_dead_leases(grace).await.unwrap().is_empty());
+}
