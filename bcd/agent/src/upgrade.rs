@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bcd_core::crash_loop::{CrashLoop, is_crash_loop};
 use bcd_core::update::{self, Decision, Refusal, Slot, UpdateState};
 use tracing::{info, warn};
 
@@ -29,6 +30,18 @@ pub const EXIT_BELOW_FLOOR: u8 = 4;
 /// PID: the supervisor counts starts and restarts the daemon from
 /// `current`.
 pub const SUPERVISED_ENV: &str = "BCD_SUPERVISED";
+/// Set by `bcd supervise` for the daemon it starts: the daemon's abnormal
+/// exits within the crash-loop window before this start.
+pub const DAEMON_EXITS_ENV: &str = "BCD_DAEMON_EXITS";
+
+/// The abnormal exits `bcd supervise` counted before this daemon started
+/// (0 when not supervised).
+pub fn daemon_exits() -> u32 {
+    std::env::var(DAEMON_EXITS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
 
 /// The release sequence of this build, when it was built as a release
 /// (`BCD_RELEASE_SEQUENCE` at build time); 0 for development builds.
@@ -461,6 +474,8 @@ pub struct SuperviseOptions {
     /// How long past its deadline an unconfirmed upgrade may run before the
     /// supervisor swaps it back.
     pub grace: Duration,
+    /// The window abnormal exits are counted in for a crash loop.
+    pub crash_loop_window: Duration,
 }
 
 /// `bcd supervise`: starts the daemon from `current`, starts it again when
@@ -474,6 +489,7 @@ pub async fn supervise(opts: SuperviseOptions) -> anyhow::Result<u8> {
     let me = std::env::current_exe()?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut exits = CrashLoop::new(opts.crash_loop_window.as_millis() as u64);
     loop {
         if slots.exist() {
             let mut state = slots.load()?;
@@ -492,10 +508,19 @@ pub async fn supervise(opts: SuperviseOptions) -> anyhow::Result<u8> {
         } else {
             me.clone()
         };
+        let recent = exits.recent(boot_ms());
+        if is_crash_loop(recent) {
+            warn!(
+                exits = recent,
+                window = ?opts.crash_loop_window,
+                "the daemon is in a crash loop; the node reports DaemonCrashLoop"
+            );
+        }
         info!(binary = %exe.display(), "starting the daemon");
         let mut child = tokio::process::Command::new(&exe)
             .args(&opts.args)
             .env(SUPERVISED_ENV, std::process::id().to_string())
+            .env(DAEMON_EXITS_ENV, recent.to_string())
             .spawn()
             .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", exe.display()))?;
         let mut watchdog = tokio::time::interval(Duration::from_millis(500));
@@ -529,9 +554,11 @@ pub async fn supervise(opts: SuperviseOptions) -> anyhow::Result<u8> {
             Some(0) => return Ok(0),
             Some(3) => return Ok(3),
             Some(c) if c == i32::from(EXIT_RESTART) => {
+                exits.on_exit(boot_ms(), true);
                 info!("the daemon switched slots; starting it again");
             }
             _ => {
+                exits.on_exit(boot_ms(), false);
                 warn!(%status, delay = ?opts.restart_delay, "the daemon died; starting it again");
                 tokio::time::sleep(opts.restart_delay).await;
             }

@@ -282,6 +282,10 @@ enum Command {
         /// How long past its deadline an unconfirmed release may run.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         grace: std::time::Duration,
+        /// Three abnormal exits of the daemon within this window are a crash
+        /// loop: logged, and shown as the node's DaemonCrashLoop condition.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        crash_loop_window: std::time::Duration,
         /// The daemon's arguments, after `--` (e.g. `-- node --data-dir ...`).
         #[arg(last = true, required = true)]
         args: Vec<std::ffi::OsString>,
@@ -711,6 +715,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             data_dir,
             restart_delay,
             grace,
+            crash_loop_window,
             args,
         } => {
             let code = upgrade::supervise(upgrade::SuperviseOptions {
@@ -718,6 +723,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 args,
                 restart_delay,
                 grace,
+                crash_loop_window,
             })
             .await?;
             Ok(ExitCode::from(code))

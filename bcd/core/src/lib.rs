@@ -19,6 +19,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod command;
+pub mod crash_loop;
 pub mod epoch;
 pub mod renewal;
 pub mod report;

@@ -63,6 +63,25 @@ fn session_messages() {
                 journal_running: vec!["cmd-1".into()],
                 journal_done: vec!["cmd-0".into()],
                 applied_generation: 4,
+                // Added later: unset, it leaves the earlier encoding as it was.
+                daemon_exits: 0,
+            })),
+        },
+    );
+    check(
+        "hello_daemon_exits",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::Hello(v1::Hello {
+                node_id: "nd-0f3a9c".into(),
+                cert_serial: "5a17c0de".into(),
+                incarnation_id: "inc-2".into(),
+                boot_id: "boot-1".into(),
+                journal_id: "j-1".into(),
+                agent_version: "0.1.0".into(),
+                last_epoch: 8,
+                applied_generation: 4,
+                daemon_exits: 3,
+                ..Default::default()
             })),
         },
     );

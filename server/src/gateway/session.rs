@@ -57,6 +57,7 @@ fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInpu
             .collect(),
         journal_running: h.journal_running,
         journal_done: h.journal_done,
+        daemon_exits: h.daemon_exits,
     }
 }
 

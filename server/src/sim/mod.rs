@@ -144,7 +144,52 @@ pub struct Report {
     /// node.
     pub peak_kib_per_node: u64,
     pub invariants: Vec<check::Outcome>,
+    /// Every gateway killed and started again at the end: what changed and
+    /// the invariants checked again.
+    pub after_restart: AfterRestart,
     pub ok: bool,
+}
+
+/// The restart check at the end of a run: every control-plane process
+/// killed (SIGKILL) and started again under its name, each start
+/// reconciling; the authoritative state compared, the invariants checked
+/// again (`better-compute check --label "after restart"`).
+#[derive(Debug, Clone, Serialize)]
+pub struct AfterRestart {
+    pub gateways_restarted: usize,
+    /// Differences in commands, bindings and desired generations.
+    pub drift: Vec<String>,
+    pub invariants: Vec<check::Outcome>,
+}
+
+impl AfterRestart {
+    pub fn held(&self) -> bool {
+        self.drift.is_empty() && self.invariants.iter().all(|o| o.held())
+    }
+}
+
+/// What must be the same before and after a restart, as lines.
+fn authoritative(s: &check::Snapshot) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for c in &s.commands {
+        out.insert(format!(
+            "command {} of {}: {} {} {:?}",
+            c.id, c.node_id, c.state, c.reason, c.exit_code
+        ));
+    }
+    for b in &s.bindings {
+        out.insert(format!(
+            "binding {}/{}: {} {:?}",
+            b.node_id, b.allocation_id, b.state, b.gpus
+        ));
+    }
+    for (node, g) in &s.desired {
+        out.insert(format!("node {node}: desired generation {g}"));
+    }
+    for n in &s.nodes {
+        out.insert(format!("node {n}"));
+    }
+    out
 }
 
 struct Gateway {
@@ -804,6 +849,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     )
     .await?;
     let invariants = check::all(&snapshot);
+    let after_restart = restart_all(&world, &dir, &store, &snapshot).await?;
     let mut commands: BTreeMap<String, usize> = BTreeMap::new();
     for c in &snapshot.commands {
         *commands.entry(c.state.clone()).or_default() += 1;
@@ -819,7 +865,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     }
     // A fleet that did not settle fails the run, whatever the checkers
     // found in what did happen.
-    let ok = settled && invariants.iter().all(|o| o.held());
+    let ok = settled && invariants.iter().all(|o| o.held()) && after_restart.held();
     Ok(Report {
         nodes: opts.nodes,
         gateways: opts.gateways,
@@ -841,7 +887,47 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         rehome,
         peak_kib_per_node: final_stats.peak_rss_kib / opts.nodes as u64,
         invariants,
+        after_restart,
         ok,
+    })
+}
+
+/// Kills every gateway and starts it again under its name (each start
+/// reconciles the store); then compares and checks again.
+async fn restart_all(
+    world: &Arc<World>,
+    dir: &Path,
+    store: &Store,
+    before: &check::Snapshot,
+) -> anyhow::Result<AfterRestart> {
+    let mut gws = world.gateways.lock().await;
+    for (slot, g) in gws.iter_mut().enumerate() {
+        let _ = g.child.start_kill();
+        let _ = g.child.wait().await;
+        let (again, addr) = start_gateway(dir, &g.name, slot, &world.config)
+            .await
+            .with_context(|| format!("cannot start gateway {} again", g.name))?;
+        world.set_backend(&g.name, Some(addr)).await;
+        *g = again;
+    }
+    let restarted = gws.len();
+    drop(gws);
+    let after = check::snapshot(store, before.timings, before.settle, before.facts.clone()).await?;
+    let (was, is) = (authoritative(before), authoritative(&after));
+    let drift = was
+        .symmetric_difference(&is)
+        .map(|line| {
+            if was.contains(line) {
+                format!("gone after the restart: {line}")
+            } else {
+                format!("new after the restart: {line}")
+            }
+        })
+        .collect();
+    Ok(AfterRestart {
+        gateways_restarted: restarted,
+        drift,
+        invariants: check::all(&after),
     })
 }
 
@@ -937,6 +1023,22 @@ impl Report {
         ));
         s.push_str("  invariants:\n");
         for line in check::render(&self.invariants).lines() {
+            s.push_str(&format!("    {line}\n"));
+        }
+        let r = &self.after_restart;
+        s.push_str(&format!(
+            "  after restart ({} gateways killed and started again, each reconciling): {}\n",
+            r.gateways_restarted,
+            if r.drift.is_empty() {
+                "no drift in commands, bindings, specs or nodes".to_string()
+            } else {
+                format!("{} differences", r.drift.len())
+            }
+        ));
+        for line in r.drift.iter().take(10) {
+            s.push_str(&format!("    - {line}\n"));
+        }
+        for line in check::render(&r.invariants).lines() {
             s.push_str(&format!("    {line}\n"));
         }
         s.push_str(if self.ok {

@@ -190,6 +190,19 @@ pub struct NodeList {
 
 pub const CONDITION_UNREACHABLE: &str = "NodeUnreachable";
 pub const TAINT_UNREACHABLE: &str = "NoSchedule:node.unreachable";
+/// The node's daemon keeps dying (its supervisor's count, in the Hello).
+pub const CONDITION_CRASH_LOOP: &str = "DaemonCrashLoop";
+
+/// A node's conditions once it said Hello: reachable again, and in a crash
+/// loop exactly when its supervisor counted enough abnormal exits.
+pub fn conditions_at_hello(conditions: Vec<String>, daemon_exits: u32) -> Vec<String> {
+    let conditions = without(conditions, CONDITION_UNREACHABLE);
+    if bcd_core::crash_loop::is_crash_loop(daemon_exits) {
+        with(conditions, CONDITION_CRASH_LOOP)
+    } else {
+        without(conditions, CONDITION_CRASH_LOOP)
+    }
+}
 
 /// `list` with `item` in it, once.
 pub fn with(mut list: Vec<String>, item: &str) -> Vec<String> {

@@ -30,6 +30,10 @@ pub struct HelloInput {
     /// Command ids the node's journal holds running, and done.
     pub journal_running: Vec<String>,
     pub journal_done: Vec<String>,
+    /// Abnormal exits of the daemon its supervisor counted before this
+    /// start: at the crash-loop threshold the node shows
+    /// `DaemonCrashLoop` until a Hello below it.
+    pub daemon_exits: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +180,7 @@ mod tests {
             inventory_hashes: vec![],
             journal_running: running.iter().map(|s| s.to_string()).collect(),
             journal_done: done.iter().map(|s| s.to_string()).collect(),
+            daemon_exits: 0,
         }
     }
 

@@ -248,6 +248,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
         inventory_hashes: vec![("gpus".into(), "9a".into())],
         journal_running: vec![],
         journal_done: vec![],
+        daemon_exits: 0,
     };
     clock.advance(Duration::from_millis(5));
     let out = s.hello(&h).await.unwrap();

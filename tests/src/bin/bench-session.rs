@@ -143,6 +143,7 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
             inventory_hashes: vec![("gpus".into(), "x".into())],
             journal_running: vec![],
             journal_done: vec![],
+            daemon_exits: 0,
         };
         let start = Instant::now();
         let mut k = 0;

@@ -464,6 +464,7 @@ impl Agent {
                 .journal
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?,
+            daemon_exits: crate::upgrade::daemon_exits(),
         })
     }
 }

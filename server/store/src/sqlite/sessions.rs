@@ -10,7 +10,7 @@ use super::{json_col, ms, now, to_json};
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
-use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, check_cert, without};
+use crate::nodes::{TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
     Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
     inventory_wanted, lease_admits, settle_in_flight,
@@ -77,7 +77,7 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     .execute(params![
         h.node_id,
         h.agent_version,
-        to_json(&without(conditions, CONDITION_UNREACHABLE)),
+        to_json(&conditions_at_hello(conditions, h.daemon_exits)),
         to_json(&without(taints, TAINT_UNREACHABLE)),
     ])?;
     let wanted = {

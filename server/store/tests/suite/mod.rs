@@ -145,6 +145,7 @@ pub fn hello(node: &str, cert: u8, gw: &str, last_epoch: u64) -> HelloInput {
         inventory_hashes: vec![("gpus".into(), "abc".into())],
         journal_running: vec![],
         journal_done: vec![],
+        daemon_exits: 0,
     }
 }
 
@@ -225,6 +226,8 @@ macro_rules! store_suite {
             recovery::the_audit_history_is_one_chain_across_handles_and_reopenings,
             recovery::reconcile_clears_dead_leases_keeps_live_ones_and_is_idempotent,
             recovery::the_sweeper_removes_only_leases_dead_past_the_grace,
+            recovery::racing_joins_never_burn_one_token_on_two_identities,
+            recovery::a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it,
             releases::a_release_registers_once,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
             rollouts::a_rollout_needs_a_release_and_no_other_active,

@@ -120,3 +120,74 @@ pub async fn the_sweeper_removes_only_leases_dead_past_the_grace(f: Fixture) {
     );
     assert!(s.remove_dead_leases(grace).await.unwrap().is_empty());
 }
+
+pub async fn racing_joins_never_burn_one_token_on_two_identities(f: Fixture) {
+    use super::{fake_cert, join_input, token};
+    let s = &f.store;
+    let other = f.reopen().await;
+    s.create_token(&token("race", Duration::from_secs(60), 1))
+        .await
+        .unwrap();
+    // Eight joins at once on a single-use token, through two handles (two
+    // processes): one identity, the other seven refused.
+    let joins = (0..8u8).map(|i| {
+        let store = if i % 2 == 0 { s.clone() } else { other.clone() };
+        async move {
+            store
+                .join(
+                    &join_input("race", "h"),
+                    Box::new(move |_, _| Ok(fake_cert(100 + i))),
+                )
+                .await
+        }
+    });
+    let outcomes = futures_join_all(joins).await;
+    let won: Vec<_> = outcomes.iter().filter(|o| o.is_ok()).collect();
+    assert_eq!(won.len(), 1, "{outcomes:?}");
+    for o in outcomes.iter().filter(|o| o.is_err()) {
+        assert_eq!(
+            o.as_ref().unwrap_err().refusal(),
+            Some(&bc_store::Refusal::UsedToken),
+            "{o:?}"
+        );
+    }
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
+}
+
+/// Runs the futures concurrently on the test's runtime; their outputs in
+/// order.
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("a join task"));
+    }
+    out
+}
+
+pub async fn a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let mut h = hello(&node, 1, "gw", 0);
+    h.daemon_exits = 2;
+    s.hello(&h).await.unwrap();
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert!(row.conditions.is_empty(), "{:?}", row.conditions);
+    h.daemon_exits = 3;
+    s.hello(&h).await.unwrap();
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert_eq!(row.conditions, vec!["DaemonCrashLoop".to_string()]);
+    // A reconcile keeps it: it is not derived from the session.
+    s.reconcile("gw", Duration::from_secs(120)).await.unwrap();
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert_eq!(row.conditions, vec!["DaemonCrashLoop".to_string()]);
+    h.daemon_exits = 0;
+    s.hello(&h).await.unwrap();
+    let row = s.list_nodes().await.unwrap().nodes.remove(0);
+    assert!(row.conditions.is_empty(), "{:?}", row.conditions);
+}
