@@ -849,7 +849,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     )
     .await?;
     let invariants = check::all(&snapshot);
-    let after_restart = restart_all(&world, &dir, &store, &snapshot).await?;
+    let after_restart = restart_all(&world, &server_dir, &store, &snapshot).await?;
     let mut commands: BTreeMap<String, usize> = BTreeMap::new();
     for c in &snapshot.commands {
         *commands.entry(c.state.clone()).or_default() += 1;
