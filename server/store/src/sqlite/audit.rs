@@ -84,6 +84,7 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
         bindings,
         desired,
         applied,
+        backups: super::backups::list(c)?,
     })
 }
 
