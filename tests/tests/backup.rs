@@ -13,6 +13,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bc_store::backups::{Dump, Value};
@@ -174,18 +176,19 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
         server.wait_node(id, "connected", |n| n.state == "connected");
     }
     // Commands flow while the set is taken.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
     let load = {
-        let (stop, url, dir, store, node) = (
+        let (stop, sent, url, dir, store, node) = (
             stop.clone(),
+            sent.clone(),
             server.url(),
             src.dir.clone(),
             src.url.clone(),
             ids[0].clone(),
         );
         std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let mut c = Command::new(bin("better-compute"));
                 if let Some(u) = &store {
                     c.env("BC_STORE", u);
@@ -198,14 +201,16 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                     .output()
                     .unwrap();
                 assert!(out.status.success(), "commands run: {}", stderr(&out));
-                n += 1;
+                sent.fetch_add(1, Ordering::Relaxed);
             }
-            n
         })
     };
+    wait_for(Duration::from_secs(30), "commands flowing", || {
+        (sent.load(Ordering::Relaxed) > 0).then_some(())
+    });
     let (live_id, live_dir) = src.create();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(load.join().unwrap() > 0);
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
     let b = src.backup(&live_id);
     assert_eq!((b["state"].as_str(), b["restore_eligible"].as_bool()), (Some("COMPLETE"), Some(true)));
     assert!(b["files"].as_u64().unwrap() > 10, "{b}");
@@ -225,7 +230,8 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     let after = dst.dump();
     for t in &before.tables {
         match t.name.as_str() {
-            // The set itself: COMPLETE at the source, CREATING in its dump.
+            // The set itself: COMPLETE at the source; CREATING in its dump,
+            // so FAILED in the plane restored from it.
             "backups" => {
                 assert_eq!(
                     column(&before, "backups", &quiet_id, "state"),
@@ -233,18 +239,26 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                 );
                 assert_eq!(
                     column(&after, "backups", &quiet_id, "state"),
-                    Value::Text("CREATING".into())
+                    Value::Text("FAILED".into())
+                );
+                assert_eq!(
+                    column(&after, "backups", &quiet_id, "reason"),
+                    Value::Text("RESTORED_FROM_THIS_SET".into())
                 );
                 assert_eq!(rows(&after, "backups").len(), rows(&before, "backups").len());
             }
-            // The source recorded the set COMPLETE after its dump: one
-            // history row (and its position) more.
-            "audit" | "sqlite_sequence" => {
-                let (b, a) = (rows(&before, &t.name), rows(&after, &t.name));
-                if t.name == "audit" {
-                    assert_eq!(b.len(), a.len() + 1);
-                    assert!(a.iter().all(|r| b.contains(r)));
-                }
+            // After the dump, the source recorded the set COMPLETE and the
+            // restored plane FAILED: one history row each, past the dump's.
+            "audit" => {
+                let mine = |rows: Vec<String>| -> (Vec<String>, Vec<String>) {
+                    rows.into_iter().partition(|r| !r.contains(&quiet_id))
+                };
+                let (b, b_set) = mine(rows(&before, "audit"));
+                let (a, a_set) = mine(rows(&after, "audit"));
+                assert_eq!(a, b);
+                assert!(b_set.iter().any(|r| r.contains("COMPLETE")), "{b_set:?}");
+                assert!(a_set.iter().any(|r| r.contains("RESTORED_FROM_THIS_SET")), "{a_set:?}");
+                assert!(a_set.iter().all(|r| !r.contains("COMPLETE")), "{a_set:?}");
             }
             // The set's own lease, released at the source after its dump.
             "leases" => {
@@ -271,8 +285,11 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     live.ok(&["backup", "restore", s(&live_dir)]);
     let restored = live.serve().unwrap();
     let b = live.backup(&live_id);
-    assert_eq!(b["restore_eligible"].as_bool(), Some(false), "{b}");
-    assert_ne!(b["state"].as_str(), Some("COMPLETE"), "{b}");
+    assert_eq!(
+        (b["state"].as_str(), b["reason"].as_str(), b["restore_eligible"].as_bool()),
+        (Some("FAILED"), Some("RESTORED_FROM_THIS_SET"), Some(false)),
+        "{b}"
+    );
     assert_eq!(b["restored_here"].as_bool(), Some(true), "{b}");
     let listed: Vec<String> = restored.nodes().into_iter().map(|n| n.node_id).collect();
     for id in &ids {

@@ -35,7 +35,7 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
     assert_eq!(r["connected_at_end"], nodes, "{r}");
     let inv = r["invariants"].as_array().unwrap();
     let names: Vec<&str> = inv.iter().map(|i| i["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I7", "I8"]);
+    assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "BK"]);
     for i in inv {
         assert!(i["violations"].as_array().unwrap().is_empty(), "{i}");
     }

@@ -17,7 +17,9 @@
 //!   store); its directory is marked with a `FAILED` file, so it is never
 //!   restored.
 //! - [`restore`]: into a stopped control plane's data directory and store,
-//!   every hash verified first; its phases go to a journal
+//!   every hash verified first; the set it came from is FAILED there with
+//!   `RESTORED_FROM_THIS_SET` (its dump held it as CREATING); its phases go
+//!   to a journal
 //!   ([`journal::Journal`]), and an interrupted restore stops `serve` and
 //!   later restores until the operator resumes or abandons it.
 //!
@@ -35,8 +37,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use bc_store::Store;
 use bc_store::backups::{
-    BackupRow, Dump, MANIFEST_INCOMPLETE, NewBackup, SequenceDump, TableDump, Value,
-    backup_lease, interrupted,
+    BackupRow, Dump, MANIFEST_INCOMPLETE, NewBackup, RESTORED_FROM_THIS_SET, SequenceDump, TableDump,
+    Value, backup_lease, interrupted,
 };
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -360,10 +362,15 @@ pub async fn reconcile(store: &Store) -> anyhow::Result<Vec<String>> {
                 location = %row.location,
                 "backup interrupted while it was written: FAILED ({MANIFEST_INCOMPLETE}), never restore eligible"
             );
-            mark_failed(
-                Path::new(&row.location),
-                &format!("{MANIFEST_INCOMPLETE}: interrupted while it was written"),
-            );
+            // Only a directory this host wrote: a set another plane wrote
+            // (this one restored from a dump holding it) is not this
+            // plane's to mark.
+            if row.host == here {
+                mark_failed(
+                    Path::new(&row.location),
+                    &format!("{MANIFEST_INCOMPLETE}: interrupted while it was written"),
+                );
+            }
             moved.push(row.id);
         }
     }
@@ -487,8 +494,14 @@ pub async fn restore(
     location: &bc_store::Location,
     on_interrupted: Interrupted,
 ) -> anyhow::Result<String> {
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)
+            .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    }
     let previous = Journal::read(data_dir)?;
     let source: PathBuf = match (&previous, on_interrupted) {
         (Some(j), Interrupted::Refuse) if !j.is_complete() => {
@@ -540,6 +553,9 @@ pub async fn restore(
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("cannot restore the store")?;
+    // The dump holds its own set as CREATING: here it is the set this
+    // plane came from, never restore eligible (audited by the store).
+    store.fail_backup(&id, RESTORED_FROM_THIS_SET).await?;
     journal.reached(Phase::StoreRestored)?;
     pause("restore-after-store");
     journal.reached(Phase::Complete)?;

@@ -32,6 +32,11 @@ pub const STATES: [&str; 3] = [CREATING, COMPLETE, FAILED];
 /// written and the set recorded complete.
 pub const MANIFEST_INCOMPLETE: &str = "MANIFEST_INCOMPLETE";
 
+/// The reason a restored control plane gives the set it was restored
+/// from: its dump holds the set as CREATING (the dump was read while the
+/// set was written), so here it can never be restore eligible.
+pub const RESTORED_FROM_THIS_SET: &str = "RESTORED_FROM_THIS_SET";
+
 /// The lease a backup's process renews while it writes the set.
 pub fn backup_lease(id: &str) -> String {
     format!("backup:{id}")
