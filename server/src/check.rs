@@ -430,7 +430,10 @@ pub fn backups(s: &Snapshot) -> Outcome {
         checked += 1;
         let id = &b.id;
         if !STATES.contains(&b.state.as_str()) {
-            v.push(format!("backup {id}: state {:?} is not a backup state", b.state));
+            v.push(format!(
+                "backup {id}: state {:?} is not a backup state",
+                b.state
+            ));
             continue;
         }
         let finished = b.finished_at.is_some();
@@ -443,9 +446,17 @@ pub fn backups(s: &Snapshot) -> Outcome {
             v.push(format!(
                 "backup {id}: {}{} with restore eligible {} and {}",
                 b.state,
-                if b.reason.is_empty() { String::new() } else { format!(" ({})", b.reason) },
+                if b.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", b.reason)
+                },
                 b.restore_eligible,
-                if finished { "a finish time" } else { "no finish time" }
+                if finished {
+                    "a finish time"
+                } else {
+                    "no finish time"
+                }
             ));
         }
         if b.finished_at.is_some_and(|f| f < b.created_at) {
@@ -468,7 +479,11 @@ pub fn backups(s: &Snapshot) -> Outcome {
         if !ok {
             v.push(format!(
                 "backup {id}: went to {state} after {}",
-                if states.is_empty() { "nothing".to_string() } else { states.join(", ") }
+                if states.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    states.join(", ")
+                }
             ));
         }
         if state == COMPLETE && a.value != 1 || state != COMPLETE && a.value != 0 {

@@ -212,10 +212,16 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
     let b = src.backup(&live_id);
-    assert_eq!((b["state"].as_str(), b["restore_eligible"].as_bool()), (Some("COMPLETE"), Some(true)));
+    assert_eq!(
+        (b["state"].as_str(), b["restore_eligible"].as_bool()),
+        (Some("COMPLETE"), Some(true))
+    );
     assert!(b["files"].as_u64().unwrap() > 10, "{b}");
     let show = src.ok(&["backup", "show", &live_id]);
-    assert!(show.contains("store/nodes.jsonl") && show.contains("keys/ca.key"), "{show}");
+    assert!(
+        show.contains("store/nodes.jsonl") && show.contains("keys/ca.key"),
+        "{show}"
+    );
 
     // Quiesced, a second set; restored, every table is the source's.
     for n in &mut nodes {
@@ -245,7 +251,10 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                     column(&after, "backups", &quiet_id, "reason"),
                     Value::Text("RESTORED_FROM_THIS_SET".into())
                 );
-                assert_eq!(rows(&after, "backups").len(), rows(&before, "backups").len());
+                assert_eq!(
+                    rows(&after, "backups").len(),
+                    rows(&before, "backups").len()
+                );
             }
             // After the dump, the source recorded the set COMPLETE and the
             // restored plane FAILED: one history row each, past the dump's.
@@ -257,7 +266,10 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                 let (a, a_set) = mine(rows(&after, "audit"));
                 assert_eq!(a, b);
                 assert!(b_set.iter().any(|r| r.contains("COMPLETE")), "{b_set:?}");
-                assert!(a_set.iter().any(|r| r.contains("RESTORED_FROM_THIS_SET")), "{a_set:?}");
+                assert!(
+                    a_set.iter().any(|r| r.contains("RESTORED_FROM_THIS_SET")),
+                    "{a_set:?}"
+                );
                 assert!(a_set.iter().all(|r| !r.contains("COMPLETE")), "{a_set:?}");
             }
             // The set's own lease, released at the source after its dump.
@@ -286,7 +298,11 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     let restored = live.serve().unwrap();
     let b = live.backup(&live_id);
     assert_eq!(
-        (b["state"].as_str(), b["reason"].as_str(), b["restore_eligible"].as_bool()),
+        (
+            b["state"].as_str(),
+            b["reason"].as_str(),
+            b["restore_eligible"].as_bool()
+        ),
         (Some("FAILED"), Some("RESTORED_FROM_THIS_SET"), Some(false)),
         "{b}"
     );
@@ -295,9 +311,11 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     for id in &ids {
         assert!(listed.contains(id), "{id} in {listed:?}");
     }
-    wait_for(Duration::from_secs(60), "the restored plane's invariants", || {
-        restored.cli(&["check"]).status.success().then_some(())
-    });
+    wait_for(
+        Duration::from_secs(60),
+        "the restored plane's invariants",
+        || restored.cli(&["check"]).status.success().then_some(()),
+    );
     assert!(backup_states_held(&restored.cli(&["check", "--json"])));
 }
 
@@ -362,18 +380,24 @@ fn a_create_killed_at_each_point_fails_at_the_next_start(postgres: bool) {
         let s_ = plane.store();
         let audit = s_.block(s_.store.audit_snapshot()).unwrap().audit;
         assert!(
-            audit
-                .iter()
-                .any(|a| a.kind == "backup" && a.detail.contains(&id) && a.detail.contains("FAILED")),
+            audit.iter().any(|a| a.kind == "backup"
+                && a.detail.contains(&id)
+                && a.detail.contains("FAILED")),
             "{point}: the move is audited"
         );
         drop(s_);
-        assert!(backup_states_held(&server.cli(&["check", "--json"])), "{point}");
+        assert!(
+            backup_states_held(&server.cli(&["check", "--json"])),
+            "{point}"
+        );
         server.proc.stop();
         // No restore takes it.
         let fresh = Plane::new(d.path().join(format!("fresh-{point}")), false);
         let e = fresh.fails(&["backup", "restore", s(&dir)]);
-        assert!(e.contains("MANIFEST_INCOMPLETE") && e.contains("not restore eligible"), "{point}: {e}");
+        assert!(
+            e.contains("MANIFEST_INCOMPLETE") && e.contains("not restore eligible"),
+            "{point}: {e}"
+        );
         assert!(!fresh.dir.join("ca.key").exists());
     }
 }
@@ -408,7 +432,10 @@ fn a_restore_killed_mid_phase_needs_the_operator() {
             "{point}: {e}"
         );
         let e = dst.fails(&["backup", "restore", s(&set)]);
-        assert!(e.contains("MANUAL_INTERVENTION_REQUIRED") && e.contains(phase), "{e}");
+        assert!(
+            e.contains("MANUAL_INTERVENTION_REQUIRED") && e.contains(phase),
+            "{e}"
+        );
         let said = dst.ok(&["backup", "restore", act]);
         if act == "--resume" {
             assert!(said.contains(&id), "{said}");

@@ -70,10 +70,7 @@ impl Manifest {
     /// know, is refused.
     pub fn parse(bytes: &[u8]) -> anyhow::Result<Manifest> {
         let v: serde_json::Value = serde_json::from_slice(bytes)?;
-        anyhow::ensure!(
-            v["format"] == FORMAT,
-            "it is not a {FORMAT} manifest"
-        );
+        anyhow::ensure!(v["format"] == FORMAT, "it is not a {FORMAT} manifest");
         let version = v["version"].as_u64().unwrap_or(0);
         anyhow::ensure!(
             version == u64::from(VERSION),

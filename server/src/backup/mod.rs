@@ -37,8 +37,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use bc_store::Store;
 use bc_store::backups::{
-    BackupRow, Dump, MANIFEST_INCOMPLETE, NewBackup, RESTORED_FROM_THIS_SET, SequenceDump, TableDump,
-    Value, backup_lease, interrupted,
+    BackupRow, Dump, MANIFEST_INCOMPLETE, NewBackup, RESTORED_FROM_THIS_SET, SequenceDump,
+    TableDump, Value, backup_lease, interrupted,
 };
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -200,7 +200,11 @@ fn new_id(now_ms: i64) -> String {
     )
     .to_string()
     .replace(['-', ':'], "");
-    format!("bk-{}-{:04x}", t.trim_end_matches('Z'), rand::random::<u16>())
+    format!(
+        "bk-{}-{:04x}",
+        t.trim_end_matches('Z'),
+        rand::random::<u16>()
+    )
 }
 
 /// Takes a backup set of `store` and the keys in `data_dir` into a new
@@ -223,7 +227,10 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
     let process = process_identity();
     let lease = backup_lease(&id);
     anyhow::ensure!(
-        store.renew_lease(&lease, &process, LEASE_TTL).await?.is_some(),
+        store
+            .renew_lease(&lease, &process, LEASE_TTL)
+            .await?
+            .is_some(),
         "the lease {lease} is held by another process"
     );
     store
@@ -443,10 +450,9 @@ pub fn verify(dir: &Path) -> anyhow::Result<Verified> {
 impl Verified {
     /// The store part, parsed.
     pub fn dump(&self) -> anyhow::Result<Dump> {
-        let header: DumpHeader = serde_json::from_slice(&std::fs::read(
-            self.dir.join("store/dump.json"),
-        )?)
-        .context("store/dump.json does not parse")?;
+        let header: DumpHeader =
+            serde_json::from_slice(&std::fs::read(self.dir.join("store/dump.json"))?)
+                .context("store/dump.json does not parse")?;
         let mut tables = Vec::new();
         for t in header.tables {
             let text = std::fs::read_to_string(self.dir.join(&t.file))
@@ -520,7 +526,10 @@ pub async fn restore(
             j.source().to_path_buf()
         }
         (_, Interrupted::Resume) => {
-            bail!("there is no interrupted restore in {} to resume", data_dir.display())
+            bail!(
+                "there is no interrupted restore in {} to resume",
+                data_dir.display()
+            )
         }
         (_, Interrupted::Refuse) => source
             .context("name the backup to restore (a directory under the backups directory)")?

@@ -54,7 +54,8 @@ pub enum BackupCommand {
 
 pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> anyhow::Result<()> {
     let location = crate::serve::store_location(data_dir, store);
-    let backups_dir = |dir: Option<PathBuf>| dir.unwrap_or_else(|| crate::backup::default_dir(data_dir));
+    let backups_dir =
+        |dir: Option<PathBuf>| dir.unwrap_or_else(|| crate::backup::default_dir(data_dir));
     match cmd {
         BackupCommand::Create { dir, json } => {
             let store = existing(&location).await?;
@@ -100,7 +101,11 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                     r.files,
                     output::mib(r.bytes),
                     r.location,
-                    if s.restored_here { " (restored here)" } else { "" }
+                    if s.restored_here {
+                        " (restored here)"
+                    } else {
+                        ""
+                    }
                 );
             }
             Ok(())
@@ -112,9 +117,10 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("no backup {id}: see better-compute backup list"))?;
             let view = views(data_dir, vec![row]).remove(0);
-            let manifest = std::fs::read(Path::new(&view.row.location).join(crate::backup::manifest::FILE))
-                .ok()
-                .and_then(|b| crate::backup::manifest::Manifest::parse(&b).ok());
+            let manifest =
+                std::fs::read(Path::new(&view.row.location).join(crate::backup::manifest::FILE))
+                    .ok()
+                    .and_then(|b| crate::backup::manifest::Manifest::parse(&b).ok());
             if json {
                 return output::json(&serde_json::json!({
                     "backup": view,
@@ -123,8 +129,15 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
             }
             let r = &view.row;
             out!("id:               {}", r.id);
-            out!("state:            {}{}", r.state, output::around(" (", &r.reason, ")"));
-            out!("restore eligible: {}", if r.restore_eligible { "yes" } else { "no" });
+            out!(
+                "state:            {}{}",
+                r.state,
+                output::around(" (", &r.reason, ")")
+            );
+            out!(
+                "restore eligible: {}",
+                if r.restore_eligible { "yes" } else { "no" }
+            );
             out!("created:          {}", output::time(r.created_at));
             if let Some(f) = r.finished_at {
                 out!("finished:         {}", output::time(f));
@@ -136,7 +149,11 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
             }
             match manifest {
                 Some(m) => {
-                    out!("files ({}, {}):", m.files.len(), output::mib(m.total_size()));
+                    out!(
+                        "files ({}, {}):",
+                        m.files.len(),
+                        output::mib(m.total_size())
+                    );
                     for f in &m.files {
                         out!("  {:<40} {:>10}  {}", f.path, f.size, f.sha256);
                     }
@@ -157,13 +174,21 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
             }
             let source = backup.map(|b| {
                 let p = PathBuf::from(&b);
-                if p.is_dir() { p } else { backups_dir(dir.clone()).join(b) }
+                if p.is_dir() {
+                    p
+                } else {
+                    backups_dir(dir.clone()).join(b)
+                }
             });
             let id = crate::backup::restore(
                 source.as_deref(),
                 data_dir,
                 &location,
-                if resume { Interrupted::Resume } else { Interrupted::Refuse },
+                if resume {
+                    Interrupted::Resume
+                } else {
+                    Interrupted::Refuse
+                },
             )
             .await?;
             out!("restored backup {id} into {}", data_dir.display());

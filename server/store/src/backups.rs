@@ -194,7 +194,10 @@ impl Dump {
 /// `tables` ordered so that each comes after every table its foreign
 /// keys name (`parents`: table → the tables it references); ties by name.
 /// A cycle (none in this schema) keeps the remaining tables by name.
-pub fn restore_order(tables: &[String], parents: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+pub fn restore_order(
+    tables: &[String],
+    parents: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
     let mut left: BTreeSet<&String> = tables.iter().collect();
     let mut out: Vec<String> = Vec::with_capacity(tables.len());
     while !left.is_empty() {
@@ -230,7 +233,9 @@ pub fn plain_identifier(name: &str) -> Result<&str, String> {
     {
         Ok(name)
     } else {
-        Err(format!("the dump names {name:?}, which is not a table or column name"))
+        Err(format!(
+            "the dump names {name:?}, which is not a table or column name"
+        ))
     }
 }
 

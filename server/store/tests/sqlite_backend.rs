@@ -495,7 +495,10 @@ async fn a_store_from_version_12_migrates_with_no_backup_sets_and_records_one() 
         })
         .await
         .unwrap();
-    assert_eq!((b.state.as_str(), b.created_at), ("CREATING", V10_NOW + 1_000));
+    assert_eq!(
+        (b.state.as_str(), b.created_at),
+        ("CREATING", V10_NOW + 1_000)
+    );
     // The upgraded store dumps and takes its own dump back.
     let dump = s.dump().await.unwrap();
     assert_eq!(dump.schema_version, SCHEMA_VERSION);

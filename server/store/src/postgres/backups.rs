@@ -125,9 +125,11 @@ fn value(r: &tokio_postgres::Row, i: usize) -> Result<Value, StoreError> {
     } else if *ty == Type::BOOL {
         r.get::<_, Option<bool>>(i).map_or(Value::Null, Value::Bool)
     } else if *ty == Type::TEXT || *ty == Type::VARCHAR {
-        r.get::<_, Option<String>>(i).map_or(Value::Null, Value::Text)
+        r.get::<_, Option<String>>(i)
+            .map_or(Value::Null, Value::Text)
     } else if *ty == Type::BYTEA {
-        r.get::<_, Option<Vec<u8>>>(i).map_or(Value::Null, Value::Blob)
+        r.get::<_, Option<Vec<u8>>>(i)
+            .map_or(Value::Null, Value::Blob)
     } else {
         return Err(StoreError::Corrupt(format!(
             "column {} has type {ty}, which a dump does not carry",
@@ -220,12 +222,8 @@ fn param(v: &Value, ty: &Type) -> Result<Box<dyn ToSql + Sync + Send>, StoreErro
         (Value::Null, t) if *t == Type::BYTEA => Box::new(None::<Vec<u8>>),
         (Value::Null, _) => Box::new(None::<String>),
         (Value::Int(i), t) if *t == Type::INT8 => Box::new(*i),
-        (Value::Int(i), t) if *t == Type::INT4 => {
-            Box::new(i32::try_from(*i).map_err(|_| wrong())?)
-        }
-        (Value::Int(i), t) if *t == Type::INT2 => {
-            Box::new(i16::try_from(*i).map_err(|_| wrong())?)
-        }
+        (Value::Int(i), t) if *t == Type::INT4 => Box::new(i32::try_from(*i).map_err(|_| wrong())?),
+        (Value::Int(i), t) if *t == Type::INT2 => Box::new(i16::try_from(*i).map_err(|_| wrong())?),
         (Value::Bool(b), t) if *t == Type::BOOL => Box::new(*b),
         (Value::Text(s), t) if *t == Type::TEXT || *t == Type::VARCHAR => Box::new(s.clone()),
         (Value::Blob(b), t) if *t == Type::BYTEA => Box::new(b.clone()),

@@ -62,8 +62,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
 use crate::audit::{AuditSnapshot, Settling};
-use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::backend::Backend;
+use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};

@@ -109,7 +109,7 @@ pub(super) fn dump(c: &Connection) -> Result<Dump, StoreError> {
     let mut out = Vec::new();
     for name in tables(c)? {
         let mut q = c.prepare(&format!("SELECT * FROM \"{}\"", ident(&name)?))?;
-        let columns: Vec<String> = q.column_names().into_iter().map(String::from).collect();
+        let columns: Vec<String> = q.column_names().map(String::from).collect();
         let n = columns.len();
         let rows = q
             .query_map([], |r| {
@@ -224,7 +224,9 @@ pub(super) fn restore(c: &Connection, d: &Dump) -> Result<(), TxError> {
 
 /// A backup set by id.
 pub(super) fn get(c: &Connection, id: &str) -> Result<Option<BackupRow>, StoreError> {
-    Ok(c.prepare_cached(&format!("SELECT {COLUMNS} FROM backups WHERE id = ?1"))?
-        .query_row([id], backup_row)
-        .optional()?)
+    Ok(
+        c.prepare_cached(&format!("SELECT {COLUMNS} FROM backups WHERE id = ?1"))?
+            .query_row([id], backup_row)
+            .optional()?,
+    )
 }

@@ -45,8 +45,8 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::audit::{AuditSnapshot, Settling};
-use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::backend::Backend;
+use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};

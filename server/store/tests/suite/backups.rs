@@ -28,7 +28,12 @@ pub async fn a_set_leaves_creating_once_and_every_state_is_audited(f: Fixture) {
     let s = &f.store;
     let a = s.begin_backup(&set("a")).await.unwrap();
     assert_eq!(
-        (a.state.as_str(), a.restore_eligible, a.created_at, a.finished_at),
+        (
+            a.state.as_str(),
+            a.restore_eligible,
+            a.created_at,
+            a.finished_at
+        ),
         (CREATING, false, T0, None)
     );
     s.begin_backup(&set("b")).await.unwrap();
@@ -40,7 +45,13 @@ pub async fn a_set_leaves_creating_once_and_every_state_is_audited(f: Fixture) {
     assert!(!s.fail_backup("a", MANIFEST_INCOMPLETE).await.unwrap());
     let a = s.backup("a").await.unwrap().unwrap();
     assert_eq!(
-        (a.state.as_str(), a.restore_eligible, a.finished_at, a.files, a.bytes),
+        (
+            a.state.as_str(),
+            a.restore_eligible,
+            a.finished_at,
+            a.files,
+            a.bytes
+        ),
         (COMPLETE, true, Some(T0 + 100), 12, 3400)
     );
     let b = s.backup("b").await.unwrap().unwrap();
@@ -85,7 +96,10 @@ pub async fn a_dump_restores_exactly_over_a_store_that_moved_on(f: Fixture) {
     let node = joined(s, 1).await;
     s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
     let (c, _) = s
-        .create_command(&command(&node, Kind::ExecRun, "x"), Box::new(|_| vec![1, 2, 3]))
+        .create_command(
+            &command(&node, Kind::ExecRun, "x"),
+            Box::new(|_| vec![1, 2, 3]),
+        )
         .await
         .unwrap();
     s.command_result(&node, &result(&node, 1, &c.id, Outcome::Failed), verify)
@@ -99,7 +113,11 @@ pub async fn a_dump_restores_exactly_over_a_store_that_moved_on(f: Fixture) {
     let state = backups.columns.iter().position(|c| c == "state").unwrap();
     assert_eq!(backups.rows[0][state], Value::Text(CREATING.into()));
     let nodes = dump.tables.iter().position(|t| t.name == "nodes").unwrap();
-    let commands = dump.tables.iter().position(|t| t.name == "commands").unwrap();
+    let commands = dump
+        .tables
+        .iter()
+        .position(|t| t.name == "commands")
+        .unwrap();
     assert!(nodes < commands, "parents come first");
     let history = s.audit_snapshot().await.unwrap().audit;
 
