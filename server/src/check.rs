@@ -496,7 +496,7 @@ pub fn backups(s: &Snapshot) -> Outcome {
     }
     Outcome {
         name: "BK",
-        title: "backup states legal",
+        title: "backup state legal",
         checked,
         violations: v,
     }
@@ -833,7 +833,7 @@ mod tests {
             backup_audit(14, "c", "FAILED"),
         ]);
         assert!(backups(&s).held(), "{:?}", backups(&s).violations);
-        assert!(render(&all(&s)).contains("BK backup states legal"));
+        assert!(render(&all(&s)).contains("BK backup state legal"));
 
         // A failed set made eligible, a complete one with a reason, a
         // state that is none, and a failed set completed afterwards.

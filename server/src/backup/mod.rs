@@ -233,14 +233,19 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
             .is_some(),
         "the lease {lease} is held by another process"
     );
-    store
+    if let Err(e) = store
         .begin_backup(&NewBackup {
             id: id.clone(),
             location: set.display().to_string(),
             host: host_identity(),
             process: process.clone(),
         })
-        .await?;
+        .await
+    {
+        let _ = store.release_lease(&lease, &process).await;
+        let _ = std::fs::remove_dir(&set);
+        return Err(e).context("cannot record the backup set in the store");
+    }
     let renew = {
         let (store, lease, process) = (store.clone(), lease.clone(), process.clone());
         tokio::spawn(async move {

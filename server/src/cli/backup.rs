@@ -80,7 +80,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                 return output::json(&serde_json::json!({ "backups": sets }));
             }
             out!(
-                "{:<26} {:<9} {:<20} {:<8} {:<20} {:>6} {:>10}  LOCATION",
+                "{:<26} {:<9} {:<22} {:<8} {:<20} {:>6} {:>10}  LOCATION",
                 "ID",
                 "STATE",
                 "REASON",
@@ -92,7 +92,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
             for s in &sets {
                 let r = &s.row;
                 out!(
-                    "{:<26} {:<9} {:<20} {:<8} {:<20} {:>6} {:>10}  {}{}",
+                    "{:<26} {:<9} {:<22} {:<8} {:<20} {:>6} {:>10}  {}{}",
                     r.id,
                     r.state,
                     if r.reason.is_empty() { "-" } else { &r.reason },
