@@ -35,11 +35,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use bc_store::Store;
 use bc_store::backups::{
     BackupRow, Dump, MANIFEST_INCOMPLETE, NewBackup, RESTORED_FROM_THIS_SET, SequenceDump,
     TableDump, Value, backup_lease, interrupted,
 };
+use bc_store::{Store, StoreError, TxError};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -128,6 +128,33 @@ pub fn process_alive(process: &str) -> bool {
     match (pid.parse::<u32>(), start.parse::<u64>()) {
         (Ok(pid), Ok(start)) => start_time(pid) == Some(start),
         _ => false,
+    }
+}
+
+/// A store failure as an operator reads it: what failed and what to do.
+/// The database's own words (which may name the driver or carry SQL) go to
+/// the log only; a refusal or a version mismatch is shown as it is.
+pub fn store_error(e: StoreError, what: &str) -> anyhow::Error {
+    match e {
+        StoreError::TooNew { .. } | StoreError::Missing => anyhow::anyhow!("{what}: {e}"),
+        other => {
+            tracing::error!(error = %other, "{what}");
+            anyhow::anyhow!(
+                "{what}: the store failed (its error is logged above); check it with \
+                 better-compute doctor, then run this again"
+            )
+        }
+    }
+}
+
+/// [`store_error`] on a result.
+pub trait OrStore<T> {
+    fn or_store(self, what: &str) -> anyhow::Result<T>;
+}
+
+impl<T> OrStore<T> for Result<T, StoreError> {
+    fn or_store(self, what: &str) -> anyhow::Result<T> {
+        self.map_err(|e| store_error(e, what))
     }
 }
 
@@ -221,7 +248,12 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
     let dir = dir
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", dir.display()))?;
-    let id = new_id(store.now().await?);
+    let id = new_id(
+        store
+            .now()
+            .await
+            .or_store("cannot read the store's clock")?,
+    );
     let set = dir.join(&id);
     std::fs::create_dir(&set).with_context(|| format!("cannot create {}", set.display()))?;
     let process = process_identity();
@@ -229,7 +261,8 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
     anyhow::ensure!(
         store
             .renew_lease(&lease, &process, LEASE_TTL)
-            .await?
+            .await
+            .or_store("cannot take the backup's lease")?
             .is_some(),
         "the lease {lease} is held by another process"
     );
@@ -244,7 +277,7 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
     {
         let _ = store.release_lease(&lease, &process).await;
         let _ = std::fs::remove_dir(&set);
-        return Err(e).context("cannot record the backup set in the store");
+        return Err(store_error(e, "cannot record the backup set in the store"));
     }
     let renew = {
         let (store, lease, process) = (store.clone(), lease.clone(), process.clone());
@@ -262,7 +295,11 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
     let out = match written {
         Ok((files, bytes)) => {
             pause("backup-after-manifest");
-            if store.finish_backup(&id, files, bytes).await? {
+            if store
+                .finish_backup(&id, files, bytes)
+                .await
+                .or_store("cannot record the backup set complete")?
+            {
                 Ok(Created {
                     id: id.clone(),
                     location: set.display().to_string(),
@@ -303,7 +340,7 @@ async fn write_set(
     id: &str,
 ) -> anyhow::Result<(u64, u64)> {
     pause("backup-after-row");
-    let dump = store.dump().await.context("cannot read the store")?;
+    let dump = store.dump().await.or_store("cannot read the store")?;
     let mut files = Vec::new();
     let mut tables = Vec::new();
     for t in &dump.tables {
@@ -348,7 +385,8 @@ async fn write_set(
     pause("backup-after-keys");
     let row = store
         .backup(id)
-        .await?
+        .await
+        .or_store("cannot read the backup set back")?
         .context("the backup's own row is gone from the store")?;
     let manifest = Manifest::new(id, row.created_at, &dump, files);
     let bytes = manifest.to_json();
@@ -360,14 +398,18 @@ async fn write_set(
 /// The start-of-serve reconcile: every CREATING set whose process is gone
 /// moves to FAILED with `MANIFEST_INCOMPLETE`. Returns the ids moved.
 pub async fn reconcile(store: &Store) -> anyhow::Result<Vec<String>> {
-    let now = store.now().await?;
-    let leases = store.leases().await?;
+    const WHAT: &str = "cannot reconcile the backup sets";
+    let now = store.now().await.or_store(WHAT)?;
+    let leases = store.leases().await.or_store(WHAT)?;
     let here = host_identity();
     let mut moved = Vec::new();
-    for row in store.backups().await? {
+    for row in store.backups().await.or_store(WHAT)? {
         let lease = leases.iter().find(|l| l.name == backup_lease(&row.id));
         if interrupted(&row, now, lease, &here, process_alive)
-            && store.fail_backup(&row.id, MANIFEST_INCOMPLETE).await?
+            && store
+                .fail_backup(&row.id, MANIFEST_INCOMPLETE)
+                .await
+                .or_store(WHAT)?
         {
             warn!(
                 backup = %row.id,
@@ -544,7 +586,7 @@ pub async fn restore(
     let dump = verified.dump()?;
     let store = Store::open(location, std::sync::Arc::new(bc_store::SystemClock))
         .await
-        .with_context(|| format!("cannot open {location}"))?;
+        .or_store(&format!("cannot open {location}"))?;
     refuse_live(&store).await?;
     let id = verified.manifest.id.clone();
     let mut journal = Journal::start(data_dir, &id, &source)?;
@@ -562,14 +604,23 @@ pub async fn restore(
     }
     journal.reached(Phase::KeysRestored)?;
     pause("restore-after-keys");
-    store
-        .restore(dump)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .context("cannot restore the store")?;
+    match store.restore(dump).await {
+        Ok(()) => {}
+        Err(TxError::Refused(r)) => bail!("cannot restore the store: {r}"),
+        Err(TxError::Store(e)) => {
+            return Err(store_error(
+                e,
+                "cannot restore the store (nothing of it was restored: its restore is one \
+                 transaction; run backup restore --resume once the store is well)",
+            ));
+        }
+    }
     // The dump holds its own set as CREATING: here it is the set this
     // plane came from, never restore eligible (audited by the store).
-    store.fail_backup(&id, RESTORED_FROM_THIS_SET).await?;
+    store
+        .fail_backup(&id, RESTORED_FROM_THIS_SET)
+        .await
+        .or_store("cannot record the restored set")?;
     journal.reached(Phase::StoreRestored)?;
     pause("restore-after-store");
     journal.reached(Phase::Complete)?;
@@ -579,8 +630,10 @@ pub async fn restore(
 /// Refuses while any process holds a live lease on the store (a gateway,
 /// a controller, a backup being written).
 async fn refuse_live(store: &Store) -> anyhow::Result<()> {
-    let now = store.now().await?;
-    if let Some(l) = store.leases().await?.into_iter().find(|l| l.live(now)) {
+    const WHAT: &str = "cannot read the store's leases";
+    let now = store.now().await.or_store(WHAT)?;
+    let leases = store.leases().await.or_store(WHAT)?;
+    if let Some(l) = leases.into_iter().find(|l| l.live(now)) {
         bail!(
             "a control plane is using this store: {} holds the lease {} for {} s more; stop \
              every better-compute serve on it (systemctl stop better-compute on each host), \

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Subcommand;
 
 use super::output::{self, out};
-use crate::backup::{Interrupted, SetView, journal::Journal};
+use crate::backup::{Interrupted, OrStore, SetView, journal::Journal};
 
 #[derive(Debug, Subcommand)]
 pub enum BackupCommand {
@@ -75,7 +75,13 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
         }
         BackupCommand::List { json } => {
             let store = existing(&location).await?;
-            let sets = views(data_dir, store.backups().await?);
+            let sets = views(
+                data_dir,
+                store
+                    .backups()
+                    .await
+                    .or_store("cannot list the backup sets")?,
+            );
             if json {
                 return output::json(&serde_json::json!({ "backups": sets }));
             }
@@ -114,7 +120,8 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
             let store = existing(&location).await?;
             let row = store
                 .backup(&id)
-                .await?
+                .await
+                .or_store("cannot read the backup set")?
                 .ok_or_else(|| anyhow::anyhow!("no backup {id}: see better-compute backup list"))?;
             let view = views(data_dir, vec![row]).remove(0);
             let manifest =
@@ -210,7 +217,9 @@ async fn existing(location: &bc_store::Location) -> anyhow::Result<bc_store::Sto
             path.display()
         );
     }
-    crate::serve::open_store(location).await
+    bc_store::Store::open(location, std::sync::Arc::new(bc_store::SystemClock))
+        .await
+        .or_store(&format!("cannot open {location}"))
 }
 
 fn views(data_dir: &Path, rows: Vec<bc_store::backups::BackupRow>) -> Vec<SetView> {
