@@ -186,8 +186,7 @@ pub struct TableHeader {
 fn put(dir: &Path, rel: &str, bytes: &[u8], mode: u32) -> anyhow::Result<FileEntry> {
     let path = dir.join(rel);
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
+        private_dir(parent)?;
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -203,6 +202,17 @@ fn put(dir: &Path, rel: &str, bytes: &[u8], mode: u32) -> anyhow::Result<FileEnt
         sha256: sha256(bytes),
         size: bytes.len() as u64,
     })
+}
+
+/// Creates `dir` (and its parents) readable by its owner only: a set
+/// holds the CA's key.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
 }
 
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
@@ -244,7 +254,7 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
             data_dir.join(name).display()
         );
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    private_dir(dir)?;
     let dir = dir
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", dir.display()))?;
@@ -255,7 +265,13 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
             .or_store("cannot read the store's clock")?,
     );
     let set = dir.join(&id);
-    std::fs::create_dir(&set).with_context(|| format!("cannot create {}", set.display()))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&set)
+            .with_context(|| format!("cannot create {}", set.display()))?;
+    }
     let process = process_identity();
     let lease = backup_lease(&id);
     anyhow::ensure!(
@@ -547,14 +563,7 @@ pub async fn restore(
     location: &bc_store::Location,
     on_interrupted: Interrupted,
 ) -> anyhow::Result<String> {
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(data_dir)
-            .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
-    }
+    private_dir(data_dir)?;
     let previous = Journal::read(data_dir)?;
     let source: PathBuf = match (&previous, on_interrupted) {
         (Some(j), Interrupted::Refuse) if !j.is_complete() => {
@@ -665,4 +674,55 @@ pub struct SetView {
     pub row: BackupRow,
     /// This control plane was restored from this set.
     pub restored_here: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_reused_pid_or_garbage_is_not() {
+        let me = process_identity();
+        assert!(process_alive(&me), "{me}");
+        let pid = std::process::id();
+        let start = start_time(pid).unwrap();
+        assert!(!process_alive(&format!("{pid}:{}", start + 1)));
+        assert!(!process_alive("garbage"));
+        assert!(!process_alive("4294967295:1"));
+        let host = host_identity();
+        assert!(host.split_whitespace().count() == 2, "{host}");
+    }
+
+    #[test]
+    fn a_set_is_verified_file_by_file() {
+        let d = tempfile::tempdir().unwrap();
+        let set = d.path().join("bk-1");
+        // No manifest: an interrupted set.
+        std::fs::create_dir(&set).unwrap();
+        let e = verify(&set).unwrap_err().to_string();
+        assert!(e.contains(MANIFEST_INCOMPLETE), "{e}");
+        let files = vec![put(&set, "keys/ca.key", b"key", 0o600).unwrap()];
+        let dump = Dump {
+            backend: "sqlite".into(),
+            schema_version: 1,
+            taken_at: 0,
+            tables: vec![],
+            sequences: vec![],
+        };
+        let m = Manifest::new("bk-1", 0, &dump, files);
+        std::fs::write(set.join(manifest::FILE), m.to_json()).unwrap();
+        verify(&set).unwrap();
+        std::fs::write(set.join("keys/ca.key"), b"kez").unwrap();
+        let e = verify(&set).unwrap_err().to_string();
+        assert!(e.contains("backup file keys/ca.key does not match"), "{e}");
+        // A manifest naming a path outside the set.
+        let mut m = m;
+        m.files[0].path = "../elsewhere".into();
+        std::fs::write(set.join(manifest::FILE), m.to_json()).unwrap();
+        assert!(verify(&set).unwrap_err().to_string().contains("outside"));
+        // A failed set is never restored.
+        mark_failed(&set, MANIFEST_INCOMPLETE);
+        let e = verify(&set).unwrap_err().to_string();
+        assert!(e.contains("not restore eligible"), "{e}");
+    }
 }
