@@ -260,14 +260,16 @@ pub(super) async fn restore(tx: &Tx<'_>, d: &Dump) -> Result<(), TxError> {
         .iter()
         .map(|t| ident(t).map(|t| format!("\"{t}\"")))
         .collect::<Result<Vec<_>, _>>()?;
-    tx.batch_execute(&format!("TRUNCATE {}", all.join(", ")))
-        .await
-        .map_err(StoreError::from)?;
+    // Triggers off first: none of the store's own may act on the emptying
+    // (TRUNCATE fires no row triggers, but a table may guard itself).
     for t in &all {
         tx.batch_execute(&format!("ALTER TABLE {t} DISABLE TRIGGER USER"))
             .await
             .map_err(StoreError::from)?;
     }
+    tx.batch_execute(&format!("TRUNCATE {}", all.join(", ")))
+        .await
+        .map_err(StoreError::from)?;
     for t in &d.tables {
         let cols = t
             .columns
