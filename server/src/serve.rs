@@ -126,9 +126,7 @@ pub async fn serve(
     }
     let store = open_store(&opts.store).await?;
     // The reconcile: backups whose process died while writing them fail.
-    crate::backup::reconcile(&store)
-        .await
-        .context("cannot reconcile the backup sets")?;
+    crate::backup::reconcile(&store).await?;
     tasks.push(tokio::spawn(crate::http::ready::probe(
         store.clone(),
         Store::schema_target(&opts.store),

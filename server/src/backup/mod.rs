@@ -14,14 +14,13 @@
 //!   renews the lease `backup:<id>`.
 //! - [`reconcile`]: at every start of `serve`, a CREATING set whose process
 //!   is gone moves to FAILED with `MANIFEST_INCOMPLETE` (audited by the
-//!   store); its directory is marked with a `FAILED` file, so it is never
-//!   restored.
+//!   store); its directory, when this host wrote it, is marked with a
+//!   `FAILED` file, so it is never restored.
 //! - [`restore`]: into a stopped control plane's data directory and store,
 //!   every hash verified first; the set it came from is FAILED there with
-//!   `RESTORED_FROM_THIS_SET` (its dump held it as CREATING); its phases go
-//!   to a journal
-//!   ([`journal::Journal`]), and an interrupted restore stops `serve` and
-//!   later restores until the operator resumes or abandons it.
+//!   `RESTORED_FROM_THIS_SET` (its dump held it as CREATING). Its phases go
+//!   to a journal ([`journal::Journal`]); an interrupted restore stops
+//!   `serve` and later restores until the operator resumes or abandons it.
 //!
 //! Test builds (the `failpoints` feature) pause at named points
 //! ([`pause`]) so a test can kill the process there.
