@@ -42,6 +42,10 @@
 //!   clears such leases.
 //! - no stranded command: no command waits, non-terminal, for a node the
 //!   store no longer knows (no route can ever carry it).
+//! - BK every backup state legal: each set is CREATING (not eligible, not
+//!   finished), COMPLETE (eligible, finished, no reason) or FAILED (not
+//!   eligible, finished, with a reason); its audited history starts at
+//!   CREATING and leaves it once, to COMPLETE or FAILED.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -52,6 +56,7 @@ use serde::Serialize;
 pub use bc_store::audit::{
     AuditRow as Audit, BindingFact as Binding, CommandFact as Command, SessionFact as Session,
 };
+pub use bc_store::backups::BackupRow as Backup;
 
 /// What the nodes recorded themselves.
 #[derive(Debug, Clone, Default)]
@@ -88,6 +93,7 @@ pub struct Snapshot {
     pub desired: BTreeMap<String, u64>,
     /// Node → applied spec generation it reported.
     pub applied: BTreeMap<String, u64>,
+    pub backups: Vec<Backup>,
     pub timings: Timings,
     /// Commands created within this window may still be on their way.
     pub settle: Duration,
@@ -498,6 +504,87 @@ pub fn stranded_commands(s: &Snapshot) -> Outcome {
     }
 }
 
+pub fn backups(s: &Snapshot) -> Outcome {
+    use bc_store::backups::{COMPLETE, CREATING, FAILED, STATES};
+    let mut v = Vec::new();
+    let mut checked = 0;
+    for b in &s.backups {
+        checked += 1;
+        let id = &b.id;
+        if !STATES.contains(&b.state.as_str()) {
+            v.push(format!(
+                "backup {id}: state {:?} is not a backup state",
+                b.state
+            ));
+            continue;
+        }
+        let finished = b.finished_at.is_some();
+        let legal = match b.state.as_str() {
+            CREATING => !b.restore_eligible && !finished && b.reason.is_empty(),
+            COMPLETE => b.restore_eligible && finished && b.reason.is_empty(),
+            _ => !b.restore_eligible && finished && !b.reason.is_empty(),
+        };
+        if !legal {
+            v.push(format!(
+                "backup {id}: {}{} with restore eligible {} and {}",
+                b.state,
+                if b.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", b.reason)
+                },
+                b.restore_eligible,
+                if finished {
+                    "a finish time"
+                } else {
+                    "no finish time"
+                }
+            ));
+        }
+        if b.finished_at.is_some_and(|f| f < b.created_at) {
+            v.push(format!("backup {id}: finished before it was created"));
+        }
+    }
+    // The history: CREATING first, then at most one move out of it.
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in s.audit.iter().filter(|a| a.kind == "backup") {
+        let d: serde_json::Value = serde_json::from_str(&a.detail).unwrap_or_default();
+        let id = d["backup"].as_str().unwrap_or_default().to_string();
+        let state = d["state"].as_str().unwrap_or_default().to_string();
+        checked += 1;
+        let states = seen.entry(id.clone()).or_default();
+        let ok = match states.last().map(String::as_str) {
+            None => state == CREATING,
+            Some(CREATING) => state == COMPLETE || state == FAILED,
+            Some(_) => false,
+        };
+        if !ok {
+            v.push(format!(
+                "backup {id}: went to {state} after {}",
+                if states.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    states.join(", ")
+                }
+            ));
+        }
+        if state == COMPLETE && a.value != 1 || state != COMPLETE && a.value != 0 {
+            v.push(format!(
+                "backup {id}: recorded {state} with restore eligible {}",
+                a.value
+            ));
+        }
+        states.push(state);
+    }
+    Outcome {
+        name: "BK",
+        title: "backup state legal",
+        checked,
+        what: "backups and their moves",
+        violations: v,
+    }
+}
+
 /// Every checker, in order.
 pub fn all(s: &Snapshot) -> Vec<Outcome> {
     vec![
@@ -511,6 +598,7 @@ pub fn all(s: &Snapshot) -> Vec<Outcome> {
         audit_chain(s),
         orphaned_leases(s),
         stranded_commands(s),
+        backups(s),
     ]
 }
 
@@ -534,6 +622,7 @@ pub async fn snapshot(
         bindings: a.bindings,
         desired: a.desired,
         applied: a.applied,
+        backups: a.backups,
         timings,
         settle,
         facts,
@@ -635,6 +724,7 @@ mod tests {
             bindings: vec![],
             desired: BTreeMap::new(),
             applied: BTreeMap::new(),
+            backups: vec![],
             timings: Timings {
                 node_lease_ttl: Duration::from_secs(40),
                 gateway_loss_grace: Duration::from_secs(120),
@@ -891,6 +981,69 @@ mod tests {
         let mut s = clean();
         s.facts.marks.insert("n1".into(), vec![5, 9, 7]);
         assert!(violated(i8(&s))[0].contains("mark went back"));
+    }
+
+    fn backup(id: &str, state: &str, reason: &str, eligible: bool, finished: bool) -> Backup {
+        Backup {
+            id: id.into(),
+            state: state.into(),
+            reason: reason.into(),
+            restore_eligible: eligible,
+            created_at: 1_000,
+            finished_at: finished.then_some(2_000),
+            location: "/b".into(),
+            host: "h".into(),
+            process: "1:1".into(),
+            files: 0,
+            bytes: 0,
+        }
+    }
+
+    fn backup_audit(id: i64, backup: &str, state: &str) -> Audit {
+        Audit {
+            value: i64::from(state == "COMPLETE"),
+            detail: serde_json::json!({"backup": backup, "state": state}).to_string(),
+            ..audit(id, 1_000 + id, "", "backup")
+        }
+    }
+
+    #[test]
+    fn backup_states_hold_for_legal_sets_and_catch_the_rest() {
+        let mut s = clean();
+        s.backups = vec![
+            backup("a", "CREATING", "", false, false),
+            backup("b", "COMPLETE", "", true, true),
+            backup("c", "FAILED", "MANIFEST_INCOMPLETE", false, true),
+        ];
+        s.audit.extend([
+            backup_audit(10, "a", "CREATING"),
+            backup_audit(11, "b", "CREATING"),
+            backup_audit(12, "b", "COMPLETE"),
+            backup_audit(13, "c", "CREATING"),
+            backup_audit(14, "c", "FAILED"),
+        ]);
+        assert!(backups(&s).held(), "{:?}", backups(&s).violations);
+        assert!(render(&all(&s)).contains("BK backup state legal"));
+
+        // A failed set made eligible, a complete one with a reason, a
+        // state that is none, and a failed set completed afterwards.
+        s.backups.extend([
+            backup("d", "FAILED", "MANIFEST_INCOMPLETE", true, true),
+            backup("e", "COMPLETE", "MANIFEST_INCOMPLETE", true, true),
+            backup("f", "DONE", "", true, true),
+            backup("g", "CREATING", "", true, false),
+        ]);
+        s.audit.push(backup_audit(15, "c", "COMPLETE"));
+        let v = violated(backups(&s));
+        for want in [
+            "backup d: FAILED",
+            "backup e: COMPLETE",
+            "backup f: state \"DONE\"",
+            "backup g: CREATING",
+            "backup c: went to COMPLETE after CREATING, FAILED",
+        ] {
+            assert!(v.iter().any(|l| l.contains(want)), "{want} in {v:?}");
+        }
     }
 
     #[test]

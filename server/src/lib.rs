@@ -13,6 +13,7 @@
 //! - [`cli`] (with [`client`]): the operator's command line.
 //! - [`check`] and [`sim`]: the invariant checkers and the fleet
 //!   simulator.
+//! - [`backup`]: backup sets of the store and keys, and restores.
 //!
 //! All state lives in the store, `bc-store` (`server/store`), which knows
 //! nothing of the wire; processes keep nothing a restart would miss and
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod backup;
 pub mod boot;
 pub mod check;
 pub mod cli;

@@ -106,6 +106,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     prepare(&opts.data_dir)?;
+    // Nothing starts on a half-restored control plane.
+    crate::backup::journal::check_startable(&opts.data_dir)?;
     // The HTTP listener first: /healthz answers and /readyz says why not
     // while the rest starts.
     let metrics = Arc::new(ServerMetrics::new());
@@ -123,6 +125,8 @@ pub async fn serve(
         )));
     }
     let store = open_store(&opts.store).await?;
+    // The reconcile: backups whose process died while writing them fail.
+    crate::backup::reconcile(&store).await?;
     tasks.push(tokio::spawn(crate::http::ready::probe(
         store.clone(),
         Store::schema_target(&opts.store),

@@ -37,7 +37,9 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
     let names: Vec<&str> = inv.iter().map(|i| i["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "AC", "OL", "SC"]
+        [
+            "I1", "I2", "I3", "I4", "I5", "I7", "I8", "AC", "OL", "SC", "BK"
+        ]
     );
     for i in inv {
         assert!(i["violations"].as_array().unwrap().is_empty(), "{i}");

@@ -4,6 +4,7 @@
 //! its arguments and what it does; [`output`] is the one place output is
 //! formatted (tables, `--json`, exit codes).
 
+mod backup;
 mod check;
 mod commands;
 mod doctor;
@@ -102,7 +103,13 @@ enum Command {
         #[command(flatten)]
         opts: crate::sim::host::HostOptions,
     },
-    /// Check the fleet invariants (I1–I8) on a store, live or not.
+    /// Backup sets of the store and keys, and restores.
+    Backup {
+        #[command(subcommand)]
+        command: backup::BackupCommand,
+    },
+    /// Check the fleet invariants (I1–I8, backup states) on a store, live
+    /// or not.
     Check(check::CheckArgs),
     /// Check this control plane's host: CA and serving certificate, the
     /// store, leases, clock, releases and images. Read-only; exit 0 all
@@ -174,6 +181,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sim(args) => sim::run(args, cli.store).await.map(|()| done),
         Command::SimHost { opts } => crate::sim::host::run_host(opts).await.map(|()| done),
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
+            .await
+            .map(|()| done),
+        Command::Backup { command } => backup::run(command, &cli.data_dir, cli.store.as_deref())
             .await
             .map(|()| done),
         Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,

@@ -26,7 +26,7 @@ pub struct AuditRow {
     pub at: i64,
     pub node_id: String,
     /// `route`, `disconnected`, `unreachable`, `lease`, `generation`,
-    /// `floor`, `result`, `binding`.
+    /// `floor`, `result`, `binding`, `backup`.
     pub kind: String,
     pub epoch: u64,
     pub gateway_id: String,
@@ -209,6 +209,8 @@ pub struct AuditSnapshot {
     pub desired: BTreeMap<String, u64>,
     /// Node → the applied spec generation it reported.
     pub applied: BTreeMap<String, u64>,
+    /// Every backup set.
+    pub backups: Vec<crate::backups::BackupRow>,
 }
 
 /// How far the fleet is from settled: commands not finished, and nodes

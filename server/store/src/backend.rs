@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::audit::{AuditSnapshot, Settling};
+use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
@@ -371,6 +372,32 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError>;
 
     async fn settling(&self) -> Result<Settling, StoreError>;
+
+    // ------------------------------------------------------------ backups
+
+    /// Records a backup set CREATING (see [`crate::backups`]).
+    async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError>;
+
+    /// CREATING to COMPLETE, restore eligible; false if it was not
+    /// CREATING (a set that failed never completes).
+    async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError>;
+
+    /// CREATING to FAILED with `reason`; false if it was not CREATING.
+    async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError>;
+
+    /// Newest first.
+    async fn backups(&self) -> Result<Vec<BackupRow>, StoreError>;
+
+    async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError>;
+
+    /// Every table, in one consistent read transaction, while the store is
+    /// in use.
+    async fn dump(&self) -> Result<Dump, StoreError>;
+
+    /// Replaces everything in the store with `dump`, in one transaction: for
+    /// a stopped control plane. A dump of another backend or schema version
+    /// is refused.
+    async fn restore(&self, dump: Dump) -> Result<(), TxError>;
 
     /// Blocks every writer for `duration`, as a stalled database would: the
     /// fleet simulator's store fault.

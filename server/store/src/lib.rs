@@ -2,7 +2,8 @@
 //!
 //! It owns the fleet's state (tokens, nodes and their certificates,
 //! sessions, liveness, leases, inventory, commands, specs, bindings,
-//! events, releases, images, rollouts, the audit history) behind one async
+//! events, releases, images, rollouts, the audit history, backup sets)
+//! behind one async
 //! interface, [`Backend`], and the decisions taken inside its transactions
 //! (one pure module per domain). [`Store`] is a cheap handle over a
 //! backend; `store.hello(&input).await` calls it.
@@ -25,6 +26,7 @@
 
 pub mod audit;
 pub mod backend;
+pub mod backups;
 pub mod bindings;
 pub mod clock;
 pub mod commands;

@@ -473,3 +473,44 @@ async fn a_write_that_panics_changes_nothing_and_the_others_commit() {
         .await
         .expect("the token is still there");
 }
+
+/// The store version 12 wrote (see the fixture's header).
+const V12: &str = include_str!("fixtures/schema-v12.sql");
+
+#[tokio::test]
+async fn a_store_from_version_12_migrates_with_no_backup_sets_and_records_one() {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(V12)
+        .unwrap();
+    let clock = ManualClock::new(V10_NOW + 1_000);
+    let s = open(&path, &clock).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let fresh = d.path().join("fresh.db");
+    open(&fresh, &clock).await.unwrap();
+    assert_eq!(schema(&path), schema(&fresh));
+    let nodes = s.list_nodes().await.unwrap().nodes;
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].node_id, NODE);
+    assert!(s.backups().await.unwrap().is_empty());
+    let b = s
+        .begin_backup(&bc_store::backups::NewBackup {
+            id: "bk-1".into(),
+            location: "/b/bk-1".into(),
+            host: "h".into(),
+            process: "1:1".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (b.state.as_str(), b.created_at),
+        ("CREATING", V10_NOW + 1_000)
+    );
+    // The upgraded store dumps and takes its own dump back.
+    let dump = s.dump().await.unwrap();
+    assert_eq!(dump.schema_version, SCHEMA_VERSION);
+    s.restore(dump).await.unwrap();
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
+}

@@ -130,6 +130,7 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
         bindings,
         desired,
         applied,
+        backups: super::backups::list(tx).await?,
     })
 }
 

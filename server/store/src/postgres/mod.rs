@@ -36,6 +36,7 @@
 //! string); peers see only that the store is unavailable.
 
 mod audit;
+mod backups;
 mod bindings;
 pub mod cluster;
 mod commands;
@@ -63,6 +64,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::audit::{AuditSnapshot, Settling};
 use crate::backend::Backend;
+use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
@@ -95,6 +97,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0011_compute_now.sql"),
     include_str!("migrations/0012_signed_facts_statements.sql"),
     include_str!("migrations/0013_audit_chain.sql"),
+    include_str!("migrations/0014_backups.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -809,6 +812,52 @@ impl Backend for PostgresBackend {
 
     async fn settling(&self) -> Result<Settling, StoreError> {
         tx!(self, |tx| audit::settling(&tx).await)
+    }
+
+    async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError> {
+        tx!(self, |tx| backups::begin(&tx, b).await)
+    }
+
+    async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
+        tx!(self, |tx| backups::finish(&tx, id, files, bytes).await)
+    }
+
+    async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
+        tx!(self, |tx| backups::fail(&tx, id, reason).await)
+    }
+
+    async fn backups(&self) -> Result<Vec<BackupRow>, StoreError> {
+        tx!(self, |tx| backups::list(&tx).await)
+    }
+
+    async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError> {
+        tx!(self, |tx| backups::get(&tx, id).await)
+    }
+
+    async fn dump(&self) -> Result<Dump, StoreError> {
+        // One consistent reading of every table, as the audit snapshot.
+        let mut conn = self.pool.get().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        if let Some(clock) = &self.clock {
+            execute(
+                &tx,
+                "SELECT set_config('bc.now_ms', $1, true)",
+                &[&clock.now_ms().to_string()],
+            )
+            .await?;
+        }
+        let dump = backups::dump(&tx).await?;
+        tx.commit().await?;
+        Ok(dump)
+    }
+
+    async fn restore(&self, dump: Dump) -> Result<(), TxError> {
+        tx!(self, |tx| backups::restore(&tx, &dump).await)
     }
 
     async fn stall(&self, duration: Duration) -> Result<(), StoreError> {

@@ -106,6 +106,7 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
         bindings,
         desired,
         applied,
+        backups: super::backups::list(c)?,
     })
 }
 

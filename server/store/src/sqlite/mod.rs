@@ -20,6 +20,7 @@
 //! connections and the [`Backend`] implementation that calls them.
 
 mod audit;
+mod backups;
 mod bindings;
 mod commands;
 mod events;
@@ -46,6 +47,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::audit::{AuditSnapshot, Settling};
 use crate::backend::Backend;
+use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
@@ -77,6 +79,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0011_compute_now.sql"),
     include_str!("migrations/0012_signed_facts_statements.sql"),
     include_str!("migrations/0013_audit_chain.sql"),
+    include_str!("migrations/0014_backups.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -789,6 +792,50 @@ impl Backend for SqliteBackend {
 
     async fn settling(&self) -> Result<Settling, StoreError> {
         self.read(audit::settling).await
+    }
+
+    async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError> {
+        let b = b.clone();
+        self.write(move |c| backups::begin(c, &b)).await
+    }
+
+    async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| backups::finish(c, &id, files, bytes))
+            .await
+    }
+
+    async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        self.write(move |c| backups::fail(c, &id, &reason)).await
+    }
+
+    async fn backups(&self) -> Result<Vec<BackupRow>, StoreError> {
+        self.read(backups::list).await
+    }
+
+    async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError> {
+        let id = id.to_string();
+        self.read(move |c| backups::get(c, &id)).await
+    }
+
+    async fn dump(&self) -> Result<Dump, StoreError> {
+        self.read(backups::dump).await
+    }
+
+    async fn restore(&self, dump: Dump) -> Result<(), TxError> {
+        // Its own connection and transaction: a restore is not grouped
+        // with other writes, and its foreign keys are checked at its commit.
+        let (path, clock) = (self.path.clone(), self.clock.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), TxError> {
+            let mut conn = connect(&path, &clock)?;
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            backups::restore(&tx, &dump)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| TxError::Store(StoreError::Task(e)))?
     }
 
     async fn stall(&self, duration: Duration) -> Result<(), StoreError> {

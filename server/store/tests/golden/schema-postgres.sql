@@ -1,4 +1,4 @@
--- schema version 13
+-- schema version 14
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -15,6 +15,17 @@ audit.hash: text
 audit_head.one: integer NOT NULL
 audit_head.seq: bigint NOT NULL
 audit_head.hash: text NOT NULL
+backups.id: text NOT NULL
+backups.state: text NOT NULL
+backups.reason: text NOT NULL DEFAULT ''::text
+backups.restore_eligible: boolean NOT NULL DEFAULT false
+backups.created_at: bigint NOT NULL
+backups.finished_at: bigint
+backups.location: text NOT NULL
+backups.host: text NOT NULL
+backups.process: text NOT NULL
+backups.files: bigint NOT NULL DEFAULT 0
+backups.bytes: bigint NOT NULL DEFAULT 0
 bc_schema.version: bigint NOT NULL
 binding_nonces.node_id: text NOT NULL
 binding_nonces.nonce: text NOT NULL
@@ -175,6 +186,7 @@ audit audit_chain: TRIGGER DEFERRABLE INITIALLY DEFERRED
 audit audit_pkey: PRIMARY KEY (id)
 audit_head audit_head_one_check: CHECK ((one = 1))
 audit_head audit_head_pkey: PRIMARY KEY (one)
+backups backups_pkey: PRIMARY KEY (id)
 binding_nonces binding_nonces_pkey: PRIMARY KEY (node_id, nonce)
 bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 bindings bindings_pkey: PRIMARY KEY (node_id, allocation_id)
@@ -220,6 +232,7 @@ audit_head_pkey: CREATE UNIQUE INDEX audit_head_pkey ON public.audit_head USING 
 audit_node: CREATE INDEX audit_node ON public.audit USING btree (node_id, id)
 audit_pkey: CREATE UNIQUE INDEX audit_pkey ON public.audit USING btree (id)
 audit_seq: CREATE UNIQUE INDEX audit_seq ON public.audit USING btree (seq)
+backups_pkey: CREATE UNIQUE INDEX backups_pkey ON public.backups USING btree (id)
 binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_nonces USING btree (node_id, nonce)
 bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
 boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
@@ -258,6 +271,8 @@ rollout_nodes_pkey: CREATE UNIQUE INDEX rollout_nodes_pkey ON public.rollout_nod
 rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree (id)
 
 -- triggers
+audit_backup: CREATE TRIGGER audit_backup AFTER UPDATE OF state ON public.backups FOR EACH ROW WHEN ((new.state <> old.state)) EXECUTE FUNCTION audit_backup()
+audit_backup_new: CREATE TRIGGER audit_backup_new AFTER INSERT ON public.backups FOR EACH ROW EXECUTE FUNCTION audit_backup()
 audit_binding: CREATE TRIGGER audit_binding AFTER UPDATE OF state ON public.bindings FOR EACH ROW WHEN ((new.state <> old.state)) EXECUTE FUNCTION audit_binding()
 audit_binding_gone: CREATE TRIGGER audit_binding_gone AFTER DELETE ON public.bindings FOR EACH ROW EXECUTE FUNCTION audit_binding()
 audit_chain: CREATE CONSTRAINT TRIGGER audit_chain AFTER INSERT ON public.audit DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION audit_seal()
@@ -273,6 +288,24 @@ audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON pub
 audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
 
 -- functions
+audit_backup: CREATE OR REPLACE FUNCTION public.audit_backup()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO audit (at, node_id, kind, value, detail)
+        VALUES (compute_now(), '', 'backup', CASE WHEN NEW.restore_eligible THEN 1 ELSE 0 END,
+                json_build_object('backup', NEW.id, 'from', '', 'state', NEW.state,
+                                  'reason', NEW.reason)::text);
+    ELSE
+        INSERT INTO audit (at, node_id, kind, value, detail)
+        VALUES (compute_now(), '', 'backup', CASE WHEN NEW.restore_eligible THEN 1 ELSE 0 END,
+                json_build_object('backup', NEW.id, 'from', OLD.state, 'state', NEW.state,
+                                  'reason', NEW.reason)::text);
+    END IF;
+    RETURN NULL;
+END $function$
 audit_binding: CREATE OR REPLACE FUNCTION public.audit_binding()
  RETURNS trigger
  LANGUAGE plpgsql

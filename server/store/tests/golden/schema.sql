@@ -1,4 +1,4 @@
--- schema version 13
+-- schema version 14
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -44,6 +44,21 @@ CREATE TABLE audit_head (
     one  INTEGER PRIMARY KEY CHECK (one = 1),
     seq  INTEGER NOT NULL,
     hash TEXT NOT NULL
+) STRICT;
+
+-- table backups
+CREATE TABLE backups (
+    id               TEXT PRIMARY KEY,
+    state            TEXT NOT NULL,
+    reason           TEXT NOT NULL DEFAULT '',
+    restore_eligible INTEGER NOT NULL DEFAULT 0,
+    created_at       INTEGER NOT NULL,
+    finished_at      INTEGER,
+    location         TEXT NOT NULL,
+    host             TEXT NOT NULL,
+    process          TEXT NOT NULL,
+    files            INTEGER NOT NULL DEFAULT 0,
+    bytes            INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 
 -- table binding_nonces
@@ -288,6 +303,23 @@ CREATE TABLE rollouts (
 
 -- table sqlite_sequence
 CREATE TABLE sqlite_sequence(name,seq);
+
+-- trigger audit_backup
+CREATE TRIGGER audit_backup AFTER UPDATE OF state ON backups
+WHEN NEW.state != OLD.state BEGIN
+    INSERT INTO audit (at, node_id, kind, value, detail)
+    VALUES (compute_now(), '', 'backup', NEW.restore_eligible,
+            json_object('backup', NEW.id, 'from', OLD.state, 'state', NEW.state,
+                        'reason', NEW.reason));
+END;
+
+-- trigger audit_backup_new
+CREATE TRIGGER audit_backup_new AFTER INSERT ON backups BEGIN
+    INSERT INTO audit (at, node_id, kind, value, detail)
+    VALUES (compute_now(), '', 'backup', NEW.restore_eligible,
+            json_object('backup', NEW.id, 'from', '', 'state', NEW.state,
+                        'reason', NEW.reason));
+END;
 
 -- trigger audit_binding
 CREATE TRIGGER audit_binding AFTER UPDATE OF state ON bindings

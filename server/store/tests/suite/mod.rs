@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod backups;
 pub mod bindings;
 pub mod commands;
 pub mod events;
@@ -197,6 +198,8 @@ macro_rules! store_suite {
         store_suite!(@each $fixture;
             audit::triggers_stamp_history_with_the_store_clock,
             audit::a_snapshot_reads_the_history_and_the_tables,
+            backups::a_set_leaves_creating_once_and_every_state_is_audited,
+            backups::a_dump_restores_exactly_over_a_store_that_moved_on,
             bindings::only_the_nodes_current_key_binds_and_replays_are_refused,
             bindings::a_forged_report_marks_an_active_binding_lost,
             commands::results_first_one_wins_and_unknown_ones_change_nothing,
