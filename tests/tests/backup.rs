@@ -272,6 +272,13 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                 );
                 assert!(a_set.iter().all(|r| !r.contains("COMPLETE")), "{a_set:?}");
             }
+            // Each plane's chain head follows its own last record (the set's
+            // COMPLETE at the source, FAILED here): `check` verifies the
+            // restored chain whole below.
+            "audit_head" => {
+                let (b, a) = (rows(&before, "audit_head"), rows(&after, "audit_head"));
+                assert_eq!(a.len(), b.len());
+            }
             // The set's own lease, released at the source after its dump.
             "leases" => {
                 let (b, a) = (rows(&before, "leases"), rows(&after, "leases"));
@@ -289,6 +296,19 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
             "{f}"
         );
     }
+    // The restored history is one unbroken chain up to its own head.
+    let out = dst.cli(&["check", "--json"]);
+    let outcomes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let chain = outcomes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "AC")
+        .unwrap();
+    assert!(
+        chain["violations"].as_array().unwrap().is_empty() && chain["checked"].as_u64() > Some(0),
+        "{chain}"
+    );
 
     // The set taken under load restores too, and that plane starts and
     // holds its invariants; it reports the set it came from as not
@@ -313,6 +333,8 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
             // The set's own move to FAILED there: its row, one history row.
             "backups" => assert_eq!(got.len(), want.len()),
             "audit" => assert!(want.iter().all(|r| got.contains(r)), "{name}"),
+            // The chain's head moved on to that row.
+            "audit_head" => assert_eq!(got.len(), want.len()),
             // The history's position moved by that row; the rest did not.
             "sqlite_sequence" => {
                 let others = |v: Vec<String>| -> Vec<String> {

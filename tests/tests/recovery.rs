@@ -2,7 +2,8 @@
 //! of every control-plane process while a fleet is connected and commands
 //! flow leave the authoritative tables as they were (nodes, certificates,
 //! tokens, operators, specs and generations, terminal commands, bindings,
-//! releases, images, rollouts), the API answers after every start, every
+//! releases, images, rollouts, backup sets), the API answers after every
+//! start, every
 //! start reconciles and audits it, and `check --label` holds after each;
 //! on the embedded store and on PostgreSQL with two gateways. And joins
 //! racing on one single-use token, as separate `bcd join` processes.
@@ -74,6 +75,11 @@ const TABLES: &[(&str, &str)] = &[
         "rollouts",
         "SELECT id, sequence, selector, waves, max_failures, state, wave, reason, created_at, \
          updated_at FROM rollouts ORDER BY id",
+    ),
+    (
+        "backups",
+        "SELECT id, state, reason, restore_eligible, created_at, finished_at, location \
+         FROM backups ORDER BY id",
     ),
     (
         "rollout_nodes",
@@ -220,7 +226,7 @@ fn check(server: &Server, label: &str) {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", stderr(&out));
     assert!(
-        text.starts_with(&format!("== {label}: 10 invariants ==")),
+        text.starts_with(&format!("== {label}: 11 invariants ==")),
         "{text}"
     );
     for name in [
@@ -234,6 +240,7 @@ fn check(server: &Server, label: &str) {
         "AC audit_chain_intact",
         "OL no orphaned lease",
         "SC no stuck command",
+        "BK backup state legal",
     ] {
         assert!(text.contains(name), "{name} missing: {text}");
     }
@@ -275,6 +282,9 @@ fn fleet(servers: &[Server], root: &Path, n: u64) -> (Vec<Node>, Vec<String>) {
             assert_eq!(servers[0].wait_command(&c).state, "succeeded");
         }
     }
+    // A backup set, which the restarts must leave as it is.
+    let out = servers[0].cli(&["backup", "create"]);
+    assert!(out.status.success(), "backup create: {}", stderr(&out));
     (nodes, ids)
 }
 
@@ -301,6 +311,7 @@ fn four_restarts_under_load_leave_the_embedded_store_as_it_was() {
     assert_eq!(before["nodes"].len(), 3);
     assert_eq!(before["bindings"].len(), 3);
     assert_eq!(before["commands"].len(), 6);
+    assert_eq!(before["backups"].len(), 1);
 
     let stop = Arc::new(AtomicBool::new(false));
     let loader = load(
