@@ -20,6 +20,9 @@ pub(super) fn remove_dead_leases(
     )
 }
 
+/// A node's id, conditions and taints, and its session's state.
+type NodeDerived = (String, Vec<String>, Vec<String>, Option<String>);
+
 pub(super) fn run(
     c: &Connection,
     owner: &str,
@@ -30,7 +33,7 @@ pub(super) fn run(
         ..Default::default()
     };
     out.leases_removed.sort();
-    let nodes: Vec<(String, Vec<String>, Vec<String>, Option<String>)> = c
+    let nodes: Vec<NodeDerived> = c
         .prepare(
             "SELECT n.id, n.conditions, n.taints, s.state FROM nodes n
              LEFT JOIN node_sessions s ON s.node_id = n.id ORDER BY n.id",
