@@ -20,7 +20,6 @@
 pub mod parse;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -28,7 +27,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use bc_store::Store;
 use bc_store::images::{BootRecord, valid_sha256};
@@ -100,7 +99,18 @@ struct State {
     cache: Mutex<HashMap<String, Bytes>>,
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = crate::http::bounded::Reply;
+
+/// What one boot client may hold: iPXE clients fetch a script, a kernel
+/// and an initrd over one or a few connections; a peer that opens more, or
+/// sends its request head slowly, is closed. Downloads run at the client's
+/// pace (no overall time limit).
+pub const LIMITS: crate::http::bounded::Limits = crate::http::bounded::Limits {
+    max_connections: 256,
+    head_timeout: std::time::Duration::from_secs(10),
+    max_head: 8192,
+    connection_limit: None,
+};
 
 fn text(status: StatusCode, body: impl Into<String>) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from(body.into())));
@@ -131,31 +141,16 @@ pub async fn start(
         cache: Mutex::new(HashMap::new()),
     });
     info!(%addr, "boot endpoint listening");
-    let task = tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "boot endpoint: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(&state, peer, req).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%peer, error = %e, "boot endpoint connection ended");
-                }
-            });
-        }
+    let handler: crate::http::bounded::Handler = Arc::new(move |peer, req| {
+        let state = state.clone();
+        Box::pin(async move { handle(&state, peer, req).await })
     });
+    let task = tokio::spawn(crate::http::bounded::serve(
+        listener,
+        "boot endpoint",
+        LIMITS,
+        handler,
+    ));
     Ok(Some((addr, task)))
 }
 

@@ -14,9 +14,9 @@
 //! request heads within [`HEAD_TIMEOUT`] and [`MAX_HEAD`] bytes, and each
 //! connection closed after [`CONNECTION_LIMIT`] whatever it does.
 
+pub mod bounded;
 pub mod ready;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +25,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use crate::metrics::{CONTENT_TYPE, ServerMetrics};
 use ready::Readiness;
@@ -60,7 +59,7 @@ pub struct Observed {
     pub readiness: Arc<Readiness>,
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = bounded::Reply;
 
 fn reply(status: StatusCode, kind: &'static str, body: impl Into<Bytes>) -> Reply {
     let mut r = Response::new(Full::new(body.into()));
@@ -118,40 +117,17 @@ pub async fn serve(listener: TcpListener, observed: Observed) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "http listener: /healthz, /readyz, /metrics");
     }
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "http listener: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "http listener: at its connection limit; closed");
-            drop(stream);
-            continue;
-        };
-        let observed = observed.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = answer(&observed, req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(r) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .max_buf_size(MAX_HEAD)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIMIT, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(%peer, error = %e, "http connection ended"),
-                Err(_) => debug!(%peer, "http connection closed at its time limit"),
-            }
-            drop(slot);
-        });
-    }
+    let limits = bounded::Limits {
+        max_connections: MAX_CONNECTIONS,
+        head_timeout: HEAD_TIMEOUT,
+        max_head: MAX_HEAD,
+        connection_limit: Some(CONNECTION_LIMIT),
+    };
+    let handler: bounded::Handler = Arc::new(move |_peer, req: Request<hyper::body::Incoming>| {
+        let r = answer(&observed, req.method(), req.uri().path());
+        Box::pin(async move { r })
+    });
+    bounded::serve(listener, "http listener", limits, handler).await
 }
 
 #[cfg(test)]

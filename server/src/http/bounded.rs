@@ -1,0 +1,180 @@
+//! One bounded HTTP/1.1 server for the plain-HTTP listeners (the probe
+//! listener and the boot endpoint): a peer cannot pin either. At most
+//! `max_connections` at once (more are closed as they are accepted), each
+//! request head (the first, and each next one on a kept-alive connection)
+//! within `head_timeout` and `max_head` bytes, and, where set, no
+//! connection older than `connection_limit`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::Request;
+use hyper::body::{Bytes, Incoming};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+/// What a listener allows one peer.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub head_timeout: Duration,
+    pub max_head: usize,
+    /// `None`: a connection may live as long as it moves requests (the boot
+    /// endpoint streams images at the client's pace).
+    pub connection_limit: Option<Duration>,
+}
+
+pub type Reply = hyper::Response<Full<Bytes>>;
+pub type Handler = Arc<
+    dyn Fn(SocketAddr, Request<Incoming>) -> Pin<Box<dyn Future<Output = Reply> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Serves `handler` on `listener` within `limits` until the task is
+/// dropped; `what` names the listener in logs.
+pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, handler: Handler) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "{what}: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "{what}: at its connection limit; closed");
+            drop(stream);
+            continue;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let reply = handler(peer, req);
+                async move { Ok::<_, Infallible>(reply.await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.head_timeout)
+                .max_buf_size(limits.max_head)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let ended = match limits.connection_limit {
+                Some(limit) => match tokio::time::timeout(limit, conn).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        debug!(%peer, "{what}: connection closed at its time limit");
+                        Ok(())
+                    }
+                },
+                None => conn.await,
+            };
+            if let Err(e) = ended {
+                debug!(%peer, error = %e, "{what}: connection ended");
+            }
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: Limits) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handler: Handler = Arc::new(|_, _| {
+            Box::pin(async { hyper::Response::new(Full::new(Bytes::from_static(b"ok\n"))) })
+        });
+        tokio::spawn(serve(listener, "test", limits, handler));
+        addr
+    }
+
+    async fn answered(addr: SocketAddr) -> bool {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out.starts_with("HTTP/1.1 200 OK")
+    }
+
+    /// Stalled heads hold every slot: a surplus client is closed at once,
+    /// the stalled ones after the head timeout, and slots come back; a
+    /// kept-alive connection idle past the head timeout is closed too.
+    #[tokio::test]
+    async fn stalled_and_surplus_clients_cannot_pin_it() {
+        let limits = Limits {
+            max_connections: 4,
+            head_timeout: Duration::from_millis(300),
+            max_head: 8192,
+            connection_limit: None,
+        };
+        let addr = start(limits).await;
+        let mut stalled = Vec::new();
+        for _ in 0..limits.max_connections {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+            stalled.push(s);
+        }
+        // Give the accept loop the stalled ones first.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!answered(addr).await, "over the limit: closed unanswered");
+        let start = std::time::Instant::now();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stalled[0].read_to_end(&mut out))
+            .await
+            .expect("a stalled head is cut off");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        drop(stalled);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !answered(addr).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "slots never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Kept alive and then idle: the next head is due within the timeout.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("an idle kept-alive connection is closed");
+        assert!(n.is_ok() && out.starts_with(b"HTTP/1.1 200 OK"), "{out:?}");
+    }
+
+    /// With a connection limit, even a busy connection ends at it.
+    #[tokio::test]
+    async fn a_connection_limit_ends_every_connection() {
+        let addr = start(Limits {
+            max_connections: 4,
+            head_timeout: Duration::from_secs(10),
+            max_head: 8192,
+            connection_limit: Some(Duration::from_millis(300)),
+        })
+        .await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("closed at the connection limit");
+    }
+}
