@@ -190,6 +190,9 @@ pub struct NodeList {
 
 pub const CONDITION_UNREACHABLE: &str = "NodeUnreachable";
 pub const TAINT_UNREACHABLE: &str = "NoSchedule:node.unreachable";
+/// Why a certificate was revoked when its node first used a newer one.
+pub const SUPERSEDED: &str = "superseded";
+
 /// The node's daemon keeps dying (its supervisor's count, in the Hello).
 pub const CONDITION_CRASH_LOOP: &str = "DaemonCrashLoop";
 

@@ -10,7 +10,7 @@ use super::{json_col, ms, now, to_json};
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
-use crate::nodes::{TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
+use crate::nodes::{SUPERSEDED, TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
     Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
     inventory_wanted, lease_admits, settle_in_flight,
@@ -22,6 +22,14 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
+    // The node uses this certificate: the ones it renewed away from are
+    // superseded (a copy of an old key can no longer connect).
+    c.prepare_cached(
+        "UPDATE node_certs SET revoked_at = ?3, revoke_reason = ?4
+         WHERE node_id = ?1 AND revoked_at IS NULL AND serial != ?2
+           AND not_before <= (SELECT not_before FROM node_certs WHERE serial = ?2)",
+    )?
+    .execute(params![h.node_id, h.cert_serial, now, SUPERSEDED])?;
     // The routing transaction's fence: this gateway must hold its lease
     // now. A lease that moved or ran out aborts the route (the gateway
     // then fences itself).

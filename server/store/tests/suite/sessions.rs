@@ -358,3 +358,39 @@ pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixtur
         Some(&Refusal::DeletedNode(node, Some(b"st".to_vec())))
     );
 }
+
+pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
+    f.advance(Duration::from_millis(10));
+    let now = s.now().await.unwrap();
+    s.renew(
+        "fp1",
+        Box::new(move |_, _, _| {
+            Ok(IssuedCert {
+                not_before_ms: now,
+                ..fake_cert(2)
+            })
+        }),
+    )
+    .await
+    .unwrap();
+    // Renewed but not used yet: both valid (a lost renewal answer leaves
+    // the node its old certificate).
+    assert!(s.check_cert("fp1").await.is_ok());
+    assert!(s.check_cert("fp2").await.is_ok());
+    s.hello(&hello(&node, 2, "gw", 1)).await.unwrap();
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Revoked("superseded".into(), None))
+    );
+    let err = s.hello(&hello(&node, 1, "gw", 2)).await.unwrap_err();
+    assert_eq!(
+        err.refusal(),
+        Some(&Refusal::Revoked("superseded".into(), None))
+    );
+    // The current one goes on working.
+    s.hello(&hello(&node, 2, "gw", 2)).await.unwrap();
+    assert!(s.check_cert("fp2").await.is_ok());
+}
