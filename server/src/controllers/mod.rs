@@ -111,11 +111,23 @@ pub async fn run_sweeper(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = store.clone();
+    let last_prune = Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
     under_lease(store, "sweeper", leases, every, None, stop, || {
-        let s = s.clone();
+        let (s, last_prune) = (s.clone(), last_prune.clone());
         async move {
             if let Err(e) = sweeper::tick(&s, dead_lease_after).await {
                 warn!(error = %e, "sweep failed");
+            }
+            let due = {
+                let mut last = last_prune.lock().unwrap_or_else(|p| p.into_inner());
+                let due = last.is_none_or(|t| t.elapsed() >= sweeper::PRUNE_EVERY);
+                if due {
+                    *last = Some(std::time::Instant::now());
+                }
+                due
+            };
+            if due && let Err(e) = sweeper::prune(&s).await {
+                warn!(error = %e, "pruning history failed");
             }
         }
     })

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use bc_store::reconcile::HistoryLimits;
 use bc_store::{Store, StoreError};
 use tracing::info;
 
@@ -19,4 +20,20 @@ pub async fn tick(store: &Store, dead_lease_after: Duration) -> Result<Vec<Strin
         info!(%lease, "removed a lease its holder left behind");
     }
     Ok(expired)
+}
+
+/// How often the sweeper prunes history where peers add rows.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Removes the oldest security events and boot records past the limits.
+pub async fn prune(store: &Store) -> Result<(), StoreError> {
+    let p = store.prune_history(HistoryLimits::default()).await?;
+    if p.fleet_events + p.boots > 0 {
+        info!(
+            fleet_events = p.fleet_events,
+            boots = p.boots,
+            "pruned the oldest history past its limits"
+        );
+    }
+    Ok(())
 }

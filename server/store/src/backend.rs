@@ -147,6 +147,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// are gone); returns their names.
     async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError>;
 
+    /// Removes the oldest security events and boot records past `limits`.
+    async fn prune_history(
+        &self,
+        limits: crate::reconcile::HistoryLimits,
+    ) -> Result<crate::reconcile::Pruned, StoreError>;
+
     /// The reconcile every start runs (see [`crate::reconcile`]), audited
     /// as `owner`'s.
     async fn reconcile(

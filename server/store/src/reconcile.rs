@@ -36,6 +36,33 @@ pub struct Reconciled {
     pub rollouts_running: u64,
 }
 
+/// How much history the sweeper keeps where a peer can add rows: security
+/// events per node (a hostile gateway forging facts adds one per
+/// attempt) and boot records (every `/boot/ipxe` request adds one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    pub fleet_events_per_node: u32,
+    pub boots_per_mac: u32,
+    pub boots: u32,
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        HistoryLimits {
+            fleet_events_per_node: 1_000,
+            boots_per_mac: 100,
+            boots: 10_000,
+        }
+    }
+}
+
+/// Rows the sweeper removed, oldest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub fleet_events: u64,
+    pub boots: u64,
+}
+
 /// A node's conditions and taints as its session state says they must be.
 pub fn derived(
     conditions: Vec<String>,

@@ -536,6 +536,13 @@ impl Backend for PostgresBackend {
             .await)
     }
 
+    async fn prune_history(
+        &self,
+        limits: crate::reconcile::HistoryLimits,
+    ) -> Result<crate::reconcile::Pruned, StoreError> {
+        tx!(self, |tx| reconcile::prune_history(&tx, limits).await)
+    }
+
     async fn reconcile(
         &self,
         owner: &str,

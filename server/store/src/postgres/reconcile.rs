@@ -2,7 +2,7 @@
 
 use super::{Tx, execute, json_col, ms, query, query_one, to_json};
 use crate::error::StoreError;
-use crate::reconcile::{Reconciled, derived};
+use crate::reconcile::{HistoryLimits, Pruned, Reconciled, derived};
 
 /// Removes leases dead for longer than `dead_after`; returns their names.
 pub(super) async fn remove_dead_leases(
@@ -18,6 +18,39 @@ pub(super) async fn remove_dead_leases(
     .iter()
     .map(|r| r.get(0))
     .collect())
+}
+
+/// Removes the oldest security events and boot records past `limits`.
+pub(super) async fn prune_history(
+    tx: &Tx<'_>,
+    limits: HistoryLimits,
+) -> Result<Pruned, StoreError> {
+    let fleet_events = execute(
+        tx,
+        "DELETE FROM fleet_events WHERE id IN (
+             SELECT id FROM (
+                 SELECT id, row_number() OVER (PARTITION BY node_id ORDER BY id DESC) AS n
+                 FROM fleet_events) AS ranked
+             WHERE n > $1)",
+        &[&i64::from(limits.fleet_events_per_node)],
+    )
+    .await?;
+    let boots = execute(
+        tx,
+        "DELETE FROM boots WHERE id IN (
+             SELECT id FROM (
+                 SELECT id,
+                        row_number() OVER (PARTITION BY mac ORDER BY id DESC) AS per_mac,
+                        row_number() OVER (ORDER BY id DESC) AS overall
+                 FROM boots) AS ranked
+             WHERE per_mac > $1 OR overall > $2)",
+        &[&i64::from(limits.boots_per_mac), &i64::from(limits.boots)],
+    )
+    .await?;
+    Ok(Pruned {
+        fleet_events,
+        boots,
+    })
 }
 
 pub(super) async fn run(

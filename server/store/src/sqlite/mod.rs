@@ -495,6 +495,14 @@ impl Backend for SqliteBackend {
             .await
     }
 
+    async fn prune_history(
+        &self,
+        limits: crate::reconcile::HistoryLimits,
+    ) -> Result<crate::reconcile::Pruned, StoreError> {
+        self.write(move |c| reconcile::prune_history(c, limits))
+            .await
+    }
+
     async fn reconcile(
         &self,
         owner: &str,

@@ -4,7 +4,7 @@ use rusqlite::{Connection, params};
 
 use super::{json_col, ms, to_json};
 use crate::error::StoreError;
-use crate::reconcile::{Reconciled, derived};
+use crate::reconcile::{HistoryLimits, Pruned, Reconciled, derived};
 
 /// Removes leases dead for longer than `dead_after`; returns their names.
 pub(super) fn remove_dead_leases(
@@ -22,6 +22,32 @@ pub(super) fn remove_dead_leases(
 
 /// A node's id, conditions and taints, and its session's state.
 type NodeDerived = (String, Vec<String>, Vec<String>, Option<String>);
+
+/// Removes the oldest security events and boot records past `limits`.
+pub(super) fn prune_history(c: &Connection, limits: HistoryLimits) -> Result<Pruned, StoreError> {
+    let fleet_events = c.execute(
+        "DELETE FROM fleet_events WHERE id IN (
+             SELECT id FROM (
+                 SELECT id, row_number() OVER (PARTITION BY node_id ORDER BY id DESC) AS n
+                 FROM fleet_events) AS ranked
+             WHERE n > ?1)",
+        [i64::from(limits.fleet_events_per_node)],
+    )? as u64;
+    let boots = c.execute(
+        "DELETE FROM boots WHERE id IN (
+             SELECT id FROM (
+                 SELECT id,
+                        row_number() OVER (PARTITION BY mac ORDER BY id DESC) AS per_mac,
+                        row_number() OVER (ORDER BY id DESC) AS overall
+                 FROM boots) AS ranked
+             WHERE per_mac > ?1 OR overall > ?2)",
+        params![i64::from(limits.boots_per_mac), i64::from(limits.boots)],
+    )? as u64;
+    Ok(Pruned {
+        fleet_events,
+        boots,
+    })
+}
 
 pub(super) fn run(
     c: &Connection,

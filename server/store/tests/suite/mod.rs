@@ -231,6 +231,7 @@ macro_rules! store_suite {
             recovery::the_sweeper_removes_only_leases_dead_past_the_grace,
             recovery::racing_joins_never_burn_one_token_on_two_identities,
             recovery::a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it,
+            recovery::history_peers_can_add_to_is_pruned_to_its_limits,
             releases::a_release_registers_once,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
             rollouts::a_rollout_needs_a_release_and_no_other_active,

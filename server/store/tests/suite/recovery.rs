@@ -191,3 +191,61 @@ pub async fn a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it(f: Fixtu
     let row = s.list_nodes().await.unwrap().nodes.remove(0);
     assert!(row.conditions.is_empty(), "{:?}", row.conditions);
 }
+
+pub async fn history_peers_can_add_to_is_pruned_to_its_limits(f: Fixture) {
+    use super::commands::result;
+    use bc_store::images::BootRecord;
+    use bc_store::reconcile::{HistoryLimits, Pruned};
+    use bcd_core::command::Outcome;
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let other = joined(s, 2).await;
+    let (c, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "x"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    // Six forged results on node's session, two on other's: security events.
+    for (n, times) in [(&node, 6), (&other, 2)] {
+        for _ in 0..times {
+            s.command_result(n, &result(n, 9, &c.id, Outcome::Succeeded), super::verify)
+                .await
+                .unwrap();
+        }
+    }
+    for i in 0..5 {
+        for mac in ["52:54:00:00:00:01", "52:54:00:00:00:02"] {
+            s.record_boot(&BootRecord {
+                mac: mac.into(),
+                image_id: None,
+                remote: format!("10.0.0.{i}"),
+                outcome: "script".into(),
+            })
+            .await
+            .unwrap();
+        }
+    }
+    let limits = HistoryLimits {
+        fleet_events_per_node: 4,
+        boots_per_mac: 3,
+        boots: 5,
+    };
+    let newest_events = s.fleet_events(&node, 4).await.unwrap();
+    let newest_boot = s.boots(None, 1).await.unwrap();
+    assert_eq!(
+        s.prune_history(limits).await.unwrap(),
+        Pruned {
+            fleet_events: 2,
+            boots: 5
+        }
+    );
+    // The newest of each stay.
+    assert_eq!(s.fleet_events(&node, 50).await.unwrap(), newest_events);
+    assert_eq!(s.fleet_events(&other, 50).await.unwrap().len(), 2);
+    assert_eq!(s.boots(None, 50).await.unwrap().len(), 5);
+    assert_eq!(s.boots(None, 1).await.unwrap(), newest_boot);
+    for mac in ["52:54:00:00:00:01", "52:54:00:00:00:02"] {
+        assert!(s.boots(Some(mac), 50).await.unwrap().len() <= 3);
+    }
+    // Nothing more to do.
+    assert_eq!(s.prune_history(limits).await.unwrap(), Pruned::default());
+}
