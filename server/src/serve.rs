@@ -54,6 +54,9 @@ pub struct ServeOptions {
     pub http: Option<SocketAddr>,
 }
 
+/// Streams one connection may have open at once.
+pub const MAX_STREAMS: u32 = 16;
+
 /// The store file in a data directory.
 pub fn store_path(data_dir: &Path) -> PathBuf {
     data_dir.join("store.db")
@@ -256,6 +259,7 @@ pub async fn serve(
             opts.timing.handshake_rate,
             metrics.clone(),
         )),
+        opts.timing.max_connections,
     );
     let join = JoinService {
         store: store.clone(),
@@ -284,6 +288,10 @@ pub async fn serve(
     info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        // A node holds one session stream and makes the odd unary call: a
+        // connection gets a few streams, not the HTTP/2 default of
+        // unlimited.
+        .max_concurrent_streams(Some(MAX_STREAMS))
         .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
         .add_service(GatewayServer::new(GatewayService { state: gw.clone() }))

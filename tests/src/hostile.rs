@@ -125,6 +125,7 @@ impl Hostile {
                     listener,
                     config,
                     std::sync::Arc::new(bcd_proto::tls::AdmitAll),
+                    1_000,
                 );
                 let _ = tonic::transport::Server::builder()
                     .add_service(GatewayServer::new(Service {

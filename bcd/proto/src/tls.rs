@@ -267,11 +267,13 @@ mod accept {
         pub cert_fingerprint: Option<String>,
     }
 
-    /// A server connection after a completed handshake.
+    /// A server connection after a completed handshake. It holds one of
+    /// the listener's connection slots until it is dropped.
     #[derive(Debug)]
     pub struct TlsConn {
         inner: tokio_rustls::server::TlsStream<TcpStream>,
         info: PeerInfo,
+        _slot: tokio::sync::OwnedSemaphorePermit,
     }
 
     impl tonic::transport::server::Connected for TlsConn {
@@ -340,15 +342,19 @@ mod accept {
 
     /// Accepts TCP connections and completes TLS handshakes concurrently; yields
     /// finished connections for `Server::serve_with_incoming`. Handshake failures
-    /// are logged and dropped, never fatal to the server. The accept task ends
-    /// when the returned stream is dropped.
+    /// are logged and dropped, never fatal to the server. At most
+    /// `max_connections` are open at once, handshakes included: one more is
+    /// closed as it is accepted. The accept task ends when the returned
+    /// stream is dropped.
     pub fn incoming(
         listener: TcpListener,
         config: Arc<ServerConfig>,
         admission: Arc<dyn Admission>,
+        max_connections: usize,
     ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, io::Error>> {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
         tokio::spawn(async move {
             loop {
                 let (tcp, remote) = tokio::select! {
@@ -361,6 +367,11 @@ mod accept {
                         }
                     },
                     _ = tx.closed() => return,
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(%remote, "at the connection limit; closed");
+                    drop(tcp);
+                    continue;
                 };
                 if !admission.admit() {
                     drop(tcp);
@@ -387,6 +398,7 @@ mod accept {
                                 .send(Ok(TlsConn {
                                     inner: stream,
                                     info,
+                                    _slot: slot,
                                 }))
                                 .await;
                         }

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// rate, it sizes the window nodes spread their first redial over.
     #[arg(long, default_value_t = 2000)]
     hello_capacity: u32,
+    /// Connections this process holds open at once, TLS handshakes
+    /// included (each node holds one); more are closed as they arrive.
+    #[arg(long, default_value_t = 20_000)]
+    max_connections: usize,
     /// On shutdown, nodes are told to reconnect at random within this.
     #[arg(long, default_value = "60s", value_parser = dur)]
     drain_within: Duration,
@@ -81,6 +85,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         drain_within: a.drain_within,
         controller_lease_ttl: a.controller_lease_ttl,
         hello_capacity: a.hello_capacity,
+        max_connections: a.max_connections,
         ..Timing::default()
     };
     crate::serve::serve(

@@ -66,6 +66,8 @@ pub struct Timing {
     /// Hello transactions a second one gateway takes (with the handshake
     /// rate, what sizes the nodes' first redial window).
     pub hello_capacity: u32,
+    /// Connections open at once (TLS handshakes included).
+    pub max_connections: usize,
 }
 
 impl Default for Timing {
@@ -85,6 +87,7 @@ impl Default for Timing {
             drain_within: Duration::from_secs(60),
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
             hello_capacity: 2_000,
+            max_connections: 20_000,
         }
     }
 }
