@@ -8,6 +8,10 @@
 //! its hash changed since the server last had it. A new session starts
 //! over: the server may have lost what the old one sent.
 
+/// The inventory sections a node reports, by name; a server takes no
+/// other (each is one row per node).
+pub const INVENTORY_SECTIONS: [&str; 3] = ["host", "gpus", "tpm"];
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -18,6 +18,7 @@ use bc_store::events::EventInput;
 use bc_store::sessions::HelloInput;
 use bc_store::specs::FactApplied;
 use bc_store::{Refusal, TxError};
+use bcd_core::report::INVENTORY_SECTIONS;
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
 use prost::Message;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -50,10 +51,15 @@ fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInpu
         journal_id: h.journal_id,
         agent_version: h.agent_version,
         last_epoch: h.last_epoch,
-        inventory_hashes: h
-            .inventory_hashes
-            .into_iter()
-            .map(|h| (h.section, h.sha256))
+        // Known sections only, once each: a node's rows stay bounded.
+        inventory_hashes: INVENTORY_SECTIONS
+            .iter()
+            .filter_map(|s| {
+                h.inventory_hashes
+                    .iter()
+                    .find(|x| x.section == *s)
+                    .map(|x| (s.to_string(), x.sha256.clone()))
+            })
             .collect(),
         journal_running: h.journal_running,
         journal_done: h.journal_done,
@@ -412,9 +418,14 @@ impl Session<'_> {
             Some(node_message::Msg::Inventory(signed)) => {
                 let section = facts::inventory(signed);
                 if let Some(i) = &section.fact
-                    && (bcd_proto::fingerprint(&i.body) != i.sha256 || i.body.len() > 1 << 20)
+                    && (bcd_proto::fingerprint(&i.body) != i.sha256
+                        || i.body.len() > 1 << 20
+                        || !INVENTORY_SECTIONS.contains(&i.section.as_str()))
                 {
-                    warn!(section = %i.section, "inventory body does not match its hash or is too large; ignored");
+                    warn!(
+                        section = ?i.section.chars().take(64).collect::<String>(),
+                        "inventory section unknown, too large or not matching its hash; ignored"
+                    );
                     return true;
                 }
                 match store
@@ -586,5 +597,37 @@ impl Session<'_> {
             // version): ignored.
             None => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod hello_tests {
+    use super::*;
+
+    #[test]
+    fn a_hello_names_known_inventory_sections_only_once_each() {
+        let hash = |section: &str, sha: &str| v1::InventoryHash {
+            section: section.into(),
+            sha256: sha.into(),
+        };
+        let h = v1::Hello {
+            node_id: "nd-1".into(),
+            inventory_hashes: vec![
+                hash("gpus", "a"),
+                hash("gpus", "b"),
+                hash("made-up", "c"),
+                hash(&"x".repeat(10_000), "d"),
+                hash("host", "e"),
+            ],
+            ..Default::default()
+        };
+        let input = hello_input(h, "fp".into(), "gw");
+        assert_eq!(
+            input.inventory_hashes,
+            vec![
+                ("host".to_string(), "e".to_string()),
+                ("gpus".into(), "a".into())
+            ]
+        );
     }
 }
