@@ -130,6 +130,16 @@ pub async fn run(
         .timed("hello", state.store.hello(&input))
         .await
     {
+        Ok(o) if o.quarantined => {
+            warn!(%node, "cloned identity: the certificate is quarantined");
+            let e = TxError::Refused(Refusal::Revoked(
+                bc_store::clones::DUPLICATE_IDENTITY.into(),
+                None,
+            ));
+            state.metrics.hello_refused(refusal_reason(&e));
+            let _ = out.send(Err(status(e))).await;
+            return;
+        }
         Ok(o) => {
             state.metrics.hello_welcomed();
             state.metrics.transition("connected", 1);

@@ -29,6 +29,7 @@ pub mod backend;
 pub mod backups;
 pub mod bindings;
 pub mod clock;
+pub mod clones;
 pub mod commands;
 pub mod error;
 pub mod events;

@@ -49,6 +49,25 @@ pub struct HelloOutcome {
     /// When the session's certificate expires; the gateway closes the
     /// session then.
     pub cert_not_after_ms: i64,
+    /// The certificate was quarantined as a cloned identity by this Hello
+    /// (see [`crate::clones`]): revoked, the session not routed; the
+    /// gateway refuses it as revoked.
+    pub quarantined: bool,
+}
+
+impl HelloOutcome {
+    /// A Hello that quarantined its certificate: nothing routed.
+    pub fn quarantined(now_ms: i64) -> HelloOutcome {
+        HelloOutcome {
+            epoch: 0,
+            server_time_ms: now_ms,
+            inventory_wanted: vec![],
+            replay: vec![],
+            finished: vec![],
+            cert_not_after_ms: 0,
+            quarantined: true,
+        }
+    }
 }
 
 /// A command a Hello finished.

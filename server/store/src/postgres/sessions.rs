@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use bcd_core::command::{HelloDecision, ServerState};
 
+use super::bindings::fleet_event;
 use super::nodes::cert_row;
 use super::{Tx, execute, json_col, ms, now, query, query_one, query_opt, to_json};
+use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
@@ -48,6 +50,9 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     .map(|r| r.get(0));
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+    }
+    if watch_clones(tx, h, now).await? {
+        return Ok(HelloOutcome::quarantined(now));
     }
     let node = query_one(
         tx,
@@ -134,7 +139,90 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         replay,
         finished,
         cert_not_after_ms: cert.not_after_ms,
+        quarantined: false,
     })
+}
+
+/// The clone watch's part of a Hello (see [`crate::clones`]; as SQLite's);
+/// true when it quarantined the certificate.
+async fn watch_clones(
+    tx: &Tx<'_>,
+    h: &HelloInput,
+    now: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let sightings: Vec<(String, i64)> = query(
+        tx,
+        "SELECT boot_id, at FROM cert_sightings WHERE serial = $1 ORDER BY id",
+        &[&h.cert_serial],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let connected: Option<String> = query_opt(
+        tx,
+        "SELECT boot_id FROM node_sessions
+         WHERE node_id = $1 AND cert_serial = $2 AND state = 'connected'",
+        &[&h.node_id, &h.cert_serial],
+    )
+    .await?
+    .map(|r| r.get(0));
+    let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
+    if v.record {
+        execute(
+            tx,
+            "INSERT INTO cert_sightings (serial, boot_id, at) VALUES ($1, $2, $3)",
+            &[&h.cert_serial, &h.boot_id, &now],
+        )
+        .await?;
+        execute(
+            tx,
+            "DELETE FROM cert_sightings WHERE serial = $1 AND at < $2",
+            &[&h.cert_serial, &(now - clones::CLONE_WINDOW_MS)],
+        )
+        .await?;
+    }
+    if v.takeover {
+        fleet_event(
+            tx,
+            now,
+            clones::DUPLICATE_SESSION,
+            &h.node_id,
+            &format!(
+                "certificate {}: boot {} took the session from boot {}",
+                h.cert_serial,
+                h.boot_id,
+                connected.as_deref().unwrap_or_default()
+            ),
+        )
+        .await?;
+    }
+    if !v.quarantine() {
+        return Ok(false);
+    }
+    execute(
+        tx,
+        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3
+         WHERE serial = $1 AND revoked_at IS NULL",
+        &[&h.cert_serial, &now, &clones::DUPLICATE_IDENTITY],
+    )
+    .await?;
+    fleet_event(
+        tx,
+        now,
+        clones::QUARANTINED,
+        &h.node_id,
+        &format!(
+            "certificate {}: {} alternations between machines in {} minutes; revoked \
+             ({}): join the real machine again",
+            h.cert_serial,
+            v.alternations,
+            clones::CLONE_WINDOW_MS / 60_000,
+            clones::DUPLICATE_IDENTITY
+        ),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// The Hello's part for commands: every in-flight command moves to the new

@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0012_signed_facts_statements.sql"),
     include_str!("migrations/0013_audit_chain.sql"),
     include_str!("migrations/0014_backups.sql"),
+    include_str!("migrations/0015_cert_sightings.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -5,8 +5,10 @@ use std::time::Duration;
 use bcd_core::command::{HelloDecision, ServerState};
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::bindings::fleet_event;
 use super::nodes::cert_row;
 use super::{json_col, ms, now, to_json};
+use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
@@ -42,6 +44,9 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         .optional()?;
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+    }
+    if watch_clones(c, h, now)? {
+        return Ok(HelloOutcome::quarantined(now));
     }
     let prev: Option<(i64, String, String)> = c
         .query_row(
@@ -119,7 +124,69 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         replay,
         finished,
         cert_not_after_ms: cert.not_after_ms,
+        quarantined: false,
     })
+}
+
+/// The clone watch's part of a Hello (see [`crate::clones`]); true when it
+/// quarantined the certificate.
+fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bool> {
+    let sightings: Vec<(String, i64)> = c
+        .prepare_cached("SELECT boot_id, at FROM cert_sightings WHERE serial = ?1 ORDER BY id")?
+        .query_map([&h.cert_serial], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let connected: Option<String> = c
+        .query_row(
+            "SELECT boot_id FROM node_sessions
+             WHERE node_id = ?1 AND cert_serial = ?2 AND state = 'connected'",
+            params![h.node_id, h.cert_serial],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
+    if v.record {
+        c.prepare_cached("INSERT INTO cert_sightings (serial, boot_id, at) VALUES (?1, ?2, ?3)")?
+            .execute(params![h.cert_serial, h.boot_id, now])?;
+        c.prepare_cached("DELETE FROM cert_sightings WHERE serial = ?1 AND at < ?2")?
+            .execute(params![h.cert_serial, now - clones::CLONE_WINDOW_MS])?;
+    }
+    if v.takeover {
+        fleet_event(
+            c,
+            now,
+            clones::DUPLICATE_SESSION,
+            &h.node_id,
+            &format!(
+                "certificate {}: boot {} took the session from boot {}",
+                h.cert_serial,
+                h.boot_id,
+                connected.as_deref().unwrap_or_default()
+            ),
+        )?;
+    }
+    if !v.quarantine() {
+        return Ok(false);
+    }
+    c.prepare_cached(
+        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3
+         WHERE serial = ?1 AND revoked_at IS NULL",
+    )?
+    .execute(params![h.cert_serial, now, clones::DUPLICATE_IDENTITY])?;
+    fleet_event(
+        c,
+        now,
+        clones::QUARANTINED,
+        &h.node_id,
+        &format!(
+            "certificate {}: {} alternations between machines in {} minutes; revoked \
+             ({}): join the real machine again",
+            h.cert_serial,
+            v.alternations,
+            clones::CLONE_WINDOW_MS / 60_000,
+            clones::DUPLICATE_IDENTITY
+        ),
+    )?;
+    Ok(true)
 }
 
 /// The Hello's part for commands: every in-flight command moves to the new

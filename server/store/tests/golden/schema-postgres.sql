@@ -1,4 +1,4 @@
--- schema version 14
+-- schema version 15
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -41,6 +41,10 @@ boots.image_id: text
 boots.remote: text NOT NULL
 boots.outcome: text NOT NULL
 boots.at: bigint NOT NULL
+cert_sightings.id: bigint NOT NULL DEFAULT nextval('cert_sightings_id_seq'::regclass)
+cert_sightings.serial: text NOT NULL
+cert_sightings.boot_id: text NOT NULL
+cert_sightings.at: bigint NOT NULL
 commands.id: text NOT NULL
 commands.node_id: text NOT NULL
 commands.seq: bigint NOT NULL
@@ -192,6 +196,8 @@ bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 bindings bindings_pkey: PRIMARY KEY (node_id, allocation_id)
 bindings bindings_state_check: CHECK ((state = ANY (ARRAY['active'::text, 'lost'::text])))
 boots boots_pkey: PRIMARY KEY (id)
+cert_sightings cert_sightings_pkey: PRIMARY KEY (id)
+cert_sightings cert_sightings_serial_fkey: FOREIGN KEY (serial) REFERENCES node_certs(serial)
 commands commands_idempotency_key_key: UNIQUE (idempotency_key)
 commands commands_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 commands commands_node_id_seq_key: UNIQUE (node_id, seq)
@@ -237,6 +243,8 @@ binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_n
 bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
 boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
 boots_pkey: CREATE UNIQUE INDEX boots_pkey ON public.boots USING btree (id)
+cert_sightings_pkey: CREATE UNIQUE INDEX cert_sightings_pkey ON public.cert_sightings USING btree (id)
+cert_sightings_serial: CREATE INDEX cert_sightings_serial ON public.cert_sightings USING btree (serial, id)
 commands_idempotency_key_key: CREATE UNIQUE INDEX commands_idempotency_key_key ON public.commands USING btree (idempotency_key)
 commands_node_id_seq_key: CREATE UNIQUE INDEX commands_node_id_seq_key ON public.commands USING btree (node_id, seq)
 commands_node_state: CREATE INDEX commands_node_state ON public.commands USING btree (node_id, state, seq)

@@ -1,4 +1,4 @@
--- schema version 14
+-- schema version 15
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -8,6 +8,9 @@ CREATE UNIQUE INDEX audit_seq ON audit(seq);
 
 -- index boots_mac
 CREATE INDEX boots_mac ON boots(mac, id);
+
+-- index cert_sightings_serial
+CREATE INDEX cert_sightings_serial ON cert_sightings(serial, id);
 
 -- index commands_node_state
 CREATE INDEX commands_node_state ON commands(node_id, state, seq);
@@ -88,6 +91,14 @@ CREATE TABLE boots (
         outcome  TEXT NOT NULL,
         at       INTEGER NOT NULL
     ) STRICT;
+
+-- table cert_sightings
+CREATE TABLE cert_sightings (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    serial  TEXT NOT NULL REFERENCES node_certs(serial),
+    boot_id TEXT NOT NULL,
+    at      INTEGER NOT NULL
+) STRICT;
 
 -- table commands
 CREATE TABLE commands (

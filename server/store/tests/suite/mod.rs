@@ -243,6 +243,7 @@ macro_rules! store_suite {
             sessions::a_gateway_shutdown_disconnects_and_releases_together,
             sessions::certificates_renew_expire_and_are_revoked_with_their_node,
             sessions::the_first_hello_with_a_renewed_certificate_supersedes_the_old_one,
+            sessions::two_machines_alternating_on_one_certificate_are_quarantined,
             specs::spec_changes_are_sealed_and_refusals_change_nothing,
             specs::state_reports_move_the_applied_generation_forward_or_to_zero,
             tokens::tokens_are_single_use_and_expire,

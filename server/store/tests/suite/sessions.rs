@@ -394,3 +394,52 @@ pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f
     s.hello(&hello(&node, 2, "gw", 2)).await.unwrap();
     assert!(s.check_cert("fp2").await.is_ok());
 }
+
+pub async fn two_machines_alternating_on_one_certificate_are_quarantined(f: Fixture) {
+    use bc_store::clones::{DUPLICATE_IDENTITY, DUPLICATE_SESSION, QUARANTINED};
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let from = |boot: &str| HelloInput {
+        boot_id: boot.into(),
+        ..hello(&node, 1, "gw", 0)
+    };
+    // A restart of the same machine, and a reboot: no clone.
+    for boot in ["boot-a", "boot-a", "boot-b"] {
+        f.advance(Duration::from_millis(10));
+        assert!(!s.hello(&from(boot)).await.unwrap().quarantined);
+    }
+    // boot-b took a session of boot-a's: one takeover so far.
+    let takeovers = |events: &[String]| {
+        events
+            .iter()
+            .filter(|e| e.starts_with(DUPLICATE_SESSION))
+            .count()
+    };
+    assert_eq!(takeovers(&s.fleet_events(&node, 50).await.unwrap()), 1);
+    // Now a clone of boot-b's machine comes back and forth with boot-a:
+    // a, b, a: three alternations (b, a seen before) are tolerated ...
+    for boot in ["boot-a", "boot-b", "boot-a"] {
+        f.advance(Duration::from_millis(10));
+        assert!(!s.hello(&from(boot)).await.unwrap().quarantined, "{boot}");
+    }
+    assert!(s.check_cert("fp1").await.is_ok());
+    // ... the fourth quarantines.
+    f.advance(Duration::from_millis(10));
+    assert!(s.hello(&from("boot-b")).await.unwrap().quarantined);
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Revoked(DUPLICATE_IDENTITY.into(), None))
+    );
+    let events = s.fleet_events(&node, 50).await.unwrap();
+    assert_eq!(takeovers(&events), 5, "{events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with(QUARANTINED)
+            && e.contains("4 alternations")
+            && e.contains("join the real machine again")),
+        "{events:?}"
+    );
+    // Both clones are refused from now on; the revocation feed has it.
+    assert!(s.hello(&from("boot-a")).await.is_err());
+    let revoked = s.revoked_since(super::T0).await.unwrap();
+    assert!(revoked.iter().any(|r| r.reason == DUPLICATE_IDENTITY));
+}
