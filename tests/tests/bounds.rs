@@ -43,3 +43,55 @@ fn the_connection_cap_closes_the_surplus_and_frees_slots_as_holders_go() {
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
 }
+
+/// Two machines with one identity (a node's data directory copied to
+/// another machine) take the session from each other until the store
+/// quarantines the certificate; both are refused from then on, and the
+/// node shows what happened.
+#[test]
+fn a_cloned_identity_is_quarantined_and_both_machines_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut real = Node::new(&d.path().join("real"), 91);
+    let out = real.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = real.id();
+    // The copy: the same identity on another (fake) machine, another boot.
+    let copy_dir = d.path().join("copy");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(d.path().join("real"))
+        .arg(&copy_dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut copy = Node::new(&copy_dir, 92);
+    real.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    copy.start();
+    let events = bc_tests::wait_for(Duration::from_secs(60), "the quarantine", || {
+        let spec = server.spec(&id);
+        let events: Vec<String> = spec["events"]
+            .as_array()?
+            .iter()
+            .filter_map(|e| e.as_str().map(String::from))
+            .collect();
+        events
+            .iter()
+            .any(|e| e.starts_with("security.node.quarantined"))
+            .then_some(events)
+    });
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("security.node.duplicate-session")),
+        "{events:?}"
+    );
+    // Neither machine gets back in.
+    std::thread::sleep(Duration::from_secs(3));
+    let n = server.node(&id).unwrap();
+    assert_ne!(n.state, "connected", "{n:?}");
+    for log in [real.proc().log(), copy.proc().log()] {
+        assert!(log.contains("duplicate-identity"), "{log}");
+    }
+}
