@@ -359,6 +359,13 @@ fn a_database_outage_under_load_loses_nothing() {
         String::from_utf8_lossy(&out.stdout),
         stderr(&out)
     );
+    // The audit history went on through the database's restart as one
+    // chain: no sequence number given twice, none skipped.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("AC audit_chain_intact held"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let _ = sim.kill();
     let _ = sim.wait();
     // Every error seen: by operators, by a joining node, by the fleet.
