@@ -327,7 +327,10 @@ mod accept {
     /// Decides, per accepted TCP connection, whether to run the handshake now.
     /// The gateway uses it for its handshake token bucket.
     pub trait Admission: Send + Sync + 'static {
-        fn admit(&self) -> bool;
+        fn admit(&self, remote: std::net::IpAddr) -> bool;
+        /// A handshake from `remote` presented a client certificate the
+        /// fleet CA signed.
+        fn authenticated(&self, _remote: std::net::IpAddr) {}
     }
 
     /// Admits everything.
@@ -335,7 +338,7 @@ mod accept {
     pub struct AdmitAll;
 
     impl Admission for AdmitAll {
-        fn admit(&self) -> bool {
+        fn admit(&self, _remote: std::net::IpAddr) -> bool {
             true
         }
     }
@@ -373,13 +376,14 @@ mod accept {
                     drop(tcp);
                     continue;
                 };
-                if !admission.admit() {
+                if !admission.admit(remote.ip()) {
                     drop(tcp);
                     continue;
                 }
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
+                let admission = admission.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
@@ -389,6 +393,9 @@ mod accept {
                                 .peer_certificates()
                                 .and_then(|c| c.first())
                                 .map(|c| Arc::new(c.clone().into_owned()));
+                            if cert.is_some() {
+                                admission.authenticated(remote.ip());
+                            }
                             let info = PeerInfo {
                                 remote,
                                 cert_fingerprint: cert.as_deref().map(|c| fingerprint(c)),

@@ -2,7 +2,10 @@
 //!
 //! TLS handshakes pass a token bucket (`--handshake-rate`, 200 a second,
 //! bursts up to the same number): a connection over it is closed before its
-//! handshake and the node backs off. At most `max_pending_hellos` Hello
+//! handshake and the node backs off. An unauthenticated flood can empty
+//! that bucket, so addresses that lately completed a handshake with a node
+//! certificate have a second bucket of the same rate to themselves
+//! ([`Admitter`]): enrolled nodes keep getting in while strangers flood. At most `max_pending_hellos` Hello
 //! transactions run at once (a semaphore in the gateway's state); more are
 //! refused RESOURCE_EXHAUSTED. Without that bound a reconnect storm once
 //! queued enough Hellos to starve the gateway's own lease renewal.
@@ -62,11 +65,58 @@ impl TokenBucket {
     }
 }
 
+/// Addresses remembered as a node's, at most.
+pub const MAX_KNOWN: usize = 65_536;
+/// How long an address stays known after its last authenticated handshake.
+pub const KNOWN_FOR_MS: u64 = 60 * 60 * 1000;
+
+/// Handshake admission, sans-IO: the open bucket for everyone, and a
+/// reserve of the same rate for addresses that lately authenticated as a
+/// node.
+#[derive(Debug, Clone)]
+pub struct Admitter {
+    open: TokenBucket,
+    reserve: TokenBucket,
+    known: std::collections::HashMap<std::net::IpAddr, u64>,
+}
+
+impl Admitter {
+    pub fn new(rate: u32, now_ms: u64) -> Admitter {
+        Admitter {
+            open: TokenBucket::new(rate, now_ms),
+            reserve: TokenBucket::new(rate, now_ms),
+            known: std::collections::HashMap::new(),
+        }
+    }
+
+    pub fn admit(&mut self, remote: std::net::IpAddr, now_ms: u64) -> bool {
+        if self.open.take(now_ms) {
+            return true;
+        }
+        let known = self
+            .known
+            .get(&remote)
+            .is_some_and(|at| now_ms.saturating_sub(*at) <= KNOWN_FOR_MS);
+        known && self.reserve.take(now_ms)
+    }
+
+    pub fn authenticated(&mut self, remote: std::net::IpAddr, now_ms: u64) {
+        if self.known.len() >= MAX_KNOWN && !self.known.contains_key(&remote) {
+            self.known
+                .retain(|_, at| now_ms.saturating_sub(*at) <= KNOWN_FOR_MS);
+            if self.known.len() >= MAX_KNOWN {
+                return;
+            }
+        }
+        self.known.insert(remote, now_ms);
+    }
+}
+
 /// The gateway's handshake admission.
 #[derive(Debug)]
 pub struct HandshakeBucket {
     start: std::time::Instant,
-    bucket: std::sync::Mutex<TokenBucket>,
+    bucket: std::sync::Mutex<Admitter>,
     refused: std::sync::atomic::AtomicU64,
     metrics: std::sync::Arc<crate::metrics::ServerMetrics>,
 }
@@ -78,7 +128,7 @@ impl HandshakeBucket {
     ) -> HandshakeBucket {
         HandshakeBucket {
             start: std::time::Instant::now(),
-            bucket: std::sync::Mutex::new(TokenBucket::new(rate, 0)),
+            bucket: std::sync::Mutex::new(Admitter::new(rate, 0)),
             refused: std::sync::atomic::AtomicU64::new(0),
             metrics,
         }
@@ -86,13 +136,21 @@ impl HandshakeBucket {
 }
 
 impl tls::Admission for HandshakeBucket {
-    fn admit(&self) -> bool {
+    fn authenticated(&self, remote: std::net::IpAddr) {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.bucket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .authenticated(remote, now);
+    }
+
+    fn admit(&self, remote: std::net::IpAddr) -> bool {
         let now = self.start.elapsed().as_millis() as u64;
         let ok = self
             .bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take(now);
+            .admit(remote, now);
         self.metrics.handshake(ok);
         if !ok {
             let n = self
@@ -111,7 +169,43 @@ impl tls::Admission for HandshakeBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::{Duration, TokenBucket, first_retry_window};
+    use super::{Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN, TokenBucket, first_retry_window};
+
+    #[test]
+    fn a_flood_from_strangers_leaves_known_nodes_a_bucket_of_their_own() {
+        let node: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        let stranger: std::net::IpAddr = "203.0.113.9".parse().unwrap();
+        let mut a = Admitter::new(10, 0);
+        a.authenticated(node, 0);
+        // The stranger empties the open bucket.
+        let admitted = (0..1_000).filter(|_| a.admit(stranger, 0)).count();
+        assert_eq!(admitted, 10);
+        // The node still gets in, at the reserve's rate, and no further.
+        assert_eq!((0..100).filter(|_| a.admit(node, 0)).count(), 10);
+        assert!(!a.admit(stranger, 0));
+        // A second on, both buckets have refilled: the open one first.
+        assert!(a.admit(stranger, 1_000));
+        // An address stays known for an hour after its last handshake.
+        let mut a = Admitter::new(1, 0);
+        a.authenticated(node, 0);
+        assert!(a.admit(stranger, 0));
+        assert!(a.admit(node, 0), "the reserve");
+        let later = KNOWN_FOR_MS + 5_000;
+        assert!(a.admit(stranger, later));
+        assert!(!a.admit(node, later), "no longer known");
+    }
+
+    #[test]
+    fn the_known_addresses_stay_bounded() {
+        let mut a = Admitter::new(1, 0);
+        for i in 0..(MAX_KNOWN as u32 + 10) {
+            a.authenticated(std::net::IpAddr::from(i.to_be_bytes()), 0);
+        }
+        assert_eq!(a.known.len(), MAX_KNOWN);
+        // Old ones make room for new ones.
+        a.authenticated("192.0.2.1".parse().unwrap(), KNOWN_FOR_MS + 1);
+        assert_eq!(a.known.len(), 1);
+    }
 
     #[test]
     fn the_first_retry_window_spreads_the_fleet_over_what_the_gateways_take() {
