@@ -75,10 +75,8 @@ pub fn chain_hash(
         text(gateway_id),
         text(detail),
     );
-    hex::encode(ring::digest::digest(
-        &ring::digest::SHA256,
-        canonical.as_bytes(),
-    ))
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(canonical.as_bytes()))
 }
 
 impl AuditRow {
