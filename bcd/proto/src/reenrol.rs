@@ -145,7 +145,10 @@ mod tests {
         };
         assert_eq!(refused("", sig.clone()), BadProof("the node id"));
         assert_eq!(refused("ND-1", sig.clone()), BadProof("the node id"));
-        assert_eq!(refused(&"n".repeat(65), sig.clone()), BadProof("the node id"));
+        assert_eq!(
+            refused(&"n".repeat(65), sig.clone()),
+            BadProof("the node id")
+        );
         assert_eq!(
             refused("nd-1", vec![0x30; 73]),
             BadProof("the signature's length")
@@ -155,11 +158,7 @@ mod tests {
             refused("nd-1", [&[0x31, 68][..], &[1; 68]].concat()),
             BadProof("the signature is not an ASN.1 ECDSA signature")
         );
-        assert!(
-            refused("", sig)
-                .to_string()
-                .contains("bcd join --new-node")
-        );
+        assert!(refused("", sig).to_string().contains("bcd join --new-node"));
     }
 
     proptest! {

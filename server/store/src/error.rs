@@ -50,9 +50,7 @@ pub enum Refusal {
     )]
     UnknownCertificate,
     /// With the signed statement of the deletion, when the store has one.
-    #[error(
-        "node {0} was deleted: join again: bcd join --reset --yes, then bcd join --new-node"
-    )]
+    #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join --new-node")]
     DeletedNode(String, Option<Vec<u8>>),
     #[error(
         "this certificate does not belong to node {0}: join again: bcd join --reset --yes, then bcd join"

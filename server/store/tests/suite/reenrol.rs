@@ -23,7 +23,12 @@ fn no_seal() -> SealStatement {
     Box::new(|_| b"sealed".to_vec())
 }
 
-async fn reenrol(s: &Store, token_id: &str, p: &PreviousProof, cert: u8) -> Result<Joined, TxError> {
+async fn reenrol(
+    s: &Store,
+    token_id: &str,
+    p: &PreviousProof,
+    cert: u8,
+) -> Result<Joined, TxError> {
     s.reenrol(
         &join_input(token_id, "h"),
         p,
@@ -103,7 +108,11 @@ pub async fn re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates(f:
         ],
         "the gateways' revocation feed carries both"
     );
-    assert!(revoked.iter().all(|r| r.statement.as_deref() == Some(b"sealed")));
+    assert!(
+        revoked
+            .iter()
+            .all(|r| r.statement.as_deref() == Some(b"sealed"))
+    );
     let nodes = s.list_nodes().await.unwrap().nodes;
     assert_eq!(nodes.len(), 1, "one node");
     assert_eq!(nodes[0].node_id, node);
@@ -126,8 +135,13 @@ pub async fn re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates(f:
         &node,
         "the proof is not signed by the key of its current certificate",
     );
-    let j = reenrol(s, "re", &proof(&node, 3, b"again"), 4).await.unwrap();
-    assert_eq!((j.node_id.as_str(), j.identity_generation), (node.as_str(), 3));
+    let j = reenrol(s, "re", &proof(&node, 3, b"again"), 4)
+        .await
+        .unwrap();
+    assert_eq!(
+        (j.node_id.as_str(), j.identity_generation),
+        (node.as_str(), 3)
+    );
     assert_eq!(
         refusal(reenrol(s, "re", &proof(&node, 4, b"more"), 5).await),
         Refusal::UsedToken,
@@ -209,9 +223,13 @@ pub async fn racing_re_enrolments_of_one_node_make_one_identity(f: Fixture) {
     let node = joined(&a, 1).await;
     // One use more than the winners need: a loser is refused for its
     // proof, never for the token.
-    a.create_token(&token("re", Duration::from_secs(600), u32::from(ROUNDS) + 1))
-        .await
-        .unwrap();
+    a.create_token(&token(
+        "re",
+        Duration::from_secs(600),
+        u32::from(ROUNDS) + 1,
+    ))
+    .await
+    .unwrap();
     let mut current = 1;
     for round in 0..ROUNDS {
         let (ca, cb) = (10 + 2 * round, 11 + 2 * round);
