@@ -266,6 +266,7 @@ pub async fn serve(
         ca: ca.clone(),
         policy: opts.certs,
         worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
+        worker_key: worker_key.clone(),
         release_keys: Arc::new(opts.release_keys.clone()),
     };
     let admin = AdminService {

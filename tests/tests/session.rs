@@ -219,7 +219,9 @@ fn rejoining_refuses_until_reset_and_reset_moves_aside() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_ne!(node.id(), first, "a new node");
+    // It proved the key moved aside: the same node, re-enrolled.
+    assert_eq!(node.id(), first, "the same node");
+    assert_eq!(node.identity()["identity_generation"], 2);
     let aside: Vec<String> = std::fs::read_dir(&node.dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

@@ -15,6 +15,11 @@
 //! `identity.json` is written last at join: it is the commit point, and a
 //! directory without it holds no identity. Every write is atomic.
 //!
+//! `bcd join --reset` moves these files aside as `<name>.reset-<UTC time>`;
+//! the newest key and certificate among them (or a `node.key` and
+//! `node.crt` left without `identity.json`) are what the next join proves
+//! to re-enrol the same node ([`previous`]).
+//!
 //! # Format versions
 //!
 //! `identity.json` carries `version`. This bcd writes [`IDENTITY_VERSION`]
@@ -524,6 +529,78 @@ pub fn reset(dir: &Path) -> Result<Vec<PathBuf>, IdentityError> {
     Ok(moved)
 }
 
+/// The key of an earlier identity of this machine, found on disk: what a
+/// join proves to re-enrol that node rather than create another.
+#[derive(Debug, Clone)]
+pub struct Previous {
+    pub node_id: String,
+    pub key_pem: String,
+    /// Where the key and its certificate were found.
+    pub key_path: PathBuf,
+    pub cert_path: PathBuf,
+}
+
+/// Finds the node key of this machine's latest earlier identity: `node.key`
+/// and `node.crt` still in `dir` when there is no `identity.json` (the file
+/// was lost), else the newest pair `bcd join --reset` moved aside
+/// (`node.key.reset-STAMP` and `node.crt.reset-STAMP`, one stamp). The node
+/// id is the one the certificate names (`urn:bc:node:ID`), and the key must
+/// be the certificate's: a pair that does not read so is passed over.
+/// `identity.json` is not needed.
+pub fn previous(dir: &Path) -> Option<Previous> {
+    if !exists(dir)
+        && let Some(p) = previous_pair(dir.join(KEY), dir.join(CERT))
+    {
+        return Some(p);
+    }
+    let prefix = format!("{KEY}.reset-");
+    let mut stamps: Vec<String> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            Some(name.strip_prefix(&prefix)?.to_string())
+        })
+        .collect();
+    // Compact UTC stamps sort in time order; the newest first.
+    stamps.sort_unstable_by(|a, b| b.cmp(a));
+    stamps.into_iter().find_map(|stamp| {
+        previous_pair(
+            dir.join(format!("{KEY}.reset-{stamp}")),
+            dir.join(format!("{CERT}.reset-{stamp}")),
+        )
+    })
+}
+
+fn previous_pair(key_path: PathBuf, cert_path: PathBuf) -> Option<Previous> {
+    let key_pem = fs::read_to_string(&key_path).ok()?;
+    let key = rcgen::KeyPair::from_pem(&key_pem).ok()?;
+    let cert = CertificateDer::from_pem_slice(&fs::read(&cert_path).ok()?).ok()?;
+    let spki = key.subject_public_key_info();
+    if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+        return None;
+    }
+    Some(Previous {
+        node_id: cert_node_id(&cert)?,
+        key_pem,
+        key_path,
+        cert_path,
+    })
+}
+
+/// The node id a node certificate names in its subject alternative name,
+/// `urn:bc:node:ID` (a URI, context tag 6, short form length).
+pub fn cert_node_id(der: &[u8]) -> Option<String> {
+    const URN: &[u8] = b"urn:bc:node:";
+    let at = der.windows(URN.len()).position(|w| w == URN)?;
+    let (tag, len) = (*der.get(at.checked_sub(2)?)?, usize::from(der[at - 1]));
+    if tag != 0x86 || len <= URN.len() || len > 0x7f {
+        return None;
+    }
+    let id = std::str::from_utf8(der.get(at + URN.len()..at + len)?).ok()?;
+    bcd_proto::reenrol::valid_node_id(id).then(|| id.to_string())
+}
+
 /// `20261129T101500Z`: compact UTC time for file names.
 pub fn utc_stamp(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t)
@@ -647,6 +724,57 @@ mod tests {
             ("new", &cert)
         );
         assert_eq!(loaded.key_pem, key);
+    }
+
+    /// A certificate shaped as the fleet CA issues them: the node id in a
+    /// URI subject alternative name.
+    fn node_pair(node_id: &str) -> (String, CertificateDer<'static>) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            format!("urn:bc:node:{node_id}").try_into().unwrap(),
+        )];
+        let cert = params.self_signed(&key).unwrap();
+        (key.serialize_pem(), cert.der().clone())
+    }
+
+    #[test]
+    fn the_previous_key_is_the_newest_reset_pair_or_the_one_left_without_identity() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(previous(d.path()).is_none());
+        let write = |suffix: &str, (key, cert): &(String, CertificateDer<'static>)| {
+            fs::write(d.path().join(format!("{KEY}{suffix}")), key).unwrap();
+            fs::write(
+                d.path().join(format!("{CERT}{suffix}")),
+                pem("CERTIFICATE", cert),
+            )
+            .unwrap();
+        };
+        write(".reset-20261101T000000Z", &node_pair("nd-000000000001"));
+        write(".reset-20261102T000000Z", &node_pair("nd-000000000002"));
+        let p = previous(d.path()).unwrap();
+        assert_eq!(p.node_id, "nd-000000000002", "the newest reset");
+        assert!(p.key_path.ends_with("node.key.reset-20261102T000000Z"));
+        // A pair whose key is not its certificate's is passed over.
+        let (other_key, _) = node_pair("nd-000000000009");
+        let (_, cert) = node_pair("nd-000000000003");
+        write(".reset-20261103T000000Z", &(other_key, cert));
+        assert_eq!(previous(d.path()).unwrap().node_id, "nd-000000000002");
+        // A key and certificate left behind without identity.json come first.
+        write("", &node_pair("nd-000000000004"));
+        assert_eq!(previous(d.path()).unwrap().node_id, "nd-000000000004");
+        // With identity.json, they are the current identity, not a previous.
+        fs::write(d.path().join(IDENTITY), "{}").unwrap();
+        assert_eq!(previous(d.path()).unwrap().node_id, "nd-000000000002");
+    }
+
+    #[test]
+    fn a_certificate_without_a_node_urn_names_no_node() {
+        let (_, cert) = pair("nd-1");
+        assert_eq!(cert_node_id(&cert), None);
+        let (_, cert) = node_pair("nd-0f3a9c");
+        assert_eq!(cert_node_id(&cert).as_deref(), Some("nd-0f3a9c"));
+        assert_eq!(cert_node_id(b"urn:bc:node:nd-1"), None);
     }
 
     #[test]

@@ -1,17 +1,25 @@
 //! `bcd join`: create the node key, prove the token, receive a certificate
 //! and the fleet CA, and persist the identity.
+//!
+//! A machine that joined before and still holds its old node key (moved
+//! aside by `bcd join --reset`, or left behind when `identity.json` was
+//! lost: [`identity::previous`]) proves it: the join signs
+//! `bcd_proto::reenrol::statement` with the old key, and the server
+//! re-enrols that node (same id, next identity generation, its old
+//! certificates revoked) instead of adding another. `--new-node` joins as
+//! a new node regardless.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use bcd_proto::tls::{self, ServerTrust};
 use bcd_proto::token::JoinToken;
-use bcd_proto::v1::{InventoryHash, JoinRequest, join_client::JoinClient};
+use bcd_proto::v1::{InventoryHash, JoinRequest, PreviousIdentity, join_client::JoinClient};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 
 use crate::hw::{self, Host};
-use crate::identity::{self, Identity, IdentityFile, ReplayFloors};
+use crate::identity::{self, Identity, IdentityFile, Previous, ReplayFloors};
 use crate::lock::DirLock;
 
 #[derive(Debug, Clone)]
@@ -22,6 +30,8 @@ pub struct JoinOptions {
     pub reset: bool,
     pub yes: bool,
     pub ramdisk: bool,
+    /// Join as a new node even when an earlier identity's key is on disk.
+    pub new_node: bool,
 }
 
 /// What `bcd join` did.
@@ -73,18 +83,55 @@ pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> 
         _ => bail!("bcd join needs --server https://HOST:PORT and --token TOKEN"),
     };
     let token = JoinToken::parse(&token)?;
-    let identity = join_with_token(&server, &token, &opts.data_dir, opts.ramdisk, host).await?;
+    let previous = if opts.new_node {
+        None
+    } else {
+        identity::previous(&opts.data_dir)
+    };
+    let identity = join_with_token(
+        &server,
+        &token,
+        &opts.data_dir,
+        opts.ramdisk,
+        host,
+        previous.as_ref(),
+    )
+    .await?;
     Ok(Joined::Joined(Box::new(identity)))
 }
 
+/// The proof that this machine holds `previous`'s key, bound to this
+/// request's CSR and token.
+fn prove(previous: &Previous, token_id: &str, csr_der: &[u8]) -> anyhow::Result<PreviousIdentity> {
+    let key = KeyPair::from_pem(&previous.key_pem).with_context(|| {
+        format!(
+            "cannot read the previous node key {}",
+            previous.key_path.display()
+        )
+    })?;
+    let statement = bcd_proto::reenrol::statement(&previous.node_id, token_id, csr_der);
+    let signature = rcgen::SigningKey::sign(&key, &statement).with_context(|| {
+        format!(
+            "cannot sign with the previous node key {}",
+            previous.key_path.display()
+        )
+    })?;
+    Ok(PreviousIdentity {
+        node_id: previous.node_id.clone(),
+        signature,
+    })
+}
+
 /// Joins without touching the lock: the caller holds it (or, in the
-/// simulator, owns the whole tree).
+/// simulator, owns the whole tree). With `previous`, the join proves that
+/// identity and the server re-enrols its node.
 pub async fn join_with_token(
     server: &str,
     token: &JoinToken,
     dir: &Path,
     ramdisk: bool,
     host: &dyn Host,
+    previous: Option<&Previous>,
 ) -> anyhow::Result<Identity> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("cannot create a key")?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
@@ -92,6 +139,9 @@ pub async fn join_with_token(
     dn.push(DnType::CommonName, host.hostname());
     params.distinguished_name = dn;
     let csr = params.serialize_request(&key)?;
+    let proof = previous
+        .map(|p| prove(p, &token.id, csr.der()))
+        .transpose()?;
 
     let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
     let channel = tls::connect(server, config).await.map_err(|e| {
@@ -114,6 +164,7 @@ pub async fn join_with_token(
                 })
                 .collect(),
             ramdisk,
+            previous: proof,
         })
         .await
         .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?

@@ -149,6 +149,10 @@ enum Command {
         /// This node boots from a ramdisk (shorter certificates).
         #[arg(long)]
         ramdisk: bool,
+        /// Join as a new node even when the key of an earlier identity is
+        /// on disk (by default the join proves it and re-enrols that node).
+        #[arg(long)]
+        new_node: bool,
         #[command(flatten)]
         hw: HwArgs,
     },
@@ -373,6 +377,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             reset,
             yes,
             ramdisk,
+            new_node,
             hw,
         } => {
             let opts = join::JoinOptions {
@@ -382,11 +387,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 reset,
                 yes,
                 ramdisk,
+                new_node,
             };
             match join::run(&opts, hw.host().as_ref()).await? {
                 join::Joined::Joined(id) => {
+                    let how = if id.file.identity_generation > 1 {
+                        "re-enrolled as"
+                    } else {
+                        "joined as"
+                    };
                     println!(
-                        "joined as node {} (certificate {} valid until {})",
+                        "{how} node {} (certificate {} valid until {})",
                         id.file.node_id,
                         id.file.cert_serial,
                         humantime::format_rfc3339_seconds(

@@ -155,13 +155,15 @@ impl Statement {
 
     fn stop_message(&self) -> String {
         match self.kind {
+            // The old identity cannot be re-enrolled: a new node.
             StatementKind::Deleted => format!(
-                "node {} was deleted: join again: bcd join --reset --yes, then bcd join",
+                "node {} was deleted: join again: bcd join --reset --yes, then bcd join \
+                 --new-node",
                 self.node_id
             ),
             StatementKind::Revoked => format!(
                 "the node certificate was revoked ({}): join again: bcd join --reset --yes, then \
-                 bcd join",
+                 bcd join --new-node",
                 self.reason
             ),
         }

@@ -172,7 +172,7 @@ impl Fleet {
             join::prepare_dir(&node.dir)?;
             if !identity::exists(&node.dir) {
                 let _permit = joins.acquire().await.expect("semaphore open");
-                join::join_with_token(&server, &token, &node.dir, false, node.host.as_ref())
+                join::join_with_token(&server, &token, &node.dir, false, node.host.as_ref(), None)
                     .await
                     .with_context(|| format!("simulated node {i} cannot join"))?;
             }

@@ -15,6 +15,7 @@
 
 #[cfg(feature = "serde")]
 pub mod json;
+pub mod reenrol;
 pub mod refusal;
 pub mod sign;
 pub mod tls;

@@ -261,6 +261,23 @@ fn refusals_statements_and_join() {
         },
     );
     check(
+        "join_request_previous",
+        &v1::JoinRequest {
+            token: "tok1.secret".into(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![v1::InventoryHash {
+                section: "gpus".into(),
+                sha256: "ab".repeat(32),
+            }],
+            ramdisk: false,
+            previous: Some(v1::PreviousIdentity {
+                node_id: "nd-0f3a9c".into(),
+                signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
+            }),
+        },
+    );
+    check(
         "join_response",
         &v1::JoinResponse {
             node_id: "nd-0f3a9c".into(),

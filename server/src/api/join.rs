@@ -1,20 +1,23 @@
 //! The join service: turns a join token and a certificate request into a
-//! node with a certificate (`Join`), renews certificates for nodes that
-//! prove their current one (`Renew`), and hands releases to nodes
-//! (`FetchRelease`). It holds the fleet CA.
+//! node with a certificate (`Join`), or, with a proof of a previous
+//! identity (`bcd_proto::reenrol`), into that node again at its next
+//! identity generation with its earlier certificates revoked; renews
+//! certificates for nodes that prove their current one (`Renew`), and
+//! hands releases to nodes (`FetchRelease`). It holds the fleet CA.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bc_store::Refusal;
-use bc_store::nodes::IssuedCert;
-use bc_store::tokens::JoinInput;
+use bc_store::nodes::{IssuedCert, REENROLLED};
+use bc_store::tokens::{JoinInput, PreviousProof};
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
 use bcd_proto::v1::{
     FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, RenewRequest,
     RenewResponse, ReplayFloors, join_server::Join,
 };
+use ring::signature::Ed25519KeyPair;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
@@ -53,6 +56,8 @@ pub struct JoinService {
     pub ca: Arc<Ca>,
     pub policy: CertPolicy,
     pub worker_keys: Arc<Vec<Vec<u8>>>,
+    /// Signs the statement of the revocations a re-enrolment makes.
+    pub worker_key: Arc<Ed25519KeyPair>,
     pub release_keys: Arc<Vec<Vec<u8>>>,
 }
 
@@ -99,17 +104,41 @@ impl Join for JoinService {
             hostname: r.hostname.chars().take(253).collect(),
             ramdisk: r.ramdisk,
         };
+        let proof = r
+            .previous
+            .as_ref()
+            .map(bcd_proto::reenrol::proof)
+            .transpose()
+            .map_err(|e| bad_request(e.to_string()))?;
+        let proof = proof.map(|p| PreviousProof {
+            message: bcd_proto::reenrol::statement(&p.node_id, id, &r.csr_der),
+            node_id: p.node_id,
+            signature: p.signature,
+            verify: crate::pki::ca::verify_node_signature,
+        });
         let (ca, csr) = (self.ca.clone(), r.csr_der);
-        let joined = self
-            .store
-            .join(
-                &input,
-                Box::new(move |node, now| issue(&ca, &csr, node, now, ttl)),
-            )
-            .await
-            .map_err(status)?;
+        let issue_cert: bc_store::tokens::IssueCert =
+            Box::new(move |node, now| issue(&ca, &csr, node, now, ttl));
+        let joined = match &proof {
+            None => self.store.join(&input, issue_cert).await,
+            Some(proof) => {
+                let seal = crate::pki::seal::statement_sealer(self.worker_key.clone());
+                self.store.reenrol(&input, proof, issue_cert, seal).await
+            }
+        }
+        .map_err(status)?;
         let cert = joined.cert;
-        info!(node = %joined.node_id, serial = %cert.serial, "node joined");
+        if proof.is_some() {
+            info!(
+                node = %joined.node_id,
+                serial = %cert.serial,
+                generation = joined.identity_generation,
+                reason = REENROLLED,
+                "node re-enrolled; its earlier certificates are revoked"
+            );
+        } else {
+            info!(node = %joined.node_id, serial = %cert.serial, "node joined");
+        }
         Ok(Response::new(JoinResponse {
             node_id: joined.node_id,
             cert_der: cert.der,
@@ -119,7 +148,7 @@ impl Join for JoinService {
             server_time_ms: joined.now_ms,
             worker_keys: self.worker_keys.as_ref().clone(),
             release_keys: self.release_keys.as_ref().clone(),
-            identity_generation: 1,
+            identity_generation: joined.identity_generation,
             floors: Some(ReplayFloors {
                 command_seq: joined.command_seq_floor,
                 spec_generation: joined.spec_generation_floor,

@@ -50,6 +50,9 @@ pub fn classify(r: &Refusal) -> (Code, RefusalReason) {
         Refusal::BadRequest(_) => (Code::InvalidArgument, RefusalReason::BadRequest),
         Refusal::NoSuchNode(_) | Refusal::NotFound(_) => (Code::NotFound, RefusalReason::NotFound),
         Refusal::Conflict(_) => (Code::FailedPrecondition, RefusalReason::Conflict),
+        // The machine proved no identity the store would re-enrol; it may
+        // join as a new node with the same token (nothing was spent).
+        Refusal::NotReenrolled(..) => (Code::FailedPrecondition, RefusalReason::Conflict),
         // The gateway lost its lease: the node reconnects, elsewhere.
         Refusal::Fenced(_) => (Code::Unavailable, RefusalReason::Fenced),
         Refusal::Internal(_) => (Code::Internal, RefusalReason::Internal),

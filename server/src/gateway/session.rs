@@ -85,6 +85,7 @@ fn refusal_reason(e: &TxError) -> &'static str {
             | Refusal::NoSuchNode(_)
             | Refusal::NotFound(_)
             | Refusal::Conflict(_)
+            | Refusal::NotReenrolled(..)
             | Refusal::Internal(_) => "other",
         },
     }

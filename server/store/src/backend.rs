@@ -32,7 +32,7 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
 
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -56,6 +56,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Checks and spends one use of a token, creates the node and records
     /// the certificate `issue` builds for it.
     async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError>;
+
+    /// Checks a token and the proof of a previous identity, spends one use
+    /// of the token and re-enrols the proven node: the same id at the next
+    /// identity generation, every earlier certificate revoked with the
+    /// statement `seal` signs, the certificate `issue` builds recorded, a
+    /// fleet event kept. A refused token or proof changes nothing.
+    async fn reenrol(
+        &self,
+        j: &JoinInput,
+        proof: &PreviousProof,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError>;
 
     // ------------------------------------------------- nodes, certificates
 

@@ -50,7 +50,7 @@ pub enum Refusal {
     )]
     UnknownCertificate,
     /// With the signed statement of the deletion, when the store has one.
-    #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join")]
+    #[error("node {0} was deleted: join again: bcd join --reset --yes, then bcd join --new-node")]
     DeletedNode(String, Option<Vec<u8>>),
     #[error(
         "this certificate does not belong to node {0}: join again: bcd join --reset --yes, then bcd join"
@@ -58,9 +58,17 @@ pub enum Refusal {
     WrongCertificate(String),
     /// With the signed statement of the revocation, when the store has one.
     #[error(
-        "the node certificate was revoked ({0}): join again: bcd join --reset --yes, then bcd join"
+        "the node certificate was revoked ({0}): join again: bcd join --reset --yes, then bcd join --new-node"
     )]
     Revoked(String, Option<Vec<u8>>),
+    /// A join's proof of a previous identity does not hold: the node and
+    /// why. Nothing was spent.
+    #[error(
+        "cannot re-enrol node {0}: {1}: join as a new node instead (bcd join --new-node --server \
+         https://HOST:PORT --token TOKEN), or ask an operator whether node {0} should go \
+         (better-compute nodes delete {0} --yes)"
+    )]
+    NotReenrolled(String, String),
     #[error("certificate expired; renew and reconnect")]
     Expired,
     /// The request itself is wrong; the message says how.

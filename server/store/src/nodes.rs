@@ -92,6 +92,10 @@ pub struct Revocation {
 /// The reason recorded on certificates revoked by deleting their node.
 pub const NODE_DELETED: &str = "node-deleted";
 
+/// The reason recorded on certificates revoked by re-enrolling their node
+/// (`tokens::PreviousProof`).
+pub const REENROLLED: &str = "re-enrolled";
+
 /// What a statement says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatementKind {

@@ -3,9 +3,18 @@
 //! The store keeps a token's secret only as its SHA-256. A join spends one
 //! use of a token, creates the node and records its first certificate in
 //! one transaction; [`admit`] decides whether the token may be spent.
+//!
+//! A machine that joined before may prove it still holds the key of its
+//! node's current certificate ([`PreviousProof`]): the join then re-enrols
+//! that node instead of creating another, in one transaction too (the
+//! token spent, the same node id at the next identity generation, every
+//! earlier certificate revoked with a worker-signed statement, the new one
+//! recorded, a fleet event kept); [`judge_proof`] decides whether the proof
+//! holds. A refused proof, like any refused join, spends nothing.
 
 use std::time::Duration;
 
+use crate::bindings::VerifySignature;
 use crate::error::Refusal;
 use crate::nodes::IssuedCert;
 
@@ -41,9 +50,65 @@ pub struct Joined {
     pub command_seq_floor: u64,
     /// The node's spec generation.
     pub spec_generation_floor: u64,
+    /// The node's identity generation: 1 at its first join, one more at
+    /// each re-enrolment.
+    pub identity_generation: u64,
 }
 
-/// Builds the joining node's certificate once the token is known good:
+/// A joining machine's proof that it holds the key of an existing node.
+#[derive(Debug, Clone)]
+pub struct PreviousProof {
+    pub node_id: String,
+    /// What the old key signed (`bcd_proto::reenrol::statement` of the node
+    /// id, the token id and the request's CSR).
+    pub message: Vec<u8>,
+    pub signature: Vec<u8>,
+    /// Checks a signature against a certificate's key.
+    pub verify: VerifySignature,
+}
+
+/// The node a proof names, as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProvenNode {
+    pub deleted: bool,
+    pub identity_generation: i64,
+}
+
+/// The fleet event a re-enrolment records.
+pub const REENROLLED_EVENT: &str = "node.re-enrolled";
+
+/// Whether `proof` re-enrols `node` (`None`: no such node), whose unrevoked
+/// certificates are `certs` (DER): the node must exist and not be deleted,
+/// and the signature must be by the key of one of those certificates.
+/// Returns the identity generation the node moves to.
+pub fn judge_proof(
+    node: Option<&ProvenNode>,
+    certs: &[Vec<u8>],
+    proof: &PreviousProof,
+) -> Result<u64, Refusal> {
+    let refuse = |why: &str| Refusal::NotReenrolled(proof.node_id.clone(), why.to_string());
+    let Some(node) = node else {
+        return Err(refuse("there is no such node"));
+    };
+    if node.deleted {
+        return Err(refuse("it was deleted"));
+    }
+    if certs.is_empty() {
+        return Err(refuse("it has no unrevoked certificate"));
+    }
+    if !certs
+        .iter()
+        .any(|der| (proof.verify)(der, &proof.message, &proof.signature))
+    {
+        return Err(refuse(
+            "the proof is not signed by the key of its current certificate",
+        ));
+    }
+    Ok(node.identity_generation.max(0) as u64 + 1)
+}
+
+/// Builds the joining node's certificate once the token (and a
+/// re-enrolment's proof) is known good:
 /// gets the new node id and the store's now. Runs inside the join's
 /// transaction; a refusal from it leaves nothing behind.
 pub type IssueCert = Box<dyn FnOnce(&str, i64) -> Result<IssuedCert, Refusal> + Send>;
@@ -72,6 +137,18 @@ pub fn admit(token: Option<&TokenRow>, secret_sha256: &str, now_ms: i64) -> Resu
         return Err(Refusal::UsedToken);
     }
     Ok(())
+}
+
+/// What the fleet event of a re-enrolment says.
+pub fn reenrol_detail(generation: u64, revoked: &[String], token_id: &str) -> String {
+    format!(
+        "re-enrolled with token {token_id}: identity generation {generation}, revoked {}",
+        if revoked.is_empty() {
+            "nothing".to_string()
+        } else {
+            revoked.join(", ")
+        }
+    )
 }
 
 /// A fresh node id: `nd-` and 12 hex digits.
@@ -104,6 +181,59 @@ mod tests {
             Err(Refusal::ExpiredToken)
         );
         assert_eq!(admit(Some(&row(100, 0)), "h", 0), Err(Refusal::UsedToken));
+    }
+
+    fn verify(cert: &[u8], message: &[u8], signature: &[u8]) -> bool {
+        signature == [cert, message].concat()
+    }
+
+    #[test]
+    fn a_proof_re_enrols_only_a_live_node_signed_by_one_of_its_certificates() {
+        let proof = |signature: &[u8]| PreviousProof {
+            node_id: "nd-1".into(),
+            message: b"m".to_vec(),
+            signature: signature.to_vec(),
+            verify,
+        };
+        let live = ProvenNode {
+            deleted: false,
+            identity_generation: 2,
+        };
+        let certs = vec![b"old".to_vec(), b"new".to_vec()];
+        assert_eq!(judge_proof(Some(&live), &certs, &proof(b"oldm")), Ok(3));
+        assert_eq!(judge_proof(Some(&live), &certs, &proof(b"newm")), Ok(3));
+        let why = |r: Result<u64, Refusal>| match r {
+            Err(Refusal::NotReenrolled(node, why)) => {
+                assert_eq!(node, "nd-1");
+                why
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert_eq!(
+            why(judge_proof(Some(&live), &certs, &proof(b"otherm"))),
+            "the proof is not signed by the key of its current certificate"
+        );
+        assert_eq!(
+            why(judge_proof(Some(&live), &[], &proof(b"oldm"))),
+            "it has no unrevoked certificate"
+        );
+        let deleted = ProvenNode {
+            deleted: true,
+            ..live
+        };
+        assert_eq!(
+            why(judge_proof(Some(&deleted), &certs, &proof(b"oldm"))),
+            "it was deleted"
+        );
+        assert_eq!(
+            why(judge_proof(None, &certs, &proof(b"oldm"))),
+            "there is no such node"
+        );
+        let text = Refusal::NotReenrolled("nd-1".into(), "it was deleted".into()).to_string();
+        assert!(
+            text.contains("bcd join --new-node") && text.contains("nodes delete nd-1"),
+            "{text}"
+        );
     }
 
     #[test]

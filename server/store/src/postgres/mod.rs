@@ -79,7 +79,7 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
 
 /// The migrations, in order. The schema version is how many ran; the
 /// numbers mean the same schema as SQLite's.
@@ -420,6 +420,16 @@ impl Backend for PostgresBackend {
 
     async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
         tx!(self, |tx| tokens::join(&tx, j, issue).await)
+    }
+
+    async fn reenrol(
+        &self,
+        j: &JoinInput,
+        proof: &PreviousProof,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        tx!(self, |tx| tokens::reenrol(&tx, j, proof, issue, seal).await)
     }
 
     async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {

@@ -62,7 +62,7 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken};
+use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
 
 /// The migrations, in order. The schema version is how many ran.
 pub const MIGRATIONS: &[&str] = &[
@@ -374,6 +374,18 @@ impl Backend for SqliteBackend {
     async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
         let j = j.clone();
         self.write(move |c| tokens::join(c, &j, issue)).await
+    }
+
+    async fn reenrol(
+        &self,
+        j: &JoinInput,
+        proof: &PreviousProof,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        let (j, proof) = (j.clone(), proof.clone());
+        self.write(move |c| tokens::reenrol(c, &j, &proof, issue, seal))
+            .await
     }
 
     async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {

@@ -107,6 +107,7 @@ pub(super) fn renew(
         now_ms: now,
         command_seq_floor,
         spec_generation_floor,
+        identity_generation: generation.max(0) as u64,
     })
 }
 

@@ -4,7 +4,11 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ms, now};
 use crate::error::{StoreError, TxError};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, TokenRow, admit, new_node_id};
+use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
+use crate::tokens::{
+    IssueCert, JoinInput, Joined, NewToken, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow,
+    admit, judge_proof, new_node_id, reenrol_detail,
+};
 
 pub(super) fn add_operator(c: &Connection, id: &str, token_sha256: &str) -> Result<(), StoreError> {
     c.execute(
@@ -35,8 +39,8 @@ pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreErr
     )?)
 }
 
-pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
-    let now = now(c)?;
+/// Checks the token (`admit`); the caller spends it.
+fn check_token(c: &Connection, j: &JoinInput, now: i64) -> Result<(), TxError> {
     let token: Option<TokenRow> = c
         .query_row(
             "SELECT secret_sha256, expires_at, uses_left FROM join_tokens WHERE id = ?1",
@@ -51,10 +55,21 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
         )
         .optional()?;
     admit(token.as_ref(), &j.secret_sha256, now)?;
+    Ok(())
+}
+
+fn spend_token(c: &Connection, token_id: &str) -> rusqlite::Result<()> {
     c.execute(
         "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1",
-        [&j.token_id],
+        [token_id],
     )?;
+    Ok(())
+}
+
+pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
+    let now = now(c)?;
+    check_token(c, j, now)?;
+    spend_token(c, &j.token_id)?;
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
     c.execute(
@@ -81,5 +96,91 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
         now_ms: now,
         command_seq_floor,
         spec_generation_floor,
+        identity_generation: 1,
+    })
+}
+
+pub(super) fn reenrol(
+    c: &Connection,
+    j: &JoinInput,
+    proof: &PreviousProof,
+    issue: IssueCert,
+    seal: SealStatement,
+) -> Result<Joined, TxError> {
+    let now = now(c)?;
+    check_token(c, j, now)?;
+    let node_id = proof.node_id.as_str();
+    let node = c
+        .query_row(
+            "SELECT deleted_at IS NOT NULL, identity_generation FROM nodes WHERE id = ?1",
+            [node_id],
+            |r| {
+                Ok(ProvenNode {
+                    deleted: r.get(0)?,
+                    identity_generation: r.get(1)?,
+                })
+            },
+        )
+        .optional()?;
+    // Unrevoked, expired or not: a machine offline past its certificate's
+    // end still holds the node's key.
+    let certs: Vec<Vec<u8>> = c
+        .prepare(
+            "SELECT der FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL
+             AND der IS NOT NULL ORDER BY not_after DESC",
+        )?
+        .query_map([node_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let generation = judge_proof(node.as_ref(), &certs, proof)?;
+    spend_token(c, &j.token_id)?;
+    let cert = issue(node_id, now)?;
+    let serials: Vec<String> = c
+        .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL ORDER BY serial")?
+        .query_map([node_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: REENROLLED.to_string(),
+        issued_at_ms: now,
+    });
+    c.execute(
+        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
+         WHERE node_id = ?1 AND revoked_at IS NULL",
+        params![node_id, now, REENROLLED, statement],
+    )?;
+    c.execute(
+        "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4 WHERE id = ?1",
+        params![node_id, generation as i64, j.hostname, j.ramdisk],
+    )?;
+    c.execute(
+        "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            cert.serial,
+            node_id,
+            cert.fingerprint,
+            generation as i64,
+            cert.not_before_ms,
+            cert.not_after_ms,
+            cert.der
+        ],
+    )?;
+    super::bindings::fleet_event(
+        c,
+        now,
+        REENROLLED_EVENT,
+        node_id,
+        &reenrol_detail(generation, &serials, &j.token_id),
+    )?;
+    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(c, node_id)?;
+    Ok(Joined {
+        node_id: node_id.to_string(),
+        cert,
+        now_ms: now,
+        command_seq_floor,
+        spec_generation_floor,
+        identity_generation: generation,
     })
 }

@@ -18,6 +18,7 @@ pub mod images;
 pub mod liveness;
 pub mod races;
 pub mod recovery;
+pub mod reenrol;
 pub mod releases;
 pub mod rollouts;
 pub mod sessions;
@@ -246,6 +247,9 @@ macro_rules! store_suite {
             sessions::two_machines_alternating_on_one_certificate_are_quarantined,
             specs::spec_changes_are_sealed_and_refusals_change_nothing,
             specs::state_reports_move_the_applied_generation_forward_or_to_zero,
+            reenrol::re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates,
+            reenrol::refused_proofs_change_nothing_and_spend_nothing,
+            reenrol::racing_re_enrolments_of_one_node_make_one_identity,
             tokens::tokens_are_single_use_and_expire,
             tokens::operators_are_found_by_their_token,
         );

@@ -1,0 +1,296 @@
+//! Re-enrolment: a machine proves the key of its node's current
+//! certificate and joins again as the same node.
+
+use std::time::Duration;
+
+use bc_store::nodes::{REENROLLED, SealStatement, StatementKind};
+use bc_store::tokens::{Joined, PreviousProof};
+use bc_store::{Refusal, Store, TxError};
+
+use super::{Fixture, fake_cert, join_input, joined, sign, token, verify};
+
+/// A proof for `node` signed with the key of `fake_cert(key_of)`.
+fn proof(node: &str, key_of: u8, message: &[u8]) -> PreviousProof {
+    PreviousProof {
+        node_id: node.into(),
+        message: message.to_vec(),
+        signature: sign(&fake_cert(key_of).der, message),
+        verify,
+    }
+}
+
+fn no_seal() -> SealStatement {
+    Box::new(|_| b"sealed".to_vec())
+}
+
+async fn reenrol(
+    s: &Store,
+    token_id: &str,
+    p: &PreviousProof,
+    cert: u8,
+) -> Result<Joined, TxError> {
+    s.reenrol(
+        &join_input(token_id, "h"),
+        p,
+        Box::new(move |_, _| Ok(fake_cert(cert))),
+        no_seal(),
+    )
+    .await
+}
+
+fn refusal(r: Result<Joined, TxError>) -> Refusal {
+    match r {
+        Err(TxError::Refused(r)) => r,
+        other => panic!("expected a refusal, got {:?}", other.map(|j| j.node_id)),
+    }
+}
+
+fn not_reenrolled(r: Result<Joined, TxError>, node: &str, why: &str) {
+    assert_eq!(
+        refusal(r),
+        Refusal::NotReenrolled(node.into(), why.into()),
+        "refused with the reason"
+    );
+}
+
+pub async fn re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    // A renewal leaves two valid certificates; both are revoked.
+    s.renew("fp1", Box::new(|_, _, _| Ok(fake_cert(2))))
+        .await
+        .unwrap();
+    s.create_token(&token("re", Duration::from_secs(600), 2))
+        .await
+        .unwrap();
+    f.advance(Duration::from_secs(5));
+    let (expect_node, at) = (node.clone(), super::T0 + 5_000);
+    let j = s
+        .reenrol(
+            &join_input("re", "h"),
+            &proof(&node, 2, b"statement"),
+            Box::new(move |id, now| {
+                assert_eq!((id, now), (expect_node.as_str(), at), "the same node, now");
+                Ok(fake_cert(3))
+            }),
+            Box::new(|st| {
+                assert_eq!(st.kind, StatementKind::Revoked);
+                assert_eq!(st.serials, vec!["serial1", "serial2"]);
+                assert_eq!(st.reason, REENROLLED);
+                b"sealed".to_vec()
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(j.node_id, node, "the same node id");
+    assert_eq!(j.identity_generation, 2);
+    assert_eq!(j.cert.serial, "serial3");
+    assert_eq!(s.check_cert("fp3").await.unwrap().node_id, node);
+    for old in ["fp1", "fp2"] {
+        assert_eq!(
+            s.check_cert(old).await.unwrap_err().refusal(),
+            Some(&Refusal::Revoked(
+                REENROLLED.into(),
+                Some(b"sealed".to_vec())
+            )),
+            "{old} is revoked with the statement"
+        );
+    }
+    let revoked = s.revoked_since(0).await.unwrap();
+    assert_eq!(
+        revoked
+            .iter()
+            .map(|r| (r.serial.as_str(), r.reason.as_str(), r.node_id.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("serial1", REENROLLED, node.as_str()),
+            ("serial2", REENROLLED, node.as_str())
+        ],
+        "the gateways' revocation feed carries both"
+    );
+    assert!(
+        revoked
+            .iter()
+            .all(|r| r.statement.as_deref() == Some(b"sealed"))
+    );
+    let nodes = s.list_nodes().await.unwrap().nodes;
+    assert_eq!(nodes.len(), 1, "one node");
+    assert_eq!(nodes[0].node_id, node);
+    let events = s.fleet_events(&node, 10).await.unwrap();
+    assert!(
+        events[0].starts_with("node.re-enrolled: ")
+            && events[0].contains("generation 2")
+            && events[0].contains("serial1, serial2"),
+        "{events:?}"
+    );
+    // The old certificates prove nothing any more; the new one does, and
+    // the token had one use left.
+    not_reenrolled(
+        reenrol(s, "re", &proof(&node, 2, b"again"), 4).await,
+        &node,
+        "the proof is not signed by the key of its current certificate",
+    );
+    not_reenrolled(
+        reenrol(s, "re", &proof(&node, 9, b"again"), 4).await,
+        &node,
+        "the proof is not signed by the key of its current certificate",
+    );
+    let j = reenrol(s, "re", &proof(&node, 3, b"again"), 4)
+        .await
+        .unwrap();
+    assert_eq!(
+        (j.node_id.as_str(), j.identity_generation),
+        (node.as_str(), 3)
+    );
+    assert_eq!(
+        refusal(reenrol(s, "re", &proof(&node, 4, b"more"), 5).await),
+        Refusal::UsedToken,
+        "each re-enrolment spent one use"
+    );
+}
+
+pub async fn refused_proofs_change_nothing_and_spend_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    s.create_token(&token("re", Duration::from_secs(600), 1))
+        .await
+        .unwrap();
+    not_reenrolled(
+        reenrol(s, "re", &proof(&node, 9, b"m"), 8).await,
+        &node,
+        "the proof is not signed by the key of its current certificate",
+    );
+    // A proof signed over another message (another key or token).
+    let mut other = proof(&node, 1, b"m");
+    other.message = b"n".to_vec();
+    not_reenrolled(
+        reenrol(s, "re", &other, 8).await,
+        &node,
+        "the proof is not signed by the key of its current certificate",
+    );
+    not_reenrolled(
+        reenrol(s, "re", &proof("nd-000000000000", 1, b"m"), 8).await,
+        "nd-000000000000",
+        "there is no such node",
+    );
+    // A bad token is refused as a token, whatever the proof.
+    assert_eq!(
+        refusal(
+            s.reenrol(
+                &join_input("re", "wrong"),
+                &proof(&node, 1, b"m"),
+                Box::new(|_, _| Ok(fake_cert(8))),
+                no_seal(),
+            )
+            .await
+        ),
+        Refusal::UnknownToken
+    );
+    assert_eq!(s.check_cert("fp1").await.unwrap().node_id, node);
+    assert_eq!(
+        s.check_cert("fp8").await.unwrap_err().refusal(),
+        Some(&Refusal::UnknownCertificate),
+        "no certificate recorded"
+    );
+    assert!(s.revoked_since(0).await.unwrap().is_empty());
+    assert!(s.fleet_events(&node, 10).await.unwrap().is_empty());
+    // A deleted node is not re-enrolled, even with its key.
+    assert!(s.delete_node(&node, no_seal()).await.unwrap());
+    let before = s.revoked_since(0).await.unwrap();
+    not_reenrolled(
+        reenrol(s, "re", &proof(&node, 1, b"m"), 8).await,
+        &node,
+        "it was deleted",
+    );
+    assert_eq!(s.revoked_since(0).await.unwrap(), before);
+    // Every refusal left the token's one use: a join as a new node spends it.
+    let fresh = s
+        .join(&join_input("re", "h"), Box::new(|_, _| Ok(fake_cert(8))))
+        .await
+        .unwrap();
+    assert_ne!(fresh.node_id, node);
+    assert_eq!(fresh.identity_generation, 1);
+    let nodes = s.list_nodes().await.unwrap().nodes;
+    assert_eq!(
+        nodes.iter().map(|n| n.node_id.as_str()).collect::<Vec<_>>(),
+        vec![fresh.node_id.as_str()]
+    );
+}
+
+pub async fn racing_re_enrolments_of_one_node_make_one_identity(f: Fixture) {
+    const ROUNDS: u8 = 20;
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    // One use more than the winners need: a loser is refused for its
+    // proof, never for the token.
+    a.create_token(&token(
+        "re",
+        Duration::from_secs(600),
+        u32::from(ROUNDS) + 1,
+    ))
+    .await
+    .unwrap();
+    let mut current = 1;
+    for round in 0..ROUNDS {
+        let (ca, cb) = (10 + 2 * round, 11 + 2 * round);
+        let (pa, pb) = (
+            proof(&node, current, &[b'a', round]),
+            proof(&node, current, &[b'b', round]),
+        );
+        let (ra, rb) = tokio::join!(reenrol(&a, "re", &pa, ca), reenrol(&b, "re", &pb, cb));
+        let winner = match (ra, rb) {
+            (Ok(j), Err(e)) | (Err(e), Ok(j)) => {
+                assert_eq!(
+                    e.refusal(),
+                    Some(&Refusal::NotReenrolled(
+                        node.clone(),
+                        "the proof is not signed by the key of its current certificate".into()
+                    )),
+                    "round {round}: the loser's proof is stale"
+                );
+                j
+            }
+            (ra, rb) => panic!(
+                "round {round}: exactly one re-enrolment wins: {:?} {:?}",
+                ra.map(|j| j.cert.serial),
+                rb.map(|j| j.cert.serial)
+            ),
+        };
+        assert_eq!(winner.node_id, node);
+        assert_eq!(winner.identity_generation, u64::from(round) + 2);
+        current = if winner.cert.serial == format!("serial{ca}") {
+            ca
+        } else {
+            cb
+        };
+        let loser = ca + cb - current;
+        assert_eq!(
+            a.check_cert(&format!("fp{loser}"))
+                .await
+                .unwrap_err()
+                .refusal(),
+            Some(&Refusal::UnknownCertificate),
+            "round {round}: the loser recorded nothing"
+        );
+    }
+    assert_eq!(a.list_nodes().await.unwrap().nodes.len(), 1, "one node");
+    assert_eq!(
+        a.check_cert(&format!("fp{current}")).await.unwrap().node_id,
+        node,
+        "the last winner's certificate is the one valid"
+    );
+    assert_eq!(
+        a.revoked_since(0).await.unwrap().len(),
+        usize::from(ROUNDS),
+        "each winner revoked the one before"
+    );
+    // Only the winners spent the token: one use is left.
+    let last = reenrol(&a, "re", &proof(&node, current, b"z"), 98)
+        .await
+        .unwrap();
+    assert_eq!(last.identity_generation, u64::from(ROUNDS) + 2);
+    assert_eq!(
+        refusal(reenrol(&a, "re", &proof(&node, 98, b"z"), 99).await),
+        Refusal::UsedToken
+    );
+}
