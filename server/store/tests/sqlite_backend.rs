@@ -51,6 +51,25 @@ async fn open(path: &Path, clock: &ManualClock) -> Result<Store, StoreError> {
     Store::open_sqlite(path, Arc::new(clock.clone())).await
 }
 
+/// A store an earlier version wrote (`fixture`, its SQL dump), opened with
+/// this code: migrated to this version, and then exactly a fresh store's
+/// schema. Its clock starts a second after the fixtures were written.
+async fn upgraded(fixture: &str) -> (tempfile::TempDir, ManualClock, Store) {
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("store.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(fixture)
+        .unwrap();
+    let clock = ManualClock::new(V10_NOW + 1_000);
+    let s = open(&path, &clock).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
+    let fresh = d.path().join("fresh.db");
+    open(&fresh, &clock).await.unwrap();
+    assert_eq!(schema(&path), schema(&fresh));
+    (d, clock, s)
+}
+
 #[tokio::test]
 async fn the_schema_is_pinned_by_its_golden_file() {
     assert_eq!(SCHEMA_VERSION as usize, MIGRATIONS.len());
@@ -83,19 +102,7 @@ const NODE: &str = "nd-d7e9042f69d6";
 
 #[tokio::test]
 async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
-    let d = tempfile::tempdir().unwrap();
-    let path = d.path().join("store.db");
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(V10)
-        .unwrap();
-    let clock = ManualClock::new(V10_NOW + 1_000);
-    let s = open(&path, &clock).await.unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
-    // Upgraded, the schema is exactly a fresh store's.
-    let fresh = d.path().join("fresh.db");
-    open(&fresh, &clock).await.unwrap();
-    assert_eq!(schema(&path), schema(&fresh));
+    let (_d, clock, s) = upgraded(V10).await;
 
     assert_eq!(
         s.operator_by_token("ab12").await.unwrap().as_deref(),
@@ -266,18 +273,7 @@ const V11: &str = include_str!("fixtures/schema-v11.sql");
 
 #[tokio::test]
 async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
-    let d = tempfile::tempdir().unwrap();
-    let path = d.path().join("store.db");
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(V11)
-        .unwrap();
-    let clock = ManualClock::new(V10_NOW + 1_000);
-    let s = open(&path, &clock).await.unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
-    let fresh = d.path().join("fresh.db");
-    open(&fresh, &clock).await.unwrap();
-    assert_eq!(schema(&path), schema(&fresh));
+    let (_d, _, s) = upgraded(V11).await;
     // A spec signed before specs expired has no expiry: it is due at once.
     assert_eq!(
         s.specs_expiring(bc_store::specs::RESIGN_WITHIN)
@@ -479,18 +475,7 @@ const V12: &str = include_str!("fixtures/schema-v12.sql");
 
 #[tokio::test]
 async fn a_store_from_version_12_migrates_with_no_backup_sets_and_records_one() {
-    let d = tempfile::tempdir().unwrap();
-    let path = d.path().join("store.db");
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(V12)
-        .unwrap();
-    let clock = ManualClock::new(V10_NOW + 1_000);
-    let s = open(&path, &clock).await.unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), SCHEMA_VERSION);
-    let fresh = d.path().join("fresh.db");
-    open(&fresh, &clock).await.unwrap();
-    assert_eq!(schema(&path), schema(&fresh));
+    let (_d, _, s) = upgraded(V12).await;
     let nodes = s.list_nodes().await.unwrap().nodes;
     assert_eq!(nodes.len(), 1);
     assert_eq!(nodes[0].node_id, NODE);
