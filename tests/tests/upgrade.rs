@@ -352,6 +352,61 @@ fn a_rollout_halts_on_its_failure_budget_and_a_good_one_completes() {
     }
 }
 
+/// A rollout mid-wave when the control plane crashes resumes from its
+/// recorded state after the restart: every node upgraded once, no command
+/// issued twice.
+#[test]
+fn a_rollout_resumes_after_the_control_plane_crashes_mid_wave() {
+    let mut f = fleet();
+    let mut nodes: Vec<Node> = (0..3).map(|i| f.node(&format!("r{i}"))).collect();
+    for n in &mut nodes {
+        supervise(n);
+    }
+    for n in &nodes {
+        wait_connected(&f.server, &n.id());
+    }
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let out = f
+        .server
+        .cli(&["rollouts", "start", "2", "--waves", "34%,100%", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rollout = r["id"].as_str().unwrap().to_string();
+    let status = |server: &Server| -> serde_json::Value {
+        let out = server.cli(&["rollouts", "status", &rollout, "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // The first wave has its command: crash the control plane there.
+    wait_for(Duration::from_secs(60), "the first wave's command", || {
+        let s = status(&f.server);
+        s["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| n["status"] != "waiting")
+            .then_some(())
+    });
+    f.server.crash_restart().unwrap();
+    let s = wait_for(Duration::from_secs(120), "the rollout to finish", || {
+        Some(status(&f.server)).filter(|s| s["state"] != "running")
+    });
+    if s["state"] != "done" {
+        let logs: Vec<String> = nodes.iter_mut().map(|n| n.proc().log()).collect();
+        panic!("{s}\n{}", logs.join("\n-----\n"));
+    }
+    for n in &nodes {
+        let upgrades: Vec<_> = f
+            .server
+            .commands(&n.id())
+            .into_iter()
+            .filter(|c| c.kind == "daemon.upgrade")
+            .collect();
+        assert_eq!(upgrades.len(), 1, "{upgrades:?}");
+        assert_eq!(upgrades[0].state, "succeeded", "{upgrades:?}");
+        assert_eq!(update_state(n)["floor"], 2);
+    }
+}
+
 #[test]
 fn aborting_cancels_upgrades_not_yet_dispatched() {
     let f = fleet();

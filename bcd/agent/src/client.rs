@@ -97,32 +97,93 @@ pub async fn renew_certificate(
     })
 }
 
+/// How long a release download keeps trying through transport failures
+/// (a gateway or the control plane restarting) before the upgrade fails.
+pub const FETCH_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether a failed call may work if tried again: anything but a refusal
+/// (a transport failure mid-call reaches us as Internal or Unknown, a
+/// server starting, stopping or full as Unavailable or ResourceExhausted).
+fn transient(code: tonic::Code) -> bool {
+    !matches!(
+        code,
+        tonic::Code::InvalidArgument
+            | tonic::Code::NotFound
+            | tonic::Code::AlreadyExists
+            | tonic::Code::PermissionDenied
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::OutOfRange
+            | tonic::Code::Unimplemented
+            | tonic::Code::Unauthenticated
+            | tonic::Code::DataLoss
+    )
+}
+
 /// Downloads a release over the node's own session credentials and checks
 /// it before anything is written: the manifest must verify against the
-/// release keys learned at join, and the binary must match it.
+/// release keys learned at join, and the binary must match it. Transport
+/// failures are tried again with back-off for [`FETCH_RETRY_FOR`]; a
+/// refusal or a release that does not verify fails at once.
 pub async fn fetch_release(
     identity: &Identity,
     sequence: u64,
 ) -> Result<(release::Manifest, Vec<u8>), String> {
+    let mut backoff = bcd_core::backoff::Backoff::new(bcd_core::backoff::BackoffConfig {
+        base: std::time::Duration::from_secs(1),
+        cap: std::time::Duration::from_secs(15),
+    });
+    let mut rng = bcd_core::SplitMix64::new(sequence ^ std::process::id() as u64);
+    let started = std::time::Instant::now();
+    loop {
+        let (e, again) = match download(identity, sequence).await {
+            Ok(resp) => return checked(identity, sequence, resp),
+            Err(e) => e,
+        };
+        if !again || started.elapsed() >= FETCH_RETRY_FOR {
+            return Err(e);
+        }
+        let delay = backoff.next_delay(&mut rng);
+        tracing::warn!(error = %e, retry_in = ?delay, "release download failed; trying again");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// One download attempt; on failure, why and whether to try again.
+async fn download(
+    identity: &Identity,
+    sequence: u64,
+) -> Result<bcd_proto::v1::FetchReleaseResponse, (String, bool)> {
     let config = tls::client_config(
         ServerTrust::Ca(identity.ca.clone()),
         Some(credentials(identity)),
     )
-    .map_err(|e| format!("{e:#}"))?;
+    .map_err(|e| (format!("{e:#}"), false))?;
     let channel = tls::connect(&identity.file.server, config)
         .await
-        .map_err(|e| bcd_sys::error::chain(&e))?;
-    let resp = JoinClient::new(channel)
+        .map_err(|e| (bcd_sys::error::chain(&e), true))?;
+    Ok(JoinClient::new(channel)
         .max_decoding_message_size(256 << 20)
         .fetch_release(bcd_proto::v1::FetchReleaseRequest { sequence })
         .await
         .map_err(|s| {
-            format!(
-                "the server did not hand out release {sequence}: {}",
-                s.message()
+            (
+                format!(
+                    "the server did not hand out release {sequence}: {}",
+                    s.message()
+                ),
+                transient(s.code()),
             )
         })?
-        .into_inner();
+        .into_inner())
+}
+
+/// A downloaded release, verified: its manifest against the fleet's
+/// release keys, its binary against the manifest.
+fn checked(
+    identity: &Identity,
+    sequence: u64,
+    resp: bcd_proto::v1::FetchReleaseResponse,
+) -> Result<(release::Manifest, Vec<u8>), String> {
     let keys: Vec<Vec<u8>> = identity
         .file
         .release_keys
