@@ -327,15 +327,34 @@ impl PostgresBackend {
     /// Begins a transaction with the store's clock.
     async fn begin<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
         let tx = conn.transaction().await?;
+        self.pin_clock(&tx).await?;
+        Ok(tx)
+    }
+
+    /// A read-only transaction at repeatable read: one consistent reading
+    /// of every table (the audit snapshot, a backup's dump).
+    async fn begin_consistent<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        self.pin_clock(&tx).await?;
+        Ok(tx)
+    }
+
+    /// With an injected clock, `compute_now()` answers it in `tx`.
+    async fn pin_clock(&self, tx: &Tx<'_>) -> Result<(), StoreError> {
         if let Some(clock) = &self.clock {
             execute(
-                &tx,
+                tx,
                 "SELECT set_config('bc.now_ms', $1, true)",
                 &[&clock.now_ms().to_string()],
             )
             .await?;
         }
-        Ok(tx)
+        Ok(())
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -807,22 +826,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
-        // One consistent reading of every table.
         let mut conn = self.pool.get().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        if let Some(clock) = &self.clock {
-            execute(
-                &tx,
-                "SELECT set_config('bc.now_ms', $1, true)",
-                &[&clock.now_ms().to_string()],
-            )
-            .await?;
-        }
+        let tx = self.begin_consistent(&mut conn).await?;
         let snap = audit::snapshot(&tx).await?;
         tx.commit().await?;
         Ok(snap)
@@ -853,22 +858,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn dump(&self) -> Result<Dump, StoreError> {
-        // One consistent reading of every table, as the audit snapshot.
         let mut conn = self.pool.get().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        if let Some(clock) = &self.clock {
-            execute(
-                &tx,
-                "SELECT set_config('bc.now_ms', $1, true)",
-                &[&clock.now_ms().to_string()],
-            )
-            .await?;
-        }
+        let tx = self.begin_consistent(&mut conn).await?;
         let dump = backups::dump(&tx).await?;
         tx.commit().await?;
         Ok(dump)
