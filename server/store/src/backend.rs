@@ -23,6 +23,7 @@ use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature}
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
+use crate::gateways::GatewayCredential;
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -49,6 +50,26 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError>;
 
     async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError>;
+
+    // ------------------------------------------------ gateway credentials
+
+    /// Adds a gateway credential (the SHA-256 of its secret); returns when
+    /// it was added. A name that is live already is refused.
+    async fn add_gateway_credential(
+        &self,
+        name: &str,
+        secret_sha256: &str,
+    ) -> Result<i64, TxError>;
+
+    async fn gateway_credential(
+        &self,
+        name: &str,
+    ) -> Result<Option<GatewayCredential>, StoreError>;
+
+    async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError>;
+
+    /// Revokes a live credential; false if there is none by that name.
+    async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError>;
 
     /// Creates a join token; returns its expiry.
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError>;

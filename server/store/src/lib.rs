@@ -33,6 +33,7 @@ pub mod clones;
 pub mod commands;
 pub mod error;
 pub mod events;
+pub mod gateways;
 pub mod images;
 pub mod inventory;
 pub mod leases;

@@ -41,6 +41,7 @@ mod bindings;
 pub mod cluster;
 mod commands;
 mod events;
+mod gateways;
 mod images;
 mod inventory;
 mod leases;
@@ -70,6 +71,7 @@ use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
+use crate::gateways::GatewayCredential;
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -99,6 +101,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0013_audit_chain.sql"),
     include_str!("migrations/0014_backups.sql"),
     include_str!("migrations/0015_cert_sightings.sql"),
+    include_str!("migrations/0017_gateway_credentials.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -431,6 +434,29 @@ impl Backend for PostgresBackend {
     async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
         tx!(self, |tx| tokens::operator_by_token(&tx, token_sha256)
             .await)
+    }
+
+    async fn add_gateway_credential(
+        &self,
+        name: &str,
+        secret_sha256: &str,
+    ) -> Result<i64, TxError> {
+        tx!(self, |tx| gateways::add(&tx, name, secret_sha256).await)
+    }
+
+    async fn gateway_credential(
+        &self,
+        name: &str,
+    ) -> Result<Option<GatewayCredential>, StoreError> {
+        tx!(self, |tx| gateways::get(&tx, name).await)
+    }
+
+    async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError> {
+        tx!(self, |tx| gateways::list(&tx).await)
+    }
+
+    async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
+        tx!(self, |tx| gateways::revoke(&tx, name).await)
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {

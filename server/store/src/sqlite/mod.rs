@@ -24,6 +24,7 @@ mod backups;
 mod bindings;
 mod commands;
 mod events;
+mod gateways;
 mod images;
 mod inventory;
 mod leases;
@@ -53,6 +54,7 @@ use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
+use crate::gateways::GatewayCredential;
 use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -81,6 +83,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0013_audit_chain.sql"),
     include_str!("migrations/0014_backups.sql"),
     include_str!("migrations/0015_cert_sightings.sql"),
+    include_str!("migrations/0017_gateway_credentials.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -364,6 +367,32 @@ impl Backend for SqliteBackend {
         let hash = token_sha256.to_string();
         self.read(move |c| tokens::operator_by_token(c, &hash))
             .await
+    }
+
+    async fn add_gateway_credential(
+        &self,
+        name: &str,
+        secret_sha256: &str,
+    ) -> Result<i64, TxError> {
+        let (name, hash) = (name.to_string(), secret_sha256.to_string());
+        self.write(move |c| gateways::add(c, &name, &hash)).await
+    }
+
+    async fn gateway_credential(
+        &self,
+        name: &str,
+    ) -> Result<Option<GatewayCredential>, StoreError> {
+        let name = name.to_string();
+        self.read(move |c| gateways::get(c, &name)).await
+    }
+
+    async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError> {
+        self.read(gateways::list).await
+    }
+
+    async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
+        let name = name.to_string();
+        self.write(move |c| gateways::revoke(c, &name)).await
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {

@@ -1,4 +1,4 @@
--- schema version 15
+-- schema version 16
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -70,6 +70,10 @@ fleet_events.at: bigint NOT NULL
 fleet_events.kind: text NOT NULL
 fleet_events.node_id: text NOT NULL
 fleet_events.detail: text NOT NULL
+gateway_credentials.name: text NOT NULL
+gateway_credentials.secret_sha256: text NOT NULL
+gateway_credentials.created_at: bigint NOT NULL
+gateway_credentials.revoked_at: bigint
 image_artifacts.sha256: text NOT NULL
 image_artifacts.bytes: bytea NOT NULL
 image_assignments.target: text NOT NULL
@@ -204,6 +208,7 @@ commands commands_node_id_seq_key: UNIQUE (node_id, seq)
 commands commands_pkey: PRIMARY KEY (id)
 controller_state controller_state_pkey: PRIMARY KEY (name)
 fleet_events fleet_events_pkey: PRIMARY KEY (id)
+gateway_credentials gateway_credentials_pkey: PRIMARY KEY (name)
 image_artifacts image_artifacts_pkey: PRIMARY KEY (sha256)
 image_assignments image_assignments_image_id_fkey: FOREIGN KEY (image_id) REFERENCES images(image_id)
 image_assignments image_assignments_pkey: PRIMARY KEY (target)
@@ -253,6 +258,7 @@ commands_state_deadline: CREATE INDEX commands_state_deadline ON public.commands
 controller_state_pkey: CREATE UNIQUE INDEX controller_state_pkey ON public.controller_state USING btree (name)
 fleet_events_node: CREATE INDEX fleet_events_node ON public.fleet_events USING btree (node_id, id)
 fleet_events_pkey: CREATE UNIQUE INDEX fleet_events_pkey ON public.fleet_events USING btree (id)
+gateway_credentials_pkey: CREATE UNIQUE INDEX gateway_credentials_pkey ON public.gateway_credentials USING btree (name)
 image_artifacts_pkey: CREATE UNIQUE INDEX image_artifacts_pkey ON public.image_artifacts USING btree (sha256)
 image_assignments_pkey: CREATE UNIQUE INDEX image_assignments_pkey ON public.image_assignments USING btree (target)
 images_pkey: CREATE UNIQUE INDEX images_pkey ON public.images USING btree (image_id)

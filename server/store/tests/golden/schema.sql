@@ -1,4 +1,4 @@
--- schema version 15
+-- schema version 16
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -137,6 +137,14 @@ CREATE TABLE fleet_events (
         node_id TEXT NOT NULL,
         detail  TEXT NOT NULL
     ) STRICT;
+
+-- table gateway_credentials
+CREATE TABLE gateway_credentials (
+    name          TEXT PRIMARY KEY,
+    secret_sha256 TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    revoked_at    INTEGER
+) STRICT;
 
 -- table image_artifacts
 CREATE TABLE image_artifacts (

@@ -14,6 +14,7 @@ pub mod bindings;
 pub mod commands;
 pub mod events;
 pub mod facts;
+pub mod gateways;
 pub mod images;
 pub mod liveness;
 pub mod races;
@@ -212,6 +213,7 @@ macro_rules! store_suite {
             facts::forged_facts_are_recorded_and_applied_nowhere,
             facts::a_report_from_an_older_session_changes_nothing,
             facts::deleting_a_node_keeps_a_signed_statement_with_its_certificates,
+            gateways::a_gateway_credential_is_live_once_and_a_revoked_name_starts_over,
             specs::expiring_specs_are_found_for_signing_again,
             commands::command_states_are_counted,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
