@@ -26,6 +26,7 @@
 pub mod api;
 pub mod backup;
 pub mod boot;
+pub mod certs;
 pub mod check;
 pub mod cli;
 pub mod client;
@@ -37,4 +38,5 @@ pub mod http;
 pub mod metrics;
 pub mod pki;
 pub mod serve;
+pub mod services;
 pub mod sim;

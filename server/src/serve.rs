@@ -16,16 +16,20 @@ use bc_store::liveness::LivenessRules;
 use bc_store::{Location, Store, SystemClock};
 use bcd_proto::tls;
 use bcd_proto::v1::{
-    admin_server::AdminServer, gateway_server::GatewayServer, join_server::JoinServer,
+    admin_server::AdminServer, gateway_server::GatewayServer,
+    gateway_services_server::GatewayServicesServer, join_server::JoinServer,
 };
 use ring::signature::KeyPair;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 use crate::api::auth::{OperatorAuth, operator_credential};
+use crate::api::gateway_port::GatewayPort;
 use crate::api::join::{CertPolicy, JoinService};
 use crate::api::{AdminService, MAX_REQUEST};
 use crate::gateway::admission::HandshakeBucket;
+use crate::gateway::credential::{self, GatewayCredential, ServingCert, UpstreamLink};
+use crate::gateway::port::{GatewayServices, NodeJoin, Upstream};
 use crate::gateway::{GatewayService, GatewayState, Timing};
 use crate::http::Observed;
 use crate::http::ready::Readiness;
@@ -52,6 +56,36 @@ pub struct ServeOptions {
     pub clock_offset_file: Option<PathBuf>,
     /// `/healthz`, `/readyz` and `/metrics` (off with `None`).
     pub http: Option<SocketAddr>,
+    /// What this process runs.
+    pub role: Role,
+}
+
+/// What a `serve` process runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Everything, holding the keys: the gateway, the join service and
+    /// its GatewayServices port, the operator API, the controllers and the
+    /// boot endpoint. The keys sit behind the signer boundary: the gateway
+    /// code reaches the join service only through its port.
+    All,
+    /// A gateway only, from a directory with no private key: node sessions
+    /// on the store, joins and renewals relayed to the key-holding
+    /// process named in the credential, releases from the store, the
+    /// keyless controllers (liveness, the command sweeper).
+    Gateway { credential: PathBuf },
+}
+
+/// The keys this process holds: all of them, or none.
+enum Keys {
+    Held {
+        ca: Arc<Ca>,
+        worker_key: Arc<ring::signature::Ed25519KeyPair>,
+    },
+    None {
+        serving: Arc<ServingCert>,
+        link: UpstreamLink,
+        ca: rustls_pki_types::CertificateDer<'static>,
+    },
 }
 
 /// Streams one connection may have open at once.
@@ -144,17 +178,39 @@ pub async fn serve(
     if sans.is_empty() {
         sans = vec!["localhost".into(), opts.listen.ip().to_string()];
     }
-    let ca = Arc::new(Ca::load_or_create(&opts.data_dir, &sans, now).context("fleet CA")?);
-    let worker_key = Arc::new(
-        crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
-            .context("worker signing key")?,
-    );
-    record_keys(&opts)?;
+    // The keys, for the role that holds them; a gateway gets its serving
+    // certificate for a key made in memory.
+    let keys = match &opts.role {
+        Role::All => {
+            let ca = Arc::new(Ca::load_or_create(&opts.data_dir, &sans, now).context("fleet CA")?);
+            let worker_key = Arc::new(
+                crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
+                    .context("worker signing key")?,
+            );
+            record_keys(&opts)?;
+            Keys::Held { ca, worker_key }
+        }
+        Role::Gateway { credential } => {
+            let cred = GatewayCredential::read(credential)?;
+            let certified =
+                credential::certify_at_start(&cred, &opts.sans, Duration::from_secs(60)).await?;
+            let serving = ServingCert::new(&certified)?;
+            let link = UpstreamLink::new(credential::upstream_channel(&cred, &certified).await?);
+            let ca = cred.ca()?;
+            tasks.push(tokio::spawn(credential::keep_certified(
+                cred,
+                opts.sans.clone(),
+                certified,
+                serving.clone(),
+                link.clone(),
+            )));
+            Keys::None { serving, link, ca }
+        }
+    };
     let listener = TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
     let addr = listener.local_addr()?;
-    let operators = operator_credential(&opts.data_dir, &store, &ca.cert, addr).await?;
 
     let gateway_id = opts
         .gateway_id
@@ -209,7 +265,7 @@ pub async fn serve(
     };
     // Controllers give their leases up on an orderly stop.
     let (stop_controllers, controllers_stop) = tokio::sync::watch::channel(false);
-    let controllers = vec![
+    let mut controllers = vec![
         tokio::spawn(crate::controllers::run_liveness(
             store.clone(),
             rules,
@@ -225,22 +281,27 @@ pub async fn serve(
             leases.clone(),
             controllers_stop.clone(),
         )),
-        tokio::spawn(crate::controllers::run_rollouts(
-            store.clone(),
-            worker_key.clone(),
-            gw.clone(),
-            rollouts.clone(),
-            leases.clone(),
-            controllers_stop.clone(),
-        )),
-        tokio::spawn(crate::controllers::run_specs(
-            store.clone(),
-            worker_key.clone(),
-            gw.clone(),
-            leases,
-            controllers_stop,
-        )),
     ];
+    // The controllers that sign run where the worker key is.
+    if let Keys::Held { worker_key, .. } = &keys {
+        controllers.extend([
+            tokio::spawn(crate::controllers::run_rollouts(
+                store.clone(),
+                worker_key.clone(),
+                gw.clone(),
+                rollouts.clone(),
+                leases.clone(),
+                controllers_stop.clone(),
+            )),
+            tokio::spawn(crate::controllers::run_specs(
+                store.clone(),
+                worker_key.clone(),
+                gw.clone(),
+                leases,
+                controllers_stop,
+            )),
+        ]);
+    }
     tasks.extend([
         tokio::spawn(crate::gateway::lease::keep(gw.clone())),
         tokio::spawn(crate::gateway::feeds::liveness(gw.clone())),
@@ -251,7 +312,14 @@ pub async fn serve(
         tokio::spawn(crate::gateway::feeds::work(gw.clone())),
     ]);
 
-    let config = tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?;
+    let config = match &keys {
+        Keys::Held { ca, .. } => {
+            tls::server_config(ca.serving_chain.clone(), ca.serving_key(), ca.cert.clone())?
+        }
+        Keys::None { serving, ca, .. } => {
+            tls::server_config_resolving(serving.clone(), ca.clone())?
+        }
+    };
     let incoming = tls::incoming(
         listener,
         config,
@@ -261,49 +329,70 @@ pub async fn serve(
         )),
         opts.timing.max_connections,
     );
-    let join = JoinService {
-        store: store.clone(),
-        ca: ca.clone(),
-        policy: opts.certs,
-        worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
-        worker_key: worker_key.clone(),
-        release_keys: Arc::new(opts.release_keys.clone()),
+    let node_join = |services: Arc<dyn GatewayServices>| {
+        JoinServer::new(NodeJoin {
+            services,
+            store: store.clone(),
+        })
+        .max_encoding_message_size(MAX_REQUEST)
     };
-    let admin = AdminService {
-        store: store.clone(),
-        ca_pin: ca.fingerprint(),
-        worker_key: worker_key.clone(),
-        release_keys: Arc::new(opts.release_keys.clone()),
-        image_keys: Arc::new(opts.boot.image_keys.clone()),
-        gateway: Some(gw.clone()),
-        rollouts,
-    };
-    let auth = OperatorAuth {
-        token_hashes: Arc::new(operators),
-    };
-    if let Some((boot_addr, task)) = crate::boot::start(opts.boot.clone(), store.clone()).await? {
-        println!("boot endpoint on {boot_addr}");
-        tasks.push(task);
-    }
-    println!("listening on {addr} as gateway {gateway_id}");
-    info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let mut router = tonic::transport::Server::builder()
         // A node holds one session stream and makes the odd unary call: a
         // connection gets a few streams, not the HTTP/2 default of
         // unlimited.
         .max_concurrent_streams(Some(MAX_STREAMS))
         .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
-        .add_service(GatewayServer::new(GatewayService { state: gw.clone() }))
-        .add_service(JoinServer::new(join).max_encoding_message_size(MAX_REQUEST))
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            AdminServer::new(admin).max_decoding_message_size(MAX_REQUEST),
-            auth,
-        ))
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
-        });
+        .add_service(GatewayServer::new(GatewayService { state: gw.clone() }));
+    match &keys {
+        Keys::Held { ca, worker_key } => {
+            let operators = operator_credential(&opts.data_dir, &store, &ca.cert, addr).await?;
+            let join = JoinService {
+                store: store.clone(),
+                ca: ca.clone(),
+                policy: opts.certs,
+                worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
+                worker_key: worker_key.clone(),
+                release_keys: Arc::new(opts.release_keys.clone()),
+            };
+            let admin = AdminService {
+                store: store.clone(),
+                ca_pin: ca.fingerprint(),
+                ca_der: Arc::new(ca.cert.to_vec()),
+                worker_key: worker_key.clone(),
+                release_keys: Arc::new(opts.release_keys.clone()),
+                image_keys: Arc::new(opts.boot.image_keys.clone()),
+                gateway: Some(gw.clone()),
+                rollouts,
+            };
+            let auth = OperatorAuth {
+                token_hashes: Arc::new(operators),
+            };
+            if let Some((boot_addr, task)) =
+                crate::boot::start(opts.boot.clone(), store.clone()).await?
+            {
+                println!("boot endpoint on {boot_addr}");
+                tasks.push(task);
+            }
+            router = router
+                .add_service(node_join(Arc::new(join.clone())))
+                .add_service(GatewayServicesServer::new(GatewayPort { join }))
+                .add_service(tonic::service::interceptor::InterceptedService::new(
+                    AdminServer::new(admin).max_decoding_message_size(MAX_REQUEST),
+                    auth,
+                ));
+            info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
+        }
+        Keys::None { link, .. } => {
+            router = router.add_service(node_join(Arc::new(Upstream { link: link.clone() })));
+            info!(%addr, gateway = %gateway_id, "serving as a gateway holding no key");
+        }
+    }
+    println!("listening on {addr} as gateway {gateway_id}");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stop_rx.await;
+    });
     let server = tokio::spawn(server);
     readiness.started();
     shutdown.await;

@@ -775,6 +775,11 @@ pub struct Fleet {
 
 /// A [`FAST`] server with a release key.
 pub fn fleet() -> Fleet {
+    fleet_with(&[])
+}
+
+/// A [`FAST`] server with a release key and the `serve` flags `extra`.
+pub fn fleet_with(extra: &[&str]) -> Fleet {
     let d = tempfile::tempdir().unwrap();
     let key = d.path().join("release.key");
     let out = Command::new(bin("better-compute"))
@@ -786,6 +791,7 @@ pub fn fleet() -> Fleet {
     let public = std::fs::read_to_string(d.path().join("release.key.pub")).unwrap();
     let mut args = FAST.to_vec();
     args.extend(["--release-pubkey", public.trim()]);
+    args.extend(extra);
     let server = Server::start(&d.path().join("server"), &args).unwrap();
     Fleet { d, server, key }
 }

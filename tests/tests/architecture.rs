@@ -40,6 +40,44 @@ fn the_server_layers_point_down() {
     }
 }
 
+/// The signer boundary: the gateway's code reaches no key. It names
+/// nothing in `pki` (the fleet CA, the worker key, what it signs), nor the
+/// join service, its port server or the operator credential in `api`; it
+/// reaches the join service only through `gateway::port`.
+#[test]
+fn the_gateway_reaches_no_key() {
+    let dir = workspace().join("server/src/gateway");
+    let mut seen = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        seen += 1;
+        for banned in [
+            "crate::pki",
+            "pki::",
+            "api::join",
+            "api::gateway_port",
+            "api::auth",
+            "Ed25519KeyPair",
+            "worker_key",
+            "ca.key",
+            "AdminService",
+        ] {
+            assert!(!text.contains(banned), "{} names {banned}", path.display());
+        }
+    }
+    assert!(seen >= 8, "the gateway's files were read");
+    let g = top_level(&workspace().join("server/src")).unwrap();
+    assert!(
+        !g.edges
+            .get("gateway")
+            .cloned()
+            .unwrap_or_default()
+            .contains("pki"),
+        "gateway names pki"
+    );
+}
+
 /// The store's dependencies: no tonic, no protobuf, no certificates, no
 /// HTTP. A backend is SQL plus the shared decisions.
 #[test]

@@ -11,8 +11,8 @@ use bc_store::specs::FactApplied;
 use bc_tests::hostile::{Hostile, HostileSession, fact};
 use bc_tests::{Node, Server, foreign_worker_key, setup_connected, wait_for};
 use bcd_proto::v1::{self, node_message::Msg as N, server_message::Msg as S};
+use better_compute::certs::verify_node_signature;
 use better_compute::gateway::facts;
-use better_compute::pki::verify_node_signature;
 use prost::Message;
 
 /// How long a node may take to dial again after a refused session (its

@@ -55,12 +55,23 @@ pub struct Renewed {
     pub next: NextCert,
 }
 
+/// The current node key and what its renewal proof names.
+#[derive(Debug)]
+pub struct Current {
+    pub identity: tls::ClientIdentity,
+    pub key_pem: String,
+    pub node_id: String,
+    /// The node's estimate of the server's time now.
+    pub server_now_ms: i64,
+}
+
 /// Renew: a new key, proven by its CSR, over a session authenticated with
-/// the current certificate.
+/// the current certificate, and a proof of possession of the current key
+/// (`bcd_proto::renew`) for a join service behind a gateway.
 pub async fn renew_certificate(
     server: &str,
     ca: CertificateDer<'static>,
-    current: tls::ClientIdentity,
+    current: Current,
     hostname: &str,
 ) -> Result<Renewed, String> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
@@ -69,14 +80,22 @@ pub async fn renew_certificate(
     dn.push(DnType::CommonName, hostname);
     params.distinguished_name = dn;
     let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
-    let config =
-        tls::client_config(ServerTrust::Ca(ca), Some(current)).map_err(|e| format!("{e:#}"))?;
+    let csr_der = csr.der().to_vec();
+    let statement = bcd_proto::renew::statement(&current.node_id, current.server_now_ms, &csr_der);
+    let proof = KeyPair::from_pem(&current.key_pem)
+        .and_then(|k| rcgen::SigningKey::sign(&k, &statement))
+        .map_err(|e| format!("cannot sign the renewal with the current node key: {e}"))?;
+    let config = tls::client_config(ServerTrust::Ca(ca), Some(current.identity))
+        .map_err(|e| format!("{e:#}"))?;
     let channel = tls::connect(server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let resp = JoinClient::new(channel)
         .renew(bcd_proto::v1::RenewRequest {
-            csr_der: csr.der().to_vec(),
+            csr_der,
+            proof,
+            proof_time_ms: current.server_now_ms,
+            node_id: current.node_id,
         })
         .await
         .map_err(|s| format!("the server refused the renewal: {}", s.message()))?

@@ -17,6 +17,7 @@
 pub mod json;
 pub mod reenrol;
 pub mod refusal;
+pub mod renew;
 pub mod sign;
 pub mod tls;
 pub mod token;

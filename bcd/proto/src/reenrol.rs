@@ -66,18 +66,25 @@ pub fn valid_node_id(node_id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// Whether `signature` has the shape of an ECDSA P-256 signature in ASN.1
+/// DER (its length, and a SEQUENCE whose length is the rest of the bytes);
+/// what is wrong if not.
+pub fn signature_shape(signature: &[u8]) -> Result<(), &'static str> {
+    if !(MIN_SIGNATURE..=MAX_SIGNATURE).contains(&signature.len()) {
+        return Err("the signature's length");
+    }
+    if signature[0] != 0x30 || usize::from(signature[1]) != signature.len() - 2 {
+        return Err("the signature is not an ASN.1 ECDSA signature");
+    }
+    Ok(())
+}
+
 /// Validates the proof a join request carries.
 pub fn proof(p: &v1::PreviousIdentity) -> Result<Proof, BadProof> {
     if !valid_node_id(&p.node_id) {
         return Err(BadProof("the node id"));
     }
-    if !(MIN_SIGNATURE..=MAX_SIGNATURE).contains(&p.signature.len()) {
-        return Err(BadProof("the signature's length"));
-    }
-    // An ASN.1 SEQUENCE whose length is the rest of the bytes.
-    if p.signature[0] != 0x30 || usize::from(p.signature[1]) != p.signature.len() - 2 {
-        return Err(BadProof("the signature is not an ASN.1 ECDSA signature"));
-    }
+    signature_shape(&p.signature).map_err(BadProof)?;
     Ok(Proof {
         node_id: p.node_id.clone(),
         signature: p.signature.clone(),

@@ -222,18 +222,35 @@ pub fn server_config(
     key: PrivateKeyDer<'static>,
     client_ca: CertificateDer<'static>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = server_builder(client_ca)?.with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Server configuration whose certificate `resolver` picks at each
+/// handshake (one that is renewed while the server runs); client
+/// certificates verified against `client_ca` when presented.
+pub fn server_config_resolving(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    client_ca: CertificateDer<'static>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = server_builder(client_ca)?.with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn server_builder(
+    client_ca: CertificateDer<'static>,
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, TlsError> {
     let provider = provider();
     let mut roots = RootCertStore::empty();
     roots.add(client_ca)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
         .build()?;
-    let mut config = ServerConfig::builder_with_provider(provider)
+    Ok(ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+        .with_client_cert_verifier(verifier))
 }
 
 #[cfg(feature = "server")]

@@ -297,6 +297,43 @@ fn refusals_statements_and_join() {
     );
 }
 
+/// What a node sends to renew, and what a gateway relays to the join
+/// service's port.
+#[test]
+fn renewal_and_gateway_services() {
+    let request = v1::RenewRequest {
+        csr_der: vec![0x30, 0x82, 0x01],
+        proof: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
+        proof_time_ms: 1_790_000_000_000,
+        node_id: "nd-0f3a9c".into(),
+    };
+    check("renew_request", &request);
+    check(
+        "forwarded_renew",
+        &v1::ForwardedRenew {
+            node_cert_der: vec![0x30, 0x82, 0x02],
+            request: Some(request),
+        },
+    );
+    check(
+        "certify_request",
+        &v1::CertifyRequest {
+            name: "gw-edge".into(),
+            secret: "bcg1.0123".into(),
+            csr_der: vec![0x30, 0x82, 0x03],
+            names: vec!["gw.example".into(), "10.0.0.7".into()],
+        },
+    );
+    check(
+        "certify_response",
+        &v1::CertifyResponse {
+            chain_der: vec![vec![0x30, 0x82], vec![0x30, 0x81]],
+            not_after_ms: 1_792_592_000_000,
+            server_time_ms: 1_790_000_000_000,
+        },
+    );
+}
+
 #[test]
 fn operator_messages() {
     check(

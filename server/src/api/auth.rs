@@ -58,18 +58,6 @@ impl tonic::service::Interceptor for OperatorAuth {
     }
 }
 
-fn pem(der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
-}
-
 /// Writes the operator credential on first start; afterwards keeps its
 /// server address current. Returns the operator token hashes.
 pub async fn operator_credential(
@@ -101,7 +89,7 @@ pub async fn operator_credential(
             .await?;
         let c = OperatorCredential {
             server,
-            ca_pem: pem(ca_der),
+            ca_pem: files::pem_certificate(ca_der),
             token,
         };
         files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;

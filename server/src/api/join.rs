@@ -2,8 +2,10 @@
 //! node with a certificate (`Join`), or, with a proof of a previous
 //! identity (`bcd_proto::reenrol`), into that node again at its next
 //! identity generation with its earlier certificates revoked; renews
-//! certificates for nodes that prove their current one (`Renew`), and
-//! hands releases to nodes (`FetchRelease`). It holds the fleet CA.
+//! certificates for nodes that prove their current one (`Renew`). It holds
+//! the fleet CA, and gateways reach it through their GatewayServices port
+//! (`crate::services`): in this process, or over mutual TLS
+//! ([`crate::api::gateway_port`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,19 +13,17 @@ use std::time::Duration;
 use bc_store::Refusal;
 use bc_store::nodes::{IssuedCert, REENROLLED};
 use bc_store::tokens::{JoinInput, PreviousProof};
-use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
-use bcd_proto::v1::{
-    FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, RenewRequest,
-    RenewResponse, ReplayFloors, join_server::Join,
-};
+use bcd_proto::v1::{JoinRequest, JoinResponse, RenewRequest, RenewResponse, ReplayFloors};
 use ring::signature::Ed25519KeyPair;
-use tonic::{Request, Response, Status};
-use tracing::info;
+use tonic::Status;
+use tracing::{info, warn};
 
-use super::status::{Turned, bad_request, refusal, status, turned, unavailable};
+use super::status::{bad_request, status, unavailable};
+use crate::certs::verify_node_signature;
 use crate::pki::Ca;
 use crate::pki::ca::IssueError;
+use crate::services::GatewayServices;
 
 #[derive(Debug, Clone, Copy)]
 pub struct CertPolicy {
@@ -85,16 +85,19 @@ fn issue(
     })
 }
 
-fn peer_fingerprint<T>(r: &Request<T>) -> Option<String> {
-    r.extensions()
-        .get::<PeerInfo>()
-        .and_then(|p| p.cert_fingerprint.clone())
+/// Whether a renewal must carry its proof of possession: one relayed by a
+/// gateway in another process must; one whose TLS session ended in this
+/// process (the handshake proved the key) may come without it, from a node
+/// older than the proof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    Required,
+    IfPresent,
 }
 
 #[tonic::async_trait]
-impl Join for JoinService {
-    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let r = request.into_inner();
+impl GatewayServices for JoinService {
+    async fn join(&self, r: JoinRequest) -> Result<JoinResponse, Status> {
         let (id, secret) = JoinToken::split_credential(&r.token)
             .ok_or_else(|| bad_request(MalformedToken.to_string()))?;
         let ttl = self.policy.ttl(r.ramdisk);
@@ -114,7 +117,7 @@ impl Join for JoinService {
             message: bcd_proto::reenrol::statement(&p.node_id, id, &r.csr_der),
             node_id: p.node_id,
             signature: p.signature,
-            verify: crate::pki::ca::verify_node_signature,
+            verify: verify_node_signature,
         });
         let (ca, csr) = (self.ca.clone(), r.csr_der);
         let issue_cert: bc_store::tokens::IssueCert =
@@ -139,7 +142,7 @@ impl Join for JoinService {
         } else {
             info!(node = %joined.node_id, serial = %cert.serial, "node joined");
         }
-        Ok(Response::new(JoinResponse {
+        Ok(JoinResponse {
             node_id: joined.node_id,
             cert_der: cert.der,
             ca_der: self.ca.cert.to_vec(),
@@ -153,46 +156,66 @@ impl Join for JoinService {
                 command_seq: joined.command_seq_floor,
                 spec_generation: joined.spec_generation_floor,
             }),
-        }))
-    }
-
-    async fn fetch_release(
-        &self,
-        request: Request<FetchReleaseRequest>,
-    ) -> Result<Response<FetchReleaseResponse>, Status> {
-        let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
-            turned(Turned::NoCertificate(
-                "releases are for nodes: present the node certificate",
-            ))
-        })?;
-        let sequence = request.into_inner().sequence;
-        self.store.check_cert(&fingerprint).await.map_err(status)?;
-        let files = self
-            .store
-            .release(sequence)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| {
-                refusal(Refusal::NotFound(format!(
-                    "no release with sequence {sequence}"
-                )))
-            })?;
-        Ok(Response::new(FetchReleaseResponse {
-            signed_manifest: files.signed_manifest,
-            binary: files.binary,
-        }))
+        })
     }
 
     async fn renew(
         &self,
-        request: Request<RenewRequest>,
-    ) -> Result<Response<RenewResponse>, Status> {
-        let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
-            turned(Turned::NoCertificate(
-                "renewal needs the current node certificate",
-            ))
-        })?;
-        let csr = request.into_inner().csr_der;
+        node_cert_der: Vec<u8>,
+        request: RenewRequest,
+    ) -> Result<RenewResponse, Status> {
+        self.renew_with(&node_cert_der, request, Proof::IfPresent)
+            .await
+    }
+}
+
+impl JoinService {
+    /// Renews the certificate `node_cert_der` for the key of the request's
+    /// CSR, once the proof of possession (as `rule` asks) holds: made by
+    /// that certificate's key, for the node it names, within a minute of
+    /// the store's time.
+    pub async fn renew_with(
+        &self,
+        node_cert_der: &[u8],
+        r: RenewRequest,
+        rule: Proof,
+    ) -> Result<RenewResponse, Status> {
+        let proof = bcd_proto::renew::proof(&r).map_err(|e| bad_request(e.to_string()))?;
+        match (&proof, rule) {
+            (None, Proof::Required) => {
+                return Err(bad_request(
+                    "a renewal through a gateway needs a proof of possession of the current \
+                     node key, which this bcd does not send: upgrade bcd, or let it renew \
+                     against the control plane itself",
+                ));
+            }
+            (None, Proof::IfPresent) => {}
+            (Some(p), _) => {
+                let named = crate::certs::named(node_cert_der, "urn:bc:node:").map(|(id, _)| id);
+                if named.as_deref() != Some(p.node_id.as_str()) {
+                    warn!(node = %p.node_id, "a renewal's proof names another node than its certificate");
+                    return Err(bad_request(
+                        "the renewal's proof names another node than the certificate",
+                    ));
+                }
+                if !verify_node_signature(node_cert_der, &p.statement, &p.signature) {
+                    warn!(node = %p.node_id, "a renewal's proof of possession does not verify");
+                    return Err(bad_request(
+                        "the renewal's proof of possession was not made by the current node key",
+                    ));
+                }
+                let now = self.store.now().await.map_err(unavailable)?;
+                if !bcd_proto::renew::fresh(p.time_ms, now) {
+                    return Err(bad_request(format!(
+                        "the renewal's proof is dated {}s away from the server's time (60s at \
+                         most): the node retries with a fresh one",
+                        (p.time_ms - now) / 1000
+                    )));
+                }
+            }
+        }
+        let fingerprint = bcd_proto::fingerprint(node_cert_der);
+        let csr = r.csr_der;
         let (ca, policy) = (self.ca.clone(), self.policy);
         let renewed = self
             .store
@@ -206,11 +229,11 @@ impl Join for JoinService {
             .map_err(status)?;
         let cert = renewed.cert;
         info!(node = %renewed.node_id, serial = %cert.serial, "certificate renewed");
-        Ok(Response::new(RenewResponse {
+        Ok(RenewResponse {
             cert_der: cert.der,
             cert_serial: cert.serial,
             not_after_ms: cert.not_after_ms,
             server_time_ms: renewed.now_ms,
-        }))
+        })
     }
 }

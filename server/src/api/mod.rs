@@ -9,6 +9,8 @@
 
 pub mod auth;
 pub mod commands;
+pub mod gateway_port;
+pub mod gateways;
 pub mod images;
 pub mod join;
 pub mod nodes;
@@ -37,6 +39,8 @@ pub trait Wake: Send + Sync + std::fmt::Debug {
 pub struct AdminService {
     pub store: Store,
     pub ca_pin: String,
+    /// The fleet CA certificate (DER), for gateway credentials.
+    pub ca_der: Arc<Vec<u8>>,
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
     /// Release public keys: what `releases register` accepts.
     pub release_keys: Arc<Vec<Vec<u8>>>,
@@ -71,6 +75,26 @@ impl Admin for AdminService {
         r: Request<v1::CreateTokenRequest>,
     ) -> Reply<v1::CreateTokenResponse> {
         tokens::create(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn add_gateway(
+        &self,
+        r: Request<v1::AddGatewayRequest>,
+    ) -> Reply<v1::AddGatewayResponse> {
+        gateways::add(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_gateways(
+        &self,
+        _: Request<v1::ListGatewaysRequest>,
+    ) -> Reply<v1::ListGatewaysResponse> {
+        gateways::list(self).await.map(Response::new)
+    }
+
+    async fn revoke_gateway(&self, r: Request<v1::RevokeGatewayRequest>) -> Reply<v1::GatewayInfo> {
+        gateways::revoke(self, r.into_inner())
             .await
             .map(Response::new)
     }

@@ -8,6 +8,7 @@ mod backup;
 mod check;
 mod commands;
 mod doctor;
+mod gateways;
 mod images;
 mod nodes;
 pub mod output;
@@ -67,6 +68,11 @@ enum Command {
     Releases {
         #[command(subcommand)]
         command: releases::ReleasesCommand,
+    },
+    /// Credentials of gateway processes that hold no key.
+    Gateways {
+        #[command(subcommand)]
+        command: gateways::GatewaysCommand,
     },
     /// Join tokens.
     Tokens {
@@ -188,6 +194,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|()| done),
         Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
+        Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,
         Command::Releases { command } => releases::run(command, &target).await.map(|()| done),

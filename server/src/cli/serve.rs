@@ -6,10 +6,24 @@ use std::time::Duration;
 use super::dur;
 use crate::api::join::CertPolicy;
 use crate::gateway::Timing;
-use crate::serve::ServeOptions;
+use crate::serve::{Role, ServeOptions};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoleArg {
+    /// Everything in one process, holding the keys.
+    All,
+    /// A gateway only, holding no key (needs --credential).
+    Gateway,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// What this process runs.
+    #[arg(long, value_enum, default_value_t = RoleArg::All)]
+    role: RoleArg,
+    /// For --role gateway: the credential from `better-compute gateways add`.
+    #[arg(long, required_if_eq("role", "gateway"))]
+    credential: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1:7443")]
     listen: std::net::SocketAddr,
     /// Extra DNS names or IPs for the serving certificate.
@@ -76,6 +90,16 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let http = crate::http::parse_listen(&a.http_listen).map_err(anyhow::Error::msg)?;
+    let role = match (a.role, a.credential) {
+        (RoleArg::All, None) => Role::All,
+        (RoleArg::All, Some(_)) => {
+            anyhow::bail!("--credential is for --role gateway; the default role holds the keys")
+        }
+        (RoleArg::Gateway, Some(credential)) => Role::Gateway { credential },
+        (RoleArg::Gateway, None) => anyhow::bail!(
+            "--role gateway needs --credential FILE (from better-compute gateways add)"
+        ),
+    };
     let timing = Timing {
         heartbeat: a.heartbeat_interval,
         gateway_lease_ttl: a.gateway_lease_ttl,
@@ -104,6 +128,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
             boot: a.boot,
             clock_offset_file: a.clock_offset_file,
             http,
+            role,
         },
         super::shutdown_signal(),
     )

@@ -17,12 +17,21 @@
 //!   permits.
 //! - [`facts`]: the node's signed facts (results, state reports,
 //!   inventory), decoded for the store to judge.
+//! - [`port`]: what the gateway needs from the process holding the keys
+//!   (join, renewal) and the node-facing join service built on it.
+//! - [`credential`]: a gateway that holds no key: its credential and the
+//!   serving certificate it gets for a key made in memory.
+//!
+//! Nothing here reaches a private key of the control plane: the gateway
+//! relays signed bytes from the store and forwards joins and renewals.
 
 pub mod admission;
+pub mod credential;
 pub mod facts;
 pub mod feeds;
 pub mod lease;
 pub mod lifetime;
+pub mod port;
 pub mod session;
 
 use std::collections::HashMap;

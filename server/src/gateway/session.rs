@@ -444,7 +444,7 @@ impl Session<'_> {
                         node,
                         self.epoch,
                         &section,
-                        crate::pki::verify_node_signature,
+                        crate::certs::verify_node_signature,
                     )
                     .await
                 {
@@ -488,7 +488,7 @@ impl Session<'_> {
                     .metrics
                     .timed(
                         "command_result",
-                        store.command_result(node, &r, crate::pki::verify_node_signature),
+                        store.command_result(node, &r, crate::certs::verify_node_signature),
                     )
                     .await
                 {
@@ -566,7 +566,7 @@ impl Session<'_> {
                     signature: b.signature,
                 };
                 match store
-                    .record_binding(&input, crate::pki::verify_node_signature)
+                    .record_binding(&input, crate::certs::verify_node_signature)
                     .await
                 {
                     Ok(BindingOutcome::Accepted) => debug!("binding accepted"),
@@ -583,7 +583,7 @@ impl Session<'_> {
             Some(node_message::Msg::StateReport(signed)) => {
                 let report = facts::state_report(signed);
                 match store
-                    .put_state_report(node, &report, crate::pki::verify_node_signature)
+                    .put_state_report(node, &report, crate::certs::verify_node_signature)
                     .await
                 {
                     Ok(FactApplied::Applied | FactApplied::Stale) => {}

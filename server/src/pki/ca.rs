@@ -219,25 +219,76 @@ impl Ca {
     }
 }
 
+/// A serving certificate issued to a gateway process that holds no key
+/// of ours: its chain (leaf, then the fleet CA) and when it runs out.
+#[derive(Debug)]
+pub struct GatewayCert {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub not_after_ms: i64,
+}
+
+/// How long a gateway's serving certificate lasts.
+pub const GATEWAY_CERT_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+/// How far a gateway certificate's not-before is back-dated.
+pub const GATEWAY_BACKDATE_MS: i64 = 300_000;
+
+impl Ca {
+    /// Issues a serving certificate, also good as a client certificate
+    /// towards the GatewayServices port, to the key of `csr_der` for the
+    /// gateway `name`: the name every node checks
+    /// ([`bcd_proto::GATEWAY_NAME`]), the extra `names`, and
+    /// `urn:bc:gateway:NAME`.
+    pub fn issue_gateway_cert(
+        &self,
+        csr_der: &[u8],
+        name: &str,
+        names: &[String],
+        now_ms: i64,
+    ) -> Result<GatewayCert, IssueError> {
+        let csr =
+            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+                .map_err(|_| IssueError::Csr(CsrError::Invalid))?;
+        let mut all = vec![bcd_proto::GATEWAY_NAME.to_string()];
+        all.extend(names.iter().cloned());
+        let mut params = CertificateParams::new(all).map_err(CaError::from)?;
+        params.subject_alt_names.push(SanType::URI(
+            format!("{GATEWAY_URI}{name}")
+                .try_into()
+                .map_err(CaError::from)?,
+        ));
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("better-compute gateway {name}"));
+        params.distinguished_name = dn;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let not_after_ms = now_ms + GATEWAY_CERT_TTL.as_millis() as i64;
+        params.not_before = offset(now_ms - GATEWAY_BACKDATE_MS);
+        params.not_after = offset(not_after_ms);
+        params.serial_number = Some(random_serial().0);
+        let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key).map_err(CaError::from)?;
+        let cert = params
+            .signed_by(&csr.public_key, &issuer)
+            .map_err(CaError::from)?;
+        Ok(GatewayCert {
+            chain: vec![cert.der().clone(), self.cert.clone()],
+            not_after_ms,
+        })
+    }
+}
+
+/// The URI a gateway certificate names its gateway by.
+pub const GATEWAY_URI: &str = "urn:bc:gateway:";
+
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
     #[error(transparent)]
     Csr(#[from] CsrError),
     #[error(transparent)]
     Ca(#[from] CaError),
-}
-
-/// Whether `signature` (ECDSA P-256, ASN.1 DER) over `message` was made by
-/// the key of a node certificate.
-pub fn verify_node_signature(cert_der: &[u8], message: &[u8], signature: &[u8]) -> bool {
-    use x509_parser::prelude::FromDer;
-    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(cert_der) else {
-        return false;
-    };
-    let key = cert.public_key().subject_public_key.data.as_ref();
-    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_ASN1, key)
-        .verify(message, signature)
-        .is_ok()
 }
 
 #[cfg(test)]

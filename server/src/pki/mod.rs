@@ -10,4 +10,4 @@ pub mod ca;
 pub mod seal;
 pub mod worker;
 
-pub use ca::{Ca, verify_node_signature};
+pub use ca::Ca;

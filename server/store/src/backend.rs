@@ -55,16 +55,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Adds a gateway credential (the SHA-256 of its secret); returns when
     /// it was added. A name that is live already is refused.
-    async fn add_gateway_credential(
-        &self,
-        name: &str,
-        secret_sha256: &str,
-    ) -> Result<i64, TxError>;
+    async fn add_gateway_credential(&self, name: &str, secret_sha256: &str)
+    -> Result<i64, TxError>;
 
-    async fn gateway_credential(
-        &self,
-        name: &str,
-    ) -> Result<Option<GatewayCredential>, StoreError>;
+    async fn gateway_credential(&self, name: &str)
+    -> Result<Option<GatewayCredential>, StoreError>;
 
     async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError>;
 

@@ -14,14 +14,20 @@ use crate::client::{self, Renewed};
 use bcd_proto::tls::ClientIdentity;
 
 impl Agent {
-    /// Starts an attempt with the current certificate.
-    pub(super) fn spawn_renewal(&self) -> JoinHandle<Result<Renewed, String>> {
+    /// Starts an attempt with the current certificate, at server time
+    /// `server_now_ms` (what the proof of possession is dated).
+    pub(super) fn spawn_renewal(&self, server_now_ms: i64) -> JoinHandle<Result<Renewed, String>> {
         info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
         let server = self.identity.file.server.clone();
         let ca = self.identity.ca.clone();
-        let current = ClientIdentity {
-            chain: vec![self.identity.cert.clone()],
-            key: self.identity.private_key(),
+        let current = client::Current {
+            identity: ClientIdentity {
+                chain: vec![self.identity.cert.clone()],
+                key: self.identity.private_key(),
+            },
+            key_pem: self.identity.key_pem.clone(),
+            node_id: self.identity.file.node_id.clone(),
+            server_now_ms,
         };
         let hostname = self.machine.host.hostname();
         tokio::spawn(

@@ -169,7 +169,8 @@ impl Agent {
                 Instant::now() + renewal.wait(now, server_now, self.identity.cert_life());
             tokio::select! {
                 _ = tokio::time::sleep_until(renew_due), if renewing.is_none() => {
-                    renewing = Some(self.spawn_renewal());
+                    let server_now = session.clock().now_or_mark(self.now());
+                    renewing = Some(self.spawn_renewal(server_now));
                 }
                 r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
                     renewing = None;

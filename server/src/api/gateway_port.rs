@@ -1,0 +1,176 @@
+//! The GatewayServices port as the key-holding process serves it, for
+//! gateway processes that hold no key.
+//!
+//! `Certify` takes a gateway's credential (its name and secret, whose
+//! SHA-256 the store keeps: `bc_store::gateways`) and a CSR for a key the
+//! gateway made in memory, and issues a serving certificate naming it.
+//! `Join` and `Renew` take that certificate as the TLS client certificate:
+//! its name must have a live credential that was added no later than the
+//! certificate was issued. A relayed renewal must prove possession of the
+//! node's current key (`Proof::Required`), so a gateway cannot mint a
+//! certificate for a key of its own; a relayed join spends the node's
+//! token as a direct one would.
+
+use std::sync::Arc;
+
+use bc_store::gateways::valid_name;
+use bcd_proto::tls::PeerInfo;
+use bcd_proto::v1::{
+    CertifyRequest, CertifyResponse, ForwardedRenew, JoinRequest, JoinResponse, RefusalReason,
+    RenewResponse, gateway_services_server::GatewayServices as Port,
+};
+use tonic::{Code, Request, Response, Status};
+use tracing::{info, warn};
+
+use super::join::{JoinService, Proof};
+use super::status::{bad_request, typed, unavailable};
+use crate::pki::ca::{GATEWAY_BACKDATE_MS, GATEWAY_URI, IssueError};
+use crate::services::GatewayServices;
+
+/// Extra names a gateway may ask its certificate for, and their length.
+const MAX_NAMES: usize = 16;
+const MAX_NAME_LEN: usize = 253;
+
+#[derive(Debug, Clone)]
+pub struct GatewayPort {
+    pub join: JoinService,
+}
+
+fn denied(message: impl Into<String>) -> Status {
+    typed(
+        Code::PermissionDenied,
+        RefusalReason::UnknownToken,
+        message,
+        vec![],
+    )
+}
+
+fn unauthenticated(message: impl Into<String>) -> Status {
+    typed(
+        Code::Unauthenticated,
+        RefusalReason::NoCertificate,
+        message,
+        vec![],
+    )
+}
+
+impl GatewayPort {
+    /// The gateway the request's client certificate names, if its
+    /// credential still admits that certificate.
+    async fn gateway<T>(&self, r: &Request<T>) -> Result<String, Status> {
+        let cert: Arc<_> = r
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.cert.clone())
+            .ok_or_else(|| unauthenticated("the gateway services need a gateway's certificate"))?;
+        let (name, not_before_ms) = crate::certs::named(&cert, GATEWAY_URI)
+            .ok_or_else(|| unauthenticated("this certificate names no gateway"))?;
+        let credential = self
+            .join
+            .store
+            .gateway_credential(&name)
+            .await
+            .map_err(unavailable)?;
+        match credential {
+            // A certificate's times are whole seconds: the issue time is
+            // known to within one.
+            Some(c) if c.admits(not_before_ms + GATEWAY_BACKDATE_MS + 999) => Ok(name),
+            _ => {
+                warn!(gateway = %name, not_before_ms, credential = ?credential.as_ref().map(|c| (c.created_ms, c.revoked_ms)), "a gateway certificate without a live credential was refused");
+                Err(unauthenticated(format!(
+                    "gateway {name}'s credential was revoked or replaced: add it again \
+                     (better-compute gateways add {name}) and restart that gateway"
+                )))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Port for GatewayPort {
+    async fn certify(
+        &self,
+        request: Request<CertifyRequest>,
+    ) -> Result<Response<CertifyResponse>, Status> {
+        let r = request.into_inner();
+        if !valid_name(&r.name) {
+            return Err(bad_request(
+                "a gateway name is 1 to 63 of a-z, 0-9 and -, not starting with -",
+            ));
+        }
+        if r.names.len() > MAX_NAMES
+            || r.names
+                .iter()
+                .any(|n| n.is_empty() || n.len() > MAX_NAME_LEN)
+        {
+            return Err(bad_request(format!(
+                "a gateway certificate takes at most {MAX_NAMES} extra names of at most \
+                 {MAX_NAME_LEN} characters"
+            )));
+        }
+        let store = &self.join.store;
+        let credential = store
+            .gateway_credential(&r.name)
+            .await
+            .map_err(unavailable)?;
+        let known = credential.is_some_and(|c| {
+            c.revoked_ms.is_none() && c.secret_sha256 == bcd_proto::fingerprint(r.secret.as_bytes())
+        });
+        if !known {
+            warn!(gateway = %r.name, "a gateway credential was refused");
+            return Err(denied(format!(
+                "the credential of gateway {} is not known to this server (revoked, replaced or \
+                 mistyped): add one with better-compute gateways add {}",
+                r.name, r.name
+            )));
+        }
+        let now = store.now().await.map_err(unavailable)?;
+        let cert = self
+            .join
+            .ca
+            .issue_gateway_cert(&r.csr_der, &r.name, &r.names, now)
+            .map_err(|e| match e {
+                IssueError::Csr(e) => bad_request(e.to_string()),
+                IssueError::Ca(e) => {
+                    warn!(error = %format!("{e:#}"), "cannot issue a gateway certificate");
+                    bad_request(
+                        "cannot issue a certificate for these names: give DNS names or IP \
+                         addresses",
+                    )
+                }
+            })?;
+        info!(gateway = %r.name, "gateway certificate issued");
+        Ok(Response::new(CertifyResponse {
+            chain_der: cert.chain.into_iter().map(|c| c.to_vec()).collect(),
+            not_after_ms: cert.not_after_ms,
+            server_time_ms: now,
+        }))
+    }
+
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        self.gateway(&request).await?;
+        GatewayServices::join(&self.join, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        request: Request<ForwardedRenew>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let gateway = self.gateway(&request).await?;
+        let r = request.into_inner();
+        let renewal = r
+            .request
+            .ok_or_else(|| bad_request("a forwarded renewal carries the node's request"))?;
+        self.join
+            .renew_with(&r.node_cert_der, renewal, Proof::Required)
+            .await
+            .inspect_err(|e| {
+                if e.code() == Code::InvalidArgument {
+                    warn!(%gateway, error = %e.message(), "a relayed renewal was refused");
+                }
+            })
+            .map(Response::new)
+    }
+}

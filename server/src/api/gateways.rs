@@ -1,0 +1,84 @@
+//! Gateway credentials: `AddGateway`, `ListGateways`, `RevokeGateway`.
+
+use bc_store::gateways::{GatewayCredential, valid_name};
+use bcd_proto::v1::{
+    AddGatewayRequest, AddGatewayResponse, GatewayInfo, ListGatewaysResponse, RevokeGatewayRequest,
+};
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::{bad_request, refusal, status, unavailable};
+
+fn info(c: GatewayCredential) -> GatewayInfo {
+    GatewayInfo {
+        name: c.name,
+        created_at_ms: c.created_ms,
+        revoked_at_ms: c.revoked_ms.unwrap_or(0),
+    }
+}
+
+pub async fn add(svc: &AdminService, r: AddGatewayRequest) -> Result<AddGatewayResponse, Status> {
+    if !valid_name(&r.name) {
+        return Err(bad_request(
+            "a gateway name is 1 to 63 of a-z, 0-9 and -, not starting with -",
+        ));
+    }
+    let secret = format!(
+        "bcg1.{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    );
+    let created = svc
+        .store
+        .add_gateway_credential(&r.name, &bcd_proto::fingerprint(secret.as_bytes()))
+        .await
+        .map_err(status)?;
+    info!(gateway = %r.name, "gateway credential added");
+    Ok(AddGatewayResponse {
+        gateway: Some(GatewayInfo {
+            name: r.name,
+            created_at_ms: created,
+            revoked_at_ms: 0,
+        }),
+        secret,
+        ca_der: svc.ca_der.as_ref().clone(),
+    })
+}
+
+pub async fn list(svc: &AdminService) -> Result<ListGatewaysResponse, Status> {
+    let gateways = svc
+        .store
+        .list_gateway_credentials()
+        .await
+        .map_err(unavailable)?;
+    Ok(ListGatewaysResponse {
+        gateways: gateways.into_iter().map(info).collect(),
+    })
+}
+
+pub async fn revoke(svc: &AdminService, r: RevokeGatewayRequest) -> Result<GatewayInfo, Status> {
+    let store = &svc.store;
+    if !store
+        .revoke_gateway_credential(&r.name)
+        .await
+        .map_err(unavailable)?
+    {
+        return Err(refusal(bc_store::Refusal::NotFound(format!(
+            "no live credential for gateway {}: see better-compute gateways list",
+            r.name
+        ))));
+    }
+    info!(gateway = %r.name, "gateway credential revoked");
+    let c = store
+        .gateway_credential(&r.name)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| {
+            refusal(bc_store::Refusal::NotFound(format!(
+                "no gateway {}",
+                r.name
+            )))
+        })?;
+    Ok(info(c))
+}

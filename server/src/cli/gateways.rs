@@ -1,0 +1,109 @@
+//! `better-compute gateways`: credentials for gateway processes that hold
+//! no key (`serve --role gateway`).
+
+use std::path::PathBuf;
+
+use bcd_proto::v1::{AddGatewayRequest, ListGatewaysRequest, RevokeGatewayRequest};
+use clap::Subcommand;
+
+use super::Target;
+use super::output::{self, out};
+use crate::client::status;
+use crate::gateway::credential::GatewayCredential;
+
+#[derive(Debug, Subcommand)]
+pub enum GatewaysCommand {
+    /// Add a gateway and write its credential file (mode 0600): what
+    /// `serve --role gateway --credential FILE` starts from. The secret in
+    /// it is shown once.
+    Add {
+        name: String,
+        /// The process holding the keys, as the gateway reaches it: its
+        /// node listener (`serve --listen`), https://HOST:PORT.
+        #[arg(long)]
+        upstream: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a gateway's credential: it gets no certificate more, and the
+    /// join service refuses what it relays.
+    Revoke { name: String },
+}
+
+pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    match cmd {
+        GatewaysCommand::Add {
+            name,
+            upstream,
+            out,
+            force,
+        } => {
+            bcd_proto::tls::host_port(&upstream).map_err(|_| {
+                anyhow::anyhow!("--upstream takes https://HOST:PORT, not {upstream:?}")
+            })?;
+            if out.exists() && !force {
+                anyhow::bail!(
+                    "{} exists: choose another --out, or --force to replace it",
+                    out.display()
+                );
+            }
+            let r = c
+                .add_gateway(AddGatewayRequest { name: name.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let credential = GatewayCredential {
+                name: name.clone(),
+                secret: r.secret,
+                upstream,
+                ca_pem: crate::files::pem_certificate(&r.ca_der),
+            };
+            credential.write(&out)?;
+            out!("{}", out.display());
+            eprintln!(
+                "gateway {name} added; start it with better-compute serve --role gateway \
+                 --credential {}",
+                out.display()
+            );
+        }
+        GatewaysCommand::List { json } => {
+            let r = c
+                .list_gateways(ListGatewaysRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r.gateways);
+            }
+            out!("{:<24} {:<26} REVOKED", "NAME", "ADDED");
+            for g in r.gateways {
+                let revoked = if g.revoked_at_ms == 0 {
+                    "-".to_string()
+                } else {
+                    output::time(g.revoked_at_ms)
+                };
+                out!(
+                    "{:<24} {:<26} {}",
+                    g.name,
+                    output::time(g.created_at_ms),
+                    revoked
+                );
+            }
+        }
+        GatewaysCommand::Revoke { name } => {
+            c.revoke_gateway(RevokeGatewayRequest { name: name.clone() })
+                .await
+                .map_err(status)?;
+            out!("gateway {name} revoked");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! What a gateway needs from the process that holds the keys, and the
+//! node-facing join service built on it.
+//!
+//! A gateway holds no CA and no signing key. A node's join and renewal
+//! reach the join service through [`GatewayServices`]: in the same process
+//! when `serve` runs every role, over mutual TLS to the key-holding process
+//! when it runs as a gateway only ([`Upstream`]). The join service checks
+//! a renewal's proof of possession by the node's current key itself
+//! (`bcd_proto::renew`), so a gateway that forwards a renewal cannot mint a
+//! certificate for a key of its own. Release downloads need no key: the
+//! gateway hands out the signed bytes the store keeps.
+
+use std::sync::Arc;
+
+use bc_store::{Refusal, Store};
+use bcd_proto::tls::PeerInfo;
+use bcd_proto::v1::{
+    self, FetchReleaseRequest, FetchReleaseResponse, ForwardedRenew, JoinRequest, JoinResponse,
+    RenewRequest, RenewResponse, gateway_services_client::GatewayServicesClient, join_server::Join,
+};
+use tonic::{Request, Response, Status};
+
+use super::credential::UpstreamLink;
+use crate::api::status::{Turned, refusal, status, turned, unavailable};
+pub use crate::services::GatewayServices;
+
+/// The join service nodes call on a gateway's listener.
+#[derive(Debug, Clone)]
+pub struct NodeJoin {
+    pub services: Arc<dyn GatewayServices>,
+    pub store: Store,
+}
+
+fn peer(r: &Request<impl Sized>) -> Option<&PeerInfo> {
+    r.extensions().get::<PeerInfo>()
+}
+
+#[tonic::async_trait]
+impl Join for NodeJoin {
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        self.services
+            .join(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        request: Request<RenewRequest>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let cert = peer(&request).and_then(|p| p.cert.clone()).ok_or_else(|| {
+            turned(Turned::NoCertificate(
+                "renewal needs the current node certificate",
+            ))
+        })?;
+        self.services
+            .renew(cert.to_vec(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn fetch_release(
+        &self,
+        request: Request<FetchReleaseRequest>,
+    ) -> Result<Response<FetchReleaseResponse>, Status> {
+        let fingerprint = peer(&request)
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| {
+                turned(Turned::NoCertificate(
+                    "releases are for nodes: present the node certificate",
+                ))
+            })?;
+        let sequence = request.into_inner().sequence;
+        self.store.check_cert(&fingerprint).await.map_err(status)?;
+        let files = self
+            .store
+            .release(sequence)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                refusal(Refusal::NotFound(format!(
+                    "no release with sequence {sequence}"
+                )))
+            })?;
+        Ok(Response::new(FetchReleaseResponse {
+            signed_manifest: files.signed_manifest,
+            binary: files.binary,
+        }))
+    }
+}
+
+/// The key-holding process's GatewayServices port, over mutual TLS with
+/// this gateway's certificate.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub link: UpstreamLink,
+}
+
+/// A failure to reach the port, as the node sees it: the join service is
+/// unreachable for now and the node retries. A status the port itself sent
+/// (a refusal with its typed reason) goes to the node as it came.
+fn relayed(s: Status) -> Status {
+    if s.details().is_empty() && matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+    {
+        tracing::warn!(error = %s.message(), "the join service is unreachable");
+        return bcd_proto::refusal::status(
+            tonic::Code::Unavailable,
+            v1::RefusalReason::Unavailable,
+            "the join service is unreachable from this gateway; retry",
+            vec![],
+        );
+    }
+    s
+}
+
+#[tonic::async_trait]
+impl GatewayServices for Upstream {
+    async fn join(&self, request: JoinRequest) -> Result<JoinResponse, Status> {
+        GatewayServicesClient::new(self.link.channel())
+            .join(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(relayed)
+    }
+
+    async fn renew(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: RenewRequest,
+    ) -> Result<RenewResponse, Status> {
+        GatewayServicesClient::new(self.link.channel())
+            .renew(ForwardedRenew {
+                node_cert_der,
+                request: Some(request),
+            })
+            .await
+            .map(Response::into_inner)
+            .map_err(relayed)
+    }
+}

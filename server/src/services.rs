@@ -1,0 +1,22 @@
+//! The GatewayServices port: what a gateway needs from the process that
+//! holds the keys (a node's join and renewal). The join service implements
+//! it (`api::join`); the gateway calls it in the same process, or over
+//! mutual TLS through `gateway::port::Upstream`. It sits apart from both so
+//! that neither names the other.
+
+use bcd_proto::v1::{JoinRequest, JoinResponse, RenewRequest, RenewResponse};
+use tonic::Status;
+
+/// The join service as a gateway reaches it.
+#[tonic::async_trait]
+pub trait GatewayServices: Send + Sync + std::fmt::Debug {
+    async fn join(&self, request: JoinRequest) -> Result<JoinResponse, Status>;
+
+    /// A renewal by the node that presented `node_cert_der` to this
+    /// gateway.
+    async fn renew(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: RenewRequest,
+    ) -> Result<RenewResponse, Status>;
+}

@@ -1,0 +1,359 @@
+//! Key custody: a gateway process started from a directory with no private
+//! key serves a fleet (join, commands, specs, renewal, an upgrade) through
+//! the key-holding process's GatewayServices port, and a gateway that turns
+//! against the fleet can mint nothing through that port.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bc_tests::{FAST, Node, Server, section, static_bcd, stderr, wait_for};
+use bcd_proto::tls::{self, ClientIdentity, ServerTrust};
+use bcd_proto::v1::{
+    CertifyRequest, ForwardedRenew, JoinRequest, RenewRequest,
+    gateway_services_client::GatewayServicesClient,
+};
+use better_compute::gateway::credential::{self, GatewayCredential};
+use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+/// Adds a gateway credential on `server` and writes it to `out`.
+fn add_gateway(server: &Server, name: &str, out: &Path) {
+    let o = server.cli(&[
+        "gateways",
+        "add",
+        name,
+        "--upstream",
+        &server.url(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "gateways add: {}", stderr(&o));
+}
+
+/// Starts a gateway-only process in `dir` on `server`'s SQLite store.
+fn start_gateway(server: &Server, dir: &Path, credential: &Path, id: &str) -> Server {
+    let store = format!("sqlite:{}", server.dir.join("store.db").display());
+    let mut args = FAST.to_vec();
+    args.extend([
+        "--role",
+        "gateway",
+        "--credential",
+        credential.to_str().unwrap(),
+        "--store",
+        &store,
+        "--gateway-id",
+        id,
+    ]);
+    Server::start(dir, &args).unwrap()
+}
+
+/// Every file under `dir`.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn assert_keyless(dir: &Path) {
+    let all = files(dir);
+    assert!(!all.is_empty());
+    for f in all {
+        let bytes = std::fs::read(&f).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains("PRIVATE KEY"),
+            "{} holds a private key",
+            f.display()
+        );
+        assert_ne!(
+            f.extension().and_then(|e| e.to_str()),
+            Some("key"),
+            "{}",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn a_gateway_from_a_keyless_directory_serves_join_commands_specs_renewal_and_an_upgrade() {
+    let f = bc_tests::fleet_with(&["--node-cert-ttl", "20s"]);
+    let gw_dir = f.d.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let cred = f.d.path().join("gw-edge.json");
+    add_gateway(&f.server, "gw-edge", &cred);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&cred).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let gw = start_gateway(&f.server, &gw_dir, &cred, "gw-edge-1");
+
+    // Join through the gateway: the token's pin is the fleet CA's, and the
+    // gateway's certificate chains to it.
+    let mut node = Node::new(&f.d.path().join("n1"), 0);
+    node.host_root = Some(PathBuf::from("/"));
+    node.binary = Some(static_bcd());
+    let out = node.join(&gw.url(), &f.server.token(1));
+    assert!(
+        out.status.success(),
+        "join through the gateway: {}",
+        stderr(&out)
+    );
+    let id = node.id();
+    let first = node.identity();
+    node.supervise(
+        &["--restart-delay", "200ms", "--grace", "1s"],
+        &["--confirm-within", "4s"],
+    );
+    f.server
+        .wait_node(&id, "connected through the gateway", |n| {
+            n.state == "connected" && n.gateway == "gw-edge-1"
+        });
+
+    // A signed command, relayed verbatim from the store.
+    let cmd = f
+        .server
+        .run_command(&id, "exec.run", &["/bin/echo", "custody"]);
+    let c = f.server.wait_command(&cmd);
+    assert_eq!(c.state, "succeeded", "{c:?}");
+
+    // A signed spec: access for a user.
+    let access = f.d.path().join("access.json");
+    std::fs::write(
+        &access,
+        serde_json::json!({"users": [{"name": "alice", "authorized_keys": [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop"
+        ]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let o = f
+        .server
+        .cli(&["nodes", "access", &id, "--file", access.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for(Duration::from_secs(30), "access applied", || {
+        let v = f.server.spec(&id);
+        (section(&v, "access")["status"] == "READY"
+            && v["applied_generation"] == v["desired_generation"])
+            .then_some(())
+    });
+
+    // Renewal through the gateway, proven by the node's current key.
+    wait_for(Duration::from_secs(40), "a renewed certificate", || {
+        (node.identity()["cert_serial"] != first["cert_serial"]).then_some(())
+    });
+    assert!(
+        f.server.proc.log().contains("certificate renewed"),
+        "the key-holding process issued it"
+    );
+
+    // An upgrade: the release comes from the store through the gateway.
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let up = f.server.run_command(&id, "daemon.upgrade", &["2"]);
+    let c = wait_for(Duration::from_secs(90), "the upgrade to finish", || {
+        Some(f.server.command(&up)).filter(|c| c.is_terminal())
+    });
+    assert_eq!(c.state, "succeeded", "{c:?}\n{}", node.proc().log());
+    assert!(c.output.contains("confirmed"), "{}", c.output);
+
+    // The gateway held no key at any point: nothing in its directory.
+    assert_keyless(&gw_dir);
+    assert!(
+        gw.proc
+            .log()
+            .contains("serving as a gateway holding no key"),
+        "{}",
+        gw.proc.log()
+    );
+    node.proc().kill();
+}
+
+/// The message of a refusal; a granted call fails the test.
+fn refused<T>(r: Result<tonic::Response<T>, tonic::Status>) -> String {
+    match r {
+        Ok(_) => panic!("a forged call was granted"),
+        Err(s) => s.message().to_string(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn csr(key: &KeyPair) -> Vec<u8> {
+    CertificateParams::default()
+        .serialize_request(key)
+        .unwrap()
+        .der()
+        .to_vec()
+}
+
+fn sign(key_pem: &str, message: &[u8]) -> Vec<u8> {
+    rcgen::SigningKey::sign(&KeyPair::from_pem(key_pem).unwrap(), message).unwrap()
+}
+
+#[test]
+fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let cred_path = d.path().join("gw-a.json");
+    add_gateway(&server, "gw-a", &cred_path);
+    let gw = start_gateway(&server, &d.path().join("gateway"), &cred_path, "gw-a-1");
+    let mut node = Node::new(&d.path().join("n"), 7);
+    let out = node.join(&gw.url(), &server.token(1));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        stderr(&out),
+        server.proc.log()
+    );
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected through the gateway", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+    let before = node.identity()["cert_serial"].clone();
+    let node_cert = CertificateDer::from_pem_file(node.dir.join("node.crt")).unwrap();
+    let node_key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+
+    // What a compromised gateway holds: its credential and a certificate
+    // for a key of its own.
+    let cred = GatewayCredential::read(&cred_path).unwrap();
+    let rt = runtime();
+    let certified = rt.block_on(credential::certify(&cred, &[])).unwrap();
+    let channel = rt
+        .block_on(credential::upstream_channel(&cred, &certified))
+        .unwrap();
+    let mut port = GatewayServicesClient::new(channel);
+    let attacker = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let forward = |request: RenewRequest| ForwardedRenew {
+        node_cert_der: node_cert.to_vec(),
+        request: Some(request),
+    };
+
+    // A renewal of the node's certificate for the gateway's key, with no
+    // proof (what a node older than the proof sends): refused.
+    let m = refused(rt.block_on(port.renew(forward(RenewRequest {
+        csr_der: csr(&attacker),
+        ..Default::default()
+    }))));
+    assert!(m.contains("needs a proof of possession"), "{m}");
+    // A proof signed by the gateway's own key: refused.
+    let attacker_csr = csr(&attacker);
+    let statement = bcd_proto::renew::statement(&id, now, &attacker_csr);
+    let m = refused(rt.block_on(port.renew(forward(RenewRequest {
+        csr_der: attacker_csr.clone(),
+        proof: sign(&attacker.serialize_pem(), &statement),
+        proof_time_ms: now,
+        node_id: id.clone(),
+    }))));
+    assert!(m.contains("not made by the current node key"), "{m}");
+    // A real proof of the node's, replayed ten minutes later: refused.
+    let old = now - 600_000;
+    let statement = bcd_proto::renew::statement(&id, old, &attacker_csr);
+    let m = refused(rt.block_on(port.renew(forward(RenewRequest {
+        csr_der: attacker_csr.clone(),
+        proof: sign(&node_key, &statement),
+        proof_time_ms: old,
+        node_id: id.clone(),
+    }))));
+    assert!(m.contains("away from the server's time"), "{m}");
+    // A real proof for one key moved to another: refused.
+    let other = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let statement = bcd_proto::renew::statement(&id, now, &csr(&other));
+    let m = refused(rt.block_on(port.renew(forward(RenewRequest {
+        csr_der: attacker_csr,
+        proof: sign(&node_key, &statement),
+        proof_time_ms: now,
+        node_id: id.clone(),
+    }))));
+    assert!(m.contains("not made by the current node key"), "{m}");
+    assert!(
+        !server.proc.log().contains("certificate renewed"),
+        "no certificate was issued"
+    );
+    assert_eq!(node.identity()["cert_serial"], before);
+
+    // The port takes only a gateway's certificate.
+    let ca = cred.ca().unwrap();
+    let anonymous = rt
+        .block_on(tls::connect(
+            &cred.upstream,
+            tls::client_config(ServerTrust::Ca(ca.clone()), None).unwrap(),
+        ))
+        .unwrap();
+    let m = refused(
+        rt.block_on(GatewayServicesClient::new(anonymous.clone()).join(JoinRequest::default())),
+    );
+    assert!(m.contains("need a gateway's certificate"), "{m}");
+    let as_node = rt
+        .block_on(tls::connect(
+            &cred.upstream,
+            tls::client_config(
+                ServerTrust::Ca(ca.clone()),
+                Some(ClientIdentity {
+                    chain: vec![node_cert.clone()],
+                    key: rustls_pki_types::PrivateKeyDer::from_pem_slice(node_key.as_bytes())
+                        .unwrap(),
+                }),
+            )
+            .unwrap(),
+        ))
+        .unwrap();
+    let m = refused(rt.block_on(GatewayServicesClient::new(as_node).join(JoinRequest::default())));
+    assert!(m.contains("names no gateway"), "{m}");
+    // A wrong secret certifies nothing.
+    let m = refused(rt.block_on(
+        GatewayServicesClient::new(anonymous).certify(CertifyRequest {
+            name: "gw-a".into(),
+            secret: "bcg1.guess".into(),
+            csr_der: csr(&attacker),
+            names: vec![],
+        }),
+    ));
+    assert!(m.contains("not known to this server"), "{m}");
+
+    // Revoked: the certificate it holds stops working at the port, and a
+    // gateway started with the credential does not start.
+    let o = server.cli(&["gateways", "revoke", "gw-a"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = refused(rt.block_on(port.join(JoinRequest::default())));
+    assert!(m.contains("revoked or replaced"), "{m}");
+    let mut again = FAST.to_vec();
+    let store = format!("sqlite:{}", server.dir.join("store.db").display());
+    again.extend([
+        "--role",
+        "gateway",
+        "--credential",
+        cred_path.to_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    let e = Server::start(&d.path().join("gateway2"), &again).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("refused to certify this gateway"),
+        "{e:#}"
+    );
+    let listed = server.cli(&["gateways", "list"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains("gw-a"), "{text}");
+    node.proc().kill();
+}
