@@ -286,3 +286,38 @@ fn a_bearer_token_operator_json_is_replaced_by_a_certificate_credential_at_start
     let out = server.cli(&["nodes", "list"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn a_revocation_through_one_server_holds_at_the_next_call_on_another_sharing_the_store() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("server");
+    let a = Server::start(&dir, FAST).unwrap();
+    let b = Server::start(&dir, FAST).unwrap();
+    assert_ne!(a.api, b.api);
+    let cred = d.path().join("ops.json");
+    let out = a.cli(&[
+        "operators",
+        "add",
+        "ops",
+        "--role",
+        "admin",
+        "--out",
+        cred.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_op(&b, &cred, &["tokens", "create"]);
+    assert!(
+        out.status.success(),
+        "an admin on the other server: {}",
+        stderr(&out)
+    );
+    let out = a.cli(&["operators", "revoke", "ops"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_op(&b, &cred, &["nodes", "list"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("operator ops was revoked"),
+        "{}",
+        stderr(&out)
+    );
+}
