@@ -40,7 +40,7 @@ const TABLES: &[(&str, &str)] = &[
     ),
     (
         "operators",
-        "SELECT id, token_sha256, created_at FROM operators ORDER BY id",
+        "SELECT id, role, cert_sha256, cert_serial, created_at, not_after, revoked_at FROM operators ORDER BY id",
     ),
     (
         "node_specs",
