@@ -39,16 +39,3 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), WriteErr
         }
     })
 }
-
-/// A certificate (DER) as PEM.
-pub fn pem_certificate(der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
-}

@@ -1,5 +1,7 @@
-//! `better-compute serve`: process assembly. One process runs the gateway,
-//! the join service, the operator API, the controllers (each only while it
+//! `better-compute serve`: process assembly. One process runs the gateway
+//! and the join service (on the node listener), the operator API (on a
+//! listener of its own, with the operator CA's serving certificate and
+//! client certificates required), the controllers (each only while it
 //! holds that controller's table lease) and (optionally) the boot endpoint
 //! on one store; several such processes share a SQLite store file on one
 //! host, or a PostgreSQL database from several hosts. This module opens the store,
@@ -23,7 +25,7 @@ use ring::signature::KeyPair;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::api::auth::{OperatorAuth, operator_credential};
+use crate::api::auth::{Guarded, operator_credential};
 use crate::api::gateway_port::GatewayPort;
 use crate::api::join::{CertPolicy, JoinService};
 use crate::api::{AdminService, MAX_REQUEST};
@@ -34,7 +36,7 @@ use crate::gateway::{GatewayService, GatewayState, Timing};
 use crate::http::Observed;
 use crate::http::ready::Readiness;
 use crate::metrics::ServerMetrics;
-use crate::pki::Ca;
+use crate::pki::{Ca, OperatorCa};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -42,7 +44,9 @@ pub struct ServeOptions {
     /// The store: SQLite in the data directory, or PostgreSQL.
     pub store: Location,
     pub listen: SocketAddr,
-    /// Extra names (DNS or IP) for the serving certificate.
+    /// The operator API's listener (the role holding the keys only).
+    pub api_listen: SocketAddr,
+    /// Extra names (DNS or IP) for the serving certificates.
     pub sans: Vec<String>,
     pub gateway_id: Option<String>,
     pub timing: Timing,
@@ -86,6 +90,19 @@ enum Keys {
         link: UpstreamLink,
         ca: rustls_pki_types::CertificateDer<'static>,
     },
+}
+
+/// Connections the operator API holds open at once, handshakes included.
+pub const MAX_API_CONNECTIONS: usize = 256;
+
+/// The operator API's address when `--api-listen` is not given: the node
+/// listener's IP and port + 1; an ephemeral port when that one is.
+pub fn default_api_listen(listen: SocketAddr) -> SocketAddr {
+    let port = match listen.port() {
+        0 | u16::MAX => 0,
+        p => p + 1,
+    };
+    SocketAddr::new(listen.ip(), port)
 }
 
 /// Streams one connection may have open at once.
@@ -136,8 +153,9 @@ fn record_keys(opts: &ServeOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs until `shutdown` resolves. Prints `listening on ADDR` on stdout once
-/// it accepts connections.
+/// Runs until `shutdown` resolves. Prints `api on ADDR` (the operator API,
+/// where this process holds the keys), then `listening on ADDR as gateway
+/// ID` (the node listener) on stdout once it accepts connections.
 pub async fn serve(
     opts: ServeOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -344,9 +362,25 @@ pub async fn serve(
         .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
         .add_service(GatewayServer::new(GatewayService { state: gw.clone() }));
+    let mut api = None;
     match &keys {
         Keys::Held { ca, worker_key } => {
-            let operators = operator_credential(&opts.data_dir, &store, &ca.cert, addr).await?;
+            let mut api_sans = opts.sans.clone();
+            if api_sans.is_empty() {
+                api_sans = vec!["localhost".into(), opts.api_listen.ip().to_string()];
+            }
+            let operator_ca = Arc::new(
+                OperatorCa::load_or_create(&opts.data_dir, &api_sans, now)
+                    .context("operator CA")?,
+            );
+            let api_listener = TcpListener::bind(opts.api_listen).await.with_context(|| {
+                format!(
+                    "cannot listen on {} for the operator API (choose another with --api-listen)",
+                    opts.api_listen
+                )
+            })?;
+            let api_addr = api_listener.local_addr()?;
+            operator_credential(&opts.data_dir, &store, &operator_ca, api_addr).await?;
             let join = JoinService {
                 store: store.clone(),
                 ca: ca.clone(),
@@ -364,10 +398,38 @@ pub async fn serve(
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 gateway: Some(gw.clone()),
                 rollouts,
+                operator_ca: operator_ca.clone(),
             };
-            let auth = OperatorAuth {
-                token_hashes: Arc::new(operators),
-            };
+            // The operator API: its own listener, the operator CA's serving
+            // certificate, a client certificate from the operator CA
+            // required. No fleet certificate opens it, and the node
+            // listener has no Admin.
+            let api_config = tls::server_config_mutual(
+                operator_ca.serving_chain.clone(),
+                operator_ca.serving_key(),
+                operator_ca.cert.clone(),
+            )?;
+            let api_incoming = tls::incoming(
+                api_listener,
+                api_config,
+                Arc::new(tls::AdmitAll),
+                MAX_API_CONNECTIONS,
+            );
+            let (api_stop_tx, api_stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let api_server = tonic::transport::Server::builder()
+                .max_concurrent_streams(Some(MAX_STREAMS))
+                .http2_keepalive_interval(Some(tls::KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(tls::KEEPALIVE_INTERVAL))
+                .add_service(Guarded::new(
+                    AdminServer::new(admin).max_decoding_message_size(MAX_REQUEST),
+                    store.clone(),
+                ))
+                .serve_with_incoming_shutdown(api_incoming, async {
+                    let _ = api_stop_rx.await;
+                });
+            api = Some((tokio::spawn(api_server), api_stop_tx));
+            println!("api on {api_addr}");
+            info!(addr = %api_addr, "operator API");
             if let Some((boot_addr, task)) =
                 crate::boot::start(opts.boot.clone(), store.clone()).await?
             {
@@ -376,11 +438,7 @@ pub async fn serve(
             }
             router = router
                 .add_service(node_join(Arc::new(join.clone())))
-                .add_service(GatewayServicesServer::new(GatewayPort { join }))
-                .add_service(tonic::service::interceptor::InterceptedService::new(
-                    AdminServer::new(admin).max_decoding_message_size(MAX_REQUEST),
-                    auth,
-                ));
+                .add_service(GatewayServicesServer::new(GatewayPort { join }));
             info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
         }
         Keys::None { link, .. } => {
@@ -403,10 +461,17 @@ pub async fn serve(
     }
     gw.shutdown().await;
     let _ = stop_tx.send(());
-    match tokio::time::timeout(Duration::from_secs(5), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => warn!(error = %e, "server ended with an error"),
-        _ => warn!("server did not stop within 5s"),
+    let mut servers = vec![("server", server)];
+    if let Some((api_server, api_stop_tx)) = api {
+        let _ = api_stop_tx.send(());
+        servers.push(("operator API", api_server));
+    }
+    for (name, server) in servers {
+        match tokio::time::timeout(Duration::from_secs(5), server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "{name} ended with an error"),
+            _ => warn!("{name} did not stop within 5s"),
+        }
     }
     for t in tasks.drain(..) {
         t.abort();

@@ -130,7 +130,12 @@ impl Drop for Proc {
 #[derive(Debug)]
 pub struct Server {
     pub dir: PathBuf,
+    /// The node listener (gateway, join).
     pub addr: SocketAddr,
+    /// The operator API's listener.
+    /// The operator API (`None` for a gateway-only process, which serves
+    /// none).
+    pub api: Option<SocketAddr>,
     /// The boot endpoint, when started with --boot-listen.
     pub boot: Option<SocketAddr>,
     /// `/healthz`, `/readyz` and `/metrics` (an ephemeral loopback port
@@ -170,7 +175,7 @@ impl Server {
     pub fn start(dir: &Path, args: &[&str]) -> anyhow::Result<Server> {
         Self::start_on(
             dir,
-            "127.0.0.1:0",
+            ("127.0.0.1:0", "127.0.0.1:0"),
             args.iter().map(|s| s.to_string()).collect(),
             None,
         )
@@ -181,7 +186,7 @@ impl Server {
     pub fn start_postgres(dir: &Path, url: &str, args: &[&str]) -> anyhow::Result<Server> {
         Self::start_on(
             dir,
-            "127.0.0.1:0",
+            ("127.0.0.1:0", "127.0.0.1:0"),
             args.iter().map(|s| s.to_string()).collect(),
             Some(url.to_string()),
         )
@@ -189,7 +194,7 @@ impl Server {
 
     fn start_on(
         dir: &Path,
-        listen: &str,
+        (listen, api_listen): (&str, &str),
         args: Vec<String>,
         store_url: Option<String>,
     ) -> anyhow::Result<Server> {
@@ -208,6 +213,12 @@ impl Server {
         if !args.iter().any(|a| a == "--http-listen") {
             command.args(["--http-listen", "127.0.0.1:0"]);
         }
+        let gateway_only = args
+            .windows(2)
+            .any(|w| w[0] == "--role" && w[1] == "gateway");
+        if !gateway_only && !args.iter().any(|a| a == "--api-listen") {
+            command.args(["--api-listen", api_listen]);
+        }
         let mut child = command
             .args(&args)
             .env("BC_LOG", "info,better_compute=debug")
@@ -217,9 +228,11 @@ impl Server {
             .context("cannot start better-compute serve")?;
         let stdout = child.stdout.take().expect("piped stdout");
         let mut proc = Proc { child, log };
-        // `boot endpoint on ADDR` comes first when the boot endpoint is on.
+        // `boot endpoint on ADDR` comes first when the boot endpoint is on;
+        // `api on ADDR` before `listening on ADDR`.
         let mut boot = None;
         let mut http = None;
+        let mut api = None;
         let mut lines = BufReader::new(stdout).lines();
         let addr = loop {
             let Some(Ok(line)) = lines.next() else {
@@ -232,13 +245,21 @@ impl Server {
             if let Some(a) = line.strip_prefix("http on ") {
                 http = Some(a.trim().parse::<SocketAddr>()?);
             }
+            if let Some(a) = line.strip_prefix("api on ") {
+                api = Some(a.trim().parse::<SocketAddr>()?);
+            }
             if let Some(rest) = line.strip_prefix("listening on ") {
                 break rest.split_whitespace().next().unwrap_or_default().parse()?;
             }
         };
+        if api.is_none() && !gateway_only {
+            proc.kill();
+            bail!("server printed no `api on ADDR`:\n{}", proc.log());
+        }
         Ok(Server {
             dir: dir.to_path_buf(),
             addr,
+            api,
             boot,
             http,
             args,
@@ -247,8 +268,17 @@ impl Server {
         })
     }
 
+    /// The node listener, for `bcd join --server`.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
+    }
+
+    /// The operator API, for `better-compute --server`.
+    pub fn api_url(&self) -> String {
+        let api = self
+            .api
+            .expect("a gateway-only process serves no operator API");
+        format!("https://{api}")
     }
 
     /// Stops the server (SIGTERM) and starts it again on the same port.
@@ -269,7 +299,10 @@ impl Server {
         loop {
             match Self::start_on(
                 &self.dir,
-                &self.addr.to_string(),
+                (
+                    &self.addr.to_string(),
+                    &self.api.map(|a| a.to_string()).unwrap_or_default(),
+                ),
                 self.args.clone(),
                 self.store_url.clone(),
             ) {
@@ -299,7 +332,7 @@ impl Server {
         c.arg("--data-dir")
             .arg(&self.dir)
             .arg("--server")
-            .arg(self.url())
+            .arg(self.api_url())
             .args(args)
             .output()
             .expect("run better-compute")

@@ -164,7 +164,7 @@ impl NetFleet {
             "--image-pubkey".into(),
             public,
         ]);
-        let server = Server::start_on(&dir, "127.0.0.1:0", args, None)?;
+        let server = Server::start_on(&dir, ("127.0.0.1:0", "127.0.0.1:0"), args, None)?;
         let boot = server.boot.context("the server printed no boot endpoint")?;
         Ok(NetFleet {
             d,

@@ -182,7 +182,7 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
         let (stop, sent, url, dir, store, node) = (
             stop.clone(),
             sent.clone(),
-            server.url(),
+            server.api_url(),
             src.dir.clone(),
             src.url.clone(),
             ids[0].clone(),

@@ -40,7 +40,7 @@ const TABLES: &[(&str, &str)] = &[
     ),
     (
         "operators",
-        "SELECT id, token_sha256, created_at FROM operators ORDER BY id",
+        "SELECT id, role, cert_sha256, cert_serial, created_at, not_after, revoked_at FROM operators ORDER BY id",
     ),
     (
         "node_specs",
@@ -329,7 +329,7 @@ fn four_restarts_under_load_leave_the_embedded_store_as_it_was() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let loader = load(
-        vec![(server.dir.clone(), server.url(), None)],
+        vec![(server.dir.clone(), server.api_url(), None)],
         ids.clone(),
         stop.clone(),
     );
@@ -377,7 +377,7 @@ fn four_restarts_of_both_gateways_under_load_leave_postgresql_as_it_was() {
     let loader = load(
         servers
             .iter()
-            .map(|s| (s.dir.clone(), s.url(), Some(url.clone())))
+            .map(|s| (s.dir.clone(), s.api_url(), Some(url.clone())))
             .collect(),
         ids.clone(),
         stop.clone(),

@@ -34,8 +34,10 @@ pub mod v1 {
 /// is this fixed one rather than the dialed host.
 pub const GATEWAY_NAME: &str = "gateway.better-compute.internal";
 
-/// Request metadata key carrying the operator's bearer credential.
-pub const AUTHORIZATION: &str = "authorization";
+/// The DNS name the operator API's serving certificate carries (issued by
+/// the operator CA, never the fleet CA): the name the operator CLI checks,
+/// whatever address it dials.
+pub const API_NAME: &str = "bc-api";
 
 /// SHA-256 of DER bytes, as lowercase hex: how certificates are pinned and
 /// looked up.

@@ -184,6 +184,16 @@ pub fn host_port(url: &str) -> Result<String, TlsError> {
 /// Connects a tonic channel to `url` over our TLS. The connection is made
 /// now, so an unreachable server or a refused certificate fails here.
 pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
+    connect_named(url, config, GATEWAY_NAME).await
+}
+
+/// As [`connect`], checking the server's certificate for `name` (the
+/// operator API's is [`crate::API_NAME`]) instead of the gateway's.
+pub async fn connect_named(
+    url: &str,
+    config: Arc<ClientConfig>,
+    name: &'static str,
+) -> Result<Channel, TlsError> {
     let addr = host_port(url)?;
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|_| TlsError::BadAddress(url.to_string()))?
@@ -200,7 +210,7 @@ pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, Tl
         async move {
             let tcp = TcpStream::connect(&dial).await?;
             tcp.set_nodelay(true)?;
-            let name = ServerName::try_from(GATEWAY_NAME).map_err(io::Error::other)?;
+            let name = ServerName::try_from(name).map_err(io::Error::other)?;
             let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
                 .await
                 .map_err(|_| {
@@ -251,6 +261,26 @@ fn server_builder(
     Ok(ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier))
+}
+
+/// Server configuration that requires a client certificate issued by
+/// `client_ca`: the handshake fails without one (the operator API).
+pub fn server_config_mutual(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: CertificateDer<'static>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let mut roots = RootCertStore::empty();
+    roots.add(client_ca)?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
 }
 
 #[cfg(feature = "server")]

@@ -246,6 +246,7 @@ spelled!(v1::RefusalReason {
     Superseded => "superseded",
     Internal => "internal",
     OperatorUnauthenticated => "operator-unauthenticated",
+    OperatorForbidden => "operator-forbidden",
 });
 
 spelled!(v1::NodeStatementKind {

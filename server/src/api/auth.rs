@@ -1,102 +1,534 @@
-//! Operator authentication: a bearer credential, written once to
-//! `operator.json` (mode 0600) in the server's data directory, whose
-//! SHA-256 the store keeps; the API checks every call against it.
+//! Operator authentication and roles.
+//!
+//! The operator API has a listener of its own whose TLS requires a client
+//! certificate issued by the operator CA ([`crate::pki::operator`]); the
+//! handshake fails without one, or with any other CA's (a node's included).
+//! Past the handshake, [`Guarded`] wraps the Admin service: for every call
+//! it looks the certificate up in the store (so a revocation holds from the
+//! next call on every server sharing the store) and checks the operator's
+//! role against [`required_role`], the one table of which call needs which
+//! role. Handlers check nothing of their own.
+//!
+//! `serve` writes the first admin's credential, `operator.json` (mode
+//! 0600), in its data directory on first start; `better-compute operators
+//! add` makes more.
 
-use super::status::{Turned, turned};
-use std::collections::HashSet;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use anyhow::Context;
+use anyhow::Context as _;
 use bc_store::Store;
+use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
+use bcd_proto::tls::PeerInfo;
 use serde::{Deserialize, Serialize};
-use tonic::{Request, Status};
-use tracing::info;
+use tonic::Status;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+use tracing::{info, warn};
 
+use super::status::{Turned, turned, unavailable};
 use crate::files;
+use crate::pki::OperatorCa;
 
-/// What `operator.json` holds: how the CLI reaches and proves itself to the
-/// API. Readable by its owner only.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// What a credential file (`operator.json`, or the file `operators add
+/// --out` writes) holds: where the API is, the CA its serving certificate
+/// chains to, and the operator's client certificate and key. Readable by
+/// its owner only.
+#[derive(Clone, Serialize, Deserialize)]
 pub struct OperatorCredential {
+    /// `https://HOST:PORT` of the operator API.
     pub server: String,
+    pub name: String,
+    /// The operator CA (PEM).
     pub ca_pem: String,
-    pub token: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for OperatorCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorCredential")
+            .field("server", &self.server)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 pub const OPERATOR_FILE: &str = "operator.json";
 
-/// Checks the bearer credential against the operators known at start.
-#[derive(Debug, Clone)]
-pub struct OperatorAuth {
-    pub token_hashes: Arc<HashSet<String>>,
+/// What an earlier server wrote to `operator.json`: a bearer token, which
+/// no server accepts any more.
+pub fn is_bearer_credential(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .is_ok_and(|v| v.get("token").is_some() && v.get("cert_pem").is_none())
 }
 
-impl tonic::service::Interceptor for OperatorAuth {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let token = request
-            .metadata()
-            .get(bcd_proto::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                turned(Turned::Operator(
-                    "the operator API needs the operator credential (operator.json in the \
-                     server's data directory)",
-                ))
-            })?;
-        if !self
-            .token_hashes
-            .contains(&bcd_proto::fingerprint(token.as_bytes()))
-        {
-            return Err(turned(Turned::Operator(
-                "the operator credential is not valid",
-            )));
-        }
-        Ok(request)
+/// Calls a read-only operator may make: they list and read, and change
+/// nothing. Every other call of the Admin service needs an admin, so a new
+/// call is admin-only until it is listed here.
+const READ_ONLY_CALLS: &[&str] = &[
+    "ListNodes",
+    "ListCommands",
+    "GetCommand",
+    "GetNodeSpec",
+    "ListReleases",
+    "ListRollouts",
+    "GetRollout",
+    "ListImages",
+    "ListBoots",
+    "ListOperators",
+    "ListGateways",
+];
+
+/// The role a call (its gRPC path, `/bcd.v1.Admin/ListNodes`) needs.
+pub fn required_role(path: &str) -> OperatorRole {
+    let call = path.rsplit('/').next().unwrap_or_default();
+    if READ_ONLY_CALLS.contains(&call) {
+        OperatorRole::ReadOnly
+    } else {
+        OperatorRole::Admin
     }
 }
 
-/// Writes the operator credential on first start; afterwards keeps its
-/// server address current. Returns the operator token hashes.
+/// The operator making a call, once admitted; handlers find it in the
+/// request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator {
+    pub name: String,
+    pub role: OperatorRole,
+}
+
+/// Why a call is turned away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No client certificate (the API's TLS requires one; defence in depth).
+    NoCertificate,
+    /// A certificate the operator CA signed that the store does not know.
+    Unknown,
+    Revoked(String),
+    Expired(String),
+    /// The operator's role is short of what the call needs.
+    Role {
+        name: String,
+        has: OperatorRole,
+        call: String,
+        needs: OperatorRole,
+    },
+}
+
+impl Denied {
+    pub fn status(&self) -> Status {
+        let message = match self {
+            Denied::NoCertificate => "the operator API needs a client certificate from the \
+                                      operator CA: use operator.json from the server's data \
+                                      directory, or ask an admin for a credential (better-compute \
+                                      operators add)"
+                .to_string(),
+            Denied::Unknown => "this certificate belongs to no operator: ask an admin for a \
+                                credential (better-compute operators add)"
+                .to_string(),
+            Denied::Revoked(name) => format!(
+                "operator {name} was revoked: ask an admin for a new credential (better-compute \
+                 operators add)"
+            ),
+            Denied::Expired(name) => format!(
+                "the certificate of operator {name} expired: ask an admin for a new credential \
+                 (better-compute operators add)"
+            ),
+            Denied::Role {
+                name,
+                has,
+                call,
+                needs,
+            } => {
+                return turned(Turned::Forbidden(format!(
+                    "operator {name} is {has}; {call} needs the {needs} role: ask an admin to \
+                     make the change, or for an {needs} credential"
+                )));
+            }
+        };
+        turned(Turned::Operator(message))
+    }
+}
+
+/// Whether the operator `row` (found by the caller's certificate) may make
+/// the call at `path` at `now_ms`.
+pub fn decide(row: Option<&OperatorRow>, path: &str, now_ms: i64) -> Result<Operator, Denied> {
+    let row = row.ok_or(Denied::Unknown)?;
+    if row.revoked_at.is_some() || row.cert_sha256.is_none() {
+        return Err(Denied::Revoked(row.id.clone()));
+    }
+    if !row.active(now_ms) {
+        return Err(Denied::Expired(row.id.clone()));
+    }
+    let needs = required_role(path);
+    if row.role < needs {
+        return Err(Denied::Role {
+            name: row.id.clone(),
+            has: row.role,
+            call: path.rsplit('/').next().unwrap_or_default().to_string(),
+            needs,
+        });
+    }
+    Ok(Operator {
+        name: row.id.clone(),
+        role: row.role,
+    })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The Admin service behind the operator check: every call is admitted by
+/// [`decide`] on the store's current row for the caller's certificate.
+#[derive(Debug, Clone)]
+pub struct Guarded<S> {
+    inner: S,
+    store: Store,
+}
+
+impl<S> Guarded<S> {
+    pub fn new(inner: S, store: Store) -> Self {
+        Guarded { inner, store }
+    }
+}
+
+impl<S: NamedService> NamedService for Guarded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Guarded<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // The ready service answers this call; its clone waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let store = self.store.clone();
+        Box::pin(async move {
+            let path = req.uri().path().to_string();
+            let fingerprint = req
+                .extensions()
+                .get::<PeerInfo>()
+                .and_then(|p| p.cert_fingerprint.clone());
+            let verdict = match fingerprint {
+                None => Err(Denied::NoCertificate.status()),
+                Some(fp) => match store.operator_by_cert(&fp).await {
+                    Ok(row) => decide(row.as_ref(), &path, now_ms()).map_err(|d| {
+                        info!(call = %path, denied = ?d, "operator call refused");
+                        d.status()
+                    }),
+                    Err(e) => Err(unavailable(e)),
+                },
+            };
+            match verdict {
+                Ok(operator) => {
+                    req.extensions_mut().insert(operator);
+                    inner.call(req).await
+                }
+                Err(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}
+
+/// A certificate PEM block.
+pub fn cert_pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+/// A new operator key (ECDSA P-256) and a certificate request for it.
+pub fn new_key_and_csr() -> anyhow::Result<(rcgen::KeyPair, Vec<u8>)> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .context("cannot make an operator key")?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .context("cannot make a certificate request")?;
+    Ok((key, csr.der().to_vec()))
+}
+
+/// Writes a credential file, mode 0600. Refuses to replace an existing
+/// file unless `force`.
+pub fn write_credential(path: &Path, c: &OperatorCredential, force: bool) -> anyhow::Result<()> {
+    let bytes = serde_json::to_vec_pretty(c)?;
+    if force {
+        files::write_atomic(path, &bytes, 0o600)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        return Ok(());
+    }
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                anyhow::anyhow!(
+                    "{} already exists: choose another --out, or pass --force to replace it",
+                    path.display()
+                )
+            } else {
+                anyhow::Error::new(e).context(format!("cannot write {}", path.display()))
+            }
+        })?;
+    f.write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Issues the first admin's credential from this process's operator CA:
+/// named `admin`, or `admin-N` when another process sharing the store took
+/// that name.
+async fn first_admin(
+    store: &Store,
+    ca: &OperatorCa,
+    server: String,
+) -> anyhow::Result<OperatorCredential> {
+    let (key, csr) = new_key_and_csr()?;
+    let now = store.now().await?;
+    for n in 1..=1000u32 {
+        let name = if n == 1 {
+            "admin".to_string()
+        } else {
+            format!("admin-{n}")
+        };
+        let cert = ca
+            .issue(&csr, &name, now)
+            .context("cannot issue the first admin's certificate")?;
+        let added = store
+            .add_operator(&NewOperator {
+                id: name.clone(),
+                role: OperatorRole::Admin,
+                cert_sha256: bcd_proto::fingerprint(&cert.der),
+                cert_serial: cert.serial.clone(),
+                not_after: cert.not_after_ms,
+            })
+            .await;
+        match added {
+            Ok(()) => {
+                return Ok(OperatorCredential {
+                    server,
+                    name,
+                    ca_pem: cert_pem(&ca.cert),
+                    cert_pem: cert_pem(&cert.der),
+                    key_pem: key.serialize_pem(),
+                });
+            }
+            Err(bc_store::TxError::Refused(bc_store::Refusal::Conflict(_))) => continue,
+            Err(e) => return Err(anyhow::Error::new(e).context("cannot record the first admin")),
+        }
+    }
+    anyhow::bail!("cannot name the first admin: admin to admin-1000 are all taken")
+}
+
+/// Writes the first admin's credential on first start (and in place of a
+/// bearer-token `operator.json` an earlier server wrote); afterwards keeps
+/// its server address current.
 pub async fn operator_credential(
     dir: &Path,
     store: &Store,
-    ca_der: &[u8],
-    addr: SocketAddr,
-) -> anyhow::Result<HashSet<String>> {
+    ca: &OperatorCa,
+    api: SocketAddr,
+) -> anyhow::Result<()> {
     let path = dir.join(OPERATOR_FILE);
-    let server = format!("https://{addr}");
-    let cred = if path.exists() {
-        let mut c: OperatorCredential = serde_json::from_slice(
-            &std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?,
-        )
-        .with_context(|| format!("{} is corrupt", path.display()))?;
-        if c.server != server {
-            c.server = server;
-            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+    let server = format!("https://{api}");
+    let existing = match std::fs::read(&path) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("cannot read {}", path.display())));
         }
-        c
-    } else {
-        let token = format!(
-            "bco1.{:032x}{:032x}",
-            rand::random::<u128>(),
-            rand::random::<u128>()
-        );
-        store
-            .add_operator("admin", &bcd_proto::fingerprint(token.as_bytes()))
-            .await?;
-        let c = OperatorCredential {
-            server,
-            ca_pem: files::pem_certificate(ca_der),
-            token,
-        };
-        files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
-        info!(path = %path.display(), "wrote the operator credential");
-        c
     };
-    let mut hashes = HashSet::new();
-    hashes.insert(bcd_proto::fingerprint(cred.token.as_bytes()));
-    Ok(hashes)
+    match existing {
+        Some(bytes) if !is_bearer_credential(&bytes) => {
+            let mut c: OperatorCredential = serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "{} is corrupt: delete it and restart better-compute serve (it writes a new \
+                     admin credential)",
+                    path.display()
+                )
+            })?;
+            if c.server != server {
+                c.server = server;
+                files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+            }
+        }
+        bearer => {
+            let c = first_admin(store, ca, server).await?;
+            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+            if bearer.is_some() {
+                warn!(
+                    path = %path.display(),
+                    operator = %c.name,
+                    "operator.json held a bearer token, which the API no longer accepts: replaced \
+                     it with a client-certificate credential"
+                );
+            } else {
+                info!(path = %path.display(), operator = %c.name, "wrote the operator credential");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Admin service's calls, read from the protocol file.
+    fn admin_calls() -> Vec<String> {
+        let proto = include_str!("../../../bcd/proto/proto/bcd.proto");
+        let start = proto.find("service Admin {").expect("the Admin service");
+        let end = start + proto[start..].find("\n}").expect("its end");
+        proto[start..end]
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .map(|l| l.split('(').next().unwrap().trim().to_string())
+            .collect()
+    }
+
+    fn path(call: &str) -> String {
+        format!("/bcd.v1.Admin/{call}")
+    }
+
+    #[test]
+    fn reads_are_read_only_and_everything_else_needs_an_admin() {
+        let calls = admin_calls();
+        assert!(calls.len() >= 20, "{calls:?}");
+        for call in &calls {
+            let reads = call.starts_with("List") || call.starts_with("Get");
+            let want = if reads {
+                OperatorRole::ReadOnly
+            } else {
+                OperatorRole::Admin
+            };
+            assert_eq!(required_role(&path(call)), want, "{call}");
+        }
+        for listed in READ_ONLY_CALLS {
+            assert!(
+                calls.iter().any(|c| c == listed),
+                "{listed} is no call of the Admin service"
+            );
+        }
+        // Anything not known needs an admin.
+        assert_eq!(required_role("/bcd.v1.Admin/Unheard"), OperatorRole::Admin);
+        assert_eq!(required_role(""), OperatorRole::Admin);
+    }
+
+    fn row(role: OperatorRole) -> OperatorRow {
+        OperatorRow {
+            id: "op".into(),
+            role,
+            cert_sha256: Some("c".into()),
+            cert_serial: Some("s".into()),
+            created_at: 0,
+            not_after: Some(1_000),
+            revoked_at: None,
+        }
+    }
+
+    #[test]
+    fn a_read_only_operator_reads_and_is_told_which_role_a_change_needs() {
+        let ro = row(OperatorRole::ReadOnly);
+        assert_eq!(
+            decide(Some(&ro), &path("ListNodes"), 10).unwrap(),
+            Operator {
+                name: "op".into(),
+                role: OperatorRole::ReadOnly
+            }
+        );
+        let denied = decide(Some(&ro), &path("RunCommand"), 10).unwrap_err();
+        assert!(matches!(
+            denied,
+            Denied::Role {
+                needs: OperatorRole::Admin,
+                ..
+            }
+        ));
+        let status = denied.status();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("RunCommand needs the admin role"),
+            "{}",
+            status.message()
+        );
+        let admin = row(OperatorRole::Admin);
+        for call in ["RunCommand", "AddOperator", "ListNodes"] {
+            assert!(decide(Some(&admin), &path(call), 10).is_ok(), "{call}");
+        }
+    }
+
+    #[test]
+    fn unknown_revoked_and_expired_certificates_are_refused() {
+        assert_eq!(decide(None, &path("ListNodes"), 10), Err(Denied::Unknown));
+        let mut revoked = row(OperatorRole::Admin);
+        revoked.revoked_at = Some(5);
+        assert_eq!(
+            decide(Some(&revoked), &path("ListNodes"), 10),
+            Err(Denied::Revoked("op".into()))
+        );
+        let mut bearer = row(OperatorRole::Admin);
+        bearer.cert_sha256 = None;
+        assert!(decide(Some(&bearer), &path("ListNodes"), 10).is_err());
+        assert_eq!(
+            decide(Some(&row(OperatorRole::Admin)), &path("ListNodes"), 1_000),
+            Err(Denied::Expired("op".into()))
+        );
+        for d in [Denied::Unknown, Denied::Revoked("op".into())] {
+            assert_eq!(d.status().code(), tonic::Code::Unauthenticated);
+        }
+    }
+
+    #[test]
+    fn credential_files_are_private_and_not_replaced_without_force() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("op.json");
+        let c = OperatorCredential {
+            server: "https://127.0.0.1:1".into(),
+            name: "a".into(),
+            ca_pem: String::new(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+        };
+        write_credential(&p, &c, false).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let err = write_credential(&p, &c, false).unwrap_err().to_string();
+        assert!(err.contains("--force"), "{err}");
+        write_credential(&p, &c, true).unwrap();
+        assert!(!is_bearer_credential(&std::fs::read(&p).unwrap()));
+        assert!(is_bearer_credential(
+            br#"{"server":"x","ca_pem":"y","token":"bco1.z"}"#
+        ));
+    }
 }

@@ -1,8 +1,9 @@
 //! The operator API and the join service: one file per service area, each
 //! turning requests into store calls and store rows into replies.
 //!
-//! Every operator call carries the operator's bearer credential ([`auth`]);
-//! there is no other way in. Errors reach the operator through the one
+//! The Admin service is served on the operator API's listener only, to
+//! client certificates of the operator CA, each call checked against the
+//! operator's role in one place ([`auth`]); there is no other way in. Errors reach the operator through the one
 //! mapping in [`status`], worded for them; store failures are logged and
 //! reported as "unavailable". The gateway is reached only through [`Wake`],
 //! so this layer does not depend on it.
@@ -14,6 +15,7 @@ pub mod gateways;
 pub mod images;
 pub mod join;
 pub mod nodes;
+pub mod operators;
 pub mod releases;
 pub mod rollouts;
 pub mod specs;
@@ -50,6 +52,8 @@ pub struct AdminService {
     pub gateway: Option<Arc<dyn Wake>>,
     /// Wakes the rollout controller.
     pub rollouts: Arc<tokio::sync::Notify>,
+    /// Signs operators' certificates.
+    pub operator_ca: Arc<crate::pki::OperatorCa>,
 }
 
 impl std::fmt::Debug for AdminService {
@@ -216,5 +220,30 @@ impl Admin for AdminService {
 
     async fn list_boots(&self, r: Request<v1::ListBootsRequest>) -> Reply<v1::ListBootsResponse> {
         images::boots(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn add_operator(
+        &self,
+        r: Request<v1::AddOperatorRequest>,
+    ) -> Reply<v1::AddOperatorResponse> {
+        operators::add(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_operators(
+        &self,
+        _: Request<v1::ListOperatorsRequest>,
+    ) -> Reply<v1::ListOperatorsResponse> {
+        operators::list(self).await.map(Response::new)
+    }
+
+    async fn revoke_operator(
+        &self,
+        r: Request<v1::RevokeOperatorRequest>,
+    ) -> Reply<v1::OperatorInfo> {
+        operators::revoke(self, r.into_inner())
+            .await
+            .map(Response::new)
     }
 }

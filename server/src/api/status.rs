@@ -125,8 +125,10 @@ pub enum Turned {
         reason: String,
         statement: Option<Vec<u8>>,
     },
-    /// The operator API's credential is missing or unknown.
-    Operator(&'static str),
+    /// The operator API's credential is missing, unknown or revoked.
+    Operator(String),
+    /// The operator's role does not allow the call.
+    Forbidden(String),
 }
 
 /// The status a [`Turned`] goes out with.
@@ -167,6 +169,12 @@ pub fn turned(t: Turned) -> Status {
         Turned::Operator(m) => typed(
             Code::Unauthenticated,
             RefusalReason::OperatorUnauthenticated,
+            m,
+            vec![],
+        ),
+        Turned::Forbidden(m) => typed(
+            Code::PermissionDenied,
+            RefusalReason::OperatorForbidden,
             m,
             vec![],
         ),
@@ -252,7 +260,8 @@ mod tests {
                 reason: "r".into(),
                 statement: None,
             },
-            Turned::Operator("o"),
+            Turned::Operator("o".into()),
+            Turned::Forbidden("f".into()),
         ] {
             assert_ne!(
                 reason(&turned(t.clone())),

@@ -45,9 +45,11 @@ use tracing::warn;
 use self::journal::{Journal, Phase};
 use self::manifest::{FileEntry, Manifest};
 
-/// The files of the data directory a set carries: the CA, the serving
-/// certificate, the worker's signing key and the operator credential.
-/// Those marked required must be there.
+/// The files of the data directory a set carries: the fleet CA, the
+/// serving certificate, the worker's signing key, the operator CA with the
+/// API's serving certificate, and the first admin's credential. Those
+/// marked required must be there (the operator CA is not: sets from before
+/// it existed restore too, and serve creates one).
 pub const KEY_FILES: &[(&str, bool, u32)] = &[
     ("ca.key", true, 0o600),
     ("ca.crt", true, 0o644),
@@ -55,6 +57,11 @@ pub const KEY_FILES: &[(&str, bool, u32)] = &[
     ("gateway.key", false, 0o600),
     ("gateway.crt", false, 0o644),
     ("gateway.names", false, 0o644),
+    (crate::pki::operator::KEY_FILE, false, 0o600),
+    (crate::pki::operator::CERT_FILE, false, 0o644),
+    ("api.key", false, 0o600),
+    ("api.crt", false, 0o644),
+    ("api.names", false, 0o644),
     (crate::api::auth::OPERATOR_FILE, false, 0o600),
 ];
 

@@ -64,7 +64,7 @@ pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
                 name: name.clone(),
                 secret: r.secret,
                 upstream,
-                ca_pem: crate::files::pem_certificate(&r.ca_der),
+                ca_pem: crate::api::auth::cert_pem(&r.ca_der),
             };
             credential.write(&out)?;
             out!("{}", out.display());

@@ -11,6 +11,7 @@ mod doctor;
 mod gateways;
 mod images;
 mod nodes;
+mod operators;
 pub mod output;
 mod releases;
 mod rollouts;
@@ -40,10 +41,11 @@ struct Cli {
         env = "BC_DATA_DIR"
     )]
     data_dir: PathBuf,
-    /// The operator credential; defaults to operator.json in --data-dir.
+    /// The operator credential (a client certificate for the operator
+    /// API); defaults to operator.json in --data-dir.
     #[arg(long, global = true, env = "BC_OPERATOR")]
     operator: Option<PathBuf>,
-    /// Override the server address in the operator credential.
+    /// Override the operator API's address in the operator credential.
     #[arg(long, global = true, env = "BC_SERVER")]
     server: Option<String>,
     /// The store `serve` and `check` use: `postgres://USER@HOST/DATABASE`
@@ -88,6 +90,12 @@ enum Command {
     Commands {
         #[command(subcommand)]
         command: commands::CommandsCommand,
+    },
+    /// Operators of the API: add (a client certificate from the operator
+    /// CA), list, revoke.
+    Operators {
+        #[command(subcommand)]
+        command: operators::OperatorsCommand,
     },
     /// Roll a release out to the fleet in waves.
     Rollouts {
@@ -200,6 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Releases { command } => releases::run(command, &target).await.map(|()| done),
         Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
         Command::Images { command } => images::run(command, &target).await.map(|()| done),
+        Command::Operators { command } => operators::run(command, &target).await.map(|()| done),
     }
 }
 

@@ -24,9 +24,16 @@ pub struct ServeArgs {
     /// For --role gateway: the credential from `better-compute gateways add`.
     #[arg(long, required_if_eq("role", "gateway"))]
     credential: Option<PathBuf>,
+    /// Where nodes connect: the gateway and the join service.
     #[arg(long, default_value = "127.0.0.1:7443")]
     listen: std::net::SocketAddr,
-    /// Extra DNS names or IPs for the serving certificate.
+    /// Where operators connect: the Admin API, with client certificates
+    /// from the operator CA. By default the --listen IP, its port + 1
+    /// (127.0.0.1:7444); an ephemeral port when --listen's is 0.
+    #[arg(long)]
+    api_listen: Option<std::net::SocketAddr>,
+    /// Extra DNS names or IPs for the serving certificates (the gateway's
+    /// and the API's).
     #[arg(long = "san")]
     sans: Vec<String>,
     #[arg(long)]
@@ -95,6 +102,9 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         (RoleArg::All, Some(_)) => {
             anyhow::bail!("--credential is for --role gateway; the default role holds the keys")
         }
+        (RoleArg::Gateway, Some(_)) if a.api_listen.is_some() => anyhow::bail!(
+            "--api-listen is for the role holding the keys: a gateway serves no operator API"
+        ),
         (RoleArg::Gateway, Some(credential)) => Role::Gateway { credential },
         (RoleArg::Gateway, None) => anyhow::bail!(
             "--role gateway needs --credential FILE (from better-compute gateways add)"
@@ -116,6 +126,9 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         ServeOptions {
             store: crate::serve::store_location(&data_dir, store.as_deref()),
             data_dir,
+            api_listen: a
+                .api_listen
+                .unwrap_or_else(|| crate::serve::default_api_listen(a.listen)),
             listen: a.listen,
             sans: a.sans,
             gateway_id: a.gateway_id,

@@ -86,85 +86,150 @@ fn random_serial() -> (SerialNumber, String) {
     (SerialNumber::from_slice(&b), hex::encode(b))
 }
 
+/// A self-signed CA kept as `key_file` (mode 0600) and `cert_file` in
+/// `dir`, created on first start.
+pub(super) fn load_or_create_root(
+    dir: &Path,
+    (key_file, cert_file): (&str, &str),
+    common_name: &str,
+    now_ms: i64,
+) -> Result<(CertificateDer<'static>, KeyPair), CaError> {
+    let (key_path, cert_path) = (dir.join(key_file), dir.join(cert_file));
+    if !cert_path.exists() {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.not_before = offset(now_ms - 3_600_000);
+        params.not_after = offset(now_ms + 20 * 365 * 86_400_000);
+        params.serial_number = Some(random_serial().0);
+        let cert = params.self_signed(&key)?;
+        files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
+    }
+    let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
+        path: key_path.clone(),
+    })?;
+    let key = KeyPair::from_pem(&key_pem).map_err(|_| CaError::Pem { path: key_path })?;
+    let cert = CertificateDer::from_pem_slice(&read(&cert_path)?)
+        .map_err(|_| CaError::Pem { path: cert_path })?;
+    Ok((cert, key))
+}
+
+/// A serving certificate for `names` issued by `(ca_cert, ca_key)`, kept as
+/// `BASE.key` (mode 0600), `BASE.crt` and `BASE.names` in `dir`; issued
+/// again when the names change. Returns the chain (leaf, CA) and the key
+/// (PEM).
+pub(super) fn load_or_create_serving(
+    dir: &Path,
+    base: &str,
+    names: &[String],
+    common_name: &str,
+    (ca_cert, ca_key): (&CertificateDer<'static>, &KeyPair),
+    now_ms: i64,
+) -> Result<(Vec<CertificateDer<'static>>, String), CaError> {
+    let key_path = dir.join(format!("{base}.key"));
+    let cert_path = dir.join(format!("{base}.crt"));
+    let names_path = dir.join(format!("{base}.names"));
+    let wanted = names.join("\n");
+    let current = std::fs::read_to_string(&names_path).unwrap_or_default();
+    if !cert_path.exists() || current != wanted {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::new(names.to_vec())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        params.distinguished_name = dn;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = offset(now_ms - 3_600_000);
+        params.not_after = offset(now_ms + 30 * 86_400_000);
+        params.serial_number = Some(random_serial().0);
+        let issuer = Issuer::from_ca_cert_der(ca_cert, ca_key)?;
+        let cert = params.signed_by(&key, &issuer)?;
+        files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        files::write_atomic(&names_path, wanted.as_bytes(), 0o644)?;
+    }
+    let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
+        path: key_path.clone(),
+    })?;
+    let leaf = CertificateDer::from_pem_slice(&read(&cert_path)?)
+        .map_err(|_| CaError::Pem { path: cert_path })?;
+    // The chain carries the CA so a joining node can match it to the pin
+    // in its token.
+    Ok((vec![leaf, ca_cert.clone()], key_pem))
+}
+
+/// A client certificate for `subject` (common name and one URI SAN) to the
+/// key of `csr_der`, issued by `(ca_cert, ca_key)`.
+pub(super) fn issue_client_cert(
+    csr_der: &[u8],
+    (common_name, uri): (&str, String),
+    (ca_cert, ca_key): (&CertificateDer<'static>, &KeyPair),
+    now_ms: i64,
+    ttl: Duration,
+) -> Result<NodeCert, IssueError> {
+    let csr =
+        CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+            .map_err(|_| IssueError::Csr(CsrError::Invalid))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.subject_alt_names =
+        vec![SanType::URI(uri.try_into().map_err(|_| {
+            IssueError::Ca(CaError::Rcgen(rcgen::Error::CouldNotParseCertificate))
+        })?)];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    // A little back-dating absorbs small clock differences of verifiers.
+    let not_before_ms = now_ms - 300_000;
+    let not_after_ms = now_ms + ttl.as_millis() as i64;
+    params.not_before = offset(not_before_ms);
+    params.not_after = offset(not_after_ms);
+    let (serial, serial_hex) = random_serial();
+    params.serial_number = Some(serial);
+    let issuer = Issuer::from_ca_cert_der(ca_cert, ca_key).map_err(CaError::from)?;
+    let cert = params
+        .signed_by(&csr.public_key, &issuer)
+        .map_err(CaError::from)?;
+    Ok(NodeCert {
+        der: cert.der().clone(),
+        serial: serial_hex,
+        not_before_ms,
+        not_after_ms,
+    })
+}
+
 impl Ca {
     /// Loads the CA from `dir`, creating it and a serving certificate on
     /// first start. `sans` are extra names for the serving certificate.
     pub fn load_or_create(dir: &Path, sans: &[String], now_ms: i64) -> Result<Ca, CaError> {
-        let (ca_key_path, ca_cert_path) = (dir.join("ca.key"), dir.join("ca.crt"));
-        if !ca_cert_path.exists() {
-            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-            let mut params = CertificateParams::default();
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, "better-compute fleet CA");
-            params.distinguished_name = dn;
-            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            params.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            params.not_before = offset(now_ms - 3_600_000);
-            params.not_after = offset(now_ms + 20 * 365 * 86_400_000);
-            params.serial_number = Some(random_serial().0);
-            let cert = params.self_signed(&key)?;
-            files::write_atomic(&ca_key_path, key.serialize_pem().as_bytes(), 0o600)?;
-            files::write_atomic(&ca_cert_path, cert.pem().as_bytes(), 0o644)?;
-        }
-        let key_pem = String::from_utf8(read(&ca_key_path)?).map_err(|_| CaError::Pem {
-            path: ca_key_path.clone(),
-        })?;
-        let key = KeyPair::from_pem(&key_pem).map_err(|_| CaError::Pem { path: ca_key_path })?;
-        let cert = CertificateDer::from_pem_slice(&read(&ca_cert_path)?)
-            .map_err(|_| CaError::Pem { path: ca_cert_path })?;
-        let mut ca = Ca {
-            cert,
-            key,
-            serving_chain: Vec::new(),
-            serving_key_pem: String::new(),
-        };
-        ca.load_or_create_serving(dir, sans, now_ms)?;
-        Ok(ca)
-    }
-
-    fn load_or_create_serving(
-        &mut self,
-        dir: &Path,
-        sans: &[String],
-        now_ms: i64,
-    ) -> Result<(), CaError> {
-        let (key_path, cert_path) = (dir.join("gateway.key"), dir.join("gateway.crt"));
+        let (cert, key) =
+            load_or_create_root(dir, ("ca.key", "ca.crt"), "better-compute fleet CA", now_ms)?;
         let mut names = vec![bcd_proto::GATEWAY_NAME.to_string()];
         names.extend(sans.iter().cloned());
-        let names_path = dir.join("gateway.names");
-        let wanted = names.join("\n");
-        let current = std::fs::read_to_string(&names_path).unwrap_or_default();
-        if !cert_path.exists() || current != wanted {
-            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-            let mut params = CertificateParams::new(names.clone())?;
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, "better-compute gateway");
-            params.distinguished_name = dn;
-            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            params.not_before = offset(now_ms - 3_600_000);
-            params.not_after = offset(now_ms + 30 * 86_400_000);
-            params.serial_number = Some(random_serial().0);
-            let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key)?;
-            let cert = params.signed_by(&key, &issuer)?;
-            files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-            files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
-            files::write_atomic(&names_path, wanted.as_bytes(), 0o644)?;
-        }
-        let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
-            path: key_path.clone(),
-        })?;
-        let leaf = CertificateDer::from_pem_slice(&read(&cert_path)?)
-            .map_err(|_| CaError::Pem { path: cert_path })?;
-        // The chain carries the CA so a joining node can match it to the
-        // pin in its token.
-        self.serving_chain = vec![leaf, self.cert.clone()];
-        self.serving_key_pem = key_pem;
-        Ok(())
+        let (serving_chain, serving_key_pem) = load_or_create_serving(
+            dir,
+            "gateway",
+            &names,
+            "better-compute gateway",
+            (&cert, &key),
+            now_ms,
+        )?;
+        Ok(Ca {
+            cert,
+            key,
+            serving_chain,
+            serving_key_pem,
+        })
     }
 
     pub fn serving_key(&self) -> PrivateKeyDer<'static> {
@@ -185,37 +250,13 @@ impl Ca {
         now_ms: i64,
         ttl: Duration,
     ) -> Result<NodeCert, IssueError> {
-        let csr =
-            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
-                .map_err(|_| IssueError::Csr(CsrError::Invalid))?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, node_id);
-        params.distinguished_name = dn;
-        params.subject_alt_names = vec![SanType::URI(
-            format!("urn:bc:node:{node_id}").try_into().map_err(|_| {
-                IssueError::Ca(CaError::Rcgen(rcgen::Error::CouldNotParseCertificate))
-            })?,
-        )];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        // A little back-dating absorbs small clock differences of verifiers.
-        let not_before_ms = now_ms - 300_000;
-        let not_after_ms = now_ms + ttl.as_millis() as i64;
-        params.not_before = offset(not_before_ms);
-        params.not_after = offset(not_after_ms);
-        let (serial, serial_hex) = random_serial();
-        params.serial_number = Some(serial);
-        let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key).map_err(CaError::from)?;
-        let cert = params
-            .signed_by(&csr.public_key, &issuer)
-            .map_err(CaError::from)?;
-        Ok(NodeCert {
-            der: cert.der().clone(),
-            serial: serial_hex,
-            not_before_ms,
-            not_after_ms,
-        })
+        issue_client_cert(
+            csr_der,
+            (node_id, format!("urn:bc:node:{node_id}")),
+            (&self.cert, &self.key),
+            now_ms,
+            ttl,
+        )
     }
 }
 

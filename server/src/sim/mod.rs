@@ -197,6 +197,13 @@ struct Gateway {
     child: tokio::process::Child,
 }
 
+/// Where a gateway process listens: for nodes, and for operators.
+#[derive(Debug, Clone, Copy)]
+struct Listening {
+    node: SocketAddr,
+    api: SocketAddr,
+}
+
 /// How a gateway process is started.
 #[derive(Debug, Clone)]
 struct GatewayConfig {
@@ -217,12 +224,14 @@ async fn start_gateway(
     name: &str,
     slot: usize,
     config: &GatewayConfig,
-) -> anyhow::Result<(Gateway, SocketAddr)> {
+) -> anyhow::Result<(Gateway, Listening)> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("serve").arg("--data-dir").arg(dir).args([
         "--listen",
+        "127.0.0.1:0",
+        "--api-listen",
         "127.0.0.1:0",
         "--gateway-id",
         name,
@@ -249,10 +258,19 @@ async fn start_gateway(
     let stdout = child.stdout.take().expect("piped");
     let mut lines = tokio::io::BufReader::new(stdout).lines();
     let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        // `api on ADDR` comes before `listening on ADDR as gateway ID`.
+        let mut api = None;
         while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("api on ") {
+                api = Some(rest.trim().parse::<SocketAddr>()?);
+            }
             if let Some(rest) = line.strip_prefix("listening on ") {
                 let addr = rest.split_whitespace().next().unwrap_or_default();
-                return Ok::<_, anyhow::Error>(addr.parse::<SocketAddr>()?);
+                let api = api.context("the gateway printed no `api on ADDR`")?;
+                return Ok::<_, anyhow::Error>(Listening {
+                    node: addr.parse::<SocketAddr>()?,
+                    api,
+                });
             }
         }
         anyhow::bail!("gateway {name} exited before listening; see {name}.log")
@@ -303,6 +321,8 @@ struct World {
     gateways: Mutex<Vec<Gateway>>,
     /// Gateway name → address, while it is up.
     backends: std::sync::Mutex<BTreeMap<String, SocketAddr>>,
+    /// Gateway name → operator API address, while it is up.
+    apis: std::sync::Mutex<BTreeMap<String, SocketAddr>>,
     kills: Mutex<Vec<Kill>>,
     restarts: std::sync::atomic::AtomicUsize,
     storm: Mutex<Option<f64>>,
@@ -313,12 +333,20 @@ struct World {
 }
 
 impl World {
-    async fn set_backend(&self, name: &str, addr: Option<SocketAddr>) {
+    async fn set_backend(&self, name: &str, listening: Option<Listening>) {
+        let addr = listening.map(|l| l.node);
         {
             let mut b = self.backends.lock().expect("backends");
-            match addr {
-                Some(a) => b.insert(name.to_string(), a),
-                None => b.remove(name),
+            let mut apis = self.apis.lock().expect("apis");
+            match listening {
+                Some(l) => {
+                    b.insert(name.to_string(), l.node);
+                    apis.insert(name.to_string(), l.api)
+                }
+                None => {
+                    b.remove(name);
+                    apis.remove(name)
+                }
             };
         }
         self.hosts
@@ -331,9 +359,9 @@ impl World {
 
     /// The operator API on some gateway that is up.
     fn api(&self) -> Option<String> {
-        self.backends
+        self.apis
             .lock()
-            .expect("backends")
+            .expect("apis")
             .values()
             .next()
             .map(|a| format!("https://{a}"))
@@ -544,7 +572,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     }
     // The first gateway created the store; the simulator reads it too.
     let store = crate::serve::open_store(&location).await?;
-    let api = format!("https://{}", addrs[0].1);
+    let api = format!("https://{}", addrs[0].1.api);
     let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
     let token = admin
         .create_token(bcd_proto::v1::CreateTokenRequest {
@@ -576,6 +604,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         hosts: hosts.clone(),
         gateways: Mutex::new(gateways),
         backends: std::sync::Mutex::new(BTreeMap::new()),
+        apis: std::sync::Mutex::new(BTreeMap::new()),
         kills: Mutex::new(Vec::new()),
         restarts: std::sync::atomic::AtomicUsize::new(0),
         storm: Mutex::new(None),

@@ -33,7 +33,9 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
+use crate::tokens::{
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+};
 
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -47,9 +49,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     // ------------------------------------------------ tokens, operators
 
-    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError>;
+    /// Records an operator and its certificate; refused if the name is
+    /// taken (revoked operators keep theirs).
+    async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError>;
 
-    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError>;
+    /// Every operator, revoked ones included, oldest first.
+    async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError>;
+
+    /// The operator a client certificate (its SHA-256) was issued to.
+    async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError>;
+
+    /// Revokes an operator's certificate (once; again is no change).
+    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError>;
 
     // ------------------------------------------------ gateway credentials
 

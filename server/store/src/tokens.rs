@@ -243,3 +243,90 @@ mod tests {
         assert!(id.starts_with("nd-") && id[3..].bytes().all(|b| b.is_ascii_hexdigit()));
     }
 }
+
+/// What an operator may do through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OperatorRole {
+    /// Lists and reads; changes nothing.
+    ReadOnly,
+    /// Anything the API offers.
+    Admin,
+}
+
+impl OperatorRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorRole::ReadOnly => "read-only",
+            OperatorRole::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OperatorRole> {
+        match s {
+            "read-only" => Some(OperatorRole::ReadOnly),
+            "admin" => Some(OperatorRole::Admin),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for OperatorRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An operator to record, with the certificate the operator CA issued it.
+#[derive(Debug, Clone)]
+pub struct NewOperator {
+    pub id: String,
+    pub role: OperatorRole,
+    /// SHA-256 of the certificate (DER), hex.
+    pub cert_sha256: String,
+    pub cert_serial: String,
+    pub not_after: i64,
+}
+
+/// An operator as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorRow {
+    pub id: String,
+    pub role: OperatorRole,
+    /// `None` for an operator from before certificates (always revoked).
+    pub cert_sha256: Option<String>,
+    pub cert_serial: Option<String>,
+    pub created_at: i64,
+    pub not_after: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+impl OperatorRow {
+    /// Whether this row lets its certificate call the API now.
+    pub fn active(&self, now_ms: i64) -> bool {
+        self.revoked_at.is_none()
+            && self.cert_sha256.is_some()
+            && self.not_after.is_some_and(|t| t > now_ms)
+    }
+}
+
+/// The columns [`OperatorRow`] reads, in order.
+pub(crate) const OPERATOR_COLUMNS: &str =
+    "id, role, cert_sha256, cert_serial, created_at, not_after, revoked_at";
+
+pub(crate) fn operator_role(s: &str) -> Result<OperatorRole, crate::error::StoreError> {
+    OperatorRole::parse(s)
+        .ok_or_else(|| crate::error::StoreError::Corrupt(format!("operator role {s:?}")))
+}
+
+pub(crate) fn operator_exists(id: &str) -> Refusal {
+    Refusal::Conflict(format!(
+        "an operator named {id} already exists (better-compute operators list): choose another \
+         name"
+    ))
+}
+
+pub(crate) fn no_operator(id: &str) -> Refusal {
+    Refusal::NotFound(format!(
+        "no operator {id}: see better-compute operators list"
+    ))
+}

@@ -81,7 +81,9 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
+use crate::tokens::{
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+};
 
 /// The migrations, in order. The schema version is how many ran; the
 /// numbers mean the same schema as SQLite's.
@@ -101,6 +103,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0013_audit_chain.sql"),
     include_str!("migrations/0014_backups.sql"),
     include_str!("migrations/0015_cert_sightings.sql"),
+    include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
 ];
 
@@ -427,13 +430,20 @@ impl Backend for PostgresBackend {
         .await)
     }
 
-    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError> {
-        tx!(self, |tx| tokens::add_operator(&tx, id, token_sha256).await)
+    async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
+        tx!(self, |tx| tokens::add_operator(&tx, o).await)
     }
 
-    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
-        tx!(self, |tx| tokens::operator_by_token(&tx, token_sha256)
-            .await)
+    async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError> {
+        tx!(self, |tx| tokens::list_operators(&tx).await)
+    }
+
+    async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError> {
+        tx!(self, |tx| tokens::operator_by_cert(&tx, cert_sha256).await)
+    }
+
+    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError> {
+        tx!(self, |tx| tokens::revoke_operator(&tx, id).await)
     }
 
     async fn add_gateway_credential(

@@ -4,35 +4,92 @@ use super::{Tx, execute, ms, now, query, query_one, query_opt};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewToken, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow,
-    admit, judge_proof, new_node_id, reenrol_detail,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
+    PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof, new_node_id,
+    no_operator, operator_exists, operator_role, reenrol_detail,
 };
 
-pub(super) async fn add_operator(
-    tx: &Tx<'_>,
-    id: &str,
-    token_sha256: &str,
-) -> Result<(), StoreError> {
+pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
+    let taken: bool = query_one(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM operators WHERE id = $1)",
+        &[&o.id],
+    )
+    .await?
+    .get(0);
+    if taken {
+        return Err(operator_exists(&o.id).into());
+    }
     execute(
         tx,
-        "INSERT INTO operators (id, token_sha256, created_at) VALUES ($1, $2, compute_now())",
-        &[&id, &token_sha256],
+        "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after)
+         VALUES ($1, $2, $3, $4, compute_now(), $5)",
+        &[
+            &o.id,
+            &o.role.as_str(),
+            &o.cert_sha256,
+            &o.cert_serial,
+            &o.not_after,
+        ],
     )
     .await?;
     Ok(())
 }
 
-pub(super) async fn operator_by_token(
-    tx: &Tx<'_>,
-    token_sha256: &str,
-) -> Result<Option<String>, StoreError> {
-    Ok(query_opt(
+fn operator_row(r: &tokio_postgres::Row) -> Result<OperatorRow, StoreError> {
+    Ok(OperatorRow {
+        id: r.get(0),
+        role: operator_role(r.get(1))?,
+        cert_sha256: r.get(2),
+        cert_serial: r.get(3),
+        created_at: r.get(4),
+        not_after: r.get(5),
+        revoked_at: r.get(6),
+    })
+}
+
+pub(super) async fn list_operators(tx: &Tx<'_>) -> Result<Vec<OperatorRow>, StoreError> {
+    query(
         tx,
-        "SELECT id FROM operators WHERE token_sha256 = $1",
-        &[&token_sha256],
+        &format!("SELECT {OPERATOR_COLUMNS} FROM operators ORDER BY created_at, id"),
+        &[],
     )
     .await?
-    .map(|r| r.get(0)))
+    .iter()
+    .map(operator_row)
+    .collect()
+}
+
+pub(super) async fn operator_by_cert(
+    tx: &Tx<'_>,
+    cert_sha256: &str,
+) -> Result<Option<OperatorRow>, StoreError> {
+    query_opt(
+        tx,
+        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE cert_sha256 = $1"),
+        &[&cert_sha256],
+    )
+    .await?
+    .as_ref()
+    .map(operator_row)
+    .transpose()
+}
+
+pub(super) async fn revoke_operator(tx: &Tx<'_>, id: &str) -> Result<OperatorRow, TxError> {
+    execute(
+        tx,
+        "UPDATE operators SET revoked_at = compute_now() WHERE id = $1 AND revoked_at IS NULL",
+        &[&id],
+    )
+    .await?;
+    let row = query_opt(
+        tx,
+        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = $1"),
+        &[&id],
+    )
+    .await?
+    .ok_or_else(|| no_operator(id))?;
+    Ok(operator_row(&row)?)
 }
 
 pub(super) async fn create_token(tx: &Tx<'_>, t: &NewToken) -> Result<i64, StoreError> {

@@ -64,7 +64,9 @@ use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
-use crate::tokens::{IssueCert, JoinInput, Joined, NewToken, PreviousProof};
+use crate::tokens::{
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+};
 
 /// The migrations, in order. The schema version is how many ran.
 pub const MIGRATIONS: &[&str] = &[
@@ -83,6 +85,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0013_audit_chain.sql"),
     include_str!("migrations/0014_backups.sql"),
     include_str!("migrations/0015_cert_sightings.sql"),
+    include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
 ];
 
@@ -357,16 +360,23 @@ impl Backend for SqliteBackend {
         self.read(|c| Ok(user_version(c)?)).await
     }
 
-    async fn add_operator(&self, id: &str, token_sha256: &str) -> Result<(), StoreError> {
-        let (id, hash) = (id.to_string(), token_sha256.to_string());
-        self.write(move |c| tokens::add_operator(c, &id, &hash))
-            .await
+    async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
+        let o = o.clone();
+        self.write(move |c| tokens::add_operator(c, &o)).await
     }
 
-    async fn operator_by_token(&self, token_sha256: &str) -> Result<Option<String>, StoreError> {
-        let hash = token_sha256.to_string();
-        self.read(move |c| tokens::operator_by_token(c, &hash))
-            .await
+    async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError> {
+        self.read(tokens::list_operators).await
+    }
+
+    async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError> {
+        let hash = cert_sha256.to_string();
+        self.read(move |c| tokens::operator_by_cert(c, &hash)).await
+    }
+
+    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError> {
+        let id = id.to_string();
+        self.write(move |c| tokens::revoke_operator(c, &id)).await
     }
 
     async fn add_gateway_credential(

@@ -6,28 +6,93 @@ use super::{ms, now};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewToken, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow,
-    admit, judge_proof, new_node_id, reenrol_detail,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
+    OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof,
+    new_node_id, no_operator, operator_exists, operator_role, reenrol_detail,
 };
 
-pub(super) fn add_operator(c: &Connection, id: &str, token_sha256: &str) -> Result<(), StoreError> {
+pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
+    let taken: bool = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM operators WHERE id = ?1)",
+        [&o.id],
+        |r| r.get(0),
+    )?;
+    if taken {
+        return Err(operator_exists(&o.id).into());
+    }
     c.execute(
-        "INSERT INTO operators (id, token_sha256, created_at) VALUES (?1, ?2, compute_now())",
-        params![id, token_sha256],
+        "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after)
+         VALUES (?1, ?2, ?3, ?4, compute_now(), ?5)",
+        params![
+            o.id,
+            o.role.as_str(),
+            o.cert_sha256,
+            o.cert_serial,
+            o.not_after
+        ],
     )?;
     Ok(())
 }
 
-pub(super) fn operator_by_token(
+fn operator_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OperatorRow, String)> {
+    let role: String = r.get(1)?;
+    Ok((
+        OperatorRow {
+            id: r.get(0)?,
+            role: OperatorRole::ReadOnly,
+            cert_sha256: r.get(2)?,
+            cert_serial: r.get(3)?,
+            created_at: r.get(4)?,
+            not_after: r.get(5)?,
+            revoked_at: r.get(6)?,
+        },
+        role,
+    ))
+}
+
+fn with_role((mut row, role): (OperatorRow, String)) -> Result<OperatorRow, StoreError> {
+    row.role = operator_role(&role)?;
+    Ok(row)
+}
+
+pub(super) fn list_operators(c: &Connection) -> Result<Vec<OperatorRow>, StoreError> {
+    let mut stmt = c.prepare(&format!(
+        "SELECT {OPERATOR_COLUMNS} FROM operators ORDER BY created_at, id"
+    ))?;
+    let rows = stmt
+        .query_map([], operator_row)?
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.into_iter().map(with_role).collect()
+}
+
+pub(super) fn operator_by_cert(
     c: &Connection,
-    token_sha256: &str,
-) -> Result<Option<String>, StoreError> {
-    Ok(c.query_row(
-        "SELECT id FROM operators WHERE token_sha256 = ?1",
-        [token_sha256],
-        |r| r.get(0),
+    cert_sha256: &str,
+) -> Result<Option<OperatorRow>, StoreError> {
+    c.query_row(
+        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE cert_sha256 = ?1"),
+        [cert_sha256],
+        operator_row,
     )
-    .optional()?)
+    .optional()?
+    .map(with_role)
+    .transpose()
+}
+
+pub(super) fn revoke_operator(c: &Connection, id: &str) -> Result<OperatorRow, TxError> {
+    c.execute(
+        "UPDATE operators SET revoked_at = compute_now() WHERE id = ?1 AND revoked_at IS NULL",
+        [id],
+    )?;
+    let row = c
+        .query_row(
+            &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = ?1"),
+            [id],
+            operator_row,
+        )
+        .optional()?
+        .ok_or_else(|| no_operator(id))?;
+    Ok(with_role(row)?)
 }
 
 pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreError> {

@@ -1,4 +1,4 @@
--- schema version 16
+-- schema version 17
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -161,8 +161,12 @@ nodes.taints: text NOT NULL DEFAULT '[]'::text
 nodes.next_seq: bigint NOT NULL DEFAULT 1
 nodes.release_floor: bigint NOT NULL DEFAULT 0
 operators.id: text NOT NULL
-operators.token_sha256: text NOT NULL
 operators.created_at: bigint NOT NULL
+operators.role: text NOT NULL
+operators.cert_sha256: text
+operators.cert_serial: text
+operators.not_after: bigint
+operators.revoked_at: bigint
 releases.sequence: bigint NOT NULL
 releases.version: text NOT NULL
 releases.target: text NOT NULL
@@ -230,8 +234,10 @@ node_specs node_specs_pkey: PRIMARY KEY (node_id)
 node_state node_state_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_state node_state_pkey: PRIMARY KEY (node_id)
 nodes nodes_pkey: PRIMARY KEY (id)
+operators operators_cert_serial_key: UNIQUE (cert_serial)
+operators operators_cert_sha256_key: UNIQUE (cert_sha256)
 operators operators_pkey: PRIMARY KEY (id)
-operators operators_token_sha256_key: UNIQUE (token_sha256)
+operators operators_role_check: CHECK ((role = ANY (ARRAY['admin'::text, 'read-only'::text])))
 releases releases_pkey: PRIMARY KEY (sequence)
 rollout_nodes rollout_nodes_pkey: PRIMARY KEY (rollout_id, node_id)
 rollout_nodes rollout_nodes_rollout_id_fkey: FOREIGN KEY (rollout_id) REFERENCES rollouts(id)
@@ -278,8 +284,9 @@ node_specs_not_after: CREATE INDEX node_specs_not_after ON public.node_specs USI
 node_specs_pkey: CREATE UNIQUE INDEX node_specs_pkey ON public.node_specs USING btree (node_id)
 node_state_pkey: CREATE UNIQUE INDEX node_state_pkey ON public.node_state USING btree (node_id)
 nodes_pkey: CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (id)
+operators_cert_serial_key: CREATE UNIQUE INDEX operators_cert_serial_key ON public.operators USING btree (cert_serial)
+operators_cert_sha256_key: CREATE UNIQUE INDEX operators_cert_sha256_key ON public.operators USING btree (cert_sha256)
 operators_pkey: CREATE UNIQUE INDEX operators_pkey ON public.operators USING btree (id)
-operators_token_sha256_key: CREATE UNIQUE INDEX operators_token_sha256_key ON public.operators USING btree (token_sha256)
 releases_pkey: CREATE UNIQUE INDEX releases_pkey ON public.releases USING btree (sequence)
 rollout_nodes_pkey: CREATE UNIQUE INDEX rollout_nodes_pkey ON public.rollout_nodes USING btree (rollout_id, node_id)
 rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree (id)

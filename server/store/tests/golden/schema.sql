@@ -1,4 +1,4 @@
--- schema version 16
+-- schema version 17
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -276,11 +276,15 @@ CREATE TABLE nodes (
     , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table operators
-CREATE TABLE operators (
-        id           TEXT PRIMARY KEY,
-        token_sha256 TEXT NOT NULL UNIQUE,
-        created_at   INTEGER NOT NULL
-    ) STRICT;
+CREATE TABLE "operators" (
+    id          TEXT PRIMARY KEY,
+    role        TEXT NOT NULL CHECK (role IN ('admin', 'read-only')),
+    cert_sha256 TEXT UNIQUE,
+    cert_serial TEXT UNIQUE,
+    created_at  INTEGER NOT NULL,
+    not_after   INTEGER,
+    revoked_at  INTEGER
+) STRICT;
 
 -- table releases
 CREATE TABLE releases (

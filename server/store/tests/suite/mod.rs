@@ -253,7 +253,7 @@ macro_rules! store_suite {
             reenrol::refused_proofs_change_nothing_and_spend_nothing,
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
             tokens::tokens_are_single_use_and_expire,
-            tokens::operators_are_found_by_their_token,
+            tokens::operators_are_found_by_their_certificate_and_revoked_for_every_process,
         );
     };
     (@each $fixture:path; $($module:ident :: $test:ident),* $(,)?) => {

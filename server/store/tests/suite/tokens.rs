@@ -62,16 +62,79 @@ pub async fn tokens_are_single_use_and_expire(f: Fixture) {
     assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 2);
 }
 
-pub async fn operators_are_found_by_their_token(f: Fixture) {
+pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_process(f: Fixture) {
+    use bc_store::tokens::{NewOperator, OperatorRole};
     let s = &f.store;
-    assert_eq!(s.operator_by_token("h1").await.unwrap(), None);
-    s.add_operator("admin", "h1").await.unwrap();
+    let op = |id: &str, role, hash: &str| NewOperator {
+        id: id.into(),
+        role,
+        cert_sha256: hash.into(),
+        cert_serial: format!("serial-{hash}"),
+        not_after: super::T0 + 86_400_000,
+    };
+    assert_eq!(s.operator_by_cert("c1").await.unwrap(), None);
+    s.add_operator(&op("admin", OperatorRole::Admin, "c1"))
+        .await
+        .unwrap();
+    s.add_operator(&op("viewer", OperatorRole::ReadOnly, "c2"))
+        .await
+        .unwrap();
+    let viewer = s.operator_by_cert("c2").await.unwrap().unwrap();
     assert_eq!(
-        s.operator_by_token("h1").await.unwrap().as_deref(),
-        Some("admin")
+        (viewer.id.as_str(), viewer.role, viewer.created_at),
+        ("viewer", OperatorRole::ReadOnly, super::T0)
     );
+    assert!(viewer.active(super::T0));
     assert!(
-        s.add_operator("other", "h1").await.is_err(),
-        "one token, one operator"
+        !viewer.active(super::T0 + 86_400_000),
+        "expired with its certificate"
+    );
+    match s
+        .add_operator(&op("viewer", OperatorRole::Admin, "c3"))
+        .await
+    {
+        Err(TxError::Refused(Refusal::Conflict(m))) => assert!(m.contains("viewer"), "{m}"),
+        other => panic!("a second operator of one name: {other:?}"),
+    }
+    assert!(
+        s.add_operator(&op("other", OperatorRole::Admin, "c1"))
+            .await
+            .is_err(),
+        "one certificate, one operator"
+    );
+    let names: Vec<String> = s
+        .list_operators()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(names, ["admin", "viewer"]);
+
+    // Revoked through one handle, refused through another (a second
+    // process on the same store) at its next look-up.
+    let other = f.reopen().await;
+    f.advance(Duration::from_secs(5));
+    let revoked = s.revoke_operator("viewer").await.unwrap();
+    assert_eq!(revoked.revoked_at, Some(super::T0 + 5_000));
+    let seen = other.operator_by_cert("c2").await.unwrap().unwrap();
+    assert!(!seen.active(super::T0 + 5_000));
+    f.advance(Duration::from_secs(5));
+    assert_eq!(
+        s.revoke_operator("viewer").await.unwrap().revoked_at,
+        Some(super::T0 + 5_000),
+        "revoking again changes nothing"
+    );
+    match s.revoke_operator("nobody").await {
+        Err(TxError::Refused(Refusal::NotFound(m))) => assert!(m.contains("nobody"), "{m}"),
+        other => panic!("revoking an unknown operator: {other:?}"),
+    }
+    assert!(
+        other
+            .operator_by_cert("c1")
+            .await
+            .unwrap()
+            .unwrap()
+            .active(super::T0 + 10_000)
     );
 }

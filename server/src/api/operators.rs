@@ -1,0 +1,111 @@
+//! Operators: `AddOperator` (the operator CA signs the caller's request),
+//! `ListOperators`, `RevokeOperator`. Who may call them is decided in
+//! [`super::auth`], like every other call.
+
+use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
+use bcd_proto::v1::{
+    AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, OperatorInfo,
+    RevokeOperatorRequest,
+};
+use tonic::Status;
+use tracing::info;
+
+use super::AdminService;
+use super::status::{bad_request, status, unavailable};
+
+/// An operator name: 1 to 64 of `a-z 0-9 . _ -`, starting with a letter or
+/// digit.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+}
+
+pub fn info(o: &OperatorRow) -> OperatorInfo {
+    OperatorInfo {
+        name: o.id.clone(),
+        role: o.role.as_str().to_string(),
+        cert_sha256: o.cert_sha256.clone().unwrap_or_default(),
+        cert_serial: o.cert_serial.clone().unwrap_or_default(),
+        created_at_ms: o.created_at,
+        not_after_ms: o.not_after.unwrap_or(0),
+        revoked_at_ms: o.revoked_at.unwrap_or(0),
+    }
+}
+
+pub async fn add(svc: &AdminService, r: AddOperatorRequest) -> Result<AddOperatorResponse, Status> {
+    if !valid_name(&r.name) {
+        return Err(bad_request(
+            "an operator name is 1 to 64 of a-z, 0-9, '.', '_' and '-', starting with a letter \
+             or digit",
+        ));
+    }
+    let role = OperatorRole::parse(&r.role)
+        .ok_or_else(|| bad_request("the role is admin or read-only"))?;
+    let now = svc.store.now().await.map_err(unavailable)?;
+    let cert = svc
+        .operator_ca
+        .issue(&r.csr_der, &r.name, now)
+        .map_err(|_| {
+            bad_request("the certificate request is not valid (bad encoding or signature)")
+        })?;
+    let new = NewOperator {
+        id: r.name.clone(),
+        role,
+        cert_sha256: bcd_proto::fingerprint(&cert.der),
+        cert_serial: cert.serial.clone(),
+        not_after: cert.not_after_ms,
+    };
+    svc.store.add_operator(&new).await.map_err(status)?;
+    info!(operator = %r.name, %role, serial = %cert.serial, "operator added");
+    let row = svc
+        .store
+        .operator_by_cert(&new.cert_sha256)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| Status::unavailable("the new operator is not in the store; retry"))?;
+    Ok(AddOperatorResponse {
+        operator: Some(info(&row)),
+        cert_der: cert.der.to_vec(),
+        ca_der: svc.operator_ca.cert.to_vec(),
+    })
+}
+
+pub async fn list(svc: &AdminService) -> Result<ListOperatorsResponse, Status> {
+    let rows = svc.store.list_operators().await.map_err(unavailable)?;
+    Ok(ListOperatorsResponse {
+        operators: rows.iter().map(info).collect(),
+    })
+}
+
+pub async fn revoke(svc: &AdminService, r: RevokeOperatorRequest) -> Result<OperatorInfo, Status> {
+    let row = svc.store.revoke_operator(&r.name).await.map_err(status)?;
+    info!(operator = %r.name, "operator revoked");
+    Ok(info(&row))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_name;
+
+    #[test]
+    fn operator_names_are_plain() {
+        for ok in ["admin", "alice", "ops.team-1", "a_b", "7"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            ".a",
+            "Alice",
+            "a b",
+            "a/b",
+            "a\nb",
+            &"a".repeat(65),
+        ] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+    }
+}

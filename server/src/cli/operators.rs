@@ -1,0 +1,162 @@
+//! `better-compute operators`: add, list and revoke the operators who may
+//! call the API, each with a client certificate from the operator CA.
+
+use std::path::PathBuf;
+
+use bcd_proto::v1::{AddOperatorRequest, ListOperatorsRequest, RevokeOperatorRequest};
+use clap::Subcommand;
+
+use super::Target;
+use super::output::{self, out};
+use crate::api::auth::{OperatorCredential, cert_pem, new_key_and_csr, write_credential};
+use crate::client::status;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Role {
+    /// Everything the API offers.
+    Admin,
+    /// Lists and reads; changes nothing.
+    ReadOnly,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::ReadOnly => "read-only",
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorsCommand {
+    /// Add an operator: makes its key here, has the operator CA sign it
+    /// (valid one year) and writes the credential file (mode 0600) to hand
+    /// over; use it with --operator FILE.
+    Add {
+        name: String,
+        #[arg(long, value_enum)]
+        role: Role,
+        /// The credential file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace --out if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Every operator: role, certificate serial and expiry, revocation.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an operator: its certificate is refused from its next call,
+    /// on every server sharing the store.
+    Revoke { name: String },
+}
+
+pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
+    match cmd {
+        OperatorsCommand::Add {
+            name,
+            role,
+            out,
+            force,
+        } => {
+            if out.exists() && !force {
+                anyhow::bail!(
+                    "{} already exists: choose another --out, or pass --force to replace it",
+                    out.display()
+                );
+            }
+            let server = match &target.server {
+                Some(s) => s.clone(),
+                None => crate::client::read_credential(&target.operator)?.server,
+            };
+            let mut c = target.connect().await?;
+            let (key, csr) = new_key_and_csr()?;
+            let r = c
+                .add_operator(AddOperatorRequest {
+                    name: name.clone(),
+                    role: role.as_str().to_string(),
+                    csr_der: csr,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let cred = OperatorCredential {
+                server,
+                name: name.clone(),
+                ca_pem: cert_pem(&r.ca_der),
+                cert_pem: cert_pem(&r.cert_der),
+                key_pem: key.serialize_pem(),
+            };
+            write_credential(&out, &cred, force)?;
+            let not_after = r.operator.map_or(0, |o| o.not_after_ms);
+            out!(
+                "operator {name} ({}) added; credential in {}, valid until {}",
+                role.as_str(),
+                out.display(),
+                output::time(not_after)
+            );
+            Ok(())
+        }
+        OperatorsCommand::List { json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_operators(ListOperatorsRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r);
+            }
+            out!("operator certificates are valid for one year from when they were added");
+            out!(
+                "{:<20} {:<10} {:<33} {:<21} {:<21} {:<21}",
+                "NAME",
+                "ROLE",
+                "CERT SERIAL",
+                "ADDED",
+                "CERT EXPIRES",
+                "REVOKED"
+            );
+            for o in &r.operators {
+                let or_dash = |ms: i64| {
+                    if ms == 0 {
+                        "-".to_string()
+                    } else {
+                        output::time(ms)
+                    }
+                };
+                out!(
+                    "{:<20} {:<10} {:<33} {:<21} {:<21} {:<21}",
+                    o.name,
+                    o.role,
+                    if o.cert_serial.is_empty() {
+                        "-"
+                    } else {
+                        &o.cert_serial
+                    },
+                    output::time(o.created_at_ms),
+                    or_dash(o.not_after_ms),
+                    or_dash(o.revoked_at_ms)
+                );
+            }
+            Ok(())
+        }
+        OperatorsCommand::Revoke { name } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .revoke_operator(RevokeOperatorRequest { name })
+                .await
+                .map_err(status)?
+                .into_inner();
+            out!(
+                "operator {} revoked at {}",
+                r.name,
+                output::time(r.revoked_at_ms)
+            );
+            Ok(())
+        }
+    }
+}
