@@ -23,6 +23,8 @@ pub enum ChunkError {
         "the server sent release bytes at offset {got}, but {expected} bytes are in hand: the download is refused"
     )]
     Gap { expected: u64, got: u64 },
+    #[error("the server sent an empty chunk at offset {offset}: the download is refused")]
+    Empty { offset: u64 },
     #[error("the server sent more than the manifest's {size} bytes: the download is refused")]
     TooLong { size: u64 },
     #[error("the download ended after {actual} of the manifest's {expected} bytes")]
@@ -60,9 +62,13 @@ impl Assembly {
         self.binary.len() as u64
     }
 
-    /// Takes the chunk the server says starts at `offset`.
+    /// Takes the chunk the server says starts at `offset`. Every chunk
+    /// carries bytes, so a stream cannot go on without moving forward.
     pub fn push(&mut self, offset: u64, data: &[u8]) -> Result<(), ChunkError> {
         let expected = self.received();
+        if data.is_empty() {
+            return Err(ChunkError::Empty { offset });
+        }
         if offset != expected {
             return Err(ChunkError::Gap {
                 expected,
@@ -138,7 +144,7 @@ mod tests {
         );
         a.push(400, &bin[400..]).unwrap();
         assert_eq!(a.push(1000, b"x"), Err(ChunkError::TooLong { size: 1000 }));
-        a.push(1000, b"").unwrap();
+        assert_eq!(a.push(1000, b""), Err(ChunkError::Empty { offset: 1000 }));
         assert_eq!(a.finish().unwrap(), (m.clone(), bin.clone()));
 
         let mut short = Assembly::new(m.clone()).unwrap();
@@ -180,6 +186,7 @@ mod tests {
             let m = manifest(&bin);
             let mut a = Assembly::new(m.clone()).unwrap();
             for (offset, data) in chunks(&bin, &cuts) {
+                prop_assert!(!data.is_empty());
                 a.push(offset, &data).unwrap();
             }
             prop_assert_eq!(a.finish().unwrap(), (m, bin));

@@ -259,7 +259,10 @@ pub async fn serve(
             opts.timing.handshake_rate,
             metrics.clone(),
         )),
-        opts.timing.max_connections,
+        tls::ConnectionCaps {
+            total: opts.timing.max_connections,
+            per_address: opts.timing.max_connections_per_address,
+        },
     );
     let join = JoinService {
         store: store.clone(),

@@ -3,7 +3,9 @@
 //! identity (`bcd_proto::reenrol`), into that node again at its next
 //! identity generation with its earlier certificates revoked; renews
 //! certificates for nodes that prove their current one (`Renew`), and
-//! hands releases to nodes (`FetchRelease`). It holds the fleet CA.
+//! hands releases to nodes (`FetchReleaseChunks`, streamed; the
+//! deprecated `FetchRelease`, whole and capped: `super::releases`). It
+//! holds the fleet CA.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,14 +16,14 @@ use bc_store::tokens::{JoinInput, PreviousProof};
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::token::{JoinToken, MalformedToken};
 use bcd_proto::v1::{
-    FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, RenewRequest,
-    RenewResponse, ReplayFloors, join_server::Join,
+    FetchReleaseRequest, FetchReleaseResponse, JoinRequest, JoinResponse, ReleaseChunk,
+    RenewRequest, RenewResponse, ReplayFloors, join_server::Join,
 };
 use ring::signature::Ed25519KeyPair;
 use tonic::{Request, Response, Status};
 use tracing::info;
 
-use super::status::{Turned, bad_request, refusal, status, turned, unavailable};
+use super::status::{Turned, bad_request, status, turned};
 use crate::pki::Ca;
 use crate::pki::ca::IssueError;
 
@@ -167,20 +169,28 @@ impl Join for JoinService {
         })?;
         let sequence = request.into_inner().sequence;
         self.store.check_cert(&fingerprint).await.map_err(status)?;
-        let files = self
-            .store
-            .release(sequence)
+        super::releases::whole_release(&self.store, sequence)
             .await
-            .map_err(unavailable)?
-            .ok_or_else(|| {
-                refusal(Refusal::NotFound(format!(
-                    "no release with sequence {sequence}"
-                )))
-            })?;
-        Ok(Response::new(FetchReleaseResponse {
-            signed_manifest: files.signed_manifest,
-            binary: files.binary,
-        }))
+            .map(Response::new)
+    }
+
+    type FetchReleaseChunksStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ReleaseChunk, Status>>;
+
+    async fn fetch_release_chunks(
+        &self,
+        request: Request<FetchReleaseRequest>,
+    ) -> Result<Response<Self::FetchReleaseChunksStream>, Status> {
+        let fingerprint = peer_fingerprint(&request).ok_or_else(|| {
+            turned(Turned::NoCertificate(
+                "releases are for nodes: present the node certificate",
+            ))
+        })?;
+        let r = request.into_inner();
+        self.store.check_cert(&fingerprint).await.map_err(status)?;
+        super::releases::stream_release(self.store.clone(), r.sequence, r.offset)
+            .await
+            .map(Response::new)
     }
 
     async fn renew(

@@ -68,7 +68,13 @@ pub struct Timing {
     pub hello_capacity: u32,
     /// Connections open at once (TLS handshakes included).
     pub max_connections: usize,
+    /// Of those, from one source address.
+    pub max_connections_per_address: usize,
 }
+
+/// Connections one source address may hold open on the gateway listener:
+/// a node holds one, a NAT in front of many nodes a few hundred.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
 impl Default for Timing {
     fn default() -> Self {
@@ -88,6 +94,7 @@ impl Default for Timing {
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
             hello_capacity: 2_000,
             max_connections: 20_000,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
