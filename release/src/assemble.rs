@@ -27,7 +27,7 @@ pub enum ChunkError {
     Empty { offset: u64 },
     #[error("the server sent more than the manifest's {size} bytes: the download is refused")]
     TooLong { size: u64 },
-    #[error("the download ended after {actual} of the manifest's {expected} bytes")]
+    #[error("the download ended after {actual} bytes; the manifest says {expected}")]
     Short { expected: u64, actual: u64 },
     #[error(transparent)]
     Check(#[from] ReleaseError),
