@@ -10,6 +10,8 @@
 //! install it, and both check the binary against the manifest.
 #![forbid(unsafe_code)]
 
+pub mod assemble;
+
 use base64::Engine;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};

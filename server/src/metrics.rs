@@ -75,6 +75,7 @@ pub struct ServerMetrics {
     pub hellos: Family<OutcomeLabels, Counter>,
     pub hello_refusals: Family<ReasonLabels, Counter>,
     pub handshakes: Family<OutcomeLabels, Counter>,
+    pub over_address_cap: Counter,
     pub commands: Family<StateLabels, Gauge>,
     pub dispatch_latency: Histogram,
     pub liveness: Family<ToLabels, Counter>,
@@ -102,6 +103,7 @@ impl ServerMetrics {
             hellos: Family::default(),
             hello_refusals: Family::default(),
             handshakes: Family::default(),
+            over_address_cap: Counter::default(),
             commands: Family::default(),
             dispatch_latency: Histogram::new(exponential_buckets(0.005, 2.5, 14)),
             liveness: Family::default(),
@@ -138,6 +140,11 @@ impl ServerMetrics {
             "handshakes",
             "TLS connections the handshake bucket admitted or refused before their handshake",
             m.handshakes.clone(),
+        );
+        registry.register(
+            "connections_over_address_cap",
+            "TCP connections closed as they arrived: their source address already held --max-connections-per-address",
+            m.over_address_cap.clone(),
         );
         registry.register(
             "commands",

@@ -345,7 +345,10 @@ pub async fn serve(
             opts.timing.handshake_rate,
             metrics.clone(),
         )),
-        opts.timing.max_connections,
+        tls::ConnectionCaps {
+            total: opts.timing.max_connections,
+            per_address: opts.timing.max_connections_per_address,
+        },
     );
     let node_join = |services: Arc<dyn GatewayServices>| {
         JoinServer::new(NodeJoin {
@@ -413,7 +416,10 @@ pub async fn serve(
                 api_listener,
                 api_config,
                 Arc::new(tls::AdmitAll),
-                MAX_API_CONNECTIONS,
+                tls::ConnectionCaps {
+                    total: MAX_API_CONNECTIONS,
+                    per_address: MAX_API_CONNECTIONS,
+                },
             );
             let (api_stop_tx, api_stop_rx) = tokio::sync::oneshot::channel::<()>();
             let api_server = tonic::transport::Server::builder()

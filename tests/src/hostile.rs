@@ -125,7 +125,10 @@ impl Hostile {
                     listener,
                     config,
                     std::sync::Arc::new(bcd_proto::tls::AdmitAll),
-                    1_000,
+                    bcd_proto::tls::ConnectionCaps {
+                        total: 1_000,
+                        per_address: 1_000,
+                    },
                 );
                 let _ = tonic::transport::Server::builder()
                     .add_service(GatewayServer::new(Service {

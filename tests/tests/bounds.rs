@@ -1,9 +1,12 @@
 //! What one peer can hold on the gateway's listener: a connection cap
 //! (handshakes included) closes the surplus at once, and the slots come
-//! back when the holders go; a node then connects as ever.
+//! back when the holders go; a node then connects as ever. One source
+//! address holds at most its own cap while nodes from other addresses get
+//! in. Large release downloads hold the server's memory to a few chunks
+//! each, never the binary.
 
-use std::io::Read;
-use std::net::TcpStream;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bc_tests::{FAST, Node, Server, stderr};
@@ -94,4 +97,237 @@ fn a_cloned_identity_is_quarantined_and_both_machines_are_refused() {
     for log in [real.proc().log(), copy.proc().log()] {
         assert!(log.contains("duplicate-identity"), "{log}");
     }
+}
+
+/// Whether the server closes `conn` without a word within a second or
+/// two (a connection it admitted waits for its TLS handshake for 10 s).
+fn closed_at_once(conn: &mut TcpStream) -> bool {
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = conn.read(&mut buf);
+    let fast = start.elapsed() < Duration::from_secs(2);
+    match n {
+        Ok(0) => fast,
+        Err(e)
+            if e.kind() != std::io::ErrorKind::WouldBlock
+                && e.kind() != std::io::ErrorKind::TimedOut =>
+        {
+            fast
+        }
+        _ => false,
+    }
+}
+
+/// A TCP connection to `to` from the loopback address `from`.
+fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let s = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::from((from, 0)))
+            .expect("bind a loopback address (127.0.0.0/8 is all local on Linux)");
+        socket.connect(to).await.unwrap()
+    });
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// A counter the server exposes at /metrics, by the end of its name.
+fn server_counter(server: &Server, name: &str) -> f64 {
+    let mut s = TcpStream::connect(server.http.expect("the metrics listener")).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bc\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (metric, value) = l.rsplit_once(' ')?;
+            metric.ends_with(name).then(|| value.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+}
+
+#[test]
+fn one_address_holds_at_most_its_cap_and_nodes_from_others_still_connect() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--max-connections-per-address", "4"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let token = server.token(1);
+    let mut node = Node::new(&d.path().join("n"), 83);
+    // 127.0.0.2 takes its four, silently; each waits for its handshake.
+    let flooder = [127, 0, 0, 2];
+    let held: Vec<TcpStream> = (0..4).map(|_| connect_from(flooder, server.addr)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut surplus: Vec<TcpStream> = (0..3).map(|_| connect_from(flooder, server.addr)).collect();
+    for conn in &mut surplus {
+        assert!(closed_at_once(conn), "the surplus is closed as it arrives");
+    }
+    assert!(server_counter(&server, "connections_over_address_cap_total") >= 3.0);
+    // A node from 127.0.0.1 joins and connects while they are held.
+    let start = Instant::now();
+    let out = node.join(&server.url(), &token);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    println!(
+        "4 held from 127.0.0.2, 3 more closed at once; a node from 127.0.0.1 joined and connected in {} ms",
+        start.elapsed().as_millis()
+    );
+    drop(held);
+}
+
+/// The peak resident memory of process `pid` since the last reset, in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+#[test]
+fn concurrent_large_release_downloads_hold_chunks_not_the_binary() {
+    const SIZE: usize = 64 << 20;
+    const DOWNLOADS: usize = 8;
+    let f = bc_tests::fleet();
+    // A 64 MiB release: bcd, padded with bytes that do not repeat.
+    let mut binary = std::fs::read(bc_tests::bin("bcd")).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while binary.len() < SIZE {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        binary.extend_from_slice(&x.to_le_bytes());
+    }
+    binary.truncate(SIZE);
+    let path = f.d.path().join("bcd-big");
+    std::fs::write(&path, &binary).unwrap();
+    f.release(&path, "9.0.0", 2);
+    let sha = release::sha256_hex(&binary);
+    drop(binary);
+    let node = Node::new(&f.d.path().join("n"), 84);
+    let out = node.join(&f.server.url(), &f.server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let identity = bcd_agent::identity::Identity::load(&node.dir).unwrap();
+
+    // From here on, the peak counts only the downloads (registering the
+    // release held it whole, as an upload does).
+    let pid = f.server.proc.pid();
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+    let before = peak_rss_kib(pid);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let results = rt.block_on(async {
+        let tasks: Vec<_> = (0..DOWNLOADS)
+            .map(|_| {
+                let identity = identity.clone();
+                tokio::spawn(async move { download(&identity, 2).await })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let took = started.elapsed();
+    for (bytes, digest) in &results {
+        assert_eq!(*bytes, SIZE as u64);
+        assert_eq!(digest, &sha);
+    }
+    let peak = peak_rss_kib(pid);
+    let bound = (DOWNLOADS * SIZE / 4 / 1024) as u64;
+    println!(
+        "{DOWNLOADS} concurrent downloads of a {} MiB release in {:.1} s: server peak RSS {} MiB \
+         (at the start {} MiB; {} MiB if each held the binary; bound {} MiB)",
+        SIZE >> 20,
+        took.as_secs_f64(),
+        peak / 1024,
+        before / 1024,
+        (DOWNLOADS * SIZE) >> 20,
+        bound / 1024
+    );
+    assert!(
+        peak < bound,
+        "peak RSS {peak} KiB during the downloads, bound {bound} KiB"
+    );
+
+    // The deprecated whole-release call refuses a binary this large and
+    // says what to do.
+    let refused = rt.block_on(async {
+        let mut client = join_client(&identity).await;
+        client
+            .fetch_release(bcd_proto::v1::FetchReleaseRequest {
+                sequence: 2,
+                offset: 0,
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("two steps"),
+        "{}",
+        refused.message()
+    );
+}
+
+async fn join_client(
+    identity: &bcd_agent::identity::Identity,
+) -> bcd_proto::v1::join_client::JoinClient<tonic::transport::Channel> {
+    let config = bcd_proto::tls::client_config(
+        bcd_proto::tls::ServerTrust::Ca(identity.ca.clone()),
+        Some(bcd_proto::tls::ClientIdentity {
+            chain: vec![identity.cert.clone()],
+            key: identity.private_key(),
+        }),
+    )
+    .unwrap();
+    let channel = bcd_proto::tls::connect(&identity.file.server, config)
+        .await
+        .unwrap();
+    bcd_proto::v1::join_client::JoinClient::new(channel)
+}
+
+/// Streams release `sequence` as a node does, keeping only a running
+/// hash: the bytes and their SHA-256.
+async fn download(identity: &bcd_agent::identity::Identity, sequence: u64) -> (u64, String) {
+    let mut stream = join_client(identity)
+        .await
+        .fetch_release_chunks(bcd_proto::v1::FetchReleaseRequest {
+            sequence,
+            offset: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().expect("the manifest");
+    assert!(!first.signed_manifest.is_empty() && first.data.is_empty());
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut at = 0u64;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert!(chunk.signed_manifest.is_empty());
+        assert_eq!(chunk.offset, at);
+        assert!(chunk.data.len() <= 256 << 10);
+        at += chunk.data.len() as u64;
+        hash.update(&chunk.data);
+    }
+    (at, hex_digest(hash.finish().as_ref()))
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

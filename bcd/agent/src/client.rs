@@ -11,6 +11,7 @@ use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
 
 use crate::identity::{Identity, NextCert};
+use release::assemble::Assembly;
 
 /// The node's credentials for a call.
 fn credentials(identity: &Identity) -> ClientIdentity {
@@ -140,9 +141,12 @@ fn transient(code: tonic::Code) -> bool {
 
 /// Downloads a release over the node's own session credentials and checks
 /// it before anything is written: the manifest must verify against the
-/// release keys learned at join, and the binary must match it. Transport
-/// failures are tried again with back-off for [`FETCH_RETRY_FOR`]; a
-/// refusal or a release that does not verify fails at once.
+/// release keys learned at join, and the binary must match it. The release
+/// streams in chunks (`FetchReleaseChunks`) put together by
+/// [`release::assemble::Assembly`]; a server that predates the stream
+/// hands it whole (`FetchRelease`). Transport failures are tried again with
+/// back-off for [`FETCH_RETRY_FOR`], resuming where the download broke; a
+/// refusal, or bytes that do not fit the manifest, fail at once.
 pub async fn fetch_release(
     identity: &Identity,
     sequence: u64,
@@ -153,25 +157,32 @@ pub async fn fetch_release(
     });
     let mut rng = bcd_core::SplitMix64::new(sequence ^ std::process::id() as u64);
     let started = std::time::Instant::now();
+    let mut partial = None;
     loop {
-        let (e, again) = match download(identity, sequence).await {
-            Ok(resp) => return checked(identity, sequence, resp),
+        let (e, again) = match download(identity, sequence, &mut partial).await {
+            Ok(done) => return Ok(done),
             Err(e) => e,
         };
         if !again || started.elapsed() >= FETCH_RETRY_FOR {
             return Err(e);
         }
         let delay = backoff.next_delay(&mut rng);
-        tracing::warn!(error = %e, retry_in = ?delay, "release download failed; trying again");
+        let resume_at = partial.as_ref().map_or(0, Assembly::received);
+        tracing::warn!(error = %e, retry_in = ?delay, resume_at, "release download failed; trying again");
         tokio::time::sleep(delay).await;
     }
 }
 
-/// One download attempt; on failure, why and whether to try again.
+/// A failed download attempt: why, and whether to try again.
+type Failed = (String, bool);
+
+/// One download attempt, continuing `partial` (what earlier attempts put
+/// together) where there is one.
 async fn download(
     identity: &Identity,
     sequence: u64,
-) -> Result<bcd_proto::v1::FetchReleaseResponse, (String, bool)> {
+    partial: &mut Option<Assembly>,
+) -> Result<(release::Manifest, Vec<u8>), Failed> {
     let config = tls::client_config(
         ServerTrust::Ca(identity.ca.clone()),
         Some(credentials(identity)),
@@ -180,9 +191,79 @@ async fn download(
     let channel = tls::connect(&identity.file.server, config)
         .await
         .map_err(|e| (bcd_sys::error::chain(&e), true))?;
-    Ok(JoinClient::new(channel)
-        .max_decoding_message_size(256 << 20)
-        .fetch_release(bcd_proto::v1::FetchReleaseRequest { sequence })
+    let mut client = JoinClient::new(channel);
+    let offset = partial.as_ref().map_or(0, Assembly::received);
+    let refused = |s: tonic::Status| {
+        (
+            format!(
+                "the server did not hand out release {sequence}: {}",
+                s.message()
+            ),
+            transient(s.code()),
+        )
+    };
+    let mut stream = match client
+        .fetch_release_chunks(bcd_proto::v1::FetchReleaseRequest { sequence, offset })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(s) if s.code() == tonic::Code::Unimplemented => {
+            return whole(client, identity, sequence).await;
+        }
+        Err(s) => return Err(refused(s)),
+    };
+    let first = stream.message().await.map_err(refused)?.ok_or_else(|| {
+        (
+            format!("the server ended release {sequence}'s download before its manifest"),
+            true,
+        )
+    })?;
+    if first.signed_manifest.is_empty() || !first.data.is_empty() {
+        return Err((
+            format!("the server's download of release {sequence} does not start with its manifest"),
+            false,
+        ));
+    }
+    let manifest = verified(identity, sequence, &first.signed_manifest).map_err(|e| (e, false))?;
+    let assembly = match partial {
+        Some(a) if *a.manifest() == manifest => a,
+        Some(_) => {
+            *partial = None;
+            return Err((
+                format!("release {sequence}'s manifest changed while it downloaded; starting over"),
+                true,
+            ));
+        }
+        None => partial.insert(Assembly::new(manifest).map_err(|e| (e.to_string(), false))?),
+    };
+    while let Some(chunk) = stream.message().await.map_err(refused)? {
+        if !chunk.signed_manifest.is_empty() {
+            *partial = None;
+            return Err((
+                format!("the server sent release {sequence}'s manifest twice in one download"),
+                false,
+            ));
+        }
+        if let Err(e) = assembly.push(chunk.offset, &chunk.data) {
+            *partial = None;
+            return Err((e.to_string(), false));
+        }
+    }
+    let done = partial.take().expect("assembled above");
+    done.finish().map_err(|e| (e.to_string(), false))
+}
+
+/// A release whole, from a server without `FetchReleaseChunks`.
+async fn whole(
+    mut client: JoinClient<tonic::transport::Channel>,
+    identity: &Identity,
+    sequence: u64,
+) -> Result<(release::Manifest, Vec<u8>), Failed> {
+    let resp = client
+        .fetch_release(bcd_proto::v1::FetchReleaseRequest {
+            sequence,
+            offset: 0,
+        })
         .await
         .map_err(|s| {
             (
@@ -193,24 +274,28 @@ async fn download(
                 transient(s.code()),
             )
         })?
-        .into_inner())
+        .into_inner();
+    let manifest = verified(identity, sequence, &resp.signed_manifest).map_err(|e| (e, false))?;
+    manifest
+        .check(&resp.binary)
+        .map_err(|e| (e.to_string(), false))?;
+    Ok((manifest, resp.binary))
 }
 
-/// A downloaded release, verified: its manifest against the fleet's
-/// release keys, its binary against the manifest.
-fn checked(
+/// A release's signed manifest, verified against the fleet's release keys
+/// and for the release asked for.
+fn verified(
     identity: &Identity,
     sequence: u64,
-    resp: bcd_proto::v1::FetchReleaseResponse,
-) -> Result<(release::Manifest, Vec<u8>), String> {
+    signed_manifest: &[u8],
+) -> Result<release::Manifest, String> {
     let keys: Vec<Vec<u8>> = identity
         .file
         .release_keys
         .iter()
         .filter_map(|k| hex::decode(k).ok())
         .collect();
-    let signed =
-        release::SignedManifest::parse(&resp.signed_manifest).map_err(|e| e.to_string())?;
+    let signed = release::SignedManifest::parse(signed_manifest).map_err(|e| e.to_string())?;
     let manifest = signed.verify(&keys).map_err(|e| e.to_string())?;
     if manifest.sequence != sequence {
         return Err(format!(
@@ -218,6 +303,5 @@ fn checked(
             manifest.sequence
         ));
     }
-    manifest.check(&resp.binary).map_err(|e| e.to_string())?;
-    Ok((manifest, resp.binary))
+    Ok(manifest)
 }

@@ -321,6 +321,7 @@ mod accept {
         inner: tokio_rustls::server::TlsStream<TcpStream>,
         info: PeerInfo,
         _slot: tokio::sync::OwnedSemaphorePermit,
+        _address: AddressSlot,
     }
 
     impl tonic::transport::server::Connected for TlsConn {
@@ -378,6 +379,115 @@ mod accept {
         /// A handshake from `remote` presented a client certificate the
         /// fleet CA signed.
         fn authenticated(&self, _remote: std::net::IpAddr) {}
+        /// A connection from `remote` was closed as it arrived: its
+        /// address already held [`ConnectionCaps::per_address`].
+        fn over_address_cap(&self, _remote: std::net::IpAddr) {}
+    }
+
+    /// How many connections a listener holds open at once, handshakes
+    /// included.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct ConnectionCaps {
+        /// From everyone.
+        pub total: usize,
+        /// From one source address (see [`PerAddress`]).
+        pub per_address: usize,
+    }
+
+    /// Open connections counted by source address, sans-IO. An IPv4
+    /// address counts alone (an IPv4-mapped IPv6 address as its IPv4
+    /// one); an IPv6 address counts with its /64, the least a site is
+    /// handed. Only addresses with a connection open are kept, so the
+    /// table is no larger than the listener's total cap.
+    #[derive(Debug, Clone)]
+    pub struct PerAddress {
+        limit: usize,
+        open: std::collections::HashMap<std::net::IpAddr, usize>,
+    }
+
+    impl PerAddress {
+        pub fn new(limit: usize) -> PerAddress {
+            PerAddress {
+                limit,
+                open: std::collections::HashMap::new(),
+            }
+        }
+
+        /// What `remote` counts as.
+        pub fn key(remote: std::net::IpAddr) -> std::net::IpAddr {
+            match remote {
+                std::net::IpAddr::V4(_) => remote,
+                std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    Some(v4) => std::net::IpAddr::V4(v4),
+                    None => std::net::IpAddr::V6(std::net::Ipv6Addr::from(
+                        u128::from(v6) & !((1u128 << 64) - 1),
+                    )),
+                },
+            }
+        }
+
+        /// A connection from `remote` opens: false (and nothing counted)
+        /// when its address is at the cap.
+        pub fn open(&mut self, remote: std::net::IpAddr) -> bool {
+            let key = Self::key(remote);
+            let n = self.open.get(&key).copied().unwrap_or(0);
+            if n >= self.limit {
+                return false;
+            }
+            self.open.insert(key, n + 1);
+            true
+        }
+
+        /// A connection [`open`](Self::open) admitted has closed.
+        pub fn close(&mut self, remote: std::net::IpAddr) {
+            let key = Self::key(remote);
+            if let Some(n) = self.open.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.open.remove(&key);
+                }
+            }
+        }
+
+        /// Connections open from `remote`'s address.
+        pub fn count(&self, remote: std::net::IpAddr) -> usize {
+            self.open.get(&Self::key(remote)).copied().unwrap_or(0)
+        }
+
+        /// Addresses with a connection open.
+        pub fn addresses(&self) -> usize {
+            self.open.len()
+        }
+    }
+
+    /// One connection's place in a [`PerAddress`] table, given back when
+    /// the connection is dropped.
+    #[derive(Debug)]
+    struct AddressSlot {
+        remote: std::net::IpAddr,
+        table: Arc<std::sync::Mutex<PerAddress>>,
+    }
+
+    impl AddressSlot {
+        fn take(
+            table: &Arc<std::sync::Mutex<PerAddress>>,
+            remote: std::net::IpAddr,
+        ) -> Option<AddressSlot> {
+            let admitted = table.lock().unwrap_or_else(|p| p.into_inner()).open(remote);
+            admitted.then(|| AddressSlot {
+                remote,
+                table: table.clone(),
+            })
+        }
+    }
+
+    impl Drop for AddressSlot {
+        fn drop(&mut self) {
+            self.table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .close(self.remote);
+        }
     }
 
     /// Admits everything.
@@ -393,18 +503,21 @@ mod accept {
     /// Accepts TCP connections and completes TLS handshakes concurrently; yields
     /// finished connections for `Server::serve_with_incoming`. Handshake failures
     /// are logged and dropped, never fatal to the server. At most
-    /// `max_connections` are open at once, handshakes included: one more is
-    /// closed as it is accepted. The accept task ends when the returned
-    /// stream is dropped.
+    /// `caps.total` are open at once, handshakes included, and at most
+    /// `caps.per_address` from one source address: one more is closed as
+    /// it is accepted (over the address cap, counted through
+    /// [`Admission::over_address_cap`]). The accept task ends when the
+    /// returned stream is dropped.
     pub fn incoming(
         listener: TcpListener,
         config: Arc<ServerConfig>,
         admission: Arc<dyn Admission>,
-        max_connections: usize,
+        caps: ConnectionCaps,
     ) -> tokio_stream::wrappers::ReceiverStream<Result<TlsConn, io::Error>> {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+        let slots = Arc::new(tokio::sync::Semaphore::new(caps.total));
+        let addresses = Arc::new(std::sync::Mutex::new(PerAddress::new(caps.per_address)));
         tokio::spawn(async move {
             loop {
                 let (tcp, remote) = tokio::select! {
@@ -420,6 +533,12 @@ mod accept {
                 };
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     tracing::debug!(%remote, "at the connection limit; closed");
+                    drop(tcp);
+                    continue;
+                };
+                let Some(address) = AddressSlot::take(&addresses, remote.ip()) else {
+                    tracing::debug!(%remote, "at the per-address connection limit; closed");
+                    admission.over_address_cap(remote.ip());
                     drop(tcp);
                     continue;
                 };
@@ -453,6 +572,7 @@ mod accept {
                                     inner: stream,
                                     info,
                                     _slot: slot,
+                                    _address: address,
                                 }))
                                 .await;
                         }
@@ -481,5 +601,80 @@ mod tests {
         assert!(host_port("https://nohost").is_err());
         assert!(host_port("https://h:1/path").is_err());
         assert!(host_port("").is_err());
+    }
+
+    #[cfg(feature = "server")]
+    mod per_address {
+        use super::super::PerAddress;
+        use proptest::prelude::*;
+        use std::net::IpAddr;
+
+        fn ip(s: &str) -> IpAddr {
+            s.parse().unwrap()
+        }
+
+        #[test]
+        fn one_address_holds_at_most_its_cap_and_others_are_untouched() {
+            let mut t = PerAddress::new(3);
+            let (flood, node) = (ip("127.0.0.1"), ip("127.0.0.2"));
+            assert_eq!((0..10).filter(|_| t.open(flood)).count(), 3);
+            assert_eq!(t.count(flood), 3);
+            assert!(t.open(node), "another address still gets in");
+            t.close(flood);
+            assert!(t.open(flood), "a closed one makes room");
+            assert!(!t.open(flood));
+            for _ in 0..3 {
+                t.close(flood);
+            }
+            t.close(node);
+            assert_eq!(t.addresses(), 0, "no empty entries are kept");
+            t.close(node);
+            assert_eq!(t.count(node), 0, "a stray close counts nothing");
+            let mut none = PerAddress::new(0);
+            assert!(!none.open(node));
+            assert_eq!(none.addresses(), 0);
+        }
+
+        #[test]
+        fn ipv6_counts_by_its_64_and_mapped_ipv4_as_ipv4() {
+            let mut t = PerAddress::new(2);
+            assert!(t.open(ip("2001:db8:1:2::1")));
+            assert!(t.open(ip("2001:db8:1:2:ffff::9")));
+            assert!(!t.open(ip("2001:db8:1:2::77")), "same /64");
+            assert!(t.open(ip("2001:db8:1:3::1")), "another /64");
+            assert!(t.open(ip("::ffff:192.0.2.1")));
+            assert!(t.open(ip("192.0.2.1")));
+            assert!(!t.open(ip("192.0.2.1")), "the mapped one counted");
+        }
+
+        proptest! {
+            /// Whatever opens and closes arrive, no address holds more
+            /// than the cap, counts match what was admitted and not yet
+            /// closed, and the table holds only addresses with one open.
+            #[test]
+            fn counts_follow_opens_and_closes(
+                cap in 0usize..5,
+                ops in prop::collection::vec((any::<bool>(), 0u8..6), 0..200),
+            ) {
+                let mut t = PerAddress::new(cap);
+                let mut model = [0usize; 6];
+                for (open, a) in ops {
+                    let remote = IpAddr::from([10, 0, 0, a]);
+                    if open {
+                        let admitted = t.open(remote);
+                        prop_assert_eq!(admitted, model[a as usize] < cap);
+                        if admitted {
+                            model[a as usize] += 1;
+                        }
+                    } else if model[a as usize] > 0 {
+                        t.close(remote);
+                        model[a as usize] -= 1;
+                    }
+                    prop_assert_eq!(t.count(remote), model[a as usize]);
+                    prop_assert!(t.count(remote) <= cap);
+                    prop_assert_eq!(t.addresses(), model.iter().filter(|n| **n > 0).count());
+                }
+            }
+        }
     }
 }

@@ -335,6 +335,33 @@ fn renewal_and_gateway_services() {
 }
 
 #[test]
+fn streamed_release_download() {
+    check(
+        "fetch_release_request_offset",
+        &v1::FetchReleaseRequest {
+            sequence: 7,
+            offset: 262_144,
+        },
+    );
+    check(
+        "release_chunk_manifest",
+        &v1::ReleaseChunk {
+            signed_manifest: b"{\"manifest\":\"e30=\"}".to_vec(),
+            offset: 0,
+            data: vec![],
+        },
+    );
+    check(
+        "release_chunk_data",
+        &v1::ReleaseChunk {
+            signed_manifest: vec![],
+            offset: 262_144,
+            data: b"\x7fELF\x02\x01".to_vec(),
+        },
+    );
+}
+
+#[test]
 fn operator_messages() {
     check(
         "command_info",

@@ -1,5 +1,6 @@
 //! Releases: `RegisterRelease` (only what verifies against a release key
-//! and matches its manifest), `ListReleases`.
+//! and matches its manifest) and `ListReleases`. Gateways hand them to
+//! nodes (`crate::gateway::releases`).
 
 use bc_store::Refusal;
 use bc_store::releases::{NewRelease, ReleaseRow};

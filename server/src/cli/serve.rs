@@ -59,6 +59,14 @@ pub struct ServeArgs {
     /// included (each node holds one); more are closed as they arrive.
     #[arg(long, default_value_t = 20_000)]
     max_connections: usize,
+    /// Of those, how many one source address holds (an IPv6 address counts
+    /// with its /64); more are closed as they arrive and counted in the
+    /// `connections_over_address_cap` metric. Behind a layer-4 load
+    /// balancer that does not pass the client's address on, every node
+    /// arrives from the balancer's few addresses: set this to
+    /// --max-connections there.
+    #[arg(long, default_value_t = crate::gateway::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
+    max_connections_per_address: usize,
     /// On shutdown, nodes are told to reconnect at random within this.
     #[arg(long, default_value = "60s", value_parser = dur)]
     drain_within: Duration,
@@ -120,6 +128,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         controller_lease_ttl: a.controller_lease_ttl,
         hello_capacity: a.hello_capacity,
         max_connections: a.max_connections,
+        max_connections_per_address: a.max_connections_per_address,
         ..Timing::default()
     };
     crate::serve::serve(

@@ -136,6 +136,10 @@ impl HandshakeBucket {
 }
 
 impl tls::Admission for HandshakeBucket {
+    fn over_address_cap(&self, _remote: std::net::IpAddr) {
+        self.metrics.over_address_cap.inc();
+    }
+
     fn authenticated(&self, remote: std::net::IpAddr) {
         let now = self.start.elapsed().as_millis() as u64;
         self.bucket

@@ -19,6 +19,7 @@
 //!   inventory), decoded for the store to judge.
 //! - [`port`]: what the gateway needs from the process holding the keys
 //!   (join, renewal) and the node-facing join service built on it.
+//! - [`releases`]: releases handed to nodes from the store, streamed.
 //! - [`credential`]: a gateway that holds no key: its credential and the
 //!   serving certificate it gets for a key made in memory.
 //!
@@ -32,6 +33,7 @@ pub mod feeds;
 pub mod lease;
 pub mod lifetime;
 pub mod port;
+pub mod releases;
 pub mod session;
 
 use std::collections::HashMap;
@@ -77,7 +79,13 @@ pub struct Timing {
     pub hello_capacity: u32,
     /// Connections open at once (TLS handshakes included).
     pub max_connections: usize,
+    /// Of those, from one source address.
+    pub max_connections_per_address: usize,
 }
+
+/// Connections one source address may hold open on the gateway listener:
+/// a node holds one, a NAT in front of many nodes a few hundred.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
 impl Default for Timing {
     fn default() -> Self {
@@ -97,6 +105,7 @@ impl Default for Timing {
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
             hello_capacity: 2_000,
             max_connections: 20_000,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }

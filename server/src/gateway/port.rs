@@ -12,16 +12,17 @@
 
 use std::sync::Arc;
 
-use bc_store::{Refusal, Store};
+use bc_store::Store;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{
     self, FetchReleaseRequest, FetchReleaseResponse, ForwardedRenew, JoinRequest, JoinResponse,
-    RenewRequest, RenewResponse, gateway_services_client::GatewayServicesClient, join_server::Join,
+    ReleaseChunk, RenewRequest, RenewResponse, gateway_services_client::GatewayServicesClient,
+    join_server::Join,
 };
 use tonic::{Request, Response, Status};
 
 use super::credential::UpstreamLink;
-use crate::api::status::{Turned, refusal, status, turned, unavailable};
+use crate::api::status::{Turned, status, turned};
 pub use crate::services::GatewayServices;
 
 /// The join service nodes call on a gateway's listener.
@@ -63,29 +64,40 @@ impl Join for NodeJoin {
         &self,
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<FetchReleaseResponse>, Status> {
-        let fingerprint = peer(&request)
+        self.node_cert(&request).await?;
+        super::releases::whole_release(&self.store, request.into_inner().sequence)
+            .await
+            .map(Response::new)
+    }
+
+    type FetchReleaseChunksStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ReleaseChunk, Status>>;
+
+    async fn fetch_release_chunks(
+        &self,
+        request: Request<FetchReleaseRequest>,
+    ) -> Result<Response<Self::FetchReleaseChunksStream>, Status> {
+        self.node_cert(&request).await?;
+        let r = request.into_inner();
+        super::releases::stream_release(self.store.clone(), r.sequence, r.offset)
+            .await
+            .map(Response::new)
+    }
+}
+
+impl NodeJoin {
+    /// Releases are for nodes: the caller presents a valid node
+    /// certificate.
+    async fn node_cert<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let fingerprint = peer(request)
             .and_then(|p| p.cert_fingerprint.clone())
             .ok_or_else(|| {
                 turned(Turned::NoCertificate(
                     "releases are for nodes: present the node certificate",
                 ))
             })?;
-        let sequence = request.into_inner().sequence;
         self.store.check_cert(&fingerprint).await.map_err(status)?;
-        let files = self
-            .store
-            .release(sequence)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| {
-                refusal(Refusal::NotFound(format!(
-                    "no release with sequence {sequence}"
-                )))
-            })?;
-        Ok(Response::new(FetchReleaseResponse {
-            signed_manifest: files.signed_manifest,
-            binary: files.binary,
-        }))
+        Ok(())
     }
 }
 

@@ -248,6 +248,9 @@ async fn start_gateway(
         cmd.args([k, v]);
     }
     cmd.args(["--handshake-rate", &handshake_rate.to_string()]);
+    // Every simulated node reaches the gateway through a balancer on
+    // loopback, as behind a layer-4 balancer: one source address.
+    cmd.args(["--max-connections-per-address", "20000"]);
     let mut child = cmd
         .env("BC_LOG", "warn")
         .stdout(std::process::Stdio::piped())

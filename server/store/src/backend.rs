@@ -29,7 +29,7 @@ use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
@@ -338,7 +338,23 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Stores a verified release; a sequence registered before is refused.
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError>;
 
+    /// A release's manifest and binary, whole.
     async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError>;
+
+    /// A release's signed manifest and its binary's length, without
+    /// reading the binary.
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError>;
+
+    /// Up to `len` bytes (at most [`releases::MAX_CHUNK`](crate::releases::MAX_CHUNK))
+    /// of a release's binary from `offset`, reading only those bytes:
+    /// fewer at its end, none past it; `None` when no such release is
+    /// registered.
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Newest first.
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError>;

@@ -38,6 +38,18 @@ pub struct ReleaseFiles {
     pub binary: Vec<u8>,
 }
 
+/// A release's signed manifest and the length of its stored binary: what
+/// a streamed download starts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseHead {
+    pub signed_manifest: Vec<u8>,
+    pub size: u64,
+}
+
+/// The most bytes one [`Backend::release_chunk`](crate::Backend::release_chunk)
+/// call reads.
+pub const MAX_CHUNK: u32 = 4 << 20;
+
 pub fn already_registered(sequence: u64) -> Refusal {
     Refusal::Conflict(format!(
         "release sequence {sequence} is already registered: sign the new release with a higher --sequence"

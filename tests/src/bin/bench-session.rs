@@ -200,7 +200,13 @@ fn main() -> anyhow::Result<()> {
         "postgres" => Some(rt.block_on(cluster.create_database("sessions"))?),
         other => anyhow::bail!("--store takes sqlite or postgres, not {other:?}"),
     };
-    let serve_args = ["--handshake-rate", &args.handshake_rate.to_string()];
+    // Every simulated node dials from 127.0.0.1.
+    let serve_args = [
+        "--handshake-rate",
+        &args.handshake_rate.to_string(),
+        "--max-connections-per-address",
+        "20000",
+    ];
     let server = match &store_url {
         Some(url) => Server::start_postgres(&d.path().join("server"), url, &serve_args)?,
         None => Server::start(&d.path().join("server"), &serve_args)?,

@@ -975,6 +975,7 @@ pub async fn gateway(opts: &Options, f: &IdentityFiles) -> Check {
             v1::join_client::JoinClient::new(channel)
                 .fetch_release(v1::FetchReleaseRequest {
                     sequence: i64::MAX as u64,
+                    offset: 0,
                 })
                 .await,
         )

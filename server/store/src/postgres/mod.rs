@@ -77,7 +77,7 @@ use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
@@ -769,6 +769,19 @@ impl Backend for PostgresBackend {
 
     async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
         tx!(self, |tx| releases::files(&tx, sequence).await)
+    }
+
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+        tx!(self, |tx| releases::head(&tx, sequence).await)
+    }
+
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        tx!(self, |tx| releases::chunk(&tx, sequence, offset, len).await)
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {

@@ -2,7 +2,9 @@
 
 use super::{Tx, execute, query, query_opt};
 use crate::error::{StoreError, TxError};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow, already_registered};
+use crate::releases::{
+    MAX_CHUNK, NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow, already_registered,
+};
 
 pub(super) async fn register(tx: &Tx<'_>, r: &NewRelease) -> Result<ReleaseRow, TxError> {
     let n = execute(
@@ -43,6 +45,41 @@ pub(super) async fn files(tx: &Tx<'_>, sequence: u64) -> Result<Option<ReleaseFi
         signed_manifest: r.get(0),
         binary: r.get(1),
     }))
+}
+
+pub(super) async fn head(tx: &Tx<'_>, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+    // octet_length() of a stored bytea reads its header, not its bytes.
+    Ok(query_opt(
+        tx,
+        "SELECT signed_manifest, octet_length(\"binary\")::bigint FROM releases WHERE sequence = $1",
+        &[&(sequence.min(i64::MAX as u64) as i64)],
+    )
+    .await?
+    .map(|r| ReleaseHead {
+        signed_manifest: r.get(0),
+        size: r.get::<_, i64>(1) as u64,
+    }))
+}
+
+/// Reads the range with `substring()`, so only those bytes leave the
+/// database.
+pub(super) async fn chunk(
+    tx: &Tx<'_>,
+    sequence: u64,
+    offset: u64,
+    len: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    // bytea positions are 32-bit and count from 1; past them is past the
+    // end of any stored binary.
+    let from = i32::try_from(offset.saturating_add(1)).unwrap_or(i32::MAX);
+    let len = len.min(MAX_CHUNK) as i32;
+    Ok(query_opt(
+        tx,
+        "SELECT substring(\"binary\" from $2 for $3) FROM releases WHERE sequence = $1",
+        &[&(sequence.min(i64::MAX as u64) as i64), &from, &len],
+    )
+    .await?
+    .map(|r| r.get(0)))
 }
 
 pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<ReleaseRow>, StoreError> {

@@ -60,7 +60,7 @@ use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow};
+use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
@@ -737,6 +737,20 @@ impl Backend for SqliteBackend {
 
     async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
         self.read(move |c| releases::files(c, sequence)).await
+    }
+
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+        self.read(move |c| releases::head(c, sequence)).await
+    }
+
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(move |c| releases::chunk(c, sequence, offset, len))
+            .await
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {

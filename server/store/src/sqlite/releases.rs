@@ -3,7 +3,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{StoreError, TxError};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseRow, already_registered};
+use crate::releases::{
+    MAX_CHUNK, NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow, already_registered,
+};
 
 pub(super) fn register(c: &Connection, r: &NewRelease) -> Result<ReleaseRow, TxError> {
     let n = c.execute(
@@ -42,6 +44,53 @@ pub(super) fn files(c: &Connection, sequence: u64) -> Result<Option<ReleaseFiles
         },
     )
     .optional()?)
+}
+
+pub(super) fn head(c: &Connection, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+    // length() of a blob reads its header, not its bytes.
+    Ok(c.query_row(
+        "SELECT signed_manifest, length(binary) FROM releases WHERE sequence = ?1",
+        [sequence as i64],
+        |r| {
+            Ok(ReleaseHead {
+                signed_manifest: r.get(0)?,
+                size: r.get::<_, i64>(1)? as u64,
+            })
+        },
+    )
+    .optional()?)
+}
+
+/// Reads the range through SQLite's incremental blob I/O (the row is found
+/// by its rowid, `sequence`), so only the pages holding it are read.
+pub(super) fn chunk(
+    c: &Connection,
+    sequence: u64,
+    offset: u64,
+    len: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Ok(rowid) = i64::try_from(sequence) else {
+        return Ok(None);
+    };
+    let size: Option<i64> = c
+        .query_row(
+            "SELECT length(binary) FROM releases WHERE sequence = ?1",
+            [rowid],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(size) = size else {
+        return Ok(None);
+    };
+    let size = size as u64;
+    if offset >= size {
+        return Ok(Some(Vec::new()));
+    }
+    let n = (size - offset).min(u64::from(len.min(MAX_CHUNK))) as usize;
+    let blob = c.blob_open(rusqlite::MAIN_DB, c"releases", c"binary", rowid, true)?;
+    let mut buf = vec![0u8; n];
+    blob.read_at_exact(&mut buf, offset as usize)?;
+    Ok(Some(buf))
 }
 
 pub(super) fn list(c: &Connection) -> rusqlite::Result<Vec<ReleaseRow>> {

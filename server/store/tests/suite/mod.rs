@@ -236,6 +236,7 @@ macro_rules! store_suite {
             recovery::a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it,
             recovery::history_peers_can_add_to_is_pruned_to_its_limits,
             releases::a_release_registers_once,
+            releases::a_release_reads_in_chunks,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,
             rollouts::a_rollout_needs_a_release_and_no_other_active,
             sessions::hello_bumps_the_epoch_and_stale_writes_change_nothing,

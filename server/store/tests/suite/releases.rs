@@ -39,3 +39,57 @@ pub async fn a_release_registers_once(f: Fixture) {
         .collect();
     assert_eq!(seqs, [3, 2], "newest first");
 }
+
+pub async fn a_release_reads_in_chunks(f: Fixture) {
+    let s = &f.store;
+    // Past one SQLite page and one TOAST chunk, an odd length.
+    let binary: Vec<u8> = (0..300_001u32).map(|i| (i * 7 % 251) as u8).collect();
+    let r = NewRelease {
+        size: binary.len() as u64,
+        binary: binary.clone(),
+        signed_manifest: b"{\"signed\":1}".to_vec(),
+        ..release(4)
+    };
+    s.register_release(&r).await.unwrap();
+    let head = s.release_head(4).await.unwrap().unwrap();
+    assert_eq!(head.signed_manifest, b"{\"signed\":1}");
+    assert_eq!(head.size, 300_001);
+    let mut back = Vec::new();
+    let mut offset = 0;
+    loop {
+        let chunk = s.release_chunk(4, offset, 65_536).await.unwrap().unwrap();
+        if chunk.is_empty() {
+            break;
+        }
+        assert!(chunk.len() <= 65_536);
+        offset += chunk.len() as u64;
+        back.extend_from_slice(&chunk);
+    }
+    assert_eq!(back, binary);
+    assert_eq!(
+        s.release_chunk(4, 299_999, 10).await.unwrap().unwrap(),
+        binary[299_999..]
+    );
+    assert_eq!(
+        s.release_chunk(4, 1_000, 3).await.unwrap().unwrap(),
+        binary[1_000..1_003]
+    );
+    let big = bc_store::releases::MAX_CHUNK;
+    assert_eq!(
+        s.release_chunk(4, 0, u32::MAX)
+            .await
+            .unwrap()
+            .unwrap()
+            .len(),
+        binary.len().min(big as usize),
+        "one read is at most MAX_CHUNK"
+    );
+    assert_eq!(s.release_chunk(4, 300_001, 10).await.unwrap(), Some(vec![]));
+    assert_eq!(
+        s.release_chunk(4, u64::MAX, 10).await.unwrap(),
+        Some(vec![])
+    );
+    assert_eq!(s.release_chunk(9, 0, 10).await.unwrap(), None);
+    assert_eq!(s.release_chunk(u64::MAX, 0, 10).await.unwrap(), None);
+    assert_eq!(s.release_head(9).await.unwrap(), None);
+}

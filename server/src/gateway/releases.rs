@@ -1,0 +1,111 @@
+//! Releases as a gateway hands them to a node, from the store: streamed
+//! in chunks ([`stream_release`], `FetchReleaseChunks`), or whole up to
+//! [`UNARY_MAX`] for nodes that predate the stream ([`whole_release`],
+//! `FetchRelease`). The signed bytes need no key to hand out.
+
+use bc_store::{Refusal, Store};
+use bcd_proto::v1::{FetchReleaseResponse, ReleaseChunk};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use crate::api::status::{refusal, unavailable};
+
+/// The bytes of a release binary in one `ReleaseChunk`.
+pub const CHUNK: u32 = 256 << 10;
+
+/// The largest release the deprecated whole-release call hands out.
+pub const UNARY_MAX: u64 = 32 << 20;
+
+/// Chunks read ahead of what the peer has taken: with the one being sent,
+/// a download holds at most this many and one more in memory.
+const AHEAD: usize = 2;
+
+/// A release as a stream for `FetchReleaseChunks`: its signed manifest,
+/// then its binary from `offset` in chunks of [`CHUNK`], each read from
+/// the store only when the peer has taken the ones before (a download
+/// holds a few chunks in memory, never the binary). A release that is not
+/// registered is refused before the stream starts; a store failure
+/// mid-stream ends it with UNAVAILABLE, and the node resumes from what it
+/// has.
+pub async fn stream_release(
+    store: Store,
+    sequence: u64,
+    offset: u64,
+) -> Result<ReceiverStream<Result<ReleaseChunk, Status>>, Status> {
+    let head = store
+        .release_head(sequence)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| not_found(sequence))?;
+    if offset > head.size {
+        return Err(refusal(Refusal::BadRequest(format!(
+            "release {sequence} is {} bytes: a download cannot resume at {offset}",
+            head.size
+        ))));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(AHEAD);
+    tokio::spawn(async move {
+        let first = ReleaseChunk {
+            signed_manifest: head.signed_manifest,
+            ..ReleaseChunk::default()
+        };
+        if tx.send(Ok(first)).await.is_err() {
+            return;
+        }
+        let mut at = offset;
+        while at < head.size {
+            let next = match store.release_chunk(sequence, at, CHUNK).await {
+                Ok(Some(data)) if !data.is_empty() => Ok(ReleaseChunk {
+                    offset: at,
+                    data,
+                    ..ReleaseChunk::default()
+                }),
+                Ok(_) => Err(not_found(sequence)),
+                Err(e) => Err(unavailable(e)),
+            };
+            let failed = next.is_err();
+            if let Ok(c) = &next {
+                at += c.data.len() as u64;
+            }
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// A release whole, for nodes that predate [`stream_release`]: refused
+/// past [`UNARY_MAX`], so one call cannot hold a large binary in memory.
+pub async fn whole_release(store: &Store, sequence: u64) -> Result<FetchReleaseResponse, Status> {
+    let head = store
+        .release_head(sequence)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| not_found(sequence))?;
+    if head.size > UNARY_MAX {
+        return Err(refusal(Refusal::Conflict(format!(
+            "release {sequence} is {} MiB, more than the {} MiB this server hands out in one message: \
+             upgrade this node in two steps, first to a release under {} MiB (it downloads releases \
+             in chunks), then to release {sequence}",
+            head.size >> 20,
+            UNARY_MAX >> 20,
+            UNARY_MAX >> 20,
+        ))));
+    }
+    let files = store
+        .release(sequence)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| not_found(sequence))?;
+    Ok(FetchReleaseResponse {
+        signed_manifest: files.signed_manifest,
+        binary: files.binary,
+    })
+}
+
+fn not_found(sequence: u64) -> Status {
+    refusal(Refusal::NotFound(format!(
+        "no release with sequence {sequence}"
+    )))
+}
