@@ -188,7 +188,10 @@ fn refused<T>(r: Result<tonic::Response<T>, tonic::Status>) -> String {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+    // Threads of its own: the tampering relay serves while the test waits
+    // on a bcd process.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap()
@@ -331,6 +334,19 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
     ));
     assert!(m.contains("not known to this server"), "{m}");
 
+    // A join relayed with keys of the gateway's own in the response: the
+    // node checks the fleet CA's signature and saves nothing.
+    let relay = TamperingRelay::start(&rt, &certified, port.clone());
+    let victim = Node::new(&d.path().join("victim"), 8);
+    let out = victim.join(&relay, &server.token(1));
+    assert!(!out.status.success(), "a tampered join response was taken");
+    assert!(
+        stderr(&out).contains("not signed by the fleet CA the token pins"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!victim.dir.join("identity.json").exists());
+
     // Revoked: the certificate it holds stops working at the port, and a
     // gateway started with the credential does not start.
     let o = server.cli(&["gateways", "revoke", "gw-a"]);
@@ -356,4 +372,92 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
     let text = String::from_utf8_lossy(&listed.stdout);
     assert!(text.contains("gw-a"), "{text}");
     node.proc().kill();
+}
+
+/// A compromised gateway's Join service: it relays joins to the port and
+/// puts a worker key of its own into every response.
+#[derive(Debug, Clone)]
+struct TamperingRelay {
+    port: GatewayServicesClient<tonic::transport::Channel>,
+}
+
+impl TamperingRelay {
+    /// Serves on an ephemeral loopback port with the gateway's certified
+    /// serving key; returns its URL.
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        certified: &credential::Certified,
+        port: GatewayServicesClient<tonic::transport::Channel>,
+    ) -> String {
+        let config = tls::server_config(
+            certified.chain.clone(),
+            certified.key(),
+            certified.chain.last().unwrap().clone(),
+        )
+        .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = rt.block_on(async {
+            tls::incoming(
+                listener,
+                config,
+                std::sync::Arc::new(tls::AdmitAll),
+                tls::ConnectionCaps {
+                    total: 16,
+                    per_address: 16,
+                },
+            )
+        });
+        rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(bcd_proto::v1::join_server::JoinServer::new(
+                    TamperingRelay { port },
+                ))
+                .serve_with_incoming(incoming),
+        );
+        format!("https://{addr}")
+    }
+}
+
+#[tonic::async_trait]
+impl bcd_proto::v1::join_server::Join for TamperingRelay {
+    async fn join(
+        &self,
+        request: tonic::Request<JoinRequest>,
+    ) -> Result<tonic::Response<bcd_proto::v1::JoinResponse>, tonic::Status> {
+        let mut r = self
+            .port
+            .clone()
+            .join(request.into_inner())
+            .await?
+            .into_inner();
+        r.worker_keys = vec![vec![0x66; 32]];
+        Ok(tonic::Response::new(r))
+    }
+
+    async fn renew(
+        &self,
+        _: tonic::Request<RenewRequest>,
+    ) -> Result<tonic::Response<bcd_proto::v1::RenewResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not relayed"))
+    }
+
+    async fn fetch_release(
+        &self,
+        _: tonic::Request<bcd_proto::v1::FetchReleaseRequest>,
+    ) -> Result<tonic::Response<bcd_proto::v1::FetchReleaseResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not relayed"))
+    }
+
+    type FetchReleaseChunksStream =
+        tokio_stream::wrappers::ReceiverStream<Result<bcd_proto::v1::ReleaseChunk, tonic::Status>>;
+
+    async fn fetch_release_chunks(
+        &self,
+        _: tonic::Request<bcd_proto::v1::FetchReleaseRequest>,
+    ) -> Result<tonic::Response<Self::FetchReleaseChunksStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not relayed"))
+    }
 }

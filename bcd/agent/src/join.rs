@@ -176,6 +176,8 @@ pub async fn join_with_token(
              a token from this server"
         );
     }
+    // Everything kept below comes signed by that CA.
+    bcd_proto::joined::verify(&resp, csr.der(), &resp.ca_der)?;
     let file = IdentityFile {
         version: crate::identity::IDENTITY_VERSION,
         node_id: resp.node_id,

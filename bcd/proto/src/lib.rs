@@ -13,6 +13,7 @@
 //! server (`server/`) and the agent (`bcd/agent`).
 #![forbid(unsafe_code)]
 
+pub mod joined;
 #[cfg(feature = "serde")]
 pub mod json;
 pub mod reenrol;

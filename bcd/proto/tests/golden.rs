@@ -293,6 +293,27 @@ fn refusals_statements_and_join() {
                 command_seq: 5,
                 spec_generation: 4,
             }),
+            // An earlier server's response: no signature.
+            signature: vec![],
+        },
+    );
+    check(
+        "join_response_signed",
+        &v1::JoinResponse {
+            node_id: "nd-0f3a9c".into(),
+            cert_der: vec![0x30, 0x82],
+            ca_der: vec![0x30, 0x81],
+            cert_serial: "5a17c0de".into(),
+            not_after_ms: 1_790_086_400_000,
+            server_time_ms: 1_790_000_000_000,
+            worker_keys: vec![vec![0x11; 32]],
+            identity_generation: 1,
+            release_keys: vec![vec![0x22; 32]],
+            floors: Some(v1::ReplayFloors {
+                command_seq: 5,
+                spec_generation: 4,
+            }),
+            signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
         },
     );
 }

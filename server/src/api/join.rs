@@ -119,6 +119,7 @@ impl GatewayServices for JoinService {
             signature: p.signature,
             verify: verify_node_signature,
         });
+        let csr_der = r.csr_der.clone();
         let (ca, csr) = (self.ca.clone(), r.csr_der);
         let issue_cert: bc_store::tokens::IssueCert =
             Box::new(move |node, now| issue(&ca, &csr, node, now, ttl));
@@ -142,7 +143,7 @@ impl GatewayServices for JoinService {
         } else {
             info!(node = %joined.node_id, serial = %cert.serial, "node joined");
         }
-        Ok(JoinResponse {
+        let mut response = JoinResponse {
             node_id: joined.node_id,
             cert_der: cert.der,
             ca_der: self.ca.cert.to_vec(),
@@ -156,7 +157,18 @@ impl GatewayServices for JoinService {
                 command_seq: joined.command_seq_floor,
                 spec_generation: joined.spec_generation_floor,
             }),
-        })
+            signature: vec![],
+        };
+        // Signed by the fleet CA, so a gateway relaying it changes nothing
+        // the node keeps.
+        response.signature = self
+            .ca
+            .sign(&bcd_proto::joined::statement(&response, &csr_der))
+            .map_err(|e| {
+                tracing::error!(error = %format!("{e:#}"), "cannot sign a join response");
+                super::status::refusal(Refusal::Internal("cannot sign the join response".into()))
+            })?;
+        Ok(response)
     }
 
     async fn renew(

@@ -237,6 +237,13 @@ impl Ca {
             .expect("the serving key parsed when it was loaded")
     }
 
+    /// Signs a statement with the CA key (ECDSA P-256, ASN.1 DER): only
+    /// domain-separated statements nodes check against the pinned CA (a
+    /// join response: `bcd_proto::joined`).
+    pub fn sign(&self, statement: &[u8]) -> Result<Vec<u8>, CaError> {
+        Ok(rcgen::SigningKey::sign(&self.key, statement)?)
+    }
+
     /// SHA-256 of the CA certificate: the pin in join tokens.
     pub fn fingerprint(&self) -> String {
         bcd_proto::fingerprint(&self.cert)

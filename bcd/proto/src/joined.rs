@@ -1,0 +1,165 @@
+//! The join response, signed by the fleet CA.
+//!
+//! A join may pass through a gateway, and a gateway holds no key: it must
+//! not be able to hand a joining node worker or release keys of its own
+//! (every later command and release would then be its to sign), another
+//! CA, or floors below what the store knows. The join service signs
+//! [`statement`] (every field the node keeps, bound to the SHA-256 of the
+//! node's CSR so a response cannot be replayed to another join) with the
+//! fleet CA's key (ECDSA P-256, ASN.1 DER), and the node checks it against
+//! the CA certificate it pinned from its token before it saves anything
+//! ([`verify`]).
+
+use crate::v1;
+
+/// What every join-response statement starts with, so a signature by the
+/// CA key over one stands for nothing else the CA signs (a certificate's
+/// to-be-signed part is a DER SEQUENCE, never these bytes).
+pub const DOMAIN: &[u8] = b"better-compute join response v1\0";
+
+fn field(m: &mut Vec<u8>, bytes: &[u8]) {
+    m.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    m.extend_from_slice(bytes);
+}
+
+/// The message the fleet CA signs for a join response to the request
+/// whose CSR is `csr_der`: [`DOMAIN`], the CSR's SHA-256, then each field
+/// the node keeps, lengths (8 bytes, big-endian) before variable ones,
+/// lists with their count first.
+pub fn statement(r: &v1::JoinResponse, csr_der: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(512 + r.cert_der.len() + r.ca_der.len());
+    m.extend_from_slice(DOMAIN);
+    m.extend_from_slice(ring::digest::digest(&ring::digest::SHA256, csr_der).as_ref());
+    for bytes in [
+        r.node_id.as_bytes(),
+        &r.cert_der,
+        &r.ca_der,
+        r.cert_serial.as_bytes(),
+    ] {
+        field(&mut m, bytes);
+    }
+    for n in [r.not_after_ms, r.server_time_ms] {
+        m.extend_from_slice(&n.to_be_bytes());
+    }
+    m.extend_from_slice(&r.identity_generation.to_be_bytes());
+    for keys in [&r.worker_keys, &r.release_keys] {
+        m.extend_from_slice(&(keys.len() as u64).to_be_bytes());
+        for k in keys {
+            field(&mut m, k);
+        }
+    }
+    let floors = r.floors.unwrap_or_default();
+    m.push(u8::from(r.floors.is_some()));
+    m.extend_from_slice(&floors.command_seq.to_be_bytes());
+    m.extend_from_slice(&floors.spec_generation.to_be_bytes());
+    m
+}
+
+/// Why a join response is not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsigned {
+    #[error(
+        "the join response carries no signature of the fleet CA (the control plane is older \
+         than this bcd, or something between them removed it): nothing was saved; upgrade the \
+         control plane, or join through it directly"
+    )]
+    Missing,
+    #[error(
+        "the join response is not signed by the fleet CA the token pins (a gateway between this \
+         node and the control plane altered it): nothing was saved; join through another \
+         gateway, and tell the operator"
+    )]
+    Forged,
+}
+
+/// Checks a join response against the CA certificate `pinned_ca` (DER)
+/// that the node's token pins.
+pub fn verify(r: &v1::JoinResponse, csr_der: &[u8], pinned_ca: &[u8]) -> Result<(), Unsigned> {
+    if r.signature.is_empty() {
+        return Err(Unsigned::Missing);
+    }
+    let der = rustls_pki_types::CertificateDer::from(pinned_ca);
+    let ca = webpki::EndEntityCert::try_from(&der).map_err(|_| Unsigned::Forged)?;
+    ca.verify_signature(
+        webpki::ring::ECDSA_P256_SHA256,
+        &statement(r, csr_der),
+        &r.signature,
+    )
+    .map_err(|_| Unsigned::Forged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response() -> v1::JoinResponse {
+        v1::JoinResponse {
+            node_id: "nd-1".into(),
+            cert_der: vec![1, 2],
+            ca_der: vec![3],
+            cert_serial: "ab".into(),
+            not_after_ms: 5,
+            server_time_ms: 4,
+            worker_keys: vec![vec![7; 32]],
+            identity_generation: 1,
+            release_keys: vec![vec![8; 32]],
+            floors: Some(v1::ReplayFloors {
+                command_seq: 2,
+                spec_generation: 3,
+            }),
+            signature: vec![],
+        }
+    }
+
+    type Change = Box<dyn Fn(&mut v1::JoinResponse)>;
+
+    #[test]
+    fn every_field_the_node_keeps_is_in_the_statement() {
+        let base = statement(&response(), b"csr");
+        assert!(base.starts_with(DOMAIN));
+        assert_ne!(base, statement(&response(), b"another csr"));
+        let changes: Vec<Change> = vec![
+            Box::new(|r| r.node_id.push('x')),
+            Box::new(|r| r.cert_der.push(0)),
+            Box::new(|r| r.ca_der.push(0)),
+            Box::new(|r| r.cert_serial.push('0')),
+            Box::new(|r| r.not_after_ms += 1),
+            Box::new(|r| r.server_time_ms += 1),
+            Box::new(|r| r.identity_generation += 1),
+            Box::new(|r| r.worker_keys.push(vec![9; 32])),
+            Box::new(|r| r.worker_keys[0][0] ^= 1),
+            Box::new(|r| r.release_keys.clear()),
+            Box::new(|r| r.floors = None),
+            Box::new(|r| r.floors.as_mut().unwrap().command_seq = 0),
+            Box::new(|r| r.floors.as_mut().unwrap().spec_generation = 0),
+            // A key moved from one list to the other.
+            Box::new(|r| {
+                let k = r.worker_keys.pop().unwrap();
+                r.release_keys.push(k);
+            }),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut r = response();
+            change(&mut r);
+            assert_ne!(statement(&r, b"csr"), base, "change {i}");
+        }
+        let mut signed = response();
+        signed.signature = vec![1, 2, 3];
+        assert_eq!(
+            statement(&signed, b"csr"),
+            base,
+            "the signature itself is not signed"
+        );
+    }
+
+    #[test]
+    fn a_missing_or_garbage_signature_is_refused() {
+        assert_eq!(
+            verify(&response(), b"csr", b"not a cert"),
+            Err(Unsigned::Missing)
+        );
+        let mut r = response();
+        r.signature = vec![0x30, 0x06, 2, 1, 1, 2, 1, 1];
+        assert_eq!(verify(&r, b"csr", b"not a cert"), Err(Unsigned::Forged));
+    }
+}
