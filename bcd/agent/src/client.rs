@@ -86,7 +86,7 @@ pub async fn renew_certificate(
     let proof = KeyPair::from_pem(&current.key_pem)
         .and_then(|k| rcgen::SigningKey::sign(&k, &statement))
         .map_err(|e| format!("cannot sign the renewal with the current node key: {e}"))?;
-    let config = tls::client_config(ServerTrust::Ca(ca), Some(current.identity))
+    let config = tls::client_config(ServerTrust::Ca(ca.clone()), Some(current.identity))
         .map_err(|e| format!("{e:#}"))?;
     let channel = tls::connect(server, config)
         .await
@@ -101,6 +101,8 @@ pub async fn renew_certificate(
         .await
         .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
         .into_inner();
+    // The times the next renewal is scheduled by come signed by the CA.
+    bcd_proto::joined::verify_renewal(&resp, csr.der(), &ca).map_err(|e| e.to_string())?;
     let cert = CertificateDer::from(resp.cert_der);
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
     if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {

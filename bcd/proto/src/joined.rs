@@ -55,18 +55,41 @@ pub fn statement(r: &v1::JoinResponse, csr_der: &[u8]) -> Vec<u8> {
     m
 }
 
+/// What every renewal-response statement starts with.
+pub const RENEWAL_DOMAIN: &[u8] = b"better-compute renew response v1\0";
+
+/// The message the fleet CA signs for a renewal response to the request
+/// whose CSR is `csr_der`: [`RENEWAL_DOMAIN`], the CSR's SHA-256, the
+/// certificate and serial (lengths first), then the two times.
+pub fn renewal_statement(r: &v1::RenewResponse, csr_der: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(128 + r.cert_der.len());
+    m.extend_from_slice(RENEWAL_DOMAIN);
+    m.extend_from_slice(ring::digest::digest(&ring::digest::SHA256, csr_der).as_ref());
+    field(&mut m, &r.cert_der);
+    field(&mut m, r.cert_serial.as_bytes());
+    for n in [r.not_after_ms, r.server_time_ms] {
+        m.extend_from_slice(&n.to_be_bytes());
+    }
+    m
+}
+
+/// Checks a renewal response against the node's fleet CA (DER).
+pub fn verify_renewal(r: &v1::RenewResponse, csr_der: &[u8], ca: &[u8]) -> Result<(), Unsigned> {
+    check(&r.signature, &renewal_statement(r, csr_der), ca)
+}
+
 /// Why a join response is not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unsigned {
     #[error(
-        "the join response carries no signature of the fleet CA (the control plane is older \
-         than this bcd, or something between them removed it): nothing was saved; upgrade the \
-         control plane, or join through it directly"
+        "the response carries no signature of the fleet CA (the control plane is older than \
+         this bcd, or something between them removed it): nothing was saved; upgrade the \
+         control plane, or reach it directly"
     )]
     Missing,
     #[error(
-        "the join response is not signed by the fleet CA the token pins (a gateway between this \
-         node and the control plane altered it): nothing was saved; join through another \
+        "the response is not signed by the fleet CA the token pins (a gateway between this \
+         node and the control plane altered it): nothing was saved; go through another \
          gateway, and tell the operator"
     )]
     Forged,
@@ -75,17 +98,17 @@ pub enum Unsigned {
 /// Checks a join response against the CA certificate `pinned_ca` (DER)
 /// that the node's token pins.
 pub fn verify(r: &v1::JoinResponse, csr_der: &[u8], pinned_ca: &[u8]) -> Result<(), Unsigned> {
-    if r.signature.is_empty() {
+    check(&r.signature, &statement(r, csr_der), pinned_ca)
+}
+
+fn check(signature: &[u8], statement: &[u8], ca: &[u8]) -> Result<(), Unsigned> {
+    if signature.is_empty() {
         return Err(Unsigned::Missing);
     }
-    let der = rustls_pki_types::CertificateDer::from(pinned_ca);
+    let der = rustls_pki_types::CertificateDer::from(ca);
     let ca = webpki::EndEntityCert::try_from(&der).map_err(|_| Unsigned::Forged)?;
-    ca.verify_signature(
-        webpki::ring::ECDSA_P256_SHA256,
-        &statement(r, csr_der),
-        &r.signature,
-    )
-    .map_err(|_| Unsigned::Forged)
+    ca.verify_signature(webpki::ring::ECDSA_P256_SHA256, statement, signature)
+        .map_err(|_| Unsigned::Forged)
 }
 
 #[cfg(test)]
@@ -150,6 +173,37 @@ mod tests {
             base,
             "the signature itself is not signed"
         );
+    }
+
+    #[test]
+    fn the_renewal_statement_covers_its_times() {
+        let r = v1::RenewResponse {
+            cert_der: vec![1],
+            cert_serial: "ab".into(),
+            not_after_ms: 10,
+            server_time_ms: 5,
+            signature: vec![],
+        };
+        let base = renewal_statement(&r, b"csr");
+        assert!(base.starts_with(RENEWAL_DOMAIN));
+        for changed in [
+            v1::RenewResponse {
+                not_after_ms: 11,
+                ..r.clone()
+            },
+            v1::RenewResponse {
+                server_time_ms: 6,
+                ..r.clone()
+            },
+            v1::RenewResponse {
+                cert_der: vec![2],
+                ..r.clone()
+            },
+        ] {
+            assert_ne!(renewal_statement(&changed, b"csr"), base);
+        }
+        assert_ne!(renewal_statement(&r, b"other"), base);
+        assert_eq!(verify_renewal(&r, b"csr", b"x"), Err(Unsigned::Missing));
     }
 
     #[test]

@@ -337,6 +337,16 @@ fn renewal_and_gateway_services() {
         },
     );
     check(
+        "renew_response_signed",
+        &v1::RenewResponse {
+            cert_der: vec![0x30, 0x82, 0x04],
+            cert_serial: "5a17c0df".into(),
+            not_after_ms: 1_790_086_400_000,
+            server_time_ms: 1_790_000_000_000,
+            signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x03]].concat(),
+        },
+    );
+    check(
         "certify_request",
         &v1::CertifyRequest {
             name: "gw-edge".into(),

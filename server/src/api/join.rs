@@ -161,13 +161,7 @@ impl GatewayServices for JoinService {
         };
         // Signed by the fleet CA, so a gateway relaying it changes nothing
         // the node keeps.
-        response.signature = self
-            .ca
-            .sign(&bcd_proto::joined::statement(&response, &csr_der))
-            .map_err(|e| {
-                tracing::error!(error = %format!("{e:#}"), "cannot sign a join response");
-                super::status::refusal(Refusal::Internal("cannot sign the join response".into()))
-            })?;
+        response.signature = self.sign(&bcd_proto::joined::statement(&response, &csr_der))?;
         Ok(response)
     }
 
@@ -182,6 +176,14 @@ impl GatewayServices for JoinService {
 }
 
 impl JoinService {
+    /// Signs a response statement with the fleet CA's key.
+    fn sign(&self, statement: &[u8]) -> Result<Vec<u8>, Status> {
+        self.ca.sign(statement).map_err(|e| {
+            tracing::error!(error = %format!("{e:#}"), "cannot sign a response");
+            super::status::refusal(Refusal::Internal("cannot sign the response".into()))
+        })
+    }
+
     /// Renews the certificate `node_cert_der` for the key of the request's
     /// CSR, once the proof of possession (as `rule` asks) holds: made by
     /// that certificate's key, for the node it names, within a minute of
@@ -227,6 +229,7 @@ impl JoinService {
             }
         }
         let fingerprint = bcd_proto::fingerprint(node_cert_der);
+        let csr_der = r.csr_der.clone();
         let csr = r.csr_der;
         let (ca, policy) = (self.ca.clone(), self.policy);
         let renewed = self
@@ -241,11 +244,15 @@ impl JoinService {
             .map_err(status)?;
         let cert = renewed.cert;
         info!(node = %renewed.node_id, serial = %cert.serial, "certificate renewed");
-        Ok(RenewResponse {
+        let mut response = RenewResponse {
             cert_der: cert.der,
             cert_serial: cert.serial,
             not_after_ms: cert.not_after_ms,
             server_time_ms: renewed.now_ms,
-        })
+            signature: vec![],
+        };
+        response.signature =
+            self.sign(&bcd_proto::joined::renewal_statement(&response, &csr_der))?;
+        Ok(response)
     }
 }
