@@ -105,16 +105,38 @@ impl Certified {
     }
 }
 
+/// Why a gateway is not certified.
+#[derive(Debug, thiserror::Error)]
+pub enum CertifyError {
+    /// The port answered no: trying again cannot help.
+    #[error("the gateway services refused to certify this gateway: {0}")]
+    Refused(String),
+    /// The port could not be reached or failed: worth trying again.
+    #[error("cannot certify this gateway yet")]
+    Unreachable(#[source] anyhow::Error),
+}
+
 /// Makes a key in memory and has the port certify it for `names`.
-pub async fn certify(cred: &GatewayCredential, names: &[String]) -> anyhow::Result<Certified> {
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("cannot make a key")?;
+pub async fn certify(
+    cred: &GatewayCredential,
+    names: &[String],
+) -> Result<Certified, CertifyError> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| CertifyError::Refused(format!("cannot make a key: {e}")))?;
     let csr = CertificateParams::default()
         .serialize_request(&key)
-        .context("cannot make a certificate request")?;
-    let config = tls::client_config(ServerTrust::Ca(cred.ca()?), None)?;
-    let channel = tls::connect(&cred.upstream, config)
-        .await
-        .with_context(|| format!("cannot reach the gateway services at {}", cred.upstream))?;
+        .map_err(|e| CertifyError::Refused(format!("cannot make a certificate request: {e}")))?;
+    let ca = cred
+        .ca()
+        .map_err(|e| CertifyError::Refused(format!("{e:#}")))?;
+    let config = tls::client_config(ServerTrust::Ca(ca), None)
+        .map_err(|e| CertifyError::Refused(format!("{e:#}")))?;
+    let channel = tls::connect(&cred.upstream, config).await.map_err(|e| {
+        CertifyError::Unreachable(anyhow::Error::new(e).context(format!(
+            "cannot reach the gateway services at {}",
+            cred.upstream
+        )))
+    })?;
     let r = GatewayServicesClient::new(channel)
         .certify(CertifyRequest {
             name: cred.name.clone(),
@@ -123,11 +145,17 @@ pub async fn certify(cred: &GatewayCredential, names: &[String]) -> anyhow::Resu
             names: names.to_vec(),
         })
         .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))
-        .context("the gateway services refused to certify this gateway")?
+        .map_err(|s| match s.code() {
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => {
+                CertifyError::Unreachable(anyhow::anyhow!("{}", s.message()))
+            }
+            _ => CertifyError::Refused(s.message().to_string()),
+        })?
         .into_inner();
     if r.chain_der.is_empty() {
-        anyhow::bail!("the gateway services returned no certificate");
+        return Err(CertifyError::Refused(
+            "the gateway services returned no certificate".into(),
+        ));
     }
     Ok(Certified {
         chain: r.chain_der.into_iter().map(CertificateDer::from).collect(),
@@ -230,18 +258,14 @@ pub async fn certify_at_start(
     loop {
         match certify(cred, names).await {
             Ok(c) => return Ok(c),
-            Err(e) if is_refusal(&e) || tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(e @ CertifyError::Refused(_)) => return Err(e.into()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e.into()),
             Err(e) => {
-                warn!(error = %format!("{e:#}"), "cannot certify this gateway yet; retrying");
+                warn!(error = %format!("{:#}", anyhow::Error::new(e)), "cannot certify this gateway yet; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
     }
-}
-
-fn is_refusal(e: &anyhow::Error) -> bool {
-    e.chain()
-        .any(|c| c.to_string() == "the gateway services refused to certify this gateway")
 }
 
 /// Renews the serving certificate at 60% of its life, for as long as the
@@ -259,6 +283,7 @@ pub async fn keep_certified(
         let next = match certify(&cred, &names).await {
             Ok(c) => c,
             Err(e) => {
+                let e = anyhow::Error::new(e);
                 warn!(error = %format!("{e:#}"), "cannot renew this gateway's certificate; retrying in 60s");
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 continue;
