@@ -363,11 +363,22 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
     for id in &ids {
         assert!(listed.contains(id), "{id} in {listed:?}");
     }
-    wait_for(
-        Duration::from_secs(60),
-        "the restored plane's invariants",
-        || restored.cli(&["check"]).status.success().then_some(()),
-    );
+    // Polled with a deadline; on a timeout the last report says which
+    // invariant did not hold.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = restored.cli(&["check"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restored plane's invariants did not hold within 60s:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert!(backup_states_held(&restored.cli(&["check", "--json"])));
 }
 

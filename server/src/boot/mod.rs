@@ -7,7 +7,9 @@
 //!   a boot (`images boots`).
 //! - `GET` or `HEAD /boot/artifacts/<sha256>` serves a registered kernel
 //!   or initrd by content hash, with single `Range` requests (`206`), so
-//!   an interrupted download resumes and a cache can keep it forever.
+//!   an interrupted download resumes and a cache can keep it forever. The
+//!   bytes are streamed from the store in chunks as the client takes them:
+//!   a download holds a few chunks in memory, never the artifact.
 //!
 //! Nothing here is secret-free by accident: what the script carries (a
 //! pool join token in the assignment's command line) is as public as the
@@ -19,12 +21,11 @@
 
 pub mod parse;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Bytes, Frame};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -88,15 +89,16 @@ fn parse_key(s: &str) -> Result<Vec<u8>, String> {
         })
 }
 
-/// Artifacts kept in memory after their first request: a fleet boots a
-/// few images many times.
-const CACHE_ENTRIES: usize = 8;
+/// The bytes of an artifact read from the store at a time.
+const CHUNK: u32 = 256 << 10;
+
+/// Chunks read ahead of what the client has taken.
+const AHEAD: usize = 2;
 
 #[derive(Debug)]
 struct State {
     store: Store,
     opts: BootOptions,
-    cache: Mutex<HashMap<String, Bytes>>,
 }
 
 type Reply = crate::http::bounded::Reply;
@@ -113,7 +115,7 @@ pub const LIMITS: crate::http::bounded::Limits = crate::http::bounded::Limits {
 };
 
 fn text(status: StatusCode, body: impl Into<String>) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from(body.into())));
+    let mut r = Response::new(crate::http::bounded::full(body.into()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -135,11 +137,7 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the boot endpoint: {e}"))?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(State {
-        store,
-        opts,
-        cache: Mutex::new(HashMap::new()),
-    });
+    let state = Arc::new(State { store, opts });
     info!(%addr, "boot endpoint listening");
     let handler: crate::http::bounded::Handler = Arc::new(move |peer, req| {
         let state = state.clone();
@@ -263,6 +261,37 @@ async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Inco
     reply
 }
 
+/// `len` bytes of artifact `sha` from `from`, read from the store a chunk
+/// at a time as the client takes them. A store failure or an artifact that
+/// ends early ends the body with an error (hyper closes the connection; the
+/// client resumes with a Range request).
+fn stream(store: Store, sha: String, from: u64, len: u64) -> crate::http::bounded::Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(AHEAD);
+    tokio::spawn(async move {
+        let end = from + len;
+        let mut at = from;
+        while at < end {
+            let want = (end - at).min(u64::from(CHUNK)) as u32;
+            let next = match store.image_artifact_chunk(&sha, at, want).await {
+                Ok(Some(data)) if !data.is_empty() => {
+                    at += data.len() as u64;
+                    Ok(Frame::data(Bytes::from(data)))
+                }
+                Ok(_) => Err(std::io::Error::other("the artifact ended early")),
+                Err(e) => {
+                    warn!(error = %e, "boot endpoint: store error mid-download");
+                    Err(std::io::Error::other("the store is unavailable"))
+                }
+            };
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed()
+}
+
 async fn artifact(state: &State, sha: &str, range: Option<&str>, head: bool) -> Reply {
     if !valid_sha256(sha) {
         return text(
@@ -270,40 +299,24 @@ async fn artifact(state: &State, sha: &str, range: Option<&str>, head: bool) -> 
             "artifacts are named by their SHA-256, in lowercase hex\n",
         );
     }
-    let cached = state
-        .cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(sha)
-        .cloned();
-    let bytes = match cached {
-        Some(b) => b,
-        None => match state.store.image_artifact(sha).await {
-            Ok(Some(b)) => {
-                let b = Bytes::from(b);
-                let mut cache = state.cache.lock().unwrap_or_else(|p| p.into_inner());
-                if cache.len() >= CACHE_ENTRIES {
-                    cache.clear();
-                }
-                cache.insert(sha.to_string(), b.clone());
-                b
-            }
-            Ok(None) => return text(StatusCode::NOT_FOUND, "no such artifact\n"),
-            Err(e) => {
-                warn!(error = %e, "boot endpoint: store error");
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server's store is unavailable; retry later\n",
-                );
-            }
-        },
+    let len = match state.store.image_artifact_size(sha).await {
+        Ok(Some(n)) => n,
+        Ok(None) => return text(StatusCode::NOT_FOUND, "no such artifact\n"),
+        Err(e) => {
+            warn!(error = %e, "boot endpoint: store error");
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's store is unavailable; retry later\n",
+            );
+        }
     };
-    let len = bytes.len() as u64;
-    let (status, body, content_range) = match parse_range(range, len) {
-        Range::Whole => (StatusCode::OK, bytes, None),
+    // The bytes to send: `from` and how many.
+    let (status, from, body_len, content_range) = match parse_range(range, len) {
+        Range::Whole => (StatusCode::OK, 0, len, None),
         Range::Part { start, end } => (
             StatusCode::PARTIAL_CONTENT,
-            bytes.slice(start as usize..=end as usize),
+            start,
+            end - start + 1,
             Some(format!("bytes {start}-{end}/{len}")),
         ),
         Range::Unsatisfiable => {
@@ -315,8 +328,12 @@ async fn artifact(state: &State, sha: &str, range: Option<&str>, head: bool) -> 
             return r;
         }
     };
-    let body_len = body.len();
-    let mut r = Response::new(Full::new(if head { Bytes::new() } else { body }));
+    let body = if head {
+        crate::http::bounded::full(Bytes::new())
+    } else {
+        stream(state.store.clone(), sha.to_string(), from, body_len)
+    };
+    let mut r = Response::new(body);
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(
@@ -337,9 +354,9 @@ async fn artifact(state: &State, sha: &str, range: Option<&str>, head: bool) -> 
             .parse()
             .expect("ascii"),
     );
-    if head {
-        h.insert(hyper::header::CONTENT_LENGTH, body_len.into());
-    }
+    // The length is known before the bytes: a streamed body says it too,
+    // so clients can show progress and resume.
+    h.insert(hyper::header::CONTENT_LENGTH, body_len.into());
     if let Some(cr) = content_range {
         h.insert(hyper::header::CONTENT_RANGE, cr.parse().expect("ascii"));
     }

@@ -30,7 +30,20 @@ pub struct Limits {
     pub connection_limit: Option<Duration>,
 }
 
-pub type Reply = hyper::Response<Full<Bytes>>;
+/// A reply's body: whole, or streamed (a boot artifact read from the
+/// store in chunks); a streamed body that fails mid-way ends the
+/// connection.
+pub type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+pub type Reply = hyper::Response<Body>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    use http_body_util::BodyExt;
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
 pub type Handler = Arc<
     dyn Fn(SocketAddr, Request<Incoming>) -> Pin<Box<dyn Future<Output = Reply> + Send>>
         + Send
@@ -93,7 +106,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let handler: Handler = Arc::new(|_, _| {
-            Box::pin(async { hyper::Response::new(Full::new(Bytes::from_static(b"ok\n"))) })
+            Box::pin(async { hyper::Response::new(full(Bytes::from_static(b"ok\n"))) })
         });
         tokio::spawn(serve(listener, "test", limits, handler));
         addr

@@ -21,7 +21,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
@@ -62,7 +61,7 @@ pub struct Observed {
 type Reply = bounded::Reply;
 
 fn reply(status: StatusCode, kind: &'static str, body: impl Into<Bytes>) -> Reply {
-    let mut r = Response::new(Full::new(body.into()));
+    let mut r = Response::new(bounded::full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

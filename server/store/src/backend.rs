@@ -387,6 +387,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// A kernel or initrd by its SHA-256.
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
+    /// An artifact's length, without reading it.
+    async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError>;
+
+    /// At most `len` bytes (capped at `releases::MAX_CHUNK`) of an
+    /// artifact from `offset`; empty past its end, `None` for an unknown
+    /// one.
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+
     /// Records a request for a boot script; keeps the last boots of each
     /// MAC.
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError>;

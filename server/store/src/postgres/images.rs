@@ -230,3 +230,31 @@ pub(super) async fn manifests(tx: &Tx<'_>) -> Result<Vec<(String, Vec<u8>)>, Sto
     .map(|r| (r.get(0), r.get(1)))
     .collect())
 }
+
+pub(super) async fn artifact_size(tx: &Tx<'_>, sha256: &str) -> Result<Option<u64>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT octet_length(bytes) FROM image_artifacts WHERE sha256 = $1",
+        &[&sha256],
+    )
+    .await?
+    .map(|r| r.get::<_, i32>(0) as u64))
+}
+
+pub(super) async fn artifact_chunk(
+    tx: &Tx<'_>,
+    sha256: &str,
+    offset: u64,
+    len: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    // bytea positions are 32-bit and count from 1.
+    let from = i32::try_from(offset.saturating_add(1)).unwrap_or(i32::MAX);
+    let len = len.min(crate::releases::MAX_CHUNK) as i32;
+    Ok(query_opt(
+        tx,
+        "SELECT substring(bytes from $2 for $3) FROM image_artifacts WHERE sha256 = $1",
+        &[&sha256, &from, &len],
+    )
+    .await?
+    .map(|r| r.get(0)))
+}

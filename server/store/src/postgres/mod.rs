@@ -822,6 +822,20 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| images::artifact(&tx, sha256).await)
     }
 
+    async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
+        tx!(self, |tx| images::artifact_size(&tx, sha256).await)
+    }
+
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        tx!(self, |tx| images::artifact_chunk(&tx, sha256, offset, len)
+            .await)
+    }
+
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         tx!(self, |tx| images::record_boot(&tx, b).await)
     }

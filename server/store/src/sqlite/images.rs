@@ -199,3 +199,42 @@ pub(super) fn manifests(c: &Connection) -> Result<Vec<(String, Vec<u8>)>, StoreE
             .collect::<rusqlite::Result<_>>()?,
     )
 }
+
+pub(super) fn artifact_size(c: &Connection, sha256: &str) -> Result<Option<u64>, StoreError> {
+    Ok(c.query_row(
+        "SELECT length(bytes) FROM image_artifacts WHERE sha256 = ?1",
+        [sha256],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()?
+    .map(|n| n as u64))
+}
+
+/// Reads the range through SQLite's incremental blob I/O, so only the
+/// pages holding it are read.
+pub(super) fn artifact_chunk(
+    c: &Connection,
+    sha256: &str,
+    offset: u64,
+    len: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let row: Option<(i64, i64)> = c
+        .query_row(
+            "SELECT rowid, length(bytes) FROM image_artifacts WHERE sha256 = ?1",
+            [sha256],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((rowid, size)) = row else {
+        return Ok(None);
+    };
+    let size = size as u64;
+    if offset >= size {
+        return Ok(Some(Vec::new()));
+    }
+    let n = (size - offset).min(u64::from(len.min(crate::releases::MAX_CHUNK))) as usize;
+    let blob = c.blob_open(rusqlite::MAIN_DB, c"image_artifacts", c"bytes", rowid, true)?;
+    let mut buf = vec![0u8; n];
+    blob.read_at_exact(&mut buf, offset as usize)?;
+    Ok(Some(buf))
+}

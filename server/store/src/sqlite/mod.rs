@@ -800,6 +800,22 @@ impl Backend for SqliteBackend {
         self.read(move |c| images::artifact(c, &sha)).await
     }
 
+    async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
+        let sha = sha256.to_string();
+        self.read(move |c| images::artifact_size(c, &sha)).await
+    }
+
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let sha = sha256.to_string();
+        self.read(move |c| images::artifact_chunk(c, &sha, offset, len))
+            .await
+    }
+
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         let b = b.clone();
         self.write(move |c| images::record_boot(c, &b)).await

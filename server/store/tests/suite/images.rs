@@ -130,3 +130,35 @@ pub async fn images_resolve_by_id_name_or_prefix(f: Fixture) {
         );
     }
 }
+
+pub async fn an_artifact_reads_in_chunks(f: Fixture) {
+    let s = &f.store;
+    let initrd: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+    let img = image('c', "chunked", &initrd);
+    let sha = img.initrd_sha256.clone();
+    assert!(s.register_image(&img).await.unwrap());
+    assert_eq!(s.image_artifact_size(&sha).await.unwrap(), Some(300_001));
+    let mut read = Vec::new();
+    while (read.len() as u64) < 300_001 {
+        let chunk = s
+            .image_artifact_chunk(&sha, read.len() as u64, 65_536)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!chunk.is_empty() && chunk.len() <= 65_536);
+        read.extend(chunk);
+    }
+    assert_eq!(read, initrd);
+    assert_eq!(
+        s.image_artifact_chunk(&sha, 300_001, 10).await.unwrap(),
+        Some(vec![]),
+        "past the end: empty"
+    );
+    assert_eq!(
+        s.image_artifact_chunk(&sha, 5, 3).await.unwrap(),
+        Some(initrd[5..8].to_vec())
+    );
+    let missing = "f".repeat(64);
+    assert_eq!(s.image_artifact_size(&missing).await.unwrap(), None);
+    assert_eq!(s.image_artifact_chunk(&missing, 0, 1).await.unwrap(), None);
+}

@@ -219,6 +219,7 @@ macro_rules! store_suite {
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,
+            images::an_artifact_reads_in_chunks,
             liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
             liveness::a_sweep_gap_holds_timed_transitions,
             liveness::leases_have_one_owner_until_they_expire,
