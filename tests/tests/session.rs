@@ -473,11 +473,14 @@ fn the_node_renews_its_certificate_before_it_expires() {
         std::fs::read(node.dir.join("node.crt")).unwrap(),
         first_cert
     );
-    assert!(
-        node.proc().log().contains("certificate renewed"),
-        "{}",
-        node.proc().log()
-    );
+    // The daemon logs the renewal once the new pair is installed, just
+    // after identity.json names it.
+    wait_for(Duration::from_secs(10), "the renewal in bcd's log", || {
+        node.proc()
+            .log()
+            .contains("certificate renewed")
+            .then_some(())
+    });
     // When the first certificate runs out, the gateway closes that session
     // and the node comes back with the renewed one.
     let v = server.wait_node(&id, "a session under a renewed certificate", |n| {
