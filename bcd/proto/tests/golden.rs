@@ -229,6 +229,25 @@ fn signed_intent_and_facts() {
     );
 }
 
+fn join_response(signature: Vec<u8>) -> v1::JoinResponse {
+    v1::JoinResponse {
+        node_id: "nd-0f3a9c".into(),
+        cert_der: vec![0x30, 0x82],
+        ca_der: vec![0x30, 0x81],
+        cert_serial: "5a17c0de".into(),
+        not_after_ms: 1_790_086_400_000,
+        server_time_ms: 1_790_000_000_000,
+        worker_keys: vec![vec![0x11; 32]],
+        identity_generation: 1,
+        release_keys: vec![vec![0x22; 32]],
+        floors: Some(v1::ReplayFloors {
+            command_seq: 5,
+            spec_generation: 4,
+        }),
+        signature,
+    }
+}
+
 #[test]
 fn refusals_statements_and_join() {
     let key = worker_key();
@@ -277,44 +296,12 @@ fn refusals_statements_and_join() {
             }),
         },
     );
-    check(
-        "join_response",
-        &v1::JoinResponse {
-            node_id: "nd-0f3a9c".into(),
-            cert_der: vec![0x30, 0x82],
-            ca_der: vec![0x30, 0x81],
-            cert_serial: "5a17c0de".into(),
-            not_after_ms: 1_790_086_400_000,
-            server_time_ms: 1_790_000_000_000,
-            worker_keys: vec![vec![0x11; 32]],
-            identity_generation: 1,
-            release_keys: vec![vec![0x22; 32]],
-            floors: Some(v1::ReplayFloors {
-                command_seq: 5,
-                spec_generation: 4,
-            }),
-            // An earlier server's response: no signature.
-            signature: vec![],
-        },
-    );
+    // An earlier server's response carries no signature; a signed one
+    // adds field 11.
+    check("join_response", &join_response(vec![]));
     check(
         "join_response_signed",
-        &v1::JoinResponse {
-            node_id: "nd-0f3a9c".into(),
-            cert_der: vec![0x30, 0x82],
-            ca_der: vec![0x30, 0x81],
-            cert_serial: "5a17c0de".into(),
-            not_after_ms: 1_790_086_400_000,
-            server_time_ms: 1_790_000_000_000,
-            worker_keys: vec![vec![0x11; 32]],
-            identity_generation: 1,
-            release_keys: vec![vec![0x22; 32]],
-            floors: Some(v1::ReplayFloors {
-                command_seq: 5,
-                spec_generation: 4,
-            }),
-            signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
-        },
+        &join_response([&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat()),
     );
 }
 
