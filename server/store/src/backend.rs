@@ -97,6 +97,20 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         seal: SealStatement,
     ) -> Result<Joined, TxError>;
 
+    /// Checks and spends one use of a token and joins the machine whose
+    /// TPM's EK has `ek_sha256` (hex): the node bound to that EK and not
+    /// deleted again, at its next identity generation with every earlier
+    /// certificate revoked (the statement `seal` signs) and a fleet event
+    /// kept; else a new node bound to the EK. A refused token changes
+    /// nothing.
+    async fn join_attested(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError>;
+
     // ------------------------------------------------- nodes, certificates
 
     /// Issues a next certificate to the node whose valid certificate has

@@ -151,6 +151,19 @@ pub fn reenrol_detail(generation: u64, revoked: &[String], token_id: &str) -> St
     )
 }
 
+/// What the fleet event of a node reclaimed by its TPM's EK says.
+pub fn reclaim_detail(generation: u64, revoked: &[String], token_id: &str) -> String {
+    format!(
+        "reclaimed by its TPM's EK with token {token_id}: identity generation {generation}, \
+         revoked {}",
+        if revoked.is_empty() {
+            "nothing".to_string()
+        } else {
+            revoked.join(", ")
+        }
+    )
+}
+
 /// A fresh node id: `nd-` and 12 hex digits.
 pub fn new_node_id() -> String {
     format!("nd-{:012x}", rand::random::<u64>() >> 16)

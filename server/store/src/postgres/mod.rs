@@ -105,6 +105,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0015_cert_sightings.sql"),
     include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
+    include_str!("migrations/0018_node_ek.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -485,6 +486,19 @@ impl Backend for PostgresBackend {
         seal: SealStatement,
     ) -> Result<Joined, TxError> {
         tx!(self, |tx| tokens::reenrol(&tx, j, proof, issue, seal).await)
+    }
+
+    async fn join_attested(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        tx!(self, |tx| tokens::join_attested(
+            &tx, j, ek_sha256, issue, seal
+        )
+        .await)
     }
 
     async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {

@@ -6,7 +6,7 @@ use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
     PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof, new_node_id,
-    no_operator, operator_exists, operator_role, reenrol_detail,
+    no_operator, operator_exists, operator_role, reclaim_detail, reenrol_detail,
 };
 
 pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
@@ -135,13 +135,25 @@ pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result
     let now = now(tx).await?;
     check_token(tx, j, now).await?;
     spend_token(tx, &j.token_id).await?;
+    new_node(tx, j, now, issue, None).await
+}
+
+/// Creates a node (bound to the EK `ek_sha256`, if any) with the
+/// certificate `issue` builds; the token was spent.
+async fn new_node(
+    tx: &Tx<'_>,
+    j: &JoinInput,
+    now: i64,
+    issue: IssueCert,
+    ek_sha256: Option<&str>,
+) -> Result<Joined, TxError> {
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
     execute(
         tx,
-        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token)
-         VALUES ($1, $2, $3, 1, $4, $5)",
-        &[&node_id, &j.hostname, &now, &j.ramdisk, &j.token_id],
+        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256)
+         VALUES ($1, $2, $3, 1, $4, $5, $6)",
+        &[&node_id, &j.hostname, &now, &j.ramdisk, &j.token_id, &ek_sha256],
     )
     .await?;
     execute(
@@ -206,6 +218,66 @@ pub(super) async fn reenrol(
     .collect();
     let generation = judge_proof(node.as_ref(), &certs, proof)?;
     spend_token(tx, &j.token_id).await?;
+    reenrol_node(tx, j, node_id, generation, now, issue, seal, reenrol_detail).await
+}
+
+/// Joins the machine whose EK has `ek_sha256` with a token: the node
+/// bound to that EK again, at its next identity generation with its
+/// earlier certificates revoked, or a new node bound to it.
+pub(super) async fn join_attested(
+    tx: &Tx<'_>,
+    j: &JoinInput,
+    ek_sha256: &str,
+    issue: IssueCert,
+    seal: SealStatement,
+) -> Result<Joined, TxError> {
+    let now = now(tx).await?;
+    check_token(tx, j, now).await?;
+    // Locked (after the token, as every join locks), as a re-enrolment
+    // locks the node it proves.
+    let bound = query_opt(
+        tx,
+        "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = $1 AND deleted_at IS NULL
+         FOR UPDATE",
+        &[&ek_sha256],
+    )
+    .await?
+    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)));
+    spend_token(tx, &j.token_id).await?;
+    match bound {
+        None => new_node(tx, j, now, issue, Some(ek_sha256)).await,
+        Some((node_id, generation)) => {
+            let generation = generation.max(0) as u64 + 1;
+            reenrol_node(
+                tx,
+                j,
+                &node_id,
+                generation,
+                now,
+                issue,
+                seal,
+                reclaim_detail,
+            )
+            .await
+        }
+    }
+}
+
+/// Moves `node_id` to identity `generation` with the certificate `issue`
+/// builds: every earlier certificate revoked with the statement `seal`
+/// signs, a fleet event (`detail` of the generation, the revoked serials
+/// and the token) kept.
+#[allow(clippy::too_many_arguments)]
+async fn reenrol_node(
+    tx: &Tx<'_>,
+    j: &JoinInput,
+    node_id: &str,
+    generation: u64,
+    now: i64,
+    issue: IssueCert,
+    seal: SealStatement,
+    detail: fn(u64, &[String], &str) -> String,
+) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
     let serials: Vec<String> = query(
         tx,
@@ -257,7 +329,7 @@ pub(super) async fn reenrol(
         now,
         REENROLLED_EVENT,
         node_id,
-        &reenrol_detail(generation, &serials, &j.token_id),
+        &detail(generation, &serials, &j.token_id),
     )
     .await?;
     let (command_seq_floor, spec_generation_floor) = super::nodes::floors(tx, node_id).await?;

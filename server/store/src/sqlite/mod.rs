@@ -87,6 +87,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0015_cert_sightings.sql"),
     include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
+    include_str!("migrations/0018_node_ek.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -424,6 +425,18 @@ impl Backend for SqliteBackend {
     ) -> Result<Joined, TxError> {
         let (j, proof) = (j.clone(), proof.clone());
         self.write(move |c| tokens::reenrol(c, &j, &proof, issue, seal))
+            .await
+    }
+
+    async fn join_attested(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        let (j, ek) = (j.clone(), ek_sha256.to_string());
+        self.write(move |c| tokens::join_attested(c, &j, &ek, issue, seal))
             .await
     }
 

@@ -8,7 +8,7 @@ use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
     OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof,
-    new_node_id, no_operator, operator_exists, operator_role, reenrol_detail,
+    new_node_id, no_operator, operator_exists, operator_role, reclaim_detail, reenrol_detail,
 };
 
 pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
@@ -135,12 +135,24 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
     let now = now(c)?;
     check_token(c, j, now)?;
     spend_token(c, &j.token_id)?;
+    new_node(c, j, now, issue, None)
+}
+
+/// Creates a node (bound to the EK `ek_sha256`, if any) with the
+/// certificate `issue` builds; the token was spent.
+fn new_node(
+    c: &Connection,
+    j: &JoinInput,
+    now: i64,
+    issue: IssueCert,
+    ek_sha256: Option<&str>,
+) -> Result<Joined, TxError> {
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
     c.execute(
-        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token)
-         VALUES (?1, ?2, ?3, 1, ?4, ?5)",
-        params![node_id, j.hostname, now, j.ramdisk, j.token_id],
+        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256)
+         VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+        params![node_id, j.hostname, now, j.ramdisk, j.token_id, ek_sha256],
     )?;
     c.execute(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
@@ -198,6 +210,53 @@ pub(super) fn reenrol(
         .collect::<rusqlite::Result<_>>()?;
     let generation = judge_proof(node.as_ref(), &certs, proof)?;
     spend_token(c, &j.token_id)?;
+    reenrol_node(c, j, node_id, generation, now, issue, seal, reenrol_detail)
+}
+
+/// Joins the machine whose EK has `ek_sha256` with a token: the node
+/// bound to that EK again, at its next identity generation with its
+/// earlier certificates revoked, or a new node bound to it.
+pub(super) fn join_attested(
+    c: &Connection,
+    j: &JoinInput,
+    ek_sha256: &str,
+    issue: IssueCert,
+    seal: SealStatement,
+) -> Result<Joined, TxError> {
+    let now = now(c)?;
+    check_token(c, j, now)?;
+    let bound: Option<(String, i64)> = c
+        .query_row(
+            "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
+            [ek_sha256],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    spend_token(c, &j.token_id)?;
+    match bound {
+        None => new_node(c, j, now, issue, Some(ek_sha256)),
+        Some((node_id, generation)) => {
+            let generation = generation.max(0) as u64 + 1;
+            reenrol_node(c, j, &node_id, generation, now, issue, seal, reclaim_detail)
+        }
+    }
+}
+
+/// Moves `node_id` to identity `generation` with the certificate `issue`
+/// builds: every earlier certificate revoked with the statement `seal`
+/// signs, a fleet event (`detail` of the generation, the revoked serials
+/// and the token) kept.
+#[allow(clippy::too_many_arguments)]
+fn reenrol_node(
+    c: &Connection,
+    j: &JoinInput,
+    node_id: &str,
+    generation: u64,
+    now: i64,
+    issue: IssueCert,
+    seal: SealStatement,
+    detail: fn(u64, &[String], &str) -> String,
+) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
     let serials: Vec<String> = c
         .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL ORDER BY serial")?
@@ -237,7 +296,7 @@ pub(super) fn reenrol(
         now,
         REENROLLED_EVENT,
         node_id,
-        &reenrol_detail(generation, &serials, &j.token_id),
+        &detail(generation, &serials, &j.token_id),
     )?;
     let (command_seq_floor, spec_generation_floor) = super::nodes::floors(c, node_id)?;
     Ok(Joined {

@@ -1,4 +1,4 @@
--- schema version 17
+-- schema version 18
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -160,6 +160,7 @@ nodes.conditions: text NOT NULL DEFAULT '[]'::text
 nodes.taints: text NOT NULL DEFAULT '[]'::text
 nodes.next_seq: bigint NOT NULL DEFAULT 1
 nodes.release_floor: bigint NOT NULL DEFAULT 0
+nodes.ek_sha256: text
 operators.id: text NOT NULL
 operators.created_at: bigint NOT NULL
 operators.role: text NOT NULL
@@ -283,6 +284,7 @@ node_sessions_pkey: CREATE UNIQUE INDEX node_sessions_pkey ON public.node_sessio
 node_specs_not_after: CREATE INDEX node_specs_not_after ON public.node_specs USING btree (not_after)
 node_specs_pkey: CREATE UNIQUE INDEX node_specs_pkey ON public.node_specs USING btree (node_id)
 node_state_pkey: CREATE UNIQUE INDEX node_state_pkey ON public.node_state USING btree (node_id)
+nodes_ek_sha256: CREATE UNIQUE INDEX nodes_ek_sha256 ON public.nodes USING btree (ek_sha256) WHERE ((ek_sha256 IS NOT NULL) AND (deleted_at IS NULL))
 nodes_pkey: CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (id)
 operators_cert_serial_key: CREATE UNIQUE INDEX operators_cert_serial_key ON public.operators USING btree (cert_serial)
 operators_cert_sha256_key: CREATE UNIQUE INDEX operators_cert_sha256_key ON public.operators USING btree (cert_sha256)

@@ -1,4 +1,4 @@
--- schema version 17
+-- schema version 18
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
@@ -29,6 +29,10 @@ CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
 
 -- index node_specs_not_after
 CREATE INDEX node_specs_not_after ON node_specs(not_after);
+
+-- index nodes_ek_sha256
+CREATE UNIQUE INDEX nodes_ek_sha256 ON nodes (ek_sha256)
+    WHERE ek_sha256 IS NOT NULL AND deleted_at IS NULL;
 
 -- table audit
 CREATE TABLE audit (
@@ -273,7 +277,7 @@ CREATE TABLE nodes (
         agent_version       TEXT NOT NULL DEFAULT '',
         conditions          TEXT NOT NULL DEFAULT '[]',
         taints              TEXT NOT NULL DEFAULT '[]'
-    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0) STRICT;
+    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT) STRICT;
 
 -- table operators
 CREATE TABLE "operators" (

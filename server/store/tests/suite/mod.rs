@@ -254,6 +254,7 @@ macro_rules! store_suite {
             reenrol::re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates,
             reenrol::refused_proofs_change_nothing_and_spend_nothing,
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
+            reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,
             tokens::tokens_are_single_use_and_expire,
             tokens::operators_are_found_by_their_certificate_and_revoked_for_every_process,
         );

@@ -294,3 +294,53 @@ pub async fn racing_re_enrolments_of_one_node_make_one_identity(f: Fixture) {
         Refusal::UsedToken
     );
 }
+
+async fn attested(s: &Store, token_id: &str, ek: &str, cert: u8) -> Result<Joined, TxError> {
+    s.join_attested(
+        &join_input(token_id, "h"),
+        ek,
+        Box::new(move |_, _| Ok(fake_cert(cert))),
+        no_seal(),
+    )
+    .await
+}
+
+pub async fn attested_joins_bind_the_ek_and_reclaim_its_node(f: Fixture) {
+    let s = &f.store;
+    s.create_token(&token("tpm", Duration::from_secs(600), 5))
+        .await
+        .unwrap();
+    let first = attested(s, "tpm", "ek-a", 1).await.unwrap();
+    assert_eq!(first.identity_generation, 1);
+    // Another EK is another node.
+    let other = attested(s, "tpm", "ek-b", 2).await.unwrap();
+    assert_ne!(other.node_id, first.node_id, "another TPM, another node");
+    // The same EK again: the same node, next generation, old cert revoked.
+    let again = attested(s, "tpm", "ek-a", 3).await.unwrap();
+    assert_eq!(again.node_id, first.node_id, "the EK reclaims its node");
+    assert_eq!(again.identity_generation, 2);
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Revoked(
+            REENROLLED.into(),
+            Some(b"sealed".to_vec())
+        ))
+    );
+    assert_eq!(s.check_cert("fp3").await.unwrap().node_id, first.node_id);
+    let events = s.fleet_events(&first.node_id, 10).await.unwrap();
+    assert!(
+        format!("{events:?}").contains("reclaimed by its TPM's EK with token tpm"),
+        "{events:?}"
+    );
+    // A refused token binds and spends nothing.
+    assert_eq!(
+        refusal(attested(s, "no-such-token", "ek-c", 4).await),
+        Refusal::UnknownToken
+    );
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 2);
+    // Deleting the node frees its EK: the next join is a new node.
+    s.delete_node(&first.node_id, no_seal()).await.unwrap();
+    let fresh = attested(s, "tpm", "ek-a", 5).await.unwrap();
+    assert_ne!(fresh.node_id, first.node_id);
+    assert_eq!(fresh.identity_generation, 1);
+}
