@@ -4,13 +4,23 @@
 //! mutual TLS through `gateway::port::Upstream`. It sits apart from both so
 //! that neither names the other.
 
-use bcd_proto::v1::{JoinRequest, JoinResponse, RenewRequest, RenewResponse};
+use bcd_proto::v1::{
+    AttestationChallenge, AttestationRequest, JoinRequest, JoinResponse, RenewRequest,
+    RenewResponse,
+};
 use tonic::Status;
 
 /// The join service as a gateway reaches it.
 #[tonic::async_trait]
 pub trait GatewayServices: Send + Sync + std::fmt::Debug {
     async fn join(&self, request: JoinRequest) -> Result<JoinResponse, Status>;
+
+    /// The first round trip of a join by TPM attestation
+    /// (`bcd_proto::attest`).
+    async fn begin_attestation(
+        &self,
+        request: AttestationRequest,
+    ) -> Result<AttestationChallenge, Status>;
 
     /// A renewal by the node that presented `node_cert_der` to this
     /// gateway.

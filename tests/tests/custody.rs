@@ -437,6 +437,16 @@ impl bcd_proto::v1::join_server::Join for TamperingRelay {
         Ok(tonic::Response::new(r))
     }
 
+    async fn begin_attestation(
+        &self,
+        request: tonic::Request<bcd_proto::v1::AttestationRequest>,
+    ) -> Result<tonic::Response<bcd_proto::v1::AttestationChallenge>, tonic::Status> {
+        self.port
+            .clone()
+            .begin_attestation(request.into_inner())
+            .await
+    }
+
     async fn renew(
         &self,
         _: tonic::Request<RenewRequest>,

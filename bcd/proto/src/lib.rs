@@ -13,6 +13,7 @@
 //! server (`server/`) and the agent (`bcd/agent`).
 #![forbid(unsafe_code)]
 
+pub mod attest;
 pub mod joined;
 #[cfg(feature = "serde")]
 pub mod json;
@@ -68,6 +69,8 @@ mod tests {
             let _ = v1::CommandPayload::decode(bytes.as_slice());
             let _ = v1::SignedEnvelope::decode(bytes.as_slice());
             let _ = v1::JoinRequest::decode(bytes.as_slice());
+            let _ = v1::AttestationRequest::decode(bytes.as_slice());
+            let _ = v1::AttestationChallenge::decode(bytes.as_slice());
         }
 
         #[test]

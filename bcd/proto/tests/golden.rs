@@ -294,6 +294,7 @@ fn refusals_statements_and_join() {
                 node_id: "nd-0f3a9c".into(),
                 signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
             }),
+            tpm: None,
         },
     );
     // An earlier server's response carries no signature; a signed one
@@ -302,6 +303,56 @@ fn refusals_statements_and_join() {
     check(
         "join_response_signed",
         &join_response([&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat()),
+    );
+}
+
+/// The two round trips of a join by TPM attestation.
+#[test]
+fn tpm_attestation() {
+    let ticket = bcd_proto::attest::Ticket {
+        issued_ms: 1_790_000_000_000,
+        nonce: [0x5a; 16],
+        ek_sha256: [0xe4; 32],
+        ak_name: [&[0x00, 0x0b][..], &[0xa4; 32]].concat(),
+    }
+    .encode();
+    check(
+        "attestation_request",
+        &v1::AttestationRequest {
+            version: 1,
+            ek_public: vec![0x00, 0x23, 0x00, 0x0b],
+            ek_certificate: vec![0x30, 0x82, 0x05],
+            ak_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05],
+        },
+    );
+    check(
+        "attestation_challenge",
+        &v1::AttestationChallenge {
+            version: 1,
+            credential_blob: vec![0x00, 0x44, 0x00, 0x20],
+            encrypted_secret: vec![0x00, 0x44, 0x00, 0x20, 0x01],
+            ticket: ticket.clone(),
+        },
+    );
+    check(
+        "join_request_tpm",
+        &v1::JoinRequest {
+            token: "tok1.secret".into(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: true,
+            previous: None,
+            tpm: Some(v1::TpmAttestation {
+                version: 1,
+                ticket,
+                activated_secret: vec![0x77; 32],
+                ak_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05],
+                node_key_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x04],
+                certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
+                certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
+            }),
+        },
     );
 }
 

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use bc_store::gateways::valid_name;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{
-    CertifyRequest, CertifyResponse, ForwardedRenew, JoinRequest, JoinResponse, RefusalReason,
-    RenewResponse, gateway_services_server::GatewayServices as Port,
+    AttestationChallenge, AttestationRequest, CertifyRequest, CertifyResponse, ForwardedRenew,
+    JoinRequest, JoinResponse, RefusalReason, RenewResponse,
+    gateway_services_server::GatewayServices as Port,
 };
 use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
@@ -150,6 +151,16 @@ impl Port for GatewayPort {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         self.gateway(&request).await?;
         GatewayServices::join(&self.join, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn begin_attestation(
+        &self,
+        request: Request<AttestationRequest>,
+    ) -> Result<Response<AttestationChallenge>, Status> {
+        self.gateway(&request).await?;
+        GatewayServices::begin_attestation(&self.join, request.into_inner())
             .await
             .map(Response::new)
     }

@@ -14,7 +14,10 @@ use bc_store::Refusal;
 use bc_store::nodes::{IssuedCert, REENROLLED};
 use bc_store::tokens::{JoinInput, PreviousProof};
 use bcd_proto::token::{JoinToken, MalformedToken};
-use bcd_proto::v1::{JoinRequest, JoinResponse, RenewRequest, RenewResponse, ReplayFloors};
+use bcd_proto::v1::{
+    AttestationChallenge, AttestationRequest, JoinRequest, JoinResponse, RenewRequest,
+    RenewResponse, ReplayFloors,
+};
 use ring::signature::Ed25519KeyPair;
 use tonic::Status;
 use tracing::{info, warn};
@@ -70,12 +73,14 @@ fn issue(
     now: i64,
     ttl: Duration,
 ) -> Result<IssuedCert, Refusal> {
-    let c = ca
-        .issue_node_cert(csr, node_id, now, ttl)
-        .map_err(|e| match e {
-            IssueError::Csr(e) => Refusal::BadRequest(e.to_string()),
-            IssueError::Ca(e) => Refusal::Internal(format!("{e:#}")),
-        })?;
+    issued(ca.issue_node_cert(csr, node_id, now, ttl))
+}
+
+fn issued(c: Result<crate::pki::ca::NodeCert, IssueError>) -> Result<IssuedCert, Refusal> {
+    let c = c.map_err(|e| match e {
+        IssueError::Csr(e) => Refusal::BadRequest(e.to_string()),
+        IssueError::Ca(e) => Refusal::Internal(format!("{e:#}")),
+    })?;
     Ok(IssuedCert {
         fingerprint: bcd_proto::fingerprint(&c.der),
         der: c.der.to_vec(),
@@ -120,19 +125,51 @@ impl GatewayServices for JoinService {
             verify: verify_node_signature,
         });
         let csr_der = r.csr_der.clone();
+        let attested = match &r.tpm {
+            None => None,
+            Some(_) if proof.is_some() => {
+                return Err(bad_request(
+                    "a join by TPM attestation proves the machine by its TPM, not by a previous                      key: send one or the other",
+                ));
+            }
+            Some(t) => {
+                let now = self.store.now().await.map_err(unavailable)?;
+                let a = super::attest::verify_join(&self.ca.challenge_key(), t, &csr_der, now)
+                    .map_err(|e| {
+                        warn!(error = %e, "a join by TPM attestation was refused");
+                        bad_request(e.to_string())
+                    })?;
+                Some(a)
+            }
+        };
         let (ca, csr) = (self.ca.clone(), r.csr_der);
-        let issue_cert: bc_store::tokens::IssueCert =
-            Box::new(move |node, now| issue(&ca, &csr, node, now, ttl));
-        let joined = match &proof {
-            None => self.store.join(&input, issue_cert).await,
-            Some(proof) => {
-                let seal = crate::pki::seal::statement_sealer(self.worker_key.clone());
-                self.store.reenrol(&input, proof, issue_cert, seal).await
+        let ak_name = attested.as_ref().map(|a| a.ak_name.clone());
+        let issue_cert: bc_store::tokens::IssueCert = Box::new(move |node, now| match &ak_name {
+            None => issue(&ca, &csr, node, now, ttl),
+            Some(ak) => issued(ca.issue_attested_node_cert(&csr, node, ak, now, ttl)),
+        });
+        let seal = || crate::pki::seal::statement_sealer(self.worker_key.clone());
+        let joined = match (&proof, &attested) {
+            (None, None) => self.store.join(&input, issue_cert).await,
+            (Some(proof), _) => self.store.reenrol(&input, proof, issue_cert, seal()).await,
+            (None, Some(a)) => {
+                self.store
+                    .join_attested(&input, &a.ek_sha256, issue_cert, seal())
+                    .await
             }
         }
         .map_err(status)?;
         let cert = joined.cert;
-        if proof.is_some() {
+        if let Some(a) = &attested {
+            info!(
+                node = %joined.node_id,
+                serial = %cert.serial,
+                generation = joined.identity_generation,
+                ek_sha256 = %a.ek_sha256,
+                ak = %hex::encode(&a.ak_name),
+                "node joined by TPM attestation"
+            );
+        } else if proof.is_some() {
             info!(
                 node = %joined.node_id,
                 serial = %cert.serial,
@@ -163,6 +200,17 @@ impl GatewayServices for JoinService {
         // the node keeps.
         response.signature = self.sign(&bcd_proto::joined::statement(&response, &csr_der))?;
         Ok(response)
+    }
+
+    async fn begin_attestation(
+        &self,
+        r: AttestationRequest,
+    ) -> Result<AttestationChallenge, Status> {
+        let now = self.store.now().await.map_err(unavailable)?;
+        super::attest::challenge(&self.ca.challenge_key(), &r, now).map_err(|e| {
+            warn!(error = %e, "an attestation was refused at its start");
+            bad_request(e.to_string())
+        })
     }
 
     async fn renew(

@@ -8,6 +8,7 @@
 //! reported as "unavailable". The gateway is reached only through [`Wake`],
 //! so this layer does not depend on it.
 
+pub mod attest;
 pub mod auth;
 pub mod commands;
 pub mod gateway_port;

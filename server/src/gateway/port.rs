@@ -15,9 +15,9 @@ use std::sync::Arc;
 use bc_store::Store;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{
-    self, FetchReleaseRequest, FetchReleaseResponse, ForwardedRenew, JoinRequest, JoinResponse,
-    ReleaseChunk, RenewRequest, RenewResponse, gateway_services_client::GatewayServicesClient,
-    join_server::Join,
+    self, AttestationChallenge, AttestationRequest, FetchReleaseRequest, FetchReleaseResponse,
+    ForwardedRenew, JoinRequest, JoinResponse, ReleaseChunk, RenewRequest, RenewResponse,
+    gateway_services_client::GatewayServicesClient, join_server::Join,
 };
 use tonic::{Request, Response, Status};
 
@@ -41,6 +41,16 @@ impl Join for NodeJoin {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         self.services
             .join(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn begin_attestation(
+        &self,
+        request: Request<AttestationRequest>,
+    ) -> Result<Response<AttestationChallenge>, Status> {
+        self.services
+            .begin_attestation(request.into_inner())
             .await
             .map(Response::new)
     }
@@ -130,6 +140,17 @@ impl GatewayServices for Upstream {
     async fn join(&self, request: JoinRequest) -> Result<JoinResponse, Status> {
         GatewayServicesClient::new(self.link.channel())
             .join(request)
+            .await
+            .map(Response::into_inner)
+            .map_err(relayed)
+    }
+
+    async fn begin_attestation(
+        &self,
+        request: AttestationRequest,
+    ) -> Result<AttestationChallenge, Status> {
+        GatewayServicesClient::new(self.link.channel())
+            .begin_attestation(request)
             .await
             .map(Response::into_inner)
             .map_err(relayed)

@@ -175,6 +175,7 @@ pub(super) fn issue_client_cert(
     (ca_cert, ca_key): (&CertificateDer<'static>, &KeyPair),
     now_ms: i64,
     ttl: Duration,
+    extra_uris: &[String],
 ) -> Result<NodeCert, IssueError> {
     let csr =
         CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
@@ -183,10 +184,13 @@ pub(super) fn issue_client_cert(
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
     params.distinguished_name = dn;
-    params.subject_alt_names =
-        vec![SanType::URI(uri.try_into().map_err(|_| {
-            IssueError::Ca(CaError::Rcgen(rcgen::Error::CouldNotParseCertificate))
-        })?)];
+    let bad_uri = |_| IssueError::Ca(CaError::Rcgen(rcgen::Error::CouldNotParseCertificate));
+    params.subject_alt_names = vec![SanType::URI(uri.try_into().map_err(bad_uri)?)];
+    for extra in extra_uris {
+        params
+            .subject_alt_names
+            .push(SanType::URI(extra.clone().try_into().map_err(bad_uri)?));
+    }
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     // A little back-dating absorbs small clock differences of verifiers.
@@ -263,7 +267,43 @@ impl Ca {
             (&self.cert, &self.key),
             now_ms,
             ttl,
+            &[],
         )
+    }
+
+    /// Issues a node certificate for a key an AK certified: it names the
+    /// node and the AK (`bcd_proto::attest::ak_urn`).
+    pub fn issue_attested_node_cert(
+        &self,
+        csr_der: &[u8],
+        node_id: &str,
+        ak_name: &[u8],
+        now_ms: i64,
+        ttl: Duration,
+    ) -> Result<NodeCert, IssueError> {
+        issue_client_cert(
+            csr_der,
+            (node_id, format!("urn:bc:node:{node_id}")),
+            (&self.cert, &self.key),
+            now_ms,
+            ttl,
+            &[bcd_proto::attest::ak_urn(ak_name)],
+        )
+    }
+
+    /// The key of the stateless TPM attestation challenges
+    /// (`bcd_proto::attest::secret`): derived from the fleet CA's private
+    /// key, so every process that holds the CA computes the same one and
+    /// no other process (a gateway) can.
+    pub fn challenge_key(&self) -> ring::hmac::Key {
+        let salt = ring::hkdf::Salt::new(
+            ring::hkdf::HKDF_SHA256,
+            b"better-compute tpm challenge key v1",
+        );
+        salt.extract(&self.key.serialize_der())
+            .expand(&[b"hmac-sha256"], ring::hmac::HMAC_SHA256)
+            .expect("a 32-byte key is within HKDF's limit")
+            .into()
     }
 }
 

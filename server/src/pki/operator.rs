@@ -85,6 +85,7 @@ impl OperatorCa {
             (&self.cert, &self.key),
             now_ms,
             OPERATOR_CERT_TTL,
+            &[],
         )
     }
 }

@@ -1,0 +1,432 @@
+//! The join service's half of a join by TPM attestation
+//! (`bcd_proto::attest`): the stateless challenge of `BeginAttestation`,
+//! and the checks an attested join passes before the store binds the node
+//! to its EK. Any process holding the fleet CA answers either call: the
+//! challenge's secret is a MAC under [`crate::pki::Ca::challenge_key`].
+
+use bcd_proto::attest::{self, Ticket};
+use bcd_proto::v1::{AttestationChallenge, AttestationRequest, TpmAttestation};
+use bcd_tpm::PublicArea;
+use bcd_tpm::verify::{self, VerifyError};
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+
+/// The largest EK certificate taken (they are 1 to 2 KiB).
+const MAX_EK_CERT: usize = 8192;
+/// The largest TPMT_PUBLIC taken (an RSA 4096 key with a policy is under
+/// 700 bytes).
+const MAX_PUBLIC: usize = 1024;
+/// The largest TPMS_ATTEST and TPMT_SIGNATURE taken.
+const MAX_ATTEST: usize = 1024;
+
+/// Why an attestation is refused. The messages go to the node.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AttestError {
+    #[error("{0}")]
+    Bad(String),
+    #[error(
+        "the attestation challenge expired (it is good for 60 s of server time): join again, \
+         bcd join --attestor tpm begins a new one"
+    )]
+    Expired,
+    #[error(
+        "the TPM did not activate the credential of this challenge: the AK is not in the TPM that \
+         holds this EK"
+    )]
+    WrongSecret,
+    #[error("the node key's certification does not verify against the attested AK: {0}")]
+    Certification(String),
+}
+
+fn bad(message: impl Into<String>) -> AttestError {
+    AttestError::Bad(message.into())
+}
+
+fn public(what: &str, bytes: &[u8]) -> Result<PublicArea, AttestError> {
+    if bytes.is_empty() || bytes.len() > MAX_PUBLIC {
+        return Err(bad(format!(
+            "the {what} public area is missing or over {MAX_PUBLIC} bytes"
+        )));
+    }
+    PublicArea::from_tpmt(bytes).map_err(|e| bad(format!("the {what} public area: {e}")))
+}
+
+/// An EK certificate a node sent must hold that EK's key.
+fn check_ek_certificate(ek: &PublicArea, der: &[u8]) -> Result<(), AttestError> {
+    use x509_parser::prelude::FromDer;
+    if der.len() > MAX_EK_CERT {
+        return Err(bad(format!(
+            "the EK certificate is over {MAX_EK_CERT} bytes"
+        )));
+    }
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+        .map_err(|e| bad(format!("the EK certificate does not parse: {e}")))?;
+    if !ek.matches_spki(cert.tbs_certificate.subject_pki.raw) {
+        return Err(bad(
+            "the EK certificate is for another key than the EK the node sent",
+        ));
+    }
+    Ok(())
+}
+
+/// Answers `BeginAttestation` at server time `now_ms`: a ticket for this
+/// EK and AK, and a credential of the ticket's secret that only the TPM
+/// holding the EK can activate, and only for the AK.
+pub fn challenge(
+    key: &hmac::Key,
+    r: &AttestationRequest,
+    now_ms: i64,
+) -> Result<AttestationChallenge, AttestError> {
+    if r.version != attest::VERSION {
+        return Err(bad(format!(
+            "attestation request version {} is not this server's {}: use a bcd of this server's \
+             release",
+            r.version,
+            attest::VERSION
+        )));
+    }
+    let ek = public("EK", &r.ek_public)?;
+    let ak = public("AK", &r.ak_public)?;
+    verify::check_ak(&ak).map_err(|e| bad(e.to_string()))?;
+    if !r.ek_certificate.is_empty() {
+        check_ek_certificate(&ek, &r.ek_certificate)?;
+    }
+    let mut nonce = [0u8; 16];
+    SystemRandom::new()
+        .fill(&mut nonce)
+        .map_err(|_| bad("no randomness on the server"))?;
+    let ticket = Ticket {
+        issued_ms: now_ms,
+        nonce,
+        ek_sha256: ek_sha256(&ek),
+        ak_name: ak.name().as_bytes().to_vec(),
+    }
+    .encode();
+    let secret = attest::secret(key, &ticket);
+    let credential = verify::make_credential(&ek, &ak.name(), &secret).map_err(|e| match e {
+        VerifyError::Unsupported(m) => bad(format!("cannot make a credential for this EK: {m}")),
+        other => bad(format!("cannot make a credential for this EK: {other}")),
+    })?;
+    Ok(AttestationChallenge {
+        version: attest::VERSION,
+        credential_blob: credential.blob,
+        encrypted_secret: credential.secret,
+        ticket,
+    })
+}
+
+fn ek_sha256(ek: &PublicArea) -> [u8; 32] {
+    ring::digest::digest(&ring::digest::SHA256, ek.tpmt_bytes())
+        .as_ref()
+        .try_into()
+        .expect("SHA-256 is 32 bytes")
+}
+
+/// What a verified attestation establishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attested {
+    /// The EK's SHA-256, hex: what the store binds the node to.
+    pub ek_sha256: String,
+    /// The AK's TPM name: what the certificate names.
+    pub ak_name: Vec<u8>,
+}
+
+/// Checks an attested join at server time `now_ms`: the ticket is this
+/// fleet's and fresh, the node activated its credential (the AK is in the
+/// EK's TPM), the AK is a restricted signing key whose name the ticket
+/// holds, and it certified the node key over the ticket and `csr_der`,
+/// whose key is that node key (the CA checks the CSR's signature when it
+/// issues).
+pub fn verify_join(
+    key: &hmac::Key,
+    t: &TpmAttestation,
+    csr_der: &[u8],
+    now_ms: i64,
+) -> Result<Attested, AttestError> {
+    attest::check_version(t).map_err(|e| bad(e.to_string()))?;
+    let ticket = Ticket::decode(&t.ticket).map_err(|e| bad(e.to_string()))?;
+    if !attest::secret_matches(key, &t.ticket, &t.activated_secret) {
+        return Err(AttestError::WrongSecret);
+    }
+    // Only the fleet's key made that secret: the ticket's fields are ours.
+    if !ticket.fresh(now_ms) {
+        return Err(AttestError::Expired);
+    }
+    let ak = public("AK", &t.ak_public)?;
+    if ak.name().as_bytes() != ticket.ak_name.as_slice() {
+        return Err(AttestError::Certification(
+            "the AK is not the one the challenge was made for".into(),
+        ));
+    }
+    verify::check_ak(&ak).map_err(|e| bad(e.to_string()))?;
+    let node_key = public("node key", &t.node_key_public)?;
+    verify::check_node_key(&node_key).map_err(|e| bad(e.to_string()))?;
+    if t.certify_attest.len() > MAX_ATTEST || t.certify_signature.len() > MAX_ATTEST {
+        return Err(bad(format!("the certification is over {MAX_ATTEST} bytes")));
+    }
+    let qualifying = attest::qualifying_data(&t.ticket, csr_der);
+    verify::verify_certify(
+        &ak,
+        &t.certify_attest,
+        &t.certify_signature,
+        &node_key.name(),
+        &qualifying,
+    )
+    .map_err(|e| AttestError::Certification(e.to_string()))?;
+    let csr_key = csr_public_key(csr_der)?;
+    if !node_key.matches_spki(&csr_key) {
+        return Err(bad(
+            "the certificate request is for another key than the certified node key",
+        ));
+    }
+    Ok(Attested {
+        ek_sha256: hex::encode(ticket.ek_sha256),
+        ak_name: ticket.ak_name,
+    })
+}
+
+/// The SubjectPublicKeyInfo (DER) of a PKCS#10 request.
+fn csr_public_key(csr_der: &[u8]) -> Result<Vec<u8>, AttestError> {
+    use x509_parser::prelude::FromDer;
+    let (_, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(csr_der)
+        .map_err(|e| bad(format!("the certificate request does not parse: {e}")))?;
+    Ok(csr.certification_request_info.subject_pki.raw.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcd_tpm::swtpm::Swtpm;
+    use bcd_tpm::{EkKind, NodeKeyRecord, ProtocolTpm, Tpm};
+    use std::cell::RefCell;
+
+    const NOW: i64 = 1_790_000_000_000;
+
+    /// A machine with a software TPM.
+    struct Machine {
+        tpm: ProtocolTpm,
+        _swtpm: Swtpm,
+        _dir: tempfile::TempDir,
+    }
+
+    fn machine() -> Machine {
+        let dir = tempfile::tempdir().unwrap();
+        let swtpm = Swtpm::start(dir.path()).unwrap();
+        let tpm = ProtocolTpm::open(swtpm.endpoint()).unwrap();
+        Machine {
+            tpm,
+            _swtpm: swtpm,
+            _dir: dir,
+        }
+    }
+
+    /// The node key as rcgen signs a CSR with it.
+    struct TpmKey<'a> {
+        tpm: RefCell<&'a mut ProtocolTpm>,
+        record: NodeKeyRecord,
+        point: [u8; 65],
+    }
+
+    impl rcgen::PublicKeyData for TpmKey<'_> {
+        fn der_bytes(&self) -> &[u8] {
+            &self.point
+        }
+        fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+            &rcgen::PKCS_ECDSA_P256_SHA256
+        }
+    }
+
+    impl rcgen::SigningKey for TpmKey<'_> {
+        fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+            let digest = ring::digest::digest(&ring::digest::SHA256, msg);
+            let sig = self
+                .tpm
+                .borrow_mut()
+                .sign(&self.record, digest.as_ref().try_into().unwrap())
+                .map_err(|_| rcgen::Error::RingUnspecified)?;
+            Ok(sig.to_der())
+        }
+    }
+
+    fn request(m: &mut Machine) -> AttestationRequest {
+        AttestationRequest {
+            version: 1,
+            ek_public: m
+                .tpm
+                .ek_public(EkKind::EccP256)
+                .unwrap()
+                .tpmt_bytes()
+                .to_vec(),
+            ek_certificate: vec![],
+            ak_public: m.tpm.ak_public().unwrap().tpmt_bytes().to_vec(),
+        }
+    }
+
+    /// The node's side: activates the challenge, certifies a fresh node key
+    /// with `certifier`'s AK (the node's own unless given) and signs a CSR.
+    fn respond(
+        m: &mut Machine,
+        c: &AttestationChallenge,
+        certifier: Option<&mut Machine>,
+    ) -> (TpmAttestation, Vec<u8>) {
+        let secret = m
+            .tpm
+            .activate_credential(EkKind::EccP256, &c.credential_blob, &c.encrypted_secret)
+            .unwrap();
+        let record = NodeKeyRecord::generate().unwrap();
+        let certifier = certifier.unwrap_or(m);
+        let node_key = certifier.tpm.node_key_public(&record).unwrap();
+        let csr = {
+            let key = TpmKey {
+                tpm: RefCell::new(&mut certifier.tpm),
+                record: record.clone(),
+                point: node_key.p256_point().unwrap(),
+            };
+            rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap()
+                .serialize_request(&key)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let qd = attest::qualifying_data(&c.ticket, &csr);
+        let cert = certifier.tpm.certify(&record, &qd).unwrap();
+        let ak_public = certifier.tpm.ak_public().unwrap().tpmt_bytes().to_vec();
+        (
+            TpmAttestation {
+                version: 1,
+                ticket: c.ticket.clone(),
+                activated_secret: secret,
+                ak_public,
+                node_key_public: node_key.tpmt_bytes().to_vec(),
+                certify_attest: cert.attest,
+                certify_signature: cert.signature,
+            },
+            csr,
+        )
+    }
+
+    fn key() -> hmac::Key {
+        hmac::Key::new(hmac::HMAC_SHA256, b"the fleet's challenge key")
+    }
+
+    #[test]
+    fn an_attestation_verifies_and_names_the_ek_and_ak() {
+        let mut m = machine();
+        let r = request(&mut m);
+        let c = challenge(&key(), &r, NOW).unwrap();
+        let (t, csr) = respond(&mut m, &c, None);
+        let a = verify_join(&key(), &t, &csr, NOW + 59_000).unwrap();
+        let ak = PublicArea::from_tpmt(&r.ak_public).unwrap();
+        assert_eq!(a.ak_name, ak.name().as_bytes());
+        assert_eq!(
+            a.ek_sha256,
+            hex::encode(ring::digest::digest(&ring::digest::SHA256, &r.ek_public))
+        );
+        // Another CSR than the certified one is refused.
+        let other = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        let err = verify_join(&key(), &t, other.der(), NOW).unwrap_err();
+        assert!(
+            matches!(&err, AttestError::Certification(m) if m.contains("qualifying data")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_secret_or_another_fleets_key_is_refused() {
+        let mut m = machine();
+        let r = request(&mut m);
+        let c = challenge(&key(), &r, NOW).unwrap();
+        let (mut t, csr) = respond(&mut m, &c, None);
+        let other_fleet = hmac::Key::new(hmac::HMAC_SHA256, b"another fleet");
+        assert_eq!(
+            verify_join(&other_fleet, &t, &csr, NOW),
+            Err(AttestError::WrongSecret)
+        );
+        t.activated_secret[0] ^= 1;
+        assert_eq!(
+            verify_join(&key(), &t, &csr, NOW),
+            Err(AttestError::WrongSecret)
+        );
+        // A ticket edited to name another EK no longer matches its secret.
+        t.activated_secret[0] ^= 1;
+        t.ticket[30] ^= 1;
+        assert_eq!(
+            verify_join(&key(), &t, &csr, NOW),
+            Err(AttestError::WrongSecret)
+        );
+    }
+
+    #[test]
+    fn a_credential_for_another_tpm_does_not_activate() {
+        let mut m = machine();
+        let mut other = machine();
+        // The challenge is made for the other machine's EK.
+        let r = request(&mut other);
+        let c = challenge(&key(), &r, NOW).unwrap();
+        assert!(
+            m.tpm
+                .activate_credential(EkKind::EccP256, &c.credential_blob, &c.encrypted_secret)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_certification_by_another_ak_is_refused() {
+        let mut m = machine();
+        let mut other = machine();
+        let r = request(&mut m);
+        let c = challenge(&key(), &r, NOW).unwrap();
+        // The node key is the other TPM's, certified by the other AK.
+        let (mut t, csr) = respond(&mut m, &c, Some(&mut other));
+        let err = verify_join(&key(), &t, &csr, NOW).unwrap_err();
+        assert!(
+            matches!(&err, AttestError::Certification(m) if m.contains("not the one the challenge")),
+            "{err}"
+        );
+        // Presented as the attested AK's, its signature does not verify.
+        t.ak_public = r.ak_public.clone();
+        let err = verify_join(&key(), &t, &csr, NOW).unwrap_err();
+        assert!(
+            matches!(&err, AttestError::Certification(m) if m.contains("signature")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_expired_challenge_is_refused() {
+        let mut m = machine();
+        let r = request(&mut m);
+        let c = challenge(&key(), &r, NOW).unwrap();
+        let (t, csr) = respond(&mut m, &c, None);
+        assert_eq!(
+            verify_join(&key(), &t, &csr, NOW + 60_001),
+            Err(AttestError::Expired)
+        );
+        assert!(verify_join(&key(), &t, &csr, NOW + 60_000).is_ok());
+    }
+
+    #[test]
+    fn requests_that_are_not_a_tpms_are_refused() {
+        let mut m = machine();
+        let mut r = request(&mut m);
+        r.version = 2;
+        assert!(
+            challenge(&key(), &r, NOW)
+                .unwrap_err()
+                .to_string()
+                .contains("version 2")
+        );
+        let mut r = request(&mut m);
+        // The EK is no AK.
+        r.ak_public = r.ek_public.clone();
+        assert!(challenge(&key(), &r, NOW).is_err());
+        let mut r = request(&mut m);
+        r.ek_certificate = vec![0x30, 0x03, 0x02, 0x01, 0x01];
+        let err = challenge(&key(), &r, NOW).unwrap_err().to_string();
+        assert!(err.contains("EK certificate does not parse"), "{err}");
+    }
+}
