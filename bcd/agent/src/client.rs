@@ -2,7 +2,7 @@
 //! TLS credentials: renewing the certificate, fetching a release, and
 //! opening the session stream itself. `bcd join`'s call is in `join`.
 
-use bcd_proto::tls::{self, ClientIdentity, ServerTrust};
+use bcd_proto::tls::{self, ServerTrust};
 use bcd_proto::v1::{
     NodeMessage, ServerMessage, gateway_client::GatewayClient, join_client::JoinClient,
 };
@@ -12,14 +12,6 @@ use tokio::sync::mpsc;
 
 use crate::identity::{Identity, NextCert};
 use release::assemble::Assembly;
-
-/// The node's credentials for a call.
-fn credentials(identity: &Identity) -> ClientIdentity {
-    ClientIdentity {
-        chain: vec![identity.cert.clone()],
-        key: identity.private_key(),
-    }
-}
 
 /// An open session stream: what the node sends, what the gateway sends.
 #[derive(Debug)]
@@ -31,11 +23,7 @@ pub struct Stream {
 /// Dials the gateway with the node's certificate, trusting only the fleet
 /// CA, and opens the session stream.
 pub async fn open_session(identity: &Identity) -> Result<Stream, String> {
-    let config = tls::client_config(
-        ServerTrust::Ca(identity.ca.clone()),
-        Some(credentials(identity)),
-    )
-    .map_err(|e| format!("{e:#}"))?;
+    let config = identity.client_config()?;
     let channel = tls::connect(&identity.file.server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
@@ -185,11 +173,7 @@ async fn download(
     sequence: u64,
     partial: &mut Option<Assembly>,
 ) -> Result<(release::Manifest, Vec<u8>), Failed> {
-    let config = tls::client_config(
-        ServerTrust::Ca(identity.ca.clone()),
-        Some(credentials(identity)),
-    )
-    .map_err(|e| (format!("{e:#}"), false))?;
+    let config = identity.client_config().map_err(|e| (e, false))?;
     let channel = tls::connect(&identity.file.server, config)
         .await
         .map_err(|e| (bcd_sys::error::chain(&e), true))?;

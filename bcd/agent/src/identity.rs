@@ -5,7 +5,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `node.key` | the node's ECDSA P-256 key, PKCS#8 PEM, mode 0600 |
+//! | `node.key` | the node's ECDSA P-256 key, PKCS#8 PEM, mode 0600; or, joined with `--attestor tpm`, the `bcd-tpm-key` record the TPM derives the key from (`crate::tpm_key`) |
 //! | `node.crt` | its certificate from the fleet CA, PEM |
 //! | `ca.crt` | the fleet CA, pinned at join, PEM |
 //! | `identity.json` | node id, server, serial, expiry, server time mark (with the base that bounds it), highest epoch, replay floors |
@@ -278,6 +278,9 @@ pub struct Identity {
     /// The format version [`Identity::save_state`] writes: the previous one
     /// while this binary is an unconfirmed upgrade (see the module docs).
     pub write_version: u32,
+    /// The node key in the TPM, once [`Identity::attach_tpm`] checked it
+    /// (`node.key` is then a `bcd-tpm-key` record, not a key).
+    pub tpm: Option<std::sync::Arc<crate::tpm_key::TpmKey>>,
 }
 
 fn corrupt(path: &Path, reason: impl std::fmt::Display) -> IdentityError {
@@ -319,6 +322,11 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<IdentityFile, IdentityE
     Ok(file)
 }
 
+/// Whether `node.key` holds a TPM key record rather than a key.
+pub fn is_tpm_record(key: &str) -> bool {
+    key.trim_start().starts_with("bcd-tpm-key ")
+}
+
 pub fn exists(dir: &Path) -> bool {
     dir.join(IDENTITY).exists()
 }
@@ -338,19 +346,24 @@ impl Identity {
         settle_renewal(dir, &mut file, version)?;
         let key_path = dir.join(KEY);
         let key_pem = String::from_utf8(read(&key_path)?).map_err(|e| corrupt(&key_path, e))?;
-        let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| corrupt(&key_path, e))?;
         let cert_path = dir.join(CERT);
         let cert = CertificateDer::from_pem_slice(&read(&cert_path)?)
             .map_err(|e| corrupt(&cert_path, e))?;
         let ca_path = dir.join(CA);
         let ca =
             CertificateDer::from_pem_slice(&read(&ca_path)?).map_err(|e| corrupt(&ca_path, e))?;
-        // The certificate embeds the subject public key info verbatim.
-        let spki = key.subject_public_key_info();
-        if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
-            return Err(IdentityError::KeyMismatch {
-                dir: dir.to_path_buf(),
-            });
+        if is_tpm_record(&key_pem) {
+            // The TPM derives the key: Identity::attach_tpm checks it.
+            bcd_tpm::NodeKeyRecord::parse_text(&key_pem).map_err(|e| corrupt(&key_path, e))?;
+        } else {
+            let key = rcgen::KeyPair::from_pem(&key_pem).map_err(|e| corrupt(&key_path, e))?;
+            // The certificate embeds the subject public key info verbatim.
+            let spki = key.subject_public_key_info();
+            if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+                return Err(IdentityError::KeyMismatch {
+                    dir: dir.to_path_buf(),
+                });
+            }
         }
         Ok(Identity {
             dir: dir.to_path_buf(),
@@ -359,7 +372,71 @@ impl Identity {
             cert,
             ca,
             write_version: IDENTITY_VERSION,
+            tpm: None,
         })
+    }
+
+    /// The record of the node key when it lives in the TPM.
+    pub fn tpm_record(&self) -> Option<bcd_tpm::NodeKeyRecord> {
+        is_tpm_record(&self.key_pem)
+            .then(|| bcd_tpm::NodeKeyRecord::parse_text(&self.key_pem).ok())
+            .flatten()
+    }
+
+    /// Opens the TPM at `endpoint` for a TPM-held node key and checks it
+    /// holds this identity (the AK the certificate names, the key the
+    /// record derives), in the spec's words when it does not. Blocks.
+    pub fn attach_tpm(&mut self, endpoint: bcd_tpm::Endpoint) -> Result<(), String> {
+        let Some(record) = self.tpm_record() else {
+            return Ok(());
+        };
+        let key = crate::tpm_key::TpmKey::for_certificate(endpoint, record, &self.cert)?;
+        self.tpm = Some(std::sync::Arc::new(key));
+        Ok(())
+    }
+
+    /// Signs `message` with the node key (ECDSA P-256, ASN.1 DER): in the
+    /// TPM when it is there, never with a file key in its place.
+    pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, String> {
+        if self.tpm_record().is_some() {
+            let tpm = self
+                .tpm
+                .as_ref()
+                .ok_or("the node key is in the TPM, which this process has not opened")?;
+            return tpm.sign(message).map_err(|e| bcd_sys::error::chain(&e));
+        }
+        let key = rcgen::KeyPair::from_pem(&self.key_pem).map_err(|e| e.to_string())?;
+        rcgen::SigningKey::sign(&key, message).map_err(|e| e.to_string())
+    }
+
+    /// The TLS client configuration that presents this identity's
+    /// certificate and trusts only the fleet CA: signing through the TPM
+    /// for a TPM-held key.
+    pub fn client_config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+        use bcd_proto::tls::{self, ClientIdentity, ClientSigner, ServerTrust};
+        let trust = ServerTrust::Ca(self.ca.clone());
+        let config = if self.tpm_record().is_some() {
+            let tpm = self
+                .tpm
+                .as_ref()
+                .ok_or("the node key is in the TPM, which this process has not opened")?;
+            tls::client_config_signed(
+                trust,
+                ClientSigner {
+                    chain: vec![self.cert.clone()],
+                    key: tpm.rustls_key(),
+                },
+            )
+        } else {
+            tls::client_config(
+                trust,
+                Some(ClientIdentity {
+                    chain: vec![self.cert.clone()],
+                    key: self.private_key(),
+                }),
+            )
+        };
+        config.map_err(|e| format!("{e:#}"))
     }
 
     pub fn private_key(&self) -> PrivateKeyDer<'static> {
@@ -385,6 +462,7 @@ impl Identity {
             cert,
             ca,
             write_version: IDENTITY_VERSION,
+            tpm: None,
         };
         id.save_state()?;
         Ok(id)

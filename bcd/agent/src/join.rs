@@ -32,6 +32,9 @@ pub struct JoinOptions {
     pub ramdisk: bool,
     /// Join as a new node even when an earlier identity's key is on disk.
     pub new_node: bool,
+    /// With a TPM: the node key is made in this TPM and certified by its
+    /// AK (`--attestor tpm`); `None` joins with a file key.
+    pub tpm: Option<bcd_tpm::Endpoint>,
 }
 
 /// What `bcd join` did.
@@ -83,6 +86,18 @@ pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> 
         _ => bail!("bcd join needs --server https://HOST:PORT and --token TOKEN"),
     };
     let token = JoinToken::parse(&token)?;
+    if let Some(endpoint) = &opts.tpm {
+        let identity = join_with_tpm(
+            &server,
+            &token,
+            &opts.data_dir,
+            opts.ramdisk,
+            host,
+            endpoint,
+        )
+        .await?;
+        return Ok(Joined::Joined(Box::new(identity)));
+    }
     let previous = if opts.new_node {
         None
     } else {
@@ -165,11 +180,212 @@ pub async fn join_with_token(
                 .collect(),
             ramdisk,
             previous: proof,
+            tpm: None,
         })
         .await
         .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
         .into_inner();
 
+    save(
+        dir,
+        server,
+        token,
+        ramdisk,
+        csr.der(),
+        resp,
+        key.serialize_pem(),
+    )
+}
+
+/// What the TPM showed for the first round trip: its EK (and certificate)
+/// and AK.
+struct TpmFacts {
+    kind: bcd_tpm::EkKind,
+    ek: bcd_tpm::PublicArea,
+    ek_certificate: Option<Vec<u8>>,
+    ak: bcd_tpm::PublicArea,
+}
+
+/// The EK to attest with: the first template whose certificate the TPM
+/// holds (ECC P-256, then RSA 2048), else ECC P-256 without one.
+fn tpm_facts(tpm: &mut dyn bcd_tpm::Tpm) -> Result<TpmFacts, bcd_tpm::Error> {
+    use bcd_tpm::EkKind;
+    let mut chosen = (EkKind::EccP256, None);
+    for kind in [EkKind::EccP256, EkKind::Rsa2048] {
+        if let Some(cert) = tpm.ek_certificate(kind)? {
+            chosen = (kind, Some(cert));
+            break;
+        }
+    }
+    let (kind, ek_certificate) = chosen;
+    Ok(TpmFacts {
+        kind,
+        ek: tpm.ek_public(kind)?,
+        ek_certificate,
+        ak: tpm.ak_public()?,
+    })
+}
+
+/// What a TPM failure means to the person running the join.
+fn tpm_failed(endpoint: &bcd_tpm::Endpoint, e: bcd_tpm::Error) -> anyhow::Error {
+    if e.is_unreachable() {
+        anyhow::anyhow!(
+            "the TPM at {endpoint} cannot be reached ({}): check --tpm (/dev/tpmrm0, or \
+             swtpm:HOST:PORT) and that this user may open it",
+            bcd_sys::error::chain(&e)
+        )
+    } else {
+        anyhow::anyhow!(
+            "the TPM at {endpoint} failed: {}",
+            bcd_sys::error::chain(&e)
+        )
+    }
+}
+
+/// Joins with the TPM attestor: the server's credential for this TPM's EK
+/// and AK is activated, the node key is made in the TPM from a fresh
+/// record, its CSR signed there and its public area certified by the AK
+/// over the challenge and the CSR. `node.key` gets the record, never a key.
+pub async fn join_with_tpm(
+    server: &str,
+    token: &JoinToken,
+    dir: &Path,
+    ramdisk: bool,
+    host: &dyn Host,
+    endpoint: &bcd_tpm::Endpoint,
+) -> anyhow::Result<Identity> {
+    use bcd_proto::v1::{AttestationRequest, TpmAttestation};
+    use bcd_tpm::Tpm;
+    use std::sync::Arc;
+
+    let failed = |e| tpm_failed(endpoint, e);
+    let ep = endpoint.clone();
+    let (key, facts) = tokio::task::spawn_blocking(move || {
+        let record = bcd_tpm::NodeKeyRecord::generate()
+            .map_err(|_| bcd_tpm::Error::Invalid("no randomness for the node key".into()))?;
+        let key = crate::tpm_key::TpmKey::open(ep, record)?;
+        let facts = key.with_tpm(|t| tpm_facts(t))?;
+        Ok::<_, bcd_tpm::Error>((Arc::new(key), facts))
+    })
+    .await?
+    .map_err(failed)?;
+
+    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
+    let channel = tls::connect(server, config).await.map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "cannot reach the server at {server}; check --server and that better-compute \
+             serve runs there"
+        ))
+    })?;
+    let mut client = JoinClient::new(channel);
+    let challenge = client
+        .begin_attestation(AttestationRequest {
+            version: bcd_proto::attest::VERSION,
+            ek_public: facts.ek.tpmt_bytes().to_vec(),
+            ek_certificate: facts.ek_certificate.clone().unwrap_or_default(),
+            ak_public: facts.ak.tpmt_bytes().to_vec(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the server refused to attest this TPM: {}", s.message()))?
+        .into_inner();
+    if challenge.version != bcd_proto::attest::VERSION {
+        bail!(
+            "the server's attestation challenge is version {}, this bcd speaks {}: use a bcd of \
+             the server's release",
+            challenge.version,
+            bcd_proto::attest::VERSION
+        );
+    }
+
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, host.hostname());
+    params.distinguished_name = dn;
+    let (k, kind) = (key.clone(), facts.kind);
+    let (secret, csr_der, certification) = tokio::task::spawn_blocking(move || {
+        let secret = k
+            .with_tpm(|t| {
+                t.activate_credential(
+                    kind,
+                    &challenge.credential_blob,
+                    &challenge.encrypted_secret,
+                )
+            })
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the TPM did not activate the server's credential: {}",
+                    bcd_sys::error::chain(&e)
+                )
+            })?;
+        let csr = params
+            .serialize_request(k.as_ref())
+            .context("the TPM did not sign the certificate request")?;
+        let csr_der = csr.der().to_vec();
+        let qualifying = bcd_proto::attest::qualifying_data(&challenge.ticket, &csr_der);
+        let certification = k
+            .with_tpm(|t| t.certify(k.record(), &qualifying))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "the TPM's AK did not certify the node key: {}",
+                    bcd_sys::error::chain(&e)
+                )
+            })?;
+        Ok::<_, anyhow::Error>((secret, csr_der, (challenge.ticket, certification)))
+    })
+    .await??;
+    let (ticket, certification) = certification;
+
+    let inventory = hw::inventory(host);
+    let resp = client
+        .join(JoinRequest {
+            token: token.credential(),
+            csr_der: csr_der.clone(),
+            hostname: host.hostname(),
+            inventory_hashes: inventory
+                .iter()
+                .map(|s| InventoryHash {
+                    section: s.name.to_string(),
+                    sha256: s.sha256.clone(),
+                })
+                .collect(),
+            ramdisk,
+            previous: None,
+            tpm: Some(TpmAttestation {
+                version: bcd_proto::attest::VERSION,
+                ticket,
+                activated_secret: secret,
+                ak_public: facts.ak.tpmt_bytes().to_vec(),
+                node_key_public: key.public().tpmt_bytes().to_vec(),
+                certify_attest: certification.attest,
+                certify_signature: certification.signature,
+            }),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
+        .into_inner();
+    if crate::tpm_key::certificate_ak(&resp.cert_der).as_deref() != Some(facts.ak.name().as_bytes())
+    {
+        bail!(
+            "the server's certificate does not name this TPM's attestation key: the server \
+             predates the TPM attestor; upgrade it"
+        );
+    }
+    let record = key.record().to_text();
+    drop(key);
+    save(dir, server, token, ramdisk, &csr_der, resp, record)
+}
+
+/// Checks a join's response against the token's CA pin and the CA's
+/// signature, and writes the identity with `node_key` as `node.key`.
+fn save(
+    dir: &Path,
+    server: &str,
+    token: &JoinToken,
+    ramdisk: bool,
+    csr_der: &[u8],
+    resp: bcd_proto::v1::JoinResponse,
+    node_key: String,
+) -> anyhow::Result<Identity> {
     if bcd_proto::fingerprint(&resp.ca_der) != token.ca_pin {
         bail!(
             "the server returned a CA that does not match the token's pin: ask the operator for \
@@ -177,7 +393,7 @@ pub async fn join_with_token(
         );
     }
     // Everything kept below comes signed by that CA.
-    bcd_proto::joined::verify(&resp, csr.der(), &resp.ca_der)?;
+    bcd_proto::joined::verify(&resp, csr_der, &resp.ca_der)?;
     let file = IdentityFile {
         version: crate::identity::IDENTITY_VERSION,
         node_id: resp.node_id,
@@ -205,7 +421,7 @@ pub async fn join_with_token(
     let identity = Identity::create(
         dir,
         file,
-        key.serialize_pem(),
+        node_key,
         CertificateDer::from(resp.cert_der),
         CertificateDer::from(resp.ca_der),
     )?;

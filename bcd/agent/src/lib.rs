@@ -24,4 +24,5 @@ pub mod lock;
 pub mod metrics;
 pub mod node;
 pub mod slots;
+pub mod tpm_key;
 pub mod upgrade;

@@ -153,6 +153,16 @@ enum Command {
         /// on disk (by default the join proves it and re-enrols that node).
         #[arg(long)]
         new_node: bool,
+        /// How this machine proves itself: `token` (a node key in
+        /// node.key), or `tpm` (the node key made in the TPM and certified
+        /// by its attestation key; the certificate names that key, and a
+        /// later attested join of this TPM reclaims the node).
+        #[arg(long, value_enum, default_value = "token")]
+        attestor: Attestor,
+        /// The TPM for --attestor tpm: a device (/dev/tpmrm0), or
+        /// swtpm:HOST:PORT.
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
+        tpm: String,
         #[command(flatten)]
         hw: HwArgs,
     },
@@ -177,6 +187,11 @@ enum Command {
         /// (default: <data-dir>/staging; the helper's --staging).
         #[arg(long)]
         helper_staging: Option<PathBuf>,
+        /// The TPM holding a node key joined with --attestor tpm: a device
+        /// (/dev/tpmrm0), or swtpm:HOST:PORT. Under --helper, the helper's
+        /// TPM is used instead.
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
+        tpm: String,
         /// Serve metrics (Prometheus text format) on GET /metrics at this
         /// address; loopback port 9464 when given without one. Off unless
         /// given.
@@ -348,6 +363,15 @@ enum Command {
     Version,
 }
 
+/// How `bcd join` proves the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Attestor {
+    /// The join token alone; the node key is a file.
+    Token,
+    /// The TPM's EK and AK (the join token binds the EK at first join).
+    Tpm,
+}
+
 /// A TPM endpoint from the command line.
 fn tpm_endpoint(s: &str) -> anyhow::Result<bcd_agent::helper::TpmEndpoint> {
     Ok(match s.strip_prefix("swtpm:") {
@@ -378,8 +402,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             yes,
             ramdisk,
             new_node,
+            attestor,
+            tpm,
             hw,
         } => {
+            let tpm = match attestor {
+                Attestor::Token => None,
+                Attestor::Tpm => Some(tpm_endpoint(&tpm)?),
+            };
             let opts = join::JoinOptions {
                 server,
                 token,
@@ -388,6 +418,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 yes,
                 ramdisk,
                 new_node,
+                tpm,
             };
             match join::run(&opts, hw.host().as_ref()).await? {
                 join::Joined::Joined(id) => {
@@ -423,6 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             confirm_within,
             helper,
             helper_staging,
+            tpm,
             metrics_listen,
             #[cfg(feature = "fakehw")]
             uevents_from_any_sender,
@@ -512,6 +544,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             });
             loop {
                 let mut agent = node::open(&data_dir, machine.clone(), rand::random(), None)?;
+                if agent.identity.tpm_record().is_some() {
+                    // A TPM-held key needs its TPM: no start without it.
+                    let endpoint = match &helper {
+                        Some(socket) => bcd_agent::helper::TpmEndpoint::Helper(socket.clone()),
+                        None => tpm_endpoint(&tpm)?,
+                    };
+                    tokio::task::block_in_place(|| agent.identity.attach_tpm(endpoint))
+                        .map_err(anyhow::Error::msg)?;
+                }
                 agent.converge_every = converge_every;
                 #[cfg(feature = "failpoints")]
                 {

@@ -65,9 +65,56 @@ pub struct ClientIdentity {
     pub key: PrivateKeyDer<'static>,
 }
 
+/// A client certificate chain whose key signs elsewhere (a TPM): rustls
+/// asks `key` for each handshake's signature.
+#[derive(Debug, Clone)]
+pub struct ClientSigner {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: Arc<dyn rustls::sign::SigningKey>,
+}
+
+/// Presents one certificate and key to every server.
+#[derive(Debug)]
+struct FixedClientCert(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedClientCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        schemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.0.key.choose_scheme(schemes)?;
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 pub fn client_config(
     trust: ServerTrust,
     identity: Option<ClientIdentity>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    build_client_config(trust, identity.map(Auth::Key))
+}
+
+/// [`client_config`] with a certificate whose key signs through `signer`.
+pub fn client_config_signed(
+    trust: ServerTrust,
+    signer: ClientSigner,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    build_client_config(trust, Some(Auth::Signer(signer)))
+}
+
+enum Auth {
+    Key(ClientIdentity),
+    Signer(ClientSigner),
+}
+
+fn build_client_config(
+    trust: ServerTrust,
+    identity: Option<Auth>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match trust {
@@ -82,7 +129,10 @@ pub fn client_config(
         .dangerous()
         .with_custom_certificate_verifier(verifier);
     let mut config = match identity {
-        Some(id) => builder.with_client_auth_cert(id.chain, id.key)?,
+        Some(Auth::Key(id)) => builder.with_client_auth_cert(id.chain, id.key)?,
+        Some(Auth::Signer(s)) => builder.with_client_cert_resolver(Arc::new(FixedClientCert(
+            Arc::new(rustls::sign::CertifiedKey::new(s.chain, s.key)),
+        ))),
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];

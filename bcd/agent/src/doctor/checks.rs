@@ -16,10 +16,7 @@ use crate::journal::{EventBounds, SCHEMA_VERSION};
 use crate::slots::Slots;
 
 const JOIN_AGAIN: &str = "join again: bcd join --reset --yes, then bcd join";
-/// The spec's text for a node key its TPM no longer derives.
-pub const TPM_CLEARED: &str = "the node key does not match the node certificate: the TPM derives another key from node.key (was the TPM cleared?); join again: bcd join --reset --yes, then bcd join";
-/// The spec's text for a TPM-held key whose TPM cannot be reached.
-pub const TPM_UNAVAILABLE: &str = "the certificate's node key is in the TPM, which is unavailable";
+use crate::tpm_key::{TPM_CLEARED, TPM_UNAVAILABLE};
 
 fn ago(ms: i64) -> String {
     let d = Duration::from_millis(ms.unsigned_abs());

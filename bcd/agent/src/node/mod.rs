@@ -223,6 +223,13 @@ impl Agent {
     /// Signs `payload` with the node key the node holds now (so a fact
     /// journaled before a renewal is signed with the renewed key).
     fn sign(&mut self, payload: &[u8]) -> Option<Vec<u8>> {
+        if self.identity.tpm_record().is_some() {
+            return self
+                .identity
+                .sign(payload)
+                .inspect_err(|e| warn!(error = %e, "the TPM did not sign a fact"))
+                .ok();
+        }
         let pem = &self.identity.key_pem;
         let key = match &self.signer {
             Some((p, k)) if p == pem => k.clone(),

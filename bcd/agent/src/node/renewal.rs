@@ -18,6 +18,15 @@ impl Agent {
     /// `server_now_ms` (what the proof of possession is dated).
     pub(super) fn spawn_renewal(&self, server_now_ms: i64) -> JoinHandle<Result<Renewed, String>> {
         info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+        if self.identity.tpm_record().is_some() {
+            // Never a file key for a certificate whose key is in the TPM.
+            return tokio::spawn(async {
+                Err(
+                    "the node key is in the TPM, and this bcd does not renew a TPM-held                      certificate (an AK-certified next key): join again before it expires: bcd                      join --reset --yes --attestor tpm"
+                        .to_string(),
+                )
+            });
+        }
         let server = self.identity.file.server.clone();
         let ca = self.identity.ca.clone();
         let current = client::Current {

@@ -1,0 +1,189 @@
+//! Joins by TPM attestation against software TPMs (swtpm, installed by
+//! scripts/test): `bcd join --attestor tpm` proves the EK and AK, the node
+//! key lives in the TPM and the certificate names the AK; the session's TLS
+//! handshakes sign there and commands run; the same TPM joining again
+//! reclaims its node, another TPM is another node, and a cleared TPM stops
+//! `bcd node` with the spec's text.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bc_tests::{Node, Server, setup_dirs, stderr};
+use bcd_tpm::swtpm::Swtpm;
+
+/// The spec's text for a TPM cleared under the node ("TPM cleared or
+/// unavailable").
+const CLEARED: &str = "the node key does not match the node certificate: the TPM derives another key from node.key (was the TPM cleared?); join again: bcd join --reset --yes, then bcd join";
+/// The spec's text for another TPM under the node's identity.
+const OTHER_AK: &str = "this TPM's attestation key is not the one the certificate names (another TPM, or its endorsement seed changed): the certificate cannot be renewed here; join again: bcd join --reset --yes, then bcd join";
+
+fn swtpm(dir: &Path) -> Swtpm {
+    Swtpm::start(dir).unwrap_or_else(|e| panic!("{e} (scripts/test installs swtpm)"))
+}
+
+fn tpm_arg(s: &Swtpm) -> String {
+    format!("swtpm:{}", s.addr())
+}
+
+fn join_tpm(node: &Node, server: &Server, token: &str, tpm: &Swtpm, extra: &[&str]) -> String {
+    let out = node
+        .bcd(
+            &[
+                &["join", "--server", &server.url(), "--token", token][..],
+                &["--attestor", "tpm", "--tpm", &tpm_arg(tpm)],
+                extra,
+            ]
+            .concat(),
+        )
+        .output()
+        .expect("run bcd join");
+    assert!(out.status.success(), "join failed: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The URIs of the node's certificate.
+fn cert_uris(node: &Node) -> Vec<String> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("node.crt")).unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let san = cert
+        .subject_alternative_name()
+        .unwrap()
+        .expect("the certificate has subject alternative names");
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ak_urn(tpm: &Swtpm) -> String {
+    use bcd_tpm::Tpm;
+    let mut t = bcd_tpm::ProtocolTpm::open(tpm.endpoint()).unwrap();
+    bcd_proto::attest::ak_urn(t.ak_public().unwrap().name().as_bytes())
+}
+
+fn start_tpm(node: &mut Node, tpm: &Swtpm) {
+    node.env = vec![("BCD_TPM".into(), tpm_arg(tpm))];
+    node.start();
+}
+
+#[test]
+fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it() {
+    let (d, server) = setup_dirs();
+    let mut tpm = swtpm(&d.path().join("tpm1"));
+    let expected_ak = ak_urn(&tpm);
+    let mut node = Node::new(&d.path().join("node1"), 1);
+    let token = server.token(3);
+    let out = join_tpm(&node, &server, &token, &tpm, &[]);
+    assert!(out.contains("joined as node"), "{out}");
+    let id = node.id();
+
+    // The key is the TPM's: node.key is the record, not a key.
+    let key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+    assert!(key.starts_with("bcd-tpm-key v1 "), "{key}");
+    assert!(!key.contains("PRIVATE KEY"));
+    let uris = cert_uris(&node);
+    assert!(uris.contains(&format!("urn:bc:node:{id}")), "{uris:?}");
+    assert!(uris.contains(&expected_ak), "{uris:?} names {expected_ak}");
+
+    // Every handshake signs in the TPM: the session connects, commands run.
+    start_tpm(&mut node, &tpm);
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/echo", "tpm"]));
+    assert_eq!(c.state, "succeeded", "{c:?}");
+    assert!(c.output.contains("tpm"), "{}", c.output);
+    node.proc().stop();
+
+    // The same TPM joining again reclaims its node: same id, next
+    // generation, the old certificate out.
+    let out = node
+        .bcd(&["join", "--reset", "--yes"])
+        .output()
+        .expect("bcd join --reset");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = join_tpm(&node, &server, &token, &tpm, &[]);
+    assert!(out.contains("re-enrolled as node"), "{out}");
+    assert_eq!(node.id(), id, "the EK's node");
+    assert_eq!(node.identity()["identity_generation"], 2);
+    start_tpm(&mut node, &tpm);
+    server.wait_node(&id, "connected again", |n| n.state == "connected");
+    node.proc().stop();
+
+    // Another TPM is another node.
+    let tpm2 = swtpm(&d.path().join("tpm2"));
+    let other = Node::new(&d.path().join("node2"), 2);
+    join_tpm(&other, &server, &token, &tpm2, &[]);
+    assert_ne!(other.id(), id, "another TPM, another node");
+
+    // The node's identity under the other TPM: another AK.
+    let mut node_on_tpm2 = Node::new(&node.dir, 1);
+    start_tpm(&mut node_on_tpm2, &tpm2);
+    let status = node_on_tpm2
+        .proc()
+        .wait(Duration::from_secs(30))
+        .expect("bcd node stops");
+    assert!(!status.success());
+    let log = node_on_tpm2.proc().log();
+    assert!(log.contains(OTHER_AK), "{log}");
+
+    // TPM2_Clear: the owner seed changes, the record derives another key.
+    tpm.clear().expect("tpm2_clear");
+    tpm.restart().unwrap();
+    start_tpm(&mut node, &tpm);
+    let status = node
+        .proc()
+        .wait(Duration::from_secs(30))
+        .expect("bcd node stops");
+    assert!(!status.success());
+    let log = node.proc().log();
+    assert!(log.contains(CLEARED), "{log}");
+}
+
+#[test]
+fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
+    let (d, server) = setup_dirs();
+    let node = Node::new(&d.path().join("node"), 3);
+    let out = node
+        .bcd(&[
+            "join",
+            "--server",
+            &server.url(),
+            "--token",
+            &server.token(1),
+            "--attestor",
+            "tpm",
+            "--tpm",
+            "/nonexistent/tpmrm0",
+        ])
+        .output()
+        .expect("run bcd join");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("the TPM at /nonexistent/tpmrm0 cannot be reached") && err.contains("--tpm"),
+        "{err}"
+    );
+    assert!(!node.dir.join("identity.json").exists(), "nothing joined");
+
+    // A joined node whose TPM is gone does not start.
+    let tpm = swtpm(&d.path().join("tpm"));
+    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    drop(tpm);
+    let mut node = node;
+    node.env = vec![("BCD_TPM".into(), "/nonexistent/tpmrm0".into())];
+    node.start();
+    let status = node
+        .proc()
+        .wait(Duration::from_secs(30))
+        .expect("bcd node stops");
+    assert!(!status.success());
+    let log = node.proc().log();
+    assert!(
+        log.contains("the certificate's node key is in the TPM, which is unavailable"),
+        "{log}"
+    );
+}
