@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use bc_tests::{Node, Server, setup_dirs, stderr};
+use bc_tests::{Node, Server, setup_dirs, stderr, wait_for};
 use bcd_tpm::swtpm::Swtpm;
 
 /// The spec's text for a TPM cleared under the node ("TPM cleared or
@@ -186,4 +186,49 @@ fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
         log.contains("the certificate's node key is in the TPM, which is unavailable"),
         "{log}"
     );
+}
+
+/// A certificate that names the AK renews only with a next key in that
+/// TPM, certified by the AK: node.key stays a TPM record (another one),
+/// the renewed certificate names the AK, and the node comes back under it
+/// once the first certificate runs out.
+#[test]
+fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = bc_tests::FAST.to_vec();
+    args.extend(["--node-cert-ttl", "8s"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let tpm = swtpm(&d.path().join("tpm"));
+    let expected_ak = ak_urn(&tpm);
+    let mut node = Node::new(&d.path().join("node"), 4);
+    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    let id = node.id();
+    let first = node.identity();
+    let first_key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+    start_tpm(&mut node, &tpm);
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    wait_for(Duration::from_secs(30), "the renewal in bcd's log", || {
+        node.proc()
+            .log()
+            .contains("certificate renewed")
+            .then_some(())
+    });
+    let renewed = node.identity();
+    assert_ne!(renewed["cert_serial"], first["cert_serial"]);
+    let key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+    assert!(
+        key.starts_with("bcd-tpm-key v1 "),
+        "never a file key: {key}"
+    );
+    assert_ne!(key, first_key, "a next key");
+    let uris = cert_uris(&node);
+    assert!(uris.contains(&expected_ak), "{uris:?}");
+    assert!(uris.contains(&format!("urn:bc:node:{id}")), "{uris:?}");
+    // The first certificate runs out: the session under the renewed one,
+    // whose handshake the next key signs in the TPM.
+    server.wait_node(&id, "a session under the renewed certificate", |n| {
+        n.state == "connected" && n.epoch >= 2
+    });
+    let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]));
+    assert_eq!(c.state, "succeeded", "{c:?}");
 }

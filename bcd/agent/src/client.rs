@@ -39,9 +39,13 @@ pub async fn open_session(identity: &Identity) -> Result<Stream, String> {
 /// A renewed key and certificate, ready to install.
 #[derive(Debug)]
 pub struct Renewed {
+    /// What `node.key` becomes: a PEM key, or the next key's TPM record.
     pub key_pem: String,
     pub cert: CertificateDer<'static>,
     pub next: NextCert,
+    /// The next key in the TPM (its record is `key_pem`), for a TPM-held
+    /// identity.
+    pub tpm: Option<(bcd_tpm::NodeKeyRecord, bcd_tpm::PublicArea)>,
 }
 
 /// The current node key and what its renewal proof names.
@@ -85,6 +89,7 @@ pub async fn renew_certificate(
             proof,
             proof_time_ms: current.server_now_ms,
             node_id: current.node_id,
+            next_key: None,
         })
         .await
         .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
@@ -104,6 +109,120 @@ pub async fn renew_certificate(
             not_after_ms: resp.not_after_ms,
             issued_ms: resp.server_time_ms,
         },
+        tpm: None,
+    })
+}
+
+/// Renew a certificate that names the TPM's AK: a next key made in the
+/// same TPM from a fresh record, its CSR signed there, certified by the AK
+/// over the renewal's proof statement, and the proof signed by the current
+/// key in the TPM. Before any request, the TPM must answer and its AK must
+/// be the certificate's (the spec's texts otherwise). Never a file key.
+pub async fn renew_tpm_certificate(
+    server: &str,
+    ca: CertificateDer<'static>,
+    cert: CertificateDer<'static>,
+    key: std::sync::Arc<crate::tpm_key::TpmKey>,
+    node_id: String,
+    server_now_ms: i64,
+    hostname: &str,
+) -> Result<Renewed, String> {
+    use crate::tpm_key::{TPM_OTHER_AK, TPM_UNAVAILABLE};
+    use bcd_tpm::Tpm;
+    let expected_ak = crate::tpm_key::certificate_ak(&cert)
+        .ok_or("the certificate names no TPM attestation key")?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, hostname);
+    params.distinguished_name = dn;
+    let (k, id) = (key.clone(), node_id.clone());
+    let prepared = tokio::task::spawn_blocking(move || {
+        let tpm_failed = |e: bcd_tpm::Error| {
+            if e.is_unreachable() {
+                TPM_UNAVAILABLE.to_string()
+            } else {
+                format!("the TPM failed: {}", bcd_sys::error::chain(&e))
+            }
+        };
+        let ak = k
+            .with_tpm(|t| bcd_tpm::check_ak(t, &bcd_tpm::Name::from_bytes(expected_ak.clone())))
+            .map_err(|e| match e {
+                bcd_tpm::Error::AkMismatch { .. } => TPM_OTHER_AK.to_string(),
+                e => tpm_failed(e),
+            })?;
+        let record = bcd_tpm::NodeKeyRecord::generate()
+            .map_err(|_| "no randomness for the next node key".to_string())?;
+        let public = k
+            .with_tpm(|t| t.node_key_public(&record))
+            .map_err(tpm_failed)?;
+        let signer = k
+            .signer(record.clone(), &public)
+            .ok_or("the TPM's next key is not a P-256 key")?;
+        let csr_der = params
+            .serialize_request(&signer)
+            .map_err(|e| format!("the TPM did not sign the certificate request: {e}"))?
+            .der()
+            .to_vec();
+        let statement = bcd_proto::renew::statement(&id, server_now_ms, &csr_der);
+        let proof = k.sign(&statement).map_err(tpm_failed)?;
+        let qualifying = bcd_proto::attest::renewal_qualifying_data(&statement);
+        let certification = k
+            .with_tpm(|t| t.certify(&record, &qualifying))
+            .map_err(tpm_failed)?;
+        Ok::<_, String>((ak, record, public, csr_der, proof, certification))
+    })
+    .await
+    .map_err(|e| format!("the TPM work did not finish: {e}"))?;
+    let (ak, record, public, csr_der, proof, certification) = prepared?;
+
+    let config = tls::client_config_signed(
+        ServerTrust::Ca(ca.clone()),
+        tls::ClientSigner {
+            chain: vec![cert],
+            key: key.rustls_key(),
+        },
+    )
+    .map_err(|e| format!("{e:#}"))?;
+    let channel = tls::connect(server, config)
+        .await
+        .map_err(|e| bcd_sys::error::chain(&e))?;
+    let resp = JoinClient::new(channel)
+        .renew(bcd_proto::v1::RenewRequest {
+            csr_der: csr_der.clone(),
+            proof,
+            proof_time_ms: server_now_ms,
+            node_id,
+            next_key: Some(bcd_proto::v1::KeyCertification {
+                version: bcd_proto::attest::VERSION,
+                ak_public: ak.tpmt_bytes().to_vec(),
+                key_public: public.tpmt_bytes().to_vec(),
+                certify_attest: certification.attest,
+                certify_signature: certification.signature,
+            }),
+        })
+        .await
+        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
+        .into_inner();
+    bcd_proto::joined::verify_renewal(&resp, &csr_der, &ca).map_err(|e| e.to_string())?;
+    let cert = CertificateDer::from(resp.cert_der);
+    let spki = public
+        .spki_der()
+        .ok_or("the next key has no P-256 key info")?;
+    if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
+        return Err("the renewed certificate is not for the new key".into());
+    }
+    if crate::tpm_key::certificate_ak(&cert).as_deref() != Some(ak.name().as_bytes()) {
+        return Err("the renewed certificate does not name this TPM's attestation key".into());
+    }
+    Ok(Renewed {
+        key_pem: record.to_text(),
+        cert,
+        next: NextCert {
+            serial: resp.cert_serial,
+            not_after_ms: resp.not_after_ms,
+            issued_ms: resp.server_time_ms,
+        },
+        tpm: Some((record, public)),
     })
 }
 

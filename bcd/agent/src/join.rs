@@ -317,13 +317,16 @@ pub async fn join_with_tpm(
                     bcd_sys::error::chain(&e)
                 )
             })?;
+        let signer = k
+            .signer(k.record(), &k.public())
+            .context("the TPM's node key is not a P-256 key")?;
         let csr = params
-            .serialize_request(k.as_ref())
+            .serialize_request(&signer)
             .context("the TPM did not sign the certificate request")?;
         let csr_der = csr.der().to_vec();
         let qualifying = bcd_proto::attest::qualifying_data(&challenge.ticket, &csr_der);
         let certification = k
-            .with_tpm(|t| t.certify(k.record(), &qualifying))
+            .with_tpm(|t| t.certify(&k.record(), &qualifying))
             .map_err(|e| {
                 anyhow::anyhow!(
                     "the TPM's AK did not certify the node key: {}",

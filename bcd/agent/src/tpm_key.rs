@@ -21,12 +21,11 @@ pub const TPM_UNAVAILABLE: &str = "the certificate's node key is in the TPM, whi
 /// The spec's text for a TPM whose AK is not the one the certificate names.
 pub const TPM_OTHER_AK: &str = "this TPM's attestation key is not the one the certificate names (another TPM, or its endorsement seed changed): the certificate cannot be renewed here; join again: bcd join --reset --yes, then bcd join";
 
-/// The node key in the TPM at `endpoint`, and an open connection to it.
+/// The node key in the TPM at `endpoint` (the current record's, which a
+/// renewal replaces), and an open connection to it.
 pub struct TpmKey {
     endpoint: Endpoint,
-    record: NodeKeyRecord,
-    public: PublicArea,
-    point: [u8; 65],
+    current: Mutex<(NodeKeyRecord, PublicArea)>,
     tpm: Mutex<Option<ProtocolTpm>>,
 }
 
@@ -34,7 +33,7 @@ impl std::fmt::Debug for TpmKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TpmKey")
             .field("endpoint", &self.endpoint.to_string())
-            .field("record", &self.record)
+            .field("record", &self.record())
             .finish_non_exhaustive()
     }
 }
@@ -63,14 +62,14 @@ impl TpmKey {
         public: PublicArea,
         tpm: ProtocolTpm,
     ) -> Result<TpmKey, bcd_tpm::Error> {
-        let point = public.p256_point().ok_or_else(|| {
-            bcd_tpm::Error::Invalid("the TPM's node key is not a P-256 key".into())
-        })?;
+        if public.p256_point().is_none() {
+            return Err(bcd_tpm::Error::Invalid(
+                "the TPM's node key is not a P-256 key".into(),
+            ));
+        }
         Ok(TpmKey {
             endpoint,
-            record,
-            public,
-            point,
+            current: Mutex::new((record, public)),
             tpm: Mutex::new(Some(tpm)),
         })
     }
@@ -115,13 +114,38 @@ impl TpmKey {
         Self::with(endpoint, record, public, tpm).map_err(unavailable)
     }
 
-    /// The key's public area.
-    pub fn public(&self) -> &PublicArea {
-        &self.public
+    /// The current key's public area.
+    pub fn public(&self) -> PublicArea {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
     }
 
-    pub fn record(&self) -> &NodeKeyRecord {
-        &self.record
+    /// The current key's record.
+    pub fn record(&self) -> NodeKeyRecord {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    /// Makes `record` (whose key is `public`) the current key: after a
+    /// renewal installed its certificate.
+    pub fn switch(&self, record: NodeKeyRecord, public: PublicArea) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = (record, public);
+    }
+
+    /// The key of `record` as rcgen signs a CSR with it, over this
+    /// connection.
+    pub fn signer(&self, record: NodeKeyRecord, public: &PublicArea) -> Option<RecordSigner<'_>> {
+        Some(RecordSigner {
+            key: self,
+            record,
+            point: public.p256_point()?,
+        })
     }
 
     /// Runs `f` on the open TPM, reconnecting once when the connection
@@ -147,13 +171,23 @@ impl TpmKey {
         }
     }
 
-    /// An ECDSA P-256 / SHA-256 signature (ASN.1 DER) over `message`.
+    /// An ECDSA P-256 / SHA-256 signature (ASN.1 DER) over `message` by
+    /// the current key.
     pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, bcd_tpm::Error> {
+        self.sign_with(&self.record(), message)
+    }
+
+    /// [`TpmKey::sign`] by the key of `record`.
+    pub fn sign_with(
+        &self,
+        record: &NodeKeyRecord,
+        message: &[u8],
+    ) -> Result<Vec<u8>, bcd_tpm::Error> {
         let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, message)
             .as_ref()
             .try_into()
             .expect("SHA-256 is 32 bytes");
-        let sig = blocking(|| self.with_tpm(|t| t.sign(&self.record, &digest)))?;
+        let sig = blocking(|| self.with_tpm(|t| t.sign(record, &digest)))?;
         Ok(sig.to_der())
     }
 
@@ -186,7 +220,15 @@ fn certificate_spki(cert_der: &[u8]) -> Option<Vec<u8>> {
     cert_der.get(at..at + PREFIX.len() + 65).map(<[u8]>::to_vec)
 }
 
-impl rcgen::PublicKeyData for TpmKey {
+/// A key in the TPM as rcgen signs a certificate request with it.
+#[derive(Debug)]
+pub struct RecordSigner<'a> {
+    key: &'a TpmKey,
+    record: NodeKeyRecord,
+    point: [u8; 65],
+}
+
+impl rcgen::PublicKeyData for RecordSigner<'_> {
     fn der_bytes(&self) -> &[u8] {
         &self.point
     }
@@ -196,9 +238,9 @@ impl rcgen::PublicKeyData for TpmKey {
     }
 }
 
-impl rcgen::SigningKey for TpmKey {
+impl rcgen::SigningKey for RecordSigner<'_> {
     fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-        TpmKey::sign(self, msg).map_err(|e| {
+        self.key.sign_with(&self.record, msg).map_err(|e| {
             tracing::warn!(error = %bcd_sys::error::chain(&e), "the TPM did not sign");
             rcgen::Error::RemoteKeyError
         })

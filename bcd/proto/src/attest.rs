@@ -41,6 +41,8 @@ const MAX_NAME: usize = 66;
 const SECRET_DOMAIN: &[u8] = b"better-compute tpm challenge secret v1\0";
 /// What the qualifying data's hash covers first.
 const CERTIFY_DOMAIN: &[u8] = b"better-compute tpm certify v1\0";
+/// What a renewal's qualifying data's hash covers first.
+const RENEW_CERTIFY_DOMAIN: &[u8] = b"better-compute tpm renew certify v1\0";
 
 /// A challenge as the server issued it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +137,20 @@ pub fn qualifying_data(ticket: &[u8], csr_der: &[u8]) -> [u8; 32] {
     ctx.update(&(ticket.len() as u32).to_be_bytes());
     ctx.update(ticket);
     ctx.update(ring::digest::digest(&ring::digest::SHA256, csr_der).as_ref());
+    ctx.finish()
+        .as_ref()
+        .try_into()
+        .expect("SHA-256 is 32 bytes")
+}
+
+/// What TPM2_Certify of a renewal's next key qualifies its statement with:
+/// the SHA-256 of a domain and the renewal's proof statement
+/// (`crate::renew::statement`: the node, the time, the CSR), so the
+/// certification is as fresh as the proof and bound to the same CSR.
+pub fn renewal_qualifying_data(renew_statement: &[u8]) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(RENEW_CERTIFY_DOMAIN);
+    ctx.update(renew_statement);
     ctx.finish()
         .as_ref()
         .try_into()

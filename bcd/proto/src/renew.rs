@@ -117,6 +117,7 @@ mod tests {
             proof: k.sign(&rng, &m).unwrap().as_ref().to_vec(),
             proof_time_ms: 1_800_000_000_000,
             node_id: "nd-0123".into(),
+            next_key: None,
         };
         let p = proof(&req).unwrap().unwrap();
         assert_eq!(p.statement, m);

@@ -365,8 +365,22 @@ fn renewal_and_gateway_services() {
         proof: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
         proof_time_ms: 1_790_000_000_000,
         node_id: "nd-0f3a9c".into(),
+        next_key: None,
     };
     check("renew_request", &request);
+    check(
+        "renew_request_tpm",
+        &v1::RenewRequest {
+            next_key: Some(v1::KeyCertification {
+                version: 1,
+                ak_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05],
+                key_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x04],
+                certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
+                certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
+            }),
+            ..request.clone()
+        },
+    );
     check(
         "forwarded_renew",
         &v1::ForwardedRenew {

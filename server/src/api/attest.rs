@@ -5,7 +5,7 @@
 //! challenge's secret is a MAC under [`crate::pki::Ca::challenge_key`].
 
 use bcd_proto::attest::{self, Ticket};
-use bcd_proto::v1::{AttestationChallenge, AttestationRequest, TpmAttestation};
+use bcd_proto::v1::{AttestationChallenge, AttestationRequest, KeyCertification, TpmAttestation};
 use bcd_tpm::PublicArea;
 use bcd_tpm::verify::{self, VerifyError};
 use ring::hmac;
@@ -183,6 +183,50 @@ pub fn verify_join(
         ek_sha256: hex::encode(ticket.ek_sha256),
         ak_name: ticket.ak_name,
     })
+}
+
+/// Checks a renewal's next key for a certificate that names the AK
+/// `ak_name`: that AK (a restricted signing key) certified the next key
+/// over the renewal's proof statement, and the CSR is for that key.
+pub fn verify_next_key(
+    ak_name: &[u8],
+    k: &KeyCertification,
+    renew_statement: &[u8],
+    csr_der: &[u8],
+) -> Result<(), AttestError> {
+    if k.version != attest::VERSION {
+        return Err(bad(format!(
+            "key certification version {} is not this server's {}",
+            k.version,
+            attest::VERSION
+        )));
+    }
+    let ak = public("AK", &k.ak_public)?;
+    if ak.name().as_bytes() != ak_name {
+        return Err(AttestError::Certification(
+            "the AK is not the one the certificate names".into(),
+        ));
+    }
+    verify::check_ak(&ak).map_err(|e| bad(e.to_string()))?;
+    let key = public("next key", &k.key_public)?;
+    verify::check_node_key(&key).map_err(|e| bad(e.to_string()))?;
+    if k.certify_attest.len() > MAX_ATTEST || k.certify_signature.len() > MAX_ATTEST {
+        return Err(bad(format!("the certification is over {MAX_ATTEST} bytes")));
+    }
+    verify::verify_certify(
+        &ak,
+        &k.certify_attest,
+        &k.certify_signature,
+        &key.name(),
+        &attest::renewal_qualifying_data(renew_statement),
+    )
+    .map_err(|e| AttestError::Certification(e.to_string()))?;
+    if !key.matches_spki(&csr_public_key(csr_der)?) {
+        return Err(bad(
+            "the certificate request is for another key than the certified next key",
+        ));
+    }
+    Ok(())
 }
 
 /// The SubjectPublicKeyInfo (DER) of a PKCS#10 request.
@@ -407,6 +451,64 @@ mod tests {
             Err(AttestError::Expired)
         );
         assert!(verify_join(&key(), &t, &csr, NOW + 60_000).is_ok());
+    }
+
+    /// A renewal's next key certified by `certifier`'s AK over `statement`.
+    fn next_key(certifier: &mut Machine, statement: &[u8]) -> (KeyCertification, Vec<u8>) {
+        let record = NodeKeyRecord::generate().unwrap();
+        let key = certifier.tpm.node_key_public(&record).unwrap();
+        let csr = {
+            let signer = TpmKey {
+                tpm: RefCell::new(&mut certifier.tpm),
+                record: record.clone(),
+                point: key.p256_point().unwrap(),
+            };
+            rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap()
+                .serialize_request(&signer)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let cert = certifier
+            .tpm
+            .certify(&record, &attest::renewal_qualifying_data(statement))
+            .unwrap();
+        (
+            KeyCertification {
+                version: 1,
+                ak_public: certifier.tpm.ak_public().unwrap().tpmt_bytes().to_vec(),
+                key_public: key.tpmt_bytes().to_vec(),
+                certify_attest: cert.attest,
+                certify_signature: cert.signature,
+            },
+            csr,
+        )
+    }
+
+    #[test]
+    fn a_next_key_verifies_only_when_the_certificates_ak_certified_it() {
+        let mut m = machine();
+        let mut other = machine();
+        let ak_name = m.tpm.ak_public().unwrap().name().as_bytes().to_vec();
+        let statement = bcd_proto::renew::statement("nd-1", NOW, b"csr");
+        let (k, csr) = next_key(&mut m, &statement);
+        verify_next_key(&ak_name, &k, &statement, &csr).unwrap();
+        // Over another statement (another time): refused.
+        let later = bcd_proto::renew::statement("nd-1", NOW + 1, b"csr");
+        let err = verify_next_key(&ak_name, &k, &later, &csr).unwrap_err();
+        assert!(err.to_string().contains("qualifying data"), "{err}");
+        // Certified by another TPM's AK.
+        let (k2, csr2) = next_key(&mut other, &statement);
+        let err = verify_next_key(&ak_name, &k2, &statement, &csr2).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("not the one the certificate names"),
+            "{err}"
+        );
+        // Another CSR than the certified key's.
+        let err = verify_next_key(&ak_name, &k, &statement, &csr2).unwrap_err();
+        assert!(err.to_string().contains("another key"), "{err}");
     }
 
     #[test]

@@ -129,7 +129,8 @@ impl GatewayServices for JoinService {
             None => None,
             Some(_) if proof.is_some() => {
                 return Err(bad_request(
-                    "a join by TPM attestation proves the machine by its TPM, not by a previous                      key: send one or the other",
+                    "a join by TPM attestation proves the machine by its TPM, not by a previous \
+                     key: send one or the other",
                 ));
             }
             Some(t) => {
@@ -224,6 +225,46 @@ impl GatewayServices for JoinService {
 }
 
 impl JoinService {
+    /// The AK a renewal's certificate names, once the request's next key
+    /// is certified by it; `None` for a certificate that names no AK. A
+    /// certificate naming an AK renews only so: never to a key outside
+    /// that TPM.
+    fn next_key(
+        &self,
+        node_cert_der: &[u8],
+        r: &RenewRequest,
+        proof: Option<&bcd_proto::renew::Proof>,
+    ) -> Result<Option<Vec<u8>>, Status> {
+        let named = crate::certs::named(node_cert_der, bcd_proto::attest::AK_URN)
+            .and_then(|(name, _)| hex::decode(name).ok());
+        match (named, &r.next_key, proof) {
+            (None, None, _) => Ok(None),
+            (None, Some(_), _) => Err(bad_request(
+                "the renewal certifies its next key with a TPM attestation key, but the \
+                 certificate names none",
+            )),
+            (Some(_), None, _) => {
+                warn!("a renewal of a TPM-attested certificate came without a certified next key");
+                Err(bad_request(
+                    "the certificate names a TPM attestation key (urn:bc:tpm-ak:): it renews \
+                     only with a next key that AK certified, which this request does not carry \
+                     (renew:key-attestation-missing): upgrade bcd, or join again: bcd join \
+                     --reset --yes --attestor tpm",
+                ))
+            }
+            (Some(_), Some(_), None) => Err(bad_request(
+                "a renewal with a TPM-certified next key needs its proof of possession",
+            )),
+            (Some(ak), Some(k), Some(p)) => {
+                super::attest::verify_next_key(&ak, k, &p.statement, &r.csr_der).map_err(|e| {
+                    warn!(error = %e, "a TPM renewal was refused");
+                    bad_request(e.to_string())
+                })?;
+                Ok(Some(ak))
+            }
+        }
+    }
+
     /// Signs a response statement with the fleet CA's key.
     fn sign(&self, statement: &[u8]) -> Result<Vec<u8>, Status> {
         self.ca.sign(statement).map_err(|e| {
@@ -276,6 +317,7 @@ impl JoinService {
                 }
             }
         }
+        let ak_name = self.next_key(node_cert_der, &r, proof.as_ref())?;
         let fingerprint = bcd_proto::fingerprint(node_cert_der);
         let csr_der = r.csr_der.clone();
         let csr = r.csr_der;
@@ -285,7 +327,11 @@ impl JoinService {
             .renew(
                 &fingerprint,
                 Box::new(move |node, now, ramdisk| {
-                    issue(&ca, &csr, node, now, policy.ttl(ramdisk))
+                    let ttl = policy.ttl(ramdisk);
+                    match &ak_name {
+                        None => issue(&ca, &csr, node, now, ttl),
+                        Some(ak) => issued(ca.issue_attested_node_cert(&csr, node, ak, now, ttl)),
+                    }
                 }),
             )
             .await

@@ -18,16 +18,31 @@ impl Agent {
     /// `server_now_ms` (what the proof of possession is dated).
     pub(super) fn spawn_renewal(&self, server_now_ms: i64) -> JoinHandle<Result<Renewed, String>> {
         info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+        let server = self.identity.file.server.clone();
         if self.identity.tpm_record().is_some() {
-            // Never a file key for a certificate whose key is in the TPM.
-            return tokio::spawn(async {
-                Err(
-                    "the node key is in the TPM, and this bcd does not renew a TPM-held                      certificate (an AK-certified next key): join again before it expires: bcd                      join --reset --yes --attestor tpm"
-                        .to_string(),
+            // Never a file key for a certificate whose key is in the TPM:
+            // the next key is the TPM's, certified by its AK.
+            let Some(key) = self.identity.tpm.clone() else {
+                return tokio::spawn(async {
+                    Err("the node key is in the TPM, which this process has not opened".into())
+                });
+            };
+            let (ca, cert) = (self.identity.ca.clone(), self.identity.cert.clone());
+            let node_id = self.identity.file.node_id.clone();
+            let hostname = self.machine.host.hostname();
+            return tokio::spawn(async move {
+                client::renew_tpm_certificate(
+                    &server,
+                    ca,
+                    cert,
+                    key,
+                    node_id,
+                    server_now_ms,
+                    &hostname,
                 )
+                .await
             });
         }
-        let server = self.identity.file.server.clone();
         let ca = self.identity.ca.clone();
         let current = client::Current {
             identity: ClientIdentity {
@@ -61,6 +76,11 @@ impl Agent {
                     .install_renewal(renewed.key_pem, renewed.cert, renewed.next)
                 {
                     Ok(()) => {
+                        if let (Some((record, public)), Some(key)) =
+                            (renewed.tpm, &self.identity.tpm)
+                        {
+                            key.switch(record, public);
+                        }
                         info!(%serial, "certificate renewed; the next session uses it");
                         renewal.renewed();
                         return;
