@@ -232,3 +232,127 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
     let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]));
     assert_eq!(c.state, "succeeded", "{c:?}");
 }
+
+/// Both round trips through a gateway process that holds no key: the
+/// gateway relays BeginAttestation and the join to the key-holding
+/// process's GatewayServices port, which answers each without state of the
+/// other; the node then keeps its session through that gateway.
+#[test]
+fn a_keyless_gateway_relays_an_attested_join() {
+    let (d, server) = setup_dirs();
+    let cred = d.path().join("gw-tpm.json");
+    let o = server.cli(&[
+        "gateways",
+        "add",
+        "gw-tpm",
+        "--upstream",
+        &server.url(),
+        "--out",
+        cred.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "gateways add: {}", stderr(&o));
+    let store = format!("sqlite:{}", server.dir.join("store.db").display());
+    let mut args = bc_tests::FAST.to_vec();
+    args.extend([
+        "--role",
+        "gateway",
+        "--credential",
+        cred.to_str().unwrap(),
+        "--store",
+        &store,
+        "--gateway-id",
+        "gw-tpm-1",
+    ]);
+    let gw = Server::start(&d.path().join("gateway"), &args).unwrap();
+    let tpm = swtpm(&d.path().join("tpm"));
+    let mut node = Node::new(&d.path().join("node"), 5);
+    let out = node
+        .bcd(&[
+            "join",
+            "--server",
+            &gw.url(),
+            "--token",
+            &server.token(1),
+            "--attestor",
+            "tpm",
+            "--tpm",
+            &tpm_arg(&tpm),
+        ])
+        .output()
+        .expect("run bcd join");
+    assert!(
+        out.status.success(),
+        "join through the gateway: {}",
+        stderr(&out)
+    );
+    let id = node.id();
+    assert!(cert_uris(&node).contains(&ak_urn(&tpm)));
+    start_tpm(&mut node, &tpm);
+    server.wait_node(&id, "connected through the gateway", |n| {
+        n.state == "connected" && n.gateway == "gw-tpm-1"
+    });
+}
+
+/// The join service renews a certificate that names an AK only to a next
+/// key that AK certified: a renewal to a file key, properly proven by the
+/// current key in the TPM, is refused and issues nothing.
+#[test]
+fn a_renewal_to_a_file_key_is_refused_for_a_tpm_certificate() {
+    use bcd_proto::tls::{self, ClientSigner, ServerTrust};
+    use rustls_pki_types::pem::PemObject;
+    let (d, server) = setup_dirs();
+    let tpm = swtpm(&d.path().join("tpm"));
+    let node = Node::new(&d.path().join("node"), 6);
+    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    let id = node.id();
+    let record = bcd_tpm::NodeKeyRecord::parse_text(
+        &std::fs::read_to_string(node.dir.join("node.key")).unwrap(),
+    )
+    .unwrap();
+    let cert = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("node.crt")).unwrap();
+    let ca = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("ca.crt")).unwrap();
+    let key = std::sync::Arc::new(
+        bcd_agent::tpm_key::TpmKey::for_certificate(tpm.endpoint(), record, &cert).unwrap(),
+    );
+    let file_key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .serialize_request(&file_key)
+        .unwrap()
+        .der()
+        .to_vec();
+    let now = node.identity()["cert_issued_ms"].as_i64().unwrap();
+    let statement = bcd_proto::renew::statement(&id, now, &csr);
+    let proof = key.sign(&statement).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = rt.block_on(async {
+        let config = tls::client_config_signed(
+            ServerTrust::Ca(ca),
+            ClientSigner {
+                chain: vec![cert],
+                key: key.rustls_key(),
+            },
+        )
+        .unwrap();
+        let channel = tls::connect(&server.url(), config).await.unwrap();
+        bcd_proto::v1::join_client::JoinClient::new(channel)
+            .renew(bcd_proto::v1::RenewRequest {
+                csr_der: csr,
+                proof,
+                proof_time_ms: now,
+                node_id: id.clone(),
+                next_key: None,
+            })
+            .await
+            .unwrap_err()
+    });
+    assert!(
+        refused.message().contains("renew:key-attestation-missing"),
+        "{}",
+        refused.message()
+    );
+    assert!(!server.proc.log().contains("certificate renewed"));
+}
