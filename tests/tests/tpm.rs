@@ -233,10 +233,11 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
     assert_eq!(c.state, "succeeded", "{c:?}");
 }
 
-/// Both round trips through a gateway process that holds no key: the
-/// gateway relays BeginAttestation and the join to the key-holding
-/// process's GatewayServices port, which answers each without state of the
-/// other; the node then keeps its session through that gateway.
+/// Both round trips through a gateway process that holds no key, from a
+/// TPM manufactured with an EK certificate: the gateway relays
+/// BeginAttestation and the join to the key-holding process's
+/// GatewayServices port, which answers each without state of the other;
+/// the node then keeps its session through that gateway.
 #[test]
 fn a_keyless_gateway_relays_an_attested_join() {
     let (d, server) = setup_dirs();
@@ -264,7 +265,11 @@ fn a_keyless_gateway_relays_an_attested_join() {
         "gw-tpm-1",
     ]);
     let gw = Server::start(&d.path().join("gateway"), &args).unwrap();
-    let tpm = swtpm(&d.path().join("tpm"));
+    // A manufactured TPM (swtpm_setup): the node sends the EK certificate
+    // from NV, and the server checks it holds the EK.
+    let tpm_dir = d.path().join("tpm");
+    bcd_tpm::swtpm::manufacture(&tpm_dir).expect("swtpm_setup");
+    let tpm = swtpm(&tpm_dir);
     let mut node = Node::new(&d.path().join("node"), 5);
     let out = node
         .bcd(&[

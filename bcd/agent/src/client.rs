@@ -72,7 +72,7 @@ pub async fn renew_certificate(
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, hostname);
     params.distinguished_name = dn;
-    let csr = params.serialize_request(&key).map_err(|e| e.to_string())?;
+    let csr = crate::tpm_key::csr(&params, &key).map_err(|e| e.to_string())?;
     let csr_der = csr.der().to_vec();
     let statement = bcd_proto::renew::statement(&current.node_id, current.server_now_ms, &csr_der);
     let proof = KeyPair::from_pem(&current.key_pem)
@@ -80,22 +80,14 @@ pub async fn renew_certificate(
         .map_err(|e| format!("cannot sign the renewal with the current node key: {e}"))?;
     let config = tls::client_config(ServerTrust::Ca(ca.clone()), Some(current.identity))
         .map_err(|e| format!("{e:#}"))?;
-    let channel = tls::connect(server, config)
-        .await
-        .map_err(|e| bcd_sys::error::chain(&e))?;
-    let resp = JoinClient::new(channel)
-        .renew(bcd_proto::v1::RenewRequest {
-            csr_der,
-            proof,
-            proof_time_ms: current.server_now_ms,
-            node_id: current.node_id,
-            next_key: None,
-        })
-        .await
-        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
-        .into_inner();
-    // The times the next renewal is scheduled by come signed by the CA.
-    bcd_proto::joined::verify_renewal(&resp, csr.der(), &ca).map_err(|e| e.to_string())?;
+    let request = bcd_proto::v1::RenewRequest {
+        csr_der,
+        proof,
+        proof_time_ms: current.server_now_ms,
+        node_id: current.node_id,
+        next_key: None,
+    };
+    let resp = send_renewal(server, config, request, &ca).await?;
     let cert = CertificateDer::from(resp.cert_der);
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
     if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
@@ -111,6 +103,28 @@ pub async fn renew_certificate(
         },
         tpm: None,
     })
+}
+
+/// Sends a renewal over `config` and checks the CA's signature on the
+/// response: the times the next renewal is scheduled by come signed by
+/// the CA.
+async fn send_renewal(
+    server: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    request: bcd_proto::v1::RenewRequest,
+    ca: &CertificateDer<'static>,
+) -> Result<bcd_proto::v1::RenewResponse, String> {
+    let csr_der = request.csr_der.clone();
+    let channel = tls::connect(server, config)
+        .await
+        .map_err(|e| bcd_sys::error::chain(&e))?;
+    let resp = JoinClient::new(channel)
+        .renew(request)
+        .await
+        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
+        .into_inner();
+    bcd_proto::joined::verify_renewal(&resp, &csr_der, ca).map_err(|e| e.to_string())?;
+    Ok(resp)
 }
 
 /// Renew a certificate that names the TPM's AK: a next key made in the
@@ -136,7 +150,7 @@ pub async fn renew_tpm_certificate(
     dn.push(DnType::CommonName, hostname);
     params.distinguished_name = dn;
     let (k, id) = (key.clone(), node_id.clone());
-    let prepared = tokio::task::spawn_blocking(move || {
+    let prepared = crate::tpm_key::blocking(move || {
         let tpm_failed = |e: bcd_tpm::Error| {
             if e.is_unreachable() {
                 TPM_UNAVAILABLE.to_string()
@@ -158,8 +172,7 @@ pub async fn renew_tpm_certificate(
         let signer = k
             .signer(record.clone(), &public)
             .ok_or("the TPM's next key is not a P-256 key")?;
-        let csr_der = params
-            .serialize_request(&signer)
+        let csr_der = crate::tpm_key::csr(&params, &signer)
             .map_err(|e| format!("the TPM did not sign the certificate request: {e}"))?
             .der()
             .to_vec();
@@ -170,9 +183,7 @@ pub async fn renew_tpm_certificate(
             .with_tpm(|t| t.certify(&record, &qualifying))
             .map_err(tpm_failed)?;
         Ok::<_, String>((ak, record, public, csr_der, proof, certification))
-    })
-    .await
-    .map_err(|e| format!("the TPM work did not finish: {e}"))?;
+    });
     let (ak, record, public, csr_der, proof, certification) = prepared?;
 
     let config = tls::client_config_signed(
@@ -183,27 +194,20 @@ pub async fn renew_tpm_certificate(
         },
     )
     .map_err(|e| format!("{e:#}"))?;
-    let channel = tls::connect(server, config)
-        .await
-        .map_err(|e| bcd_sys::error::chain(&e))?;
-    let resp = JoinClient::new(channel)
-        .renew(bcd_proto::v1::RenewRequest {
-            csr_der: csr_der.clone(),
-            proof,
-            proof_time_ms: server_now_ms,
-            node_id,
-            next_key: Some(bcd_proto::v1::KeyCertification {
-                version: bcd_proto::attest::VERSION,
-                ak_public: ak.tpmt_bytes().to_vec(),
-                key_public: public.tpmt_bytes().to_vec(),
-                certify_attest: certification.attest,
-                certify_signature: certification.signature,
-            }),
-        })
-        .await
-        .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
-        .into_inner();
-    bcd_proto::joined::verify_renewal(&resp, &csr_der, &ca).map_err(|e| e.to_string())?;
+    let request = bcd_proto::v1::RenewRequest {
+        csr_der,
+        proof,
+        proof_time_ms: server_now_ms,
+        node_id,
+        next_key: Some(bcd_proto::v1::KeyCertification {
+            version: bcd_proto::attest::VERSION,
+            ak_public: ak.tpmt_bytes().to_vec(),
+            key_public: public.tpmt_bytes().to_vec(),
+            certify_attest: certification.attest,
+            certify_signature: certification.signature,
+        }),
+    };
+    let resp = send_renewal(server, config, request, &ca).await?;
     let cert = CertificateDer::from(resp.cert_der);
     let spki = public
         .spki_der()

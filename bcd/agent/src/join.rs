@@ -153,38 +153,22 @@ pub async fn join_with_token(
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, host.hostname());
     params.distinguished_name = dn;
-    let csr = params.serialize_request(&key)?;
+    let csr = crate::tpm_key::csr(&params, &key)?;
     let proof = previous
         .map(|p| prove(p, &token.id, csr.der()))
         .transpose()?;
 
-    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
-    let channel = tls::connect(server, config).await.map_err(|e| {
-        anyhow::Error::new(e).context(format!(
-            "cannot reach the server at {server}; check --server and that better-compute \
-             serve runs there"
-        ))
-    })?;
-    let inventory = hw::inventory(host);
-    let resp = JoinClient::new(channel)
-        .join(JoinRequest {
-            token: token.credential(),
-            csr_der: csr.der().to_vec(),
-            hostname: host.hostname(),
-            inventory_hashes: inventory
-                .iter()
-                .map(|s| InventoryHash {
-                    section: s.name.to_string(),
-                    sha256: s.sha256.clone(),
-                })
-                .collect(),
-            ramdisk,
-            previous: proof,
-            tpm: None,
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
-        .into_inner();
+    let mut client = dial(server, token).await?;
+    let resp = send_join(
+        &mut client,
+        token,
+        csr.der().to_vec(),
+        host,
+        ramdisk,
+        proof,
+        None,
+    )
+    .await?;
 
     save(
         dir,
@@ -195,6 +179,54 @@ pub async fn join_with_token(
         resp,
         key.serialize_pem(),
     )
+}
+
+/// Dials the server, trusting it only with the CA the token pins.
+async fn dial(
+    server: &str,
+    token: &JoinToken,
+) -> anyhow::Result<JoinClient<tonic::transport::Channel>> {
+    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
+    let channel = tls::connect(server, config).await.map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "cannot reach the server at {server}; check --server and that better-compute \
+             serve runs there"
+        ))
+    })?;
+    Ok(JoinClient::new(channel))
+}
+
+/// Sends the join: what every join carries, and the proof of a previous
+/// identity or the TPM's attestation.
+async fn send_join(
+    client: &mut JoinClient<tonic::transport::Channel>,
+    token: &JoinToken,
+    csr_der: Vec<u8>,
+    host: &dyn Host,
+    ramdisk: bool,
+    previous: Option<PreviousIdentity>,
+    tpm: Option<bcd_proto::v1::TpmAttestation>,
+) -> anyhow::Result<bcd_proto::v1::JoinResponse> {
+    let inventory = hw::inventory(host);
+    Ok(client
+        .join(JoinRequest {
+            token: token.credential(),
+            csr_der,
+            hostname: host.hostname(),
+            inventory_hashes: inventory
+                .iter()
+                .map(|s| InventoryHash {
+                    section: s.name.to_string(),
+                    sha256: s.sha256.clone(),
+                })
+                .collect(),
+            ramdisk,
+            previous,
+            tpm,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
+        .into_inner())
 }
 
 /// What the TPM showed for the first round trip: its EK (and certificate)
@@ -260,24 +292,16 @@ pub async fn join_with_tpm(
 
     let failed = |e| tpm_failed(endpoint, e);
     let ep = endpoint.clone();
-    let (key, facts) = tokio::task::spawn_blocking(move || {
+    let (key, facts) = crate::tpm_key::blocking(move || {
         let record = bcd_tpm::NodeKeyRecord::generate()
             .map_err(|_| bcd_tpm::Error::Invalid("no randomness for the node key".into()))?;
         let key = crate::tpm_key::TpmKey::open(ep, record)?;
         let facts = key.with_tpm(|t| tpm_facts(t))?;
         Ok::<_, bcd_tpm::Error>((Arc::new(key), facts))
     })
-    .await?
     .map_err(failed)?;
 
-    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
-    let channel = tls::connect(server, config).await.map_err(|e| {
-        anyhow::Error::new(e).context(format!(
-            "cannot reach the server at {server}; check --server and that better-compute \
-             serve runs there"
-        ))
-    })?;
-    let mut client = JoinClient::new(channel);
+    let mut client = dial(server, token).await?;
     let challenge = client
         .begin_attestation(AttestationRequest {
             version: bcd_proto::attest::VERSION,
@@ -302,7 +326,7 @@ pub async fn join_with_tpm(
     dn.push(DnType::CommonName, host.hostname());
     params.distinguished_name = dn;
     let (k, kind) = (key.clone(), facts.kind);
-    let (secret, csr_der, certification) = tokio::task::spawn_blocking(move || {
+    let (secret, csr_der, certification) = crate::tpm_key::blocking(move || {
         let secret = k
             .with_tpm(|t| {
                 t.activate_credential(
@@ -320,8 +344,7 @@ pub async fn join_with_tpm(
         let signer = k
             .signer(k.record(), &k.public())
             .context("the TPM's node key is not a P-256 key")?;
-        let csr = params
-            .serialize_request(&signer)
+        let csr = crate::tpm_key::csr(&params, &signer)
             .context("the TPM did not sign the certificate request")?;
         let csr_der = csr.der().to_vec();
         let qualifying = bcd_proto::attest::qualifying_data(&challenge.ticket, &csr_der);
@@ -334,38 +357,28 @@ pub async fn join_with_tpm(
                 )
             })?;
         Ok::<_, anyhow::Error>((secret, csr_der, (challenge.ticket, certification)))
-    })
-    .await??;
+    })?;
     let (ticket, certification) = certification;
 
-    let inventory = hw::inventory(host);
-    let resp = client
-        .join(JoinRequest {
-            token: token.credential(),
-            csr_der: csr_der.clone(),
-            hostname: host.hostname(),
-            inventory_hashes: inventory
-                .iter()
-                .map(|s| InventoryHash {
-                    section: s.name.to_string(),
-                    sha256: s.sha256.clone(),
-                })
-                .collect(),
-            ramdisk,
-            previous: None,
-            tpm: Some(TpmAttestation {
-                version: bcd_proto::attest::VERSION,
-                ticket,
-                activated_secret: secret,
-                ak_public: facts.ak.tpmt_bytes().to_vec(),
-                node_key_public: key.public().tpmt_bytes().to_vec(),
-                certify_attest: certification.attest,
-                certify_signature: certification.signature,
-            }),
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?
-        .into_inner();
+    let attestation = TpmAttestation {
+        version: bcd_proto::attest::VERSION,
+        ticket,
+        activated_secret: secret,
+        ak_public: facts.ak.tpmt_bytes().to_vec(),
+        node_key_public: key.public().tpmt_bytes().to_vec(),
+        certify_attest: certification.attest,
+        certify_signature: certification.signature,
+    };
+    let resp = send_join(
+        &mut client,
+        token,
+        csr_der.clone(),
+        host,
+        ramdisk,
+        None,
+        Some(attestation),
+    )
+    .await?;
     if crate::tpm_key::certificate_ak(&resp.cert_der).as_deref() != Some(facts.ak.name().as_bytes())
     {
         bail!(

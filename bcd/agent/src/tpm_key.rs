@@ -38,6 +38,15 @@ impl std::fmt::Debug for TpmKey {
     }
 }
 
+/// A certificate request for `key`, in the TPM or not: one instance of
+/// rcgen's request writer for every key (the static `bcd` counts bytes).
+pub fn csr(
+    params: &rcgen::CertificateParams,
+    key: &dyn rcgen::SigningKey,
+) -> Result<rcgen::CertificateSigningRequest, rcgen::Error> {
+    params.serialize_request(&key)
+}
+
 /// Runs `f` where blocking is allowed.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {

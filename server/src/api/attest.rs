@@ -511,6 +511,44 @@ mod tests {
         assert!(err.to_string().contains("another key"), "{err}");
     }
 
+    /// A manufactured TPM (swtpm_setup: a persistent RSA EK and its
+    /// certificate in NV): the certificate's key is the EK's, and the
+    /// credential made for the RSA EK activates.
+    #[test]
+    fn an_rsa_ek_with_its_certificate_attests() {
+        let dir = tempfile::tempdir().unwrap();
+        bcd_tpm::swtpm::manufacture(dir.path()).unwrap();
+        let swtpm = Swtpm::start(dir.path()).unwrap();
+        let mut tpm = ProtocolTpm::open(swtpm.endpoint()).unwrap();
+        let cert = tpm
+            .ek_certificate(EkKind::Rsa2048)
+            .unwrap()
+            .expect("swtpm_setup wrote an EK certificate");
+        let mut r = AttestationRequest {
+            version: 1,
+            ek_public: tpm
+                .ek_public(EkKind::Rsa2048)
+                .unwrap()
+                .tpmt_bytes()
+                .to_vec(),
+            ek_certificate: cert,
+            ak_public: tpm.ak_public().unwrap().tpmt_bytes().to_vec(),
+        };
+        let c = challenge(&key(), &r, NOW).unwrap();
+        let secret = tpm
+            .activate_credential(EkKind::Rsa2048, &c.credential_blob, &c.encrypted_secret)
+            .unwrap();
+        assert!(attest::secret_matches(&key(), &c.ticket, &secret));
+        // The certificate of another EK is refused.
+        r.ek_public = tpm
+            .ek_public(EkKind::EccP256)
+            .unwrap()
+            .tpmt_bytes()
+            .to_vec();
+        let err = challenge(&key(), &r, NOW).unwrap_err().to_string();
+        assert!(err.contains("another key than the EK"), "{err}");
+    }
+
     #[test]
     fn requests_that_are_not_a_tpms_are_refused() {
         let mut m = machine();
