@@ -71,6 +71,8 @@ mod tests {
             let _ = v1::JoinRequest::decode(bytes.as_slice());
             let _ = v1::AttestationRequest::decode(bytes.as_slice());
             let _ = v1::AttestationChallenge::decode(bytes.as_slice());
+            let _ = v1::RenewRequest::decode(bytes.as_slice());
+            let _ = v1::KeyCertification::decode(bytes.as_slice());
         }
 
         #[test]

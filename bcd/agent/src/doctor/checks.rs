@@ -16,7 +16,7 @@ use crate::journal::{EventBounds, SCHEMA_VERSION};
 use crate::slots::Slots;
 
 const JOIN_AGAIN: &str = "join again: bcd join --reset --yes, then bcd join";
-use crate::tpm_key::{TPM_CLEARED, TPM_UNAVAILABLE};
+use crate::tpm_key::TPM_UNAVAILABLE;
 
 fn ago(ms: i64) -> String {
     let d = Duration::from_millis(ms.unsigned_abs());
@@ -187,7 +187,8 @@ pub async fn identity(opts: &Options, f: &IdentityFiles) -> Check {
     )
 }
 
-/// The TPM still derives the certificate's key from the record.
+/// The TPM still holds the identity: its AK is the one the certificate
+/// names (if any), and the record still derives the certificate's key.
 async fn tpm_key(opts: &Options, key: &str, cert: &CertificateDer<'static>) -> Result<(), Check> {
     const C: &str = "identity";
     let record = bcd_tpm::NodeKeyRecord::parse_text(key.trim()).map_err(|e| {
@@ -202,30 +203,21 @@ async fn tpm_key(opts: &Options, key: &str, cert: &CertificateDer<'static>) -> R
         None => bcd_tpm::Endpoint::Device(opts.tpm_device.clone()),
     };
     let cert = cert.clone();
-    let derived = tokio::task::spawn_blocking(move || {
-        let mut tpm = bcd_tpm::ProtocolTpm::open(endpoint)?;
-        bcd_tpm::Tpm::node_key_public(&mut tpm, &record)
+    // What bcd node checks before it starts: the AK the certificate names
+    // (another TPM), then the key the record derives (a cleared TPM).
+    let checked = tokio::task::spawn_blocking(move || {
+        crate::tpm_key::TpmKey::for_certificate(endpoint, record, &cert).map(drop)
     })
     .await
     .map_err(|e| Check::fail(C, format!("the TPM check did not finish: {e}"), ""))?;
-    match derived {
-        Ok(public) => match public.spki_der() {
-            Some(spki) if contains(&cert, &spki) => Ok(()),
-            _ => Err(Check::fail(C, TPM_CLEARED, JOIN_AGAIN)),
-        },
-        Err(e) if e.is_unreachable() => Err(Check::fail(
+    match checked {
+        Ok(()) => Ok(()),
+        Err(m) if m.starts_with(TPM_UNAVAILABLE) => Err(Check::fail(
             C,
-            format!("{TPM_UNAVAILABLE} ({})", bcd_sys::error::chain(&e)),
+            m,
             "check the TPM (/dev/tpmrm0), or bcd-helper.service where bcd node runs unprivileged: bcd node does not start without it",
         )),
-        Err(e) => Err(Check::fail(
-            C,
-            format!(
-                "the TPM cannot derive the node key: {}",
-                bcd_sys::error::chain(&e)
-            ),
-            JOIN_AGAIN,
-        )),
+        Err(m) => Err(Check::fail(C, m, JOIN_AGAIN)),
     }
 }
 
