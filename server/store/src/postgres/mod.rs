@@ -487,8 +487,19 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| tokens::reenrol(&tx, j, proof, issue, seal).await)
     }
 
-    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
-        tx!(self, |tx| nodes::renew(&tx, fingerprint, issue).await)
+    async fn renew_within(
+        &self,
+        fingerprint: &str,
+        issue: RenewCert,
+        expired_grace_ms: i64,
+    ) -> Result<Joined, TxError> {
+        tx!(self, |tx| nodes::renew(
+            &tx,
+            fingerprint,
+            issue,
+            expired_grace_ms
+        )
+        .await)
     }
 
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
