@@ -267,7 +267,7 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
         proof: sign(&attacker.serialize_pem(), &statement),
         proof_time_ms: now,
         node_id: id.clone(),
-        next_key: None,
+        ..Default::default()
     }))));
     assert!(m.contains("not made by the current node key"), "{m}");
     // A real proof of the node's, replayed ten minutes later: refused.
@@ -278,7 +278,7 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
         proof: sign(&node_key, &statement),
         proof_time_ms: old,
         node_id: id.clone(),
-        next_key: None,
+        ..Default::default()
     }))));
     assert!(m.contains("away from the server's time"), "{m}");
     // A real proof for one key moved to another: refused.
@@ -289,7 +289,7 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
         proof: sign(&node_key, &statement),
         proof_time_ms: now,
         node_id: id.clone(),
-        next_key: None,
+        ..Default::default()
     }))));
     assert!(m.contains("not made by the current node key"), "{m}");
     assert!(

@@ -349,6 +349,7 @@ fn a_renewal_to_a_file_key_is_refused_for_a_tpm_certificate() {
                 proof,
                 proof_time_ms: now,
                 node_id: id.clone(),
+                expired_cert_der: vec![],
                 next_key: None,
             })
             .await

@@ -56,11 +56,16 @@ pub struct Current {
     pub node_id: String,
     /// The node's estimate of the server's time now.
     pub server_now_ms: i64,
+    /// The certificate has run out (x509pop): a TLS session cannot present
+    /// it, so the request carries it, and only the proof stands for the key.
+    pub expired: bool,
 }
 
 /// Renew: a new key, proven by its CSR, over a session authenticated with
 /// the current certificate, and a proof of possession of the current key
-/// (`bcd_proto::renew`) for a join service behind a gateway.
+/// (`bcd_proto::renew`) for a join service behind a gateway. A certificate
+/// that has run out goes in the request instead (x509pop), over a session
+/// without a client certificate.
 pub async fn renew_certificate(
     server: &str,
     ca: CertificateDer<'static>,
@@ -78,13 +83,20 @@ pub async fn renew_certificate(
     let proof = KeyPair::from_pem(&current.key_pem)
         .and_then(|k| rcgen::SigningKey::sign(&k, &statement))
         .map_err(|e| format!("cannot sign the renewal with the current node key: {e}"))?;
-    let config = tls::client_config(ServerTrust::Ca(ca.clone()), Some(current.identity))
-        .map_err(|e| format!("{e:#}"))?;
+    let (presented, expired_cert_der) = if current.expired {
+        let cert = current.identity.chain.first().map(|c| c.to_vec());
+        (None, cert.unwrap_or_default())
+    } else {
+        (Some(current.identity), vec![])
+    };
+    let config =
+        tls::client_config(ServerTrust::Ca(ca.clone()), presented).map_err(|e| format!("{e:#}"))?;
     let request = bcd_proto::v1::RenewRequest {
         csr_der,
         proof,
         proof_time_ms: current.server_now_ms,
         node_id: current.node_id,
+        expired_cert_der,
         next_key: None,
     };
     let resp = send_renewal(server, config, request, &ca).await?;
@@ -199,6 +211,7 @@ pub async fn renew_tpm_certificate(
         proof,
         proof_time_ms: server_now_ms,
         node_id,
+        expired_cert_der: vec![],
         next_key: Some(bcd_proto::v1::KeyCertification {
             version: bcd_proto::attest::VERSION,
             ak_public: ak.tpmt_bytes().to_vec(),

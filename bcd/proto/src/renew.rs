@@ -75,6 +75,30 @@ pub fn proof(r: &v1::RenewRequest) -> Result<Option<Proof>, BadProof> {
     }))
 }
 
+/// The largest certificate a renewal may carry in its body (x509pop).
+pub const MAX_CERT: usize = 16 << 10;
+
+/// How long after its end an expired certificate may still be renewed by
+/// proving its key (x509pop), where the control plane allows it.
+pub const X509POP_WINDOW_MS: i64 = 7 * 24 * 3_600_000;
+
+/// The certificate an x509pop renewal carries in its body, when it carries
+/// one: only with a proof, and bounded.
+pub fn expired_cert(r: &v1::RenewRequest) -> Result<Option<&[u8]>, BadProof> {
+    if r.expired_cert_der.is_empty() {
+        return Ok(None);
+    }
+    if r.expired_cert_der.len() > MAX_CERT {
+        return Err(BadProof("the certificate is too large"));
+    }
+    if r.proof.is_empty() {
+        return Err(BadProof(
+            "a certificate sent in the request needs the proof",
+        ));
+    }
+    Ok(Some(&r.expired_cert_der))
+}
+
 /// Whether a proof made at `time_ms` is fresh at `now_ms`.
 pub fn fresh(time_ms: i64, now_ms: i64) -> bool {
     time_ms.abs_diff(now_ms) <= TOLERANCE_MS as u64
@@ -117,6 +141,7 @@ mod tests {
             proof: k.sign(&rng, &m).unwrap().as_ref().to_vec(),
             proof_time_ms: 1_800_000_000_000,
             node_id: "nd-0123".into(),
+            expired_cert_der: vec![],
             next_key: None,
         };
         let p = proof(&req).unwrap().unwrap();
@@ -151,6 +176,30 @@ mod tests {
     }
 
     #[test]
+    fn a_certificate_in_the_request_needs_the_proof_and_is_bounded() {
+        let plain = v1::RenewRequest {
+            csr_der: b"csr".to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(expired_cert(&plain), Ok(None));
+        let unproven = v1::RenewRequest {
+            expired_cert_der: b"cert".to_vec(),
+            ..plain.clone()
+        };
+        assert!(expired_cert(&unproven).is_err());
+        let proven = v1::RenewRequest {
+            proof: vec![0x30; 70],
+            ..unproven
+        };
+        assert_eq!(expired_cert(&proven), Ok(Some(&b"cert"[..])));
+        let huge = v1::RenewRequest {
+            expired_cert_der: vec![0; MAX_CERT + 1],
+            ..proven
+        };
+        assert!(expired_cert(&huge).is_err());
+    }
+
+    #[test]
     fn freshness_is_a_minute_either_way() {
         assert!(fresh(1_000_000, 1_060_000));
         assert!(fresh(1_060_000, 1_000_000));
@@ -167,6 +216,11 @@ mod tests {
                 prop_assert!(p.signature.len() <= crate::reenrol::MAX_SIGNATURE);
                 prop_assert!(p.node_id.len() <= crate::reenrol::MAX_NODE_ID);
                 prop_assert!(p.time_ms > 0);
+            }
+            if let Ok(r) = v1::RenewRequest::decode(bytes.as_slice())
+                && let Ok(Some(cert)) = expired_cert(&r)
+            {
+                prop_assert!(cert.len() <= MAX_CERT && !r.proof.is_empty());
             }
         }
     }

@@ -365,9 +365,18 @@ fn renewal_and_gateway_services() {
         proof: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
         proof_time_ms: 1_790_000_000_000,
         node_id: "nd-0f3a9c".into(),
+        expired_cert_der: vec![],
         next_key: None,
     };
     check("renew_request", &request);
+    // x509pop: the expired certificate travels in the request (field 5).
+    check(
+        "renew_request_expired",
+        &v1::RenewRequest {
+            expired_cert_der: vec![0x30, 0x82, 0x03],
+            ..request.clone()
+        },
+    );
     check(
         "renew_request_tpm",
         &v1::RenewRequest {

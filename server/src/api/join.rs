@@ -32,6 +32,10 @@ use crate::services::GatewayServices;
 pub struct CertPolicy {
     pub node_ttl: Duration,
     pub ramdisk_ttl: Duration,
+    /// The x509pop attestor: a certificate that ran out at most
+    /// [`bcd_proto::renew::X509POP_WINDOW_MS`] ago renews when the node
+    /// proves its key.
+    pub x509pop: bool,
 }
 
 impl Default for CertPolicy {
@@ -39,6 +43,7 @@ impl Default for CertPolicy {
         CertPolicy {
             node_ttl: Duration::from_secs(24 * 3600),
             ramdisk_ttl: Duration::from_secs(2 * 3600),
+            x509pop: false,
         }
     }
 }
@@ -88,6 +93,28 @@ fn issued(c: Result<crate::pki::ca::NodeCert, IssueError>) -> Result<IssuedCert,
         not_before_ms: c.not_before_ms,
         not_after_ms: c.not_after_ms,
     })
+}
+
+/// A renewal's refusal: an expired certificate's says what the node can
+/// do about it (with x509pop the window has passed; without it the
+/// control plane does not take expired certificates at all).
+fn expired_refusal(e: bc_store::TxError, x509pop: bool) -> Status {
+    if e.refusal() != Some(&Refusal::Expired) {
+        return status(e);
+    }
+    let why = if x509pop {
+        "the node certificate ran out more than 7 days ago"
+    } else {
+        "the node certificate ran out, and this control plane renews no expired certificate \
+         (start it with --x509pop to let nodes renew by their old key within 7 days)"
+    };
+    let (code, reason) = super::status::classify(&Refusal::Expired);
+    super::status::typed(
+        code,
+        reason,
+        format!("{why}: join again: bcd join --reset --yes, then bcd join"),
+        vec![],
+    )
 }
 
 /// Whether a renewal must carry its proof of possession: one relayed by a
@@ -284,6 +311,12 @@ impl JoinService {
         rule: Proof,
     ) -> Result<RenewResponse, Status> {
         let proof = bcd_proto::renew::proof(&r).map_err(|e| bad_request(e.to_string()))?;
+        // x509pop: only a renewal that proved the certificate's key may
+        // have it taken after its end.
+        let grace_ms = match (&proof, self.policy.x509pop) {
+            (Some(_), true) => bcd_proto::renew::X509POP_WINDOW_MS,
+            _ => 0,
+        };
         match (&proof, rule) {
             (None, Proof::Required) => {
                 return Err(bad_request(
@@ -324,7 +357,7 @@ impl JoinService {
         let (ca, policy) = (self.ca.clone(), self.policy);
         let renewed = self
             .store
-            .renew(
+            .renew_within(
                 &fingerprint,
                 Box::new(move |node, now, ramdisk| {
                     let ttl = policy.ttl(ramdisk);
@@ -333,9 +366,10 @@ impl JoinService {
                         Some(ak) => issued(ca.issue_attested_node_cert(&csr, node, ak, now, ttl)),
                     }
                 }),
+                grace_ms,
             )
             .await
-            .map_err(status)?;
+            .map_err(|e| expired_refusal(e, self.policy.x509pop))?;
         let cert = renewed.cert;
         info!(node = %renewed.node_id, serial = %cert.serial, "certificate renewed");
         let mut response = RenewResponse {

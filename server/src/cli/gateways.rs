@@ -1,8 +1,6 @@
 //! `better-compute gateways`: credentials for gateway processes that hold
 //! no key (`serve --role gateway`).
 
-use std::path::PathBuf;
-
 use bcd_proto::v1::{AddGatewayRequest, ListGatewaysRequest, RevokeGatewayRequest};
 use clap::Subcommand;
 
@@ -22,11 +20,8 @@ pub enum GatewaysCommand {
         /// node listener (`serve --listen`), https://HOST:PORT.
         #[arg(long)]
         upstream: String,
-        #[arg(long)]
-        out: PathBuf,
-        /// Replace an existing file.
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        file: super::CredentialOut,
     },
     List {
         #[arg(long)]
@@ -43,18 +38,13 @@ pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
         GatewaysCommand::Add {
             name,
             upstream,
-            out,
-            force,
+            file,
         } => {
             bcd_proto::tls::host_port(&upstream).map_err(|_| {
                 anyhow::anyhow!("--upstream takes https://HOST:PORT, not {upstream:?}")
             })?;
-            if out.exists() && !force {
-                anyhow::bail!(
-                    "{} exists: choose another --out, or --force to replace it",
-                    out.display()
-                );
-            }
+            file.check()?;
+            let out = file.out;
             let r = c
                 .add_gateway(AddGatewayRequest { name: name.clone() })
                 .await

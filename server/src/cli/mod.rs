@@ -26,6 +26,31 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+/// Where `add` writes a credential file (mode 0600), and whether it may
+/// replace one: shared by `gateways add` and `operators add`.
+#[derive(Debug, clap::Args)]
+struct CredentialOut {
+    /// The credential file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Replace --out if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+impl CredentialOut {
+    /// Refuses an existing file without --force, before anything is added.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.out.exists() && !self.force {
+            anyhow::bail!(
+                "{} already exists: choose another --out, or pass --force to replace it",
+                self.out.display()
+            );
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "better-compute",

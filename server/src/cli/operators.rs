@@ -1,8 +1,6 @@
 //! `better-compute operators`: add, list and revoke the operators who may
 //! call the API, each with a client certificate from the operator CA.
 
-use std::path::PathBuf;
-
 use bcd_proto::v1::{AddOperatorRequest, ListOperatorsRequest, RevokeOperatorRequest};
 use clap::Subcommand;
 
@@ -37,12 +35,8 @@ pub enum OperatorsCommand {
         name: String,
         #[arg(long, value_enum)]
         role: Role,
-        /// The credential file to write.
-        #[arg(long)]
-        out: PathBuf,
-        /// Replace --out if it exists.
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        file: super::CredentialOut,
     },
     /// Every operator: role, certificate serial and expiry, revocation.
     List {
@@ -56,18 +50,9 @@ pub enum OperatorsCommand {
 
 pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
     match cmd {
-        OperatorsCommand::Add {
-            name,
-            role,
-            out,
-            force,
-        } => {
-            if out.exists() && !force {
-                anyhow::bail!(
-                    "{} already exists: choose another --out, or pass --force to replace it",
-                    out.display()
-                );
-            }
+        OperatorsCommand::Add { name, role, file } => {
+            file.check()?;
+            let super::CredentialOut { out, force } = file;
             let server = match &target.server {
                 Some(s) => s.clone(),
                 None => crate::client::read_credential(&target.operator)?.server,

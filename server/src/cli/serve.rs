@@ -78,6 +78,12 @@ pub struct ServeArgs {
     node_cert_ttl: Duration,
     #[arg(long, default_value = "2h", value_parser = dur)]
     ramdisk_cert_ttl: Duration,
+    /// The x509pop attestor: a node whose certificate ran out while it was
+    /// offline renews by proving the old certificate's key, within 7 days
+    /// of its end and unless it was revoked (without it, such a node joins
+    /// again with a token). For the process that holds the fleet CA.
+    #[arg(long)]
+    x509pop: bool,
     /// A release public key (hex, from releases keygen); repeatable.
     #[arg(long = "release-pubkey")]
     release_pubkeys: Vec<String>,
@@ -145,6 +151,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
             certs: CertPolicy {
                 node_ttl: a.node_cert_ttl,
                 ramdisk_ttl: a.ramdisk_cert_ttl,
+                x509pop: a.x509pop,
             },
             release_keys,
             boot: a.boot,

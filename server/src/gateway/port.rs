@@ -59,15 +59,23 @@ impl Join for NodeJoin {
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
-        let cert = peer(&request).and_then(|p| p.cert.clone()).ok_or_else(|| {
-            turned(Turned::NoCertificate(
-                "renewal needs the current node certificate",
-            ))
-        })?;
-        self.services
-            .renew(cert.to_vec(), request.into_inner())
-            .await
-            .map(Response::new)
+        // The certificate the TLS session presented; else (x509pop: one
+        // that ran out cannot be presented) the one the request carries,
+        // which is taken only with the proof made by its key.
+        let presented = peer(&request).and_then(|p| p.cert.clone());
+        let r = request.into_inner();
+        let cert = match presented {
+            Some(cert) => cert.to_vec(),
+            None => bcd_proto::renew::expired_cert(&r)
+                .map_err(|e| crate::api::status::bad_request(e.to_string()))?
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| {
+                    turned(Turned::NoCertificate(
+                        "renewal needs the current node certificate",
+                    ))
+                })?,
+        };
+        self.services.renew(cert, r).await.map(Response::new)
     }
 
     async fn fetch_release(

@@ -115,7 +115,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Issues a next certificate to the node whose valid certificate has
     /// `fingerprint`, and records it.
-    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError>;
+    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
+        self.renew_within(fingerprint, issue, 0).await
+    }
+
+    /// As [`Backend::renew`], taking a certificate that ran out at most
+    /// `expired_grace_ms` ago as well (x509pop; never a revoked one, nor
+    /// one of a deleted node: `nodes::check_renewable`).
+    async fn renew_within(
+        &self,
+        fingerprint: &str,
+        issue: RenewCert,
+        expired_grace_ms: i64,
+    ) -> Result<Joined, TxError>;
 
     /// The node a certificate belongs to, if it is valid now.
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError>;

@@ -78,6 +78,25 @@ pub fn check_cert(row: Option<CertRow>, now_ms: i64) -> Result<ValidCert, Refusa
     })
 }
 
+/// Whether the certificate looked up by fingerprint may be renewed at
+/// `now_ms`: a valid one, or (x509pop) one that ran out at most
+/// `expired_grace_ms` ago. Expiry is the only thing the grace forgives: a
+/// revoked certificate or a deleted node's is refused as ever.
+pub fn check_renewable(
+    row: Option<CertRow>,
+    now_ms: i64,
+    expired_grace_ms: i64,
+) -> Result<ValidCert, Refusal> {
+    // Judged as of its last valid moment when it ran out within the grace.
+    let at = match &row {
+        Some(c) if c.not_after_ms < now_ms && now_ms - c.not_after_ms <= expired_grace_ms => {
+            c.not_after_ms
+        }
+        _ => now_ms,
+    };
+    check_cert(row, at)
+}
+
 /// A revoked certificate, for the gateways' revocation feed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
@@ -266,6 +285,40 @@ mod tests {
             Err(Refusal::DeletedNode("n".into(), Some(b"signed".to_vec()))),
             "deletion is named before the revocation it caused, with its statement"
         );
+    }
+
+    #[test]
+    fn an_expired_certificate_is_renewable_within_the_grace_and_never_when_revoked() {
+        // No grace: as valid.
+        assert!(check_renewable(Some(row()), 100, 0).is_ok());
+        assert_eq!(check_renewable(Some(row()), 101, 0), Err(Refusal::Expired));
+        // Within the grace, to its last millisecond; not after.
+        assert_eq!(check_renewable(Some(row()), 150, 50).unwrap().serial, "s");
+        assert_eq!(check_renewable(Some(row()), 151, 50), Err(Refusal::Expired));
+        // The grace forgives expiry only.
+        let revoked = CertRow {
+            revoked_at_ms: Some(5),
+            revoke_reason: Some("node-deleted".into()),
+            ..row()
+        };
+        assert!(matches!(
+            check_renewable(Some(revoked), 120, 50),
+            Err(Refusal::Revoked(..))
+        ));
+        let deleted = CertRow {
+            node_deleted_at_ms: Some(5),
+            ..row()
+        };
+        assert!(matches!(
+            check_renewable(Some(deleted), 120, 50),
+            Err(Refusal::DeletedNode(..))
+        ));
+        assert_eq!(
+            check_renewable(None, 120, 50),
+            Err(Refusal::UnknownCertificate)
+        );
+        // A negative grace is none.
+        assert_eq!(check_renewable(Some(row()), 101, -5), Err(Refusal::Expired));
     }
 
     #[derive(Debug, PartialEq)]

@@ -14,10 +14,31 @@ use crate::client::{self, Renewed};
 use bcd_proto::tls::ClientIdentity;
 
 impl Agent {
+    /// The server time renewal goes by: the session's estimate, unless this
+    /// machine's clock says the certificate has run out. A node back after
+    /// days away holds a mark from before it left, by which its certificate
+    /// would be hours from its renewal point; it renews at once instead, by
+    /// proving the old key (x509pop), dated by its own clock (which the
+    /// server checks to within a minute).
+    pub(super) fn renewal_clock(&self, server_now_ms: i64) -> i64 {
+        let wall_ms = bcd_sys::clock::unix_ms();
+        if wall_ms > self.identity.file.cert_not_after_ms {
+            server_now_ms.max(wall_ms)
+        } else {
+            server_now_ms
+        }
+    }
+
     /// Starts an attempt with the current certificate, at server time
     /// `server_now_ms` (what the proof of possession is dated).
     pub(super) fn spawn_renewal(&self, server_now_ms: i64) -> JoinHandle<Result<Renewed, String>> {
-        info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+        let server_now_ms = self.renewal_clock(server_now_ms);
+        let expired = server_now_ms > self.identity.file.cert_not_after_ms;
+        if expired {
+            info!(serial = %self.identity.file.cert_serial, "the node certificate has run out; renewing it by proving its key (x509pop)");
+        } else {
+            info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+        }
         let server = self.identity.file.server.clone();
         if self.identity.tpm_record().is_some() {
             // Never a file key for a certificate whose key is in the TPM:
@@ -52,6 +73,7 @@ impl Agent {
             key_pem: self.identity.key_pem.clone(),
             node_id: self.identity.file.node_id.clone(),
             server_now_ms,
+            expired,
         };
         let hostname = self.machine.host.hostname();
         tokio::spawn(

@@ -164,7 +164,7 @@ impl Agent {
                 .deadline()
                 .map(|d| self.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            let server_now = session.clock().now_or_mark(now);
+            let server_now = self.renewal_clock(session.clock().now_or_mark(now));
             let renew_due =
                 Instant::now() + renewal.wait(now, server_now, self.identity.cert_life());
             tokio::select! {

@@ -501,8 +501,19 @@ impl Backend for PostgresBackend {
         .await)
     }
 
-    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
-        tx!(self, |tx| nodes::renew(&tx, fingerprint, issue).await)
+    async fn renew_within(
+        &self,
+        fingerprint: &str,
+        issue: RenewCert,
+        expired_grace_ms: i64,
+    ) -> Result<Joined, TxError> {
+        tx!(self, |tx| nodes::renew(
+            &tx,
+            fingerprint,
+            issue,
+            expired_grace_ms
+        )
+        .await)
     }
 
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {

@@ -4,7 +4,7 @@ use super::{Tx, execute, json_col, now, query, query_one, query_opt};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{
     CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
-    StatementSeal, ValidCert, check_cert as check,
+    StatementSeal, ValidCert, check_cert as check, check_renewable,
 };
 use crate::tokens::Joined;
 
@@ -87,9 +87,10 @@ pub(super) async fn renew(
     tx: &Tx<'_>,
     fingerprint: &str,
     issue: RenewCert,
+    expired_grace_ms: i64,
 ) -> Result<Joined, TxError> {
     let now = now(tx).await?;
-    let valid = check(cert_row(tx, fingerprint).await?, now)?;
+    let valid = check_renewable(cert_row(tx, fingerprint).await?, now, expired_grace_ms)?;
     let r = query_one(
         tx,
         "SELECT ramdisk, identity_generation FROM nodes WHERE id = $1",

@@ -440,9 +440,15 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn renew(&self, fingerprint: &str, issue: RenewCert) -> Result<Joined, TxError> {
+    async fn renew_within(
+        &self,
+        fingerprint: &str,
+        issue: RenewCert,
+        expired_grace_ms: i64,
+    ) -> Result<Joined, TxError> {
         let fp = fingerprint.to_string();
-        self.write(move |c| nodes::renew(c, &fp, issue)).await
+        self.write(move |c| nodes::renew(c, &fp, issue, expired_grace_ms))
+            .await
     }
 
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {

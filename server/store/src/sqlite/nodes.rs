@@ -6,7 +6,7 @@ use super::{json_col, now};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{
     CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
-    StatementSeal, ValidCert, check_cert as check,
+    StatementSeal, ValidCert, check_cert as check, check_renewable,
 };
 use crate::tokens::Joined;
 
@@ -78,9 +78,10 @@ pub(super) fn renew(
     c: &Connection,
     fingerprint: &str,
     issue: RenewCert,
+    expired_grace_ms: i64,
 ) -> Result<Joined, TxError> {
     let now = now(c)?;
-    let valid = check(cert_row(c, fingerprint)?, now)?;
+    let valid = check_renewable(cert_row(c, fingerprint)?, now, expired_grace_ms)?;
     let (ramdisk, generation): (bool, i64) = c.query_row(
         "SELECT ramdisk, identity_generation FROM nodes WHERE id = ?1",
         [&valid.node_id],

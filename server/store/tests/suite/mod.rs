@@ -247,6 +247,7 @@ macro_rules! store_suite {
             sessions::hello_settles_in_flight_commands,
             sessions::a_gateway_shutdown_disconnects_and_releases_together,
             sessions::certificates_renew_expire_and_are_revoked_with_their_node,
+            sessions::an_expired_certificate_renews_only_within_the_grace,
             sessions::the_first_hello_with_a_renewed_certificate_supersedes_the_old_one,
             sessions::two_machines_alternating_on_one_certificate_are_quarantined,
             specs::spec_changes_are_sealed_and_refusals_change_nothing,

@@ -359,6 +359,54 @@ pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixtur
     );
 }
 
+/// x509pop: a certificate that ran out renews within the grace the join
+/// service allows, not past it, and never once its node is deleted.
+pub async fn an_expired_certificate_renews_only_within_the_grace(f: Fixture) {
+    let s = &f.store;
+    let short = IssuedCert {
+        not_after_ms: T0 + 1_000,
+        ..fake_cert(1)
+    };
+    let node = joined_with(s, short).await;
+    f.advance(Duration::from_millis(1_500));
+    let refused = s
+        .renew("fp1", Box::new(|_, _, _| Ok(fake_cert(2))))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.refusal(),
+        Some(&Refusal::Expired),
+        "no grace: refused"
+    );
+    let renewed = s
+        .renew_within("fp1", Box::new(|_, _, _| Ok(fake_cert(2))), 1_000)
+        .await
+        .unwrap();
+    assert_eq!(renewed.node_id, node);
+    assert_eq!(s.check_cert("fp2").await.unwrap().node_id, node);
+    // Past the grace: refused, and nothing recorded.
+    f.advance(Duration::from_millis(600));
+    let refused = s
+        .renew_within("fp1", Box::new(|_, _, _| Ok(fake_cert(3))), 1_000)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.refusal(), Some(&Refusal::Expired));
+    assert!(s.check_cert("fp3").await.is_err());
+    // Within a larger grace, but the node is deleted: refused.
+    s.delete_node(&node, Box::new(|_| b"st".to_vec()))
+        .await
+        .unwrap();
+    let refused = s
+        .renew_within("fp1", Box::new(|_, _, _| Ok(fake_cert(3))), 3_600_000)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused.refusal(), Some(Refusal::DeletedNode(..))),
+        "{refused:?}"
+    );
+    assert!(s.check_cert("fp3").await.is_err());
+}
+
 pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f: Fixture) {
     let s = &f.store;
     let node = joined(s, 1).await;
