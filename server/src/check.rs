@@ -33,9 +33,9 @@
 //!
 //! And what a restart must leave behind (checked the same way):
 //!
-//! - audit_chain_intact: the audit history is one unbroken hash chain up to
-//!   its head (`bc_store::audit::verify_chain`): no record edited, removed
-//!   or written around the store.
+//! - audit_chain_intact: each of the audit history's hash chains is
+//!   unbroken up to its head (`bc_store::audit::verify_chain`): no record
+//!   edited, removed or written around the store.
 //! - no orphaned lease: no lease (gateway or controller) has been dead for
 //!   longer than the gateway-loss grace plus a node lease: the process that
 //!   held it is gone, and reconcile (at every start, and on each sweep)
@@ -80,7 +80,8 @@ pub struct Timings {
 pub struct Snapshot {
     pub now: i64,
     pub audit: Vec<Audit>,
-    pub head: bc_store::audit::ChainHead,
+    /// Every audit chain's head.
+    pub heads: Vec<bc_store::audit::ChainHead>,
     /// Every lease: name → (owner, expiry).
     pub all_leases: BTreeMap<String, (String, i64)>,
     pub nodes: BTreeSet<String>,
@@ -453,7 +454,7 @@ pub fn audit_chain(s: &Snapshot) -> Outcome {
         title: "audit_chain_intact",
         checked: s.audit.len(),
         what: "audit records",
-        violations: bc_store::audit::verify_chain(&s.audit, &s.head),
+        violations: bc_store::audit::verify_chain(&s.audit, &s.heads),
     }
 }
 
@@ -613,7 +614,7 @@ pub async fn snapshot(
     Ok(Snapshot {
         now: a.now,
         audit: a.audit,
-        head: a.head,
+        heads: a.heads,
         all_leases: a.all_leases,
         nodes: a.nodes,
         sessions: a.sessions,
@@ -665,6 +666,8 @@ mod tests {
     fn audit(id: i64, at: i64, node: &str, kind: &str) -> Audit {
         Audit {
             id,
+            chain: 0,
+            seq: 0,
             at,
             node_id: node.into(),
             kind: kind.into(),
@@ -677,19 +680,30 @@ mod tests {
         }
     }
 
-    /// Seals `s.audit` into a chain in its order, as the store does.
+    /// Seals `s.audit` into the chains in its order, as the store does.
     fn seal(s: &mut Snapshot) {
-        let mut prev = bc_store::audit::GENESIS.to_string();
+        s.heads = heads();
         for (i, r) in s.audit.iter_mut().enumerate() {
             r.id = i as i64 + 1;
-            r.prev_hash = prev;
+            r.chain = bc_store::audit::chain_of(&r.node_id, &r.gateway_id);
+            let head = &mut s.heads[r.chain as usize];
+            r.seq = head.seq + 1;
+            r.prev_hash = head.hash.clone();
             r.hash = r.expected_hash();
-            prev = r.hash.clone();
+            head.seq = r.seq;
+            head.hash = r.hash.clone();
         }
-        s.head = bc_store::audit::ChainHead {
-            seq: s.audit.len() as i64,
-            hash: prev,
-        };
+    }
+
+    /// Every chain's head, with no record yet.
+    fn heads() -> Vec<bc_store::audit::ChainHead> {
+        (0..=bc_store::audit::AUDIT_CHAINS)
+            .map(|chain| bc_store::audit::ChainHead {
+                chain,
+                seq: 0,
+                hash: bc_store::audit::GENESIS.into(),
+            })
+            .collect()
     }
 
     fn route(id: i64, at: i64, node: &str, epoch: u64, gw: &str) -> Audit {
@@ -712,10 +726,7 @@ mod tests {
         Snapshot {
             now: 100_000,
             audit: vec![],
-            head: bc_store::audit::ChainHead {
-                seq: 0,
-                hash: bc_store::audit::GENESIS.into(),
-            },
+            heads: heads(),
             all_leases: BTreeMap::new(),
             nodes: BTreeSet::new(),
             sessions: vec![],
@@ -761,17 +772,29 @@ mod tests {
     fn the_audit_chain_catches_an_edited_a_removed_and_a_truncated_record() {
         let s = clean();
         assert!(audit_chain(&s).held());
+        // n1's two routes are records 1 and 2 of its chain.
+        let (r1, r2) = (&s.audit[1], &s.audit[3]);
+        assert_eq!(
+            (r1.chain, r1.seq, r2.chain, r2.seq),
+            (r1.chain, 1, r1.chain, 2)
+        );
+        let chain = r1.chain;
         let mut edited = clean();
         edited.audit[1].epoch = 7;
         let v = violated(audit_chain(&edited));
         assert!(
-            v[0].contains("record 2") && v[0].contains("edited"),
+            v[0].contains(&format!(
+                "record 1 of chain {chain} (route of node 'n1') was edited"
+            )),
             "{v:?}"
         );
         let mut removed = clean();
         removed.audit.remove(1);
         let v = violated(audit_chain(&removed));
-        assert!(v[0].contains("record 2 is missing"), "{v:?}");
+        assert!(
+            v[0].contains(&format!("record 1 of chain {chain} is missing")),
+            "{v:?}"
+        );
         let mut truncated = clean();
         truncated.audit.pop();
         let v = violated(audit_chain(&truncated));
@@ -781,12 +804,112 @@ mod tests {
         rewritten.audit[1].epoch = 7;
         rewritten.audit[1].hash = rewritten.audit[1].expected_hash();
         let v = violated(audit_chain(&rewritten));
-        assert!(v[0].contains("record 3 does not follow"), "{v:?}");
+        assert!(
+            v[0].contains(&format!("record 2 of chain {chain} does not follow")),
+            "{v:?}"
+        );
         // A record written around the store (never sealed).
         let mut around = clean();
         around.audit.push(audit(0, 40_000, "n1", "route"));
         let v = violated(audit_chain(&around));
         assert!(v[0].contains("never sealed"), "{v:?}");
+    }
+
+    #[test]
+    fn the_audit_chain_catches_a_record_moved_inserted_or_headless() {
+        let chain = bc_store::audit::chain_of("n1", "");
+        // A chain none of the clean history's records is in.
+        let used = ["n1", "gw-a", "gw-b"].map(|k| bc_store::audit::chain_of(k, ""));
+        let other = (1..=bc_store::audit::AUDIT_CHAINS)
+            .find(|c| !used.contains(c))
+            .unwrap();
+        // Moved to another chain, sealed there as its next record and its
+        // head moved on: its own chain has a gap.
+        let mut moved = clean();
+        let r = &mut moved.audit[1];
+        r.chain = other;
+        r.seq = moved.heads[other as usize].seq + 1;
+        r.prev_hash = moved.heads[other as usize].hash.clone();
+        r.hash = r.expected_hash();
+        moved.heads[other as usize].seq = r.seq;
+        moved.heads[other as usize].hash = r.hash.clone();
+        let v = violated(audit_chain(&moved));
+        assert!(
+            v.iter()
+                .any(|v| v.contains(&format!("record 1 of chain {chain} is missing"))),
+            "{v:?}"
+        );
+        // Relabelled without resealing: its hash names its own chain.
+        let mut relabelled = clean();
+        relabelled.audit[1].chain = other;
+        let v = violated(audit_chain(&relabelled));
+        assert!(v.iter().any(|v| v.contains("was edited")), "{v:?}");
+        // A record slipped in with a number already taken.
+        let mut inserted = clean();
+        let mut extra = inserted.audit[3].clone();
+        extra.epoch = 9;
+        extra.hash = extra.expected_hash();
+        inserted.audit.push(extra);
+        let v = violated(audit_chain(&inserted));
+        assert!(
+            v.iter()
+                .any(|v| v.contains(&format!("record 2 of chain {chain} appears twice"))),
+            "{v:?}"
+        );
+        // A head removed, and its records with it: still named.
+        let mut headless = clean();
+        headless.audit.retain(|r| r.chain != chain);
+        headless.heads.retain(|h| h.chain != chain);
+        let v = violated(audit_chain(&headless));
+        assert_eq!(
+            v,
+            vec![format!(
+                "the head of audit chain {chain} is missing: it was removed"
+            )]
+        );
+        // A record in a chain the store does not keep.
+        let mut stray = clean();
+        stray.audit[1].chain = bc_store::audit::AUDIT_CHAINS + 1;
+        let v = violated(audit_chain(&stray));
+        assert!(
+            v.iter()
+                .any(|v| v.contains("which the store does not keep")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn records_sealed_in_the_single_chain_stay_verifiable() {
+        // As migration 0019 leaves a history sealed before it: chain 0, in
+        // the first layout, then the chains after it.
+        let mut s = clean();
+        let mut prev = bc_store::audit::GENESIS.to_string();
+        let mut old = vec![
+            lease(0, 500, "gw-a", 20_000),
+            route(0, 600, "n2", 1, "gw-a"),
+        ];
+        for (i, r) in old.iter_mut().enumerate() {
+            r.chain = bc_store::audit::SEALED_CHAIN;
+            r.seq = i as i64 + 1;
+            r.prev_hash = prev;
+            r.hash = r.expected_hash();
+            prev = r.hash.clone();
+        }
+        s.heads[0] = bc_store::audit::ChainHead {
+            chain: 0,
+            seq: 2,
+            hash: prev,
+        };
+        s.audit.splice(0..0, old);
+        assert!(audit_chain(&s).held(), "{:?}", audit_chain(&s).violations);
+        let mut edited = s.clone();
+        edited.audit[1].epoch = 3;
+        let v = violated(audit_chain(&edited));
+        assert!(v[0].contains("record 2 of chain 0"), "{v:?}");
+        let mut truncated = s.clone();
+        truncated.audit.remove(1);
+        let v = violated(audit_chain(&truncated));
+        assert!(v[0].contains("audit chain 0 ends at record 1"), "{v:?}");
     }
 
     #[test]

@@ -272,9 +272,9 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
                 );
                 assert!(a_set.iter().all(|r| !r.contains("COMPLETE")), "{a_set:?}");
             }
-            // Each plane's chain head follows its own last record (the set's
-            // COMPLETE at the source, FAILED here): `check` verifies the
-            // restored chain whole below.
+            // Each plane's chain heads follow its own last records (the
+            // set's COMPLETE at the source, FAILED here, in that set's
+            // chain): `check` verifies the restored chains whole below.
             "audit_head" => {
                 let (b, a) = (rows(&before, "audit_head"), rows(&after, "audit_head"));
                 assert_eq!(a.len(), b.len());
@@ -333,7 +333,7 @@ fn a_set_taken_while_a_fleet_runs_restores_into_a_fresh_plane(postgres: bool) {
             // The set's own move to FAILED there: its row, one history row.
             "backups" => assert_eq!(got.len(), want.len()),
             "audit" => assert!(want.iter().all(|r| got.contains(r)), "{name}"),
-            // The chain's head moved on to that row.
+            // That row's chain's head moved on to it.
             "audit_head" => assert_eq!(got.len(), want.len()),
             // The history's position moved by that row; the rest did not.
             "sqlite_sequence" => {

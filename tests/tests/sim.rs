@@ -149,35 +149,43 @@ fn check_catches_a_planted_violation() {
     assert!(text.contains("AC audit_chain_intact held"), "{text}");
 
     // Edited in the store: the chain catches it, and names the record.
-    let seq: i64 = db
+    let (chain, seq): (i64, i64) = db
         .query_row(
-            "SELECT seq FROM audit WHERE kind = 'route' ORDER BY seq LIMIT 1",
+            "SELECT chain, seq FROM audit WHERE kind = 'route' ORDER BY id LIMIT 1",
             [],
-            |r| r.get(0),
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
-    db.execute("UPDATE audit SET epoch = epoch + 7 WHERE seq = ?1", [seq])
-        .unwrap();
+    let at = "WHERE chain = ?1 AND seq = ?2";
+    db.execute(
+        &format!("UPDATE audit SET epoch = epoch + 7 {at}"),
+        [chain, seq],
+    )
+    .unwrap();
     let out = check();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("AC audit_chain_intact VIOLATED"), "{text}");
     assert!(
         text.contains(&format!(
-            "audit record {seq} (route of node '{id}') was edited"
+            "audit record {seq} of chain {chain} (route of node '{id}') was edited"
         )),
         "{text}"
     );
-    db.execute("UPDATE audit SET epoch = epoch - 7 WHERE seq = ?1", [seq])
-        .unwrap();
+    db.execute(
+        &format!("UPDATE audit SET epoch = epoch - 7 {at}"),
+        [chain, seq],
+    )
+    .unwrap();
     assert!(String::from_utf8_lossy(&check().stdout).contains("AC audit_chain_intact held"));
-    // Removed: the gap is named.
-    db.execute("DELETE FROM audit WHERE seq = ?1", [seq + 1])
+    // Removed: the gap is named (the node's result follows its route in
+    // its chain).
+    db.execute(&format!("DELETE FROM audit {at}"), [chain, seq + 1])
         .unwrap();
     let text = String::from_utf8_lossy(&check().stdout).to_string();
     assert!(
         text.contains(&format!(
-            "audit record {} is missing: it was removed",
+            "audit record {} of chain {chain} is missing: it was removed",
             seq + 1
         )),
         "{text}"

@@ -119,6 +119,84 @@ async fn processes_opening_one_store_at_once_migrate_it_once() {
     }
 }
 
+/// A history sealed in the single chain of migration 0013 stays
+/// verifiable after migration 0019, in chain 0, and later records go into
+/// the chains after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_single_audit_chain_stays_verifiable_after_the_chains_migration() {
+    let url = test_database("chains").await.unwrap();
+    let c = client(&url).await;
+    let before = MIGRATIONS
+        .iter()
+        .position(|m| m.contains("audit_chain_of"))
+        .unwrap();
+    c.batch_execute("CREATE TABLE bc_schema (version BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    for m in &MIGRATIONS[..before] {
+        c.batch_execute(m).await.unwrap();
+    }
+    c.execute(
+        "INSERT INTO bc_schema (version) VALUES ($1)",
+        &[&(before as i64)],
+    )
+    .await
+    .unwrap();
+    for (node, gw) in [("n1", "gw-a"), ("n2", "gw-a"), ("", "gw-b")] {
+        c.execute(
+            "INSERT INTO audit (at, node_id, kind, gateway_id) VALUES (1, $1, 'route', $2)",
+            &[&node, &gw],
+        )
+        .await
+        .unwrap();
+    }
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let snap = s.audit_snapshot().await.unwrap();
+    assert_eq!(
+        bc_store::audit::verify_chain(&snap.audit, &snap.heads),
+        Vec::<String>::new()
+    );
+    assert_eq!(snap.heads.len(), 17);
+    assert_eq!((snap.heads[0].chain, snap.heads[0].seq), (0, 3));
+    let placed: Vec<(i64, i64, &str)> = snap
+        .audit
+        .iter()
+        .map(|r| (r.chain, r.seq, r.node_id.as_str()))
+        .collect();
+    assert_eq!(placed, [(0, 1, "n1"), (0, 2, "n2"), (0, 3, "")]);
+    // A lease write goes into its gateway's chain; chain 0 takes no more.
+    s.renew_lease("gateway:gw-b", "gw-b", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let snap = s.audit_snapshot().await.unwrap();
+    assert_eq!(
+        bc_store::audit::verify_chain(&snap.audit, &snap.heads),
+        Vec::<String>::new()
+    );
+    let last = snap.audit.last().unwrap();
+    assert_eq!(
+        (last.kind.as_str(), last.chain, last.seq),
+        ("lease", bc_store::audit::chain_of("", "gw-b"), 1)
+    );
+    assert_eq!(snap.heads[0].seq, 3);
+    // Editing a record of chain 0 is still caught.
+    c.execute(
+        "UPDATE audit SET epoch = 5 WHERE chain = 0 AND seq = 2",
+        &[],
+    )
+    .await
+    .unwrap();
+    let snap = s.audit_snapshot().await.unwrap();
+    let v = bc_store::audit::verify_chain(&snap.audit, &snap.heads);
+    assert!(
+        v.len() == 1 && v[0].contains("record 2 of chain 0 (route of node 'n2') was edited"),
+        "{v:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_from_a_newer_binary_is_refused() {
     let url = test_database("newer").await.unwrap();

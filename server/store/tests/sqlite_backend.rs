@@ -236,10 +236,12 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     assert_eq!(snap.audit.len(), 8, "the history is kept");
     // ... and sealed into the audit chain, in the order it was written.
     assert_eq!(
-        bc_store::audit::verify_chain(&snap.audit, &snap.head),
+        bc_store::audit::verify_chain(&snap.audit, &snap.heads),
         Vec::<String>::new()
     );
-    assert_eq!(snap.head.seq, 8);
+    // The single chain of migration 0013 (chain 0), closed since 0019.
+    assert_eq!((snap.heads[0].chain, snap.heads[0].seq), (0, 8));
+    assert!(snap.audit.iter().all(|r| r.chain == 0));
 
     // The upgraded store works, and its triggers use the store's clock.
     let t = s
@@ -269,8 +271,11 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let snap = s.audit_snapshot().await.unwrap();
     let route = snap.audit.iter().rev().find(|a| a.kind == "route").unwrap();
     assert_eq!((route.epoch, route.at), (2, V10_NOW + 1_005));
-    assert!(bc_store::audit::verify_chain(&snap.audit, &snap.head).is_empty());
-    assert!(snap.head.seq > 8);
+    assert!(bc_store::audit::verify_chain(&snap.audit, &snap.heads).is_empty());
+    // Later records go into the chains after it; chain 0 takes no more.
+    assert_eq!(snap.heads[0].seq, 8);
+    assert!(snap.heads[1..].iter().map(|h| h.seq).sum::<i64>() > 0);
+    assert_eq!(route.chain, bc_store::audit::chain_of(NODE, ""));
 }
 
 /// The store the version before this one wrote (see the fixture's header).

@@ -36,6 +36,9 @@ struct Args {
     /// The gateway's handshake bucket (serve --handshake-rate).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// Print only the in-process store figure and stop.
+    #[arg(long)]
+    only_store: bool,
 }
 
 fn sim(server: &Server, token: &str, dir: &std::path::Path, nodes: usize) -> Child {
@@ -193,6 +196,10 @@ fn main() -> anyhow::Result<()> {
             "  {:<14} {sqlite:>10.0} {pg:>12.0}",
             format!("{concurrency} at a time")
         );
+    }
+
+    if args.only_store {
+        return Ok(());
     }
 
     let store_url = match args.store.as_str() {

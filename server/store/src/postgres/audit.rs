@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::{Tx, json_col, now, query, query_one};
+use crate::audit::AUDIT_IN_ORDER;
 use crate::audit::{
     AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
 };
@@ -12,33 +13,38 @@ use crate::error::StoreError;
 
 pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
     let now = now(tx).await?;
-    let audit = query(
+    let audit = query(tx, AUDIT_IN_ORDER, &[])
+        .await?
+        .iter()
+        .enumerate()
+        .map(|(i, r)| AuditRow {
+            id: i as i64 + 1,
+            chain: r.get(0),
+            seq: r.get(1),
+            at: r.get(2),
+            node_id: r.get(3),
+            kind: r.get(4),
+            epoch: r.get::<_, i64>(5) as u64,
+            gateway_id: r.get(6),
+            value: r.get(7),
+            detail: r.get(8),
+            prev_hash: r.get(9),
+            hash: r.get(10),
+        })
+        .collect();
+    let heads = query(
         tx,
-        "SELECT COALESCE(seq, 0), at, node_id, kind, epoch, gateway_id, value, detail, \
-         COALESCE(prev_hash, ''), COALESCE(hash, '') FROM audit ORDER BY seq NULLS FIRST, id",
+        "SELECT chain, seq, hash FROM audit_head ORDER BY chain",
         &[],
     )
     .await?
     .iter()
-    .map(|r| AuditRow {
-        id: r.get(0),
-        at: r.get(1),
-        node_id: r.get(2),
-        kind: r.get(3),
-        epoch: r.get::<_, i64>(4) as u64,
-        gateway_id: r.get(5),
-        value: r.get(6),
-        detail: r.get(7),
-        prev_hash: r.get(8),
-        hash: r.get(9),
+    .map(|r| ChainHead {
+        chain: r.get(0),
+        seq: r.get(1),
+        hash: r.get(2),
     })
     .collect();
-    let head = query_one(tx, "SELECT seq, hash FROM audit_head WHERE one = 1", &[])
-        .await
-        .map(|r| ChainHead {
-            seq: r.get(0),
-            hash: r.get(1),
-        })?;
     let sessions = query(
         tx,
         "SELECT node_id, epoch, gateway_id, state FROM node_sessions",
@@ -121,7 +127,7 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
     Ok(AuditSnapshot {
         now,
         audit,
-        head,
+        heads,
         sessions,
         leases,
         all_leases,

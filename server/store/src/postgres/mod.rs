@@ -106,6 +106,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
     include_str!("migrations/0018_node_ek.sql"),
+    include_str!("migrations/0019_audit_chains.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use rusqlite::Connection;
 
 use super::{json_col, now};
+use crate::audit::AUDIT_IN_ORDER;
 use crate::audit::{
     AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
 };
@@ -13,31 +14,42 @@ use crate::error::StoreError;
 pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
     let now = now(c)?;
     let audit = c
-        .prepare(
-            "SELECT COALESCE(seq, 0), at, node_id, kind, epoch, gateway_id, value, detail, \
-         COALESCE(prev_hash, ''), COALESCE(hash, '') FROM audit ORDER BY seq NULLS FIRST, id",
-        )?
+        .prepare(AUDIT_IN_ORDER)?
         .query_map([], |r| {
             Ok(AuditRow {
-                id: r.get(0)?,
-                at: r.get(1)?,
-                node_id: r.get(2)?,
-                kind: r.get(3)?,
-                epoch: r.get::<_, i64>(4)? as u64,
-                gateway_id: r.get(5)?,
-                value: r.get(6)?,
-                detail: r.get(7)?,
-                prev_hash: r.get(8)?,
-                hash: r.get(9)?,
+                id: 0,
+                chain: r.get(0)?,
+                seq: r.get(1)?,
+                at: r.get(2)?,
+                node_id: r.get(3)?,
+                kind: r.get(4)?,
+                epoch: r.get::<_, i64>(5)? as u64,
+                gateway_id: r.get(6)?,
+                value: r.get(7)?,
+                detail: r.get(8)?,
+                prev_hash: r.get(9)?,
+                hash: r.get(10)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let head = c.query_row("SELECT seq, hash FROM audit_head WHERE one = 1", [], |r| {
-        Ok(ChainHead {
-            seq: r.get(0)?,
-            hash: r.get(1)?,
+    let audit = audit
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| AuditRow {
+            id: i as i64 + 1,
+            ..r
         })
-    })?;
+        .collect();
+    let heads = c
+        .prepare("SELECT chain, seq, hash FROM audit_head ORDER BY chain")?
+        .query_map([], |r| {
+            Ok(ChainHead {
+                chain: r.get(0)?,
+                seq: r.get(1)?,
+                hash: r.get(2)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     let sessions = c
         .prepare("SELECT node_id, epoch, gateway_id, state FROM node_sessions")?
         .query_map([], |r| {
@@ -97,7 +109,7 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
     Ok(AuditSnapshot {
         now,
         audit,
-        head,
+        heads,
         sessions,
         leases,
         all_leases,

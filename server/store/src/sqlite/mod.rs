@@ -88,6 +88,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0016_operator_certificates.sql"),
     include_str!("migrations/0017_gateway_credentials.sql"),
     include_str!("migrations/0018_node_ek.sql"),
+    include_str!("migrations/0019_audit_chains.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -150,10 +151,34 @@ fn connect_pinned(
     Ok(conn)
 }
 
-/// Registers `audit_hash()`, which the audit chain's trigger calls, on a
-/// connection: every connection the store opens has it; a tool that writes
-/// to the store file through a plain connection needs it too.
+/// Registers `audit_hash()`, `audit_hash_v2()` and `audit_chain_of()`,
+/// which the audit chain's migrations and trigger call, on a connection:
+/// every connection the store opens has them; a tool that writes to the
+/// store file through a plain connection needs them too.
 pub fn audit_functions(conn: &Connection) -> rusqlite::Result<()> {
+    let flags = FunctionFlags::SQLITE_UTF8
+        | FunctionFlags::SQLITE_DETERMINISTIC
+        | FunctionFlags::SQLITE_INNOCUOUS;
+    conn.create_scalar_function("audit_hash_v2", 10, flags, |ctx| {
+        Ok(crate::audit::chain_hash(
+            ctx.get(0)?,
+            &ctx.get::<String>(1)?,
+            ctx.get(2)?,
+            ctx.get(3)?,
+            &ctx.get::<String>(4)?,
+            &ctx.get::<String>(5)?,
+            ctx.get(6)?,
+            &ctx.get::<String>(7)?,
+            ctx.get(8)?,
+            &ctx.get::<String>(9)?,
+        ))
+    })?;
+    conn.create_scalar_function("audit_chain_of", 2, flags, |ctx| {
+        Ok(crate::audit::chain_of(
+            &ctx.get::<String>(0)?,
+            &ctx.get::<String>(1)?,
+        ))
+    })?;
     conn.create_scalar_function(
         "audit_hash",
         9,
@@ -162,6 +187,7 @@ pub fn audit_functions(conn: &Connection) -> rusqlite::Result<()> {
             | FunctionFlags::SQLITE_INNOCUOUS,
         |ctx| {
             Ok(crate::audit::chain_hash(
+                crate::audit::SEALED_CHAIN,
                 &ctx.get::<String>(0)?,
                 ctx.get(1)?,
                 ctx.get(2)?,

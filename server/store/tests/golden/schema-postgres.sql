@@ -1,4 +1,4 @@
--- schema version 18
+-- schema version 19
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -12,7 +12,8 @@ audit.detail: text NOT NULL DEFAULT ''::text
 audit.seq: bigint
 audit.prev_hash: text
 audit.hash: text
-audit_head.one: integer NOT NULL
+audit.chain: bigint
+audit_head.chain: bigint NOT NULL
 audit_head.seq: bigint NOT NULL
 audit_head.hash: text NOT NULL
 backups.id: text NOT NULL
@@ -197,8 +198,8 @@ rollouts.updated_at: bigint NOT NULL
 -- constraints
 audit audit_chain: TRIGGER DEFERRABLE INITIALLY DEFERRED
 audit audit_pkey: PRIMARY KEY (id)
-audit_head audit_head_one_check: CHECK ((one = 1))
-audit_head audit_head_pkey: PRIMARY KEY (one)
+audit_head audit_head_chain_check: CHECK (((chain >= 0) AND (chain <= 16)))
+audit_head audit_head_pkey: PRIMARY KEY (chain)
 backups backups_pkey: PRIMARY KEY (id)
 binding_nonces binding_nonces_pkey: PRIMARY KEY (node_id, nonce)
 bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
@@ -246,10 +247,11 @@ rollouts rollouts_pkey: PRIMARY KEY (id)
 rollouts rollouts_sequence_fkey: FOREIGN KEY (sequence) REFERENCES releases(sequence)
 
 -- indexes
-audit_head_pkey: CREATE UNIQUE INDEX audit_head_pkey ON public.audit_head USING btree (one)
+audit_chain_seq: CREATE UNIQUE INDEX audit_chain_seq ON public.audit USING btree (chain, seq)
+audit_head_pkey: CREATE UNIQUE INDEX audit_head_pkey ON public.audit_head USING btree (chain)
 audit_node: CREATE INDEX audit_node ON public.audit USING btree (node_id, id)
 audit_pkey: CREATE UNIQUE INDEX audit_pkey ON public.audit USING btree (id)
-audit_seq: CREATE UNIQUE INDEX audit_seq ON public.audit USING btree (seq)
+audit_unsealed: CREATE INDEX audit_unsealed ON public.audit USING btree (id) WHERE (seq IS NULL)
 backups_pkey: CREATE UNIQUE INDEX backups_pkey ON public.backups USING btree (id)
 binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_nonces USING btree (node_id, nonce)
 bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
@@ -345,6 +347,14 @@ BEGIN
     END IF;
     RETURN NULL;
 END $function$
+audit_chain_of: CREATE OR REPLACE FUNCTION public.audit_chain_of(node_id text, gateway_id text)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE STRICT
+AS $function$
+    SELECT 1 + get_byte(sha256(convert_to(
+        CASE WHEN node_id = '' THEN gateway_id ELSE node_id END, 'UTF8')), 0)::bigint % 16
+$function$
 audit_floor: CREATE OR REPLACE FUNCTION public.audit_floor()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -370,6 +380,21 @@ audit_hash: CREATE OR REPLACE FUNCTION public.audit_hash(prev text, seq bigint, 
 AS $function$
     SELECT encode(sha256(convert_to(
         'bc-audit-v1' || chr(10) || prev || chr(10) || seq::text || chr(10) || at::text
+        || chr(10) || length(node_id)::text || ':' || node_id
+        || chr(10) || length(kind)::text || ':' || kind
+        || chr(10) || epoch::text
+        || chr(10) || length(gateway_id)::text || ':' || gateway_id
+        || chr(10) || value::text
+        || chr(10) || length(detail)::text || ':' || detail, 'UTF8')), 'hex')
+$function$
+audit_hash_v2: CREATE OR REPLACE FUNCTION public.audit_hash_v2(chain bigint, prev text, seq bigint, at bigint, node_id text, kind text, epoch bigint, gateway_id text, value bigint, detail text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE STRICT
+AS $function$
+    SELECT encode(sha256(convert_to(
+        'bc-audit-v2' || chr(10) || chain::text
+        || chr(10) || prev || chr(10) || seq::text || chr(10) || at::text
         || chr(10) || length(node_id)::text || ':' || node_id
         || chr(10) || length(kind)::text || ':' || kind
         || chr(10) || epoch::text
@@ -426,14 +451,25 @@ audit_seal: CREATE OR REPLACE FUNCTION public.audit_seal()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
+    c BIGINT := audit_chain_of(NEW.node_id, NEW.gateway_id);
     h RECORD;
     sealed TEXT;
 BEGIN
-    SELECT seq, hash INTO h FROM audit_head WHERE one = 1 FOR UPDATE;
-    sealed := audit_hash(h.hash, h.seq + 1, NEW.at, NEW.node_id, NEW.kind, NEW.epoch,
-                         NEW.gateway_id, NEW.value, NEW.detail);
-    UPDATE audit SET seq = h.seq + 1, prev_hash = h.hash, hash = sealed WHERE id = NEW.id;
-    UPDATE audit_head SET seq = h.seq + 1, hash = sealed WHERE one = 1;
+    -- Every head this transaction's records need, in chain order (held
+    -- already from its first record on). Records are sealed in the order
+    -- they were written, so this transaction's unsealed ones (the only
+    -- unsealed ones it sees but any written around the store) start at
+    -- this one.
+    PERFORM 1 FROM audit_head
+    WHERE chain IN (SELECT audit_chain_of(a.node_id, a.gateway_id) FROM audit a
+                    WHERE a.seq IS NULL AND a.id >= NEW.id)
+    ORDER BY chain FOR UPDATE;
+    SELECT seq, hash INTO h FROM audit_head WHERE chain = c FOR UPDATE;
+    sealed := audit_hash_v2(c, h.hash, h.seq + 1, NEW.at, NEW.node_id, NEW.kind, NEW.epoch,
+                            NEW.gateway_id, NEW.value, NEW.detail);
+    UPDATE audit SET chain = c, seq = h.seq + 1, prev_hash = h.hash, hash = sealed
+    WHERE id = NEW.id;
+    UPDATE audit_head SET seq = h.seq + 1, hash = sealed WHERE chain = c;
     RETURN NULL;
 END $function$
 compute_now: CREATE OR REPLACE FUNCTION public.compute_now()

@@ -1,10 +1,10 @@
--- schema version 18
+-- schema version 19
+
+-- index audit_chain_seq
+CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
 
 -- index audit_node
 CREATE INDEX audit_node ON audit(node_id, id);
-
--- index audit_seq
-CREATE UNIQUE INDEX audit_seq ON audit(seq);
 
 -- index boots_mac
 CREATE INDEX boots_mac ON boots(mac, id);
@@ -44,13 +44,13 @@ CREATE TABLE audit (
         gateway_id TEXT NOT NULL DEFAULT '',
         value      INTEGER NOT NULL DEFAULT 0,
         detail     TEXT NOT NULL DEFAULT ''
-    , seq INTEGER, prev_hash TEXT, hash TEXT) STRICT;
+    , seq INTEGER, prev_hash TEXT, hash TEXT, chain INTEGER) STRICT;
 
 -- table audit_head
 CREATE TABLE audit_head (
-    one  INTEGER PRIMARY KEY CHECK (one = 1),
-    seq  INTEGER NOT NULL,
-    hash TEXT NOT NULL
+    chain INTEGER PRIMARY KEY CHECK (chain BETWEEN 0 AND 16),
+    seq   INTEGER NOT NULL,
+    hash  TEXT NOT NULL
 ) STRICT;
 
 -- table backups
@@ -365,14 +365,15 @@ CREATE TRIGGER audit_binding_gone AFTER DELETE ON bindings BEGIN
 
 -- trigger audit_chain
 CREATE TRIGGER audit_chain AFTER INSERT ON audit BEGIN
-    UPDATE audit SET seq = (SELECT seq + 1 FROM audit_head WHERE one = 1),
-                     prev_hash = (SELECT hash FROM audit_head WHERE one = 1)
+    UPDATE audit SET chain = h.chain, seq = h.seq + 1, prev_hash = h.hash
+    FROM audit_head h
+    WHERE audit.id = NEW.id AND h.chain = audit_chain_of(NEW.node_id, NEW.gateway_id);
+    UPDATE audit SET hash = audit_hash_v2(chain, prev_hash, seq, at, node_id, kind, epoch,
+                                          gateway_id, value, detail)
     WHERE id = NEW.id;
-    UPDATE audit SET hash = audit_hash(prev_hash, seq, at, node_id, kind, epoch, gateway_id,
-                                       value, detail)
-    WHERE id = NEW.id;
-    UPDATE audit_head SET seq = seq + 1, hash = (SELECT hash FROM audit WHERE id = NEW.id)
-    WHERE one = 1;
+    UPDATE audit_head SET seq = a.seq, hash = a.hash
+    FROM audit a
+    WHERE a.id = NEW.id AND audit_head.chain = a.chain;
 END;
 
 -- trigger audit_floor
