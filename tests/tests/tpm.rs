@@ -233,6 +233,53 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
     assert_eq!(c.state, "succeeded", "{c:?}");
 }
 
+/// x509pop for a TPM-held certificate: back after its certificate ran
+/// out, the node renews by a proof made in the TPM, to a next key its AK
+/// certified, and connects as the same node.
+#[test]
+fn a_tpm_node_back_after_its_certificate_ran_out_renews_by_x509pop() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = bc_tests::FAST.to_vec();
+    args.extend(["--node-cert-ttl", "3s", "--x509pop"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let tpm = swtpm(&d.path().join("tpm"));
+    // Read before bcd node holds swtpm's one connection.
+    let expected_ak = ak_urn(&tpm);
+    let mut node = Node::new(&d.path().join("node"), 7);
+    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    let id = node.id();
+    let first = node.identity();
+    let not_after = first["cert_not_after_ms"].as_i64().unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the certificate to run out",
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            (now > not_after + 500).then_some(())
+        },
+    );
+    start_tpm(&mut node, &tpm);
+    server.wait_node(&id, "connected again", |n| n.state == "connected");
+    let renewed = node.identity();
+    assert_ne!(renewed["cert_serial"], first["cert_serial"]);
+    assert_eq!(renewed["identity_generation"], first["identity_generation"]);
+    let key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+    assert!(
+        key.starts_with("bcd-tpm-key v1 "),
+        "never a file key: {key}"
+    );
+    let uris = cert_uris(&node);
+    assert!(uris.contains(&expected_ak), "{uris:?}");
+    assert!(
+        node.proc().log().contains("renewing it by proving its key"),
+        "{}",
+        node.proc().log()
+    );
+}
+
 /// Both round trips through a gateway process that holds no key, from a
 /// TPM manufactured with an EK certificate: the gateway relays
 /// BeginAttestation and the join to the key-holding process's
@@ -361,4 +408,10 @@ fn a_renewal_to_a_file_key_is_refused_for_a_tpm_certificate() {
         refused.message()
     );
     assert!(!server.proc.log().contains("certificate renewed"));
+    // The node proved its key: the refusal is published, with its reason.
+    let events = server.spec(&id)["events"].to_string();
+    assert!(
+        events.contains("security.renew.refused: renew:key-attestation-missing"),
+        "{events}"
+    );
 }

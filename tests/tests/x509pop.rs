@@ -81,6 +81,16 @@ fn a_node_back_after_its_certificate_ran_out_renews_by_its_old_key() {
         at_delete["cert_serial"],
         "no certificate"
     );
+    // It proved its key: the refusal is published, naming the node.
+    let access = server.store();
+    let events = access
+        .block(access.store.fleet_events(&id, 50))
+        .unwrap()
+        .join("\n");
+    assert!(
+        events.contains("security.renew.refused: renew:node-deleted"),
+        "{events}"
+    );
 }
 
 #[test]

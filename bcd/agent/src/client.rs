@@ -151,6 +151,7 @@ pub async fn renew_tpm_certificate(
     key: std::sync::Arc<crate::tpm_key::TpmKey>,
     node_id: String,
     server_now_ms: i64,
+    expired: bool,
     hostname: &str,
 ) -> Result<Renewed, String> {
     use crate::tpm_key::{TPM_OTHER_AK, TPM_UNAVAILABLE};
@@ -198,20 +199,28 @@ pub async fn renew_tpm_certificate(
     });
     let (ak, record, public, csr_der, proof, certification) = prepared?;
 
-    let config = tls::client_config_signed(
-        ServerTrust::Ca(ca.clone()),
-        tls::ClientSigner {
-            chain: vec![cert],
-            key: key.rustls_key(),
-        },
-    )
-    .map_err(|e| format!("{e:#}"))?;
+    // A certificate that ran out (x509pop) cannot be presented in TLS: it
+    // goes in the request, and the proof made in the TPM stands for the key.
+    let (config, expired_cert_der) = if expired {
+        let config = tls::client_config(ServerTrust::Ca(ca.clone()), None);
+        (config, cert.to_vec())
+    } else {
+        let config = tls::client_config_signed(
+            ServerTrust::Ca(ca.clone()),
+            tls::ClientSigner {
+                chain: vec![cert],
+                key: key.rustls_key(),
+            },
+        );
+        (config, vec![])
+    };
+    let config = config.map_err(|e| format!("{e:#}"))?;
     let request = bcd_proto::v1::RenewRequest {
         csr_der,
         proof,
         proof_time_ms: server_now_ms,
         node_id,
-        expired_cert_der: vec![],
+        expired_cert_der,
         next_key: Some(bcd_proto::v1::KeyCertification {
             version: bcd_proto::attest::VERSION,
             ak_public: ak.tpmt_bytes().to_vec(),

@@ -261,31 +261,40 @@ impl JoinService {
         node_cert_der: &[u8],
         r: &RenewRequest,
         proof: Option<&bcd_proto::renew::Proof>,
-    ) -> Result<Option<Vec<u8>>, Status> {
+    ) -> Result<Option<Vec<u8>>, RenewRefused> {
         let named = crate::certs::named(node_cert_der, bcd_proto::attest::AK_URN)
             .and_then(|(name, _)| hex::decode(name).ok());
         match (named, &r.next_key, proof) {
             (None, None, _) => Ok(None),
-            (None, Some(_), _) => Err(bad_request(
-                "the renewal certifies its next key with a TPM attestation key, but the \
-                 certificate names none",
+            (None, Some(_), _) => Err(RenewRefused::new(
+                "renew:key-attestation-unexpected",
+                bad_request(
+                    "the renewal certifies its next key with a TPM attestation key, but the \
+                     certificate names none",
+                ),
             )),
             (Some(_), None, _) => {
                 warn!("a renewal of a TPM-attested certificate came without a certified next key");
-                Err(bad_request(
-                    "the certificate names a TPM attestation key (urn:bc:tpm-ak:): it renews \
-                     only with a next key that AK certified, which this request does not carry \
-                     (renew:key-attestation-missing): upgrade bcd, or join again: bcd join \
-                     --reset --yes --attestor tpm",
+                Err(RenewRefused::new(
+                    "renew:key-attestation-missing",
+                    bad_request(
+                        "the certificate names a TPM attestation key (urn:bc:tpm-ak:): it renews \
+                         only with a next key that AK certified, which this request does not \
+                         carry (renew:key-attestation-missing): upgrade bcd, or join again: bcd \
+                         join --reset --yes --attestor tpm",
+                    ),
                 ))
             }
-            (Some(_), Some(_), None) => Err(bad_request(
-                "a renewal with a TPM-certified next key needs its proof of possession",
+            (Some(_), Some(_), None) => Err(RenewRefused::new(
+                "renew:proof-missing",
+                bad_request(
+                    "a renewal with a TPM-certified next key needs its proof of possession",
+                ),
             )),
             (Some(ak), Some(k), Some(p)) => {
                 super::attest::verify_next_key(&ak, k, &p.statement, &r.csr_der).map_err(|e| {
                     warn!(error = %e, "a TPM renewal was refused");
-                    bad_request(e.to_string())
+                    RenewRefused::new("renew:key-attestation-invalid", bad_request(e.to_string()))
                 })?;
                 Ok(Some(ak))
             }
@@ -350,7 +359,41 @@ impl JoinService {
                 }
             }
         }
-        let ak_name = self.next_key(node_cert_der, &r, proof.as_ref())?;
+        // The node proved its current key (by the proof, or by the TLS
+        // session that ended here): a refusal from here on is published,
+        // naming it.
+        let proven = crate::certs::named(node_cert_der, "urn:bc:node:").map(|(id, _)| id);
+        match self
+            .renew_proven(node_cert_der, r, proof.as_ref(), grace_ms)
+            .await
+        {
+            Ok(response) => Ok(response),
+            Err(refused) => {
+                if let (Some(reason), Some(node)) = (refused.reason, proven) {
+                    let detail = format!("{reason}: {}", refused.status.message());
+                    if let Err(e) = self
+                        .store
+                        .publish_fleet_event(RENEW_REFUSED, &node, &detail)
+                        .await
+                    {
+                        warn!(error = %e, %node, "cannot publish a refused renewal");
+                    }
+                }
+                Err(refused.status)
+            }
+        }
+    }
+
+    /// Renews once the current key is proven: the next key (certified by
+    /// the certificate's AK where it names one), then the store's checks.
+    async fn renew_proven(
+        &self,
+        node_cert_der: &[u8],
+        r: RenewRequest,
+        proof: Option<&bcd_proto::renew::Proof>,
+        grace_ms: i64,
+    ) -> Result<RenewResponse, RenewRefused> {
+        let ak_name = self.next_key(node_cert_der, &r, proof)?;
         let fingerprint = bcd_proto::fingerprint(node_cert_der);
         let csr_der = r.csr_der.clone();
         let csr = r.csr_der;
@@ -369,7 +412,10 @@ impl JoinService {
                 grace_ms,
             )
             .await
-            .map_err(|e| expired_refusal(e, self.policy.x509pop))?;
+            .map_err(|e| RenewRefused {
+                reason: store_reason(&e),
+                status: expired_refusal(e, self.policy.x509pop),
+            })?;
         let cert = renewed.cert;
         info!(node = %renewed.node_id, serial = %cert.serial, "certificate renewed");
         let mut response = RenewResponse {
@@ -379,8 +425,48 @@ impl JoinService {
             server_time_ms: renewed.now_ms,
             signature: vec![],
         };
-        response.signature =
-            self.sign(&bcd_proto::joined::renewal_statement(&response, &csr_der))?;
+        response.signature = self
+            .sign(&bcd_proto::joined::renewal_statement(&response, &csr_der))
+            .map_err(RenewRefused::unpublished)?;
         Ok(response)
     }
+}
+
+/// The fleet event a refused renewal is published as, once the node proved
+/// its current key.
+pub const RENEW_REFUSED: &str = "security.renew.refused";
+
+/// A refused renewal: its status, and the reason it is published with
+/// (`None`: not a refusal of the node's, e.g. the store unavailable).
+#[derive(Debug)]
+struct RenewRefused {
+    reason: Option<&'static str>,
+    status: Status,
+}
+
+impl RenewRefused {
+    fn new(reason: &'static str, status: Status) -> RenewRefused {
+        RenewRefused {
+            reason: Some(reason),
+            status,
+        }
+    }
+
+    fn unpublished(status: Status) -> RenewRefused {
+        RenewRefused {
+            reason: None,
+            status,
+        }
+    }
+}
+
+/// The published reason of a renewal the store refused.
+fn store_reason(e: &bc_store::TxError) -> Option<&'static str> {
+    Some(match e.refusal()? {
+        Refusal::Expired => "renew:certificate-expired",
+        Refusal::Revoked(..) => "renew:certificate-revoked",
+        Refusal::DeletedNode(..) => "renew:node-deleted",
+        Refusal::UnknownCertificate => "renew:certificate-unknown",
+        _ => "renew:refused",
+    })
 }

@@ -345,6 +345,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// A node's recent fleet events, newest first: `kind: detail`.
     async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError>;
 
+    /// Publishes a fleet event about a node, at the store's now (e.g.
+    /// `security.renew.refused`, once the node proved its key). Bounded as
+    /// every fleet event is: reconcile keeps the newest per node.
+    async fn publish_fleet_event(
+        &self,
+        kind: &str,
+        node_id: &str,
+        detail: &str,
+    ) -> Result<(), StoreError>;
+
     // ------------------------------------------------------------- events
 
     /// Stores a batch of a node's events (idempotently); returns the id to

@@ -59,6 +59,7 @@ impl Agent {
                     key,
                     node_id,
                     server_now_ms,
+                    expired,
                     &hostname,
                 )
                 .await

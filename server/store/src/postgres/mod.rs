@@ -775,6 +775,20 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| bindings::fleet_events(&tx, node_id, limit).await)
     }
 
+    async fn publish_fleet_event(
+        &self,
+        kind: &str,
+        node_id: &str,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| async {
+            let at = now(&tx).await?;
+            bindings::fleet_event(&tx, at, kind, node_id, detail).await?;
+            Ok::<(), StoreError>(())
+        }
+        .await)
+    }
+
     async fn put_events(
         &self,
         node_id: &str,

@@ -233,6 +233,15 @@ pub(super) async fn join_attested(
 ) -> Result<Joined, TxError> {
     let now = now(tx).await?;
     check_token(tx, j, now).await?;
+    // Two first joins of one EK at once: the second waits for the first
+    // and then finds its node (a row lock cannot hold a row not yet
+    // there). Keyed by the EK's hash, in this transaction only.
+    execute(
+        tx,
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&ek_sha256],
+    )
+    .await?;
     // Locked (after the token, as every join locks), as a re-enrolment
     // locks the node it proves.
     let bound = query_opt(

@@ -758,6 +758,21 @@ impl Backend for SqliteBackend {
             .await
     }
 
+    async fn publish_fleet_event(
+        &self,
+        kind: &str,
+        node_id: &str,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        let (kind, node, detail) = (kind.to_string(), node_id.to_string(), detail.to_string());
+        self.write(move |c| {
+            let at = now(c)?;
+            bindings::fleet_event(c, at, &kind, &node, &detail)?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn put_events(
         &self,
         node_id: &str,

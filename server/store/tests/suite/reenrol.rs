@@ -344,3 +344,35 @@ pub async fn attested_joins_bind_the_ek_and_reclaim_its_node(f: Fixture) {
     assert_ne!(fresh.node_id, first.node_id);
     assert_eq!(fresh.identity_generation, 1);
 }
+
+/// Two first joins of one machine's EK at once, with two tokens through two
+/// processes: one node, bound once; the later join reclaims it.
+pub async fn racing_first_attested_joins_of_one_ek_make_one_node(f: Fixture) {
+    const ROUNDS: u8 = 10;
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    // Two tokens: one token's row lock would order the two joins already.
+    for id in ["tpm-a", "tpm-b"] {
+        a.create_token(&token(id, Duration::from_secs(600), u32::from(ROUNDS)))
+            .await
+            .unwrap();
+    }
+    for round in 0..ROUNDS {
+        let ek = format!("ek-race-{round}");
+        let (ra, rb) = tokio::join!(
+            attested(&a, "tpm-a", &ek, 10 + 2 * round),
+            attested(&b, "tpm-b", &ek, 11 + 2 * round)
+        );
+        let (ja, jb) = (
+            ra.unwrap_or_else(|e| panic!("round {round}: {e}")),
+            rb.unwrap_or_else(|e| panic!("round {round}: {e}")),
+        );
+        assert_eq!(ja.node_id, jb.node_id, "round {round}: one node");
+        let mut generations = [ja.identity_generation, jb.identity_generation];
+        generations.sort_unstable();
+        assert_eq!(generations, [1, 2], "round {round}: bound, then reclaimed");
+    }
+    assert_eq!(
+        a.list_nodes().await.unwrap().nodes.len(),
+        usize::from(ROUNDS)
+    );
+}

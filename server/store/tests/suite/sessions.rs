@@ -407,6 +407,29 @@ pub async fn an_expired_certificate_renews_only_within_the_grace(f: Fixture) {
     assert!(s.check_cert("fp3").await.is_err());
 }
 
+pub async fn published_fleet_events_are_read_back_newest_first(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    s.publish_fleet_event("security.renew.refused", &node, "renew:node-deleted: gone")
+        .await
+        .unwrap();
+    s.publish_fleet_event(
+        "security.renew.refused",
+        &node,
+        "renew:certificate-expired: late",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.fleet_events(&node, 10).await.unwrap(),
+        vec![
+            "security.renew.refused: renew:certificate-expired: late".to_string(),
+            "security.renew.refused: renew:node-deleted: gone".to_string(),
+        ]
+    );
+    assert!(s.fleet_events("nd-other", 10).await.unwrap().is_empty());
+}
+
 pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f: Fixture) {
     let s = &f.store;
     let node = joined(s, 1).await;
