@@ -139,6 +139,18 @@ async fn send_renewal(
     Ok(resp)
 }
 
+/// The current TPM-held certificate and what its renewal proof names.
+#[derive(Debug)]
+pub struct TpmCurrent {
+    pub cert: CertificateDer<'static>,
+    pub key: std::sync::Arc<crate::tpm_key::TpmKey>,
+    pub node_id: String,
+    /// The node's estimate of the server's time now.
+    pub server_now_ms: i64,
+    /// The certificate has run out (x509pop): see [`Current::expired`].
+    pub expired: bool,
+}
+
 /// Renew a certificate that names the TPM's AK: a next key made in the
 /// same TPM from a fresh record, its CSR signed there, certified by the AK
 /// over the renewal's proof statement, and the proof signed by the current
@@ -147,14 +159,17 @@ async fn send_renewal(
 pub async fn renew_tpm_certificate(
     server: &str,
     ca: CertificateDer<'static>,
-    cert: CertificateDer<'static>,
-    key: std::sync::Arc<crate::tpm_key::TpmKey>,
-    node_id: String,
-    server_now_ms: i64,
-    expired: bool,
+    current: TpmCurrent,
     hostname: &str,
 ) -> Result<Renewed, String> {
     use crate::tpm_key::{TPM_OTHER_AK, TPM_UNAVAILABLE};
+    let TpmCurrent {
+        cert,
+        key,
+        node_id,
+        server_now_ms,
+        expired,
+    } = current;
     use bcd_tpm::Tpm;
     let expected_ak = crate::tpm_key::certificate_ak(&cert)
         .ok_or("the certificate names no TPM attestation key")?;

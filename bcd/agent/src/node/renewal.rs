@@ -48,21 +48,17 @@ impl Agent {
                     Err("the node key is in the TPM, which this process has not opened".into())
                 });
             };
-            let (ca, cert) = (self.identity.ca.clone(), self.identity.cert.clone());
-            let node_id = self.identity.file.node_id.clone();
+            let ca = self.identity.ca.clone();
+            let current = client::TpmCurrent {
+                cert: self.identity.cert.clone(),
+                key,
+                node_id: self.identity.file.node_id.clone(),
+                server_now_ms,
+                expired,
+            };
             let hostname = self.machine.host.hostname();
             return tokio::spawn(async move {
-                client::renew_tpm_certificate(
-                    &server,
-                    ca,
-                    cert,
-                    key,
-                    node_id,
-                    server_now_ms,
-                    expired,
-                    &hostname,
-                )
-                .await
+                client::renew_tpm_certificate(&server, ca, current, &hostname).await
             });
         }
         let ca = self.identity.ca.clone();
