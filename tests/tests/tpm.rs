@@ -66,6 +66,17 @@ fn ak_urn(tpm: &Swtpm) -> String {
     bcd_proto::attest::ak_urn(t.ak_public().unwrap().name().as_bytes())
 }
 
+/// The started `bcd node` stops, failing, and its log says `text`.
+fn stops_saying(node: &mut Node, text: &str) {
+    let status = node
+        .proc()
+        .wait(Duration::from_secs(30))
+        .expect("bcd node stops");
+    assert!(!status.success());
+    let log = node.proc().log();
+    assert!(log.contains(text), "{log}");
+}
+
 fn start_tpm(node: &mut Node, tpm: &Swtpm) {
     node.env = vec![("BCD_TPM".into(), tpm_arg(tpm))];
     node.start();
@@ -122,25 +133,13 @@ fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it() {
     // The node's identity under the other TPM: another AK.
     let mut node_on_tpm2 = Node::new(&node.dir, 1);
     start_tpm(&mut node_on_tpm2, &tpm2);
-    let status = node_on_tpm2
-        .proc()
-        .wait(Duration::from_secs(30))
-        .expect("bcd node stops");
-    assert!(!status.success());
-    let log = node_on_tpm2.proc().log();
-    assert!(log.contains(OTHER_AK), "{log}");
+    stops_saying(&mut node_on_tpm2, OTHER_AK);
 
     // TPM2_Clear: the owner seed changes, the record derives another key.
     tpm.clear().expect("tpm2_clear");
     tpm.restart().unwrap();
     start_tpm(&mut node, &tpm);
-    let status = node
-        .proc()
-        .wait(Duration::from_secs(30))
-        .expect("bcd node stops");
-    assert!(!status.success());
-    let log = node.proc().log();
-    assert!(log.contains(CLEARED), "{log}");
+    stops_saying(&mut node, CLEARED);
 }
 
 #[test]
@@ -176,15 +175,9 @@ fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
     let mut node = node;
     node.env = vec![("BCD_TPM".into(), "/nonexistent/tpmrm0".into())];
     node.start();
-    let status = node
-        .proc()
-        .wait(Duration::from_secs(30))
-        .expect("bcd node stops");
-    assert!(!status.success());
-    let log = node.proc().log();
-    assert!(
-        log.contains("the certificate's node key is in the TPM, which is unavailable"),
-        "{log}"
+    stops_saying(
+        &mut node,
+        "the certificate's node key is in the TPM, which is unavailable",
     );
 }
 
