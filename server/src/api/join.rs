@@ -75,10 +75,11 @@ fn issue(
     ca: &Ca,
     csr: &[u8],
     node_id: &str,
+    ak_name: Option<&[u8]>,
     now: i64,
     ttl: Duration,
 ) -> Result<IssuedCert, Refusal> {
-    issued(ca.issue_node_cert(csr, node_id, now, ttl))
+    issued(ca.issue_node_cert(csr, node_id, ak_name, now, ttl))
 }
 
 fn issued(c: Result<crate::pki::ca::NodeCert, IssueError>) -> Result<IssuedCert, Refusal> {
@@ -172,10 +173,8 @@ impl GatewayServices for JoinService {
         };
         let (ca, csr) = (self.ca.clone(), r.csr_der);
         let ak_name = attested.as_ref().map(|a| a.ak_name.clone());
-        let issue_cert: bc_store::tokens::IssueCert = Box::new(move |node, now| match &ak_name {
-            None => issue(&ca, &csr, node, now, ttl),
-            Some(ak) => issued(ca.issue_attested_node_cert(&csr, node, ak, now, ttl)),
-        });
+        let issue_cert: bc_store::tokens::IssueCert =
+            Box::new(move |node, now| issue(&ca, &csr, node, ak_name.as_deref(), now, ttl));
         let seal = || crate::pki::seal::statement_sealer(self.worker_key.clone());
         let joined = match (&proof, &attested) {
             (None, None) => self.store.join(&input, issue_cert).await,
@@ -403,11 +402,14 @@ impl JoinService {
             .renew_within(
                 &fingerprint,
                 Box::new(move |node, now, ramdisk| {
-                    let ttl = policy.ttl(ramdisk);
-                    match &ak_name {
-                        None => issue(&ca, &csr, node, now, ttl),
-                        Some(ak) => issued(ca.issue_attested_node_cert(&csr, node, ak, now, ttl)),
-                    }
+                    issue(
+                        &ca,
+                        &csr,
+                        node,
+                        ak_name.as_deref(),
+                        now,
+                        policy.ttl(ramdisk),
+                    )
                 }),
                 grace_ms,
             )

@@ -253,41 +253,25 @@ impl Ca {
         bcd_proto::fingerprint(&self.cert)
     }
 
-    /// Issues a client certificate for `node_id` to the key of `csr_der`.
+    /// Issues a client certificate for `node_id` to the key of `csr_der`;
+    /// for a key an AK certified (`ak_name`), the certificate names the AK
+    /// as well (`bcd_proto::attest::ak_urn`).
     pub fn issue_node_cert(
         &self,
         csr_der: &[u8],
         node_id: &str,
+        ak_name: Option<&[u8]>,
         now_ms: i64,
         ttl: Duration,
     ) -> Result<NodeCert, IssueError> {
+        let ak: Vec<String> = ak_name.map(bcd_proto::attest::ak_urn).into_iter().collect();
         issue_client_cert(
             csr_der,
             (node_id, format!("urn:bc:node:{node_id}")),
             (&self.cert, &self.key),
             now_ms,
             ttl,
-            &[],
-        )
-    }
-
-    /// Issues a node certificate for a key an AK certified: it names the
-    /// node and the AK (`bcd_proto::attest::ak_urn`).
-    pub fn issue_attested_node_cert(
-        &self,
-        csr_der: &[u8],
-        node_id: &str,
-        ak_name: &[u8],
-        now_ms: i64,
-        ttl: Duration,
-    ) -> Result<NodeCert, IssueError> {
-        issue_client_cert(
-            csr_der,
-            (node_id, format!("urn:bc:node:{node_id}")),
-            (&self.cert, &self.key),
-            now_ms,
-            ttl,
-            &[bcd_proto::attest::ak_urn(ak_name)],
+            &ak,
         )
     }
 
@@ -400,7 +384,7 @@ mod tests {
             .unwrap();
         let now = time::OffsetDateTime::now_utc().unix_timestamp() * 1000;
         let cert = ca
-            .issue_node_cert(csr.der(), "nd-1", now, Duration::from_secs(86_400))
+            .issue_node_cert(csr.der(), "nd-1", None, now, Duration::from_secs(86_400))
             .unwrap();
         assert_eq!(cert.not_after_ms - now, 86_400_000);
         assert_eq!(cert.serial.len(), 32);
@@ -423,7 +407,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let ca = Ca::load_or_create(d.path(), &[], 1_800_000_000_000).unwrap();
         assert!(matches!(
-            ca.issue_node_cert(b"not a csr", "nd-1", 0, Duration::from_secs(1)),
+            ca.issue_node_cert(b"not a csr", "nd-1", None, 0, Duration::from_secs(1)),
             Err(IssueError::Csr(CsrError::Invalid))
         ));
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -434,7 +418,7 @@ mod tests {
         let last = bytes.len() - 3;
         bytes[last] ^= 0x55;
         assert!(
-            ca.issue_node_cert(&bytes, "nd-1", 0, Duration::from_secs(1))
+            ca.issue_node_cert(&bytes, "nd-1", None, 0, Duration::from_secs(1))
                 .is_err()
         );
     }

@@ -138,7 +138,7 @@ mod tests {
         assert!(verifies(&ops.cert, &cert.der));
         assert!(!verifies(&fleet.cert, &cert.der), "nodes never trust it");
         let node = fleet
-            .issue_node_cert(csr.der(), "nd-1", now, Duration::from_secs(3600))
+            .issue_node_cert(csr.der(), "nd-1", None, now, Duration::from_secs(3600))
             .unwrap();
         assert!(
             !verifies(&ops.cert, &node.der),
