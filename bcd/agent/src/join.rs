@@ -35,6 +35,9 @@ pub struct JoinOptions {
     /// With a TPM: the node key is made in this TPM and certified by its
     /// AK (`--attestor tpm`); `None` joins with a file key.
     pub tpm: Option<bcd_tpm::Endpoint>,
+    /// The fleet CA's pin, for a TPM join with no token (the machine is
+    /// enrolled by its EK, or bound to a node already). A token carries it.
+    pub ca_pin: Option<String>,
 }
 
 /// What `bcd join` did.
@@ -80,16 +83,30 @@ pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> 
             );
         }
     }
-    let (server, token) = match (&opts.server, &opts.token) {
-        (Some(s), Some(t)) => (s.clone(), t.clone()),
-        (None, None) if opts.reset => return Ok(Joined::ResetOnly(moved)),
-        _ => bail!("bcd join needs --server https://HOST:PORT and --token TOKEN"),
-    };
-    let token = JoinToken::parse(&token)?;
     if let Some(endpoint) = &opts.tpm {
+        let (server, pin, token) = match (&opts.server, &opts.token, &opts.ca_pin) {
+            (None, None, None) if opts.reset => return Ok(Joined::ResetOnly(moved)),
+            (Some(s), Some(t), pin) => {
+                let token = JoinToken::parse(t)?;
+                if pin.as_ref().is_some_and(|p| *p != token.ca_pin) {
+                    bail!(
+                        "--ca-pin is not the pin of the token's CA: the token is from another \
+                         server; drop --ca-pin (the token carries it) or use a token of this one"
+                    );
+                }
+                (s.clone(), token.ca_pin.clone(), Some(token))
+            }
+            (Some(s), None, Some(pin)) => (s.clone(), check_pin(pin)?, None),
+            _ => bail!(
+                "bcd join --attestor tpm needs --server https://HOST:PORT and either --ca-pin \
+                 PIN (a machine enrolled by its EK: better-compute machines enroll prints the \
+                 pin) or --token TOKEN"
+            ),
+        };
         let identity = join_with_tpm(
             &server,
-            &token,
+            &pin,
+            token.as_ref(),
             &opts.data_dir,
             opts.ramdisk,
             host,
@@ -98,6 +115,17 @@ pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> 
         .await?;
         return Ok(Joined::Joined(Box::new(identity)));
     }
+    let (server, token) = match (&opts.server, &opts.token) {
+        (Some(s), Some(t)) => (s.clone(), t.clone()),
+        (None, None) if opts.reset => return Ok(Joined::ResetOnly(moved)),
+        _ => bail!("bcd join needs --server https://HOST:PORT and --token TOKEN"),
+    };
+    if opts.ca_pin.is_some() {
+        bail!(
+            "--ca-pin is for bcd join --attestor tpm with no token; a token carries its CA's pin"
+        );
+    }
+    let token = JoinToken::parse(&token)?;
     let previous = if opts.new_node {
         None
     } else {
@@ -113,6 +141,19 @@ pub async fn run(opts: &JoinOptions, host: &dyn Host) -> anyhow::Result<Joined> 
     )
     .await?;
     Ok(Joined::Joined(Box::new(identity)))
+}
+
+/// A CA pin as `--ca-pin` takes it: the SHA-256 of the fleet CA
+/// certificate, 64 hex digits (what a token's last part holds).
+fn check_pin(pin: &str) -> anyhow::Result<String> {
+    let pin = pin.trim().to_ascii_lowercase();
+    if pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "--ca-pin takes the fleet CA's pin, 64 hex digits, as better-compute machines enroll \
+             prints it"
+        );
+    }
+    Ok(pin)
 }
 
 /// The proof that this machine holds `previous`'s key, bound to this
@@ -158,10 +199,10 @@ pub async fn join_with_token(
         .map(|p| prove(p, &token.id, csr.der()))
         .transpose()?;
 
-    let mut client = dial(server, token).await?;
+    let mut client = dial(server, &token.ca_pin).await?;
     let resp = send_join(
         &mut client,
-        token,
+        Some(token),
         csr.der().to_vec(),
         host,
         ramdisk,
@@ -173,7 +214,7 @@ pub async fn join_with_token(
     save(
         dir,
         server,
-        token,
+        &token.ca_pin,
         ramdisk,
         csr.der(),
         resp,
@@ -181,12 +222,9 @@ pub async fn join_with_token(
     )
 }
 
-/// Dials the server, trusting it only with the CA the token pins.
-async fn dial(
-    server: &str,
-    token: &JoinToken,
-) -> anyhow::Result<JoinClient<tonic::transport::Channel>> {
-    let config = tls::client_config(ServerTrust::Pin(token.ca_pin.clone()), None)?;
+/// Dials the server, trusting it only with the CA `pin` names (a token's).
+async fn dial(server: &str, pin: &str) -> anyhow::Result<JoinClient<tonic::transport::Channel>> {
+    let config = tls::client_config(ServerTrust::Pin(pin.to_string()), None)?;
     let channel = tls::connect(server, config).await.map_err(|e| {
         anyhow::Error::new(e).context(format!(
             "cannot reach the server at {server}; check --server and that better-compute \
@@ -200,7 +238,7 @@ async fn dial(
 /// identity or the TPM's attestation.
 async fn send_join(
     client: &mut JoinClient<tonic::transport::Channel>,
-    token: &JoinToken,
+    token: Option<&JoinToken>,
     csr_der: Vec<u8>,
     host: &dyn Host,
     ramdisk: bool,
@@ -210,7 +248,7 @@ async fn send_join(
     let inventory = hw::inventory(host);
     Ok(client
         .join(JoinRequest {
-            token: token.credential(),
+            token: token.map(JoinToken::credential).unwrap_or_default(),
             csr_der,
             hostname: host.hostname(),
             inventory_hashes: inventory
@@ -280,7 +318,8 @@ fn tpm_failed(endpoint: &bcd_tpm::Endpoint, e: bcd_tpm::Error) -> anyhow::Error 
 /// over the challenge and the CSR. `node.key` gets the record, never a key.
 pub async fn join_with_tpm(
     server: &str,
-    token: &JoinToken,
+    pin: &str,
+    token: Option<&JoinToken>,
     dir: &Path,
     ramdisk: bool,
     host: &dyn Host,
@@ -301,7 +340,7 @@ pub async fn join_with_tpm(
     })
     .map_err(failed)?;
 
-    let mut client = dial(server, token).await?;
+    let mut client = dial(server, pin).await?;
     let challenge = client
         .begin_attestation(AttestationRequest {
             version: bcd_proto::attest::VERSION,
@@ -368,6 +407,7 @@ pub async fn join_with_tpm(
         node_key_public: key.public().tpmt_bytes().to_vec(),
         certify_attest: certification.attest,
         certify_signature: certification.signature,
+        ek_certificate: facts.ek_certificate.clone().unwrap_or_default(),
     };
     let resp = send_join(
         &mut client,
@@ -388,24 +428,25 @@ pub async fn join_with_tpm(
     }
     let record = key.record().to_text();
     drop(key);
-    save(dir, server, token, ramdisk, &csr_der, resp, record)
+    save(dir, server, pin, ramdisk, &csr_der, resp, record)
 }
 
-/// Checks a join's response against the token's CA pin and the CA's
-/// signature, and writes the identity with `node_key` as `node.key`.
+/// Checks a join's response against the CA pin (the token's, or
+/// `--ca-pin`) and the CA's signature, and writes the identity with
+/// `node_key` as `node.key`.
 fn save(
     dir: &Path,
     server: &str,
-    token: &JoinToken,
+    pin: &str,
     ramdisk: bool,
     csr_der: &[u8],
     resp: bcd_proto::v1::JoinResponse,
     node_key: String,
 ) -> anyhow::Result<Identity> {
-    if bcd_proto::fingerprint(&resp.ca_der) != token.ca_pin {
+    if bcd_proto::fingerprint(&resp.ca_der) != pin {
         bail!(
-            "the server returned a CA that does not match the token's pin: ask the operator for \
-             a token from this server"
+            "the server returned a CA that does not match the pin (the token's, or --ca-pin): \
+             ask the operator for the pin or a token of this server"
         );
     }
     // Everything kept below comes signed by that CA.

@@ -139,6 +139,12 @@ enum Command {
         /// A join token from `better-compute tokens create`.
         #[arg(long, env = "BCD_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// With --attestor tpm and no token: the fleet CA's pin (64 hex
+        /// digits, as `better-compute machines enroll` prints it). The
+        /// machine's TPM must be enrolled by its EK, or bound to a node by
+        /// an earlier join.
+        #[arg(long, env = "BCD_CA_PIN")]
+        ca_pin: Option<String>,
         #[arg(long, default_value = "/var/lib/bcd", env = "BCD_DATA_DIR")]
         data_dir: PathBuf,
         /// Move the current identity and journal aside first (needs --yes).
@@ -156,7 +162,8 @@ enum Command {
         /// How this machine proves itself: `token` (a node key in
         /// node.key), or `tpm` (the node key made in the TPM and certified
         /// by its attestation key; the certificate names that key, and a
-        /// later attested join of this TPM reclaims the node).
+        /// later attested join of this TPM reclaims the node, with no token
+        /// once bound).
         #[arg(long, value_enum, default_value = "token")]
         attestor: Attestor,
         /// The TPM for --attestor tpm: a device (/dev/tpmrm0), or
@@ -397,6 +404,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Join {
             server,
             token,
+            ca_pin,
             data_dir,
             reset,
             yes,
@@ -419,6 +427,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ramdisk,
                 new_node,
                 tpm,
+                ca_pin,
             };
             match join::run(&opts, hw.host().as_ref()).await? {
                 join::Joined::Joined(id) => {

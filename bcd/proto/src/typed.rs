@@ -247,6 +247,7 @@ spelled!(v1::RefusalReason {
     Internal => "internal",
     OperatorUnauthenticated => "operator-unauthenticated",
     OperatorForbidden => "operator-forbidden",
+    NotEnrolled => "not-enrolled",
 });
 
 spelled!(v1::NodeStatementKind {

@@ -351,7 +351,60 @@ fn tpm_attestation() {
                 node_key_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x04],
                 certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
                 certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
+                ek_certificate: vec![],
             }),
+        },
+    );
+    // A machine enrolled by its EK joins with no token; its EK certificate
+    // travels again for an enrolled EK CA (field 8).
+    check(
+        "join_request_tpm_enrolled",
+        &v1::JoinRequest {
+            token: String::new(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: true,
+            previous: None,
+            tpm: Some(v1::TpmAttestation {
+                version: 1,
+                ticket: vec![0x01, 0x02],
+                activated_secret: vec![0x77; 32],
+                ak_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05],
+                node_key_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x04],
+                certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
+                certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
+                ek_certificate: vec![0x30, 0x82, 0x05],
+            }),
+        },
+    );
+}
+
+/// Machines enrolled by their EK (the operator API).
+#[test]
+fn machine_enrolment() {
+    check(
+        "enroll_machine_request",
+        &v1::EnrollMachineRequest {
+            ek_sha256: "e4".repeat(32),
+            ek_certificate_der: vec![],
+            ek_ca_der: vec![0x30, 0x82, 0x04],
+            description: "rack 3".into(),
+        },
+    );
+    check(
+        "enroll_machine_response",
+        &v1::EnrollMachineResponse {
+            machine: Some(v1::MachineInfo {
+                id: format!("ek:{}", "e4".repeat(32)),
+                kind: "ek".into(),
+                ek_sha256: "e4".repeat(32),
+                subject: "CN=EK".into(),
+                description: "rack 3".into(),
+                created_at_ms: 1_790_000_000_000,
+                node_id: "nd-0f3a9c".into(),
+            }),
+            ca_pin: "ab".repeat(32),
         },
     );
 }

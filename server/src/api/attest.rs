@@ -69,6 +69,115 @@ fn check_ek_certificate(ek: &PublicArea, der: &[u8]) -> Result<(), AttestError> 
     Ok(())
 }
 
+/// The EK an EK certificate certifies, as its TPM presents it: the TCG
+/// default template of the key's type (RSA 2048, ECC P-256) with the
+/// certificate's key as its unique field. Its SHA-256 is what nodes bind
+/// to (`ek_sha256`), so an operator enrols a machine by its certificate.
+pub fn ek_from_certificate(der: &[u8]) -> Result<PublicArea, AttestError> {
+    use bcd_tpm::EkKind;
+    use x509_parser::prelude::FromDer;
+    use x509_parser::public_key::PublicKey;
+    if der.len() > MAX_EK_CERT {
+        return Err(bad(format!(
+            "the EK certificate is over {MAX_EK_CERT} bytes"
+        )));
+    }
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+        .map_err(|e| bad(format!("the EK certificate does not parse: {e}")))?;
+    let spki = &cert.tbs_certificate.subject_pki;
+    let not_default = || {
+        bad(
+            "the EK certificate's key is not an RSA 2048 or ECC P-256 key of the TCG default EK \
+             templates: enrol the machine by its EK SHA-256 instead (a refused join prints it)",
+        )
+    };
+    let tpmt = match spki.parsed().map_err(|_| not_default())? {
+        PublicKey::RSA(rsa) => {
+            let start = rsa.modulus.iter().position(|b| *b != 0).unwrap_or(0);
+            let modulus = &rsa.modulus[start..];
+            let exponent = rsa.try_exponent().map_err(|_| not_default())?;
+            if modulus.len() != 256 || exponent != 65537 {
+                return Err(not_default());
+            }
+            let mut t = EkKind::Rsa2048.template();
+            let at = t.len() - 256;
+            t[at..].copy_from_slice(modulus);
+            t
+        }
+        PublicKey::EC(point) => {
+            let p = point.data();
+            if p.len() != 65 || p[0] != 0x04 {
+                return Err(not_default());
+            }
+            let mut t = EkKind::EccP256.template();
+            let at = t.len() - 68;
+            t.truncate(at);
+            for half in [&p[1..33], &p[33..]] {
+                t.extend_from_slice(&32u16.to_be_bytes());
+                t.extend_from_slice(half);
+            }
+            t
+        }
+        _ => return Err(not_default()),
+    };
+    let ek = PublicArea::from_tpmt(&tpmt).map_err(|_| not_default())?;
+    // The area holds exactly the certificate's key, or it is not an EK we
+    // can name.
+    if !ek.matches_spki(spki.raw) {
+        return Err(not_default());
+    }
+    Ok(ek)
+}
+
+/// The SHA-256 (hex) of an EK's TPMT_PUBLIC: what a node binds to.
+pub fn ek_hash(ek: &PublicArea) -> String {
+    hex::encode(ek_sha256(ek))
+}
+
+/// The subject of a certificate, as an operator reads it.
+pub fn certificate_subject(der: &[u8]) -> Result<String, AttestError> {
+    use x509_parser::prelude::FromDer;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+        .map_err(|e| bad(format!("the certificate does not parse: {e}")))?;
+    Ok(cert.subject().to_string())
+}
+
+/// Which enrolled EK CA (`cas`: enrolment id and CA certificate, DER)
+/// certified the EK certificate `der`, if one did: its issuer is the CA's
+/// subject, the CA's key verifies its signature, and both are valid at
+/// `now_ms`. An EK CA enrolled is trusted as an anchor: an operator
+/// enrols the intermediate that signs the EK certificates.
+pub fn ek_certified_by<'a>(
+    der: &[u8],
+    cas: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    now_ms: i64,
+) -> Result<Option<&'a str>, AttestError> {
+    use x509_parser::prelude::FromDer;
+    use x509_parser::time::ASN1Time;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+        .map_err(|e| bad(format!("the EK certificate does not parse: {e}")))?;
+    let at = ASN1Time::from_timestamp(now_ms.div_euclid(1000))
+        .map_err(|_| bad("the server's clock is out of range"))?;
+    for (id, ca_der) in cas {
+        let Ok((_, ca)) = x509_parser::certificate::X509Certificate::from_der(ca_der) else {
+            continue;
+        };
+        if ca.subject().as_raw() != cert.issuer().as_raw()
+            || cert.verify_signature(Some(ca.public_key())).is_err()
+        {
+            continue;
+        }
+        if !ca.validity().is_valid_at(at) || !cert.validity().is_valid_at(at) {
+            return Err(bad(format!(
+                "the EK certificate or its CA ({id}) is not valid now: enrol the machine by its \
+                 EK SHA-256 instead, or enrol a current EK CA"
+            )));
+        }
+        return Ok(Some(id));
+    }
+    Ok(None)
+}
+
 /// Answers `BeginAttestation` at server time `now_ms`: a ticket for this
 /// EK and AK, and a credential of the ticket's secret that only the TPM
 /// holding the EK can activate, and only for the AK.
@@ -345,6 +454,7 @@ mod tests {
                 node_key_public: node_key.tpmt_bytes().to_vec(),
                 certify_attest: cert.attest,
                 certify_signature: cert.signature,
+                ek_certificate: vec![],
             },
             csr,
         )
@@ -547,6 +657,118 @@ mod tests {
             .to_vec();
         let err = challenge(&key(), &r, NOW).unwrap_err().to_string();
         assert!(err.contains("another key than the EK"), "{err}");
+    }
+
+    /// An EK CA of our own (ECDSA P-256), and a certificate it signs for
+    /// the key `spki_der`.
+    fn ek_ca() -> (Vec<u8>, impl Fn(&[u8]) -> Vec<u8>) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "test EK CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap().der().to_vec();
+        let issuer = Issuer::new(params, key);
+        let sign = move |spki_der: &[u8]| {
+            let public = rcgen::SubjectPublicKeyInfo::from_der(spki_der).unwrap();
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(DnType::CommonName, "EK");
+            p.signed_by(&public, &issuer).unwrap().der().to_vec()
+        };
+        (ca, sign)
+    }
+
+    #[test]
+    fn an_ek_certificate_names_the_ek_its_tpm_presents() {
+        let mut m = machine();
+        let (_, sign) = ek_ca();
+        for kind in [EkKind::EccP256, EkKind::Rsa2048] {
+            let ek = m.tpm.ek_public(kind).unwrap();
+            let cert = sign(&ek.spki_der().unwrap());
+            let named = ek_from_certificate(&cert).unwrap();
+            assert_eq!(named.tpmt_bytes(), ek.tpmt_bytes(), "{kind}");
+            assert_eq!(ek_hash(&named), hex::encode(ek_sha256(&ek)));
+        }
+        // A key of no default EK template (P-384) names no EK.
+        let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let err = ek_from_certificate(&sign(&rcgen::PublicKeyData::subject_public_key_info(&p384)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("enrol the machine by its EK SHA-256"), "{err}");
+        let not_ek = ek_from_certificate(b"\x30\x03\x02\x01\x00").unwrap_err();
+        assert!(not_ek.to_string().contains("does not parse"), "{not_ek}");
+    }
+
+    #[test]
+    fn an_ek_certificate_is_admitted_only_by_the_ca_that_signed_it() {
+        let mut m = machine();
+        let (ca, sign) = ek_ca();
+        let (other_ca, _) = ek_ca();
+        let ek = m.tpm.ek_public(EkKind::EccP256).unwrap();
+        let cert = sign(&ek.spki_der().unwrap());
+        let cas = [
+            ("ek-ca:other", other_ca.as_slice()),
+            ("ek-ca:ours", ca.as_slice()),
+        ];
+        assert_eq!(
+            ek_certified_by(&cert, cas, NOW).unwrap(),
+            Some("ek-ca:ours")
+        );
+        assert_eq!(ek_certified_by(&cert, [cas[0]], NOW).unwrap(), None);
+        assert_eq!(ek_certified_by(&cert, [], NOW).unwrap(), None);
+        // Garbage among the enrolled CAs is skipped, not trusted.
+        assert_eq!(
+            ek_certified_by(&cert, [("ek-ca:junk", &b"junk"[..])], NOW).unwrap(),
+            None
+        );
+        // Outside the certificates' life: refused with what to do.
+        let late = ek_certified_by(&cert, cas, 0).unwrap_err();
+        assert!(late.to_string().contains("not valid now"), "{late}");
+    }
+
+    proptest::proptest! {
+        /// EK certificates come from nodes: any bytes, or a real one with
+        /// a byte changed, are read without a panic, and a changed one is
+        /// never admitted by the CA.
+        #[test]
+        fn ek_certificates_from_peers_never_panic(
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            at in proptest::prelude::any::<usize>(),
+            flip in 1u8..=255,
+        ) {
+            let _ = ek_from_certificate(&junk);
+            let _ = ek_certified_by(&junk, [("ek-ca:junk", junk.as_slice())], NOW);
+            thread_local! {
+                static SIGNED: (Vec<u8>, Vec<u8>) = {
+                    let (ca, sign) = ek_ca();
+                    let key = rcgen::KeyPair::generate().unwrap();
+                    (ca, sign(&rcgen::PublicKeyData::subject_public_key_info(&key)))
+                };
+            }
+            SIGNED.with(|(ca, cert)| {
+                let mut changed = cert.clone();
+                let i = at % changed.len();
+                changed[i] ^= flip;
+                let _ = ek_from_certificate(&changed);
+                // The signed part: after the outer SEQUENCE's header. A
+                // change outside it (the outer encoding) names the same key.
+                let signed = {
+                    use x509_parser::prelude::FromDer;
+                    let (_, c) = x509_parser::certificate::X509Certificate::from_der(cert).unwrap();
+                    let start = c.tbs_certificate.as_ref().as_ptr() as usize - cert.as_ptr() as usize;
+                    start..start + c.tbs_certificate.as_ref().len()
+                };
+                let by = ek_certified_by(&changed, [("ek-ca:ours", ca.as_slice())], NOW);
+                if signed.contains(&i) {
+                    assert!(
+                        !matches!(by, Ok(Some(_))),
+                        "a changed certificate is not admitted (byte {i})"
+                    );
+                }
+            });
+        }
     }
 
     #[test]

@@ -80,6 +80,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListBoots",
     "ListOperators",
     "ListGateways",
+    "ListMachines",
 ];
 
 /// The role a call (its gRPC path, `/bcd.v1.Admin/ListNodes`) needs.

@@ -131,8 +131,14 @@ pub enum Proof {
 #[tonic::async_trait]
 impl GatewayServices for JoinService {
     async fn join(&self, r: JoinRequest) -> Result<JoinResponse, Status> {
-        let (id, secret) = JoinToken::split_credential(&r.token)
-            .ok_or_else(|| bad_request(MalformedToken.to_string()))?;
+        // A TPM enrolled by its EK, or bound to a node, joins with no token.
+        let tokenless = r.token.is_empty() && r.tpm.is_some();
+        let (id, secret) = if tokenless {
+            ("", "")
+        } else {
+            JoinToken::split_credential(&r.token)
+                .ok_or_else(|| bad_request(MalformedToken.to_string()))?
+        };
         let ttl = self.policy.ttl(r.ramdisk);
         let input = JoinInput {
             token_id: id.to_string(),
@@ -168,18 +174,28 @@ impl GatewayServices for JoinService {
                         warn!(error = %e, "a join by TPM attestation was refused");
                         bad_request(e.to_string())
                     })?;
-                Some(a)
+                let ek_ca = if tokenless {
+                    self.enrolled_ek_ca(&a, &t.ek_certificate, now).await?
+                } else {
+                    None
+                };
+                Some((a, ek_ca))
             }
         };
         let (ca, csr) = (self.ca.clone(), r.csr_der);
-        let ak_name = attested.as_ref().map(|a| a.ak_name.clone());
+        let ak_name = attested.as_ref().map(|(a, _)| a.ak_name.clone());
         let issue_cert: bc_store::tokens::IssueCert =
             Box::new(move |node, now| issue(&ca, &csr, node, ak_name.as_deref(), now, ttl));
         let seal = || crate::pki::seal::statement_sealer(self.worker_key.clone());
         let joined = match (&proof, &attested) {
             (None, None) => self.store.join(&input, issue_cert).await,
             (Some(proof), _) => self.store.reenrol(&input, proof, issue_cert, seal()).await,
-            (None, Some(a)) => {
+            (None, Some((a, ek_ca))) if tokenless => {
+                self.store
+                    .join_enrolled(&input, &a.ek_sha256, ek_ca.as_deref(), issue_cert, seal())
+                    .await
+            }
+            (None, Some((a, _))) => {
                 self.store
                     .join_attested(&input, &a.ek_sha256, issue_cert, seal())
                     .await
@@ -187,7 +203,7 @@ impl GatewayServices for JoinService {
         }
         .map_err(status)?;
         let cert = joined.cert;
-        if let Some(a) = &attested {
+        if let Some((a, _)) = &attested {
             info!(
                 node = %joined.node_id,
                 serial = %cert.serial,
@@ -251,6 +267,52 @@ impl GatewayServices for JoinService {
 }
 
 impl JoinService {
+    /// For a join with no token: the enrolled EK CA that certified the
+    /// attested EK, if the node sent an EK certificate of that EK and one
+    /// did. A certificate that names another EK, or none the server can
+    /// read, admits nothing (the EK may still be enrolled by its hash, or
+    /// bound to a node).
+    async fn enrolled_ek_ca(
+        &self,
+        attested: &super::attest::Attested,
+        ek_certificate: &[u8],
+        now: i64,
+    ) -> Result<Option<String>, Status> {
+        use super::attest;
+        if ek_certificate.is_empty() {
+            return Ok(None);
+        }
+        match attest::ek_from_certificate(ek_certificate) {
+            Ok(ek) if attest::ek_hash(&ek) == attested.ek_sha256 => {}
+            Ok(_) => {
+                warn!(
+                    ek_sha256 = %attested.ek_sha256,
+                    "a join's EK certificate is for another EK than its TPM attested; ignored"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                info!(ek_sha256 = %attested.ek_sha256, error = %e, "EK certificate not used");
+                return Ok(None);
+            }
+        }
+        let cas: Vec<(String, Vec<u8>)> = self
+            .store
+            .list_enrolments()
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .filter_map(|e| Some((e.id, e.ca_der?)))
+            .collect();
+        let by = attest::ek_certified_by(
+            ek_certificate,
+            cas.iter().map(|(id, der)| (id.as_str(), der.as_slice())),
+            now,
+        )
+        .map_err(|e| bad_request(e.to_string()))?;
+        Ok(by.map(str::to_string))
+    }
+
     /// The AK a renewal's certificate names, once the request's next key
     /// is certified by it; `None` for a certificate that names no AK. A
     /// certificate naming an AK renews only so: never to a key outside

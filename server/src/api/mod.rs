@@ -15,6 +15,7 @@ pub mod gateway_port;
 pub mod gateways;
 pub mod images;
 pub mod join;
+pub mod machines;
 pub mod nodes;
 pub mod operators;
 pub mod releases;
@@ -80,6 +81,28 @@ impl Admin for AdminService {
         r: Request<v1::CreateTokenRequest>,
     ) -> Reply<v1::CreateTokenResponse> {
         tokens::create(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn enroll_machine(
+        &self,
+        r: Request<v1::EnrollMachineRequest>,
+    ) -> Reply<v1::EnrollMachineResponse> {
+        machines::enrol(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_machines(
+        &self,
+        _: Request<v1::ListMachinesRequest>,
+    ) -> Reply<v1::ListMachinesResponse> {
+        machines::list(self).await.map(Response::new)
+    }
+
+    async fn remove_machine(&self, r: Request<v1::RemoveMachineRequest>) -> Reply<v1::MachineInfo> {
+        machines::remove(self, r.into_inner())
             .await
             .map(Response::new)
     }

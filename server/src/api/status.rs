@@ -39,6 +39,9 @@ pub fn classify(r: &Refusal) -> (Code, RefusalReason) {
         Refusal::UnknownToken => (Code::PermissionDenied, RefusalReason::UnknownToken),
         Refusal::ExpiredToken => (Code::PermissionDenied, RefusalReason::ExpiredToken),
         Refusal::UsedToken => (Code::PermissionDenied, RefusalReason::UsedToken),
+        // A machine with no token whose TPM is not enrolled: retrying cannot
+        // help until an operator enrols it.
+        Refusal::NotEnrolled(_) => (Code::PermissionDenied, RefusalReason::NotEnrolled),
         // The node's identity is not (or no longer) good. Only a deletion or
         // revocation with its statement ends the node; an expired
         // certificate is renewed first.
@@ -238,6 +241,7 @@ mod tests {
             Refusal::WrongCertificate("n".into()),
             Refusal::Revoked("r".into(), None),
             Refusal::Expired,
+            Refusal::NotEnrolled("e4".into()),
             Refusal::BadRequest("b".into()),
             Refusal::NoSuchNode("n".into()),
             Refusal::NotFound("x".into()),

@@ -10,6 +10,7 @@ mod commands;
 mod doctor;
 mod gateways;
 mod images;
+mod machines;
 mod nodes;
 mod operators;
 pub mod output;
@@ -100,6 +101,11 @@ enum Command {
     Gateways {
         #[command(subcommand)]
         command: gateways::GatewaysCommand,
+    },
+    /// Machines with a TPM, enrolled by their EK: they join with no token.
+    Machines {
+        #[command(subcommand)]
+        command: machines::MachinesCommand,
     },
     /// Join tokens.
     Tokens {
@@ -227,6 +233,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|()| done),
         Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
+        Command::Machines { command } => machines::run(command, &target).await.map(|()| done),
         Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,

@@ -86,6 +86,7 @@ fn refusal_reason(e: &TxError) -> &'static str {
             | Refusal::NotFound(_)
             | Refusal::Conflict(_)
             | Refusal::NotReenrolled(..)
+            | Refusal::NotEnrolled(_)
             | Refusal::Internal(_) => "other",
         },
     }

@@ -28,6 +28,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::machines::{Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -110,6 +111,32 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         issue: IssueCert,
         seal: SealStatement,
     ) -> Result<Joined, TxError>;
+
+    /// Joins the machine whose TPM's EK has `ek_sha256` with no token
+    /// (`crate::machines::admit_tokenless`): the node bound to the EK at
+    /// its next identity generation (earlier certificates revoked, the
+    /// statement `seal` signs), else a new node bound to it when the EK is
+    /// enrolled, or when `ek_ca` (the enrolment of the EK CA the join
+    /// service found to certify it) is still enrolled. Spends nothing; a
+    /// refusal changes nothing.
+    async fn join_enrolled(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        ek_ca: Option<&str>,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError>;
+
+    /// Enrols a machine by its EK, or an EK CA; refused when that one is
+    /// enrolled already.
+    async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError>;
+
+    /// Every enrolment, EKs first.
+    async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError>;
+
+    /// Removes the enrolment `id` (a node already bound stays bound).
+    async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError>;
 
     // ------------------------------------------------- nodes, certificates
 

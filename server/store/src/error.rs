@@ -71,6 +71,14 @@ pub enum Refusal {
     NotReenrolled(String, String),
     #[error("certificate expired; renew and reconnect")]
     Expired,
+    /// A join with no token whose EK (the SHA-256, hex) is neither bound
+    /// to a node nor enrolled. Nothing was recorded.
+    #[error(
+        "this machine's TPM is not enrolled (EK SHA-256 {0}): ask an operator to enrol it \
+         (better-compute machines enroll --ek-sha256 {0}), or join with a token: bcd join \
+         --attestor tpm --server https://HOST:PORT --token TOKEN"
+    )]
+    NotEnrolled(String),
     /// The request itself is wrong; the message says how.
     #[error("{0}")]
     BadRequest(String),

@@ -38,6 +38,7 @@ pub mod images;
 pub mod inventory;
 pub mod leases;
 pub mod liveness;
+pub mod machines;
 pub mod nodes;
 pub mod postgres;
 pub mod reconcile;

@@ -164,6 +164,20 @@ pub fn reclaim_detail(generation: u64, revoked: &[String], token_id: &str) -> St
     )
 }
 
+/// The fleet event's detail of a join with no token that reclaimed the
+/// node bound to the EK (a diskless node's every boot).
+pub fn reattest_detail(generation: u64, revoked: &[String], _token_id: &str) -> String {
+    format!(
+        "re-attested by its TPM's EK with no token: identity generation {generation}, revoked \
+         {}",
+        if revoked.is_empty() {
+            "nothing".to_string()
+        } else {
+            revoked.join(", ")
+        }
+    )
+}
+
 /// A fresh node id: `nd-` and 12 hex digits.
 pub fn new_node_id() -> String {
     format!("nd-{:012x}", rand::random::<u64>() >> 16)

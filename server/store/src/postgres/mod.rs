@@ -46,6 +46,7 @@ mod images;
 mod inventory;
 mod leases;
 mod liveness;
+mod machines;
 mod nodes;
 mod reconcile;
 mod releases;
@@ -76,6 +77,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::machines::{Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -107,6 +109,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0017_gateway_credentials.sql"),
     include_str!("migrations/0018_node_ek.sql"),
     include_str!("migrations/0019_audit_chains.sql"),
+    include_str!("migrations/0020_machine_enrolments.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -500,6 +503,32 @@ impl Backend for PostgresBackend {
             &tx, j, ek_sha256, issue, seal
         )
         .await)
+    }
+
+    async fn join_enrolled(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        ek_ca: Option<&str>,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        tx!(self, |tx| tokens::join_enrolled(
+            &tx, j, ek_sha256, ek_ca, issue, seal
+        )
+        .await)
+    }
+
+    async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {
+        tx!(self, |tx| machines::enrol(&tx, e).await)
+    }
+
+    async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError> {
+        tx!(self, |tx| machines::list(&tx).await)
+    }
+
+    async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError> {
+        tx!(self, |tx| machines::remove(&tx, id).await)
     }
 
     async fn renew_within(

@@ -2,11 +2,12 @@
 
 use super::{Tx, execute, ms, now, query, query_one, query_opt};
 use crate::error::{StoreError, TxError};
+use crate::machines::{self, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
     PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof, new_node_id,
-    no_operator, operator_exists, operator_role, reclaim_detail, reenrol_detail,
+    no_operator, operator_exists, operator_role, reattest_detail, reclaim_detail, reenrol_detail,
 };
 
 pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
@@ -350,4 +351,77 @@ async fn reenrol_node(
         spec_generation_floor,
         identity_generation: generation,
     })
+}
+
+/// Joins the machine whose EK has `ek_sha256` with no token
+/// (`crate::machines`): the node bound to the EK again, or a new node when
+/// the EK is enrolled or certified by the enrolled EK CA `ek_ca`. Nothing
+/// is spent.
+pub(super) async fn join_enrolled(
+    tx: &Tx<'_>,
+    j: &JoinInput,
+    ek_sha256: &str,
+    ek_ca: Option<&str>,
+    issue: IssueCert,
+    seal: SealStatement,
+) -> Result<Joined, TxError> {
+    let now = now(tx).await?;
+    // As join_attested: two first joins of one EK at once make one node.
+    execute(
+        tx,
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&ek_sha256],
+    )
+    .await?;
+    let bound = query_opt(
+        tx,
+        "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = $1 AND deleted_at IS NULL
+         FOR UPDATE",
+        &[&ek_sha256],
+    )
+    .await?
+    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)));
+    // FOR SHARE: an enrolment removed meanwhile waits for this join.
+    let enrolled = query_opt(
+        tx,
+        "SELECT 1 FROM machine_enrolments WHERE id = $1 FOR SHARE",
+        &[&machines::ek_id(ek_sha256)],
+    )
+    .await?
+    .is_some();
+    let ca: Option<String> = match ek_ca {
+        None => None,
+        Some(id) => query_opt(
+            tx,
+            "SELECT id FROM machine_enrolments WHERE id = $1 AND kind = 'ek-ca' FOR SHARE",
+            &[&id],
+        )
+        .await?
+        .map(|r| r.get(0)),
+    };
+    match machines::admit_tokenless(ek_sha256, bound, enrolled, ca.as_deref())? {
+        TokenlessJoin::Reclaim {
+            node_id,
+            generation,
+        } => {
+            reenrol_node(
+                tx,
+                j,
+                &node_id,
+                generation,
+                now,
+                issue,
+                seal,
+                reattest_detail,
+            )
+            .await
+        }
+        TokenlessJoin::NewNode { admitted_by } => {
+            let j = JoinInput {
+                token_id: admitted_by,
+                ..j.clone()
+            };
+            new_node(tx, &j, now, issue, Some(ek_sha256)).await
+        }
+    }
 }

@@ -29,6 +29,7 @@ mod images;
 mod inventory;
 mod leases;
 mod liveness;
+mod machines;
 mod nodes;
 mod reconcile;
 mod releases;
@@ -59,6 +60,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
+use crate::machines::{Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -89,6 +91,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0017_gateway_credentials.sql"),
     include_str!("migrations/0018_node_ek.sql"),
     include_str!("migrations/0019_audit_chains.sql"),
+    include_str!("migrations/0020_machine_enrolments.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -464,6 +467,33 @@ impl Backend for SqliteBackend {
         let (j, ek) = (j.clone(), ek_sha256.to_string());
         self.write(move |c| tokens::join_attested(c, &j, &ek, issue, seal))
             .await
+    }
+
+    async fn join_enrolled(
+        &self,
+        j: &JoinInput,
+        ek_sha256: &str,
+        ek_ca: Option<&str>,
+        issue: IssueCert,
+        seal: SealStatement,
+    ) -> Result<Joined, TxError> {
+        let (j, ek, ca) = (j.clone(), ek_sha256.to_string(), ek_ca.map(str::to_string));
+        self.write(move |c| tokens::join_enrolled(c, &j, &ek, ca.as_deref(), issue, seal))
+            .await
+    }
+
+    async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {
+        let e = e.clone();
+        self.write(move |c| machines::enrol(c, &e)).await
+    }
+
+    async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError> {
+        self.read(machines::list).await
+    }
+
+    async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError> {
+        let id = id.to_string();
+        self.write(move |c| machines::remove(c, &id)).await
     }
 
     async fn renew_within(

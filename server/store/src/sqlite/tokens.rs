@@ -4,11 +4,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ms, now};
 use crate::error::{StoreError, TxError};
+use crate::machines::{self, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
     OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof,
-    new_node_id, no_operator, operator_exists, operator_role, reclaim_detail, reenrol_detail,
+    new_node_id, no_operator, operator_exists, operator_role, reattest_detail, reclaim_detail,
+    reenrol_detail,
 };
 
 pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
@@ -307,4 +309,63 @@ fn reenrol_node(
         spec_generation_floor,
         identity_generation: generation,
     })
+}
+
+/// Joins the machine whose EK has `ek_sha256` with no token
+/// (`crate::machines`): the node bound to the EK again, or a new node when
+/// the EK is enrolled or certified by the enrolled EK CA `ek_ca`. Nothing
+/// is spent.
+pub(super) fn join_enrolled(
+    c: &Connection,
+    j: &JoinInput,
+    ek_sha256: &str,
+    ek_ca: Option<&str>,
+    issue: IssueCert,
+    seal: SealStatement,
+) -> Result<Joined, TxError> {
+    let now = now(c)?;
+    let bound: Option<(String, i64)> = c
+        .query_row(
+            "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
+            [ek_sha256],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let enrolled: bool = c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM machine_enrolments WHERE id = ?1)",
+        [machines::ek_id(ek_sha256)],
+        |r| r.get(0),
+    )?;
+    let ca: Option<String> = match ek_ca {
+        None => None,
+        Some(id) => c
+            .query_row(
+                "SELECT id FROM machine_enrolments WHERE id = ?1 AND kind = 'ek-ca'",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?,
+    };
+    match machines::admit_tokenless(ek_sha256, bound, enrolled, ca.as_deref())? {
+        TokenlessJoin::Reclaim {
+            node_id,
+            generation,
+        } => reenrol_node(
+            c,
+            j,
+            &node_id,
+            generation,
+            now,
+            issue,
+            seal,
+            reattest_detail,
+        ),
+        TokenlessJoin::NewNode { admitted_by } => {
+            let j = JoinInput {
+                token_id: admitted_by,
+                ..j.clone()
+            };
+            new_node(c, &j, now, issue, Some(ek_sha256))
+        }
+    }
 }

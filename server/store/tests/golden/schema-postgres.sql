@@ -1,4 +1,4 @@
--- schema version 19
+-- schema version 20
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -109,6 +109,13 @@ leases.name: text NOT NULL
 leases.owner: text NOT NULL
 leases.expires_at: bigint NOT NULL
 leases.renewed_at: bigint NOT NULL
+machine_enrolments.id: text NOT NULL
+machine_enrolments.kind: text NOT NULL
+machine_enrolments.ek_sha256: text
+machine_enrolments.ca_der: bytea
+machine_enrolments.subject: text NOT NULL DEFAULT ''::text
+machine_enrolments.description: text NOT NULL DEFAULT ''::text
+machine_enrolments.created_at: bigint NOT NULL
 node_certs.serial: text NOT NULL
 node_certs.node_id: text NOT NULL
 node_certs.fingerprint: text NOT NULL
@@ -223,6 +230,10 @@ inventory inventory_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 inventory inventory_pkey: PRIMARY KEY (node_id, section)
 join_tokens join_tokens_pkey: PRIMARY KEY (id)
 leases leases_pkey: PRIMARY KEY (name)
+machine_enrolments machine_enrolments_check: CHECK (((kind = 'ek'::text) = (ek_sha256 IS NOT NULL)))
+machine_enrolments machine_enrolments_check1: CHECK (((kind = 'ek-ca'::text) = (ca_der IS NOT NULL)))
+machine_enrolments machine_enrolments_kind_check: CHECK ((kind = ANY (ARRAY['ek'::text, 'ek-ca'::text])))
+machine_enrolments machine_enrolments_pkey: PRIMARY KEY (id)
 node_certs node_certs_fingerprint_key: UNIQUE (fingerprint)
 node_certs node_certs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_certs node_certs_pkey: PRIMARY KEY (serial)
@@ -274,6 +285,7 @@ images_pkey: CREATE UNIQUE INDEX images_pkey ON public.images USING btree (image
 inventory_pkey: CREATE UNIQUE INDEX inventory_pkey ON public.inventory USING btree (node_id, section)
 join_tokens_pkey: CREATE UNIQUE INDEX join_tokens_pkey ON public.join_tokens USING btree (id)
 leases_pkey: CREATE UNIQUE INDEX leases_pkey ON public.leases USING btree (name)
+machine_enrolments_pkey: CREATE UNIQUE INDEX machine_enrolments_pkey ON public.machine_enrolments USING btree (id)
 node_certs_fingerprint_key: CREATE UNIQUE INDEX node_certs_fingerprint_key ON public.node_certs USING btree (fingerprint)
 node_certs_node: CREATE INDEX node_certs_node ON public.node_certs USING btree (node_id)
 node_certs_pkey: CREATE UNIQUE INDEX node_certs_pkey ON public.node_certs USING btree (serial)

@@ -1,4 +1,4 @@
--- schema version 19
+-- schema version 20
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -208,6 +208,19 @@ CREATE TABLE leases (
         expires_at INTEGER NOT NULL,
         renewed_at INTEGER NOT NULL
     ) STRICT;
+
+-- table machine_enrolments
+CREATE TABLE machine_enrolments (
+    id          TEXT PRIMARY KEY,
+    kind        TEXT NOT NULL CHECK (kind IN ('ek', 'ek-ca')),
+    ek_sha256   TEXT,
+    ca_der      BLOB,
+    subject     TEXT NOT NULL DEFAULT '',
+    description TEXT NOT NULL DEFAULT '',
+    created_at  INTEGER NOT NULL,
+    CHECK ((kind = 'ek') = (ek_sha256 IS NOT NULL)),
+    CHECK ((kind = 'ek-ca') = (ca_der IS NOT NULL))
+) STRICT;
 
 -- table node_certs
 CREATE TABLE node_certs (

@@ -376,3 +376,150 @@ pub async fn racing_first_attested_joins_of_one_ek_make_one_node(f: Fixture) {
         usize::from(ROUNDS)
     );
 }
+
+fn ek_hash(n: u8) -> String {
+    format!("{n:02x}").repeat(32)
+}
+
+async fn tokenless(s: &Store, ek: &str, ca: Option<&str>, cert: u8) -> Result<Joined, TxError> {
+    s.join_enrolled(
+        &join_input("", "h"),
+        ek,
+        ca,
+        Box::new(move |_, _| Ok(fake_cert(cert))),
+        no_seal(),
+    )
+    .await
+}
+
+/// Machines enrolled by their EK (or an EK CA) join with no token, and a
+/// machine bound to a node gets that node back at every join, spending
+/// nothing.
+pub async fn enrolled_machines_join_with_no_token(f: Fixture) {
+    use bc_store::machines::{EnrolmentKind, NewEnrolment, ca_id};
+    let s = &f.store;
+    let (e1, e2, e3) = (ek_hash(0xe1), ek_hash(0xe2), ek_hash(0xe3));
+    // Not enrolled: refused, with the hash to enrol; nothing recorded.
+    assert_eq!(
+        refusal(tokenless(s, &e1, None, 1).await),
+        Refusal::NotEnrolled(e1.clone())
+    );
+    assert!(s.list_nodes().await.unwrap().nodes.is_empty());
+
+    let enrolled = s
+        .enrol_machine(&NewEnrolment::ek(&e1, "", "rack 3").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(enrolled.id, format!("ek:{e1}"));
+    assert_eq!(enrolled.kind, EnrolmentKind::Ek);
+    assert_eq!(enrolled.node_id, None);
+    assert_eq!(enrolled.description, "rack 3");
+    assert!(matches!(
+        s.enrol_machine(&NewEnrolment::ek(&e1, "", "").unwrap()).await,
+        Err(TxError::Refused(Refusal::Conflict(m))) if m.contains("already enrolled")
+    ));
+
+    // First boot: a new node bound to the EK.
+    let first = tokenless(s, &e1, None, 1).await.unwrap();
+    assert_eq!(first.identity_generation, 1);
+    let listed = s.list_enrolments().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].node_id.as_deref(), Some(first.node_id.as_str()));
+    // Every later boot: the same node, next generation, the old one revoked.
+    let again = tokenless(s, &e1, None, 2).await.unwrap();
+    assert_eq!(again.node_id, first.node_id);
+    assert_eq!(again.identity_generation, 2);
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Revoked(
+            REENROLLED.into(),
+            Some(b"sealed".to_vec())
+        ))
+    );
+    let events = s.fleet_events(&first.node_id, 10).await.unwrap();
+    assert!(
+        format!("{events:?}").contains("re-attested by its TPM's EK with no token"),
+        "{events:?}"
+    );
+
+    // An EK CA admits the EKs it certified once it is enrolled.
+    let ca_der = vec![0x30, 0x03, 0x02, 0x01, 0x07];
+    let ca = ca_id(&ca_der);
+    assert_eq!(
+        refusal(tokenless(s, &e2, Some(&ca), 3).await),
+        Refusal::NotEnrolled(e2.clone())
+    );
+    let added = s
+        .enrol_machine(&NewEnrolment::ek_ca(ca_der.clone(), "CN=EK CA", ""))
+        .await
+        .unwrap();
+    assert_eq!(
+        (added.id.as_str(), added.kind),
+        (ca.as_str(), EnrolmentKind::EkCa)
+    );
+    assert_eq!(added.ca_der.as_deref(), Some(ca_der.as_slice()));
+    let by_ca = tokenless(s, &e2, Some(&ca), 3).await.unwrap();
+    assert_ne!(by_ca.node_id, first.node_id);
+
+    // A machine a token bound gets its node back with no token.
+    s.create_token(&token("tpm", Duration::from_secs(600), 1))
+        .await
+        .unwrap();
+    let bound = attested(s, "tpm", &e3, 4).await.unwrap();
+    let back = tokenless(s, &e3, None, 5).await.unwrap();
+    assert_eq!(
+        (back.node_id.as_str(), back.identity_generation),
+        (bound.node_id.as_str(), 2)
+    );
+
+    // Removing an enrolment admits no new node but keeps the bound one.
+    let removed = s.remove_enrolment(&format!("ek:{e1}")).await.unwrap();
+    assert_eq!(removed.ek_sha256.as_deref(), Some(e1.as_str()));
+    assert!(matches!(
+        s.remove_enrolment(&format!("ek:{e1}")).await,
+        Err(TxError::Refused(Refusal::NotFound(m))) if m.contains("better-compute machines list")
+    ));
+    let still = tokenless(s, &e1, None, 6).await.unwrap();
+    assert_eq!(
+        (still.node_id.as_str(), still.identity_generation),
+        (first.node_id.as_str(), 3)
+    );
+    // Deleting the node frees the EK: not enrolled any more, it is refused.
+    s.delete_node(&first.node_id, no_seal()).await.unwrap();
+    assert_eq!(
+        refusal(tokenless(s, &e1, None, 7).await),
+        Refusal::NotEnrolled(e1.clone())
+    );
+    // The CA's node and the token's are left.
+    assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 2);
+}
+
+/// Two tokenless joins of one enrolled EK at once, through two processes:
+/// one node, bound once; the later join reclaims it.
+pub async fn racing_tokenless_joins_of_one_ek_make_one_node(f: Fixture) {
+    use bc_store::machines::NewEnrolment;
+    const ROUNDS: u8 = 10;
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    for round in 0..ROUNDS {
+        let ek = ek_hash(0x40 + round);
+        a.enrol_machine(&NewEnrolment::ek(&ek, "", "").unwrap())
+            .await
+            .unwrap();
+        let (ra, rb) = tokio::join!(
+            tokenless(&a, &ek, None, 10 + 2 * round),
+            tokenless(&b, &ek, None, 11 + 2 * round)
+        );
+        let (ja, jb) = (
+            ra.unwrap_or_else(|e| panic!("round {round}: {e}")),
+            rb.unwrap_or_else(|e| panic!("round {round}: {e}")),
+        );
+        assert_eq!(ja.node_id, jb.node_id, "round {round}: one node");
+        let mut generations = [ja.identity_generation, jb.identity_generation];
+        generations.sort_unstable();
+        assert_eq!(generations, [1, 2], "round {round}: bound, then reclaimed");
+    }
+    assert_eq!(
+        a.list_nodes().await.unwrap().nodes.len(),
+        usize::from(ROUNDS)
+    );
+}

@@ -1,0 +1,140 @@
+//! `better-compute machines`: machines with a TPM, enrolled by their EK so
+//! they join with no token (`bcd join --attestor tpm --ca-pin PIN`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use bcd_proto::v1::{EnrollMachineRequest, ListMachinesRequest, RemoveMachineRequest};
+use clap::{Args, Subcommand};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use super::Target;
+use super::output::{self, out};
+use crate::client::status;
+
+#[derive(Debug, Subcommand)]
+pub enum MachinesCommand {
+    /// Enrol a machine by its TPM's EK, or every machine whose EK
+    /// certificate an EK CA signed: it joins with no token, and a diskless
+    /// node re-attests at every boot as the same node.
+    Enroll {
+        #[command(flatten)]
+        what: EnrolWhat,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Enrolments, and the node bound to each enrolled EK.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an enrolment (an id from `machines list`): no new node joins
+    /// by it; a node already bound to the EK stays bound until `nodes
+    /// delete` frees it.
+    Remove { id: String },
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct EnrolWhat {
+    /// The SHA-256 of the EK (64 hex digits), as a refused join prints it.
+    #[arg(long, value_name = "HEX")]
+    ek_sha256: Option<String>,
+    /// The machine's EK certificate (PEM or DER), e.g. read from its TPM
+    /// with `tpm2_getekcertificate`.
+    #[arg(long, value_name = "FILE")]
+    ek_cert: Option<PathBuf>,
+    /// An EK CA certificate (PEM or DER): the EKs it certified join.
+    #[arg(long, value_name = "FILE")]
+    ek_ca: Option<PathBuf>,
+}
+
+/// A certificate file, PEM or DER.
+fn certificate(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.first() == Some(&0x30) {
+        return Ok(bytes);
+    }
+    let der = CertificateDer::from_pem_slice(&bytes).map_err(|e| {
+        anyhow::anyhow!("{} holds no certificate (PEM or DER): {e}", path.display())
+    })?;
+    Ok(der.to_vec())
+}
+
+pub async fn run(cmd: MachinesCommand, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    match cmd {
+        MachinesCommand::Enroll {
+            what,
+            description,
+            json,
+        } => {
+            let request = EnrollMachineRequest {
+                ek_sha256: what.ek_sha256.unwrap_or_default(),
+                ek_certificate_der: what
+                    .ek_cert
+                    .as_deref()
+                    .map(certificate)
+                    .transpose()?
+                    .unwrap_or_default(),
+                ek_ca_der: what
+                    .ek_ca
+                    .as_deref()
+                    .map(certificate)
+                    .transpose()?
+                    .unwrap_or_default(),
+                description,
+            };
+            let r = c
+                .enroll_machine(request)
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json_line(&r);
+            }
+            let m = r.machine.unwrap_or_default();
+            out!("{}", m.id);
+            eprintln!(
+                "enrolled; its machines join with no token: bcd join --attestor tpm --server \
+                 https://HOST:PORT --ca-pin {}",
+                r.ca_pin
+            );
+        }
+        MachinesCommand::List { json } => {
+            let r = c
+                .list_machines(ListMachinesRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r.machines);
+            }
+            out!("{:<72} {:<18} {:<26} SUBJECT", "ID", "NODE", "ENROLLED");
+            for m in r.machines {
+                let node = if m.node_id.is_empty() {
+                    "-"
+                } else {
+                    &m.node_id
+                };
+                out!(
+                    "{:<72} {:<18} {:<26} {}",
+                    m.id,
+                    node,
+                    output::time(m.created_at_ms),
+                    m.subject
+                );
+            }
+        }
+        MachinesCommand::Remove { id } => {
+            c.remove_machine(RemoveMachineRequest { id: id.clone() })
+                .await
+                .map_err(status)?;
+            out!("enrolment {id} removed");
+        }
+    }
+    Ok(())
+}
