@@ -206,3 +206,86 @@ fn an_enrolled_ek_ca_admits_the_tpms_it_certified() {
     let out = joined(&join(&node, &server, &tpm, &tokenless));
     assert!(out.contains("re-enrolled as node"), "{out}");
 }
+
+/// Copies a stopped TPM's state: a clone of the machine's identity.
+fn copy_state(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn machines_with_a_copied_tpm_state_are_quarantined_and_an_operator_rejoins_the_real_one() {
+    let (d, server) = setup_dirs();
+    let pin = pin(&server);
+    let tokenless = ["--ca-pin", pin.as_str(), "--ramdisk"];
+    let (real_dir, clone_dir) = (d.path().join("tpm-real"), d.path().join("tpm-clone"));
+    let mut tpm = swtpm(&real_dir);
+    let mut real = Node::new(&d.path().join("real"), 1);
+    let clone_node = Node::new(&d.path().join("clone"), 2);
+    let hash = not_enrolled(&join(&real, &server, &tpm, &tokenless));
+    tpm.stop();
+    copy_state(&real_dir, &clone_dir);
+    tpm.restart().unwrap();
+    let clone = swtpm(&clone_dir);
+    enrol(&server, &["--ek-sha256", &hash]);
+
+    // The real machine joins and connects; the clone, with the same TPM
+    // state, takes the node from it at its join.
+    joined(&join(&real, &server, &tpm, &tokenless));
+    let id = real.id();
+    real.env = vec![("BCD_TPM".into(), format!("swtpm:{}", tpm.addr()))];
+    real.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let out = joined(&join(&clone_node, &server, &clone, &tokenless));
+    assert!(out.contains(&format!("re-enrolled as node {id}")), "{out}");
+    let stopped = real.proc().wait(Duration::from_secs(30));
+    assert!(stopped.is_some(), "the real machine's daemon is refused");
+    let events = |server: &Server| {
+        let s = server.store();
+        format!("{:?}", s.block(s.store.fleet_events(&id, 50)).unwrap())
+    };
+    let seen = events(&server);
+    assert!(seen.contains("security.node.duplicate-session"), "{seen}");
+    assert!(
+        seen.contains("re-attested the node's TPM while boot"),
+        "{seen}"
+    );
+
+    // Each joins again in turn: the fourth return to a machine seen
+    // before quarantines the node, and neither gets it back.
+    let machines = [(&real, &tpm), (&clone_node, &clone)];
+    for (i, (node, t)) in machines.iter().cycle().take(4).enumerate() {
+        std::fs::remove_dir_all(&node.dir).unwrap();
+        let out = join(node, &server, t, &tokenless);
+        if i < 3 {
+            joined(&out);
+        } else {
+            let err = stderr(&out);
+            assert!(!out.status.success(), "a fourth return is quarantined");
+            assert!(err.contains(&format!("node {id} is quarantined")), "{err}");
+            assert!(err.contains("--attestor tpm --token TOKEN"), "{err}");
+        }
+    }
+    let seen = events(&server);
+    assert!(seen.contains("security.node.quarantined"), "{seen}");
+    std::fs::remove_dir_all(&real.dir).unwrap();
+    let again = join(&real, &server, &tpm, &tokenless);
+    assert!(
+        stderr(&again).contains("is quarantined"),
+        "{}",
+        stderr(&again)
+    );
+
+    // An operator joins the real machine with a token: the same node.
+    let token = server.token(1);
+    let out = joined(&join(&real, &server, &tpm, &["--token", &token]));
+    assert!(out.contains(&format!("re-enrolled as node {id}")), "{out}");
+    real.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    real.proc().stop();
+}

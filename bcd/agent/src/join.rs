@@ -261,6 +261,8 @@ async fn send_join(
             ramdisk,
             previous,
             tpm,
+            // A sighting for the server's clone watch.
+            boot_id: host.boot_id().unwrap_or_default(),
         })
         .await
         .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?

@@ -248,6 +248,7 @@ spelled!(v1::RefusalReason {
     OperatorUnauthenticated => "operator-unauthenticated",
     OperatorForbidden => "operator-forbidden",
     NotEnrolled => "not-enrolled",
+    Quarantined => "quarantined",
 });
 
 spelled!(v1::NodeStatementKind {

@@ -295,6 +295,7 @@ fn refusals_statements_and_join() {
                 signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
             }),
             tpm: None,
+            boot_id: String::new(),
         },
     );
     // An earlier server's response carries no signature; a signed one
@@ -353,6 +354,7 @@ fn tpm_attestation() {
                 certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
                 ek_certificate: vec![],
             }),
+            boot_id: String::new(),
         },
     );
     // A machine enrolled by its EK joins with no token; its EK certificate
@@ -376,6 +378,21 @@ fn tpm_attestation() {
                 certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
                 ek_certificate: vec![0x30, 0x82, 0x05],
             }),
+            boot_id: String::new(),
+        },
+    );
+    // Its boot id (field 8): a sighting for the clone watch.
+    check(
+        "join_request_tpm_reattest",
+        &v1::JoinRequest {
+            token: String::new(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: true,
+            previous: None,
+            tpm: None,
+            boot_id: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
         },
     );
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_store::Refusal;
+use bc_store::machines::Enrolled;
 use bc_store::nodes::{IssuedCert, REENROLLED};
 use bc_store::tokens::{JoinInput, PreviousProof};
 use bcd_proto::token::{JoinToken, MalformedToken};
@@ -191,9 +192,31 @@ impl GatewayServices for JoinService {
             (None, None) => self.store.join(&input, issue_cert).await,
             (Some(proof), _) => self.store.reenrol(&input, proof, issue_cert, seal()).await,
             (None, Some((a, ek_ca))) if tokenless => {
-                self.store
-                    .join_enrolled(&input, &a.ek_sha256, ek_ca.as_deref(), issue_cert, seal())
+                let boot_id: String = r.boot_id.chars().take(64).collect();
+                match self
+                    .store
+                    .join_enrolled(
+                        &input,
+                        &a.ek_sha256,
+                        ek_ca.as_deref(),
+                        &boot_id,
+                        issue_cert,
+                        seal(),
+                    )
                     .await
+                {
+                    Ok(Enrolled::Joined(j)) => Ok(j),
+                    Ok(Enrolled::Quarantined { node_id }) => {
+                        warn!(
+                            node = %node_id,
+                            ek_sha256 = %a.ek_sha256,
+                            boot = %boot_id,
+                            "node quarantined: machines alternate on its TPM identity"
+                        );
+                        return Err(super::status::refusal(Refusal::Quarantined(node_id)));
+                    }
+                    Err(e) => Err(e),
+                }
             }
             (None, Some((a, _))) => {
                 self.store

@@ -42,6 +42,8 @@ pub fn classify(r: &Refusal) -> (Code, RefusalReason) {
         // A machine with no token whose TPM is not enrolled: retrying cannot
         // help until an operator enrols it.
         Refusal::NotEnrolled(_) => (Code::PermissionDenied, RefusalReason::NotEnrolled),
+        // A cloned identity: only an operator's join with a token ends it.
+        Refusal::Quarantined(_) => (Code::PermissionDenied, RefusalReason::Quarantined),
         // The node's identity is not (or no longer) good. Only a deletion or
         // revocation with its statement ends the node; an expired
         // certificate is renewed first.
@@ -242,6 +244,7 @@ mod tests {
             Refusal::Revoked("r".into(), None),
             Refusal::Expired,
             Refusal::NotEnrolled("e4".into()),
+            Refusal::Quarantined("n".into()),
             Refusal::BadRequest("b".into()),
             Refusal::NoSuchNode("n".into()),
             Refusal::NotFound("x".into()),

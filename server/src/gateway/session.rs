@@ -87,6 +87,7 @@ fn refusal_reason(e: &TxError) -> &'static str {
             | Refusal::Conflict(_)
             | Refusal::NotReenrolled(..)
             | Refusal::NotEnrolled(_)
+            | Refusal::Quarantined(_)
             | Refusal::Internal(_) => "other",
         },
     }

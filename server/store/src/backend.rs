@@ -28,7 +28,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::machines::{Enrolment, NewEnrolment};
+use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -119,14 +119,22 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// enrolled, or when `ek_ca` (the enrolment of the EK CA the join
     /// service found to certify it) is still enrolled. Spends nothing; a
     /// refusal changes nothing.
+    ///
+    /// `boot_id` (the joining machine's) is a sighting for the clone watch
+    /// (`crate::clones`, keyed by the node): a reclaim whose sightings
+    /// alternate between machines quarantines the node instead
+    /// ([`Enrolled::Quarantined`], committed), and a quarantined node is
+    /// refused until a join with a token reclaims it.
+    #[allow(clippy::too_many_arguments)]
     async fn join_enrolled(
         &self,
         j: &JoinInput,
         ek_sha256: &str,
         ek_ca: Option<&str>,
+        boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
-    ) -> Result<Joined, TxError>;
+    ) -> Result<Enrolled, TxError>;
 
     /// Enrols a machine by its EK, or an EK CA; refused when that one is
     /// enrolled already.

@@ -71,6 +71,27 @@ pub fn judge(
     }
 }
 
+/// The fleet event's detail when a join with no token (a re-attestation
+/// of the node's TPM) comes from another boot than the connected session.
+pub fn reattest_takeover_detail(boot: &str, connected: &str) -> String {
+    format!("boot {boot} re-attested the node's TPM while boot {connected} held its session")
+}
+
+/// The fleet event's detail of a node quarantined at a re-attestation.
+pub fn reattest_quarantine_detail(revoked: &[String]) -> String {
+    format!(
+        "more than {QUARANTINE_AFTER} alternations between machines re-attesting one TPM \
+         identity in {} minutes; certificates revoked ({DUPLICATE_IDENTITY}): {}; join the real \
+         machine again with a token",
+        CLONE_WINDOW_MS / 60_000,
+        if revoked.is_empty() {
+            "none".to_string()
+        } else {
+            revoked.join(", ")
+        }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

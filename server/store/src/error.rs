@@ -79,6 +79,13 @@ pub enum Refusal {
          --attestor tpm --server https://HOST:PORT --token TOKEN"
     )]
     NotEnrolled(String),
+    /// A join with no token of a node quarantined as a cloned identity.
+    #[error(
+        "node {0} is quarantined: two machines presented its TPM's identity (a copied TPM \
+         state?); an operator joins the real machine again with a token: bcd join --reset --yes \
+         --attestor tpm --token TOKEN"
+    )]
+    Quarantined(String),
     /// The request itself is wrong; the message says how.
     #[error("{0}")]
     BadRequest(String),

@@ -13,6 +13,7 @@
 //! bound to the EK stays bound until `nodes delete` frees it.
 
 use crate::error::Refusal;
+use crate::tokens::Joined;
 
 /// The two kinds of enrolment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,17 +140,47 @@ pub enum TokenlessJoin {
     NewNode { admitted_by: String },
 }
 
+/// The live node bound to an EK, as a join with no token finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundNode {
+    pub node_id: String,
+    pub generation: i64,
+    /// Quarantined as a cloned identity.
+    pub quarantined: bool,
+}
+
+/// What a join with no token came to.
+#[derive(Debug, Clone)]
+pub enum Enrolled {
+    Joined(Joined),
+    /// Two machines alternate on the node's TPM identity: the node was
+    /// quarantined (its certificates revoked, `duplicate-identity`) by this
+    /// join, which the peer is refused with [`Refusal::Quarantined`].
+    Quarantined {
+        node_id: String,
+    },
+}
+
 /// Decides a join with no token of the EK `ek_sha256`: `bound`, the live
-/// node bound to it and its identity generation; `enrolled`, whether the EK
-/// is enrolled by its hash; `ca`, the enrolment of the EK CA that certified
-/// it, if any still enrolled.
+/// node bound to it; `enrolled`, whether the EK is enrolled by its hash;
+/// `ca`, the enrolment of the EK CA that certified it, if any still
+/// enrolled. A quarantined node is refused: only a join with a token
+/// (an operator's) reclaims it.
 pub fn admit_tokenless(
     ek_sha256: &str,
-    bound: Option<(String, i64)>,
+    bound: Option<BoundNode>,
     enrolled: bool,
     ca: Option<&str>,
 ) -> Result<TokenlessJoin, Refusal> {
-    if let Some((node_id, generation)) = bound {
+    if let Some(BoundNode {
+        node_id,
+        generation,
+        quarantined,
+    }) = bound
+    {
+        if quarantined {
+            return Err(Refusal::Quarantined(node_id));
+        }
         return Ok(TokenlessJoin::Reclaim {
             node_id,
             generation: generation.max(0) as u64 + 1,
@@ -174,12 +205,32 @@ mod tests {
 
     const EK: &str = "e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4";
 
+    fn bound(quarantined: bool) -> BoundNode {
+        BoundNode {
+            node_id: "nd-1".into(),
+            generation: 3,
+            quarantined,
+        }
+    }
+
+    #[test]
+    fn a_quarantined_node_is_not_reclaimed_with_no_token() {
+        for enrolled in [false, true] {
+            assert_eq!(
+                admit_tokenless(EK, Some(bound(true)), enrolled, Some("ek-ca:aa")),
+                Err(Refusal::Quarantined("nd-1".into()))
+            );
+        }
+        let text = Refusal::Quarantined("nd-1".into()).to_string();
+        assert!(text.contains("--attestor tpm --token TOKEN"), "{text}");
+    }
+
     #[test]
     fn a_bound_ek_is_reclaimed_before_any_enrolment_is_looked_at() {
         for enrolled in [false, true] {
             for ca in [None, Some("ek-ca:aa")] {
                 assert_eq!(
-                    admit_tokenless(EK, Some(("nd-1".into(), 3)), enrolled, ca).unwrap(),
+                    admit_tokenless(EK, Some(bound(false)), enrolled, ca).unwrap(),
                     TokenlessJoin::Reclaim {
                         node_id: "nd-1".into(),
                         generation: 4

@@ -77,7 +77,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::machines::{Enrolment, NewEnrolment};
+use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -510,11 +510,12 @@ impl Backend for PostgresBackend {
         j: &JoinInput,
         ek_sha256: &str,
         ek_ca: Option<&str>,
+        boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
-    ) -> Result<Joined, TxError> {
+    ) -> Result<Enrolled, TxError> {
         tx!(self, |tx| tokens::join_enrolled(
-            &tx, j, ek_sha256, ek_ca, issue, seal
+            &tx, j, ek_sha256, ek_ca, boot_id, issue, seal
         )
         .await)
     }

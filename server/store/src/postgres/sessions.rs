@@ -207,6 +207,13 @@ async fn watch_clones(
         &[&h.cert_serial, &now, &clones::DUPLICATE_IDENTITY],
     )
     .await?;
+    // A node bound to a TPM is not re-attested with no token meanwhile.
+    execute(
+        tx,
+        "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
+        &[&h.node_id, &now],
+    )
+    .await?;
     fleet_event(
         tx,
         now,

@@ -1,8 +1,9 @@
 //! Join tokens and operator credentials.
 
 use super::{Tx, execute, ms, now, query, query_one, query_opt};
+use crate::clones;
 use crate::error::{StoreError, TxError};
-use crate::machines::{self, TokenlessJoin};
+use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
@@ -258,6 +259,20 @@ pub(super) async fn join_attested(
         None => new_node(tx, j, now, issue, Some(ek_sha256)).await,
         Some((node_id, generation)) => {
             let generation = generation.max(0) as u64 + 1;
+            // An operator's join with a token ends a quarantine, and the
+            // clone watch starts over.
+            execute(
+                tx,
+                "UPDATE nodes SET quarantined_at = NULL WHERE id = $1",
+                &[&node_id],
+            )
+            .await?;
+            execute(
+                tx,
+                "DELETE FROM ek_sightings WHERE node_id = $1",
+                &[&node_id],
+            )
+            .await?;
             reenrol_node(
                 tx,
                 j,
@@ -356,15 +371,18 @@ async fn reenrol_node(
 /// Joins the machine whose EK has `ek_sha256` with no token
 /// (`crate::machines`): the node bound to the EK again, or a new node when
 /// the EK is enrolled or certified by the enrolled EK CA `ek_ca`. Nothing
-/// is spent.
+/// is spent. The join's `boot_id` is a sighting for the clone watch: a
+/// node whose re-attestations alternate between machines is quarantined.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn join_enrolled(
     tx: &Tx<'_>,
     j: &JoinInput,
     ek_sha256: &str,
     ek_ca: Option<&str>,
+    boot_id: &str,
     issue: IssueCert,
     seal: SealStatement,
-) -> Result<Joined, TxError> {
+) -> Result<Enrolled, TxError> {
     let now = now(tx).await?;
     // As join_attested: two first joins of one EK at once make one node.
     execute(
@@ -375,12 +393,16 @@ pub(super) async fn join_enrolled(
     .await?;
     let bound = query_opt(
         tx,
-        "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = $1 AND deleted_at IS NULL
-         FOR UPDATE",
+        "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
+         WHERE ek_sha256 = $1 AND deleted_at IS NULL FOR UPDATE",
         &[&ek_sha256],
     )
     .await?
-    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)));
+    .map(|r| BoundNode {
+        node_id: r.get(0),
+        generation: r.get(1),
+        quarantined: r.get(2),
+    });
     // FOR SHARE: an enrolment removed meanwhile waits for this join.
     let enrolled = query_opt(
         tx,
@@ -404,6 +426,10 @@ pub(super) async fn join_enrolled(
             node_id,
             generation,
         } => {
+            if watch_reattest(tx, &node_id, boot_id, now).await? {
+                quarantine_node(tx, &node_id, now, seal).await?;
+                return Ok(Enrolled::Quarantined { node_id });
+            }
             reenrol_node(
                 tx,
                 j,
@@ -415,13 +441,122 @@ pub(super) async fn join_enrolled(
                 reattest_detail,
             )
             .await
+            .map(Enrolled::Joined)
         }
         TokenlessJoin::NewNode { admitted_by } => {
             let j = JoinInput {
                 token_id: admitted_by,
                 ..j.clone()
             };
-            new_node(tx, &j, now, issue, Some(ek_sha256)).await
+            let joined = new_node(tx, &j, now, issue, Some(ek_sha256)).await?;
+            watch_reattest(tx, &joined.node_id, boot_id, now).await?;
+            Ok(Enrolled::Joined(joined))
         }
     }
+}
+
+/// The clone watch's part of a join with no token (`crate::clones`, keyed
+/// by the node; the node's row is locked): records the boot id, publishes
+/// a takeover of a connected session from another boot; true when the
+/// alternations call for quarantine. A join with no boot id is not watched.
+async fn watch_reattest(
+    tx: &Tx<'_>,
+    node_id: &str,
+    boot_id: &str,
+    now: i64,
+) -> Result<bool, TxError> {
+    if boot_id.is_empty() {
+        return Ok(false);
+    }
+    let sightings: Vec<(String, i64)> = query(
+        tx,
+        "SELECT boot_id, at FROM ek_sightings WHERE node_id = $1 ORDER BY id",
+        &[&node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let connected: Option<String> = query_opt(
+        tx,
+        "SELECT boot_id FROM node_sessions WHERE node_id = $1 AND state = 'connected'",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| r.get(0));
+    let v = clones::judge(&sightings, connected.as_deref(), boot_id, now);
+    if v.record {
+        execute(
+            tx,
+            "INSERT INTO ek_sightings (node_id, boot_id, at) VALUES ($1, $2, $3)",
+            &[&node_id, &boot_id, &now],
+        )
+        .await?;
+        execute(
+            tx,
+            "DELETE FROM ek_sightings WHERE node_id = $1 AND at < $2",
+            &[&node_id, &(now - clones::CLONE_WINDOW_MS)],
+        )
+        .await?;
+    }
+    if v.takeover {
+        super::bindings::fleet_event(
+            tx,
+            now,
+            clones::DUPLICATE_SESSION,
+            node_id,
+            &clones::reattest_takeover_detail(boot_id, connected.as_deref().unwrap_or_default()),
+        )
+        .await?;
+    }
+    Ok(v.quarantine())
+}
+
+/// Quarantines a node as a cloned identity: every certificate revoked
+/// (`duplicate-identity`, with the statement `seal` signs), joins with no
+/// token refused until an operator's join with a token.
+async fn quarantine_node(
+    tx: &Tx<'_>,
+    node_id: &str,
+    now: i64,
+    seal: SealStatement,
+) -> Result<(), TxError> {
+    let serials: Vec<String> = query(
+        tx,
+        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
+        &[&node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: clones::DUPLICATE_IDENTITY.to_string(),
+        issued_at_ms: now,
+    });
+    execute(
+        tx,
+        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
+         WHERE node_id = $1 AND revoked_at IS NULL",
+        &[&node_id, &now, &clones::DUPLICATE_IDENTITY, &statement],
+    )
+    .await?;
+    execute(
+        tx,
+        "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
+        &[&node_id, &now],
+    )
+    .await?;
+    super::bindings::fleet_event(
+        tx,
+        now,
+        clones::QUARANTINED,
+        node_id,
+        &clones::reattest_quarantine_detail(&serials),
+    )
+    .await?;
+    Ok(())
 }

@@ -60,7 +60,7 @@ use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::machines::{Enrolment, NewEnrolment};
+use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
@@ -474,11 +474,17 @@ impl Backend for SqliteBackend {
         j: &JoinInput,
         ek_sha256: &str,
         ek_ca: Option<&str>,
+        boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
-    ) -> Result<Joined, TxError> {
-        let (j, ek, ca) = (j.clone(), ek_sha256.to_string(), ek_ca.map(str::to_string));
-        self.write(move |c| tokens::join_enrolled(c, &j, &ek, ca.as_deref(), issue, seal))
+    ) -> Result<Enrolled, TxError> {
+        let (j, ek, ca, boot) = (
+            j.clone(),
+            ek_sha256.to_string(),
+            ek_ca.map(str::to_string),
+            boot_id.to_string(),
+        );
+        self.write(move |c| tokens::join_enrolled(c, &j, &ek, ca.as_deref(), &boot, issue, seal))
             .await
     }
 

@@ -172,6 +172,9 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
          WHERE serial = ?1 AND revoked_at IS NULL",
     )?
     .execute(params![h.cert_serial, now, clones::DUPLICATE_IDENTITY])?;
+    // A node bound to a TPM is not re-attested with no token meanwhile.
+    c.prepare_cached("UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1")?
+        .execute(params![h.node_id, now])?;
     fleet_event(
         c,
         now,

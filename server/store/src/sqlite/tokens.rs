@@ -3,8 +3,9 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ms, now};
+use crate::clones;
 use crate::error::{StoreError, TxError};
-use crate::machines::{self, TokenlessJoin};
+use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
@@ -239,6 +240,13 @@ pub(super) fn join_attested(
         None => new_node(c, j, now, issue, Some(ek_sha256)),
         Some((node_id, generation)) => {
             let generation = generation.max(0) as u64 + 1;
+            // An operator's join with a token ends a quarantine, and the
+            // clone watch starts over.
+            c.execute(
+                "UPDATE nodes SET quarantined_at = NULL WHERE id = ?1",
+                [&node_id],
+            )?;
+            c.execute("DELETE FROM ek_sightings WHERE node_id = ?1", [&node_id])?;
             reenrol_node(c, j, &node_id, generation, now, issue, seal, reclaim_detail)
         }
     }
@@ -314,21 +322,30 @@ fn reenrol_node(
 /// Joins the machine whose EK has `ek_sha256` with no token
 /// (`crate::machines`): the node bound to the EK again, or a new node when
 /// the EK is enrolled or certified by the enrolled EK CA `ek_ca`. Nothing
-/// is spent.
+/// is spent. The join's `boot_id` is a sighting for the clone watch: a
+/// node whose re-attestations alternate between machines is quarantined.
 pub(super) fn join_enrolled(
     c: &Connection,
     j: &JoinInput,
     ek_sha256: &str,
     ek_ca: Option<&str>,
+    boot_id: &str,
     issue: IssueCert,
     seal: SealStatement,
-) -> Result<Joined, TxError> {
+) -> Result<Enrolled, TxError> {
     let now = now(c)?;
-    let bound: Option<(String, i64)> = c
+    let bound = c
         .query_row(
-            "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
+            "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
+             WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
             [ek_sha256],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| {
+                Ok(BoundNode {
+                    node_id: r.get(0)?,
+                    generation: r.get(1)?,
+                    quarantined: r.get(2)?,
+                })
+            },
         )
         .optional()?;
     let enrolled: bool = c.query_row(
@@ -350,22 +367,108 @@ pub(super) fn join_enrolled(
         TokenlessJoin::Reclaim {
             node_id,
             generation,
-        } => reenrol_node(
-            c,
-            j,
-            &node_id,
-            generation,
-            now,
-            issue,
-            seal,
-            reattest_detail,
-        ),
+        } => {
+            if watch_reattest(c, &node_id, boot_id, now)? {
+                quarantine_node(c, &node_id, now, seal)?;
+                return Ok(Enrolled::Quarantined { node_id });
+            }
+            reenrol_node(
+                c,
+                j,
+                &node_id,
+                generation,
+                now,
+                issue,
+                seal,
+                reattest_detail,
+            )
+            .map(Enrolled::Joined)
+        }
         TokenlessJoin::NewNode { admitted_by } => {
             let j = JoinInput {
                 token_id: admitted_by,
                 ..j.clone()
             };
-            new_node(c, &j, now, issue, Some(ek_sha256))
+            let joined = new_node(c, &j, now, issue, Some(ek_sha256))?;
+            watch_reattest(c, &joined.node_id, boot_id, now)?;
+            Ok(Enrolled::Joined(joined))
         }
     }
+}
+
+/// The clone watch's part of a join with no token (`crate::clones`, keyed
+/// by the node): records the boot id, publishes a takeover of a connected
+/// session from another boot; true when the alternations call for
+/// quarantine. A join with no boot id (an older bcd) is not watched.
+fn watch_reattest(c: &Connection, node_id: &str, boot_id: &str, now: i64) -> Result<bool, TxError> {
+    if boot_id.is_empty() {
+        return Ok(false);
+    }
+    let sightings: Vec<(String, i64)> = c
+        .prepare_cached("SELECT boot_id, at FROM ek_sightings WHERE node_id = ?1 ORDER BY id")?
+        .query_map([node_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let connected: Option<String> = c
+        .query_row(
+            "SELECT boot_id FROM node_sessions WHERE node_id = ?1 AND state = 'connected'",
+            [node_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let v = clones::judge(&sightings, connected.as_deref(), boot_id, now);
+    if v.record {
+        c.prepare_cached("INSERT INTO ek_sightings (node_id, boot_id, at) VALUES (?1, ?2, ?3)")?
+            .execute(params![node_id, boot_id, now])?;
+        c.prepare_cached("DELETE FROM ek_sightings WHERE node_id = ?1 AND at < ?2")?
+            .execute(params![node_id, now - clones::CLONE_WINDOW_MS])?;
+    }
+    if v.takeover {
+        super::bindings::fleet_event(
+            c,
+            now,
+            clones::DUPLICATE_SESSION,
+            node_id,
+            &clones::reattest_takeover_detail(boot_id, connected.as_deref().unwrap_or_default()),
+        )?;
+    }
+    Ok(v.quarantine())
+}
+
+/// Quarantines a node as a cloned identity: every certificate revoked
+/// (`duplicate-identity`, with the statement `seal` signs), joins with no
+/// token refused until an operator's join with a token.
+fn quarantine_node(
+    c: &Connection,
+    node_id: &str,
+    now: i64,
+    seal: SealStatement,
+) -> Result<(), TxError> {
+    let serials: Vec<String> = c
+        .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL ORDER BY serial")?
+        .query_map([node_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: clones::DUPLICATE_IDENTITY.to_string(),
+        issued_at_ms: now,
+    });
+    c.execute(
+        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
+         WHERE node_id = ?1 AND revoked_at IS NULL",
+        params![node_id, now, clones::DUPLICATE_IDENTITY, statement],
+    )?;
+    c.execute(
+        "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
+        params![node_id, now],
+    )?;
+    super::bindings::fleet_event(
+        c,
+        now,
+        clones::QUARANTINED,
+        node_id,
+        &clones::reattest_quarantine_detail(&serials),
+    )?;
+    Ok(())
 }

@@ -66,6 +66,10 @@ commands.output_truncated: boolean NOT NULL DEFAULT false
 commands.result_at: bigint
 controller_state.name: text NOT NULL
 controller_state.value: bigint NOT NULL
+ek_sightings.id: bigint NOT NULL DEFAULT nextval('ek_sightings_id_seq'::regclass)
+ek_sightings.node_id: text NOT NULL
+ek_sightings.boot_id: text NOT NULL
+ek_sightings.at: bigint NOT NULL
 fleet_events.id: bigint NOT NULL DEFAULT nextval('fleet_events_id_seq'::regclass)
 fleet_events.at: bigint NOT NULL
 fleet_events.kind: text NOT NULL
@@ -169,6 +173,7 @@ nodes.taints: text NOT NULL DEFAULT '[]'::text
 nodes.next_seq: bigint NOT NULL DEFAULT 1
 nodes.release_floor: bigint NOT NULL DEFAULT 0
 nodes.ek_sha256: text
+nodes.quarantined_at: bigint
 operators.id: text NOT NULL
 operators.created_at: bigint NOT NULL
 operators.role: text NOT NULL
@@ -220,6 +225,8 @@ commands commands_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 commands commands_node_id_seq_key: UNIQUE (node_id, seq)
 commands commands_pkey: PRIMARY KEY (id)
 controller_state controller_state_pkey: PRIMARY KEY (name)
+ek_sightings ek_sightings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+ek_sightings ek_sightings_pkey: PRIMARY KEY (id)
 fleet_events fleet_events_pkey: PRIMARY KEY (id)
 gateway_credentials gateway_credentials_pkey: PRIMARY KEY (name)
 image_artifacts image_artifacts_pkey: PRIMARY KEY (sha256)
@@ -276,6 +283,8 @@ commands_node_state: CREATE INDEX commands_node_state ON public.commands USING b
 commands_pkey: CREATE UNIQUE INDEX commands_pkey ON public.commands USING btree (id)
 commands_state_deadline: CREATE INDEX commands_state_deadline ON public.commands USING btree (state, not_after)
 controller_state_pkey: CREATE UNIQUE INDEX controller_state_pkey ON public.controller_state USING btree (name)
+ek_sightings_node: CREATE INDEX ek_sightings_node ON public.ek_sightings USING btree (node_id, id)
+ek_sightings_pkey: CREATE UNIQUE INDEX ek_sightings_pkey ON public.ek_sightings USING btree (id)
 fleet_events_node: CREATE INDEX fleet_events_node ON public.fleet_events USING btree (node_id, id)
 fleet_events_pkey: CREATE UNIQUE INDEX fleet_events_pkey ON public.fleet_events USING btree (id)
 gateway_credentials_pkey: CREATE UNIQUE INDEX gateway_credentials_pkey ON public.gateway_credentials USING btree (name)

@@ -18,6 +18,9 @@ CREATE INDEX commands_node_state ON commands(node_id, state, seq);
 -- index commands_state_deadline
 CREATE INDEX commands_state_deadline ON commands(state, not_after);
 
+-- index ek_sightings_node
+CREATE INDEX ek_sightings_node ON ek_sightings(node_id, id);
+
 -- index fleet_events_node
 CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
 
@@ -132,6 +135,14 @@ CREATE TABLE controller_state (
         name  TEXT PRIMARY KEY,
         value INTEGER NOT NULL
     ) STRICT;
+
+-- table ek_sightings
+CREATE TABLE ek_sightings (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    node_id TEXT NOT NULL REFERENCES nodes(id),
+    boot_id TEXT NOT NULL,
+    at      INTEGER NOT NULL
+) STRICT;
 
 -- table fleet_events
 CREATE TABLE fleet_events (
@@ -290,7 +301,7 @@ CREATE TABLE nodes (
         agent_version       TEXT NOT NULL DEFAULT '',
         conditions          TEXT NOT NULL DEFAULT '[]',
         taints              TEXT NOT NULL DEFAULT '[]'
-    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT) STRICT;
+    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT, quarantined_at INTEGER) STRICT;
 
 -- table operators
 CREATE TABLE "operators" (

@@ -260,6 +260,7 @@ macro_rules! store_suite {
             reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,
             reenrol::enrolled_machines_join_with_no_token,
             reenrol::racing_tokenless_joins_of_one_ek_make_one_node,
+            reenrol::machines_alternating_on_one_tpm_identity_are_quarantined,
             tokens::tokens_are_single_use_and_expire,
             tokens::operators_are_found_by_their_certificate_and_revoked_for_every_process,
         );

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use bc_store::machines::Enrolled;
 use bc_store::nodes::{REENROLLED, SealStatement, StatementKind};
 use bc_store::tokens::{Joined, PreviousProof};
 use bc_store::{Refusal, Store, TxError};
@@ -381,15 +382,30 @@ fn ek_hash(n: u8) -> String {
     format!("{n:02x}").repeat(32)
 }
 
-async fn tokenless(s: &Store, ek: &str, ca: Option<&str>, cert: u8) -> Result<Joined, TxError> {
+async fn reattest(
+    s: &Store,
+    ek: &str,
+    ca: Option<&str>,
+    boot: &str,
+    cert: u8,
+) -> Result<Enrolled, TxError> {
     s.join_enrolled(
         &join_input("", "h"),
         ek,
         ca,
+        boot,
         Box::new(move |_, _| Ok(fake_cert(cert))),
         no_seal(),
     )
     .await
+}
+
+/// A join with no token from a boot of its own (never seen twice).
+async fn tokenless(s: &Store, ek: &str, ca: Option<&str>, cert: u8) -> Result<Joined, TxError> {
+    match reattest(s, ek, ca, &format!("boot-{cert}"), cert).await? {
+        Enrolled::Joined(j) => Ok(j),
+        Enrolled::Quarantined { node_id } => panic!("node {node_id} quarantined"),
+    }
 }
 
 /// Machines enrolled by their EK (or an EK CA) join with no token, and a
@@ -522,4 +538,77 @@ pub async fn racing_tokenless_joins_of_one_ek_make_one_node(f: Fixture) {
         a.list_nodes().await.unwrap().nodes.len(),
         usize::from(ROUNDS)
     );
+}
+
+/// Two machines with one TPM's state (a copied swtpm) re-attest in turn:
+/// more than 3 alternations in 10 minutes quarantine the node; reboots of
+/// one machine (a new boot id each time) never do. Only an operator's
+/// join with a token gets a quarantined node back.
+pub async fn machines_alternating_on_one_tpm_identity_are_quarantined(f: Fixture) {
+    use bc_store::clones::{DUPLICATE_IDENTITY, QUARANTINED};
+    use bc_store::machines::NewEnrolment;
+    let s = &f.store;
+    let ek = ek_hash(0x77);
+    s.enrol_machine(&NewEnrolment::ek(&ek, "", "").unwrap())
+        .await
+        .unwrap();
+    // One machine rebooting many times: the same node every time.
+    let mut cert = 1;
+    for _ in 0..6 {
+        tokenless(s, &ek, None, cert).await.unwrap();
+        cert += 1;
+    }
+    // Two machines: a, c, a, c, a, c: the fourth return quarantines.
+    let mut outcomes = Vec::new();
+    for boot in ["a", "c", "a", "c", "a", "c"] {
+        outcomes.push(reattest(s, &ek, None, boot, cert).await.unwrap());
+        cert += 1;
+    }
+    let node_id = match outcomes.last().unwrap() {
+        Enrolled::Quarantined { node_id } => node_id.clone(),
+        Enrolled::Joined(j) => panic!("not quarantined: generation {}", j.identity_generation),
+    };
+    assert!(
+        outcomes[..5]
+            .iter()
+            .all(|o| matches!(o, Enrolled::Joined(_))),
+        "three returns are tolerated"
+    );
+    // Every certificate of the node is out, with the statement.
+    assert_eq!(
+        s.check_cert(&format!("fp{}", cert - 2))
+            .await
+            .unwrap_err()
+            .refusal(),
+        Some(&Refusal::Revoked(
+            DUPLICATE_IDENTITY.into(),
+            Some(b"sealed".to_vec())
+        ))
+    );
+    let events = format!("{:?}", s.fleet_events(&node_id, 20).await.unwrap());
+    assert!(events.contains(QUARANTINED), "{events}");
+    // Committed: no join with no token gets it back, from any boot.
+    for boot in ["a", "c", "fresh"] {
+        assert_eq!(
+            refusal_of(reattest(s, &ek, None, boot, cert).await),
+            Refusal::Quarantined(node_id.clone())
+        );
+    }
+    // An operator joins the real machine with a token: the node is back,
+    // and re-attests with no token again from then on.
+    s.create_token(&token("real", Duration::from_secs(600), 1))
+        .await
+        .unwrap();
+    let back = attested(s, "real", &ek, 200).await.unwrap();
+    assert_eq!(back.node_id, node_id);
+    let again = tokenless(s, &ek, None, 201).await.unwrap();
+    assert_eq!(again.node_id, node_id);
+}
+
+fn refusal_of(r: Result<Enrolled, TxError>) -> Refusal {
+    match r {
+        Err(TxError::Refused(r)) => r,
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("expected a refusal, got a join"),
+    }
 }

@@ -12,3 +12,13 @@ CREATE TABLE machine_enrolments (
     CHECK ((kind = 'ek') = (ek_sha256 IS NOT NULL)),
     CHECK ((kind = 'ek-ca') = (ca_der IS NOT NULL))
 );
+-- A node quarantined as a cloned identity, and the boot ids nodes were
+-- re-attested from with no token (as SQLite's migration 0020).
+ALTER TABLE nodes ADD COLUMN quarantined_at BIGINT;
+CREATE TABLE ek_sightings (
+    id      BIGSERIAL PRIMARY KEY,
+    node_id TEXT NOT NULL REFERENCES nodes(id),
+    boot_id TEXT NOT NULL,
+    at      BIGINT NOT NULL
+);
+CREATE INDEX ek_sightings_node ON ek_sightings(node_id, id);
