@@ -170,7 +170,6 @@ pub async fn renew_tpm_certificate(
         server_now_ms,
         expired,
     } = current;
-    use bcd_tpm::Tpm;
     let expected_ak = crate::tpm_key::certificate_ak(&cert)
         .ok_or("the certificate names no TPM attestation key")?;
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
