@@ -6,7 +6,7 @@
 //! `bcd node` with the spec's text.
 //!
 //! The scenarios of join, reclaim, another TPM, a cleared TPM, an
-//! unreachable TPM and renewal run through both of
+//! unreachable TPM, renewal and another AK at renewal run through both of
 //! `bcd`'s TPM backends (`--tpm-backend protocol|tss`: the tests' `bcd` is
 //! built with `--all-features`, so it has the tss-esapi one): modules
 //! `protocol` and `tss`. x509pop, the keyless gateway and the refused file
@@ -48,6 +48,7 @@ through_both_backends!(
     a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it,
     an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check,
     a_tpm_node_renews_with_a_next_key_its_ak_certified,
+    another_ak_at_renewal_stops_the_attempts_and_doctor_says_why,
 );
 
 /// The tests' `bcd` has the tss-esapi backend (built with
@@ -155,6 +156,33 @@ fn start_through(backend: Backend, node: &mut Node, tpm: &Swtpm) {
         ("BCD_TPM_BACKEND".into(), backend.as_str().into()),
     ];
     node.start();
+}
+
+/// `bcd doctor`'s identity check on `tpm` through `backend`: its status
+/// and summary.
+fn doctor_identity(backend: Backend, node: &Node, tpm: &str) -> (String, String) {
+    let out = node
+        .bcd(&[
+            "doctor",
+            "--json",
+            "--tpm",
+            tpm,
+            "--tpm-backend",
+            backend.as_str(),
+        ])
+        .output()
+        .expect("run bcd doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", stderr(&out)));
+    let checks = report["checks"].as_array().expect("checks");
+    let c = checks
+        .iter()
+        .find(|c| c["check"] == "identity")
+        .unwrap_or_else(|| panic!("no identity check in {report}"));
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["summary"].as_str().unwrap_or_default().to_string(),
+    )
 }
 
 fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it(backend: Backend) {
@@ -305,6 +333,63 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified(backend: Backend) {
     });
     let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]));
     assert_eq!(c.state, "succeeded", "{c:?}");
+}
+
+/// The TPM under a running node derives another AK (here another TPM on
+/// the same socket: swtpm started again on fresh state): the renewal fails
+/// before any request with the spec's text, once, and is not tried again
+/// (retrying cannot help); the session keeps its current certificate, and
+/// `bcd doctor` fails the identity check with the same text.
+fn another_ak_at_renewal_stops_the_attempts_and_doctor_says_why(backend: Backend) {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = bc_tests::FAST.to_vec();
+    // Renewal at about 60% of the life: the swap below happens well before.
+    args.extend(["--node-cert-ttl", "20s"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let tpm_dir = d.path().join("tpm");
+    let mut tpm = swtpm(&tpm_dir);
+    let mut node = Node::new(&d.path().join("node"), 8);
+    join_through(backend, &node, &server, &server.token(1), &tpm, &[]);
+    let id = node.id();
+    start_through(backend, &mut node, &tpm);
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+
+    // Another TPM behind the same socket: swtpm stopped, its state gone,
+    // started again (new endorsement and owner seeds).
+    tpm.stop();
+    for entry in std::fs::read_dir(&tpm_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    tpm.restart().unwrap();
+
+    let log = wait_for(Duration::from_secs(40), "the renewal to fail", || {
+        let log = node.proc().log();
+        log.contains("renewal failed").then_some(log)
+    });
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("renewal failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{log}");
+    assert!(failed[0].contains(OTHER_AK), "{log}");
+    assert!(failed[0].contains("retrying cannot help"), "{log}");
+    assert!(!failed[0].contains("retry_in"), "no retry scheduled: {log}");
+    assert!(!log.contains("certificate renewed"), "{log}");
+    // The session it had still serves.
+    assert_eq!(
+        server.node(&id).map(|n| n.state).as_deref(),
+        Some("connected")
+    );
+    node.proc().stop();
+
+    // doctor (the node stopped: swtpm serves one connection) says what
+    // to do, in the spec's words.
+    let (status, summary) = doctor_identity(backend, &node, &tpm_arg(&tpm));
+    assert_eq!(status, "fail", "{summary}");
+    assert_eq!(summary, OTHER_AK);
 }
 
 /// x509pop for a TPM-held certificate: back after its certificate ran

@@ -197,6 +197,26 @@ impl TpmKey {
         }
     }
 
+    /// Runs `f` on a connection opened now, which then replaces the open
+    /// one: nothing a backend loaded earlier answers for the TPM (a
+    /// backend keeps the keys it derived, and their public areas, between
+    /// calls), so what `f` checks is the TPM as it is now. The renewal's
+    /// checks go through here: hours after the start, the TPM may derive
+    /// another AK (its endorsement seed changed, or another TPM answers at
+    /// the endpoint). The open connection is closed first: swtpm serves one
+    /// at a time.
+    pub fn with_fresh_tpm<T>(
+        &self,
+        f: impl Fn(&mut dyn Tpm) -> Result<T, bcd_tpm::Error>,
+    ) -> Result<T, bcd_tpm::Error> {
+        let mut guard = self.tpm.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = None;
+        let mut fresh = self.at.open()?;
+        let out = f(fresh.as_mut());
+        *guard = Some(fresh);
+        out
+    }
+
     /// An ECDSA P-256 / SHA-256 signature (ASN.1 DER) over `message` by
     /// the current key.
     pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, bcd_tpm::Error> {

@@ -2,7 +2,8 @@
 //! over `Endpoint::Helper` reaches the same TPM as directly, a command
 //! outside the allow-list never leaves, and `bcd doctor` words a node key
 //! its TPM no longer derives (TPM2_Clear) with the spec's text; the
-//! tss-esapi backend is refused through the helper.
+//! tss-esapi backend is refused through the helper, and a fresh connection
+//! sees another TPM at the endpoint (through each backend built).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -255,5 +256,38 @@ async fn doctor_with_the_tss_backend_under_a_helper_says_to_use_protocol() {
         assert!(c.summary.contains("through bcd helper"), "{c:?}");
     } else {
         assert!(c.summary.contains("feature `tss`"), "{c:?}");
+    }
+}
+
+/// A renewal's checks see the TPM as it is now: after another TPM took the
+/// endpoint (swtpm started again on fresh state), the open connection's
+/// AK is what was loaded at the start, a fresh one's is the new TPM's.
+/// Through every backend this build has.
+#[test]
+fn a_fresh_connection_sees_another_tpm_at_the_endpoint() {
+    for backend in bcd_tpm::Backend::built() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("tpm");
+        let mut s = Swtpm::start(&dir).unwrap();
+        let at = bcd_tpm::TpmAt {
+            backend,
+            endpoint: s.endpoint(),
+        };
+        let key =
+            bcd_agent::tpm_key::TpmKey::open(at, NodeKeyRecord::from_unique([3; 32])).unwrap();
+        assert_eq!(key.backend(), backend.library());
+        let first = key.with_tpm(|t| t.ak_public()).unwrap().name();
+        s.stop();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        s.restart().unwrap();
+        let now = key.with_fresh_tpm(|t| t.ak_public()).unwrap().name();
+        assert_ne!(now, first, "{backend}: another TPM, another AK");
+        // The fresh connection stays: the next call is on it.
+        assert_eq!(key.with_tpm(|t| t.ak_public()).unwrap().name(), now);
     }
 }
