@@ -70,9 +70,13 @@ fn the_musl_bcd_is_fully_static_and_runs() {
 fn the_release_bcd_has_no_fake_hardware_no_sim_and_no_failpoints() {
     let path = bc_tests::static_bcd();
     let out = Command::new(&path).arg("version").output().unwrap();
+    // Real hardware, and the pure-Rust TPM backend only (no C TPM stack).
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("bcd {} (real hardware)", env!("CARGO_PKG_VERSION"))
+        format!(
+            "bcd {} (real hardware)\nTPM backends: protocol",
+            env!("CARGO_PKG_VERSION")
+        )
     );
     let out = Command::new(&path)
         .args(["sim", "--nodes", "1"])
@@ -127,16 +131,15 @@ fn the_release_bcd_has_no_fake_hardware_no_sim_and_no_failpoints() {
 }
 
 /// The test build the system tests run (`--all-features`) does have them:
-/// the check above would see them.
+/// the check above would see them. It has the tss-esapi TPM backend too.
 #[test]
 fn the_test_bcd_has_the_fakes_the_release_lacks() {
     let path = bc_tests::bin("bcd");
     let out = Command::new(&path).arg("version").output().unwrap();
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("fakehw, failpoints"),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.contains("fakehw, failpoints"), "{version}");
+    // --all-features: the tss-esapi backend too.
+    assert!(version.contains("TPM backends: protocol, tss"), "{version}");
     let elf = std::fs::read(&path).unwrap();
     for needle in ["BCD_FAKE_HW", "BCD_CRASH_AT", "crash injection", "(fake)"] {
         assert!(

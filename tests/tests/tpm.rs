@@ -4,12 +4,67 @@
 //! handshakes sign there and commands run; the same TPM joining again
 //! reclaims its node, another TPM is another node, and a cleared TPM stops
 //! `bcd node` with the spec's text.
+//!
+//! The scenarios of join, reclaim, another TPM, a cleared TPM, an
+//! unreachable TPM, renewal and another AK at renewal run through both of
+//! `bcd`'s TPM backends (`--tpm-backend protocol|tss`: the tests' `bcd` is
+//! built with `--all-features`, so it has the tss-esapi one): modules
+//! `protocol` and `tss`. x509pop, the keyless gateway and the refused file
+//! key run through the default backend only: nothing in them differs by
+//! backend but the TPM calls the other scenarios already cover.
 
 use std::path::Path;
 use std::time::Duration;
 
 use bc_tests::{Node, Server, setup_dirs, stderr, wait_for};
+use bcd_tpm::Backend;
 use bcd_tpm::swtpm::Swtpm;
+
+/// The scenarios that run through each backend: `protocol::NAME` and
+/// `tss::NAME` call `NAME(backend)`.
+macro_rules! through_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod protocol {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(bcd_tpm::Backend::Protocol)
+                }
+            )*
+        }
+        mod tss {
+            $(
+                #[test]
+                fn $name() {
+                    super::needs_tss_bcd();
+                    super::$name(bcd_tpm::Backend::Tss)
+                }
+            )*
+        }
+    };
+}
+
+through_both_backends!(
+    a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it,
+    an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check,
+    a_tpm_node_renews_with_a_next_key_its_ak_certified,
+    another_ak_at_renewal_stops_the_attempts_and_doctor_says_why,
+);
+
+/// The tests' `bcd` has the tss-esapi backend (built with
+/// `--all-features`), or the tss runs fail saying how to build it.
+fn needs_tss_bcd() {
+    let out = std::process::Command::new(bc_tests::bin("bcd"))
+        .arg("version")
+        .output()
+        .expect("run bcd version");
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains("TPM backends: protocol, tss"),
+        "the tests' bcd lacks the tss-esapi backend ({version}): cargo build --workspace \
+         --all-features first"
+    );
+}
 
 /// The spec's text for a TPM cleared under the node ("TPM cleared or
 /// unavailable").
@@ -26,11 +81,24 @@ fn tpm_arg(s: &Swtpm) -> String {
 }
 
 fn join_tpm(node: &Node, server: &Server, token: &str, tpm: &Swtpm, extra: &[&str]) -> String {
+    join_through(Backend::Protocol, node, server, token, tpm, extra)
+}
+
+/// `bcd join --attestor tpm` through `backend`.
+fn join_through(
+    backend: Backend,
+    node: &Node,
+    server: &Server,
+    token: &str,
+    tpm: &Swtpm,
+    extra: &[&str],
+) -> String {
     let out = node
         .bcd(
             &[
                 &["join", "--server", &server.url(), "--token", token][..],
                 &["--attestor", "tpm", "--tpm", &tpm_arg(tpm)],
+                &["--tpm-backend", backend.as_str()],
                 extra,
             ]
             .concat(),
@@ -78,12 +146,50 @@ fn stops_saying(node: &mut Node, text: &str) {
 }
 
 fn start_tpm(node: &mut Node, tpm: &Swtpm) {
-    node.env = vec![("BCD_TPM".into(), tpm_arg(tpm))];
+    start_through(Backend::Protocol, node, tpm);
+}
+
+/// `bcd node` on `tpm` through `backend` (BCD_TPM, BCD_TPM_BACKEND).
+fn start_through(backend: Backend, node: &mut Node, tpm: &Swtpm) {
+    node.env = vec![
+        ("BCD_TPM".into(), tpm_arg(tpm)),
+        ("BCD_TPM_BACKEND".into(), backend.as_str().into()),
+    ];
     node.start();
 }
 
-#[test]
-fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it() {
+/// `bcd doctor`'s identity check on `tpm` through `backend`: its status
+/// and summary.
+fn doctor_identity(backend: Backend, node: &Node, tpm: &str) -> (String, String) {
+    let out = node
+        .bcd(&[
+            "doctor",
+            "--json",
+            "--tpm",
+            tpm,
+            "--tpm-backend",
+            backend.as_str(),
+        ])
+        .output()
+        .expect("run bcd doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", stderr(&out)));
+    let checks = report["checks"].as_array().expect("checks");
+    let c = checks
+        .iter()
+        .find(|c| c["check"] == "identity")
+        .unwrap_or_else(|| panic!("no identity check in {report}"));
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["summary"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it(backend: Backend) {
+    let join_tpm = |node: &Node, server: &Server, token: &str, tpm: &Swtpm, extra: &[&str]| {
+        join_through(backend, node, server, token, tpm, extra)
+    };
+    let start_tpm = |node: &mut Node, tpm: &Swtpm| start_through(backend, node, tpm);
     let (d, server) = setup_dirs();
     let mut tpm = swtpm(&d.path().join("tpm1"));
     let expected_ak = ak_urn(&tpm);
@@ -142,8 +248,7 @@ fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it() {
     stops_saying(&mut node, CLEARED);
 }
 
-#[test]
-fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
+fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check(backend: Backend) {
     let (d, server) = setup_dirs();
     let node = Node::new(&d.path().join("node"), 3);
     let out = node
@@ -157,6 +262,8 @@ fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
             "tpm",
             "--tpm",
             "/nonexistent/tpmrm0",
+            "--tpm-backend",
+            backend.as_str(),
         ])
         .output()
         .expect("run bcd join");
@@ -170,10 +277,13 @@ fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
 
     // A joined node whose TPM is gone does not start.
     let tpm = swtpm(&d.path().join("tpm"));
-    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    join_through(backend, &node, &server, &server.token(1), &tpm, &[]);
     drop(tpm);
     let mut node = node;
-    node.env = vec![("BCD_TPM".into(), "/nonexistent/tpmrm0".into())];
+    node.env = vec![
+        ("BCD_TPM".into(), "/nonexistent/tpmrm0".into()),
+        ("BCD_TPM_BACKEND".into(), backend.as_str().into()),
+    ];
     node.start();
     stops_saying(
         &mut node,
@@ -185,8 +295,7 @@ fn an_unreachable_tpm_fails_the_join_and_the_start_with_what_to_check() {
 /// TPM, certified by the AK: node.key stays a TPM record (another one),
 /// the renewed certificate names the AK, and the node comes back under it
 /// once the first certificate runs out.
-#[test]
-fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
+fn a_tpm_node_renews_with_a_next_key_its_ak_certified(backend: Backend) {
     let d = tempfile::tempdir().unwrap();
     let mut args = bc_tests::FAST.to_vec();
     args.extend(["--node-cert-ttl", "8s"]);
@@ -194,11 +303,11 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
     let tpm = swtpm(&d.path().join("tpm"));
     let expected_ak = ak_urn(&tpm);
     let mut node = Node::new(&d.path().join("node"), 4);
-    join_tpm(&node, &server, &server.token(1), &tpm, &[]);
+    join_through(backend, &node, &server, &server.token(1), &tpm, &[]);
     let id = node.id();
     let first = node.identity();
     let first_key = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
-    start_tpm(&mut node, &tpm);
+    start_through(backend, &mut node, &tpm);
     server.wait_node(&id, "connected", |n| n.state == "connected");
     wait_for(Duration::from_secs(30), "the renewal in bcd's log", || {
         node.proc()
@@ -224,6 +333,63 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified() {
     });
     let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/true"]));
     assert_eq!(c.state, "succeeded", "{c:?}");
+}
+
+/// The TPM under a running node derives another AK (here another TPM on
+/// the same socket: swtpm started again on fresh state): the renewal fails
+/// before any request with the spec's text, once, and is not tried again
+/// (retrying cannot help); the session keeps its current certificate, and
+/// `bcd doctor` fails the identity check with the same text.
+fn another_ak_at_renewal_stops_the_attempts_and_doctor_says_why(backend: Backend) {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = bc_tests::FAST.to_vec();
+    // Renewal at about 60% of the life: the swap below happens well before.
+    args.extend(["--node-cert-ttl", "20s"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let tpm_dir = d.path().join("tpm");
+    let mut tpm = swtpm(&tpm_dir);
+    let mut node = Node::new(&d.path().join("node"), 8);
+    join_through(backend, &node, &server, &server.token(1), &tpm, &[]);
+    let id = node.id();
+    start_through(backend, &mut node, &tpm);
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+
+    // Another TPM behind the same socket: swtpm stopped, its state gone,
+    // started again (new endorsement and owner seeds).
+    tpm.stop();
+    for entry in std::fs::read_dir(&tpm_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    tpm.restart().unwrap();
+
+    let log = wait_for(Duration::from_secs(40), "the renewal to fail", || {
+        let log = node.proc().log();
+        log.contains("renewal failed").then_some(log)
+    });
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("renewal failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{log}");
+    assert!(failed[0].contains(OTHER_AK), "{log}");
+    assert!(failed[0].contains("retrying cannot help"), "{log}");
+    assert!(!failed[0].contains("retry_in"), "no retry scheduled: {log}");
+    assert!(!log.contains("certificate renewed"), "{log}");
+    // The session it had still serves.
+    assert_eq!(
+        server.node(&id).map(|n| n.state).as_deref(),
+        Some("connected")
+    );
+    node.proc().stop();
+
+    // doctor (the node stopped: swtpm serves one connection) says what
+    // to do, in the spec's words.
+    let (status, summary) = doctor_identity(backend, &node, &tpm_arg(&tpm));
+    assert_eq!(status, "fail", "{summary}");
+    assert_eq!(summary, OTHER_AK);
 }
 
 /// x509pop for a TPM-held certificate: back after its certificate ran
@@ -357,7 +523,12 @@ fn a_renewal_to_a_file_key_is_refused_for_a_tpm_certificate() {
     let cert = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("node.crt")).unwrap();
     let ca = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("ca.crt")).unwrap();
     let key = std::sync::Arc::new(
-        bcd_agent::tpm_key::TpmKey::for_certificate(tpm.endpoint(), record, &cert).unwrap(),
+        bcd_agent::tpm_key::TpmKey::for_certificate(
+            bcd_tpm::TpmAt::protocol(tpm.endpoint()),
+            record,
+            &cert,
+        )
+        .unwrap(),
     );
     let file_key = rcgen::KeyPair::generate().unwrap();
     let csr = rcgen::CertificateParams::new(Vec::<String>::new())

@@ -48,6 +48,45 @@ pub struct Renewed {
     pub tpm: Option<(bcd_tpm::NodeKeyRecord, bcd_tpm::PublicArea)>,
 }
 
+/// A renewal that failed: why, and whether another attempt can help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewFailed {
+    pub message: String,
+    pub failure: bcd_core::renewal::Failure,
+}
+
+impl RenewFailed {
+    /// A failure no retry mends (the TPM derives another AK).
+    pub fn final_failure(message: impl Into<String>) -> Self {
+        RenewFailed {
+            message: message.into(),
+            failure: bcd_core::renewal::Failure::Final,
+        }
+    }
+}
+
+/// Any other failure: worth another attempt after the back-off.
+impl From<String> for RenewFailed {
+    fn from(message: String) -> Self {
+        RenewFailed {
+            message,
+            failure: bcd_core::renewal::Failure::Transient,
+        }
+    }
+}
+
+impl From<&str> for RenewFailed {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+impl std::fmt::Display for RenewFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// The current node key and what its renewal proof names.
 #[derive(Debug)]
 pub struct Current {
@@ -156,12 +195,14 @@ pub struct TpmCurrent {
 /// over the renewal's proof statement, and the proof signed by the current
 /// key in the TPM. Before any request, the TPM must answer and its AK must
 /// be the certificate's (the spec's texts otherwise). Never a file key.
+/// Another AK is a [`RenewFailed::final_failure`]: no attempt in this TPM
+/// can succeed.
 pub async fn renew_tpm_certificate(
     server: &str,
     ca: CertificateDer<'static>,
     current: TpmCurrent,
     hostname: &str,
-) -> Result<Renewed, String> {
+) -> Result<Renewed, RenewFailed> {
     use crate::tpm_key::{TPM_OTHER_AK, TPM_UNAVAILABLE};
     let TpmCurrent {
         cert,
@@ -170,7 +211,6 @@ pub async fn renew_tpm_certificate(
         server_now_ms,
         expired,
     } = current;
-    use bcd_tpm::Tpm;
     let expected_ak = crate::tpm_key::certificate_ak(&cert)
         .ok_or("the certificate names no TPM attestation key")?;
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
@@ -187,10 +227,13 @@ pub async fn renew_tpm_certificate(
             }
         };
         let ak = k
-            .with_tpm(|t| bcd_tpm::check_ak(t, &bcd_tpm::Name::from_bytes(expected_ak.clone())))
+            // Derived now, not what the connection loaded at the start.
+            .with_fresh_tpm(|t| {
+                bcd_tpm::check_ak(t, &bcd_tpm::Name::from_bytes(expected_ak.clone()))
+            })
             .map_err(|e| match e {
-                bcd_tpm::Error::AkMismatch { .. } => TPM_OTHER_AK.to_string(),
-                e => tpm_failed(e),
+                bcd_tpm::Error::AkMismatch { .. } => RenewFailed::final_failure(TPM_OTHER_AK),
+                e => tpm_failed(e).into(),
             })?;
         let record = bcd_tpm::NodeKeyRecord::generate()
             .map_err(|_| "no randomness for the next node key".to_string())?;
@@ -210,7 +253,7 @@ pub async fn renew_tpm_certificate(
         let certification = k
             .with_tpm(|t| t.certify(&record, &qualifying))
             .map_err(tpm_failed)?;
-        Ok::<_, String>((ak, record, public, csr_der, proof, certification))
+        Ok::<_, RenewFailed>((ak, record, public, csr_der, proof, certification))
     });
     let (ak, record, public, csr_der, proof, certification) = prepared?;
 
@@ -450,4 +493,24 @@ fn verified(
         ));
     }
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bcd_core::renewal::Failure;
+
+    #[test]
+    fn only_another_ak_is_a_failure_no_retry_mends() {
+        let other_ak = RenewFailed::final_failure(crate::tpm_key::TPM_OTHER_AK);
+        assert_eq!(other_ak.failure, Failure::Final);
+        assert_eq!(other_ak.to_string(), crate::tpm_key::TPM_OTHER_AK);
+        // The TPM unreachable, a refusal, a transport failure: retried.
+        for e in [
+            RenewFailed::from(crate::tpm_key::TPM_UNAVAILABLE),
+            RenewFailed::from("the server refused the renewal: transport error".to_string()),
+        ] {
+            assert_eq!(e.failure, Failure::Transient, "{e}");
+        }
+    }
 }

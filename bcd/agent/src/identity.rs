@@ -383,10 +383,11 @@ impl Identity {
             .flatten()
     }
 
-    /// Opens the TPM at `endpoint` for a TPM-held node key and checks it
-    /// holds this identity (the AK the certificate names, the key the
-    /// record derives), in the spec's words when it does not. Blocks.
-    pub fn attach_tpm(&mut self, endpoint: bcd_tpm::Endpoint) -> Result<(), String> {
+    /// Opens the TPM `endpoint` (through its backend) for a TPM-held node
+    /// key and checks it holds this identity (the AK the certificate names,
+    /// the key the record derives), in the spec's words when it does not.
+    /// Blocks.
+    pub fn attach_tpm(&mut self, endpoint: bcd_tpm::TpmAt) -> Result<(), String> {
         let Some(record) = self.tpm_record() else {
             return Ok(());
         };

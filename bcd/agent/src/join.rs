@@ -33,8 +33,9 @@ pub struct JoinOptions {
     /// Join as a new node even when an earlier identity's key is on disk.
     pub new_node: bool,
     /// With a TPM: the node key is made in this TPM and certified by its
-    /// AK (`--attestor tpm`); `None` joins with a file key.
-    pub tpm: Option<bcd_tpm::Endpoint>,
+    /// AK (`--attestor tpm`), through the backend it names; `None` joins
+    /// with a file key.
+    pub tpm: Option<bcd_tpm::TpmAt>,
     /// The fleet CA's pin, for a TPM join with no token (the machine is
     /// enrolled by its EK, or bound to a node already). A token carries it.
     pub ca_pin: Option<String>,
@@ -299,8 +300,10 @@ fn tpm_facts(tpm: &mut dyn bcd_tpm::Tpm) -> Result<TpmFacts, bcd_tpm::Error> {
 }
 
 /// What a TPM failure means to the person running the join.
-fn tpm_failed(endpoint: &bcd_tpm::Endpoint, e: bcd_tpm::Error) -> anyhow::Error {
-    if e.is_unreachable() {
+fn tpm_failed(endpoint: &bcd_tpm::TpmAt, e: bcd_tpm::Error) -> anyhow::Error {
+    if let bcd_tpm::Error::Unsupported(m) = e {
+        anyhow::anyhow!("{m}")
+    } else if e.is_unreachable() {
         anyhow::anyhow!(
             "the TPM at {endpoint} cannot be reached ({}): check --tpm (/dev/tpmrm0, or \
              swtpm:HOST:PORT) and that this user may open it",
@@ -325,10 +328,9 @@ pub async fn join_with_tpm(
     dir: &Path,
     ramdisk: bool,
     host: &dyn Host,
-    endpoint: &bcd_tpm::Endpoint,
+    endpoint: &bcd_tpm::TpmAt,
 ) -> anyhow::Result<Identity> {
     use bcd_proto::v1::{AttestationRequest, TpmAttestation};
-    use bcd_tpm::Tpm;
     use std::sync::Arc;
 
     let failed = |e| tpm_failed(endpoint, e);

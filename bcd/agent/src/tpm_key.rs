@@ -4,13 +4,18 @@
 //! the TPM's over a SHA-256 digest. The private key never leaves the TPM,
 //! and nothing here falls back to a file key.
 //!
+//! The TPM is reached through the backend the operator chose
+//! (`bcd_tpm::TpmAt`: the pure-Rust one by default, tss-esapi in glibc
+//! builds with the `tss` feature); everything here goes through the
+//! `bcd_tpm::Tpm` trait.
+//!
 //! TPM calls block: they run on the caller's thread where blocking is
 //! allowed, or through `tokio::task::block_in_place` on a runtime worker
 //! (rustls asks for its signature synchronously, inside the handshake).
 
 use std::sync::{Arc, Mutex};
 
-use bcd_tpm::{Endpoint, NodeKeyRecord, ProtocolTpm, PublicArea, Tpm};
+use bcd_tpm::{NodeKeyRecord, PublicArea, Tpm, TpmAt};
 use rustls::SignatureScheme;
 use rustls::sign::{Signer, SigningKey};
 
@@ -21,18 +26,18 @@ pub const TPM_UNAVAILABLE: &str = "the certificate's node key is in the TPM, whi
 /// The spec's text for a TPM whose AK is not the one the certificate names.
 pub const TPM_OTHER_AK: &str = "this TPM's attestation key is not the one the certificate names (another TPM, or its endorsement seed changed): the certificate cannot be renewed here; join again: bcd join --reset --yes, then bcd join";
 
-/// The node key in the TPM at `endpoint` (the current record's, which a
-/// renewal replaces), and an open connection to it.
+/// The node key in the TPM `at` (the current record's, which a renewal
+/// replaces), and an open connection to it through its backend.
 pub struct TpmKey {
-    endpoint: Endpoint,
+    at: TpmAt,
     current: Mutex<(NodeKeyRecord, PublicArea)>,
-    tpm: Mutex<Option<ProtocolTpm>>,
+    tpm: Mutex<Option<Box<dyn Tpm>>>,
 }
 
 impl std::fmt::Debug for TpmKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TpmKey")
-            .field("endpoint", &self.endpoint.to_string())
+            .field("tpm", &self.at.to_string())
             .field("record", &self.record())
             .finish_non_exhaustive()
     }
@@ -58,18 +63,18 @@ pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 impl TpmKey {
-    /// Opens the TPM at `endpoint` and derives the key of `record`.
-    pub fn open(endpoint: Endpoint, record: NodeKeyRecord) -> Result<TpmKey, bcd_tpm::Error> {
-        let mut tpm = ProtocolTpm::open(endpoint.clone())?;
+    /// Opens the TPM `at` and derives the key of `record`.
+    pub fn open(at: TpmAt, record: NodeKeyRecord) -> Result<TpmKey, bcd_tpm::Error> {
+        let mut tpm = at.open()?;
         let public = tpm.node_key_public(&record)?;
-        Self::with(endpoint, record, public, tpm)
+        Self::with(at, record, public, tpm)
     }
 
     fn with(
-        endpoint: Endpoint,
+        at: TpmAt,
         record: NodeKeyRecord,
         public: PublicArea,
-        tpm: ProtocolTpm,
+        tpm: Box<dyn Tpm>,
     ) -> Result<TpmKey, bcd_tpm::Error> {
         if public.p256_point().is_none() {
             return Err(bcd_tpm::Error::Invalid(
@@ -77,7 +82,7 @@ impl TpmKey {
             ));
         }
         Ok(TpmKey {
-            endpoint,
+            at,
             current: Mutex::new((record, public)),
             tpm: Mutex::new(Some(tpm)),
         })
@@ -87,13 +92,15 @@ impl TpmKey {
     /// its AK must be the one the certificate names, and `record` must
     /// still derive the certificate's key. Each failure is the spec's text.
     pub fn for_certificate(
-        endpoint: Endpoint,
+        at: TpmAt,
         record: NodeKeyRecord,
         cert_der: &[u8],
     ) -> Result<TpmKey, String> {
-        let shown = endpoint.to_string();
+        let shown = at.to_string();
         let unavailable = |e: bcd_tpm::Error| {
-            if e.is_unreachable() {
+            if let bcd_tpm::Error::Unsupported(m) = e {
+                m
+            } else if e.is_unreachable() {
                 format!("{TPM_UNAVAILABLE} ({})", bcd_sys::error::chain(&e))
             } else {
                 format!(
@@ -102,9 +109,9 @@ impl TpmKey {
                 )
             }
         };
-        let mut tpm = ProtocolTpm::open(endpoint.clone()).map_err(unavailable)?;
+        let mut tpm = at.open().map_err(unavailable)?;
         if let Some(expected) = certificate_ak(cert_der) {
-            match bcd_tpm::check_ak(&mut tpm, &bcd_tpm::Name::from_bytes(expected)) {
+            match bcd_tpm::check_ak(tpm.as_mut(), &bcd_tpm::Name::from_bytes(expected)) {
                 Ok(_) => {}
                 Err(bcd_tpm::Error::AkMismatch { .. }) => return Err(TPM_OTHER_AK.to_string()),
                 Err(e) => return Err(unavailable(e)),
@@ -115,12 +122,22 @@ impl TpmKey {
              bcd join"
                 .to_string()
         })?;
-        let public = match bcd_tpm::check_node_key(&mut tpm, &record, &spki) {
+        let public = match bcd_tpm::check_node_key(tpm.as_mut(), &record, &spki) {
             Ok(p) => p,
             Err(bcd_tpm::Error::NodeKeyMismatch) => return Err(TPM_CLEARED.to_string()),
             Err(e) => return Err(unavailable(e)),
         };
-        Self::with(endpoint, record, public, tpm).map_err(unavailable)
+        Self::with(at, record, public, tpm).map_err(unavailable)
+    }
+
+    /// The TPM and its backend.
+    pub fn at(&self) -> &TpmAt {
+        &self.at
+    }
+
+    /// The backend's library ("tpm2-protocol", "tss-esapi").
+    pub fn backend(&self) -> &'static str {
+        self.at.backend.library()
     }
 
     /// The current key's public area.
@@ -161,23 +178,43 @@ impl TpmKey {
     /// broke.
     pub fn with_tpm<T>(
         &self,
-        f: impl Fn(&mut ProtocolTpm) -> Result<T, bcd_tpm::Error>,
+        f: impl Fn(&mut dyn Tpm) -> Result<T, bcd_tpm::Error>,
     ) -> Result<T, bcd_tpm::Error> {
         let mut guard = self.tpm.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            *guard = Some(ProtocolTpm::open(self.endpoint.clone())?);
+            *guard = Some(self.at.open()?);
         }
         let tpm = guard.as_mut().expect("opened above");
-        match f(tpm) {
+        match f(tpm.as_mut()) {
             Err(e) if e.is_unreachable() => {
                 *guard = None;
-                let mut fresh = ProtocolTpm::open(self.endpoint.clone())?;
-                let out = f(&mut fresh);
+                let mut fresh = self.at.open()?;
+                let out = f(fresh.as_mut());
                 *guard = Some(fresh);
                 out
             }
             other => other,
         }
+    }
+
+    /// Runs `f` on a connection opened now, which then replaces the open
+    /// one: nothing a backend loaded earlier answers for the TPM (a
+    /// backend keeps the keys it derived, and their public areas, between
+    /// calls), so what `f` checks is the TPM as it is now. The renewal's
+    /// checks go through here: hours after the start, the TPM may derive
+    /// another AK (its endorsement seed changed, or another TPM answers at
+    /// the endpoint). The open connection is closed first: swtpm serves one
+    /// at a time.
+    pub fn with_fresh_tpm<T>(
+        &self,
+        f: impl Fn(&mut dyn Tpm) -> Result<T, bcd_tpm::Error>,
+    ) -> Result<T, bcd_tpm::Error> {
+        let mut guard = self.tpm.lock().unwrap_or_else(|p| p.into_inner());
+        *guard = None;
+        let mut fresh = self.at.open()?;
+        let out = f(fresh.as_mut());
+        *guard = Some(fresh);
+        out
     }
 
     /// An ECDSA P-256 / SHA-256 signature (ASN.1 DER) over `message` by

@@ -1,7 +1,9 @@
 //! TPM access through the helper, against swtpm: the pure-Rust backend
 //! over `Endpoint::Helper` reaches the same TPM as directly, a command
 //! outside the allow-list never leaves, and `bcd doctor` words a node key
-//! its TPM no longer derives (TPM2_Clear) with the spec's text.
+//! its TPM no longer derives (TPM2_Clear) with the spec's text; the
+//! tss-esapi backend is refused through the helper, and a fresh connection
+//! sees another TPM at the endpoint (through each backend built).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -174,7 +176,7 @@ fn options(dir: &Path, helper: Option<std::path::PathBuf>) -> doctor::Options {
         helper,
         udev_rules_dir: dir.join("rules"),
         udevd: dir.join("no-udevd"),
-        tpm_device: dir.join("no-tpm"),
+        tpm: bcd_tpm::TpmAt::protocol(bcd_tpm::Endpoint::Device(dir.join("no-tpm"))),
         gateway_timeout: Duration::from_secs(1),
         now_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -227,4 +229,65 @@ async fn doctor_words_a_cleared_tpm_as_the_spec_does() {
             .starts_with("the certificate's node key is in the TPM, which is unavailable"),
         "{c:?}"
     );
+}
+
+/// `bcd doctor` on a node under a helper, with the tss-esapi backend asked
+/// for: that backend cannot go through the helper (or is not in this
+/// build), and the identity check says to use the pure-Rust one instead of
+/// trying another path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_with_the_tss_backend_under_a_helper_says_to_use_protocol() {
+    let d = tempfile::tempdir().unwrap();
+    let record = NodeKeyRecord::from_unique([7; 32]);
+    let s = Swtpm::start(&d.path().join("tpm")).unwrap();
+    let spki = {
+        let mut tpm = direct(&s);
+        tpm.node_key_public(&record).unwrap().spki_der().unwrap()
+    };
+    tpm_identity(&d.path().join("data"), &spki);
+    let socket = serve(d.path(), handler(d.path(), s.endpoint()));
+    let mut opts = options(d.path(), Some(socket));
+    opts.tpm.backend = bcd_tpm::Backend::Tss;
+    let report = doctor::run(&opts).await;
+    let c = report.get("identity").unwrap();
+    assert_eq!(c.status, doctor::Level::Fail, "{c:?}");
+    assert!(c.summary.contains("--tpm-backend protocol"), "{c:?}");
+    if cfg!(feature = "tss") {
+        assert!(c.summary.contains("through bcd helper"), "{c:?}");
+    } else {
+        assert!(c.summary.contains("feature `tss`"), "{c:?}");
+    }
+}
+
+/// A renewal's checks see the TPM as it is now: after another TPM took the
+/// endpoint (swtpm started again on fresh state), the open connection's
+/// AK is what was loaded at the start, a fresh one's is the new TPM's.
+/// Through every backend this build has.
+#[test]
+fn a_fresh_connection_sees_another_tpm_at_the_endpoint() {
+    for backend in bcd_tpm::Backend::built() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("tpm");
+        let mut s = Swtpm::start(&dir).unwrap();
+        let at = bcd_tpm::TpmAt {
+            backend,
+            endpoint: s.endpoint(),
+        };
+        let key =
+            bcd_agent::tpm_key::TpmKey::open(at, NodeKeyRecord::from_unique([3; 32])).unwrap();
+        assert_eq!(key.backend(), backend.library());
+        let first = key.with_tpm(|t| t.ak_public()).unwrap().name();
+        s.stop();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        s.restart().unwrap();
+        let now = key.with_fresh_tpm(|t| t.ak_public()).unwrap().name();
+        assert_ne!(now, first, "{backend}: another TPM, another AK");
+        // The fresh connection stays: the next call is on it.
+        assert_eq!(key.with_tpm(|t| t.ak_public()).unwrap().name(), now);
+    }
 }

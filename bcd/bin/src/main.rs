@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -171,6 +172,8 @@ enum Command {
         #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
         tpm: String,
         #[command(flatten)]
+        tpm_backend: TpmBackendArg,
+        #[command(flatten)]
         hw: HwArgs,
     },
     /// Run the daemon: keep a session with the fleet.
@@ -199,6 +202,8 @@ enum Command {
         /// TPM is used instead.
         #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
         tpm: String,
+        #[command(flatten)]
+        tpm_backend: TpmBackendArg,
         /// Serve metrics (Prometheus text format) on GET /metrics at this
         /// address; loopback port 9464 when given without one. Off unless
         /// given.
@@ -286,8 +291,13 @@ enum Command {
         udev_rules_dir: PathBuf,
         #[arg(long, default_value = "/run/udev/control", hide = true)]
         udevd: PathBuf,
-        #[arg(long, default_value = "/dev/tpmrm0")]
-        tpm: PathBuf,
+        /// The TPM holding a node key joined with --attestor tpm: a device
+        /// (/dev/tpmrm0), or swtpm:HOST:PORT. With a helper, the helper's
+        /// TPM is checked instead.
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
+        tpm: String,
+        #[command(flatten)]
+        tpm_backend: TpmBackendArg,
         /// How long the gateway may take to answer.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
@@ -379,6 +389,35 @@ enum Attestor {
     Tpm,
 }
 
+/// Which TPM backend talks to the TPM (`bcd join`, `bcd node`, `bcd
+/// doctor`).
+#[derive(Debug, clap::Args)]
+struct TpmBackendArg {
+    /// The TPM backend: `protocol` (pure Rust, in every build) or `tss`
+    /// (the C TPM software stack through tss-esapi: glibc builds with the
+    /// `tss` feature only; not through --helper).
+    #[arg(
+        long = "tpm-backend",
+        env = "BCD_TPM_BACKEND",
+        default_value = "protocol",
+        value_parser = clap::builder::PossibleValuesParser::new(["protocol", "tss"])
+            .map(|s| s.parse::<bcd_tpm::Backend>().expect("one of the possible values")),
+    )]
+    backend: bcd_tpm::Backend,
+}
+
+/// A TPM and its backend from the command line: the backend must be in
+/// this build and able to reach the endpoint (said before anything runs).
+fn tpm_at(
+    backend: bcd_tpm::Backend,
+    endpoint: bcd_tpm::Endpoint,
+) -> anyhow::Result<bcd_tpm::TpmAt> {
+    backend
+        .check(&endpoint)
+        .map_err(|e| anyhow::anyhow!("--tpm-backend {backend}: {e}"))?;
+    Ok(bcd_tpm::TpmAt { backend, endpoint })
+}
+
 /// A TPM endpoint from the command line.
 fn tpm_endpoint(s: &str) -> anyhow::Result<bcd_agent::helper::TpmEndpoint> {
     Ok(match s.strip_prefix("swtpm:") {
@@ -412,11 +451,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             new_node,
             attestor,
             tpm,
+            tpm_backend,
             hw,
         } => {
             let tpm = match attestor {
                 Attestor::Token => None,
-                Attestor::Tpm => Some(tpm_endpoint(&tpm)?),
+                Attestor::Tpm => Some(tpm_at(tpm_backend.backend, tpm_endpoint(&tpm)?)?),
             };
             let opts = join::JoinOptions {
                 server,
@@ -464,6 +504,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             helper,
             helper_staging,
             tpm,
+            tpm_backend,
             metrics_listen,
             #[cfg(feature = "fakehw")]
             uevents_from_any_sender,
@@ -559,6 +600,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         Some(socket) => bcd_agent::helper::TpmEndpoint::Helper(socket.clone()),
                         None => tpm_endpoint(&tpm)?,
                     };
+                    let endpoint = tpm_at(tpm_backend.backend, endpoint)?;
                     tokio::task::block_in_place(|| agent.identity.attach_tpm(endpoint))
                         .map_err(anyhow::Error::msg)?;
                 }
@@ -717,6 +759,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             udev_rules_dir,
             udevd,
             tpm,
+            tpm_backend,
             timeout,
             json,
             hw,
@@ -734,7 +777,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 helper,
                 udev_rules_dir,
                 udevd,
-                tpm_device: tpm,
+                // Not checked up front: an unusable backend is the
+                // identity check's failure, with the others still run.
+                tpm: bcd_tpm::TpmAt {
+                    backend: tpm_backend.backend,
+                    endpoint: tpm_endpoint(&tpm)?,
+                },
                 gateway_timeout: timeout,
                 now_ms: bcd_sys::clock::unix_ms(),
                 boot_ms: upgrade::boot_ms(),
@@ -864,6 +912,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init => match bcd_agent::init::run()? {},
         Command::Version => {
             println!("bcd {} ({})", env!("CARGO_PKG_VERSION"), flavour());
+            let backends: Vec<&str> = bcd_tpm::Backend::built()
+                .into_iter()
+                .map(|b| b.as_str())
+                .collect();
+            println!("TPM backends: {}", backends.join(", "));
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -97,6 +97,11 @@ pub enum Error {
     /// unsupported key type).
     #[error("{0}")]
     Invalid(String),
+    /// The backend asked for is not in this build, or cannot reach the
+    /// endpoint asked for (see `Backend::check`): the text says what to
+    /// use instead. Retrying cannot help.
+    #[error("{0}")]
+    Unsupported(String),
     /// This TPM derives another attestation key than the expected one
     /// (another TPM, or its endorsement seed changed). Retrying cannot help.
     #[error("this TPM's attestation key {actual} is not the expected {expected}")]

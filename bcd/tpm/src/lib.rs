@@ -10,6 +10,11 @@
 //! - `TssTpm` (feature `tss`): the C TPM software stack through
 //!   `tss-esapi`, for the glibc flavour (Debian `libtss2-dev`).
 //!
+//! [`TpmAt`] names a TPM and the [`Backend`] to reach it with, and opens
+//! it as a `Box<dyn Tpm>`: what the agent's join, node key and doctor use.
+//! The tss-esapi backend reaches a device or swtpm, not a TPM behind
+//! `bcd helper`.
+//!
 //! The server's half of attestation, in software and without a TPM, is the
 //! [`verify`] module (feature `verify`): MakeCredential for RSA and ECC EKs
 //! and the verification of TPM2_Certify statements. Parsing and naming of
@@ -27,6 +32,7 @@
 //! software TPMs for the tests and benchmarks of both.
 
 pub mod attest;
+mod backend;
 mod cache;
 pub mod error;
 mod protocol;
@@ -40,6 +46,7 @@ pub mod verify;
 mod wire;
 
 pub use attest::{Certification, CertifyInfo, EcdsaSignature};
+pub use backend::{Backend, TpmAt, tcti};
 pub use error::{Error, ResponseCode};
 pub use protocol::ProtocolTpm;
 pub use public::{EkKind, Name, NodeKeyRecord, PublicArea};

@@ -199,9 +199,19 @@ async fn tpm_key(opts: &Options, key: &str, cert: &CertificateDer<'static>) -> R
         )
     })?;
     let endpoint = match &opts.helper {
-        Some(socket) => bcd_tpm::Endpoint::Helper(socket.clone()),
-        None => bcd_tpm::Endpoint::Device(opts.tpm_device.clone()),
+        Some(socket) => bcd_tpm::TpmAt {
+            backend: opts.tpm.backend,
+            endpoint: bcd_tpm::Endpoint::Helper(socket.clone()),
+        },
+        None => opts.tpm.clone(),
     };
+    if let Err(e) = endpoint.backend.check(&endpoint.endpoint) {
+        return Err(Check::fail(
+            C,
+            e.to_string(),
+            "check with --tpm-backend protocol (BCD_TPM_BACKEND), the backend bcd node uses here",
+        ));
+    }
     let cert = cert.clone();
     // What bcd node checks before it starts: the AK the certificate names
     // (another TPM), then the key the record derives (a cleared TPM).

@@ -166,8 +166,9 @@ pub struct Options {
     /// udevd's control socket (`/run/udev/control`): no udevd, no rules
     /// needed (a ramdisk, where `bcd init` is the device manager).
     pub udevd: PathBuf,
-    /// The TPM, when `node.key` is a TPM record and there is no helper.
-    pub tpm_device: PathBuf,
+    /// The TPM and its backend, when `node.key` is a TPM record (with a
+    /// helper, the helper's TPM through the same backend).
+    pub tpm: bcd_tpm::TpmAt,
     /// How long the gateway probe may take.
     pub gateway_timeout: Duration,
     /// Wall clock, unix ms.

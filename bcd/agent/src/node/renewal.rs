@@ -1,16 +1,19 @@
 //! Certificate renewal: attempts run in the background when
 //! `bcd_core::Renewal` says one is due; a renewed pair is installed
 //! crash-safely (`Identity::install_renewal`) and presented by the next
-//! session.
+//! session. A failure no retry mends (the TPM derives another AK) stops
+//! the attempts: logged once, the current certificate serves until it runs
+//! out, and `bcd doctor`'s identity check says what to do.
 
 use std::time::Duration;
 
 use bcd_core::Renewal;
+use bcd_core::renewal::AfterFailure;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::Agent;
-use crate::client::{self, Renewed};
+use crate::client::{self, RenewFailed, Renewed};
 use bcd_proto::tls::ClientIdentity;
 
 impl Agent {
@@ -31,7 +34,10 @@ impl Agent {
 
     /// Starts an attempt with the current certificate, at server time
     /// `server_now_ms` (what the proof of possession is dated).
-    pub(super) fn spawn_renewal(&self, server_now_ms: i64) -> JoinHandle<Result<Renewed, String>> {
+    pub(super) fn spawn_renewal(
+        &self,
+        server_now_ms: i64,
+    ) -> JoinHandle<Result<Renewed, RenewFailed>> {
         let server_now_ms = self.renewal_clock(server_now_ms);
         let expired = server_now_ms > self.identity.file.cert_not_after_ms;
         if expired {
@@ -45,7 +51,9 @@ impl Agent {
             // the next key is the TPM's, certified by its AK.
             let Some(key) = self.identity.tpm.clone() else {
                 return tokio::spawn(async {
-                    Err("the node key is in the TPM, which this process has not opened".into())
+                    Err(RenewFailed::from(
+                        "the node key is in the TPM, which this process has not opened",
+                    ))
                 });
             };
             let ca = self.identity.ca.clone();
@@ -73,16 +81,18 @@ impl Agent {
             expired,
         };
         let hostname = self.machine.host.hostname();
-        tokio::spawn(
-            async move { client::renew_certificate(&server, ca, current, &hostname).await },
-        )
+        tokio::spawn(async move {
+            client::renew_certificate(&server, ca, current, &hostname)
+                .await
+                .map_err(RenewFailed::from)
+        })
     }
 
     /// An attempt ended at `now` (server time `server_now_ms`): install the
-    /// new pair, or schedule the retry.
+    /// new pair, or schedule the retry, or (when retrying cannot help) stop.
     pub(super) fn renewal_finished(
         &mut self,
-        result: Result<Renewed, String>,
+        result: Result<Renewed, RenewFailed>,
         renewal: &mut Renewal,
         now: Duration,
         server_now_ms: i64,
@@ -104,16 +114,22 @@ impl Agent {
                         renewal.renewed();
                         return;
                     }
-                    Err(e) => format!(
+                    Err(e) => RenewFailed::from(format!(
                         "cannot install the renewed certificate: {}",
                         bcd_sys::error::chain(&e)
-                    ),
+                    )),
                 }
             }
             Err(e) => e,
         };
-        let retry = renewal.failed(now, &mut self.rng);
         let expires_in_ms = self.identity.file.cert_not_after_ms - server_now_ms;
-        warn!(%error, attempt = retry.attempt, expires_in_ms, retry_in = ?retry.retry_in, "renewal failed");
+        match renewal.failed(now, error.failure, &mut self.rng) {
+            AfterFailure::Retry(retry) => {
+                warn!(error = %error.message, attempt = retry.attempt, expires_in_ms, retry_in = ?retry.retry_in, "renewal failed");
+            }
+            AfterFailure::Stopped { attempt } => {
+                warn!(error = %error.message, attempt, expires_in_ms, "renewal failed; retrying cannot help: no more attempts, the current certificate serves until it runs out");
+            }
+        }
     }
 }

@@ -58,7 +58,9 @@ impl Agent {
             Err(e) => return Stopped::JournalFailed(e),
         }
         let mut renewal = Renewal::new(RenewalConfig::default());
-        let mut renewing: Option<JoinHandle<Result<crate::client::Renewed, String>>> = None;
+        let mut renewing: Option<
+            JoinHandle<Result<crate::client::Renewed, crate::client::RenewFailed>>,
+        > = None;
         tokio::pin!(shutdown);
         // The first metric after a full period: a fleet restarting at once
         // does not journal (and fsync) a metric per node all together.
@@ -165,16 +167,20 @@ impl Agent {
                 .map(|d| self.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let server_now = self.renewal_clock(session.clock().now_or_mark(now));
-            let renew_due =
-                Instant::now() + renewal.wait(now, server_now, self.identity.cert_life());
+            // None once a renewal failed for good: no attempt is due.
+            let renew_due = renewal
+                .wait(now, server_now, self.identity.cert_life())
+                .map(|wait| Instant::now() + wait);
             tokio::select! {
-                _ = tokio::time::sleep_until(renew_due), if renewing.is_none() => {
+                _ = tokio::time::sleep_until(renew_due.unwrap_or_else(Instant::now)), if renewing.is_none() && renew_due.is_some() => {
                     let server_now = session.clock().now_or_mark(self.now());
                     renewing = Some(self.spawn_renewal(server_now));
                 }
                 r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
                     renewing = None;
-                    let result = r.map_err(|e| e.to_string()).and_then(|r| r);
+                    let result = r
+                        .map_err(|e| crate::client::RenewFailed::from(e.to_string()))
+                        .and_then(|r| r);
                     let now = self.now();
                     let server_now = session.clock().now_or_mark(now);
                     self.renewal_finished(result, &mut renewal, now, server_now);
