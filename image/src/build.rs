@@ -250,7 +250,14 @@ pub fn build(
     // A bcd without `init` would leave the kernel without a PID 1.
     output(&spec.bcd, &["init", "--help"]).map_err(|_| BuildError::NoInit(spec.bcd.clone()))?;
     let said = output(&spec.bcd, &["version"])?;
-    let bcd_version = said.trim().trim_start_matches("bcd ").to_string();
+    // The first line: later ones list what the build has (TPM backends).
+    let bcd_version = said
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_start_matches("bcd ")
+        .to_string();
     add(&mut archive, "bin/bcd", 0o755, Node::File(read(&spec.bcd)?))?;
 
     progress.step(2, "adding busybox");

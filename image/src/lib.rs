@@ -248,7 +248,8 @@ pub fn ipxe_script(m: &Manifest, id: &ImageId, fetch: &Fetch<'_>, extra: &str) -
         name = m.name,
         short = &id.0[..id.0.len().min(16)],
         kver = m.kernel_version,
-        bcd = m.bcd_version,
+        // One line: a comment that spans two would run its second line.
+        bcd = m.bcd_version.lines().next().unwrap_or_default(),
     )
 }
 
@@ -313,6 +314,15 @@ mod tests {
         p.check(b"abc").unwrap();
         assert!(matches!(p.check(b"ab"), Err(ImageError::Size { .. })));
         assert!(matches!(p.check(b"abd"), Err(ImageError::Hash { .. })));
+    }
+
+    #[test]
+    fn a_version_of_several_lines_stays_in_the_comment() {
+        let mut m = manifest();
+        m.bcd_version = "0.1.0\nTPM backends: protocol".into();
+        let script = ipxe_script(&m, &ImageId("ab".repeat(32)), &Fetch::Beside, "");
+        assert_eq!(script.lines().count(), 6, "{script}");
+        assert!(!script.contains("TPM backends"), "{script}");
     }
 
     #[test]
