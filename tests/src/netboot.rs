@@ -194,6 +194,24 @@ impl NetFleet {
         cmdline: &str,
         carry: &[&str],
     ) -> Image {
+        self.build_image_with(dir, name, cmdline, carry, &[])
+    }
+
+    /// An image for machines with a TPM enrolled by their EK: built with
+    /// `--tpm-ca-pin`, no token anywhere on its command line.
+    pub fn build_tpm_image(&self, name: &str, ca_pin: &str) -> Image {
+        let dir = self.d.path().join(name);
+        self.build_image_with(&dir, name, &base_cmdline(), &[], &["--tpm-ca-pin", ca_pin])
+    }
+
+    fn build_image_with(
+        &self,
+        dir: &Path,
+        name: &str,
+        cmdline: &str,
+        carry: &[&str],
+        extra: &[&str],
+    ) -> Image {
         let mut c = Command::new(bin("better-compute"));
         c.args(["images", "build", "--kernel"])
             .arg(&self.kernel)
@@ -212,6 +230,7 @@ impl NetFleet {
             .arg("--out")
             .arg(dir)
             .arg("--json");
+        c.args(extra);
         for m in MODULES {
             c.args(["--module", m]);
         }
@@ -327,6 +346,9 @@ pub struct VmConfig {
     pub limit: Duration,
     /// The NIC's qemu device model (`virtio-net-pci`, `vmxnet3`).
     pub nic: String,
+    /// The swtpm state folder (a machine's TPM across VMs, or a copy of
+    /// another's); a fresh one in the VM's folder when unset.
+    pub tpm_state: Option<PathBuf>,
 }
 
 impl VmConfig {
@@ -340,6 +362,7 @@ impl VmConfig {
             memory_mib: 512,
             limit: Duration::from_secs(600),
             nic: "virtio-net-pci".into(),
+            tpm_state: None,
         }
     }
 }
@@ -368,7 +391,10 @@ impl Vm {
         let qmp = dir.path().join("qmp.sock");
         let pidfile = dir.path().join("qemu.pid");
         let tpm_sock = dir.path().join("swtpm.sock");
-        let tpm_state = dir.path().join("tpm");
+        let tpm_state = cfg
+            .tpm_state
+            .clone()
+            .unwrap_or_else(|| dir.path().join("tpm"));
         std::fs::create_dir_all(&tpm_state)?;
         let swtpm_log = dir.path().join("swtpm.log");
         let swtpm = Command::new("swtpm")
@@ -414,6 +440,13 @@ impl Vm {
             .arg("-pidfile")
             .arg(&pidfile)
             .args(["-device", "pvpanic", "-action", "panic=exit-failure"])
+            // SeaBIOS's log, for a boot that never reaches the kernel.
+            .arg("-chardev")
+            .arg(format!(
+                "file,id=fw,path={}",
+                dir.path().join("firmware.log").display()
+            ))
+            .args(["-device", "isa-debugcon,iobase=0x402,chardev=fw"])
             .arg("-chardev")
             .arg(format!("socket,id=chrtpm,path={}", tpm_sock.display()))
             .args(["-tpmdev", "emulator,id=tpm0,chardev=chrtpm"])
@@ -512,7 +545,16 @@ impl Vm {
 
     /// The last lines of the console, for failure messages.
     pub fn tail(&self) -> String {
-        let c = self.console();
+        let mut c = self.console();
+        if c.trim().is_empty() {
+            // No kernel yet: what the firmware did.
+            c = format!(
+                "(no console output; the firmware's log:)\n{}",
+                String::from_utf8_lossy(
+                    &std::fs::read(self.dir.path().join("firmware.log")).unwrap_or_default()
+                )
+            );
+        }
         let lines: Vec<&str> = c.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }

@@ -388,3 +388,109 @@ fn images_are_reproducible_and_gnu_cpio_reads_the_initrd() {
         "{ipxe}"
     );
 }
+
+/// The EK hash a refused join printed on the console, once one did.
+fn refused_ek(vm: &Vm) -> Option<String> {
+    let console = vm.console();
+    let at = console.find("is not enrolled (EK SHA-256 ")?;
+    let hash: String = console[at..]
+        .trim_start_matches("is not enrolled (EK SHA-256 ")
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    (hash.len() == 64).then_some(hash)
+}
+
+fn fleet_events(f: &NetFleet, node: &str) -> String {
+    let s = f.server.store();
+    format!("{:?}", s.block(s.store.fleet_events(node, 100)).unwrap())
+}
+
+#[test]
+#[ignore = "needs the netboot kernel (scripts/fetch-kernel) and qemu, minutes under TCG: scripts/test runs it"]
+fn a_tpm_image_with_no_token_attests_at_every_boot_and_a_copied_tpm_is_quarantined() {
+    let _one = vm_lock();
+    let f = fleet();
+    let token = f.server.token(1);
+    let pin = token.rsplit('.').next().unwrap().to_string();
+    let img = f.build_tpm_image("tpm", &pin);
+    assert!(
+        img.cmdline().contains("bcd.attestor=tpm"),
+        "{}",
+        img.cmdline()
+    );
+    f.register(&img);
+    // Nothing appended: no token anywhere the boot network can read.
+    f.assign_default(&img, "");
+    let mac = "52:54:00:bc:00:07";
+    let (code, _, script) = netboot::http_get(f.boot, &format!("/boot/ipxe?mac={mac}"), &[]);
+    assert_eq!(code, 200);
+    let script = String::from_utf8_lossy(&script).to_string();
+    assert!(
+        script.contains("bcd.attestor=tpm") && !script.contains("bct1"),
+        "{script}"
+    );
+
+    // Diskless, with its own TPM: refused until enrolled, trying again.
+    let tpm_a = f.d.path().join("tpm-a");
+    let mut cfg = pxe(&f, mac);
+    cfg.tpm_state = Some(tpm_a.clone());
+    let vm = Vm::start(&cfg).expect("qemu");
+    let hash = vm.wait(BOOT, "a refused join naming the EK", || refused_ek(&vm));
+    let out = f.server.cli(&["machines", "enroll", "--ek-sha256", &hash]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = f.wait_hostname(&vm, &hostname_for(mac), "connected", BOOT);
+    let before = f.server.node(&id).expect("node");
+
+    // A reboot: the same node under a new boot id, by attestation again.
+    let reboot = f.server.run_command(&id, "node.reboot", &[]);
+    wait_view(&f, &vm, &id, "the node back under a new boot id", |n| {
+        n.state == "connected" && n.boot_id != before.boot_id
+    });
+    let r = f.server.wait_command(&reboot);
+    assert_eq!(
+        (r.state.as_str(), r.reason.as_str()),
+        ("succeeded", "rebooted"),
+        "{r:?}"
+    );
+    assert_eq!(f.server.nodes().len(), 1, "one machine, one node");
+    assert!(
+        fleet_events(&f, &id).contains("re-attested by its TPM's EK with no token"),
+        "{}",
+        fleet_events(&f, &id)
+    );
+
+    // A second machine whose TPM state is a copy of the first's: the two
+    // take the node from each other until it is quarantined.
+    let tpm_c = f.d.path().join("tpm-c");
+    std::fs::create_dir_all(&tpm_c).unwrap();
+    for e in std::fs::read_dir(&tpm_a).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() && !e.file_name().to_string_lossy().ends_with(".lock") {
+            std::fs::copy(e.path(), tpm_c.join(e.file_name())).unwrap();
+        }
+    }
+    let mac_c = "52:54:00:bc:00:08";
+    let mut cfg_c = pxe(&f, mac_c);
+    cfg_c.tpm_state = Some(tpm_c);
+    let vm_c = Vm::start(&cfg_c).expect("qemu");
+    vm_c.wait(BOOT * 2, "the node quarantined", || {
+        fleet_events(&f, &id)
+            .contains("security.node.quarantined")
+            .then_some(())
+    });
+    let events = fleet_events(&f, &id);
+    assert!(
+        events.contains("security.node.duplicate-session"),
+        "{events}"
+    );
+    vm_c.wait(BOOT, "the clone told it is quarantined", || {
+        (vm_c.count(&format!("node {id} is quarantined"))
+            + vm.count(&format!("node {id} is quarantined"))
+            > 0)
+        .then_some(())
+    });
+    wait_view(&f, &vm_c, &id, "neither machine holding the node", |n| {
+        n.state != "connected"
+    });
+}

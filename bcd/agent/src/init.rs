@@ -403,6 +403,12 @@ impl Pid1 {
                 if let Some(t) = &self.cfg.token {
                     c.env("BCD_TOKEN", t);
                 }
+                if self.cfg.tpm() {
+                    c.args(["--attestor", "tpm"]);
+                    if let Some(p) = &self.cfg.ca_pin {
+                        c.env("BCD_CA_PIN", p);
+                    }
+                }
                 c
             }
             Role::Supervisor => {
@@ -658,14 +664,55 @@ pub fn run() -> Result<Infallible, InitError> {
     pid1.data_dir = data_dir.clone();
     info!(data_dir = %data_dir.display(), persistent = store.persistent(), "identity store ready");
 
-    // Join when there is no identity.
+    loop {
+        join_until_joined(&mut pid1, &cfg, &data_dir);
+        // The daemon, under the supervisor; the supervisor under PID 1.
+        loop {
+            pid1.spawn(Role::Supervisor);
+            match pid1.wait_for(&Role::Supervisor) {
+                Some(EXIT_REFUSED) if cfg.tpm() => {
+                    // The machine's TPM is its identity: the node it is
+                    // bound to is got back by attesting again (a deleted
+                    // one's machine joins as a new node only if enrolled).
+                    warn!(
+                        "the server refused this node's certificate for good (revoked or \
+                         deleted); joining again by TPM attestation in 5 s"
+                    );
+                    if let Err(e) = identity::reset(&data_dir) {
+                        error!("cannot move the refused identity aside: {e:#}");
+                        pid1.idle();
+                    }
+                    pid1.pump(RESTART_DELAY);
+                    break;
+                }
+                Some(EXIT_REFUSED) => {
+                    error!(
+                        "the server refused this node for good (deleted or revoked); reboot it to \
+                         join again with a token, or remove bcd.state's identity"
+                    );
+                    pid1.idle();
+                }
+                code => {
+                    warn!(?code, "the supervisor ended; starting it again in 5 s");
+                    pid1.pump(RESTART_DELAY);
+                }
+            }
+        }
+    }
+}
+
+/// Joins while the node has no identity, backing off 1 s to 30 s between
+/// tries; idles when the command line cannot make a join.
+fn join_until_joined(pid1: &mut Pid1, cfg: &cmdline::Config, data_dir: &Path) {
     let mut backoff = Duration::from_secs(1);
-    while !identity::exists(&data_dir) {
-        if cfg.server.is_none() || cfg.token.is_none() {
+    while !identity::exists(data_dir) {
+        let admitted = cfg.token.is_some() || (cfg.tpm() && cfg.ca_pin.is_some());
+        if cfg.server.is_none() || !admitted {
             error!(
-                "this node has no identity and the kernel command line has no bcd.server= and \
-                 bcd.token=: add them (better-compute tokens create --uses N makes a token for N \
-                 boots)"
+                "this node has no identity and the kernel command line has no bcd.server= with \
+                 bcd.token= (better-compute tokens create --uses N makes a token for N boots) \
+                 or, for a machine with a TPM enrolled by its EK, bcd.attestor=tpm and \
+                 bcd.ca_pin=: add them"
             );
             pid1.idle();
         }
@@ -676,24 +723,6 @@ pub fn run() -> Result<Infallible, InitError> {
                 warn!(?code, retry_in = ?backoff, "join failed; trying again");
                 pid1.pump(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(30));
-            }
-        }
-    }
-
-    // The daemon, under the supervisor; the supervisor under PID 1.
-    loop {
-        pid1.spawn(Role::Supervisor);
-        match pid1.wait_for(&Role::Supervisor) {
-            Some(EXIT_REFUSED) => {
-                error!(
-                    "the server refused this node for good (deleted or revoked); reboot it to \
-                     join again with a token, or remove bcd.state's identity"
-                );
-                pid1.idle();
-            }
-            code => {
-                warn!(?code, "the supervisor ended; starting it again in 5 s");
-                pid1.pump(RESTART_DELAY);
             }
         }
     }

@@ -64,6 +64,12 @@ pub enum ImagesCommand {
         /// The kernel command line (console=..., bcd.server=...).
         #[arg(long, default_value = "console=ttyS0")]
         cmdline: String,
+        /// Build for machines with a TPM enrolled by their EK (better-compute
+        /// machines enroll): adds bcd.attestor=tpm and bcd.ca_pin=PIN (the
+        /// pin machines enroll prints) to the command line. No token goes
+        /// in it: what the boot network sees is the server and the pin.
+        #[arg(long, value_name = "PIN")]
+        tpm_ca_pin: Option<String>,
         #[arg(long, default_value = "bcd-node")]
         name: String,
         /// The image key (from images keygen).
@@ -130,6 +136,49 @@ fn parse_file(s: &str) -> Result<(PathBuf, PathBuf), String> {
         ));
     }
     Ok((src.into(), dest.into()))
+}
+
+/// The command line of an image for TPM machines: `bcd.attestor=tpm` and
+/// the CA pin added, and no token.
+fn tpm_cmdline(cmdline: &str, pin: &str) -> anyhow::Result<String> {
+    let pin = pin.trim().to_ascii_lowercase();
+    if pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit()) {
+        anyhow::bail!(
+            "--tpm-ca-pin takes the fleet CA's pin, 64 hex digits, as better-compute machines \
+             enroll prints it"
+        );
+    }
+    let words = cmdline_names(cmdline);
+    if words.iter().any(|w| w == "bcd.token") {
+        anyhow::bail!(
+            "an image for TPM machines carries no token: drop bcd.token= from --cmdline (enrol \
+             the machines with better-compute machines enroll)"
+        );
+    }
+    if words
+        .iter()
+        .any(|w| w == "bcd.attestor" || w == "bcd.ca_pin")
+    {
+        anyhow::bail!("--tpm-ca-pin sets bcd.attestor= and bcd.ca_pin=: drop them from --cmdline");
+    }
+    Ok(format!(
+        "{} bcd.attestor=tpm bcd.ca_pin={pin}",
+        cmdline.trim()
+    ))
+}
+
+/// The parameter names of a kernel command line (the part before `=`).
+fn cmdline_names(cmdline: &str) -> Vec<String> {
+    cmdline
+        .split_whitespace()
+        .map(|w| {
+            w.trim_matches('"')
+                .split('=')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
 }
 
 fn parse_compression(s: &str) -> Result<initramfs::Compression, String> {
@@ -240,12 +289,17 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
             programs,
             files,
             cmdline,
+            tpm_ca_pin,
             name,
             key,
             out,
             compression,
             json,
         } => {
+            let cmdline = match &tpm_ca_pin {
+                Some(pin) => tpm_cmdline(&cmdline, pin)?,
+                None => cmdline,
+            };
             let key_bytes = std::fs::read(&key)
                 .with_context(|| format!("cannot read the image key {}", key.display()))?;
             let key = image::read_key(&key_bytes).with_context(|| key.display().to_string())?;
@@ -447,5 +501,31 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_for_tpm_machines_has_the_pin_and_no_token() {
+        let pin = "AB".repeat(32);
+        let line = tpm_cmdline("console=ttyS0 bcd.server=https://s:1 ", &pin).unwrap();
+        assert_eq!(
+            line,
+            format!(
+                "console=ttyS0 bcd.server=https://s:1 bcd.attestor=tpm bcd.ca_pin={}",
+                pin.to_lowercase()
+            )
+        );
+        let e = tpm_cmdline("console=ttyS0 bcd.token=bct1.a.b.c", &pin).unwrap_err();
+        assert!(e.to_string().contains("carries no token"), "{e}");
+        let e = tpm_cmdline("\"bcd.token=x y\"", &pin).unwrap_err();
+        assert!(e.to_string().contains("carries no token"), "{e}");
+        let e = tpm_cmdline("bcd.attestor=token", &pin).unwrap_err();
+        assert!(e.to_string().contains("drop them"), "{e}");
+        let e = tpm_cmdline("console=ttyS0", "abc").unwrap_err();
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
     }
 }

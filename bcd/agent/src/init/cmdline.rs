@@ -10,6 +10,8 @@
 //! |---|---|
 //! | `bcd.server=https://HOST:PORT` | the control plane to join and keep a session with |
 //! | `bcd.token=bct1....` | a join token, used only while the node has no identity |
+//! | `bcd.attestor=tpm` | join by TPM attestation (`bcd join --attestor tpm`; default `token`) |
+//! | `bcd.ca_pin=HEX` | the fleet CA's pin, for a TPM machine enrolled by its EK: no token needed |
 //! | `bcd.state=LABEL` | keep the identity on the ext2/3/4 filesystem with this label |
 //! | `bcd.hostname=NAME` | the host name (default: `node-` and the first NIC's MAC) |
 //! | `bcd.iface=NAME` | run DHCP on this interface only (default: every Ethernet interface) |
@@ -24,6 +26,9 @@ use std::fmt;
 pub struct Config {
     pub server: Option<String>,
     pub token: Option<String>,
+    /// `tpm` or `token`.
+    pub attestor: Option<String>,
+    pub ca_pin: Option<String>,
     pub state: Option<String>,
     pub hostname: Option<String>,
     pub iface: Option<String>,
@@ -57,6 +62,13 @@ pub enum CmdlineError {
     Iface(String),
     #[error("{0} takes a value ({0}=...): fix the kernel command line")]
     Empty(String),
+    #[error("bcd.attestor={0:?} is neither tpm nor token: fix the kernel command line")]
+    Attestor(String),
+    #[error(
+        "bcd.ca_pin={0:?} is not the fleet CA's pin (64 hex digits, as better-compute machines \
+         enroll prints it): fix the kernel command line"
+    )]
+    Pin(String),
 }
 
 /// The kernel's split of a command line into `(name, value)` pairs, up to
@@ -136,6 +148,8 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError> {
         let slot = match key {
             "server" => &mut c.server,
             "token" => &mut c.token,
+            "attestor" => &mut c.attestor,
+            "ca_pin" => &mut c.ca_pin,
             "state" => &mut c.state,
             "hostname" => &mut c.hostname,
             "iface" => &mut c.iface,
@@ -158,6 +172,17 @@ pub fn parse(line: &str) -> Result<Config, CmdlineError> {
         && !(s.starts_with("https://") && s.len() > "https://".len())
     {
         return Err(CmdlineError::Server(s.clone()));
+    }
+    if let Some(a) = &c.attestor
+        && a != "tpm"
+        && a != "token"
+    {
+        return Err(CmdlineError::Attestor(a.clone()));
+    }
+    if let Some(p) = &c.ca_pin
+        && !(p.len() == 64 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(CmdlineError::Pin(p.clone()));
     }
     if let Some(l) = &c.state
         && !valid_label(l)
@@ -193,15 +218,23 @@ pub fn valid_hostname(h: &str) -> bool {
         && !h.starts_with(['-', '.'])
 }
 
+impl Config {
+    /// The machine joins by TPM attestation (`bcd.attestor=tpm`).
+    pub fn tpm(&self) -> bool {
+        self.attestor.as_deref() == Some("tpm")
+    }
+}
+
 impl fmt::Display for Config {
     /// The settings for the console, the token's secret left out.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let show = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
         write!(
             f,
-            "server {} token {} state {} hostname {} iface {}",
+            "server {} token {} attestor {} state {} hostname {} iface {}",
             show(&self.server),
             if self.token.is_some() { "set" } else { "-" },
+            self.attestor.as_deref().unwrap_or("token"),
             show(&self.state),
             show(&self.hostname),
             show(&self.iface),
@@ -266,6 +299,26 @@ mod tests {
                 .to_string()
                 .contains("fix the kernel command line")
         );
+    }
+
+    #[test]
+    fn a_tpm_machine_needs_a_pin_and_no_token() {
+        let pin = "ab".repeat(32);
+        let c = parse(&format!(
+            "bcd.server=https://s:1 bcd.attestor=tpm bcd.ca_pin={pin}"
+        ))
+        .unwrap();
+        assert!(c.tpm());
+        assert_eq!(c.ca_pin.as_deref(), Some(pin.as_str()));
+        assert!(c.to_string().contains("attestor tpm"), "{c}");
+        assert!(!parse("bcd.attestor=token").unwrap().tpm());
+        assert_eq!(
+            parse("bcd.attestor=tmp").unwrap_err(),
+            CmdlineError::Attestor("tmp".into())
+        );
+        let e = parse("bcd.ca_pin=abc").unwrap_err();
+        assert_eq!(e, CmdlineError::Pin("abc".into()));
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
     }
 
     proptest! {
