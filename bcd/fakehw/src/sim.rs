@@ -226,6 +226,7 @@ impl Fleet {
                     machine,
                     node.seed ^ bcd_sys::clock::unix_ms() as u64,
                     Some(node.stats.clone()),
+                    node::Footprint::SIMULATED,
                 )?;
                 let mut stop = stop.clone();
                 let stopped = agent
