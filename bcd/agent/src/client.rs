@@ -3,9 +3,7 @@
 //! opening the session stream itself. `bcd join`'s call is in `join`.
 
 use bcd_proto::tls::{self, ServerTrust};
-use bcd_proto::v1::{
-    NodeMessage, ServerMessage, gateway_client::GatewayClient, join_client::JoinClient,
-};
+use bcd_proto::v1::{NodeMessage, ServerMessage, join_client::JoinClient};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 use tokio::sync::mpsc;
@@ -14,22 +12,72 @@ use crate::identity::{Identity, NextCert};
 use release::assemble::Assembly;
 
 /// An open session stream: what the node sends, what the gateway sends.
+/// Messages wait boxed: a channel keeps its slots in blocks of 32 from the
+/// start, and a `NodeMessage` is a few hundred bytes inline.
 #[derive(Debug)]
 pub struct Stream {
-    pub tx: mpsc::Sender<NodeMessage>,
+    pub tx: mpsc::Sender<Box<NodeMessage>>,
     pub rx: tonic::Streaming<ServerMessage>,
 }
 
+/// The session stream's method, as the generated client names it.
+const SESSION_PATH: &str = "/bcd.v1.Gateway/Session";
+
+/// The session stream's codec: prost, with encode and decode buffers that
+/// start at a given size and grow for a larger message.
+#[derive(Debug, Clone, Copy)]
+struct SessionCodec(tonic::codec::BufferSettings);
+
+type Prost = tonic_prost::ProstCodec<NodeMessage, ServerMessage>;
+
+impl tonic::codec::Codec for SessionCodec {
+    type Encode = NodeMessage;
+    type Decode = ServerMessage;
+    type Encoder = <Prost as tonic::codec::Codec>::Encoder;
+    type Decoder = <Prost as tonic::codec::Codec>::Decoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        Prost::raw_encoder(self.0)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        Prost::raw_decoder(self.0)
+    }
+}
+
+/// How much a stream encodes before it lets other tasks run: tonic's
+/// default.
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
 /// Dials the gateway with the node's certificate, trusting only the fleet
-/// CA, and opens the session stream.
-pub async fn open_session(identity: &Identity) -> Result<Stream, String> {
+/// CA, and opens the session stream, whose encode and decode buffers start
+/// at `stream_buffer` bytes (see [`crate::node::Footprint`]).
+pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<Stream, String> {
+    use tokio_stream::StreamExt;
     let config = identity.client_config()?;
     let channel = tls::connect(&identity.file.server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
-    let (tx, rx) = mpsc::channel(64);
-    let stream = GatewayClient::new(channel)
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+    let (tx, rx) = mpsc::channel::<Box<NodeMessage>>(64);
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| format!("the connection to the gateway is not ready: {e}"))?;
+    let mut request =
+        tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| *m));
+    request
+        .extensions_mut()
+        .insert(tonic::GrpcMethod::new("bcd.v1.Gateway", "Session"));
+    let codec = SessionCodec(tonic::codec::BufferSettings::new(
+        stream_buffer,
+        YIELD_THRESHOLD,
+    ));
+    let stream = grpc
+        .streaming(
+            request,
+            tonic::codegen::http::uri::PathAndQuery::from_static(SESSION_PATH),
+            codec,
+        )
         .await
         .map_err(|s| format!("{}: {}", s.code(), s.message()))?
         .into_inner();
@@ -512,5 +560,13 @@ mod tests {
         ] {
             assert_eq!(e.failure, Failure::Transient, "{e}");
         }
+    }
+
+    #[test]
+    fn the_session_path_is_the_gateway_services() {
+        assert_eq!(
+            SESSION_PATH,
+            format!("/{}/Session", bcd_proto::v1::gateway_server::SERVICE_NAME)
+        );
     }
 }

@@ -593,7 +593,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let _ = stop_tx.send(true);
             });
             loop {
-                let mut agent = node::open(&data_dir, machine.clone(), rand::random(), None)?;
+                let mut agent = node::open(
+                    &data_dir,
+                    machine.clone(),
+                    rand::random(),
+                    None,
+                    node::Footprint::NODE,
+                )?;
                 if agent.identity.tpm_record().is_some() {
                     // A TPM-held key needs its TPM: no start without it.
                     let endpoint = match &helper {

@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
 use bcd_proto::token::JoinToken;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
@@ -75,6 +74,11 @@ pub fn raise_fd_limit() -> u64 {
 /// shared memory), its TLS socket, room for a join or a renewal, and the two
 /// sockets of its link through `better-compute sim`'s balancer.
 pub const FILES_PER_NODE: u64 = 8;
+
+/// The wait after a simulated node's first failed join; it doubles after
+/// each next failure up to [`JOIN_RETRY_MAX`] (as `bcd init` waits).
+const JOIN_RETRY_FIRST: Duration = Duration::from_secs(1);
+const JOIN_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// One simulated machine.
 #[derive(Debug)]
@@ -170,11 +174,34 @@ impl Fleet {
                 node.stats.connected.store(0, Ordering::Relaxed);
             }
             join::prepare_dir(&node.dir)?;
-            if !identity::exists(&node.dir) {
-                let _permit = joins.acquire().await.expect("semaphore open");
-                join::join_with_token(&server, &token, &node.dir, false, node.host.as_ref(), None)
+            // As a netbooted machine's init does: a failed join (the
+            // gateway closed the connection over its handshake rate, a
+            // gateway restarting) is tried again, 1 s after the first
+            // failure and twice as long after each next one, up to 30 s.
+            let mut backoff = JOIN_RETRY_FIRST;
+            while !identity::exists(&node.dir) {
+                let joined = {
+                    let _permit = joins.acquire().await.expect("semaphore open");
+                    join::join_with_token(
+                        &server,
+                        &token,
+                        &node.dir,
+                        false,
+                        node.host.as_ref(),
+                        None,
+                    )
                     .await
-                    .with_context(|| format!("simulated node {i} cannot join"))?;
+                };
+                if let Err(e) = joined {
+                    tracing::warn!(node = i, error = format!("{e:#}"), retry_in = ?backoff,
+                        "simulated node's join failed; trying again");
+                    let mut halt = stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = halt.wait_for(|s| *s) => return anyhow::Ok(()),
+                    }
+                    backoff = (backoff * 2).min(JOIN_RETRY_MAX);
+                }
             }
             loop {
                 // Simulated machines never touch the host's sshd or
@@ -199,6 +226,7 @@ impl Fleet {
                     machine,
                     node.seed ^ bcd_sys::clock::unix_ms() as u64,
                     Some(node.stats.clone()),
+                    node::Footprint::SIMULATED,
                 )?;
                 let mut stop = stop.clone();
                 let stopped = agent

@@ -68,6 +68,25 @@ pub struct Journal {
     journal_id: String,
 }
 
+/// How much memory an open journal keeps: its SQLite page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalOptions {
+    /// `PRAGMA cache_size`: pages when positive, KiB when negative. Set
+    /// first, so no more than it asks for is cached from the start (the
+    /// build allocates pages one at a time: `.cargo/config.toml`).
+    pub cache_size: i64,
+}
+
+impl JournalOptions {
+    /// `bcd node`: at most 64 KiB of pages, more than a journal's working
+    /// set.
+    pub const NODE: JournalOptions = JournalOptions { cache_size: -64 };
+    /// One of thousands of journals in one process (`bcd sim`): two
+    /// pages. A read past them is a `pread` served by the OS page cache;
+    /// what is written and when it is synced does not change.
+    pub const SMALL: JournalOptions = JournalOptions { cache_size: 2 };
+}
+
 /// What opening found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Opened {
@@ -156,6 +175,14 @@ fn now_ms() -> i64 {
 
 impl Journal {
     pub fn open(path: &Path) -> Result<(Journal, Opened), JournalError> {
+        Self::open_with(path, JournalOptions::NODE)
+    }
+
+    /// [`Journal::open`] with the memory `options` ask for.
+    pub fn open_with(
+        path: &Path,
+        options: JournalOptions,
+    ) -> Result<(Journal, Opened), JournalError> {
         let existed = path.exists();
         let open_err = |e: OpenFailure| match e {
             OpenFailure::Sqlite(source) => JournalError::Open {
@@ -168,7 +195,7 @@ impl Journal {
                 known: SCHEMA_VERSION,
             },
         };
-        match Self::try_open(path) {
+        match Self::try_open(path, options) {
             Ok(j) => Ok((
                 j,
                 if existed {
@@ -201,18 +228,19 @@ impl Journal {
                 }
                 tracing::warn!(path = %path.display(), aside = %aside.display(), error = %e,
                     "journal did not open; moved it aside and started a new one");
-                let j = Self::try_open(path).map_err(open_err)?;
+                let j = Self::try_open(path, options).map_err(open_err)?;
                 Ok((j, Opened::Recreated { corrupt: aside }))
             }
             Err(e) => Err(open_err(e)),
         }
     }
 
-    fn try_open(path: &Path) -> Result<Journal, OpenFailure> {
+    fn try_open(path: &Path, options: JournalOptions) -> Result<Journal, OpenFailure> {
         let mut conn = Connection::open(path)?;
+        // First: it bounds the page cache from the first page read.
+        conn.pragma_update(None, "cache_size", options.cache_size)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "cache_size", -64)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrate(&mut conn)?;
         let existing: Option<String> = conn
@@ -535,9 +563,35 @@ mod tests {
 
     #[test]
     fn command_lifecycle_survives_reopening() {
+        for options in [JournalOptions::NODE, JournalOptions::SMALL] {
+            command_lifecycle(options);
+        }
+    }
+
+    #[test]
+    fn a_small_cache_changes_the_cache_and_nothing_that_makes_a_write_durable() {
+        let d = tempfile::tempdir().unwrap();
+        for (name, options) in [
+            ("node.db", JournalOptions::NODE),
+            ("small.db", JournalOptions::SMALL),
+        ] {
+            let (j, _) = Journal::open_with(&d.path().join(name), options).unwrap();
+            let pragma =
+                |p: &str| -> i64 { j.conn.pragma_query_value(None, p, |r| r.get(0)).unwrap() };
+            assert_eq!(pragma("cache_size"), options.cache_size, "{name}");
+            assert_eq!(pragma("synchronous"), 2, "{name}: FULL");
+            let mode: String = j
+                .conn
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                .unwrap();
+            assert_eq!(mode, "wal", "{name}");
+        }
+    }
+
+    fn command_lifecycle(options: JournalOptions) {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("journal.db");
-        let (j, _) = Journal::open(&p).unwrap();
+        let (j, _) = Journal::open_with(&p, options).unwrap();
         j.accept("c1", 1, "exec.run", b"p1").unwrap();
         j.accept("c2", 2, "exec.run", b"p2").unwrap();
         j.set_running("c1", "boot-a").unwrap();
@@ -548,7 +602,7 @@ mod tests {
             "an id is accepted once"
         );
         drop(j);
-        let (j, _) = Journal::open(&p).unwrap();
+        let (j, _) = Journal::open_with(&p, options).unwrap();
         assert_eq!(j.highest_seq().unwrap(), 2);
         let e = j.open_entries().unwrap();
         assert_eq!(e.len(), 2);

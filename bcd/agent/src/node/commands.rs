@@ -175,7 +175,7 @@ impl Agent {
                 bcd_sys::error::chain(&e)
             );
             warn!(cmd = %id, %reason);
-            let _ = done.send((id.to_string(), Effect::failed(reason)));
+            let _ = done.send(Box::new((id.to_string(), Effect::failed(reason))));
             return Ok(None);
         }
         let boot_id = self
@@ -199,11 +199,11 @@ impl Agent {
                 let done = done.clone();
                 tokio::spawn(async move {
                     let effect = effects::exec(&args).await;
-                    let _ = done.send((id, effect));
+                    let _ = done.send(Box::new((id, effect)));
                 });
             }
             (Some(Kind::InventoryRefresh), _) => {
-                let _ = done.send((id, Effect::ok()));
+                let _ = done.send(Box::new((id, Effect::ok())));
             }
             (Some(Kind::GpuReset), Some(v1::command_payload::Args::GpuReset(a))) => {
                 let assignments = self
@@ -221,7 +221,7 @@ impl Agent {
                     .and_then(|gpus| resolve_for_reset(&gpus, &assignments, &a.gpu));
                 match resolved {
                     Err(reason) => {
-                        let _ = done.send((id, Effect::failed(reason)));
+                        let _ = done.send(Box::new((id, Effect::failed(reason))));
                     }
                     Ok(pci) => {
                         let host = self.machine.host.clone();
@@ -234,7 +234,7 @@ impl Agent {
                                 },
                                 Err(e) => Effect::failed(format!("reset {pci}: {e}")),
                             };
-                            let _ = done.send((id, effect));
+                            let _ = done.send(Box::new((id, effect)));
                         });
                     }
                 }
@@ -244,7 +244,7 @@ impl Agent {
                 match self.machine.power.reboot() {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
-                        let _ = done.send((id, Effect::failed(format!("reboot: {e}"))));
+                        let _ = done.send(Box::new((id, Effect::failed(format!("reboot: {e}")))));
                     }
                 }
             }
@@ -253,7 +253,7 @@ impl Agent {
                 match self.machine.power.kexec(&k.kernel, &k.initrd, &k.cmdline) {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
-                        let _ = done.send((id, Effect::failed(format!("kexec: {e}"))));
+                        let _ = done.send(Box::new((id, Effect::failed(format!("kexec: {e}")))));
                     }
                 }
             }
@@ -262,7 +262,10 @@ impl Agent {
             }
             (Some(Kind::DaemonRollback), _) => {
                 let Some(update) = self.update.as_mut() else {
-                    let _ = done.send((id, Effect::failed("self-update is not available here")));
+                    let _ = done.send(Box::new((
+                        id,
+                        Effect::failed("self-update is not available here"),
+                    )));
                     return Ok(None);
                 };
                 let (output, restart) = update.abort().map_err(|e| format!("slots: {e}"))?;
@@ -276,10 +279,13 @@ impl Agent {
                     self.journal_result(&id, effect)?;
                     return Ok(Some(Stopped::Restart));
                 }
-                let _ = done.send((id, effect));
+                let _ = done.send(Box::new((id, effect)));
             }
             _ => {
-                let _ = done.send((id, Effect::failed("arguments do not match the kind")));
+                let _ = done.send(Box::new((
+                    id,
+                    Effect::failed("arguments do not match the kind"),
+                )));
             }
         }
         Ok(None)
@@ -304,8 +310,10 @@ impl Agent {
             match command::recover(Kind::parse(&e.kind), &e.state, &boot_id) {
                 Recovery::Run => {
                     let Ok(payload) = v1::CommandPayload::decode(e.payload.as_slice()) else {
-                        let _ =
-                            done.send((e.id, Effect::failed("journaled payload does not decode")));
+                        let _ = done.send(Box::new((
+                            e.id,
+                            Effect::failed("journaled payload does not decode"),
+                        )));
                         continue;
                     };
                     info!(cmd = %e.id, "recovery: running a command accepted before the restart");

@@ -14,16 +14,19 @@ use crate::identity::Identity;
 pub(super) type Conn = Option<Stream>;
 
 /// Dials in the background; the loop awaits the handle.
-pub(super) fn spawn_dial(identity: &Identity) -> JoinHandle<Result<Stream, String>> {
+pub(super) fn spawn_dial(
+    identity: &Identity,
+    stream_buffer: usize,
+) -> JoinHandle<Result<Stream, String>> {
     let identity = identity.clone();
-    tokio::spawn(async move { client::open_session(&identity).await })
+    tokio::spawn(async move { client::open_session(&identity, stream_buffer).await })
 }
 
 /// Sends a message when a stream is open. A failed send means the stream
 /// is gone; its end arrives as an event.
 pub(super) async fn send(conn: &Conn, msg: node_message::Msg) {
     if let Some(c) = conn {
-        let _ = c.tx.send(NodeMessage { msg: Some(msg) }).await;
+        let _ = c.tx.send(Box::new(NodeMessage { msg: Some(msg) })).await;
     }
 }
 

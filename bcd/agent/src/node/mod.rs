@@ -74,6 +74,32 @@ pub struct Stats {
     pub epoch: AtomicU64,
 }
 
+/// What one agent keeps in memory between uses. `bcd node` runs one agent
+/// on its machine and keeps [`Footprint::NODE`]; `bcd sim` runs thousands
+/// in one process and asks for [`Footprint::SIMULATED`]. Neither changes
+/// what is journaled, synced or sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// The journal's page cache.
+    pub journal: journal::JournalOptions,
+    /// The session stream's encode and decode buffers start at this many
+    /// bytes, and grow for a larger message.
+    pub stream_buffer: usize,
+}
+
+impl Footprint {
+    /// `bcd node`: tonic's 8 KiB stream buffers.
+    pub const NODE: Footprint = Footprint {
+        journal: journal::JournalOptions::NODE,
+        stream_buffer: 8 * 1024,
+    };
+    /// An agent among thousands in one process.
+    pub const SIMULATED: Footprint = Footprint {
+        journal: journal::JournalOptions::SMALL,
+        stream_buffer: 1024,
+    };
+}
+
 /// The machine under the agent: what it reads and the privileged acts it
 /// asks for, each behind a narrow trait.
 #[derive(Debug, Clone)]
@@ -109,6 +135,8 @@ pub struct Agent {
     pub metrics: Option<Arc<NodeMetrics>>,
     /// Kernel uevents (none: device changes show at the next pass).
     pub uevents: Option<bcd_udev::Monitor>,
+    /// What the agent keeps in memory between uses.
+    pub footprint: Footprint,
     /// The origin of the monotonic times handed to the core.
     origin: Instant,
     /// Jitter for decisions outside the session (renewal retries).
@@ -184,10 +212,13 @@ pub enum Stopped {
 }
 
 /// A downloaded, verified release written to the inactive slot, or why not.
-type Staged = (String, Result<release::Manifest, String>);
+/// Boxed, as [`Done`] is.
+type Staged = Box<(String, Result<release::Manifest, String>)>;
 
-/// A finished side effect on its way back to the loop.
-type Done = (String, Effect);
+/// A finished side effect on its way back to the loop. Boxed: a channel
+/// holds its items in blocks of 32 from the start, and a fleet of agents
+/// in one process (`bcd sim`) would keep 32 unboxed effects per agent.
+type Done = Box<(String, Effect)>;
 
 impl Agent {
     /// Runs the daemon until `shutdown` completes or it must stop.
@@ -263,10 +294,11 @@ pub fn open(
     machine: Machine,
     seed: u64,
     stats: Option<Arc<Stats>>,
+    footprint: Footprint,
 ) -> anyhow::Result<Agent> {
     let identity = Identity::load(dir)?;
-    let (journal, opened) =
-        Journal::open(&dir.join(identity::JOURNAL)).context("the journal cannot be opened")?;
+    let (journal, opened) = Journal::open_with(&dir.join(identity::JOURNAL), footprint.journal)
+        .context("the journal cannot be opened")?;
     if let journal::Opened::Recreated { corrupt } = &opened {
         warn!(aside = %corrupt.display(), "started a new journal; the old one did not open");
     }
@@ -296,6 +328,7 @@ pub fn open(
         update: None,
         metrics: None,
         uevents: None,
+        footprint,
         origin: Instant::now(),
         rng: SplitMix64::new(seed.rotate_left(29) ^ 0x5245_4e45_5741_4c00),
         sent_events: 0,

@@ -80,7 +80,12 @@ impl Agent {
                 let actions = session.handle(self.now(), event);
                 for action in actions {
                     match action {
-                        Action::Dial => dialing = Some(conn::spawn_dial(&self.identity)),
+                        Action::Dial => {
+                            dialing = Some(conn::spawn_dial(
+                                &self.identity,
+                                self.footprint.stream_buffer,
+                            ))
+                        }
                         Action::SendHello {
                             last_epoch,
                             mark_ms,
@@ -216,7 +221,8 @@ impl Agent {
                         return Stopped::Restart;
                     }
                 }
-                Some((id, staged)) = staged_rx.recv() => {
+                Some(staged) = staged_rx.recv() => {
+                    let (id, staged) = *staged;
                     match self.switch_release(&id, staged) {
                         Ok(()) => {
                             self.uncount(&mut counted);
@@ -232,7 +238,8 @@ impl Agent {
                         }
                     }
                 }
-                Some((id, effect)) = done_rx.recv() => {
+                Some(done) = done_rx.recv() => {
+                    let (id, effect) = *done;
                     self.failpoints.at(Point::MidEffect);
                     self.observe_command(&id, &effect);
                     if let Err(e) = self.finish(&conn, &id, effect).await {

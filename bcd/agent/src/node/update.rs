@@ -23,11 +23,14 @@ impl Agent {
         done: &mpsc::UnboundedSender<Done>,
     ) {
         let (Some(update), Some(staged)) = (self.update.as_ref(), self.staged.clone()) else {
-            let _ = done.send((id, Effect::failed("self-update is not available here")));
+            let _ = done.send(Box::new((
+                id,
+                Effect::failed("self-update is not available here"),
+            )));
             return;
         };
         if let Err(refusal) = update.plan(sequence) {
-            let _ = done.send((id, Effect::failed(refusal.to_string())));
+            let _ = done.send(Box::new((id, Effect::failed(refusal.to_string()))));
             return;
         }
         let identity = self.identity.clone();
@@ -47,7 +50,7 @@ impl Agent {
                 .await
                 .unwrap_or_else(|e| Err(format!("writing the slot: {e}"))),
             };
-            let _ = staged.send((id, result));
+            let _ = staged.send(Box::new((id, result)));
         });
     }
 
