@@ -304,29 +304,7 @@ async fn reenrol_node(
     detail: fn(u64, &[String], &str) -> String,
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
-    let serials: Vec<String> = query(
-        tx,
-        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
-        &[&node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: REENROLLED.to_string(),
-        issued_at_ms: now,
-    });
-    execute(
-        tx,
-        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
-         WHERE node_id = $1 AND revoked_at IS NULL",
-        &[&node_id, &now, &REENROLLED, &statement],
-    )
-    .await?;
+    let serials = revoke_all(tx, node_id, now, REENROLLED, seal).await?;
     let generation_col = generation as i64;
     execute(
         tx,
@@ -521,29 +499,7 @@ async fn quarantine_node(
     now: i64,
     seal: SealStatement,
 ) -> Result<(), TxError> {
-    let serials: Vec<String> = query(
-        tx,
-        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
-        &[&node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: clones::DUPLICATE_IDENTITY.to_string(),
-        issued_at_ms: now,
-    });
-    execute(
-        tx,
-        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
-         WHERE node_id = $1 AND revoked_at IS NULL",
-        &[&node_id, &now, &clones::DUPLICATE_IDENTITY, &statement],
-    )
-    .await?;
+    let serials = revoke_all(tx, node_id, now, clones::DUPLICATE_IDENTITY, seal).await?;
     execute(
         tx,
         "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
@@ -559,4 +515,39 @@ async fn quarantine_node(
     )
     .await?;
     Ok(())
+}
+
+/// Revokes every certificate of `node_id` still valid, for `reason`, with
+/// the statement `seal` signs; returns their serials.
+async fn revoke_all(
+    tx: &Tx<'_>,
+    node_id: &str,
+    now: i64,
+    reason: &str,
+    seal: SealStatement,
+) -> Result<Vec<String>, TxError> {
+    let serials: Vec<String> = query(
+        tx,
+        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
+        &[&node_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: reason.to_string(),
+        issued_at_ms: now,
+    });
+    execute(
+        tx,
+        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
+         WHERE node_id = $1 AND revoked_at IS NULL",
+        &[&node_id, &now, &reason, &statement],
+    )
+    .await?;
+    Ok(serials)
 }

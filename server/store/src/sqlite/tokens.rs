@@ -268,22 +268,7 @@ fn reenrol_node(
     detail: fn(u64, &[String], &str) -> String,
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
-    let serials: Vec<String> = c
-        .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL ORDER BY serial")?
-        .query_map([node_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: REENROLLED.to_string(),
-        issued_at_ms: now,
-    });
-    c.execute(
-        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
-         WHERE node_id = ?1 AND revoked_at IS NULL",
-        params![node_id, now, REENROLLED, statement],
-    )?;
+    let serials = revoke_all(c, node_id, now, REENROLLED, seal)?;
     c.execute(
         "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4 WHERE id = ?1",
         params![node_id, generation as i64, j.hostname, j.ramdisk],
@@ -443,22 +428,7 @@ fn quarantine_node(
     now: i64,
     seal: SealStatement,
 ) -> Result<(), TxError> {
-    let serials: Vec<String> = c
-        .prepare("SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL ORDER BY serial")?
-        .query_map([node_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: clones::DUPLICATE_IDENTITY.to_string(),
-        issued_at_ms: now,
-    });
-    c.execute(
-        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
-         WHERE node_id = ?1 AND revoked_at IS NULL",
-        params![node_id, now, clones::DUPLICATE_IDENTITY, statement],
-    )?;
+    let serials = revoke_all(c, node_id, now, clones::DUPLICATE_IDENTITY, seal)?;
     c.execute(
         "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
         params![node_id, now],
@@ -471,4 +441,35 @@ fn quarantine_node(
         &clones::reattest_quarantine_detail(&serials),
     )?;
     Ok(())
+}
+
+/// Revokes every certificate of `node_id` still valid, for `reason`, with
+/// the statement `seal` signs; returns their serials.
+fn revoke_all(
+    c: &Connection,
+    node_id: &str,
+    now: i64,
+    reason: &str,
+    seal: SealStatement,
+) -> Result<Vec<String>, TxError> {
+    let serials: Vec<String> = c
+        .prepare(
+            "SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL \
+             ORDER BY serial",
+        )?
+        .query_map([node_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: reason.to_string(),
+        issued_at_ms: now,
+    });
+    c.execute(
+        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
+         WHERE node_id = ?1 AND revoked_at IS NULL",
+        params![node_id, now, reason, statement],
+    )?;
+    Ok(serials)
 }
