@@ -235,29 +235,16 @@ pub(super) async fn join_attested(
 ) -> Result<Joined, TxError> {
     let now = now(tx).await?;
     check_token(tx, j, now).await?;
-    // Two first joins of one EK at once: the second waits for the first
-    // and then finds its node (a row lock cannot hold a row not yet
-    // there). Keyed by the EK's hash, in this transaction only.
-    execute(
-        tx,
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&ek_sha256],
-    )
-    .await?;
-    // Locked (after the token, as every join locks), as a re-enrolment
-    // locks the node it proves.
-    let bound = query_opt(
-        tx,
-        "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = $1 AND deleted_at IS NULL
-         FOR UPDATE",
-        &[&ek_sha256],
-    )
-    .await?
-    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)));
+    // Locked after the token, as every join locks.
+    let bound = bound_node(tx, ek_sha256).await?;
     spend_token(tx, &j.token_id).await?;
     match bound {
         None => new_node(tx, j, now, issue, Some(ek_sha256)).await,
-        Some((node_id, generation)) => {
+        Some(BoundNode {
+            node_id,
+            generation,
+            ..
+        }) => {
             let generation = generation.max(0) as u64 + 1;
             // An operator's join with a token ends a quarantine, and the
             // clone watch starts over.
@@ -362,25 +349,7 @@ pub(super) async fn join_enrolled(
     seal: SealStatement,
 ) -> Result<Enrolled, TxError> {
     let now = now(tx).await?;
-    // As join_attested: two first joins of one EK at once make one node.
-    execute(
-        tx,
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&ek_sha256],
-    )
-    .await?;
-    let bound = query_opt(
-        tx,
-        "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
-         WHERE ek_sha256 = $1 AND deleted_at IS NULL FOR UPDATE",
-        &[&ek_sha256],
-    )
-    .await?
-    .map(|r| BoundNode {
-        node_id: r.get(0),
-        generation: r.get(1),
-        quarantined: r.get(2),
-    });
+    let bound = bound_node(tx, ek_sha256).await?;
     // FOR SHARE: an enrolment removed meanwhile waits for this join.
     let enrolled = query_opt(
         tx,
@@ -550,4 +519,30 @@ async fn revoke_all(
     )
     .await?;
     Ok(serials)
+}
+
+/// The live node bound to the EK `ek_sha256`, locked as a re-enrolment
+/// locks the node it proves. Two first joins of one EK at once: the
+/// second waits for the first and then finds its node (a row lock cannot
+/// hold a row not yet there), by an advisory lock on the EK's hash held
+/// to the end of the transaction.
+async fn bound_node(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<BoundNode>, TxError> {
+    execute(
+        tx,
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        &[&ek_sha256],
+    )
+    .await?;
+    Ok(query_opt(
+        tx,
+        "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
+         WHERE ek_sha256 = $1 AND deleted_at IS NULL FOR UPDATE",
+        &[&ek_sha256],
+    )
+    .await?
+    .map(|r| BoundNode {
+        node_id: r.get(0),
+        generation: r.get(1),
+        quarantined: r.get(2),
+    }))
 }

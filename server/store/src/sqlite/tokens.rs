@@ -228,17 +228,15 @@ pub(super) fn join_attested(
 ) -> Result<Joined, TxError> {
     let now = now(c)?;
     check_token(c, j, now)?;
-    let bound: Option<(String, i64)> = c
-        .query_row(
-            "SELECT id, identity_generation FROM nodes WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
-            [ek_sha256],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?;
+    let bound = bound_node(c, ek_sha256)?;
     spend_token(c, &j.token_id)?;
     match bound {
         None => new_node(c, j, now, issue, Some(ek_sha256)),
-        Some((node_id, generation)) => {
+        Some(BoundNode {
+            node_id,
+            generation,
+            ..
+        }) => {
             let generation = generation.max(0) as u64 + 1;
             // An operator's join with a token ends a quarantine, and the
             // clone watch starts over.
@@ -319,20 +317,7 @@ pub(super) fn join_enrolled(
     seal: SealStatement,
 ) -> Result<Enrolled, TxError> {
     let now = now(c)?;
-    let bound = c
-        .query_row(
-            "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
-             WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
-            [ek_sha256],
-            |r| {
-                Ok(BoundNode {
-                    node_id: r.get(0)?,
-                    generation: r.get(1)?,
-                    quarantined: r.get(2)?,
-                })
-            },
-        )
-        .optional()?;
+    let bound = bound_node(c, ek_sha256)?;
     let enrolled: bool = c.query_row(
         "SELECT EXISTS (SELECT 1 FROM machine_enrolments WHERE id = ?1)",
         [machines::ek_id(ek_sha256)],
@@ -472,4 +457,22 @@ fn revoke_all(
         params![node_id, now, reason, statement],
     )?;
     Ok(serials)
+}
+
+/// The live node bound to the EK `ek_sha256` (the writer's transaction
+/// orders joins of one EK).
+fn bound_node(c: &Connection, ek_sha256: &str) -> rusqlite::Result<Option<BoundNode>> {
+    c.query_row(
+        "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
+         WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
+        [ek_sha256],
+        |r| {
+            Ok(BoundNode {
+                node_id: r.get(0)?,
+                generation: r.get(1)?,
+                quarantined: r.get(2)?,
+            })
+        },
+    )
+    .optional()
 }
