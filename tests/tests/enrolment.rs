@@ -207,6 +207,58 @@ fn an_enrolled_ek_ca_admits_the_tpms_it_certified() {
     assert!(out.contains("re-enrolled as node"), "{out}");
 }
 
+/// swtpm's local CA is two deep, as vendors' are: a root signs the
+/// intermediate that signs EK certificates. The root alone admits nothing;
+/// with the intermediate enrolled under it, the TPM joins.
+#[test]
+fn an_ek_root_admits_through_the_intermediates_enrolled_with_it() {
+    let (d, server) = setup_dirs();
+    let pin = pin(&server);
+    let tokenless = ["--ca-pin", pin.as_str()];
+    let vendor = d.path().join("tpm-vendor");
+    let tpm = manufactured(&vendor);
+    let node = Node::new(&d.path().join("node1"), 1);
+    let root = vendor.join("ca/swtpm-localca-rootca-cert.pem");
+    let intermediate = vendor.join("ca/issuercert.pem");
+
+    let r = enrol(&server, &["--ek-ca", root.to_str().unwrap()]);
+    let id = r["machine"]["id"].as_str().unwrap().to_string();
+    not_enrolled(&join(&node, &server, &tpm, &tokenless));
+    cli_ok(&server, &["machines", "remove", &id]);
+
+    // Intermediates come with the CA they lead to.
+    let out = server.cli(&[
+        "machines",
+        "enroll",
+        "--ek-sha256",
+        &"0".repeat(64),
+        "--ek-intermediates",
+        intermediate.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--ek-ca"), "{}", stderr(&out));
+
+    let r = enrol(
+        &server,
+        &[
+            "--ek-ca",
+            root.to_str().unwrap(),
+            "--ek-intermediates",
+            intermediate.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r["machine"]["id"], id, "the root names the enrolment: {r}");
+    assert_eq!(
+        r["machine"]["intermediates"],
+        serde_json::json!(["CN=swtpm-localca"]),
+        "{r}"
+    );
+    let listed = cli_ok(&server, &["machines", "list", "--json"]);
+    assert!(listed.contains("CN=swtpm-localca"), "{listed}");
+    let out = joined(&join(&node, &server, &tpm, &tokenless));
+    assert!(out.contains("joined as node"), "{out}");
+}
+
 /// Copies a stopped TPM's state: a clone of the machine's identity.
 fn copy_state(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

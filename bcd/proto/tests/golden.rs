@@ -407,6 +407,7 @@ fn machine_enrolment() {
             ek_certificate_der: vec![],
             ek_ca_der: vec![0x30, 0x82, 0x04],
             description: "rack 3".into(),
+            ek_intermediates_der: vec![],
         },
     );
     check(
@@ -420,8 +421,33 @@ fn machine_enrolment() {
                 description: "rack 3".into(),
                 created_at_ms: 1_790_000_000_000,
                 node_id: "nd-0f3a9c".into(),
+                intermediates: vec![],
             }),
             ca_pin: "ab".repeat(32),
+        },
+    );
+    // An EK CA with the intermediates between it and the EK certificates.
+    check(
+        "enroll_machine_request_intermediates",
+        &v1::EnrollMachineRequest {
+            ek_sha256: String::new(),
+            ek_certificate_der: vec![],
+            ek_ca_der: vec![0x30, 0x82, 0x04],
+            description: "vendor root".into(),
+            ek_intermediates_der: vec![vec![0x30, 0x82, 0x03], vec![0x30, 0x82, 0x02]],
+        },
+    );
+    check(
+        "machine_info_intermediates",
+        &v1::MachineInfo {
+            id: format!("ek-ca:{}", "c1".repeat(32)),
+            kind: "ek-ca".into(),
+            ek_sha256: String::new(),
+            subject: "CN=vendor root".into(),
+            description: "vendor root".into(),
+            created_at_ms: 1_790_000_000_000,
+            node_id: String::new(),
+            intermediates: vec!["CN=vendor EK CA 1".into()],
         },
     );
 }

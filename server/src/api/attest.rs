@@ -142,38 +142,104 @@ pub fn certificate_subject(der: &[u8]) -> Result<String, AttestError> {
     Ok(cert.subject().to_string())
 }
 
-/// Which enrolled EK CA (`cas`: enrolment id and CA certificate, DER)
-/// certified the EK certificate `der`, if one did: its issuer is the CA's
-/// subject, the CA's key verifies its signature, and both are valid at
-/// `now_ms`. An EK CA enrolled is trusted as an anchor: an operator
-/// enrols the intermediate that signs the EK certificates.
+/// The most intermediates between an EK certificate and its enrolled CA.
+pub const MAX_INTERMEDIATES: usize = 4;
+
+/// DER certificates one after another (as enrolled intermediates are
+/// kept): each one's bytes, or why they do not parse.
+pub fn certificates(mut der: &[u8]) -> Result<Vec<&[u8]>, AttestError> {
+    use x509_parser::prelude::FromDer;
+    let mut out = Vec::new();
+    while !der.is_empty() {
+        let (rest, _) = x509_parser::certificate::X509Certificate::from_der(der)
+            .map_err(|e| bad(format!("certificate {} does not parse: {e}", out.len() + 1)))?;
+        let (one, rest) = der.split_at(der.len() - rest.len());
+        out.push(one);
+        der = rest;
+    }
+    Ok(out)
+}
+
+/// Whether `ca` may sign certificates: basic constraints say CA, and a
+/// key usage, if there is one, allows certificate signing.
+fn is_ca(ca: &x509_parser::certificate::X509Certificate<'_>) -> bool {
+    let basic = matches!(ca.basic_constraints(), Ok(Some(b)) if b.value.ca);
+    let usage = match ca.key_usage() {
+        Ok(Some(k)) => k.value.key_cert_sign(),
+        Ok(None) => true,
+        Err(_) => false,
+    };
+    basic && usage
+}
+
+/// Whether `by` signed `cert`: its subject is `cert`'s issuer and its key
+/// verifies `cert`'s signature.
+fn issued(
+    by: &x509_parser::certificate::X509Certificate<'_>,
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+) -> bool {
+    by.subject().as_raw() == cert.issuer().as_raw()
+        && cert.verify_signature(Some(by.public_key())).is_ok()
+}
+
+/// Which enrolled EK CA certified the EK certificate `der`, if one did.
+/// `cas` holds each enrolment's id, CA certificate (the anchor, DER) and
+/// intermediates (DER one after another, as enrolled). The anchor signed
+/// the EK certificate, or signed an intermediate that did, through at
+/// most [`MAX_INTERMEDIATES`] intermediates; each intermediate is a CA,
+/// and every certificate on the path is valid at `now_ms`. An enrolled
+/// EK CA is trusted as an anchor whatever it is: an operator enrols the
+/// root or the intermediate that signs the EK certificates.
 pub fn ek_certified_by<'a>(
     der: &[u8],
-    cas: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    cas: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
     now_ms: i64,
 ) -> Result<Option<&'a str>, AttestError> {
+    use x509_parser::certificate::X509Certificate;
     use x509_parser::prelude::FromDer;
     use x509_parser::time::ASN1Time;
-    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+    let (_, cert) = X509Certificate::from_der(der)
         .map_err(|e| bad(format!("the EK certificate does not parse: {e}")))?;
     let at = ASN1Time::from_timestamp(now_ms.div_euclid(1000))
         .map_err(|_| bad("the server's clock is out of range"))?;
-    for (id, ca_der) in cas {
-        let Ok((_, ca)) = x509_parser::certificate::X509Certificate::from_der(ca_der) else {
+    for (id, ca_der, intermediates) in cas {
+        let Ok((_, ca)) = X509Certificate::from_der(ca_der) else {
             continue;
         };
-        if ca.subject().as_raw() != cert.issuer().as_raw()
-            || cert.verify_signature(Some(ca.public_key())).is_err()
-        {
-            continue;
+        // Enrolled intermediates that do not parse or are not CAs sign
+        // nothing.
+        let between: Vec<X509Certificate<'_>> = certificates(intermediates)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|d| X509Certificate::from_der(d).ok().map(|(_, c)| c))
+            .filter(is_ca)
+            .collect();
+        let mut path: Vec<&X509Certificate<'_>> = vec![&cert];
+        let mut used = vec![false; between.len()];
+        loop {
+            let last = *path.last().expect("the path starts at the EK certificate");
+            if issued(&ca, last) {
+                if !ca.validity().is_valid_at(at)
+                    || path.iter().any(|c| !c.validity().is_valid_at(at))
+                {
+                    return Err(bad(format!(
+                        "the EK certificate, an intermediate above it or its CA ({id}) is not \
+                         valid now: enrol the machine by its EK SHA-256 instead, or enrol a \
+                         current EK CA"
+                    )));
+                }
+                return Ok(Some(id));
+            }
+            if path.len() > MAX_INTERMEDIATES {
+                break;
+            }
+            let Some(i) = (0..between.len()).find(|&i| !used[i] && issued(&between[i], last))
+            else {
+                break;
+            };
+            used[i] = true;
+            path.push(&between[i]);
         }
-        if !ca.validity().is_valid_at(at) || !cert.validity().is_valid_at(at) {
-            return Err(bad(format!(
-                "the EK certificate or its CA ({id}) is not valid now: enrol the machine by its \
-                 EK SHA-256 instead, or enrol a current EK CA"
-            )));
-        }
-        return Ok(Some(id));
     }
     Ok(None)
 }
@@ -709,8 +775,8 @@ mod tests {
         let ek = m.tpm.ek_public(EkKind::EccP256).unwrap();
         let cert = sign(&ek.spki_der().unwrap());
         let cas = [
-            ("ek-ca:other", other_ca.as_slice()),
-            ("ek-ca:ours", ca.as_slice()),
+            ("ek-ca:other", other_ca.as_slice(), &[][..]),
+            ("ek-ca:ours", ca.as_slice(), &[][..]),
         ];
         assert_eq!(
             ek_certified_by(&cert, cas, NOW).unwrap(),
@@ -720,12 +786,129 @@ mod tests {
         assert_eq!(ek_certified_by(&cert, [], NOW).unwrap(), None);
         // Garbage among the enrolled CAs is skipped, not trusted.
         assert_eq!(
-            ek_certified_by(&cert, [("ek-ca:junk", &b"junk"[..])], NOW).unwrap(),
+            ek_certified_by(&cert, [("ek-ca:junk", &b"junk"[..], &b"junk"[..])], NOW).unwrap(),
             None
         );
         // Outside the certificates' life: refused with what to do.
         let late = ek_certified_by(&cert, cas, 0).unwrap_err();
         assert!(late.to_string().contains("not valid now"), "{late}");
+    }
+
+    /// A root, an intermediate it signed (a CA when `ca`), and a signer of
+    /// EK certificates by the intermediate.
+    fn ek_chain(ca: bool) -> (Vec<u8>, Vec<u8>, impl Fn(&[u8]) -> Vec<u8>) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let params = |cn: &str, ca: bool| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            if ca {
+                p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            }
+            p
+        };
+        let root_key = KeyPair::generate().unwrap();
+        let root_params = params("test EK root", true);
+        let root = root_params.self_signed(&root_key).unwrap().der().to_vec();
+        let root = (root, Issuer::new(root_params, root_key));
+        let key = KeyPair::generate().unwrap();
+        let inter_params = params("test EK intermediate", ca);
+        let inter = inter_params
+            .signed_by(&key, &root.1)
+            .unwrap()
+            .der()
+            .to_vec();
+        let issuer = Issuer::new(inter_params, key);
+        let sign = move |spki_der: &[u8]| {
+            let public = rcgen::SubjectPublicKeyInfo::from_der(spki_der).unwrap();
+            params("EK", false)
+                .signed_by(&public, &issuer)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        (root.0, inter, sign)
+    }
+
+    #[test]
+    fn an_ek_ca_admits_through_the_intermediates_enrolled_with_it() {
+        let mut m = machine();
+        let ek = m
+            .tpm
+            .ek_public(EkKind::EccP256)
+            .unwrap()
+            .spki_der()
+            .unwrap();
+        let (root, inter, sign) = ek_chain(true);
+        let cert = sign(&ek);
+        // The root alone did not sign the EK certificate.
+        assert_eq!(
+            ek_certified_by(&cert, [("ek-ca:root", root.as_slice(), &[][..])], NOW).unwrap(),
+            None
+        );
+        // With the intermediate enrolled under it, it did; the
+        // intermediate enrolled as an anchor admits it too.
+        assert_eq!(
+            ek_certified_by(
+                &cert,
+                [("ek-ca:root", root.as_slice(), inter.as_slice())],
+                NOW
+            )
+            .unwrap(),
+            Some("ek-ca:root")
+        );
+        assert_eq!(
+            ek_certified_by(&cert, [("ek-ca:inter", inter.as_slice(), &[][..])], NOW).unwrap(),
+            Some("ek-ca:inter")
+        );
+        // Junk and unrelated certificates among the intermediates are
+        // passed over.
+        let (other_root, other_inter, _) = ek_chain(true);
+        let mixed = [
+            other_root.as_slice(),
+            other_inter.as_slice(),
+            inter.as_slice(),
+        ]
+        .concat();
+        assert_eq!(certificates(&mixed).unwrap().len(), 3);
+        assert_eq!(
+            ek_certified_by(
+                &cert,
+                [("ek-ca:root", root.as_slice(), mixed.as_slice())],
+                NOW
+            )
+            .unwrap(),
+            Some("ek-ca:root")
+        );
+        assert!(certificates(&[inter.as_slice(), b"junk"].concat()).is_err());
+        // An intermediate of another root leads nowhere.
+        assert_eq!(
+            ek_certified_by(
+                &cert,
+                [("ek-ca:other", other_root.as_slice(), inter.as_slice())],
+                NOW
+            )
+            .unwrap(),
+            None
+        );
+        // Outside the path's life: refused with what to do.
+        let late = ek_certified_by(
+            &cert,
+            [("ek-ca:root", root.as_slice(), inter.as_slice())],
+            0,
+        )
+        .unwrap_err();
+        assert!(late.to_string().contains("not valid now"), "{late}");
+        // An intermediate that is not a CA signs no EK certificate.
+        let (root, leaf, sign) = ek_chain(false);
+        assert_eq!(
+            ek_certified_by(
+                &sign(&ek),
+                [("ek-ca:root", root.as_slice(), leaf.as_slice())],
+                NOW
+            )
+            .unwrap(),
+            None
+        );
     }
 
     proptest::proptest! {
@@ -739,7 +922,8 @@ mod tests {
             flip in 1u8..=255,
         ) {
             let _ = ek_from_certificate(&junk);
-            let _ = ek_certified_by(&junk, [("ek-ca:junk", junk.as_slice())], NOW);
+            let _ = ek_certified_by(&junk, [("ek-ca:junk", junk.as_slice(), junk.as_slice())], NOW);
+            let _ = certificates(&junk);
             thread_local! {
                 static SIGNED: (Vec<u8>, Vec<u8>) = {
                     let (ca, sign) = ek_ca();
@@ -760,7 +944,7 @@ mod tests {
                     let start = c.tbs_certificate.as_ref().as_ptr() as usize - cert.as_ptr() as usize;
                     start..start + c.tbs_certificate.as_ref().len()
                 };
-                let by = ek_certified_by(&changed, [("ek-ca:ours", ca.as_slice())], NOW);
+                let by = ek_certified_by(&changed, [("ek-ca:ours", ca.as_slice(), &[][..])], NOW);
                 if signed.contains(&i) {
                     assert!(
                         !matches!(by, Ok(Some(_))),

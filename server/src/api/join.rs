@@ -319,17 +319,18 @@ impl JoinService {
                 return Ok(None);
             }
         }
-        let cas: Vec<(String, Vec<u8>)> = self
+        let cas: Vec<(String, Vec<u8>, Vec<u8>)> = self
             .store
             .list_enrolments()
             .await
             .map_err(unavailable)?
             .into_iter()
-            .filter_map(|e| Some((e.id, e.ca_der?)))
+            .filter_map(|e| Some((e.id, e.ca_der?, e.ca_intermediates.unwrap_or_default())))
             .collect();
         let by = attest::ek_certified_by(
             ek_certificate,
-            cas.iter().map(|(id, der)| (id.as_str(), der.as_slice())),
+            cas.iter()
+                .map(|(id, der, between)| (id.as_str(), der.as_slice(), between.as_slice())),
             now,
         )
         .map_err(|e| bad_request(e.to_string()))?;

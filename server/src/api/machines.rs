@@ -17,7 +17,13 @@ use super::status::{bad_request, refusal, status, unavailable};
 const MAX_CERT: usize = 16 << 10;
 
 fn info(e: Enrolment) -> MachineInfo {
+    let intermediates = attest::certificates(e.ca_intermediates.as_deref().unwrap_or_default())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|der| attest::certificate_subject(der).unwrap_or_default())
+        .collect();
     MachineInfo {
+        intermediates,
         id: e.id,
         kind: e.kind.as_str().to_string(),
         ek_sha256: e.ek_sha256.unwrap_or_default(),
@@ -42,9 +48,26 @@ fn enrolment(r: &EnrollMachineRequest) -> Result<NewEnrolment, Status> {
              one (--ek-sha256 HEX, --ek-cert FILE or --ek-ca FILE)",
         ));
     }
-    if r.ek_certificate_der.len() > MAX_CERT || r.ek_ca_der.len() > MAX_CERT {
+    if r.ek_certificate_der.len() > MAX_CERT
+        || r.ek_ca_der.len() > MAX_CERT
+        || r.ek_intermediates_der.iter().any(|c| c.len() > MAX_CERT)
+    {
         return Err(bad_request(format!(
             "the certificate is over {MAX_CERT} bytes"
+        )));
+    }
+    if !r.ek_intermediates_der.is_empty() && r.ek_ca_der.is_empty() {
+        return Err(bad_request(
+            "intermediates come with the EK CA they lead to: give --ek-ca FILE with \
+             --ek-intermediates FILE",
+        ));
+    }
+    if r.ek_intermediates_der.len() > attest::MAX_INTERMEDIATES {
+        return Err(bad_request(format!(
+            "{} intermediates: an EK certificate is admitted through at most {}; enrol the \
+             intermediate nearest the EK certificates as the EK CA instead",
+            r.ek_intermediates_der.len(),
+            attest::MAX_INTERMEDIATES
         )));
     }
     if !r.ek_sha256.is_empty() {
@@ -59,8 +82,23 @@ fn enrolment(r: &EnrollMachineRequest) -> Result<NewEnrolment, Status> {
     }
     let subject =
         attest::certificate_subject(&r.ek_ca_der).map_err(|e| bad_request(e.to_string()))?;
+    let mut intermediates = Vec::new();
+    for (n, der) in r.ek_intermediates_der.iter().enumerate() {
+        // One certificate each, whole.
+        match attest::certificates(der) {
+            Ok(one) if one.len() == 1 => intermediates.extend_from_slice(der),
+            Ok(_) => {
+                return Err(bad_request(format!(
+                    "intermediate {} is not one certificate (DER)",
+                    n + 1
+                )));
+            }
+            Err(e) => return Err(bad_request(format!("intermediate {}: {e}", n + 1))),
+        }
+    }
     Ok(NewEnrolment::ek_ca(
         r.ek_ca_der.clone(),
+        intermediates,
         &subject,
         &r.description,
     ))

@@ -21,6 +21,12 @@ pub enum MachinesCommand {
     Enroll {
         #[command(flatten)]
         what: EnrolWhat,
+        /// With --ek-ca: the intermediate CAs between it and the EK
+        /// certificates (PEM, one or more certificates; or DER, one), for
+        /// a vendor whose EK certificates its root does not sign itself;
+        /// repeatable.
+        #[arg(long, value_name = "FILE", requires = "ek_ca")]
+        ek_intermediates: Vec<PathBuf>,
         #[arg(long, default_value = "")]
         description: String,
         #[arg(long)]
@@ -52,6 +58,24 @@ pub struct EnrolWhat {
     ek_ca: Option<PathBuf>,
 }
 
+/// Every certificate in a file: PEM (one or more) or DER (one).
+fn certificates(path: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.first() == Some(&0x30) {
+        return Ok(vec![bytes]);
+    }
+    let all = CertificateDer::pem_slice_iter(&bytes)
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    anyhow::ensure!(
+        !all.is_empty(),
+        "{} holds no certificate (PEM or DER)",
+        path.display()
+    );
+    Ok(all)
+}
+
 /// A certificate file, PEM or DER.
 fn certificate(path: &Path) -> anyhow::Result<Vec<u8>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -69,9 +93,14 @@ pub async fn run(cmd: MachinesCommand, target: &Target) -> anyhow::Result<()> {
     match cmd {
         MachinesCommand::Enroll {
             what,
+            ek_intermediates,
             description,
             json,
         } => {
+            let mut intermediates = Vec::new();
+            for path in &ek_intermediates {
+                intermediates.extend(certificates(path)?);
+            }
             let request = EnrollMachineRequest {
                 ek_sha256: what.ek_sha256.unwrap_or_default(),
                 ek_certificate_der: what
@@ -86,6 +115,7 @@ pub async fn run(cmd: MachinesCommand, target: &Target) -> anyhow::Result<()> {
                     .map(certificate)
                     .transpose()?
                     .unwrap_or_default(),
+                ek_intermediates_der: intermediates,
                 description,
             };
             let r = c

@@ -55,6 +55,9 @@ pub struct Enrolment {
     pub created_ms: i64,
     /// Kind `Ek`: the live node bound to the EK, if one joined.
     pub node_id: Option<String>,
+    /// Kind `EkCa`: the intermediate CAs between the CA (the anchor) and
+    /// the EK certificates, DER one after another, as enrolled.
+    pub ca_intermediates: Option<Vec<u8>>,
 }
 
 /// An enrolment to add.
@@ -63,6 +66,7 @@ pub struct NewEnrolment {
     pub kind: EnrolmentKind,
     pub ek_sha256: Option<String>,
     pub ca_der: Option<Vec<u8>>,
+    pub ca_intermediates: Option<Vec<u8>>,
     pub subject: String,
     pub description: String,
 }
@@ -81,17 +85,26 @@ impl NewEnrolment {
             kind: EnrolmentKind::Ek,
             ek_sha256: Some(hash),
             ca_der: None,
+            ca_intermediates: None,
             subject: subject.to_string(),
             description: description.to_string(),
         })
     }
 
-    /// An EK CA certificate (DER), already checked to parse as one.
-    pub fn ek_ca(ca_der: Vec<u8>, subject: &str, description: &str) -> Self {
+    /// An EK CA certificate (DER) and the intermediates under it (DER
+    /// certificates one after another; empty for none), already checked
+    /// to parse.
+    pub fn ek_ca(
+        ca_der: Vec<u8>,
+        intermediates: Vec<u8>,
+        subject: &str,
+        description: &str,
+    ) -> Self {
         NewEnrolment {
             kind: EnrolmentKind::EkCa,
             ek_sha256: None,
             ca_der: Some(ca_der),
+            ca_intermediates: (!intermediates.is_empty()).then_some(intermediates),
             subject: subject.to_string(),
             description: description.to_string(),
         }

@@ -6,7 +6,7 @@ use crate::error::{StoreError, TxError};
 use crate::machines::{Enrolment, EnrolmentKind, NewEnrolment, already_enrolled, no_enrolment};
 
 const SELECT: &str = "SELECT m.id, m.kind, m.ek_sha256, m.ca_der, m.subject, m.description, \
-     m.created_at, n.id FROM machine_enrolments m \
+     m.created_at, n.id, m.ca_intermediates FROM machine_enrolments m \
      LEFT JOIN nodes n ON n.ek_sha256 = m.ek_sha256 AND n.deleted_at IS NULL";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Enrolment> {
@@ -20,6 +20,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Enrolment> {
         description: r.get(5)?,
         created_ms: r.get(6)?,
         node_id: r.get(7)?,
+        ca_intermediates: r.get(8)?,
     })
 }
 
@@ -34,8 +35,8 @@ pub(super) fn enrol(c: &Connection, e: &NewEnrolment) -> Result<Enrolment, TxErr
     let added = c
         .prepare_cached(
             "INSERT INTO machine_enrolments \
-             (id, kind, ek_sha256, ca_der, subject, description, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, compute_now()) ON CONFLICT (id) DO NOTHING",
+             (id, kind, ek_sha256, ca_der, subject, description, created_at, ca_intermediates) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, compute_now(), ?7) ON CONFLICT (id) DO NOTHING",
         )?
         .execute(params![
             id,
@@ -43,7 +44,8 @@ pub(super) fn enrol(c: &Connection, e: &NewEnrolment) -> Result<Enrolment, TxErr
             e.ek_sha256,
             e.ca_der,
             e.subject,
-            e.description
+            e.description,
+            e.ca_intermediates
         ])?;
     if added == 0 {
         return Err(already_enrolled(&id).into());

@@ -1,4 +1,4 @@
--- schema version 20
+-- schema version 21
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -120,6 +120,7 @@ machine_enrolments.ca_der: bytea
 machine_enrolments.subject: text NOT NULL DEFAULT ''::text
 machine_enrolments.description: text NOT NULL DEFAULT ''::text
 machine_enrolments.created_at: bigint NOT NULL
+machine_enrolments.ca_intermediates: bytea
 node_certs.serial: text NOT NULL
 node_certs.node_id: text NOT NULL
 node_certs.fingerprint: text NOT NULL

@@ -1,4 +1,4 @@
--- schema version 20
+-- schema version 21
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -228,7 +228,7 @@ CREATE TABLE machine_enrolments (
     ca_der      BLOB,
     subject     TEXT NOT NULL DEFAULT '',
     description TEXT NOT NULL DEFAULT '',
-    created_at  INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL, ca_intermediates BLOB,
     CHECK ((kind = 'ek') = (ek_sha256 IS NOT NULL)),
     CHECK ((kind = 'ek-ca') = (ca_der IS NOT NULL))
 ) STRICT;

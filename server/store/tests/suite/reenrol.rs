@@ -466,7 +466,12 @@ pub async fn enrolled_machines_join_with_no_token(f: Fixture) {
         Refusal::NotEnrolled(e2.clone())
     );
     let added = s
-        .enrol_machine(&NewEnrolment::ek_ca(ca_der.clone(), "CN=EK CA", ""))
+        .enrol_machine(&NewEnrolment::ek_ca(
+            ca_der.clone(),
+            vec![0x30, 0x00, 0x30, 0x00],
+            "CN=EK CA",
+            "",
+        ))
         .await
         .unwrap();
     assert_eq!(
@@ -474,6 +479,11 @@ pub async fn enrolled_machines_join_with_no_token(f: Fixture) {
         (ca.as_str(), EnrolmentKind::EkCa)
     );
     assert_eq!(added.ca_der.as_deref(), Some(ca_der.as_slice()));
+    assert_eq!(
+        added.ca_intermediates.as_deref(),
+        Some(&[0x30, 0x00, 0x30, 0x00][..]),
+        "the intermediates read back as enrolled"
+    );
     let by_ca = tokenless(s, &e2, Some(&ca), 3).await.unwrap();
     assert_ne!(by_ca.node_id, first.node_id);
 
