@@ -110,7 +110,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0018_node_ek.sql"),
     include_str!("migrations/0019_audit_chains.sql"),
     include_str!("migrations/0020_machine_enrolments.sql"),
-    include_str!("migrations/0022_ek_ca_intermediates.sql"),
+    include_str!("migrations/0021_ek_ca_intermediates.sql"),
 ];
 
 /// The schema version this binary writes.
