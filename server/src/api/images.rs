@@ -56,12 +56,6 @@ pub fn wire_target(key: &str) -> ImageTarget {
     ImageTarget { target }
 }
 
-/// The pool the boot endpoint mints a token into for an assignment to
-/// `target` (when the allow-list names none): the pool assigned to.
-pub fn mint_pool(target: &str) -> Option<String> {
-    target.strip_prefix("pool:").map(str::to_string)
-}
-
 /// Whether a kernel command line addition carries a join token.
 pub fn carries_token(append: &str) -> bool {
     append
@@ -316,8 +310,6 @@ mod tests {
         ] {
             assert_eq!(target_key(&wire_target(key)).as_deref(), Some(key));
         }
-        assert_eq!(mint_pool("pool:gpu").as_deref(), Some("gpu"));
-        assert_eq!(mint_pool("node:nd-1"), None);
     }
 
     #[test]

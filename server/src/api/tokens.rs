@@ -57,9 +57,10 @@ pub async fn create(
 
 /// A new join token (its id and secret random) for the CA `ca_pin`.
 pub fn fresh(ca_pin: &str) -> JoinToken {
+    let (id, secret) = bc_store::tokens::new_token_secret();
     JoinToken {
-        id: format!("{:016x}", rand::random::<u64>()),
-        secret: format!("{:032x}", rand::random::<u128>()),
+        id,
+        secret,
         ca_pin: ca_pin.to_string(),
     }
 }

@@ -301,14 +301,19 @@ async fn with_token(
     let Some(ttl_ms) = a.mint_ttl_ms else {
         return Ok(Ok(a.append.clone()));
     };
-    let token = crate::api::tokens::fresh(&state.ca_pin);
+    let (id, secret) = bc_store::tokens::new_token_secret();
+    let token = bcd_proto::token::JoinToken {
+        id,
+        secret,
+        ca_pin: state.ca_pin.clone(),
+    };
     let new = bc_store::tokens::NewToken {
         id: token.id.clone(),
         secret_sha256: bcd_proto::fingerprint(token.secret.as_bytes()),
         ttl: std::time::Duration::from_millis(ttl_ms.max(0) as u64),
         uses: 1,
         description: bc_store::images::minted_description(mac),
-        pool: crate::api::images::mint_pool(&a.target),
+        pool: bc_store::images::mint_pool(&a.target),
     };
     match state.store.mint_boot_token(mac, &new).await {
         Err(e) => {

@@ -122,6 +122,12 @@ pub struct Minted {
     pub replaced: u64,
 }
 
+/// The pool the boot endpoint mints a token into for an assignment to
+/// `target` (when the allow-list names none): the pool assigned to.
+pub fn mint_pool(target: &str) -> Option<String> {
+    target.strip_prefix("pool:").map(str::to_string)
+}
+
 /// The description of a token minted for `mac`.
 pub fn minted_description(mac: &str) -> String {
     format!("minted by the boot endpoint for MAC {mac}")
@@ -288,6 +294,13 @@ mod tests {
                 "default".into()
             ]
         );
+    }
+
+    #[test]
+    fn minted_tokens_go_into_the_pool_assigned_to() {
+        assert_eq!(mint_pool("pool:gpu").as_deref(), Some("gpu"));
+        assert_eq!(mint_pool("node:nd-1"), None);
+        assert_eq!(mint_pool("default"), None);
     }
 
     #[test]

@@ -184,6 +184,14 @@ pub fn reattest_detail(generation: u64, revoked: &[String], _token_id: &str) -> 
     )
 }
 
+/// A fresh join token's id (16 hex digits) and secret (32 hex digits).
+pub fn new_token_secret() -> (String, String) {
+    (
+        format!("{:016x}", rand::random::<u64>()),
+        format!("{:032x}", rand::random::<u128>()),
+    )
+}
+
 /// A fresh node id: `nd-` and 12 hex digits.
 pub fn new_node_id() -> String {
     format!("nd-{:012x}", rand::random::<u64>() >> 16)
