@@ -437,7 +437,7 @@ pub async fn serve(
             println!("api on {api_addr}");
             info!(addr = %api_addr, "operator API");
             if let Some((boot_addr, task)) =
-                crate::boot::start(opts.boot.clone(), store.clone()).await?
+                crate::boot::start(opts.boot.clone(), store.clone(), ca.fingerprint()).await?
             {
                 println!("boot endpoint on {boot_addr}");
                 tasks.push(task);

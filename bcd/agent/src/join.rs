@@ -264,6 +264,7 @@ async fn send_join(
             tpm,
             // A sighting for the server's clone watch.
             boot_id: host.boot_id().unwrap_or_default(),
+            macs: host.macs(),
         })
         .await
         .map_err(|s| anyhow::anyhow!("the server refused to join this node: {}", s.message()))?

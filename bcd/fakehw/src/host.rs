@@ -103,6 +103,15 @@ impl Host for FakeHost {
         let x = (self.seed % 100) as f64 / 100.0;
         Some([x, x / 2.0, x / 4.0])
     }
+
+    /// One locally administered MAC: `02:bc:` and the seed's low 32 bits.
+    fn macs(&self) -> Vec<String> {
+        let b = (self.seed as u32).to_be_bytes();
+        vec![format!(
+            "02:bc:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3]
+        )]
+    }
 }
 
 /// A fake reboot or kexec returns at once with a new boot id; the agent
@@ -239,5 +248,6 @@ mod tests {
         a.reboot();
         assert_ne!(a.boot_id().unwrap(), before);
         assert_ne!(FakeHost::new(6, "n6", 8).boot_id().unwrap(), before);
+        assert_eq!(FakeHost::new(42, "n42", 0).macs(), ["02:bc:00:00:00:2a"]);
     }
 }

@@ -274,6 +274,8 @@ pub fn image_target(t: &v1::ImageTarget) -> String {
     match &t.target {
         Some(v1::image_target::Target::Default(_)) => "default".to_string(),
         Some(v1::image_target::Target::Mac(m)) => format!("mac:{m}"),
+        Some(v1::image_target::Target::Node(n)) => format!("node:{n}"),
+        Some(v1::image_target::Target::Pool(p)) => format!("pool:{p}"),
         None => "unspecified".to_string(),
     }
 }

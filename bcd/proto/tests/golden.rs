@@ -296,6 +296,7 @@ fn refusals_statements_and_join() {
             }),
             tpm: None,
             boot_id: String::new(),
+            macs: vec![],
         },
     );
     // An earlier server's response carries no signature; a signed one
@@ -355,6 +356,7 @@ fn tpm_attestation() {
                 ek_certificate: vec![],
             }),
             boot_id: String::new(),
+            macs: vec![],
         },
     );
     // A machine enrolled by its EK joins with no token; its EK certificate
@@ -379,6 +381,7 @@ fn tpm_attestation() {
                 ek_certificate: vec![0x30, 0x82, 0x05],
             }),
             boot_id: String::new(),
+            macs: vec![],
         },
     );
     // Its boot id (field 8): a sighting for the clone watch.
@@ -393,6 +396,7 @@ fn tpm_attestation() {
             previous: None,
             tpm: None,
             boot_id: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
+            macs: vec![],
         },
     );
 }
@@ -592,6 +596,78 @@ fn operator_messages() {
                 target: Some(v1::image_target::Target::Mac("52:54:00:12:34:56".into())),
             }),
             append: "bcd.state=STATE".into(),
+            join_token_ttl_ms: 0,
+        },
+    );
+    // Assignments by node and by pool, with tokens the boot endpoint mints
+    // (fields 3 and 4 of the target, 5 of the request).
+    check(
+        "assign_image_pool_minted",
+        &v1::AssignImageRequest {
+            image: "netboot".into(),
+            target: Some(v1::ImageTarget {
+                target: Some(v1::image_target::Target::Pool("gpu".into())),
+            }),
+            append: String::new(),
+            join_token_ttl_ms: 900_000,
+        },
+    );
+    check(
+        "image_target_node",
+        &v1::ImageTarget {
+            target: Some(v1::image_target::Target::Node("nd-0f3a9c".into())),
+        },
+    );
+    check(
+        "set_boot_mac",
+        &v1::SetBootMacRequest {
+            mac: "52:54:00:12:34:56".into(),
+            allowed: true,
+            pool: "gpu".into(),
+        },
+    );
+    check(
+        "list_boot_macs",
+        &v1::ListBootMacsResponse {
+            macs: vec![v1::BootMac {
+                mac: "52:54:00:12:34:56".into(),
+                pool: "gpu".into(),
+                added_at_ms: 1_790_000_123_456,
+            }],
+        },
+    );
+    check(
+        "create_token_pool",
+        &v1::CreateTokenRequest {
+            ttl_ms: 3_600_000,
+            uses: 5,
+            description: "rack 2".into(),
+            pool: "gpu".into(),
+        },
+    );
+    check(
+        "node_info_pool_macs",
+        &v1::NodeInfo {
+            node_id: "nd-0f3a9c".into(),
+            state: v1::NodeState::Connected as i32,
+            pool: "gpu".into(),
+            macs: vec!["52:54:00:12:34:56".into()],
+            ..Default::default()
+        },
+    );
+    // The machine's MAC addresses (field 9).
+    check(
+        "join_request_macs",
+        &v1::JoinRequest {
+            token: "tok1.secret".into(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: true,
+            previous: None,
+            tpm: None,
+            boot_id: String::new(),
+            macs: vec!["52:54:00:12:34:56".into(), "02:bc:00:00:00:2a".into()],
         },
     );
 }

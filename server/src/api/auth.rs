@@ -78,6 +78,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "GetRollout",
     "ListImages",
     "ListBoots",
+    "ListBootMacs",
     "ListOperators",
     "ListGateways",
     "ListMachines",

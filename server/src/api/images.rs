@@ -6,10 +6,12 @@
 //! them is `boot`; what goes into an image is the `image` crate's.
 
 use bc_store::Refusal;
+use bc_store::images::valid_pool;
 use bc_store::images::{BootRow, ImageRow, NewImage};
 use bcd_proto::v1::{
-    AssignImageRequest, AssignImageResponse, BootInfo, DefaultTarget, ImageInfo, ImageTarget,
-    ListBootsRequest, ListBootsResponse, ListImagesResponse, RegisterImageRequest, image_target,
+    AssignImageRequest, AssignImageResponse, BootInfo, BootMac, DefaultTarget, ImageInfo,
+    ImageTarget, ListBootMacsResponse, ListBootsRequest, ListBootsResponse, ListImagesResponse,
+    RegisterImageRequest, SetBootMacRequest, image_target,
 };
 use tonic::Status;
 use tracing::info;
@@ -20,8 +22,12 @@ use super::status::{bad_request, refusal, status, unavailable};
 /// The most an assignment may append to the kernel command line.
 const MAX_APPEND: usize = 2048;
 
-/// The store's key of an assignment target (`default`, `mac:<MAC>`), or
-/// `None` for a target that names neither (or a MAC that does not parse).
+/// The longest a minted join token may live.
+pub const MAX_MINT_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The store's key of an assignment target (`default`, `mac:<MAC>`,
+/// `node:<id>`, `pool:<name>`), or `None` for a target that names none (or
+/// a MAC, node id or pool name that does not parse).
 pub fn target_key(t: &ImageTarget) -> Option<String> {
     match t.target.as_ref()? {
         image_target::Target::Default(_) => Some("default".to_string()),
@@ -29,18 +35,32 @@ pub fn target_key(t: &ImageTarget) -> Option<String> {
             let mac = crate::boot::parse::parse_mac(m)?;
             Some(format!("mac:{mac}"))
         }
+        image_target::Target::Node(n) => valid_pool(n).then(|| format!("node:{n}")),
+        image_target::Target::Pool(p) => valid_pool(p).then(|| format!("pool:{p}")),
     }
 }
 
 /// The target a store key names.
 pub fn wire_target(key: &str) -> ImageTarget {
+    use image_target::Target;
     let target = if key == "default" {
-        Some(image_target::Target::Default(DefaultTarget {}))
+        Some(Target::Default(DefaultTarget {}))
+    } else if let Some(m) = key.strip_prefix("mac:") {
+        Some(Target::Mac(m.to_string()))
+    } else if let Some(n) = key.strip_prefix("node:") {
+        Some(Target::Node(n.to_string()))
     } else {
-        key.strip_prefix("mac:")
-            .map(|m| image_target::Target::Mac(m.to_string()))
+        key.strip_prefix("pool:")
+            .map(|p| Target::Pool(p.to_string()))
     };
     ImageTarget { target }
+}
+
+/// Whether a kernel command line addition carries a join token.
+pub fn carries_token(append: &str) -> bool {
+    append
+        .split_whitespace()
+        .any(|w| w.trim_start_matches('"').starts_with("bcd.token="))
 }
 
 fn info(i: ImageRow) -> ImageInfo {
@@ -131,30 +151,94 @@ pub async fn assign(
     svc: &AdminService,
     r: AssignImageRequest,
 ) -> Result<AssignImageResponse, Status> {
-    let target = r
-        .target
-        .as_ref()
-        .and_then(target_key)
-        .ok_or_else(|| bad_request("name a target: --default, or --mac 52:54:00:12:34:56"))?;
+    let target = r.target.as_ref().and_then(target_key).ok_or_else(|| {
+        bad_request(
+            "name a target: --default, --mac 52:54:00:12:34:56, --node NODE_ID or --pool NAME \
+                 (node ids and pool names: a-z, 0-9, '-', '_', '.')",
+        )
+    })?;
     if r.append.len() > MAX_APPEND || r.append.contains(['\n', '\r', '\0']) {
         return Err(bad_request(format!(
             "--append takes one line of at most {MAX_APPEND} bytes"
         )));
     }
+    let mint_ttl_ms = match r.join_token_ttl_ms {
+        0 => None,
+        ms if ms < 1000 || ms > MAX_MINT_TTL.as_millis() as u64 => {
+            return Err(bad_request(
+                "--join-token-ttl takes 1s to 24h: minted tokens are short-lived",
+            ));
+        }
+        _ if carries_token(&r.append) => {
+            return Err(bad_request(
+                "the boot endpoint mints the token for this assignment: drop bcd.token= from \
+                 --append",
+            ));
+        }
+        ms => Some(ms as i64),
+    };
     let image_id = if r.image.is_empty() {
         None
     } else {
         Some(svc.store.resolve_image(&r.image).await.map_err(status)?)
     };
     svc.store
-        .assign_image(&target, image_id.as_deref(), &r.append)
+        .assign_image(&target, image_id.as_deref(), &r.append, mint_ttl_ms)
         .await
         .map_err(unavailable)?;
-    info!(%target, image = ?image_id, "image assignment changed");
+    info!(%target, image = ?image_id, ?mint_ttl_ms, "image assignment changed");
     Ok(AssignImageResponse {
         image_id: image_id.unwrap_or_default(),
         target: Some(wire_target(&target)),
         append: r.append,
+        join_token_ttl_ms: mint_ttl_ms.unwrap_or(0) as u64,
+    })
+}
+
+pub async fn set_boot_mac(
+    svc: &AdminService,
+    r: SetBootMacRequest,
+) -> Result<ListBootMacsResponse, Status> {
+    let mac = crate::boot::parse::parse_mac(&r.mac).ok_or_else(|| {
+        bad_request(format!(
+            "{:?} is not a MAC address: give six hex pairs (52:54:00:12:34:56)",
+            r.mac.chars().take(40).collect::<String>()
+        ))
+    })?;
+    if r.allowed {
+        let pool = super::tokens::pool_name(&r.pool)?;
+        svc.store
+            .allow_boot_mac(&mac, pool.as_deref())
+            .await
+            .map_err(unavailable)?;
+        info!(%mac, ?pool, "MAC address allowed to boot with a minted token");
+    } else {
+        let was = svc
+            .store
+            .disallow_boot_mac(&mac)
+            .await
+            .map_err(unavailable)?;
+        if !was {
+            return Err(refusal(Refusal::NotFound(format!(
+                "{mac} is not on the boot allow-list: see better-compute images allowed-macs"
+            ))));
+        }
+        info!(%mac, "MAC address taken off the boot allow-list");
+    }
+    boot_macs(svc).await
+}
+
+pub async fn boot_macs(svc: &AdminService) -> Result<ListBootMacsResponse, Status> {
+    let macs = svc.store.boot_macs().await.map_err(unavailable)?;
+    Ok(ListBootMacsResponse {
+        macs: macs
+            .into_iter()
+            .map(|m| BootMac {
+                mac: m.mac,
+                pool: m.pool.unwrap_or_default(),
+                added_at_ms: m.added_at_ms,
+            })
+            .collect(),
     })
 }
 
@@ -205,9 +289,35 @@ mod tests {
         );
         assert_eq!(target_key(&mac("node:x")), None);
         assert_eq!(target_key(&ImageTarget { target: None }), None);
-        for key in ["default", "mac:52:54:00:12:34:ab"] {
+        let node = |n: &str| ImageTarget {
+            target: Some(image_target::Target::Node(n.into())),
+        };
+        let pool = |p: &str| ImageTarget {
+            target: Some(image_target::Target::Pool(p.into())),
+        };
+        assert_eq!(
+            target_key(&node("nd-0f3a")).as_deref(),
+            Some("node:nd-0f3a")
+        );
+        assert_eq!(target_key(&pool("gpu")).as_deref(), Some("pool:gpu"));
+        assert_eq!(target_key(&pool("a b")), None);
+        assert_eq!(target_key(&node("")), None);
+        for key in [
+            "default",
+            "mac:52:54:00:12:34:ab",
+            "node:nd-0f3a",
+            "pool:gpu",
+        ] {
             assert_eq!(target_key(&wire_target(key)).as_deref(), Some(key));
         }
+    }
+
+    #[test]
+    fn literal_tokens_are_found_in_an_append() {
+        assert!(carries_token("bcd.state=x bcd.token=bct1.a.b"));
+        assert!(carries_token("\"bcd.token=x\""));
+        assert!(!carries_token("bcd.state=bcd.token"));
+        assert!(!carries_token(""));
     }
 
     #[test]

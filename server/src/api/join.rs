@@ -141,11 +141,13 @@ impl GatewayServices for JoinService {
                 .ok_or_else(|| bad_request(MalformedToken.to_string()))?
         };
         let ttl = self.policy.ttl(r.ramdisk);
+        let macs = crate::boot::parse::join_macs(&r.macs).map_err(bad_request)?;
         let input = JoinInput {
             token_id: id.to_string(),
             secret_sha256: bcd_proto::fingerprint(secret.as_bytes()),
             hostname: r.hostname.chars().take(253).collect(),
             ramdisk: r.ramdisk,
+            macs,
         };
         let proof = r
             .previous

@@ -246,6 +246,22 @@ impl Admin for AdminService {
         images::boots(self, r.into_inner()).await.map(Response::new)
     }
 
+    async fn set_boot_mac(
+        &self,
+        r: Request<v1::SetBootMacRequest>,
+    ) -> Reply<v1::ListBootMacsResponse> {
+        images::set_boot_mac(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_boot_macs(
+        &self,
+        _r: Request<v1::ListBootMacsRequest>,
+    ) -> Reply<v1::ListBootMacsResponse> {
+        images::boot_macs(self).await.map(Response::new)
+    }
+
     async fn add_operator(
         &self,
         r: Request<v1::AddOperatorRequest>,

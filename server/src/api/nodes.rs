@@ -27,6 +27,8 @@ fn info(n: NodeRow, now: i64) -> NodeInfo {
         agent_version: n.agent_version,
         release_floor: n.release_floor,
         server_time_ms: now,
+        pool: n.pool.unwrap_or_default(),
+        macs: n.macs,
     }
 }
 

@@ -31,11 +31,8 @@ pub async fn create(
     if uses > MAX_USES {
         return Err(bad_request("a join token has at most 1000000 uses"));
     }
-    let token = JoinToken {
-        id: format!("{:016x}", rand::random::<u64>()),
-        secret: format!("{:032x}", rand::random::<u128>()),
-        ca_pin: svc.ca_pin.clone(),
-    };
+    let pool = pool_name(&r.pool)?;
+    let token = fresh(&svc.ca_pin);
     let expires_at_ms = svc
         .store
         .create_token(&NewToken {
@@ -44,14 +41,41 @@ pub async fn create(
             ttl,
             uses,
             description: r.description,
+            pool: pool.clone(),
         })
         .await
         .map_err(unavailable)?;
-    info!(token = %token.id, uses, ?ttl, "join token created");
+    info!(token = %token.id, uses, ?ttl, ?pool, "join token created");
     Ok(CreateTokenResponse {
         token_id: token.id.clone(),
         token: token.to_string(),
         expires_at_ms,
         uses,
+        pool: pool.unwrap_or_default(),
     })
+}
+
+/// A new join token (its id and secret random) for the CA `ca_pin`.
+pub fn fresh(ca_pin: &str) -> JoinToken {
+    let (id, secret) = bc_store::tokens::new_token_secret();
+    JoinToken {
+        id,
+        secret,
+        ca_pin: ca_pin.to_string(),
+    }
+}
+
+/// A pool as a request names it: empty for none, else a valid name.
+pub fn pool_name(pool: &str) -> Result<Option<String>, Status> {
+    if pool.is_empty() {
+        return Ok(None);
+    }
+    if !bc_store::images::valid_pool(pool) {
+        return Err(bad_request(format!(
+            "{:?} is not a pool name: 1 to 63 of a-z, 0-9, '-', '_' and '.', starting with a \
+             letter or digit",
+            pool.chars().take(70).collect::<String>()
+        )));
+    }
+    Ok(Some(pool.to_string()))
 }

@@ -2,9 +2,13 @@
 //! else.
 //!
 //! - `GET /boot/ipxe?mac=MAC` answers the iPXE script for that machine: the
-//!   image assigned to its MAC address, or the fleet default, with the
-//!   assignment's extra kernel command line. Every request is recorded as
-//!   a boot (`images boots`).
+//!   image assigned to its MAC address, else to the node that reported
+//!   that MAC, else to that node's pool, else the fleet default
+//!   (`bc_store::images::resolve`), with the assignment's extra kernel
+//!   command line. An assignment made with a join token TTL gets a fresh
+//!   one-use join token minted per request, and only for a MAC on the boot
+//!   allow-list; any other MAC is refused. Every request is recorded as a
+//!   boot (`images boots`).
 //! - `GET` or `HEAD /boot/artifacts/<sha256>` serves a registered kernel
 //!   or initrd by content hash, with single `Range` requests (`206`), so
 //!   an interrupted download resumes and a cache can keep it forever. The
@@ -12,8 +16,12 @@
 //!   a download holds a few chunks in memory, never the artifact.
 //!
 //! Nothing here is secret-free by accident: what the script carries (a
-//! pool join token in the assignment's command line) is as public as the
-//! boot network. The artifacts are signed by the image key and checked by
+//! join token in the assignment's command line, or a minted one) is as
+//! public as the boot network. A minted token is one-use, short-lived and
+//! handed only to allowed MAC addresses, and a MAC has at most one unspent
+//! minted token (each request replaces it), so a flood of requests mints
+//! no pile of tokens; a literal token in an assignment is readable by
+//! anyone until it runs out. The artifacts are signed by the image key and checked by
 //! hash; the node trusts the control plane only through the CA pin in its
 //! token. Every decoder of peer bytes here (the query, the MAC, the Range
 //! and Host headers) is a small pure function with property tests
@@ -99,6 +107,8 @@ const AHEAD: usize = 2;
 struct State {
     store: Store,
     opts: BootOptions,
+    /// The fleet CA's pin, for the tokens the endpoint mints.
+    ca_pin: String,
 }
 
 type Reply = crate::http::bounded::Reply;
@@ -129,6 +139,7 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
 pub async fn start(
     opts: BootOptions,
     store: Store,
+    ca_pin: String,
 ) -> anyhow::Result<Option<(SocketAddr, tokio::task::JoinHandle<()>)>> {
     let Some(listen) = opts.listen else {
         return Ok(None);
@@ -137,7 +148,11 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the boot endpoint: {e}"))?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(State { store, opts });
+    let state = Arc::new(State {
+        store,
+        opts,
+        ca_pin,
+    });
     info!(%addr, "boot endpoint listening");
     let handler: crate::http::bounded::Handler = Arc::new(move |peer, req| {
         let state = state.clone();
@@ -223,15 +238,28 @@ async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Inco
         Ok(Some(a)) => match image::SignedManifest::parse(&a.signed_manifest)
             .and_then(|s| s.verify(&state.opts.image_keys).map(|m| (s, m)))
         {
-            Ok((signed, manifest)) => {
-                let id = signed.id().expect("a verified manifest decodes");
-                let body =
-                    image::ipxe_script(&manifest, &id, &image::Fetch::Http(&base), &a.append);
-                (
-                    (Some(a.image_id), record(v1::BootOutcome::Script, "")),
-                    text(StatusCode::OK, body),
-                )
-            }
+            Ok((signed, manifest)) => match with_token(state, &mac, &a).await {
+                Err(reply) => return reply,
+                Ok(Err(why)) => (
+                    (Some(a.image_id), record(v1::BootOutcome::Refused, &why)),
+                    text(
+                        StatusCode::FORBIDDEN,
+                        format!(
+                            "{why}: an operator allows it with better-compute images allow-mac \
+                             {mac}\n"
+                        ),
+                    ),
+                ),
+                Ok(Ok(append)) => {
+                    let id = signed.id().expect("a verified manifest decodes");
+                    let body =
+                        image::ipxe_script(&manifest, &id, &image::Fetch::Http(&base), &append);
+                    (
+                        (Some(a.image_id), record(v1::BootOutcome::Script, "")),
+                        text(StatusCode::OK, body),
+                    )
+                }
+            },
             Err(e) => {
                 warn!(image = %a.image_id, error = %e, "boot endpoint: assigned image does not verify");
                 (
@@ -259,6 +287,54 @@ async fn script(state: &State, peer: SocketAddr, req: &Request<hyper::body::Inco
     }
     info!(%mac, %peer, %outcome, "iPXE script requested");
     reply
+}
+
+/// What the script of assignment `a` appends to the kernel command line
+/// for `mac`: the assignment's text, and for an assignment that mints
+/// tokens a fresh one-use join token (`Err(why)` for a MAC not on the
+/// allow-list; the outer `Err` is the reply to a store failure).
+async fn with_token(
+    state: &State,
+    mac: &str,
+    a: &bc_store::images::Assigned,
+) -> Result<Result<String, String>, Reply> {
+    let Some(ttl_ms) = a.mint_ttl_ms else {
+        return Ok(Ok(a.append.clone()));
+    };
+    let (id, secret) = bc_store::tokens::new_token_secret();
+    let token = bcd_proto::token::JoinToken {
+        id,
+        secret,
+        ca_pin: state.ca_pin.clone(),
+    };
+    let new = bc_store::tokens::NewToken {
+        id: token.id.clone(),
+        secret_sha256: bcd_proto::fingerprint(token.secret.as_bytes()),
+        ttl: std::time::Duration::from_millis(ttl_ms.max(0) as u64),
+        uses: 1,
+        description: bc_store::images::minted_description(mac),
+        pool: bc_store::images::mint_pool(&a.target),
+    };
+    match state.store.mint_boot_token(mac, &new).await {
+        Err(e) => {
+            warn!(error = %e, "boot endpoint: store error");
+            Err(text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server's store is unavailable; retry later\n",
+            ))
+        }
+        Ok(None) => Ok(Err(format!(
+            "{mac} is not on the boot allow-list, and its assignment ({}) hands out join tokens \
+             only to MAC addresses on it",
+            a.target
+        ))),
+        Ok(Some(m)) => {
+            info!(%mac, token = %token.id, pool = ?m.pool, replaced = m.replaced, "join token minted for a boot");
+            Ok(Ok(format!("{} bcd.token={token}", a.append)
+                .trim()
+                .to_string()))
+        }
+    }
 }
 
 /// `len` bytes of artifact `sha` from `from`, read from the store a chunk

@@ -1,5 +1,6 @@
 //! The boot endpoint's decoders of peer bytes: the query's MAC address,
-//! the `Range` and `Host` headers. Each is a small pure function with
+//! the `Range` and `Host` headers, and the MAC addresses a joining node
+//! reports. Each is a small pure function with
 //! property tests: whatever a PXE client sends decodes or is refused, and
 //! what decodes is safe to put into a script.
 
@@ -20,6 +21,36 @@ pub fn parse_mac(s: &str) -> Option<String> {
         out.push(p.to_ascii_lowercase());
     }
     Some(out.join(":"))
+}
+
+/// The most MAC addresses a join may report.
+pub const MAX_MACS: usize = 64;
+
+/// The MAC addresses a join reported, as the store keeps them (parsed,
+/// deduplicated, sorted); a list that is too long or holds something else
+/// is refused.
+pub fn join_macs(macs: &[String]) -> Result<Vec<String>, String> {
+    if macs.len() > MAX_MACS {
+        return Err(format!(
+            "the join reports {} MAC addresses; at most {MAX_MACS}",
+            macs.len()
+        ));
+    }
+    let mut out = macs
+        .iter()
+        .map(|m| {
+            parse_mac(m).ok_or_else(|| {
+                format!(
+                    "the join reports {:?} as a MAC address: send six hex pairs joined by ':' \
+                     (52:54:00:12:34:56)",
+                    m.chars().take(40).collect::<String>()
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// The `mac` parameter of a query string.
@@ -159,6 +190,25 @@ mod tests {
     }
 
     #[test]
+    fn reported_macs() {
+        assert_eq!(
+            join_macs(&[
+                "52-54-00-12-34-AB".into(),
+                "02:bc:00:00:00:2a".into(),
+                "52:54:00:12:34:ab".into()
+            ]),
+            Ok(vec![
+                "02:bc:00:00:00:2a".to_string(),
+                "52:54:00:12:34:ab".to_string()
+            ])
+        );
+        let e = join_macs(&["eth0".into()]).unwrap_err();
+        assert!(e.contains("\"eth0\"") && e.contains("six hex pairs"), "{e}");
+        let e = join_macs(&vec!["52:54:00:12:34:ab".to_string(); 65]).unwrap_err();
+        assert!(e.contains("at most 64"), "{e}");
+    }
+
+    #[test]
     fn hosts() {
         assert!(valid_host("10.0.2.100:8080"));
         assert!(valid_host("[::1]:80"));
@@ -201,6 +251,22 @@ mod tests {
             let s = b.iter().map(|x| format!("{x:02X}")).collect::<Vec<_>>().join(sep);
             let want = b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":");
             prop_assert_eq!(parse_mac(&s), Some(want));
+        }
+
+        #[test]
+        fn any_reported_macs_are_normal_sorted_and_unique_or_refused(
+            ms in proptest::collection::vec("[0-9a-fA-F:%3A-]{0,20}|\\PC{0,20}", 0..70)
+        ) {
+            match join_macs(&ms) {
+                Ok(out) => {
+                    prop_assert!(ms.len() <= MAX_MACS && out.len() <= ms.len());
+                    prop_assert!(out.windows(2).all(|w| w[0] < w[1]));
+                    for m in &out {
+                        prop_assert_eq!(parse_mac(m), Some(m.clone()));
+                    }
+                }
+                Err(e) => prop_assert!(e.contains("at most") || e.contains("six hex pairs")),
+            }
         }
 
         #[test]

@@ -1,5 +1,6 @@
 //! `better-compute images`: keygen, build (offline), register, list,
-//! assign, unassign, boots.
+//! assign, unassign, boots, and the boot allow-list (allow-mac,
+//! disallow-mac, allowed-macs).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -7,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignImageRequest, BootOutcome, DefaultTarget, ImageTarget, ListBootsRequest,
-    ListImagesRequest, RegisterImageRequest, image_target,
+    AssignImageRequest, BootOutcome, DefaultTarget, ImageTarget, ListBootMacsRequest,
+    ListBootsRequest, ListImagesRequest, RegisterImageRequest, SetBootMacRequest, image_target,
 };
 use clap::Subcommand;
 use serde::Serialize;
@@ -95,25 +96,47 @@ pub enum ImagesCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Choose the image a MAC address boots, or the fleet's default.
+    /// Choose the image a MAC address, a node, a pool's nodes or the fleet
+    /// by default boots. A booting MAC takes its own assignment, else its
+    /// node's, else its node's pool's, else the default.
     Assign {
         /// An image id (or 6+ hex digits of one) or name.
         image: String,
-        #[arg(long, conflicts_with = "default", required_unless_present = "default")]
-        mac: Option<String>,
-        #[arg(long)]
-        default: bool,
+        #[command(flatten)]
+        target: TargetArgs,
         /// Appended to the image's kernel command line for this target
-        /// (bcd.token=..., bcd.state=LABEL).
+        /// (bcd.state=LABEL). A literal bcd.token= here is readable by
+        /// anyone on the boot network: prefer --join-token-ttl.
         #[arg(long, default_value = "")]
         append: String,
+        /// For machines without a TPM: the boot endpoint mints a one-use
+        /// join token living this long (e.g. 15m; 1s to 24h) for each
+        /// script it serves to a MAC on the allow-list (images allow-mac),
+        /// into the pool assigned to (or the allow-list's), and refuses
+        /// other MAC addresses.
+        #[arg(long, value_parser = super::dur)]
+        join_token_ttl: Option<std::time::Duration>,
     },
     /// Remove an assignment.
     Unassign {
-        #[arg(long, conflicts_with = "default", required_unless_present = "default")]
-        mac: Option<String>,
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+    /// Allow a MAC address to get minted join tokens from the boot
+    /// endpoint (assignments with --join-token-ttl).
+    AllowMac {
+        mac: String,
+        /// The pool its node joins (default: the pool assigned to).
         #[arg(long)]
-        default: bool,
+        pool: Option<String>,
+    },
+    /// Take a MAC address off the allow-list; its unspent minted token is
+    /// deleted.
+    DisallowMac { mac: String },
+    /// The MAC addresses allowed minted join tokens.
+    AllowedMacs {
+        #[arg(long)]
+        json: bool,
     },
     /// Recorded boots (requests for a boot script), newest first.
     Boots {
@@ -221,18 +244,49 @@ impl image::build::Progress for Bar {
     }
 }
 
-fn target_of(mac: Option<String>, default: bool) -> anyhow::Result<ImageTarget> {
-    let target = match (mac, default) {
-        (_, true) => image_target::Target::Default(DefaultTarget {}),
-        (Some(m), false) => image_target::Target::Mac(
+/// Who an assignment is for: exactly one of these.
+#[derive(Debug, Clone, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct TargetArgs {
+    /// One MAC address.
+    #[arg(long)]
+    mac: Option<String>,
+    /// One node (by the MAC addresses it reported when it joined).
+    #[arg(long)]
+    node: Option<String>,
+    /// The nodes of a pool (tokens create --pool).
+    #[arg(long)]
+    pool: Option<String>,
+    /// Every machine with no other assignment.
+    #[arg(long)]
+    default: bool,
+}
+
+fn target_of(t: TargetArgs) -> anyhow::Result<ImageTarget> {
+    let target = match t {
+        TargetArgs { default: true, .. } => image_target::Target::Default(DefaultTarget {}),
+        TargetArgs { mac: Some(m), .. } => image_target::Target::Mac(
             crate::boot::parse::parse_mac(&m)
                 .ok_or_else(|| anyhow::anyhow!("{m:?} is not a MAC address (52:54:00:12:34:56)"))?,
         ),
-        (None, false) => anyhow::bail!("give --mac MAC or --default"),
+        TargetArgs { node: Some(n), .. } => image_target::Target::Node(n),
+        TargetArgs { pool: Some(p), .. } => image_target::Target::Pool(p),
+        _ => anyhow::bail!("give --mac MAC, --node NODE_ID, --pool NAME or --default"),
     };
     Ok(ImageTarget {
         target: Some(target),
     })
+}
+
+/// What `images assign` warns of an assignment: a literal token in its
+/// command line.
+fn literal_token_warning(append: &str, minted: bool) -> Option<&'static str> {
+    (!minted && crate::api::images::carries_token(append)).then_some(
+        "warning: the bcd.token= in --append is served in clear to anyone on the boot network \
+         who asks for this target's script, and works for them until the token runs out; for \
+         machines without a TPM, assign with --join-token-ttl 15m and allow their MAC addresses \
+         (images allow-mac) instead",
+    )
 }
 
 /// A target as the operator spells it.
@@ -431,37 +485,108 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
         }
         ImagesCommand::Assign {
             image,
-            mac,
-            default,
+            target: who,
             append,
+            join_token_ttl,
         } => {
-            let target_name = target_of(mac, default)?;
+            let target_name = target_of(who)?;
             let mut c = target.connect().await?;
             let r = c
                 .assign_image(AssignImageRequest {
                     image,
                     target: Some(target_name),
                     append,
+                    join_token_ttl_ms: join_token_ttl.map_or(0, |d| d.as_millis() as u64),
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
-            out!("{} boots image {}", shown(&r.target), r.image_id);
+            out!(
+                "{} boots image {}{}",
+                shown(&r.target),
+                r.image_id,
+                if r.join_token_ttl_ms > 0 {
+                    format!(
+                        " with a one-use join token minted per boot, living {}, for allowed MAC \
+                         addresses",
+                        humantime::format_duration(std::time::Duration::from_millis(
+                            r.join_token_ttl_ms
+                        ))
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if let Some(w) = literal_token_warning(&r.append, r.join_token_ttl_ms > 0) {
+                eprintln!("{w}");
+            }
             Ok(())
         }
-        ImagesCommand::Unassign { mac, default } => {
-            let target_name = target_of(mac, default)?;
+        ImagesCommand::Unassign { target: who } => {
+            let target_name = target_of(who)?;
             let mut c = target.connect().await?;
             let r = c
                 .assign_image(AssignImageRequest {
                     image: String::new(),
                     target: Some(target_name),
                     append: String::new(),
+                    join_token_ttl_ms: 0,
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
             out!("{} has no image assigned", shown(&r.target));
+            Ok(())
+        }
+        ImagesCommand::AllowMac { mac, pool } => {
+            let mut c = target.connect().await?;
+            c.set_boot_mac(SetBootMacRequest {
+                mac: mac.clone(),
+                allowed: true,
+                pool: pool.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(status)?;
+            out!(
+                "{mac} may get minted join tokens{}",
+                output::around(" into pool ", &pool.unwrap_or_default(), "")
+            );
+            Ok(())
+        }
+        ImagesCommand::DisallowMac { mac } => {
+            let mut c = target.connect().await?;
+            c.set_boot_mac(SetBootMacRequest {
+                mac: mac.clone(),
+                allowed: false,
+                pool: String::new(),
+            })
+            .await
+            .map_err(status)?;
+            out!("{mac} gets no minted join token any more");
+            Ok(())
+        }
+        ImagesCommand::AllowedMacs { json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .list_boot_macs(ListBootMacsRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            if json {
+                return output::json(&r.macs);
+            }
+            out!("{:<17} {:<16} ADDED", "MAC", "POOL");
+            for m in &r.macs {
+                out!(
+                    "{:<17} {:<16} {}",
+                    m.mac,
+                    if m.pool.is_empty() { "-" } else { &m.pool },
+                    output::time(m.added_at_ms)
+                );
+            }
+            if r.macs.is_empty() {
+                out!("(no MAC address allowed: images allow-mac MAC)");
+            }
             Ok(())
         }
         ImagesCommand::Boots { mac, limit, json } => {
@@ -527,5 +652,16 @@ mod tests {
         assert!(e.to_string().contains("drop them"), "{e}");
         let e = tpm_cmdline("console=ttyS0", "abc").unwrap_err();
         assert!(e.to_string().contains("64 hex digits"), "{e}");
+    }
+
+    #[test]
+    fn a_literal_token_is_warned_of_and_a_minted_one_is_not() {
+        let w = literal_token_warning("bcd.state=x bcd.token=bct1.a.b.c", false).unwrap();
+        assert!(
+            w.contains("anyone on the boot network") && w.contains("--join-token-ttl"),
+            "{w}"
+        );
+        assert_eq!(literal_token_warning("bcd.state=x", false), None);
+        assert_eq!(literal_token_warning("", true), None);
     }
 }

@@ -81,7 +81,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 return output::json(&r);
             }
             out!(
-                "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
+                "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}  {:<12} MACS",
                 "NODE",
                 "HOSTNAME",
                 "STATE",
@@ -90,11 +90,12 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 "CERT EXPIRES",
                 "LAST SEEN",
                 "VERSION",
-                "FLOOR"
+                "FLOOR",
+                "POOL"
             );
             for n in &r.nodes {
                 out!(
-                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}",
+                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}  {:<12} {}",
                     n.node_id,
                     n.hostname,
                     spelled::<NodeState>(n.state),
@@ -103,7 +104,13 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                     output::time(n.cert_not_after_ms),
                     output::age(n.last_seen_age_ms),
                     n.agent_version,
-                    n.release_floor
+                    n.release_floor,
+                    if n.pool.is_empty() { "-" } else { &n.pool },
+                    if n.macs.is_empty() {
+                        "-".to_string()
+                    } else {
+                        n.macs.join(",")
+                    }
                 );
             }
             Ok(())

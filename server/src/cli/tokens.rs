@@ -19,6 +19,10 @@ pub enum TokensCommand {
         uses: u32,
         #[arg(long, default_value = "")]
         description: String,
+        /// The pool the nodes that join with it belong to (images assign
+        /// --pool boots them alike); none by default.
+        #[arg(long)]
+        pool: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -29,6 +33,7 @@ pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
         ttl,
         uses,
         description,
+        pool,
         json,
     } = cmd;
     let mut c = target.connect().await?;
@@ -37,6 +42,7 @@ pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
             ttl_ms: ttl.as_millis() as u64,
             uses,
             description,
+            pool: pool.unwrap_or_default(),
         })
         .await
         .map_err(crate::client::status)?
@@ -46,9 +52,10 @@ pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
     }
     out!("{}", r.token);
     eprintln!(
-        "token {} for {} node(s), expires {}",
+        "token {} for {} node(s){}, expires {}",
         r.token_id,
         r.uses,
+        output::around(" in pool ", &r.pool, ""),
         output::time(r.expires_at_ms)
     );
     Ok(())

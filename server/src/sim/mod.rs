@@ -582,6 +582,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             ttl_ms: 0,
             uses: opts.nodes as u32,
             description: "bc sim".into(),
+            pool: String::new(),
         })
         .await
         .map_err(crate::client::status)?

@@ -24,7 +24,7 @@ use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInp
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::gateways::GatewayCredential;
-use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
@@ -444,16 +444,37 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// that name).
     async fn resolve_image(&self, what: &str) -> Result<String, TxError>;
 
-    /// Sets (or with `None` clears) what `target` boots.
+    /// Sets (or with `None` clears) what `target` boots; `mint_ttl_ms`
+    /// set: the boot endpoint mints a join token of that life per script.
     async fn assign_image(
         &self,
         target: &str,
         image_id: Option<&str>,
         append: &str,
+        mint_ttl_ms: Option<i64>,
     ) -> Result<(), StoreError>;
 
-    /// What `mac` boots: its own assignment, else the fleet default.
+    /// What `mac` boots (`crate::images::resolve`): its own assignment,
+    /// else that of the node that reported it (not deleted), else its
+    /// pool's (the node's, else its allow-list entry's), else the fleet
+    /// default.
     async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError>;
+
+    /// Mints the join token `t` for `mac` if the MAC is on the boot
+    /// allow-list: into the allow-list entry's pool, else `t.pool`; the
+    /// unspent token minted for the MAC before is deleted. `None`: the MAC
+    /// is not allowed, and nothing changed.
+    async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError>;
+
+    /// Puts `mac` on the boot allow-list (again: its pool replaced).
+    async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError>;
+
+    /// Takes `mac` off the boot allow-list and deletes the unspent token
+    /// minted for it; false when it was not on it.
+    async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError>;
+
+    /// The boot allow-list, by MAC.
+    async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError>;
 
     /// A kernel or initrd by its SHA-256.
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;

@@ -202,6 +202,10 @@ pub struct NodeRow {
     pub release_floor: u64,
     pub conditions: Vec<String>,
     pub taints: Vec<String>,
+    /// The pool its join token named.
+    pub pool: Option<String>,
+    /// The MAC addresses it reported at its last join.
+    pub macs: Vec<String>,
 }
 
 /// Every node, and the store's time of the reading.

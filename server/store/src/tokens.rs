@@ -26,6 +26,8 @@ pub struct NewToken {
     pub ttl: Duration,
     pub uses: u32,
     pub description: String,
+    /// The pool its nodes join (`None`: none).
+    pub pool: Option<String>,
 }
 
 /// A node's request to join with a token.
@@ -35,6 +37,10 @@ pub struct JoinInput {
     pub secret_sha256: String,
     pub hostname: String,
     pub ramdisk: bool,
+    /// The MAC addresses the node reported (colon-separated, lowercase;
+    /// the caller parsed them): each now names this node for the boot
+    /// endpoint.
+    pub macs: Vec<String>,
 }
 
 /// A node that joined (or renewed): its id, the certificate recorded for
@@ -175,6 +181,14 @@ pub fn reattest_detail(generation: u64, revoked: &[String], _token_id: &str) -> 
         } else {
             revoked.join(", ")
         }
+    )
+}
+
+/// A fresh join token's id (16 hex digits) and secret (32 hex digits).
+pub fn new_token_secret() -> (String, String) {
+    (
+        format!("{:016x}", rand::random::<u64>()),
+        format!("{:032x}", rand::random::<u128>()),
     )
 }
 

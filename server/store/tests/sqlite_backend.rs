@@ -363,6 +363,7 @@ async fn a_store_failure_while_judging_a_binding_changes_nothing() {
         ttl: Duration::from_secs(60),
         uses: 1,
         description: String::new(),
+        pool: None,
     })
     .await
     .unwrap();
@@ -380,6 +381,7 @@ async fn a_store_failure_while_judging_a_binding_changes_nothing() {
                 secret_sha256: "h".into(),
                 hostname: "h".into(),
                 ramdisk: false,
+                macs: Vec::new(),
             },
             Box::new(move |_, _| Ok(cert)),
         )
@@ -443,12 +445,14 @@ async fn a_write_that_panics_changes_nothing_and_the_others_commit() {
         ttl: Duration::from_secs(60),
         uses: 1,
         description: String::new(),
+        pool: None,
     };
     let join = |id: &str| JoinInput {
         token_id: id.into(),
         secret_sha256: "h".into(),
         hostname: "h".into(),
         ramdisk: false,
+        macs: Vec::new(),
     };
     for id in ["a", "b", "c"] {
         s.create_token(&token(id)).await.unwrap();

@@ -103,6 +103,7 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
                 ttl: Duration::from_secs(60),
                 uses: 1,
                 description: String::new(),
+                pool: None,
             })
             .await
             .expect("token");
@@ -113,6 +114,7 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
                         secret_sha256: "h".into(),
                         hostname: "bench".into(),
                         ramdisk: false,
+                        macs: Vec::new(),
                     },
                     Box::new(move |_, _| {
                         Ok(IssuedCert {

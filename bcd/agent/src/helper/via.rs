@@ -201,6 +201,10 @@ impl Host for HelperHost {
     fn load_average(&self) -> Option<[f64; 3]> {
         self.gpus.host.load_average()
     }
+
+    fn macs(&self) -> Vec<String> {
+        self.gpus.host.macs()
+    }
 }
 
 impl Gpus for HelperGpus {

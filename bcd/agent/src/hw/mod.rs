@@ -27,6 +27,9 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn tpm(&self) -> &dyn Tpm;
     /// The 1, 5 and 15 minute load averages.
     fn load_average(&self) -> Option<[f64; 3]>;
+    /// The MAC addresses of the machine's network devices (lowercase,
+    /// sorted): the boot endpoint finds the node by them.
+    fn macs(&self) -> Vec<String>;
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]

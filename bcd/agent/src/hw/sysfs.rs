@@ -166,6 +166,23 @@ impl Host for RealHost {
         let mut it = s.split_whitespace().map(|v| v.parse::<f64>().ok());
         Some([it.next()??, it.next()??, it.next()??])
     }
+
+    /// `/sys/class/net/*/address` of devices with a `device` link (no
+    /// loopback, bridge or other virtual device), all-zero ones skipped.
+    fn macs(&self) -> Vec<String> {
+        let mut macs: Vec<String> = fs::read_dir(self.root.join("sys/class/net"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("device").exists())
+            .filter_map(|e| read_trim(&e.path().join("address")).ok())
+            .filter(|a| a.len() == 17 && a.bytes().any(|b| b != b'0' && b != b':'))
+            .map(|a| a.to_ascii_lowercase())
+            .collect();
+        macs.sort();
+        macs.dedup();
+        macs
+    }
 }
 
 /// NVIDIA GPUs from sysfs: PCI functions of vendor 0x10de whose class is VGA
@@ -385,6 +402,13 @@ mod tests {
         write(r, "sys/class/tpm/tpm0/tpm_version_major", "2\n");
         write(r, "dev/tpmrm0", "");
         write(r, "proc/loadavg", "0.52 0.58 0.59 1/467 12345\n");
+        // A NIC, a second NIC with no address yet, loopback and a bridge.
+        write(r, "sys/class/net/eno1/address", "3C:EC:EF:01:02:03\n");
+        write(r, "sys/class/net/eno1/device/vendor", "0x8086\n");
+        write(r, "sys/class/net/eno2/address", "00:00:00:00:00:00\n");
+        write(r, "sys/class/net/eno2/device/vendor", "0x8086\n");
+        write(r, "sys/class/net/lo/address", "00:00:00:00:00:00\n");
+        write(r, "sys/class/net/br0/address", "52:54:00:aa:bb:cc\n");
         d
     }
 
@@ -416,6 +440,8 @@ mod tests {
         assert_eq!(tpm.version_major, Some(2));
         assert_eq!(tpm.device.as_deref(), Some("/dev/tpmrm0"));
         assert_eq!(host.load_average(), Some([0.52, 0.58, 0.59]));
+        assert_eq!(host.macs(), ["3c:ec:ef:01:02:03"], "physical NICs only");
+        assert!(RealHost::new("/nonexistent").macs().is_empty());
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Netboot images.
 
-use super::{Tx, execute, query, query_opt};
+use super::{Tx, execute, query, query_one, query_opt};
 use crate::error::{StoreError, TxError};
 use crate::images::{
-    Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, NewImage, by_prefix, image_ref,
-    no_image_named, no_such_image,
+    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, MacOwner, Minted,
+    NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
 };
+use crate::tokens::NewToken;
 
 pub(super) async fn register(tx: &Tx<'_>, i: &NewImage) -> Result<bool, StoreError> {
     for (sha, bytes) in [(&i.kernel_sha256, &i.kernel), (&i.initrd_sha256, &i.initrd)] {
@@ -126,16 +127,17 @@ pub(super) async fn assign(
     target: &str,
     image_id: Option<&str>,
     append: &str,
+    mint_ttl_ms: Option<i64>,
 ) -> Result<(), StoreError> {
     match image_id {
         Some(id) => {
             execute(
                 tx,
-                "INSERT INTO image_assignments (target, image_id, append, assigned_at)
-                 VALUES ($1, $2, $3, compute_now())
+                "INSERT INTO image_assignments (target, image_id, append, assigned_at, mint_ttl_ms)
+                 VALUES ($1, $2, $3, compute_now(), $4)
                  ON CONFLICT (target) DO UPDATE SET image_id = $2, append = $3,
-                     assigned_at = compute_now()",
-                &[&target, &id, &append],
+                     assigned_at = compute_now(), mint_ttl_ms = $4",
+                &[&target, &id, &append, &mint_ttl_ms],
             )
             .await?
         }
@@ -152,20 +154,136 @@ pub(super) async fn assign(
 }
 
 pub(super) async fn for_mac(tx: &Tx<'_>, mac: &str) -> Result<Option<Assigned>, StoreError> {
-    Ok(query_opt(
+    let r = query_one(
         tx,
-        "SELECT a.image_id, i.signed_manifest, a.append
+        "SELECT (SELECT n.id FROM node_macs m JOIN nodes n ON n.id = m.node_id
+                 WHERE m.mac = $1 AND n.deleted_at IS NULL),
+                COALESCE((SELECT n.pool FROM node_macs m JOIN nodes n ON n.id = m.node_id
+                          WHERE m.mac = $1 AND n.deleted_at IS NULL),
+                         (SELECT pool FROM boot_allowed_macs WHERE mac = $1))",
+        &[&mac],
+    )
+    .await?;
+    let owner = MacOwner {
+        node_id: r.get(0),
+        pool: r.get(1),
+    };
+    let targets = boot_targets(mac, &owner);
+    let found = query(
+        tx,
+        "SELECT a.target, a.image_id, i.signed_manifest, a.append, a.mint_ttl_ms
              FROM image_assignments a JOIN images i ON i.image_id = a.image_id
-             WHERE a.target IN ('mac:' || $1, 'default')
-             ORDER BY a.target = 'default' LIMIT 1",
+             WHERE a.target = ANY($1)",
+        &[&targets],
+    )
+    .await?
+    .into_iter()
+    .map(|r| {
+        (
+            r.get::<_, String>(0),
+            Assigned {
+                target: r.get(0),
+                image_id: r.get(1),
+                signed_manifest: r.get(2),
+                append: r.get(3),
+                mint_ttl_ms: r.get(4),
+            },
+        )
+    })
+    .collect();
+    Ok(crate::images::resolve(mac, &owner, found))
+}
+
+pub(super) async fn mint(
+    tx: &Tx<'_>,
+    mac: &str,
+    t: &NewToken,
+) -> Result<Option<Minted>, StoreError> {
+    // Locked: two script requests of one MAC mint one after the other, so
+    // at most one minted token of the MAC is unspent.
+    let Some(allowed) = query_opt(
+        tx,
+        "SELECT pool FROM boot_allowed_macs WHERE mac = $1 FOR UPDATE",
         &[&mac],
     )
     .await?
-    .map(|r| Assigned {
-        image_id: r.get(0),
-        signed_manifest: r.get(1),
-        append: r.get(2),
+    else {
+        return Ok(None);
+    };
+    let replaced = execute(
+        tx,
+        "DELETE FROM join_tokens WHERE minted_for_mac = $1 AND uses_left = uses_total",
+        &[&mac],
+    )
+    .await?;
+    let pool: Option<String> = allowed
+        .get::<_, Option<String>>(0)
+        .or_else(|| t.pool.clone());
+    let expires_at_ms: i64 = query_one(
+        tx,
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total,
+             uses_left, description, pool, minted_for_mac)
+         VALUES ($1, $2, compute_now(), compute_now() + $3, $4, $4, $5, $6, $7)
+         RETURNING expires_at",
+        &[
+            &t.id,
+            &t.secret_sha256,
+            &super::ms(t.ttl),
+            &i64::from(t.uses),
+            &t.description,
+            &pool,
+            &mac,
+        ],
+    )
+    .await?
+    .get(0);
+    Ok(Some(Minted {
+        expires_at_ms,
+        pool,
+        replaced,
     }))
+}
+
+pub(super) async fn allow_mac(
+    tx: &Tx<'_>,
+    mac: &str,
+    pool: Option<&str>,
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO boot_allowed_macs (mac, pool, added_at) VALUES ($1, $2, compute_now())
+         ON CONFLICT (mac) DO UPDATE SET pool = $2",
+        &[&mac, &pool],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn disallow_mac(tx: &Tx<'_>, mac: &str) -> Result<bool, StoreError> {
+    let n = execute(tx, "DELETE FROM boot_allowed_macs WHERE mac = $1", &[&mac]).await?;
+    execute(
+        tx,
+        "DELETE FROM join_tokens WHERE minted_for_mac = $1 AND uses_left = uses_total",
+        &[&mac],
+    )
+    .await?;
+    Ok(n == 1)
+}
+
+pub(super) async fn allowed_macs(tx: &Tx<'_>) -> Result<Vec<AllowedMac>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT mac, pool, added_at FROM boot_allowed_macs ORDER BY mac",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| AllowedMac {
+        mac: r.get(0),
+        pool: r.get(1),
+        added_at_ms: r.get(2),
+    })
+    .collect())
 }
 
 pub(super) async fn artifact(tx: &Tx<'_>, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {

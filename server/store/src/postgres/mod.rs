@@ -73,7 +73,7 @@ use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInp
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::gateways::GatewayCredential;
-use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
@@ -111,6 +111,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0019_audit_chains.sql"),
     include_str!("migrations/0020_machine_enrolments.sql"),
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
+    include_str!("migrations/0022_boot_access.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -880,13 +881,36 @@ impl Backend for PostgresBackend {
         target: &str,
         image_id: Option<&str>,
         append: &str,
+        mint_ttl_ms: Option<i64>,
     ) -> Result<(), StoreError> {
-        tx!(self, |tx| images::assign(&tx, target, image_id, append)
-            .await)
+        tx!(self, |tx| images::assign(
+            &tx,
+            target,
+            image_id,
+            append,
+            mint_ttl_ms
+        )
+        .await)
     }
 
     async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
         tx!(self, |tx| images::for_mac(&tx, mac).await)
+    }
+
+    async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
+        tx!(self, |tx| images::mint(&tx, mac, t).await)
+    }
+
+    async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
+        tx!(self, |tx| images::allow_mac(&tx, mac, pool).await)
+    }
+
+    async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError> {
+        tx!(self, |tx| images::disallow_mac(&tx, mac).await)
+    }
+
+    async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError> {
+        tx!(self, |tx| images::allowed_macs(&tx).await)
     }
 
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {

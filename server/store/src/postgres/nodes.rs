@@ -157,12 +157,22 @@ pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
                    WHERE c.node_id = n.id AND c.revoked_at IS NULL),
                 COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
                 COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
-                n.agent_version, n.conditions, n.taints, n.release_floor
+                n.agent_version, n.conditions, n.taints, n.release_floor, n.pool
          FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
          WHERE n.deleted_at IS NULL ORDER BY n.id",
         &[],
     )
     .await?;
+    let mut macs = std::collections::HashMap::<String, Vec<String>>::new();
+    for r in query(
+        tx,
+        "SELECT node_id, mac FROM node_macs ORDER BY node_id, mac",
+        &[],
+    )
+    .await?
+    {
+        macs.entry(r.get(0)).or_default().push(r.get(1));
+    }
     let mut nodes = Vec::with_capacity(rows.len());
     for r in &rows {
         nodes.push(NodeRow {
@@ -180,7 +190,12 @@ pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
             conditions: json_col(r, 11)?,
             taints: json_col(r, 12)?,
             release_floor: r.get::<_, i64>(13) as u64,
+            pool: r.get(14),
+            macs: Vec::new(),
         });
+        if let Some(m) = macs.remove(&nodes[nodes.len() - 1].node_id) {
+            nodes.last_mut().expect("just pushed").macs = m;
+        }
     }
     Ok(NodeList { nodes, now_ms: now })
 }

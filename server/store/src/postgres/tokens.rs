@@ -97,9 +97,9 @@ pub(super) async fn revoke_operator(tx: &Tx<'_>, id: &str) -> Result<OperatorRow
 pub(super) async fn create_token(tx: &Tx<'_>, t: &NewToken) -> Result<i64, StoreError> {
     Ok(query_one(
         tx,
-        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description)
-         VALUES ($1, $2, compute_now(), compute_now() + $3, $4, $4, $5) RETURNING expires_at",
-        &[&t.id, &t.secret_sha256, &ms(t.ttl), &i64::from(t.uses), &t.description],
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description, pool)
+         VALUES ($1, $2, compute_now(), compute_now() + $3, $4, $4, $5, $6) RETURNING expires_at",
+        &[&t.id, &t.secret_sha256, &ms(t.ttl), &i64::from(t.uses), &t.description, &t.pool],
     )
     .await?
     .get(0))
@@ -140,6 +140,27 @@ pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result
     new_node(tx, j, now, issue, None).await
 }
 
+/// The MAC addresses `node_id` reported replace those it reported before;
+/// a MAC another node reported before names this node now.
+async fn record_macs(
+    tx: &Tx<'_>,
+    node_id: &str,
+    macs: &[String],
+    now: i64,
+) -> Result<(), StoreError> {
+    execute(tx, "DELETE FROM node_macs WHERE node_id = $1", &[&node_id]).await?;
+    for mac in macs {
+        execute(
+            tx,
+            "INSERT INTO node_macs (mac, node_id, reported_at) VALUES ($1, $2, $3)
+             ON CONFLICT (mac) DO UPDATE SET node_id = $2, reported_at = $3",
+            &[mac, &node_id, &now],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
 /// certificate `issue` builds; the token was spent.
 async fn new_node(
@@ -153,11 +174,12 @@ async fn new_node(
     let cert = issue(&node_id, now)?;
     execute(
         tx,
-        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256)
-         VALUES ($1, $2, $3, 1, $4, $5, $6)",
+        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256, pool)
+         VALUES ($1, $2, $3, 1, $4, $5, $6, (SELECT pool FROM join_tokens WHERE id = $5))",
         &[&node_id, &j.hostname, &now, &j.ramdisk, &j.token_id, &ek_sha256],
     )
     .await?;
+    record_macs(tx, &node_id, &j.macs, now).await?;
     execute(
         tx,
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
@@ -295,10 +317,19 @@ async fn reenrol_node(
     let generation_col = generation as i64;
     execute(
         tx,
-        "UPDATE nodes SET identity_generation = $2, hostname = $3, ramdisk = $4 WHERE id = $1",
-        &[&node_id, &generation_col, &j.hostname, &j.ramdisk],
+        "UPDATE nodes SET identity_generation = $2, hostname = $3, ramdisk = $4,
+             pool = COALESCE((SELECT pool FROM join_tokens WHERE id = $5), pool)
+         WHERE id = $1",
+        &[
+            &node_id,
+            &generation_col,
+            &j.hostname,
+            &j.ramdisk,
+            &j.token_id,
+        ],
     )
     .await?;
+    record_macs(tx, node_id, &j.macs, now).await?;
     execute(
         tx,
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)

@@ -4,9 +4,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{StoreError, TxError};
 use crate::images::{
-    Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, NewImage, by_prefix, image_ref,
-    no_image_named, no_such_image,
+    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, MacOwner, Minted,
+    NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
 };
+use crate::tokens::NewToken;
 
 pub(super) fn register(c: &Connection, i: &NewImage) -> Result<bool, StoreError> {
     for (sha, bytes) in [(&i.kernel_sha256, &i.kernel), (&i.initrd_sha256, &i.initrd)] {
@@ -114,14 +115,15 @@ pub(super) fn assign(
     target: &str,
     image_id: Option<&str>,
     append: &str,
+    mint_ttl_ms: Option<i64>,
 ) -> Result<(), StoreError> {
     match image_id {
         Some(id) => c.execute(
-            "INSERT INTO image_assignments (target, image_id, append, assigned_at)
-             VALUES (?1, ?2, ?3, compute_now())
+            "INSERT INTO image_assignments (target, image_id, append, assigned_at, mint_ttl_ms)
+             VALUES (?1, ?2, ?3, compute_now(), ?4)
              ON CONFLICT (target) DO UPDATE SET image_id = ?2, append = ?3,
-                 assigned_at = compute_now()",
-            params![target, id, append],
+                 assigned_at = compute_now(), mint_ttl_ms = ?4",
+            params![target, id, append, mint_ttl_ms],
         )?,
         None => c.execute("DELETE FROM image_assignments WHERE target = ?1", [target])?,
     };
@@ -129,21 +131,114 @@ pub(super) fn assign(
 }
 
 pub(super) fn for_mac(c: &Connection, mac: &str) -> Result<Option<Assigned>, StoreError> {
-    Ok(c.query_row(
-        "SELECT a.image_id, i.signed_manifest, a.append
-             FROM image_assignments a JOIN images i ON i.image_id = a.image_id
-             WHERE a.target IN ('mac:' || ?1, 'default')
-             ORDER BY a.target = 'default' LIMIT 1",
+    let owner = c.query_row(
+        "SELECT (SELECT n.id FROM node_macs m JOIN nodes n ON n.id = m.node_id
+                 WHERE m.mac = ?1 AND n.deleted_at IS NULL),
+                COALESCE((SELECT n.pool FROM node_macs m JOIN nodes n ON n.id = m.node_id
+                          WHERE m.mac = ?1 AND n.deleted_at IS NULL),
+                         (SELECT pool FROM boot_allowed_macs WHERE mac = ?1))",
         [mac],
         |r| {
-            Ok(Assigned {
-                image_id: r.get(0)?,
-                signed_manifest: r.get(1)?,
-                append: r.get(2)?,
+            Ok(MacOwner {
+                node_id: r.get(0)?,
+                pool: r.get(1)?,
             })
         },
+    )?;
+    let mut q = c.prepare_cached(
+        "SELECT a.target, a.image_id, i.signed_manifest, a.append, a.mint_ttl_ms
+             FROM image_assignments a JOIN images i ON i.image_id = a.image_id
+             WHERE a.target = ?1",
+    )?;
+    let mut found = Vec::new();
+    for target in boot_targets(mac, &owner) {
+        let row = q
+            .query_row([&target], |r| {
+                Ok(Assigned {
+                    target: r.get(0)?,
+                    image_id: r.get(1)?,
+                    signed_manifest: r.get(2)?,
+                    append: r.get(3)?,
+                    mint_ttl_ms: r.get(4)?,
+                })
+            })
+            .optional()?;
+        if let Some(a) = row {
+            found.push((target, a));
+        }
+    }
+    Ok(crate::images::resolve(mac, &owner, found))
+}
+
+pub(super) fn mint(c: &Connection, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
+    let allowed: Option<Option<String>> = c
+        .query_row(
+            "SELECT pool FROM boot_allowed_macs WHERE mac = ?1",
+            [mac],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(allowed_pool) = allowed else {
+        return Ok(None);
+    };
+    let replaced = c.execute(
+        "DELETE FROM join_tokens WHERE minted_for_mac = ?1 AND uses_left = uses_total",
+        [mac],
+    )?;
+    let pool = allowed_pool.or_else(|| t.pool.clone());
+    let expires_at_ms = c.query_row(
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total,
+             uses_left, description, pool, minted_for_mac)
+         VALUES (?1, ?2, compute_now(), compute_now() + ?3, ?4, ?4, ?5, ?6, ?7)
+         RETURNING expires_at",
+        params![
+            t.id,
+            t.secret_sha256,
+            super::ms(t.ttl),
+            t.uses,
+            t.description,
+            pool,
+            mac
+        ],
+        |r| r.get(0),
+    )?;
+    Ok(Some(Minted {
+        expires_at_ms,
+        pool,
+        replaced: replaced as u64,
+    }))
+}
+
+pub(super) fn allow_mac(c: &Connection, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
+    c.execute(
+        "INSERT INTO boot_allowed_macs (mac, pool, added_at) VALUES (?1, ?2, compute_now())
+         ON CONFLICT (mac) DO UPDATE SET pool = ?2",
+        params![mac, pool],
+    )?;
+    Ok(())
+}
+
+pub(super) fn disallow_mac(c: &Connection, mac: &str) -> Result<bool, StoreError> {
+    let n = c.execute("DELETE FROM boot_allowed_macs WHERE mac = ?1", [mac])?;
+    c.execute(
+        "DELETE FROM join_tokens WHERE minted_for_mac = ?1 AND uses_left = uses_total",
+        [mac],
+    )?;
+    Ok(n == 1)
+}
+
+pub(super) fn allowed_macs(c: &Connection) -> Result<Vec<AllowedMac>, StoreError> {
+    Ok(
+        c.prepare("SELECT mac, pool, added_at FROM boot_allowed_macs ORDER BY mac")?
+            .query_map([], |r| {
+                Ok(AllowedMac {
+                    mac: r.get(0)?,
+                    pool: r.get(1)?,
+                    added_at_ms: r.get(2)?,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?,
     )
-    .optional()?)
 }
 
 pub(super) fn artifact(c: &Connection, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {

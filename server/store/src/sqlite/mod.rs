@@ -56,7 +56,7 @@ use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInp
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::gateways::GatewayCredential;
-use crate::images::{Assigned, BootRecord, BootRow, ImageRow, NewImage};
+use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
 use crate::liveness::{LivenessRules, SweepOutcome};
@@ -93,6 +93,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0019_audit_chains.sql"),
     include_str!("migrations/0020_machine_enrolments.sql"),
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
+    include_str!("migrations/0022_boot_access.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -877,19 +878,40 @@ impl Backend for SqliteBackend {
         target: &str,
         image_id: Option<&str>,
         append: &str,
+        mint_ttl_ms: Option<i64>,
     ) -> Result<(), StoreError> {
         let (target, image, append) = (
             target.to_string(),
             image_id.map(str::to_string),
             append.to_string(),
         );
-        self.write(move |c| images::assign(c, &target, image.as_deref(), &append))
+        self.write(move |c| images::assign(c, &target, image.as_deref(), &append, mint_ttl_ms))
             .await
     }
 
     async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
         let mac = mac.to_string();
         self.read(move |c| images::for_mac(c, &mac)).await
+    }
+
+    async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
+        let (mac, t) = (mac.to_string(), t.clone());
+        self.write(move |c| images::mint(c, &mac, &t)).await
+    }
+
+    async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
+        let (mac, pool) = (mac.to_string(), pool.map(str::to_string));
+        self.write(move |c| images::allow_mac(c, &mac, pool.as_deref()))
+            .await
+    }
+
+    async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError> {
+        let mac = mac.to_string();
+        self.write(move |c| images::disallow_mac(c, &mac)).await
+    }
+
+    async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError> {
+        self.read(images::allowed_macs).await
     }
 
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {

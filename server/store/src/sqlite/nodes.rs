@@ -140,10 +140,18 @@ pub(super) fn list_nodes(c: &Connection) -> Result<NodeList, StoreError> {
                    WHERE c.node_id = n.id AND c.revoked_at IS NULL),
                 COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
                 COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
-                n.agent_version, n.conditions, n.taints, n.release_floor
+                n.agent_version, n.conditions, n.taints, n.release_floor, n.pool
          FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
          WHERE n.deleted_at IS NULL ORDER BY n.id",
     )?;
+    let mut macs = std::collections::HashMap::<String, Vec<String>>::new();
+    for row in c
+        .prepare_cached("SELECT node_id, mac FROM node_macs ORDER BY node_id, mac")?
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+    {
+        let (node, mac) = row?;
+        macs.entry(node).or_default().push(mac);
+    }
     let nodes = q
         .query_map([], |r| {
             Ok(NodeRow {
@@ -161,9 +169,18 @@ pub(super) fn list_nodes(c: &Connection) -> Result<NodeList, StoreError> {
                 conditions: json_col(r, 11)?,
                 taints: json_col(r, 12)?,
                 release_floor: r.get::<_, i64>(13)? as u64,
+                pool: r.get(14)?,
+                macs: Vec::new(),
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    let nodes = nodes
+        .into_iter()
+        .map(|mut n| {
+            n.macs = macs.remove(&n.node_id).unwrap_or_default();
+            n
+        })
+        .collect();
     Ok(NodeList { nodes, now_ms: now })
 }
 

@@ -100,9 +100,9 @@ pub(super) fn revoke_operator(c: &Connection, id: &str) -> Result<OperatorRow, T
 
 pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreError> {
     Ok(c.query_row(
-        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description)
-         VALUES (?1, ?2, compute_now(), compute_now() + ?3, ?4, ?4, ?5) RETURNING expires_at",
-        params![t.id, t.secret_sha256, ms(t.ttl), t.uses, t.description],
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description, pool)
+         VALUES (?1, ?2, compute_now(), compute_now() + ?3, ?4, ?4, ?5, ?6) RETURNING expires_at",
+        params![t.id, t.secret_sha256, ms(t.ttl), t.uses, t.description, t.pool],
         |r| r.get(0),
     )?)
 }
@@ -141,6 +141,20 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
     new_node(c, j, now, issue, None)
 }
 
+/// The MAC addresses `node_id` reported replace those it reported before;
+/// a MAC another node reported before names this node now.
+fn record_macs(c: &Connection, node_id: &str, macs: &[String], now: i64) -> rusqlite::Result<()> {
+    c.execute("DELETE FROM node_macs WHERE node_id = ?1", [node_id])?;
+    for mac in macs {
+        c.execute(
+            "INSERT INTO node_macs (mac, node_id, reported_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (mac) DO UPDATE SET node_id = ?2, reported_at = ?3",
+            params![mac, node_id, now],
+        )?;
+    }
+    Ok(())
+}
+
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
 /// certificate `issue` builds; the token was spent.
 fn new_node(
@@ -153,10 +167,11 @@ fn new_node(
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
     c.execute(
-        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256)
-         VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
+        "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256, pool)
+         VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, (SELECT pool FROM join_tokens WHERE id = ?5))",
         params![node_id, j.hostname, now, j.ramdisk, j.token_id, ek_sha256],
     )?;
+    record_macs(c, &node_id, &j.macs, now)?;
     c.execute(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
@@ -268,9 +283,18 @@ fn reenrol_node(
     let cert = issue(node_id, now)?;
     let serials = revoke_all(c, node_id, now, REENROLLED, seal)?;
     c.execute(
-        "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4 WHERE id = ?1",
-        params![node_id, generation as i64, j.hostname, j.ramdisk],
+        "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4,
+             pool = COALESCE((SELECT pool FROM join_tokens WHERE id = ?5), pool)
+         WHERE id = ?1",
+        params![
+            node_id,
+            generation as i64,
+            j.hostname,
+            j.ramdisk,
+            j.token_id
+        ],
     )?;
+    record_macs(c, node_id, &j.macs, now)?;
     c.execute(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",

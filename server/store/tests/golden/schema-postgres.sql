@@ -36,6 +36,9 @@ bindings.gpus: text NOT NULL
 bindings.state: text NOT NULL
 bindings.spec_generation: bigint NOT NULL
 bindings.updated_at: bigint NOT NULL
+boot_allowed_macs.mac: text NOT NULL
+boot_allowed_macs.pool: text
+boot_allowed_macs.added_at: bigint NOT NULL
 boots.id: bigint NOT NULL DEFAULT nextval('boots_id_seq'::regclass)
 boots.mac: text NOT NULL
 boots.image_id: text
@@ -85,6 +88,7 @@ image_assignments.target: text NOT NULL
 image_assignments.image_id: text NOT NULL
 image_assignments.append: text NOT NULL DEFAULT ''::text
 image_assignments.assigned_at: bigint NOT NULL
+image_assignments.mint_ttl_ms: bigint
 images.image_id: text NOT NULL
 images.name: text NOT NULL
 images.key_id: text NOT NULL
@@ -109,6 +113,8 @@ join_tokens.expires_at: bigint NOT NULL
 join_tokens.uses_total: bigint NOT NULL
 join_tokens.uses_left: bigint NOT NULL
 join_tokens.description: text NOT NULL DEFAULT ''::text
+join_tokens.pool: text
+join_tokens.minted_for_mac: text
 leases.name: text NOT NULL
 leases.owner: text NOT NULL
 leases.expires_at: bigint NOT NULL
@@ -137,6 +143,9 @@ node_events.event_id: bigint NOT NULL
 node_events.kind: text NOT NULL
 node_events.body: bytea NOT NULL
 node_events.at: bigint NOT NULL
+node_macs.mac: text NOT NULL
+node_macs.node_id: text NOT NULL
+node_macs.reported_at: bigint NOT NULL
 node_sessions.node_id: text NOT NULL
 node_sessions.epoch: bigint NOT NULL
 node_sessions.gateway_id: text NOT NULL
@@ -175,6 +184,7 @@ nodes.next_seq: bigint NOT NULL DEFAULT 1
 nodes.release_floor: bigint NOT NULL DEFAULT 0
 nodes.ek_sha256: text
 nodes.quarantined_at: bigint
+nodes.pool: text
 operators.id: text NOT NULL
 operators.created_at: bigint NOT NULL
 operators.role: text NOT NULL
@@ -218,6 +228,7 @@ binding_nonces binding_nonces_pkey: PRIMARY KEY (node_id, nonce)
 bindings bindings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 bindings bindings_pkey: PRIMARY KEY (node_id, allocation_id)
 bindings bindings_state_check: CHECK ((state = ANY (ARRAY['active'::text, 'lost'::text])))
+boot_allowed_macs boot_allowed_macs_pkey: PRIMARY KEY (mac)
 boots boots_pkey: PRIMARY KEY (id)
 cert_sightings cert_sightings_pkey: PRIMARY KEY (id)
 cert_sightings cert_sightings_serial_fkey: FOREIGN KEY (serial) REFERENCES node_certs(serial)
@@ -247,6 +258,8 @@ node_certs node_certs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_certs node_certs_pkey: PRIMARY KEY (serial)
 node_events node_events_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_events node_events_pkey: PRIMARY KEY (node_id, journal_id, event_id)
+node_macs node_macs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+node_macs node_macs_pkey: PRIMARY KEY (mac)
 node_sessions node_sessions_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_sessions node_sessions_pkey: PRIMARY KEY (node_id)
 node_sessions node_sessions_state_check: CHECK ((state = ANY (ARRAY['connected'::text, 'disconnected'::text, 'unreachable'::text])))
@@ -274,6 +287,7 @@ audit_unsealed: CREATE INDEX audit_unsealed ON public.audit USING btree (id) WHE
 backups_pkey: CREATE UNIQUE INDEX backups_pkey ON public.backups USING btree (id)
 binding_nonces_pkey: CREATE UNIQUE INDEX binding_nonces_pkey ON public.binding_nonces USING btree (node_id, nonce)
 bindings_pkey: CREATE UNIQUE INDEX bindings_pkey ON public.bindings USING btree (node_id, allocation_id)
+boot_allowed_macs_pkey: CREATE UNIQUE INDEX boot_allowed_macs_pkey ON public.boot_allowed_macs USING btree (mac)
 boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
 boots_pkey: CREATE UNIQUE INDEX boots_pkey ON public.boots USING btree (id)
 cert_sightings_pkey: CREATE UNIQUE INDEX cert_sightings_pkey ON public.cert_sightings USING btree (id)
@@ -293,6 +307,7 @@ image_artifacts_pkey: CREATE UNIQUE INDEX image_artifacts_pkey ON public.image_a
 image_assignments_pkey: CREATE UNIQUE INDEX image_assignments_pkey ON public.image_assignments USING btree (target)
 images_pkey: CREATE UNIQUE INDEX images_pkey ON public.images USING btree (image_id)
 inventory_pkey: CREATE UNIQUE INDEX inventory_pkey ON public.inventory USING btree (node_id, section)
+join_tokens_minted: CREATE INDEX join_tokens_minted ON public.join_tokens USING btree (minted_for_mac) WHERE (minted_for_mac IS NOT NULL)
 join_tokens_pkey: CREATE UNIQUE INDEX join_tokens_pkey ON public.join_tokens USING btree (id)
 leases_pkey: CREATE UNIQUE INDEX leases_pkey ON public.leases USING btree (name)
 machine_enrolments_pkey: CREATE UNIQUE INDEX machine_enrolments_pkey ON public.machine_enrolments USING btree (id)
@@ -302,6 +317,8 @@ node_certs_pkey: CREATE UNIQUE INDEX node_certs_pkey ON public.node_certs USING 
 node_certs_revoked: CREATE INDEX node_certs_revoked ON public.node_certs USING btree (revoked_at) WHERE (revoked_at IS NOT NULL)
 node_events_node_at: CREATE INDEX node_events_node_at ON public.node_events USING btree (node_id, at, event_id)
 node_events_pkey: CREATE UNIQUE INDEX node_events_pkey ON public.node_events USING btree (node_id, journal_id, event_id)
+node_macs_node: CREATE INDEX node_macs_node ON public.node_macs USING btree (node_id)
+node_macs_pkey: CREATE UNIQUE INDEX node_macs_pkey ON public.node_macs USING btree (mac)
 node_sessions_away: CREATE INDEX node_sessions_away ON public.node_sessions USING btree (state) WHERE (state <> 'connected'::text)
 node_sessions_gateway: CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id, state)
 node_sessions_pkey: CREATE UNIQUE INDEX node_sessions_pkey ON public.node_sessions USING btree (node_id)

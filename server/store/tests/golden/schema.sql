@@ -24,8 +24,15 @@ CREATE INDEX ek_sightings_node ON ek_sightings(node_id, id);
 -- index fleet_events_node
 CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
 
+-- index join_tokens_minted
+CREATE INDEX join_tokens_minted ON join_tokens(minted_for_mac)
+        WHERE minted_for_mac IS NOT NULL;
+
 -- index node_certs_node
 CREATE INDEX node_certs_node ON node_certs(node_id);
+
+-- index node_macs_node
+CREATE INDEX node_macs_node ON node_macs(node_id);
 
 -- index node_sessions_gateway
 CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
@@ -87,6 +94,13 @@ CREATE TABLE bindings (
         spec_generation INTEGER NOT NULL,
         updated_at      INTEGER NOT NULL,
         PRIMARY KEY (node_id, allocation_id)
+    ) STRICT;
+
+-- table boot_allowed_macs
+CREATE TABLE boot_allowed_macs (
+        mac      TEXT PRIMARY KEY,
+        pool     TEXT,
+        added_at INTEGER NOT NULL
     ) STRICT;
 
 -- table boots
@@ -173,7 +187,7 @@ CREATE TABLE image_assignments (
         image_id    TEXT NOT NULL REFERENCES images(image_id),
         append      TEXT NOT NULL DEFAULT '',
         assigned_at INTEGER NOT NULL
-    ) STRICT;
+    , mint_ttl_ms INTEGER) STRICT;
 
 -- table images
 CREATE TABLE images (
@@ -210,7 +224,7 @@ CREATE TABLE join_tokens (
         uses_total    INTEGER NOT NULL,
         uses_left     INTEGER NOT NULL,
         description   TEXT NOT NULL DEFAULT ''
-    ) STRICT;
+    , pool TEXT, minted_for_mac TEXT) STRICT;
 
 -- table leases
 CREATE TABLE leases (
@@ -254,6 +268,13 @@ CREATE TABLE node_events (
         body       BLOB NOT NULL,
         at         INTEGER NOT NULL,
         PRIMARY KEY (node_id, journal_id, event_id)
+    ) STRICT;
+
+-- table node_macs
+CREATE TABLE node_macs (
+        mac         TEXT PRIMARY KEY,
+        node_id     TEXT NOT NULL REFERENCES nodes(id),
+        reported_at INTEGER NOT NULL
     ) STRICT;
 
 -- table node_sessions
@@ -301,7 +322,7 @@ CREATE TABLE nodes (
         agent_version       TEXT NOT NULL DEFAULT '',
         conditions          TEXT NOT NULL DEFAULT '[]',
         taints              TEXT NOT NULL DEFAULT '[]'
-    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT, quarantined_at INTEGER) STRICT;
+    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT, quarantined_at INTEGER, pool TEXT) STRICT;
 
 -- table operators
 CREATE TABLE "operators" (

@@ -1,5 +1,8 @@
+use std::time::Duration;
+
 use bc_store::Refusal;
-use bc_store::images::{BootRecord, NewImage};
+use bc_store::images::{BootRecord, NewImage, minted_description};
+use bc_store::tokens::{JoinInput, NewToken};
 
 use super::Fixture;
 
@@ -57,9 +60,9 @@ pub async fn assignments_prefer_the_mac_over_the_default_and_boots_are_kept(f: F
 
     let mac = "52:54:00:12:34:56";
     assert!(s.image_for_mac(mac).await.unwrap().is_none());
-    s.assign_image("default", Some(&a), "").await.unwrap();
+    s.assign_image("default", Some(&a), "", None).await.unwrap();
     assert_eq!(s.image_for_mac(mac).await.unwrap().unwrap().image_id, a);
-    s.assign_image(&format!("mac:{mac}"), Some(&b), "bcd.state=x")
+    s.assign_image(&format!("mac:{mac}"), Some(&b), "bcd.state=x", None)
         .await
         .unwrap();
     let got = s.image_for_mac(mac).await.unwrap().unwrap();
@@ -76,7 +79,7 @@ pub async fn assignments_prefer_the_mac_over_the_default_and_boots_are_kept(f: F
             .image_id,
         a
     );
-    s.assign_image(&format!("mac:{mac}"), None, "")
+    s.assign_image(&format!("mac:{mac}"), None, "", None)
         .await
         .unwrap();
     assert_eq!(s.image_for_mac(mac).await.unwrap().unwrap().image_id, a);
@@ -161,4 +164,226 @@ pub async fn an_artifact_reads_in_chunks(f: Fixture) {
     let missing = "f".repeat(64);
     assert_eq!(s.image_artifact_size(&missing).await.unwrap(), None);
     assert_eq!(s.image_artifact_chunk(&missing, 0, 1).await.unwrap(), None);
+}
+
+pub async fn a_mac_boots_its_nodes_then_its_pools_assignment_and_minted_tokens_are_bounded(
+    f: Fixture,
+) {
+    let s = &f.store;
+    let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+    for (id, name) in [('a', "a"), ('b', "bb"), ('c', "ccc")] {
+        s.register_image(&image(id, name, name.as_bytes()))
+            .await
+            .unwrap();
+    }
+    let (mac, other_mac) = ("52:54:00:00:00:01", "52:54:00:00:00:02");
+    // A node joins with a token of pool gpu and reports two MAC addresses.
+    s.create_token(&NewToken {
+        pool: Some("gpu".into()),
+        ..super::token("pooled", Duration::from_secs(600), 1)
+    })
+    .await
+    .unwrap();
+    let node = s
+        .join(
+            &JoinInput {
+                macs: vec![mac.into(), other_mac.into()],
+                ..super::join_input("pooled", "h")
+            },
+            Box::new(|_, _| Ok(super::fake_cert(1))),
+        )
+        .await
+        .unwrap()
+        .node_id;
+    let listed = s.list_nodes().await.unwrap();
+    let row = listed.nodes.iter().find(|n| n.node_id == node).unwrap();
+    assert_eq!(row.pool.as_deref(), Some("gpu"));
+    assert_eq!(row.macs, [mac, other_mac]);
+
+    let boots = |m: &'static str| async move {
+        s.image_for_mac(m)
+            .await
+            .unwrap()
+            .map(|x| (x.target, x.image_id))
+    };
+    s.assign_image("default", Some(&a), "", None).await.unwrap();
+    assert_eq!(boots(mac).await, Some(("default".into(), a.clone())));
+    s.assign_image("pool:gpu", Some(&b), "", Some(900_000))
+        .await
+        .unwrap();
+    assert_eq!(boots(mac).await, Some(("pool:gpu".into(), b.clone())));
+    assert_eq!(
+        s.image_for_mac(mac).await.unwrap().unwrap().mint_ttl_ms,
+        Some(900_000)
+    );
+    assert_eq!(
+        boots("52:54:00:00:00:09").await,
+        Some(("default".into(), a.clone())),
+        "a MAC no node reported boots the default"
+    );
+    s.assign_image(&format!("node:{node}"), Some(&c), "", None)
+        .await
+        .unwrap();
+    assert_eq!(boots(mac).await, Some((format!("node:{node}"), c.clone())));
+    assert_eq!(
+        boots(other_mac).await,
+        Some((format!("node:{node}"), c.clone()))
+    );
+    s.assign_image(&format!("mac:{mac}"), Some(&a), "", None)
+        .await
+        .unwrap();
+    assert_eq!(boots(mac).await, Some((format!("mac:{mac}"), a.clone())));
+    let listed = s.list_images().await.unwrap();
+    assert_eq!(
+        listed[0].assigned_to,
+        ["default".to_string(), format!("mac:{mac}")]
+    );
+    assert_eq!(listed[1].assigned_to, ["pool:gpu"]);
+    assert_eq!(listed[2].assigned_to, [format!("node:{node}")]);
+
+    // A MAC reported again by another node names that node now.
+    s.create_token(&super::token("plain", Duration::from_secs(600), 1))
+        .await
+        .unwrap();
+    let second = s
+        .join(
+            &JoinInput {
+                macs: vec![other_mac.into()],
+                ..super::join_input("plain", "h")
+            },
+            Box::new(|_, _| Ok(super::fake_cert(2))),
+        )
+        .await
+        .unwrap()
+        .node_id;
+    assert_eq!(boots(other_mac).await, Some(("default".into(), a.clone())));
+    let listed = s.list_nodes().await.unwrap();
+    let rows = |id: &str| {
+        listed
+            .nodes
+            .iter()
+            .find(|n| n.node_id == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(rows(&node).macs, [mac]);
+    assert_eq!(
+        (rows(&second).macs, rows(&second).pool),
+        (vec![other_mac.to_string()], None)
+    );
+
+    // Minting: only for an allowed MAC, one unspent token per MAC.
+    let minted = |id: &str| NewToken {
+        description: minted_description("52:54:00:00:00:07"),
+        pool: Some("gpu".into()),
+        ..super::token(id, Duration::from_secs(60), 1)
+    };
+    let booting = "52:54:00:00:00:07";
+    assert_eq!(
+        s.mint_boot_token(booting, &minted("m0")).await.unwrap(),
+        None
+    );
+    let refused = s
+        .join(
+            &super::join_input("m0", "h"),
+            Box::new(|_, _| Ok(super::fake_cert(3))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.refusal(),
+        Some(&Refusal::UnknownToken),
+        "nothing minted"
+    );
+    s.allow_boot_mac(booting, None).await.unwrap();
+    // A MAC no node reported boots the pool its allow-list entry names.
+    let fresh = "52:54:00:00:00:08";
+    s.allow_boot_mac(fresh, Some("gpu")).await.unwrap();
+    assert_eq!(boots(fresh).await, Some(("pool:gpu".into(), b.clone())));
+    assert!(s.disallow_boot_mac(fresh).await.unwrap());
+    assert_eq!(boots(fresh).await, Some(("default".into(), a.clone())));
+    let first = s
+        .mint_boot_token(booting, &minted("m1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.pool.as_deref(), first.replaced), (Some("gpu"), 0));
+    assert_eq!(first.expires_at_ms, s.now().await.unwrap() + 60_000);
+    let again = s
+        .mint_boot_token(booting, &minted("m2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.replaced, 1, "the unspent one is replaced, not kept");
+    let refused = s
+        .join(
+            &super::join_input("m1", "h"),
+            Box::new(|_, _| Ok(super::fake_cert(4))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.refusal(), Some(&Refusal::UnknownToken));
+    let minted_node = s
+        .join(
+            &JoinInput {
+                macs: vec![booting.into()],
+                ..super::join_input("m2", "h")
+            },
+            Box::new(|_, _| Ok(super::fake_cert(5))),
+        )
+        .await
+        .unwrap()
+        .node_id;
+    let refused = s
+        .join(
+            &super::join_input("m2", "h"),
+            Box::new(|_, _| Ok(super::fake_cert(6))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.refusal(), Some(&Refusal::UsedToken), "one use");
+    let listed = s.list_nodes().await.unwrap();
+    let row = listed
+        .nodes
+        .iter()
+        .find(|n| n.node_id == minted_node)
+        .unwrap();
+    assert_eq!(row.pool.as_deref(), Some("gpu"));
+    assert_eq!(
+        boots(booting).await,
+        Some(("pool:gpu".into(), b.clone())),
+        "the minted node boots its pool's image"
+    );
+    // A spent token is not replaced; the allow-list's pool wins; the next
+    // one expires.
+    s.allow_boot_mac(booting, Some("rack-2")).await.unwrap();
+    let third = s
+        .mint_boot_token(booting, &minted("m3"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((third.pool.as_deref(), third.replaced), (Some("rack-2"), 0));
+    f.advance(Duration::from_secs(61));
+    let refused = s
+        .join(
+            &super::join_input("m3", "h"),
+            Box::new(|_, _| Ok(super::fake_cert(7))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.refusal(), Some(&Refusal::ExpiredToken));
+
+    let allowed = s.boot_macs().await.unwrap();
+    assert_eq!(allowed.len(), 1);
+    assert_eq!(
+        (allowed[0].mac.as_str(), allowed[0].pool.as_deref()),
+        (booting, Some("rack-2"))
+    );
+    assert!(s.disallow_boot_mac(booting).await.unwrap());
+    assert!(!s.disallow_boot_mac(booting).await.unwrap());
+    assert!(s.boot_macs().await.unwrap().is_empty());
+    assert_eq!(
+        s.mint_boot_token(booting, &minted("m4")).await.unwrap(),
+        None
+    );
 }

@@ -106,6 +106,7 @@ pub fn token(id: &str, ttl: Duration, uses: u32) -> NewToken {
         ttl,
         uses,
         description: String::new(),
+        pool: None,
     }
 }
 
@@ -115,6 +116,7 @@ pub fn join_input(token_id: &str, secret: &str) -> JoinInput {
         secret_sha256: secret.into(),
         hostname: "host".into(),
         ramdisk: false,
+        macs: Vec::new(),
     }
 }
 
@@ -220,6 +222,7 @@ macro_rules! store_suite {
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,
             images::an_artifact_reads_in_chunks,
+            images::a_mac_boots_its_nodes_then_its_pools_assignment_and_minted_tokens_are_bounded,
             liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
             liveness::a_sweep_gap_holds_timed_transitions,
             liveness::leases_have_one_owner_until_they_expire,
