@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod build;
+pub mod fetch;
 pub mod kernel;
 
 use ring::signature::Ed25519KeyPair;

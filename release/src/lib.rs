@@ -132,6 +132,13 @@ impl SignedManifest {
         &self,
         keys: &[Vec<u8>],
     ) -> Result<T, ReleaseError> {
+        let bytes = self.verified_bytes(keys)?;
+        serde_json::from_slice(&bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
+    }
+
+    /// Verifies against `keys` and returns the signed bytes, not yet
+    /// decoded (one copy of the check for every kind of document).
+    pub fn verified_bytes(&self, keys: &[Vec<u8>]) -> Result<Vec<u8>, ReleaseError> {
         let key = keys
             .iter()
             .find(|k| key_id(k) == self.key_id)
@@ -143,7 +150,7 @@ impl SignedManifest {
         UnparsedPublicKey::new(&ED25519, key)
             .verify(&bytes, &sig)
             .map_err(|_| ReleaseError::BadSignature)?;
-        serde_json::from_slice(&bytes).map_err(|e| ReleaseError::Malformed(e.to_string()))
+        Ok(bytes)
     }
 
     /// Verifies against the release public keys and returns the manifest.

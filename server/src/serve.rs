@@ -391,6 +391,7 @@ pub async fn serve(
                 worker_keys: Arc::new(vec![worker_key.public_key().as_ref().to_vec()]),
                 worker_key: worker_key.clone(),
                 release_keys: Arc::new(opts.release_keys.clone()),
+                image_keys: Arc::new(opts.boot.image_keys.clone()),
             };
             let admin = AdminService {
                 store: store.clone(),

@@ -101,8 +101,10 @@ fn bad_commands_are_refused_with_clear_errors() {
     assert!(err(&["commands", "run", &id, "rm.rf"]).contains("unknown command kind"));
     assert!(err(&["commands", "run", &id, "exec.run"]).contains("needs a program"));
     assert!(err(&["commands", "run", &id, "node.reboot", "now"]).contains("takes no arguments"));
+    let e = err(&["commands", "run", &id, "boot.kexec", "initrd=/x"]);
     assert!(
-        err(&["commands", "run", &id, "boot.kexec", "initrd=/x"]).contains("needs kernel=PATH")
+        e.contains("needs image=ID") && e.contains("or kernel=PATH"),
+        "{e}"
     );
     assert!(
         err(&[

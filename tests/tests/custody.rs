@@ -473,4 +473,14 @@ impl bcd_proto::v1::join_server::Join for TamperingRelay {
     ) -> Result<tonic::Response<Self::FetchReleaseChunksStream>, tonic::Status> {
         Err(tonic::Status::unimplemented("not relayed"))
     }
+
+    type FetchImageStream =
+        tokio_stream::wrappers::ReceiverStream<Result<bcd_proto::v1::ImageChunk, tonic::Status>>;
+
+    async fn fetch_image(
+        &self,
+        _: tonic::Request<bcd_proto::v1::FetchImageRequest>,
+    ) -> Result<tonic::Response<Self::FetchImageStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not relayed"))
+    }
 }

@@ -290,6 +290,36 @@ fn boot_kexec_starts_a_second_image_and_the_node_returns() {
             .count(),
         1
     );
+
+    // By image id: the node fetches the first image over its certificate,
+    // verifies it with the image key it learned at join, and boots it with
+    // the manifest's command line and the command's addition.
+    f.register(&first);
+    let extra = format!("cmdline={keep} bc.by-image=1");
+    let kexec = f
+        .server
+        .run_command(&id, "boot.kexec", &["image=first", &extra]);
+    let again = wait_view(&f, &vm, &id, "the node back after kexec by image", |n| {
+        n.state == "connected" && n.boot_id != after.boot_id
+    });
+    let k = f.server.wait_command(&kexec);
+    assert_eq!(
+        (k.state.as_str(), k.reason.as_str()),
+        ("succeeded", "rebooted"),
+        "{k:?}"
+    );
+    assert_ne!(again.boot_id, before.boot_id);
+    let c = f
+        .server
+        .run_command(&id, "exec.run", &["/bin/cat", "/proc/cmdline"]);
+    let c = f.server.wait_command(&c);
+    assert!(
+        c.output.contains("bc.by-image=1") && !c.output.contains("bc.second=1"),
+        "{}",
+        c.output
+    );
+    assert!(c.output.contains(first.cmdline().trim()), "{}", c.output);
+    assert_eq!(vm.count("bcd init"), 3, "{}", vm.tail());
 }
 
 #[test]

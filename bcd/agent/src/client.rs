@@ -1,6 +1,7 @@
 //! Calls to the server outside the session stream, over the node's own
-//! TLS credentials: renewing the certificate, fetching a release, and
-//! opening the session stream itself. `bcd join`'s call is in `join`.
+//! TLS credentials: renewing the certificate, fetching a release or a
+//! netboot image, and opening the session stream itself. `bcd join`'s call
+//! is in `join`.
 
 use bcd_proto::tls::{self, ServerTrust};
 use bcd_proto::v1::{NodeMessage, ServerMessage, join_client::JoinClient};
@@ -541,6 +542,187 @@ fn verified(
         ));
     }
     Ok(manifest)
+}
+
+/// The folder under the data directory an image for `boot.kexec image=`
+/// is written to (emptied before each download, removed when it fails).
+pub const KEXEC_DIR: &str = "kexec";
+
+/// A netboot image fetched and verified for `boot.kexec image=`: where its
+/// kernel and initrd were written, and the command line to boot them with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KexecImage {
+    pub image_id: String,
+    pub name: String,
+    pub kernel: std::path::PathBuf,
+    pub initrd: std::path::PathBuf,
+    pub cmdline: String,
+}
+
+/// Fetches image `image_id` over the node's own certificate (`FetchImage`)
+/// into `dir`, and says whether it may be loaded: its signed manifest must
+/// verify against the image keys learned at join (checked as soon as it
+/// arrives, before any of the image's bytes are taken) and be that image's,
+/// and the kernel and initrd, hashed as they are written, must match it
+/// (`image::fetch`). `extra` follows the manifest's command line. On any
+/// failure `dir` is removed and the reason says what did not verify.
+pub async fn fetch_image(
+    identity: &Identity,
+    image_id: &str,
+    extra: &str,
+    dir: &std::path::Path,
+) -> Result<KexecImage, String> {
+    let result = fetch_image_into(identity, image_id, extra, dir).await;
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    result
+}
+
+async fn fetch_image_into(
+    identity: &Identity,
+    image_id: &str,
+    extra: &str,
+    dir: &std::path::Path,
+) -> Result<KexecImage, String> {
+    use image::fetch;
+
+    let keys: Vec<Vec<u8>> = identity
+        .file
+        .image_keys
+        .iter()
+        .filter_map(|k| hex::decode(k).ok())
+        .collect();
+    if keys.is_empty() {
+        return Err(fetch::NotLoaded::NoKeys.to_string());
+    }
+    let config = identity.client_config()?;
+    let channel = tls::connect(&identity.file.server, config)
+        .await
+        .map_err(|e| format!("cannot reach the server: {}", bcd_sys::error::chain(&e)))?;
+    let refused = |s: tonic::Status| {
+        format!(
+            "the server did not hand out image {image_id}: {}",
+            s.message()
+        )
+    };
+    let mut stream = JoinClient::new(channel)
+        .fetch_image(bcd_proto::v1::FetchImageRequest {
+            image_id: image_id.to_string(),
+        })
+        .await
+        .map_err(refused)?
+        .into_inner();
+    let mut writing: Option<ImageFiles> = None;
+    while let Some(chunk) = stream.message().await.map_err(refused)? {
+        match &mut writing {
+            None => writing = Some(ImageFiles::start(image_id, &chunk, &keys, dir)?),
+            Some(w) => w.take(chunk)?,
+        }
+    }
+    let w = writing.ok_or_else(|| {
+        format!("the server ended image {image_id}'s download before its manifest")
+    })?;
+    w.finish(image_id, &keys, extra)
+}
+
+/// An image download being written: the signed manifest, the two files,
+/// and what `image::fetch::Download` has checked of them.
+struct ImageFiles {
+    signed_manifest: Vec<u8>,
+    download: image::fetch::Download,
+    kernel: (std::path::PathBuf, std::fs::File),
+    initrd: (std::path::PathBuf, std::fs::File),
+}
+
+impl ImageFiles {
+    /// The first chunk: the signed manifest alone, which must verify
+    /// before `dir` is created.
+    fn start(
+        image_id: &str,
+        first: &bcd_proto::v1::ImageChunk,
+        keys: &[Vec<u8>],
+        dir: &std::path::Path,
+    ) -> Result<ImageFiles, String> {
+        if first.signed_manifest.is_empty() || !first.data.is_empty() {
+            return Err(format!(
+                "the server's download of image {image_id} does not start with its manifest: \
+                 nothing was loaded"
+            ));
+        }
+        let manifest = image::fetch::verified_manifest(image_id, &first.signed_manifest, keys)
+            .map_err(|e| e.to_string())?;
+        let download = image::fetch::Download::new(&manifest).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_dir_all(dir);
+        let file = |name: &str| {
+            let path = dir.join(name);
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::File::create(&path))
+                .map(|f| (path, f))
+                .map_err(|e| format!("writing the image to {}: {e}", dir.display()))
+        };
+        Ok(ImageFiles {
+            signed_manifest: first.signed_manifest.clone(),
+            download,
+            kernel: file(image::KERNEL_FILE)?,
+            initrd: file(image::INITRD_FILE)?,
+        })
+    }
+
+    /// A later chunk: appended to its file only once the download took it.
+    fn take(&mut self, chunk: bcd_proto::v1::ImageChunk) -> Result<(), String> {
+        use bcd_proto::v1::ImagePart;
+        use image::fetch::Which;
+        use std::io::Write;
+        let (which, (path, file)) = match ImagePart::try_from(chunk.part) {
+            _ if !chunk.signed_manifest.is_empty() => {
+                return Err(
+                    "the server sent the image manifest twice in one download: nothing was loaded"
+                        .to_string(),
+                );
+            }
+            Ok(ImagePart::Kernel) => (Which::Kernel, &mut self.kernel),
+            Ok(ImagePart::Initrd) => (Which::Initrd, &mut self.initrd),
+            _ => {
+                return Err(format!(
+                    "the server sent a chunk of no known part of the image (part {}): nothing \
+                     was loaded",
+                    chunk.part
+                ));
+            }
+        };
+        self.download
+            .push(which, chunk.offset, &chunk.data)
+            .map_err(|e| e.to_string())?;
+        file.write_all(&chunk.data)
+            .map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// The stream ended: both files whole, on disk, and matching the
+    /// manifest, or why not.
+    fn finish(self, image_id: &str, keys: &[Vec<u8>], extra: &str) -> Result<KexecImage, String> {
+        let (kernel, initrd) = self.download.finish().map_err(|e| e.to_string())?;
+        for (path, file) in [&self.kernel, &self.initrd] {
+            file.sync_all()
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+        let load = image::fetch::verdict(
+            image_id,
+            &self.signed_manifest,
+            keys,
+            &kernel,
+            &initrd,
+            extra,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(KexecImage {
+            image_id: image_id.to_string(),
+            name: load.manifest.name,
+            kernel: self.kernel.0,
+            initrd: self.initrd.0,
+            cmdline: load.cmdline,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,10 @@
 //!   its journal at every boot) and `clock_base` (what bounds how far the
 //!   server time mark may move; see `bcd_core::clock`). Reading version 1
 //!   migrates it: floors 0, no base (a base starts at the next start).
+//! - Both versions later gained `image_keys` (the netboot image keys
+//!   learned at join), written only when there are some: a file without
+//!   it (every file an earlier release wrote) loads with none, and an
+//!   earlier release reading a file with it ignores it.
 //!
 //! A release must not write a version the previous release cannot read
 //! until it has confirmed (`bcd_core::update`): until then it can be
@@ -134,6 +138,10 @@ pub struct IdentityFile {
     /// node installs.
     #[serde(default)]
     pub release_keys: Vec<String>,
+    /// Netboot image public keys (ed25519, hex) learned at join: the images
+    /// `boot.kexec image=` loads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_keys: Vec<String>,
     /// Server time the current certificate was issued at, unix ms.
     #[serde(default)]
     pub cert_issued_ms: i64,
@@ -205,6 +213,8 @@ struct IdentityFileV1 {
     worker_keys: Vec<String>,
     #[serde(default)]
     release_keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    image_keys: Vec<String>,
     #[serde(default)]
     cert_issued_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,6 +235,7 @@ impl From<IdentityFileV1> for IdentityFile {
             ramdisk: v.ramdisk,
             worker_keys: v.worker_keys,
             release_keys: v.release_keys,
+            image_keys: v.image_keys,
             cert_issued_ms: v.cert_issued_ms,
             next: v.next,
             replay_floors: ReplayFloors::default(),
@@ -247,6 +258,7 @@ impl From<&IdentityFile> for IdentityFileV1 {
             ramdisk: f.ramdisk,
             worker_keys: f.worker_keys.clone(),
             release_keys: f.release_keys.clone(),
+            image_keys: f.image_keys.clone(),
             cert_issued_ms: f.cert_issued_ms,
             next: f.next.clone(),
         }
@@ -749,6 +761,7 @@ mod tests {
             ramdisk: false,
             worker_keys: vec![],
             release_keys: vec![],
+            image_keys: vec![],
             cert_issued_ms: 0,
             next: None,
             replay_floors: ReplayFloors::default(),

@@ -456,6 +456,7 @@ fn save(
     }
     // Everything kept below comes signed by that CA.
     bcd_proto::joined::verify(&resp, csr_der, &resp.ca_der)?;
+    let image_keys = bcd_proto::joined::verified_image_keys(&resp, csr_der, &resp.ca_der)?;
     let file = IdentityFile {
         version: crate::identity::IDENTITY_VERSION,
         node_id: resp.node_id,
@@ -468,6 +469,7 @@ fn save(
         ramdisk,
         worker_keys: resp.worker_keys.iter().map(hex::encode).collect(),
         release_keys: resp.release_keys.iter().map(hex::encode).collect(),
+        image_keys: image_keys.iter().map(hex::encode).collect(),
         cert_issued_ms: resp.server_time_ms,
         next: None,
         // A node that joins again as itself starts above what it saw.

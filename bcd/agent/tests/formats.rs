@@ -80,6 +80,7 @@ fn sample_identity() -> IdentityFile {
         ramdisk: false,
         worker_keys: vec!["11".repeat(32)],
         release_keys: vec!["22".repeat(32)],
+        image_keys: vec![],
         cert_issued_ms: 1_790_000_000_000,
         next: None,
         replay_floors: ReplayFloors {
@@ -118,6 +119,37 @@ fn identity_is_written_as_the_golden_files() {
     id.save_state().unwrap();
     let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
     assert_golden("identity/v1.json", &written);
+}
+
+/// The image keys learned at join, in both versions; a file without them
+/// (all the golden files above, and every file an earlier release wrote)
+/// loads with none.
+#[test]
+fn image_keys_are_written_only_when_learned_and_read_back() {
+    let d = data_dir_with("identity/v1-4e03bc7.json");
+    let mut id = Identity::load(d.path()).unwrap();
+    assert!(id.file.image_keys.is_empty());
+    let with_keys = IdentityFile {
+        image_keys: vec!["33".repeat(32)],
+        ..sample_identity()
+    };
+    id.file = with_keys.clone();
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v2-image-keys.json", &written);
+    assert_eq!(Identity::load(d.path()).unwrap().file, with_keys);
+    // An unconfirmed upgrade keeps them in what the release before it
+    // reads (which ignores them).
+    id.write_version = 1;
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v1-image-keys.json", &written);
+    assert_eq!(
+        Identity::load(d.path()).unwrap().file.image_keys,
+        ["33".repeat(32)]
+    );
+    let d = data_dir_with("identity/v2.json");
+    assert!(Identity::load(d.path()).unwrap().file.image_keys.is_empty());
 }
 
 #[test]

@@ -94,6 +94,12 @@ struct HwArgs {
     #[cfg(feature = "fakehw")]
     #[arg(long, default_value_t = 8)]
     fake_gpus: usize,
+    /// Test builds: the fake machine appends each kexec it is asked for
+    /// (the SHA-256 of the kernel and initrd, the command line) to this
+    /// file.
+    #[cfg(feature = "fakehw")]
+    #[arg(long, env = "BCD_FAKE_KEXEC_LOG", hide = true)]
+    fake_kexec_log: Option<PathBuf>,
     /// Read GPU fields through NVML (libnvidia-ml) as well as sysfs.
     #[cfg(feature = "nvml")]
     #[arg(long)]
@@ -111,7 +117,11 @@ impl HwArgs {
         #[cfg(feature = "fakehw")]
         if let Some(seed) = self.fake_hw {
             let name = format!("fake-{seed}");
-            let fake = Arc::new(bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus));
+            let mut fake = bcd_fakehw::FakeHost::new(seed, name, self.fake_gpus);
+            if let Some(log) = &self.fake_kexec_log {
+                fake = fake.with_kexec_log(log.clone());
+            }
+            let fake = Arc::new(fake);
             return (fake.clone(), fake);
         }
         (self.real_host(), Arc::new(hw::SystemPower))

@@ -13,6 +13,8 @@ pub struct FakeHost {
     boot: Mutex<u64>,
     gpus: FakeGpus,
     tpm: FakeTpm,
+    /// Where each kexec is recorded, if anywhere ([`FakeHost::with_kexec_log`]).
+    kexec_log: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug)]
@@ -64,7 +66,42 @@ impl FakeHost {
             tpm: FakeTpm {
                 ek: hex64(seed, 7) + &hex64(seed, 8),
             },
+            kexec_log: None,
         }
+    }
+
+    /// Records each kexec as one line appended to `path`, what a real
+    /// kexec would load: `kernel=<SHA-256> initrd=<SHA-256, or -> cmdline=<the
+    /// rest of the line>`, the hashes of the files as they are when it is
+    /// asked for.
+    pub fn with_kexec_log(mut self, path: std::path::PathBuf) -> FakeHost {
+        self.kexec_log = Some(path);
+        self
+    }
+
+    fn record_kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        let Some(log) = &self.kexec_log else {
+            return Ok(());
+        };
+        let sha = |path: &str| -> std::io::Result<String> {
+            let bytes = std::fs::read(path)?;
+            Ok(hex::encode(ring::digest::digest(
+                &ring::digest::SHA256,
+                &bytes,
+            )))
+        };
+        let kernel = sha(kernel)?;
+        let initrd = if initrd.is_empty() {
+            "-".to_string()
+        } else {
+            sha(initrd)?
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        writeln!(f, "kernel={kernel} initrd={initrd} cmdline={cmdline}")
     }
 
     /// The fake machine reboots: the next boot id differs.
@@ -122,7 +159,8 @@ impl Power for FakeHost {
         Ok(())
     }
 
-    fn kexec(&self, _kernel: &str, _initrd: &str, _cmdline: &str) -> std::io::Result<()> {
+    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+        self.record_kexec(kernel, initrd, cmdline)?;
         FakeHost::reboot(self);
         Ok(())
     }

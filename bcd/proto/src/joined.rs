@@ -55,6 +55,48 @@ pub fn statement(r: &v1::JoinResponse, csr_der: &[u8]) -> Vec<u8> {
     m
 }
 
+/// What every image-keys statement starts with.
+pub const IMAGE_KEYS_DOMAIN: &[u8] = b"better-compute join image keys v1\0";
+
+/// The message the fleet CA signs for the image keys of a join response to
+/// the request whose CSR is `csr_der`: [`IMAGE_KEYS_DOMAIN`], the CSR's
+/// SHA-256, the key count (8 bytes, big-endian), then each key with its
+/// length first. Apart from [`statement`], so a node that predates image
+/// keys still verifies the rest of the response.
+pub fn image_keys_statement(r: &v1::JoinResponse, csr_der: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(128 + 40 * r.image_keys.len());
+    m.extend_from_slice(IMAGE_KEYS_DOMAIN);
+    m.extend_from_slice(ring::digest::digest(&ring::digest::SHA256, csr_der).as_ref());
+    m.extend_from_slice(&(r.image_keys.len() as u64).to_be_bytes());
+    for k in &r.image_keys {
+        field(&mut m, k);
+    }
+    m
+}
+
+/// The image keys a join response hands the node: none without
+/// `image_keys_signature` (a control plane that predates them, or one with
+/// no image key); refused when the signature is not the fleet CA's over
+/// [`image_keys_statement`].
+pub fn verified_image_keys(
+    r: &v1::JoinResponse,
+    csr_der: &[u8],
+    pinned_ca: &[u8],
+) -> Result<Vec<Vec<u8>>, Unsigned> {
+    if r.image_keys_signature.is_empty() {
+        if r.image_keys.is_empty() {
+            return Ok(vec![]);
+        }
+        return Err(Unsigned::Forged);
+    }
+    check(
+        &r.image_keys_signature,
+        &image_keys_statement(r, csr_der),
+        pinned_ca,
+    )?;
+    Ok(r.image_keys.clone())
+}
+
 /// What every renewal-response statement starts with.
 pub const RENEWAL_DOMAIN: &[u8] = b"better-compute renew response v1\0";
 
@@ -131,7 +173,49 @@ mod tests {
                 spec_generation: 3,
             }),
             signature: vec![],
+            image_keys: vec![vec![9; 32]],
+            image_keys_signature: vec![],
         }
+    }
+
+    #[test]
+    fn the_image_keys_statement_covers_the_keys_and_the_join() {
+        let base = image_keys_statement(&response(), b"csr");
+        assert!(base.starts_with(IMAGE_KEYS_DOMAIN));
+        assert_ne!(base, image_keys_statement(&response(), b"another csr"));
+        let changes: Vec<Change> = vec![
+            Box::new(|r| r.image_keys.clear()),
+            Box::new(|r| r.image_keys[0][0] ^= 1),
+            Box::new(|r| r.image_keys.push(vec![9; 32])),
+            // Two keys made one.
+            Box::new(|r| {
+                r.image_keys = vec![vec![9; 16], vec![9; 16]];
+            }),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut r = response();
+            change(&mut r);
+            assert_ne!(image_keys_statement(&r, b"csr"), base, "change {i}");
+        }
+        // The image keys are not in the main statement: a node that
+        // predates them verifies a response that carries them.
+        let mut more = response();
+        more.image_keys.push(vec![1; 32]);
+        assert_eq!(statement(&more, b"csr"), statement(&response(), b"csr"));
+        // Unsigned keys are refused; no keys and no signature is none.
+        assert_eq!(
+            verified_image_keys(&response(), b"csr", b"ca"),
+            Err(Unsigned::Forged)
+        );
+        let mut none = response();
+        none.image_keys.clear();
+        assert_eq!(verified_image_keys(&none, b"csr", b"ca"), Ok(vec![]));
+        let mut garbage = response();
+        garbage.image_keys_signature = vec![1, 2, 3];
+        assert_eq!(
+            verified_image_keys(&garbage, b"csr", b"ca"),
+            Err(Unsigned::Forged)
+        );
     }
 
     type Change = Box<dyn Fn(&mut v1::JoinResponse)>;

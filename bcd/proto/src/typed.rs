@@ -251,6 +251,12 @@ spelled!(v1::RefusalReason {
     Quarantined => "quarantined",
 });
 
+spelled!(v1::ImagePart {
+    Unspecified => "unspecified",
+    Kernel => "kernel",
+    Initrd => "initrd",
+});
+
 spelled!(v1::NodeStatementKind {
     Unspecified => "unspecified",
     Deleted => "deleted",

@@ -245,6 +245,8 @@ fn join_response(signature: Vec<u8>) -> v1::JoinResponse {
             spec_generation: 4,
         }),
         signature,
+        image_keys: vec![],
+        image_keys_signature: vec![],
     }
 }
 
@@ -549,6 +551,52 @@ fn streamed_release_download() {
             signed_manifest: vec![],
             offset: 262_144,
             data: b"\x7fELF\x02\x01".to_vec(),
+        },
+    );
+}
+
+#[test]
+fn image_download_and_kexec_by_image() {
+    check(
+        "fetch_image_request",
+        &v1::FetchImageRequest {
+            image_id: "ab".repeat(32),
+        },
+    );
+    check(
+        "image_chunk_manifest",
+        &v1::ImageChunk {
+            signed_manifest: b"{\"manifest\":\"e30=\"}".to_vec(),
+            part: v1::ImagePart::Unspecified as i32,
+            offset: 0,
+            data: vec![],
+        },
+    );
+    check(
+        "image_chunk_initrd",
+        &v1::ImageChunk {
+            signed_manifest: vec![],
+            part: v1::ImagePart::Initrd as i32,
+            offset: 262_144,
+            data: b"\x1f\x8b\x08".to_vec(),
+        },
+    );
+    check(
+        "kexec_args_image",
+        &v1::KexecArgs {
+            kernel: String::new(),
+            initrd: String::new(),
+            cmdline: "bcd.log=debug".into(),
+            image_id: "cd".repeat(32),
+        },
+    );
+    check(
+        "join_response_image_keys",
+        &v1::JoinResponse {
+            image_keys: vec![vec![0x33; 32]],
+            image_keys_signature: [&[0x30, 0x06, 0x02, 0x01, 0x03, 0x02, 0x01][..], &[0x04]]
+                .concat(),
+            ..join_response([&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat())
         },
     );
 }

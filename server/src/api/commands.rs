@@ -31,10 +31,21 @@ pub enum ArgsError {
     NoProgram,
     #[error("{0} takes no arguments")]
     NoArgsExpected(&'static str),
-    #[error("boot.kexec takes kernel=PATH [initrd=PATH] [cmdline=TEXT], not {0:?}")]
+    #[error(
+        "boot.kexec takes image=ID [cmdline=TEXT] (a registered image, see better-compute images \
+         list) or kernel=PATH [initrd=PATH] [cmdline=TEXT] (files already on the node), not {0:?}"
+    )]
     BadKexecArg(String),
-    #[error("boot.kexec needs kernel=PATH")]
+    #[error(
+        "boot.kexec needs image=ID (a registered image, see better-compute images list) or \
+         kernel=PATH (a file already on the node)"
+    )]
     NoKernel,
+    #[error(
+        "boot.kexec takes image=ID or kernel=PATH [initrd=PATH], not both: an image brings its \
+         own kernel and initrd"
+    )]
+    ImageAndPaths,
     #[error("gpu.reset takes one GPU: its UUID, index or PCI address")]
     OneGpu,
     #[error(
@@ -80,8 +91,17 @@ pub fn parse(
                     Some(("kernel", v)) => a.kernel = v.to_string(),
                     Some(("initrd", v)) => a.initrd = v.to_string(),
                     Some(("cmdline", v)) => a.cmdline = v.to_string(),
+                    Some(("image", v)) if !v.is_empty() => a.image_id = v.to_string(),
                     _ => return Err(ArgsError::BadKexecArg(arg.clone())),
                 }
+            }
+            if !a.image_id.is_empty() {
+                if !a.kernel.is_empty() || !a.initrd.is_empty() {
+                    return Err(ArgsError::ImageAndPaths);
+                }
+                // `run` resolves the id and names the image in the summary.
+                let summary = format!("image {}", a.image_id);
+                return Ok((k, command_payload::Args::Kexec(a), summary));
             }
             if a.kernel.is_empty() {
                 return Err(ArgsError::NoKernel);
@@ -167,8 +187,15 @@ pub fn info(c: CommandRow) -> CommandInfo {
 
 /// `RunCommand`.
 pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo, Status> {
-    let (kind, args, summary) =
+    let (kind, mut args, mut summary) =
         parse(r.kind, &r.args, r.timeout_ms).map_err(|e| bad_request(e.to_string()))?;
+    if let command_payload::Args::Kexec(k) = &mut args
+        && !k.image_id.is_empty()
+    {
+        let (id, name) = kexec_image(svc, &k.image_id).await?;
+        summary = format!("image {name} ({})", &id[..16]);
+        k.image_id = id;
+    }
     let not_after = not_after(r.not_after_ms).map_err(bad_request)?;
     let new = NewCommand {
         node_id: r.node_id,
@@ -186,6 +213,38 @@ pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo
         svc.wake(&row.node_id);
     }
     Ok(info(row))
+}
+
+/// The image `boot.kexec image=WHAT` names (an id, a unique id prefix or a
+/// name), checked as the node will check it: registered, and signed by an
+/// image key this server still holds (a node learns the server's keys at
+/// join). Its whole id and name.
+async fn kexec_image(svc: &AdminService, what: &str) -> Result<(String, String), Status> {
+    if svc.image_keys.is_empty() {
+        return Err(refusal(Refusal::Conflict(
+            "this server has no image key, so no node can verify an image: start it with \
+             --image-pubkey HEX (from images keygen), and join the nodes again"
+                .into(),
+        )));
+    }
+    let id = svc.store.resolve_image(what).await.map_err(status)?;
+    let signed = svc
+        .store
+        .image_manifests()
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .find_map(|(i, m)| (i == id).then_some(m))
+        .ok_or_else(|| refusal(bc_store::images::no_such_image(what)))?;
+    let manifest = image::SignedManifest::parse(&signed)
+        .and_then(|s| s.verify(&svc.image_keys))
+        .map_err(|e| {
+            refusal(Refusal::Conflict(format!(
+                "image {id} no longer verifies against this server's image keys ({e}): \
+                 register an image signed with a current key"
+            )))
+        })?;
+    Ok((id, manifest.name))
 }
 
 /// `ListCommands`.
@@ -277,6 +336,28 @@ mod tests {
         );
         assert!(matches!(
             parse(kind_of("boot.kexec"), &s(&["kernel"]), 0),
+            Err(ArgsError::BadKexecArg(_))
+        ));
+        let (_, a, summary) = parse(
+            kind_of("boot.kexec"),
+            &s(&["image=gpu-node", "cmdline=bcd.log=debug"]),
+            0,
+        )
+        .unwrap();
+        assert_eq!(summary, "image gpu-node");
+        let command_payload::Args::Kexec(k) = a else {
+            panic!()
+        };
+        assert_eq!(
+            (k.image_id.as_str(), k.cmdline.as_str(), k.kernel.as_str()),
+            ("gpu-node", "bcd.log=debug", "")
+        );
+        assert_eq!(
+            parse(kind_of("boot.kexec"), &s(&["image=x", "kernel=/k"]), 0).unwrap_err(),
+            ArgsError::ImageAndPaths
+        );
+        assert!(matches!(
+            parse(kind_of("boot.kexec"), &s(&["image="]), 0),
             Err(ArgsError::BadKexecArg(_))
         ));
         assert!(matches!(

@@ -68,6 +68,9 @@ pub struct JoinService {
     /// Signs the statement of the revocations a re-enrolment makes.
     pub worker_key: Arc<Ed25519KeyPair>,
     pub release_keys: Arc<Vec<Vec<u8>>>,
+    /// Netboot image keys (`serve --image-pubkey`): the images a node
+    /// boots by `boot.kexec image=`.
+    pub image_keys: Arc<Vec<Vec<u8>>>,
 }
 
 /// Issues a node certificate inside the store's join or renewal
@@ -263,10 +266,18 @@ impl GatewayServices for JoinService {
                 spec_generation: joined.spec_generation_floor,
             }),
             signature: vec![],
+            image_keys: self.image_keys.as_ref().clone(),
+            image_keys_signature: vec![],
         };
         // Signed by the fleet CA, so a gateway relaying it changes nothing
-        // the node keeps.
+        // the node keeps; the image keys apart, so a node that predates
+        // them still verifies the rest.
         response.signature = self.sign(&bcd_proto::joined::statement(&response, &csr_der))?;
+        if !response.image_keys.is_empty() {
+            response.image_keys_signature = self.sign(&bcd_proto::joined::image_keys_statement(
+                &response, &csr_der,
+            ))?;
+        }
         Ok(response)
     }
 

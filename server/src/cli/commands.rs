@@ -16,7 +16,17 @@ use crate::client::status;
 #[derive(Debug, Subcommand)]
 pub enum CommandsCommand {
     /// Run a command on a node: exec.run -- PROGRAM [ARGS...], node.reboot,
-    /// boot.kexec kernel=PATH [initrd=PATH] [cmdline=TEXT], inventory.refresh.
+    /// boot.kexec image=ID [cmdline=TEXT], boot.kexec kernel=PATH
+    /// [initrd=PATH] [cmdline=TEXT], inventory.refresh, gpu.reset GPU,
+    /// daemon.upgrade SEQUENCE, daemon.rollback.
+    ///
+    /// boot.kexec image=ID boots a registered image (an id, a unique id
+    /// prefix or a name from images list): the node fetches its kernel and
+    /// initrd over its own certificate, verifies the signed manifest with
+    /// the image keys it learned at join and both files against it, and
+    /// boots them with the manifest's command line followed by cmdline=.
+    /// boot.kexec kernel=PATH boots files already on the node, unverified,
+    /// with cmdline= as the whole command line.
     Run {
         node: String,
         kind: String,

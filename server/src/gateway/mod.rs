@@ -30,6 +30,7 @@ pub mod admission;
 pub mod credential;
 pub mod facts;
 pub mod feeds;
+pub mod images;
 pub mod lease;
 pub mod lifetime;
 pub mod port;

@@ -101,17 +101,30 @@ impl Join for NodeJoin {
             .await
             .map(Response::new)
     }
+
+    type FetchImageStream = tokio_stream::wrappers::ReceiverStream<Result<v1::ImageChunk, Status>>;
+
+    async fn fetch_image(
+        &self,
+        request: Request<v1::FetchImageRequest>,
+    ) -> Result<Response<Self::FetchImageStream>, Status> {
+        self.node_cert(&request).await?;
+        let r = request.into_inner();
+        super::images::stream_image(self.store.clone(), &r.image_id)
+            .await
+            .map(Response::new)
+    }
 }
 
 impl NodeJoin {
-    /// Releases are for nodes: the caller presents a valid node
-    /// certificate.
+    /// Releases and images are for nodes: the caller presents a valid
+    /// node certificate.
     async fn node_cert<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let fingerprint = peer(request)
             .and_then(|p| p.cert_fingerprint.clone())
             .ok_or_else(|| {
                 turned(Turned::NoCertificate(
-                    "releases are for nodes: present the node certificate",
+                    "releases and images are for nodes: present the node certificate",
                 ))
             })?;
         self.store.check_cert(&fingerprint).await.map_err(status)?;

@@ -248,6 +248,11 @@ impl Agent {
                     }
                 }
             }
+            (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k)))
+                if !k.image_id.is_empty() =>
+            {
+                self.fetch_image(id, k.image_id, k.cmdline, done);
+            }
             (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k))) => {
                 info!(kernel = %k.kernel, "kexec");
                 match self.machine.power.kexec(&k.kernel, &k.initrd, &k.cmdline) {
@@ -289,6 +294,50 @@ impl Agent {
             }
         }
         Ok(None)
+    }
+
+    /// `boot.kexec image=`: fetches and verifies the image in the
+    /// background (`client::fetch_image`); the loop loads it
+    /// ([`Agent::load_image`]).
+    fn fetch_image(
+        &mut self,
+        id: String,
+        image_id: String,
+        extra: String,
+        done: &mpsc::UnboundedSender<Done>,
+    ) {
+        let Some(staged) = self.staged.clone() else {
+            let _ = done.send(Box::new((
+                id,
+                Effect::failed("boot.kexec by image is not available here"),
+            )));
+            return;
+        };
+        info!(cmd = %id, image = %image_id, "fetching the image to kexec");
+        let identity = self.identity.clone();
+        tokio::spawn(async move {
+            let dir = identity.dir.join(crate::client::KEXEC_DIR);
+            let result = crate::client::fetch_image(&identity, &image_id, &extra, &dir).await;
+            let _ = staged.send(Box::new((id, result.map(super::Stage::Image))));
+        });
+    }
+
+    /// A verified image is in hand: kexec it (on a fake machine the agent
+    /// then starts again), or say why not.
+    pub(super) fn load_image(
+        &mut self,
+        id: &str,
+        image: crate::client::KexecImage,
+    ) -> Result<(), String> {
+        info!(cmd = %id, image = %image.image_id, name = %image.name, cmdline = %image.cmdline, "kexec of a verified image");
+        let (kernel, initrd) = (image.kernel.display(), image.initrd.display());
+        self.machine
+            .power
+            .kexec(&kernel.to_string(), &initrd.to_string(), &image.cmdline)
+            .map_err(|e| {
+                let _ = std::fs::remove_dir_all(image.kernel.parent().unwrap_or(&image.kernel));
+                format!("kexec of image {}: {e}", image.image_id)
+            })
     }
 
     /// On start: runs what was accepted and never started, finishes what

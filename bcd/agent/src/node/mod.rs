@@ -149,7 +149,8 @@ pub struct Agent {
     reports: Reports,
     /// Boot-clock deadline for an unconfirmed upgrade's first Welcome.
     upgrade_deadline: Option<u64>,
-    /// Where a downloaded release goes back to the loop.
+    /// Where a downloaded release, or an image fetched for `boot.kexec
+    /// image=`, goes back to the loop.
     staged: Option<mpsc::UnboundedSender<Staged>>,
     /// The epoch of the session established now, if any: what state
     /// reports and inventory are signed under.
@@ -211,9 +212,19 @@ pub enum Stopped {
     BelowFloor(String),
 }
 
-/// A downloaded, verified release written to the inactive slot, or why not.
-/// Boxed, as [`Done`] is.
-type Staged = Box<(String, Result<release::Manifest, String>)>;
+/// What a command staged in the background, or why it could not. Boxed,
+/// as [`Done`] is.
+type Staged = Box<(String, Result<Stage, String>)>;
+
+/// What the loop finishes for a command that prepared in the background.
+#[derive(Debug)]
+enum Stage {
+    /// A downloaded, verified release written to the inactive slot: switch
+    /// to it.
+    Release(release::Manifest),
+    /// An image fetched and verified for `boot.kexec image=`: load it.
+    Image(crate::client::KexecImage),
+}
 
 /// A finished side effect on its way back to the loop. Boxed: a channel
 /// holds its items in blocks of 32 from the start, and a fleet of agents

@@ -223,14 +223,14 @@ impl Agent {
                 }
                 Some(staged) = staged_rx.recv() => {
                     let (id, staged) = *staged;
-                    match self.switch_release(&id, staged) {
-                        Ok(()) => {
+                    match self.finish_staged(&id, staged) {
+                        Ok(stopped) => {
                             self.uncount(&mut counted);
                             self.persist_mark(&session);
-                            return Stopped::Restart;
+                            return stopped;
                         }
                         Err(reason) => {
-                            warn!(cmd = %id, %reason, "upgrade refused; staying on the current release");
+                            warn!(cmd = %id, %reason, "the command did not go ahead; nothing changed");
                             if let Err(e) = self.finish(&conn, &id, crate::effects::Effect::failed(reason)).await {
                                 return Stopped::JournalFailed(e);
                             }

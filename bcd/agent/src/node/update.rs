@@ -7,7 +7,7 @@ use bcd_core::command;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::{Agent, Done, Stopped};
+use super::{Agent, Done, Stage, Stopped};
 use crate::effects::Effect;
 use crate::failpoints::Point;
 use crate::upgrade::{self, AtStart, Updater, UpgradeError};
@@ -50,20 +50,35 @@ impl Agent {
                 .await
                 .unwrap_or_else(|e| Err(format!("writing the slot: {e}"))),
             };
-            let _ = staged.send(Box::new((id, result)));
+            let _ = staged.send(Box::new((id, result.map(Stage::Release))));
         });
+    }
+
+    /// What a command staged in the background is ready (or failed): a
+    /// release is switched to (the caller restarts), an image is loaded
+    /// (the machine is replaced); or why not.
+    pub(super) fn finish_staged(
+        &mut self,
+        id: &str,
+        staged: Result<Stage, String>,
+    ) -> Result<Stopped, String> {
+        match staged? {
+            Stage::Release(manifest) => {
+                self.switch_release(id, &manifest)?;
+                Ok(Stopped::Restart)
+            }
+            Stage::Image(image) => {
+                self.load_image(id, image)?;
+                Ok(Stopped::Rebooted)
+            }
+        }
     }
 
     /// A release is in the inactive slot: record the upgrade and switch
     /// (the caller restarts), or say why not.
-    pub(super) fn switch_release(
-        &mut self,
-        id: &str,
-        staged: Result<release::Manifest, String>,
-    ) -> Result<(), String> {
-        let manifest = staged?;
+    fn switch_release(&mut self, id: &str, manifest: &release::Manifest) -> Result<(), String> {
         let update = self.update.as_mut().expect("staged only with an updater");
-        update.switch(id, &manifest, upgrade::boot_ms())?;
+        update.switch(id, manifest, upgrade::boot_ms())?;
         self.failpoints.at(Point::AfterSwitch);
         Ok(())
     }
