@@ -1,4 +1,4 @@
--- schema version 21
+-- schema version 22
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
