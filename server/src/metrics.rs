@@ -5,8 +5,9 @@
 //! One [`ServerMetrics`] per process, handed to the gateway, the
 //! controllers and the admission bucket, which set what they see:
 //! sessions this gateway holds, Hello transactions and refusals by reason,
-//! TLS handshakes admitted and refused, commands by state (read from the
-//! store every few seconds by [`refresh_commands`], not per scrape),
+//! TLS handshakes admitted and refused, node handshakes full and resumed,
+//! commands by state (read from the store every few seconds by
+//! [`refresh_commands`], not per scrape),
 //! dispatch latency, liveness transitions, store latency per call, and the
 //! clock offset the gateway lease renewal measures. This module names no
 //! other of the server's modules.
@@ -33,6 +34,11 @@ pub const COMMANDS_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -76,6 +82,7 @@ pub struct ServerMetrics {
     pub hello_refusals: Family<ReasonLabels, Counter>,
     pub handshakes: Family<OutcomeLabels, Counter>,
     pub over_address_cap: Counter,
+    pub tls_sessions: Family<KindLabels, Counter>,
     pub commands: Family<StateLabels, Gauge>,
     pub dispatch_latency: Histogram,
     pub liveness: Family<ToLabels, Counter>,
@@ -104,6 +111,7 @@ impl ServerMetrics {
             hello_refusals: Family::default(),
             handshakes: Family::default(),
             over_address_cap: Counter::default(),
+            tls_sessions: Family::default(),
             commands: Family::default(),
             dispatch_latency: Histogram::new(exponential_buckets(0.005, 2.5, 14)),
             liveness: Family::default(),
@@ -145,6 +153,11 @@ impl ServerMetrics {
             "connections_over_address_cap",
             "TCP connections closed as they arrived: their source address already held --max-connections-per-address",
             m.over_address_cap.clone(),
+        );
+        registry.register(
+            "tls_sessions",
+            "Gateway TLS handshakes with a node certificate, by kind (full, resumed)",
+            m.tls_sessions.clone(),
         );
         registry.register(
             "commands",
@@ -208,6 +221,16 @@ impl ServerMetrics {
         self.handshakes
             .get_or_create(&OutcomeLabels {
                 outcome: if admitted { "admitted" } else { "refused" }.into(),
+            })
+            .inc();
+    }
+
+    /// A handshake that presented a node certificate: a full one, or one
+    /// that resumed an earlier session with a ticket.
+    pub fn tls_session(&self, resumed: bool) {
+        self.tls_sessions
+            .get_or_create(&KindLabels {
+                kind: if resumed { "resumed" } else { "full" }.into(),
             })
             .inc();
     }
@@ -302,6 +325,9 @@ mod tests {
         m.hello_refused("fenced");
         m.handshake(true);
         m.handshake(false);
+        m.tls_session(false);
+        m.tls_session(true);
+        m.tls_session(true);
         m.transition("unreachable", 3);
         m.transition("disconnected", 0);
         m.dispatched_after(1_500);
@@ -318,6 +344,8 @@ mod tests {
             "bc_hello_refusals_total{reason=\"fenced\"} 1",
             "bc_handshakes_total{outcome=\"admitted\"} 1",
             "bc_handshakes_total{outcome=\"refused\"} 1",
+            "bc_tls_sessions_total{kind=\"full\"} 1",
+            "bc_tls_sessions_total{kind=\"resumed\"} 2",
             "bc_liveness_transitions_total{to=\"unreachable\"} 3",
             "bc_dispatch_latency_seconds_count 1",
             "bc_dispatch_latency_seconds_sum 1.5",

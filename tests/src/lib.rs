@@ -953,3 +953,45 @@ pub fn postgres_database(prefix: &str) -> String {
         .block_on(bc_store::postgres::cluster::test_database(prefix))
         .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// A balancer in front of gateways, as an L4 load balancer with health
+/// checks would be: the test moves backends in and out and cuts links.
+pub struct Front {
+    rt: tokio::runtime::Runtime,
+    pub balancer: std::sync::Arc<better_compute::sim::proxy::Balancer>,
+}
+
+impl Front {
+    pub fn new() -> Front {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime for the balancer");
+        let balancer = rt
+            .block_on(better_compute::sim::proxy::Balancer::start())
+            .expect("the balancer listens");
+        Front { rt, balancer }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://{}", self.balancer.addr)
+    }
+
+    pub fn set(&self, name: &str, addr: Option<SocketAddr>) {
+        let _g = self.rt.enter();
+        self.balancer.set_backend(name, addr);
+    }
+
+    /// Resets every link through the balancer; returns how many.
+    pub fn reset_all(&self) -> usize {
+        let _g = self.rt.enter();
+        self.balancer.cut(usize::MAX, true, |_| 0)
+    }
+}
+
+impl Default for Front {
+    fn default() -> Self {
+        Front::new()
+    }
+}

@@ -10,11 +10,9 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bc_tests::{FAST, Node, Server, bin, postgres_database, stderr, wait_for};
-use better_compute::sim::proxy::Balancer;
+use bc_tests::{FAST, Front, Node, Server, bin, postgres_database, stderr, wait_for};
 use rustix::process::Signal;
 
 fn args(gateway: &str) -> Vec<&str> {
@@ -25,34 +23,6 @@ fn args(gateway: &str) -> Vec<&str> {
 
 fn gateway(dir: &Path, url: &str, id: &str) -> Server {
     Server::start_postgres(dir, url, &args(id)).expect("gateway starts")
-}
-
-/// A balancer in front of the gateways, as an L4 load balancer with health
-/// checks would be: the test moves backends in and out.
-struct Front {
-    rt: tokio::runtime::Runtime,
-    balancer: Arc<Balancer>,
-}
-
-impl Front {
-    fn new() -> Front {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let balancer = rt.block_on(Balancer::start()).unwrap();
-        Front { rt, balancer }
-    }
-
-    fn url(&self) -> String {
-        format!("https://{}", self.balancer.addr)
-    }
-
-    fn set(&self, name: &str, addr: Option<SocketAddr>) {
-        let _g = self.rt.enter();
-        self.balancer.set_backend(name, addr);
-    }
 }
 
 /// Words that must never reach a peer or an operator's terminal.

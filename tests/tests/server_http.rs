@@ -3,13 +3,14 @@
 //! a Prometheus text parser (`prometheus-parse`), the values moving with
 //! what happened; `/healthz` and `/readyz` on a healthy server, `/readyz`
 //! 503 (with a clean reason) while the store is locked away from it, as
-//! the simulator's outage does, and 200 again after.
+//! the simulator's outage does, and 200 again after; a node that dials
+//! again resuming its TLS session.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use bc_tests::{setup_connected, setup_dirs, wait_for};
+use bc_tests::{Front, Node, setup_connected, setup_dirs, stderr, wait_for};
 
 /// One plain HTTP/1.1 GET: the status code and the body.
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String, String)> {
@@ -152,6 +153,63 @@ fn server_metrics_move_with_a_node_and_a_command() {
         Some(1.0)
     );
     assert_eq!(value(&s, "bc_gateway_sessions", &[]), Some(0.0));
+}
+
+/// A node whose link is reset dials the same gateway again from the same
+/// process: the handshake resumes the TLS session (the gateway's ticket)
+/// instead of signing and checking certificates again, and its Hello is
+/// welcomed as before.
+#[test]
+fn a_node_that_dials_again_resumes_its_tls_session() {
+    let (d, server) = setup_dirs();
+    let http = server.http.expect("the server's http listener");
+    let front = Front::new();
+    front.set("gw", Some(server.addr));
+    let mut node = Node::new(&d.path().join("node"), 43);
+    let out = node.join(&front.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let s = wait_for(Duration::from_secs(10), "the session in the metrics", || {
+        scrape(http).filter(|s| value(s, "bc_gateway_sessions", &[]) == Some(1.0))
+    });
+    let full = value(&s, "bc_tls_sessions_total", &[("kind", "full")]).unwrap();
+    assert!(full >= 1.0, "{full}");
+    assert_eq!(
+        value(&s, "bc_tls_sessions_total", &[("kind", "resumed")]).unwrap_or(0.0),
+        0.0
+    );
+
+    assert_eq!(front.reset_all(), 1, "one link through the balancer");
+    let s = wait_for(Duration::from_secs(30), "the node back, resumed", || {
+        scrape(http).filter(|s| {
+            value(s, "bc_gateway_sessions", &[]) == Some(1.0)
+                && value(s, "bc_hellos_total", &[("outcome", "welcomed")]) == Some(2.0)
+        })
+    });
+    assert_eq!(
+        value(&s, "bc_tls_sessions_total", &[("kind", "resumed")]),
+        Some(1.0),
+        "{}",
+        node.proc().log()
+    );
+    assert_eq!(
+        value(&s, "bc_tls_sessions_total", &[("kind", "full")]),
+        Some(full),
+        "no full handshake for the redial"
+    );
+    server.wait_node(&id, "connected again", |n| n.state == "connected");
+
+    // A new process has no session to resume.
+    node.proc().stop();
+    node.start();
+    wait_for(Duration::from_secs(30), "a full handshake after a restart", || {
+        scrape(http).filter(|s| {
+            value(s, "bc_hellos_total", &[("outcome", "welcomed")]) == Some(3.0)
+                && value(s, "bc_tls_sessions_total", &[("kind", "full")]) == Some(full + 1.0)
+        })
+    });
 }
 
 #[test]

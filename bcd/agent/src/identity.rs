@@ -293,7 +293,25 @@ pub struct Identity {
     /// The node key in the TPM, once [`Identity::attach_tpm`] checked it
     /// (`node.key` is then a `bcd-tpm-key` record, not a key).
     pub tpm: Option<std::sync::Arc<crate::tpm_key::TpmKey>>,
+    /// The TLS client configuration [`Identity::client_config`] last built,
+    /// shared by this identity's clones (each dial takes one): its session
+    /// cache is what lets the next dial resume.
+    tls: TlsCache,
 }
+
+/// A client configuration and the certificate and CA it was built for.
+#[derive(Debug, Clone, Default)]
+struct TlsCache(
+    std::sync::Arc<
+        std::sync::Mutex<
+            Option<(
+                CertificateDer<'static>,
+                CertificateDer<'static>,
+                std::sync::Arc<rustls::ClientConfig>,
+            )>,
+        >,
+    >,
+);
 
 fn corrupt(path: &Path, reason: impl std::fmt::Display) -> IdentityError {
     IdentityError::Corrupt {
@@ -385,6 +403,7 @@ impl Identity {
             ca,
             write_version: IDENTITY_VERSION,
             tpm: None,
+            tls: TlsCache::default(),
         })
     }
 
@@ -424,8 +443,24 @@ impl Identity {
 
     /// The TLS client configuration that presents this identity's
     /// certificate and trusts only the fleet CA: signing through the TPM
-    /// for a TPM-held key.
+    /// for a TPM-held key. The same one while the certificate and the CA
+    /// stay, so a dial resumes the session of the one before it (the
+    /// gateway's ticket); a renewed certificate gets a new one, which
+    /// never resumes a session made with the old.
     pub fn client_config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+        let mut cache = self.tls.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cert, ca, config)) = cache.as_ref()
+            && *cert == self.cert
+            && *ca == self.ca
+        {
+            return Ok(config.clone());
+        }
+        let config = self.build_client_config()?;
+        *cache = Some((self.cert.clone(), self.ca.clone(), config.clone()));
+        Ok(config)
+    }
+
+    fn build_client_config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
         use bcd_proto::tls::{self, ClientIdentity, ClientSigner, ServerTrust};
         let trust = ServerTrust::Ca(self.ca.clone());
         let config = if self.tpm_record().is_some() {
@@ -476,6 +511,7 @@ impl Identity {
             ca,
             write_version: IDENTITY_VERSION,
             tpm: None,
+            tls: TlsCache::default(),
         };
         id.save_state()?;
         Ok(id)

@@ -291,6 +291,7 @@ pub fn server_config(
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = server_builder(client_ca)?.with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
+    resumable(&mut config)?;
     Ok(Arc::new(config))
 }
 
@@ -303,8 +304,32 @@ pub fn server_config_resolving(
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = server_builder(client_ca)?.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
+    resumable(&mut config)?;
     Ok(Arc::new(config))
 }
+
+/// Session tickets for the gateway port: a node that dials again resumes
+/// (TLS 1.3 PSK with a fresh ECDHE) and skips the certificate signatures
+/// and chain checks of a full handshake on both ends.
+///
+/// Each process encrypts its tickets under its own key, made at start and
+/// rotated by rustls every six hours; no key is shared or stored, so a
+/// ticket is good only at the gateway that issued it, and a gateway can
+/// mint none another gateway accepts. A resumed session carries the client
+/// chain of the handshake it resumes; expiry and revocation are checked at
+/// Hello against the store either way. A node caches its client
+/// configuration per certificate, so a renewed certificate starts with a
+/// full handshake.
+fn resumable(config: &mut ServerConfig) -> Result<(), TlsError> {
+    config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    config.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+    Ok(())
+}
+
+/// Tickets a server sends after each handshake: a node holds one session
+/// at a time, so one ticket serves its next dial (each resumption brings a
+/// new one).
+const TICKETS_PER_HANDSHAKE: usize = 1;
 
 fn server_builder(
     client_ca: CertificateDer<'static>,
@@ -434,8 +459,9 @@ mod accept {
     pub trait Admission: Send + Sync + 'static {
         fn admit(&self, remote: std::net::IpAddr) -> bool;
         /// A handshake from `remote` presented a client certificate the
-        /// fleet CA signed.
-        fn authenticated(&self, _remote: std::net::IpAddr) {}
+        /// fleet CA signed; `resumed` when it resumed an earlier session
+        /// (the certificate is that session's).
+        fn authenticated(&self, _remote: std::net::IpAddr, _resumed: bool) {}
         /// A connection from `remote` was closed as it arrived: its
         /// address already held [`ConnectionCaps::per_address`].
         fn over_address_cap(&self, _remote: std::net::IpAddr) {}
@@ -610,14 +636,15 @@ mod accept {
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
-                            let cert = stream
-                                .get_ref()
-                                .1
+                            let conn = stream.get_ref().1;
+                            let cert = conn
                                 .peer_certificates()
                                 .and_then(|c| c.first())
                                 .map(|c| Arc::new(c.clone().into_owned()));
                             if cert.is_some() {
-                                admission.authenticated(remote.ip());
+                                let resumed = conn.handshake_kind()
+                                    == Some(rustls::HandshakeKind::Resumed);
+                                admission.authenticated(remote.ip(), resumed);
                             }
                             let info = PeerInfo {
                                 remote,

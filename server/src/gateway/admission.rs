@@ -140,7 +140,8 @@ impl tls::Admission for HandshakeBucket {
         self.metrics.over_address_cap.inc();
     }
 
-    fn authenticated(&self, remote: std::net::IpAddr) {
+    fn authenticated(&self, remote: std::net::IpAddr, resumed: bool) {
+        self.metrics.tls_session(resumed);
         let now = self.start.elapsed().as_millis() as u64;
         self.bucket
             .lock()
