@@ -956,6 +956,7 @@ pub fn postgres_database(prefix: &str) -> String {
 
 /// A balancer in front of gateways, as an L4 load balancer with health
 /// checks would be: the test moves backends in and out and cuts links.
+#[derive(Debug)]
 pub struct Front {
     rt: tokio::runtime::Runtime,
     pub balancer: std::sync::Arc<better_compute::sim::proxy::Balancer>,
