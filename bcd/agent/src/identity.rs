@@ -569,24 +569,6 @@ impl Identity {
         write_file(&self.dir, &self.file, self.write_version)
     }
 
-    /// [`Identity::save_state`] on tokio's blocking pool: the caller waits
-    /// for the write and its two fsyncs (the file, then the directory)
-    /// without holding a runtime thread, so a process of many nodes
-    /// (`bcd sim`) writes theirs side by side instead of one after another
-    /// on its few runtime threads.
-    pub async fn save_state_off_runtime(&self) -> Result<(), IdentityError> {
-        let (dir, file, version) = (self.dir.clone(), self.file.clone(), self.write_version);
-        let path = dir.join(IDENTITY);
-        tokio::task::spawn_blocking(move || write_file(&dir, &file, version))
-            .await
-            .unwrap_or_else(|e| {
-                Err(IdentityError::Fs(FsError::Write {
-                    path,
-                    source: std::io::Error::other(e),
-                }))
-            })
-    }
-
     /// Raises the floors (never lowers them) and writes them before the
     /// caller acts on what they guard; nothing is written when they do not
     /// rise.
@@ -882,29 +864,6 @@ mod tests {
         )];
         let cert = params.self_signed(&key).unwrap();
         (key.serialize_pem(), cert.der().clone())
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_save_off_the_runtime_writes_what_load_reads() {
-        let d = tempfile::tempdir().unwrap();
-        let mut id = identity(d.path());
-        id.file.last_epoch = 7;
-        id.file.server_time_mark_ms = 1_234;
-        id.save_state_off_runtime().await.unwrap();
-        let back = Identity::load(d.path()).unwrap();
-        assert_eq!(back.file.last_epoch, 7);
-        assert_eq!(back.file.server_time_mark_ms, 1_234);
-        let tmp = format!("{IDENTITY}{}", bcd_sys::fs::TMP_SUFFIX);
-        assert!(!d.path().join(tmp).exists());
-
-        // A directory that cannot be written says which file.
-        id.dir = d.path().join("gone");
-        let e = id.save_state_off_runtime().await.unwrap_err();
-        assert!(
-            bcd_sys::error::chain(&e).contains("gone/identity.json"),
-            "{}",
-            bcd_sys::error::chain(&e)
-        );
     }
 
     #[test]
