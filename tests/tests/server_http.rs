@@ -171,9 +171,11 @@ fn a_node_that_dials_again_resumes_its_tls_session() {
     let id = node.id();
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
-    let s = wait_for(Duration::from_secs(10), "the session in the metrics", || {
-        scrape(http).filter(|s| value(s, "bc_gateway_sessions", &[]) == Some(1.0))
-    });
+    let s = wait_for(
+        Duration::from_secs(10),
+        "the session in the metrics",
+        || scrape(http).filter(|s| value(s, "bc_gateway_sessions", &[]) == Some(1.0)),
+    );
     let full = value(&s, "bc_tls_sessions_total", &[("kind", "full")]).unwrap();
     assert!(full >= 1.0, "{full}");
     assert_eq!(
@@ -204,12 +206,16 @@ fn a_node_that_dials_again_resumes_its_tls_session() {
     // A new process has no session to resume.
     node.proc().stop();
     node.start();
-    wait_for(Duration::from_secs(30), "a full handshake after a restart", || {
-        scrape(http).filter(|s| {
-            value(s, "bc_hellos_total", &[("outcome", "welcomed")]) == Some(3.0)
-                && value(s, "bc_tls_sessions_total", &[("kind", "full")]) == Some(full + 1.0)
-        })
-    });
+    wait_for(
+        Duration::from_secs(30),
+        "a full handshake after a restart",
+        || {
+            scrape(http).filter(|s| {
+                value(s, "bc_hellos_total", &[("outcome", "welcomed")]) == Some(3.0)
+                    && value(s, "bc_tls_sessions_total", &[("kind", "full")]) == Some(full + 1.0)
+            })
+        },
+    );
 }
 
 #[test]

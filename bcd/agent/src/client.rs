@@ -545,7 +545,8 @@ fn verified(
 }
 
 /// The folder under the data directory an image for `boot.kexec image=`
-/// is written to (emptied before each download, removed when it fails).
+/// is written to unless the agent names another (`Agent::kexec_dir`;
+/// emptied before each download, removed when it fails).
 pub const KEXEC_DIR: &str = "kexec";
 
 /// A netboot image fetched and verified for `boot.kexec image=`: where its

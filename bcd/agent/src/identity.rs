@@ -874,14 +874,20 @@ mod tests {
         // A clone (each dial takes one) gets the same configuration, and
         // with it the sessions the last dial can resume.
         let clone = id.clone();
-        assert!(std::sync::Arc::ptr_eq(&first, &clone.client_config().unwrap()));
+        assert!(std::sync::Arc::ptr_eq(
+            &first,
+            &clone.client_config().unwrap()
+        ));
         // A renewed certificate gets a configuration of its own.
         let (key, cert) = pair("new");
         id.key_pem = key;
         id.cert = cert;
         let renewed = id.client_config().unwrap();
         assert!(!std::sync::Arc::ptr_eq(&first, &renewed));
-        assert!(std::sync::Arc::ptr_eq(&renewed, &id.client_config().unwrap()));
+        assert!(std::sync::Arc::ptr_eq(
+            &renewed,
+            &id.client_config().unwrap()
+        ));
     }
 
     #[test]

@@ -621,6 +621,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .map_err(anyhow::Error::msg)?;
                 }
                 agent.converge_every = converge_every;
+                if client.is_none() {
+                    // A memory-backed directory: an image outgrows a small
+                    // state partition. Through the helper the daemon keeps
+                    // its data directory, which it can write.
+                    agent.kexec_dir = files.run_dir.join("kexec");
+                }
                 #[cfg(feature = "failpoints")]
                 {
                     agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()

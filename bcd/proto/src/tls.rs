@@ -642,8 +642,8 @@ mod accept {
                                 .and_then(|c| c.first())
                                 .map(|c| Arc::new(c.clone().into_owned()));
                             if cert.is_some() {
-                                let resumed = conn.handshake_kind()
-                                    == Some(rustls::HandshakeKind::Resumed);
+                                let resumed =
+                                    conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
                                 admission.authenticated(remote.ip(), resumed);
                             }
                             let info = PeerInfo {

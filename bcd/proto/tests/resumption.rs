@@ -93,7 +93,10 @@ fn dial(
             break;
         }
     }
-    assert!(!c.is_handshaking() && !s.is_handshaking(), "handshake stalled");
+    assert!(
+        !c.is_handshaking() && !s.is_handshaking(),
+        "handshake stalled"
+    );
     let seen = s
         .peer_certificates()
         .and_then(|c| c.first())
@@ -106,7 +109,10 @@ fn a_second_dial_with_the_same_configuration_resumes_and_names_the_same_certific
     let fleet = Fleet::new();
     let gateway = fleet.gateway();
     let (cert, node) = fleet.node("node-a");
-    assert_eq!(dial(&node, &gateway), (HandshakeKind::Full, Some(cert.clone())));
+    assert_eq!(
+        dial(&node, &gateway),
+        (HandshakeKind::Full, Some(cert.clone()))
+    );
     for _ in 0..3 {
         assert_eq!(
             dial(&node, &gateway),
@@ -138,6 +144,9 @@ fn a_renewed_certificate_another_node_or_another_gateway_gets_a_full_handshake()
     // The same node at another gateway process: that process's ticket key
     // opens none of the first one's tickets; its own it does.
     let other = fleet.gateway();
-    assert_eq!(dial(&node, &other), (HandshakeKind::Full, Some(cert.clone())));
+    assert_eq!(
+        dial(&node, &other),
+        (HandshakeKind::Full, Some(cert.clone()))
+    );
     assert_eq!(dial(&node, &other), (HandshakeKind::Resumed, Some(cert)));
 }

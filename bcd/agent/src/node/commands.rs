@@ -315,8 +315,8 @@ impl Agent {
         };
         info!(cmd = %id, image = %image_id, "fetching the image to kexec");
         let identity = self.identity.clone();
+        let dir = self.kexec_dir.clone();
         tokio::spawn(async move {
-            let dir = identity.dir.join(crate::client::KEXEC_DIR);
             let result = crate::client::fetch_image(&identity, &image_id, &extra, &dir).await;
             let _ = staged.send(Box::new((id, result.map(super::Stage::Image))));
         });

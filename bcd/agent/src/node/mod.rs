@@ -40,7 +40,7 @@ mod state;
 mod uevents;
 mod update;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
 use std::time::Duration;
@@ -129,6 +129,11 @@ pub struct Agent {
     pub failpoints: Failpoints,
     /// How often the convergers re-check the machine.
     pub converge_every: Duration,
+    /// Where `boot.kexec image=` writes the image it fetches before it
+    /// loads it: a memory-backed directory on a real machine (`bcd node`
+    /// without a helper sets `<run-dir>/kexec`), since a kernel and initrd
+    /// outgrow a small state partition; `<data-dir>/kexec` unless set.
+    pub kexec_dir: PathBuf,
     /// Self-update (none in `bcd sim`, whose agents share one process).
     pub update: Option<Updater>,
     /// What `--metrics-listen` serves (none: metrics off).
@@ -336,6 +341,7 @@ pub fn open(
         stats,
         failpoints: Failpoints::none(),
         converge_every: CONVERGE_EVERY,
+        kexec_dir: dir.join(crate::client::KEXEC_DIR),
         update: None,
         metrics: None,
         uevents: None,
