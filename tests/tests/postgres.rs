@@ -7,7 +7,6 @@
 //! recover without a restart, and no error a peer or an operator sees
 //! carries an address, SQL or a driver's words.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -299,19 +299,17 @@ pub struct Identity {
     tls: TlsCache,
 }
 
-/// A client configuration and the certificate and CA it was built for.
+/// The client configuration last built, shared by an identity's clones.
 #[derive(Debug, Clone, Default)]
-struct TlsCache(
-    std::sync::Arc<
-        std::sync::Mutex<
-            Option<(
-                CertificateDer<'static>,
-                CertificateDer<'static>,
-                std::sync::Arc<rustls::ClientConfig>,
-            )>,
-        >,
-    >,
-);
+struct TlsCache(std::sync::Arc<std::sync::Mutex<Option<Built>>>);
+
+/// A client configuration and the certificate and CA it was built for.
+#[derive(Debug)]
+struct Built {
+    cert: CertificateDer<'static>,
+    ca: CertificateDer<'static>,
+    config: std::sync::Arc<rustls::ClientConfig>,
+}
 
 fn corrupt(path: &Path, reason: impl std::fmt::Display) -> IdentityError {
     IdentityError::Corrupt {
@@ -449,14 +447,18 @@ impl Identity {
     /// never resumes a session made with the old.
     pub fn client_config(&self) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
         let mut cache = self.tls.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((cert, ca, config)) = cache.as_ref()
-            && *cert == self.cert
-            && *ca == self.ca
+        if let Some(built) = cache.as_ref()
+            && built.cert == self.cert
+            && built.ca == self.ca
         {
-            return Ok(config.clone());
+            return Ok(built.config.clone());
         }
         let config = self.build_client_config()?;
-        *cache = Some((self.cert.clone(), self.ca.clone(), config.clone()));
+        *cache = Some(Built {
+            cert: self.cert.clone(),
+            ca: self.ca.clone(),
+            config: config.clone(),
+        });
         Ok(config)
     }
 

@@ -794,9 +794,13 @@ mod tests {
         assert!(late.to_string().contains("not valid now"), "{late}");
     }
 
+    /// A root's DER, an intermediate's DER, and a signer `F` of EK
+    /// certificates by the intermediate.
+    type Chain<F> = (Vec<u8>, Vec<u8>, F);
+
     /// A root, an intermediate it signed (a CA when `ca`), and a signer of
     /// EK certificates by the intermediate.
-    fn ek_chain(ca: bool) -> (Vec<u8>, Vec<u8>, impl Fn(&[u8]) -> Vec<u8>) {
+    fn ek_chain(ca: bool) -> Chain<impl Fn(&[u8]) -> Vec<u8>> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
         let params = |cn: &str, ca: bool| {
             let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
