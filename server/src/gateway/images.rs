@@ -9,7 +9,7 @@ use bcd_proto::v1::{ImageChunk, ImagePart};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::releases::CHUNK;
+use super::releases::{CHUNK, send_chunks};
 use crate::api::status::{refusal, unavailable};
 
 /// Chunks read ahead of what the peer has taken.
@@ -58,25 +58,22 @@ pub async fn stream_image(
             return;
         }
         for (part, sha256, size) in parts {
-            let mut at = 0;
-            while at < size {
-                let next = match store.image_artifact_chunk(&sha256, at, CHUNK).await {
-                    Ok(Some(data)) if !data.is_empty() => Ok(ImageChunk {
-                        part: part as i32,
-                        offset: at,
-                        data,
-                        ..ImageChunk::default()
-                    }),
-                    Ok(_) => Err(not_found(&id)),
-                    Err(e) => Err(unavailable(e)),
-                };
-                let failed = next.is_err();
-                if let Ok(c) = &next {
-                    at += c.data.len() as u64;
-                }
-                if tx.send(next).await.is_err() || failed {
-                    return;
-                }
+            let whole = send_chunks(
+                &tx,
+                0,
+                size,
+                |at| store.image_artifact_chunk(&sha256, at, CHUNK),
+                |offset, data| ImageChunk {
+                    part: part as i32,
+                    offset,
+                    data,
+                    ..ImageChunk::default()
+                },
+                || not_found(&id),
+            )
+            .await;
+            if !whole {
+                return;
             }
         }
     });

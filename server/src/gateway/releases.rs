@@ -52,27 +52,61 @@ pub async fn stream_release(
         if tx.send(Ok(first)).await.is_err() {
             return;
         }
-        let mut at = offset;
-        while at < head.size {
-            let next = match store.release_chunk(sequence, at, CHUNK).await {
-                Ok(Some(data)) if !data.is_empty() => Ok(ReleaseChunk {
-                    offset: at,
-                    data,
-                    ..ReleaseChunk::default()
-                }),
-                Ok(_) => Err(not_found(sequence)),
-                Err(e) => Err(unavailable(e)),
-            };
-            let failed = next.is_err();
-            if let Ok(c) = &next {
-                at += c.data.len() as u64;
-            }
-            if tx.send(next).await.is_err() || failed {
-                return;
-            }
-        }
+        send_chunks(
+            &tx,
+            offset,
+            head.size,
+            |at| store.release_chunk(sequence, at, CHUNK),
+            |offset, data| ReleaseChunk {
+                offset,
+                data,
+                ..ReleaseChunk::default()
+            },
+            || not_found(sequence),
+        )
+        .await;
     });
     Ok(ReceiverStream::new(rx))
+}
+
+/// Sends bytes `at..size` of one stored file to `tx` in chunks of at most
+/// [`CHUNK`], each read by `read(offset)` only when the peer has taken the
+/// ones before and wrapped by `wrap(offset, data)`. A read that finds
+/// nothing ends the stream with `missing()`, a store failure with
+/// UNAVAILABLE. False when the stream ended early: the peer went away or
+/// a read failed.
+pub(super) async fn send_chunks<T, R>(
+    tx: &tokio::sync::mpsc::Sender<Result<T, Status>>,
+    mut at: u64,
+    size: u64,
+    mut read: impl FnMut(u64) -> R,
+    wrap: impl Fn(u64, Vec<u8>) -> T,
+    missing: impl Fn() -> Status,
+) -> bool
+where
+    R: std::future::Future<Output = Result<Option<Vec<u8>>, bc_store::StoreError>>,
+{
+    while at < size {
+        let next = match read(at).await {
+            Ok(Some(data)) if !data.is_empty() => {
+                let len = data.len() as u64;
+                Ok((len, wrap(at, data)))
+            }
+            Ok(_) => Err(missing()),
+            Err(e) => Err(unavailable(e)),
+        };
+        let (sent, failed) = match next {
+            Ok((len, chunk)) => {
+                at += len;
+                (tx.send(Ok(chunk)).await, false)
+            }
+            Err(status) => (tx.send(Err(status)).await, true),
+        };
+        if sent.is_err() || failed {
+            return false;
+        }
+    }
+    true
 }
 
 /// A release whole, for nodes that predate [`stream_release`]: refused
