@@ -1,7 +1,8 @@
 //! A node's side of `boot.kexec` by image id: putting an image's kernel
 //! and initrd back together from the chunks a gateway streams
-//! ([`Download`]), and deciding whether what arrived may be loaded
-//! ([`verdict`]).
+//! ([`Download`]) once the signed manifest verified
+//! ([`verified_manifest`]), and deciding whether what arrived may be
+//! loaded ([`Download::finish`]).
 //!
 //! Nothing a gateway sends is trusted but what the image keys the node
 //! learned at join vouch for: the signed manifest must verify against one
@@ -24,22 +25,6 @@ pub const MAX_PART_SIZE: u64 = 1 << 30;
 pub enum Which {
     Kernel,
     Initrd,
-}
-
-/// A file as it arrived: its length and SHA-256 (hex).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Received {
-    pub size: u64,
-    pub sha256: String,
-}
-
-impl Received {
-    pub fn of(bytes: &[u8]) -> Received {
-        Received {
-            size: bytes.len() as u64,
-            sha256: crate::sha256_hex(bytes),
-        }
-    }
 }
 
 /// One file being received.
@@ -103,7 +88,8 @@ impl Receiving {
         Ok(())
     }
 
-    fn finish(self) -> Result<Received, NotLoaded> {
+    /// The file is whole and is the one the manifest names.
+    fn finish(self) -> Result<(), NotLoaded> {
         if !self.whole() {
             return Err(NotLoaded::Short {
                 file: self.part.file,
@@ -111,28 +97,35 @@ impl Receiving {
                 actual: self.received,
             });
         }
-        Ok(Received {
-            size: self.received,
-            sha256: hex::encode(self.hash.finish()),
-        })
+        let actual = hex::encode(self.hash.finish());
+        if actual != self.part.sha256 {
+            return Err(NotLoaded::Hash {
+                file: self.part.file,
+                expected: self.part.sha256,
+                actual,
+            });
+        }
+        Ok(())
     }
 }
 
 /// An image download in progress: the kernel's chunks in order, then the
-/// initrd's.
+/// initrd's, against the verified manifest.
 #[derive(Debug)]
 pub struct Download {
+    manifest: Bootable,
     kernel: Receiving,
     initrd: Receiving,
 }
 
 impl Download {
-    /// Starts a download of the files `manifest` (verified by the caller)
-    /// names.
-    pub fn new(manifest: &Bootable) -> Result<Download, NotLoaded> {
+    /// Starts a download of the files `manifest` names
+    /// ([`verified_manifest`]'s).
+    pub fn new(manifest: Bootable) -> Result<Download, NotLoaded> {
         Ok(Download {
             kernel: Receiving::new(&manifest.kernel)?,
             initrd: Receiving::new(&manifest.initrd)?,
+            manifest,
         })
     }
 
@@ -155,9 +148,24 @@ impl Download {
         }
     }
 
-    /// The stream ended: what arrived of each file, if both are whole.
-    pub fn finish(self) -> Result<(Received, Received), NotLoaded> {
-        Ok((self.kernel.finish()?, self.initrd.finish()?))
+    /// The stream ended: what to load, if both files are whole and are
+    /// the ones the manifest names (sizes and SHA-256s). `extra` follows
+    /// the manifest's command line.
+    pub fn finish(self, extra: &str) -> Result<Load, NotLoaded> {
+        self.kernel.finish()?;
+        self.initrd.finish()?;
+        let mut cmdline = self.manifest.cmdline.trim().to_string();
+        let extra = extra.trim();
+        if !extra.is_empty() {
+            if !cmdline.is_empty() {
+                cmdline.push(' ');
+            }
+            cmdline.push_str(extra);
+        }
+        Ok(Load {
+            manifest: self.manifest,
+            cmdline,
+        })
     }
 }
 
@@ -187,14 +195,6 @@ pub enum NotLoaded {
         "asked for image {asked}, the server sent the manifest of image {got}: nothing was loaded"
     )]
     OtherImage { asked: String, got: String },
-    #[error(
-        "the {file} fetched is {actual} bytes; the signed manifest says {expected}: nothing was loaded"
-    )]
-    Size {
-        file: String,
-        expected: u64,
-        actual: u64,
-    },
     #[error(
         "the {file} fetched has SHA-256 {actual}; the signed manifest says {expected}: nothing \
          was loaded"
@@ -298,46 +298,6 @@ pub fn verified_manifest(
     Ok(m)
 }
 
-/// Whether the image `image_id` may be loaded: its signed manifest
-/// verifies against `keys` (the image keys learned at join) and is that
-/// image's, and the kernel and initrd that arrived are the sizes and
-/// SHA-256s it names. `extra` follows the manifest's command line.
-pub fn verdict(
-    image_id: &str,
-    signed_manifest: &[u8],
-    keys: &[Vec<u8>],
-    kernel: &Received,
-    initrd: &Received,
-    extra: &str,
-) -> Result<Load, NotLoaded> {
-    let manifest = verified_manifest(image_id, signed_manifest, keys)?;
-    for (part, got) in [(&manifest.kernel, kernel), (&manifest.initrd, initrd)] {
-        if got.size != part.size {
-            return Err(NotLoaded::Size {
-                file: part.file.clone(),
-                expected: part.size,
-                actual: got.size,
-            });
-        }
-        if got.sha256 != part.sha256 {
-            return Err(NotLoaded::Hash {
-                file: part.file.clone(),
-                expected: part.sha256.clone(),
-                actual: got.sha256.clone(),
-            });
-        }
-    }
-    let mut cmdline = manifest.cmdline.trim().to_string();
-    let extra = extra.trim();
-    if !extra.is_empty() {
-        if !cmdline.is_empty() {
-            cmdline.push(' ');
-        }
-        cmdline.push_str(extra);
-    }
-    Ok(Load { manifest, cmdline })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,16 +342,32 @@ mod tests {
         (signed.id().unwrap().0, signed.to_json())
     }
 
+    /// What a node does with an image sent whole: the manifest verified,
+    /// each file in one chunk, and the verdict.
+    fn fetch(
+        id: &str,
+        signed: &[u8],
+        keys: &[Vec<u8>],
+        kernel: &[u8],
+        initrd: &[u8],
+        extra: &str,
+    ) -> Result<Load, NotLoaded> {
+        let mut d = Download::new(verified_manifest(id, signed, keys)?)?;
+        d.push(Which::Kernel, 0, kernel)?;
+        d.push(Which::Initrd, 0, initrd)?;
+        d.finish(extra)
+    }
+
     #[test]
     fn a_verified_image_loads_with_its_command_line_and_the_addition() {
         let k = key(1);
         let (id, signed) = image(&k, b"kernel", b"initrd");
-        let load = verdict(
+        let load = fetch(
             &id,
             &signed,
             &[public(&key(2)), public(&k)],
-            &Received::of(b"kernel"),
-            &Received::of(b"initrd"),
+            b"kernel",
+            b"initrd",
             " bcd.log=debug ",
         )
         .unwrap();
@@ -407,47 +383,52 @@ mod tests {
         let k = key(1);
         let keys = [public(&k)];
         let (id, signed) = image(&k, b"kernel", b"initrd");
-        let (kernel, initrd) = (Received::of(b"kernel"), Received::of(b"initrd"));
-        let no = |id: &str, signed: &[u8], keys: &[Vec<u8>], kn: &Received, ir: &Received| {
-            verdict(id, signed, keys, kn, ir, "").unwrap_err()
+        let (kernel, initrd): (&[u8], &[u8]) = (b"kernel", b"initrd");
+        let no = |id: &str, signed: &[u8], keys: &[Vec<u8>], kn: &[u8], ir: &[u8]| {
+            fetch(id, signed, keys, kn, ir, "").unwrap_err()
         };
-        assert_eq!(no(&id, &signed, &[], &kernel, &initrd), NotLoaded::NoKeys);
+        assert_eq!(no(&id, &signed, &[], kernel, initrd), NotLoaded::NoKeys);
         let (other_id, stranger) = image(&key(3), b"kernel", b"initrd");
-        let e = no(&other_id, &stranger, &keys, &kernel, &initrd);
+        let e = no(&other_id, &stranger, &keys, kernel, initrd);
         assert_eq!(e, NotLoaded::UnknownKey(release::key_id(&public(&key(3)))));
         assert!(
             e.to_string()
                 .contains("not an image key this node learned at join")
         );
         let (_, another) = image(&k, b"kernel2", b"initrd");
-        let e = no(&id, &another, &keys, &kernel, &initrd);
+        let e = no(&id, &another, &keys, kernel, initrd);
         assert!(matches!(e, NotLoaded::OtherImage { .. }), "{e}");
-        let e = no(&id, &signed, &keys, &Received::of(b"kernel!"), &initrd);
+        let e = no(&id, &signed, &keys, b"kernel!", initrd);
         assert!(
-            matches!(&e, NotLoaded::Size { file, .. } if file == KERNEL_FILE),
+            matches!(&e, NotLoaded::TooLong { file, .. } if file == KERNEL_FILE),
             "{e}"
         );
-        let e = no(&id, &signed, &keys, &kernel, &Received::of(b"initrD"));
+        let e = no(&id, &signed, &keys, b"kerne", initrd);
+        assert!(
+            matches!(&e, NotLoaded::OutOfOrder { .. }),
+            "the initrd before the whole kernel: {e}"
+        );
+        let e = no(&id, &signed, &keys, kernel, b"initrD");
         assert!(
             matches!(&e, NotLoaded::Hash { file, .. } if file == INITRD_FILE),
             "{e}"
         );
         assert!(e.to_string().contains("nothing was loaded"), "{e}");
         assert!(matches!(
-            no(&id, b"{}", &keys, &kernel, &initrd),
+            no(&id, b"{}", &keys, kernel, initrd),
             NotLoaded::Malformed(_)
         ));
         // The manifest's bytes swapped under the signature.
         let mut forged: SignedManifest = serde_json::from_slice(&signed).unwrap();
         forged.manifest = sign(&manifest(b"kernel", b"other"), &key(3)).manifest;
-        let e = no(&id, &forged.to_json(), &keys, &kernel, &initrd);
+        let e = no(&id, &forged.to_json(), &keys, kernel, initrd);
         assert_eq!(e, NotLoaded::BadSignature(release::key_id(&keys[0])));
     }
 
     #[test]
     fn chunks_in_order_download_and_anything_else_is_refused() {
         let m = bootable(&manifest(b"kernel", b"initrd"));
-        let mut d = Download::new(&m).unwrap();
+        let mut d = Download::new(m.clone()).unwrap();
         d.push(Which::Kernel, 0, b"ker").unwrap();
         assert!(matches!(
             d.push(Which::Initrd, 0, b"in"),
@@ -471,17 +452,14 @@ mod tests {
             d.push(Which::Kernel, 6, b"x"),
             Err(NotLoaded::OutOfOrder { .. })
         ));
-        let short = Download::new(&m).unwrap();
-        assert!(matches!(short.finish(), Err(NotLoaded::Short { .. })));
+        let short = Download::new(m.clone()).unwrap();
+        assert!(matches!(short.finish(""), Err(NotLoaded::Short { .. })));
         d.push(Which::Initrd, 4, b"rd").unwrap();
-        assert_eq!(
-            d.finish().unwrap(),
-            (Received::of(b"kernel"), Received::of(b"initrd"))
-        );
+        assert_eq!(d.finish("").unwrap().manifest, m);
         let mut huge = m.clone();
         huge.initrd.size = MAX_PART_SIZE + 1;
         assert!(matches!(
-            Download::new(&huge),
+            Download::new(huge),
             Err(NotLoaded::TooLarge { .. })
         ));
     }
@@ -511,15 +489,14 @@ mod tests {
             let k = key(1);
             let (id, signed) = image(&k, &kernel, &initrd);
             let m = verified_manifest(&id, &signed, &[public(&k)]).unwrap();
-            let mut d = Download::new(&m).unwrap();
+            let mut d = Download::new(m).unwrap();
             for (offset, data) in chunks(&kernel, &kcuts) {
                 d.push(Which::Kernel, offset, &data).unwrap();
             }
             for (offset, data) in chunks(&initrd, &icuts) {
                 d.push(Which::Initrd, offset, &data).unwrap();
             }
-            let (kn, ir) = d.finish().unwrap();
-            prop_assert!(verdict(&id, &signed, &[public(&k)], &kn, &ir, "").is_ok());
+            prop_assert!(d.finish("").is_ok());
         }
 
         /// Chunks from a peer (any file, offsets, bytes) never panic, never
@@ -537,7 +514,7 @@ mod tests {
             let k = key(1);
             let (id, signed) = image(&k, &kernel, &initrd);
             let m = verified_manifest(&id, &signed, &[public(&k)]).unwrap();
-            let mut d = Download::new(&m).unwrap();
+            let mut d = Download::new(m).unwrap();
             let (mut kb, mut ib) = (Vec::new(), Vec::new());
             for (is_kernel, offset, data) in &sent {
                 let which = if *is_kernel { Which::Kernel } else { Which::Initrd };
@@ -546,12 +523,8 @@ mod tests {
                 }
                 prop_assert!(kb.len() <= kernel.len() && ib.len() <= initrd.len());
             }
-            if let Ok((kn, ir)) = d.finish() {
-                prop_assert_eq!(&kn, &Received::of(&kb));
-                prop_assert_eq!(&ir, &Received::of(&ib));
-                let loads = verdict(&id, &signed, &[public(&k)], &kn, &ir, "").is_ok();
-                prop_assert_eq!(loads, kb == kernel && ib == initrd);
-            }
+            let loads = d.finish("").is_ok();
+            prop_assert_eq!(loads, kb == kernel && ib == initrd);
         }
 
         /// Any byte of the signed manifest flipped: nothing loads, or it is
@@ -567,14 +540,7 @@ mod tests {
             let mut tampered = signed.clone();
             let i = at % tampered.len();
             tampered[i] ^= 1 << bit;
-            let r = verdict(
-                &id,
-                &tampered,
-                &[public(&k)],
-                &Received::of(b"kernel"),
-                &Received::of(b"initrd"),
-                "",
-            );
+            let r = fetch(&id, &tampered, &[public(&k)], b"kernel", b"initrd", "");
             if let Ok(load) = r {
                 prop_assert_eq!(load.manifest, bootable(&manifest(b"kernel", b"initrd")));
             }
@@ -595,15 +561,7 @@ mod tests {
             let target = if in_kernel { &mut kb } else { &mut ib };
             let i = at % target.len();
             target[i] ^= 1 << bit;
-            let e = verdict(
-                &id,
-                &signed,
-                &[public(&k)],
-                &Received::of(&kb),
-                &Received::of(&ib),
-                "",
-            )
-            .unwrap_err();
+            let e = fetch(&id, &signed, &[public(&k)], &kb, &ib, "").unwrap_err();
             let is_hash = matches!(e, NotLoaded::Hash { .. });
             prop_assert!(is_hash);
         }

@@ -624,13 +624,13 @@ async fn fetch_image_into(
     let w = writing.ok_or_else(|| {
         format!("the server ended image {image_id}'s download before its manifest")
     })?;
-    w.finish(image_id, &keys, extra)
+    w.finish(image_id, extra)
 }
 
-/// An image download being written: the signed manifest, the two files,
-/// and what `image::fetch::Download` has checked of them.
+/// An image download being written: the two files, and what
+/// `image::fetch::Download` (holding the verified manifest) has checked of
+/// them.
 struct ImageFiles {
-    signed_manifest: Vec<u8>,
     download: image::fetch::Download,
     kernel: (std::path::PathBuf, std::fs::File),
     initrd: (std::path::PathBuf, std::fs::File),
@@ -653,7 +653,7 @@ impl ImageFiles {
         }
         let manifest = image::fetch::verified_manifest(image_id, &first.signed_manifest, keys)
             .map_err(|e| e.to_string())?;
-        let download = image::fetch::Download::new(&manifest).map_err(|e| e.to_string())?;
+        let download = image::fetch::Download::new(manifest).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_dir_all(dir);
         let file = |name: &str| {
             let path = dir.join(name);
@@ -663,7 +663,6 @@ impl ImageFiles {
                 .map_err(|e| format!("writing the image to {}: {e}", dir.display()))
         };
         Ok(ImageFiles {
-            signed_manifest: first.signed_manifest.clone(),
             download,
             kernel: file(image::KERNEL_FILE)?,
             initrd: file(image::INITRD_FILE)?,
@@ -701,21 +700,12 @@ impl ImageFiles {
 
     /// The stream ended: both files whole, on disk, and matching the
     /// manifest, or why not.
-    fn finish(self, image_id: &str, keys: &[Vec<u8>], extra: &str) -> Result<KexecImage, String> {
-        let (kernel, initrd) = self.download.finish().map_err(|e| e.to_string())?;
+    fn finish(self, image_id: &str, extra: &str) -> Result<KexecImage, String> {
+        let load = self.download.finish(extra).map_err(|e| e.to_string())?;
         for (path, file) in [&self.kernel, &self.initrd] {
             file.sync_all()
                 .map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
-        let load = image::fetch::verdict(
-            image_id,
-            &self.signed_manifest,
-            keys,
-            &kernel,
-            &initrd,
-            extra,
-        )
-        .map_err(|e| e.to_string())?;
         Ok(KexecImage {
             image_id: image_id.to_string(),
             name: load.manifest.name,
