@@ -555,6 +555,57 @@ impl Node {
     pub fn proc(&mut self) -> &mut Proc {
         self.proc.as_mut().expect("bcd node is running")
     }
+
+    /// Opens a session to `url` with this node's certificate and key, as
+    /// the gateway sees a node: the test writes what the node sends
+    /// (starting with its Hello) and reads what the gateway answers.
+    pub async fn raw_session(
+        &self,
+        url: &str,
+    ) -> (
+        tokio::sync::mpsc::Sender<bcd_proto::v1::NodeMessage>,
+        tonic::Streaming<bcd_proto::v1::ServerMessage>,
+    ) {
+        use rustls_pki_types::pem::PemObject;
+        let pem = |name: &str| self.dir.join(name);
+        let cert =
+            rustls_pki_types::CertificateDer::from_pem_file(pem("node.crt")).expect("node.crt");
+        let ca = rustls_pki_types::CertificateDer::from_pem_file(pem("ca.crt")).expect("ca.crt");
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_file(pem("node.key")).expect("key");
+        let config = bcd_proto::tls::client_config(
+            bcd_proto::tls::ServerTrust::Ca(ca),
+            Some(bcd_proto::tls::ClientIdentity {
+                chain: vec![cert],
+                key,
+            }),
+        )
+        .expect("client configuration");
+        let channel = bcd_proto::tls::connect(url, config)
+            .await
+            .expect("connect to the gateway");
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let stream = bcd_proto::v1::gateway_client::GatewayClient::new(channel)
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("open the session")
+            .into_inner();
+        (tx, stream)
+    }
+
+    /// The Hello this node's identity makes, with nothing else reported.
+    pub fn hello(&self) -> bcd_proto::v1::NodeMessage {
+        let identity = self.identity();
+        bcd_proto::v1::NodeMessage {
+            msg: Some(bcd_proto::v1::node_message::Msg::Hello(
+                bcd_proto::v1::Hello {
+                    node_id: self.id(),
+                    cert_serial: identity["cert_serial"].as_str().expect("serial").into(),
+                    last_epoch: identity["last_epoch"].as_u64().expect("epoch"),
+                    ..Default::default()
+                },
+            )),
+        }
+    }
 }
 
 /// Resident memory of a process, in KiB, from /proc.

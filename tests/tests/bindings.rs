@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use bc_tests::{Node, Server, wait_for};
-use bcd_proto::v1::{self, gateway_client::GatewayClient, node_message};
+use bcd_proto::v1::{self, node_message};
 use prost::Message;
-use rustls_pki_types::pem::PemObject;
 
 fn report(
     node: &str,
@@ -55,44 +54,17 @@ fn only_the_node_key_can_bind_and_forgeries_are_refused() {
     node.proc().stop();
 
     // A gateway's view of the stream: the node's session, forged content.
-    let identity = node.identity();
     let key_pem = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
     let node_key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
     let foreign = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("node.crt")).unwrap();
-    let ca = rustls_pki_types::CertificateDer::from_pem_file(node.dir.join("ca.crt")).unwrap();
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let config = bcd_proto::tls::client_config(
-            bcd_proto::tls::ServerTrust::Ca(ca),
-            Some(bcd_proto::tls::ClientIdentity {
-                chain: vec![cert],
-                key,
-            }),
-        )
-        .unwrap();
-        let channel = bcd_proto::tls::connect(&server.url(), config)
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let mut stream = GatewayClient::new(channel)
-            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        let (tx, mut stream) = node.raw_session(&server.url()).await;
         let send = |m| v1::NodeMessage { msg: Some(m) };
-        tx.send(send(node_message::Msg::Hello(v1::Hello {
-            node_id: id.clone(),
-            cert_serial: identity["cert_serial"].as_str().unwrap().into(),
-            last_epoch: identity["last_epoch"].as_u64().unwrap(),
-            ..Default::default()
-        })))
-        .await
-        .unwrap();
+        tx.send(node.hello()).await.unwrap();
         let welcome = stream.message().await.unwrap().unwrap();
         assert!(matches!(
             welcome.msg,

@@ -64,9 +64,7 @@ pub enum Event {
     /// The transport is up and the stream open: the Hello can go out.
     Connected,
     /// Dialing, the TLS handshake or opening the stream failed.
-    DialFailed {
-        error: String,
-    },
+    DialFailed { error: String },
     Welcome {
         epoch: u64,
         server_time_ms: i64,
@@ -77,23 +75,20 @@ pub enum Event {
     },
     HeartbeatAck {
         server_time_ms: i64,
+        /// The server's first-redial window now (zero: keep the one the
+        /// Welcome gave).
+        first_retry: Duration,
     },
     /// Any other message from the server: evidence that it is alive.
     Received,
     /// The server asks the node to reconnect elsewhere within `within`.
-    Drain {
-        within: Duration,
-    },
+    Drain { within: Duration },
     /// The stream ended or broke.
-    Closed {
-        error: String,
-    },
+    Closed { error: String },
     /// The server refused this node for good (deleted, revoked), as a
     /// worker-signed statement confirms: retrying with this identity cannot
     /// help. Only [`Event::stream_error`] and [`Event::revoked`] make one.
-    Refused {
-        message: String,
-    },
+    Refused { message: String },
 }
 
 /// What a refusal claims, by its typed reason (the shell decodes the
@@ -466,9 +461,15 @@ impl Session {
                 event,
             ) => {
                 match event {
-                    Event::HeartbeatAck { server_time_ms } => {
+                    Event::HeartbeatAck {
+                        server_time_ms,
+                        first_retry,
+                    } => {
                         *last_heard = now;
                         self.clock.on_sample(now, server_time_ms);
+                        if !first_retry.is_zero() {
+                            self.backoff.set_base(Some(first_retry));
+                        }
                     }
                     Event::Received | Event::Welcome { .. } => *last_heard = now,
                     _ => {}
@@ -672,6 +673,69 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_ack_resizes_the_first_redial_window_and_zero_keeps_it() {
+        // The Welcome's window was sized when the fleet was small; the
+        // acks carry the server's window as the fleet grows. An ack from a
+        // server that does not send one (zero) keeps the last.
+        for (acked, bound) in [(2_000, 2_000), (0, 150)] {
+            for seed in 0..50 {
+                let mut s = session(seed, 0, 0);
+                connect(&mut s, Duration::ZERO);
+                s.handle(
+                    S,
+                    Event::Welcome {
+                        epoch: 1,
+                        server_time_ms: 1_000,
+                        heartbeat_interval: HB,
+                        first_retry: Duration::from_millis(150),
+                    },
+                );
+                s.handle(
+                    S + HB,
+                    Event::HeartbeatAck {
+                        server_time_ms: 1_000 + HB.as_millis() as i64,
+                        first_retry: Duration::from_millis(acked),
+                    },
+                );
+                let a = s.handle(
+                    S + HB + S,
+                    Event::Closed {
+                        error: "reset".into(),
+                    },
+                );
+                let Some(Action::Disconnected { retry_in }) = a.last() else {
+                    panic!("{a:?}");
+                };
+                assert!(*retry_in <= Duration::from_millis(bound), "{retry_in:?}");
+            }
+        }
+        // Across seeds the larger window is used, not only bounded.
+        let longest = (0..200)
+            .map(|seed| {
+                let mut s = session(seed, 0, 0);
+                connect(&mut s, Duration::ZERO);
+                s.handle(S, welcome(1, 1_000));
+                s.handle(
+                    S + HB,
+                    Event::HeartbeatAck {
+                        server_time_ms: 2_000,
+                        first_retry: Duration::from_secs(5),
+                    },
+                );
+                match s
+                    .handle(S + HB + S, Event::Closed { error: "x".into() })
+                    .last()
+                {
+                    Some(Action::Disconnected { retry_in }) => *retry_in,
+                    a => panic!("{a:?}"),
+                }
+            })
+            .max()
+            .unwrap();
+        assert!(longest > Duration::from_secs(1), "{longest:?}");
+    }
+
+    #[test]
     fn hello_welcome_heartbeats() {
         let mut s = session(1, 5_000, 7);
         let hello = connect(&mut s, Duration::ZERO);
@@ -704,6 +768,7 @@ mod tests {
             S + HB + S,
             Event::HeartbeatAck {
                 server_time_ms: 1_011_000,
+                first_retry: Duration::ZERO,
             },
         );
         assert_eq!(
@@ -868,7 +933,10 @@ mod tests {
                 heartbeat_interval: HB,
                 first_retry: Duration::ZERO,
             }),
-            1 => (0i64..3_000_000).prop_map(|t| Event::HeartbeatAck { server_time_ms: t }),
+            1 => (0i64..3_000_000, 0u64..100_000).prop_map(|(t, r)| Event::HeartbeatAck {
+                server_time_ms: t,
+                first_retry: Duration::from_millis(r),
+            }),
             1 => Just(Event::Received),
             1 => Just(Event::Closed { error: "reset".into() }),
             1 => (0u64..60_000).prop_map(|ms| Event::Drain { within: Duration::from_millis(ms) }),

@@ -100,6 +100,27 @@ fn session_messages() {
         },
     );
     check(
+        "heartbeat_ack",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
+                seq: 12,
+                server_time_ms: 1_790_000_210_000,
+                // Added later: unset, it leaves the earlier encoding as it was.
+                first_retry_ms: 0,
+            })),
+        },
+    );
+    check(
+        "heartbeat_ack_first_retry",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
+                seq: 13,
+                server_time_ms: 1_790_000_220_000,
+                first_retry_ms: 1_667,
+            })),
+        },
+    );
+    check(
         "command_ack",
         &v1::NodeMessage {
             msg: Some(node_message::Msg::CommandAck(v1::CommandAck {

@@ -6,8 +6,9 @@
 //! that bucket, so addresses that lately completed a handshake with a node
 //! certificate have a second bucket of the same rate to themselves
 //! ([`Admitter`]): enrolled nodes keep getting in while strangers flood. At most `max_pending_hellos` Hello
-//! transactions run at once (a semaphore in the gateway's state); more are
-//! refused RESOURCE_EXHAUSTED. Without that bound a reconnect storm once
+//! transactions run at once (a semaphore in the gateway's state); more wait
+//! their turn up to `HELLO_QUEUE_WAIT` and are then refused
+//! RESOURCE_EXHAUSTED. Without that bound a reconnect storm once
 //! queued enough Hellos to starve the gateway's own lease renewal.
 
 use std::time::Duration;

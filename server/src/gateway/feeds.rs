@@ -106,29 +106,42 @@ pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
     }
 }
 
+/// Sizes the first-redial window Welcomes and heartbeat acks carry from
+/// the fleet's size now ([`super::admission::first_retry_window`]); false
+/// when the store could not say (the last figure stays).
+pub async fn size_first_retry(state: &GatewayState) -> bool {
+    match state.store.fleet_size().await {
+        Ok(size) => {
+            let per_gateway = state.timing.hello_capacity.min(state.timing.handshake_rate);
+            let window =
+                super::admission::first_retry_window(size.connected, size.gateways, per_gateway);
+            state.first_retry_ms.store(
+                window.as_millis().min(u32::MAX as u128) as u32,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot read the fleet's size");
+            false
+        }
+    }
+}
+
 pub async fn work(state: Arc<GatewayState>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks: u64 = 0;
+    // When the first-redial window was last sized: the lease keeper sizes
+    // it before the gateway admits its first session, then every 5 s here.
+    let mut sized_at: Option<u64> = None;
     loop {
         tick.tick().await;
-        // Every 5 s: the fleet's size, for the first-redial window.
-        if ticks.is_multiple_of(5) && !state.is_fenced() {
-            match state.store.fleet_size().await {
-                Ok(size) => {
-                    let per_gateway = state.timing.hello_capacity.min(state.timing.handshake_rate);
-                    let window = super::admission::first_retry_window(
-                        size.connected,
-                        size.gateways,
-                        per_gateway,
-                    );
-                    state.first_retry_ms.store(
-                        window.as_millis().min(u32::MAX as u128) as u32,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
-                }
-                Err(e) => warn!(error = %e, "cannot read the fleet's size"),
-            }
+        if sized_at.is_none_or(|at| ticks >= at + 5)
+            && !state.is_fenced()
+            && size_first_retry(&state).await
+        {
+            sized_at = Some(ticks);
         }
         ticks += 1;
         if state.is_fenced() || state.sessions().is_empty() {

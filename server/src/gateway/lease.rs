@@ -152,6 +152,12 @@ pub async fn keep(state: Arc<GatewayState>) {
                 } else if skew_raised.take().is_some() {
                     info!(gateway = %state.id, clock_offset_seconds = seconds, "clock back within the skew limit");
                 }
+                // Before the first session is admitted: the window its
+                // Welcome carries is sized from the fleet, not the starting
+                // figure.
+                if state.is_fenced() && !state.stopping.load(Ordering::SeqCst) {
+                    super::feeds::size_first_retry(&state).await;
+                }
                 if !state.stopping.load(Ordering::SeqCst)
                     && state.fenced.swap(false, Ordering::SeqCst)
                 {

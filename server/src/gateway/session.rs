@@ -93,6 +93,10 @@ fn refusal_reason(e: &TxError) -> &'static str {
     }
 }
 
+/// How long a Hello waits for one of the `max_pending_hellos` permits
+/// before it is refused busy (the node backs off and redials).
+pub const HELLO_QUEUE_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs one session until it ends.
 pub async fn run(
     state: Arc<GatewayState>,
@@ -118,10 +122,22 @@ pub async fn run(
     };
     // The pending-Hello bound counts Hello transactions, taken once the
     // Hello is here: a node slow to send it holds no permit meanwhile.
-    let Ok(permit) = state.hellos.clone().try_acquire_owned() else {
-        state.metrics.hello_refused("too-many-hellos");
-        let _ = out.send(Err(turned(Turned::Busy))).await;
-        return;
+    // Past the bound a Hello waits its turn (first come, first served) for
+    // a while before it is turned away: a node turned away has paid for
+    // its TLS handshake and backs off, so a burst just over what the
+    // gateway commits a second would come back later and pay again.
+    let permit = match tokio::time::timeout(
+        HELLO_QUEUE_WAIT.min(timing.welcome_timeout),
+        state.hellos.clone().acquire_owned(),
+    )
+    .await
+    {
+        Ok(Ok(permit)) => permit,
+        _ => {
+            state.metrics.hello_refused("too-many-hellos");
+            let _ = out.send(Err(turned(Turned::Busy))).await;
+            return;
+        }
     };
     let node = hello.node_id.clone();
     let cert_serial = hello.cert_serial.clone();
@@ -425,6 +441,10 @@ impl Session<'_> {
                 self.send(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
                     seq: h.seq,
                     server_time_ms: self.state.clock.now_ms(),
+                    first_retry_ms: self
+                        .state
+                        .first_retry_ms
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 }))
                 .await
             }

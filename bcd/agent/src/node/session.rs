@@ -364,6 +364,7 @@ impl Agent {
             }
             Some(server_message::Msg::HeartbeatAck(a)) => Event::HeartbeatAck {
                 server_time_ms: a.server_time_ms,
+                first_retry: Duration::from_millis(u64::from(a.first_retry_ms)),
             },
             Some(server_message::Msg::Revocation(r)) => {
                 let keys = self.worker_keys();
