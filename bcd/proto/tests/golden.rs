@@ -625,6 +625,39 @@ fn image_download_and_kexec_by_image() {
 #[test]
 fn operator_messages() {
     check(
+        "list_tokens_response",
+        &v1::ListTokensResponse {
+            tokens: vec![
+                v1::TokenInfo {
+                    token_id: "0123456789abcdef".into(),
+                    created_at_ms: 1_790_000_000_000,
+                    expires_at_ms: 1_790_086_400_000,
+                    uses_total: 3,
+                    uses_left: 2,
+                    description: "rack A".into(),
+                    pool: "rack-a".into(),
+                    minted_for_mac: String::new(),
+                },
+                v1::TokenInfo {
+                    token_id: "fedcba9876543210".into(),
+                    created_at_ms: 1_790_000_100_000,
+                    expires_at_ms: 1_790_000_400_000,
+                    uses_total: 1,
+                    uses_left: 1,
+                    pool: "rack-a".into(),
+                    minted_for_mac: "52:54:00:12:34:56".into(),
+                    ..Default::default()
+                },
+            ],
+        },
+    );
+    check(
+        "revoke_token_request",
+        &v1::RevokeTokenRequest {
+            token_id: "0123456789abcdef".into(),
+        },
+    );
+    check(
         "command_info",
         &v1::CommandInfo {
             command_id: "cmd-1".into(),

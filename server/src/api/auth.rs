@@ -82,6 +82,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListOperators",
     "ListGateways",
     "ListMachines",
+    "ListTokens",
 ];
 
 /// The role a call (its gRPC path, `/bcd.v1.Admin/ListNodes`) needs.

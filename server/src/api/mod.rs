@@ -85,6 +85,19 @@ impl Admin for AdminService {
             .map(Response::new)
     }
 
+    async fn list_tokens(
+        &self,
+        r: Request<v1::ListTokensRequest>,
+    ) -> Reply<v1::ListTokensResponse> {
+        tokens::list(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn revoke_token(&self, r: Request<v1::RevokeTokenRequest>) -> Reply<v1::TokenInfo> {
+        tokens::revoke(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn enroll_machine(
         &self,
         r: Request<v1::EnrollMachineRequest>,

@@ -1,15 +1,18 @@
-//! Join tokens: `CreateToken`.
+//! Join tokens: `CreateToken`, `ListTokens`, `RevokeToken`.
 
 use std::time::Duration;
 
-use bc_store::tokens::NewToken;
+use bc_store::tokens::{NewToken, TokenInfo};
 use bcd_proto::token::JoinToken;
-use bcd_proto::v1::{CreateTokenRequest, CreateTokenResponse};
+use bcd_proto::v1::{
+    self, CreateTokenRequest, CreateTokenResponse, ListTokensRequest, ListTokensResponse,
+    RevokeTokenRequest,
+};
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{bad_request, unavailable};
+use super::status::{bad_request, refusal, unavailable};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 86_400);
@@ -53,6 +56,43 @@ pub async fn create(
         uses,
         pool: pool.unwrap_or_default(),
     })
+}
+
+pub async fn list(svc: &AdminService, r: ListTokensRequest) -> Result<ListTokensResponse, Status> {
+    let tokens = svc.store.list_tokens(r.all).await.map_err(unavailable)?;
+    Ok(ListTokensResponse {
+        tokens: tokens.into_iter().map(info).collect(),
+    })
+}
+
+pub async fn revoke(svc: &AdminService, r: RevokeTokenRequest) -> Result<v1::TokenInfo, Status> {
+    let t = svc
+        .store
+        .revoke_token(&r.token_id)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| {
+            refusal(bc_store::Refusal::NotFound(format!(
+                "no join token {:?}: better-compute tokens list --all shows them (a token's id \
+                 is the 16 hex digits after bct1.)",
+                r.token_id.chars().take(70).collect::<String>()
+            )))
+        })?;
+    info!(token = %t.id, "join token revoked");
+    Ok(info(t))
+}
+
+fn info(t: TokenInfo) -> v1::TokenInfo {
+    v1::TokenInfo {
+        token_id: t.id,
+        created_at_ms: t.created_at_ms,
+        expires_at_ms: t.expires_at_ms,
+        uses_total: t.uses_total.clamp(0, i64::from(u32::MAX)) as u32,
+        uses_left: t.uses_left.clamp(0, i64::from(u32::MAX)) as u32,
+        description: t.description,
+        pool: t.pool.unwrap_or_default(),
+        minted_for_mac: t.minted_for_mac.unwrap_or_default(),
+    }
 }
 
 /// A new join token (its id and secret random) for the CA `ca_pin`.

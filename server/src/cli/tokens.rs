@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use bcd_proto::v1::CreateTokenRequest;
+use bcd_proto::token::JoinToken;
+use bcd_proto::v1::{CreateTokenRequest, ListTokensRequest, RevokeTokenRequest};
 use clap::Subcommand;
 
 use super::output::{self, out};
@@ -26,16 +27,36 @@ pub enum TokensCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Join tokens, newest first (never their secrets): the ones a node
+    /// can still join with, or every one with --all (at most 1,000).
+    List {
+        /// Expired, used up and revoked tokens too.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a join token (its id from `tokens list`, or the whole token):
+    /// it expires now and no node joins with it again. The nodes that
+    /// joined with it keep their identities (`nodes delete` removes one).
+    Revoke {
+        #[arg(value_name = "TOKEN_ID")]
+        token: String,
+    },
 }
 
 pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
-    let TokensCommand::Create {
-        ttl,
-        uses,
-        description,
-        pool,
-        json,
-    } = cmd;
+    let (ttl, uses, description, pool, json) = match cmd {
+        TokensCommand::Create {
+            ttl,
+            uses,
+            description,
+            pool,
+            json,
+        } => (ttl, uses, description, pool, json),
+        TokensCommand::List { all, json } => return list(all, json, target).await,
+        TokensCommand::Revoke { token } => return revoke(&token, target).await,
+    };
     let mut c = target.connect().await?;
     let r = c
         .create_token(CreateTokenRequest {
@@ -59,4 +80,83 @@ pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
         output::time(r.expires_at_ms)
     );
     Ok(())
+}
+
+async fn list(all: bool, json: bool, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    let r = c
+        .list_tokens(ListTokensRequest { all })
+        .await
+        .map_err(crate::client::status)?
+        .into_inner();
+    if json {
+        return output::json(&r.tokens);
+    }
+    out!(
+        "{:<16} {:<9} {:<26} {:<16} {:<17} DESCRIPTION",
+        "ID",
+        "USES LEFT",
+        "EXPIRES",
+        "POOL",
+        "MINTED FOR"
+    );
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    for t in r.tokens {
+        out!(
+            "{:<16} {:<9} {:<26} {:<16} {:<17} {}",
+            t.token_id,
+            format!("{}/{}", t.uses_left, t.uses_total),
+            output::time(t.expires_at_ms),
+            dash(&t.pool),
+            dash(&t.minted_for_mac),
+            t.description
+        );
+    }
+    Ok(())
+}
+
+/// A token's id: the argument itself, or the id inside a whole token
+/// (`bct1.ID.SECRET.PIN`), so a leaked token can be revoked as found.
+fn token_id(arg: &str) -> String {
+    JoinToken::parse(arg.trim()).map_or_else(|_| arg.trim().to_string(), |t| t.id)
+}
+
+async fn revoke(token: &str, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    let t = c
+        .revoke_token(RevokeTokenRequest {
+            token_id: token_id(token),
+        })
+        .await
+        .map_err(crate::client::status)?
+        .into_inner();
+    out!(
+        "token {} revoked: it expired {}; {} of {} uses were left",
+        t.token_id,
+        output::time(t.expires_at_ms),
+        t.uses_left,
+        t.uses_total
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_whole_token_is_revoked_by_its_id() {
+        let t = bcd_proto::token::JoinToken {
+            id: "0123456789abcdef".into(),
+            secret: "5".repeat(32),
+            ca_pin: "a".repeat(64),
+        };
+        assert_eq!(super::token_id(&format!(" {t}\n")), "0123456789abcdef");
+        assert_eq!(super::token_id("0123456789abcdef"), "0123456789abcdef");
+        assert_eq!(super::token_id("not.a.token"), "not.a.token");
+    }
 }

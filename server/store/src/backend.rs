@@ -35,7 +35,7 @@ use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
 
 #[async_trait]
@@ -80,6 +80,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Creates a join token; returns its expiry.
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError>;
+
+    /// Join tokens, newest first, at most [`crate::tokens::LIST_LIMIT`]:
+    /// the live ones (unexpired, uses left), or every one with `all`.
+    async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError>;
+
+    /// Makes a token expire now (no later join can spend it; the nodes
+    /// that joined with it keep their identities); `None` if no token has
+    /// that id. Revoking a spent or expired token changes nothing.
+    async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError>;
 
     /// Checks and spends one use of a token, creates the node and records
     /// the certificate `issue` builds for it.

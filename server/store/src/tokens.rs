@@ -30,6 +30,27 @@ pub struct NewToken {
     pub pool: Option<String>,
 }
 
+/// A join token as an operator sees it: never its secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub id: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub uses_total: i64,
+    pub uses_left: i64,
+    pub description: String,
+    pub pool: Option<String>,
+    /// The MAC the boot endpoint minted it for (one use, short-lived).
+    pub minted_for_mac: Option<String>,
+}
+
+/// The most tokens one listing returns, newest first.
+pub const LIST_LIMIT: i64 = 1_000;
+
+/// The columns [`TokenInfo`] is read from, in its order.
+pub const TOKEN_INFO_COLUMNS: &str =
+    "id, created_at, expires_at, uses_total, uses_left, description, pool, minted_for_mac";
+
 /// A node's request to join with a token.
 #[derive(Debug, Clone)]
 pub struct JoinInput {

@@ -84,7 +84,7 @@ use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
 
 /// The migrations, in order. The schema version is how many ran; the
@@ -474,6 +474,14 @@ impl Backend for PostgresBackend {
 
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         tx!(self, |tx| gateways::revoke(&tx, name).await)
+    }
+
+    async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
+        tx!(self, |tx| tokens::list_tokens(&tx, all).await)
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+        tx!(self, |tx| tokens::revoke_token(&tx, id).await)
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {

@@ -7,8 +7,9 @@ use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
-    PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof, new_node_id,
-    no_operator, operator_exists, operator_role, reattest_detail, reclaim_detail, reenrol_detail,
+    PreviousProof, ProvenNode, REENROLLED_EVENT, TOKEN_INFO_COLUMNS, TokenInfo, TokenRow, admit,
+    judge_proof, new_node_id, no_operator, operator_exists, operator_role, reattest_detail,
+    reclaim_detail, reenrol_detail,
 };
 
 pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
@@ -103,6 +104,49 @@ pub(super) async fn create_token(tx: &Tx<'_>, t: &NewToken) -> Result<i64, Store
     )
     .await?
     .get(0))
+}
+
+fn token_info(r: &tokio_postgres::Row) -> TokenInfo {
+    TokenInfo {
+        id: r.get(0),
+        created_at_ms: r.get(1),
+        expires_at_ms: r.get(2),
+        uses_total: r.get(3),
+        uses_left: r.get(4),
+        description: r.get(5),
+        pool: r.get(6),
+        minted_for_mac: r.get(7),
+    }
+}
+
+pub(super) async fn list_tokens(tx: &Tx<'_>, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
+    Ok(query(
+        tx,
+        &format!(
+            "SELECT {TOKEN_INFO_COLUMNS} FROM join_tokens
+             WHERE $1 OR (expires_at >= compute_now() AND uses_left > 0)
+             ORDER BY created_at DESC, id LIMIT $2"
+        ),
+        &[&all, &crate::tokens::LIST_LIMIT],
+    )
+    .await?
+    .iter()
+    .map(token_info)
+    .collect())
+}
+
+pub(super) async fn revoke_token(tx: &Tx<'_>, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+    Ok(query_opt(
+        tx,
+        &format!(
+            "UPDATE join_tokens SET expires_at = LEAST(expires_at, compute_now() - 1)
+             WHERE id = $1 RETURNING {TOKEN_INFO_COLUMNS}"
+        ),
+        &[&id],
+    )
+    .await?
+    .as_ref()
+    .map(token_info))
 }
 
 /// Checks the token (`admit`), locking its row; the caller spends it.

@@ -67,7 +67,7 @@ use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
 
 /// The migrations, in order. The schema version is how many ran.
@@ -435,6 +435,15 @@ impl Backend for SqliteBackend {
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_string();
         self.write(move |c| gateways::revoke(c, &name)).await
+    }
+
+    async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
+        self.read(move |c| tokens::list_tokens(c, all)).await
+    }
+
+    async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| tokens::revoke_token(c, &id)).await
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {

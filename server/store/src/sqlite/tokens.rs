@@ -9,9 +9,9 @@ use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
-    OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TokenRow, admit, judge_proof,
-    new_node_id, no_operator, operator_exists, operator_role, reattest_detail, reclaim_detail,
-    reenrol_detail,
+    OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TOKEN_INFO_COLUMNS, TokenInfo,
+    TokenRow, admit, judge_proof, new_node_id, no_operator, operator_exists, operator_role,
+    reattest_detail, reclaim_detail, reenrol_detail,
 };
 
 pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
@@ -105,6 +105,41 @@ pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreErr
         params![t.id, t.secret_sha256, ms(t.ttl), t.uses, t.description, t.pool],
         |r| r.get(0),
     )?)
+}
+
+fn token_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<TokenInfo> {
+    Ok(TokenInfo {
+        id: r.get(0)?,
+        created_at_ms: r.get(1)?,
+        expires_at_ms: r.get(2)?,
+        uses_total: r.get(3)?,
+        uses_left: r.get(4)?,
+        description: r.get(5)?,
+        pool: r.get(6)?,
+        minted_for_mac: r.get(7)?,
+    })
+}
+
+pub(super) fn list_tokens(c: &Connection, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {TOKEN_INFO_COLUMNS} FROM join_tokens
+         WHERE ?1 OR (expires_at >= compute_now() AND uses_left > 0)
+         ORDER BY created_at DESC, id LIMIT ?2"
+    ))?;
+    let rows = st.query_map(params![all, crate::tokens::LIST_LIMIT], token_info)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn revoke_token(c: &Connection, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+    Ok(c.query_row(
+        &format!(
+            "UPDATE join_tokens SET expires_at = MIN(expires_at, compute_now() - 1)
+             WHERE id = ?1 RETURNING {TOKEN_INFO_COLUMNS}"
+        ),
+        [id],
+        token_info,
+    )
+    .optional()?)
 }
 
 /// Checks the token (`admit`); the caller spends it.

@@ -265,6 +265,7 @@ macro_rules! store_suite {
             reenrol::racing_tokenless_joins_of_one_ek_make_one_node,
             reenrol::machines_alternating_on_one_tpm_identity_are_quarantined,
             tokens::tokens_are_single_use_and_expire,
+            tokens::tokens_are_listed_without_secrets_and_a_revoked_one_joins_nothing,
             tokens::operators_are_found_by_their_certificate_and_revoked_for_every_process,
         );
     };

@@ -138,3 +138,65 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
             .active(super::T0 + 10_000)
     );
 }
+
+pub async fn tokens_are_listed_without_secrets_and_a_revoked_one_joins_nothing(f: Fixture) {
+    let s = &f.store;
+    s.create_token(&token("old", Duration::from_secs(60), 2))
+        .await
+        .unwrap();
+    f.advance(Duration::from_millis(5));
+    let mut pooled = token("new", Duration::from_secs(600), 3);
+    pooled.pool = Some("rack-a".into());
+    pooled.description = "rack A".into();
+    s.create_token(&pooled).await.unwrap();
+    f.advance(Duration::from_millis(5));
+    s.create_token(&token("spent", Duration::from_secs(60), 1))
+        .await
+        .unwrap();
+    s.join(&join_input("spent", "h"), Box::new(|_, _| Ok(fake_cert(1))))
+        .await
+        .unwrap();
+    let ids = |v: Vec<bc_store::tokens::TokenInfo>| v.into_iter().map(|t| t.id).collect::<Vec<_>>();
+    // Live ones, newest first; every one with `all`.
+    assert_eq!(ids(s.list_tokens(false).await.unwrap()), ["new", "old"]);
+    assert_eq!(
+        ids(s.list_tokens(true).await.unwrap()),
+        ["spent", "new", "old"]
+    );
+    let new = s.list_tokens(false).await.unwrap().remove(0);
+    assert_eq!(
+        new,
+        bc_store::tokens::TokenInfo {
+            id: "new".into(),
+            created_at_ms: super::T0 + 5,
+            expires_at_ms: super::T0 + 5 + 600_000,
+            uses_total: 3,
+            uses_left: 3,
+            description: "rack A".into(),
+            pool: Some("rack-a".into()),
+            minted_for_mac: None,
+        }
+    );
+    // Revoked: it expired now, it joins nothing, and it is no longer live.
+    let revoked = s.revoke_token("new").await.unwrap().unwrap();
+    assert_eq!(revoked.expires_at_ms, super::T0 + 10 - 1);
+    assert_eq!(revoked.uses_left, 3, "revoking spends nothing");
+    f.advance(Duration::from_millis(1));
+    match s
+        .join(&join_input("new", "h"), Box::new(|_, _| Ok(fake_cert(2))))
+        .await
+    {
+        Err(TxError::Refused(r)) => assert_eq!(r, Refusal::ExpiredToken),
+        other => panic!("a revoked token joined: {:?}", other.map(|j| j.node_id)),
+    }
+    assert_eq!(ids(s.list_tokens(false).await.unwrap()), ["old"]);
+    // Again, or after it expired: the expiry stays the earlier one.
+    f.advance(Duration::from_secs(120));
+    assert_eq!(
+        s.revoke_token("new").await.unwrap().unwrap().expires_at_ms,
+        revoked.expires_at_ms
+    );
+    let old = s.revoke_token("old").await.unwrap().unwrap();
+    assert_eq!(old.expires_at_ms, super::T0 + 60_000, "already expired");
+    assert_eq!(s.revoke_token("nope").await.unwrap(), None);
+}
