@@ -162,6 +162,28 @@ async fn query(
     tx.query(&st, params).await
 }
 
+/// Runs cached statements back to back without waiting for each answer:
+/// one round trip for the batch. The server runs them in the order given,
+/// as it would one at a time; an error aborts the transaction as usual.
+/// Each statement's rows, in order.
+async fn pipeline(
+    tx: &Tx<'_>,
+    batch: &[(&str, Params<'_>)],
+) -> Result<Vec<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
+    use futures_util::future::try_join_all;
+    // Prepared first, all of them (cached: no round trip after a
+    // connection's first), so that each query below is sent when first
+    // polled, in order.
+    let statements = try_join_all(batch.iter().map(|(sql, _)| tx.prepare_cached(sql))).await?;
+    try_join_all(
+        statements
+            .iter()
+            .zip(batch)
+            .map(|(st, (_, params))| tx.query(st, params)),
+    )
+    .await
+}
+
 /// At most one row of a cached statement.
 async fn query_opt(
     tx: &Tx<'_>,

@@ -53,21 +53,16 @@ pub(super) async fn floors(
     ))
 }
 
-/// The certificate with `fingerprint`, with its node's deletion time.
-pub(super) async fn cert_row(
-    tx: &Tx<'_>,
-    fingerprint: &str,
-) -> Result<Option<CertRow>, tokio_postgres::Error> {
-    Ok(query_opt(
-        tx,
-        "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at,
-                c.statement
-         FROM node_certs c JOIN nodes n ON n.id = c.node_id
-         WHERE c.fingerprint = $1",
-        &[&fingerprint],
-    )
-    .await?
-    .map(|r| CertRow {
+/// The certificate with fingerprint `$1`, with its node's deletion time
+/// (read by [`cert_from_row`]).
+pub(super) const CERT_ROW: &str =
+    "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at,
+            c.statement
+     FROM node_certs c JOIN nodes n ON n.id = c.node_id
+     WHERE c.fingerprint = $1";
+
+pub(super) fn cert_from_row(r: &tokio_postgres::Row) -> CertRow {
+    CertRow {
         node_id: r.get(0),
         serial: r.get(1),
         revoked_at_ms: r.get(2),
@@ -75,7 +70,18 @@ pub(super) async fn cert_row(
         not_after_ms: r.get(4),
         node_deleted_at_ms: r.get(5),
         statement: r.get(6),
-    }))
+    }
+}
+
+/// The certificate with `fingerprint`, with its node's deletion time.
+pub(super) async fn cert_row(
+    tx: &Tx<'_>,
+    fingerprint: &str,
+) -> Result<Option<CertRow>, tokio_postgres::Error> {
+    Ok(query_opt(tx, CERT_ROW, &[&fingerprint])
+        .await?
+        .as_ref()
+        .map(cert_from_row))
 }
 
 pub(super) async fn check_cert(tx: &Tx<'_>, fingerprint: &str) -> Result<ValidCert, TxError> {

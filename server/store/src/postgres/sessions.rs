@@ -11,8 +11,8 @@ use std::time::Duration;
 use bcd_core::command::{HelloDecision, ServerState};
 
 use super::bindings::fleet_event;
-use super::nodes::cert_row;
-use super::{Tx, execute, json_col, ms, now, query, query_one, query_opt, to_json};
+use super::nodes::{CERT_ROW, cert_from_row};
+use super::{Tx, execute, json_col, ms, pipeline, query, query_one, query_opt, to_json};
 use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
@@ -23,106 +23,137 @@ use crate::sessions::{
     inventory_wanted, lease_admits, settle_in_flight,
 };
 
+/// The node's row, found through the certificate presented (never the
+/// node id the Hello claims, so a Hello naming another node locks nothing
+/// of it), locked: two Hellos of one node queue here.
+const HELLO_NODE: &str = "SELECT id, conditions, taints FROM nodes
+     WHERE id = (SELECT node_id FROM node_certs WHERE fingerprint = $1) FOR NO KEY UPDATE";
+/// The routing transaction's fence: this gateway holds its lease now, and
+/// nobody changes it until this transaction ends.
+const HELLO_LEASE: &str = "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE";
+const HELLO_SIGHTINGS: &str =
+    "SELECT boot_id, at FROM cert_sightings WHERE serial = $1 ORDER BY id";
+const HELLO_CONNECTED: &str = "SELECT boot_id FROM node_sessions
+     WHERE node_id = $1 AND cert_serial = $2 AND state = 'connected'";
+const HELLO_PREV: &str = "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = $1";
+const HELLO_INVENTORY: &str = "SELECT section, sha256 FROM inventory WHERE node_id = $1";
+const HELLO_IN_FLIGHT: &str = "SELECT id, seq, kind, state, signed FROM commands
+     WHERE node_id = $1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq
+     FOR UPDATE";
+
+/// The Hello: what it reads is read in one pipelined batch (the node's row
+/// locked, then the lease `FOR SHARE`), what it writes in a second, so a
+/// Hello costs the database a few round trips, not one per statement.
 pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, TxError> {
-    let now = now(tx).await?;
-    let cert = check_cert(cert_row(tx, &h.cert_fingerprint).await?, now)?;
+    let lease_name = gateway_lease(&h.gateway_id);
+    let mut read = pipeline(
+        tx,
+        &[
+            ("SELECT compute_now()", &[]),
+            (HELLO_NODE, &[&h.cert_fingerprint]),
+            (CERT_ROW, &[&h.cert_fingerprint]),
+            (HELLO_LEASE, &[&lease_name, &h.gateway_id]),
+            (HELLO_SIGHTINGS, &[&h.cert_serial]),
+            (HELLO_CONNECTED, &[&h.node_id, &h.cert_serial]),
+            (HELLO_PREV, &[&h.node_id]),
+            (HELLO_INVENTORY, &[&h.node_id]),
+        ],
+    )
+    .await?
+    .into_iter();
+    let mut next = || read.next().unwrap_or_default();
+    let now: i64 = next()
+        .first()
+        .map(|r| r.get(0))
+        .ok_or_else(|| StoreError::Database("compute_now() returned no row".into()))?;
+    let node = next();
+    let cert = check_cert(next().first().map(cert_from_row), now)?;
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
-    // The node uses this certificate: the ones it renewed away from are
-    // superseded (a copy of an old key can no longer connect).
-    execute(
-        tx,
-        "UPDATE node_certs SET revoked_at = $3, revoke_reason = $4
-         WHERE node_id = $1 AND revoked_at IS NULL AND serial != $2
-           AND not_before <= (SELECT not_before FROM node_certs WHERE serial = $2)",
-        &[&h.node_id, &h.cert_serial, &now, &SUPERSEDED],
-    )
-    .await?;
-    // The routing transaction's fence: this gateway holds its lease now,
-    // and nobody changes it until this transaction ends.
-    let lease: Option<i64> = query_opt(
-        tx,
-        "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE",
-        &[&gateway_lease(&h.gateway_id), &h.gateway_id],
-    )
-    .await?
-    .map(|r| r.get(0));
+    let lease: Option<i64> = next().first().map(|r| r.get(0));
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
-    if watch_clones(tx, h, now).await? {
+    let sightings: Vec<(String, i64)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
+    let connected: Option<String> = next().first().map(|r| r.get(0));
+    if watch_clones(tx, h, now, &sightings, connected.as_deref()).await? {
         return Ok(HelloOutcome::quarantined(now));
     }
-    let node = query_one(
-        tx,
-        "SELECT conditions, taints FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
-        &[&h.node_id],
-    )
-    .await?;
-    let (conditions, taints): (Vec<String>, Vec<String>) =
-        (json_col(&node, 0)?, json_col(&node, 1)?);
-    let prev = query_opt(
-        tx,
-        "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = $1",
-        &[&h.node_id],
-    )
-    .await?
-    .map(|r| {
+    let node = node.first().ok_or_else(|| {
+        StoreError::Database(format!("node {} has a certificate but no row", h.node_id).into())
+    })?;
+    let (conditions, taints): (Vec<String>, Vec<String>) = (json_col(node, 1)?, json_col(node, 2)?);
+    let prev = next().first().map(|r| {
         (
             r.get::<_, i64>(0),
             r.get::<_, String>(1),
             r.get::<_, String>(2),
         )
     });
+    let known: Vec<(String, String)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
     let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
-    execute(
+    let conditions = to_json(&conditions_at_hello(conditions, h.daemon_exits));
+    let taints = to_json(&without(taints, TAINT_UNREACHABLE));
+    let written = pipeline(
         tx,
-        "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since, disconnect_cause,
-             incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen)
-         VALUES ($1, $2, $3, 'connected', $4, '', $5, $6, $7, $8, $4, $4)
-         ON CONFLICT (node_id) DO UPDATE SET
-             epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
-             state_since = excluded.state_since, disconnect_cause = '',
-             incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
-             journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
-             connected_at = excluded.connected_at, last_seen = excluded.last_seen",
         &[
-            &h.node_id,
-            &(epoch as i64),
-            &h.gateway_id,
-            &now,
-            &h.incarnation_id,
-            &h.boot_id,
-            &h.journal_id,
-            &h.cert_serial,
+            // The node uses this certificate: the ones it renewed away from
+            // are superseded (a copy of an old key can no longer connect).
+            (
+                "UPDATE node_certs SET revoked_at = $3, revoke_reason = $4
+                 WHERE node_id = $1 AND revoked_at IS NULL AND serial != $2
+                   AND not_before <= (SELECT not_before FROM node_certs WHERE serial = $2)",
+                &[&h.node_id, &h.cert_serial, &now, &SUPERSEDED],
+            ),
+            (
+                "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since,
+                     disconnect_cause, incarnation_id, boot_id, journal_id, cert_serial,
+                     connected_at, last_seen)
+                 VALUES ($1, $2, $3, 'connected', $4, '', $5, $6, $7, $8, $4, $4)
+                 ON CONFLICT (node_id) DO UPDATE SET
+                     epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
+                     state_since = excluded.state_since, disconnect_cause = '',
+                     incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
+                     journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
+                     connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+                &[
+                    &h.node_id,
+                    &(epoch as i64),
+                    &h.gateway_id,
+                    &now,
+                    &h.incarnation_id,
+                    &h.boot_id,
+                    &h.journal_id,
+                    &h.cert_serial,
+                ],
+            ),
+            // A node that is back is reachable again. The Hello is not
+            // signed: the release floor it reports is not taken (only the
+            // node's signed upgrade results raise it).
+            (
+                "UPDATE nodes SET agent_version = $2, conditions = $3, taints = $4 WHERE id = $1",
+                &[&h.node_id, &h.agent_version, &conditions, &taints],
+            ),
+            (HELLO_IN_FLIGHT, &[&h.node_id]),
         ],
     )
     .await?;
-    // A node that is back is reachable again. The Hello is not signed: the
-    // release floor it reports is not taken (only the node's signed upgrade
-    // results raise it).
-    execute(
-        tx,
-        "UPDATE nodes SET agent_version = $2, conditions = $3, taints = $4 WHERE id = $1",
-        &[
-            &h.node_id,
-            &h.agent_version,
-            &to_json(&conditions_at_hello(conditions, h.daemon_exits)),
-            &to_json(&without(taints, TAINT_UNREACHABLE)),
-        ],
-    )
-    .await?;
-    let known: Vec<(String, String)> = query(
-        tx,
-        "SELECT section, sha256 FROM inventory WHERE node_id = $1",
-        &[&h.node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect();
+    let in_flight: Vec<InFlight> = written
+        .last()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| InFlight {
+                    id: r.get(0),
+                    seq: r.get::<_, i64>(1) as u64,
+                    kind: r.get(2),
+                    state: r.get(3),
+                    signed: r.get(4),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let wanted = inventory_wanted(&h.inventory_hashes, |section| {
         known
             .iter()
@@ -131,7 +162,7 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     });
     let new_journal = prev.as_ref().is_some_and(|p| p.1 != h.journal_id);
     let new_boot = prev.as_ref().is_some_and(|p| p.2 != h.boot_id);
-    let (replay, finished) = settle(tx, h, epoch, now, new_journal, new_boot).await?;
+    let (replay, finished) = settle(tx, h, in_flight, epoch, now, new_journal, new_boot).await?;
     Ok(HelloOutcome {
         epoch,
         server_time_ms: now,
@@ -149,25 +180,10 @@ async fn watch_clones(
     tx: &Tx<'_>,
     h: &HelloInput,
     now: i64,
+    sightings: &[(String, i64)],
+    connected: Option<&str>,
 ) -> Result<bool, tokio_postgres::Error> {
-    let sightings: Vec<(String, i64)> = query(
-        tx,
-        "SELECT boot_id, at FROM cert_sightings WHERE serial = $1 ORDER BY id",
-        &[&h.cert_serial],
-    )
-    .await?
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect();
-    let connected: Option<String> = query_opt(
-        tx,
-        "SELECT boot_id FROM node_sessions
-         WHERE node_id = $1 AND cert_serial = $2 AND state = 'connected'",
-        &[&h.node_id, &h.cert_serial],
-    )
-    .await?
-    .map(|r| r.get(0));
-    let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
+    let v = clones::judge(sightings, connected, &h.boot_id, now);
     if v.record {
         execute(
             tx,
@@ -192,7 +208,7 @@ async fn watch_clones(
                 "certificate {}: boot {} took the session from boot {}",
                 h.cert_serial,
                 h.boot_id,
-                connected.as_deref().unwrap_or_default()
+                connected.unwrap_or_default()
             ),
         )
         .await?;
@@ -238,28 +254,12 @@ async fn watch_clones(
 async fn settle(
     tx: &Tx<'_>,
     h: &HelloInput,
+    in_flight: Vec<InFlight>,
     epoch: u64,
     now: i64,
     new_journal: bool,
     new_boot: bool,
 ) -> Result<(Vec<Dispatch>, Vec<Finished>), StoreError> {
-    let in_flight: Vec<InFlight> = query(
-        tx,
-        "SELECT id, seq, kind, state, signed FROM commands
-         WHERE node_id = $1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq
-         FOR UPDATE",
-        &[&h.node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| InFlight {
-        id: r.get(0),
-        seq: r.get::<_, i64>(1) as u64,
-        kind: r.get(2),
-        state: r.get(3),
-        signed: r.get(4),
-    })
-    .collect();
     let mut replay = Vec::new();
     let mut finished = Vec::new();
     let epoch = epoch as i64;
