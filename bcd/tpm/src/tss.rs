@@ -6,8 +6,8 @@
 use std::str::FromStr;
 
 use tss_esapi::Context;
-use tss_esapi::constants::SessionType;
 use tss_esapi::constants::tss::{TPM2_RH_NULL, TPM2_ST_HASHCHECK};
+use tss_esapi::constants::{CapabilityType, SessionType};
 use tss_esapi::handles::{
     AuthHandle, KeyHandle, NvIndexTpmHandle, ObjectHandle, PersistentTpmHandle, SessionHandle,
     TpmHandle,
@@ -16,8 +16,8 @@ use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth};
 use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
 use tss_esapi::structures::{
-    Data, Digest, EncryptedSecret, HashcheckTicket, IdObject, Nonce, Public, SignatureScheme,
-    SymmetricDefinition,
+    CapabilityData, Data, Digest, EncryptedSecret, HashcheckTicket, IdObject, Nonce, Public,
+    SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::tcti_ldr::TctiNameConf;
 use tss_esapi::traits::{Marshall, UnMarshall};
@@ -154,8 +154,30 @@ impl TssTpm {
         }
     }
 
+    /// Whether the TPM holds `handle` (a persistent object or an NV
+    /// index), asked with TPM2_GetCapability. Probing with the command
+    /// itself would fail for an absence that is normal (no persistent EK
+    /// yet, no EK certificate), and the C stack logs every failed command
+    /// as an ERROR line.
+    fn has_handle(&mut self, handle: u32) -> Result<bool, Error> {
+        let asked = self
+            .context()?
+            .get_capability(CapabilityType::Handles, handle, 1);
+        let (data, _) = asked.map_err(|e| self.error("TPM2_GetCapability", e))?;
+        Ok(match data {
+            CapabilityData::Handles(list) => list
+                .as_ref()
+                .first()
+                .is_some_and(|h| u32::from(*h) == handle),
+            _ => false,
+        })
+    }
+
     fn persistent(&mut self, handle: u32) -> Result<Option<(KeyHandle, PublicArea)>, Error> {
         const NAME: &str = "TPM2_ReadPublic";
+        if !self.has_handle(handle)? {
+            return Ok(None);
+        }
         let tpm_handle = PersistentTpmHandle::new(handle)
             .map_err(|e| Error::Invalid(format!("handle {handle:#x}: {e}")))?;
         let found = self
@@ -288,6 +310,9 @@ impl Tpm for TssTpm {
 
     fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error> {
         const NAME: &str = "TPM2_NV_Read";
+        if !self.has_handle(kind.certificate_index())? {
+            return Ok(None);
+        }
         let index = NvIndexTpmHandle::new(kind.certificate_index())
             .map_err(|e| Error::Invalid(format!("NV index: {e}")))?;
         let read = {
