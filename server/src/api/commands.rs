@@ -228,13 +228,11 @@ async fn kexec_image(svc: &AdminService, what: &str) -> Result<(String, String),
         )));
     }
     let id = svc.store.resolve_image(what).await.map_err(status)?;
-    let signed = svc
+    let (_, signed) = svc
         .store
-        .image_manifests()
+        .image(&id)
         .await
         .map_err(unavailable)?
-        .into_iter()
-        .find_map(|(i, m)| (i == id).then_some(m))
         .ok_or_else(|| refusal(bc_store::images::no_such_image(what)))?;
     let manifest = image::SignedManifest::parse(&signed)
         .and_then(|s| s.verify(&svc.image_keys))

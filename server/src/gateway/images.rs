@@ -29,19 +29,10 @@ pub async fn stream_image(
             "{image_id:?} is not an image id (64 lowercase hex digits)"
         ))));
     }
-    let row = store
-        .list_images()
+    let (row, signed_manifest) = store
+        .image(image_id)
         .await
         .map_err(unavailable)?
-        .into_iter()
-        .find(|i| i.image_id == image_id)
-        .ok_or_else(|| not_found(image_id))?;
-    let signed_manifest = store
-        .image_manifests()
-        .await
-        .map_err(unavailable)?
-        .into_iter()
-        .find_map(|(id, m)| (id == image_id).then_some(m))
         .ok_or_else(|| not_found(image_id))?;
     let parts = [
         (ImagePart::Kernel, row.kernel_sha256, row.kernel_size),

@@ -449,6 +449,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Each image's id and signed manifest, as registered.
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
 
+    /// One image by its whole id, with its signed manifest (its
+    /// assignments not read); `None` if none has that id.
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError>;
+
     /// An image by id, unique id prefix, or name (the latest registered of
     /// that name).
     async fn resolve_image(&self, what: &str) -> Result<String, TxError>;

@@ -37,6 +37,11 @@ pub struct NewImage {
     pub initrd: Vec<u8>,
 }
 
+/// The columns an [`ImageRow`] is read from, in its order (its assignments
+/// are read apart).
+pub const IMAGE_COLUMNS: &str = "image_id, name, kernel_version, bcd_version, cmdline, \
+     kernel_size, kernel_sha256, initrd_size, initrd_sha256, key_id, registered_at";
+
 /// A registered image, as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRow {

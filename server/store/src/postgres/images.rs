@@ -3,8 +3,8 @@
 use super::{Tx, execute, query, query_one, query_opt};
 use crate::error::{StoreError, TxError};
 use crate::images::{
-    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, MacOwner, Minted,
-    NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
+    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, IMAGE_COLUMNS, ImageRef, ImageRow,
+    MacOwner, Minted, NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
 };
 use crate::tokens::NewToken;
 
@@ -42,17 +42,8 @@ pub(super) async fn register(tx: &Tx<'_>, i: &NewImage) -> Result<bool, StoreErr
     Ok(n == 1)
 }
 
-pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<ImageRow>, StoreError> {
-    let mut images: Vec<ImageRow> = query(
-        tx,
-        "SELECT image_id, name, kernel_version, bcd_version, cmdline, kernel_size,
-                kernel_sha256, initrd_size, initrd_sha256, key_id, registered_at
-         FROM images ORDER BY registered_at, image_id",
-        &[],
-    )
-    .await?
-    .iter()
-    .map(|r| ImageRow {
+fn image_row(r: &tokio_postgres::Row) -> ImageRow {
+    ImageRow {
         image_id: r.get(0),
         name: r.get(1),
         kernel_version: r.get(2),
@@ -65,7 +56,18 @@ pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<ImageRow>, StoreError> {
         key_id: r.get(9),
         registered_at_ms: r.get(10),
         assigned_to: Vec::new(),
-    })
+    }
+}
+
+pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<ImageRow>, StoreError> {
+    let mut images: Vec<ImageRow> = query(
+        tx,
+        &format!("SELECT {IMAGE_COLUMNS} FROM images ORDER BY registered_at, image_id"),
+        &[],
+    )
+    .await?
+    .iter()
+    .map(image_row)
     .collect();
     let assignments = query(
         tx,
@@ -335,6 +337,19 @@ pub(super) async fn boots(
         outcome: r.get(4),
     })
     .collect())
+}
+
+pub(super) async fn get(
+    tx: &Tx<'_>,
+    image_id: &str,
+) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+    Ok(query_opt(
+        tx,
+        &format!("SELECT {IMAGE_COLUMNS}, signed_manifest FROM images WHERE image_id = $1"),
+        &[&image_id],
+    )
+    .await?
+    .map(|r| (image_row(&r), r.get(11))))
 }
 
 pub(super) async fn manifests(tx: &Tx<'_>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {

@@ -902,6 +902,10 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| images::manifests(&tx).await)
     }
 
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| images::get(&tx, image_id).await)
+    }
+
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
         tx!(self, |tx| images::resolve(&tx, what).await)
     }

@@ -4,8 +4,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{StoreError, TxError};
 use crate::images::{
-    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, ImageRef, ImageRow, MacOwner, Minted,
-    NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
+    AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, IMAGE_COLUMNS, ImageRef, ImageRow,
+    MacOwner, Minted, NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
 };
 use crate::tokens::NewToken;
 
@@ -39,29 +39,29 @@ pub(super) fn register(c: &Connection, i: &NewImage) -> Result<bool, StoreError>
     Ok(n == 1)
 }
 
+fn image_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ImageRow> {
+    Ok(ImageRow {
+        image_id: r.get(0)?,
+        name: r.get(1)?,
+        kernel_version: r.get(2)?,
+        bcd_version: r.get(3)?,
+        cmdline: r.get(4)?,
+        kernel_size: r.get::<_, i64>(5)? as u64,
+        kernel_sha256: r.get(6)?,
+        initrd_size: r.get::<_, i64>(7)? as u64,
+        initrd_sha256: r.get(8)?,
+        key_id: r.get(9)?,
+        registered_at_ms: r.get(10)?,
+        assigned_to: Vec::new(),
+    })
+}
+
 pub(super) fn list(c: &Connection) -> Result<Vec<ImageRow>, StoreError> {
     let mut images = c
-        .prepare(
-            "SELECT image_id, name, kernel_version, bcd_version, cmdline, kernel_size,
-                    kernel_sha256, initrd_size, initrd_sha256, key_id, registered_at
-             FROM images ORDER BY registered_at, image_id",
-        )?
-        .query_map([], |r| {
-            Ok(ImageRow {
-                image_id: r.get(0)?,
-                name: r.get(1)?,
-                kernel_version: r.get(2)?,
-                bcd_version: r.get(3)?,
-                cmdline: r.get(4)?,
-                kernel_size: r.get::<_, i64>(5)? as u64,
-                kernel_sha256: r.get(6)?,
-                initrd_size: r.get::<_, i64>(7)? as u64,
-                initrd_sha256: r.get(8)?,
-                key_id: r.get(9)?,
-                registered_at_ms: r.get(10)?,
-                assigned_to: Vec::new(),
-            })
-        })?
+        .prepare(&format!(
+            "SELECT {IMAGE_COLUMNS} FROM images ORDER BY registered_at, image_id"
+        ))?
+        .query_map([], image_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let assignments = c
         .prepare("SELECT target, image_id FROM image_assignments ORDER BY target")?
@@ -285,6 +285,17 @@ pub(super) fn boots(
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
+}
+
+pub(super) fn get(
+    c: &Connection,
+    image_id: &str,
+) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+    Ok(c.prepare_cached(&format!(
+        "SELECT {IMAGE_COLUMNS}, signed_manifest FROM images WHERE image_id = ?1"
+    ))?
+    .query_row([image_id], |r| Ok((image_row(r)?, r.get(11)?)))
+    .optional()?)
 }
 
 pub(super) fn manifests(c: &Connection) -> Result<Vec<(String, Vec<u8>)>, StoreError> {

@@ -877,6 +877,11 @@ impl Backend for SqliteBackend {
         self.read(images::manifests).await
     }
 
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+        let id = image_id.to_string();
+        self.read(move |c| images::get(c, &id)).await
+    }
+
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
         let what = what.to_string();
         self.read(move |c| images::resolve(c, &what)).await

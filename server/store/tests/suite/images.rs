@@ -125,6 +125,18 @@ pub async fn images_resolve_by_id_name_or_prefix(f: Fixture) {
         ],
         "each image's signed manifest, by id"
     );
+    // One image by its whole id, as listed, with its manifest; a prefix or
+    // a name is not an id.
+    let listed = s.list_images().await.unwrap();
+    let (row, manifest) = s.image(&"b".repeat(64)).await.unwrap().unwrap();
+    assert_eq!(
+        Some(&row),
+        listed.iter().find(|i| i.image_id == "b".repeat(64))
+    );
+    assert_eq!(manifest, b"{b}");
+    for not_an_id in ["bbbbbbbb", "b", &"c".repeat(64)] {
+        assert_eq!(s.image(not_an_id).await.unwrap(), None, "{not_an_id}");
+    }
     for missing in ["cccccccc", "nope", &"c".repeat(64)] {
         let err = s.resolve_image(missing).await.unwrap_err();
         assert!(
