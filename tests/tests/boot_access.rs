@@ -229,6 +229,22 @@ fn minted_tokens_reach_allowed_macs_only_and_a_nodes_own_assignment_wins() {
     let (status, body) = script(boot, &late);
     assert_eq!(status, 200, "{body}");
     let short = token_in(&body).expect("a minted token");
+    // The operator sees it, minted for that MAC, with its short life.
+    let tokens: Vec<serde_json::Value> = serde_json::from_str(&ok(
+        server.cli(&["tokens", "list", "--json"]),
+        "tokens list",
+    ))
+    .unwrap();
+    let minted = tokens
+        .iter()
+        .find(|t| t["minted_for_mac"] == late)
+        .unwrap_or_else(|| panic!("no token minted for {late}: {tokens:?}"));
+    assert_eq!(minted["uses_left"], 1);
+    assert!(
+        minted["expires_at_ms"].as_i64().unwrap() - minted["created_at_ms"].as_i64().unwrap()
+            <= 2_000,
+        "{minted}"
+    );
     std::thread::sleep(Duration::from_millis(2500));
     let out = Node::new(&d.path().join("n43"), 43).join(&server.url(), &short);
     assert!(!out.status.success());
@@ -253,4 +269,27 @@ fn minted_tokens_reach_allowed_macs_only_and_a_nodes_own_assignment_wins() {
     );
     let (_, body) = script(boot, "52:54:00:00:00:01");
     assert_eq!(token_in(&body).as_deref(), Some("bct1.literal"));
+}
+
+#[test]
+fn a_node_that_reports_another_network_card_is_found_by_it() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let dir = d.path().join("n");
+    let node = Node::new(&dir, 42);
+    let out = node.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "join: {}", stderr(&out));
+    let id = node.id();
+    assert_eq!(
+        node_json(&server, &id)["macs"],
+        serde_json::json!([fake_mac(42)])
+    );
+    // The same node (its identity, its data directory) on a machine whose
+    // network card is another: its signed host inventory names the new
+    // MAC, and the boot endpoint finds the node by it.
+    let mut moved = Node::new(&dir, 46);
+    moved.start();
+    bc_tests::wait_for(Duration::from_secs(30), "the node's new MAC", || {
+        (node_json(&server, &id)["macs"] == serde_json::json!([fake_mac(46)])).then_some(())
+    });
 }

@@ -4,27 +4,7 @@
 //! property tests: whatever a PXE client sends decodes or is refused, and
 //! what decodes is safe to put into a script.
 
-/// A MAC address in the form the store keeps: six lowercase hex pairs
-/// joined by `:`. Accepts `:` or `-` separators, `%3A` escapes and upper
-/// case, as iPXE's `${net0/mac}` and `${net0/mac:hexhyp}` give them.
-pub fn parse_mac(s: &str) -> Option<String> {
-    let s = s.replace("%3A", ":").replace("%3a", ":");
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(6);
-    for p in parts {
-        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        out.push(p.to_ascii_lowercase());
-    }
-    Some(out.join(":"))
-}
-
-/// The most MAC addresses a join may report.
-pub const MAX_MACS: usize = 64;
+pub use bc_store::images::{MAX_MACS, parse_mac};
 
 /// The MAC addresses a join reported, as the store keeps them (parsed,
 /// deduplicated, sorted); a list that is too long or holds something else

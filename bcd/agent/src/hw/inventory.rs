@@ -37,6 +37,9 @@ pub fn inventory(host: &dyn Host) -> Vec<Section> {
     struct HostSection {
         hostname: String,
         agent_version: &'static str,
+        /// So the boot endpoint finds the node by a network card added
+        /// or replaced since it joined.
+        macs: Vec<String>,
     }
     vec![
         Section::new(
@@ -44,6 +47,7 @@ pub fn inventory(host: &dyn Host) -> Vec<Section> {
             &HostSection {
                 hostname: host.hostname(),
                 agent_version: env!("CARGO_PKG_VERSION"),
+                macs: host.macs(),
             },
         ),
         Section::new("gpus", &gpus),

@@ -5,7 +5,7 @@ use super::nodes::valid_certs;
 use super::{Tx, execute, now, query_opt};
 use crate::bindings::VerifySignature;
 use crate::error::StoreError;
-use crate::inventory::{FORGED, InventoryInput, InventoryRow};
+use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::FactApplied;
 
@@ -60,6 +60,9 @@ pub(super) async fn put(
         ],
     )
     .await?;
+    if let Some(macs) = host_macs(&section.section, &section.body) {
+        super::tokens::record_macs(tx, node_id, &macs, now).await?;
+    }
     Ok(FactApplied::Applied)
 }
 

@@ -186,7 +186,7 @@ pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result
 
 /// The MAC addresses `node_id` reported replace those it reported before;
 /// a MAC another node reported before names this node now.
-async fn record_macs(
+pub(super) async fn record_macs(
     tx: &Tx<'_>,
     node_id: &str,
     macs: &[String],

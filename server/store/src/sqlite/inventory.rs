@@ -7,7 +7,7 @@ use super::nodes::valid_certs;
 use super::now;
 use crate::bindings::VerifySignature;
 use crate::error::StoreError;
-use crate::inventory::{FORGED, InventoryInput, InventoryRow};
+use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::FactApplied;
 
@@ -51,6 +51,9 @@ pub(super) fn put(
              sha256 = excluded.sha256, body = excluded.body, updated_at = excluded.updated_at",
         params![node_id, section.section, section.sha256, section.body, now],
     )?;
+    if let Some(macs) = host_macs(&section.section, &section.body) {
+        super::tokens::record_macs(c, node_id, &macs, now)?;
+    }
     Ok(FactApplied::Applied)
 }
 

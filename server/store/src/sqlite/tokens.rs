@@ -178,7 +178,12 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
 
 /// The MAC addresses `node_id` reported replace those it reported before;
 /// a MAC another node reported before names this node now.
-fn record_macs(c: &Connection, node_id: &str, macs: &[String], now: i64) -> rusqlite::Result<()> {
+pub(super) fn record_macs(
+    c: &Connection,
+    node_id: &str,
+    macs: &[String],
+    now: i64,
+) -> rusqlite::Result<()> {
     c.execute("DELETE FROM node_macs WHERE node_id = ?1", [node_id])?;
     for mac in macs {
         c.execute(

@@ -258,3 +258,75 @@ pub async fn deleting_a_node_keeps_a_signed_statement_with_its_certificates(f: F
     assert_eq!(revoked.len(), 2);
     assert!(revoked.iter().all(|r| r.statement == statement));
 }
+
+pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let epoch = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch;
+    let macs = |id: &str| {
+        let id = id.to_string();
+        async move {
+            s.list_nodes()
+                .await
+                .unwrap()
+                .nodes
+                .into_iter()
+                .find(|n| n.node_id == id)
+                .unwrap()
+                .macs
+        }
+    };
+    let host = |body: &str| InventoryInput {
+        section: "host".into(),
+        body: body.as_bytes().to_vec(),
+        ..inventory(&node, epoch)
+    };
+    let n: &str = &node;
+    let put = |i: InventoryInput, key: u8| async move {
+        s.put_inventory(n, epoch, &signed(key, i), verify)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        put(
+            host(r#"{"hostname":"n","macs":["52:54:00:00:00:02","52-54-00-00-00-01"]}"#),
+            1
+        )
+        .await,
+        FactApplied::Applied
+    );
+    assert_eq!(
+        macs(&node).await,
+        ["52:54:00:00:00:01", "52:54:00:00:00:02"]
+    );
+    // Forged by another key, or from an older agent that lists none, or
+    // with something that is not a MAC: the MACs stay.
+    assert!(matches!(
+        put(host(r#"{"macs":["52:54:00:00:00:09"]}"#), 9).await,
+        FactApplied::Forged(_)
+    ));
+    put(host(r#"{"hostname":"n"}"#), 1).await;
+    put(host(r#"{"macs":["52:54:00:00:00:09","nonsense"]}"#), 1).await;
+    assert_eq!(
+        macs(&node).await,
+        ["52:54:00:00:00:01", "52:54:00:00:00:02"]
+    );
+    // A MAC another node reports later names that node.
+    let other = joined(s, 2).await;
+    let other_epoch = s.hello(&hello(&other, 2, "gw", 0)).await.unwrap().epoch;
+    let moved = InventoryInput {
+        node_id: other.clone(),
+        epoch: other_epoch,
+        section: "host".into(),
+        sha256: "x".into(),
+        body: br#"{"macs":["52:54:00:00:00:02"]}"#.to_vec(),
+    };
+    assert_eq!(
+        s.put_inventory(&other, other_epoch, &signed(2, moved), verify)
+            .await
+            .unwrap(),
+        FactApplied::Applied
+    );
+    assert_eq!(macs(&other).await, ["52:54:00:00:00:02"]);
+    assert_eq!(macs(&node).await, ["52:54:00:00:00:01"]);
+}

@@ -213,6 +213,7 @@ macro_rules! store_suite {
             commands::a_confirmed_upgrade_raises_the_release_floor,
             commands::commands_for_unknown_nodes_are_refused,
             facts::forged_facts_are_recorded_and_applied_nowhere,
+            facts::a_signed_host_inventory_replaces_the_macs_the_join_reported,
             facts::a_report_from_an_older_session_changes_nothing,
             facts::deleting_a_node_keeps_a_signed_statement_with_its_certificates,
             gateways::a_gateway_credential_is_live_once_and_a_revoked_name_starts_over,
