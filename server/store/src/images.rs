@@ -221,6 +221,29 @@ pub fn no_image_named(what: &str) -> Refusal {
     ))
 }
 
+/// A MAC address in the form the store keeps: six lowercase hex pairs
+/// joined by `:`. Accepts `:` or `-` separators, `%3A` escapes and upper
+/// case, as iPXE's `${net0/mac}` and `${net0/mac:hexhyp}` give them.
+pub fn parse_mac(s: &str) -> Option<String> {
+    let s = s.replace("%3A", ":").replace("%3a", ":");
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(6);
+    for p in parts {
+        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        out.push(p.to_ascii_lowercase());
+    }
+    Some(out.join(":"))
+}
+
+/// The most MAC addresses a node may report (at join, or in its host
+/// inventory).
+pub const MAX_MACS: usize = 64;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,26 +367,3 @@ mod tests {
         ));
     }
 }
-
-/// A MAC address in the form the store keeps: six lowercase hex pairs
-/// joined by `:`. Accepts `:` or `-` separators, `%3A` escapes and upper
-/// case, as iPXE's `${net0/mac}` and `${net0/mac:hexhyp}` give them.
-pub fn parse_mac(s: &str) -> Option<String> {
-    let s = s.replace("%3A", ":").replace("%3a", ":");
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(6);
-    for p in parts {
-        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        out.push(p.to_ascii_lowercase());
-    }
-    Some(out.join(":"))
-}
-
-/// The most MAC addresses a node may report (at join, or in its host
-/// inventory).
-pub const MAX_MACS: usize = 64;
