@@ -259,6 +259,45 @@ fn an_ek_root_admits_through_the_intermediates_enrolled_with_it() {
     assert!(out.contains("joined as node"), "{out}");
 }
 
+/// A TPM that holds the intermediate in the TCG chain index needs only the
+/// root enrolled: the node sends what its TPM holds, and the server follows
+/// it to the enrolled root (a chain to another root admits nothing).
+#[test]
+fn a_tpm_holding_its_ek_chain_joins_under_the_root_alone() {
+    use rustls_pki_types::pem::PemObject;
+    let (d, server) = setup_dirs();
+    let pin = pin(&server);
+    let tokenless = ["--ca-pin", pin.as_str()];
+    let vendor = d.path().join("tpm-vendor");
+    let tpm = manufactured(&vendor);
+    let node = Node::new(&d.path().join("node1"), 1);
+    let root = vendor.join("ca/swtpm-localca-rootca-cert.pem");
+    let intermediate =
+        rustls_pki_types::CertificateDer::from_pem_file(vendor.join("ca/issuercert.pem")).unwrap();
+
+    // Another vendor's root with the chain in the TPM: nothing.
+    let other = d.path().join("tpm-other");
+    drop(manufactured(&other));
+    enrol(
+        &server,
+        &[
+            "--ek-ca",
+            other
+                .join("ca/swtpm-localca-rootca-cert.pem")
+                .to_str()
+                .unwrap(),
+        ],
+    );
+    not_enrolled(&join(&node, &server, &tpm, &tokenless));
+    enrol(&server, &["--ek-ca", root.to_str().unwrap()]);
+    not_enrolled(&join(&node, &server, &tpm, &tokenless));
+
+    tpm.define_nv(bcd_tpm::EK_CHAIN_FIRST_INDEX, &intermediate)
+        .unwrap();
+    let out = joined(&join(&node, &server, &tpm, &tokenless));
+    assert!(out.contains("joined as node"), "{out}");
+}
+
 /// Copies a stopped TPM's state: a clone of the machine's identity.
 fn copy_state(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -277,6 +277,8 @@ struct TpmFacts {
     kind: bcd_tpm::EkKind,
     ek: bcd_tpm::PublicArea,
     ek_certificate: Option<Vec<u8>>,
+    /// The chain certificates the TPM holds, for a certificate it has.
+    ek_chain: Vec<Vec<u8>>,
     ak: bcd_tpm::PublicArea,
 }
 
@@ -292,10 +294,15 @@ fn tpm_facts(tpm: &mut dyn bcd_tpm::Tpm) -> Result<TpmFacts, bcd_tpm::Error> {
         }
     }
     let (kind, ek_certificate) = chosen;
+    let ek_chain = match ek_certificate {
+        Some(_) => tpm.ek_chain()?,
+        None => Vec::new(),
+    };
     Ok(TpmFacts {
         kind,
         ek: tpm.ek_public(kind)?,
         ek_certificate,
+        ek_chain,
         ak: tpm.ak_public()?,
     })
 }
@@ -413,6 +420,7 @@ pub async fn join_with_tpm(
         certify_attest: certification.attest,
         certify_signature: certification.signature,
         ek_certificate: facts.ek_certificate.clone().unwrap_or_default(),
+        ek_chain: facts.ek_chain.clone(),
     };
     let resp = send_join(
         &mut client,

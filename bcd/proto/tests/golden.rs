@@ -377,6 +377,8 @@ fn tpm_attestation() {
                 certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
                 certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
                 ek_certificate: vec![],
+                // Added later: empty, it leaves the earlier encoding as it was.
+                ek_chain: vec![],
             }),
             boot_id: String::new(),
             macs: vec![],
@@ -402,6 +404,32 @@ fn tpm_attestation() {
                 certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
                 certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
                 ek_certificate: vec![0x30, 0x82, 0x05],
+                ek_chain: vec![],
+            }),
+            boot_id: String::new(),
+            macs: vec![],
+        },
+    );
+    // With the chain certificates its TPM holds (field 9).
+    check(
+        "join_request_tpm_ek_chain",
+        &v1::JoinRequest {
+            token: String::new(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: true,
+            previous: None,
+            tpm: Some(v1::TpmAttestation {
+                version: 1,
+                ticket: vec![0x01, 0x02],
+                activated_secret: vec![0x77; 32],
+                ak_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x05],
+                node_key_public: vec![0x00, 0x23, 0x00, 0x0b, 0x00, 0x04],
+                certify_attest: vec![0xff, 0x54, 0x43, 0x47, 0x80, 0x17],
+                certify_signature: vec![0x00, 0x18, 0x00, 0x0b],
+                ek_certificate: vec![0x30, 0x82, 0x05],
+                ek_chain: vec![vec![0x30, 0x82, 0x04], vec![0x30, 0x82, 0x03]],
             }),
             boot_id: String::new(),
             macs: vec![],

@@ -55,6 +55,13 @@ pub use transport::Endpoint;
 pub use tss::TssTpm;
 pub use wire::Malformed;
 
+/// The first NV index of the EK certificate chain (TCG EK Credential
+/// Profile: 0x01c00100 to 0x01c001ff, filled from the first on).
+pub const EK_CHAIN_FIRST_INDEX: u32 = 0x01c0_0100;
+/// The most chain certificates a node reads and sends: as many as a server
+/// follows between an EK certificate and an enrolled root.
+pub const EK_CHAIN_MAX: usize = 4;
+
 /// A TPM as the attestor and the node key need it. Calls block (the agent
 /// runs them on a blocking thread); a backend keeps the keys it derived
 /// loaded between calls and reconnects after the TPM was unreachable.
@@ -69,6 +76,12 @@ pub trait Tpm: Send {
     /// The EK certificate (DER) from its NV index; `None` when the TPM has
     /// none.
     fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error>;
+
+    /// The certificates a manufacturer left between the EK certificate and
+    /// its root, one per NV index from [`EK_CHAIN_FIRST_INDEX`] on (the TCG
+    /// EK credential profile's chain indices, consecutive), at most
+    /// [`EK_CHAIN_MAX`]; empty when the TPM holds none.
+    fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, Error>;
 
     /// The AK: a restricted ECDSA P-256 signing key, a primary of the
     /// endorsement hierarchy (the same on every call; TPM2_Clear keeps it).

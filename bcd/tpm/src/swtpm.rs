@@ -309,6 +309,34 @@ impl Swtpm {
         )
     }
 
+    /// Defines NV index `index` in the owner hierarchy, readable with the
+    /// owner's or its own (empty) authorization, and writes `data` into it
+    /// through tpm2-tools: what a manufacturer does for an EK certificate
+    /// or a certificate of its chain. No other connection may be open.
+    pub fn define_nv(&self, index: u32, data: &[u8]) -> Result<(), SwtpmError> {
+        let file = self.dir.join(format!("nv-{index:08x}.bin"));
+        std::fs::write(&file, data).map_err(|source| SwtpmError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        let index = format!("{index:#010x}");
+        let size = data.len().to_string();
+        self.tool(
+            "tpm2_nvdefine",
+            &[
+                "-C",
+                "o",
+                "-s",
+                &size,
+                "-a",
+                "ownerread|ownerwrite|authread|authwrite|no_da",
+                &index,
+            ],
+        )?;
+        let file = file.to_string_lossy().into_owned();
+        self.tool("tpm2_nvwrite", &["-C", "o", "-i", &file, &index])
+    }
+
     /// Runs a tpm2-tools program against this TPM (the tests' oracle).
     pub fn tool(&self, tool: &'static str, args: &[&str]) -> Result<(), SwtpmError> {
         run_tool(

@@ -315,6 +315,25 @@ fn ek_matches_the_platform(open: Open) {
     }
 }
 
+/// The EK chain NV indices: none, then two certificates (one larger than
+/// a single NV read) as a manufacturer leaves them, read in order; a chain
+/// that does not start at the first index is none.
+fn ek_chain_reads_the_consecutive_indices(open: Open) {
+    let (_d, s) = manufactured();
+    assert_eq!(open(&s).unwrap().ek_chain().unwrap(), Vec::<Vec<u8>>::new());
+    let first: Vec<u8> = (0..1500u32).map(|i| (i % 251) as u8).collect();
+    let second = b"the certificate above it".to_vec();
+    s.define_nv(bcd_tpm::EK_CHAIN_FIRST_INDEX, &first).unwrap();
+    s.define_nv(bcd_tpm::EK_CHAIN_FIRST_INDEX + 1, &second)
+        .unwrap();
+    assert_eq!(open(&s).unwrap().ek_chain().unwrap(), [first, second]);
+
+    let (_d, s) = manufactured();
+    s.define_nv(bcd_tpm::EK_CHAIN_FIRST_INDEX + 1, b"orphan")
+        .unwrap();
+    assert!(open(&s).unwrap().ek_chain().unwrap().is_empty());
+}
+
 macro_rules! backend_tests {
     ($backend:ident) => {
         mod $backend {
@@ -353,6 +372,10 @@ macro_rules! backend_tests {
             #[test]
             fn ek_matches_the_platform() {
                 super::ek_matches_the_platform(super::$backend);
+            }
+            #[test]
+            fn ek_chain_reads_the_consecutive_indices() {
+                super::ek_chain_reads_the_consecutive_indices(super::$backend);
             }
         }
     };

@@ -22,6 +22,7 @@ struct Seen {
     ek_rsa: PublicArea,
     ek_ecc: PublicArea,
     ek_cert: Option<Vec<u8>>,
+    ek_chain: Vec<Vec<u8>>,
     ak: PublicArea,
     node: PublicArea,
     certification: Certification,
@@ -34,6 +35,7 @@ fn observe(tpm: &mut dyn Tpm, rec: &NodeKeyRecord, credential: &verify::Credenti
         ek_rsa: tpm.ek_public(EkKind::Rsa2048).unwrap(),
         ek_ecc: tpm.ek_public(EkKind::EccP256).unwrap(),
         ek_cert: tpm.ek_certificate(EkKind::Rsa2048).unwrap(),
+        ek_chain: tpm.ek_chain().unwrap(),
         ak: tpm.ak_public().unwrap(),
         node: tpm.node_key_public(rec).unwrap(),
         certification: tpm.certify(rec, b"cross-check nonce").unwrap(),
@@ -49,6 +51,8 @@ fn both_backends_see_the_same_tpm() {
     let dir = tempfile::tempdir().unwrap();
     swtpm::manufacture(dir.path()).unwrap();
     let s = Swtpm::start(dir.path()).unwrap();
+    s.define_nv(bcd_tpm::EK_CHAIN_FIRST_INDEX, b"a chain certificate")
+        .unwrap();
     let rec = NodeKeyRecord::generate().unwrap();
 
     // The server's credential, made once from what the first backend reports.
@@ -71,6 +75,8 @@ fn both_backends_see_the_same_tpm() {
     assert_eq!(a.ek_ecc, b.ek_ecc);
     assert_eq!(a.ek_cert, b.ek_cert);
     assert!(a.ek_cert.is_some());
+    assert_eq!(a.ek_chain, b.ek_chain);
+    assert_eq!(a.ek_chain, [b"a chain certificate".to_vec()]);
     assert_eq!(a.ak, b.ak);
     assert_eq!(a.ak.name(), b.ak.name());
     assert_eq!(a.node, b.node);

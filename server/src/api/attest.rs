@@ -144,6 +144,9 @@ pub fn certificate_subject(der: &[u8]) -> Result<String, AttestError> {
 
 /// The most intermediates between an EK certificate and its enrolled CA.
 pub const MAX_INTERMEDIATES: usize = 4;
+/// The largest chain certificate a node's TPM may send (an NV index holds
+/// a few KiB at most).
+pub const MAX_CHAIN_CERT: usize = 8 << 10;
 
 /// DER certificates one after another (as enrolled intermediates are
 /// kept): each one's bytes, or why they do not parse.
@@ -195,6 +198,20 @@ pub fn ek_certified_by<'a>(
     cas: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
     now_ms: i64,
 ) -> Result<Option<&'a str>, AttestError> {
+    ek_certified_through(der, cas, &[], now_ms)
+}
+
+/// [`ek_certified_by`], with the chain certificates the node's TPM holds
+/// (`sent`, DER each) beside each enrolment's own intermediates. They are
+/// the node's word: they only let the path reach an enrolled anchor, which
+/// is what is trusted, and one that does not parse or is not a CA is passed
+/// over.
+pub fn ek_certified_through<'a>(
+    der: &[u8],
+    cas: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
+    sent: &[Vec<u8>],
+    now_ms: i64,
+) -> Result<Option<&'a str>, AttestError> {
     use x509_parser::certificate::X509Certificate;
     use x509_parser::prelude::FromDer;
     use x509_parser::time::ASN1Time;
@@ -211,6 +228,7 @@ pub fn ek_certified_by<'a>(
         let between: Vec<X509Certificate<'_>> = certificates(intermediates)
             .unwrap_or_default()
             .into_iter()
+            .chain(sent.iter().take(MAX_INTERMEDIATES).map(Vec::as_slice))
             .filter_map(|d| X509Certificate::from_der(d).ok().map(|(_, c)| c))
             .filter(is_ca)
             .collect();
@@ -521,6 +539,7 @@ mod tests {
                 certify_attest: cert.attest,
                 certify_signature: cert.signature,
                 ek_certificate: vec![],
+                ek_chain: vec![],
             },
             csr,
         )
@@ -902,6 +921,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(late.to_string().contains("not valid now"), "{late}");
+        // The node's TPM may hold the intermediate itself: the root alone
+        // admits through it, another root does not, and junk beside it is
+        // passed over.
+        let sent = [b"junk".to_vec(), inter.clone()];
+        assert_eq!(
+            ek_certified_through(
+                &cert,
+                [("ek-ca:root", root.as_slice(), &[][..])],
+                &sent,
+                NOW
+            )
+            .unwrap(),
+            Some("ek-ca:root")
+        );
+        assert_eq!(
+            ek_certified_through(
+                &cert,
+                [("ek-ca:other", other_root.as_slice(), &[][..])],
+                &sent,
+                NOW
+            )
+            .unwrap(),
+            None
+        );
         // An intermediate that is not a CA signs no EK certificate.
         let (root, leaf, sign) = ek_chain(false);
         assert_eq!(

@@ -181,7 +181,8 @@ impl GatewayServices for JoinService {
                         bad_request(e.to_string())
                     })?;
                 let ek_ca = if tokenless {
-                    self.enrolled_ek_ca(&a, &t.ek_certificate, now).await?
+                    self.enrolled_ek_ca(&a, &t.ek_certificate, &t.ek_chain, now)
+                        .await?
                 } else {
                     None
                 };
@@ -312,11 +313,24 @@ impl JoinService {
         &self,
         attested: &super::attest::Attested,
         ek_certificate: &[u8],
+        ek_chain: &[Vec<u8>],
         now: i64,
     ) -> Result<Option<String>, Status> {
         use super::attest;
         if ek_certificate.is_empty() {
             return Ok(None);
+        }
+        if ek_chain.len() > attest::MAX_INTERMEDIATES
+            || ek_chain.iter().any(|c| c.len() > attest::MAX_CHAIN_CERT)
+        {
+            return Err(bad_request(format!(
+                "the join sends {} EK chain certificates of up to {} bytes; a server follows at \
+                 most {} of at most {} bytes each: enrol the machine by its EK SHA-256 instead",
+                ek_chain.len(),
+                ek_chain.iter().map(Vec::len).max().unwrap_or(0),
+                attest::MAX_INTERMEDIATES,
+                attest::MAX_CHAIN_CERT
+            )));
         }
         match attest::ek_from_certificate(ek_certificate) {
             Ok(ek) if attest::ek_hash(&ek) == attested.ek_sha256 => {}
@@ -340,10 +354,11 @@ impl JoinService {
             .into_iter()
             .filter_map(|e| Some((e.id, e.ca_der?, e.ca_intermediates.unwrap_or_default())))
             .collect();
-        let by = attest::ek_certified_by(
+        let by = attest::ek_certified_through(
             ek_certificate,
             cas.iter()
                 .map(|(id, der, between)| (id.as_str(), der.as_slice(), between.as_slice())),
+            ek_chain,
             now,
         )
         .map_err(|e| bad_request(e.to_string()))?;
