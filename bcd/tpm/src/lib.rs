@@ -73,15 +73,31 @@ pub trait Tpm: Send {
     /// EK when it is that template's, else derived now.
     fn ek_public(&mut self, kind: EkKind) -> Result<PublicArea, Error>;
 
+    /// The whole contents of NV index `index` (an EK certificate or one of
+    /// its chain, which a manufacturer leaves readable without a
+    /// password); `None` when the TPM has no such index.
+    fn nv_read(&mut self, index: u32) -> Result<Option<Vec<u8>>, Error>;
+
     /// The EK certificate (DER) from its NV index; `None` when the TPM has
     /// none.
-    fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error>;
+    fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error> {
+        self.nv_read(kind.certificate_index())
+    }
 
     /// The certificates a manufacturer left between the EK certificate and
     /// its root, one per NV index from [`EK_CHAIN_FIRST_INDEX`] on (the TCG
     /// EK credential profile's chain indices, consecutive), at most
     /// [`EK_CHAIN_MAX`]; empty when the TPM holds none.
-    fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, Error>;
+    fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, Error> {
+        let mut chain = Vec::new();
+        for index in (EK_CHAIN_FIRST_INDEX..).take(EK_CHAIN_MAX) {
+            match self.nv_read(index)? {
+                Some(cert) => chain.push(cert),
+                None => break,
+            }
+        }
+        Ok(chain)
+    }
 
     /// The AK: a restricted ECDSA P-256 signing key, a primary of the
     /// endorsement hierarchy (the same on every call; TPM2_Clear keeps it).

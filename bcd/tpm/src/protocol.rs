@@ -171,38 +171,6 @@ impl ProtocolTpm {
         }
     }
 
-    /// The whole contents of NV index `index`, read with its own (empty)
-    /// authorization; `None` when the TPM has no such index.
-    fn nv_read_all(&mut self, index: u32) -> Result<Option<Vec<u8>>, Error> {
-        let cmd = TpmNvReadPublicCommand {
-            handles: [TpmHandle::new(index)],
-        };
-        let public: TpmNvReadPublicResponse = match self.run_parsed("TPM2_NV_ReadPublic", &cmd, &[])
-        {
-            Ok(p) => p,
-            Err(Error::Tpm { rc, .. }) if rc.is_handle() => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let size = public.nv_public.inner.data_size.value();
-        let mut out = Vec::with_capacity(usize::from(size));
-        while out.len() < usize::from(size) {
-            let offset = out.len() as u16;
-            let chunk = (size - offset).min(NV_CHUNK);
-            let cmd = TpmNvReadCommand {
-                handles: [TpmHandle::new(index), TpmHandle::new(index)],
-                size: TpmUint16::new(chunk),
-                offset: TpmUint16::new(offset),
-            };
-            let r: TpmNvReadResponse =
-                self.run_parsed("TPM2_NV_Read", &cmd, &[password_session()])?;
-            if r.data.is_empty() {
-                return Err(protocol_error("TPM2_NV_Read", "an empty read"));
-            }
-            out.extend_from_slice(&r.data);
-        }
-        Ok(Some(out))
-    }
-
     fn run_parsed<C: TpmFrame, R: TpmUnmarshalBody>(
         &mut self,
         name: &'static str,
@@ -386,19 +354,34 @@ impl Tpm for ProtocolTpm {
         self.with_retry(|t| t.load(Slot::Ek(kind), &[]).map(|(_, p)| p))
     }
 
-    fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error> {
-        self.nv_read_all(kind.certificate_index())
-    }
-
-    fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, Error> {
-        let mut chain = Vec::new();
-        for index in (crate::EK_CHAIN_FIRST_INDEX..).take(crate::EK_CHAIN_MAX) {
-            match self.nv_read_all(index)? {
-                Some(cert) => chain.push(cert),
-                None => break,
+    fn nv_read(&mut self, index: u32) -> Result<Option<Vec<u8>>, Error> {
+        let cmd = TpmNvReadPublicCommand {
+            handles: [TpmHandle::new(index)],
+        };
+        let public: TpmNvReadPublicResponse = match self.run_parsed("TPM2_NV_ReadPublic", &cmd, &[])
+        {
+            Ok(p) => p,
+            Err(Error::Tpm { rc, .. }) if rc.is_handle() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = public.nv_public.inner.data_size.value();
+        let mut out = Vec::with_capacity(usize::from(size));
+        while out.len() < usize::from(size) {
+            let offset = out.len() as u16;
+            let chunk = (size - offset).min(NV_CHUNK);
+            let cmd = TpmNvReadCommand {
+                handles: [TpmHandle::new(index), TpmHandle::new(index)],
+                size: TpmUint16::new(chunk),
+                offset: TpmUint16::new(offset),
+            };
+            let r: TpmNvReadResponse =
+                self.run_parsed("TPM2_NV_Read", &cmd, &[password_session()])?;
+            if r.data.is_empty() {
+                return Err(protocol_error("TPM2_NV_Read", "an empty read"));
             }
+            out.extend_from_slice(&r.data);
         }
-        Ok(chain)
+        Ok(Some(out))
     }
 
     fn ak_public(&mut self) -> Result<PublicArea, Error> {

@@ -173,30 +173,6 @@ impl TssTpm {
         })
     }
 
-    /// The whole contents of NV index `index`, read with the owner's
-    /// (empty) authorization; `None` when the TPM has no such index.
-    fn nv_read_all(&mut self, index: u32) -> Result<Option<Vec<u8>>, Error> {
-        const NAME: &str = "TPM2_NV_Read";
-        if !self.has_handle(index)? {
-            return Ok(None);
-        }
-        let index =
-            NvIndexTpmHandle::new(index).map_err(|e| Error::Invalid(format!("NV index: {e}")))?;
-        let read = {
-            let ctx = self.context()?;
-            ctx.execute_with_session(Some(AuthSession::Password), |c| {
-                tss_esapi::abstraction::nv::read_full(c, NvAuth::Owner, index)
-            })
-        };
-        match read {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) => match self.error(NAME, e) {
-                Error::Tpm { rc, .. } if rc.is_handle() => Ok(None),
-                other => Err(other),
-            },
-        }
-    }
-
     fn persistent(&mut self, handle: u32) -> Result<Option<(KeyHandle, PublicArea)>, Error> {
         const NAME: &str = "TPM2_ReadPublic";
         if !self.has_handle(handle)? {
@@ -332,19 +308,26 @@ impl Tpm for TssTpm {
         self.with_retry(|t| t.load(Slot::Ek(kind), &[]).map(|(_, p)| p))
     }
 
-    fn ek_certificate(&mut self, kind: EkKind) -> Result<Option<Vec<u8>>, Error> {
-        self.nv_read_all(kind.certificate_index())
-    }
-
-    fn ek_chain(&mut self) -> Result<Vec<Vec<u8>>, Error> {
-        let mut chain = Vec::new();
-        for index in (crate::EK_CHAIN_FIRST_INDEX..).take(crate::EK_CHAIN_MAX) {
-            match self.nv_read_all(index)? {
-                Some(cert) => chain.push(cert),
-                None => break,
-            }
+    fn nv_read(&mut self, index: u32) -> Result<Option<Vec<u8>>, Error> {
+        const NAME: &str = "TPM2_NV_Read";
+        if !self.has_handle(index)? {
+            return Ok(None);
         }
-        Ok(chain)
+        let index =
+            NvIndexTpmHandle::new(index).map_err(|e| Error::Invalid(format!("NV index: {e}")))?;
+        let read = {
+            let ctx = self.context()?;
+            ctx.execute_with_session(Some(AuthSession::Password), |c| {
+                tss_esapi::abstraction::nv::read_full(c, NvAuth::Owner, index)
+            })
+        };
+        match read {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) => match self.error(NAME, e) {
+                Error::Tpm { rc, .. } if rc.is_handle() => Ok(None),
+                other => Err(other),
+            },
+        }
     }
 
     fn ak_public(&mut self) -> Result<PublicArea, Error> {
