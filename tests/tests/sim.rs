@@ -12,8 +12,19 @@ fn sim(nodes: usize, chaos: &str, seed: u64, duration: &str) -> serde_json::Valu
 }
 
 fn sim_on(store: &str, nodes: usize, chaos: &str, seed: u64, duration: &str) -> serde_json::Value {
+    sim_with(&["--store", store], nodes, chaos, seed, duration)
+}
+
+fn sim_with(
+    extra: &[&str],
+    nodes: usize,
+    chaos: &str,
+    seed: u64,
+    duration: &str,
+) -> serde_json::Value {
     let out = Command::new(bin("better-compute"))
-        .args(["sim", "--gateways", "3", "--json", "--store", store])
+        .args(["sim", "--gateways", "3", "--json"])
+        .args(extra)
         .args(["--nodes", &nodes.to_string(), "--chaos", chaos])
         .args(["--seed", &seed.to_string(), "--duration", duration])
         .output()
@@ -54,9 +65,12 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
 
 #[test]
 fn light_chaos_two_seeds() {
-    for seed in [1, 2] {
-        let r = sim(150, "light", seed, "15s");
+    // The second with the simulated machines' state in memory, as
+    // diskless nodes keep it.
+    for (seed, state) in [(1, "disk"), (2, "memory")] {
+        let r = sim_with(&["--node-state", state], 150, "light", seed, "15s");
         assert_clean(&r, 150);
+        assert_eq!(r["node_state"], state, "{r}");
         assert_eq!(r["faults"]["gateway kill"], 1, "{r}");
         let rehome = &r["rehome"][0];
         assert_eq!(rehome["rehomed"], rehome["nodes"], "{r}");

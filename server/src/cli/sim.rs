@@ -31,6 +31,12 @@ pub struct SimArgs {
     /// The gateways' heartbeat and lease timings.
     #[arg(long, value_enum, default_value = "fast")]
     timings: crate::sim::Timings,
+    /// Where the simulated machines keep their journal and identity:
+    /// `disk` (under the run's directory) or `memory` (/dev/shm, as
+    /// diskless nodes do; every node's fsyncs then stop sharing this
+    /// machine's one disk).
+    #[arg(long, value_enum, default_value = "disk")]
+    node_state: crate::sim::NodeState,
     /// The report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -51,6 +57,7 @@ pub async fn run(a: SimArgs, store: Option<String>) -> anyhow::Result<()> {
         gpus: a.gpus,
         progress: !a.json,
         store: store.unwrap_or_else(|| "sqlite".into()),
+        node_state: a.node_state,
     })
     .await?;
     if a.json {

@@ -55,6 +55,17 @@ pub const SPEC_TIMINGS: &[(&str, &str)] = &[
     ("--controller-lease-ttl", "15s"),
 ];
 
+/// Where the simulated machines keep their state (journal, identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeState {
+    /// Under the run's directory, on disk: every node's fsyncs share this
+    /// machine's one disk, which no fleet of real machines does.
+    Disk,
+    /// In memory (a directory under /dev/shm), as a diskless ramdisk node
+    /// keeps its journal: the control plane is what the run measures.
+    Memory,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Timings {
     /// Five times the spec's pace: liveness transitions within a short run.
@@ -91,6 +102,7 @@ pub struct SimOptions {
     /// `sqlite` (one file the gateways share), `postgres` (a throw-away
     /// cluster this run starts), or a PostgreSQL address.
     pub store: String,
+    pub node_state: NodeState,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -118,6 +130,8 @@ pub struct Report {
     pub gateways: usize,
     /// `sqlite` or `postgres`.
     pub store: String,
+    /// Where the simulated machines kept their state: `disk` or `memory`.
+    pub node_state: String,
     pub chaos: String,
     pub seed: u64,
     pub connect_s: f64,
@@ -591,7 +605,22 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
 
     // The fleet: agent hosts, which start their nodes once they know the
     // gateways.
-    let nodes_dir = dir.join("nodes");
+    let in_memory;
+    let nodes_dir = match opts.node_state {
+        NodeState::Disk => dir.join("nodes"),
+        NodeState::Memory => {
+            in_memory = tempfile::Builder::new()
+                .prefix("bc-sim-nodes-")
+                .tempdir_in("/dev/shm")
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot keep the simulated nodes in memory under /dev/shm ({e}): \
+                         run with --node-state disk"
+                    )
+                })?;
+            in_memory.path().to_path_buf()
+        }
+    };
     std::fs::create_dir_all(&nodes_dir)?;
     let hosts = Arc::new(Hosts::start(&nodes_dir, opts.nodes, opts.seed, opts.gpus, &token).await?);
     say(format!(
@@ -903,6 +932,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         nodes: opts.nodes,
         gateways: opts.gateways,
         store: store_kind.to_string(),
+        node_state: format!("{:?}", opts.node_state).to_lowercase(),
         settled,
         settle_limit_s: settle_limit.as_secs_f64(),
         clock_faults,
@@ -993,8 +1023,8 @@ impl Report {
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
-            "better-compute sim: {} nodes, {} gateways on {}, chaos {}, seed {}\n",
-            self.nodes, self.gateways, self.store, self.chaos, self.seed
+            "better-compute sim: {} nodes ({} state), {} gateways on {}, chaos {}, seed {}\n",
+            self.nodes, self.node_state, self.gateways, self.store, self.chaos, self.seed
         ));
         s.push_str(&format!(
             "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end (settled in {:.1}s)\n",

@@ -32,6 +32,9 @@ struct Args {
     /// Stores to run, in order.
     #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
     stores: Vec<String>,
+    /// Where the simulated machines keep their state (sim --node-state).
+    #[arg(long, default_value = "disk")]
+    node_state: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
             .args(["--duration", &args.duration, "--timings", &args.timings])
             .args(["--handshake-rate", &args.handshake_rate.to_string()])
             .args(["--seed", &args.seed.to_string(), "--store", store])
+            .args(["--node-state", &args.node_state])
             .output()?;
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
             anyhow::anyhow!(
@@ -55,8 +59,8 @@ fn main() -> anyhow::Result<()> {
         reports.push((store.clone(), report));
     }
     println!(
-        "bench-fleet: {} nodes, 3 gateways, --chaos kill, --timings {}, --handshake-rate {}, seed {}",
-        args.nodes, args.timings, args.handshake_rate, args.seed
+        "bench-fleet: {} nodes ({} state), 3 gateways, --chaos kill, --timings {}, --handshake-rate {}, seed {}",
+        args.nodes, args.node_state, args.timings, args.handshake_rate, args.seed
     );
     let cell = |r: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> Option<String>| {
         f(r).unwrap_or_else(|| "-".into())
