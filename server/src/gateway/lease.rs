@@ -154,9 +154,11 @@ pub async fn keep(state: Arc<GatewayState>) {
                 }
                 // Before the first session is admitted: the window its
                 // Welcome carries is sized from the fleet, not the starting
-                // figure.
+                // figure. A store too slow to say delays admission no more
+                // than a quarter of the lease; the work loop sizes it later.
                 if state.is_fenced() && !state.stopping.load(Ordering::SeqCst) {
-                    super::feeds::size_first_retry(&state).await;
+                    let _ =
+                        tokio::time::timeout(ttl / 4, super::feeds::size_first_retry(&state)).await;
                 }
                 if !state.stopping.load(Ordering::SeqCst)
                     && state.fenced.swap(false, Ordering::SeqCst)
