@@ -193,20 +193,12 @@ fn issued(
 /// and every certificate on the path is valid at `now_ms`. An enrolled
 /// EK CA is trusted as an anchor whatever it is: an operator enrols the
 /// root or the intermediate that signs the EK certificates.
+///
+/// The chain certificates the node's TPM holds (`sent`, DER each) stand
+/// beside each enrolment's own intermediates. They are the node's word:
+/// they only let the path reach an enrolled anchor, which is what is
+/// trusted, and one that does not parse or is not a CA is passed over.
 pub fn ek_certified_by<'a>(
-    der: &[u8],
-    cas: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
-    now_ms: i64,
-) -> Result<Option<&'a str>, AttestError> {
-    ek_certified_through(der, cas, &[], now_ms)
-}
-
-/// [`ek_certified_by`], with the chain certificates the node's TPM holds
-/// (`sent`, DER each) beside each enrolment's own intermediates. They are
-/// the node's word: they only let the path reach an enrolled anchor, which
-/// is what is trusted, and one that does not parse or is not a CA is passed
-/// over.
-pub fn ek_certified_through<'a>(
     der: &[u8],
     cas: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
     sent: &[Vec<u8>],
@@ -798,18 +790,24 @@ mod tests {
             ("ek-ca:ours", ca.as_slice(), &[][..]),
         ];
         assert_eq!(
-            ek_certified_by(&cert, cas, NOW).unwrap(),
+            ek_certified_by(&cert, cas, &[], NOW).unwrap(),
             Some("ek-ca:ours")
         );
-        assert_eq!(ek_certified_by(&cert, [cas[0]], NOW).unwrap(), None);
-        assert_eq!(ek_certified_by(&cert, [], NOW).unwrap(), None);
+        assert_eq!(ek_certified_by(&cert, [cas[0]], &[], NOW).unwrap(), None);
+        assert_eq!(ek_certified_by(&cert, [], &[], NOW).unwrap(), None);
         // Garbage among the enrolled CAs is skipped, not trusted.
         assert_eq!(
-            ek_certified_by(&cert, [("ek-ca:junk", &b"junk"[..], &b"junk"[..])], NOW).unwrap(),
+            ek_certified_by(
+                &cert,
+                [("ek-ca:junk", &b"junk"[..], &b"junk"[..])],
+                &[],
+                NOW
+            )
+            .unwrap(),
             None
         );
         // Outside the certificates' life: refused with what to do.
-        let late = ek_certified_by(&cert, cas, 0).unwrap_err();
+        let late = ek_certified_by(&cert, cas, &[], 0).unwrap_err();
         assert!(late.to_string().contains("not valid now"), "{late}");
     }
 
@@ -865,7 +863,7 @@ mod tests {
         let cert = sign(&ek);
         // The root alone did not sign the EK certificate.
         assert_eq!(
-            ek_certified_by(&cert, [("ek-ca:root", root.as_slice(), &[][..])], NOW).unwrap(),
+            ek_certified_by(&cert, [("ek-ca:root", root.as_slice(), &[][..])], &[], NOW).unwrap(),
             None
         );
         // With the intermediate enrolled under it, it did; the
@@ -874,13 +872,20 @@ mod tests {
             ek_certified_by(
                 &cert,
                 [("ek-ca:root", root.as_slice(), inter.as_slice())],
+                &[],
                 NOW
             )
             .unwrap(),
             Some("ek-ca:root")
         );
         assert_eq!(
-            ek_certified_by(&cert, [("ek-ca:inter", inter.as_slice(), &[][..])], NOW).unwrap(),
+            ek_certified_by(
+                &cert,
+                [("ek-ca:inter", inter.as_slice(), &[][..])],
+                &[],
+                NOW
+            )
+            .unwrap(),
             Some("ek-ca:inter")
         );
         // Junk and unrelated certificates among the intermediates are
@@ -897,6 +902,7 @@ mod tests {
             ek_certified_by(
                 &cert,
                 [("ek-ca:root", root.as_slice(), mixed.as_slice())],
+                &[],
                 NOW
             )
             .unwrap(),
@@ -908,6 +914,7 @@ mod tests {
             ek_certified_by(
                 &cert,
                 [("ek-ca:other", other_root.as_slice(), inter.as_slice())],
+                &[],
                 NOW
             )
             .unwrap(),
@@ -917,6 +924,7 @@ mod tests {
         let late = ek_certified_by(
             &cert,
             [("ek-ca:root", root.as_slice(), inter.as_slice())],
+            &[],
             0,
         )
         .unwrap_err();
@@ -926,7 +934,7 @@ mod tests {
         // passed over.
         let sent = [b"junk".to_vec(), inter.clone()];
         assert_eq!(
-            ek_certified_through(
+            ek_certified_by(
                 &cert,
                 [("ek-ca:root", root.as_slice(), &[][..])],
                 &sent,
@@ -936,7 +944,7 @@ mod tests {
             Some("ek-ca:root")
         );
         assert_eq!(
-            ek_certified_through(
+            ek_certified_by(
                 &cert,
                 [("ek-ca:other", other_root.as_slice(), &[][..])],
                 &sent,
@@ -951,6 +959,7 @@ mod tests {
             ek_certified_by(
                 &sign(&ek),
                 [("ek-ca:root", root.as_slice(), leaf.as_slice())],
+                &[],
                 NOW
             )
             .unwrap(),
@@ -969,7 +978,12 @@ mod tests {
             flip in 1u8..=255,
         ) {
             let _ = ek_from_certificate(&junk);
-            let _ = ek_certified_by(&junk, [("ek-ca:junk", junk.as_slice(), junk.as_slice())], NOW);
+            let _ = ek_certified_by(
+                &junk,
+                [("ek-ca:junk", junk.as_slice(), junk.as_slice())],
+                std::slice::from_ref(&junk),
+                NOW,
+            );
             let _ = certificates(&junk);
             thread_local! {
                 static SIGNED: (Vec<u8>, Vec<u8>) = {
@@ -991,7 +1005,7 @@ mod tests {
                     let start = c.tbs_certificate.as_ref().as_ptr() as usize - cert.as_ptr() as usize;
                     start..start + c.tbs_certificate.as_ref().len()
                 };
-                let by = ek_certified_by(&changed, [("ek-ca:ours", ca.as_slice(), &[][..])], NOW);
+                let by = ek_certified_by(&changed, [("ek-ca:ours", ca.as_slice(), &[][..])], &[], NOW);
                 if signed.contains(&i) {
                     assert!(
                         !matches!(by, Ok(Some(_))),

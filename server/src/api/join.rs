@@ -354,7 +354,7 @@ impl JoinService {
             .into_iter()
             .filter_map(|e| Some((e.id, e.ca_der?, e.ca_intermediates.unwrap_or_default())))
             .collect();
-        let by = attest::ek_certified_through(
+        let by = attest::ek_certified_by(
             ek_certificate,
             cas.iter()
                 .map(|(id, der, between)| (id.as_str(), der.as_slice(), between.as_slice())),
