@@ -57,17 +57,26 @@ pub async fn the_audit_history_is_one_chain_across_handles_and_reopenings(f: Fix
     assert_eq!(&after.audit[..before.audit.len()], &before.audit[..]);
     let places: Vec<i64> = after.audit.iter().map(|r| r.id).collect();
     assert_eq!(places, (1..=after.audit.len() as i64).collect::<Vec<_>>());
-    // Each chain numbers its records 1, 2, 3... in the order they were
-    // written, and each node's records are in one chain.
+    // Each chain numbers its records 1, 2, 3... with no gap, and each
+    // node's records are in one chain, numbered in the order they were
+    // written. Two nodes can share a chain; their records are numbered as
+    // their transactions commit, which on PostgreSQL need not be the order
+    // their rows were inserted in.
     let mut chains: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
+    let mut nodes: std::collections::BTreeMap<&str, Vec<i64>> = Default::default();
     for r in &after.audit {
         chains.entry(r.chain).or_default().push(r.seq);
         if !r.node_id.is_empty() {
             assert_eq!(r.chain, bc_store::audit::chain_of(&r.node_id, ""), "{r:?}");
+            nodes.entry(&r.node_id).or_default().push(r.seq);
         }
     }
-    for seqs in chains.values() {
+    for seqs in chains.values_mut() {
+        seqs.sort_unstable();
         assert_eq!(*seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    }
+    for (node, seqs) in nodes {
+        assert!(seqs.is_sorted(), "{node}: {seqs:?}");
     }
 }
 
