@@ -268,6 +268,25 @@ impl Server {
         })
     }
 
+    /// A figure the server exposes at /metrics, by the end of its name
+    /// (labels included).
+    pub fn counter(&self, name: &str) -> f64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.http.expect("the metrics listener"))
+            .expect("connect to the metrics listener");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bc\r\nConnection: close\r\n\r\n")
+            .expect("ask for /metrics");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read /metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                let (metric, value) = l.rsplit_once(' ')?;
+                metric.ends_with(name).then(|| value.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+    }
+
     /// The node listener, for `bcd join --server`.
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)

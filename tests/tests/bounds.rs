@@ -5,7 +5,7 @@
 //! in. Large release downloads hold the server's memory to a few chunks
 //! each, never the binary.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -137,22 +137,6 @@ fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
     s
 }
 
-/// A counter the server exposes at /metrics, by the end of its name.
-fn server_counter(server: &Server, name: &str) -> f64 {
-    let mut s = TcpStream::connect(server.http.expect("the metrics listener")).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bc\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (metric, value) = l.rsplit_once(' ')?;
-            metric.ends_with(name).then(|| value.parse().ok())?
-        })
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
-}
-
 #[test]
 fn one_address_holds_at_most_its_cap_and_nodes_from_others_still_connect() {
     let d = tempfile::tempdir().unwrap();
@@ -169,7 +153,7 @@ fn one_address_holds_at_most_its_cap_and_nodes_from_others_still_connect() {
     for conn in &mut surplus {
         assert!(closed_at_once(conn), "the surplus is closed as it arrives");
     }
-    assert!(server_counter(&server, "connections_over_address_cap_total") >= 3.0);
+    assert!(server.counter("connections_over_address_cap_total") >= 3.0);
     // A node from 127.0.0.1 joins and connects while they are held.
     let start = Instant::now();
     let out = node.join(&server.url(), &token);

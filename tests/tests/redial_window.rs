@@ -1,11 +1,14 @@
-//! The first-redial window: the gateway sizes it from the fleet and its
-//! gateways' capacity, hands it out in every Welcome, and keeps live
-//! sessions current through their heartbeat acknowledgements, so a node
-//! that connected while the fleet was small still spreads its redial over
-//! what the fleet has grown to.
+//! What a redialing fleet meets. The first-redial window: the gateway
+//! sizes it from the fleet and its gateways' capacity, hands it out in
+//! every Welcome, and keeps live sessions current through their heartbeat
+//! acknowledgements, so a node that connected while the fleet was small
+//! still spreads its redial over what the fleet has grown to. And the
+//! Hello queue: past `--max-pending-hellos` a Hello waits its turn rather
+//! than being turned away after its node paid for the TLS handshake.
 
 use std::time::{Duration, Instant};
 
+use bc_store::Store;
 use bc_tests::{Node, Server};
 use bcd_proto::v1::{self, node_message, server_message};
 
@@ -77,4 +80,100 @@ fn welcomes_and_heartbeat_acks_carry_the_window_sized_for_the_fleet() {
         }
         drop(tx);
     });
+}
+
+/// Opens a session for `node` and sends its Hello; the first answer, and
+/// when it came.
+async fn hello_answer(
+    node: &Node,
+    url: &str,
+) -> (Result<server_message::Msg, tonic::Status>, Instant) {
+    let (tx, mut stream) = node.raw_session(url).await;
+    tx.send(node.hello()).await.unwrap();
+    let answer = match stream.message().await {
+        Ok(Some(m)) => Ok(m.msg.expect("a message")),
+        Ok(None) => panic!("the session ended with no answer"),
+        Err(status) => Err(status),
+    };
+    // Kept open until the answer is read: a closed stream would end the
+    // session before the test sees it.
+    drop(tx);
+    (answer, Instant::now())
+}
+
+#[test]
+fn a_hello_past_the_bound_waits_its_turn_and_is_turned_away_busy_after_the_wait() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("server");
+    let server = Server::start(&dir, &["--max-pending-hellos", "1"]).unwrap();
+    let (a, b) = (
+        Node::new(&d.path().join("a"), 1),
+        Node::new(&d.path().join("b"), 2),
+    );
+    for n in [&a, &b] {
+        assert!(n.join(&server.url(), &server.token(1)).status.success());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = server.url();
+    rt.block_on(async {
+        let store = Store::open(
+            &bc_store::Location::Sqlite(dir.join("store.db")),
+            std::sync::Arc::new(bc_store::SystemClock),
+        )
+        .await
+        .unwrap();
+        let stall = |d: Duration| {
+            let store = store.clone();
+            tokio::spawn(async move { store.stall(d).await })
+        };
+        // The store stalls (another process holds its write lock) for
+        // 1.5 s: one Hello holds the one permit through it, the other
+        // waits its turn and is welcomed after it.
+        let stalled = stall(Duration::from_millis(1500));
+        let start = Instant::now();
+        let ((a_answer, a_at), (b_answer, b_at)) =
+            tokio::join!(hello_answer(&a, &url), hello_answer(&b, &url));
+        stalled.await.unwrap().unwrap();
+        for answer in [&a_answer, &b_answer] {
+            assert!(
+                matches!(answer, Ok(server_message::Msg::Welcome(_))),
+                "a Hello that waited its turn is welcomed: {answer:?}"
+            );
+        }
+        assert!(
+            a_at.min(b_at) - start >= Duration::from_millis(1000),
+            "the store stall held both Hellos back (else this checks nothing): {:?}",
+            a_at.min(b_at) - start
+        );
+        // Stalled past the queue's 5 s: the Hello waiting for the permit
+        // is turned away busy (its node backs off and redials); the one
+        // holding it is welcomed when the store comes back.
+        let stalled = stall(Duration::from_secs(7));
+        let ((a_answer, _), (b_answer, _)) =
+            tokio::join!(hello_answer(&a, &url), hello_answer(&b, &url));
+        stalled.await.unwrap().unwrap();
+        let answers = [a_answer, b_answer];
+        let welcomed = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(server_message::Msg::Welcome(_))))
+            .count();
+        let busy: Vec<&tonic::Status> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+        assert_eq!(welcomed, 1, "{answers:?}");
+        assert_eq!(busy.len(), 1, "{answers:?}");
+        assert_eq!(busy[0].code(), tonic::Code::ResourceExhausted, "{busy:?}");
+        assert!(
+            busy[0]
+                .message()
+                .contains("too many Hellos in flight; retry"),
+            "{busy:?}"
+        );
+    });
+    assert_eq!(
+        server.counter("hello_refusals_total{reason=\"too-many-hellos\"}"),
+        1.0
+    );
 }

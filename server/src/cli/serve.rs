@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// rate, it sizes the window nodes spread their first redial over.
     #[arg(long, default_value_t = 2000)]
     hello_capacity: u32,
+    /// Hello transactions this gateway runs at once; more wait their turn
+    /// for up to 5 s and are then refused busy (the node backs off).
+    #[arg(long, default_value_t = crate::gateway::DEFAULT_MAX_PENDING_HELLOS as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_pending_hellos: u32,
     /// Connections this process holds open at once, TLS handshakes
     /// included (each node holds one); more are closed as they arrive.
     #[arg(long, default_value_t = 20_000)]
@@ -133,6 +137,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         drain_within: a.drain_within,
         controller_lease_ttl: a.controller_lease_ttl,
         hello_capacity: a.hello_capacity,
+        max_pending_hellos: a.max_pending_hellos as usize,
         max_connections: a.max_connections,
         max_connections_per_address: a.max_connections_per_address,
         ..Timing::default()

@@ -84,6 +84,9 @@ pub struct Timing {
     pub max_connections_per_address: usize,
 }
 
+/// Hello transactions one gateway runs at once (`serve --max-pending-hellos`).
+pub const DEFAULT_MAX_PENDING_HELLOS: usize = 64;
+
 /// Connections one source address may hold open on the gateway listener:
 /// a node holds one, a NAT in front of many nodes a few hundred.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
@@ -100,7 +103,7 @@ impl Default for Timing {
             sweep_every: Duration::from_secs(1),
             outage_gap: Duration::from_secs(20),
             outage_hold: Duration::from_secs(300),
-            max_pending_hellos: 64,
+            max_pending_hellos: DEFAULT_MAX_PENDING_HELLOS,
             handshake_rate: 200,
             drain_within: Duration::from_secs(60),
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
