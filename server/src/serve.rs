@@ -328,6 +328,7 @@ pub async fn serve(
             Duration::from_millis(250),
         )),
         tokio::spawn(crate::gateway::feeds::work(gw.clone())),
+        tokio::spawn(crate::gateway::ends::run(gw.clone())),
     ]);
 
     let config = match &keys {

@@ -7,9 +7,12 @@
 //! - Revocations: every 250 ms, certificates revoked since the last look
 //!   end the sessions that present them.
 //! - Work: every second, one query finds the sessions with a pending
-//!   command or a changed spec (written through any gateway) and wakes
-//!   them; every five, the fleet's size sizes the first-redial window
-//!   Welcomes carry.
+//!   command or a spec changed since the last look that answered (written
+//!   through any gateway) and wakes them; every [`WORK_LOOK_BACK_EVERY`]
+//!   ticks it looks back [`WORK_LOOK_BACK`], the sessions' safety net for
+//!   a change that committed long after it was stamped. Every five
+//!   seconds, the fleet's size sizes the first-redial window Welcomes
+//!   carry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,10 +131,33 @@ pub async fn size_first_retry(state: &GatewayState) -> bool {
     }
 }
 
+/// How far each look for changed specs reaches back before the last look
+/// that answered: a change is stamped when its statement runs and seen
+/// once it commits.
+pub const WORK_OVERLAP_MS: i64 = 3_000;
+/// The work loop's wider look, every [`WORK_LOOK_BACK_EVERY`] ticks.
+pub const WORK_LOOK_BACK: Duration = Duration::from_secs(60);
+pub const WORK_LOOK_BACK_EVERY: u64 = 30;
+
+/// Where the work loop's look for changed specs starts: the last look that
+/// answered (less the overlap), however long ago, and at least
+/// [`WORK_LOOK_BACK`] back on the wider looks and the first. Time is a
+/// parameter.
+pub fn work_since(now_ms: i64, last_answered_ms: Option<i64>, tick: u64) -> i64 {
+    let wide = now_ms - WORK_LOOK_BACK.as_millis() as i64;
+    match last_answered_ms {
+        Some(last) if !tick.is_multiple_of(WORK_LOOK_BACK_EVERY) => last - WORK_OVERLAP_MS,
+        Some(last) => (last - WORK_OVERLAP_MS).min(wide),
+        None => wide,
+    }
+}
+
 pub async fn work(state: Arc<GatewayState>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks: u64 = 0;
+    // When the last look that answered began, on the store's clock.
+    let mut answered: Option<i64> = None;
     // When the first-redial window was last sized: the lease keeper sizes
     // it before the gateway admits its first session, then every 5 s here.
     let mut sized_at: Option<u64> = None;
@@ -147,8 +173,9 @@ pub async fn work(state: Arc<GatewayState>) {
         if state.is_fenced() || state.sessions().is_empty() {
             continue;
         }
-        // Overlapping windows: a wake for a spec already sent is a no-op.
-        let since = state.clock.now_ms() - 3_000;
+        // Overlapping looks: a wake for a spec already sent is a no-op.
+        let now = state.clock.now_ms();
+        let since = work_since(now, answered, ticks);
         match state
             .metrics
             .timed(
@@ -158,11 +185,36 @@ pub async fn work(state: Arc<GatewayState>) {
             .await
         {
             Ok(nodes) => {
+                answered = Some(now);
                 for n in nodes {
                     state.wake(&n);
                 }
             }
             Err(e) => warn!(error = %e, "cannot look for pending work"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_work_look_starts_where_the_last_answered_one_did_and_widens_now_and_then() {
+        let now = 1_000_000;
+        let wide = now - WORK_LOOK_BACK.as_millis() as i64;
+        assert_eq!(work_since(now, None, 1), wide, "the first look");
+        assert_eq!(work_since(now, Some(now - 1_000), 1), now - 4_000);
+        // Looks that failed for a while: the next reaches back to the last
+        // that answered, not just a second.
+        assert_eq!(work_since(now, Some(now - 20_000), 7), now - 23_000);
+        assert_eq!(work_since(now, Some(now - 600_000), 7), now - 603_000);
+        // The wider look reaches at least its span back.
+        assert_eq!(
+            work_since(now, Some(now - 1_000), WORK_LOOK_BACK_EVERY),
+            wide
+        );
+        assert_eq!(work_since(now, Some(now - 1_000), 0), wide);
+        assert_eq!(work_since(now, Some(now - 600_000), 0), now - 603_000);
     }
 }

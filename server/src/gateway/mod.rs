@@ -13,6 +13,7 @@
 //! - [`lease`]: the `gateway:<id>` lease and fencing.
 //! - [`feeds`]: the loops over all sessions: liveness flush, revocations,
 //!   work waiting in the store.
+//! - [`ends`]: sessions that ended, written to the store together.
 //! - [`admission`]: the handshake bucket; this module holds the Hello
 //!   permits.
 //! - [`facts`]: the node's signed facts (results, state reports,
@@ -28,6 +29,7 @@
 
 pub mod admission;
 pub mod credential;
+pub mod ends;
 pub mod facts;
 pub mod feeds;
 pub mod images;
@@ -166,6 +168,8 @@ pub struct GatewayState {
     /// [`admission::first_retry_window`]), refreshed by the work feed.
     pub first_retry_ms: AtomicU32,
     fenced: AtomicBool,
+    /// Sessions that ended, waiting to be written together.
+    pub ends: ends::Ends,
     /// What the gateway counts for `/metrics`.
     pub metrics: Arc<crate::metrics::ServerMetrics>,
     /// Shutting down: stays fenced whatever the lease does.
@@ -205,6 +209,7 @@ impl GatewayState {
             clock_offset_ms: AtomicI64::new(0),
             first_retry_ms: AtomicU32::new(1_000),
             fenced: AtomicBool::new(true),
+            ends: ends::Ends::default(),
             metrics,
             stopping: AtomicBool::new(false),
             renewing: tokio::sync::Mutex::new(()),
@@ -288,6 +293,8 @@ impl GatewayState {
             }
         }
         self.fence("shutting down");
+        // The drained sessions' ends first, while the lease is still held.
+        ends::write(self).await;
         let _no_renewal = self.renewing.lock().await;
         let mine: Vec<SessionKey> = self
             .sessions()

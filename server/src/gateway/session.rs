@@ -31,9 +31,6 @@ use super::lifetime::{End, Heartbeats};
 use super::{GatewayState, LocalSession};
 use crate::api::status::{Turned, status, turned};
 
-/// How often a session looks for work by itself, besides being woken.
-const SESSION_POLL: Duration = Duration::from_secs(30);
-
 type Out = mpsc::Sender<Result<ServerMessage, Status>>;
 
 fn msg(m: server_message::Msg) -> Result<ServerMessage, Status> {
@@ -183,6 +180,7 @@ pub async fn run(
     };
     drop(permit);
     let epoch = outcome.epoch;
+    let work_waits = outcome.work_waits(applied_generation);
     let span = info_span!("session", %node, epoch, gateway = %state.id);
     async move {
         let last_heard = Arc::new(Mutex::new(Instant::now()));
@@ -244,14 +242,17 @@ pub async fn run(
                 return session.finish(End::StreamEnded).await;
             }
         }
-        wake.notify_one();
+        // What waits for the node goes out at once; else the session
+        // waits to be woken (the work loop finds what arrives meanwhile).
+        if work_waits {
+            wake.notify_one();
+        }
         // The spec generation this session has: a full DesiredState goes
         // out whenever the store has a newer one.
         let mut sent_generation = applied_generation;
         // The gateway's work loop wakes the session when something waits
-        // for it; this slow poll is only the safety net.
-        let mut poll = tokio::time::interval(SESSION_POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // for it (see feeds::work: it also looks back over a wider span
+        // now and then, so a wake cannot be missed for good).
         let mut tick = tokio::time::interval(timing.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let heartbeats = Heartbeats {
@@ -261,7 +262,7 @@ pub async fn run(
         let end = loop {
             tokio::select! {
                 end = &mut end_rx => break end.unwrap_or(End::Superseded),
-                _ = async { tokio::select! { _ = wake.notified() => {}, _ = poll.tick() => {} } } => {
+                _ = wake.notified() => {
                     if !session.send_spec(&mut sent_generation).await
                         || !session.dispatch_pending().await
                     {
@@ -332,37 +333,19 @@ impl Session<'_> {
         if let Some(s) = end.status() {
             let _ = self.out.send(Err(s)).await;
         }
-        {
-            let mut sessions = self.state.sessions();
-            if sessions
-                .get(self.node)
-                .is_some_and(|s| s.epoch == self.epoch)
-            {
-                sessions.remove(self.node);
-            }
-            self.state.count_sessions(&sessions);
+        // Queued before the session leaves the map: a shutdown that sees
+        // the map empty writes every end queued by then.
+        if let Some((cause, age)) = end.disconnect() {
+            self.state.ends.push(self.node, self.epoch, age, cause);
         }
-        let Some((cause, age)) = end.disconnect() else {
-            return;
-        };
-        match self
-            .state
-            .metrics
-            .timed(
-                "disconnect",
-                self.state
-                    .store
-                    .disconnect(self.node, self.epoch, age, cause),
-            )
-            .await
+        let mut sessions = self.state.sessions();
+        if sessions
+            .get(self.node)
+            .is_some_and(|s| s.epoch == self.epoch)
         {
-            Ok(true) => {
-                self.state.metrics.transition("disconnected", 1);
-                info!(cause, "session ended")
-            }
-            Ok(false) => debug!(cause, "session ended; a newer session owns the node"),
-            Err(e) => warn!(error = %e, "cannot record the disconnect"),
+            sessions.remove(self.node);
         }
+        self.state.count_sessions(&sessions);
     }
 
     async fn send(&self, m: server_message::Msg) -> bool {

@@ -32,7 +32,7 @@ use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
@@ -190,15 +190,28 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The Hello transaction (see [`crate::sessions`]).
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
 
-    /// Marks a session disconnected if `epoch` is still its epoch; the node
-    /// was last seen `seen_age` ago. Returns whether it applied.
+    /// Marks each session disconnected (since it ended) if its epoch is
+    /// still the node's, in one transaction. Returns those that applied.
+    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError>;
+
+    /// [`Backend::disconnect_many`] for one session that ended now; the
+    /// node was last seen `seen_age` ago. Returns whether it applied.
     async fn disconnect(
         &self,
         node_id: &str,
         epoch: u64,
         seen_age: Duration,
         cause: &str,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<bool, StoreError> {
+        let ended = Ended {
+            node_id: node_id.to_string(),
+            epoch,
+            seen_age,
+            ended_age: Duration::ZERO,
+            cause: cause.to_string(),
+        };
+        Ok(!self.disconnect_many(&[ended]).await?.is_empty())
+    }
 
     /// Records when each of a gateway's sessions was last heard. Returns the
     /// sessions that are no longer current (a newer Hello ran): the gateway

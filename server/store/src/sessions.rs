@@ -53,9 +53,24 @@ pub struct HelloOutcome {
     /// (see [`crate::clones`]): revoked, the session not routed; the
     /// gateway refuses it as revoked.
     pub quarantined: bool,
+    /// Commands wait for the node (pending), as the Hello read them.
+    pub commands_pending: bool,
+    /// The node's desired-state generation as the Hello read it (0: none).
+    pub spec_generation: u64,
 }
 
+/// What a Hello reads to tell whether work waits for the node: whether a
+/// command is pending, and its spec's generation (`$1`/`?1`: the node).
+pub const HELLO_WORK: &str = "SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND state = 'pending'), \
+     COALESCE((SELECT generation FROM node_specs WHERE node_id = $1), 0)";
+
 impl HelloOutcome {
+    /// Whether the new session has something to send at once, its node
+    /// having applied `applied_generation`: else it waits to be woken.
+    pub fn work_waits(&self, applied_generation: u64) -> bool {
+        self.commands_pending || self.spec_generation > applied_generation
+    }
+
     /// A Hello that quarantined its certificate: nothing routed.
     pub fn quarantined(now_ms: i64) -> HelloOutcome {
         HelloOutcome {
@@ -66,6 +81,8 @@ impl HelloOutcome {
             finished: vec![],
             cert_not_after_ms: 0,
             quarantined: true,
+            commands_pending: false,
+            spec_generation: 0,
         }
     }
 }
@@ -93,6 +110,32 @@ pub struct Seen {
     pub node_id: String,
     pub epoch: u64,
     pub age: Duration,
+}
+
+/// A session that ended, as its gateway writes it: the node was last heard
+/// `seen_age` ago and the session ended `ended_age` ago (a gateway writes
+/// the sessions that ended meanwhile together).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub node_id: String,
+    pub epoch: u64,
+    pub seen_age: Duration,
+    pub ended_age: Duration,
+    /// Why: `stream-ended`, `missed-heartbeats`, `drained`, ...
+    pub cause: String,
+}
+
+impl Ended {
+    /// A session its gateway closes as it stops (cause `gateway-shutdown`).
+    pub fn at_shutdown(s: &SessionKey) -> Ended {
+        Ended {
+            node_id: s.node_id.clone(),
+            epoch: s.epoch,
+            seen_age: Duration::ZERO,
+            ended_age: Duration::ZERO,
+            cause: "gateway-shutdown".into(),
+        }
+    }
 }
 
 /// The fleet as a gateway sizes its nodes' first redial window by it.

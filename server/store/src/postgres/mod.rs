@@ -81,7 +81,7 @@ use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
@@ -601,17 +601,8 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| sessions::hello(&tx, h).await)
     }
 
-    async fn disconnect(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        seen_age: Duration,
-        cause: &str,
-    ) -> Result<bool, StoreError> {
-        tx!(self, |tx| sessions::disconnect(
-            &tx, node_id, epoch, seen_age, cause
-        )
-        .await)
+    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+        tx!(self, |tx| sessions::disconnect(&tx, ended).await)
     }
 
     async fn flush_liveness(

@@ -6,8 +6,6 @@
 //! owner and is fenced), then routes. Writes on behalf of a session carry
 //! `AND epoch = $epoch` and match nothing once a newer Hello ran.
 
-use std::time::Duration;
-
 use bcd_core::command::{HelloDecision, ServerState};
 
 use super::bindings::fleet_event;
@@ -19,8 +17,8 @@ use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
 use crate::nodes::{SUPERSEDED, TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
-    Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
-    inventory_wanted, lease_admits, settle_in_flight,
+    Ended, Finished, FleetSize, HELLO_WORK, HelloInput, HelloOutcome, InFlight, Seen, SessionKey,
+    SessionRow, inventory_wanted, lease_admits, settle_in_flight,
 };
 
 /// The node's row, found through the certificate presented (never the
@@ -57,6 +55,7 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
             (HELLO_CONNECTED, &[&h.node_id, &h.cert_serial]),
             (HELLO_PREV, &[&h.node_id]),
             (HELLO_INVENTORY, &[&h.node_id]),
+            (HELLO_WORK, &[&h.node_id]),
         ],
     )
     .await?
@@ -92,6 +91,9 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         )
     });
     let known: Vec<(String, String)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
+    let (commands_pending, spec_generation) = next()
+        .first()
+        .map_or((false, 0), |r| (r.get::<_, bool>(0), r.get::<_, i64>(1)));
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
     let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
     let conditions = to_json(&conditions_at_hello(conditions, h.daemon_exits));
@@ -171,6 +173,8 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         finished,
         cert_not_after_ms: cert.not_after_ms,
         quarantined: false,
+        commands_pending,
+        spec_generation: spec_generation.max(0) as u64,
     })
 }
 
@@ -307,22 +311,40 @@ async fn settle(
     Ok((replay, finished))
 }
 
+/// One statement for every session that ended; rows whose epoch moved on
+/// match nothing.
 pub(super) async fn disconnect(
     tx: &Tx<'_>,
-    node_id: &str,
-    epoch: u64,
-    seen_age: Duration,
-    cause: &str,
-) -> Result<bool, StoreError> {
-    let n = execute(
+    ended: &[Ended],
+) -> Result<Vec<SessionKey>, StoreError> {
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sorted: Vec<&Ended> = ended.iter().collect();
+    // One order for every writer of many session rows.
+    sorted.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    let nodes: Vec<&str> = sorted.iter().map(|e| e.node_id.as_str()).collect();
+    let epochs: Vec<i64> = sorted.iter().map(|e| e.epoch as i64).collect();
+    let causes: Vec<&str> = sorted.iter().map(|e| e.cause.as_str()).collect();
+    let seen: Vec<i64> = sorted.iter().map(|e| ms(e.seen_age)).collect();
+    let ended_ages: Vec<i64> = sorted.iter().map(|e| ms(e.ended_age)).collect();
+    Ok(query(
         tx,
-        "UPDATE node_sessions SET state = 'disconnected', state_since = compute_now(),
-             disconnect_cause = $3, last_seen = GREATEST(last_seen, compute_now() - $4)
-         WHERE node_id = $1 AND epoch = $2 AND state = 'connected'",
-        &[&node_id, &(epoch as i64), &cause, &ms(seen_age)],
+        "UPDATE node_sessions s SET state = 'disconnected', state_since = compute_now() - v.ended,
+             disconnect_cause = v.cause, last_seen = GREATEST(s.last_seen, compute_now() - v.seen)
+         FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[])
+              AS v(node_id, epoch, cause, seen, ended)
+         WHERE s.node_id = v.node_id AND s.epoch = v.epoch AND s.state = 'connected'
+         RETURNING s.node_id, s.epoch",
+        &[&nodes, &epochs, &causes, &seen, &ended_ages],
     )
-    .await?;
-    Ok(n == 1)
+    .await?
+    .iter()
+    .map(|r| SessionKey {
+        node_id: r.get(0),
+        epoch: r.get::<_, i64>(1) as u64,
+    })
+    .collect())
 }
 
 /// One statement for the whole flush: the database turns each age into a
@@ -370,9 +392,8 @@ pub(super) async fn gateway_shutdown(
     gateway_id: &str,
     sessions: &[SessionKey],
 ) -> Result<(), StoreError> {
-    for s in sessions {
-        disconnect(tx, &s.node_id, s.epoch, Duration::ZERO, "gateway-shutdown").await?;
-    }
+    let ended: Vec<Ended> = sessions.iter().map(Ended::at_shutdown).collect();
+    disconnect(tx, &ended).await?;
     execute(
         tx,
         "DELETE FROM leases WHERE name = $1 AND owner = $2",

@@ -64,7 +64,7 @@ use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
@@ -548,16 +548,9 @@ impl Backend for SqliteBackend {
         self.write(move |c| sessions::hello(c, &h)).await
     }
 
-    async fn disconnect(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        seen_age: Duration,
-        cause: &str,
-    ) -> Result<bool, StoreError> {
-        let (node, cause) = (node_id.to_string(), cause.to_string());
-        self.write(move |c| sessions::disconnect(c, &node, epoch, seen_age, &cause))
-            .await
+    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+        let ended = ended.to_vec();
+        self.write(move |c| sessions::disconnect(c, &ended)).await
     }
 
     async fn flush_liveness(

@@ -1,7 +1,5 @@
 //! Sessions: the Hello transaction and what sessions write.
 
-use std::time::Duration;
-
 use bcd_core::command::{HelloDecision, ServerState};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -14,8 +12,8 @@ use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
 use crate::nodes::{SUPERSEDED, TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
-    Finished, FleetSize, HelloInput, HelloOutcome, InFlight, Seen, SessionKey, SessionRow,
-    inventory_wanted, lease_admits, settle_in_flight,
+    Ended, Finished, FleetSize, HELLO_WORK, HelloInput, HelloOutcome, InFlight, Seen, SessionKey,
+    SessionRow, inventory_wanted, lease_admits, settle_in_flight,
 };
 
 pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -117,6 +115,9 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     let new_journal = prev.as_ref().is_some_and(|p| p.1 != h.journal_id);
     let new_boot = prev.as_ref().is_some_and(|p| p.2 != h.boot_id);
     let (replay, finished) = settle(c, h, epoch, now, new_journal, new_boot)?;
+    let (commands_pending, spec_generation): (bool, i64) = c
+        .prepare_cached(HELLO_WORK)?
+        .query_row([&h.node_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(HelloOutcome {
         epoch,
         server_time_ms: now,
@@ -125,6 +126,8 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         finished,
         cert_not_after_ms: cert.not_after_ms,
         quarantined: false,
+        commands_pending,
+        spec_generation: spec_generation.max(0) as u64,
     })
 }
 
@@ -255,21 +258,29 @@ fn settle(
     Ok((replay, finished))
 }
 
-pub(super) fn disconnect(
-    c: &Connection,
-    node_id: &str,
-    epoch: u64,
-    seen_age: Duration,
-    cause: &str,
-) -> Result<bool, StoreError> {
-    let n = c
-        .prepare_cached(
-            "UPDATE node_sessions SET state = 'disconnected', state_since = compute_now(),
-                 disconnect_cause = ?3, last_seen = MAX(last_seen, compute_now() - ?4)
-             WHERE node_id = ?1 AND epoch = ?2 AND state = 'connected'",
-        )?
-        .execute(params![node_id, epoch as i64, cause, ms(seen_age)])?;
-    Ok(n == 1)
+pub(super) fn disconnect(c: &Connection, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+    let mut q = c.prepare_cached(
+        "UPDATE node_sessions SET state = 'disconnected', state_since = compute_now() - ?5,
+             disconnect_cause = ?3, last_seen = MAX(last_seen, compute_now() - ?4)
+         WHERE node_id = ?1 AND epoch = ?2 AND state = 'connected'",
+    )?;
+    let mut applied = Vec::new();
+    for e in ended {
+        let n = q.execute(params![
+            e.node_id,
+            e.epoch as i64,
+            e.cause,
+            ms(e.seen_age),
+            ms(e.ended_age)
+        ])?;
+        if n == 1 {
+            applied.push(SessionKey {
+                node_id: e.node_id.clone(),
+                epoch: e.epoch,
+            });
+        }
+    }
+    Ok(applied)
 }
 
 pub(super) fn flush_liveness(
@@ -298,9 +309,8 @@ pub(super) fn gateway_shutdown(
     gateway_id: &str,
     sessions: &[SessionKey],
 ) -> Result<(), StoreError> {
-    for s in sessions {
-        disconnect(c, &s.node_id, s.epoch, Duration::ZERO, "gateway-shutdown")?;
-    }
+    let ended: Vec<Ended> = sessions.iter().map(Ended::at_shutdown).collect();
+    disconnect(c, &ended)?;
     c.execute(
         "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
         params![gateway_lease(gateway_id), gateway_id],

@@ -250,6 +250,8 @@ macro_rules! store_suite {
             sessions::a_gateway_without_its_lease_routes_nothing,
             sessions::hello_settles_in_flight_commands,
             sessions::a_gateway_shutdown_disconnects_and_releases_together,
+            sessions::a_gateway_writes_the_sessions_that_ended_together,
+            sessions::a_hello_says_whether_work_waits_for_the_node,
             sessions::certificates_renew_expire_and_are_revoked_with_their_node,
             sessions::an_expired_certificate_renews_only_within_the_grace,
             sessions::published_fleet_events_are_read_back_newest_first,

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use bc_store::commands::NewCommand;
 use bc_store::nodes::IssuedCert;
-use bc_store::sessions::{HelloInput, Seen, SessionKey};
+use bc_store::sessions::{Ended, HelloInput, Seen, SessionKey};
 use bc_store::{Refusal, TxError};
 use bcd_core::command::Kind;
 
@@ -294,6 +294,101 @@ pub async fn a_gateway_shutdown_disconnects_and_releases_together(f: Fixture) {
             .unwrap()
             .is_some()
     );
+}
+
+pub async fn a_gateway_writes_the_sessions_that_ended_together(f: Fixture) {
+    let s = &f.store;
+    let (a, b, c) = (joined(s, 1).await, joined(s, 2).await, joined(s, 3).await);
+    let ea = s.hello(&hello(&a, 1, "gw", 0)).await.unwrap().epoch;
+    let eb = s.hello(&hello(&b, 2, "gw", 0)).await.unwrap().epoch;
+    let ec = s.hello(&hello(&c, 3, "gw", 0)).await.unwrap().epoch;
+    // b moved on to another gateway before gw wrote its end.
+    s.hello(&hello(&b, 2, "gw-a", 0)).await.unwrap();
+    f.advance(Duration::from_secs(10));
+    let ended = |node: &str, epoch, seen_s, cause: &str| Ended {
+        node_id: node.into(),
+        epoch,
+        seen_age: Duration::from_secs(seen_s),
+        ended_age: Duration::from_secs(1),
+        cause: cause.into(),
+    };
+    assert!(s.disconnect_many(&[]).await.unwrap().is_empty());
+    let mut applied = s
+        .disconnect_many(&[
+            ended(&c, ec, 3, "missed-heartbeats"),
+            ended(&b, eb, 0, "stream-ended"),
+            ended(&a, ea, 2, "stream-ended"),
+        ])
+        .await
+        .unwrap();
+    applied.sort_by(|x, y| x.node_id.cmp(&y.node_id));
+    let mut want = vec![
+        SessionKey {
+            node_id: a.clone(),
+            epoch: ea,
+        },
+        SessionKey {
+            node_id: c.clone(),
+            epoch: ec,
+        },
+    ];
+    want.sort_by(|x, y| x.node_id.cmp(&y.node_id));
+    assert_eq!(applied, want, "b's newer session is not touched");
+    for (n, want) in [
+        (&a, "disconnected"),
+        (&b, "connected"),
+        (&c, "disconnected"),
+    ] {
+        assert_eq!(s.session(n).await.unwrap().unwrap().state, want, "{n}");
+    }
+    let ages: std::collections::HashMap<String, i64> = s
+        .list_nodes()
+        .await
+        .unwrap()
+        .nodes
+        .into_iter()
+        .map(|n| (n.node_id, n.last_seen_age_ms))
+        .collect();
+    assert_eq!(
+        (ages[&a], ages[&c]),
+        (2_000, 3_000),
+        "last seen = now - the age"
+    );
+    // Written again (a retried batch), nothing applies twice.
+    assert!(
+        s.disconnect_many(&[ended(&a, ea, 2, "stream-ended")])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+pub async fn a_hello_says_whether_work_waits_for_the_node(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let idle = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
+    assert!(
+        !idle.commands_pending && idle.spec_generation == 0,
+        "{idle:?}"
+    );
+    assert!(!idle.work_waits(0));
+    let (generation, _) = s
+        .update_spec(&node, Box::new(|_| Ok(())), Box::new(|_, _| b"g".to_vec()))
+        .await
+        .unwrap();
+    let spec = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
+    assert_eq!(spec.spec_generation, generation);
+    assert!(!spec.commands_pending);
+    assert!(spec.work_waits(generation - 1), "a node behind its spec");
+    assert!(!spec.work_waits(generation), "a node that applied it");
+    s.create_command(
+        &super::commands::command(&node, Kind::ExecRun, "x"),
+        Box::new(|_| vec![]),
+    )
+    .await
+    .unwrap();
+    let pending = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();
+    assert!(pending.commands_pending && pending.work_waits(generation));
 }
 
 pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixture) {
