@@ -87,7 +87,7 @@ pub async fn write(state: &GatewayState) {
         }
         match state
             .metrics
-            .timed("disconnect", state.store.disconnect_many(&batch))
+            .timed("disconnect", state.store.disconnect(&batch))
             .await
         {
             Ok(applied) => {

@@ -192,26 +192,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Marks each session disconnected (since it ended) if its epoch is
     /// still the node's, in one transaction. Returns those that applied.
-    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError>;
-
-    /// [`Backend::disconnect_many`] for one session that ended now; the
-    /// node was last seen `seen_age` ago. Returns whether it applied.
-    async fn disconnect(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        seen_age: Duration,
-        cause: &str,
-    ) -> Result<bool, StoreError> {
-        let ended = Ended {
-            node_id: node_id.to_string(),
-            epoch,
-            seen_age,
-            ended_age: Duration::ZERO,
-            cause: cause.to_string(),
-        };
-        Ok(!self.disconnect_many(&[ended]).await?.is_empty())
-    }
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError>;
 
     /// Records when each of a gateway's sessions was last heard. Returns the
     /// sessions that are no longer current (a newer Hello ran): the gateway

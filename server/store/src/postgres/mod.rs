@@ -601,7 +601,7 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| sessions::hello(&tx, h).await)
     }
 
-    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
         tx!(self, |tx| sessions::disconnect(&tx, ended).await)
     }
 

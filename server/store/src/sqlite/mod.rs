@@ -548,7 +548,7 @@ impl Backend for SqliteBackend {
         self.write(move |c| sessions::hello(c, &h)).await
     }
 
-    async fn disconnect_many(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
         let ended = ended.to_vec();
         self.write(move |c| sessions::disconnect(c, &ended)).await
     }

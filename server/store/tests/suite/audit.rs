@@ -4,7 +4,7 @@ use bc_store::specs::Assignment;
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
-use super::{Fixture, T0, hello, joined, lease, state, verify};
+use super::{Fixture, T0, disconnect, hello, joined, lease, state, verify};
 
 pub async fn triggers_stamp_history_with_the_store_clock(f: Fixture) {
     let s = &f.store;
@@ -22,9 +22,7 @@ pub async fn triggers_stamp_history_with_the_store_clock(f: Fixture) {
         .await
         .unwrap();
     f.advance(Duration::from_millis(100));
-    s.disconnect(&node, e, Duration::ZERO, "stream-ended")
-        .await
-        .unwrap();
+    assert!(disconnect(s, &node, e, Duration::ZERO).await);
     let snap = s.audit_snapshot().await.unwrap();
     let mine: Vec<(&str, i64)> = snap
         .audit

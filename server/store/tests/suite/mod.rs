@@ -89,6 +89,19 @@ pub async fn lease(s: &Store, gw: &str, ttl: Duration) {
         .expect("the lease is free");
 }
 
+/// Ends `node`'s session under `epoch` now, as its gateway writes it (the
+/// node last heard `seen_age` ago); whether it applied.
+pub async fn disconnect(s: &Store, node: &str, epoch: u64, seen_age: Duration) -> bool {
+    let ended = bc_store::sessions::Ended {
+        node_id: node.into(),
+        epoch,
+        seen_age,
+        ended_age: Duration::ZERO,
+        cause: "stream-ended".into(),
+    };
+    !s.disconnect(&[ended]).await.unwrap().is_empty()
+}
+
 pub fn fake_cert(n: u8) -> IssuedCert {
     IssuedCert {
         der: vec![n],

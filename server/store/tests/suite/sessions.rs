@@ -10,7 +10,9 @@ use bc_store::inventory::InventoryInput;
 use bc_store::nodes::Signed;
 use bc_store::specs::FactApplied;
 
-use super::{Fixture, T0, fake_cert, hello, joined, joined_with, lease, signed, verify};
+use super::{
+    Fixture, T0, disconnect, fake_cert, hello, joined, joined_with, lease, signed, verify,
+};
 
 /// The `gpus` section of `node` (certificate 1), sent under `epoch`.
 fn inventory(node: &str, epoch: u64) -> Signed<InventoryInput> {
@@ -44,11 +46,7 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
     let second = s.hello(&hello(&node, 1, "gw-b", 0)).await.unwrap();
     assert_eq!(second.epoch, 2);
     // gw-a's late writes under epoch 1 are fenced.
-    assert!(
-        !s.disconnect(&node, 1, Duration::ZERO, "stream-ended")
-            .await
-            .unwrap()
-    );
+    assert!(!disconnect(s, &node, 1, Duration::ZERO).await);
     let gone = s.flush_liveness("gw-a", &seen(&node, 1)).await.unwrap();
     assert_eq!(
         gone,
@@ -89,11 +87,7 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
         ("abc", &b"[]"[..])
     );
     f.advance(Duration::from_secs(5));
-    assert!(
-        s.disconnect(&node, 2, Duration::from_secs(2), "stream-ended")
-            .await
-            .unwrap()
-    );
+    assert!(disconnect(s, &node, 2, Duration::from_secs(2)).await);
     assert_eq!(
         s.session(&node).await.unwrap().unwrap().state,
         "disconnected"
@@ -312,9 +306,9 @@ pub async fn a_gateway_writes_the_sessions_that_ended_together(f: Fixture) {
         ended_age: Duration::from_secs(1),
         cause: cause.into(),
     };
-    assert!(s.disconnect_many(&[]).await.unwrap().is_empty());
+    assert!(s.disconnect(&[]).await.unwrap().is_empty());
     let mut applied = s
-        .disconnect_many(&[
+        .disconnect(&[
             ended(&c, ec, 3, "missed-heartbeats"),
             ended(&b, eb, 0, "stream-ended"),
             ended(&a, ea, 2, "stream-ended"),
@@ -356,7 +350,7 @@ pub async fn a_gateway_writes_the_sessions_that_ended_together(f: Fixture) {
     );
     // Written again (a retried batch), nothing applies twice.
     assert!(
-        s.disconnect_many(&[ended(&a, ea, 2, "stream-ended")])
+        s.disconnect(&[ended(&a, ea, 2, "stream-ended")])
             .await
             .unwrap()
             .is_empty()
