@@ -135,7 +135,7 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
             .await
             .expect("lease")
             .expect("free lease");
-        let hello = |i: usize| HelloInput {
+        let hello = move |i: usize| HelloInput {
             node_id: ids[i].clone(),
             cert_fingerprint: format!("f{i}"),
             cert_serial: format!("s{i}"),
@@ -150,23 +150,28 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
             journal_done: vec![],
             daemon_exits: 0,
         };
+        // `concurrency` workers, each taking the next Hello as soon as its
+        // last one committed: always that many in flight, as a gateway's
+        // queue keeps them, never waves that wait for their slowest.
+        let hello = std::sync::Arc::new(hello);
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let start = Instant::now();
-        let mut k = 0;
-        while k < n {
-            let wave: Vec<HelloInput> = (k..(k + concurrency).min(n))
-                .map(|k| hello(k % nodes))
-                .collect();
-            k += wave.len();
-            let tasks: Vec<_> = wave
-                .into_iter()
-                .map(|h| {
-                    let s = s.clone();
-                    tokio::spawn(async move { s.hello(&h).await })
+        let workers: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (s, hello, next) = (s.clone(), hello.clone(), next.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if k >= n {
+                            return;
+                        }
+                        s.hello(&hello(k % nodes)).await.expect("hello");
+                    }
                 })
-                .collect();
-            for t in tasks {
-                t.await.expect("task").expect("hello");
-            }
+            })
+            .collect();
+        for w in workers {
+            w.await.expect("worker");
         }
         n as f64 / start.elapsed().as_secs_f64()
     })
