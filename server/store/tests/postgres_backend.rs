@@ -104,6 +104,42 @@ async fn the_schema_is_pinned_by_its_golden_file() {
     );
 }
 
+/// Every store connection plans a prepared statement once (a generic
+/// plan, not one per execution), and the audit sealing trigger's helpers
+/// are inlined into the statements that call them rather than parsed and
+/// planned again in every transaction that seals a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_and_the_sealing_helpers_are_planned_once_per_connection() {
+    let url = test_database("plans").await.unwrap();
+    Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let c = client(&url).await;
+    let mode: String = c
+        .query_one("SHOW plan_cache_mode", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "force_generic_plan");
+    for call in [
+        "audit_chain_of(node_id, gateway_id)",
+        "audit_hash_v2(chain, prev_hash, seq, at, node_id, kind, epoch, gateway_id, value, detail)",
+    ] {
+        let plan: Vec<String> = c
+            .query(&format!("EXPLAIN (VERBOSE) SELECT {call} FROM audit"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("sha256") && !plan.contains("audit_"),
+            "{call} is not inlined:\n{plan}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_opening_one_store_at_once_migrate_it_once() {
     let url = test_database("migrate").await.unwrap();

@@ -112,6 +112,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0020_machine_enrolments.sql"),
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
     include_str!("migrations/0022_boot_access.sql"),
+    include_str!("migrations/0023_audit_functions_inlined.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -288,7 +289,8 @@ pub fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
     })?;
     let mut options = config.get_options().unwrap_or_default().to_string();
     options.push_str(&format!(
-        " -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+        " -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
+         -c plan_cache_mode=force_generic_plan",
         LOCK_TIMEOUT.as_millis(),
         IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
     ));

@@ -1,4 +1,4 @@
--- schema version 22
+-- schema version 23
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -389,7 +389,7 @@ END $function$
 audit_chain_of: CREATE OR REPLACE FUNCTION public.audit_chain_of(node_id text, gateway_id text)
  RETURNS bigint
  LANGUAGE sql
- IMMUTABLE STRICT
+ STABLE
 AS $function$
     SELECT 1 + get_byte(sha256(convert_to(
         CASE WHEN node_id = '' THEN gateway_id ELSE node_id END, 'UTF8')), 0)::bigint % 16
@@ -429,7 +429,7 @@ $function$
 audit_hash_v2: CREATE OR REPLACE FUNCTION public.audit_hash_v2(chain bigint, prev text, seq bigint, at bigint, node_id text, kind text, epoch bigint, gateway_id text, value bigint, detail text)
  RETURNS text
  LANGUAGE sql
- IMMUTABLE STRICT
+ STABLE
 AS $function$
     SELECT encode(sha256(convert_to(
         'bc-audit-v2' || chr(10) || chain::text

@@ -1,4 +1,4 @@
--- schema version 22
+-- schema version 23
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
