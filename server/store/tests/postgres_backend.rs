@@ -58,6 +58,12 @@ async fn schema(url: &str) -> String {
              ORDER BY 1",
         ),
         (
+            "storage",
+            "SELECT relname, array_to_string(reloptions, ', ') FROM pg_class
+             WHERE relnamespace = 'public'::regnamespace AND reloptions IS NOT NULL
+             ORDER BY 1",
+        ),
+        (
             "functions",
             "SELECT proname, pg_get_functiondef(oid) FROM pg_proc
              WHERE pronamespace = 'public'::regnamespace ORDER BY 1",

@@ -112,7 +112,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0020_machine_enrolments.sql"),
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
     include_str!("migrations/0022_boot_access.sql"),
-    include_str!("migrations/0023_audit_functions_inlined.sql"),
+    include_str!("migrations/0023_hello_cost.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -351,6 +351,9 @@ audit_result: CREATE TRIGGER audit_result AFTER UPDATE OF state ON public.comman
 audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON public.node_sessions FOR EACH ROW WHEN (((new.epoch <> old.epoch) OR (new.gateway_id <> old.gateway_id))) EXECUTE FUNCTION audit_route()
 audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
 
+-- storage
+node_sessions: fillfactor=50
+
 -- functions
 audit_backup: CREATE OR REPLACE FUNCTION public.audit_backup()
  RETURNS trigger

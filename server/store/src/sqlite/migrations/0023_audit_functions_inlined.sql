@@ -1,4 +1,0 @@
--- Nothing changes on SQLite: PostgreSQL's migration 0023 redeclares the
--- audit sealing trigger's SQL helpers so that they are inlined, and SQLite
--- seals records in Rust (bc_store::audit). The number keeps both stores'
--- schema versions meaning the same schema.

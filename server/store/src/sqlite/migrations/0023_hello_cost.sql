@@ -1,0 +1,5 @@
+-- Nothing changes on SQLite: PostgreSQL's migration 0023 redeclares the
+-- audit sealing trigger's SQL helpers so that they are inlined (SQLite
+-- seals records in Rust, bc_store::audit) and leaves room on
+-- node_sessions' pages for heap-only updates (SQLite has no such thing).
+-- The number keeps both stores' schema versions meaning the same schema.
