@@ -1,6 +1,6 @@
 //! Join tokens and operator credentials.
 
-use super::{Tx, execute, ms, now, query, query_one, query_opt};
+use super::{Params, Tx, execute, ms, now, pipeline, query, query_one, query_opt};
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
@@ -11,6 +11,7 @@ use crate::tokens::{
     judge_proof, new_node_id, no_operator, operator_exists, operator_role, reattest_detail,
     reclaim_detail, reenrol_detail,
 };
+use tokio_postgres::types::ToSql;
 
 pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
     let taken: bool = query_one(
@@ -167,22 +168,23 @@ async fn check_token(tx: &Tx<'_>, j: &JoinInput, now: i64) -> Result<(), TxError
     Ok(())
 }
 
+const SPEND_TOKEN: &str = "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = $1";
+
 async fn spend_token(tx: &Tx<'_>, token_id: &str) -> Result<(), tokio_postgres::Error> {
-    execute(
-        tx,
-        "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = $1",
-        &[&token_id],
-    )
-    .await?;
+    execute(tx, SPEND_TOKEN, &[&token_id]).await?;
     Ok(())
 }
 
 pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
     let now = now(tx).await?;
     check_token(tx, j, now).await?;
-    spend_token(tx, &j.token_id).await?;
-    new_node(tx, j, now, issue, None).await
+    new_node(tx, j, now, issue, None, Spend::Token).await
 }
+
+/// A MAC address `$1` that node `$2` reported at `$3`; one another node
+/// reported before names this node now.
+const INSERT_MAC: &str = "INSERT INTO node_macs (mac, node_id, reported_at) VALUES ($1, $2, $3)
+     ON CONFLICT (mac) DO UPDATE SET node_id = $2, reported_at = $3";
 
 /// The MAC addresses `node_id` reported replace those it reported before;
 /// a MAC another node reported before names this node now.
@@ -194,51 +196,81 @@ pub(super) async fn record_macs(
 ) -> Result<(), StoreError> {
     execute(tx, "DELETE FROM node_macs WHERE node_id = $1", &[&node_id]).await?;
     for mac in macs {
-        execute(
-            tx,
-            "INSERT INTO node_macs (mac, node_id, reported_at) VALUES ($1, $2, $3)
-             ON CONFLICT (mac) DO UPDATE SET node_id = $2, reported_at = $3",
-            &[mac, &node_id, &now],
-        )
-        .await?;
+        execute(tx, INSERT_MAC, &[mac, &node_id, &now]).await?;
     }
     Ok(())
 }
 
+/// Whether [`new_node`] spends the join's token, or its caller did (or
+/// there is none: a machine enrolled by its EK).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spend {
+    Token,
+    Done,
+}
+
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
-/// certificate `issue` builds; the token was spent.
+/// certificate `issue` builds, spending the token first if `spend` says
+/// so. Its statements go in one pipelined batch: a join holds its token's
+/// row locked from the check to the commit, and every join with that
+/// token waits for it.
 async fn new_node(
     tx: &Tx<'_>,
     j: &JoinInput,
     now: i64,
     issue: IssueCert,
     ek_sha256: Option<&str>,
+    spend: Spend,
 ) -> Result<Joined, TxError> {
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
-    execute(
-        tx,
+    let mut batch: Vec<(&str, Params<'_>)> = Vec::new();
+    let token = [&j.token_id as &(dyn ToSql + Sync)];
+    if spend == Spend::Token {
+        batch.push((SPEND_TOKEN, &token));
+    }
+    let node = [
+        &node_id as &(dyn ToSql + Sync),
+        &j.hostname,
+        &now,
+        &j.ramdisk,
+        &j.token_id,
+        &ek_sha256,
+    ];
+    batch.push((
         "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256, pool)
          VALUES ($1, $2, $3, 1, $4, $5, $6, (SELECT pool FROM join_tokens WHERE id = $5))",
-        &[&node_id, &j.hostname, &now, &j.ramdisk, &j.token_id, &ek_sha256],
-    )
-    .await?;
-    record_macs(tx, &node_id, &j.macs, now).await?;
-    execute(
-        tx,
+        &node,
+    ));
+    let macs: Vec<[&(dyn ToSql + Sync); 3]> = j
+        .macs
+        .iter()
+        .map(|m| [m as _, &node_id as _, &now as _])
+        .collect();
+    for m in &macs {
+        batch.push((INSERT_MAC, m));
+    }
+    let certificate = [
+        &cert.serial as &(dyn ToSql + Sync),
+        &node_id,
+        &cert.fingerprint,
+        &cert.not_before_ms,
+        &cert.not_after_ms,
+        &cert.der,
+    ];
+    batch.push((
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES ($1, $2, $3, 1, $4, $5, $6)",
-        &[
-            &cert.serial,
-            &node_id,
-            &cert.fingerprint,
-            &cert.not_before_ms,
-            &cert.not_after_ms,
-            &cert.der,
-        ],
-    )
-    .await?;
-    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(tx, &node_id).await?;
+        &certificate,
+    ));
+    let id = [&node_id as &(dyn ToSql + Sync)];
+    batch.push((super::nodes::SEQ_FLOOR, &id));
+    batch.push((super::nodes::GENERATION_FLOOR, &id));
+    let mut rows = pipeline(tx, &batch).await?;
+    let generation = rows.pop().unwrap_or_default();
+    let seq = rows.pop().unwrap_or_default();
+    let (command_seq_floor, spec_generation_floor) =
+        super::nodes::floors_from(seq.first(), generation.first());
     Ok(Joined {
         node_id,
         cert,
@@ -305,7 +337,7 @@ pub(super) async fn join_attested(
     let bound = bound_node(tx, ek_sha256).await?;
     spend_token(tx, &j.token_id).await?;
     match bound {
-        None => new_node(tx, j, now, issue, Some(ek_sha256)).await,
+        None => new_node(tx, j, now, issue, Some(ek_sha256), Spend::Done).await,
         Some(BoundNode {
             node_id,
             generation,
@@ -470,7 +502,7 @@ pub(super) async fn join_enrolled(
                 token_id: admitted_by,
                 ..j.clone()
             };
-            let joined = new_node(tx, &j, now, issue, Some(ek_sha256)).await?;
+            let joined = new_node(tx, &j, now, issue, Some(ek_sha256), Spend::Done).await?;
             watch_reattest(tx, &joined.node_id, boot_id, now).await?;
             Ok(Enrolled::Joined(joined))
         }
