@@ -82,6 +82,22 @@ pub struct Joined {
     pub identity_generation: u64,
 }
 
+impl Joined {
+    /// A node created by this join, at identity generation 1. Its floors
+    /// are zero: nothing was issued to an id that did not exist (a node's
+    /// row is never removed, so an id is never made twice).
+    pub fn new_node(node_id: String, cert: IssuedCert, now_ms: i64) -> Joined {
+        Joined {
+            node_id,
+            cert,
+            now_ms,
+            command_seq_floor: 0,
+            spec_generation_floor: 0,
+            identity_generation: 1,
+        }
+    }
+}
+
 /// A joining machine's proof that it holds the key of an existing node.
 #[derive(Debug, Clone)]
 pub struct PreviousProof {

@@ -29,32 +29,28 @@ pub(super) async fn valid_certs(
 
 /// The replay floors the store knows for a node: the highest sequence it
 /// dispatched and its spec generation.
-/// The highest sequence a node's commands reached (`$1` the node).
-pub(super) const SEQ_FLOOR: &str =
-    "SELECT MAX(seq) FROM commands WHERE node_id = $1 AND state <> 'pending'";
-/// The generation of a node's spec (`$1` the node).
-pub(super) const GENERATION_FLOOR: &str = "SELECT generation FROM node_specs WHERE node_id = $1";
-
 pub(super) async fn floors(
     tx: &Tx<'_>,
     node_id: &str,
 ) -> Result<(u64, u64), tokio_postgres::Error> {
-    let seq = query_one(tx, SEQ_FLOOR, &[&node_id]).await?;
-    let generation = query_opt(tx, GENERATION_FLOOR, &[&node_id]).await?;
-    Ok(floors_from(Some(&seq), generation.as_ref()))
-}
-
-/// The floors from [`SEQ_FLOOR`]'s and [`GENERATION_FLOOR`]'s rows.
-pub(super) fn floors_from(
-    seq: Option<&tokio_postgres::Row>,
-    generation: Option<&tokio_postgres::Row>,
-) -> (u64, u64) {
-    let seq: Option<i64> = seq.and_then(|r| r.get(0));
-    let generation: Option<i64> = generation.map(|r| r.get(0));
-    (
+    let seq: Option<i64> = query_one(
+        tx,
+        "SELECT MAX(seq) FROM commands WHERE node_id = $1 AND state <> 'pending'",
+        &[&node_id],
+    )
+    .await?
+    .get(0);
+    let generation: Option<i64> = query_opt(
+        tx,
+        "SELECT generation FROM node_specs WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| r.get(0));
+    Ok((
         seq.unwrap_or(0).max(0) as u64,
         generation.unwrap_or(0).max(0) as u64,
-    )
+    ))
 }
 
 /// The certificate with fingerprint `$1`, with its node's deletion time

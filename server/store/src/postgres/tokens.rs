@@ -202,7 +202,7 @@ pub(super) async fn record_macs(
 }
 
 /// Whether [`new_node`] spends the join's token, or its caller did (or
-/// there is none: a machine enrolled by its EK).
+/// there is none: a machine enrolled by its EK has no token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Spend {
     Token,
@@ -211,7 +211,7 @@ enum Spend {
 
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
 /// certificate `issue` builds, spending the token first if `spend` says
-/// so. Its statements go in one pipelined batch: a join holds its token's
+/// so. Its writes go in one pipelined batch: a join holds its token's
 /// row locked from the check to the commit, and every join with that
 /// token waits for it.
 async fn new_node(
@@ -263,22 +263,8 @@ async fn new_node(
          VALUES ($1, $2, $3, 1, $4, $5, $6)",
         &certificate,
     ));
-    let id = [&node_id as &(dyn ToSql + Sync)];
-    batch.push((super::nodes::SEQ_FLOOR, &id));
-    batch.push((super::nodes::GENERATION_FLOOR, &id));
-    let mut rows = pipeline(tx, &batch).await?;
-    let generation = rows.pop().unwrap_or_default();
-    let seq = rows.pop().unwrap_or_default();
-    let (command_seq_floor, spec_generation_floor) =
-        super::nodes::floors_from(seq.first(), generation.first());
-    Ok(Joined {
-        node_id,
-        cert,
-        now_ms: now,
-        command_seq_floor,
-        spec_generation_floor,
-        identity_generation: 1,
-    })
+    pipeline(tx, &batch).await?;
+    Ok(Joined::new_node(node_id, cert, now))
 }
 
 pub(super) async fn reenrol(

@@ -224,15 +224,7 @@ fn new_node(
             cert.der
         ],
     )?;
-    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(c, &node_id)?;
-    Ok(Joined {
-        node_id,
-        cert,
-        now_ms: now,
-        command_seq_floor,
-        spec_generation_floor,
-        identity_generation: 1,
-    })
+    Ok(Joined::new_node(node_id, cert, now))
 }
 
 pub(super) fn reenrol(
