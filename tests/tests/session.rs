@@ -378,6 +378,32 @@ fn sim_runs_many_fakehw_agents_in_one_process() {
     hosts.sort();
     hosts.dedup();
     assert_eq!(hosts.len(), 25, "each simulated node is its own machine");
+    // Connected and idle, a simulated node closes its journal (SQLite
+    // removes the WAL and its index at the last close): the connection's
+    // memory goes while the session stays up.
+    let open_journals = || {
+        (0..25)
+            .filter(|i| {
+                d.path()
+                    .join(format!("sim/node-{i:05}/journal.db-shm"))
+                    .exists()
+            })
+            .count()
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "every idle simulated node's journal closed",
+        || (open_journals() == 0).then_some(()),
+    );
+    assert_eq!(
+        server
+            .nodes()
+            .iter()
+            .filter(|n| n.state == "connected")
+            .count(),
+        25,
+        "sessions stay up while the journals are closed"
+    );
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_raw(sim.id() as i32).unwrap(),
         Signal::INT,

@@ -182,14 +182,18 @@ impl Fleet {
             while !identity::exists(&node.dir) {
                 let joined = {
                     let _permit = joins.acquire().await.expect("semaphore open");
-                    join::join_with_token(
+                    // Boxed, as the daemon below: a task keeps room for its
+                    // largest await for as long as it lives, and the join's
+                    // (about 20 KiB, a TLS handshake) would otherwise stay
+                    // with every simulated node after it joined.
+                    Box::pin(join::join_with_token(
                         &server,
                         &token,
                         &node.dir,
                         false,
                         node.host.as_ref(),
                         None,
-                    )
+                    ))
                     .await
                 };
                 if let Err(e) = joined {
@@ -229,11 +233,12 @@ impl Fleet {
                     node::Footprint::SIMULATED,
                 )?;
                 let mut stop = stop.clone();
-                let stopped = agent
-                    .run(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
+                // Boxed: the daemon's state (about 10 KiB) lives only while
+                // it runs.
+                let stopped = Box::pin(agent.run(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                }))
+                .await;
                 match stopped {
                     Stopped::Shutdown => return anyhow::Ok(()),
                     Stopped::Rebooted | Stopped::Restart => continue,

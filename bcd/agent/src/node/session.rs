@@ -214,6 +214,9 @@ impl Agent {
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
                     }
                 }
+                _ = journal_idle(self.journal.idle_deadline()) => {
+                    self.journal.close_idle(std::time::Instant::now());
+                }
                 _ = upgrade_sleep(self.upgrade_deadline) => {
                     if self.upgrade_overdue() {
                         self.uncount(&mut counted);
@@ -481,5 +484,14 @@ impl Agent {
                 .map_err(|e| format!("journal: {e}"))?,
             daemon_exits: crate::upgrade::daemon_exits(),
         })
+    }
+}
+
+/// Until the journal's idle connection is due to close; forever when it is
+/// closed or kept open.
+async fn journal_idle(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(Instant::from_std(d)).await,
+        None => std::future::pending().await,
     }
 }
