@@ -25,9 +25,11 @@
 //! WAL into the database file, so nothing journaled is lost or left
 //! unsynced; what goes is the connection's memory, its page cache and the
 //! mapped WAL index. The reads a session makes after every server message
-//! are answered from what the journal knows without asking SQLite (the
-//! highest event id, the applied generation), so an idle node's journal
-//! stays closed between its minute metrics.
+//! and at every new session are answered from what the journal knows
+//! without asking SQLite when they can be (the highest event id, the
+//! applied generation, whether any command is unacknowledged), so an idle
+//! node's journal stays closed between its minute metrics, and a fleet
+//! reconnecting at once does not open every journal together.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::path::{Path, PathBuf};
@@ -89,6 +91,8 @@ pub struct Journal {
     last_event: Cell<u64>,
     /// The `applied_generation` meta value, which only this journal writes.
     applied_generation: Cell<u64>,
+    /// Commands not acknowledged (what [`Journal::open_entries`] returns).
+    unacked: Cell<u64>,
 }
 
 /// How much memory an open journal keeps: its SQLite page cache, and
@@ -291,6 +295,10 @@ impl Journal {
         let last_event: i64 =
             conn.query_row("SELECT COALESCE(MAX(id), 0) FROM events", [], |r| r.get(0))?;
         let applied_generation = read_applied_generation(&conn)?;
+        let unacked: i64 =
+            conn.query_row("SELECT COUNT(*) FROM commands WHERE acked = 0", [], |r| {
+                r.get(0)
+            })?;
         Ok(Journal {
             path: path.to_path_buf(),
             options,
@@ -299,6 +307,7 @@ impl Journal {
             journal_id,
             last_event: Cell::new(last_event as u64),
             applied_generation: Cell::new(applied_generation),
+            unacked: Cell::new(unacked as u64),
         })
     }
 
@@ -434,7 +443,9 @@ impl Journal {
              ON CONFLICT (key) DO UPDATE SET value = MAX(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER))",
             [seq.to_string()],
         )?;
-        tx.commit()
+        tx.commit()?;
+        self.unacked.set(self.unacked.get() + 1);
+        Ok(())
     }
 
     /// Durably records that the side effect is about to start.
@@ -459,8 +470,8 @@ impl Journal {
     pub fn mark_acked(&self, id: &str) -> rusqlite::Result<()> {
         let conn = self.conn()?;
         let tx = conn.unchecked_transaction()?;
-        tx.execute(
-            "UPDATE commands SET acked = 1 WHERE id = ?1 AND state = 'done'",
+        let acked = tx.execute(
+            "UPDATE commands SET acked = 1 WHERE id = ?1 AND state = 'done' AND acked = 0",
             [id],
         )?;
         tx.execute(
@@ -468,7 +479,10 @@ impl Journal {
                  (SELECT seq FROM commands WHERE acked = 1 ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
             [KEEP_ACKED - 1],
         )?;
-        tx.commit()
+        tx.commit()?;
+        self.unacked
+            .set(self.unacked.get().saturating_sub(acked as u64));
+        Ok(())
     }
 
     /// Journals an event. When the bounds are reached, the oldest metric
@@ -559,6 +573,9 @@ impl Journal {
 
     /// Every command not acknowledged, in sequence order.
     pub fn open_entries(&self) -> rusqlite::Result<Vec<Entry>> {
+        if self.unacked.get() == 0 {
+            return Ok(Vec::new());
+        }
         let conn = self.conn()?;
         let mut q = conn.prepare(
             "SELECT id, seq, kind, payload, state, boot_id, result, acked FROM commands
@@ -880,8 +897,27 @@ mod tests {
             max_count: 4,
         };
         let mut rng = bcd_core::rng::SplitMix64::new(0x5eed);
-        for step in 0..400u64 {
-            match rng.next_u64() % 6 {
+        let mut seq = 0u64;
+        for step in 0..600u64 {
+            match rng.next_u64() % 9 {
+                6 => {
+                    seq += 1;
+                    j.accept(&format!("c{seq}"), seq, "exec.run", b"").unwrap();
+                }
+                7 if seq > 0 => {
+                    let id = format!("c{}", 1 + rng.next_u64() % seq);
+                    j.finish(&id, b"r").unwrap();
+                }
+                8 if seq > 0 => {
+                    // Twice sometimes, and for commands not done: an ack
+                    // changes only a done, unacknowledged command.
+                    let id = format!("c{}", 1 + rng.next_u64() % seq);
+                    j.mark_acked(&id).unwrap();
+                    if rng.next_u64().is_multiple_of(2) {
+                        j.mark_acked(&id).unwrap();
+                    }
+                }
+                6..=8 => {}
                 0 | 1 => {
                     let class = if rng.next_u64().is_multiple_of(2) {
                         EventClass::Metric
@@ -925,6 +961,16 @@ mod tests {
             assert_eq!(
                 j.applied_generation().unwrap(),
                 read_applied_generation(&sql).unwrap(),
+                "step {step}"
+            );
+            let unacked: i64 = sql
+                .query_row("SELECT COUNT(*) FROM commands WHERE acked = 0", [], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            assert_eq!(
+                j.open_entries().unwrap().len() as i64,
+                unacked,
                 "step {step}"
             );
         }
