@@ -354,7 +354,8 @@ impl Journal {
     }
 
     /// Whether the connection is open (closed only for idleness).
-    pub fn is_open(&self) -> bool {
+    #[cfg(test)]
+    fn is_open(&self) -> bool {
         self.conn.borrow().is_some()
     }
 
