@@ -56,7 +56,7 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<Stream, String> {
     use tokio_stream::StreamExt;
     let config = identity.client_config()?;
-    let channel = tls::connect(&identity.file.server, config)
+    let channel = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let (tx, rx) = mpsc::channel::<Box<NodeMessage>>(64);
@@ -215,7 +215,7 @@ async fn send_renewal(
     ca: &CertificateDer<'static>,
 ) -> Result<bcd_proto::v1::RenewResponse, String> {
     let csr_der = request.csr_der.clone();
-    let channel = tls::connect(server, config)
+    let channel = tls::dial(server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let resp = JoinClient::new(channel)
@@ -426,7 +426,7 @@ async fn download(
     partial: &mut Option<Assembly>,
 ) -> Result<(release::Manifest, Vec<u8>), Failed> {
     let config = identity.client_config().map_err(|e| (e, false))?;
-    let channel = tls::connect(&identity.file.server, config)
+    let channel = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| (bcd_sys::error::chain(&e), true))?;
     let mut client = JoinClient::new(channel);
@@ -493,7 +493,7 @@ async fn download(
 
 /// A release whole, from a server without `FetchReleaseChunks`.
 async fn whole(
-    mut client: JoinClient<tonic::transport::Channel>,
+    mut client: JoinClient<bcd_proto::tls::Conn>,
     identity: &Identity,
     sequence: u64,
 ) -> Result<(release::Manifest, Vec<u8>), Failed> {
@@ -598,7 +598,7 @@ async fn fetch_image_into(
         return Err(fetch::NotLoaded::NoKeys.to_string());
     }
     let config = identity.client_config()?;
-    let channel = tls::connect(&identity.file.server, config)
+    let channel = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| format!("cannot reach the server: {}", bcd_sys::error::chain(&e)))?;
     let refused = |s: tonic::Status| {

@@ -224,9 +224,9 @@ pub async fn join_with_token(
 }
 
 /// Dials the server, trusting it only with the CA `pin` names (a token's).
-async fn dial(server: &str, pin: &str) -> anyhow::Result<JoinClient<tonic::transport::Channel>> {
+async fn dial(server: &str, pin: &str) -> anyhow::Result<JoinClient<bcd_proto::tls::Conn>> {
     let config = tls::client_config(ServerTrust::Pin(pin.to_string()), None)?;
-    let channel = tls::connect(server, config).await.map_err(|e| {
+    let channel = tls::dial(server, config).await.map_err(|e| {
         anyhow::Error::new(e).context(format!(
             "cannot reach the server at {server}; check --server and that better-compute \
              serve runs there"
@@ -238,7 +238,7 @@ async fn dial(server: &str, pin: &str) -> anyhow::Result<JoinClient<tonic::trans
 /// Sends the join: what every join carries, and the proof of a previous
 /// identity or the TPM's attestation.
 async fn send_join(
-    client: &mut JoinClient<tonic::transport::Channel>,
+    client: &mut JoinClient<bcd_proto::tls::Conn>,
     token: Option<&JoinToken>,
     csr_der: Vec<u8>,
     host: &dyn Host,

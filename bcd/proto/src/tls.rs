@@ -9,9 +9,14 @@
 //! but optional at the TLS layer: Join has none yet, and every other service
 //! refuses a request without one.
 
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -19,6 +24,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
+#[cfg(feature = "channel")]
 use tonic::transport::{Channel, Endpoint};
 
 use crate::{GATEWAY_NAME, fingerprint};
@@ -40,7 +46,7 @@ pub enum TlsError {
     Connect {
         addr: String,
         #[source]
-        source: tonic::transport::Error,
+        source: DialError,
     },
 }
 
@@ -238,14 +244,131 @@ pub fn host_port(url: &str) -> Result<String, TlsError> {
     Ok(rest.to_string())
 }
 
-/// Connects a tonic channel to `url` over our TLS. The connection is made
-/// now, so an unreachable server or a refused certificate fails here.
+/// One HTTP/2 connection to a gateway (or the operator API) over our TLS,
+/// for tonic clients: `JoinClient::new(conn)`, `Grpc::new(conn)`. Clones
+/// share the connection. Unlike a tonic `Channel` it never dials again:
+/// once the connection is gone every call fails, and the caller dials anew
+/// (a node's session, a join, a download each make their own). It holds no
+/// request queue and no worker task of its own, so a fleet of simulated
+/// nodes in one process pays only for the connection itself.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
+    /// `host:port` as dialled: the `:authority` of every request.
+    authority: http::uri::Authority,
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Conn {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.send.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
+        // tonic's clients send the method's path only; HTTP/2 needs the
+        // scheme and authority beside it.
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+        Box::pin(self.send.send_request(req))
+    }
+}
+
+/// Dials the gateway at `url` over our TLS, checking its certificate for
+/// [`GATEWAY_NAME`]. The connection is made now (TCP, the TLS handshake and
+/// HTTP/2's preface), so an unreachable server or a refused certificate
+/// fails here.
+pub async fn dial(url: &str, config: Arc<ClientConfig>) -> Result<Conn, TlsError> {
+    dial_named(url, config, GATEWAY_NAME).await
+}
+
+/// As [`dial`], checking the server's certificate for `name` (the operator
+/// API's is [`crate::API_NAME`]) instead of the gateway's.
+pub async fn dial_named(
+    url: &str,
+    config: Arc<ClientConfig>,
+    name: &'static str,
+) -> Result<Conn, TlsError> {
+    let addr = host_port(url)?;
+    let failed = |source: DialError| TlsError::Connect {
+        addr: addr.clone(),
+        source,
+    };
+    let authority = http::uri::Authority::try_from(addr.as_str())
+        .map_err(|_| TlsError::BadAddress(url.to_string()))?;
+    let tls = tls_stream(&addr, config, name)
+        .await
+        .map_err(|e| failed(DialError::Io(e)))?;
+    let (send, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_INTERVAL)
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| failed(DialError::Http2(e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "connection ended");
+        }
+    });
+    Ok(Conn { send, authority })
+}
+
+/// What failed while dialling.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("HTTP/2: {0}")]
+    Http2(#[source] hyper::Error),
+    #[cfg(feature = "channel")]
+    #[error(transparent)]
+    Channel(tonic::transport::Error),
+}
+
+/// TCP to `addr`, then the TLS handshake checking the server's certificate
+/// for `name`; each step within its own time limit.
+async fn tls_stream(
+    addr: &str,
+    config: Arc<ClientConfig>,
+    name: &'static str,
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TCP connect timed out"))??;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from(name).map_err(io::Error::other)?;
+    tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+}
+
+/// How long a TCP connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects a tonic channel to `url` over our TLS: for a long-lived link
+/// that should dial again by itself when its connection drops (a gateway's
+/// link to the key-holding process, an operator's client). The connection
+/// is made now, so an unreachable server or a refused certificate fails
+/// here.
+#[cfg(feature = "channel")]
 pub async fn connect(url: &str, config: Arc<ClientConfig>) -> Result<Channel, TlsError> {
     connect_named(url, config, GATEWAY_NAME).await
 }
 
 /// As [`connect`], checking the server's certificate for `name` (the
 /// operator API's is [`crate::API_NAME`]) instead of the gateway's.
+#[cfg(feature = "channel")]
 pub async fn connect_named(
     url: &str,
     config: Arc<ClientConfig>,
@@ -254,32 +377,27 @@ pub async fn connect_named(
     let addr = host_port(url)?;
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|_| TlsError::BadAddress(url.to_string()))?
-        .connect_timeout(Duration::from_secs(10))
+        .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_INTERVAL)
         .keep_alive_while_idle(true);
-    let connector = tokio_rustls::TlsConnector::from(config);
     let dial = addr.clone();
     let service = tower::service_fn(move |_: http::Uri| {
-        let connector = connector.clone();
+        let config = config.clone();
         let dial = dial.clone();
         async move {
-            let tcp = TcpStream::connect(&dial).await?;
-            tcp.set_nodelay(true)?;
-            let name = ServerName::try_from(name).map_err(io::Error::other)?;
-            let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
-                .await
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
-                })??;
-            Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(tls))
+            let tls = tls_stream(&dial, config, name).await?;
+            Ok::<_, io::Error>(TokioIo::new(tls))
         }
     });
     endpoint
         .connect_with_connector(service)
         .await
-        .map_err(|source| TlsError::Connect { addr, source })
+        .map_err(|source| TlsError::Connect {
+            addr,
+            source: DialError::Channel(source),
+        })
 }
 
 /// Server configuration: our chain and key; client certificates verified

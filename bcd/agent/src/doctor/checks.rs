@@ -967,7 +967,7 @@ pub async fn gateway(opts: &Options, f: &IdentityFiles) -> Check {
             }),
         )
         .map_err(|e| format!("{e:#}"))?;
-        let channel = bcd_proto::tls::connect(&server, config)
+        let channel = bcd_proto::tls::dial(&server, config)
             .await
             .map_err(|e| bcd_sys::error::chain(&e))?;
         Ok::<_, String>(
