@@ -1,9 +1,11 @@
 //! TLS for both ends, on rustls with ring as the one crypto provider.
 //!
-//! Clients connect tonic channels through [`connect`], which dials TCP and
-//! runs the TLS handshake itself: this is how a joining node pins the fleet CA
-//! from its token before it has the CA, and how every node presents its
-//! certificate. Servers accept through [`incoming`], which hands tonic
+//! Clients dial through [`dial`] (one HTTP/2 connection, what bcd uses) or
+//! [`connect`] (a tonic channel that dials again by itself, for the
+//! server's long-lived links; the `channel` feature), both of which dial
+//! TCP and run the TLS handshake themselves: this is how a joining node
+//! pins the fleet CA from its token before it has the CA, and how every
+//! node presents its certificate. Servers accept through [`incoming`], which hands tonic
 //! connections that carry the peer's certificate, so handlers know which
 //! node is speaking. Client certificates are verified against the fleet CA
 //! but optional at the TLS layer: Join has none yet, and every other service
