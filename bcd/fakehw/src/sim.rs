@@ -233,7 +233,7 @@ impl Fleet {
                     node::Footprint::SIMULATED,
                 )?;
                 let mut stop = stop.clone();
-                // Boxed: the daemon's state (about 10 KiB) lives only while
+                // Boxed: the daemon's state (about 6 KiB) lives only while
                 // it runs.
                 let stopped = Box::pin(agent.run(async move {
                     let _ = stop.wait_for(|s| *s).await;

@@ -238,11 +238,16 @@ type Done = Box<(String, Effect)>;
 
 impl Agent {
     /// Runs the daemon until `shutdown` completes or it must stop.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Stopped {
+    ///
+    /// Not an `async fn`: one would keep its arguments (the agent, 1.7 KiB)
+    /// beside the inner future that owns them, in every daemon's state for
+    /// as long as it runs.
+    pub fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> impl std::future::Future<Output = Stopped> {
         let span = info_span!("session", node = %self.identity.file.node_id);
-        async move { self.run_loop(shutdown).await }
-            .instrument(span)
-            .await
+        async move { self.run_loop(shutdown).await }.instrument(span)
     }
 
     /// The monotonic time handed to the core.
