@@ -56,11 +56,11 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<Stream, String> {
     use tokio_stream::StreamExt;
     let config = identity.client_config()?;
-    let channel = tls::dial(&identity.file.server, config)
+    let conn = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let (tx, rx) = mpsc::channel::<Box<NodeMessage>>(64);
-    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut grpc = tonic::client::Grpc::new(conn);
     grpc.ready()
         .await
         .map_err(|e| format!("the connection to the gateway is not ready: {e}"))?;
@@ -215,10 +215,10 @@ async fn send_renewal(
     ca: &CertificateDer<'static>,
 ) -> Result<bcd_proto::v1::RenewResponse, String> {
     let csr_der = request.csr_der.clone();
-    let channel = tls::dial(server, config)
+    let conn = tls::dial(server, config)
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
-    let resp = JoinClient::new(channel)
+    let resp = JoinClient::new(conn)
         .renew(request)
         .await
         .map_err(|s| format!("the server refused the renewal: {}", s.message()))?
@@ -426,10 +426,10 @@ async fn download(
     partial: &mut Option<Assembly>,
 ) -> Result<(release::Manifest, Vec<u8>), Failed> {
     let config = identity.client_config().map_err(|e| (e, false))?;
-    let channel = tls::dial(&identity.file.server, config)
+    let conn = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| (bcd_sys::error::chain(&e), true))?;
-    let mut client = JoinClient::new(channel);
+    let mut client = JoinClient::new(conn);
     let offset = partial.as_ref().map_or(0, Assembly::received);
     let refused = |s: tonic::Status| {
         (
@@ -598,7 +598,7 @@ async fn fetch_image_into(
         return Err(fetch::NotLoaded::NoKeys.to_string());
     }
     let config = identity.client_config()?;
-    let channel = tls::dial(&identity.file.server, config)
+    let conn = tls::dial(&identity.file.server, config)
         .await
         .map_err(|e| format!("cannot reach the server: {}", bcd_sys::error::chain(&e)))?;
     let refused = |s: tonic::Status| {
@@ -607,7 +607,7 @@ async fn fetch_image_into(
             s.message()
         )
     };
-    let mut stream = JoinClient::new(channel)
+    let mut stream = JoinClient::new(conn)
         .fetch_image(bcd_proto::v1::FetchImageRequest {
             image_id: image_id.to_string(),
         })

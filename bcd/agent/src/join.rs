@@ -226,13 +226,13 @@ pub async fn join_with_token(
 /// Dials the server, trusting it only with the CA `pin` names (a token's).
 async fn dial(server: &str, pin: &str) -> anyhow::Result<JoinClient<bcd_proto::tls::Conn>> {
     let config = tls::client_config(ServerTrust::Pin(pin.to_string()), None)?;
-    let channel = tls::dial(server, config).await.map_err(|e| {
+    let conn = tls::dial(server, config).await.map_err(|e| {
         anyhow::Error::new(e).context(format!(
             "cannot reach the server at {server}; check --server and that better-compute \
              serve runs there"
         ))
     })?;
-    Ok(JoinClient::new(channel))
+    Ok(JoinClient::new(conn))
 }
 
 /// Sends the join: what every join carries, and the proof of a previous

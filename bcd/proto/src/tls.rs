@@ -246,7 +246,7 @@ pub fn host_port(url: &str) -> Result<String, TlsError> {
     Ok(rest.to_string())
 }
 
-/// One HTTP/2 connection to a gateway (or the operator API) over our TLS,
+/// One HTTP/2 connection to a gateway over our TLS,
 /// for tonic clients: `JoinClient::new(conn)`, `Grpc::new(conn)`. Clones
 /// share the connection. Unlike a tonic `Channel` it never dials again:
 /// once the connection is gone every call fails, and the caller dials anew
@@ -287,16 +287,6 @@ impl tower::Service<http::Request<tonic::body::Body>> for Conn {
 /// HTTP/2's preface), so an unreachable server or a refused certificate
 /// fails here.
 pub async fn dial(url: &str, config: Arc<ClientConfig>) -> Result<Conn, TlsError> {
-    dial_named(url, config, GATEWAY_NAME).await
-}
-
-/// As [`dial`], checking the server's certificate for `name` (the operator
-/// API's is [`crate::API_NAME`]) instead of the gateway's.
-pub async fn dial_named(
-    url: &str,
-    config: Arc<ClientConfig>,
-    name: &'static str,
-) -> Result<Conn, TlsError> {
     let addr = host_port(url)?;
     let failed = |source: DialError| TlsError::Connect {
         addr: addr.clone(),
@@ -304,7 +294,7 @@ pub async fn dial_named(
     };
     let authority = http::uri::Authority::try_from(addr.as_str())
         .map_err(|_| TlsError::BadAddress(url.to_string()))?;
-    let tls = tls_stream(&addr, config, name)
+    let tls = tls_stream(&addr, config, GATEWAY_NAME)
         .await
         .map_err(|e| failed(DialError::Io(e)))?;
     let (send, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())

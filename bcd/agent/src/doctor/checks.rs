@@ -967,11 +967,11 @@ pub async fn gateway(opts: &Options, f: &IdentityFiles) -> Check {
             }),
         )
         .map_err(|e| format!("{e:#}"))?;
-        let channel = bcd_proto::tls::dial(&server, config)
+        let conn = bcd_proto::tls::dial(&server, config)
             .await
             .map_err(|e| bcd_sys::error::chain(&e))?;
         Ok::<_, String>(
-            v1::join_client::JoinClient::new(channel)
+            v1::join_client::JoinClient::new(conn)
                 .fetch_release(v1::FetchReleaseRequest {
                     sequence: i64::MAX as u64,
                     offset: 0,
