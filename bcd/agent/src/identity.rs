@@ -571,6 +571,30 @@ impl Identity {
         write_file(&self.dir, &self.file, self.write_version)
     }
 
+    /// [`Identity::save_state`] on tokio's blocking pool, for a write in
+    /// the hot path of many daemons sharing a runtime: its two fsyncs
+    /// (the file, its directory) then hold no runtime thread, and the
+    /// filesystem commits many daemons' writes together. The caller waits
+    /// for it as before. Were the caller dropped meanwhile, the write goes
+    /// on to its end; identity writes never share a temporary file, so a
+    /// daemon started in the dropped one's place writes beside it safely.
+    pub async fn save_state_blocking_pool(&self) -> Result<(), IdentityError> {
+        // Encoded here: the pool's threads only write, so they allocate
+        // (and keep in their malloc arenas) next to nothing.
+        let bytes = encode(&self.file, self.write_version);
+        let path = self.dir.join(IDENTITY);
+        let target = path.clone();
+        tokio::task::spawn_blocking(move || fsutil::atomic_write_shared(&target, &bytes, 0o600))
+            .await
+            .unwrap_or_else(|e| {
+                Err(FsError::Write {
+                    path,
+                    source: io::Error::other(e),
+                })
+            })
+            .map_err(IdentityError::from)
+    }
+
     /// Raises the floors (never lowers them) and writes them before the
     /// caller acts on what they guard; nothing is written when they do not
     /// rise.
@@ -590,16 +614,20 @@ impl Identity {
 
 /// Writes `identity.json` in format `version` (1 or the current one).
 fn write_file(dir: &Path, file: &IdentityFile, version: u32) -> Result<(), IdentityError> {
-    let json = if version == 1 {
+    fsutil::atomic_write_shared(&dir.join(IDENTITY), &encode(file, version), 0o600)?;
+    Ok(())
+}
+
+/// `identity.json`'s bytes in format `version`.
+fn encode(file: &IdentityFile, version: u32) -> Vec<u8> {
+    if version == 1 {
         serde_json::to_vec_pretty(&IdentityFileV1::from(file))
     } else {
         let mut file = file.clone();
         file.version = IDENTITY_VERSION;
         serde_json::to_vec_pretty(&file)
     }
-    .expect("identity serializes");
-    fsutil::atomic_write(&dir.join(IDENTITY), &json, 0o600)?;
-    Ok(())
+    .expect("identity serializes")
 }
 
 /// Finishes or discards an interrupted renewal (see

@@ -10,6 +10,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The suffix of the temporary file beside a target while it is written.
 pub const TMP_SUFFIX: &str = ".tmp-bcd";
@@ -39,6 +40,27 @@ pub enum FsError {
 /// Writes `bytes` to `path` atomically and durably, with `mode` (applied
 /// to a new file; the rename replaces the old one with it).
 pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    write_through(path, "", bytes, mode)
+}
+
+/// As [`atomic_write`], for a file two writers in this process may write
+/// at once: a daemon's write that goes on on the blocking pool after its
+/// task was dropped, beside the daemon started in its place. Each writes a
+/// temporary file of its own, so neither fails for the other and whichever
+/// rename comes last leaves a whole file.
+pub fn atomic_write_shared(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let tag = format!(
+        ".{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    );
+    write_through(path, &tag, bytes, mode)
+}
+
+/// Writes `<path><tag>.tmp-bcd`, fsyncs it, renames it over `path` and
+/// fsyncs the directory.
+fn write_through(path: &Path, tag: &str, bytes: &[u8], mode: u32) -> Result<(), FsError> {
     let err = |source| FsError::Write {
         path: path.to_path_buf(),
         source,
@@ -51,6 +73,7 @@ pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
         .file_name()
         .ok_or_else(|| err(io::Error::other("no file name")))?;
     let mut tmp_name = name.to_os_string();
+    tmp_name.push(tag);
     tmp_name.push(TMP_SUFFIX);
     let tmp = dir.join(tmp_name);
     let write = || -> io::Result<()> {
@@ -167,6 +190,34 @@ mod tests {
         remove_stale_temps(d.path());
         assert!(!d.path().join(format!("g{TMP_SUFFIX}")).exists());
         assert!(p.exists());
+    }
+
+    #[test]
+    fn shared_writes_at_once_each_land_whole() {
+        // Eight writers of one file at once: every write succeeds, the
+        // file is always one writer's whole content, no temp is left.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("identity.json");
+        let contents: Vec<Vec<u8>> = (0..8u8)
+            .map(|i| vec![b'a' + i; 4096 * (1 + i as usize)])
+            .collect();
+        std::thread::scope(|s| {
+            let (p, all) = (&p, &contents);
+            for c in all {
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        atomic_write_shared(p, c, 0o600).unwrap();
+                        let now = fs::read(p).unwrap();
+                        assert!(all.contains(&now), "a torn file of {} bytes", now.len());
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl Agent {
                         Action::PersistMark { mark, epoch } => {
                             self.identity.file.set_mark(&mark);
                             self.identity.file.last_epoch = epoch;
-                            if let Err(e) = self.identity.save_state() {
+                            if let Err(e) = self.identity.save_state_blocking_pool().await {
                                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
                             }
                         }
