@@ -637,6 +637,16 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// CPU time (user and system) a process has used so far, in seconds.
+pub fn cpu_secs(pid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: state is the
+    // first, utime the 12th, stime the 13th.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks: u64 = rest.next()?.parse::<u64>().ok()? + rest.next()?.parse::<u64>().ok()?;
+    Some(ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
 /// A command as `commands show --json` prints it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct CommandView {

@@ -9,6 +9,9 @@
 //!   side.
 //! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
+//! - CPU time the gateway and `bcd sim` spent on the reconnect storm, per
+//!   Hello: what one gateway core can take when the clients are elsewhere.
+//!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-session --nodes 1000`.
 
@@ -20,7 +23,7 @@ use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
 use bc_store::sessions::HelloInput;
 use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{Location, Store, SystemClock};
-use bc_tests::{Node, Server, rss_kib, wait_for};
+use bc_tests::{Node, Server, cpu_secs, rss_kib, wait_for};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -36,6 +39,12 @@ struct Args {
     /// The gateway's handshake bucket (serve --handshake-rate).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// Where the simulated nodes keep their journals and identities: disk
+    /// (under the run's directory) or memory (under /dev/shm, as diskless
+    /// nodes do; the simulated nodes' fsyncs and file churn then stay off
+    /// the disk the gateway's store commits to).
+    #[arg(long, default_value = "disk")]
+    node_state: String,
     /// Print only the in-process store figure and stop.
     #[arg(long)]
     only_store: bool,
@@ -231,14 +240,31 @@ fn main() -> anyhow::Result<()> {
     );
     let token = server.token(n as u32 + 1);
 
+    let in_memory;
+    let sims = match args.node_state.as_str() {
+        "disk" => d.path().to_path_buf(),
+        "memory" => {
+            in_memory = tempfile::Builder::new()
+                .prefix("bench-session-")
+                .tempdir_in("/dev/shm")?;
+            in_memory.path().to_path_buf()
+        }
+        other => anyhow::bail!("--node-state takes disk or memory, not {other:?}"),
+    };
+    // Sessions counted from the gateway's own figure while they come up:
+    // asking the operator API for every node each time would be a client
+    // of its own on the same cores.
+    let sessions = || server.counter("bc_gateway_sessions") as usize;
+
     // Phase 1: join everyone and connect.
     let t = Instant::now();
-    let first = sim(&server, &token, &d.path().join("sim"), n);
+    let first = sim(&server, &token, &sims.join("sim"), n);
     wait_for(
         Duration::from_secs(600),
         "every node joined and connected",
-        || (connected(&server, 1) == n).then_some(()),
+        || (sessions() == n).then_some(()),
     );
+    assert_eq!(connected(&server, 1), n, "nodes connected in the store");
     println!(
         "join + connect {n} nodes: {:.2}s ({:.0} joins/s)",
         t.elapsed().as_secs_f64(),
@@ -250,23 +276,40 @@ fn main() -> anyhow::Result<()> {
     });
 
     // Phase 2: everyone reconnects at once.
+    let server_cpu = cpu_secs(server.proc.pid());
     let t = Instant::now();
-    let second = sim(&server, &token, &d.path().join("sim"), n);
+    let second = sim(&server, &token, &sims.join("sim"), n);
     wait_for(Duration::from_secs(600), "every node reconnected", || {
-        (connected(&server, 2) == n).then_some(())
+        (sessions() == n).then_some(())
     });
     let secs = t.elapsed().as_secs_f64();
+    let (server_cpu, sim_cpu) = (
+        cpu_secs(server.proc.pid())
+            .zip(server_cpu)
+            .map(|(b, a)| b - a),
+        cpu_secs(second.id() as i32),
+    );
+    assert_eq!(connected(&server, 2), n, "nodes reconnected in the store");
     println!(
         "reconnect storm: {n} Hellos (TLS + Hello transaction + Welcome) in {secs:.2}s = {:.0} Hellos/s on one gateway",
         n as f64 / secs
     );
+    if let (Some(server_cpu), Some(sim_cpu)) = (server_cpu, sim_cpu) {
+        let per = |cpu: f64| cpu * 1000.0 / n as f64;
+        println!(
+            "  CPU per Hello: gateway {:.2} ms ({:.0} Hellos/s per core), bcd sim {:.2} ms (its start included)",
+            per(server_cpu),
+            n as f64 / server_cpu,
+            per(sim_cpu)
+        );
+    }
     std::thread::sleep(Duration::from_secs(3));
     let sim_rss = rss_kib(second.id() as i32).unwrap_or(0);
     let server_rss = rss_kib(server.proc.pid()).unwrap_or(0);
     stop(second);
 
     // Baseline: the same process with one node.
-    let one = sim(&server, &token, &d.path().join("sim1"), 1);
+    let one = sim(&server, &token, &sims.join("sim1"), 1);
     wait_for(
         Duration::from_secs(60),
         "the single-node sim connected",
