@@ -10,7 +10,9 @@ use std::sync::Arc;
 use bcd_proto::tls::{self, ClientIdentity, ServerTrust};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, HandshakeKind, ServerConfig, ServerConnection};
+use rustls::{
+    CipherSuite, ClientConfig, ClientConnection, HandshakeKind, ServerConfig, ServerConnection,
+};
 
 const GATEWAY: &str = "gateway.test";
 
@@ -69,6 +71,19 @@ fn dial(
     client: &Arc<ClientConfig>,
     server: &Arc<ServerConfig>,
 ) -> (HandshakeKind, Option<CertificateDer<'static>>) {
+    let (_, s) = handshake(client, server);
+    let seen = s
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.clone().into_owned());
+    (s.handshake_kind().unwrap(), seen)
+}
+
+/// One handshake run to its end in memory; both ends after it.
+fn handshake(
+    client: &Arc<ClientConfig>,
+    server: &Arc<ServerConfig>,
+) -> (ClientConnection, ServerConnection) {
     let name = ServerName::try_from(GATEWAY).unwrap();
     let mut c = ClientConnection::new(client.clone(), name).unwrap();
     let mut s = ServerConnection::new(server.clone()).unwrap();
@@ -97,11 +112,48 @@ fn dial(
         !c.is_handshaking() && !s.is_handshaking(),
         "handshake stalled"
     );
-    let seen = s
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.clone().into_owned());
-    (s.handshake_kind().unwrap(), seen)
+    (c, s)
+}
+
+fn suites(c: &ClientConnection, s: &ServerConnection) -> [Option<CipherSuite>; 2] {
+    [c.negotiated_cipher_suite(), s.negotiated_cipher_suite()].map(|s| s.map(|s| s.suite()))
+}
+
+#[test]
+fn nodes_and_gateways_agree_on_aes_128_gcm_with_sha256() {
+    let fleet = Fleet::new();
+    let (_, node) = fleet.node("node-a");
+    let (c, s) = handshake(&node, &fleet.gateway());
+    assert_eq!(
+        suites(&c, &s),
+        [Some(CipherSuite::TLS13_AES_128_GCM_SHA256); 2]
+    );
+}
+
+#[test]
+fn a_node_that_asks_for_aes_256_first_still_gets_it() {
+    // An older bcd used ring's order unchanged: AES-256-GCM with SHA-384
+    // first. The gateway follows the client's order.
+    let fleet = Fleet::new();
+    let (cert, key) = fleet.leaf(&[], "node-old");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(fleet.ca.clone()).unwrap();
+    let old =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert.clone()], key)
+            .unwrap();
+    let (c, s) = handshake(&Arc::new(old), &fleet.gateway());
+    assert_eq!(
+        suites(&c, &s),
+        [Some(CipherSuite::TLS13_AES_256_GCM_SHA384); 2]
+    );
+    assert_eq!(
+        s.peer_certificates().and_then(|c| c.first()).cloned(),
+        Some(cert)
+    );
 }
 
 #[test]
