@@ -44,8 +44,8 @@ pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
 }
 
 /// As [`atomic_write`], for a file two writers in this process may write
-/// at once: a daemon's write that goes on on the blocking pool after its
-/// task was dropped, beside the daemon started in its place. Each writes a
+/// at once: a daemon's write still running on the blocking pool after its
+/// task was dropped, and the daemon started in its place. Each writes a
 /// temporary file of its own, so neither fails for the other and whichever
 /// rename comes last leaves a whole file.
 pub fn atomic_write_shared(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
