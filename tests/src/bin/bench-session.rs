@@ -7,10 +7,9 @@
 //!   at a time, and 64 at a time (what group commit shares), on SQLite and
 //!   on PostgreSQL (a throw-away cluster with durable commits), side by
 //!   side.
-//! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
-//!
 //! - CPU time the gateway and `bcd sim` spent on the reconnect storm, per
 //!   Hello: what one gateway core can take when the clients are elsewhere.
+//! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-session --nodes 1000`.
