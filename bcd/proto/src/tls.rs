@@ -5,9 +5,9 @@
 //! server's long-lived links; the `channel` feature), both of which dial
 //! TCP and run the TLS handshake themselves: this is how a joining node
 //! pins the fleet CA from its token before it has the CA, and how every
-//! node presents its certificate. Servers accept through [`incoming`], which hands tonic
-//! connections that carry the peer's certificate, so handlers know which
-//! node is speaking. Client certificates are verified against the fleet CA
+//! node presents its certificate. Servers accept through [`incoming`],
+//! which hands tonic connections that carry the peer's certificate, so
+//! handlers know which node is speaking. Client certificates are verified against the fleet CA
 //! but optional at the TLS layer: Join has none yet, and every other service
 //! refuses a request without one.
 

@@ -66,6 +66,47 @@ pub enum NodeState {
     Memory,
 }
 
+impl NodeState {
+    /// The directory the simulated machines keep their state in: `on_disk`
+    /// (created), or a new directory under /dev/shm, removed when the
+    /// returned value drops.
+    pub fn place(self, on_disk: &Path) -> anyhow::Result<NodesDir> {
+        match self {
+            NodeState::Disk => {
+                std::fs::create_dir_all(on_disk)
+                    .with_context(|| format!("cannot create {}", on_disk.display()))?;
+                Ok(NodesDir::Disk(on_disk.to_path_buf()))
+            }
+            NodeState::Memory => tempfile::Builder::new()
+                .prefix("bc-sim-nodes-")
+                .tempdir_in("/dev/shm")
+                .map(NodesDir::Memory)
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot keep the simulated nodes in memory under /dev/shm ({e}): \
+                         run with --node-state disk"
+                    )
+                }),
+        }
+    }
+}
+
+/// Where [`NodeState::place`] put the simulated machines' state.
+#[derive(Debug)]
+pub enum NodesDir {
+    Disk(PathBuf),
+    Memory(tempfile::TempDir),
+}
+
+impl NodesDir {
+    pub fn path(&self) -> &Path {
+        match self {
+            NodesDir::Disk(p) => p,
+            NodesDir::Memory(t) => t.path(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Timings {
     /// Five times the spec's pace: liveness transitions within a short run.
@@ -605,24 +646,9 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
 
     // The fleet: agent hosts, which start their nodes once they know the
     // gateways.
-    let in_memory;
-    let nodes_dir = match opts.node_state {
-        NodeState::Disk => dir.join("nodes"),
-        NodeState::Memory => {
-            in_memory = tempfile::Builder::new()
-                .prefix("bc-sim-nodes-")
-                .tempdir_in("/dev/shm")
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot keep the simulated nodes in memory under /dev/shm ({e}): \
-                         run with --node-state disk"
-                    )
-                })?;
-            in_memory.path().to_path_buf()
-        }
-    };
-    std::fs::create_dir_all(&nodes_dir)?;
-    let hosts = Arc::new(Hosts::start(&nodes_dir, opts.nodes, opts.seed, opts.gpus, &token).await?);
+    let nodes_dir = opts.node_state.place(&dir.join("nodes"))?;
+    let hosts =
+        Arc::new(Hosts::start(nodes_dir.path(), opts.nodes, opts.seed, opts.gpus, &token).await?);
     say(format!(
         "sim: {} gateways, {} nodes in {} agent hosts, chaos {}, seed {}",
         opts.gateways,

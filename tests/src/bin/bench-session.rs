@@ -23,6 +23,7 @@ use bc_store::sessions::HelloInput;
 use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{Location, Store, SystemClock};
 use bc_tests::{Node, Server, cpu_secs, rss_kib, wait_for};
+use better_compute::sim::NodeState;
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -42,8 +43,8 @@ struct Args {
     /// (under the run's directory) or memory (under /dev/shm, as diskless
     /// nodes do; the simulated nodes' fsyncs and file churn then stay off
     /// the disk the gateway's store commits to).
-    #[arg(long, default_value = "disk")]
-    node_state: String,
+    #[arg(long, value_enum, default_value = "disk")]
+    node_state: NodeState,
     /// Print only the in-process store figure and stop.
     #[arg(long)]
     only_store: bool,
@@ -239,17 +240,7 @@ fn main() -> anyhow::Result<()> {
     );
     let token = server.token(n as u32 + 1);
 
-    let in_memory;
-    let sims = match args.node_state.as_str() {
-        "disk" => d.path().to_path_buf(),
-        "memory" => {
-            in_memory = tempfile::Builder::new()
-                .prefix("bench-session-")
-                .tempdir_in("/dev/shm")?;
-            in_memory.path().to_path_buf()
-        }
-        other => anyhow::bail!("--node-state takes disk or memory, not {other:?}"),
-    };
+    let sims = args.node_state.place(d.path())?;
     // Sessions counted from the gateway's own figure while they come up:
     // asking the operator API for every node each time would be a client
     // of its own on the same cores.
@@ -257,7 +248,7 @@ fn main() -> anyhow::Result<()> {
 
     // Phase 1: join everyone and connect.
     let t = Instant::now();
-    let first = sim(&server, &token, &sims.join("sim"), n);
+    let first = sim(&server, &token, &sims.path().join("sim"), n);
     wait_for(
         Duration::from_secs(600),
         "every node joined and connected",
@@ -277,7 +268,7 @@ fn main() -> anyhow::Result<()> {
     // Phase 2: everyone reconnects at once.
     let server_cpu = cpu_secs(server.proc.pid());
     let t = Instant::now();
-    let second = sim(&server, &token, &sims.join("sim"), n);
+    let second = sim(&server, &token, &sims.path().join("sim"), n);
     wait_for(Duration::from_secs(600), "every node reconnected", || {
         (sessions() == n).then_some(())
     });
@@ -308,7 +299,7 @@ fn main() -> anyhow::Result<()> {
     stop(second);
 
     // Baseline: the same process with one node.
-    let one = sim(&server, &token, &sims.join("sim1"), 1);
+    let one = sim(&server, &token, &sims.path().join("sim1"), 1);
     wait_for(
         Duration::from_secs(60),
         "the single-node sim connected",
