@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::config::DbConfig;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -140,6 +141,7 @@ fn connect_pinned(
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.busy_handler(Some(busy_wait))?;
+    statements_kept(&conn)?;
     let clock = clock.clone();
     conn.create_scalar_function(
         "compute_now",
@@ -237,7 +239,27 @@ fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
 
 /// `compute_now()`.
 fn now(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row("SELECT compute_now()", [], |r| r.get(0))
+    conn.prepare_cached("SELECT compute_now()")?
+        .query_row([], |r| r.get(0))
+}
+
+/// How many prepared statements a store connection keeps: every statement
+/// the writer runs, with room to spare (rusqlite keeps 16, fewer than one
+/// Hello's group commit uses, and a statement pushed out is parsed again).
+const STATEMENTS_KEPT: usize = 256;
+
+/// Settings that let a store connection keep its prepared statements:
+/// room for all of them, and plans that do not depend on the values bound.
+/// Without the query planner stability guarantee SQLite marks a statement
+/// whose plan weighed a bound value (an `= ?1` term, for instance) to be
+/// planned again when that value changes, and rusqlite clears a
+/// statement's bindings as it goes back to its cache: such a statement was
+/// parsed and planned again at every use. The store's plans come from its
+/// indexes; no statistics (ANALYZE) are kept for values to matter.
+fn statements_kept(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENTS_KEPT);
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
 }
 
 /// A duration in milliseconds, as the store keeps it.
@@ -1066,5 +1088,31 @@ impl Backend for SqliteBackend {
         })
         .await
         .map_err(StoreError::Task)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rusqlite::StatementStatus;
+
+    use crate::clock::{Clock, ManualClock};
+
+    /// A Hello's statements stay prepared from one node to the next: a
+    /// statement SQLite would plan again for each new value bound (this
+    /// one was, at every Hello) is planned once.
+    #[test]
+    fn a_kept_statement_is_not_planned_again_for_each_value() {
+        let d = tempfile::tempdir().unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+        let mut conn = super::connect(&d.path().join("s.db"), &clock).unwrap();
+        super::migrate(&mut conn).unwrap();
+        for node in ["a", "b", "c", "d"] {
+            let mut q = conn.prepare_cached(super::sessions::IN_FLIGHT).unwrap();
+            assert_eq!(q.query_map([node], |_| Ok(())).unwrap().count(), 0);
+        }
+        let q = conn.prepare_cached(super::sessions::IN_FLIGHT).unwrap();
+        assert_eq!(q.get_status(StatementStatus::RePrepare), 0);
     }
 }

@@ -34,11 +34,10 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     // now. A lease that moved or ran out aborts the route (the gateway
     // then fences itself).
     let lease: Option<i64> = c
-        .query_row(
-            "SELECT expires_at FROM leases WHERE name = ?1 AND owner = ?2",
-            params![gateway_lease(&h.gateway_id), h.gateway_id],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT expires_at FROM leases WHERE name = ?1 AND owner = ?2")?
+        .query_row(params![gateway_lease(&h.gateway_id), h.gateway_id], |r| {
+            r.get(0)
+        })
         .optional()?;
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
@@ -47,11 +46,8 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         return Ok(HelloOutcome::quarantined(now));
     }
     let prev: Option<(i64, String, String)> = c
-        .query_row(
-            "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
-            [&h.node_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+        .prepare_cached("SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1")?
+        .query_row([&h.node_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
     let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
@@ -139,12 +135,11 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
         .query_map([&h.cert_serial], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let connected: Option<String> = c
-        .query_row(
+        .prepare_cached(
             "SELECT boot_id FROM node_sessions
              WHERE node_id = ?1 AND cert_serial = ?2 AND state = 'connected'",
-            params![h.node_id, h.cert_serial],
-            |r| r.get(0),
-        )
+        )?
+        .query_row(params![h.node_id, h.cert_serial], |r| r.get(0))
         .optional()?;
     let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
     if v.record {
@@ -195,6 +190,10 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
     Ok(true)
 }
 
+/// A node's commands in flight, in order.
+pub(super) const IN_FLIGHT: &str = "SELECT id, seq, kind, state, signed FROM commands
+     WHERE node_id = ?1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq";
+
 /// The Hello's part for commands: every in-flight command moves to the new
 /// epoch and is replayed, kept, awaited or finished.
 fn settle(
@@ -206,10 +205,7 @@ fn settle(
     new_boot: bool,
 ) -> rusqlite::Result<(Vec<Dispatch>, Vec<Finished>)> {
     let in_flight: Vec<InFlight> = c
-        .prepare_cached(
-            "SELECT id, seq, kind, state, signed FROM commands
-             WHERE node_id = ?1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq",
-        )?
+        .prepare_cached(IN_FLIGHT)?
         .query_map([&h.node_id], |r| {
             Ok(InFlight {
                 id: r.get(0)?,
