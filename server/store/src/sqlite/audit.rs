@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::Connection;
 
-use super::{json_col, now};
+use super::{Kept, json_col, now};
 use crate::audit::AUDIT_IN_ORDER;
 use crate::audit::{
     AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
@@ -123,13 +123,13 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
 }
 
 pub(super) fn settling(c: &Connection) -> Result<Settling, StoreError> {
-    let open: i64 = c.query_row(
+    let open: i64 = c.query_row_kept(
         "SELECT COUNT(*) FROM commands
          WHERE state NOT IN ('succeeded', 'failed', 'expired', 'rejected')",
         [],
         |r| r.get(0),
     )?;
-    let unapplied: i64 = c.query_row(
+    let unapplied: i64 = c.query_row_kept(
         "SELECT COUNT(*) FROM node_specs s LEFT JOIN node_state t ON t.node_id = s.node_id
          WHERE COALESCE(t.applied_generation, 0) != s.generation",
         [],

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{json_col, now, to_json};
+use super::{Kept, json_col, now, to_json};
 use crate::bindings::{
     ACTIVE, BindingInput, BindingOutcome, BindingRow, LOST, REJECTED, Verdict, VerifySignature,
     judge, replayed,
@@ -54,7 +54,7 @@ pub(super) fn record(
         Verdict::MarkLost(reason) => {
             fleet_event(c, now, REJECTED, node, &reason)?;
             let allocation = b.report.as_ref().map(|r| r.allocation_id.as_str());
-            c.execute(
+            c.execute_kept(
                 "UPDATE bindings SET state = 'lost', updated_at = ?3
                  WHERE node_id = ?1 AND allocation_id = ?2",
                 params![node, allocation, now],
@@ -64,7 +64,7 @@ pub(super) fn record(
         }
         Verdict::Verified(report) => report,
     };
-    let fresh = c.execute(
+    let fresh = c.execute_kept(
         "INSERT INTO binding_nonces (node_id, nonce) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
         params![report.node_id, report.nonce],
     )? == 1;
@@ -75,7 +75,7 @@ pub(super) fn record(
     }
     let mut gpus = report.gpu_uuids.clone();
     gpus.sort();
-    c.execute(
+    c.execute_kept(
         "INSERT INTO bindings (node_id, allocation_id, gpus, state, spec_generation, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (node_id, allocation_id) DO UPDATE SET gpus = excluded.gpus,

@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::now;
+use super::{Kept, now};
 use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, SWEPT,
@@ -49,7 +49,7 @@ pub(super) fn create(
 ) -> Result<(CommandRow, bool), TxError> {
     if let Some(key) = &cmd.idempotency_key {
         let existing: Option<String> = c
-            .query_row(
+            .query_row_kept(
                 "SELECT id FROM commands WHERE idempotency_key = ?1",
                 [key],
                 |r| r.get(0),
@@ -63,7 +63,7 @@ pub(super) fn create(
         }
     }
     let node: Option<(Option<i64>, i64)> = c
-        .query_row(
+        .query_row_kept(
             "SELECT deleted_at, next_seq FROM nodes WHERE id = ?1",
             [&cmd.node_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -84,11 +84,11 @@ pub(super) fn create(
         min_generation: cmd.min_generation,
     };
     let signed = seal(&sealed);
-    c.execute(
+    c.execute_kept(
         "UPDATE nodes SET next_seq = next_seq + 1 WHERE id = ?1",
         [&cmd.node_id],
     )?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO commands (id, node_id, seq, kind, summary, signed, not_after, min_generation,
              idempotency_key, state, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10)",
@@ -245,7 +245,7 @@ pub(super) fn result(
     if next == ServerState::Terminal(Outcome::Succeeded)
         && let Some(floor) = raises_floor(&kind, &summary)
     {
-        c.execute(
+        c.execute_kept(
             "UPDATE nodes SET release_floor = MAX(release_floor, ?2) WHERE id = ?1",
             params![node_id, floor as i64],
         )?;
@@ -266,7 +266,7 @@ pub(super) fn sweep(c: &Connection) -> Result<Vec<String>, StoreError> {
 }
 
 pub(super) fn cancel_pending(c: &Connection, id: &str, reason: &str) -> Result<bool, StoreError> {
-    let n = c.execute(
+    let n = c.execute_kept(
         "UPDATE commands SET state = 'expired', reason = ?2,
              result_at = compute_now(), updated_at = compute_now()
          WHERE id = ?1 AND state = 'pending'",

@@ -2,6 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::Kept;
 use crate::error::{StoreError, TxError};
 use crate::images::{
     AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, IMAGE_COLUMNS, ImageRef, ImageRow,
@@ -11,12 +12,12 @@ use crate::tokens::NewToken;
 
 pub(super) fn register(c: &Connection, i: &NewImage) -> Result<bool, StoreError> {
     for (sha, bytes) in [(&i.kernel_sha256, &i.kernel), (&i.initrd_sha256, &i.initrd)] {
-        c.execute(
+        c.execute_kept(
             "INSERT INTO image_artifacts (sha256, bytes) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
             params![sha, bytes],
         )?;
     }
-    let n = c.execute(
+    let n = c.execute_kept(
         "INSERT INTO images (image_id, name, key_id, kernel_version, bcd_version, cmdline,
              kernel_sha256, kernel_size, initrd_sha256, initrd_size, signed_manifest,
              registered_at)
@@ -79,7 +80,7 @@ pub(super) fn resolve(c: &Connection, what: &str) -> Result<String, TxError> {
     let (name, prefix) = match image_ref(what) {
         ImageRef::Id(id) => {
             let found: Option<String> = c
-                .query_row(
+                .query_row_kept(
                     "SELECT image_id FROM images WHERE image_id = ?1",
                     [&id],
                     |r| r.get(0),
@@ -90,7 +91,7 @@ pub(super) fn resolve(c: &Connection, what: &str) -> Result<String, TxError> {
         ImageRef::Name { name, prefix } => (name, prefix),
     };
     let by_name: Option<String> = c
-        .query_row(
+        .query_row_kept(
             "SELECT image_id FROM images WHERE name = ?1
              ORDER BY registered_at DESC, image_id LIMIT 1",
             [&name],
@@ -118,20 +119,20 @@ pub(super) fn assign(
     mint_ttl_ms: Option<i64>,
 ) -> Result<(), StoreError> {
     match image_id {
-        Some(id) => c.execute(
+        Some(id) => c.execute_kept(
             "INSERT INTO image_assignments (target, image_id, append, assigned_at, mint_ttl_ms)
              VALUES (?1, ?2, ?3, compute_now(), ?4)
              ON CONFLICT (target) DO UPDATE SET image_id = ?2, append = ?3,
                  assigned_at = compute_now(), mint_ttl_ms = ?4",
             params![target, id, append, mint_ttl_ms],
         )?,
-        None => c.execute("DELETE FROM image_assignments WHERE target = ?1", [target])?,
+        None => c.execute_kept("DELETE FROM image_assignments WHERE target = ?1", [target])?,
     };
     Ok(())
 }
 
 pub(super) fn for_mac(c: &Connection, mac: &str) -> Result<Option<Assigned>, StoreError> {
-    let owner = c.query_row(
+    let owner = c.query_row_kept(
         "SELECT (SELECT n.id FROM node_macs m JOIN nodes n ON n.id = m.node_id
                  WHERE m.mac = ?1 AND n.deleted_at IS NULL),
                 COALESCE((SELECT n.pool FROM node_macs m JOIN nodes n ON n.id = m.node_id
@@ -172,7 +173,7 @@ pub(super) fn for_mac(c: &Connection, mac: &str) -> Result<Option<Assigned>, Sto
 
 pub(super) fn mint(c: &Connection, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
     let allowed: Option<Option<String>> = c
-        .query_row(
+        .query_row_kept(
             "SELECT pool FROM boot_allowed_macs WHERE mac = ?1",
             [mac],
             |r| r.get(0),
@@ -181,12 +182,12 @@ pub(super) fn mint(c: &Connection, mac: &str, t: &NewToken) -> Result<Option<Min
     let Some(allowed_pool) = allowed else {
         return Ok(None);
     };
-    let replaced = c.execute(
+    let replaced = c.execute_kept(
         "DELETE FROM join_tokens WHERE minted_for_mac = ?1 AND uses_left = uses_total",
         [mac],
     )?;
     let pool = allowed_pool.or_else(|| t.pool.clone());
-    let expires_at_ms = c.query_row(
+    let expires_at_ms = c.query_row_kept(
         "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total,
              uses_left, description, pool, minted_for_mac)
          VALUES (?1, ?2, compute_now(), compute_now() + ?3, ?4, ?4, ?5, ?6, ?7)
@@ -210,7 +211,7 @@ pub(super) fn mint(c: &Connection, mac: &str, t: &NewToken) -> Result<Option<Min
 }
 
 pub(super) fn allow_mac(c: &Connection, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
-    c.execute(
+    c.execute_kept(
         "INSERT INTO boot_allowed_macs (mac, pool, added_at) VALUES (?1, ?2, compute_now())
          ON CONFLICT (mac) DO UPDATE SET pool = ?2",
         params![mac, pool],
@@ -219,8 +220,8 @@ pub(super) fn allow_mac(c: &Connection, mac: &str, pool: Option<&str>) -> Result
 }
 
 pub(super) fn disallow_mac(c: &Connection, mac: &str) -> Result<bool, StoreError> {
-    let n = c.execute("DELETE FROM boot_allowed_macs WHERE mac = ?1", [mac])?;
-    c.execute(
+    let n = c.execute_kept("DELETE FROM boot_allowed_macs WHERE mac = ?1", [mac])?;
+    c.execute_kept(
         "DELETE FROM join_tokens WHERE minted_for_mac = ?1 AND uses_left = uses_total",
         [mac],
     )?;
@@ -242,7 +243,7 @@ pub(super) fn allowed_macs(c: &Connection) -> Result<Vec<AllowedMac>, StoreError
 }
 
 pub(super) fn artifact(c: &Connection, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT bytes FROM image_artifacts WHERE sha256 = ?1",
         [sha256],
         |r| r.get(0),
@@ -251,12 +252,12 @@ pub(super) fn artifact(c: &Connection, sha256: &str) -> Result<Option<Vec<u8>>, 
 }
 
 pub(super) fn record_boot(c: &Connection, b: &BootRecord) -> Result<(), StoreError> {
-    c.execute(
+    c.execute_kept(
         "INSERT INTO boots (mac, image_id, remote, outcome, at)
          VALUES (?1, ?2, ?3, ?4, compute_now())",
         params![b.mac, b.image_id, b.remote, b.outcome],
     )?;
-    c.execute(
+    c.execute_kept(
         "DELETE FROM boots WHERE mac = ?1 AND id <= (SELECT id FROM boots WHERE mac = ?1
              ORDER BY id DESC LIMIT 1 OFFSET ?2)",
         params![b.mac, BOOTS_KEPT],
@@ -307,7 +308,7 @@ pub(super) fn manifests(c: &Connection) -> Result<Vec<(String, Vec<u8>)>, StoreE
 }
 
 pub(super) fn artifact_size(c: &Connection, sha256: &str) -> Result<Option<u64>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT length(bytes) FROM image_artifacts WHERE sha256 = ?1",
         [sha256],
         |r| r.get::<_, i64>(0),
@@ -325,7 +326,7 @@ pub(super) fn artifact_chunk(
     len: u32,
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let row: Option<(i64, i64)> = c
-        .query_row(
+        .query_row_kept(
             "SELECT rowid, length(bytes) FROM image_artifacts WHERE sha256 = ?1",
             [sha256],
             |r| Ok((r.get(0)?, r.get(1)?)),

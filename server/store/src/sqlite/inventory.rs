@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::now;
+use super::{Kept, now};
 use crate::bindings::VerifySignature;
 use crate::error::StoreError;
 use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
@@ -32,7 +32,7 @@ pub(super) fn put(
         }
     };
     let current: Option<i64> = c
-        .query_row(
+        .query_row_kept(
             "SELECT epoch FROM node_sessions WHERE node_id = ?1",
             [node_id],
             |r| r.get(0),
@@ -44,7 +44,7 @@ pub(super) fn put(
     {
         return Ok(FactApplied::Stale);
     }
-    c.execute(
+    c.execute_kept(
         "INSERT INTO inventory (node_id, section, sha256, body, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (node_id, section) DO UPDATE SET
@@ -62,7 +62,7 @@ pub(super) fn get(
     node_id: &str,
     section: &str,
 ) -> Result<Option<InventoryRow>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT sha256, COALESCE(body, X''), updated_at FROM inventory
              WHERE node_id = ?1 AND section = ?2",
         params![node_id, section],

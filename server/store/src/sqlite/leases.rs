@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::ms;
+use super::{Kept, ms};
 use crate::error::StoreError;
 use crate::leases::LeaseRow;
 
@@ -28,7 +28,7 @@ pub(super) fn renew(
 }
 
 pub(super) fn release(c: &Connection, name: &str, owner: &str) -> Result<(), StoreError> {
-    c.execute(
+    c.execute_kept(
         "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
         params![name, owner],
     )?;

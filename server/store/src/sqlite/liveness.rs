@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{json_col, now, to_json};
+use super::{Kept, json_col, now, to_json};
 use crate::error::StoreError;
 use crate::liveness::{GATEWAY_LOST, LivenessRules, SweepOutcome, hold_until, unreachable_due};
 use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, with};
@@ -11,7 +11,7 @@ const LAST_SWEEP: &str = "liveness.last_sweep";
 const HOLD_UNTIL: &str = "liveness.hold_until";
 
 fn get(c: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
-    c.query_row(
+    c.query_row_kept(
         "SELECT value FROM controller_state WHERE name = ?1",
         [name],
         |r| r.get(0),
@@ -20,7 +20,7 @@ fn get(c: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
 }
 
 fn set(c: &Connection, name: &str, value: i64) -> rusqlite::Result<()> {
-    c.execute(
+    c.execute_kept(
         "INSERT INTO controller_state (name, value) VALUES (?1, ?2)
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
         params![name, value],

@@ -239,8 +239,33 @@ fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
 
 /// `compute_now()`.
 fn now(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.prepare_cached("SELECT compute_now()")?
-        .query_row([], |r| r.get(0))
+    conn.query_row_kept("SELECT compute_now()", [], |r| r.get(0))
+}
+
+/// Running a statement from the connection's prepared statements: what
+/// `query_row` and `execute` do, without parsing and planning the statement
+/// again at every call.
+pub(super) trait Kept {
+    fn query_row_kept<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+
+    fn execute_kept<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+}
+
+impl Kept for Connection {
+    fn query_row_kept<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    fn execute_kept<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
 }
 
 /// How many prepared statements a store connection keeps: every statement

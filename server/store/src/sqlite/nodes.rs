@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{json_col, now};
+use super::{Kept, json_col, now};
 use crate::error::{StoreError, TxError};
 use crate::nodes::{
     CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
@@ -28,13 +28,13 @@ pub(super) fn valid_certs(
 /// The replay floors the store knows for a node: the highest sequence it
 /// dispatched and its spec generation.
 pub(super) fn floors(c: &Connection, node_id: &str) -> rusqlite::Result<(u64, u64)> {
-    let seq: Option<i64> = c.query_row(
+    let seq: Option<i64> = c.query_row_kept(
         "SELECT MAX(seq) FROM commands WHERE node_id = ?1 AND state != 'pending'",
         [node_id],
         |r| r.get(0),
     )?;
     let generation: Option<i64> = c
-        .query_row(
+        .query_row_kept(
             "SELECT generation FROM node_specs WHERE node_id = ?1",
             [node_id],
             |r| r.get(0),
@@ -81,13 +81,13 @@ pub(super) fn renew(
 ) -> Result<Joined, TxError> {
     let now = now(c)?;
     let valid = check_renewable(cert_row(c, fingerprint)?, now, expired_grace_ms)?;
-    let (ramdisk, generation): (bool, i64) = c.query_row(
+    let (ramdisk, generation): (bool, i64) = c.query_row_kept(
         "SELECT ramdisk, identity_generation FROM nodes WHERE id = ?1",
         [&valid.node_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
     let cert = issue(&valid.node_id, now, ramdisk)?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
@@ -189,7 +189,7 @@ pub(super) fn delete_node(
     seal: SealStatement,
 ) -> Result<bool, StoreError> {
     let now = now(c)?;
-    let n = c.execute(
+    let n = c.execute_kept(
         "UPDATE nodes SET deleted_at = ?2 WHERE id = ?1 AND deleted_at IS NULL",
         params![node_id, now],
     )?;
@@ -209,7 +209,7 @@ pub(super) fn delete_node(
         reason: NODE_DELETED.to_string(),
         issued_at_ms: now,
     });
-    c.execute(
+    c.execute_kept(
         "UPDATE node_certs SET revoked_at = COALESCE(revoked_at, ?2),
              revoke_reason = COALESCE(revoke_reason, ?3), statement = ?4
          WHERE node_id = ?1",

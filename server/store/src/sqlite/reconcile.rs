@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, params};
 
-use super::{json_col, ms, to_json};
+use super::{Kept, json_col, ms, to_json};
 use crate::error::StoreError;
 use crate::reconcile::{HistoryLimits, Pruned, Reconciled, derived};
 
@@ -25,7 +25,7 @@ type NodeDerived = (String, Vec<String>, Vec<String>, Option<String>);
 
 /// Removes the oldest security events and boot records past `limits`.
 pub(super) fn prune_history(c: &Connection, limits: HistoryLimits) -> Result<Pruned, StoreError> {
-    let fleet_events = c.execute(
+    let fleet_events = c.execute_kept(
         "DELETE FROM fleet_events WHERE id IN (
              SELECT id FROM (
                  SELECT id, row_number() OVER (PARTITION BY node_id ORDER BY id DESC) AS n
@@ -33,7 +33,7 @@ pub(super) fn prune_history(c: &Connection, limits: HistoryLimits) -> Result<Pru
              WHERE n > ?1)",
         [i64::from(limits.fleet_events_per_node)],
     )? as u64;
-    let boots = c.execute(
+    let boots = c.execute_kept(
         "DELETE FROM boots WHERE id IN (
              SELECT id FROM (
                  SELECT id,
@@ -71,33 +71,33 @@ pub(super) fn run(
     for (id, conditions, taints, state) in nodes {
         let want = derived(conditions.clone(), taints.clone(), state.as_deref());
         if want != (conditions, taints) {
-            c.execute(
+            c.execute_kept(
                 "UPDATE nodes SET conditions = ?2, taints = ?3 WHERE id = ?1",
                 params![id, to_json(&want.0), to_json(&want.1)],
             )?;
             out.derived_fixed.push(id);
         }
     }
-    out.routes_to_dead_gateways = c.query_row(
+    out.routes_to_dead_gateways = c.query_row_kept(
         "SELECT count(*) FROM node_sessions s WHERE s.state = 'connected' AND NOT EXISTS (
              SELECT 1 FROM leases WHERE name = 'gateway:' || s.gateway_id
                  AND expires_at >= compute_now())",
         [],
         |r| r.get::<_, i64>(0).map(|n| n.max(0) as u64),
     )?;
-    out.commands_held_by_away_nodes = c.query_row(
+    out.commands_held_by_away_nodes = c.query_row_kept(
         "SELECT count(*) FROM commands c WHERE c.state IN ('dispatched', 'acked', 'running')
              AND NOT EXISTS (SELECT 1 FROM node_sessions s
                  WHERE s.node_id = c.node_id AND s.state = 'connected')",
         [],
         |r| r.get::<_, i64>(0).map(|n| n.max(0) as u64),
     )?;
-    out.rollouts_running = c.query_row(
+    out.rollouts_running = c.query_row_kept(
         "SELECT count(*) FROM rollouts WHERE state = 'running'",
         [],
         |r| r.get::<_, i64>(0).map(|n| n.max(0) as u64),
     )?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO audit (at, node_id, kind, gateway_id, detail)
          VALUES (compute_now(), '', 'reconcile', ?1, ?2)",
         params![owner, to_json(&out)],

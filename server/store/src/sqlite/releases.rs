@@ -2,13 +2,14 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::Kept;
 use crate::error::{StoreError, TxError};
 use crate::releases::{
     MAX_CHUNK, NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow, already_registered,
 };
 
 pub(super) fn register(c: &Connection, r: &NewRelease) -> Result<ReleaseRow, TxError> {
-    let n = c.execute(
+    let n = c.execute_kept(
         "INSERT INTO releases (sequence, version, target, size, sha256, key_id,
              signed_manifest, binary, registered_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, compute_now()) ON CONFLICT (sequence) DO NOTHING",
@@ -33,7 +34,7 @@ pub(super) fn register(c: &Connection, r: &NewRelease) -> Result<ReleaseRow, TxE
 }
 
 pub(super) fn files(c: &Connection, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT signed_manifest, binary FROM releases WHERE sequence = ?1",
         [sequence as i64],
         |r| {
@@ -48,7 +49,7 @@ pub(super) fn files(c: &Connection, sequence: u64) -> Result<Option<ReleaseFiles
 
 pub(super) fn head(c: &Connection, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
     // length() of a blob reads its header, not its bytes.
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT signed_manifest, length(binary) FROM releases WHERE sequence = ?1",
         [sequence as i64],
         |r| {
@@ -73,7 +74,7 @@ pub(super) fn chunk(
         return Ok(None);
     };
     let size: Option<i64> = c
-        .query_row(
+        .query_row_kept(
             "SELECT length(binary) FROM releases WHERE sequence = ?1",
             [rowid],
             |r| r.get(0),

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{json_col, now, to_json};
+use super::{Kept, json_col, now, to_json};
 use crate::error::{StoreError, TxError};
 use crate::rollouts::{
     Candidate, NewRollout, NodeStatus, Rollout, RolloutCommand, RolloutNode, RolloutState,
@@ -11,7 +11,7 @@ use crate::rollouts::{
 
 pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> {
     let release_known = c
-        .query_row(
+        .query_row_kept(
             "SELECT 1 FROM releases WHERE sequence = ?1",
             [r.sequence as i64],
             |_| Ok(()),
@@ -19,7 +19,7 @@ pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> 
         .optional()?
         .is_some();
     let active: Option<String> = c
-        .query_row(
+        .query_row_kept(
             "SELECT id FROM rollouts WHERE state IN (?1, ?2) LIMIT 1",
             params![RolloutState::Running.name(), RolloutState::Paused.name()],
             |row| row.get(0),
@@ -40,7 +40,7 @@ pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> 
     let chosen = plan(r, release_known, active.as_deref(), &candidates)?;
     let id = new_rollout_id();
     let now = now(c)?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO rollouts (id, sequence, selector, waves, max_failures, state, wave,
              created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?7)",
@@ -55,7 +55,7 @@ pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> 
         ],
     )?;
     for (i, node) in chosen.iter().enumerate() {
-        c.execute(
+        c.execute_kept(
             "INSERT INTO rollout_nodes (rollout_id, node_id, position) VALUES (?1, ?2, ?3)",
             params![id, node, i as i64],
         )?;
@@ -65,7 +65,7 @@ pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> 
 
 pub(super) fn get(c: &Connection, id: &str) -> rusqlite::Result<Option<Rollout>> {
     let row = c
-        .query_row(
+        .query_row_kept(
             "SELECT r.id, r.sequence, COALESCE(rel.version, ''), r.selector, r.waves,
                     r.max_failures, r.state, r.wave, r.reason, r.created_at
              FROM rollouts r LEFT JOIN releases rel ON rel.sequence = r.sequence
@@ -152,7 +152,7 @@ pub(super) fn set_state(
     reason: &str,
 ) -> Result<bool, StoreError> {
     let from: Vec<&str> = from.iter().map(|s| s.name()).collect();
-    let n = c.execute(
+    let n = c.execute_kept(
         "UPDATE rollouts SET state = ?2, reason = ?3, updated_at = compute_now()
          WHERE id = ?1 AND state IN (SELECT value FROM json_each(?4))",
         params![id, to.name(), reason, to_json(&from)],
@@ -166,7 +166,7 @@ pub(super) fn advance(
     from: usize,
     to: usize,
 ) -> Result<bool, StoreError> {
-    let n = c.execute(
+    let n = c.execute_kept(
         "UPDATE rollouts SET wave = ?3 WHERE id = ?1 AND wave = ?2 AND state = ?4",
         params![id, from as i64, to as i64, RolloutState::Running.name()],
     )?;
@@ -188,12 +188,12 @@ pub(super) fn record_command(
             "UPDATE rollout_nodes SET rollback_id = ?3 WHERE rollout_id = ?1 AND node_id = ?2"
         }
     };
-    c.execute(sql, params![id, node_id, command_id])?;
+    c.execute_kept(sql, params![id, node_id, command_id])?;
     Ok(())
 }
 
 pub(super) fn skip(c: &Connection, id: &str, node_id: &str) -> Result<(), StoreError> {
-    c.execute(
+    c.execute_kept(
         "UPDATE rollout_nodes SET skipped = 1 WHERE rollout_id = ?1 AND node_id = ?2",
         params![id, node_id],
     )?;

@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings::fleet_event;
 use super::nodes::cert_row;
-use super::{json_col, ms, now, to_json};
+use super::{Kept, json_col, ms, now, to_json};
 use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
@@ -307,7 +307,7 @@ pub(super) fn gateway_shutdown(
 ) -> Result<(), StoreError> {
     let ended: Vec<Ended> = sessions.iter().map(Ended::at_shutdown).collect();
     disconnect(c, &ended)?;
-    c.execute(
+    c.execute_kept(
         "DELETE FROM leases WHERE name = ?1 AND owner = ?2",
         params![gateway_lease(gateway_id), gateway_id],
     )?;
@@ -315,7 +315,7 @@ pub(super) fn gateway_shutdown(
 }
 
 pub(super) fn fleet_size(c: &Connection) -> Result<FleetSize, StoreError> {
-    let (connected, gateways): (i64, i64) = c.query_row(
+    let (connected, gateways): (i64, i64) = c.query_row_kept(
         "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
                 (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
                     AND expires_at >= compute_now())",
@@ -329,7 +329,7 @@ pub(super) fn fleet_size(c: &Connection) -> Result<FleetSize, StoreError> {
 }
 
 pub(super) fn session(c: &Connection, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = ?1",
         [node_id],
         |r| {

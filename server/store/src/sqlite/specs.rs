@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::{json_col, ms, now, to_json};
+use super::{Kept, json_col, ms, now, to_json};
 use crate::bindings::VerifySignature;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
@@ -18,7 +18,7 @@ use crate::specs::{
 /// Whether the node exists and is not deleted.
 fn live_node(c: &Connection, node_id: &str) -> rusqlite::Result<bool> {
     let deleted: Option<Option<i64>> = c
-        .query_row(
+        .query_row_kept(
             "SELECT deleted_at FROM nodes WHERE id = ?1",
             [node_id],
             |r| r.get(0),
@@ -29,7 +29,7 @@ fn live_node(c: &Connection, node_id: &str) -> rusqlite::Result<bool> {
 
 /// The stored spec: generation and body.
 fn current(c: &Connection, node_id: &str) -> rusqlite::Result<Option<(u64, SpecBody)>> {
-    c.query_row(
+    c.query_row_kept(
         "SELECT generation, assignments, access FROM node_specs WHERE node_id = ?1",
         [node_id],
         |r| {
@@ -64,7 +64,7 @@ pub(super) fn update(
         not_after_ms: now + ms(LIFETIME),
     };
     let signed = seal(&sealed, &body);
-    c.execute(
+    c.execute_kept(
         "INSERT INTO node_specs (node_id, generation, signed, assignments, access, updated_at,
              not_after)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -159,7 +159,7 @@ pub(super) fn view(c: &Connection, node_id: &str) -> Result<Option<SpecView>, St
     let now = now(c)?;
     let (desired_generation, body) = current(c, node_id)?.unwrap_or_default();
     let state: Option<(i64, Vec<SectionRow>, i64)> = c
-        .query_row(
+        .query_row_kept(
             "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = ?1",
             [node_id],
             |r| Ok((r.get(0)?, json_col(r, 1)?, r.get(2)?)),

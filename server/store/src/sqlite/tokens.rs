@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{ms, now};
+use super::{Kept, ms, now};
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
@@ -15,7 +15,7 @@ use crate::tokens::{
 };
 
 pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
-    let taken: bool = c.query_row(
+    let taken: bool = c.query_row_kept(
         "SELECT EXISTS (SELECT 1 FROM operators WHERE id = ?1)",
         [&o.id],
         |r| r.get(0),
@@ -23,7 +23,7 @@ pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxErro
     if taken {
         return Err(operator_exists(&o.id).into());
     }
-    c.execute(
+    c.execute_kept(
         "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after)
          VALUES (?1, ?2, ?3, ?4, compute_now(), ?5)",
         params![
@@ -72,7 +72,7 @@ pub(super) fn operator_by_cert(
     c: &Connection,
     cert_sha256: &str,
 ) -> Result<Option<OperatorRow>, StoreError> {
-    c.query_row(
+    c.query_row_kept(
         &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE cert_sha256 = ?1"),
         [cert_sha256],
         operator_row,
@@ -83,12 +83,12 @@ pub(super) fn operator_by_cert(
 }
 
 pub(super) fn revoke_operator(c: &Connection, id: &str) -> Result<OperatorRow, TxError> {
-    c.execute(
+    c.execute_kept(
         "UPDATE operators SET revoked_at = compute_now() WHERE id = ?1 AND revoked_at IS NULL",
         [id],
     )?;
     let row = c
-        .query_row(
+        .query_row_kept(
             &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = ?1"),
             [id],
             operator_row,
@@ -99,7 +99,7 @@ pub(super) fn revoke_operator(c: &Connection, id: &str) -> Result<OperatorRow, T
 }
 
 pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description, pool)
          VALUES (?1, ?2, compute_now(), compute_now() + ?3, ?4, ?4, ?5, ?6) RETURNING expires_at",
         params![t.id, t.secret_sha256, ms(t.ttl), t.uses, t.description, t.pool],
@@ -131,7 +131,7 @@ pub(super) fn list_tokens(c: &Connection, all: bool) -> Result<Vec<TokenInfo>, S
 }
 
 pub(super) fn revoke_token(c: &Connection, id: &str) -> Result<Option<TokenInfo>, StoreError> {
-    Ok(c.query_row(
+    Ok(c.query_row_kept(
         &format!(
             "UPDATE join_tokens SET expires_at = MIN(expires_at, compute_now() - 1)
              WHERE id = ?1 RETURNING {TOKEN_INFO_COLUMNS}"
@@ -145,7 +145,7 @@ pub(super) fn revoke_token(c: &Connection, id: &str) -> Result<Option<TokenInfo>
 /// Checks the token (`admit`); the caller spends it.
 fn check_token(c: &Connection, j: &JoinInput, now: i64) -> Result<(), TxError> {
     let token: Option<TokenRow> = c
-        .query_row(
+        .query_row_kept(
             "SELECT secret_sha256, expires_at, uses_left FROM join_tokens WHERE id = ?1",
             [&j.token_id],
             |r| {
@@ -162,7 +162,7 @@ fn check_token(c: &Connection, j: &JoinInput, now: i64) -> Result<(), TxError> {
 }
 
 fn spend_token(c: &Connection, token_id: &str) -> rusqlite::Result<()> {
-    c.execute(
+    c.execute_kept(
         "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = ?1",
         [token_id],
     )?;
@@ -184,9 +184,9 @@ pub(super) fn record_macs(
     macs: &[String],
     now: i64,
 ) -> rusqlite::Result<()> {
-    c.execute("DELETE FROM node_macs WHERE node_id = ?1", [node_id])?;
+    c.execute_kept("DELETE FROM node_macs WHERE node_id = ?1", [node_id])?;
     for mac in macs {
-        c.execute(
+        c.execute_kept(
             "INSERT INTO node_macs (mac, node_id, reported_at) VALUES (?1, ?2, ?3)
              ON CONFLICT (mac) DO UPDATE SET node_id = ?2, reported_at = ?3",
             params![mac, node_id, now],
@@ -206,13 +206,13 @@ fn new_node(
 ) -> Result<Joined, TxError> {
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO nodes (id, hostname, created_at, identity_generation, ramdisk, join_token, ek_sha256, pool)
          VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, (SELECT pool FROM join_tokens WHERE id = ?5))",
         params![node_id, j.hostname, now, j.ramdisk, j.token_id, ek_sha256],
     )?;
     record_macs(c, &node_id, &j.macs, now)?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
         params![
@@ -238,7 +238,7 @@ pub(super) fn reenrol(
     check_token(c, j, now)?;
     let node_id = proof.node_id.as_str();
     let node = c
-        .query_row(
+        .query_row_kept(
             "SELECT deleted_at IS NOT NULL, identity_generation FROM nodes WHERE id = ?1",
             [node_id],
             |r| {
@@ -287,11 +287,11 @@ pub(super) fn join_attested(
             let generation = generation.max(0) as u64 + 1;
             // An operator's join with a token ends a quarantine, and the
             // clone watch starts over.
-            c.execute(
+            c.execute_kept(
                 "UPDATE nodes SET quarantined_at = NULL WHERE id = ?1",
                 [&node_id],
             )?;
-            c.execute("DELETE FROM ek_sightings WHERE node_id = ?1", [&node_id])?;
+            c.execute_kept("DELETE FROM ek_sightings WHERE node_id = ?1", [&node_id])?;
             reenrol_node(c, j, &node_id, generation, now, issue, seal, reclaim_detail)
         }
     }
@@ -314,7 +314,7 @@ fn reenrol_node(
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
     let serials = revoke_all(c, node_id, now, REENROLLED, seal)?;
-    c.execute(
+    c.execute_kept(
         "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4,
              pool = COALESCE((SELECT pool FROM join_tokens WHERE id = ?5), pool)
          WHERE id = ?1",
@@ -327,7 +327,7 @@ fn reenrol_node(
         ],
     )?;
     record_macs(c, node_id, &j.macs, now)?;
-    c.execute(
+    c.execute_kept(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
@@ -374,7 +374,7 @@ pub(super) fn join_enrolled(
 ) -> Result<Enrolled, TxError> {
     let now = now(c)?;
     let bound = bound_node(c, ek_sha256)?;
-    let enrolled: bool = c.query_row(
+    let enrolled: bool = c.query_row_kept(
         "SELECT EXISTS (SELECT 1 FROM machine_enrolments WHERE id = ?1)",
         [machines::ek_id(ek_sha256)],
         |r| r.get(0),
@@ -382,7 +382,7 @@ pub(super) fn join_enrolled(
     let ca: Option<String> = match ek_ca {
         None => None,
         Some(id) => c
-            .query_row(
+            .query_row_kept(
                 "SELECT id FROM machine_enrolments WHERE id = ?1 AND kind = 'ek-ca'",
                 [id],
                 |r| r.get(0),
@@ -435,7 +435,7 @@ fn watch_reattest(c: &Connection, node_id: &str, boot_id: &str, now: i64) -> Res
         .query_map([node_id], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let connected: Option<String> = c
-        .query_row(
+        .query_row_kept(
             "SELECT boot_id FROM node_sessions WHERE node_id = ?1 AND state = 'connected'",
             [node_id],
             |r| r.get(0),
@@ -470,7 +470,7 @@ fn quarantine_node(
     seal: SealStatement,
 ) -> Result<(), TxError> {
     let serials = revoke_all(c, node_id, now, clones::DUPLICATE_IDENTITY, seal)?;
-    c.execute(
+    c.execute_kept(
         "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
         params![node_id, now],
     )?;
@@ -507,7 +507,7 @@ fn revoke_all(
         reason: reason.to_string(),
         issued_at_ms: now,
     });
-    c.execute(
+    c.execute_kept(
         "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
          WHERE node_id = ?1 AND revoked_at IS NULL",
         params![node_id, now, reason, statement],
@@ -518,7 +518,7 @@ fn revoke_all(
 /// The live node bound to the EK `ek_sha256` (the writer's transaction
 /// orders joins of one EK).
 fn bound_node(c: &Connection, ek_sha256: &str) -> rusqlite::Result<Option<BoundNode>> {
-    c.query_row(
+    c.query_row_kept(
         "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
          WHERE ek_sha256 = ?1 AND deleted_at IS NULL",
         [ek_sha256],
