@@ -48,23 +48,24 @@ pub(super) fn floors(c: &Connection, node_id: &str) -> rusqlite::Result<(u64, u6
 
 /// The certificate with `fingerprint`, with its node's deletion time.
 pub(super) fn cert_row(c: &Connection, fingerprint: &str) -> rusqlite::Result<Option<CertRow>> {
-    c.prepare_cached(
+    c.query_row_kept(
         "SELECT c.node_id, c.serial, c.revoked_at, c.revoke_reason, c.not_after, n.deleted_at,
                 c.statement
          FROM node_certs c JOIN nodes n ON n.id = c.node_id
          WHERE c.fingerprint = ?1",
-    )?
-    .query_row([fingerprint], |r| {
-        Ok(CertRow {
-            node_id: r.get(0)?,
-            serial: r.get(1)?,
-            revoked_at_ms: r.get(2)?,
-            revoke_reason: r.get(3)?,
-            not_after_ms: r.get(4)?,
-            node_deleted_at_ms: r.get(5)?,
-            statement: r.get(6)?,
-        })
-    })
+        [fingerprint],
+        |r| {
+            Ok(CertRow {
+                node_id: r.get(0)?,
+                serial: r.get(1)?,
+                revoked_at_ms: r.get(2)?,
+                revoke_reason: r.get(3)?,
+                not_after_ms: r.get(4)?,
+                node_deleted_at_ms: r.get(5)?,
+                statement: r.get(6)?,
+            })
+        },
+    )
     .optional()
 }
 

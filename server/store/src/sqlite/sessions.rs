@@ -34,10 +34,11 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     // now. A lease that moved or ran out aborts the route (the gateway
     // then fences itself).
     let lease: Option<i64> = c
-        .prepare_cached("SELECT expires_at FROM leases WHERE name = ?1 AND owner = ?2")?
-        .query_row(params![gateway_lease(&h.gateway_id), h.gateway_id], |r| {
-            r.get(0)
-        })
+        .query_row_kept(
+            "SELECT expires_at FROM leases WHERE name = ?1 AND owner = ?2",
+            params![gateway_lease(&h.gateway_id), h.gateway_id],
+            |r| r.get(0),
+        )
         .optional()?;
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
@@ -46,8 +47,11 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         return Ok(HelloOutcome::quarantined(now));
     }
     let prev: Option<(i64, String, String)> = c
-        .prepare_cached("SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1")?
-        .query_row([&h.node_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_row_kept(
+            "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
+            [&h.node_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .optional()?;
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
     let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
@@ -135,11 +139,12 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
         .query_map([&h.cert_serial], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let connected: Option<String> = c
-        .prepare_cached(
+        .query_row_kept(
             "SELECT boot_id FROM node_sessions
              WHERE node_id = ?1 AND cert_serial = ?2 AND state = 'connected'",
-        )?
-        .query_row(params![h.node_id, h.cert_serial], |r| r.get(0))
+            params![h.node_id, h.cert_serial],
+            |r| r.get(0),
+        )
         .optional()?;
     let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
     if v.record {

@@ -20,6 +20,7 @@ use std::sync::{Arc, mpsc};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::Kept;
 use crate::clock::Clock;
 use crate::error::StoreError;
 
@@ -198,10 +199,10 @@ fn commit(c: &Connection, pin: &Pin, mut group: Vec<Box<dyn Job>>) {
     }
 }
 
-/// Runs one statement that returns no rows, from the connection's prepared
+/// Runs one transaction control statement from the connection's prepared
 /// statements (a group commit runs five of these for one write).
 fn run(c: &Connection, sql: &str) -> rusqlite::Result<()> {
-    c.prepare_cached(sql)?.execute([]).map(drop)
+    c.execute_kept(sql, []).map(drop)
 }
 
 #[cfg(test)]
