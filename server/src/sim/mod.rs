@@ -269,6 +269,17 @@ struct GatewayConfig {
     store: Option<String>,
 }
 
+/// The reconnect storm's length: when every node's last session was
+/// established after the cut at `at_ms`, the milliseconds from the cut to
+/// the last of them. A host's report that still shows its nodes connected
+/// on their old sessions does not end the storm.
+fn all_back_after(established_ms: &[i64], at_ms: i64) -> Option<i64> {
+    established_ms
+        .iter()
+        .try_fold(at_ms, |latest, &e| (e > at_ms).then_some(latest.max(e)))
+        .map(|latest| latest - at_ms)
+}
+
 /// The file the gateway in `slot` reads its clock offset from.
 fn clock_offset_file(dir: &Path, slot: usize) -> PathBuf {
     dir.join(format!("clock-{slot}.offset"))
@@ -518,21 +529,23 @@ impl World {
             }
             Fault::DropLinks(n) => self.hosts.cut(n, false, rng).await,
             Fault::ResetLinks(usize::MAX) => {
-                // A reconnect storm: every link at once; time until the
-                // whole fleet is back.
+                // A reconnect storm: every link at once; time until every
+                // node has a session established after the cut.
                 let start = Instant::now();
+                let at_ms = bcd_sys::clock::unix_ms();
                 self.hosts.cut(usize::MAX, true, rng).await;
                 let me = self.clone();
                 tokio::spawn(async move {
-                    // Past the hosts' next reports, which show the cut.
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    while me.hosts.totals().connected < me.hosts.nodes {
+                    loop {
+                        if let Some(back_ms) = all_back_after(&me.hosts.established_all(), at_ms) {
+                            *me.storm.lock().await = Some(back_ms as f64 / 1000.0);
+                            return;
+                        }
                         if start.elapsed() > Duration::from_secs(120) {
                             return;
                         }
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
-                    *me.storm.lock().await = Some(start.elapsed().as_secs_f64());
                 });
             }
             Fault::ResetLinks(n) => self.hosts.cut(n, true, rng).await,
@@ -1138,5 +1151,27 @@ impl Report {
             "  FAILED: the fleet did not settle\n"
         });
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::all_back_after;
+
+    /// The storm ends with the last node's new session, not with a report
+    /// that still counts every node connected on its old one.
+    #[test]
+    fn the_storm_ends_when_every_node_has_a_session_from_after_the_cut() {
+        let cut = 10_000;
+        // Every node connected before the cut: the storm has not ended,
+        // although a count of connected nodes says all of them are.
+        assert_eq!(all_back_after(&[9_000, 9_500, 9_999], cut), None);
+        assert_eq!(all_back_after(&[12_000, 9_500, 10_400], cut), None);
+        assert_eq!(all_back_after(&[12_000, 10_001, 10_400], cut), Some(2_000));
+        assert_eq!(
+            all_back_after(&[10_000], cut),
+            None,
+            "at the cut is before it"
+        );
     }
 }
