@@ -200,7 +200,7 @@ fn commit(c: &Connection, pin: &Pin, mut group: Vec<Box<dyn Job>>) {
 }
 
 /// Runs one transaction control statement from the connection's prepared
-/// statements (a group commit runs five of these for one write).
+/// statements (a group commit of one write runs four of these).
 fn run(c: &Connection, sql: &str) -> rusqlite::Result<()> {
     c.execute_kept(sql, []).map(drop)
 }
