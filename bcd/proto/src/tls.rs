@@ -7,9 +7,9 @@
 //! pins the fleet CA from its token before it has the CA, and how every
 //! node presents its certificate. Servers accept through [`incoming`],
 //! which hands tonic connections that carry the peer's certificate, so
-//! handlers know which node is speaking. Client certificates are verified against the fleet CA
-//! but optional at the TLS layer: Join has none yet, and every other service
-//! refuses a request without one.
+//! handlers know which node is speaking. Client certificates are verified
+//! against the fleet CA but optional at the TLS layer: Join has none yet,
+//! and every other service refuses a request without one.
 
 use std::future::Future;
 use std::io;

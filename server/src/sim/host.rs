@@ -357,15 +357,6 @@ impl Hosts {
         t
     }
 
-    /// Each node's last session time (unix ms; 0 for none yet), in node
-    /// order.
-    pub fn established_all(&self) -> Vec<i64> {
-        let e = self.established.lock().expect("established");
-        (0..self.nodes)
-            .map(|i| e.get(&i).copied().unwrap_or(0))
-            .collect()
-    }
-
     pub fn established_ms(&self, node: usize) -> i64 {
         self.established
             .lock()

@@ -269,15 +269,17 @@ struct GatewayConfig {
     store: Option<String>,
 }
 
-/// The reconnect storm's length: when every node's last session was
-/// established after the cut at `at_ms`, the milliseconds from the cut to
-/// the last of them. A host's report that still shows its nodes connected
-/// on their old sessions does not end the storm.
-fn all_back_after(established_ms: &[i64], at_ms: i64) -> Option<i64> {
-    established_ms
-        .iter()
-        .try_fold(at_ms, |latest, &e| (e > at_ms).then_some(latest.max(e)))
-        .map(|latest| latest - at_ms)
+/// How long after `at_ms` a node's last session was established; None
+/// while that session is from before (a node still on its old session, or
+/// a host that has not reported the new one yet).
+fn back_after(established_ms: i64, at_ms: i64) -> Option<i64> {
+    (established_ms > at_ms).then(|| established_ms - at_ms)
+}
+
+/// When all `nodes` are back (one time each, from [`back_after`]), the
+/// last of them.
+fn all_back(back_ms: &[i64], nodes: usize) -> Option<i64> {
+    (back_ms.len() == nodes).then(|| back_ms.iter().copied().max().unwrap_or(0))
 }
 
 /// The file the gateway in `slot` reads its clock offset from.
@@ -436,8 +438,9 @@ impl World {
             .map(|a| format!("https://{a}"))
     }
 
-    /// Records each node's first session after `at_ms`.
-    fn watch_rehome(&self, nodes: Vec<String>, at_ms: i64, out: Arc<std::sync::Mutex<Vec<i64>>>) {
+    /// Records how long after `at_ms` each of `nodes` had its first session
+    /// (re-home after a kill, and the reconnect storm).
+    fn watch_back(&self, nodes: Vec<String>, at_ms: i64, out: Arc<std::sync::Mutex<Vec<i64>>>) {
         let wanted: BTreeSet<&String> = nodes.iter().collect();
         let mut pending: Vec<usize> = (0..self.node_ids.len())
             .filter(|i| wanted.contains(&self.node_ids[*i]))
@@ -446,14 +449,12 @@ impl World {
         tokio::spawn(async move {
             let start = Instant::now();
             while !pending.is_empty() && start.elapsed() < Duration::from_secs(300) {
-                pending.retain(|i| {
-                    let est = hosts.established_ms(*i);
-                    if est > at_ms {
-                        out.lock().expect("latencies").push(est - at_ms);
+                pending.retain(|i| match back_after(hosts.established_ms(*i), at_ms) {
+                    Some(ms) => {
+                        out.lock().expect("latencies").push(ms);
                         false
-                    } else {
-                        true
                     }
+                    None => true,
                 });
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -481,7 +482,7 @@ impl World {
                         nodes: nodes.len(),
                         latencies: latencies.clone(),
                     });
-                    self.watch_rehome(nodes, at_ms, latencies);
+                    self.watch_back(nodes, at_ms, latencies);
                     g.name.clone()
                 };
                 let me = self.clone();
@@ -530,18 +531,19 @@ impl World {
             Fault::DropLinks(n) => self.hosts.cut(n, false, rng).await,
             Fault::ResetLinks(usize::MAX) => {
                 // A reconnect storm: every link at once; time until every
-                // node has a session established after the cut.
-                let start = Instant::now();
+                // node has a session established after the cut, timed as
+                // re-home is.
                 let at_ms = bcd_sys::clock::unix_ms();
                 self.hosts.cut(usize::MAX, true, rng).await;
+                let back = Arc::new(std::sync::Mutex::new(Vec::new()));
+                self.watch_back(self.node_ids.clone(), at_ms, back.clone());
                 let me = self.clone();
                 tokio::spawn(async move {
-                    loop {
-                        if let Some(back_ms) = all_back_after(&me.hosts.established_all(), at_ms) {
-                            *me.storm.lock().await = Some(back_ms as f64 / 1000.0);
-                            return;
-                        }
-                        if start.elapsed() > Duration::from_secs(120) {
+                    let start = Instant::now();
+                    while start.elapsed() < Duration::from_secs(120) {
+                        let last = all_back(&back.lock().expect("latencies"), me.hosts.nodes);
+                        if let Some(ms) = last {
+                            *me.storm.lock().await = Some(ms as f64 / 1000.0);
                             return;
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1156,22 +1158,18 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::all_back_after;
+    use super::{all_back, back_after};
 
-    /// The storm ends with the last node's new session, not with a report
-    /// that still counts every node connected on its old one.
+    /// A node is back with a session from after the cut, not while its
+    /// host still reports it connected on the old one; the storm ends with
+    /// the last node back.
     #[test]
     fn the_storm_ends_when_every_node_has_a_session_from_after_the_cut() {
         let cut = 10_000;
-        // Every node connected before the cut: the storm has not ended,
-        // although a count of connected nodes says all of them are.
-        assert_eq!(all_back_after(&[9_000, 9_500, 9_999], cut), None);
-        assert_eq!(all_back_after(&[12_000, 9_500, 10_400], cut), None);
-        assert_eq!(all_back_after(&[12_000, 10_001, 10_400], cut), Some(2_000));
-        assert_eq!(
-            all_back_after(&[10_000], cut),
-            None,
-            "at the cut is before it"
-        );
+        assert_eq!(back_after(9_999, cut), None);
+        assert_eq!(back_after(10_000, cut), None, "at the cut is before it");
+        assert_eq!(back_after(12_000, cut), Some(2_000));
+        assert_eq!(all_back(&[2_000, 400], 3), None);
+        assert_eq!(all_back(&[2_000, 400, 1], 3), Some(2_000));
     }
 }
