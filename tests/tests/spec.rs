@@ -135,15 +135,69 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
     server.assign_and_wait(&id, "job-a", "0", 1);
-    // A forged generation 2, signed by a foreign key, giving the node
-    // every GPU: stored through the method that stores every spec.
     let store = server.store();
+    // What the store's caller says the stored spec holds: these writes
+    // come from outside the key holder, which checks nothing of theirs.
+    let stored = |generation| -> bc_store::specs::OpenSpec {
+        Box::new(move |_| {
+            Ok(bc_store::specs::OpenedSpec {
+                generation,
+                body: Default::default(),
+            })
+        })
+    };
+
+    // A genuine but older spec, replayed under a higher stored generation:
+    // the node keeps the newer one it has.
+    server.assign_and_wait(&id, "job-b", "1", 2);
+    assert!(node.dir.join("run/env/job-b.env").exists());
+    let (_, old) = store
+        .block(store.store.signed_spec(&id))
+        .unwrap()
+        .expect("a signed spec");
+    assert!(
+        server
+            .cli(&["nodes", "unassign", &id, "job-b"])
+            .status
+            .success()
+    );
+    wait_for(Duration::from_secs(20), "generation 3 applied", || {
+        (server.spec(&id)["applied_generation"] == 3).then_some(())
+    });
+    // The genuine generation-2 bytes, stored again as generation 4.
+    let (generation, _) = store
+        .block(store.store.update_spec(
+            &id,
+            Box::new(|_| Ok(())),
+            stored(3),
+            Box::new(move |_, _| old),
+        ))
+        .unwrap();
+    assert_eq!(generation, 4);
+    wait_for(
+        Duration::from_secs(20),
+        "the node to refuse the older spec",
+        || {
+            node.proc()
+                .log()
+                .contains("generation 2 is older than 3")
+                .then_some(())
+        },
+    );
+    assert!(
+        !node.dir.join("run/env/job-b.env").exists(),
+        "generation 2 was not re-applied"
+    );
+
+    // A forged generation 5, signed by a foreign key, giving the node
+    // every GPU: stored through the method that stores every spec.
     let foreign = bc_tests::foreign_worker_key();
     let node_id = id.clone();
     let (generation, _) = store
         .block(store.store.update_spec(
             &id,
             Box::new(|_| Ok(())),
+            stored(4),
             Box::new(move |seal, _| {
                 let forged = bcd_proto::v1::NodeSpec {
                     node_id,
@@ -163,54 +217,29 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
             }),
         ))
         .unwrap();
-    assert_eq!(generation, 2);
-    wait_for(
-        Duration::from_secs(20),
-        "the node to refuse the spec",
-        || node.proc().log().contains("spec refused").then_some(()),
-    );
-    assert!(node.proc().log().contains("not signed by a worker key"));
-    assert!(!node.dir.join("run/env/evil.env").exists());
-    assert_eq!(server.spec(&id)["applied_generation"], 1);
-
-    // A genuine but older spec, replayed under a higher stored generation:
-    // the node keeps the newer one it has.
-    server.assign_and_wait(&id, "job-b", "1", 3);
-    assert!(node.dir.join("run/env/job-b.env").exists());
-    let (_, old) = store
-        .block(store.store.signed_spec(&id))
-        .unwrap()
-        .expect("a signed spec");
-    assert!(
-        server
-            .cli(&["nodes", "unassign", &id, "job-b"])
-            .status
-            .success()
-    );
-    wait_for(Duration::from_secs(20), "generation 4 applied", || {
-        (server.spec(&id)["applied_generation"] == 4).then_some(())
-    });
-    // The genuine generation-3 bytes, stored again as generation 5.
-    let (generation, _) = store
-        .block(
-            store
-                .store
-                .update_spec(&id, Box::new(|_| Ok(())), Box::new(move |_, _| old)),
-        )
-        .unwrap();
     assert_eq!(generation, 5);
     wait_for(
         Duration::from_secs(20),
-        "the node to refuse the older spec",
+        "the node to refuse the forged spec",
         || {
             node.proc()
                 .log()
-                .contains("generation 3 is older than 4")
+                .contains("not signed by a worker key")
                 .then_some(())
         },
     );
-    assert!(
-        !node.dir.join("run/env/job-b.env").exists(),
-        "generation 3 was not re-applied"
-    );
+    assert!(!node.dir.join("run/env/evil.env").exists());
+    assert_eq!(server.spec(&id)["applied_generation"], 3);
+
+    // The key holder builds nothing on it either: the operator's next
+    // change is refused, saying why and what to do, and the forgery is
+    // among the node's events.
+    let out = server.cli(&["nodes", "assign", &id, "job-c", "--gpus", "1"]);
+    assert!(!out.status.success(), "a change built on a forged spec");
+    let text = stderr(&out);
+    assert!(text.contains("not one a worker key signed"), "{text}");
+    assert!(text.contains("backup restore"), "{text}");
+    let events = server.spec(&id)["events"].to_string();
+    assert!(events.contains("security.spec.forged"), "{events}");
+    assert!(!node.dir.join("run/env/job-c.env").exists());
 }

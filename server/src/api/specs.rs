@@ -53,6 +53,7 @@ async fn change(
         .update_spec(
             &node,
             Box::new(edit),
+            seal::own_spec_opener(&svc.worker_key, &node),
             seal::spec_sealer(svc.worker_key.clone(), &node),
         )
         .await

@@ -4,8 +4,11 @@
 //! refuses one that arrives after its `not_after`, so an old spec a gateway
 //! kept (one that still grants a removed key) cannot be replayed to a node
 //! that lost its journal. Every spec that expires within
-//! `bc_store::specs::RESIGN_WITHIN` gets a new generation of the same body,
-//! sealed with the worker key, and its node's session is woken to send it.
+//! `bc_store::specs::RESIGN_WITHIN` gets a new generation of the body its
+//! last signed spec holds (verified with the worker key first, never read
+//! from the store's unsigned columns: a rewritten row signs nothing and is
+//! recorded as `security.spec.forged`), sealed with the worker key, and its
+//! node's session is woken to send it.
 //! Each store call is one transaction: a crash between two leaves the
 //! others due at the next tick; two controllers signing one spec at once
 //! give it two generations, which nodes take in order.
@@ -16,7 +19,7 @@ use bc_store::specs::RESIGN_WITHIN;
 use bc_store::{Store, TxError};
 use tracing::{info, warn};
 
-use crate::pki::seal::spec_sealer;
+use crate::pki::seal::{own_spec_opener, spec_sealer};
 
 /// One pass: signs every spec expiring soon again; returns the nodes whose
 /// spec changed.
@@ -27,7 +30,12 @@ pub async fn tick(
     let mut renewed = Vec::new();
     for node in store.specs_expiring(RESIGN_WITHIN).await? {
         match store
-            .update_spec(&node, Box::new(|_| Ok(())), spec_sealer(key.clone(), &node))
+            .update_spec(
+                &node,
+                Box::new(|_| Ok(())),
+                own_spec_opener(key, &node),
+                spec_sealer(key.clone(), &node),
+            )
             .await
         {
             Ok((generation, _)) => {

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use bc_store::commands::{CommandRow, CommandSeal, NewCommand, SealCommand};
 use bc_store::nodes::{SealStatement, StatementKind, StatementSeal};
 use bc_store::specs::{
-    Access, AccessUser, Assignment, Firewall, FirewallRule, SealSpec, SpecBody, SpecSeal,
+    Access, AccessUser, Assignment, Firewall, FirewallRule, OpenSpec, OpenedSpec, SealSpec,
+    SpecBody, SpecSeal,
 };
 use bc_store::{Store, TxError};
 use bcd_proto::typed::{Spelling, parse};
@@ -140,6 +141,52 @@ pub fn spec_sealer(key: Arc<Ed25519KeyPair>, node: &str) -> SealSpec {
     })
 }
 
+/// Opens `node`'s stored spec as the node would: signed by one of
+/// `worker_keys` (raw ed25519 public keys), naming `node`, decoding to a
+/// body the store can hold. What the spec controller and an operator's
+/// edit start from, so a rewritten column or a planted envelope signs
+/// nothing.
+pub fn spec_opener(worker_keys: Vec<Vec<u8>>, node: &str) -> OpenSpec {
+    let node = node.to_string();
+    Box::new(move |signed| {
+        let payload = bcd_proto::sign::open(signed, &worker_keys).map_err(|e| e.to_string())?;
+        let spec = NodeSpec::decode(payload.as_slice())
+            .map_err(|_| "the signed payload is not a NodeSpec".to_string())?;
+        if spec.node_id != node {
+            return Err(format!(
+                "it is node {}'s spec, signed for that node",
+                spec.node_id
+            ));
+        }
+        let assignments = spec
+            .devices
+            .unwrap_or_default()
+            .assignments
+            .into_iter()
+            .map(|a| Assignment {
+                allocation_id: a.allocation_id,
+                gpus: a.gpus,
+                env: a.env.into_iter().collect(),
+            })
+            .collect();
+        let access = access_from_wire(spec.access.unwrap_or_default())?;
+        Ok(OpenedSpec {
+            generation: spec.generation,
+            body: SpecBody {
+                assignments,
+                access,
+            },
+        })
+    })
+}
+
+/// [`spec_opener`] for the specs `key` signs: what this key holder's own
+/// changes start from.
+pub fn own_spec_opener(key: &Ed25519KeyPair, node: &str) -> OpenSpec {
+    use ring::signature::KeyPair;
+    spec_opener(vec![key.public_key().as_ref().to_vec()], node)
+}
+
 /// The statement a worker signs about a node.
 pub fn statement(s: &StatementSeal) -> v1::NodeStatement {
     v1::NodeStatement {
@@ -261,6 +308,54 @@ mod tests {
             ..Default::default()
         };
         assert!(access_from_wire(bad).unwrap_err().contains("tcp or udp"));
+    }
+
+    #[test]
+    fn a_spec_opens_only_as_its_worker_signed_it_for_its_node() {
+        use ring::signature::KeyPair;
+        let body = SpecBody {
+            assignments: vec![Assignment {
+                allocation_id: "job-a".into(),
+                gpus: vec!["0".into(), "1".into()],
+                env: [("A".to_string(), "1".to_string())].into(),
+            }],
+            access: Access {
+                users: vec![AccessUser {
+                    name: "ops".into(),
+                    authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+                    principals: vec![],
+                }],
+                ..Access::default()
+            },
+        };
+        let seal = SpecSeal {
+            generation: 7,
+            issued_at_ms: 1,
+            not_after_ms: 2,
+        };
+        let worker = key();
+        let public = vec![worker.public_key().as_ref().to_vec()];
+        let signed = spec_sealer(worker.clone(), "nd-1")(&seal, &body);
+        let opened = spec_opener(public.clone(), "nd-1")(&signed).unwrap();
+        assert_eq!(
+            opened,
+            OpenedSpec {
+                generation: 7,
+                body: body.clone()
+            }
+        );
+        // Another node's spec, another key's, altered bytes, no envelope.
+        let e = spec_opener(public.clone(), "nd-2")(&signed).unwrap_err();
+        assert!(e.contains("node nd-1's spec"), "{e}");
+        let other = Arc::new(Ed25519KeyPair::from_seed_unchecked(&[8; 32]).unwrap());
+        let foreign = spec_sealer(other, "nd-1")(&seal, &body);
+        let e = spec_opener(public.clone(), "nd-1")(&foreign).unwrap_err();
+        assert!(e.contains("not signed by a worker key"), "{e}");
+        let mut altered = signed.clone();
+        let at = altered.len() - 70;
+        altered[at] ^= 1;
+        assert!(spec_opener(public.clone(), "nd-1")(&altered).is_err());
+        assert!(spec_opener(public, "nd-1")(b"{}").is_err());
     }
 
     #[test]

@@ -33,7 +33,9 @@ use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, Valid
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
+use crate::specs::{
+    ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
+};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
@@ -340,13 +342,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     // -------------------------------------------------------------- specs
 
-    /// Changes a node's spec: `change` edits the body (or refuses), the
-    /// generation grows by one, and `seal` signs the new spec, which lives
-    /// [`crate::specs::LIFETIME`].
+    /// Changes a node's spec: `open` verifies the stored signed spec and
+    /// gives the body it holds (never the unsigned columns), `change` edits
+    /// it (or refuses), the generation grows by one, and `seal` signs the
+    /// new spec, which lives [`crate::specs::LIFETIME`]. A stored spec that
+    /// does not open is recorded as [`crate::specs::SPEC_FORGED`] and the
+    /// change refused ([`crate::specs::forged_refusal`]): nothing is signed.
     async fn update_spec(
         &self,
         node_id: &str,
         change: ChangeSpec,
+        open: OpenSpec,
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError>;
 

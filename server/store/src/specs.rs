@@ -92,6 +92,43 @@ pub struct SpecSeal {
 /// Seals a spec inside its changing transaction; returns the signed bytes.
 pub type SealSpec = Box<dyn FnOnce(&SpecSeal, &SpecBody) -> Vec<u8> + Send>;
 
+/// What a worker key signed, read back from a node's stored spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedSpec {
+    pub generation: u64,
+    pub body: SpecBody,
+}
+
+/// Verifies a node's stored signed spec (the key that signed it, the node
+/// it names) and reads its body back, or says why it is not one a worker
+/// signed. A change starts from what it returns, never from the store's
+/// unsigned columns, which whoever can write the store can rewrite.
+pub type OpenSpec = Box<dyn FnOnce(&[u8]) -> Result<OpenedSpec, String> + Send>;
+
+/// The fleet event a stored spec no worker key signed is recorded as.
+pub const SPEC_FORGED: &str = "security.spec.forged";
+
+/// Where a change of a node's spec starts: the generation and body its
+/// stored signed bytes hold (`None`: the node has no spec yet), or why
+/// those bytes are not a worker's.
+pub fn start_from(stored: Option<&[u8]>, open: OpenSpec) -> Result<(u64, SpecBody), String> {
+    match stored {
+        None => Ok((0, SpecBody::default())),
+        Some(bytes) => open(bytes).map(|o| (o.generation, o.body)),
+    }
+}
+
+/// The refusal of a change whose stored spec did not open: nothing is
+/// signed from it, and the node keeps enforcing the last spec it verified.
+pub fn forged_refusal(node_id: &str, why: &str) -> Refusal {
+    Refusal::Conflict(format!(
+        "the stored spec of node {node_id} is not one a worker key signed ({why}); recorded as \
+         {SPEC_FORGED}: the store was written outside the control plane. Nothing was signed and \
+         the node keeps its last verified spec; restore the store from a backup \
+         (better-compute backup restore) or delete and join the node again"
+    ))
+}
+
 /// A state report as the node signed it (inside a
 /// [`crate::nodes::Signed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

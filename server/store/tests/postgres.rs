@@ -20,12 +20,28 @@ async fn postgres() -> suite::Fixture {
         .await
         .unwrap();
     let c = clock.clone();
+    let db = url.clone();
     let reopen = Box::new(move || {
         let (url, clock) = (url.clone(), c.clone());
         Box::pin(async move { Store::open_postgres(&url, Arc::new(clock)).await.unwrap() })
             as Pin<Box<dyn Future<Output = Store> + Send>>
     });
-    suite::Fixture::new(store, clock, reopen, Box::new(())).await
+    let tamper: suite::Tamper = Box::new(move |sql| {
+        let db = db.clone();
+        Box::pin(async move {
+            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let driver = tokio::spawn(conn);
+            client
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            drop(client);
+            let _ = driver.await;
+        })
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper), Box::new(())).await
 }
 
 store_suite!(postgres);

@@ -22,7 +22,17 @@ async fn sqlite() -> suite::Fixture {
         Box::pin(async move { Store::open_sqlite(&path, Arc::new(clock)).await.unwrap() })
             as Pin<Box<dyn Future<Output = Store> + Send>>
     });
-    suite::Fixture::new(store, clock, reopen, Box::new(dir)).await
+    let db = dir.path().join("store.db");
+    let tamper: suite::Tamper = Box::new(move |sql| {
+        let db = db.clone();
+        Box::pin(async move {
+            rusqlite::Connection::open(&db)
+                .unwrap()
+                .execute_batch(&sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        })
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper), Box::new(dir)).await
 }
 
 store_suite!(sqlite);

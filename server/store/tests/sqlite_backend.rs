@@ -295,6 +295,21 @@ async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
         .update_spec(
             NODE,
             Box::new(|_| Ok(())),
+            // What the fixture's worker signed: generation 1 of this body.
+            Box::new(|signed| {
+                assert_eq!(signed, b"signed-spec");
+                Ok(bc_store::specs::OpenedSpec {
+                    generation: 1,
+                    body: bc_store::specs::SpecBody {
+                        assignments: vec![bc_store::specs::Assignment {
+                            allocation_id: "job-a".into(),
+                            gpus: vec!["0".into()],
+                            env: [("A".to_string(), "1".to_string())].into(),
+                        }],
+                        access: Default::default(),
+                    },
+                })
+            }),
             Box::new(|_, _| b"resigned".to_vec()),
         )
         .await

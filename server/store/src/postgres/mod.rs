@@ -82,7 +82,9 @@ use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, Valid
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
+use crate::specs::{
+    ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
+};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
@@ -785,9 +787,13 @@ impl Backend for PostgresBackend {
         &self,
         node_id: &str,
         change: ChangeSpec,
+        open: OpenSpec,
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError> {
-        tx!(self, |tx| specs::update(&tx, node_id, change, seal).await)
+        let updated: Result<_, TxError> =
+            tx!(self, |tx| specs::update(&tx, node_id, change, open, seal)
+                .await);
+        updated?.map_err(TxError::from)
     }
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {

@@ -9,8 +9,9 @@ use crate::bindings::VerifySignature;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::{
-    ChangeSpec, FORGED, FactApplied, LIFETIME, SealSpec, SectionRow, SpecBody, SpecSeal, SpecView,
-    StateReportInput, applied_generation, report_applies, sections_at,
+    ChangeSpec, FORGED, FactApplied, LIFETIME, OpenSpec, SPEC_FORGED, SealSpec, SectionRow,
+    SpecBody, SpecSeal, SpecView, StateReportInput, applied_generation, forged_refusal,
+    report_applies, sections_at, start_from,
 };
 
 /// Whether the node exists and is not deleted; with `lock`, its row is
@@ -26,7 +27,8 @@ async fn live_node(tx: &Tx<'_>, node_id: &str, lock: bool) -> Result<bool, Store
     Ok(matches!(deleted, Some(None)))
 }
 
-/// The stored spec: generation and body.
+/// The stored spec's generation and body as its columns show them: for the
+/// operator's view only; a change starts from the signed bytes.
 async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, StoreError> {
     let Some(r) = query_opt(
         tx,
@@ -46,18 +48,29 @@ async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, 
     )))
 }
 
+/// Changes a node's spec from what a worker signed last. `Ok(Err(_))`: the
+/// stored spec did not open; its forgery is recorded (the transaction
+/// commits that) and nothing is signed.
 pub(super) async fn update(
     tx: &Tx<'_>,
     node_id: &str,
     change: ChangeSpec,
+    open: OpenSpec,
     seal: SealSpec,
-) -> Result<(u64, SpecBody), TxError> {
+) -> Result<Result<(u64, SpecBody), Refusal>, TxError> {
     if !live_node(tx, node_id, true).await? {
         return Err(Refusal::NoSuchNode(node_id.to_string()).into());
     }
-    let (generation, mut body) = current(tx, node_id).await?.unwrap_or_default();
-    change(&mut body)?;
     let now = now(tx).await?;
+    let stored = signed(tx, node_id).await?;
+    let (generation, mut body) = match start_from(stored.as_ref().map(|(_, b)| &b[..]), open) {
+        Ok(start) => start,
+        Err(why) => {
+            fleet_event(tx, now, SPEC_FORGED, node_id, &why).await?;
+            return Ok(Err(forged_refusal(node_id, &why)));
+        }
+    };
+    change(&mut body)?;
     let next = generation + 1;
     let sealed = SpecSeal {
         generation: next,
@@ -85,7 +98,7 @@ pub(super) async fn update(
         ],
     )
     .await?;
-    Ok((next, body))
+    Ok(Ok((next, body)))
 }
 
 pub(super) async fn expiring(tx: &Tx<'_>, within: Duration) -> Result<Vec<String>, StoreError> {

@@ -66,7 +66,9 @@ use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, Valid
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{ChangeSpec, FactApplied, SealSpec, SpecBody, SpecView, StateReportInput};
+use crate::specs::{
+    ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
+};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
@@ -794,11 +796,13 @@ impl Backend for SqliteBackend {
         &self,
         node_id: &str,
         change: ChangeSpec,
+        open: OpenSpec,
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError> {
         let node = node_id.to_string();
-        self.write(move |c| specs::update(c, &node, change, seal))
-            .await
+        self.write(move |c| specs::update(c, &node, change, open, seal))
+            .await?
+            .map_err(TxError::from)
     }
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {

@@ -11,8 +11,9 @@ use crate::bindings::VerifySignature;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::{
-    ChangeSpec, FORGED, FactApplied, LIFETIME, SealSpec, SectionRow, SpecBody, SpecSeal, SpecView,
-    StateReportInput, applied_generation, report_applies, sections_at,
+    ChangeSpec, FORGED, FactApplied, LIFETIME, OpenSpec, SPEC_FORGED, SealSpec, SectionRow,
+    SpecBody, SpecSeal, SpecView, StateReportInput, applied_generation, forged_refusal,
+    report_applies, sections_at, start_from,
 };
 
 /// Whether the node exists and is not deleted.
@@ -27,7 +28,8 @@ fn live_node(c: &Connection, node_id: &str) -> rusqlite::Result<bool> {
     Ok(matches!(deleted, Some(None)))
 }
 
-/// The stored spec: generation and body.
+/// The stored spec's generation and body as its columns show them: for the
+/// operator's view only; a change starts from the signed bytes.
 fn current(c: &Connection, node_id: &str) -> rusqlite::Result<Option<(u64, SpecBody)>> {
     c.query_row_kept(
         "SELECT generation, assignments, access FROM node_specs WHERE node_id = ?1",
@@ -45,18 +47,29 @@ fn current(c: &Connection, node_id: &str) -> rusqlite::Result<Option<(u64, SpecB
     .optional()
 }
 
+/// Changes a node's spec from what a worker signed last. `Ok(Err(_))`: the
+/// stored spec did not open; its forgery is recorded (the transaction
+/// commits that) and nothing is signed.
 pub(super) fn update(
     c: &Connection,
     node_id: &str,
     change: ChangeSpec,
+    open: OpenSpec,
     seal: SealSpec,
-) -> Result<(u64, SpecBody), TxError> {
+) -> Result<Result<(u64, SpecBody), Refusal>, TxError> {
     if !live_node(c, node_id)? {
         return Err(Refusal::NoSuchNode(node_id.to_string()).into());
     }
-    let (generation, mut body) = current(c, node_id)?.unwrap_or_default();
-    change(&mut body)?;
     let now = now(c)?;
+    let stored = signed(c, node_id)?;
+    let (generation, mut body) = match start_from(stored.as_ref().map(|(_, b)| &b[..]), open) {
+        Ok(start) => start,
+        Err(why) => {
+            fleet_event(c, now, SPEC_FORGED, node_id, &why)?;
+            return Ok(Err(forged_refusal(node_id, &why)));
+        }
+    };
+    change(&mut body)?;
     let next = generation + 1;
     let sealed = SpecSeal {
         generation: next,
@@ -82,7 +95,7 @@ pub(super) fn update(
             sealed.not_after_ms
         ],
     )?;
-    Ok((next, body))
+    Ok(Ok((next, body)))
 }
 
 pub(super) fn expiring(c: &Connection, within: Duration) -> Result<Vec<String>, StoreError> {

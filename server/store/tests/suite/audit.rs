@@ -66,7 +66,8 @@ pub async fn a_snapshot_reads_the_history_and_the_tables(f: Fixture) {
             });
             Ok(())
         }),
-        Box::new(|_, _| vec![]),
+        super::open_spec(&node),
+        super::seal_spec(&node),
     )
     .await
     .unwrap();

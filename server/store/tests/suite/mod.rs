@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use bc_store::nodes::{IssuedCert, Signed};
 use bc_store::sessions::HelloInput;
-use bc_store::specs::{SectionReport, StateReportInput};
+use bc_store::specs::{
+    Access, Assignment, OpenSpec, OpenedSpec, SealSpec, SectionReport, SpecBody, StateReportInput,
+};
 use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{ManualClock, Store};
 
@@ -41,12 +43,17 @@ pub const T0: i64 = 1_800_000_000_000;
 
 type Reopen = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Store> + Send>> + Send + Sync>;
 
+/// Runs SQL on the store's database behind the store's back, as whoever
+/// holds its credentials (a gateway's database role, a hand edit) would.
+pub type Tamper = Box<dyn Fn(String) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// A fresh, empty store on a manual clock, with the gateways the tests
 /// name holding their leases for an hour.
 pub struct Fixture {
     pub store: Store,
     pub clock: ManualClock,
     reopen: Reopen,
+    tamper: Tamper,
     _keep: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -57,7 +64,7 @@ impl Fixture {
     pub async fn new(
         store: Store,
         clock: ManualClock,
-        reopen: Reopen,
+        (reopen, tamper): (Reopen, Tamper),
         keep: Box<dyn std::any::Any + Send + Sync>,
     ) -> Fixture {
         for gw in ["gw", "gw2", "gw-a", "gw-b"] {
@@ -67,6 +74,7 @@ impl Fixture {
             store,
             clock,
             reopen,
+            tamper,
             _keep: keep,
         }
     }
@@ -74,6 +82,12 @@ impl Fixture {
     /// Another handle on the same store.
     pub async fn reopen(&self) -> Store {
         (self.reopen)().await
+    }
+
+    /// Runs `sql` (statements both backends read alike) on the database
+    /// directly, outside every check of the store's.
+    pub async fn tamper(&self, sql: &str) {
+        (self.tamper)(sql.to_string()).await
     }
 
     pub fn advance(&self, by: Duration) {
@@ -208,6 +222,37 @@ pub fn state(
     )
 }
 
+/// A stand-in for the worker's signature over a spec: the node, the
+/// generation and the body as JSON, which [`open_spec`] reads back. What
+/// the suite checks is that a change starts from these bytes, never from
+/// the columns beside them.
+pub fn seal_spec(node: &str) -> SealSpec {
+    let node = node.to_string();
+    Box::new(move |seal, body| {
+        serde_json::to_vec(&(&node, seal.generation, &body.assignments, &body.access)).unwrap()
+    })
+}
+
+/// Opens what [`seal_spec`] sealed for `node`; anything else is not a
+/// worker's spec.
+pub fn open_spec(node: &str) -> OpenSpec {
+    let node = node.to_string();
+    Box::new(move |bytes| {
+        let (named, generation, assignments, access): (String, u64, Vec<Assignment>, Access) =
+            serde_json::from_slice(bytes).map_err(|_| "not a sealed spec".to_string())?;
+        if named != node {
+            return Err(format!("sealed for node {named}"));
+        }
+        Ok(OpenedSpec {
+            generation,
+            body: SpecBody {
+                assignments,
+                access,
+            },
+        })
+    })
+}
+
 /// Runs each suite test against the fixture function `$fixture` (an async
 /// fn returning a [`Fixture`]).
 macro_rules! store_suite {
@@ -231,6 +276,7 @@ macro_rules! store_suite {
             facts::deleting_a_node_keeps_a_signed_statement_with_its_certificates,
             gateways::a_gateway_credential_is_live_once_and_a_revoked_name_starts_over,
             specs::expiring_specs_are_found_for_signing_again,
+            specs::a_rewritten_spec_row_signs_nothing,
             commands::command_states_are_counted,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,

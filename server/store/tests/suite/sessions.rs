@@ -367,7 +367,12 @@ pub async fn a_hello_says_whether_work_waits_for_the_node(f: Fixture) {
     );
     assert!(!idle.work_waits(0));
     let (generation, _) = s
-        .update_spec(&node, Box::new(|_| Ok(())), Box::new(|_, _| b"g".to_vec()))
+        .update_spec(
+            &node,
+            Box::new(|_| Ok(())),
+            super::open_spec(&node),
+            super::seal_spec(&node),
+        )
         .await
         .unwrap();
     let spec = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();

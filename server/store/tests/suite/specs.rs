@@ -3,7 +3,7 @@ use std::time::Duration;
 use bc_store::specs::{Access, AccessUser, Assignment, LIFETIME, RESIGN_WITHIN, SectionReport};
 use bc_store::{Refusal, TxError};
 
-use super::{Fixture, T0, joined, state, verify};
+use super::{Fixture, T0, joined, open_spec, seal_spec, state, verify};
 
 fn assignment(id: &str, gpus: &[&str]) -> Assignment {
     Assignment {
@@ -24,19 +24,22 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 b.assignments.push(assignment("job-a", &["0"]));
                 Ok(())
             }),
-            Box::new(|seal, body| {
-                assert_eq!((seal.generation, seal.issued_at_ms), (1, T0));
-                assert_eq!(seal.not_after_ms, T0 + LIFETIME.as_millis() as i64);
-                format!("g{}:{}", seal.generation, body.assignments.len()).into_bytes()
-            }),
+            open_spec(&node),
+            {
+                let sealed = seal_spec(&node);
+                Box::new(move |seal, body| {
+                    assert_eq!((seal.generation, seal.issued_at_ms), (1, T0));
+                    assert_eq!(seal.not_after_ms, T0 + LIFETIME.as_millis() as i64);
+                    sealed(seal, body)
+                })
+            },
         )
         .await
         .unwrap();
     assert_eq!((generation, body.assignments.len()), (1, 1));
-    assert_eq!(
-        s.signed_spec(&node).await.unwrap(),
-        Some((1, b"g1:1".to_vec()))
-    );
+    let (stored_generation, signed) = s.signed_spec(&node).await.unwrap().unwrap();
+    assert_eq!(stored_generation, 1);
+    assert_eq!(open_spec(&node)(&signed).unwrap().body, body);
     // A refused change leaves generation and body alone.
     let err = s
         .update_spec(
@@ -45,6 +48,7 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 b.assignments.clear();
                 Err(Refusal::BadRequest("no".into()))
             }),
+            open_spec(&node),
             Box::new(|_, _| panic!("a refused change is not sealed")),
         )
         .await
@@ -66,7 +70,8 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
                 };
                 Ok(())
             }),
-            Box::new(|seal, _| format!("g{}", seal.generation).into_bytes()),
+            open_spec(&node),
+            seal_spec(&node),
         )
         .await
         .unwrap();
@@ -91,7 +96,12 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
     assert!(s.nodes_with_work("gw", T0 + 6).await.unwrap().is_empty());
     // No spec for a node that does not exist.
     let err = s
-        .update_spec("nd-nope", Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
+        .update_spec(
+            "nd-nope",
+            Box::new(|_| Ok(())),
+            open_spec("nd-nope"),
+            seal_spec("nd-nope"),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
@@ -144,7 +154,7 @@ pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
     let s = &f.store;
     let (a, b) = (joined(s, 1).await, joined(s, 2).await);
     for n in [&a, &b] {
-        s.update_spec(n, Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
+        s.update_spec(n, Box::new(|_| Ok(())), open_spec(n), seal_spec(n))
             .await
             .unwrap();
     }
@@ -157,7 +167,7 @@ pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
     assert_eq!(due, both);
     // Signed again (a new generation of the same body), it is not due.
     let (generation, _) = s
-        .update_spec(&a, Box::new(|_| Ok(())), Box::new(|_, _| vec![]))
+        .update_spec(&a, Box::new(|_| Ok(())), open_spec(&a), seal_spec(&a))
         .await
         .unwrap();
     assert_eq!(generation, 2);
@@ -168,4 +178,107 @@ pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
     // A deleted node's spec is nobody's business.
     s.delete_node(&b, Box::new(|_| vec![])).await.unwrap();
     assert!(s.specs_expiring(RESIGN_WITHIN).await.unwrap().is_empty());
+}
+
+/// Whoever can write the store rewrites a node's spec row: the unsigned
+/// columns (root with a key of theirs, the GPUs gone, due at once), then
+/// the signed bytes (another node's spec). A change, the spec controller's
+/// included, starts from what the worker signed: the first rewrite signs
+/// nothing of its own, the second is recorded and refused.
+pub async fn a_rewritten_spec_row_signs_nothing(f: Fixture) {
+    let s = &f.store;
+    let (node, other) = (joined(s, 1).await, joined(s, 2).await);
+    let ops = Access {
+        users: vec![AccessUser {
+            name: "ops".into(),
+            authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+            principals: vec![],
+        }],
+        ..Access::default()
+    };
+    let granted = ops.clone();
+    s.update_spec(
+        &node,
+        Box::new(move |b| {
+            b.assignments.push(assignment("job-a", &["0"]));
+            b.access = granted;
+            Ok(())
+        }),
+        open_spec(&node),
+        seal_spec(&node),
+    )
+    .await
+    .unwrap();
+    s.update_spec(
+        &other,
+        Box::new(|_| Ok(())),
+        open_spec(&other),
+        seal_spec(&other),
+    )
+    .await
+    .unwrap();
+
+    f.tamper(&format!(
+        "UPDATE node_specs SET access = '{{\"users\":[{{\"name\":\"root\",\"authorized_keys\":\
+         [\"ssh-ed25519 AAAA attacker\"],\"principals\":[]}}],\"trusted_user_ca_keys\":[],\
+         \"firewall\":null}}', assignments = '[]', not_after = 0 WHERE node_id = '{node}'"
+    ))
+    .await;
+    assert_eq!(
+        s.specs_expiring(RESIGN_WITHIN).await.unwrap(),
+        vec![node.clone()]
+    );
+    let (generation, body) = s
+        .update_spec(
+            &node,
+            Box::new(|_| Ok(())),
+            open_spec(&node),
+            seal_spec(&node),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation, 2);
+    assert_eq!(
+        body.access, ops,
+        "the signed access, not the rewritten column"
+    );
+    assert_eq!(body.assignments, vec![assignment("job-a", &["0"])]);
+    let (_, signed) = s.signed_spec(&node).await.unwrap().unwrap();
+    let resigned = open_spec(&node)(&signed).unwrap();
+    assert_eq!((resigned.generation, &resigned.body), (2, &body));
+
+    // Another node's signed spec planted in its place: recorded, refused,
+    // nothing signed; the stored spec is what it was.
+    f.tamper(&format!(
+        "UPDATE node_specs SET signed = (SELECT signed FROM node_specs WHERE node_id = \
+         '{other}') WHERE node_id = '{node}'"
+    ))
+    .await;
+    let err = s
+        .update_spec(
+            &node,
+            Box::new(|b| {
+                b.access = Access::default();
+                Ok(())
+            }),
+            open_spec(&node),
+            Box::new(|_, _| panic!("nothing is signed from a planted spec")),
+        )
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err.refusal(), Some(Refusal::Conflict(_))),
+        "{text}"
+    );
+    assert!(text.contains("not one a worker key signed"), "{text}");
+    assert!(text.contains(&format!("sealed for node {other}")), "{text}");
+    assert_eq!(s.signed_spec(&node).await.unwrap().unwrap().0, 2);
+    let events = s.fleet_events(&node, 10).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with(bc_store::specs::SPEC_FORGED) && e.contains(&other)),
+        "{events:?}"
+    );
 }
