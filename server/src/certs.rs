@@ -30,3 +30,78 @@ pub fn named(cert_der: &[u8], prefix: &str) -> Option<(String, i64)> {
         _ => None,
     })
 }
+
+/// Whether the CA certificate `ca_der` issued `cert_der`: its subject is
+/// the certificate's issuer and its key verifies the certificate's
+/// signature. What backs a renewal or a re-enrolment is checked so, never
+/// taken from a row whoever can write the store could have planted.
+pub fn issued_by(cert_der: &[u8], ca_der: &[u8]) -> bool {
+    use x509_parser::certificate::X509Certificate;
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        X509Certificate::from_der(cert_der),
+        X509Certificate::from_der(ca_der),
+    ) else {
+        return false;
+    };
+    ca.subject().as_raw() == cert.issuer().as_raw()
+        && cert.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+/// A certificate's not-after, in milliseconds since the epoch, as the
+/// certificate itself says it (`None`: it does not parse).
+pub fn not_after_ms(cert_der: &[u8]) -> Option<i64> {
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(cert_der).ok()?;
+    cert.validity().not_after.timestamp().checked_mul(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        (params.self_signed(&key).unwrap(), key)
+    }
+
+    fn leaf(issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            "urn:bc:node:nd-1".to_string().try_into().unwrap(),
+        )];
+        params.not_after = rcgen::date_time_ymd(2030, 1, 2);
+        params.signed_by(&key, issuer).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn only_the_ca_that_signed_a_certificate_issued_it() {
+        let (fleet, fleet_key) = ca("better-compute fleet CA");
+        let fleet_der = fleet.der().to_vec();
+        let ours = leaf(&rcgen::Issuer::from_ca_cert_der(fleet.der(), fleet_key).unwrap());
+        assert!(issued_by(&ours, &fleet_der));
+        assert_eq!(not_after_ms(&ours), Some(1_893_542_400_000));
+        // Another CA of the same name, a self-signed certificate naming the
+        // node, altered bytes, garbage.
+        let (twin, twin_key) = ca("better-compute fleet CA");
+        let theirs = leaf(&rcgen::Issuer::from_ca_cert_der(twin.der(), twin_key).unwrap());
+        assert!(!issued_by(&theirs, &fleet_der));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.subject_alt_names = vec![rcgen::SanType::URI(
+            "urn:bc:node:nd-1".to_string().try_into().unwrap(),
+        )];
+        let selfsigned = params.self_signed(&key).unwrap().der().to_vec();
+        assert!(!issued_by(&selfsigned, &fleet_der));
+        let mut altered = ours.clone();
+        let at = altered.len() / 2;
+        altered[at] ^= 1;
+        assert!(!issued_by(&altered, &fleet_der));
+        assert!(!issued_by(b"not a certificate", &fleet_der));
+        assert!(!issued_by(&ours, b"not a certificate"));
+    }
+}

@@ -484,3 +484,120 @@ impl bcd_proto::v1::join_server::Join for TamperingRelay {
         Err(tonic::Status::unimplemented("not relayed"))
     }
 }
+
+/// What a gateway with write access to the store plants: a self-signed
+/// certificate naming the victim, for a key of the gateway's, inserted
+/// into `node_certs` beside the victim's real one (same identity
+/// generation and times). The fleet CA never issued it, so it backs
+/// neither a relayed renewal nor a re-enrolment proof, and the relayed
+/// renewal is recorded against the node.
+#[test]
+fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let cred_path = d.path().join("gw-a.json");
+    add_gateway(&server, "gw-a", &cred_path);
+    let mut node = Node::new(&d.path().join("n"), 9);
+    assert!(node.join(&server.url(), &server.token(2)).status.success());
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let before = node.identity()["cert_serial"].clone();
+
+    let attacker = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        format!("urn:bc:node:{id}").try_into().unwrap(),
+    )];
+    let planted = params.self_signed(&attacker).unwrap().der().to_vec();
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let (generation, not_before, not_after): (i64, i64, i64) = db
+        .query_row(
+            "SELECT identity_generation, not_before, not_after FROM node_certs
+             WHERE node_id = ?1 AND revoked_at IS NULL",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    db.execute(
+        "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before,
+             not_after, der)
+         VALUES ('00aa00aa00aa00aa00aa00aa00aa00aa', ?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            id,
+            bcd_proto::fingerprint(&planted),
+            generation,
+            not_before,
+            not_after,
+            planted
+        ],
+    )
+    .unwrap();
+
+    let cred = GatewayCredential::read(&cred_path).unwrap();
+    let rt = runtime();
+    let certified = rt.block_on(credential::certify(&cred, &[])).unwrap();
+    let channel = rt
+        .block_on(credential::upstream_channel(&cred, &certified))
+        .unwrap();
+    let mut port = GatewayServicesClient::new(channel);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+
+    // A renewal of the planted certificate, its proof made by the key it
+    // names: refused, nothing issued, the forgery recorded.
+    let attacker_csr = csr(&attacker);
+    let statement = bcd_proto::renew::statement(&id, now, &attacker_csr);
+    let m = refused(rt.block_on(port.renew(ForwardedRenew {
+        node_cert_der: planted.clone(),
+        request: Some(RenewRequest {
+            csr_der: attacker_csr.clone(),
+            proof: sign(&attacker.serialize_pem(), &statement),
+            proof_time_ms: now,
+            node_id: id.clone(),
+            ..Default::default()
+        }),
+    })));
+    assert!(m.contains("not issued by this fleet's CA"), "{m}");
+    assert!(!server.proc.log().contains("certificate renewed"));
+    let events = server.spec(&id)["events"].to_string();
+    assert!(
+        events.contains("security.certificate.forged") && events.contains("gateway gw-a"),
+        "{events}"
+    );
+
+    // A join that claims the victim's identity by the planted key: refused,
+    // the token unspent, the node still its own.
+    let token = server.token(1);
+    let parts: Vec<&str> = token.split('.').collect();
+    let (token_id, secret) = (parts[1], parts[2]);
+    let joiner = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let joiner_csr = csr(&joiner);
+    let statement = bcd_proto::reenrol::statement(&id, token_id, &joiner_csr);
+    let m = refused(rt.block_on(port.join(JoinRequest {
+        token: format!("{token_id}.{secret}"),
+        csr_der: joiner_csr,
+        hostname: "attacker".into(),
+        previous: Some(bcd_proto::v1::PreviousIdentity {
+            node_id: id.clone(),
+            signature: sign(&attacker.serialize_pem(), &statement),
+        }),
+        ..Default::default()
+    })));
+    assert!(
+        m.contains(&format!("cannot re-enrol node {id}"))
+            && m.contains("not signed by the key of its current certificate"),
+        "{m}"
+    );
+    assert_eq!(node.identity()["cert_serial"], before);
+    let listed = server.cli(&["tokens", "list"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(token_id),
+        "the refused join spent the token"
+    );
+    server.wait_node(&id, "still connected as itself", |n| n.state == "connected");
+    node.proc().kill();
+}

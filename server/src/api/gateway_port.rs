@@ -23,7 +23,7 @@ use bcd_proto::v1::{
 use tonic::{Code, Request, Response, Status};
 use tracing::{info, warn};
 
-use super::join::{JoinService, Proof};
+use super::join::{CERTIFICATE_FORGED, JoinService, Proof};
 use super::status::{bad_request, typed, unavailable};
 use crate::pki::ca::{GATEWAY_BACKDATE_MS, GATEWAY_URI, IssueError};
 use crate::services::GatewayServices;
@@ -174,6 +174,27 @@ impl Port for GatewayPort {
         let renewal = r
             .request
             .ok_or_else(|| bad_request("a forwarded renewal carries the node's request"))?;
+        // A certificate the fleet CA did not issue, from an authenticated
+        // gateway: the gateway forged it, or planted it in the store.
+        // Recorded against the node it names.
+        if let Err(refused) = self.join.issued_here(&r.node_cert_der) {
+            if let Some((node, _)) = crate::certs::named(&r.node_cert_der, "urn:bc:node:") {
+                let detail = format!(
+                    "gateway {gateway} relayed a renewal with a certificate the fleet CA did not \
+                     issue (SHA-256 {})",
+                    bcd_proto::fingerprint(&r.node_cert_der)
+                );
+                if let Err(e) = self
+                    .join
+                    .store
+                    .publish_fleet_event(CERTIFICATE_FORGED, &node, &detail)
+                    .await
+                {
+                    warn!(error = %e, %node, "cannot record a forged certificate");
+                }
+            }
+            return Err(refused);
+        }
         self.join
             .renew_with(&r.node_cert_der, renewal, Proof::Required)
             .await

@@ -158,11 +158,17 @@ impl GatewayServices for JoinService {
             .map(bcd_proto::reenrol::proof)
             .transpose()
             .map_err(|e| bad_request(e.to_string()))?;
+        let ca_der = self.ca.cert.to_vec();
         let proof = proof.map(|p| PreviousProof {
             message: bcd_proto::reenrol::statement(&p.node_id, id, &r.csr_der),
             node_id: p.node_id,
             signature: p.signature,
-            verify: verify_node_signature,
+            // A certificate row proves a key only if the fleet CA issued
+            // the certificate in it.
+            verify: Arc::new(move |cert, message, signature| {
+                crate::certs::issued_by(cert, &ca_der)
+                    && verify_node_signature(cert, message, signature)
+            }),
         });
         let csr_der = r.csr_der.clone();
         let attested = match &r.tpm {
@@ -433,6 +439,11 @@ impl JoinService {
         rule: Proof,
     ) -> Result<RenewResponse, Status> {
         let proof = bcd_proto::renew::proof(&r).map_err(|e| bad_request(e.to_string()))?;
+        // The certificate comes from the peer (a relaying gateway, or the
+        // request itself for x509pop), and the store's row for it from
+        // whoever can write the store: only one the fleet CA issued backs
+        // a renewal.
+        self.issued_here(node_cert_der)?;
         // x509pop: only a renewal that proved the certificate's key may
         // have it taken after its end.
         let grace_ms = match (&proof, self.policy.x509pop) {
@@ -497,6 +508,17 @@ impl JoinService {
         }
     }
 
+    /// Refuses a certificate the fleet CA did not issue, whatever the
+    /// store has on it.
+    pub fn issued_here(&self, cert_der: &[u8]) -> Result<(), Status> {
+        if crate::certs::issued_by(cert_der, &self.ca.cert) {
+            return Ok(());
+        }
+        let named = crate::certs::named(cert_der, "urn:bc:node:").map(|(id, _)| id);
+        warn!(node = ?named, fingerprint = %bcd_proto::fingerprint(cert_der), "a renewal presented a certificate the fleet CA did not issue");
+        Err(bad_request(NOT_ISSUED_HERE))
+    }
+
     /// Renews once the current key is proven: the next key (certified by
     /// the certificate's AK where it names one), then the store's checks.
     async fn renew_proven(
@@ -506,6 +528,18 @@ impl JoinService {
         proof: Option<&bcd_proto::renew::Proof>,
         grace_ms: i64,
     ) -> Result<RenewResponse, RenewRefused> {
+        // The certificate's own end, not the store's column for it.
+        let now = self
+            .store
+            .now()
+            .await
+            .map_err(|e| RenewRefused::unpublished(unavailable(e)))?;
+        if crate::certs::not_after_ms(node_cert_der).is_none_or(|end| end + grace_ms < now) {
+            return Err(RenewRefused::new(
+                "renew:certificate-expired",
+                expired_refusal(Refusal::Expired.into(), self.policy.x509pop),
+            ));
+        }
         let ak_name = self.next_key(node_cert_der, &r, proof)?;
         let fingerprint = bcd_proto::fingerprint(node_cert_der);
         let csr_der = r.csr_der.clone();
@@ -547,6 +581,14 @@ impl JoinService {
         Ok(response)
     }
 }
+
+/// The refusal of a renewal whose certificate the fleet CA did not issue.
+pub const NOT_ISSUED_HERE: &str =
+    "the node certificate was not issued by this fleet's CA: nothing was renewed";
+
+/// The fleet event a certificate the fleet CA did not issue, relayed by a
+/// gateway for a renewal, is recorded as.
+pub const CERTIFICATE_FORGED: &str = "security.certificate.forged";
 
 /// The fleet event a refused renewal is published as, once the node proved
 /// its current key.

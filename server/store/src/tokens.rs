@@ -12,9 +12,9 @@
 //! recorded, a fleet event kept); [`judge_proof`] decides whether the proof
 //! holds. A refused proof, like any refused join, spends nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bindings::VerifySignature;
 use crate::error::Refusal;
 use crate::nodes::IssuedCert;
 
@@ -98,16 +98,31 @@ impl Joined {
     }
 }
 
+/// Checks a signature against a stored certificate: that the certificate
+/// is one the fleet CA issued (a row whoever can write the store planted
+/// proves nothing) and that its key made the signature.
+pub type CheckProof = Arc<dyn Fn(&[u8], &[u8], &[u8]) -> bool + Send + Sync>;
+
 /// A joining machine's proof that it holds the key of an existing node.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PreviousProof {
     pub node_id: String,
     /// What the old key signed (`bcd_proto::reenrol::statement` of the node
     /// id, the token id and the request's CSR).
     pub message: Vec<u8>,
     pub signature: Vec<u8>,
-    /// Checks a signature against a certificate's key.
-    pub verify: VerifySignature,
+    /// Checks a signature against a certificate of the node's.
+    pub verify: CheckProof,
+}
+
+impl std::fmt::Debug for PreviousProof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreviousProof")
+            .field("node_id", &self.node_id)
+            .field("message", &self.message.len())
+            .field("signature", &self.signature.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The node a proof names, as the store keeps it.
@@ -271,7 +286,7 @@ mod tests {
             node_id: "nd-1".into(),
             message: b"m".to_vec(),
             signature: signature.to_vec(),
-            verify,
+            verify: Arc::new(verify),
         };
         let live = ProvenNode {
             deleted: false,

@@ -16,7 +16,7 @@ fn proof(node: &str, key_of: u8, message: &[u8]) -> PreviousProof {
         node_id: node.into(),
         message: message.to_vec(),
         signature: sign(&fake_cert(key_of).der, message),
-        verify,
+        verify: std::sync::Arc::new(verify),
     }
 }
 
