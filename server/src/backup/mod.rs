@@ -142,7 +142,9 @@ pub fn process_alive(process: &str) -> bool {
 /// the log only; a refusal or a version mismatch is shown as it is.
 pub fn store_error(e: StoreError, what: &str) -> anyhow::Error {
     match e {
-        StoreError::TooNew { .. } | StoreError::Missing => anyhow::anyhow!("{what}: {e}"),
+        StoreError::TooNew { .. } | StoreError::Missing | StoreError::Address(_) => {
+            anyhow::anyhow!("{what}: {e}")
+        }
         other => {
             tracing::error!(error = %other, "{what}");
             anyhow::anyhow!(

@@ -23,6 +23,10 @@ pub enum StoreError {
     /// There is no store where it was looked for (opened as it is).
     #[error("there is no store there yet: better-compute serve creates it")]
     Missing,
+    /// The store's address or a file it names (TLS, a password) is wrong;
+    /// the message says how, and carries no secret.
+    #[error("{0}")]
+    Address(String),
     /// A stored value does not parse: a bug or a hand-edited store.
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),

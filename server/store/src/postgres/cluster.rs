@@ -63,6 +63,8 @@ pub struct TempCluster {
     run_as: Option<String>,
     watchdog: Option<Child>,
     running: bool,
+    /// Its port: the unix socket's name, and TCP's once it listens there.
+    port: u16,
 }
 
 /// The directory of the newest installed PostgreSQL's server programs.
@@ -146,6 +148,7 @@ impl TempCluster {
             run_as,
             watchdog: None,
             running: false,
+            port: PORT,
         };
         cluster.watchdog = cluster.spawn_watchdog().ok();
         let data = cluster.data();
@@ -283,9 +286,73 @@ impl TempCluster {
     /// The address of database `db` in this cluster.
     pub fn url(&self, db: &str) -> String {
         format!(
-            "postgresql:///{db}?host={}&port={PORT}&user={SUPERUSER}",
-            self.root.display()
+            "postgresql:///{db}?host={}&port={}&user={SUPERUSER}",
+            self.root.display(),
+            self.port
         )
+    }
+
+    /// Restarts the cluster listening on 127.0.0.1 as well, on a free port
+    /// (which the unix socket takes too), with TLS from `cert_pem` and
+    /// `key_pem`; `hba` goes first in pg_hba.conf (a rule matching first
+    /// wins). Returns the port.
+    pub fn serve_tls(
+        &mut self,
+        cert_pem: &str,
+        key_pem: &str,
+        hba: &str,
+    ) -> Result<u16, ClusterError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|source| ClusterError::Dir {
+                path: self.root.clone(),
+                source,
+            })?
+            .port();
+        if self.running {
+            self.stop()?;
+        }
+        let data = self.data();
+        let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, ClusterError> {
+            use std::os::unix::fs::PermissionsExt;
+            let path = data.join(name);
+            let io = |source| ClusterError::Dir {
+                path: path.clone(),
+                source,
+            };
+            std::fs::write(&path, bytes).map_err(io)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+            if let Some((uid, gid)) = self.run_as.as_deref().and_then(user_ids) {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(io)?;
+            }
+            Ok(path)
+        };
+        let cert = write("server.crt", cert_pem.as_bytes())?;
+        let key = write("server.key", key_pem.as_bytes())?;
+        let hba_path = data.join("pg_hba.conf");
+        let old_hba = std::fs::read_to_string(&hba_path).map_err(|source| ClusterError::Dir {
+            path: hba_path.clone(),
+            source,
+        })?;
+        write("pg_hba.conf", format!("{hba}\n{old_hba}").as_bytes())?;
+        let settings = format!(
+            "\nlisten_addresses = '127.0.0.1'\nport = {port}\nssl = on\n\
+             ssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            cert.display(),
+            key.display()
+        );
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .and_then(|mut f| f.write_all(settings.as_bytes()))
+            .map_err(|source| ClusterError::Dir {
+                path: data.clone(),
+                source,
+            })?;
+        self.port = port;
+        self.start_again()?;
+        Ok(port)
     }
 
     /// Creates database `name` and returns its address.

@@ -40,6 +40,7 @@ mod backups;
 mod bindings;
 pub mod cluster;
 mod commands;
+pub mod connect;
 mod events;
 mod gateways;
 mod images;
@@ -63,6 +64,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::audit::{AuditSnapshot, Settling};
 use crate::backend::Backend;
@@ -280,15 +282,30 @@ impl std::fmt::Debug for PostgresBackend {
 }
 
 /// The connection settings every connection of the store gets: the
-/// address's own, with the store's timeouts and keepalives.
+/// address's own, with the store's timeouts and keepalives, and the TLS
+/// and password settings `connect` takes out of it.
 pub fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|_| {
-        StoreError::Database(
+    Ok(connection(url)?.0)
+}
+
+/// [`config`], and the TLS client the address asks for (`None`: plain, as
+/// over a unix socket).
+pub fn connection(
+    url: &str,
+) -> Result<(tokio_postgres::Config, Option<MakeRustlsConnect>), StoreError> {
+    let settings = connect::settings(url)?;
+    let mut config: tokio_postgres::Config = settings.url.parse().map_err(|_| {
+        StoreError::Address(
             "the PostgreSQL store address does not parse: use postgres://USER@HOST/DATABASE \
              or postgresql:///DATABASE?host=/SOCKET/DIR"
                 .into(),
         )
     })?;
+    if config.get_password().is_none()
+        && let Some(password) = connect::password(&settings)?
+    {
+        config.password(password);
+    }
     let mut options = config.get_options().unwrap_or_default().to_string();
     options.push_str(&format!(
         " -c lock_timeout={} -c idle_in_transaction_session_timeout={} \
@@ -305,20 +322,23 @@ pub fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
     if config.get_application_name().is_none() {
         config.application_name("better-compute");
     }
-    Ok(config)
+    Ok((config, connect::tls(&settings)?))
 }
 
-fn pool(config: tokio_postgres::Config, size: usize) -> Result<Pool, StoreError> {
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            // A connection whose socket closed (a database restart) is
-            // replaced when next taken; one that broke mid-statement fails
-            // that statement and is replaced then.
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+fn pool(
+    (config, tls): (tokio_postgres::Config, Option<MakeRustlsConnect>),
+    size: usize,
+) -> Result<Pool, StoreError> {
+    let manager_config = ManagerConfig {
+        // A connection whose socket closed (a database restart) is
+        // replaced when next taken; one that broke mid-statement fails
+        // that statement and is replaced then.
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls {
+        Some(tls) => Manager::from_config(config, tls, manager_config),
+        None => Manager::from_config(config, NoTls, manager_config),
+    };
     Pool::builder(manager)
         .max_size(size)
         .runtime(Runtime::Tokio1)
@@ -337,10 +357,10 @@ impl PostgresBackend {
         url: &str,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<PostgresBackend, StoreError> {
-        let config = config(url)?;
+        let connection = connection(url)?;
         let backend = PostgresBackend {
-            pool: pool(config.clone(), POOL_SIZE)?,
-            leases: pool(config, 2)?,
+            pool: pool(connection.clone(), POOL_SIZE)?,
+            leases: pool(connection, 2)?,
             clock,
             fences: Mutex::new(HashMap::new()),
         };
@@ -354,10 +374,10 @@ impl PostgresBackend {
         url: &str,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<PostgresBackend, StoreError> {
-        let config = config(url)?;
+        let connection = connection(url)?;
         Ok(PostgresBackend {
-            pool: pool(config.clone(), 2)?,
-            leases: pool(config, 1)?,
+            pool: pool(connection.clone(), 2)?,
+            leases: pool(connection, 1)?,
             clock,
             fences: Mutex::new(HashMap::new()),
         })
