@@ -321,3 +321,96 @@ fn a_revocation_through_one_server_holds_at_the_next_call_on_another_sharing_the
         stderr(&out)
     );
 }
+
+/// Whoever can write the store edits the operators table: a read-only
+/// operator's row made admin gains nothing, since the role the operator CA
+/// signed into the certificate bounds it. A credential from before roles
+/// were signed (its certificate names none) opens nothing, saying what to
+/// do, and `serve` replaces such an `operator.json` at start.
+#[test]
+fn a_role_rewritten_in_the_store_widens_nothing_and_a_roleless_credential_is_replaced() {
+    let d = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let viewer = d.path().join("viewer.json");
+    let out = server.cli(&[
+        "operators",
+        "add",
+        "viewer",
+        "--role",
+        "read-only",
+        "--out",
+        viewer.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "operators add: {}", stderr(&out));
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    db.execute(
+        "UPDATE operators SET role = 'admin' WHERE id = 'viewer'",
+        [],
+    )
+    .unwrap();
+    let out = as_op(&server, &viewer, &["tokens", "create"]);
+    assert!(!out.status.success(), "a rewritten row made a viewer admin");
+    assert!(
+        stderr(&out).contains("needs the admin role"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A role-less certificate from the operator CA, recorded as admin.
+    let ca_cert = std::fs::read_to_string(server.dir.join("operator-ca.crt")).unwrap();
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(server.dir.join("operator-ca.key")).unwrap(),
+    )
+    .unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_cert, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        "urn:bc:operator:legacy".to_string().try_into().unwrap(),
+    )];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    db.execute(
+        "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after)
+         VALUES ('legacy', 'admin', ?1, 'legacy-serial', 0, 9000000000000)",
+        [bcd_proto::fingerprint(cert.der())],
+    )
+    .unwrap();
+    let admin: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(server.dir.join("operator.json")).unwrap()).unwrap();
+    let legacy = serde_json::json!({
+        "server": admin["server"],
+        "name": "legacy",
+        "ca_pem": admin["ca_pem"],
+        "cert_pem": cert.pem(),
+        "key_pem": key.serialize_pem(),
+    });
+    let legacy_path = d.path().join("legacy.json");
+    std::fs::write(&legacy_path, serde_json::to_vec(&legacy).unwrap()).unwrap();
+    let out = as_op(&server, &legacy_path, &["nodes", "list"]);
+    assert!(
+        !out.status.success(),
+        "a role-less certificate opened the API"
+    );
+    assert!(
+        stderr(&out).contains("before operator certificates named their role")
+            && stderr(&out).contains("operators add"),
+        "{}",
+        stderr(&out)
+    );
+
+    // As operator.json, it is replaced at the next start by an admin that works.
+    std::fs::write(
+        server.dir.join("operator.json"),
+        serde_json::to_vec(&legacy).unwrap(),
+    )
+    .unwrap();
+    server.restart().unwrap();
+    let now: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(server.dir.join("operator.json")).unwrap()).unwrap();
+    assert_ne!(now["cert_pem"], legacy["cert_pem"]);
+    let out = server.cli(&["tokens", "create"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(server.proc.log().contains("names no role"));
+}

@@ -22,6 +22,7 @@ use anyhow::Context as _;
 use bc_store::Store;
 use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
 use bcd_proto::tls::PeerInfo;
+use rustls_pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
 use tonic::Status;
 use tonic::codegen::{BoxFuture, Service, http};
@@ -112,6 +113,8 @@ pub enum Denied {
     Unknown,
     Revoked(String),
     Expired(String),
+    /// A certificate from before roles were signed into certificates.
+    NoRole(String),
     /// The operator's role is short of what the call needs.
     Role {
         name: String,
@@ -140,6 +143,12 @@ impl Denied {
                 "the certificate of operator {name} expired: ask an admin for a new credential \
                  (better-compute operators add)"
             ),
+            Denied::NoRole(name) => format!(
+                "the credential of operator {name} was issued before operator certificates \
+                 named their role, and no longer opens the API: ask an admin for a new one \
+                 (better-compute operators add NAME --role ROLE), then revoke this one (the \
+                 first admin's operator.json is replaced when better-compute serve starts)"
+            ),
             Denied::Role {
                 name,
                 has,
@@ -156,28 +165,63 @@ impl Denied {
     }
 }
 
-/// Whether the operator `row` (found by the caller's certificate) may make
-/// the call at `path` at `now_ms`.
-pub fn decide(row: Option<&OperatorRow>, path: &str, now_ms: i64) -> Result<Operator, Denied> {
+/// What the caller's certificate, which the operator CA signed, says of
+/// it: the operator it names and the role it grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Granted {
+    pub name: Option<String>,
+    pub role: Option<OperatorRole>,
+}
+
+impl Granted {
+    /// Reads an operator certificate (already verified by the API's TLS).
+    pub fn of(cert_der: &[u8]) -> Granted {
+        use crate::pki::operator::{OPERATOR_ROLE_URI, OPERATOR_URI};
+        Granted {
+            name: crate::certs::named(cert_der, OPERATOR_URI).map(|(n, _)| n),
+            role: crate::certs::named(cert_der, OPERATOR_ROLE_URI)
+                .and_then(|(r, _)| OperatorRole::parse(&r)),
+        }
+    }
+}
+
+/// Whether the operator `row` (found by the caller's certificate, which
+/// grants `granted`) may make the call at `path` at `now_ms`. The role is
+/// the lower of the certificate's and the row's: the row, which whoever
+/// can write the store can edit, narrows a role or revokes it, and never
+/// widens what the operator CA signed.
+pub fn decide(
+    row: Option<&OperatorRow>,
+    granted: &Granted,
+    path: &str,
+    now_ms: i64,
+) -> Result<Operator, Denied> {
     let row = row.ok_or(Denied::Unknown)?;
+    if granted.name.as_deref() != Some(row.id.as_str()) {
+        return Err(Denied::Unknown);
+    }
     if row.revoked_at.is_some() || row.cert_sha256.is_none() {
         return Err(Denied::Revoked(row.id.clone()));
     }
     if !row.active(now_ms) {
         return Err(Denied::Expired(row.id.clone()));
     }
+    let Some(signed_role) = granted.role else {
+        return Err(Denied::NoRole(row.id.clone()));
+    };
+    let role = signed_role.min(row.role);
     let needs = required_role(path);
-    if row.role < needs {
+    if role < needs {
         return Err(Denied::Role {
             name: row.id.clone(),
-            has: row.role,
+            has: role,
             call: path.rsplit('/').next().unwrap_or_default().to_string(),
             needs,
         });
     }
     Ok(Operator {
         name: row.id.clone(),
-        role: row.role,
+        role,
     })
 }
 
@@ -229,17 +273,17 @@ where
         let store = self.store.clone();
         Box::pin(async move {
             let path = req.uri().path().to_string();
-            let fingerprint = req
-                .extensions()
-                .get::<PeerInfo>()
-                .and_then(|p| p.cert_fingerprint.clone());
-            let verdict = match fingerprint {
+            let peer = req.extensions().get::<PeerInfo>();
+            let presented = peer.and_then(|p| Some((p.cert_fingerprint.clone()?, p.cert.clone()?)));
+            let verdict = match presented {
                 None => Err(Denied::NoCertificate.status()),
-                Some(fp) => match store.operator_by_cert(&fp).await {
-                    Ok(row) => decide(row.as_ref(), &path, now_ms()).map_err(|d| {
-                        info!(call = %path, denied = ?d, "operator call refused");
-                        d.status()
-                    }),
+                Some((fp, cert)) => match store.operator_by_cert(&fp).await {
+                    Ok(row) => {
+                        decide(row.as_ref(), &Granted::of(&cert), &path, now_ms()).map_err(|d| {
+                            info!(call = %path, denied = ?d, "operator call refused");
+                            d.status()
+                        })
+                    }
                     Err(e) => Err(unavailable(e)),
                 },
             };
@@ -325,7 +369,7 @@ async fn first_admin(
             format!("admin-{n}")
         };
         let cert = ca
-            .issue(&csr, &name, now)
+            .issue(&csr, &name, OperatorRole::Admin, now)
             .context("cannot issue the first admin's certificate")?;
         let added = store
             .add_operator(&NewOperator {
@@ -371,7 +415,28 @@ pub async fn operator_credential(
             return Err(anyhow::Error::new(e).context(format!("cannot read {}", path.display())));
         }
     };
+    // A credential whose certificate names no role (from before roles were
+    // signed into certificates) opens nothing now: replaced like a bearer
+    // token.
+    let roleless = |bytes: &[u8]| {
+        serde_json::from_slice::<OperatorCredential>(bytes)
+            .ok()
+            .and_then(|c| {
+                rustls_pki_types::CertificateDer::from_pem_slice(c.cert_pem.as_bytes()).ok()
+            })
+            .is_some_and(|der| Granted::of(&der).role.is_none())
+    };
     match existing {
+        Some(bytes) if roleless(&bytes) => {
+            let c = first_admin(store, ca, server).await?;
+            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+            warn!(
+                path = %path.display(),
+                operator = %c.name,
+                "operator.json held a certificate that names no role, which the API no longer \
+                 accepts: replaced it with a new admin credential"
+            );
+        }
         Some(bytes) if !is_bearer_credential(&bytes) => {
             let mut c: OperatorCredential = serde_json::from_slice(&bytes).with_context(|| {
                 format!(
@@ -447,6 +512,13 @@ mod tests {
         assert_eq!(required_role(""), OperatorRole::Admin);
     }
 
+    fn granted(role: OperatorRole) -> Granted {
+        Granted {
+            name: Some("op".into()),
+            role: Some(role),
+        }
+    }
+
     fn row(role: OperatorRole) -> OperatorRow {
         OperatorRow {
             id: "op".into(),
@@ -463,13 +535,25 @@ mod tests {
     fn a_read_only_operator_reads_and_is_told_which_role_a_change_needs() {
         let ro = row(OperatorRole::ReadOnly);
         assert_eq!(
-            decide(Some(&ro), &path("ListNodes"), 10).unwrap(),
+            decide(
+                Some(&ro),
+                &granted(OperatorRole::ReadOnly),
+                &path("ListNodes"),
+                10
+            )
+            .unwrap(),
             Operator {
                 name: "op".into(),
                 role: OperatorRole::ReadOnly
             }
         );
-        let denied = decide(Some(&ro), &path("RunCommand"), 10).unwrap_err();
+        let denied = decide(
+            Some(&ro),
+            &granted(OperatorRole::ReadOnly),
+            &path("RunCommand"),
+            10,
+        )
+        .unwrap_err();
         assert!(matches!(
             denied,
             Denied::Role {
@@ -486,24 +570,107 @@ mod tests {
         );
         let admin = row(OperatorRole::Admin);
         for call in ["RunCommand", "AddOperator", "ListNodes"] {
-            assert!(decide(Some(&admin), &path(call), 10).is_ok(), "{call}");
+            assert!(
+                decide(Some(&admin), &granted(OperatorRole::Admin), &path(call), 10).is_ok(),
+                "{call}"
+            );
         }
     }
 
     #[test]
+    fn the_row_narrows_the_certificates_role_and_never_widens_it() {
+        // A read-only certificate whose row was rewritten to admin.
+        let edited = row(OperatorRole::Admin);
+        let d = decide(
+            Some(&edited),
+            &granted(OperatorRole::ReadOnly),
+            &path("RunCommand"),
+            10,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                d,
+                Denied::Role {
+                    has: OperatorRole::ReadOnly,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+        // An admin certificate whose row says read-only reads only.
+        let narrowed = row(OperatorRole::ReadOnly);
+        assert!(
+            decide(
+                Some(&narrowed),
+                &granted(OperatorRole::Admin),
+                &path("RunCommand"),
+                10
+            )
+            .is_err()
+        );
+        // A certificate naming no role, or another operator than the row.
+        let d = decide(
+            Some(&edited),
+            &Granted {
+                role: None,
+                ..granted(OperatorRole::Admin)
+            },
+            &path("ListNodes"),
+            10,
+        )
+        .unwrap_err();
+        assert_eq!(d, Denied::NoRole("op".into()));
+        assert!(
+            d.status().message().contains("operators add"),
+            "{}",
+            d.status().message()
+        );
+        let other = Granted {
+            name: Some("someone".into()),
+            role: Some(OperatorRole::Admin),
+        };
+        assert_eq!(
+            decide(Some(&edited), &other, &path("ListNodes"), 10),
+            Err(Denied::Unknown)
+        );
+    }
+
+    #[test]
     fn unknown_revoked_and_expired_certificates_are_refused() {
-        assert_eq!(decide(None, &path("ListNodes"), 10), Err(Denied::Unknown));
+        assert_eq!(
+            decide(None, &granted(OperatorRole::Admin), &path("ListNodes"), 10),
+            Err(Denied::Unknown)
+        );
         let mut revoked = row(OperatorRole::Admin);
         revoked.revoked_at = Some(5);
         assert_eq!(
-            decide(Some(&revoked), &path("ListNodes"), 10),
+            decide(
+                Some(&revoked),
+                &granted(OperatorRole::Admin),
+                &path("ListNodes"),
+                10
+            ),
             Err(Denied::Revoked("op".into()))
         );
         let mut bearer = row(OperatorRole::Admin);
         bearer.cert_sha256 = None;
-        assert!(decide(Some(&bearer), &path("ListNodes"), 10).is_err());
+        assert!(
+            decide(
+                Some(&bearer),
+                &granted(OperatorRole::Admin),
+                &path("ListNodes"),
+                10
+            )
+            .is_err()
+        );
         assert_eq!(
-            decide(Some(&row(OperatorRole::Admin)), &path("ListNodes"), 1_000),
+            decide(
+                Some(&row(OperatorRole::Admin)),
+                &granted(OperatorRole::Admin),
+                &path("ListNodes"),
+                1_000
+            ),
             Err(Denied::Expired("op".into()))
         );
         for d in [Denied::Unknown, Denied::Revoked("op".into())] {

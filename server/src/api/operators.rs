@@ -47,7 +47,7 @@ pub async fn add(svc: &AdminService, r: AddOperatorRequest) -> Result<AddOperato
     let now = svc.store.now().await.map_err(unavailable)?;
     let cert = svc
         .operator_ca
-        .issue(&r.csr_der, &r.name, now)
+        .issue(&r.csr_der, &r.name, role, now)
         .map_err(|_| {
             bad_request("the certificate request is not valid (bad encoding or signature)")
         })?;

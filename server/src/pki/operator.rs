@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use bc_store::tokens::OperatorRole;
 use rcgen::KeyPair;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -40,6 +41,13 @@ impl std::fmt::Debug for OperatorCa {
             .finish_non_exhaustive()
     }
 }
+
+/// The URI an operator certificate names its operator by.
+pub const OPERATOR_URI: &str = "urn:bc:operator:";
+
+/// The URI an operator certificate names its role by (`admin`,
+/// `read-only`).
+pub const OPERATOR_ROLE_URI: &str = "urn:bc:operator-role:";
 
 impl OperatorCa {
     /// Loads the operator CA from `dir`, creating it and the API's serving
@@ -76,16 +84,24 @@ impl OperatorCa {
     }
 
     /// Issues operator `name` a client certificate to the key of `csr_der`,
-    /// valid for [`OPERATOR_CERT_TTL`]. What the request asks for beyond
-    /// its key is ignored. The role is the store's, not the certificate's.
-    pub fn issue(&self, csr_der: &[u8], name: &str, now_ms: i64) -> Result<NodeCert, IssueError> {
+    /// valid for [`OPERATOR_CERT_TTL`], naming its `role`
+    /// ([`OPERATOR_ROLE_URI`]): the role is what this CA signed, and the
+    /// store's row can narrow it (or revoke it), never widen it. What the
+    /// request asks for beyond its key is ignored.
+    pub fn issue(
+        &self,
+        csr_der: &[u8],
+        name: &str,
+        role: OperatorRole,
+        now_ms: i64,
+    ) -> Result<NodeCert, IssueError> {
         issue_client_cert(
             csr_der,
-            (name, format!("urn:bc:operator:{name}")),
+            (name, format!("{OPERATOR_URI}{name}")),
             (&self.cert, &self.key),
             now_ms,
             OPERATOR_CERT_TTL,
-            &[],
+            &[format!("{OPERATOR_ROLE_URI}{role}")],
         )
     }
 }
@@ -130,7 +146,17 @@ mod tests {
         let csr = rcgen::CertificateParams::default()
             .serialize_request(&key)
             .unwrap();
-        let cert = ops.issue(csr.der(), "alice", now).unwrap();
+        let cert = ops
+            .issue(csr.der(), "alice", OperatorRole::ReadOnly, now)
+            .unwrap();
+        assert_eq!(
+            crate::certs::named(&cert.der, OPERATOR_ROLE_URI).map(|(r, _)| r),
+            Some("read-only".to_string())
+        );
+        assert_eq!(
+            crate::certs::named(&cert.der, OPERATOR_URI).map(|(r, _)| r),
+            Some("alice".to_string())
+        );
         assert_eq!(
             cert.not_after_ms - now,
             OPERATOR_CERT_TTL.as_millis() as i64
