@@ -21,6 +21,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::StoreError;
 
+/// The TLS client of the store's connections.
+pub type Tls = MakeRustlsConnect;
+
 /// The address's TLS and password settings, taken out of it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Settings {

@@ -64,7 +64,6 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::audit::{AuditSnapshot, Settling};
 use crate::backend::Backend;
@@ -290,9 +289,7 @@ pub fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
 
 /// [`config`], and the TLS client the address asks for (`None`: plain, as
 /// over a unix socket).
-pub fn connection(
-    url: &str,
-) -> Result<(tokio_postgres::Config, Option<MakeRustlsConnect>), StoreError> {
+pub fn connection(url: &str) -> Result<(tokio_postgres::Config, Option<connect::Tls>), StoreError> {
     let settings = connect::settings(url)?;
     let mut config: tokio_postgres::Config = settings.url.parse().map_err(|_| {
         StoreError::Address(
@@ -326,7 +323,7 @@ pub fn connection(
 }
 
 fn pool(
-    (config, tls): (tokio_postgres::Config, Option<MakeRustlsConnect>),
+    (config, tls): (tokio_postgres::Config, Option<connect::Tls>),
     size: usize,
 ) -> Result<Pool, StoreError> {
     let manager_config = ManagerConfig {
@@ -779,11 +776,11 @@ impl Backend for PostgresBackend {
 
     async fn command_ack(
         &self,
-        node_id: &str,
+        route: &crate::commands::Route,
         id: &str,
         running: bool,
     ) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::ack(&tx, node_id, id, running).await)
+        tx!(self, |tx| commands::ack(&tx, route, id, running).await)
     }
 
     async fn command_result(
