@@ -398,6 +398,7 @@ pub async fn serve(
                 store: store.clone(),
                 ca_pin: ca.fingerprint(),
                 ca_der: Arc::new(ca.cert.to_vec()),
+                secrets: ca.secret_digest(),
                 worker_key: worker_key.clone(),
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
@@ -438,8 +439,12 @@ pub async fn serve(
             api = Some((tokio::spawn(api_server), api_stop_tx));
             println!("api on {api_addr}");
             info!(addr = %api_addr, "operator API");
-            if let Some((boot_addr, task)) =
-                crate::boot::start(opts.boot.clone(), store.clone(), ca.fingerprint()).await?
+            if let Some((boot_addr, task)) = crate::boot::start(
+                opts.boot.clone(),
+                store.clone(),
+                (ca.fingerprint(), ca.secret_digest()),
+            )
+            .await?
             {
                 println!("boot endpoint on {boot_addr}");
                 tasks.push(task);

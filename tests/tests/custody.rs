@@ -601,3 +601,90 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
     server.wait_node(&id, "still connected as itself", |n| n.state == "connected");
     node.proc().kill();
 }
+
+/// What a gateway with write access to the store adds for itself: a
+/// gateway credential and a join token, each with a secret of its own and
+/// that secret's SHA-256 in the row. The key holder digests secrets under
+/// a key derived from the fleet CA, so neither row admits anything: the
+/// credential certifies no serving key, and the token joins no node.
+#[test]
+fn a_credential_or_token_planted_in_the_store_admits_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let cred_path = d.path().join("gw-a.json");
+    add_gateway(&server, "gw-a", &cred_path);
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let secret = "bcg1.0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    db.execute(
+        "INSERT INTO gateway_credentials (name, secret_sha256, created_at)
+         VALUES ('evil', ?1, 0)",
+        [bcd_proto::fingerprint(secret.as_bytes())],
+    )
+    .unwrap();
+    let (token_id, token_secret) = ("0123456789abcdef", "0123456789abcdef0123456789abcdef");
+    db.execute(
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total,
+             uses_left)
+         VALUES (?1, ?2, 0, 9000000000000, 100, 100)",
+        [token_id, &bcd_proto::fingerprint(token_secret.as_bytes())],
+    )
+    .unwrap();
+
+    // Certify with the planted credential's name and secret.
+    let cred = GatewayCredential::read(&cred_path).unwrap();
+    let rt = runtime();
+    let ca = cred.ca().unwrap();
+    let anonymous = rt
+        .block_on(tls::connect(
+            &cred.upstream,
+            tls::client_config(ServerTrust::Ca(ca), None).unwrap(),
+        ))
+        .unwrap();
+    let attacker = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let certify = |name: &str| {
+        refused(
+            rt.block_on(
+                GatewayServicesClient::new(anonymous.clone()).certify(CertifyRequest {
+                    name: name.into(),
+                    secret: secret.into(),
+                    csr_der: csr(&attacker),
+                    names: vec![],
+                }),
+            ),
+        )
+    };
+    // Its SHA-256 is what a credential row held before digests were keyed:
+    // refused, saying to add the gateway again.
+    let m = certify("evil");
+    assert!(m.contains("no longer certifies"), "{m}");
+    // Any other digest the attacker can compute without the CA's key.
+    db.execute(
+        "INSERT INTO gateway_credentials (name, secret_sha256, created_at)
+         VALUES ('evil2', ?1, 0)",
+        [bcd_proto::fingerprint(
+            bcd_proto::fingerprint(secret.as_bytes()).as_bytes(),
+        )],
+    )
+    .unwrap();
+    let m = certify("evil2");
+    assert!(m.contains("not known to this server"), "{m}");
+    // The real credential still certifies.
+    assert!(rt.block_on(credential::certify(&cred, &[])).is_ok());
+
+    // A node joining with the planted token.
+    let victim = Node::new(&d.path().join("n"), 10);
+    let pin = server.token(1).rsplit('.').next().unwrap().to_string();
+    let out = victim.join(
+        &server.url(),
+        &format!("bct1.{token_id}.{token_secret}.{pin}"),
+    );
+    assert!(!out.status.success(), "a planted token joined a node");
+    assert!(
+        stderr(&out).contains("not known to this server"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!victim.dir.join("identity.json").exists());
+    assert!(server.nodes().is_empty());
+}

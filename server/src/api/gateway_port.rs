@@ -114,10 +114,21 @@ impl Port for GatewayPort {
             .gateway_credential(&r.name)
             .await
             .map_err(unavailable)?;
-        let known = credential.is_some_and(|c| {
-            c.revoked_ms.is_none() && c.secret_sha256 == bcd_proto::fingerprint(r.secret.as_bytes())
-        });
-        if !known {
+        // The digest is keyed by the fleet CA: a credential row planted
+        // with a secret of its own certifies nothing.
+        let digest = self.join.ca.secret_digest().of(&r.secret);
+        let live = credential.as_ref().filter(|c| c.revoked_ms.is_none());
+        if live.is_some_and(|c| c.secret_sha256 == bcd_proto::fingerprint(r.secret.as_bytes())) {
+            warn!(gateway = %r.name, "a gateway credential from before keyed digests was refused");
+            return Err(denied(format!(
+                "the credential of gateway {} was added before gateway credentials were keyed to \
+                 the fleet CA and no longer certifies: add it again (better-compute gateways \
+                 revoke {}, then better-compute gateways add {} --upstream URL --out FILE) and \
+                 restart that gateway with the new file",
+                r.name, r.name, r.name
+            )));
+        }
+        if live.is_none_or(|c| c.secret_sha256 != digest) {
             warn!(gateway = %r.name, "a gateway credential was refused");
             return Err(denied(format!(
                 "the credential of gateway {} is not known to this server (revoked, replaced or \

@@ -31,7 +31,7 @@ pub async fn add(svc: &AdminService, r: AddGatewayRequest) -> Result<AddGatewayR
     );
     let created = svc
         .store
-        .add_gateway_credential(&r.name, &bcd_proto::fingerprint(secret.as_bytes()))
+        .add_gateway_credential(&r.name, &svc.secrets.of(&secret))
         .await
         .map_err(status)?;
     info!(gateway = %r.name, "gateway credential added");

@@ -147,7 +147,9 @@ impl GatewayServices for JoinService {
         let macs = crate::boot::parse::join_macs(&r.macs).map_err(bad_request)?;
         let input = JoinInput {
             token_id: id.to_string(),
-            secret_sha256: bcd_proto::fingerprint(secret.as_bytes()),
+            // Keyed by the fleet CA: a token row planted with a secret of
+            // its own matches nothing.
+            secret_sha256: self.ca.secret_digest().of(secret),
             hostname: r.hostname.chars().take(253).collect(),
             ramdisk: r.ramdisk,
             macs,

@@ -45,6 +45,8 @@ pub struct AdminService {
     pub ca_pin: String,
     /// The fleet CA certificate (DER), for gateway credentials.
     pub ca_der: Arc<Vec<u8>>,
+    /// Digests the secrets of the tokens and gateway credentials it adds.
+    pub secrets: crate::pki::ca::SecretDigest,
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
     /// Release public keys: what `releases register` accepts.
     pub release_keys: Arc<Vec<Vec<u8>>>,

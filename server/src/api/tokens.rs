@@ -40,7 +40,7 @@ pub async fn create(
         .store
         .create_token(&NewToken {
             id: token.id.clone(),
-            secret_sha256: bcd_proto::fingerprint(token.secret.as_bytes()),
+            secret_sha256: svc.secrets.of(&token.secret),
             ttl,
             uses,
             description: r.description,

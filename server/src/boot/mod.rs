@@ -109,6 +109,8 @@ struct State {
     opts: BootOptions,
     /// The fleet CA's pin, for the tokens the endpoint mints.
     ca_pin: String,
+    /// Digests the secrets of the tokens it mints.
+    secrets: crate::pki::ca::SecretDigest,
 }
 
 type Reply = crate::http::bounded::Reply;
@@ -139,7 +141,7 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
 pub async fn start(
     opts: BootOptions,
     store: Store,
-    ca_pin: String,
+    (ca_pin, secrets): (String, crate::pki::ca::SecretDigest),
 ) -> anyhow::Result<Option<(SocketAddr, tokio::task::JoinHandle<()>)>> {
     let Some(listen) = opts.listen else {
         return Ok(None);
@@ -152,6 +154,7 @@ pub async fn start(
         store,
         opts,
         ca_pin,
+        secrets,
     });
     info!(%addr, "boot endpoint listening");
     let handler: crate::http::bounded::Handler = Arc::new(move |peer, req| {
@@ -309,7 +312,7 @@ async fn with_token(
     };
     let new = bc_store::tokens::NewToken {
         id: token.id.clone(),
-        secret_sha256: bcd_proto::fingerprint(token.secret.as_bytes()),
+        secret_sha256: state.secrets.of(&token.secret),
         ttl: std::time::Duration::from_millis(ttl_ms.max(0) as u64),
         uses: 1,
         description: bc_store::images::minted_description(mac),

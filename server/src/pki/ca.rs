@@ -291,6 +291,46 @@ impl Ca {
     }
 }
 
+/// Keyed digests of the secrets the store keeps only a digest of (join
+/// tokens, gateway credentials): HMAC-SHA256 under a key derived from the
+/// fleet CA's private key ([`Ca::secret_digest`]). Only a process that
+/// holds the CA makes a digest that matches, so a row whoever can write the
+/// store inserts with a secret of its own (a token, a gateway credential)
+/// admits nothing.
+#[derive(Clone)]
+pub struct SecretDigest(ring::hmac::Key);
+
+impl SecretDigest {
+    /// The digest of `secret`, hex, as the store keeps it.
+    pub fn of(&self, secret: &str) -> String {
+        hex::encode(ring::hmac::sign(&self.0, secret.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for SecretDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretDigest")
+    }
+}
+
+impl Ca {
+    /// The key of the store's secret digests: derived from the fleet CA's
+    /// private key, so every process that holds the CA (a restored backup
+    /// included) computes the same one and no other process can.
+    pub fn secret_digest(&self) -> SecretDigest {
+        let salt = ring::hkdf::Salt::new(
+            ring::hkdf::HKDF_SHA256,
+            b"better-compute secret digest key v1",
+        );
+        SecretDigest(
+            salt.extract(&self.key.serialize_der())
+                .expand(&[b"hmac-sha256"], ring::hmac::HMAC_SHA256)
+                .expect("a 32-byte key is within HKDF's limit")
+                .into(),
+        )
+    }
+}
+
 /// A serving certificate issued to a gateway process that holds no key
 /// of ours: its chain (leaf, then the fleet CA) and when it runs out.
 #[derive(Debug)]
