@@ -31,6 +31,10 @@ use crate::clock::{ClockError, Mark, ServerClock};
 use crate::epoch::{EpochError, EpochTracker};
 use crate::rng::SplitMix64;
 
+/// The longest heartbeat interval a Welcome may set (the spec's is 10 s):
+/// the node closes a session silent for three of them.
+pub const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionConfig {
     pub backoff: BackoffConfig,
@@ -404,7 +408,11 @@ impl Session {
                 self.clock = probe;
                 self.backoff.reset();
                 self.backoff.set_base(Some(first_retry));
-                let interval = heartbeat_interval.max(Duration::from_millis(10));
+                // The interval is the gateway's word, unsigned: bounded, so a
+                // gateway that names a day (and then falls silent) cannot keep
+                // the node from noticing and redialling elsewhere.
+                let interval =
+                    heartbeat_interval.clamp(Duration::from_millis(10), MAX_HEARTBEAT_INTERVAL);
                 self.state = State::Established {
                     epoch,
                     interval,
@@ -764,6 +772,39 @@ mod tests {
         ));
         assert!(matches!(a[1], Action::Disconnected { retry_in } if retry_in <= S));
         assert!(!s.is_established());
+    }
+
+    #[test]
+    fn a_welcome_cannot_stretch_the_heartbeat_past_its_bound() {
+        let mut s = session(1, 0, 0);
+        connect(&mut s, Duration::ZERO);
+        s.handle(
+            Duration::ZERO,
+            Event::Welcome {
+                epoch: 1,
+                server_time_ms: 1_000,
+                heartbeat_interval: Duration::from_secs(86_400),
+                first_retry: Duration::ZERO,
+            },
+        );
+        assert_eq!(s.deadline(), Some(MAX_HEARTBEAT_INTERVAL));
+        assert_eq!(
+            s.handle(MAX_HEARTBEAT_INTERVAL, Event::Tick),
+            vec![Action::SendHeartbeat { seq: 1 }]
+        );
+        s.handle(MAX_HEARTBEAT_INTERVAL * 2, Event::Tick);
+        // The gateway said a day and then fell silent: the node notices
+        // after three bounded intervals and redials.
+        let a = s.handle(MAX_HEARTBEAT_INTERVAL * 3, Event::Tick);
+        assert!(
+            matches!(
+                a[0],
+                Action::Close {
+                    reason: CloseReason::ServerSilent { .. }
+                }
+            ),
+            "{a:?}"
+        );
     }
 
     #[test]
