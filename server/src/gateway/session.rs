@@ -470,12 +470,17 @@ impl Session<'_> {
                         return true;
                     }
                 };
-                match store.command_ack(node, &a.command_id, running).await {
+                let route = bc_store::commands::Route {
+                    gateway_id: self.state.id.clone(),
+                    node_id: node.to_string(),
+                    epoch: self.epoch,
+                };
+                match store.command_ack(&route, &a.command_id, running).await {
                     Ok(true) => {
                         debug!(cmd = %a.command_id, running, "command acknowledged")
                     }
                     Ok(false) => {
-                        debug!(cmd = %a.command_id, "ack for a finished or unknown command")
+                        debug!(cmd = %a.command_id, "ack for a command not in flight on this session (finished, unknown, moved on, or already further)")
                     }
                     Err(e) => warn!(error = %e, "cannot record a command ack"),
                 }

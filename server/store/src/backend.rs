@@ -317,9 +317,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         epoch: u64,
     ) -> Result<Vec<Dispatch>, StoreError>;
 
-    /// The node acknowledged a dispatch (ACCEPTED) or reported it running.
-    async fn command_ack(&self, node_id: &str, id: &str, running: bool)
-    -> Result<bool, StoreError>;
+    /// The node acknowledged a dispatch (ACCEPTED) or reported it running,
+    /// on its session under `epoch` through `gateway_id`. Fenced: it applies
+    /// only while that session is the node's current one and the command is
+    /// in flight on it, and only forward (dispatched to acked, dispatched or
+    /// acked to running), so a zombie gateway's late or replayed ack moves
+    /// nothing.
+    async fn command_ack(
+        &self,
+        route: &crate::commands::Route,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError>;
 
     /// Applies a result the node signed, if it verifies (a forgery is
     /// recorded and applied nowhere): the first terminal result wins, from

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use bcd_core::command::Kind;
+use bcd_core::command::{Kind, ServerState};
 
 use crate::error::Refusal;
 
@@ -115,6 +115,25 @@ pub const FORGED: &str = "security.result.forged";
 pub const SWEPT: &str = "not_after passed before dispatch";
 
 /// A fresh command id.
+/// The session a node's message came on: its gateway and epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub gateway_id: String,
+    pub node_id: String,
+    pub epoch: u64,
+}
+
+/// What an ack moves a command to, and the states (an SQL list) it may
+/// move it from: only forward, so an ACCEPTED that arrives late (or is
+/// replayed) cannot take a running command back to acked.
+pub fn ack_moves(running: bool) -> (&'static str, &'static str) {
+    if running {
+        (ServerState::Running.name(), "'dispatched', 'acked'")
+    } else {
+        (ServerState::Acked.name(), "'dispatched'")
+    }
+}
+
 pub fn new_command_id() -> String {
     format!("cmd-{:016x}", rand::random::<u64>())
 }

@@ -7,8 +7,8 @@ use super::nodes::valid_certs;
 use super::{Tx, execute, ms, now, query, query_one, query_opt};
 use crate::bindings::VerifySignature;
 use crate::commands::{
-    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, SWEPT,
-    SealCommand, dispatchable, new_command_id, raises_floor, same_request,
+    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
+    SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
@@ -211,21 +211,26 @@ pub(super) async fn take_dispatchable(
 
 pub(super) async fn ack(
     tx: &Tx<'_>,
-    node_id: &str,
+    route: &Route,
     id: &str,
     running: bool,
 ) -> Result<bool, StoreError> {
-    let state = if running {
-        ServerState::Running.name()
-    } else {
-        ServerState::Acked.name()
-    };
+    let (state, from) = ack_moves(running);
     let n = execute(
         tx,
-        "UPDATE commands SET state = $3, updated_at = compute_now()
-         WHERE id = $1 AND node_id = $2
-           AND state IN ('pending', 'dispatched', 'acked', 'running')",
-        &[&id, &node_id, &state],
+        &format!(
+            "UPDATE commands SET state = $3, updated_at = compute_now()
+             WHERE id = $1 AND node_id = $2 AND epoch = $5 AND state IN ({from})
+               AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = $2
+                   AND s.gateway_id = $4 AND s.epoch = $5 AND s.state = 'connected')"
+        ),
+        &[
+            &id,
+            &route.node_id,
+            &state,
+            &route.gateway_id,
+            &(route.epoch as i64),
+        ],
     )
     .await?;
     Ok(n == 1)

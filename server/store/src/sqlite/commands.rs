@@ -8,8 +8,8 @@ use super::nodes::valid_certs;
 use super::{Kept, now};
 use crate::bindings::VerifySignature;
 use crate::commands::{
-    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, SWEPT,
-    SealCommand, dispatchable, new_command_id, raises_floor, same_request,
+    CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
+    SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
@@ -170,24 +170,24 @@ pub(super) fn take_dispatchable(
 
 pub(super) fn ack(
     c: &Connection,
-    node_id: &str,
+    route: &Route,
     id: &str,
     running: bool,
 ) -> Result<bool, StoreError> {
+    let (state, from) = ack_moves(running);
     let n = c
-        .prepare_cached(
+        .prepare_cached(&format!(
             "UPDATE commands SET state = ?3, updated_at = compute_now()
-             WHERE id = ?1 AND node_id = ?2
-               AND state IN ('pending', 'dispatched', 'acked', 'running')",
-        )?
+             WHERE id = ?1 AND node_id = ?2 AND epoch = ?5 AND state IN ({from})
+               AND EXISTS (SELECT 1 FROM node_sessions s WHERE s.node_id = ?2
+                   AND s.gateway_id = ?4 AND s.epoch = ?5 AND s.state = 'connected')"
+        ))?
         .execute(params![
             id,
-            node_id,
-            if running {
-                ServerState::Running.name()
-            } else {
-                ServerState::Acked.name()
-            }
+            route.node_id,
+            state,
+            route.gateway_id,
+            route.epoch as i64
         ])?;
     Ok(n == 1)
 }

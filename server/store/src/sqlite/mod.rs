@@ -762,12 +762,12 @@ impl Backend for SqliteBackend {
 
     async fn command_ack(
         &self,
-        node_id: &str,
+        route: &crate::commands::Route,
         id: &str,
         running: bool,
     ) -> Result<bool, StoreError> {
-        let (node, id) = (node_id.to_string(), id.to_string());
-        self.write(move |c| commands::ack(c, &node, &id, running))
+        let (route, id) = (route.clone(), id.to_string());
+        self.write(move |c| commands::ack(c, &route, &id, running))
             .await
     }
 

@@ -96,7 +96,9 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
     );
     assert_eq!(row.result_at_ms, Some(T0 + 7));
     assert!(
-        !s.command_ack(&node, &c.id, true).await.unwrap(),
+        !s.command_ack(&super::route("gw", &node, 1), &c.id, true)
+            .await
+            .unwrap(),
         "a finished command stays finished"
     );
     let listed = s.list_commands(Some(&node), 10).await.unwrap();
@@ -180,7 +182,11 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
     );
     let row = s.get_command(&c3.id).await.unwrap().unwrap();
     assert_eq!((row.state.as_str(), row.epoch), ("dispatched", e2));
-    assert!(s.command_ack(&node, &c3.id, false).await.unwrap());
+    assert!(
+        s.command_ack(&super::route("gw-b", &node, e2), &c3.id, false)
+            .await
+            .unwrap()
+    );
     assert_eq!(s.get_command(&c3.id).await.unwrap().unwrap().state, "acked");
     assert!(
         s.nodes_with_work("gw-b", i64::MAX)
@@ -366,4 +372,66 @@ pub async fn command_states_are_counted(f: Fixture) {
         s.command_states().await.unwrap(),
         [("dispatched".to_string(), 1), ("succeeded".to_string(), 1)]
     );
+}
+
+/// Acks are fenced like dispatch: only forward, and only on the session
+/// the command is in flight on. A late ACCEPTED cannot take a running
+/// command back; once the node said Hello elsewhere, the old gateway's acks
+/// (a zombie's, or a replayed frame) move nothing, nor does one naming the
+/// new epoch through the wrong gateway.
+pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let e1 = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch;
+    let seal = || -> bc_store::commands::SealCommand { Box::new(|c| c.id.clone().into_bytes()) };
+    let (a, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "a"), seal())
+        .await
+        .unwrap();
+    assert_eq!(s.take_dispatchable("gw", &node, e1).await.unwrap().len(), 1);
+    let old = super::route("gw", &node, e1);
+    assert!(s.command_ack(&old, &a.id, true).await.unwrap());
+    assert!(
+        !s.command_ack(&old, &a.id, false).await.unwrap(),
+        "an ACCEPTED after RUNNING"
+    );
+    assert_eq!(
+        s.get_command(&a.id).await.unwrap().unwrap().state,
+        "running"
+    );
+
+    // The node moves to gw-b, reporting `a` running; `b` is dispatched there.
+    let mut h = hello(&node, 1, "gw-b", e1);
+    h.journal_running = vec![a.id.clone()];
+    let e2 = s.hello(&h).await.unwrap().epoch;
+    let (b, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "b"), seal())
+        .await
+        .unwrap();
+    assert_eq!(
+        s.take_dispatchable("gw-b", &node, e2).await.unwrap().len(),
+        1
+    );
+    for stale in [
+        super::route("gw", &node, e1),
+        super::route("gw", &node, e2),
+        super::route("gw-b", &node, e1),
+    ] {
+        for running in [false, true] {
+            assert!(
+                !s.command_ack(&stale, &b.id, running).await.unwrap(),
+                "{stale:?} running={running}"
+            );
+        }
+    }
+    assert_eq!(
+        s.get_command(&b.id).await.unwrap().unwrap().state,
+        "dispatched"
+    );
+    assert!(
+        s.command_ack(&super::route("gw-b", &node, e2), &b.id, false)
+            .await
+            .unwrap()
+    );
+    assert_eq!(s.get_command(&b.id).await.unwrap().unwrap().state, "acked");
 }

@@ -222,6 +222,15 @@ pub fn state(
     )
 }
 
+/// `node`'s session under `epoch` through `gw`.
+pub fn route(gw: &str, node: &str, epoch: u64) -> bc_store::commands::Route {
+    bc_store::commands::Route {
+        gateway_id: gw.into(),
+        node_id: node.into(),
+        epoch,
+    }
+}
+
 /// A stand-in for the worker's signature over a spec: the node, the
 /// generation and the body as JSON, which [`open_spec`] reads back. What
 /// the suite checks is that a change starts from these bytes, never from
@@ -270,6 +279,7 @@ macro_rules! store_suite {
             commands::the_sweeper_expires_only_pending_commands_past_their_deadline,
             commands::a_confirmed_upgrade_raises_the_release_floor,
             commands::commands_for_unknown_nodes_are_refused,
+            commands::a_late_or_stale_ack_moves_nothing,
             facts::forged_facts_are_recorded_and_applied_nowhere,
             facts::a_signed_host_inventory_replaces_the_macs_the_join_reported,
             facts::a_report_from_an_older_session_changes_nothing,

@@ -201,7 +201,11 @@ pub async fn hello_settles_in_flight_commands(f: Fixture) {
         ids.push(c.id);
     }
     assert_eq!(s.take_dispatchable("gw", &node, e1).await.unwrap().len(), 4);
-    assert!(s.command_ack(&node, &ids[2], true).await.unwrap());
+    assert!(
+        s.command_ack(&super::route("gw", &node, e1), &ids[2], true)
+            .await
+            .unwrap()
+    );
     // Same journal and boot: what the node does not report is replayed;
     // what it reports running or done is kept.
     let mut h = hello(&node, 1, "gw", 0);
@@ -226,7 +230,11 @@ pub async fn hello_settles_in_flight_commands(f: Fixture) {
     // A new boot and a new journal: the reboot it took on did what it was
     // for; the command it cannot know fails journal-lost; the retry-safe one
     // is replayed.
-    assert!(s.command_ack(&node, &ids[2], true).await.unwrap());
+    assert!(
+        s.command_ack(&super::route("gw", &node, out.epoch), &ids[2], true)
+            .await
+            .unwrap()
+    );
     let mut h = hello(&node, 1, "gw", 0);
     h.boot_id = "b2".into();
     h.journal_id = "j2".into();
