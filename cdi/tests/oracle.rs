@@ -1,13 +1,14 @@
-//! The upstream CDI JSON schema and its examples, from `../shared/oracles/cdi`,
-//! as the external judge of what we write and parse.
+//! The upstream CDI JSON schema and its examples, vendored in `tests/oracle`
+//! (see its README for where they come from and their licence), as the
+//! external judge of what we write and parse.
 
 use std::path::PathBuf;
 
 fn oracle_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/oracles/cdi");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oracle");
     assert!(
         dir.join("schema.json").exists(),
-        "the CDI oracle is missing at {}: it comes with the shared/ folder beside the repository",
+        "the CDI oracle is missing at {}: it is part of the repository (git checkout it)",
         dir.display()
     );
     dir.canonicalize().unwrap()

@@ -365,3 +365,44 @@ fn a_database_outage_under_load_loses_nothing() {
         bad.join("\n")
     );
 }
+
+/// `check` reads a store as it is: pointed at an empty database (a typo
+/// in the address, a database the server never used), it fails, saying it
+/// cannot read it, and leaves the database empty: no schema created, no
+/// migration run.
+#[test]
+fn check_on_an_empty_database_creates_nothing() {
+    let url = postgres_database("check");
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(d.path())
+        .args(["--store", &url, "check"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a check of an empty database passed");
+    assert!(
+        stderr(&out).contains("the PostgreSQL store"),
+        "{}",
+        stderr(&out)
+    );
+    let tables = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            client
+                .query_one(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        });
+    assert_eq!(tables, 0, "check created tables");
+}

@@ -34,7 +34,12 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
             path.display()
         );
     }
-    let store = crate::serve::open_store(&location).await?;
+    // Read as it is: a check creates nothing and migrates nothing (a store
+    // a newer server wrote is refused, saying so).
+    let store =
+        bc_store::Store::open_existing(&location, std::sync::Arc::new(bc_store::SystemClock))
+            .await
+            .with_context(|| format!("cannot open {location}"))?;
     let snapshot = crate::check::snapshot(
         &store,
         crate::check::Timings {
