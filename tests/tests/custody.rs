@@ -209,6 +209,43 @@ fn sign(key_pem: &str, message: &[u8]) -> Vec<u8> {
     rcgen::SigningKey::sign(&KeyPair::from_pem(key_pem).unwrap(), message).unwrap()
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A renewal of `node`'s certificate to `key`, its proof of possession
+/// made by `key` itself (a gateway's own key, not the node's).
+fn self_proved(node: &str, now: i64, key: &KeyPair) -> RenewRequest {
+    let csr_der = csr(key);
+    let statement = bcd_proto::renew::statement(node, now, &csr_der);
+    RenewRequest {
+        proof: sign(&key.serialize_pem(), &statement),
+        csr_der,
+        proof_time_ms: now,
+        node_id: node.to_string(),
+        ..Default::default()
+    }
+}
+
+/// What a compromised gateway holds: its credential's certificate, and
+/// the key holder's GatewayServices port reached with it.
+fn gateway_port(
+    rt: &tokio::runtime::Runtime,
+    cred: &GatewayCredential,
+) -> (
+    credential::Certified,
+    GatewayServicesClient<tonic::transport::Channel>,
+) {
+    let certified = rt.block_on(credential::certify(cred, &[])).unwrap();
+    let channel = rt
+        .block_on(credential::upstream_channel(cred, &certified))
+        .unwrap();
+    (certified, GatewayServicesClient::new(channel))
+}
+
 #[test]
 fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
     let d = tempfile::tempdir().unwrap();
@@ -237,16 +274,9 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
     // for a key of its own.
     let cred = GatewayCredential::read(&cred_path).unwrap();
     let rt = runtime();
-    let certified = rt.block_on(credential::certify(&cred, &[])).unwrap();
-    let channel = rt
-        .block_on(credential::upstream_channel(&cred, &certified))
-        .unwrap();
-    let mut port = GatewayServicesClient::new(channel);
+    let (certified, mut port) = gateway_port(&rt, &cred);
     let attacker = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = now_ms();
     let forward = |request: RenewRequest| ForwardedRenew {
         node_cert_der: node_cert.to_vec(),
         request: Some(request),
@@ -261,14 +291,7 @@ fn a_gateway_can_mint_nothing_and_a_revoked_one_is_refused() {
     assert!(m.contains("needs a proof of possession"), "{m}");
     // A proof signed by the gateway's own key: refused.
     let attacker_csr = csr(&attacker);
-    let statement = bcd_proto::renew::statement(&id, now, &attacker_csr);
-    let m = refused(rt.block_on(port.renew(forward(RenewRequest {
-        csr_der: attacker_csr.clone(),
-        proof: sign(&attacker.serialize_pem(), &statement),
-        proof_time_ms: now,
-        node_id: id.clone(),
-        ..Default::default()
-    }))));
+    let m = refused(rt.block_on(port.renew(forward(self_proved(&id, now, &attacker)))));
     assert!(m.contains("not made by the current node key"), "{m}");
     // A real proof of the node's, replayed ten minutes later: refused.
     let old = now - 600_000;
@@ -537,29 +560,14 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
 
     let cred = GatewayCredential::read(&cred_path).unwrap();
     let rt = runtime();
-    let certified = rt.block_on(credential::certify(&cred, &[])).unwrap();
-    let channel = rt
-        .block_on(credential::upstream_channel(&cred, &certified))
-        .unwrap();
-    let mut port = GatewayServicesClient::new(channel);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let (_, mut port) = gateway_port(&rt, &cred);
+    let now = now_ms();
 
     // A renewal of the planted certificate, its proof made by the key it
     // names: refused, nothing issued, the forgery recorded.
-    let attacker_csr = csr(&attacker);
-    let statement = bcd_proto::renew::statement(&id, now, &attacker_csr);
     let m = refused(rt.block_on(port.renew(ForwardedRenew {
         node_cert_der: planted.clone(),
-        request: Some(RenewRequest {
-            csr_der: attacker_csr.clone(),
-            proof: sign(&attacker.serialize_pem(), &statement),
-            proof_time_ms: now,
-            node_id: id.clone(),
-            ..Default::default()
-        }),
+        request: Some(self_proved(&id, now, &attacker)),
     })));
     assert!(m.contains("not issued by this fleet's CA"), "{m}");
     assert!(!server.proc.log().contains("certificate renewed"));

@@ -18,6 +18,20 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
 }
 
+/// Adds operator `name` with `role`, its credential written to `out`.
+fn add_operator(server: &Server, name: &str, role: &str, out: &Path) {
+    let o = server.cli(&[
+        "operators",
+        "add",
+        name,
+        "--role",
+        role,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "operators add: {}", stderr(&o));
+}
+
 fn as_op(server: &Server, cred: &Path, args: &[&str]) -> std::process::Output {
     let mut all = vec!["--operator", cred.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -33,16 +47,7 @@ fn an_admin_adds_a_read_only_operator_who_reads_is_refused_changes_and_is_revoke
     assert_eq!(mode(&server.dir.join("operator-ca.key")), 0o600);
 
     let viewer = d.path().join("viewer.json");
-    let out = server.cli(&[
-        "operators",
-        "add",
-        "viewer",
-        "--role",
-        "read-only",
-        "--out",
-        viewer.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "operators add: {}", stderr(&out));
+    add_operator(&server, "viewer", "read-only", &viewer);
     assert_eq!(mode(&viewer), 0o600);
     let cred: serde_json::Value = serde_json::from_slice(&std::fs::read(&viewer).unwrap()).unwrap();
     assert_eq!(cred["server"], server.api_url().as_str());
@@ -332,16 +337,7 @@ fn a_role_rewritten_in_the_store_widens_nothing_and_a_roleless_credential_is_rep
     let d = tempfile::tempdir().unwrap();
     let mut server = Server::start(&d.path().join("server"), FAST).unwrap();
     let viewer = d.path().join("viewer.json");
-    let out = server.cli(&[
-        "operators",
-        "add",
-        "viewer",
-        "--role",
-        "read-only",
-        "--out",
-        viewer.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "operators add: {}", stderr(&out));
+    add_operator(&server, "viewer", "read-only", &viewer);
     let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
     db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
     db.execute(

@@ -68,11 +68,21 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
     let store = &svc.store;
     let bindings = store.bindings(&node).await.map_err(unavailable)?;
     let events = store.fleet_events(&node, 20).await.map_err(unavailable)?;
-    let view = store
+    let mut view = store
         .spec_view(&node)
         .await
         .map_err(unavailable)?
         .ok_or_else(|| refusal(Refusal::NoSuchNode(node.clone())))?;
+    // What the operator sees desired is what the worker signed, as the node
+    // will read it; the columns only where the envelope does not open (its
+    // forgery is among the events, and changes are refused).
+    if let Some((_, signed)) = store.signed_spec(&node).await.map_err(unavailable)?
+        && let Ok(opened) = seal::own_spec_opener(&svc.worker_key, &node)(&signed)
+    {
+        view.desired_generation = opened.generation;
+        view.assignments = opened.body.assignments;
+        view.access = opened.body.access;
+    }
     Ok(NodeSpecInfo {
         node_id: node,
         desired_generation: view.desired_generation,

@@ -50,7 +50,8 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
         crate::check::NodeFacts::default(),
     )
     .await
-    .with_context(|| format!("cannot read {location}"))?;
+    // The database's own words go to the log, not into the error.
+    .map_err(|e| crate::backup::store_error(e, &format!("cannot read {location}")))?;
     let outcomes = crate::check::all(&snapshot);
     if a.json {
         match &a.label {

@@ -175,21 +175,24 @@ impl TempCluster {
             if opts.durable { "on" } else { "off" },
             if opts.durable { "on" } else { "off" },
         );
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(data.join("postgresql.conf"))
-            .and_then(|mut f| f.write_all(settings.as_bytes()))
-            .map_err(|source| ClusterError::Dir {
-                path: data.clone(),
-                source,
-            })?;
+        cluster.append_settings(&settings)?;
         cluster.start_again()?;
         Ok(cluster)
     }
 
     fn data(&self) -> PathBuf {
         self.root.join("data")
+    }
+
+    /// Appends `settings` to postgresql.conf (read at the next start).
+    fn append_settings(&self, settings: &str) -> Result<(), ClusterError> {
+        use std::io::Write;
+        let conf = self.data().join("postgresql.conf");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut f| f.write_all(settings.as_bytes()))
+            .map_err(|source| ClusterError::Dir { path: conf, source })
     }
 
     /// The cluster's directory (its socket is there).
@@ -341,15 +344,7 @@ impl TempCluster {
             cert.display(),
             key.display()
         );
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(data.join("postgresql.conf"))
-            .and_then(|mut f| f.write_all(settings.as_bytes()))
-            .map_err(|source| ClusterError::Dir {
-                path: data.clone(),
-                source,
-            })?;
+        self.append_settings(&settings)?;
         self.port = port;
         self.start_again()?;
         Ok(port)
