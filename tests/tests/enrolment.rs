@@ -380,3 +380,42 @@ fn machines_with_a_copied_tpm_state_are_quarantined_and_an_operator_rejoins_the_
     server.wait_node(&id, "connected", |n| n.state == "connected");
     real.proc().stop();
 }
+
+/// Whoever can write the store rebinds a node to the EK of a TPM of its
+/// own (`nodes.ek_sha256`): that TPM's join with no token reclaims
+/// nothing, since no certificate the fleet CA issued the node names its
+/// attestation key. The refusal says so, the machine keeps nothing, and
+/// the forgery is among the node's events.
+#[test]
+fn a_node_rebound_to_another_tpm_in_the_store_is_not_reclaimed_by_it() {
+    let (d, server) = setup_dirs();
+    let victim_tpm = swtpm(&d.path().join("tpm1"));
+    let victim = Node::new(&d.path().join("victim"), 1);
+    let token = server.token(1);
+    joined(&join(&victim, &server, &victim_tpm, &["--token", &token]));
+    let id = victim.id();
+    let pin = pin(&server);
+    let tokenless = ["--ca-pin", pin.as_str(), "--ramdisk"];
+    let attacker_tpm = swtpm(&d.path().join("tpm2"));
+    let attacker = Node::new(&d.path().join("attacker"), 2);
+    let hash = not_enrolled(&join(&attacker, &server, &attacker_tpm, &tokenless));
+
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute(
+        "UPDATE nodes SET ek_sha256 = ?1 WHERE id = ?2",
+        [&hash, &id],
+    )
+    .unwrap();
+    let out = join(&attacker, &server, &attacker_tpm, &tokenless);
+    assert!(!out.status.success(), "the rebinding reclaimed node {id}");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("cannot re-enrol node {id}"))
+            && err.contains("names this TPM's attestation key"),
+        "{err}"
+    );
+    assert!(!attacker.dir.join("identity.json").exists());
+    let events = server.spec(&id)["events"].to_string();
+    assert!(events.contains("security.ek-binding.forged"), "{events}");
+}

@@ -207,6 +207,17 @@ impl GatewayServices for JoinService {
             (Some(proof), _) => self.store.reenrol(&input, proof, issue_cert, seal()).await,
             (None, Some((a, ek_ca))) if tokenless => {
                 let boot_id: String = r.boot_id.chars().take(64).collect();
+                // The node its EK is bound to is this machine only if a
+                // certificate the fleet CA issued it names the AK this
+                // machine just proved: the binding column alone proves
+                // nothing.
+                let (ca_der, ak_hex) = (self.ca.cert.to_vec(), hex::encode(&a.ak_name));
+                let proves: bc_store::machines::ProvesMachine = Box::new(move |node, der| {
+                    crate::certs::issued_by(der, &ca_der)
+                        && crate::certs::named(der, "urn:bc:node:").is_some_and(|(n, _)| n == node)
+                        && crate::certs::named(der, bcd_proto::attest::AK_URN)
+                            .is_some_and(|(ak, _)| ak == ak_hex)
+                });
                 match self
                     .store
                     .join_enrolled(
@@ -216,10 +227,30 @@ impl GatewayServices for JoinService {
                         &boot_id,
                         issue_cert,
                         seal(),
+                        proves,
                     )
                     .await
                 {
                     Ok(Enrolled::Joined(j)) => Ok(j),
+                    Ok(Enrolled::Forged { node_id }) => {
+                        warn!(
+                            node = %node_id,
+                            ek_sha256 = %a.ek_sha256,
+                            "a join with no token named a node whose certificates name another TPM"
+                        );
+                        return Err(status(
+                            Refusal::NotReenrolled(
+                                node_id,
+                                format!(
+                                    "no certificate of it names this TPM's attestation key (its \
+                                     EK binding does not match what the fleet CA certified; \
+                                     recorded as {})",
+                                    bc_store::machines::EK_BINDING_FORGED
+                                ),
+                            )
+                            .into(),
+                        ));
+                    }
                     Ok(Enrolled::Quarantined { node_id }) => {
                         warn!(
                             node = %node_id,

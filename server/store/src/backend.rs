@@ -136,6 +136,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// alternate between machines quarantines the node instead
     /// ([`Enrolled::Quarantined`], committed), and a quarantined node is
     /// refused until a join with a token reclaims it.
+    ///
+    /// A reclaim needs a certificate of the bound node that `proves` it is
+    /// the attested machine; without one the join is
+    /// [`Enrolled::Forged`] (recorded, committed) and reclaims nothing.
     #[allow(clippy::too_many_arguments)]
     async fn join_enrolled(
         &self,
@@ -145,6 +149,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
+        proves: crate::machines::ProvesMachine,
     ) -> Result<Enrolled, TxError>;
 
     /// Enrols a machine by its EK, or an EK CA; refused when that one is

@@ -166,6 +166,12 @@ pub struct BoundNode {
 #[derive(Debug, Clone)]
 pub enum Enrolled {
     Joined(Joined),
+    /// The node bound to the EK has no certificate showing it is the
+    /// attested machine ([`ProvesMachine`]): the binding was rewritten.
+    /// Recorded as [`EK_BINDING_FORGED`] (committed); nothing else changed.
+    Forged {
+        node_id: String,
+    },
     /// Two machines alternate on the node's TPM identity: the node was
     /// quarantined (its certificates revoked, `duplicate-identity`) by this
     /// join, which the peer is refused with [`Refusal::Quarantined`].
@@ -173,6 +179,22 @@ pub enum Enrolled {
         node_id: String,
     },
 }
+
+/// Whether a stored certificate (DER) of node `node_id` shows it is the
+/// machine that attested: a certificate the fleet CA issued naming the node
+/// and the attested AK. Handed in by the join service, which holds the CA.
+/// Whoever can write the store can rewrite `nodes.ek_sha256`, but not a
+/// certificate, so a reclaim by a TPM's EK stands on what the CA signed.
+pub type ProvesMachine = Box<dyn Fn(&str, &[u8]) -> bool + Send>;
+
+/// The fleet event a join with no token is recorded as when the node its
+/// EK is bound to has no certificate naming the attested AK.
+pub const EK_BINDING_FORGED: &str = "security.ek-binding.forged";
+
+/// What that event says.
+pub const EK_BINDING_FORGED_DETAIL: &str = "a join with no token by a TPM whose attestation key \
+     no certificate of this node names: its EK binding (nodes.ek_sha256) does not match what the \
+     fleet CA certified; nothing was reclaimed";
 
 /// Decides a join with no token of the EK `ek_sha256`: `bound`, the live
 /// node bound to it; `enrolled`, whether the EK is enrolled by its hash;

@@ -566,9 +566,16 @@ impl Backend for PostgresBackend {
         boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
+        proves: crate::machines::ProvesMachine,
     ) -> Result<Enrolled, TxError> {
         tx!(self, |tx| tokens::join_enrolled(
-            &tx, j, ek_sha256, ek_ca, boot_id, issue, seal
+            &tx,
+            j,
+            ek_sha256,
+            ek_ca,
+            boot_id,
+            (issue, seal),
+            proves
         )
         .await)
     }

@@ -438,8 +438,8 @@ pub(super) async fn join_enrolled(
     ek_sha256: &str,
     ek_ca: Option<&str>,
     boot_id: &str,
-    issue: IssueCert,
-    seal: SealStatement,
+    (issue, seal): (IssueCert, SealStatement),
+    proves: machines::ProvesMachine,
 ) -> Result<Enrolled, TxError> {
     let now = now(tx).await?;
     let bound = bound_node(tx, ek_sha256).await?;
@@ -466,6 +466,26 @@ pub(super) async fn join_enrolled(
             node_id,
             generation,
         } => {
+            let certs: Vec<Vec<u8>> = query(
+                tx,
+                "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL",
+                &[&node_id],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+            if !certs.iter().any(|der| proves(&node_id, der)) {
+                super::bindings::fleet_event(
+                    tx,
+                    now,
+                    machines::EK_BINDING_FORGED,
+                    &node_id,
+                    machines::EK_BINDING_FORGED_DETAIL,
+                )
+                .await?;
+                return Ok(Enrolled::Forged { node_id });
+            }
             if watch_reattest(tx, &node_id, boot_id, now).await? {
                 quarantine_node(tx, &node_id, now, seal).await?;
                 return Ok(Enrolled::Quarantined { node_id });

@@ -538,6 +538,7 @@ impl Backend for SqliteBackend {
         boot_id: &str,
         issue: IssueCert,
         seal: SealStatement,
+        proves: crate::machines::ProvesMachine,
     ) -> Result<Enrolled, TxError> {
         let (j, ek, ca, boot) = (
             j.clone(),
@@ -545,8 +546,10 @@ impl Backend for SqliteBackend {
             ek_ca.map(str::to_string),
             boot_id.to_string(),
         );
-        self.write(move |c| tokens::join_enrolled(c, &j, &ek, ca.as_deref(), &boot, issue, seal))
-            .await
+        self.write(move |c| {
+            tokens::join_enrolled(c, &j, &ek, ca.as_deref(), &boot, (issue, seal), proves)
+        })
+        .await
     }
 
     async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {

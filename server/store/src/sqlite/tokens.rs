@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{Kept, ms, now};
 use crate::clones;
 use crate::error::{StoreError, TxError};
-use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
+use crate::machines::{self, BoundNode, Enrolled, ProvesMachine, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
@@ -369,8 +369,8 @@ pub(super) fn join_enrolled(
     ek_sha256: &str,
     ek_ca: Option<&str>,
     boot_id: &str,
-    issue: IssueCert,
-    seal: SealStatement,
+    (issue, seal): (IssueCert, SealStatement),
+    proves: ProvesMachine,
 ) -> Result<Enrolled, TxError> {
     let now = now(c)?;
     let bound = bound_node(c, ek_sha256)?;
@@ -394,6 +394,22 @@ pub(super) fn join_enrolled(
             node_id,
             generation,
         } => {
+            let certs: Vec<Vec<u8>> = c
+                .prepare_cached(
+                    "SELECT der FROM node_certs WHERE node_id = ?1 AND der IS NOT NULL",
+                )?
+                .query_map([&node_id], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            if !certs.iter().any(|der| proves(&node_id, der)) {
+                super::bindings::fleet_event(
+                    c,
+                    now,
+                    machines::EK_BINDING_FORGED,
+                    &node_id,
+                    machines::EK_BINDING_FORGED_DETAIL,
+                )?;
+                return Ok(Enrolled::Forged { node_id });
+            }
             if watch_reattest(c, &node_id, boot_id, now)? {
                 quarantine_node(c, &node_id, now, seal)?;
                 return Ok(Enrolled::Quarantined { node_id });

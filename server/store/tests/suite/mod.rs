@@ -331,6 +331,7 @@ macro_rules! store_suite {
             reenrol::re_enrolment_keeps_the_node_and_revokes_its_earlier_certificates,
             reenrol::refused_proofs_change_nothing_and_spend_nothing,
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
+            reenrol::a_rewritten_ek_binding_reclaims_nothing,
             reenrol::racing_first_attested_joins_of_one_ek_make_one_node,
             reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,
             reenrol::enrolled_machines_join_with_no_token,

@@ -396,6 +396,7 @@ async fn reattest(
         boot,
         Box::new(move |_, _| Ok(fake_cert(cert))),
         no_seal(),
+        Box::new(|_, _| true),
     )
     .await
 }
@@ -405,6 +406,76 @@ async fn tokenless(s: &Store, ek: &str, ca: Option<&str>, cert: u8) -> Result<Jo
     match reattest(s, ek, ca, &format!("boot-{cert}"), cert).await? {
         Enrolled::Joined(j) => Ok(j),
         Enrolled::Quarantined { node_id } => panic!("node {node_id} quarantined"),
+        Enrolled::Forged { node_id } => panic!("node {node_id}: binding forged"),
+    }
+}
+
+/// A join with no token by EK `ek`, whose certificates `proves` judges.
+async fn enrolled_by(
+    s: &Store,
+    ek: &str,
+    proves: bc_store::machines::ProvesMachine,
+    cert: u8,
+) -> Result<Enrolled, TxError> {
+    s.join_enrolled(
+        &join_input("", "h"),
+        ek,
+        None,
+        "boot-x",
+        Box::new(move |_, _| Ok(fake_cert(cert))),
+        no_seal(),
+        proves,
+    )
+    .await
+}
+
+/// Whoever can write the store rebinds a node to the EK of a TPM of its
+/// own. The reclaim asks for a certificate of the node naming the attested
+/// machine (the join service checks what the fleet CA signed): none does,
+/// so the join is recorded and reclaims nothing.
+pub async fn a_rewritten_ek_binding_reclaims_nothing(f: Fixture) {
+    use bc_store::machines::{EK_BINDING_FORGED, NewEnrolment};
+    let s = &f.store;
+    let (ours, theirs) = (ek_hash(0xa1), ek_hash(0xa2));
+    s.enrol_machine(&NewEnrolment::ek(&ours, "", "").unwrap())
+        .await
+        .unwrap();
+    let node = tokenless(s, &ours, None, 1).await.unwrap().node_id;
+    // The machine's own certificate is fake_cert(1): only it proves the
+    // machine.
+    let proves = || -> bc_store::machines::ProvesMachine {
+        Box::new(|_, der| der == fake_cert(1).der.as_slice())
+    };
+    f.tamper(&format!(
+        "UPDATE nodes SET ek_sha256 = '{theirs}' WHERE id = '{node}'"
+    ))
+    .await;
+    match enrolled_by(s, &theirs, Box::new(|_, _| false), 9)
+        .await
+        .unwrap()
+    {
+        Enrolled::Forged { node_id } => assert_eq!(node_id, node),
+        Enrolled::Joined(j) => panic!("the rebinding reclaimed {}", j.node_id),
+        Enrolled::Quarantined { node_id } => panic!("quarantined {node_id}"),
+    }
+    let events = s.fleet_events(&node, 10).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with(EK_BINDING_FORGED)),
+        "{events:?}"
+    );
+    // The node is as it was: its own machine, bound back, reclaims it.
+    f.tamper(&format!(
+        "UPDATE nodes SET ek_sha256 = '{ours}' WHERE id = '{node}'"
+    ))
+    .await;
+    match enrolled_by(s, &ours, proves(), 2).await.unwrap() {
+        Enrolled::Joined(j) => {
+            assert_eq!(
+                (j.node_id.as_str(), j.identity_generation),
+                (node.as_str(), 2)
+            )
+        }
+        _ => panic!("the node's own machine did not reclaim it"),
     }
 }
 
@@ -577,6 +648,7 @@ pub async fn machines_alternating_on_one_tpm_identity_are_quarantined(f: Fixture
     let node_id = match outcomes.last().unwrap() {
         Enrolled::Quarantined { node_id } => node_id.clone(),
         Enrolled::Joined(j) => panic!("not quarantined: generation {}", j.identity_generation),
+        Enrolled::Forged { node_id } => panic!("node {node_id}: binding forged"),
     };
     assert!(
         outcomes[..5]
