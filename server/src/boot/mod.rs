@@ -121,6 +121,9 @@ type Reply = crate::http::bounded::Reply;
 /// pace (no overall time limit).
 pub const LIMITS: crate::http::bounded::Limits = crate::http::bounded::Limits {
     max_connections: 256,
+    // A machine's firmware and iPXE use a few; a rack behind one NAT
+    // address shares these.
+    max_per_address: 32,
     head_timeout: std::time::Duration::from_secs(10),
     max_head: 8192,
     connection_limit: None,

@@ -23,6 +23,10 @@ use tracing::{debug, warn};
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_connections: usize,
+    /// From one source address (an IPv6 address with its /64:
+    /// `bcd_proto::tls::PerAddress`), so a flood from one address leaves
+    /// room for everyone else.
+    pub max_per_address: usize,
     pub head_timeout: Duration,
     pub max_head: usize,
     /// `None`: a connection may live as long as it moves requests (the boot
@@ -54,6 +58,9 @@ pub type Handler = Arc<
 /// dropped; `what` names the listener in logs.
 pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, handler: Handler) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let addresses = Arc::new(std::sync::Mutex::new(bcd_proto::tls::PerAddress::new(
+        limits.max_per_address,
+    )));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -62,6 +69,11 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let Some(from) = AddressSlot::take(&addresses, peer.ip()) else {
+            debug!(%peer, "{what}: its address is at its connection limit; closed");
+            drop(stream);
+            continue;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             debug!(%peer, "{what}: at its connection limit; closed");
@@ -93,7 +105,36 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
                 debug!(%peer, error = %e, "{what}: connection ended");
             }
             drop(slot);
+            drop(from);
         });
+    }
+}
+
+/// A connection's place in its address's count, given back when dropped.
+struct AddressSlot {
+    remote: std::net::IpAddr,
+    table: Arc<std::sync::Mutex<bcd_proto::tls::PerAddress>>,
+}
+
+impl AddressSlot {
+    fn take(
+        table: &Arc<std::sync::Mutex<bcd_proto::tls::PerAddress>>,
+        remote: std::net::IpAddr,
+    ) -> Option<AddressSlot> {
+        let admitted = table.lock().unwrap_or_else(|p| p.into_inner()).open(remote);
+        admitted.then(|| AddressSlot {
+            remote,
+            table: table.clone(),
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        self.table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .close(self.remote);
     }
 }
 
@@ -132,6 +173,7 @@ mod tests {
     async fn stalled_and_surplus_clients_cannot_pin_it() {
         let limits = Limits {
             max_connections: 4,
+            max_per_address: 4,
             head_timeout: Duration::from_millis(300),
             max_head: 8192,
             connection_limit: None,
@@ -173,11 +215,65 @@ mod tests {
         assert!(n.is_ok() && out.starts_with(b"HTTP/1.1 200 OK"), "{out:?}");
     }
 
+    /// A connection from `local` (another loopback address), answered?
+    async fn answered_from(addr: SocketAddr, local: &str) -> bool {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{local}:0").parse().unwrap()).unwrap();
+        let Ok(mut s) = socket.connect(addr).await else {
+            return false;
+        };
+        if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out.starts_with("HTTP/1.1 200 OK")
+    }
+
+    /// Stalled heads from one address fill only that address's share: its
+    /// next connection is closed unanswered, another address is answered
+    /// at once.
+    #[tokio::test]
+    async fn a_flood_from_one_address_leaves_room_for_the_others() {
+        let limits = Limits {
+            max_connections: 16,
+            max_per_address: 4,
+            head_timeout: Duration::from_secs(30),
+            max_head: 8192,
+            connection_limit: None,
+        };
+        let addr = start(limits).await;
+        let mut stalled = Vec::new();
+        for _ in 0..10 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let mut s = socket.connect(addr).await.unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await;
+            stalled.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !answered_from(addr, "127.0.0.1").await,
+            "the flooder got in"
+        );
+        let start = std::time::Instant::now();
+        assert!(
+            answered_from(addr, "127.0.0.2").await,
+            "another address shut out"
+        );
+        assert!(start.elapsed() < Duration::from_secs(1));
+        drop(stalled);
+    }
+
     /// With a connection limit, even a busy connection ends at it.
     #[tokio::test]
     async fn a_connection_limit_ends_every_connection() {
         let addr = start(Limits {
             max_connections: 4,
+            max_per_address: 4,
             head_timeout: Duration::from_secs(10),
             max_head: 8192,
             connection_limit: Some(Duration::from_millis(300)),

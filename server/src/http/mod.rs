@@ -34,6 +34,9 @@ use ready::Readiness;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9465";
 /// Connections served at once; more are closed as they are accepted.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// Connections from one address at once (a prober, a scraper).
+pub const MAX_PER_ADDRESS: usize = 16;
 /// A request head must arrive within this.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most a request head may take (hyper's smallest buffer).
@@ -118,6 +121,7 @@ pub async fn serve(listener: TcpListener, observed: Observed) {
     }
     let limits = bounded::Limits {
         max_connections: MAX_CONNECTIONS,
+        max_per_address: MAX_PER_ADDRESS,
         head_timeout: HEAD_TIMEOUT,
         max_head: MAX_HEAD,
         connection_limit: Some(CONNECTION_LIMIT),
