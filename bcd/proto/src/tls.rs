@@ -666,13 +666,15 @@ mod accept {
     /// One connection's place in a [`PerAddress`] table, given back when
     /// the connection is dropped.
     #[derive(Debug)]
-    struct AddressSlot {
+    pub struct AddressSlot {
         remote: std::net::IpAddr,
         table: Arc<std::sync::Mutex<PerAddress>>,
     }
 
     impl AddressSlot {
-        fn take(
+        /// A place for a connection from `remote`; `None` when its address
+        /// is at the cap.
+        pub fn take(
             table: &Arc<std::sync::Mutex<PerAddress>>,
             remote: std::net::IpAddr,
         ) -> Option<AddressSlot> {

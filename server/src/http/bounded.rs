@@ -70,7 +70,7 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
                 continue;
             }
         };
-        let Some(from) = AddressSlot::take(&addresses, peer.ip()) else {
+        let Some(from) = bcd_proto::tls::AddressSlot::take(&addresses, peer.ip()) else {
             debug!(%peer, "{what}: its address is at its connection limit; closed");
             drop(stream);
             continue;
@@ -110,34 +110,6 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
     }
 }
 
-/// A connection's place in its address's count, given back when dropped.
-struct AddressSlot {
-    remote: std::net::IpAddr,
-    table: Arc<std::sync::Mutex<bcd_proto::tls::PerAddress>>,
-}
-
-impl AddressSlot {
-    fn take(
-        table: &Arc<std::sync::Mutex<bcd_proto::tls::PerAddress>>,
-        remote: std::net::IpAddr,
-    ) -> Option<AddressSlot> {
-        let admitted = table.lock().unwrap_or_else(|p| p.into_inner()).open(remote);
-        admitted.then(|| AddressSlot {
-            remote,
-            table: table.clone(),
-        })
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        self.table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .close(self.remote);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,16 +126,7 @@ mod tests {
     }
 
     async fn answered(addr: SocketAddr) -> bool {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        if s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out).await;
-        out.starts_with("HTTP/1.1 200 OK")
+        answered_from(addr, "127.0.0.1").await
     }
 
     /// Stalled heads hold every slot: a surplus client is closed at once,
