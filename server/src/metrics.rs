@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bc_store::Store;
+use bc_store::GatewayStore;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -297,7 +297,7 @@ impl ServerMetrics {
 
 /// Reads the command counts every [`COMMANDS_EVERY`] for as long as it
 /// runs (one cheap grouped read, whatever the scrape rate).
-pub async fn refresh_commands(store: Store, metrics: Arc<ServerMetrics>) {
+pub async fn refresh_commands(store: GatewayStore, metrics: Arc<ServerMetrics>) {
     let mut tick = tokio::time::interval(COMMANDS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bc_store::liveness::LivenessRules;
-use bc_store::{Location, Store, SystemClock};
+use bc_store::{GatewayStore, Location, Store, SystemClock};
 use bcd_proto::tls;
 use bcd_proto::v1::{
     admin_server::AdminServer, gateway_server::GatewayServer,
@@ -79,9 +79,11 @@ pub enum Role {
     Gateway { credential: PathBuf },
 }
 
-/// The keys this process holds: all of them, or none.
+/// The keys this process holds: all of them (and the whole store), or
+/// none (and the store as a gateway sees it).
 enum Keys {
     Held {
+        store: Store,
         ca: Arc<Ca>,
         worker_key: Arc<ring::signature::Ed25519KeyPair>,
     },
@@ -124,6 +126,14 @@ pub fn store_location(data_dir: &Path, store: Option<&str>) -> Location {
 pub async fn open_store(location: &Location) -> anyhow::Result<Store> {
     // The location shows without its address: errors never carry one.
     Store::open(location, Arc::new(SystemClock))
+        .await
+        .with_context(|| format!("cannot open {location}"))
+}
+
+/// Opens the store as a gateway: as it is (only the key holder creates
+/// and migrates it), at this binary's schema version.
+pub async fn open_gateway_store(location: &Location) -> anyhow::Result<GatewayStore> {
+    GatewayStore::open(location, Arc::new(SystemClock))
         .await
         .with_context(|| format!("cannot open {location}"))
 }
@@ -179,9 +189,18 @@ pub async fn serve(
             },
         )));
     }
-    let store = open_store(&opts.store).await?;
-    // The reconcile: backups whose process died while writing them fail.
-    crate::backup::reconcile(&store).await?;
+    // The key holder opens (creates, migrates) the whole store; a gateway
+    // opens it as it is, and sees only what a gateway may do.
+    let (full, store) = match &opts.role {
+        Role::All => {
+            let full = open_store(&opts.store).await?;
+            // The reconcile: backups whose process died while writing them fail.
+            crate::backup::reconcile(&full).await?;
+            let store = full.gateway();
+            (Some(full), store)
+        }
+        Role::Gateway { .. } => (None, open_gateway_store(&opts.store).await?),
+    };
     tasks.push(tokio::spawn(crate::http::ready::probe(
         store.clone(),
         Store::schema_target(&opts.store),
@@ -198,17 +217,22 @@ pub async fn serve(
     }
     // The keys, for the role that holds them; a gateway gets its serving
     // certificate for a key made in memory.
-    let keys = match &opts.role {
-        Role::All => {
+    let keys = match (&opts.role, full) {
+        (Role::All, Some(store)) => {
             let ca = Arc::new(Ca::load_or_create(&opts.data_dir, &sans, now).context("fleet CA")?);
             let worker_key = Arc::new(
                 crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
                     .context("worker signing key")?,
             );
             record_keys(&opts)?;
-            Keys::Held { ca, worker_key }
+            Keys::Held {
+                store,
+                ca,
+                worker_key,
+            }
         }
-        Role::Gateway { credential } => {
+        (Role::All, None) => unreachable!("the key holder opened the whole store"),
+        (Role::Gateway { credential }, _) => {
             let cred = GatewayCredential::read(credential)?;
             let certified =
                 credential::certify_at_start(&cred, &opts.sans, Duration::from_secs(60)).await?;
@@ -257,19 +281,23 @@ pub async fn serve(
         Some(now) => gw.clock.anchor(now),
         None => anyhow::bail!("gateway id {gateway_id} is held by another live gateway"),
     }
-    // Reconcile what a crash may have left before anything else runs.
-    let reconciled = store
-        .reconcile(&gateway_id, opts.timing.gateway_loss_grace)
-        .await
-        .context("cannot reconcile the store at start")?;
-    info!(
-        leases_removed = reconciled.leases_removed.len(),
-        derived_fixed = reconciled.derived_fixed.len(),
-        routes_to_dead_gateways = reconciled.routes_to_dead_gateways,
-        commands_held_by_away_nodes = reconciled.commands_held_by_away_nodes,
-        rollouts_running = reconciled.rollouts_running,
-        "reconciled"
-    );
+    // The key holder reconciles what a crash may have left before anything
+    // else runs (and audits it); a gateway's controllers converge the same
+    // on their first pass, under its narrower grants.
+    if let Keys::Held { store: full, .. } = &keys {
+        let reconciled = full
+            .reconcile(&gateway_id, opts.timing.gateway_loss_grace)
+            .await
+            .context("cannot reconcile the store at start")?;
+        info!(
+            leases_removed = reconciled.leases_removed.len(),
+            derived_fixed = reconciled.derived_fixed.len(),
+            routes_to_dead_gateways = reconciled.routes_to_dead_gateways,
+            commands_held_by_away_nodes = reconciled.commands_held_by_away_nodes,
+            rollouts_running = reconciled.rollouts_running,
+            "reconciled"
+        );
+    }
     let rollouts = Arc::new(tokio::sync::Notify::new());
     let rules = LivenessRules {
         node_lease_ttl: opts.timing.node_lease_ttl,
@@ -301,10 +329,20 @@ pub async fn serve(
         )),
     ];
     // The controllers that sign run where the worker key is.
-    if let Keys::Held { worker_key, .. } = &keys {
+    if let Keys::Held {
+        worker_key,
+        store: full,
+        ..
+    } = &keys
+    {
         controllers.extend([
+            tokio::spawn(crate::controllers::run_history(
+                full.clone(),
+                leases.clone(),
+                controllers_stop.clone(),
+            )),
             tokio::spawn(crate::controllers::run_rollouts(
-                store.clone(),
+                full.clone(),
                 worker_key.clone(),
                 gw.clone(),
                 rollouts.clone(),
@@ -312,7 +350,7 @@ pub async fn serve(
                 controllers_stop.clone(),
             )),
             tokio::spawn(crate::controllers::run_specs(
-                store.clone(),
+                full.clone(),
                 worker_key.clone(),
                 gw.clone(),
                 leases,
@@ -368,7 +406,11 @@ pub async fn serve(
         .add_service(GatewayServer::new(GatewayService { state: gw.clone() }));
     let mut api = None;
     match &keys {
-        Keys::Held { ca, worker_key } => {
+        Keys::Held {
+            store,
+            ca,
+            worker_key,
+        } => {
             let mut api_sans = opts.sans.clone();
             if api_sans.is_empty() {
                 api_sans = vec!["localhost".into(), opts.api_listen.ip().to_string()];
@@ -384,7 +426,7 @@ pub async fn serve(
                 )
             })?;
             let api_addr = api_listener.local_addr()?;
-            operator_credential(&opts.data_dir, &store, &operator_ca, api_addr).await?;
+            operator_credential(&opts.data_dir, store, &operator_ca, api_addr).await?;
             let join = JoinService {
                 store: store.clone(),
                 ca: ca.clone(),

@@ -893,6 +893,12 @@ pub fn fleet() -> Fleet {
 
 /// A [`FAST`] server with a release key and the `serve` flags `extra`.
 pub fn fleet_with(extra: &[&str]) -> Fleet {
+    fleet_on(None, extra)
+}
+
+/// [`fleet_with`] on the PostgreSQL store at `store` (SQLite in its data
+/// directory with `None`).
+pub fn fleet_on(store: Option<&str>, extra: &[&str]) -> Fleet {
     let d = tempfile::tempdir().unwrap();
     let key = d.path().join("release.key");
     let out = Command::new(bin("better-compute"))
@@ -905,7 +911,12 @@ pub fn fleet_with(extra: &[&str]) -> Fleet {
     let mut args = FAST.to_vec();
     args.extend(["--release-pubkey", public.trim()]);
     args.extend(extra);
-    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let dir = d.path().join("server");
+    let server = match store {
+        Some(url) => Server::start_postgres(&dir, url, &args),
+        None => Server::start(&dir, &args),
+    }
+    .unwrap();
     Fleet { d, server, key }
 }
 

@@ -17,8 +17,9 @@ use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-/// Adds a gateway credential on `server` and writes it to `out`.
-fn add_gateway(server: &Server, name: &str, out: &Path) {
+/// Adds a gateway credential on `server` and writes it to `out`; returns
+/// what it printed on stderr.
+fn add_gateway(server: &Server, name: &str, out: &Path) -> String {
     let o = server.cli(&[
         "gateways",
         "add",
@@ -29,11 +30,17 @@ fn add_gateway(server: &Server, name: &str, out: &Path) {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "gateways add: {}", stderr(&o));
+    stderr(&o)
 }
 
 /// Starts a gateway-only process in `dir` on `server`'s SQLite store.
 fn start_gateway(server: &Server, dir: &Path, credential: &Path, id: &str) -> Server {
     let store = format!("sqlite:{}", server.dir.join("store.db").display());
+    start_gateway_on(&store, dir, credential, id)
+}
+
+/// Starts a gateway-only process in `dir` on the store at `store`.
+fn start_gateway_on(store: &str, dir: &Path, credential: &Path, id: &str) -> Server {
     let mut args = FAST.to_vec();
     args.extend([
         "--role",
@@ -41,7 +48,7 @@ fn start_gateway(server: &Server, dir: &Path, credential: &Path, id: &str) -> Se
         "--credential",
         credential.to_str().unwrap(),
         "--store",
-        &store,
+        store,
         "--gateway-id",
         id,
     ]);
@@ -88,16 +95,58 @@ fn assert_keyless(dir: &Path) {
 #[test]
 fn a_gateway_from_a_keyless_directory_serves_join_commands_specs_renewal_and_an_upgrade() {
     let f = bc_tests::fleet_with(&["--node-cert-ttl", "20s"]);
+    let cred = f.d.path().join("gw-edge.json");
+    let printed = add_gateway(&f.server, "gw-edge", &cred);
+    assert!(
+        !printed.contains("CREATE ROLE"),
+        "no database role on SQLite"
+    );
+    let store = format!("sqlite:{}", f.server.dir.join("store.db").display());
+    a_keyless_gateway_serves_everything(&f, &cred, &store);
+}
+
+/// The same on PostgreSQL, the gateway connecting as the database role
+/// `gateways add` printed the SQL for: a gateway's grants only, and
+/// everything a node needs still works through it.
+#[test]
+fn a_gateway_on_postgresql_serves_everything_under_a_gateways_grants_only() {
+    let url = bc_tests::postgres_database("custody");
+    let f = bc_tests::fleet_on(Some(&url), &["--node-cert-ttl", "20s"]);
+    let cred = f.d.path().join("gw-edge.json");
+    let printed = add_gateway(&f.server, "gw-edge", &cred);
+    let sql = &printed[printed
+        .find("CREATE ROLE")
+        .expect("the role's SQL is printed")..];
+    let login = sql
+        .split('"')
+        .nth(1)
+        .expect("the login role is named")
+        .to_string();
+    let rt = runtime();
+    rt.block_on(async {
+        let config = bc_store::postgres::config(&url).unwrap();
+        let (c, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(sql).await.unwrap();
+    });
+    let gw_url = format!(
+        "{}&user={login}",
+        url.split("&user=")
+            .next()
+            .expect("the test address names its user")
+    );
+    a_keyless_gateway_serves_everything(&f, &cred, &gw_url);
+}
+
+fn a_keyless_gateway_serves_everything(f: &bc_tests::Fleet, cred: &Path, store: &str) {
     let gw_dir = f.d.path().join("gateway");
     std::fs::create_dir_all(&gw_dir).unwrap();
-    let cred = f.d.path().join("gw-edge.json");
-    add_gateway(&f.server, "gw-edge", &cred);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        std::fs::metadata(&cred).unwrap().permissions().mode() & 0o777,
+        std::fs::metadata(cred).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let gw = start_gateway(&f.server, &gw_dir, &cred, "gw-edge-1");
+    let gw = start_gateway_on(store, &gw_dir, cred, "gw-edge-1");
 
     // Join through the gateway: the token's pin is the fleet CA's, and the
     // gateway's certificate chains to it.
@@ -167,6 +216,12 @@ fn a_gateway_from_a_keyless_directory_serves_join_commands_specs_renewal_and_an_
     assert_eq!(c.state, "succeeded", "{c:?}\n{}", node.proc().log());
     assert!(c.output.contains("confirmed"), "{}", c.output);
 
+    // Nothing the gateway did was refused by the database.
+    assert!(
+        !gw.proc.log().contains("permission denied"),
+        "{}",
+        gw.proc.log()
+    );
     // The gateway held no key at any point: nothing in its directory.
     assert_keyless(&gw_dir);
     assert!(

@@ -35,6 +35,12 @@ pub async fn add(svc: &AdminService, r: AddGatewayRequest) -> Result<AddGatewayR
         .await
         .map_err(status)?;
     info!(gateway = %r.name, "gateway credential added");
+    let database_role_sql = svc
+        .store
+        .gateway_role_sql(&r.name)
+        .await
+        .map_err(unavailable)?
+        .unwrap_or_default();
     Ok(AddGatewayResponse {
         gateway: Some(GatewayInfo {
             name: r.name,
@@ -43,6 +49,7 @@ pub async fn add(svc: &AdminService, r: AddGatewayRequest) -> Result<AddGatewayR
         }),
         secret,
         ca_der: svc.ca_der.as_ref().clone(),
+        database_role_sql,
     })
 }
 

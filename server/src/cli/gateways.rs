@@ -13,7 +13,8 @@ use crate::gateway::credential::GatewayCredential;
 pub enum GatewaysCommand {
     /// Add a gateway and write its credential file (mode 0600): what
     /// `serve --role gateway --credential FILE` starts from. The secret in
-    /// it is shown once.
+    /// it is shown once. On PostgreSQL, also prints the SQL that gives the
+    /// gateway a database role of its own, with a gateway's privileges.
     Add {
         name: String,
         /// The process holding the keys, as the gateway reaches it: its
@@ -63,6 +64,13 @@ pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
                  --credential {}",
                 out.display()
             );
+            if !r.database_role_sql.is_empty() {
+                eprintln!(
+                    "on PostgreSQL, the gateway connects as a role of its own with a gateway's \
+                     privileges only; as a user who may create roles, run:\n{}",
+                    r.database_role_sql
+                );
+            }
         }
         GatewaysCommand::List { json } => {
             let r = c

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use bc_store::Store;
+use bc_store::GatewayStore;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -46,7 +46,7 @@ pub fn may_run(r: Renewal, since_last_ok: Option<Duration>, ttl: Duration) -> bo
 /// One process's hold on one controller's lease.
 #[derive(Debug)]
 pub struct Holder {
-    store: Store,
+    store: GatewayStore,
     name: String,
     owner: String,
     ttl: Duration,
@@ -56,7 +56,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn new(store: Store, controller: &str, owner: &str, ttl: Duration) -> Holder {
+    pub fn new(store: GatewayStore, controller: &str, owner: &str, ttl: Duration) -> Holder {
         Holder {
             store,
             name: lease_name(controller),

@@ -9,14 +9,14 @@
 //! several controllers (one per gateway process) agree.
 
 use bc_store::liveness::LivenessRules;
-use bc_store::{Store, StoreError};
+use bc_store::{GatewayStore, StoreError};
 use tracing::{info, warn};
 
 use crate::metrics::ServerMetrics;
 
 /// One sweep; returns whether timed transitions are held now.
 pub async fn tick(
-    store: &Store,
+    store: &GatewayStore,
     rules: &LivenessRules,
     was_held: bool,
     metrics: &ServerMetrics,

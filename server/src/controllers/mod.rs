@@ -7,7 +7,8 @@
 //!
 //! - [`liveness`]: session states on the store's clock (its rules are
 //!   `bc_store::liveness`, applied inside the sweep's transaction).
-//! - [`sweeper`]: commands still pending past their deadline.
+//! - [`sweeper`]: commands still pending past their deadline; on the key
+//!   holder only, history pruned past its limits (`run_history`).
 //! - [`rollouts`]: releases in waves.
 //! - [`specs`]: specs signed again before they expire.
 
@@ -21,8 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bc_store::Store;
 use bc_store::liveness::LivenessRules;
+use bc_store::{GatewayStore, Store};
 use tracing::warn;
 
 use crate::api::Wake;
@@ -38,7 +39,7 @@ pub struct Leases {
 /// Runs `pass` every `every` while this process holds `controller`'s
 /// lease, until `stop` fires; then gives the lease up.
 async fn under_lease<F, Fut>(
-    store: Store,
+    store: GatewayStore,
     controller: &str,
     leases: Leases,
     every: Duration,
@@ -80,7 +81,7 @@ async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
 
 /// The liveness controller, every `every`.
 pub async fn run_liveness(
-    store: Store,
+    store: GatewayStore,
     rules: LivenessRules,
     every: Duration,
     leases: Leases,
@@ -104,33 +105,45 @@ pub async fn run_liveness(
 
 /// The command sweeper, every `every`.
 pub async fn run_sweeper(
-    store: Store,
+    store: GatewayStore,
     every: Duration,
     dead_lease_after: Duration,
     leases: Leases,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = store.clone();
-    let last_prune = Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
     under_lease(store, "sweeper", leases, every, None, stop, || {
-        let (s, last_prune) = (s.clone(), last_prune.clone());
+        let s = s.clone();
         async move {
             if let Err(e) = sweeper::tick(&s, dead_lease_after).await {
                 warn!(error = %e, "sweep failed");
             }
-            let due = {
-                let mut last = last_prune.lock().unwrap_or_else(|p| p.into_inner());
-                let due = last.is_none_or(|t| t.elapsed() >= sweeper::PRUNE_EVERY);
-                if due {
-                    *last = Some(std::time::Instant::now());
-                }
-                due
-            };
-            if due && let Err(e) = sweeper::prune(&s).await {
-                warn!(error = %e, "pruning history failed");
-            }
         }
     })
+    .await
+}
+
+/// The history controller, on the key holder: every
+/// [`sweeper::PRUNE_EVERY`], the oldest security events and boot records
+/// past their limits go.
+pub async fn run_history(store: Store, leases: Leases, stop: tokio::sync::watch::Receiver<bool>) {
+    let s = store.clone();
+    under_lease(
+        store.gateway(),
+        "history",
+        leases,
+        sweeper::PRUNE_EVERY,
+        None,
+        stop,
+        || {
+            let s = s.clone();
+            async move {
+                if let Err(e) = sweeper::prune(&s).await {
+                    warn!(error = %e, "pruning history failed");
+                }
+            }
+        },
+    )
     .await
 }
 
@@ -149,7 +162,7 @@ pub async fn run_rollouts(
 ) {
     let s = store.clone();
     under_lease(
-        store,
+        store.gateway(),
         "rollouts",
         leases,
         Duration::from_secs(1),
@@ -186,18 +199,26 @@ pub async fn run_specs(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = store.clone();
-    under_lease(store, "specs", leases, SPECS_EVERY, None, stop, || {
-        let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
-        async move {
-            match specs::tick(&s, &key).await {
-                Ok(renewed) => {
-                    for n in renewed {
-                        gateway.wake(&n);
+    under_lease(
+        store.gateway(),
+        "specs",
+        leases,
+        SPECS_EVERY,
+        None,
+        stop,
+        || {
+            let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
+            async move {
+                match specs::tick(&s, &key).await {
+                    Ok(renewed) => {
+                        for n in renewed {
+                            gateway.wake(&n);
+                        }
                     }
+                    Err(e) => warn!(error = %e, "spec signing pass failed"),
                 }
-                Err(e) => warn!(error = %e, "spec signing pass failed"),
             }
-        }
-    })
+        },
+    )
     .await
 }

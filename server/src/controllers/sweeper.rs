@@ -7,11 +7,14 @@
 use std::time::Duration;
 
 use bc_store::reconcile::HistoryLimits;
-use bc_store::{Store, StoreError};
+use bc_store::{GatewayStore, Store, StoreError};
 use tracing::info;
 
 /// One sweep; returns the commands it expired.
-pub async fn tick(store: &Store, dead_lease_after: Duration) -> Result<Vec<String>, StoreError> {
+pub async fn tick(
+    store: &GatewayStore,
+    dead_lease_after: Duration,
+) -> Result<Vec<String>, StoreError> {
     let expired = store.sweep_commands().await?;
     for id in &expired {
         info!(cmd = %id, "command expired before dispatch");
@@ -22,10 +25,12 @@ pub async fn tick(store: &Store, dead_lease_after: Duration) -> Result<Vec<Strin
     Ok(expired)
 }
 
-/// How often the sweeper prunes history where peers add rows.
+/// How often the history controller prunes history where peers add rows.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-/// Removes the oldest security events and boot records past the limits.
+/// Removes the oldest security events and boot records past the limits:
+/// the key holder's work (the history controller), never a gateway's,
+/// whose database role may not delete a security record.
 pub async fn prune(store: &Store) -> Result<(), StoreError> {
     let p = store.prune_history(HistoryLimits::default()).await?;
     if p.fleet_events + p.boots > 0 {

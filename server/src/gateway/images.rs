@@ -4,7 +4,7 @@
 //! no key and vouches for nothing: the node verifies the manifest against
 //! the image keys it learned at join, and both files against the manifest.
 
-use bc_store::{Refusal, Store};
+use bc_store::{GatewayStore, Refusal};
 use bcd_proto::v1::{ImageChunk, ImagePart};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -21,7 +21,7 @@ const AHEAD: usize = 2;
 /// image that is not registered is refused before the stream starts; a
 /// store failure mid-stream ends it with UNAVAILABLE.
 pub async fn stream_image(
-    store: Store,
+    store: GatewayStore,
     image_id: &str,
 ) -> Result<ReceiverStream<Result<ImageChunk, Status>>, Status> {
     if !bc_store::images::valid_sha256(image_id) {

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_store::Store;
+use bc_store::GatewayStore;
 use bc_store::sessions::SessionKey;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{NodeMessage, ServerMessage, gateway_server::Gateway};
@@ -155,7 +155,7 @@ struct LocalSession {
 /// One gateway's state, shared by its streams and its background loops.
 pub struct GatewayState {
     pub id: String,
-    pub store: Store,
+    pub store: GatewayStore,
     pub timing: Timing,
     pub clock: StoreClock,
     sessions: Mutex<HashMap<String, LocalSession>>,
@@ -190,7 +190,7 @@ impl std::fmt::Debug for GatewayState {
 impl GatewayState {
     pub fn new(
         id: String,
-        store: Store,
+        store: GatewayStore,
         timing: Timing,
         store_now_ms: i64,
         own_clock: lease::OwnClock,

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use bc_store::Store;
+use bc_store::GatewayStore;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{
     self, AttestationChallenge, AttestationRequest, FetchReleaseRequest, FetchReleaseResponse,
@@ -29,7 +29,7 @@ pub use crate::services::GatewayServices;
 #[derive(Debug, Clone)]
 pub struct NodeJoin {
     pub services: Arc<dyn GatewayServices>,
-    pub store: Store,
+    pub store: GatewayStore,
 }
 
 fn peer(r: &Request<impl Sized>) -> Option<&PeerInfo> {

@@ -3,7 +3,7 @@
 //! [`UNARY_MAX`] for nodes that predate the stream ([`whole_release`],
 //! `FetchRelease`). The signed bytes need no key to hand out.
 
-use bc_store::{Refusal, Store};
+use bc_store::{GatewayStore, Refusal};
 use bcd_proto::v1::{FetchReleaseResponse, ReleaseChunk};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -28,7 +28,7 @@ const AHEAD: usize = 2;
 /// mid-stream ends it with UNAVAILABLE, and the node resumes from what it
 /// has.
 pub async fn stream_release(
-    store: Store,
+    store: GatewayStore,
     sequence: u64,
     offset: u64,
 ) -> Result<ReceiverStream<Result<ReleaseChunk, Status>>, Status> {
@@ -111,7 +111,10 @@ where
 
 /// A release whole, for nodes that predate [`stream_release`]: refused
 /// past [`UNARY_MAX`], so one call cannot hold a large binary in memory.
-pub async fn whole_release(store: &Store, sequence: u64) -> Result<FetchReleaseResponse, Status> {
+pub async fn whole_release(
+    store: &GatewayStore,
+    sequence: u64,
+) -> Result<FetchReleaseResponse, Status> {
     let head = store
         .release_head(sequence)
         .await

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use bc_store::{Store, StoreError};
+use bc_store::StoreError;
 
 /// How often the store is probed.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -134,7 +134,7 @@ impl Readiness {
 
 /// Probes the store every [`PROBE_EVERY`] for as long as it runs: its
 /// schema version, read within [`PROBE_BOUND`], against `want`.
-pub async fn probe(store: Store, want: u32, readiness: Arc<Readiness>) {
+pub async fn probe(store: bc_store::GatewayStore, want: u32, readiness: Arc<Readiness>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

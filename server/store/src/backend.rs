@@ -40,16 +40,195 @@ use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
 };
 
+/// What a gateway may do with the store: the facts of sessions and
+/// liveness, node-signed records it hands on, and reads. A gateway-only
+/// process holds a [`crate::GatewayStore`], which offers nothing else;
+/// on PostgreSQL its database role is granted exactly what these
+/// methods write ([`crate::postgres::grants`]).
 #[async_trait]
-pub trait Backend: Send + Sync + std::fmt::Debug {
-    // ------------------------------------------------------------- core
-
+pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     /// `compute_now()`: the store's clock.
     async fn now(&self) -> Result<i64, StoreError>;
 
     /// The schema version: how many migrations the store has applied.
     async fn schema_version(&self) -> Result<u32, StoreError>;
 
+    /// The node a certificate belongs to, if it is valid now.
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError>;
+
+    /// Certificates revoked at or after `since_ms`, oldest first.
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError>;
+
+    /// The Hello transaction (see [`crate::sessions`]).
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
+
+    /// Marks each session disconnected (since it ended) if its epoch is
+    /// still the node's, in one transaction. Returns those that applied.
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError>;
+
+    /// Records when each of a gateway's sessions was last heard. Returns the
+    /// sessions that are no longer current (a newer Hello ran): the gateway
+    /// closes them.
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError>;
+
+    /// An orderly gateway stop: disconnects its remaining sessions (cause
+    /// `gateway-shutdown`) and releases its lease, together.
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError>;
+
+    /// Nodes connected through `gateway_id` with work waiting: a pending
+    /// command, or a spec changed at or after `specs_since_ms`.
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// The liveness controller's sweep (see [`crate::liveness`]).
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError>;
+
+    /// How many sessions are connected, and how many gateways hold a live
+    /// lease: what a whole fleet redialing at once would bring.
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError>;
+
+    /// Takes or renews a lease for `owner`. Returns the store's now when
+    /// the lease is held, `None` when another owner holds it unexpired.
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError>;
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+
+    /// Removes leases expired longer than `dead_after` ago (their holders
+    /// are gone); returns their names.
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError>;
+
+    /// Stores an inventory section the node signed, if it verifies
+    /// ([`crate::nodes::judge_signed`]) and names the session `epoch`, which
+    /// must be the node's current one; a forgery is recorded.
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError>;
+
+    /// Takes the node's dispatchable commands (see
+    /// [`crate::commands::dispatchable`]) for the session `epoch` on
+    /// `gateway_id`, marking them dispatched; nothing if the node is routed
+    /// elsewhere.
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError>;
+
+    /// The node acknowledged a dispatch (ACCEPTED) or reported it running,
+    /// on its session under `epoch` through `gateway_id`. Fenced: it applies
+    /// only while that session is the node's current one and the command is
+    /// in flight on it, and only forward (dispatched to acked, dispatched or
+    /// acked to running), so a zombie gateway's late or replayed ack moves
+    /// nothing.
+    async fn command_ack(
+        &self,
+        route: &crate::commands::Route,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError>;
+
+    /// Applies a result the node signed, if it verifies (a forgery is
+    /// recorded and applied nowhere): the first terminal result wins, from
+    /// any epoch. A confirmed upgrade raises the node's release floor.
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
+    ) -> Result<ResultApplied, StoreError>;
+
+    /// How many commands are in each state (only states that have some).
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// Expires pending commands past their deadline; returns them.
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError>;
+
+    /// The signed spec to send a node, with its generation.
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
+
+    /// Records a state report the node signed, if it verifies (a forgery is
+    /// recorded) and is not from an older session than the last applied.
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError>;
+
+    /// Judges a node's signed binding report (see [`crate::bindings`]).
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError>;
+
+    /// Stores a batch of a node's events (idempotently); returns the id to
+    /// acknowledge up to.
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError>;
+
+    /// A release's signed manifest and its binary's length, without
+    /// reading the binary.
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError>;
+
+    /// Up to `len` bytes (at most [`releases::MAX_CHUNK`](crate::releases::MAX_CHUNK))
+    /// of a release's binary from `offset`, reading only those bytes:
+    /// fewer at its end, none past it; `None` when no such release is
+    /// registered.
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// One image by its whole id, with its signed manifest (its
+    /// assignments not read); `None` if none has that id.
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError>;
+
+    /// At most `len` bytes (capped at `releases::MAX_CHUNK`) of an
+    /// artifact from `offset`; empty past its end, `None` for an unknown
+    /// one.
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// A release's manifest and binary, whole.
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError>;
+}
+
+/// Everything else: intent, identity and keys, what only the key holder
+/// does.
+#[async_trait]
+pub trait Backend: GatewayBackend {
     // ------------------------------------------------ tokens, operators
 
     /// Records an operator and its certificate; refused if the name is
@@ -79,6 +258,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Revokes a live credential; false if there is none by that name.
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// On PostgreSQL, what to run (as a user who may create roles) so that
+    /// gateway `name` connects as a role of its own with exactly a
+    /// gateway's privileges ([`crate::postgres::grants`]); `None` on
+    /// SQLite, where every process shares the file.
+    async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError>;
 
     /// Creates a join token; returns its expiry.
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError>;
@@ -180,12 +365,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         expired_grace_ms: i64,
     ) -> Result<Joined, TxError>;
 
-    /// The node a certificate belongs to, if it is valid now.
-    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError>;
-
-    /// Certificates revoked at or after `since_ms`, oldest first.
-    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError>;
-
     async fn list_nodes(&self) -> Result<NodeList, StoreError>;
 
     /// Deletes a node and revokes its certificates, keeping the statement
@@ -193,70 +372,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError>;
 
     // ----------------------------------------------------------- sessions
-
-    /// The Hello transaction (see [`crate::sessions`]).
-    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
-
-    /// Marks each session disconnected (since it ended) if its epoch is
-    /// still the node's, in one transaction. Returns those that applied.
-    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError>;
-
-    /// Records when each of a gateway's sessions was last heard. Returns the
-    /// sessions that are no longer current (a newer Hello ran): the gateway
-    /// closes them.
-    async fn flush_liveness(
-        &self,
-        gateway_id: &str,
-        seen: &[Seen],
-    ) -> Result<Vec<SessionKey>, StoreError>;
-
-    /// An orderly gateway stop: disconnects its remaining sessions (cause
-    /// `gateway-shutdown`) and releases its lease, together.
-    async fn gateway_shutdown(
-        &self,
-        gateway_id: &str,
-        sessions: &[SessionKey],
-    ) -> Result<(), StoreError>;
-
     async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError>;
 
     /// Nodes connected through `gateway_id`.
     async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError>;
 
-    /// Nodes connected through `gateway_id` with work waiting: a pending
-    /// command, or a spec changed at or after `specs_since_ms`.
-    async fn nodes_with_work(
-        &self,
-        gateway_id: &str,
-        specs_since_ms: i64,
-    ) -> Result<Vec<String>, StoreError>;
-
-    /// The liveness controller's sweep (see [`crate::liveness`]).
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError>;
-
-    /// How many sessions are connected, and how many gateways hold a live
-    /// lease: what a whole fleet redialing at once would bring.
-    async fn fleet_size(&self) -> Result<FleetSize, StoreError>;
-
     // ------------------------------------------------------------- leases
-
-    /// Takes or renews a lease for `owner`. Returns the store's now when
-    /// the lease is held, `None` when another owner holds it unexpired.
-    async fn renew_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<i64>, StoreError>;
-
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
-
     /// Every lease, live or expired, by name.
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
-
-    /// Removes leases expired longer than `dead_after` ago (their holders
-    /// are gone); returns their names.
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError>;
 
     /// Removes the oldest security events and boot records past `limits`.
     async fn prune_history(
@@ -264,27 +387,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         limits: crate::reconcile::HistoryLimits,
     ) -> Result<crate::reconcile::Pruned, StoreError>;
 
-    /// The reconcile every start runs (see [`crate::reconcile`]), audited
-    /// as `owner`'s.
-    async fn reconcile(
-        &self,
-        owner: &str,
-        dead_after: Duration,
-    ) -> Result<crate::reconcile::Reconciled, StoreError>;
-
     // ---------------------------------------------------------- inventory
-
-    /// Stores an inventory section the node signed, if it verifies
-    /// ([`crate::nodes::judge_signed`]) and names the session `epoch`, which
-    /// must be the node's current one; a forgery is recorded.
-    async fn put_inventory(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        section: &Signed<InventoryInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError>;
-
     async fn inventory(
         &self,
         node_id: &str,
@@ -311,46 +414,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         limit: u32,
     ) -> Result<Vec<CommandRow>, StoreError>;
 
-    /// Takes the node's dispatchable commands (see
-    /// [`crate::commands::dispatchable`]) for the session `epoch` on
-    /// `gateway_id`, marking them dispatched; nothing if the node is routed
-    /// elsewhere.
-    async fn take_dispatchable(
-        &self,
-        gateway_id: &str,
-        node_id: &str,
-        epoch: u64,
-    ) -> Result<Vec<Dispatch>, StoreError>;
-
-    /// The node acknowledged a dispatch (ACCEPTED) or reported it running,
-    /// on its session under `epoch` through `gateway_id`. Fenced: it applies
-    /// only while that session is the node's current one and the command is
-    /// in flight on it, and only forward (dispatched to acked, dispatched or
-    /// acked to running), so a zombie gateway's late or replayed ack moves
-    /// nothing.
-    async fn command_ack(
-        &self,
-        route: &crate::commands::Route,
-        id: &str,
-        running: bool,
-    ) -> Result<bool, StoreError>;
-
-    /// Applies a result the node signed, if it verifies (a forgery is
-    /// recorded and applied nowhere): the first terminal result wins, from
-    /// any epoch. A confirmed upgrade raises the node's release floor.
-    async fn command_result(
-        &self,
-        node_id: &str,
-        r: &Signed<ResultInput>,
-        verify: VerifySignature,
-    ) -> Result<ResultApplied, StoreError>;
-
-    /// How many commands are in each state (only states that have some).
-    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError>;
-
-    /// Expires pending commands past their deadline; returns them.
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError>;
-
     /// Expires a command still pending with `reason`; false if it left.
     async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError>;
 
@@ -370,34 +433,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError>;
 
-    /// The signed spec to send a node, with its generation.
-    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
-
     /// Nodes (not deleted) whose signed spec expires within `within`: the
     /// worker signs a new generation for each.
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError>;
-
-    /// Records a state report the node signed, if it verifies (a forgery is
-    /// recorded) and is not from an older session than the last applied.
-    async fn put_state_report(
-        &self,
-        node_id: &str,
-        report: &Signed<StateReportInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError>;
 
     /// Desired against applied; `None` for a node that does not exist.
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError>;
 
     // ----------------------------------------------------------- bindings
-
-    /// Judges a node's signed binding report (see [`crate::bindings`]).
-    async fn record_binding(
-        &self,
-        b: &BindingInput,
-        verify: VerifySignature,
-    ) -> Result<BindingOutcome, StoreError>;
-
     async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError>;
 
     /// A node's recent fleet events, newest first: `kind: detail`.
@@ -414,16 +457,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
 
     // ------------------------------------------------------------- events
-
-    /// Stores a batch of a node's events (idempotently); returns the id to
-    /// acknowledge up to.
-    async fn put_events(
-        &self,
-        node_id: &str,
-        journal_id: &str,
-        events: &[EventInput],
-    ) -> Result<u64, StoreError>;
-
     /// A node's events, oldest first.
     async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError>;
 
@@ -431,24 +464,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Stores a verified release; a sequence registered before is refused.
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError>;
-
-    /// A release's manifest and binary, whole.
-    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError>;
-
-    /// A release's signed manifest and its binary's length, without
-    /// reading the binary.
-    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError>;
-
-    /// Up to `len` bytes (at most [`releases::MAX_CHUNK`](crate::releases::MAX_CHUNK))
-    /// of a release's binary from `offset`, reading only those bytes:
-    /// fewer at its end, none past it; `None` when no such release is
-    /// registered.
-    async fn release_chunk(
-        &self,
-        sequence: u64,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Newest first.
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError>;
@@ -462,10 +477,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Each image's id and signed manifest, as registered.
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
-
-    /// One image by its whole id, with its signed manifest (its
-    /// assignments not read); `None` if none has that id.
-    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError>;
 
     /// An image by id, unique id prefix, or name (the latest registered of
     /// that name).
@@ -508,16 +519,6 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// An artifact's length, without reading it.
     async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError>;
-
-    /// At most `len` bytes (capped at `releases::MAX_CHUNK`) of an
-    /// artifact from `offset`; empty past its end, `None` for an unknown
-    /// one.
-    async fn image_artifact_chunk(
-        &self,
-        sha256: &str,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Records a request for a boot script; keeps the last boots of each
     /// MAC.
@@ -596,4 +597,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Blocks every writer for `duration`, as a stalled database would: the
     /// fleet simulator's store fault.
     async fn stall(&self, duration: Duration) -> Result<(), StoreError>;
+
+    /// The reconcile every start runs (see [`crate::reconcile`]), audited
+    /// as `owner`'s.
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError>;
 }

@@ -20,6 +20,14 @@ pub enum StoreError {
         "store schema version {found} is newer than this binary knows ({known}): run a newer better-compute"
     )]
     TooNew { found: u32, known: u32 },
+    /// A gateway found the store at another schema version than its own:
+    /// only the key holder migrates.
+    #[error(
+        "the store's schema is version {found} and this gateway's is {known}: only the key holder \
+         migrates: run better-compute serve (without --role gateway) of the same version first, \
+         then start this gateway"
+    )]
+    Schema { found: u32, known: u32 },
     /// There is no store where it was looked for (opened as it is).
     #[error("there is no store there yet: better-compute serve creates it")]
     Missing,

@@ -52,7 +52,7 @@ pub mod tokens;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use backend::Backend;
+pub use backend::{Backend, GatewayBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Refusal, StoreError, TxError};
 
@@ -60,6 +60,51 @@ pub use error::{Refusal, StoreError, TxError};
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
+}
+
+/// A gateway's handle on a store: only [`GatewayBackend`]'s methods, so
+/// gateway code cannot even call what writes intent, identity or keys.
+/// A gateway-only process opens one with [`GatewayStore::open`]; the key
+/// holder hands its gateway [`Store::gateway`].
+#[derive(Clone)]
+pub struct GatewayStore {
+    backend: Arc<dyn GatewayBackend>,
+}
+
+impl std::fmt::Debug for GatewayStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("GatewayStore").field(&self.backend).finish()
+    }
+}
+
+impl std::ops::Deref for GatewayStore {
+    type Target = dyn GatewayBackend;
+
+    fn deref(&self) -> &Self::Target {
+        self.backend.as_ref()
+    }
+}
+
+impl GatewayStore {
+    /// Opens the store at `location` for a gateway: nothing is created
+    /// and no migration runs (only the key holder migrates), and a store
+    /// whose schema is not the one this binary writes is refused with
+    /// what to do ([`StoreError::Schema`]).
+    pub async fn open(
+        location: &Location,
+        clock: Arc<dyn Clock>,
+    ) -> Result<GatewayStore, StoreError> {
+        let store = Store::open_existing(location, clock).await?;
+        let found = store.schema_version().await?;
+        let known = Store::schema_target(location);
+        if found > known {
+            return Err(StoreError::TooNew { found, known });
+        }
+        if found < known {
+            return Err(StoreError::Schema { found, known });
+        }
+        Ok(store.gateway())
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -71,6 +116,13 @@ impl std::fmt::Debug for Store {
 impl Store {
     pub fn new(backend: Arc<dyn Backend>) -> Store {
         Store { backend }
+    }
+
+    /// The same store, seen as a gateway sees it.
+    pub fn gateway(&self) -> GatewayStore {
+        GatewayStore {
+            backend: self.backend.clone(),
+        }
     }
 
     /// Opens (creating and migrating) the SQLite store at `path`.

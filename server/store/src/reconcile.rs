@@ -1,4 +1,4 @@
-//! What every start of the control plane reconciles (`Backend::reconcile`),
+//! What every start of the key holder reconciles (`Backend::reconcile`),
 //! in one transaction, idempotently: running it twice in a row changes
 //! nothing the second time but the audit record it leaves.
 //!

@@ -30,7 +30,10 @@
 //!   until the gateway fences itself.
 //! - Migrations: one SQL file each in `migrations/`, the same numbers as
 //!   SQLite's for the same schema, applied in order under an advisory lock,
-//!   one transaction each; `bc_schema.version` is the number applied.
+//!   one transaction each; `bc_schema.version` is the number applied. Only
+//!   the key holder migrates; then it grants the gateway group role what a
+//!   gateway may do ([`grants`]), and gateways connect as roles of that
+//!   group.
 //!
 //! Errors carry the database's message for the logs (never the connection
 //! string); peers see only that the store is unavailable.
@@ -43,6 +46,7 @@ mod commands;
 pub mod connect;
 mod events;
 mod gateways;
+pub mod grants;
 mod images;
 mod inventory;
 mod leases;
@@ -66,7 +70,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
 use crate::audit::{AuditSnapshot, Settling};
-use crate::backend::Backend;
+use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
@@ -437,6 +441,9 @@ impl PostgresBackend {
                 });
             }
             let Some(m) = MIGRATIONS.get(version as usize) else {
+                // Up to date: the gateway group role gets exactly what a
+                // gateway may do in this schema.
+                grants::apply(&tx).await?;
                 tx.commit().await?;
                 return Ok(());
             };
@@ -462,7 +469,7 @@ impl PostgresBackend {
 }
 
 #[async_trait]
-impl Backend for PostgresBackend {
+impl GatewayBackend for PostgresBackend {
     async fn now(&self) -> Result<i64, StoreError> {
         if let Some(c) = &self.clock {
             return Ok(c.now_ms());
@@ -480,6 +487,207 @@ impl Backend for PostgresBackend {
         .await)
     }
 
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
+        tx!(self, |tx| nodes::check_cert(&tx, fingerprint).await)
+    }
+
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
+        tx!(self, |tx| nodes::revoked_since(&tx, since_ms).await)
+    }
+
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+        let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
+        let _shared = fence.read().await;
+        tx!(self, |tx| sessions::hello(&tx, h).await)
+    }
+
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+        tx!(self, |tx| sessions::disconnect(&tx, ended).await)
+    }
+
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError> {
+        tx!(self, |tx| sessions::flush_liveness(&tx, gateway_id, seen)
+            .await)
+    }
+
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| sessions::gateway_shutdown(
+            &tx, gateway_id, sessions
+        )
+        .await)
+    }
+
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| sessions::nodes_with_work(
+            &tx,
+            gateway_id,
+            specs_since_ms
+        )
+        .await)
+    }
+
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
+        tx!(self, |tx| liveness::sweep(&tx, rules).await)
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        tx!(self, |tx| sessions::fleet_size(&tx).await)
+    }
+
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let fence = self.fence(name);
+        let _alone = fence.write().await;
+        tx!(self, leases, |tx| leases::renew(&tx, name, owner, ttl)
+            .await)
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let fence = self.fence(name);
+        let _alone = fence.write().await;
+        tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
+    }
+
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| reconcile::remove_dead_leases(&tx, dead_after)
+            .await)
+    }
+
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        tx!(self, |tx| inventory::put(
+            &tx, node_id, epoch, section, verify
+        )
+        .await)
+    }
+
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        tx!(self, |tx| commands::states(&tx).await)
+    }
+
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError> {
+        tx!(self, |tx| commands::take_dispatchable(
+            &tx, gateway_id, node_id, epoch
+        )
+        .await)
+    }
+
+    async fn command_ack(
+        &self,
+        route: &crate::commands::Route,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError> {
+        tx!(self, |tx| commands::ack(&tx, route, id, running).await)
+    }
+
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
+    ) -> Result<ResultApplied, StoreError> {
+        tx!(self, |tx| commands::result(&tx, node_id, r, verify).await)
+    }
+
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| commands::sweep(&tx).await)
+    }
+
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| specs::signed(&tx, node_id).await)
+    }
+
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        tx!(self, |tx| specs::put_state_report(
+            &tx, node_id, report, verify
+        )
+        .await)
+    }
+
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError> {
+        tx!(self, |tx| bindings::record(&tx, b, verify).await)
+    }
+
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError> {
+        tx!(self, |tx| events::put(&tx, node_id, journal_id, events)
+            .await)
+    }
+
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+        tx!(self, |tx| releases::head(&tx, sequence).await)
+    }
+
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        tx!(self, |tx| releases::chunk(&tx, sequence, offset, len).await)
+    }
+
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| images::get(&tx, image_id).await)
+    }
+
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        tx!(self, |tx| images::artifact_chunk(&tx, sha256, offset, len)
+            .await)
+    }
+
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+        tx!(self, |tx| releases::files(&tx, sequence).await)
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
     async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
         tx!(self, |tx| tokens::add_operator(&tx, o).await)
     }
@@ -517,6 +725,10 @@ impl Backend for PostgresBackend {
 
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         tx!(self, |tx| gateways::revoke(&tx, name).await)
+    }
+
+    async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
+        tx!(self, |tx| grants::role_sql_here(&tx, name).await.map(Some))
     }
 
     async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
@@ -607,50 +819,12 @@ impl Backend for PostgresBackend {
         .await)
     }
 
-    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
-        tx!(self, |tx| nodes::check_cert(&tx, fingerprint).await)
-    }
-
-    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
-        tx!(self, |tx| nodes::revoked_since(&tx, since_ms).await)
-    }
-
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
         tx!(self, |tx| nodes::list_nodes(&tx).await)
     }
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
         tx!(self, |tx| nodes::delete_node(&tx, node_id, seal).await)
-    }
-
-    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
-        let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
-        let _shared = fence.read().await;
-        tx!(self, |tx| sessions::hello(&tx, h).await)
-    }
-
-    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::disconnect(&tx, ended).await)
-    }
-
-    async fn flush_liveness(
-        &self,
-        gateway_id: &str,
-        seen: &[Seen],
-    ) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::flush_liveness(&tx, gateway_id, seen)
-            .await)
-    }
-
-    async fn gateway_shutdown(
-        &self,
-        gateway_id: &str,
-        sessions: &[SessionKey],
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| sessions::gateway_shutdown(
-            &tx, gateway_id, sessions
-        )
-        .await)
     }
 
     async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
@@ -661,52 +835,8 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| sessions::connected_to(&tx, gateway_id).await)
     }
 
-    async fn nodes_with_work(
-        &self,
-        gateway_id: &str,
-        specs_since_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| sessions::nodes_with_work(
-            &tx,
-            gateway_id,
-            specs_since_ms
-        )
-        .await)
-    }
-
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
-        tx!(self, |tx| liveness::sweep(&tx, rules).await)
-    }
-
-    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
-        tx!(self, |tx| sessions::fleet_size(&tx).await)
-    }
-
-    async fn renew_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        let fence = self.fence(name);
-        let _alone = fence.write().await;
-        tx!(self, leases, |tx| leases::renew(&tx, name, owner, ttl)
-            .await)
-    }
-
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        let fence = self.fence(name);
-        let _alone = fence.write().await;
-        tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
-    }
-
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
         tx!(self, |tx| leases::list(&tx).await)
-    }
-
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| reconcile::remove_dead_leases(&tx, dead_after)
-            .await)
     }
 
     async fn prune_history(
@@ -714,27 +844,6 @@ impl Backend for PostgresBackend {
         limits: crate::reconcile::HistoryLimits,
     ) -> Result<crate::reconcile::Pruned, StoreError> {
         tx!(self, |tx| reconcile::prune_history(&tx, limits).await)
-    }
-
-    async fn reconcile(
-        &self,
-        owner: &str,
-        dead_after: Duration,
-    ) -> Result<crate::reconcile::Reconciled, StoreError> {
-        tx!(self, |tx| reconcile::run(&tx, owner, dead_after).await)
-    }
-
-    async fn put_inventory(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        section: &Signed<InventoryInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        tx!(self, |tx| inventory::put(
-            &tx, node_id, epoch, section, verify
-        )
-        .await)
     }
 
     async fn inventory(
@@ -757,50 +866,12 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| commands::row(&tx, id).await)
     }
 
-    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        tx!(self, |tx| commands::states(&tx).await)
-    }
-
     async fn list_commands(
         &self,
         node_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<CommandRow>, StoreError> {
         tx!(self, |tx| commands::list(&tx, node_id, limit).await)
-    }
-
-    async fn take_dispatchable(
-        &self,
-        gateway_id: &str,
-        node_id: &str,
-        epoch: u64,
-    ) -> Result<Vec<Dispatch>, StoreError> {
-        tx!(self, |tx| commands::take_dispatchable(
-            &tx, gateway_id, node_id, epoch
-        )
-        .await)
-    }
-
-    async fn command_ack(
-        &self,
-        route: &crate::commands::Route,
-        id: &str,
-        running: bool,
-    ) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::ack(&tx, route, id, running).await)
-    }
-
-    async fn command_result(
-        &self,
-        node_id: &str,
-        r: &Signed<ResultInput>,
-        verify: VerifySignature,
-    ) -> Result<ResultApplied, StoreError> {
-        tx!(self, |tx| commands::result(&tx, node_id, r, verify).await)
-    }
-
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::sweep(&tx).await)
     }
 
     async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
@@ -820,36 +891,12 @@ impl Backend for PostgresBackend {
         updated?.map_err(TxError::from)
     }
 
-    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| specs::signed(&tx, node_id).await)
-    }
-
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| specs::expiring(&tx, within).await)
     }
 
-    async fn put_state_report(
-        &self,
-        node_id: &str,
-        report: &Signed<StateReportInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        tx!(self, |tx| specs::put_state_report(
-            &tx, node_id, report, verify
-        )
-        .await)
-    }
-
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
         tx!(self, |tx| specs::view(&tx, node_id).await)
-    }
-
-    async fn record_binding(
-        &self,
-        b: &BindingInput,
-        verify: VerifySignature,
-    ) -> Result<BindingOutcome, StoreError> {
-        tx!(self, |tx| bindings::record(&tx, b, verify).await)
     }
 
     async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
@@ -874,39 +921,12 @@ impl Backend for PostgresBackend {
         .await)
     }
 
-    async fn put_events(
-        &self,
-        node_id: &str,
-        journal_id: &str,
-        events: &[EventInput],
-    ) -> Result<u64, StoreError> {
-        tx!(self, |tx| events::put(&tx, node_id, journal_id, events)
-            .await)
-    }
-
     async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
         tx!(self, |tx| events::list(&tx, node_id).await)
     }
 
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
         tx!(self, |tx| releases::register(&tx, r).await)
-    }
-
-    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-        tx!(self, |tx| releases::files(&tx, sequence).await)
-    }
-
-    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
-        tx!(self, |tx| releases::head(&tx, sequence).await)
-    }
-
-    async fn release_chunk(
-        &self,
-        sequence: u64,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| releases::chunk(&tx, sequence, offset, len).await)
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
@@ -923,10 +943,6 @@ impl Backend for PostgresBackend {
 
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         tx!(self, |tx| images::manifests(&tx).await)
-    }
-
-    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| images::get(&tx, image_id).await)
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
@@ -976,16 +992,6 @@ impl Backend for PostgresBackend {
 
     async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
         tx!(self, |tx| images::artifact_size(&tx, sha256).await)
-    }
-
-    async fn image_artifact_chunk(
-        &self,
-        sha256: &str,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| images::artifact_chunk(&tx, sha256, offset, len)
-            .await)
     }
 
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
@@ -1086,5 +1092,13 @@ impl Backend for PostgresBackend {
 
     async fn stall(&self, duration: Duration) -> Result<(), StoreError> {
         tx!(self, |tx| audit::stall(&tx, duration).await)
+    }
+
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError> {
+        tx!(self, |tx| reconcile::run(&tx, owner, dead_after).await)
     }
 }

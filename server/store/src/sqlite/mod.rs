@@ -49,7 +49,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::audit::{AuditSnapshot, Settling};
-use crate::backend::Backend;
+use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
@@ -433,7 +433,7 @@ impl SqliteBackend {
 }
 
 #[async_trait]
-impl Backend for SqliteBackend {
+impl GatewayBackend for SqliteBackend {
     async fn now(&self) -> Result<i64, StoreError> {
         Ok(self.clock.now_ms())
     }
@@ -442,6 +442,217 @@ impl Backend for SqliteBackend {
         self.read(|c| Ok(user_version(c)?)).await
     }
 
+    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
+        let fp = fingerprint.to_string();
+        self.read(move |c| nodes::check_cert(c, &fp)).await
+    }
+
+    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
+        self.read(move |c| nodes::revoked_since(c, since_ms)).await
+    }
+
+    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
+        let h = h.clone();
+        self.write(move |c| sessions::hello(c, &h)).await
+    }
+
+    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
+        let ended = ended.to_vec();
+        self.write(move |c| sessions::disconnect(c, &ended)).await
+    }
+
+    async fn flush_liveness(
+        &self,
+        gateway_id: &str,
+        seen: &[Seen],
+    ) -> Result<Vec<SessionKey>, StoreError> {
+        let (gw, seen) = (gateway_id.to_string(), seen.to_vec());
+        self.write(move |c| sessions::flush_liveness(c, &gw, &seen))
+            .await
+    }
+
+    async fn gateway_shutdown(
+        &self,
+        gateway_id: &str,
+        sessions: &[SessionKey],
+    ) -> Result<(), StoreError> {
+        let (gw, mine) = (gateway_id.to_string(), sessions.to_vec());
+        self.write(move |c| sessions::gateway_shutdown(c, &gw, &mine))
+            .await
+    }
+
+    async fn nodes_with_work(
+        &self,
+        gateway_id: &str,
+        specs_since_ms: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let gw = gateway_id.to_string();
+        self.read(move |c| sessions::nodes_with_work(c, &gw, specs_since_ms))
+            .await
+    }
+
+    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
+        let rules = *rules;
+        self.write(move |c| liveness::sweep(c, &rules)).await
+    }
+
+    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
+        self.read(sessions::fleet_size).await
+    }
+
+    async fn renew_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let (name, owner) = (name.to_string(), owner.to_string());
+        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
+            leases::renew(c, &name, &owner, ttl)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let (name, owner) = (name.to_string(), owner.to_string());
+        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
+            leases::release(c, &name, &owner)
+        })
+        .await
+    }
+
+    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
+        self.write(move |c| reconcile::remove_dead_leases(c, dead_after))
+            .await
+    }
+
+    async fn put_inventory(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        section: &Signed<InventoryInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        let (node, section) = (node_id.to_string(), section.clone());
+        self.write(move |c| inventory::put(c, &node, epoch, &section, verify))
+            .await
+    }
+
+    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.read(commands::states).await
+    }
+
+    async fn take_dispatchable(
+        &self,
+        gateway_id: &str,
+        node_id: &str,
+        epoch: u64,
+    ) -> Result<Vec<Dispatch>, StoreError> {
+        let (gw, node) = (gateway_id.to_string(), node_id.to_string());
+        self.write(move |c| commands::take_dispatchable(c, &gw, &node, epoch))
+            .await
+    }
+
+    async fn command_ack(
+        &self,
+        route: &crate::commands::Route,
+        id: &str,
+        running: bool,
+    ) -> Result<bool, StoreError> {
+        let (route, id) = (route.clone(), id.to_string());
+        self.write(move |c| commands::ack(c, &route, &id, running))
+            .await
+    }
+
+    async fn command_result(
+        &self,
+        node_id: &str,
+        r: &Signed<ResultInput>,
+        verify: VerifySignature,
+    ) -> Result<ResultApplied, StoreError> {
+        let (node, r) = (node_id.to_string(), r.clone());
+        self.write(move |c| commands::result(c, &node, &r, verify))
+            .await
+    }
+
+    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
+        self.write(commands::sweep).await
+    }
+
+    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| specs::signed(c, &node)).await
+    }
+
+    async fn put_state_report(
+        &self,
+        node_id: &str,
+        report: &Signed<StateReportInput>,
+        verify: VerifySignature,
+    ) -> Result<FactApplied, StoreError> {
+        let (node, report) = (node_id.to_string(), report.clone());
+        self.write(move |c| specs::put_state_report(c, &node, &report, verify))
+            .await
+    }
+
+    async fn record_binding(
+        &self,
+        b: &BindingInput,
+        verify: VerifySignature,
+    ) -> Result<BindingOutcome, StoreError> {
+        let b = b.clone();
+        self.write(move |c| bindings::record(c, &b, verify)).await
+    }
+
+    async fn put_events(
+        &self,
+        node_id: &str,
+        journal_id: &str,
+        events: &[EventInput],
+    ) -> Result<u64, StoreError> {
+        let (node, journal, events) =
+            (node_id.to_string(), journal_id.to_string(), events.to_vec());
+        self.write(move |c| events::put(c, &node, &journal, &events))
+            .await
+    }
+
+    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+        self.read(move |c| releases::head(c, sequence)).await
+    }
+
+    async fn release_chunk(
+        &self,
+        sequence: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(move |c| releases::chunk(c, sequence, offset, len))
+            .await
+    }
+
+    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
+        let id = image_id.to_string();
+        self.read(move |c| images::get(c, &id)).await
+    }
+
+    async fn image_artifact_chunk(
+        &self,
+        sha256: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let sha = sha256.to_string();
+        self.read(move |c| images::artifact_chunk(c, &sha, offset, len))
+            .await
+    }
+
+    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+        self.read(move |c| releases::files(c, sequence)).await
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
     async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
         let o = o.clone();
         self.write(move |c| tokens::add_operator(c, &o)).await
@@ -485,6 +696,10 @@ impl Backend for SqliteBackend {
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_string();
         self.write(move |c| gateways::revoke(c, &name)).await
+    }
+
+    async fn gateway_role_sql(&self, _name: &str) -> Result<Option<String>, StoreError> {
+        Ok(None)
     }
 
     async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
@@ -577,15 +792,6 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
-        let fp = fingerprint.to_string();
-        self.read(move |c| nodes::check_cert(c, &fp)).await
-    }
-
-    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
-        self.read(move |c| nodes::revoked_since(c, since_ms)).await
-    }
-
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
         self.read(nodes::list_nodes).await
     }
@@ -593,36 +799,6 @@ impl Backend for SqliteBackend {
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
         let node = node_id.to_string();
         self.write(move |c| nodes::delete_node(c, &node, seal))
-            .await
-    }
-
-    async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
-        let h = h.clone();
-        self.write(move |c| sessions::hello(c, &h)).await
-    }
-
-    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
-        let ended = ended.to_vec();
-        self.write(move |c| sessions::disconnect(c, &ended)).await
-    }
-
-    async fn flush_liveness(
-        &self,
-        gateway_id: &str,
-        seen: &[Seen],
-    ) -> Result<Vec<SessionKey>, StoreError> {
-        let (gw, seen) = (gateway_id.to_string(), seen.to_vec());
-        self.write(move |c| sessions::flush_liveness(c, &gw, &seen))
-            .await
-    }
-
-    async fn gateway_shutdown(
-        &self,
-        gateway_id: &str,
-        sessions: &[SessionKey],
-    ) -> Result<(), StoreError> {
-        let (gw, mine) = (gateway_id.to_string(), sessions.to_vec());
-        self.write(move |c| sessions::gateway_shutdown(c, &gw, &mine))
             .await
     }
 
@@ -636,53 +812,8 @@ impl Backend for SqliteBackend {
         self.read(move |c| sessions::connected_to(c, &gw)).await
     }
 
-    async fn nodes_with_work(
-        &self,
-        gateway_id: &str,
-        specs_since_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        let gw = gateway_id.to_string();
-        self.read(move |c| sessions::nodes_with_work(c, &gw, specs_since_ms))
-            .await
-    }
-
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
-        let rules = *rules;
-        self.write(move |c| liveness::sweep(c, &rules)).await
-    }
-
-    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
-        self.read(sessions::fleet_size).await
-    }
-
-    async fn renew_lease(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        let (name, owner) = (name.to_string(), owner.to_string());
-        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            leases::renew(c, &name, &owner, ttl)
-        })
-        .await
-    }
-
-    async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        let (name, owner) = (name.to_string(), owner.to_string());
-        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            leases::release(c, &name, &owner)
-        })
-        .await
-    }
-
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
         self.read(leases::list).await
-    }
-
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
-        self.write(move |c| reconcile::remove_dead_leases(c, dead_after))
-            .await
     }
 
     async fn prune_history(
@@ -690,28 +821,6 @@ impl Backend for SqliteBackend {
         limits: crate::reconcile::HistoryLimits,
     ) -> Result<crate::reconcile::Pruned, StoreError> {
         self.write(move |c| reconcile::prune_history(c, limits))
-            .await
-    }
-
-    async fn reconcile(
-        &self,
-        owner: &str,
-        dead_after: Duration,
-    ) -> Result<crate::reconcile::Reconciled, StoreError> {
-        let owner = owner.to_string();
-        self.write(move |c| reconcile::run(c, &owner, dead_after))
-            .await
-    }
-
-    async fn put_inventory(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        section: &Signed<InventoryInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        let (node, section) = (node_id.to_string(), section.clone());
-        self.write(move |c| inventory::put(c, &node, epoch, &section, verify))
             .await
     }
 
@@ -738,10 +847,6 @@ impl Backend for SqliteBackend {
         self.read(move |c| Ok(commands::row(c, &id)?)).await
     }
 
-    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        self.read(commands::states).await
-    }
-
     async fn list_commands(
         &self,
         node_id: Option<&str>,
@@ -750,43 +855,6 @@ impl Backend for SqliteBackend {
         let node = node_id.map(str::to_string);
         self.read(move |c| commands::list(c, node.as_deref(), limit))
             .await
-    }
-
-    async fn take_dispatchable(
-        &self,
-        gateway_id: &str,
-        node_id: &str,
-        epoch: u64,
-    ) -> Result<Vec<Dispatch>, StoreError> {
-        let (gw, node) = (gateway_id.to_string(), node_id.to_string());
-        self.write(move |c| commands::take_dispatchable(c, &gw, &node, epoch))
-            .await
-    }
-
-    async fn command_ack(
-        &self,
-        route: &crate::commands::Route,
-        id: &str,
-        running: bool,
-    ) -> Result<bool, StoreError> {
-        let (route, id) = (route.clone(), id.to_string());
-        self.write(move |c| commands::ack(c, &route, &id, running))
-            .await
-    }
-
-    async fn command_result(
-        &self,
-        node_id: &str,
-        r: &Signed<ResultInput>,
-        verify: VerifySignature,
-    ) -> Result<ResultApplied, StoreError> {
-        let (node, r) = (node_id.to_string(), r.clone());
-        self.write(move |c| commands::result(c, &node, &r, verify))
-            .await
-    }
-
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
-        self.write(commands::sweep).await
     }
 
     async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
@@ -808,38 +876,13 @@ impl Backend for SqliteBackend {
             .map_err(TxError::from)
     }
 
-    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let node = node_id.to_string();
-        self.read(move |c| specs::signed(c, &node)).await
-    }
-
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
         self.read(move |c| specs::expiring(c, within)).await
-    }
-
-    async fn put_state_report(
-        &self,
-        node_id: &str,
-        report: &Signed<StateReportInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        let (node, report) = (node_id.to_string(), report.clone());
-        self.write(move |c| specs::put_state_report(c, &node, &report, verify))
-            .await
     }
 
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
         let node = node_id.to_string();
         self.read(move |c| specs::view(c, &node)).await
-    }
-
-    async fn record_binding(
-        &self,
-        b: &BindingInput,
-        verify: VerifySignature,
-    ) -> Result<BindingOutcome, StoreError> {
-        let b = b.clone();
-        self.write(move |c| bindings::record(c, &b, verify)).await
     }
 
     async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
@@ -868,18 +911,6 @@ impl Backend for SqliteBackend {
         .await
     }
 
-    async fn put_events(
-        &self,
-        node_id: &str,
-        journal_id: &str,
-        events: &[EventInput],
-    ) -> Result<u64, StoreError> {
-        let (node, journal, events) =
-            (node_id.to_string(), journal_id.to_string(), events.to_vec());
-        self.write(move |c| events::put(c, &node, &journal, &events))
-            .await
-    }
-
     async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
         let node = node_id.to_string();
         self.read(move |c| events::list(c, &node)).await
@@ -888,24 +919,6 @@ impl Backend for SqliteBackend {
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
         let r = r.clone();
         self.write(move |c| releases::register(c, &r)).await
-    }
-
-    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-        self.read(move |c| releases::files(c, sequence)).await
-    }
-
-    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
-        self.read(move |c| releases::head(c, sequence)).await
-    }
-
-    async fn release_chunk(
-        &self,
-        sequence: u64,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.read(move |c| releases::chunk(c, sequence, offset, len))
-            .await
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
@@ -923,11 +936,6 @@ impl Backend for SqliteBackend {
 
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         self.read(images::manifests).await
-    }
-
-    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
-        let id = image_id.to_string();
-        self.read(move |c| images::get(c, &id)).await
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
@@ -984,17 +992,6 @@ impl Backend for SqliteBackend {
     async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
         let sha = sha256.to_string();
         self.read(move |c| images::artifact_size(c, &sha)).await
-    }
-
-    async fn image_artifact_chunk(
-        &self,
-        sha256: &str,
-        offset: u64,
-        len: u32,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let sha = sha256.to_string();
-        self.read(move |c| images::artifact_chunk(c, &sha, offset, len))
-            .await
     }
 
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
@@ -1120,6 +1117,16 @@ impl Backend for SqliteBackend {
         })
         .await
         .map_err(StoreError::Task)?
+    }
+
+    async fn reconcile(
+        &self,
+        owner: &str,
+        dead_after: Duration,
+    ) -> Result<crate::reconcile::Reconciled, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |c| reconcile::run(c, &owner, dead_after))
+            .await
     }
 }
 

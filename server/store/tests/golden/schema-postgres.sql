@@ -358,6 +358,8 @@ node_sessions: fillfactor=50
 audit_backup: CREATE OR REPLACE FUNCTION public.audit_backup()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -376,6 +378,8 @@ END $function$
 audit_binding: CREATE OR REPLACE FUNCTION public.audit_binding()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -400,6 +404,8 @@ $function$
 audit_floor: CREATE OR REPLACE FUNCTION public.audit_floor()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, value)
@@ -409,6 +415,8 @@ END $function$
 audit_generation: CREATE OR REPLACE FUNCTION public.audit_generation()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, value)
@@ -447,6 +455,8 @@ $function$
 audit_lease: CREATE OR REPLACE FUNCTION public.audit_lease()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -461,6 +471,8 @@ END $function$
 audit_liveness: CREATE OR REPLACE FUNCTION public.audit_liveness()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value, detail)
@@ -471,6 +483,8 @@ END $function$
 audit_result: CREATE OR REPLACE FUNCTION public.audit_result()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, epoch, detail)
@@ -482,6 +496,8 @@ END $function$
 audit_route: CREATE OR REPLACE FUNCTION public.audit_route()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO audit (at, node_id, kind, epoch, gateway_id, value)
@@ -491,6 +507,8 @@ END $function$
 audit_seal: CREATE OR REPLACE FUNCTION public.audit_seal()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     c BIGINT := audit_chain_of(NEW.node_id, NEW.gateway_id);

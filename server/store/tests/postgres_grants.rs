@@ -1,0 +1,307 @@
+//! A gateway's database role on PostgreSQL: the privileges the key holder
+//! grants the gateway group, pinned by a golden file read from the
+//! catalog, and proven by trying, as a gateway's login role, every write
+//! on every table and column of the schema: what the golden file does not
+//! grant is refused, the attacks a gateway with store access would try
+//! first (a planted certificate, a rewritten spec or EK binding, an
+//! operator made admin, a credential of its own, a trigger disabled, audit
+//! rows edited) among them.
+//!
+//! After a deliberate change to `bc_store::postgres::grants`, regenerate
+//! the golden file with `BC_UPDATE_GOLDEN=1 cargo test -p bc-store --test
+//! postgres_grants` and commit it with the change.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use bc_store::postgres::cluster::test_database;
+use bc_store::postgres::grants;
+use bc_store::{GatewayStore, Location, Store, StoreError, SystemClock};
+
+const GOLDEN: &str = "tests/golden/gateway_grants.txt";
+
+async fn client(url: &str) -> tokio_postgres::Client {
+    let config = bc_store::postgres::config(url).unwrap();
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// `url` with another user.
+fn as_user(url: &str, user: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap();
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.starts_with("user="))
+        .collect();
+    format!("{base}?{}&user={user}", rest.join("&"))
+}
+
+/// A migrated store, and a gateway login role in its group: the owner's
+/// client, the gateway's client, and the gateway's address.
+async fn store_and_gateway(
+    prefix: &str,
+) -> (
+    String,
+    tokio_postgres::Client,
+    tokio_postgres::Client,
+    String,
+) {
+    let url = test_database(prefix).await.unwrap();
+    Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let owner = client(&url).await;
+    let database: String = owner
+        .query_one("SELECT current_database()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let login = grants::login_role(&database, "edge-1");
+    let sql = grants::role_sql(
+        &database,
+        "public",
+        &grants::Group::Granted(grants::group_role(&database)),
+        "edge-1",
+    );
+    owner.batch_execute(&sql).await.unwrap();
+    let gw_url = as_user(&url, &login);
+    let gateway = client(&gw_url).await;
+    (database, owner, gateway, gw_url)
+}
+
+/// The group's privileges as the catalog holds them.
+async fn privileges(owner: &tokio_postgres::Client, group: &str) -> String {
+    let mut out = "-- privileges of the gateway group role ({database}_gateway)\n".to_string();
+    let sections = [
+        (
+            "tables and sequences",
+            "SELECT c.relname::text, string_agg(a.privilege_type, ', ' ORDER BY a.privilege_type)
+             FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.relnamespace = 'public'::regnamespace AND a.grantee = $1::text::regrole
+             GROUP BY c.relname ORDER BY 1",
+        ),
+        (
+            "columns",
+            "SELECT c.relname || '.' || t.attname,
+                    string_agg(a.privilege_type, ', ' ORDER BY a.privilege_type)
+             FROM pg_attribute t JOIN pg_class c ON c.oid = t.attrelid, aclexplode(t.attacl) a
+             WHERE c.relnamespace = 'public'::regnamespace AND a.grantee = $1::text::regrole
+             GROUP BY c.relname, t.attname ORDER BY 1",
+        ),
+        (
+            "schema",
+            "SELECT 'public', concat_ws(', ',
+                 CASE WHEN has_schema_privilege($1::text, 'public', 'USAGE') THEN 'USAGE' END,
+                 CASE WHEN has_schema_privilege($1::text, 'public', 'CREATE') THEN 'CREATE' END)",
+        ),
+        (
+            "functions running as their owner",
+            "SELECT proname::text, array_to_string(proconfig, ', ')
+             FROM pg_proc WHERE pronamespace = 'public'::regnamespace AND prosecdef
+               AND $1::text IS NOT NULL ORDER BY 1",
+        ),
+    ];
+    for (title, sql) in sections {
+        out.push_str(&format!("\n-- {title}\n"));
+        for r in owner.query(sql, &[&group]).await.unwrap() {
+            let (name, what): (String, String) = (r.get(0), r.get(1));
+            out.push_str(&format!("{name}: {what}\n"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_grants_are_pinned_by_their_golden_file() {
+    let (database, owner, _, _) = store_and_gateway("grants_golden").await;
+    let got = privileges(&owner, &grants::group_role(&database)).await;
+    if std::env::var_os("BC_UPDATE_GOLDEN").is_some() {
+        std::fs::write(GOLDEN, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(GOLDEN).unwrap_or_default();
+    assert!(
+        got == want,
+        "the gateway's database privileges changed: if that is intended, regenerate {GOLDEN} \
+         with BC_UPDATE_GOLDEN=1 and commit both\n--- got ---\n{got}"
+    );
+    // Every start grants again, from nothing: nothing stale survives.
+    owner
+        .batch_execute(&format!(
+            "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
+            grants::ident(&grants::group_role(&database))
+        ))
+        .await
+        .unwrap();
+    // The same database, opened again by the key holder.
+    let again_url = owner_url(&owner).await;
+    Store::open_postgres(&again_url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    assert_eq!(
+        privileges(&owner, &grants::group_role(&database)).await,
+        want,
+        "a key holder start leaves exactly the pinned grants"
+    );
+}
+
+/// The owner's own address, from its connection's settings.
+async fn owner_url(owner: &tokio_postgres::Client) -> String {
+    let r = owner
+        .query_one(
+            "SELECT current_database()::text, current_setting('unix_socket_directories'),
+                    current_setting('port'), current_user::text",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (db, dir, port, user): (String, String, String, String) =
+        (r.get(0), r.get(1), r.get(2), r.get(3));
+    let dir = dir.split(',').next().unwrap().trim().to_string();
+    format!("postgresql:///{db}?host={dir}&port={port}&user={user}")
+}
+
+/// Whether `sql` is refused for want of a privilege (42501).
+async fn refused(c: &tokio_postgres::Client, sql: &str) -> bool {
+    match c.batch_execute(sql).await {
+        Ok(()) => false,
+        Err(e) => {
+            let code = e.code().map(|c| c.code().to_string());
+            assert!(
+                code.as_deref() == Some("42501"),
+                "{sql}: refused for another reason: {e:?}"
+            );
+            true
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_role_is_refused_every_write_it_is_not_granted() {
+    let (database, owner, gw, _) = store_and_gateway("grants_refused").await;
+    let group = grants::group_role(&database);
+    // What the catalog grants, table-wide and by column.
+    let mut granted: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for r in owner
+        .query(
+            "SELECT c.relname::text, '', a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+               AND a.grantee = $1::text::regrole
+             UNION ALL
+             SELECT c.relname::text, t.attname::text, a.privilege_type
+             FROM pg_attribute t JOIN pg_class c ON c.oid = t.attrelid, aclexplode(t.attacl) a
+             WHERE c.relnamespace = 'public'::regnamespace AND a.grantee = $1::text::regrole",
+            &[&group],
+        )
+        .await
+        .unwrap()
+    {
+        granted.insert((r.get(0), r.get(1), r.get(2)));
+    }
+    let may = |table: &str, column: &str, what: &str| {
+        granted.contains(&(table.into(), String::new(), what.into()))
+            || granted.contains(&(table.into(), column.into(), what.into()))
+    };
+    let columns = owner
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns
+             WHERE table_schema = 'public' ORDER BY table_name, ordinal_position",
+            &[],
+        )
+        .await
+        .unwrap();
+    let tables: BTreeSet<String> = columns.iter().map(|r| r.get(0)).collect();
+    let mut tried = 0;
+    for r in &columns {
+        let (table, column): (String, String) = (r.get(0), r.get(1));
+        let sql = format!("UPDATE \"{table}\" SET \"{column}\" = \"{column}\" WHERE false");
+        assert_eq!(
+            refused(&gw, &sql).await,
+            !may(&table, &column, "UPDATE"),
+            "{sql}"
+        );
+        tried += 1;
+    }
+    for table in &tables {
+        for (what, sql) in [
+            (
+                "INSERT",
+                format!("INSERT INTO \"{table}\" SELECT * FROM \"{table}\" WHERE false"),
+            ),
+            ("DELETE", format!("DELETE FROM \"{table}\" WHERE false")),
+            ("TRUNCATE", format!("TRUNCATE \"{table}\"")),
+        ] {
+            let allowed = may(table, "", what) && (what != "INSERT" || may(table, "", "SELECT"));
+            assert_eq!(refused(&gw, &sql).await, !allowed, "{sql}");
+            tried += 1;
+        }
+    }
+    assert!(tried > 100, "the schema was read ({tried} tries)");
+
+    // The attacks, each refused whatever the golden file says.
+    for sql in [
+        // A spec of its own choosing, re-signed by the worker.
+        "UPDATE node_specs SET access = '{}', not_after = 0",
+        "UPDATE node_specs SET signed = ''::bytea",
+        // A certificate planted for a relayed renewal.
+        "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, \
+         not_after) VALUES ('x', 'n', 'f', 1, 0, 1)",
+        "UPDATE node_certs SET der = ''::bytea",
+        "UPDATE nodes SET ek_sha256 = 'mine'",
+        "UPDATE operators SET role = 'admin', revoked_at = NULL",
+        "INSERT INTO gateway_credentials (name, secret_sha256, created_at) VALUES ('x', 'y', 0)",
+        "UPDATE gateway_credentials SET revoked_at = NULL",
+        "UPDATE join_tokens SET uses_left = 100",
+        "UPDATE commands SET signed = ''::bytea",
+        "INSERT INTO commands (id) VALUES ('x')",
+        "INSERT INTO audit (at, node_id, kind, gateway_id, detail) VALUES (0, '', 'x', '', '')",
+        "UPDATE audit SET hash = ''",
+        "DELETE FROM audit",
+        "UPDATE audit_head SET hash = ''",
+        "DELETE FROM fleet_events",
+        "UPDATE machine_enrolments SET ek_sha256 = 'mine'",
+        // No DDL, no trigger control.
+        "ALTER TABLE commands DISABLE TRIGGER audit_result",
+        "ALTER TABLE node_sessions DISABLE TRIGGER ALL",
+        "DROP TRIGGER audit_result ON commands",
+        "CREATE TABLE gateway_owned (x int)",
+        "CREATE FUNCTION compute_now_too() RETURNS bigint LANGUAGE sql AS $$ SELECT 0::bigint $$",
+        "ALTER FUNCTION audit_seal() SECURITY INVOKER",
+        "SET session_replication_role = replica",
+        // Secrets are not even read.
+        "SELECT * FROM join_tokens",
+        "SELECT * FROM gateway_credentials",
+        "SELECT * FROM operators",
+    ] {
+        assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_opens_the_store_only_as_the_key_holder_migrated_it() {
+    let (_, owner, _, gw_url) = store_and_gateway("grants_open").await;
+    let location = Location::parse(&gw_url);
+    // As it is: works under the gateway's grants.
+    let store = GatewayStore::open(&location, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let size = store.fleet_size().await.unwrap();
+    assert_eq!(
+        size.connected, 0,
+        "an empty fleet, read under the gateway's grants"
+    );
+    // A store the key holder has not migrated yet is refused, with what
+    // to do.
+    owner
+        .batch_execute("UPDATE bc_schema SET version = version - 1")
+        .await
+        .unwrap();
+    let e = GatewayStore::open(&location, Arc::new(SystemClock))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Schema { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("only the key holder migrates"),
+        "{e}"
+    );
+}
