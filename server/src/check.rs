@@ -42,6 +42,11 @@
 //!   clears such leases.
 //! - no stranded command: no command waits, non-terminal, for a node the
 //!   store no longer knows (no route can ever carry it).
+//! - RS results signed: every finished command's result is one its node
+//!   signed (verified from the bytes kept with it against a certificate
+//!   the fleet CA issued the node), or an ending only the control plane
+//!   writes (`crate::evidence`); a result a gateway wrote into the row is
+//!   named. Checked where the fleet CA's certificate is at hand.
 //! - BK every backup state legal: each set is CREATING (not eligible, not
 //!   finished), COMPLETE (eligible, finished, no reason) or FAILED (not
 //!   eligible, finished, with a reason); its audited history starts at
@@ -95,6 +100,8 @@ pub struct Snapshot {
     /// Node → applied spec generation it reported.
     pub applied: BTreeMap<String, u64>,
     pub backups: Vec<Backup>,
+    /// Each finished command's evidence (`None`: no fleet CA to judge by).
+    pub results: Option<Vec<(String, String, crate::evidence::Evidence)>>,
     pub timings: Timings,
     /// Commands created within this window may still be on their way.
     pub settle: Duration,
@@ -586,6 +593,38 @@ pub fn backups(s: &Snapshot) -> Outcome {
     }
 }
 
+/// RS: every finished command's result rests on its node's signature or
+/// the control plane's own ending.
+pub fn results_signed(s: &Snapshot) -> Outcome {
+    let (checked, what, violations) = match &s.results {
+        None => (
+            0,
+            "results (no fleet CA certificate here: pass the key holder's --data-dir)",
+            Vec::new(),
+        ),
+        Some(results) => (
+            results.len(),
+            "results",
+            results
+                .iter()
+                .filter_map(|(id, node, e)| match e {
+                    crate::evidence::Evidence::Forged(why) => {
+                        Some(format!("command {id} of node {node}: forged: {why}"))
+                    }
+                    _ => None,
+                })
+                .collect(),
+        ),
+    };
+    Outcome {
+        name: "RS",
+        title: "results signed",
+        checked,
+        what,
+        violations,
+    }
+}
+
 /// Every checker, in order.
 pub fn all(s: &Snapshot) -> Vec<Outcome> {
     vec![
@@ -599,18 +638,26 @@ pub fn all(s: &Snapshot) -> Vec<Outcome> {
         audit_chain(s),
         orphaned_leases(s),
         stranded_commands(s),
+        results_signed(s),
         backups(s),
     ]
 }
 
-/// Reads a snapshot from the store, in one read (alongside live gateways).
+/// Reads a snapshot from the store, in one read (alongside live gateways),
+/// and judges every finished command's result against the fleet CA
+/// `ca_der` (when there is one to judge by).
 pub async fn snapshot(
     store: &Store,
     timings: Timings,
     settle: Duration,
     facts: NodeFacts,
+    ca_der: Option<&[u8]>,
 ) -> Result<Snapshot, StoreError> {
     let a = store.audit_snapshot().await?;
+    let results = match ca_der {
+        None => None,
+        Some(ca) => Some(judge_results(store, &a.commands, ca).await?),
+    };
     Ok(Snapshot {
         now: a.now,
         audit: a.audit,
@@ -624,10 +671,48 @@ pub async fn snapshot(
         desired: a.desired,
         applied: a.applied,
         backups: a.backups,
+        results,
         timings,
         settle,
         facts,
     })
+}
+
+/// The evidence of each finished command among `commands`.
+async fn judge_results(
+    store: &Store,
+    commands: &[Command],
+    ca_der: &[u8],
+) -> Result<Vec<(String, String, crate::evidence::Evidence)>, StoreError> {
+    let finished: BTreeSet<&str> = commands
+        .iter()
+        .filter(|c| TERMINAL.contains(&c.state.as_str()))
+        .map(|c| c.id.as_str())
+        .collect();
+    let mut certs: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for row in store.list_commands(None, u32::MAX).await? {
+        if !finished.contains(row.id.as_str()) {
+            continue;
+        }
+        if !certs.contains_key(&row.node_id) {
+            let found = store.node_certificates(&row.node_id).await?;
+            certs.insert(row.node_id.clone(), found);
+        }
+        let e = crate::evidence::judge(&row, &certs[&row.node_id], ca_der);
+        out.push((row.id, row.node_id, e));
+    }
+    Ok(out)
+}
+
+/// The fleet CA's certificate (DER) in a key holder's data directory, if
+/// it is there.
+pub fn fleet_ca(data_dir: &std::path::Path) -> Option<Vec<u8>> {
+    use rustls_pki_types::pem::PemObject;
+    let pem = std::fs::read(data_dir.join("ca.crt")).ok()?;
+    rustls_pki_types::CertificateDer::from_pem_slice(&pem)
+        .ok()
+        .map(|c| c.to_vec())
 }
 
 /// One line per invariant: `I1 single route: held (1234 checked)`.
@@ -736,6 +821,7 @@ mod tests {
             desired: BTreeMap::new(),
             applied: BTreeMap::new(),
             backups: vec![],
+            results: Some(vec![]),
             timings: Timings {
                 node_lease_ttl: Duration::from_secs(40),
                 gateway_loss_grace: Duration::from_secs(120),
@@ -1174,5 +1260,29 @@ mod tests {
         let text = render(&all(&clean()));
         assert!(text.contains("I1 single route"));
         assert!(text.contains("held"));
+    }
+
+    #[test]
+    fn a_forged_result_is_named_and_no_ca_checks_nothing_by_saying_so() {
+        use crate::evidence::Evidence;
+        let mut s = empty();
+        s.results = Some(vec![
+            ("cmd-1".into(), "n1".into(), Evidence::NodeSigned),
+            ("cmd-2".into(), "n1".into(), Evidence::Decided("why")),
+            (
+                "cmd-3".into(),
+                "n2".into(),
+                Evidence::Forged("no node signed it".into()),
+            ),
+        ]);
+        let o = results_signed(&s);
+        assert_eq!(o.checked, 3);
+        assert_eq!(
+            o.violations,
+            vec!["command cmd-3 of node n2: forged: no node signed it".to_string()]
+        );
+        s.results = None;
+        let o = results_signed(&s);
+        assert!(o.held() && o.checked == 0 && o.what.contains("no fleet CA"));
     }
 }

@@ -32,6 +32,7 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod doctor;
+pub mod evidence;
 pub mod files;
 pub mod gateway;
 pub mod http;

@@ -332,7 +332,7 @@ pub async fn serve(
     if let Keys::Held {
         worker_key,
         store: full,
-        ..
+        ca,
     } = &keys
     {
         controllers.extend([
@@ -344,6 +344,7 @@ pub async fn serve(
             tokio::spawn(crate::controllers::run_rollouts(
                 full.clone(),
                 worker_key.clone(),
+                Arc::new(ca.cert.to_vec()),
                 gw.clone(),
                 rollouts.clone(),
                 leases.clone(),

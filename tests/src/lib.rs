@@ -661,6 +661,11 @@ pub struct CommandView {
     pub has_exit_code: bool,
     pub output: String,
     pub epoch: u64,
+    /// What the result rests on, as the key holder judged it.
+    #[serde(default)]
+    pub evidence: String,
+    #[serde(default)]
+    pub evidence_detail: String,
 }
 
 impl CommandView {

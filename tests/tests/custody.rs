@@ -751,3 +751,99 @@ fn a_credential_or_token_planted_in_the_store_admits_nothing() {
     assert!(!victim.dir.join("identity.json").exists());
     assert!(server.nodes().is_empty());
 }
+
+/// What a gateway with write access to the store makes of results: a real
+/// result's output rewritten under its signature, and a success written
+/// where no node reported one. The key holder judges each from the bytes
+/// the node signed: both are shown FORGED (in `commands show`, `list` and
+/// `--json`), the untouched one as signed by the node.
+#[test]
+fn a_result_rewritten_or_made_up_in_the_store_is_reported_forged() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 9);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let honest = server.run_command(&id, "exec.run", &["/bin/echo", "honest"]);
+    let rewritten = server.run_command(&id, "exec.run", &["/bin/echo", "real"]);
+    for c in [&honest, &rewritten] {
+        let c = server.wait_command(c);
+        assert_eq!(
+            (c.state.as_str(), c.evidence.as_str()),
+            ("succeeded", "node-signed")
+        );
+    }
+    // A command the node never ran: it is away.
+    node.proc().kill();
+    let made_up = server.run_command(&id, "exec.run", &["/bin/false"]);
+
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    // The audit triggers call the store's clock and chain functions.
+    db.create_scalar_function(
+        "compute_now",
+        0,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        |_| Ok(now_ms()),
+    )
+    .unwrap();
+    bc_store::sqlite::audit_functions(&db).unwrap();
+    db.execute(
+        "UPDATE commands SET output = CAST('forged' AS BLOB) WHERE id = ?1",
+        [&rewritten],
+    )
+    .unwrap();
+    db.execute(
+        "UPDATE commands SET state = 'succeeded', exit_code = 0, output = CAST('ok' AS BLOB),
+             result_at = created_at WHERE id = ?1",
+        [&made_up],
+    )
+    .unwrap();
+
+    let c = server.command(&honest);
+    assert_eq!(
+        (c.evidence.as_str(), c.output.trim()),
+        ("node-signed", "honest")
+    );
+    let shown = server.cli(&["commands", "show", &honest]);
+    assert!(
+        stdout(&shown).contains("signed by the node"),
+        "{}",
+        stdout(&shown)
+    );
+    for (cmd, why) in [
+        (&rewritten, "the row says succeeded () but node"),
+        (&made_up, "no node signed it"),
+    ] {
+        let c = server.command(cmd);
+        assert_eq!(c.evidence, "forged", "{c:?}");
+        assert!(c.evidence_detail.contains(why), "{c:?}");
+        let shown = stdout(&server.cli(&["commands", "show", cmd]));
+        assert!(shown.contains("FORGED"), "{shown}");
+        assert!(
+            !shown.contains("output"),
+            "nothing of it shown as the node's: {shown}"
+        );
+    }
+    let list = stdout(&server.cli(&["commands", "list", "--node", &id]));
+    assert_eq!(list.matches("FORGED").count(), 2, "{list}");
+
+    // check names both, and only them.
+    let out = server.cli(&["check"]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("RS results signed"), "{text}");
+    for cmd in [&rewritten, &made_up] {
+        assert!(
+            text.contains(&format!("command {cmd} of node {id}: forged")),
+            "{text}"
+        );
+    }
+    assert!(!text.contains(&format!("command {honest}")), "{text}");
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}

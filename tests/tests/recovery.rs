@@ -240,7 +240,7 @@ fn check(server: &Server, label: &str) {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", stderr(&out));
     assert!(
-        text.starts_with(&format!("== {label}: 11 invariants ==")),
+        text.starts_with(&format!("== {label}: 12 invariants ==")),
         "{text}"
     );
     for name in [
@@ -254,6 +254,7 @@ fn check(server: &Server, label: &str) {
         "AC audit_chain_intact",
         "OL no orphaned lease",
         "SC no stuck command",
+        "RS results signed",
         "BK backup state legal",
     ] {
         assert!(text.contains(name), "{name} missing: {text}");

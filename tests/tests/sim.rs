@@ -49,9 +49,13 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
     assert_eq!(
         names,
         [
-            "I1", "I2", "I3", "I4", "I5", "I7", "I8", "AC", "OL", "SC", "BK"
+            "I1", "I2", "I3", "I4", "I5", "I7", "I8", "AC", "OL", "SC", "RS", "BK"
         ]
     );
+    // Every result was judged against the fleet CA, not skipped for want
+    // of one.
+    let rs = inv.iter().find(|i| i["name"] == "RS").unwrap();
+    assert_eq!(rs["what"], "results", "{rs}");
     for i in inv {
         assert!(i["violations"].as_array().unwrap().is_empty(), "{i}");
     }

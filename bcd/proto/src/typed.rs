@@ -85,6 +85,18 @@ impl Spelling for v1::Outcome {
     }
 }
 
+impl Spelling for v1::ResultEvidence {
+    fn spelling(self) -> &'static str {
+        match self {
+            v1::ResultEvidence::Unspecified => "unspecified",
+            v1::ResultEvidence::Unfinished => "unfinished",
+            v1::ResultEvidence::NodeSigned => "node-signed",
+            v1::ResultEvidence::Decided => "decided",
+            v1::ResultEvidence::Forged => "forged",
+        }
+    }
+}
+
 impl From<ServerState> for v1::CommandState {
     fn from(s: ServerState) -> Self {
         match s {

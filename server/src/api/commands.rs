@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use bc_store::Refusal;
 use bc_store::commands::{CommandRow, NewCommand};
+
+use crate::evidence::Evidence;
 use bcd_core::command::{Kind, MAX_LIFE, ServerState};
 use bcd_proto::v1::{
     self, CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
@@ -163,9 +165,11 @@ pub fn not_after(requested_ms: u64) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub fn info(c: CommandRow) -> CommandInfo {
+/// A command as the API shows it, with what its result rests on.
+pub fn info(c: CommandRow, evidence: &Evidence) -> CommandInfo {
     let kind = Kind::parse(&c.kind).map_or(0, |k| v1::CommandKind::from(k) as i32);
     let state = ServerState::parse(&c.state).map_or(0, |s| v1::CommandState::from(s) as i32);
+    let (evidence, evidence_detail) = evidence.to_wire();
     CommandInfo {
         command_id: c.id,
         node_id: c.node_id,
@@ -182,7 +186,33 @@ pub fn info(c: CommandRow) -> CommandInfo {
         not_after_ms: c.not_after_ms,
         result_at_ms: c.result_at_ms.unwrap_or(0),
         epoch: c.epoch,
+        evidence: evidence as i32,
+        evidence_detail,
     }
+}
+
+/// Judges each row's result against its node's certificates (read once
+/// per node).
+pub async fn judged(svc: &AdminService, rows: Vec<CommandRow>) -> Result<Vec<CommandInfo>, Status> {
+    let mut certs: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let evidence = if ServerState::parse(&row.state).is_some_and(|s| s.is_terminal()) {
+            if !certs.contains_key(&row.node_id) {
+                let found = svc
+                    .store
+                    .node_certificates(&row.node_id)
+                    .await
+                    .map_err(unavailable)?;
+                certs.insert(row.node_id.clone(), found);
+            }
+            crate::evidence::judge(&row, &certs[&row.node_id], &svc.ca_der)
+        } else {
+            Evidence::Unfinished
+        };
+        out.push(info(row, &evidence));
+    }
+    Ok(out)
 }
 
 /// `RunCommand`.
@@ -212,7 +242,7 @@ pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo
         info!(cmd = %row.id, node = %row.node_id, kind = %row.kind, seq = row.seq, "command created");
         svc.wake(&row.node_id);
     }
-    Ok(info(row))
+    Ok(info(row, &Evidence::Unfinished))
 }
 
 /// The image `boot.kexec image=WHAT` names (an id, a unique id prefix or a
@@ -262,7 +292,7 @@ pub async fn list(
         .await
         .map_err(unavailable)?;
     Ok(ListCommandsResponse {
-        commands: rows.into_iter().map(info).collect(),
+        commands: judged(svc, rows).await?,
     })
 }
 
@@ -270,11 +300,12 @@ pub async fn list(
 pub async fn get(svc: &AdminService, r: GetCommandRequest) -> Result<CommandInfo, Status> {
     let id = r.command_id;
     let row = svc.store.get_command(&id).await.map_err(unavailable)?;
-    row.map(info).ok_or_else(|| {
+    let row = row.ok_or_else(|| {
         refusal(Refusal::NotFound(format!(
             "no command {id}: see better-compute commands list"
         )))
-    })
+    })?;
+    Ok(judged(svc, vec![row]).await?.remove(0))
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
         },
         a.settle,
         crate::check::NodeFacts::default(),
+        crate::check::fleet_ca(data_dir).as_deref(),
     )
     .await
     // The database's own words go to the log, not into the error.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bcd_proto::v1::{
-    CommandInfo, CommandKind, CommandState, GetCommandRequest, ListCommandsRequest,
+    CommandInfo, CommandKind, CommandState, GetCommandRequest, ListCommandsRequest, ResultEvidence,
     RunCommandRequest,
 };
 use clap::Subcommand;
@@ -45,7 +45,8 @@ pub enum CommandsCommand {
         #[arg(long, value_parser = dur)]
         timeout: Option<Duration>,
         /// Wait for the result and print it; the exit code follows the
-        /// command's (0 succeeded, 1 failed, 4 expired or rejected).
+        /// command's (0 succeeded, 1 failed, 4 expired or rejected, 5 a
+        /// result in the store that its node did not sign).
         #[arg(long)]
         wait: bool,
         #[arg(long)]
@@ -136,6 +137,17 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                     .map_err(status)?
                     .into_inner();
             }
+            if forged(&info) {
+                // Nothing of a forged result is shown as the node's.
+                if json {
+                    output::json_line(&info)?;
+                }
+                eprintln!(
+                    "{} FORGED: {}: see better-compute check",
+                    info.command_id, info.evidence_detail
+                );
+                return Ok(ExitCode::from(5));
+            }
             if json {
                 output::json_line(&info)?;
             } else {
@@ -178,7 +190,11 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                     i.node_id,
                     i.seq,
                     spelled::<CommandKind>(i.kind),
-                    spelled::<CommandState>(i.state),
+                    if forged(i) {
+                        "FORGED".to_string()
+                    } else {
+                        spelled::<CommandState>(i.state)
+                    },
                     i.summary
                 );
             }
@@ -200,15 +216,34 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
     }
 }
 
+/// Whether the key holder found the result no node's.
+fn forged(i: &CommandInfo) -> bool {
+    i.evidence == ResultEvidence::Forged as i32
+}
+
 fn show(i: &CommandInfo) -> anyhow::Result<()> {
     out!("command   {}", i.command_id);
     out!("node      {} (seq {})", i.node_id, i.seq);
     out!("kind      {} {}", spelled::<CommandKind>(i.kind), i.summary);
+    if forged(i) {
+        out!(
+            "state     FORGED: {} (the store's row says {}{})",
+            i.evidence_detail,
+            spelled::<CommandState>(i.state),
+            around(": ", &i.reason, "")
+        );
+        return Ok(());
+    }
     out!(
         "state     {}{}",
         spelled::<CommandState>(i.state),
         around(" (", &i.reason, ")")
     );
+    match bcd_proto::typed::wire::<ResultEvidence>(i.evidence) {
+        Some(ResultEvidence::NodeSigned) => out!("evidence  signed by the node"),
+        Some(ResultEvidence::Decided) => out!("evidence  {}", i.evidence_detail),
+        _ => {}
+    }
     if i.has_exit_code {
         out!("exit code {}", i.exit_code);
     }

@@ -155,12 +155,14 @@ pub async fn run_history(store: Store, leases: Leases, stop: tokio::sync::watch:
 pub async fn run_rollouts(
     store: Store,
     key: Arc<ring::signature::Ed25519KeyPair>,
+    ca_der: Arc<Vec<u8>>,
     gateway: Arc<dyn Wake>,
     wake: Arc<tokio::sync::Notify>,
     leases: Leases,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = store.clone();
+    let believed = Arc::new(rollouts::Believed::new(ca_der));
     under_lease(
         store.gateway(),
         "rollouts",
@@ -169,9 +171,10 @@ pub async fn run_rollouts(
         Some(wake),
         stop,
         || {
-            let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
+            let (s, key, gateway, believed) =
+                (s.clone(), key.clone(), gateway.clone(), believed.clone());
             async move {
-                match rollouts::tick(&s, &key).await {
+                match rollouts::tick(&s, &key, &believed).await {
                     Ok(woken) => {
                         for n in woken {
                             gateway.wake(&n);

@@ -11,6 +11,10 @@
 //! later one). More failures than `max_failures` halt the rollout by
 //! itself. Operators pause, resume and abort through `api::rollouts`.
 //!
+//! A node confirms only on a result its node signed: an upgrade the store
+//! says succeeded is judged from the signed bytes first
+//! ([`crate::evidence`], [`Believed`]), and a forged one counts as failed.
+//!
 //! [`decide`] is the decision, pure; [`tick`] reads each running rollout
 //! from the store, decides, and writes what was decided.
 
@@ -74,11 +78,59 @@ pub fn decide(waves: &[u32], wave: usize, max_failures: u32, nodes: &[NodeStatus
     Step::Wait
 }
 
+/// Upgrade results already judged, by command: a confirmed node's result
+/// is verified once, not at every pass.
+#[derive(Debug)]
+pub struct Believed {
+    ca_der: Arc<Vec<u8>>,
+    judged: std::sync::Mutex<std::collections::HashMap<String, bool>>,
+}
+
+impl Believed {
+    pub fn new(ca_der: Arc<Vec<u8>>) -> Believed {
+        Believed {
+            ca_der,
+            judged: Default::default(),
+        }
+    }
+
+    /// Whether the result of `command_id` may be acted on.
+    async fn believed(&self, store: &Store, command_id: &str) -> Result<bool, TxError> {
+        if let Some(&known) = self
+            .judged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(command_id)
+        {
+            return Ok(known);
+        }
+        let Some(row) = store.get_command(command_id).await? else {
+            return Ok(false);
+        };
+        let certs = store.node_certificates(&row.node_id).await?;
+        let evidence = crate::evidence::judge(&row, &certs, &self.ca_der);
+        if let crate::evidence::Evidence::Forged(why) = &evidence {
+            warn!(cmd = %command_id, node = %row.node_id, %why, "{}", FORGED_UPGRADE);
+        }
+        let believed = evidence.believed();
+        self.judged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(command_id.to_string(), believed);
+        Ok(believed)
+    }
+}
+
+/// The log line of an upgrade result no node signed.
+pub const FORGED_UPGRADE: &str = "an upgrade result in the store was not signed by its node: \
+                                  the node counts as failed";
+
 /// One pass over the running rollouts. Returns the nodes given a command
 /// (their gateway sessions are woken).
 pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
+    believed: &Believed,
 ) -> Result<Vec<String>, TxError> {
     let mut woken = Vec::new();
     let running: Vec<String> = store
@@ -92,7 +144,16 @@ pub async fn tick(
         let Some(r) = store.rollout(&id).await? else {
             continue;
         };
-        let statuses: Vec<NodeStatus> = r.nodes.iter().map(|n| n.status).collect();
+        let mut statuses: Vec<NodeStatus> = Vec::with_capacity(r.nodes.len());
+        for n in &r.nodes {
+            let status = match (&n.status, &n.command_id) {
+                (NodeStatus::Confirmed, Some(cmd)) if !believed.believed(store, cmd).await? => {
+                    NodeStatus::Failed
+                }
+                _ => n.status,
+            };
+            statuses.push(status);
+        }
         match decide(&r.waves, r.wave, r.max_failures, &statuses) {
             Step::Issue(positions) => {
                 for i in positions {

@@ -949,6 +949,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             counted,
             marks,
         },
+        check::fleet_ca(&server_dir).as_deref(),
     )
     .await?;
     let invariants = check::all(&snapshot);
@@ -1016,7 +1017,14 @@ async fn restart_all(
     }
     let restarted = gws.len();
     drop(gws);
-    let after = check::snapshot(store, before.timings, before.settle, before.facts.clone()).await?;
+    let after = check::snapshot(
+        store,
+        before.timings,
+        before.settle,
+        before.facts.clone(),
+        check::fleet_ca(dir).as_deref(),
+    )
+    .await?;
     let (was, is) = (authoritative(before), authoritative(&after));
     let drift = was
         .symmetric_difference(&is)

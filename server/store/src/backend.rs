@@ -365,6 +365,11 @@ pub trait Backend: GatewayBackend {
         expired_grace_ms: i64,
     ) -> Result<Joined, TxError>;
 
+    /// Every certificate the store holds for `node_id` (DER), revoked and
+    /// superseded ones too: what a reader checks against the fleet CA
+    /// before it verifies something the node signed with one.
+    async fn node_certificates(&self, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError>;
+
     async fn list_nodes(&self) -> Result<NodeList, StoreError>;
 
     /// Deletes a node and revokes its certificates, keeping the statement

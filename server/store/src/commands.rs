@@ -75,6 +75,26 @@ pub struct CommandRow {
     pub not_after_ms: i64,
     pub result_at_ms: Option<i64>,
     pub epoch: u64,
+    /// The result as its node signed it, when a node's result ended the
+    /// command (`None` for one the store decided, or from before results
+    /// kept their signature): what a reader verifies instead of believing
+    /// the columns above, which a gateway writes.
+    pub signed_result: Option<SignedResult>,
+}
+
+/// A result's signed bytes (a `CommandResult`) and the node's signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedResult {
+    pub payload: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// The stored pair, when both are there.
+pub fn signed_result(payload: Option<Vec<u8>>, signature: Option<Vec<u8>>) -> Option<SignedResult> {
+    Some(SignedResult {
+        payload: payload?,
+        signature: signature?,
+    })
 }
 
 /// A result as the node signed it (inside a [`crate::nodes::Signed`]).
@@ -214,6 +234,7 @@ mod tests {
             not_after_ms: 0,
             result_at_ms: None,
             epoch: 0,
+            signed_result: None,
         };
         let new = NewCommand {
             node_id: "n1".into(),

@@ -9,12 +9,14 @@ use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
     SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
+    signed_result,
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
-     COALESCE(output, ''::bytea), output_truncated, created_at, not_after, result_at, epoch";
+     COALESCE(output, ''::bytea), output_truncated, created_at, not_after, result_at, epoch, \
+     result_payload, result_signature";
 
 fn read(r: &tokio_postgres::Row) -> CommandRow {
     CommandRow {
@@ -32,6 +34,7 @@ fn read(r: &tokio_postgres::Row) -> CommandRow {
         not_after_ms: r.get(11),
         result_at_ms: r.get(12),
         epoch: r.get::<_, i64>(13) as u64,
+        signed_result: signed_result(r.get(14), r.get(15)),
     }
 }
 
@@ -294,7 +297,8 @@ pub(super) async fn result(
     execute(
         tx,
         "UPDATE commands SET state = $2, reason = $3, exit_code = $4, output = $5,
-             output_truncated = $6, result_at = compute_now(), updated_at = compute_now()
+             output_truncated = $6, result_at = compute_now(), updated_at = compute_now(),
+             result_payload = $7, result_signature = $8
          WHERE id = $1",
         &[
             &r.command_id,
@@ -303,6 +307,8 @@ pub(super) async fn result(
             &r.exit_code,
             &r.output,
             &r.output_truncated,
+            &signed.payload,
+            &signed.signature,
         ],
     )
     .await?;

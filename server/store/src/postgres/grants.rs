@@ -40,7 +40,7 @@ pub const GATEWAY: &[(&str, &str)] = &[
     (
         "commands",
         "SELECT, UPDATE (state, epoch, reason, exit_code, output, output_truncated, result_at, \
-         updated_at)",
+         updated_at, result_payload, result_signature)",
     ),
     (
         "inventory",

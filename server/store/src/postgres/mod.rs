@@ -120,6 +120,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
     include_str!("migrations/0022_boot_access.sql"),
     include_str!("migrations/0023_hello_cost.sql"),
+    include_str!("migrations/0024_signed_results.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -817,6 +818,17 @@ impl Backend for PostgresBackend {
             expired_grace_ms
         )
         .await)
+    }
+
+    async fn node_certificates(&self, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let rows = tx!(self, |tx| query(
+            &tx,
+            "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL ORDER BY serial",
+            &[&node_id],
+        )
+        .await
+        .map_err(StoreError::from))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {

@@ -10,12 +10,14 @@ use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
     SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
+    signed_result,
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
-     COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch";
+     COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch, \
+     result_payload, result_signature";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
     Ok(CommandRow {
@@ -33,6 +35,7 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
         not_after_ms: r.get(11)?,
         result_at_ms: r.get(12)?,
         epoch: r.get::<_, i64>(13)? as u64,
+        signed_result: signed_result(r.get(14)?, r.get(15)?),
     })
 }
 
@@ -228,7 +231,8 @@ pub(super) fn result(
     };
     c.prepare_cached(
         "UPDATE commands SET state = ?2, reason = ?3, exit_code = ?4, output = ?5,
-             output_truncated = ?6, result_at = ?7, updated_at = ?7
+             output_truncated = ?6, result_at = ?7, updated_at = ?7, result_payload = ?8,
+             result_signature = ?9
          WHERE id = ?1",
     )?
     .execute(params![
@@ -238,7 +242,9 @@ pub(super) fn result(
         r.exit_code,
         r.output,
         r.output_truncated,
-        now
+        now,
+        signed.payload,
+        signed.signature
     ])?;
     // A confirmed upgrade, as the node signed it, raises the node's floor to
     // its release.

@@ -98,6 +98,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0021_ek_ca_intermediates.sql"),
     include_str!("migrations/0022_boot_access.sql"),
     include_str!("migrations/0023_hello_cost.sql"),
+    include_str!("migrations/0024_signed_results.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -790,6 +791,19 @@ impl Backend for SqliteBackend {
         let fp = fingerprint.to_string();
         self.write(move |c| nodes::renew(c, &fp, issue, expired_grace_ms))
             .await
+    }
+
+    async fn node_certificates(&self, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        let node_id = node_id.to_string();
+        self.read(move |c| {
+            c.prepare_cached(
+                "SELECT der FROM node_certs WHERE node_id = ?1 AND der IS NOT NULL ORDER BY serial",
+            )?
+            .query_map([&node_id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()
+            .map_err(StoreError::from)
+        })
+        .await
     }
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {

@@ -1,4 +1,4 @@
--- schema version 23
+-- schema version 24
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -67,6 +67,8 @@ commands.exit_code: integer
 commands.output: bytea
 commands.output_truncated: boolean NOT NULL DEFAULT false
 commands.result_at: bigint
+commands.result_payload: bytea
+commands.result_signature: bytea
 controller_state.name: text NOT NULL
 controller_state.value: bigint NOT NULL
 ek_sightings.id: bigint NOT NULL DEFAULT nextval('ek_sightings_id_seq'::regclass)

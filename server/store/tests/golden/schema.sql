@@ -1,4 +1,4 @@
--- schema version 23
+-- schema version 24
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -140,7 +140,7 @@ CREATE TABLE commands (
         exit_code        INTEGER,
         output           BLOB,
         output_truncated INTEGER NOT NULL DEFAULT 0,
-        result_at        INTEGER,
+        result_at        INTEGER, result_payload BLOB, result_signature BLOB,
         UNIQUE (node_id, seq)
     ) STRICT;
 

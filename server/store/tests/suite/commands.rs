@@ -95,6 +95,16 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
         (Some(0), &b"out"[..])
     );
     assert_eq!(row.result_at_ms, Some(T0 + 7));
+    // The first result's signed bytes and signature stay with it, for a
+    // reader to verify (the duplicate left them as they were).
+    let first = result(&node, 1, &c.id, Outcome::Succeeded);
+    assert_eq!(
+        row.signed_result,
+        Some(bc_store::commands::SignedResult {
+            payload: first.payload,
+            signature: first.signature,
+        })
+    );
     assert!(
         !s.command_ack(&super::route("gw", &node, 1), &c.id, true)
             .await
