@@ -21,6 +21,7 @@ async fn postgres() -> suite::Fixture {
         .unwrap();
     let c = clock.clone();
     let db = url.clone();
+    let held_db = url.clone();
     let reopen = Box::new(move || {
         let (url, clock) = (url.clone(), c.clone());
         Box::pin(async move { Store::open_postgres(&url, Arc::new(clock)).await.unwrap() })
@@ -41,7 +42,26 @@ async fn postgres() -> suite::Fixture {
             let _ = driver.await;
         })
     });
-    suite::Fixture::new(store, clock, (reopen, tamper), Box::new(())).await
+    let hold: suite::Hold = Box::new(move |sql| {
+        let db = held_db.clone();
+        Box::pin(async move {
+            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute(&format!("BEGIN; {sql}"))
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let (release, released) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(async move {
+                let _ = released.await;
+                let _ = client.batch_execute("COMMIT").await;
+            });
+            release
+        })
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper, hold), Box::new(())).await
 }
 
 store_suite!(postgres);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bc_store::postgres::cluster::{ClusterOptions, TempCluster, test_database};
-use bc_store::postgres::{IDLE_IN_TRANSACTION_TIMEOUT, MIGRATIONS, SCHEMA_VERSION};
+use bc_store::postgres::{IDLE_IN_TRANSACTION_TIMEOUT, LOCK_TIMEOUT, MIGRATIONS, SCHEMA_VERSION};
 use bc_store::{ManualClock, Store, StoreError, SystemClock};
 
 const GOLDEN: &str = "tests/golden/schema-postgres.sql";
@@ -344,8 +344,9 @@ async fn the_pool_recovers_from_a_database_restart() {
 }
 
 /// A gateway paused inside a Hello (a zombie) holds its lease row FOR
-/// SHARE; the database ends its idle transaction, so another owner takes
-/// the lease once it expires instead of waiting for the zombie forever.
+/// SHARE: a takeover waits for it no longer than the lock timeout, and the
+/// database ends the zombie's idle transaction, so another owner takes the
+/// lease once it expires instead of waiting for the zombie forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
     let url = test_database("zombie").await.unwrap();
@@ -366,7 +367,31 @@ async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
     .unwrap();
     // The zombie stops here, its transaction open. The lease runs out.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // The takeover's first try waits on the zombie's lock for the lock
+    // timeout, not longer, and fails saying so.
     let start = Instant::now();
+    let first = s
+        .renew_lease("gateway:z", "newcomer", Duration::from_secs(20))
+        .await;
+    let waited = start.elapsed();
+    let Err(StoreError::Database(e)) = &first else {
+        panic!("the first takeover did not wait on the zombie's lock: {first:?}");
+    };
+    let code = e
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(|e| e.code().cloned());
+    assert_eq!(
+        code,
+        Some(tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{e}"
+    );
+    assert!(
+        waited >= LOCK_TIMEOUT - Duration::from_millis(100)
+            && waited < LOCK_TIMEOUT + Duration::from_secs(5),
+        "the lock wait ended after {waited:?}, not the lock timeout"
+    );
+    // Then the database ends the zombie's idle transaction, and the lease
+    // is taken.
     let mut taken = None;
     while taken.is_none() {
         // An error is a lock timeout while the zombie still holds it.

@@ -32,7 +32,25 @@ async fn sqlite() -> suite::Fixture {
                 .unwrap_or_else(|e| panic!("{sql}: {e}"));
         })
     });
-    suite::Fixture::new(store, clock, (reopen, tamper), Box::new(dir)).await
+    let db = dir.path().join("store.db");
+    let hold: suite::Hold = Box::new(move |sql| {
+        let db = db.clone();
+        Box::pin(async move {
+            let (ready, held) = tokio::sync::oneshot::channel::<()>();
+            let (release, released) = tokio::sync::oneshot::channel::<()>();
+            std::thread::spawn(move || {
+                let c = rusqlite::Connection::open(&db).unwrap();
+                c.execute_batch(&format!("BEGIN IMMEDIATE; {sql}"))
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                let _ = ready.send(());
+                let _ = released.blocking_recv();
+                c.execute_batch("COMMIT").unwrap();
+            });
+            held.await.unwrap();
+            release
+        })
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper, hold), Box::new(dir)).await
 }
 
 store_suite!(sqlite);

@@ -47,6 +47,15 @@ type Reopen = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Store> + Send>> + Send
 /// holds its credentials (a gateway's database role, a hand edit) would.
 pub type Tamper = Box<dyn Fn(String) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// Runs SQL in a transaction of its own, on the database directly, and
+/// keeps that transaction open (its locks held) until the sender it
+/// answers with is used or dropped.
+pub type Hold = Box<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = tokio::sync::oneshot::Sender<()>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// A fresh, empty store on a manual clock, with the gateways the tests
 /// name holding their leases for an hour.
 pub struct Fixture {
@@ -54,6 +63,7 @@ pub struct Fixture {
     pub clock: ManualClock,
     reopen: Reopen,
     tamper: Tamper,
+    hold: Hold,
     _keep: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -64,7 +74,7 @@ impl Fixture {
     pub async fn new(
         store: Store,
         clock: ManualClock,
-        (reopen, tamper): (Reopen, Tamper),
+        (reopen, tamper, hold): (Reopen, Tamper, Hold),
         keep: Box<dyn std::any::Any + Send + Sync>,
     ) -> Fixture {
         for gw in ["gw", "gw2", "gw-a", "gw-b"] {
@@ -75,6 +85,7 @@ impl Fixture {
             clock,
             reopen,
             tamper,
+            hold,
             _keep: keep,
         }
     }
@@ -88,6 +99,12 @@ impl Fixture {
     /// directly, outside every check of the store's.
     pub async fn tamper(&self, sql: &str) {
         (self.tamper)(sql.to_string()).await
+    }
+
+    /// Runs `sql` in a transaction left open, as a stalled writer would
+    /// hold its locks: they go when the answer is sent or dropped.
+    pub async fn hold(&self, sql: &str) -> tokio::sync::oneshot::Sender<()> {
+        (self.hold)(sql.to_string()).await
     }
 
     pub fn advance(&self, by: Duration) {

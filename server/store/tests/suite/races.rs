@@ -44,39 +44,73 @@ pub async fn two_hellos_for_one_node_get_distinct_epochs(f: Fixture) {
 pub async fn a_hello_against_a_lease_takeover_never_routes_without_the_lease(f: Fixture) {
     let (a, b) = (f.store.clone(), f.reopen().await);
     let node = joined(&a, 1).await;
-    let mut routed = 0;
-    for round in 0..ROUNDS {
-        // gw-x's lease runs out now; a newcomer takes its name while gw-x
-        // routes the node.
+    // A session row to hold: the Hello below writes it last.
+    lease(&a, "gw-x", Duration::from_secs(1)).await;
+    a.hello(&hello(&node, 1, "gw-x", 0)).await.unwrap();
+    for round in 0..3 {
+        // gw-x holds its lease while its Hello reads it; the Hello then
+        // waits on the node's session row, held by a stalled writer,
+        // while the lease runs out and a newcomer takes it.
         lease(&a, "gw-x", Duration::from_millis(10)).await;
-        f.advance(Duration::from_millis(11));
+        let stalled = f
+            .hold(&format!(
+                "UPDATE node_sessions SET last_seen = last_seen WHERE node_id = '{node}'"
+            ))
+            .await;
         let h = hello(&node, 1, "gw-x", 0);
-        let (routed_by_x, took) = tokio::join!(
-            a.hello(&h),
-            b.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
-        );
-        assert!(took.unwrap().is_some(), "an expired lease is free to take");
+        let a2 = a.clone();
+        let routing = tokio::spawn(async move { a2.hello(&h).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        f.advance(Duration::from_millis(11));
+        let b2 = b.clone();
+        let takeover = tokio::spawn(async move {
+            b2.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(stalled);
+        let (routed, took) = (routing.await.unwrap(), takeover.await.unwrap());
         assert!(
-            matches!(routed_by_x, Err(TxError::Refused(Refusal::Fenced(_)))),
-            "round {round}: {routed_by_x:?}"
+            took.unwrap().is_some(),
+            "round {round}: an expired lease is free"
         );
-        // While gw-x holds it, the newcomer cannot take it, and gw-x routes.
+        // Whatever the order, a route of gw-x's comes before the lease
+        // left it: the Hello fenced itself, or it finished first and the
+        // takeover waited for it.
+        let snap = a.audit_snapshot().await.unwrap();
+        let taken = snap
+            .audit
+            .iter()
+            .rev()
+            .find(|r| r.kind == "lease" && r.gateway_id == "newcomer")
+            .expect("the takeover is audited")
+            .id;
+        let last_route = snap
+            .audit
+            .iter()
+            .rev()
+            .find(|r| r.kind == "route" && r.gateway_id == "gw-x")
+            .map(|r| r.id);
+        match routed {
+            Ok(_) => assert!(
+                last_route.is_some_and(|id| id < taken),
+                "round {round}: gw-x routed (audit {last_route:?}) after its lease \
+                 went to another (audit {taken})"
+            ),
+            Err(TxError::Refused(Refusal::Fenced(_))) => {}
+            Err(e) => panic!("round {round}: {e:?}"),
+        }
         b.release_lease("gateway:gw-x", "newcomer").await.unwrap();
-        lease(&a, "gw-x", Duration::from_secs(1)).await;
-        let (routed_by_x, took) = tokio::join!(
-            a.hello(&h),
-            b.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
-        );
-        assert!(took.unwrap().is_none());
-        routed_by_x.unwrap();
-        routed += 1;
-        a.release_lease("gateway:gw-x", "gw-x").await.unwrap();
     }
-    let snap = a.audit_snapshot().await.unwrap();
-    assert_eq!(
-        snap.audit.iter().filter(|r| r.kind == "route").count(),
-        routed
+    // While gw-x holds it, the newcomer cannot take it, and gw-x routes.
+    lease(&a, "gw-x", Duration::from_secs(1)).await;
+    let h = hello(&node, 1, "gw-x", 0);
+    let (routed_by_x, took) = tokio::join!(
+        a.hello(&h),
+        b.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
     );
+    assert!(took.unwrap().is_none());
+    routed_by_x.unwrap();
 }
 
 pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixture) {
