@@ -406,3 +406,57 @@ fn check_on_an_empty_database_creates_nothing() {
         });
     assert_eq!(tables, 0, "check created tables");
 }
+
+/// A database that hangs (its host frozen: connections open, nothing
+/// answers) fences a gateway at the default timings within half its 20 s
+/// lease, as a refused one does: a renewal waits only until the fence
+/// deadline, not half a TTL from whenever it began.
+#[test]
+fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
+    let mut cluster = bc_store::postgres::cluster::TempCluster::start(
+        bc_store::postgres::cluster::ClusterOptions {
+            durable: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = rt.block_on(cluster.create_database("hung")).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    // The default lease and its renewal cadence: 20 s, every 5 s.
+    let g = Server::start_postgres(&d.path().join("server"), &url, &["--gateway-id", "gw-h"])
+        .expect("gateway starts");
+    // Just after a renewal (one runs as the gateway starts): the next,
+    // five seconds on, is the one that hangs.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!g.proc.log().contains("fencing"), "{}", g.proc.log());
+    cluster.freeze(true).unwrap();
+    let frozen = Instant::now();
+    wait_for(Duration::from_secs(20), "the gateway fenced", || {
+        g.proc.log().contains("fencing").then_some(())
+    });
+    let fenced_in = frozen.elapsed();
+    cluster.freeze(false).unwrap();
+    eprintln!("hung database: fenced in {:.1}s", fenced_in.as_secs_f64());
+    // At most half the TTL after the last renewal that answered, which
+    // was before the freeze (a second of slack for a loaded machine).
+    assert!(
+        fenced_in <= Duration::from_secs(11),
+        "fenced {:.1}s after the database hung",
+        fenced_in.as_secs_f64()
+    );
+    // And it holds the lease again once the database answers.
+    wait_for(
+        Duration::from_secs(30),
+        "the gateway holding its lease again",
+        || {
+            g.proc
+                .log()
+                .contains("holding the gateway lease; admitting sessions")
+                .then_some(())
+        },
+    );
+}

@@ -2,7 +2,10 @@
 //! connection of its own (so renewals never wait behind Hellos). Without a
 //! renewal for half the TTL, or on finding another owner, the gateway
 //! fences itself: it closes every stream UNAVAILABLE and refuses new ones
-//! until it holds the lease again. Each renewal anchors the gateway's
+//! until it holds the lease again. A renewal waits only until that
+//! deadline ([`renewal_budget`]), so a database that hangs rather than
+//! refuses fences the gateway at half the TTL too (10 s at the default
+//! 20 s), not half a TTL after the renewal that hung began. Each renewal anchors the gateway's
 //! clock to the store's, and measures how far this process's own clock is
 //! from it: past [`CLOCK_SKEW_LIMIT`] the gateway raises ClockSkew (a
 //! warning with the `clock_offset_seconds` figure). Its own clock decides
@@ -94,6 +97,18 @@ pub fn decide(r: Renewal, since_last_ok: Option<Duration>, ttl: Duration) -> Act
     }
 }
 
+/// How long a renewal may take: until half the TTL after the last good
+/// one (when the gateway fences without one), and never less than a
+/// fortieth of the TTL; a whole half TTL when there was none, or the
+/// deadline has passed (fenced already, waiting to hold it again).
+pub fn renewal_budget(since_last_ok: Option<Duration>, ttl: Duration) -> Duration {
+    let half = ttl / 2;
+    match since_last_ok {
+        Some(d) if d < half => (half - d).max(ttl / 40),
+        _ => half,
+    }
+}
+
 /// Keeps the lease for as long as the gateway runs.
 pub async fn keep(state: Arc<GatewayState>) {
     let ttl = state.timing.gateway_lease_ttl;
@@ -116,7 +131,10 @@ pub async fn keep(state: Arc<GatewayState>) {
             .metrics
             .timed(
                 "renew_lease",
-                tokio::time::timeout(ttl / 2, state.store.renew_lease(&name, &state.id, ttl)),
+                tokio::time::timeout(
+                    renewal_budget(last_ok.map(|t| t.elapsed()), ttl),
+                    state.store.renew_lease(&name, &state.id, ttl),
+                ),
             )
             .await
         {
@@ -180,6 +198,29 @@ mod tests {
     use super::*;
 
     const TTL: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_renewal_waits_no_longer_than_the_fence_deadline() {
+        let s = Duration::from_secs;
+        assert_eq!(renewal_budget(Some(s(0)), TTL), s(10));
+        // The tick after a good renewal: five seconds left, not ten.
+        assert_eq!(renewal_budget(Some(s(5)), TTL), s(5));
+        // A hair before the deadline: a floor, so a renewal can answer.
+        assert_eq!(
+            renewal_budget(Some(Duration::from_millis(9_900)), TTL),
+            Duration::from_millis(500)
+        );
+        // Fenced already, or never held: a whole half TTL to get it back.
+        assert_eq!(renewal_budget(Some(s(12)), TTL), s(10));
+        assert_eq!(renewal_budget(None, TTL), s(10));
+        // A renewal that hangs from the tick after a good one therefore
+        // ends by the deadline, where decide() fences.
+        let since = s(5) + renewal_budget(Some(s(5)), TTL);
+        assert!(matches!(
+            decide(Renewal::Failed, Some(since), TTL),
+            Action::Fence(_)
+        ));
+    }
 
     #[test]
     fn a_held_lease_anchors_the_clock() {

@@ -63,6 +63,8 @@ pub struct TempCluster {
     run_as: Option<String>,
     watchdog: Option<Child>,
     running: bool,
+    /// Frozen by [`TempCluster::freeze`].
+    frozen: bool,
     /// Its port: the unix socket's name, and TCP's once it listens there.
     port: u16,
 }
@@ -148,6 +150,7 @@ impl TempCluster {
             run_as,
             watchdog: None,
             running: false,
+            frozen: false,
             port: PORT,
         };
         cluster.watchdog = cluster.spawn_watchdog().ok();
@@ -263,6 +266,44 @@ impl TempCluster {
             });
         }
         self.running = true;
+        Ok(())
+    }
+
+    /// Freezes the server and every backend (SIGSTOP), as a hung database
+    /// host is: connections stay open and nothing answers. `false` thaws
+    /// it (SIGCONT). A frozen cluster is thawed before it is dropped.
+    pub fn freeze(&mut self, frozen: bool) -> Result<(), ClusterError> {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string))
+            .ok_or_else(|| ClusterError::Failed {
+                what: "freezing the cluster".into(),
+                detail: "no postmaster.pid: the cluster is not running".into(),
+            })?;
+        let mut pids = vec![pid.clone()];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the fields after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            if ppid == Some(pid.as_str()) {
+                pids.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let out = Command::new("kill")
+            .arg(signal)
+            .args(&pids)
+            .output()
+            .map_err(|e| ClusterError::Failed {
+                what: format!("kill {signal}"),
+                detail: e.to_string(),
+            })?;
+        if !out.status.success() {
+            return Err(failed(&format!("kill {signal}"), &out));
+        }
+        self.frozen = frozen;
         Ok(())
     }
 
@@ -400,6 +441,9 @@ fn replace_database(url: &str, db: &str) -> String {
 
 impl Drop for TempCluster {
     fn drop(&mut self) {
+        if self.frozen {
+            let _ = self.freeze(false);
+        }
         if self.running {
             let _ = self
                 .command("pg_ctl")
