@@ -1,6 +1,8 @@
 //! Races between handles on one store, as between gateway processes: each
-//! is run many times so both orders happen; what must hold holds in every
-//! order.
+//! is run many times so both orders happen, or the interleaving that
+//! would break its rule is forced (a transaction held open on the
+//! database stalls one side between its read and its write while the
+//! other runs); what must hold holds in every order.
 
 use std::time::Duration;
 
@@ -12,6 +14,8 @@ use super::commands::{command, result};
 use super::{Fixture, hello, joined, lease, verify};
 
 const ROUNDS: usize = 40;
+/// Rounds of a race whose interleaving a held transaction forces.
+const HELD_ROUNDS: usize = 3;
 
 pub async fn two_hellos_for_one_node_get_distinct_epochs(f: Fixture) {
     let (a, b) = (f.store.clone(), f.reopen().await);
@@ -47,7 +51,7 @@ pub async fn a_hello_against_a_lease_takeover_never_routes_without_the_lease(f: 
     // A session row to hold: the Hello below writes it last.
     lease(&a, "gw-x", Duration::from_secs(1)).await;
     a.hello(&hello(&node, 1, "gw-x", 0)).await.unwrap();
-    for round in 0..3 {
+    for round in 0..HELD_ROUNDS {
         // gw-x holds its lease while its Hello reads it; the Hello then
         // waits on the node's session row, held by a stalled writer,
         // while the lease runs out and a newcomer takes it.
@@ -117,14 +121,30 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
     let (a, b) = (f.store.clone(), f.reopen().await);
     let node = joined(&a, 1).await;
     let (mut before, mut after) = (0, 0);
-    for round in 0..ROUNDS {
+    for round in 0..HELD_ROUNDS {
         let e1 = a.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap().epoch;
         let (c, _) = a
             .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
             .await
             .unwrap();
-        let h = hello(&node, 1, "gw-b", 0);
-        let (taken, bumped) = tokio::join!(a.take_dispatchable("gw-a", &node, e1), b.hello(&h));
+        // The dispatch has read the session and waits to mark the command
+        // (a stalled writer holds its row) when the Hello that bumps the
+        // epoch comes; then the writer lets go.
+        let stalled = f
+            .hold(&format!(
+                "UPDATE commands SET updated_at = updated_at WHERE id = '{}'",
+                c.id
+            ))
+            .await;
+        let a2 = a.clone();
+        let n2 = node.clone();
+        let dispatch = tokio::spawn(async move { a2.take_dispatchable("gw-a", &n2, e1).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (b2, h) = (b.clone(), hello(&node, 1, "gw-b", 0));
+        let bump = tokio::spawn(async move { b2.hello(&h).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(stalled);
+        let (taken, bumped) = (dispatch.await.unwrap(), bump.await.unwrap());
         let (taken, bumped) = (taken.unwrap(), bumped.unwrap());
         let row = a.get_command(&c.id).await.unwrap().unwrap();
         if taken.iter().any(|d| d.id == c.id) {
@@ -153,7 +173,7 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
             .await
             .unwrap();
     }
-    assert_eq!(before + after, ROUNDS);
+    assert_eq!(before + after, HELD_ROUNDS);
 }
 
 pub async fn of_two_results_the_first_wins(f: Fixture) {
