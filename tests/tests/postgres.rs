@@ -180,6 +180,19 @@ fn a_zombie_gateways_writes_match_nothing() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // And it knows it went without its lease: its first renewal after
+    // waking finds the lease lapsed (the store's clock moved past a TTL)
+    // and it fences, closing every session, before it serves again.
+    wait_for(
+        Duration::from_secs(10),
+        "the zombie fenced after waking",
+        || {
+            z.proc
+                .log()
+                .contains("fencing: closing every session")
+                .then_some(())
+        },
+    );
     // Several of its flush intervals later, the route is still gw-y's.
     std::thread::sleep(Duration::from_secs(2));
     let now = y.node(&id).unwrap();

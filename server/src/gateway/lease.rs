@@ -5,7 +5,11 @@
 //! until it holds the lease again. A renewal waits only until that
 //! deadline ([`renewal_budget`]), so a database that hangs rather than
 //! refuses fences the gateway at half the TTL too (10 s at the default
-//! 20 s), not half a TTL after the renewal that hung began. Each renewal anchors the gateway's
+//! 20 s), not half a TTL after the renewal that hung began. A renewal
+//! that holds the lease again after it ran out (the process was paused,
+//! its host frozen: the store's clock moved a TTL since the last one)
+//! fences first, so a zombie that wakes closes its sessions instead of
+//! carrying on with them. Each renewal anchors the gateway's
 //! clock to the store's, and measures how far this process's own clock is
 //! from it: past [`CLOCK_SKEW_LIMIT`] the gateway raises ClockSkew (a
 //! warning with the `clock_offset_seconds` figure). Its own clock decides
@@ -79,15 +83,36 @@ pub enum Renewal {
 pub enum Action {
     /// Holding: anchor the clock to the store's now, admit sessions.
     Hold(i64),
+    /// Held again, but after a gap in which the lease ran out (a paused
+    /// process, a frozen host): its sessions may have moved to other
+    /// gateways, so fence (close every session) first, then hold.
+    Rehold(i64, &'static str),
     Fence(&'static str),
     /// Not fenced yet: retry at the next tick.
     Wait,
 }
 
-/// Decides from a renewal and the time since the last good one (`None`:
-/// never renewed).
-pub fn decide(r: Renewal, since_last_ok: Option<Duration>, ttl: Duration) -> Action {
+/// Decides from a renewal, the time since the last good one on this
+/// process's monotonic clock (`None`: never renewed) and the store's time
+/// at it (`None`: never renewed).
+pub fn decide(
+    r: Renewal,
+    since_last_ok: Option<Duration>,
+    last_store_now: Option<i64>,
+    ttl: Duration,
+) -> Action {
     match r {
+        // The store's own clock says a whole TTL passed since the last
+        // renewal, so the lease ran out in between whatever this process
+        // saw of it (a paused virtual machine's clock stands still); or
+        // this process went half a TTL without renewing and without
+        // fencing (it did not run).
+        Renewal::Held(now)
+            if last_store_now.is_some_and(|was| now.saturating_sub(was) >= ms(ttl))
+                || since_last_ok.is_some_and(|d| d >= ttl / 2) =>
+        {
+            Action::Rehold(now, "the gateway lease lapsed before this renewal")
+        }
         Renewal::Held(now) => Action::Hold(now),
         Renewal::Taken => Action::Fence("another owner holds the gateway lease"),
         Renewal::Failed if since_last_ok.is_none_or(|d| d >= ttl / 2) => {
@@ -109,10 +134,15 @@ pub fn renewal_budget(since_last_ok: Option<Duration>, ttl: Duration) -> Duratio
     }
 }
 
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
 /// Keeps the lease for as long as the gateway runs.
 pub async fn keep(state: Arc<GatewayState>) {
     let ttl = state.timing.gateway_lease_ttl;
     let mut last_ok: Option<Instant> = None;
+    let mut last_store_now: Option<i64> = None;
     let mut tick = tokio::time::interval(ttl / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = state.lease_name();
@@ -149,46 +179,54 @@ pub async fn keep(state: Arc<GatewayState>) {
                 Renewal::Failed
             }
         };
-        match decide(renewal, last_ok.map(|t| t.elapsed()), ttl) {
-            Action::Hold(now) => {
-                state.clock.anchor(now);
-                last_ok = Some(Instant::now());
-                let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
-                state.clock_offset_ms.store(offset, Ordering::Relaxed);
-                let seconds = offset as f64 / 1000.0;
-                state.metrics.clock_offset_seconds.set(seconds);
-                if skewed(offset) {
-                    if skew_raised.is_none_or(|t| t.elapsed() >= SKEW_REPEAT) {
-                        skew_raised = Some(Instant::now());
-                        warn!(
-                            gateway = %state.id,
-                            clock_offset_seconds = seconds,
-                            "ClockSkew: this host's clock is {seconds:+.1}s off the store's; \
-                             nothing here trusts it, but fix the host's time sync"
-                        );
-                    }
-                } else if skew_raised.take().is_some() {
-                    info!(gateway = %state.id, clock_offset_seconds = seconds, "clock back within the skew limit");
-                }
-                // Before the first session is admitted: the window its
-                // Welcome carries is sized from the fleet, not the starting
-                // figure. A store too slow to say delays admission no more
-                // than a quarter of the lease; the work loop sizes it later.
-                if state.is_fenced() && !state.stopping.load(Ordering::SeqCst) {
-                    let _ =
-                        tokio::time::timeout(ttl / 4, super::feeds::size_first_retry(&state)).await;
-                }
-                if !state.stopping.load(Ordering::SeqCst)
-                    && state.fenced.swap(false, Ordering::SeqCst)
-                {
-                    info!(gateway = %state.id, "holding the gateway lease; admitting sessions");
-                }
-                if !state.stopping.load(Ordering::SeqCst) {
-                    state.metrics.fenced.set(0);
-                }
+        let action = decide(renewal, last_ok.map(|t| t.elapsed()), last_store_now, ttl);
+        let held = match action {
+            Action::Hold(now) => Some(now),
+            Action::Rehold(now, why) => {
+                state.fence(why);
+                Some(now)
             }
-            Action::Fence(why) => state.fence(why),
-            Action::Wait => {}
+            Action::Fence(why) => {
+                state.fence(why);
+                None
+            }
+            Action::Wait => None,
+        };
+        if let Some(now) = held {
+            last_store_now = Some(now);
+            state.clock.anchor(now);
+            last_ok = Some(Instant::now());
+            let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
+            state.clock_offset_ms.store(offset, Ordering::Relaxed);
+            let seconds = offset as f64 / 1000.0;
+            state.metrics.clock_offset_seconds.set(seconds);
+            if skewed(offset) {
+                if skew_raised.is_none_or(|t| t.elapsed() >= SKEW_REPEAT) {
+                    skew_raised = Some(Instant::now());
+                    warn!(
+                        gateway = %state.id,
+                        clock_offset_seconds = seconds,
+                        "ClockSkew: this host's clock is {seconds:+.1}s off the store's; \
+                         nothing here trusts it, but fix the host's time sync"
+                    );
+                }
+            } else if skew_raised.take().is_some() {
+                info!(gateway = %state.id, clock_offset_seconds = seconds, "clock back within the skew limit");
+            }
+            // Before the first session is admitted: the window its
+            // Welcome carries is sized from the fleet, not the starting
+            // figure. A store too slow to say delays admission no more
+            // than a quarter of the lease; the work loop sizes it later.
+            if state.is_fenced() && !state.stopping.load(Ordering::SeqCst) {
+                let _ = tokio::time::timeout(ttl / 4, super::feeds::size_first_retry(&state)).await;
+            }
+            if !state.stopping.load(Ordering::SeqCst) && state.fenced.swap(false, Ordering::SeqCst)
+            {
+                info!(gateway = %state.id, "holding the gateway lease; admitting sessions");
+            }
+            if !state.stopping.load(Ordering::SeqCst) {
+                state.metrics.fenced.set(0);
+            }
         }
     }
 }
@@ -217,20 +255,41 @@ mod tests {
         // ends by the deadline, where decide() fences.
         let since = s(5) + renewal_budget(Some(s(5)), TTL);
         assert!(matches!(
-            decide(Renewal::Failed, Some(since), TTL),
+            decide(Renewal::Failed, Some(since), None, TTL),
             Action::Fence(_)
         ));
     }
 
     #[test]
+    fn a_lease_held_again_after_it_lapsed_fences_first() {
+        let s = Duration::from_secs;
+        // The store's clock moved a whole TTL since the last renewal: the
+        // lease ran out in between, whatever this process's clock says.
+        assert!(matches!(
+            decide(Renewal::Held(121_000), Some(s(5)), Some(100_000), TTL),
+            Action::Rehold(121_000, _)
+        ));
+        // This process did not run for half a TTL.
+        assert!(matches!(
+            decide(Renewal::Held(105_000), Some(s(11)), Some(100_000), TTL),
+            Action::Rehold(105_000, _)
+        ));
+        // A renewal on time holds.
+        assert_eq!(
+            decide(Renewal::Held(105_000), Some(s(5)), Some(100_000), TTL),
+            Action::Hold(105_000)
+        );
+    }
+
+    #[test]
     fn a_held_lease_anchors_the_clock() {
-        assert_eq!(decide(Renewal::Held(5), None, TTL), Action::Hold(5));
+        assert_eq!(decide(Renewal::Held(5), None, None, TTL), Action::Hold(5));
     }
 
     #[test]
     fn another_owner_fences_at_once() {
         assert!(matches!(
-            decide(Renewal::Taken, Some(Duration::ZERO), TTL),
+            decide(Renewal::Taken, Some(Duration::ZERO), None, TTL),
             Action::Fence(_)
         ));
     }
@@ -247,15 +306,20 @@ mod tests {
     #[test]
     fn failures_fence_after_half_the_ttl_without_a_renewal() {
         assert_eq!(
-            decide(Renewal::Failed, Some(Duration::from_millis(9_999)), TTL),
+            decide(
+                Renewal::Failed,
+                Some(Duration::from_millis(9_999)),
+                None,
+                TTL
+            ),
             Action::Wait
         );
         assert!(matches!(
-            decide(Renewal::Failed, Some(Duration::from_secs(10)), TTL),
+            decide(Renewal::Failed, Some(Duration::from_secs(10)), None, TTL),
             Action::Fence("no lease renewal for half the lease TTL")
         ));
         assert!(
-            matches!(decide(Renewal::Failed, None, TTL), Action::Fence(_)),
+            matches!(decide(Renewal::Failed, None, None, TTL), Action::Fence(_)),
             "never held: fenced"
         );
     }
