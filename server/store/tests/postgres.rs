@@ -34,12 +34,13 @@ async fn postgres() -> suite::Fixture {
                 .await
                 .unwrap();
             let driver = tokio::spawn(conn);
-            client
-                .batch_execute(&sql)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let done = client.batch_execute(&sql).await.map_err(|e| {
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |d| d.message().to_string())
+            });
             drop(client);
             let _ = driver.await;
+            done
         })
     });
     let hold: suite::Hold = Box::new(move |sql| {

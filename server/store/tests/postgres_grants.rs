@@ -305,3 +305,48 @@ async fn a_gateway_opens_the_store_only_as_the_key_holder_migrated_it() {
         "{e}"
     );
 }
+
+/// What a gateway's role may set it may not undo: a certificate's
+/// revocation stays (for everyone), and only the key holder, the owner,
+/// lifts a quarantine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_role_undoes_no_revocation_and_lifts_no_quarantine() {
+    let (_, owner, gw, _) = store_and_gateway("grants_undo").await;
+    owner
+        .batch_execute(
+            "INSERT INTO nodes (id, hostname, created_at, identity_generation, join_token,
+                 quarantined_at) VALUES ('nd-q', 'q', 0, 1, 't', 5);
+             INSERT INTO nodes (id, hostname, created_at, identity_generation, join_token)
+                 VALUES ('nd-r', 'r', 0, 1, 't');
+             INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation,
+                 not_before, not_after, revoked_at, revoke_reason)
+                 VALUES ('aa', 'nd-q', 'f', 1, 0, 10, 5, 'duplicate-identity')",
+        )
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE nodes SET quarantined_at = NULL WHERE id = 'nd-q'",
+        "UPDATE nodes SET quarantined_at = 6 WHERE id = 'nd-q'",
+        "UPDATE node_certs SET revoked_at = NULL WHERE serial = 'aa'",
+        "UPDATE node_certs SET revoke_reason = 'superseded' WHERE serial = 'aa'",
+    ] {
+        assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
+    }
+    // A gateway still quarantines (the clone watch is its write).
+    gw.batch_execute("UPDATE nodes SET quarantined_at = 7 WHERE id = 'nd-r'")
+        .await
+        .unwrap();
+    // The key holder lifts it (a re-enrolment does); the revocation stays
+    // for it too.
+    owner
+        .batch_execute("UPDATE nodes SET quarantined_at = NULL WHERE id = 'nd-q'")
+        .await
+        .unwrap();
+    assert!(
+        refused(
+            &owner,
+            "UPDATE node_certs SET revoked_at = NULL WHERE serial = 'aa'"
+        )
+        .await
+    );
+}

@@ -26,10 +26,9 @@ async fn sqlite() -> suite::Fixture {
     let tamper: suite::Tamper = Box::new(move |sql| {
         let db = db.clone();
         Box::pin(async move {
-            rusqlite::Connection::open(&db)
-                .unwrap()
-                .execute_batch(&sql)
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let c = rusqlite::Connection::open(&db).unwrap();
+            bc_store::sqlite::audit_functions(&c).unwrap();
+            c.execute_batch(&sql).map_err(|e| e.to_string())
         })
     });
     let db = dir.path().join("store.db");

@@ -99,6 +99,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0022_boot_access.sql"),
     include_str!("migrations/0023_hello_cost.sql"),
     include_str!("migrations/0024_signed_results.sql"),
+    include_str!("migrations/0025_revocations_stay.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -1,4 +1,4 @@
--- schema version 24
+-- schema version 25
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -352,6 +352,8 @@ audit_liveness: CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON public.no
 audit_result: CREATE TRIGGER audit_result AFTER UPDATE OF state ON public.commands FOR EACH ROW WHEN (((new.state <> old.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'expired'::text, 'rejected'::text])))) EXECUTE FUNCTION audit_result()
 audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON public.node_sessions FOR EACH ROW WHEN (((new.epoch <> old.epoch) OR (new.gateway_id <> old.gateway_id))) EXECUTE FUNCTION audit_route()
 audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
+quarantine_stays: CREATE TRIGGER quarantine_stays BEFORE UPDATE OF quarantined_at ON public.nodes FOR EACH ROW WHEN (((old.quarantined_at IS NOT NULL) AND (new.quarantined_at IS DISTINCT FROM old.quarantined_at))) EXECUTE FUNCTION quarantine_stays()
+revocation_stays: CREATE TRIGGER revocation_stays BEFORE UPDATE OF revoked_at, revoke_reason ON public.node_certs FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND ((new.revoked_at IS DISTINCT FROM old.revoked_at) OR (new.revoke_reason IS DISTINCT FROM old.revoke_reason)))) EXECUTE FUNCTION revocation_stays()
 
 -- storage
 node_sessions: fillfactor=50
@@ -541,3 +543,23 @@ AS $function$
     SELECT COALESCE(NULLIF(current_setting('bc.now_ms', true), '')::BIGINT,
                     floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
 $function$
+quarantine_stays: CREATE OR REPLACE FUNCTION public.quarantine_stays()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID),
+                       'MEMBER') THEN
+        RAISE EXCEPTION 'node % is quarantined: only the key holder lifts a quarantine', OLD.id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $function$
+revocation_stays: CREATE OR REPLACE FUNCTION public.revocation_stays()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'certificate % was revoked: a revocation is never undone', OLD.serial
+        USING ERRCODE = 'insufficient_privilege';
+END $function$

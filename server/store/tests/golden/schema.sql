@@ -1,4 +1,4 @@
--- schema version 24
+-- schema version 25
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -496,3 +496,11 @@ CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
         VALUES (compute_now(), NEW.node_id, 'route',
                 NEW.epoch, NEW.gateway_id, NEW.last_seen);
     END;
+
+-- trigger revocation_stays
+CREATE TRIGGER revocation_stays BEFORE UPDATE OF revoked_at, revoke_reason ON node_certs
+    WHEN OLD.revoked_at IS NOT NULL
+        AND (NEW.revoked_at IS NOT OLD.revoked_at OR NEW.revoke_reason IS NOT OLD.revoke_reason)
+BEGIN
+    SELECT RAISE(ABORT, 'a certificate revocation is never undone');
+END;

@@ -45,7 +45,8 @@ type Reopen = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Store> + Send>> + Send
 
 /// Runs SQL on the store's database behind the store's back, as whoever
 /// holds its credentials (a gateway's database role, a hand edit) would.
-pub type Tamper = Box<dyn Fn(String) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+pub type Tamper =
+    Box<dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// Runs SQL in a transaction of its own, on the database directly, and
 /// keeps that transaction open (its locks held) until the sender it
@@ -98,6 +99,13 @@ impl Fixture {
     /// Runs `sql` (statements both backends read alike) on the database
     /// directly, outside every check of the store's.
     pub async fn tamper(&self, sql: &str) {
+        if let Err(e) = (self.tamper)(sql.to_string()).await {
+            panic!("{sql}: {e}")
+        }
+    }
+
+    /// [`Fixture::tamper`], answering the database's refusal.
+    pub async fn try_tamper(&self, sql: &str) -> Result<(), String> {
         (self.tamper)(sql.to_string()).await
     }
 
@@ -349,6 +357,7 @@ macro_rules! store_suite {
             reenrol::refused_proofs_change_nothing_and_spend_nothing,
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
             reenrol::a_rewritten_ek_binding_reclaims_nothing,
+            reenrol::a_revocation_is_never_undone,
             reenrol::racing_first_attested_joins_of_one_ek_make_one_node,
             reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,
             reenrol::enrolled_machines_join_with_no_token,

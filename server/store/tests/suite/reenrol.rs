@@ -694,3 +694,33 @@ fn refusal_of(r: Result<Enrolled, TxError>) -> Refusal {
         Ok(_) => panic!("expected a refusal, got a join"),
     }
 }
+
+/// Whoever writes the store (a gateway's role among them) cannot undo a
+/// certificate's revocation: the database refuses it, so a revoked or
+/// quarantined identity cannot be let back in through other gateways.
+pub async fn a_revocation_is_never_undone(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    s.delete_node(&node, Box::new(|_| vec![])).await.unwrap();
+    for sql in [
+        format!("UPDATE node_certs SET revoked_at = NULL WHERE node_id = '{node}'"),
+        format!("UPDATE node_certs SET revoked_at = revoked_at + 1 WHERE node_id = '{node}'"),
+        format!("UPDATE node_certs SET revoke_reason = 'superseded' WHERE node_id = '{node}'"),
+    ] {
+        let refused = f.try_tamper(&sql).await.expect_err(&sql);
+        assert!(refused.contains("never undone"), "{sql}: {refused}");
+    }
+    // What the store itself writes over a revocation keeps it (a second
+    // deletion's COALESCE), and the certificate stays refused.
+    f.tamper(&format!(
+        "UPDATE node_certs SET revoked_at = COALESCE(revoked_at, 1) WHERE node_id = '{node}'"
+    ))
+    .await;
+    assert!(
+        s.revoked_since(0)
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.node_id == node)
+    );
+}
