@@ -44,6 +44,7 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
     assert_eq!(r["ok"], true);
     assert_eq!(r["settled"], true, "{r}");
     assert_eq!(r["connected_at_end"], nodes, "{r}");
+    assert_eq!(r["connected_in_store"], nodes, "the store agrees: {r}");
     let inv = r["invariants"].as_array().unwrap();
     let names: Vec<&str> = inv.iter().map(|i| i["name"].as_str().unwrap()).collect();
     assert_eq!(

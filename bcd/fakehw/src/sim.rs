@@ -287,7 +287,9 @@ impl Fleet {
     pub fn totals(&self) -> Totals {
         let mut t = Totals::default();
         for n in &self.nodes {
-            t.connected += n.stats.connected.load(Ordering::Relaxed);
+            // A node counts once however many sessions overlap while one
+            // replaces another.
+            t.connected += usize::from(n.stats.connected.load(Ordering::Relaxed) > 0);
             t.sessions += n.stats.sessions.load(Ordering::Relaxed);
             t.dial_failures += n.stats.dial_failures.load(Ordering::Relaxed);
         }

@@ -185,6 +185,9 @@ pub struct Report {
     /// every node was connected again.
     pub storm_s: Option<f64>,
     pub connected_at_end: usize,
+    /// Nodes the store has connected at the end (its sessions, not the
+    /// agents' word): must be every node, as the agents say.
+    pub connected_in_store: usize,
     /// Every node connected (each counted once), every command finished and
     /// every spec applied before the settling limit.
     pub settled: bool,
@@ -875,6 +878,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     }
     let settle_s = settle_start.elapsed().as_secs_f64();
     let connected_at_end = hosts.totals().connected;
+    // What the store says of the same moment, before the nodes stop.
+    let connected_in_store = store.fleet_size().await?.connected;
     // Which gateways said their clock was off.
     let clock_faults: Vec<ClockFault> = {
         let faults = world.clock_faults.lock().expect("clock faults").clone();
@@ -968,8 +973,12 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         let _ = tokio::time::timeout(Duration::from_secs(10), g.child.wait()).await;
     }
     // A fleet that did not settle fails the run, whatever the checkers
-    // found in what did happen.
-    let ok = settled && invariants.iter().all(|o| o.held()) && after_restart.held();
+    // found in what did happen; so does a store that does not agree with
+    // the agents on who is connected.
+    let ok = settled
+        && connected_in_store == opts.nodes
+        && invariants.iter().all(|o| o.held())
+        && after_restart.held();
     Ok(Report {
         nodes: opts.nodes,
         gateways: opts.gateways,
@@ -985,6 +994,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         connect_s,
         hellos_per_s_per_gateway: hellos,
         connected_at_end,
+        connected_in_store,
         settle_s,
         commands_issued: k,
         commands,
@@ -1076,8 +1086,13 @@ impl Report {
             self.nodes, self.node_state, self.gateways, self.store, self.chaos, self.seed
         ));
         s.push_str(&format!(
-            "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end (settled in {:.1}s)\n",
-            self.connect_s, self.hellos_per_s_per_gateway, self.connected_at_end, self.nodes, self.settle_s
+            "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end, {} in the store (settled in {:.1}s)\n",
+            self.connect_s,
+            self.hellos_per_s_per_gateway,
+            self.connected_at_end,
+            self.nodes,
+            self.connected_in_store,
+            self.settle_s
         ));
         let outcomes: Vec<String> = self
             .commands
@@ -1098,6 +1113,12 @@ impl Report {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             s.push_str(&format!("  faults: {}\n", f.join(", ")));
+        }
+        if self.connected_in_store != self.nodes {
+            s.push_str(&format!(
+                "  THE STORE DISAGREES: {} of {} nodes connected in its sessions, {} by the agents' count\n",
+                self.connected_in_store, self.nodes, self.connected_at_end
+            ));
         }
         if !self.settled {
             s.push_str(&format!(
