@@ -97,6 +97,18 @@ fn light_chaos_on_postgres() {
     assert!(i4["checked"].as_u64().unwrap() > 0, "{i4}");
 }
 
+/// Heavy chaos on the run's own PostgreSQL cluster: its store outage is
+/// the server stopped and started again, its stall the server's processes
+/// frozen, and the fleet still settles with every invariant held.
+#[test]
+fn heavy_chaos_on_postgres_with_a_real_outage_and_a_hung_database() {
+    let r = sim_on("postgres", 100, "heavy", 3, "25s");
+    assert_clean(&r, 100);
+    for kind in ["store outage", "store stall", "gateway kill", "partition"] {
+        assert!(r["faults"][kind].as_u64().unwrap() >= 1, "{kind}: {r}");
+    }
+}
+
 #[test]
 fn heavy_chaos_two_seeds() {
     for seed in [3, 4] {

@@ -6,7 +6,8 @@
 //!   gateway host's clock stepped seconds off.
 //! - `heavy`: two gateway kills, a store stall and a longer store outage
 //!   (an exclusive lock held on the store, past the gateways' lease
-//!   renewal), a partition of one gateway (half-open links), link delay,
+//!   renewal; on the run's own PostgreSQL cluster, the server frozen and
+//!   the server stopped and started again), a partition of one gateway (half-open links), link delay,
 //!   dropped and reset links, two gateway clocks stepped off, and daemon
 //!   crashes, lost journals and reboots on 2% of the nodes each.
 //! - `kill`: for measuring: one gateway killed a third of the way in, and a

@@ -404,6 +404,38 @@ struct World {
     config: GatewayConfig,
     /// (gateway slot, offset) of each clock fault.
     clock_faults: std::sync::Mutex<Vec<(usize, i64)>>,
+    /// The run's own PostgreSQL cluster, whose outages are real: stopped
+    /// and started again, or frozen.
+    cluster: Option<Arc<std::sync::Mutex<bc_store::postgres::cluster::TempCluster>>>,
+}
+
+/// What a store fault does to the run's own PostgreSQL cluster: an outage
+/// (4 s or more) stops the server (`pg_ctl stop -m fast`: every session
+/// ends, as a restart or failover ends them) and starts it again; a
+/// shorter stall freezes its processes (a hung host: nothing answers,
+/// nothing ends) and thaws them.
+async fn cluster_fault(
+    cluster: Arc<std::sync::Mutex<bc_store::postgres::cluster::TempCluster>>,
+    d: Duration,
+) -> anyhow::Result<()> {
+    let outage = d >= Duration::from_secs(4);
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut c = c.lock().expect("cluster");
+        if outage { c.stop() } else { c.freeze(true) }
+    })
+    .await??;
+    tokio::time::sleep(d).await;
+    tokio::task::spawn_blocking(move || {
+        let mut c = cluster.lock().expect("cluster");
+        if outage {
+            c.start_again()
+        } else {
+            c.freeze(false)
+        }
+    })
+    .await??;
+    Ok(())
 }
 
 impl World {
@@ -504,7 +536,10 @@ impl World {
                     }
                 });
             }
-            Fault::StoreStall(d) => self.store.stall(d).await?,
+            Fault::StoreStall(d) => match &self.cluster {
+                Some(cluster) => cluster_fault(cluster.clone(), d).await?,
+                None => self.store.stall(d).await?,
+            },
             Fault::Partition { gateway, for_ } => {
                 let name = self.gateways.lock().await[gateway].name.clone();
                 self.hosts
@@ -607,7 +642,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
 
     // The store: SQLite in the server's directory, or PostgreSQL (a
     // throw-away cluster for the run, stopped when the run ends).
-    let mut _cluster = None;
+    let mut own_cluster = None;
     let (store_kind, pg_url) = match opts.store.as_str() {
         "sqlite" => ("sqlite", None),
         "postgres" | "postgresql" => {
@@ -620,7 +655,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
                 "sim: PostgreSQL cluster in {}",
                 cluster.dir().display()
             ));
-            _cluster = Some(cluster);
+            own_cluster = Some(Arc::new(std::sync::Mutex::new(cluster)));
             ("postgres", Some(url))
         }
         other if bc_store::Location::parse(other).is_postgres() => {
@@ -688,6 +723,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         node_ids: Vec::new(),
         config,
         clock_faults: std::sync::Mutex::new(Vec::new()),
+        cluster: own_cluster.clone(),
     });
     let started = Instant::now();
     for (name, addr) in &addrs {
