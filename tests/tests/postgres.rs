@@ -103,6 +103,40 @@ fn gateways_share_the_store_and_a_dead_holders_controllers_are_taken_over() {
         b.proc.log()
     );
     assert_eq!(b.node(&id2).unwrap().state, "connected");
+    // The other controllers move too, and run: a command for the away n1
+    // whose deadline passes is expired by gw-b's sweeper.
+    for controller in ["sweeper", "rollouts"] {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("gw-b to run {controller}"),
+            || {
+                b.proc
+                .log()
+                .contains(&format!(
+                    "holding the controller lease; running it lease=controller:{controller} owner=gw-b"
+                ))
+                .then_some(())
+            },
+        );
+    }
+    let out = b.cli(&[
+        "commands",
+        "run",
+        &id1,
+        "exec.run",
+        "--not-after",
+        "1s",
+        "--",
+        "/bin/true",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let late = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let swept = b.wait_command(&late);
+    assert_eq!(
+        (swept.state.as_str(), swept.reason.as_str()),
+        ("expired", "not_after passed before dispatch"),
+        "{swept:?}"
+    );
     // gw-a comes back on its address: n1 reconnects, reachable again.
     a.crash_restart().unwrap();
     let n = b.wait_node(&id1, "n1 back", |n| n.state == "connected");
