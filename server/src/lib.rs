@@ -33,7 +33,6 @@ pub mod client;
 pub mod controllers;
 pub mod doctor;
 pub mod evidence;
-pub mod files;
 pub mod gateway;
 pub mod http;
 pub mod metrics;

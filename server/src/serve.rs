@@ -157,7 +157,7 @@ fn record_keys(opts: &ServeOptions) -> anyhow::Result<()> {
     let path = opts.data_dir.join(crate::doctor::KEYS_FILE);
     let bytes = serde_json::to_vec_pretty(&doc).expect("plain data serializes");
     if std::fs::read(&path).ok().as_deref() != Some(bytes.as_slice()) {
-        crate::files::write_atomic(&path, &bytes, 0o644)
+        bcd_sys::fs::atomic_write(&path, &bytes, 0o644)
             .with_context(|| format!("cannot record the public keys in {}", path.display()))?;
     }
     Ok(())

@@ -30,7 +30,6 @@ use tonic::server::NamedService;
 use tracing::{info, warn};
 
 use super::status::{Turned, turned, unavailable};
-use crate::files;
 use crate::pki::OperatorCa;
 
 /// What a credential file (`operator.json`, or the file `operators add
@@ -326,7 +325,7 @@ pub fn new_key_and_csr() -> anyhow::Result<(rcgen::KeyPair, Vec<u8>)> {
 pub fn write_credential(path: &Path, c: &OperatorCredential, force: bool) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec_pretty(c)?;
     if force {
-        files::write_atomic(path, &bytes, 0o600)
+        bcd_sys::fs::atomic_write(path, &bytes, 0o600)
             .with_context(|| format!("cannot write {}", path.display()))?;
         return Ok(());
     }
@@ -429,7 +428,7 @@ pub async fn operator_credential(
     match existing {
         Some(bytes) if roleless(&bytes) => {
             let c = first_admin(store, ca, server).await?;
-            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+            bcd_sys::fs::atomic_write(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
             warn!(
                 path = %path.display(),
                 operator = %c.name,
@@ -447,12 +446,12 @@ pub async fn operator_credential(
             })?;
             if c.server != server {
                 c.server = server;
-                files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+                bcd_sys::fs::atomic_write(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
             }
         }
         bearer => {
             let c = first_admin(store, ca, server).await?;
-            files::write_atomic(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
+            bcd_sys::fs::atomic_write(&path, &serde_json::to_vec_pretty(&c)?, 0o600)?;
             if bearer.is_some() {
                 warn!(
                     path = %path.display(),

@@ -414,7 +414,7 @@ async fn write_set(
         .context("the backup's own row is gone from the store")?;
     let manifest = Manifest::new(id, row.created_at, &dump, files);
     let bytes = manifest.to_json();
-    crate::files::write_atomic(&set.join(manifest::FILE), &bytes, 0o600)?;
+    bcd_sys::fs::atomic_write(&set.join(manifest::FILE), &bytes, 0o600)?;
     sync_dir(set)?;
     Ok((manifest.files.len() as u64, manifest.total_size()))
 }
@@ -616,7 +616,7 @@ pub async fn restore(
             .any(|f| f.path == format!("keys/{name}"))
         {
             let bytes = std::fs::read(&from)?;
-            crate::files::write_atomic(&data_dir.join(name), &bytes, *mode)?;
+            bcd_sys::fs::atomic_write(&data_dir.join(name), &bytes, *mode)?;
         }
     }
     journal.reached(Phase::KeysRestored)?;

@@ -61,10 +61,10 @@ pub fn keygen(out: &Path) -> anyhow::Result<String> {
         .map_err(|_| anyhow::anyhow!("cannot read the generated key"))?;
     use ring::signature::KeyPair;
     let public = hex::encode(key.public_key().as_ref());
-    crate::files::write_atomic(out, pkcs8.as_ref(), 0o600)?;
+    bcd_sys::fs::atomic_write(out, pkcs8.as_ref(), 0o600)?;
     let mut pub_path = out.to_path_buf().into_os_string();
     pub_path.push(".pub");
-    crate::files::write_atomic(
+    bcd_sys::fs::atomic_write(
         Path::new(&pub_path),
         format!("{public}\n").as_bytes(),
         0o644,
@@ -109,7 +109,7 @@ pub async fn run(cmd: ReleasesCommand, target: &Target) -> anyhow::Result<()> {
                 .check(&bin)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", binary.display()))?;
             let signed = release::sign(&manifest, &key);
-            crate::files::write_atomic(&out, &signed.to_json(), 0o644)?;
+            bcd_sys::fs::atomic_write(&out, &signed.to_json(), 0o644)?;
             out!(
                 "signed {version} (sequence {sequence}, {} bytes, sha256 {})",
                 manifest.size,

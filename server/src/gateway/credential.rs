@@ -50,7 +50,7 @@ impl std::fmt::Debug for GatewayCredential {
 impl GatewayCredential {
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let bytes = serde_json::to_vec_pretty(self).expect("plain data serializes");
-        crate::files::write_atomic(path, &bytes, 0o600)?;
+        bcd_sys::fs::atomic_write(path, &bytes, 0o600)?;
         Ok(())
     }
 

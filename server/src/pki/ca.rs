@@ -18,8 +18,6 @@ use rcgen::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, CertificateSigningRequestDer, PrivateKeyDer};
 
-use crate::files;
-
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
     #[error("cannot read {path}")]
@@ -33,7 +31,7 @@ pub enum CaError {
     #[error("certificate")]
     Rcgen(#[from] rcgen::Error),
     #[error(transparent)]
-    Write(#[from] files::WriteError),
+    Write(#[from] bcd_sys::fs::FsError),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -111,8 +109,8 @@ pub(super) fn load_or_create_root(
         params.not_after = offset(now_ms + 20 * 365 * 86_400_000);
         params.serial_number = Some(random_serial().0);
         let cert = params.self_signed(&key)?;
-        files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-        files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        bcd_sys::fs::atomic_write(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        bcd_sys::fs::atomic_write(&cert_path, cert.pem().as_bytes(), 0o644)?;
     }
     let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
         path: key_path.clone(),
@@ -153,9 +151,9 @@ pub(super) fn load_or_create_serving(
         params.serial_number = Some(random_serial().0);
         let issuer = Issuer::from_ca_cert_der(ca_cert, ca_key)?;
         let cert = params.signed_by(&key, &issuer)?;
-        files::write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-        files::write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
-        files::write_atomic(&names_path, wanted.as_bytes(), 0o644)?;
+        bcd_sys::fs::atomic_write(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        bcd_sys::fs::atomic_write(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        bcd_sys::fs::atomic_write(&names_path, wanted.as_bytes(), 0o644)?;
     }
     let key_pem = String::from_utf8(read(&key_path)?).map_err(|_| CaError::Pem {
         path: key_path.clone(),

@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use super::ca::{CaError, read};
-use crate::files;
 
 /// The worker signing key (ed25519) in `worker.key`, created on first start.
 /// Commands and specs are signed with it; nodes learn its public half at
@@ -15,7 +14,7 @@ pub fn load_or_create_worker_key(dir: &Path) -> Result<ring::signature::Ed25519K
         let pkcs8 =
             ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
                 .map_err(|_| CaError::Pem { path: path.clone() })?;
-        files::write_atomic(&path, pkcs8.as_ref(), 0o600)?;
+        bcd_sys::fs::atomic_write(&path, pkcs8.as_ref(), 0o600)?;
     }
     let bytes = read(&path)?;
     ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|_| CaError::Pem { path })
