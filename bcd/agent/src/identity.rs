@@ -765,16 +765,12 @@ pub fn utc_stamp(t: SystemTime) -> String {
         .replace(['-', ':'], "")
 }
 
+/// A PEM block: `label` and `der`, base64 in 64-column lines, LF.
 pub fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
+    ::pem::encode_config(
+        &::pem::Pem::new(label, der),
+        ::pem::EncodeConfig::new().set_line_ending(::pem::LineEnding::LF),
+    )
 }
 
 #[cfg(test)]

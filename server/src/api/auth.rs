@@ -297,17 +297,12 @@ where
     }
 }
 
-/// A certificate PEM block.
+/// A certificate PEM block (64-column lines, LF).
 pub fn cert_pem(der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).expect("base64 is ascii"));
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
+    pem::encode_config(
+        &pem::Pem::new("CERTIFICATE", der),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 /// A new operator key (ECDSA P-256) and a certificate request for it.
