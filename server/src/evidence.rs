@@ -78,11 +78,9 @@ pub fn judge(row: &CommandRow, certs: &[Vec<u8>], ca_der: &[u8]) -> Evidence {
             )),
         };
     };
-    let node_uri = format!("urn:bc:node:{}", row.node_id);
     let signer = certs.iter().find(|der| {
         crate::certs::issued_by(der, ca_der)
-            && crate::certs::named(der, "urn:bc:node:")
-                .is_some_and(|(node, _)| format!("urn:bc:node:{node}") == node_uri)
+            && crate::certs::named(der, "urn:bc:node:").is_some_and(|(node, _)| node == row.node_id)
             && crate::certs::verify_node_signature(der, &signed.payload, &signed.signature)
     });
     if signer.is_none() {

@@ -20,6 +20,25 @@ fn args(gateway: &str) -> Vec<&str> {
     a
 }
 
+/// A cluster of the test's own (to stop, start or freeze) and a database
+/// `name` on it.
+fn own_cluster(name: &str) -> (bc_store::postgres::cluster::TempCluster, String) {
+    let cluster = bc_store::postgres::cluster::TempCluster::start(
+        bc_store::postgres::cluster::ClusterOptions {
+            durable: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let url = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(cluster.create_database(name))
+        .unwrap();
+    (cluster, url)
+}
+
 fn gateway(dir: &Path, url: &str, id: &str) -> Server {
     Server::start_postgres(dir, url, &args(id)).expect("gateway starts")
 }
@@ -273,18 +292,7 @@ fn bcd_sim(url: &str, token: &str, dir: &Path, nodes: usize, log: &Path) -> Chil
 #[test]
 fn a_database_outage_under_load_loses_nothing() {
     const NODES: usize = 20;
-    let mut cluster = bc_store::postgres::cluster::TempCluster::start(
-        bc_store::postgres::cluster::ClusterOptions {
-            durable: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = rt.block_on(cluster.create_database("outage")).unwrap();
+    let (mut cluster, url) = own_cluster("outage");
     let secret = cluster.dir().display().to_string();
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("server");
@@ -460,18 +468,7 @@ fn check_on_an_empty_database_creates_nothing() {
 /// deadline, not half a TTL from whenever it began.
 #[test]
 fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
-    let mut cluster = bc_store::postgres::cluster::TempCluster::start(
-        bc_store::postgres::cluster::ClusterOptions {
-            durable: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let url = rt.block_on(cluster.create_database("hung")).unwrap();
+    let (mut cluster, url) = own_cluster("hung");
     let d = tempfile::tempdir().unwrap();
     // The default lease and its renewal cadence: 20 s, every 5 s.
     let g = Server::start_postgres(&d.path().join("server"), &url, &["--gateway-id", "gw-h"])
