@@ -604,7 +604,14 @@ pub fn results_signed(s: &Snapshot) -> Outcome {
         ),
         Some(results) => (
             results.len(),
-            "results",
+            match results
+                .iter()
+                .filter(|(_, _, e)| *e == crate::evidence::Evidence::Legacy)
+                .count()
+            {
+                0 => "results",
+                _ => "results (some finished before results were signed: believed as their rows)",
+            },
             results
                 .iter()
                 .filter_map(|(id, node, e)| match e {
@@ -1281,6 +1288,10 @@ mod tests {
             o.violations,
             vec!["command cmd-3 of node n2: forged: no node signed it".to_string()]
         );
+        // A result from before results were signed is held, and said.
+        s.results = Some(vec![("cmd-4".into(), "n1".into(), Evidence::Legacy)]);
+        let o = results_signed(&s);
+        assert!(o.held() && o.what.contains("before results were signed"));
         s.results = None;
         let o = results_signed(&s);
         assert!(o.held() && o.checked == 0 && o.what.contains("no fleet CA"));

@@ -24,6 +24,9 @@ pub enum Evidence {
     NodeSigned,
     /// The control plane ended it, as only it ends a command so: why.
     Decided(&'static str),
+    /// It finished before results kept their node's signature: the row is
+    /// all there is, believed as it was before the upgrade.
+    Legacy,
     /// The row claims a result no node signed (or not this one): why.
     Forged(String),
 }
@@ -40,10 +43,15 @@ impl Evidence {
             Evidence::Unfinished => (v1::ResultEvidence::Unfinished, String::new()),
             Evidence::NodeSigned => (v1::ResultEvidence::NodeSigned, String::new()),
             Evidence::Decided(why) => (v1::ResultEvidence::Decided, (*why).to_string()),
+            Evidence::Legacy => (v1::ResultEvidence::Legacy, LEGACY.to_string()),
             Evidence::Forged(why) => (v1::ResultEvidence::Forged, why.clone()),
         }
     }
 }
+
+/// Why a [`Evidence::Legacy`] result is believed.
+pub const LEGACY: &str = "it finished before results kept their node's signature: \
+                          the row is the only record";
 
 /// How the control plane itself ends a command, without a node's result.
 fn decided(kind: Kind, outcome: Outcome, why: &str) -> Option<&'static str> {
@@ -72,6 +80,7 @@ pub fn judge(row: &CommandRow, certs: &[Vec<u8>], ca_der: &[u8]) -> Evidence {
     let Some(signed) = &row.signed_result else {
         return match decided(kind, outcome, &row.reason) {
             Some(why) => Evidence::Decided(why),
+            None if row.legacy => Evidence::Legacy,
             None => Evidence::Forged(format!(
                 "the row says {} ({}) and no node signed it",
                 row.state, row.reason
@@ -194,6 +203,7 @@ mod tests {
                 signature: sign(key, &payload),
                 payload,
             }),
+            legacy: false,
         }
     }
 
@@ -228,6 +238,14 @@ mod tests {
         let mut unsigned = good.clone();
         unsigned.signed_result = None;
         assert!(forged(judge(&unsigned, &certs, &ca)).contains("no node signed"));
+        // Unless it finished before results were signed (a list the
+        // migration wrote): then the row is all there is.
+        unsigned.legacy = true;
+        assert_eq!(judge(&unsigned, &certs, &ca), Evidence::Legacy);
+        // A legacy mark covers no signature that fails.
+        let mut marked = edited.clone();
+        marked.legacy = true;
+        assert!(forged(judge(&marked, &certs, &ca)).contains("signed"));
         // Signed by a key whose certificate the fleet CA did not issue, or
         // issued for another node.
         let other = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();

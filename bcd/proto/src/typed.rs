@@ -93,6 +93,7 @@ impl Spelling for v1::ResultEvidence {
             v1::ResultEvidence::NodeSigned => "node-signed",
             v1::ResultEvidence::Decided => "decided",
             v1::ResultEvidence::Forged => "forged",
+            v1::ResultEvidence::Legacy => "legacy",
         }
     }
 }

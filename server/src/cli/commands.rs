@@ -241,7 +241,9 @@ fn show(i: &CommandInfo) -> anyhow::Result<()> {
     );
     match bcd_proto::typed::wire::<ResultEvidence>(i.evidence) {
         Some(ResultEvidence::NodeSigned) => out!("evidence  signed by the node"),
-        Some(ResultEvidence::Decided) => out!("evidence  {}", i.evidence_detail),
+        Some(ResultEvidence::Decided | ResultEvidence::Legacy) => {
+            out!("evidence  {}", i.evidence_detail)
+        }
         _ => {}
     }
     if i.has_exit_code {

@@ -80,6 +80,10 @@ pub struct CommandRow {
     /// kept their signature): what a reader verifies instead of believing
     /// the columns above, which a gateway writes.
     pub signed_result: Option<SignedResult>,
+    /// Whether it finished before results kept their node's signature
+    /// (listed once, by the migration that began keeping them, in a table
+    /// no gateway writes): its row is all there is, as before.
+    pub legacy: bool,
 }
 
 /// A result's signed bytes (a `CommandResult`) and the node's signature.
@@ -235,6 +239,7 @@ mod tests {
             result_at_ms: None,
             epoch: 0,
             signed_result: None,
+            legacy: false,
         };
         let new = NewCommand {
             node_id: "n1".into(),

@@ -96,6 +96,12 @@ async fn privileges(owner: &tokio_postgres::Client, group: &str) -> String {
                  CASE WHEN has_schema_privilege($1::text, 'public', 'CREATE') THEN 'CREATE' END)",
         ),
         (
+            "row policies (the owner is not bound by them)",
+            "SELECT tablename || '.' || policyname || ' ' || cmd,
+                    concat_ws(' ', 'using', coalesce(qual, '-'), 'check', coalesce(with_check, '-'))
+             FROM pg_policies WHERE schemaname = 'public' AND $1::text IS NOT NULL ORDER BY 1",
+        ),
+        (
             "functions running as their owner",
             "SELECT proname::text, array_to_string(proconfig, ', ')
              FROM pg_proc WHERE pronamespace = 'public'::regnamespace AND prosecdef
@@ -268,6 +274,8 @@ async fn a_gateway_role_is_refused_every_write_it_is_not_granted() {
         "CREATE FUNCTION compute_now_too() RETURNS bigint LANGUAGE sql AS $$ SELECT 0::bigint $$",
         "ALTER FUNCTION audit_seal() SECURITY INVOKER",
         "SET session_replication_role = replica",
+        "ALTER TABLE leases DISABLE ROW LEVEL SECURITY",
+        "DROP POLICY leases_insert ON leases",
         // Secrets are not even read.
         "SELECT * FROM join_tokens",
         "SELECT * FROM gateway_credentials",
@@ -349,4 +357,90 @@ async fn a_gateway_role_undoes_no_revocation_and_lifts_no_quarantine() {
         )
         .await
     );
+}
+
+/// A gateway's role takes its own lease and the keyless controllers', and
+/// none of the key holder's: it can neither hold one to stall the key
+/// holder's passes nor take, move or drop the one the key holder holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_role_holds_no_lease_of_the_key_holders_controllers() {
+    let (_, owner, gw, gw_url) = store_and_gateway("grants_leases").await;
+    owner
+        .batch_execute(
+            "INSERT INTO leases (name, owner, expires_at, renewed_at)
+                 VALUES ('controller:specs', 'keyholder', 0, 0)",
+        )
+        .await
+        .unwrap();
+    let take = |name: &str| {
+        format!(
+            "INSERT INTO leases (name, owner, expires_at, renewed_at)
+                 VALUES ('{name}', 'edge-1', compute_now() + 60000, compute_now())
+             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,
+                 expires_at = excluded.expires_at, renewed_at = excluded.renewed_at
+             WHERE leases.expires_at < excluded.renewed_at"
+        )
+    };
+    // The expired one of the key holder's, and free ones.
+    for name in [
+        "controller:specs",
+        "controller:rollouts",
+        "controller:history",
+    ] {
+        assert!(refused(&gw, &take(name)).await, "took {name}");
+    }
+    // Moved or dropped: the rows are not the role's to touch.
+    for sql in [
+        "UPDATE leases SET owner = 'edge-1', expires_at = 9e15 WHERE name = 'controller:specs'",
+        "DELETE FROM leases WHERE name = 'controller:specs'",
+    ] {
+        gw.batch_execute(sql).await.unwrap();
+    }
+    let held: Vec<(String, String, i64)> = owner
+        .query(
+            "SELECT name, owner, expires_at FROM leases ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        held,
+        [("controller:specs".to_string(), "keyholder".to_string(), 0)]
+    );
+    // What is a gateway's to hold, it holds, through the store as well.
+    for name in [
+        "gateway:edge-1",
+        "controller:liveness",
+        "controller:sweeper",
+    ] {
+        gw.batch_execute(&take(name)).await.unwrap();
+    }
+    let store = GatewayStore::open(&Location::parse(&gw_url), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let ttl = std::time::Duration::from_secs(20);
+    assert!(
+        store
+            .renew_lease("controller:sweeper", "edge-1", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let e = store
+        .renew_lease("controller:specs", "edge-1", ttl)
+        .await
+        .expect_err("the key holder's lease, renewed by a gateway");
+    assert!(matches!(e, StoreError::Database(_)), "{e:?}");
+    assert!(format!("{e:?}").contains("row-level security"), "{e:?}");
+    let specs = owner
+        .query_one(
+            "SELECT owner FROM leases WHERE name = 'controller:specs'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(specs.get::<_, String>(0), "keyholder");
 }

@@ -46,6 +46,7 @@ pub const GATEWAY: &[(&str, &str)] = &[
         "inventory",
         "SELECT, INSERT, UPDATE (sha256, body, updated_at)",
     ),
+    ("legacy_results", "SELECT"),
     ("node_events", "SELECT, INSERT, DELETE"),
     ("node_specs", "SELECT"),
     (

@@ -122,6 +122,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0023_hello_cost.sql"),
     include_str!("migrations/0024_signed_results.sql"),
     include_str!("migrations/0025_revocations_stay.sql"),
+    include_str!("migrations/0026_legacy_results.sql"),
+    include_str!("migrations/0027_controller_leases.sql"),
 ];
 
 /// The schema version this binary writes.

@@ -17,7 +17,8 @@ use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
      COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch, \
-     result_payload, result_signature";
+     result_payload, result_signature, \
+     EXISTS (SELECT 1 FROM legacy_results l WHERE l.command_id = commands.id)";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
     Ok(CommandRow {
@@ -36,6 +37,7 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandRow> {
         result_at_ms: r.get(12)?,
         epoch: r.get::<_, i64>(13)? as u64,
         signed_result: signed_result(r.get(14)?, r.get(15)?),
+        legacy: r.get(16)?,
     })
 }
 

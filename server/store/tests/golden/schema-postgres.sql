@@ -1,4 +1,4 @@
--- schema version 25
+-- schema version 27
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -121,6 +121,7 @@ leases.name: text NOT NULL
 leases.owner: text NOT NULL
 leases.expires_at: bigint NOT NULL
 leases.renewed_at: bigint NOT NULL
+legacy_results.command_id: text NOT NULL
 machine_enrolments.id: text NOT NULL
 machine_enrolments.kind: text NOT NULL
 machine_enrolments.ek_sha256: text
@@ -251,6 +252,7 @@ inventory inventory_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 inventory inventory_pkey: PRIMARY KEY (node_id, section)
 join_tokens join_tokens_pkey: PRIMARY KEY (id)
 leases leases_pkey: PRIMARY KEY (name)
+legacy_results legacy_results_pkey: PRIMARY KEY (command_id)
 machine_enrolments machine_enrolments_check: CHECK (((kind = 'ek'::text) = (ek_sha256 IS NOT NULL)))
 machine_enrolments machine_enrolments_check1: CHECK (((kind = 'ek-ca'::text) = (ca_der IS NOT NULL)))
 machine_enrolments machine_enrolments_kind_check: CHECK ((kind = ANY (ARRAY['ek'::text, 'ek-ca'::text])))
@@ -312,6 +314,7 @@ inventory_pkey: CREATE UNIQUE INDEX inventory_pkey ON public.inventory USING btr
 join_tokens_minted: CREATE INDEX join_tokens_minted ON public.join_tokens USING btree (minted_for_mac) WHERE (minted_for_mac IS NOT NULL)
 join_tokens_pkey: CREATE UNIQUE INDEX join_tokens_pkey ON public.join_tokens USING btree (id)
 leases_pkey: CREATE UNIQUE INDEX leases_pkey ON public.leases USING btree (name)
+legacy_results_pkey: CREATE UNIQUE INDEX legacy_results_pkey ON public.legacy_results USING btree (command_id)
 machine_enrolments_pkey: CREATE UNIQUE INDEX machine_enrolments_pkey ON public.machine_enrolments USING btree (id)
 node_certs_fingerprint_key: CREATE UNIQUE INDEX node_certs_fingerprint_key ON public.node_certs USING btree (fingerprint)
 node_certs_node: CREATE INDEX node_certs_node ON public.node_certs USING btree (node_id)
@@ -352,6 +355,7 @@ audit_liveness: CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON public.no
 audit_result: CREATE TRIGGER audit_result AFTER UPDATE OF state ON public.commands FOR EACH ROW WHEN (((new.state <> old.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'expired'::text, 'rejected'::text])))) EXECUTE FUNCTION audit_result()
 audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON public.node_sessions FOR EACH ROW WHEN (((new.epoch <> old.epoch) OR (new.gateway_id <> old.gateway_id))) EXECUTE FUNCTION audit_route()
 audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
+legacy_results_written_once: CREATE TRIGGER legacy_results_written_once BEFORE INSERT OR UPDATE ON public.legacy_results FOR EACH ROW EXECUTE FUNCTION legacy_results_written_once()
 quarantine_stays: CREATE TRIGGER quarantine_stays BEFORE UPDATE OF quarantined_at ON public.nodes FOR EACH ROW WHEN (((old.quarantined_at IS NOT NULL) AND (new.quarantined_at IS DISTINCT FROM old.quarantined_at))) EXECUTE FUNCTION quarantine_stays()
 revocation_stays: CREATE TRIGGER revocation_stays BEFORE UPDATE OF revoked_at, revoke_reason ON public.node_certs FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND ((new.revoked_at IS DISTINCT FROM old.revoked_at) OR (new.revoke_reason IS DISTINCT FROM old.revoke_reason)))) EXECUTE FUNCTION revocation_stays()
 
@@ -543,6 +547,13 @@ AS $function$
     SELECT COALESCE(NULLIF(current_setting('bc.now_ms', true), '')::BIGINT,
                     floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
 $function$
+legacy_results_written_once: CREATE OR REPLACE FUNCTION public.legacy_results_written_once()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'legacy results are written once, by migration 0026';
+END $function$
 quarantine_stays: CREATE OR REPLACE FUNCTION public.quarantine_stays()
  RETURNS trigger
  LANGUAGE plpgsql

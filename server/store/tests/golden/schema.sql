@@ -1,4 +1,4 @@
--- schema version 25
+-- schema version 27
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -233,6 +233,11 @@ CREATE TABLE leases (
         expires_at INTEGER NOT NULL,
         renewed_at INTEGER NOT NULL
     ) STRICT;
+
+-- table legacy_results
+CREATE TABLE legacy_results (
+    command_id TEXT PRIMARY KEY
+) STRICT;
 
 -- table machine_enrolments
 CREATE TABLE machine_enrolments (
@@ -496,6 +501,18 @@ CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
         VALUES (compute_now(), NEW.node_id, 'route',
                 NEW.epoch, NEW.gateway_id, NEW.last_seen);
     END;
+
+-- trigger legacy_results_kept
+CREATE TRIGGER legacy_results_kept BEFORE UPDATE ON legacy_results
+BEGIN
+    SELECT RAISE(ABORT, 'legacy results are written once, by migration 0026');
+END;
+
+-- trigger legacy_results_written_once
+CREATE TRIGGER legacy_results_written_once BEFORE INSERT ON legacy_results
+BEGIN
+    SELECT RAISE(ABORT, 'legacy results are written once, by migration 0026');
+END;
 
 -- trigger revocation_stays
 CREATE TRIGGER revocation_stays BEFORE UPDATE OF revoked_at, revoke_reason ON node_certs

@@ -445,3 +445,31 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
     );
     assert_eq!(s.get_command(&b.id).await.unwrap().unwrap().state, "acked");
 }
+
+/// Only the migration that began keeping results' signatures lists the
+/// results from before it: a result written unsigned later is no legacy,
+/// and the list takes no new name.
+pub async fn no_result_becomes_legacy_after_the_migration(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let (c, _) = s
+        .create_command(
+            &command(&node, Kind::ExecRun, "x"),
+            Box::new(|_| b"signed".to_vec()),
+        )
+        .await
+        .unwrap();
+    // Ended with no node's signature (its deadline swept): not legacy.
+    f.advance(Duration::from_secs(61));
+    assert_eq!(s.sweep_commands().await.unwrap(), vec![c.id.clone()]);
+    let row = s.get_command(&c.id).await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.legacy), ("expired", false));
+    assert!(row.signed_result.is_none());
+    let sql = format!(
+        "INSERT INTO legacy_results (command_id) VALUES ('{}')",
+        c.id
+    );
+    let refused = f.try_tamper(&sql).await.expect_err(&sql);
+    assert!(refused.contains("written once"), "{sql}: {refused}");
+    assert!(!s.get_command(&c.id).await.unwrap().unwrap().legacy);
+}

@@ -334,6 +334,7 @@ macro_rules! store_suite {
             recovery::racing_joins_never_burn_one_token_on_two_identities,
             recovery::a_hello_after_a_crash_loop_shows_it_and_the_next_clears_it,
             recovery::history_peers_can_add_to_is_pruned_to_its_limits,
+            commands::no_result_becomes_legacy_after_the_migration,
             releases::a_release_registers_once,
             releases::a_release_reads_in_chunks,
             rollouts::a_rollout_fixes_its_nodes_and_follows_their_commands,

@@ -1,0 +1,4 @@
+-- PostgreSQL's migration 0027 keeps the leases of the controllers only
+-- the key holder runs out of a gateway's role with row security. SQLite
+-- has no roles: every process on the file may write every lease, as the
+-- README says, and this migration changes nothing here.
