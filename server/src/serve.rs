@@ -436,10 +436,12 @@ pub async fn serve(
                 worker_key: worker_key.clone(),
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
+                seal: Arc::new(ca.token_seal_key()),
             };
             let admin = AdminService {
                 store: store.clone(),
                 ca_pin: ca.fingerprint(),
+                seal_key: ca.token_seal_key().public(),
                 ca_der: Arc::new(ca.cert.to_vec()),
                 secrets: ca.secret_digest(),
                 worker_key: worker_key.clone(),
@@ -485,7 +487,11 @@ pub async fn serve(
             if let Some((boot_addr, task)) = crate::boot::start(
                 opts.boot.clone(),
                 store.clone(),
-                (ca.fingerprint(), ca.secret_digest()),
+                (
+                    ca.fingerprint(),
+                    ca.token_seal_key().public(),
+                    ca.secret_digest(),
+                ),
             )
             .await?
             {

@@ -640,8 +640,18 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
     let joiner = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let joiner_csr = csr(&joiner);
     let statement = bcd_proto::reenrol::statement(&id, token_id, &joiner_csr);
+    let seal_key = bcd_proto::token::JoinToken::parse(&token)
+        .unwrap()
+        .seal_key
+        .unwrap();
+    let sealed_token = bcd_proto::seal::seal(
+        &seal_key,
+        format!("{token_id}.{secret}").as_bytes(),
+        &bcd_proto::seal::aad(&joiner_csr),
+    )
+    .unwrap();
     let m = refused(rt.block_on(port.join(JoinRequest {
-        token: format!("{token_id}.{secret}"),
+        sealed_token,
         csr_der: joiner_csr,
         hostname: "attacker".into(),
         previous: Some(bcd_proto::v1::PreviousIdentity {
@@ -737,10 +747,14 @@ fn a_credential_or_token_planted_in_the_store_admits_nothing() {
 
     // A node joining with the planted token.
     let victim = Node::new(&d.path().join("n"), 10);
-    let pin = server.token(1).rsplit('.').next().unwrap().to_string();
+    let real = server.token(1);
+    let (pin, seal) = (
+        real.split('.').nth(3).unwrap(),
+        real.split('.').nth(4).unwrap(),
+    );
     let out = victim.join(
         &server.url(),
-        &format!("bct1.{token_id}.{token_secret}.{pin}"),
+        &format!("bct2.{token_id}.{token_secret}.{pin}.{seal}"),
     );
     assert!(!out.status.success(), "a planted token joined a node");
     assert!(
@@ -846,4 +860,100 @@ fn a_result_rewritten_or_made_up_in_the_store_is_reported_forged() {
 
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A join token is sealed to the join service, under the CSR it comes
+/// with: a gateway that relays it reads nothing it could spend, and the
+/// sealed bytes moved to a request for a key of its own open as nothing.
+/// A bct1 token (its secret in the clear) is refused through a gateway,
+/// saying what to do, and still joins through the key holder's own
+/// listener. Nothing refused spends the token.
+#[test]
+fn a_relayed_join_token_is_sealed_and_a_plain_one_is_refused_through_a_gateway() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let cred_path = d.path().join("gw-a.json");
+    add_gateway(&server, "gw-a", &cred_path);
+    let cred = GatewayCredential::read(&cred_path).unwrap();
+    let rt = runtime();
+    let (_, mut port) = gateway_port(&rt, &cred);
+
+    let printed = server.token(2);
+    assert!(printed.starts_with("bct2."), "{printed}");
+    let token = bcd_proto::token::JoinToken::parse(&printed).unwrap();
+    let seal_key = token.seal_key.unwrap();
+    let node_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let node_csr = csr(&node_key);
+    let sealed_token = bcd_proto::seal::seal(
+        &seal_key,
+        token.credential().as_bytes(),
+        &bcd_proto::seal::aad(&node_csr),
+    )
+    .unwrap();
+    assert!(
+        !sealed_token
+            .windows(token.secret.len())
+            .any(|w| w == token.secret.as_bytes()),
+        "the secret travels in the clear"
+    );
+    // Uses left, from `tokens list` ("ID LEFT/TOTAL ...").
+    let unspent = |server: &Server| {
+        let listed = server.cli(&["tokens", "list"]);
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .find(|l| l.starts_with(&token.id))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)?
+                    .split('/')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+    };
+    assert_eq!(unspent(&server), Some(2));
+
+    // The gateway moves the sealed token to a CSR of its own.
+    let gateway_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let m = refused(rt.block_on(port.join(JoinRequest {
+        sealed_token: sealed_token.clone(),
+        csr_der: csr(&gateway_key),
+        hostname: "gateway-owned".into(),
+        ..Default::default()
+    })));
+    assert!(m.contains("does not open"), "{m}");
+    // The plain credential, relayed: refused, with what to do.
+    let m = refused(rt.block_on(port.join(JoinRequest {
+        token: token.credential(),
+        csr_der: node_csr.clone(),
+        hostname: "plain".into(),
+        ..Default::default()
+    })));
+    assert!(
+        m.contains("bct1 join token") && m.contains("tokens create"),
+        "{m}"
+    );
+    assert_eq!(unspent(&server), Some(2), "a refused join spent the token");
+
+    // The node's own request, relayed as it is: joins.
+    let joined = rt
+        .block_on(port.join(JoinRequest {
+            sealed_token,
+            csr_der: node_csr,
+            hostname: "sealed".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert!(!joined.node_id.is_empty());
+    assert_eq!(unspent(&server), Some(1));
+
+    // The same token written the old way joins through the key holder's
+    // own listener.
+    let old = format!("bct1.{}.{}.{}", token.id, token.secret, token.ca_pin);
+    let node = Node::new(&d.path().join("n"), 9);
+    let out = node.join(&server.url(), &old);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Spent: no use left (a spent token leaves the list).
+    assert_eq!(unspent(&server).unwrap_or(0), 0);
 }

@@ -26,7 +26,7 @@ fn manufactured(dir: &Path) -> Swtpm {
 /// The fleet CA's pin, as a token carries it.
 fn pin(server: &Server) -> String {
     let token = server.token(1);
-    token.rsplit('.').next().unwrap().to_string()
+    token.split('.').nth(3).unwrap().to_string()
 }
 
 fn join(node: &Node, server: &Server, tpm: &Swtpm, extra: &[&str]) -> Output {

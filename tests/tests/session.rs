@@ -262,7 +262,13 @@ fn bad_tokens_get_one_line_errors_and_leave_nothing_behind() {
 
     let good = server.token(1);
     let parts: Vec<&str> = good.split('.').collect();
-    let unknown = format!("bct1.{}.{}.{}", "0".repeat(16), parts[2], parts[3]);
+    let unknown = format!(
+        "bct2.{}.{}.{}.{}",
+        "0".repeat(16),
+        parts[2],
+        parts[3],
+        parts[4]
+    );
     let e = join_error(&node, &server.url(), &unknown);
     assert!(e.contains("not known to this server"), "{e}");
 

@@ -247,9 +247,23 @@ async fn send_join(
     tpm: Option<bcd_proto::v1::TpmAttestation>,
 ) -> anyhow::Result<bcd_proto::v1::JoinResponse> {
     let inventory = hw::inventory(host);
+    // A bct2 token travels sealed to the join service, under this CSR.
+    let (plain, sealed_token) = match token {
+        None => (String::new(), Vec::new()),
+        Some(t) => match &t.seal_key {
+            None => (t.credential(), Vec::new()),
+            Some(key) => {
+                let aad = bcd_proto::seal::aad(&csr_der);
+                let sealed = bcd_proto::seal::seal(key, t.credential().as_bytes(), &aad)
+                    .map_err(|e| anyhow::anyhow!("cannot seal the join token: {e}"))?;
+                (String::new(), sealed)
+            }
+        },
+    };
     Ok(client
         .join(JoinRequest {
-            token: token.map(JoinToken::credential).unwrap_or_default(),
+            token: plain,
+            sealed_token,
             csr_der,
             hostname: host.hostname(),
             inventory_hashes: inventory

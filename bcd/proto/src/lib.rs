@@ -20,6 +20,7 @@ pub mod json;
 pub mod reenrol;
 pub mod refusal;
 pub mod renew;
+pub mod seal;
 pub mod sign;
 pub mod tls;
 pub mod token;

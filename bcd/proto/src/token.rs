@@ -1,9 +1,14 @@
-//! Join tokens: `bct1.<id>.<secret>.<ca pin>`.
+//! Join tokens: `bct2.<id>.<secret>.<ca pin>.<seal key>` (and the older
+//! `bct1.<id>.<secret>.<ca pin>`).
 //!
 //! The id names the token in the store, the secret proves it (the store keeps
 //! only its SHA-256), and the pin is the SHA-256 of the fleet CA certificate,
-//! which lets a new node trust the server on first contact. Only `<id>.<secret>`
-//! is sent to the server.
+//! which lets a new node trust the server on first contact. The seal key is
+//! the join service's X25519 public key: a node sends `<id>.<secret>` sealed
+//! to it ([`crate::seal`]), so a gateway that relays the join can neither
+//! read the token nor spend it on a key of its own. A `bct1` token has no
+//! seal key, and its `<id>.<secret>` travels as it is: only the key
+//! holder's own listener still takes one.
 
 use std::fmt;
 
@@ -12,6 +17,8 @@ pub struct JoinToken {
     pub id: String,
     pub secret: String,
     pub ca_pin: String,
+    /// The join service's X25519 public key (`bct2`); `None` for `bct1`.
+    pub seal_key: Option<[u8; 32]>,
 }
 
 impl fmt::Debug for JoinToken {
@@ -20,18 +27,20 @@ impl fmt::Debug for JoinToken {
             .field("id", &self.id)
             .field("secret", &"<redacted>")
             .field("ca_pin", &self.ca_pin)
+            .field("seal_key", &self.seal_key.map(hex::encode))
             .finish()
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the join token is malformed: expected bct1.<id>.<secret>.<ca pin> as printed by \
-     `better-compute tokens create`"
+    "the join token is malformed: expected bct2.<id>.<secret>.<ca pin>.<seal key> (or the \
+     older bct1.<id>.<secret>.<ca pin>) as printed by `better-compute tokens create`"
 )]
 pub struct MalformedToken;
 
-const PREFIX: &str = "bct1";
+const SEALED: &str = "bct2";
+const PLAIN: &str = "bct1";
 
 fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -39,15 +48,15 @@ fn is_hex(s: &str, len: usize) -> bool {
 
 impl JoinToken {
     pub fn parse(s: &str) -> Result<JoinToken, MalformedToken> {
-        let mut parts = s.trim().split('.');
-        let (Some(PREFIX), Some(id), Some(secret), Some(pin), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return Err(MalformedToken);
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        let (id, secret, pin, seal_key) = match parts.as_slice() {
+            [SEALED, id, secret, pin, key] if is_hex(key, 64) => {
+                let mut k = [0u8; 32];
+                hex::decode_to_slice(key, &mut k).map_err(|_| MalformedToken)?;
+                (*id, *secret, *pin, Some(k))
+            }
+            [PLAIN, id, secret, pin] => (*id, *secret, *pin, None),
+            _ => return Err(MalformedToken),
         };
         if !is_hex(id, 16) || !is_hex(secret, 32) || !is_hex(pin, 64) {
             return Err(MalformedToken);
@@ -56,6 +65,7 @@ impl JoinToken {
             id: id.to_ascii_lowercase(),
             secret: secret.to_ascii_lowercase(),
             ca_pin: pin.to_ascii_lowercase(),
+            seal_key,
         })
     }
 
@@ -73,7 +83,17 @@ impl JoinToken {
 
 impl fmt::Display for JoinToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}.{}.{}.{}", self.id, self.secret, self.ca_pin)
+        match &self.seal_key {
+            Some(k) => write!(
+                f,
+                "{SEALED}.{}.{}.{}.{}",
+                self.id,
+                self.secret,
+                self.ca_pin,
+                hex::encode(k)
+            ),
+            None => write!(f, "{PLAIN}.{}.{}.{}", self.id, self.secret, self.ca_pin),
+        }
     }
 }
 
@@ -84,8 +104,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trips(id in "[0-9a-f]{16}", secret in "[0-9a-f]{32}", pin in "[0-9a-f]{64}") {
-            let t = JoinToken { id, secret, ca_pin: pin };
+        fn round_trips(id in "[0-9a-f]{16}", secret in "[0-9a-f]{32}", pin in "[0-9a-f]{64}",
+                       key in proptest::option::of(any::<[u8; 32]>())) {
+            let t = JoinToken { id, secret, ca_pin: pin, seal_key: key };
             prop_assert_eq!(JoinToken::parse(&t.to_string()), Ok(t.clone()));
             let cred = t.credential();
             prop_assert_eq!(JoinToken::split_credential(&cred), Some((t.id.as_str(), t.secret.as_str())));
@@ -112,5 +133,13 @@ mod tests {
         assert!(JoinToken::parse(&good[..good.len() - 1]).is_err());
         assert!(JoinToken::parse(&good.replacen('a', "g", 1)).is_err());
         assert!(format!("{:?}", JoinToken::parse(&good).unwrap()).contains("redacted"));
+        let sealed = format!("{}.{}", good.replace("bct1", "bct2"), "d".repeat(64));
+        let t = JoinToken::parse(&sealed).unwrap();
+        assert_eq!(t.seal_key, Some([0xdd; 32]));
+        assert_eq!(t.to_string(), sealed);
+        // A bct1 with a key, a bct2 without one, a short key.
+        assert!(JoinToken::parse(&format!("{good}.{}", "d".repeat(64))).is_err());
+        assert!(JoinToken::parse(&good.replace("bct1", "bct2")).is_err());
+        assert!(JoinToken::parse(&sealed[..sealed.len() - 2]).is_err());
     }
 }

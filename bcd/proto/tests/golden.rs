@@ -320,6 +320,7 @@ fn refusals_statements_and_join() {
             tpm: None,
             boot_id: String::new(),
             macs: vec![],
+            sealed_token: vec![],
         },
     );
     // An earlier server's response carries no signature; a signed one
@@ -382,6 +383,7 @@ fn tpm_attestation() {
             }),
             boot_id: String::new(),
             macs: vec![],
+            sealed_token: vec![],
         },
     );
     // A machine enrolled by its EK joins with no token; its EK certificate
@@ -408,6 +410,7 @@ fn tpm_attestation() {
             }),
             boot_id: String::new(),
             macs: vec![],
+            sealed_token: vec![],
         },
     );
     // With the chain certificates its TPM holds (field 9).
@@ -433,6 +436,7 @@ fn tpm_attestation() {
             }),
             boot_id: String::new(),
             macs: vec![],
+            sealed_token: vec![],
         },
     );
     // Its boot id (field 8): a sighting for the clone watch.
@@ -448,6 +452,7 @@ fn tpm_attestation() {
             tpm: None,
             boot_id: "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into(),
             macs: vec![],
+            sealed_token: vec![],
         },
     );
 }
@@ -798,6 +803,24 @@ fn operator_messages() {
             tpm: None,
             boot_id: String::new(),
             macs: vec!["52:54:00:12:34:56".into(), "02:bc:00:00:00:2a".into()],
+            sealed_token: vec![],
+        },
+    );
+    // A bct2 token, sealed to the join service (field 10; the plain token
+    // field stays empty): the encapsulated key, then ciphertext and tag.
+    check(
+        "join_request_sealed",
+        &v1::JoinRequest {
+            token: String::new(),
+            csr_der: vec![0x30, 0x82, 0x01],
+            hostname: "gpu-7".into(),
+            inventory_hashes: vec![],
+            ramdisk: false,
+            previous: None,
+            tpm: None,
+            boot_id: String::new(),
+            macs: vec![],
+            sealed_token: [[0xe1; 32].as_slice(), &[0x5e; 49], &[0x7a; 16]].concat(),
         },
     );
 }

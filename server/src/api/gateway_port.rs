@@ -161,7 +161,8 @@ impl Port for GatewayPort {
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         self.gateway(&request).await?;
-        GatewayServices::join(&self.join, request.into_inner())
+        self.join
+            .join_via(request.into_inner(), super::join::Via::Gateway)
             .await
             .map(Response::new)
     }

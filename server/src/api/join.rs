@@ -71,7 +71,25 @@ pub struct JoinService {
     /// Netboot image keys (`serve --image-pubkey`): the images a node
     /// boots by `boot.kexec image=`.
     pub image_keys: Arc<Vec<Vec<u8>>>,
+    /// What `bct2` tokens are sealed to (derived from the CA).
+    pub seal: Arc<crate::pki::token_seal::TokenSealKey>,
 }
+
+/// Which way a join reached the join service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A gateway in this process: the key holder's own listener.
+    Listener,
+    /// A gateway in another process, through the GatewayServices port: it
+    /// holds no key, and must not see a token it could spend.
+    Gateway,
+}
+
+/// The refusal of a plain (`bct1`) token relayed by a gateway.
+pub const PLAIN_TOKEN_RELAYED: &str = "this join came through a gateway with a bct1 join token, \
+     whose secret the gateway could read and spend: create a new token (better-compute tokens \
+     create prints a bct2 one, sealed to the join service) and join with it, or join with this \
+     one through the key holder's own listener";
 
 /// Issues a node certificate inside the store's join or renewal
 /// transaction, at the store's now.
@@ -135,12 +153,58 @@ pub enum Proof {
 #[tonic::async_trait]
 impl GatewayServices for JoinService {
     async fn join(&self, r: JoinRequest) -> Result<JoinResponse, Status> {
+        self.join_via(r, Via::Listener).await
+    }
+
+    async fn begin_attestation(
+        &self,
+        r: AttestationRequest,
+    ) -> Result<AttestationChallenge, Status> {
+        let now = self.store.now().await.map_err(unavailable)?;
+        super::attest::challenge(&self.ca.challenge_key(), &r, now).map_err(|e| {
+            warn!(error = %e, "an attestation was refused at its start");
+            bad_request(e.to_string())
+        })
+    }
+
+    async fn renew(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: RenewRequest,
+    ) -> Result<RenewResponse, Status> {
+        self.renew_with(&node_cert_der, request, Proof::IfPresent)
+            .await
+    }
+}
+
+impl JoinService {
+    /// A join, as it came (`via`): a `bct2` token is opened from its seal
+    /// under the request's CSR; a plain one is taken only from this
+    /// process's own listener.
+    pub async fn join_via(&self, r: JoinRequest, via: Via) -> Result<JoinResponse, Status> {
+        let credential = match (r.sealed_token.is_empty(), r.token.is_empty()) {
+            (false, false) => {
+                return Err(bad_request(
+                    "a join carries its token sealed or plain, not both",
+                ));
+            }
+            (false, true) => self.seal.open(&r.sealed_token, &r.csr_der).map_err(|e| {
+                bad_request(format!(
+                    "{e}: join with a token this control plane printed (better-compute tokens \
+                     create)"
+                ))
+            })?,
+            (true, false) if via == Via::Gateway => {
+                return Err(bad_request(PLAIN_TOKEN_RELAYED));
+            }
+            (true, _) => r.token.clone(),
+        };
         // A TPM enrolled by its EK, or bound to a node, joins with no token.
-        let tokenless = r.token.is_empty() && r.tpm.is_some();
+        let tokenless = credential.is_empty() && r.tpm.is_some();
         let (id, secret) = if tokenless {
             ("", "")
         } else {
-            JoinToken::split_credential(&r.token)
+            JoinToken::split_credential(&credential)
                 .ok_or_else(|| bad_request(MalformedToken.to_string()))?
         };
         let ttl = self.policy.ttl(r.ramdisk);
@@ -321,28 +385,6 @@ impl GatewayServices for JoinService {
         Ok(response)
     }
 
-    async fn begin_attestation(
-        &self,
-        r: AttestationRequest,
-    ) -> Result<AttestationChallenge, Status> {
-        let now = self.store.now().await.map_err(unavailable)?;
-        super::attest::challenge(&self.ca.challenge_key(), &r, now).map_err(|e| {
-            warn!(error = %e, "an attestation was refused at its start");
-            bad_request(e.to_string())
-        })
-    }
-
-    async fn renew(
-        &self,
-        node_cert_der: Vec<u8>,
-        request: RenewRequest,
-    ) -> Result<RenewResponse, Status> {
-        self.renew_with(&node_cert_der, request, Proof::IfPresent)
-            .await
-    }
-}
-
-impl JoinService {
     /// For a join with no token: the enrolled EK CA that certified the
     /// attested EK, if the node sent an EK certificate of that EK and one
     /// did. A certificate that names another EK, or none the server can

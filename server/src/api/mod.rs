@@ -43,6 +43,8 @@ pub trait Wake: Send + Sync + std::fmt::Debug {
 pub struct AdminService {
     pub store: Store,
     pub ca_pin: String,
+    /// The join service's seal key, in the tokens it prints.
+    pub seal_key: [u8; 32],
     /// The fleet CA certificate (DER), for gateway credentials.
     pub ca_der: Arc<Vec<u8>>,
     /// Digests the secrets of the tokens and gateway credentials it adds.

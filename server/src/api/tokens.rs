@@ -35,7 +35,7 @@ pub async fn create(
         return Err(bad_request("a join token has at most 1000000 uses"));
     }
     let pool = pool_name(&r.pool)?;
-    let token = fresh(&svc.ca_pin);
+    let token = fresh(&svc.ca_pin, svc.seal_key);
     let expires_at_ms = svc
         .store
         .create_token(&NewToken {
@@ -95,13 +95,15 @@ fn info(t: TokenInfo) -> v1::TokenInfo {
     }
 }
 
-/// A new join token (its id and secret random) for the CA `ca_pin`.
-pub fn fresh(ca_pin: &str) -> JoinToken {
+/// A new join token (its id and secret random) for the CA `ca_pin`,
+/// sealed to the join service's `seal_key`.
+pub fn fresh(ca_pin: &str, seal_key: [u8; 32]) -> JoinToken {
     let (id, secret) = bc_store::tokens::new_token_secret();
     JoinToken {
         id,
         secret,
         ca_pin: ca_pin.to_string(),
+        seal_key: Some(seal_key),
     }
 }
 

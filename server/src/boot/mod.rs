@@ -109,6 +109,8 @@ struct State {
     opts: BootOptions,
     /// The fleet CA's pin, for the tokens the endpoint mints.
     ca_pin: String,
+    /// The join service's seal key, for the same tokens.
+    seal_key: [u8; 32],
     /// Digests the secrets of the tokens it mints.
     secrets: crate::pki::ca::SecretDigest,
 }
@@ -144,7 +146,7 @@ fn text(status: StatusCode, body: impl Into<String>) -> Reply {
 pub async fn start(
     opts: BootOptions,
     store: Store,
-    (ca_pin, secrets): (String, crate::pki::ca::SecretDigest),
+    (ca_pin, seal_key, secrets): (String, [u8; 32], crate::pki::ca::SecretDigest),
 ) -> anyhow::Result<Option<(SocketAddr, tokio::task::JoinHandle<()>)>> {
     let Some(listen) = opts.listen else {
         return Ok(None);
@@ -157,6 +159,7 @@ pub async fn start(
         store,
         opts,
         ca_pin,
+        seal_key,
         secrets,
     });
     info!(%addr, "boot endpoint listening");
@@ -312,6 +315,7 @@ async fn with_token(
         id,
         secret,
         ca_pin: state.ca_pin.clone(),
+        seal_key: Some(state.seal_key),
     };
     let new = bc_store::tokens::NewToken {
         id: token.id.clone(),

@@ -122,7 +122,7 @@ async fn list(all: bool, json: bool, target: &Target) -> anyhow::Result<()> {
 }
 
 /// A token's id: the argument itself, or the id inside a whole token
-/// (`bct1.ID.SECRET.PIN`), so a leaked token can be revoked as found.
+/// (`bct2.ID.SECRET.PIN.KEY`, or an older `bct1` one), so a leaked token can be revoked as found.
 fn token_id(arg: &str) -> String {
     JoinToken::parse(arg.trim()).map_or_else(|_| arg.trim().to_string(), |t| t.id)
 }
@@ -154,6 +154,7 @@ mod tests {
             id: "0123456789abcdef".into(),
             secret: "5".repeat(32),
             ca_pin: "a".repeat(64),
+            seal_key: Some([7; 32]),
         };
         assert_eq!(super::token_id(&format!(" {t}\n")), "0123456789abcdef");
         assert_eq!(super::token_id("0123456789abcdef"), "0123456789abcdef");

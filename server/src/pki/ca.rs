@@ -312,6 +312,28 @@ impl std::fmt::Debug for SecretDigest {
 }
 
 impl Ca {
+    /// The join service's seal key (`bct2` tokens): derived from the fleet
+    /// CA's private key, so every process that holds the CA opens the same
+    /// tokens and no other process (a gateway) can.
+    pub fn token_seal_key(&self) -> crate::pki::token_seal::TokenSealKey {
+        let salt = ring::hkdf::Salt::new(
+            ring::hkdf::HKDF_SHA256,
+            b"better-compute join token seal key v1",
+        );
+        struct Len;
+        impl ring::hkdf::KeyType for Len {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let mut ikm = [0u8; 32];
+        salt.extract(&self.key.serialize_der())
+            .expand(&[b"x25519"], Len)
+            .and_then(|okm| okm.fill(&mut ikm))
+            .expect("32 bytes are within HKDF's limit");
+        crate::pki::token_seal::TokenSealKey::derive(&ikm)
+    }
+
     /// The key of the store's secret digests: derived from the fleet CA's
     /// private key, so every process that holds the CA (a restored backup
     /// included) computes the same one and no other process can.

@@ -2,7 +2,8 @@
 //! certificate and the node certificates it issues ([`ca`]), the worker
 //! signing key ([`worker`]), and what that key signs: commands and NodeSpecs
 //! ([`seal`]); the operator CA with the API's serving certificate and the
-//! operators' client certificates ([`operator`]).
+//! operators' client certificates ([`operator`]); the key join tokens are
+//! sealed to ([`token_seal`]).
 //!
 //! Everything here reads and writes the server's data directory and nothing
 //! else; the store holds what was issued and sealed, never a key.
@@ -10,6 +11,7 @@
 pub mod ca;
 pub mod operator;
 pub mod seal;
+pub mod token_seal;
 pub mod worker;
 
 pub use ca::Ca;
