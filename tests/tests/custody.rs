@@ -631,6 +631,46 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
         events.contains("security.certificate.forged") && events.contains("gateway gw-a"),
         "{events}"
     );
+    // The fleet's event list shows it, by kind and by node.
+    let listed = server.cli(&["events", "--kind", "security.*"]);
+    let text = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("security.certificate.forged") && l.contains(&id)),
+        "{text}"
+    );
+    let other = server.cli(&["events", "--node", "nd-nobody", "--json"]);
+    assert!(other.status.success() && other.stdout.is_empty());
+    let json = server.cli(&["events", "--node", &id, "--json"]);
+    let first: serde_json::Value = serde_json::from_slice(
+        String::from_utf8_lossy(&json.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(first["node_id"], id.as_str());
+    // And the node, whole: its identity, session and the same event.
+    let shown = server.cli(&["nodes", "show", &id]);
+    let text = String::from_utf8_lossy(&shown.stdout).to_string();
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    for want in [
+        format!("node        {id}"),
+        "state       connected".to_string(),
+        "certificate expires".to_string(),
+        "security.certificate.forged".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want} in {text}");
+    }
+    let shown = server.cli(&["nodes", "show", &id, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(v["node"]["node_id"], id.as_str());
+    assert!(v["events"].as_array().is_some_and(|e| !e.is_empty()), "{v}");
+    let missing = server.cli(&["nodes", "show", "nd-nobody"]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("there is no node nd-nobody"));
 
     // A join that claims the victim's identity by the planted key: refused,
     // the token unspent, the node still its own.

@@ -83,6 +83,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListGateways",
     "ListMachines",
     "ListTokens",
+    "ListEvents",
 ];
 
 /// The role a call (its gRPC path, `/bcd.v1.Admin/ListNodes`) needs.

@@ -11,6 +11,7 @@
 pub mod attest;
 pub mod auth;
 pub mod commands;
+pub mod events;
 pub mod gateway_port;
 pub mod gateways;
 pub mod images;
@@ -87,6 +88,13 @@ impl Admin for AdminService {
         tokens::create(self, r.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn list_events(
+        &self,
+        r: Request<v1::ListEventsRequest>,
+    ) -> Reply<v1::ListEventsResponse> {
+        events::list(self, r.into_inner()).await.map(Response::new)
     }
 
     async fn list_tokens(

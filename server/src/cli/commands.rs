@@ -190,11 +190,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                     i.node_id,
                     i.seq,
                     spelled::<CommandKind>(i.kind),
-                    if forged(i) {
-                        "FORGED".to_string()
-                    } else {
-                        spelled::<CommandState>(i.state)
-                    },
+                    state_word(i),
                     i.summary
                 );
             }
@@ -219,6 +215,16 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
 /// Whether the key holder found the result no node's.
 fn forged(i: &CommandInfo) -> bool {
     i.evidence == ResultEvidence::Forged as i32
+}
+
+/// A command's state as lists print it: FORGED for a result no node
+/// signed, whatever the row says.
+pub(super) fn state_word(i: &CommandInfo) -> String {
+    if forged(i) {
+        "FORGED".to_string()
+    } else {
+        spelled::<CommandState>(i.state)
+    }
 }
 
 fn show(i: &CommandInfo) -> anyhow::Result<()> {

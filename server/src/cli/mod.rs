@@ -8,6 +8,7 @@ mod backup;
 mod check;
 mod commands;
 mod doctor;
+mod events;
 mod gateways;
 mod images;
 mod machines;
@@ -107,6 +108,9 @@ enum Command {
         #[command(subcommand)]
         command: machines::MachinesCommand,
     },
+    /// The fleet's events (security.*, reservation.*, node.*), oldest
+    /// first; --follow keeps printing them as they come.
+    Events(events::EventsArgs),
     /// Join tokens.
     Tokens {
         #[command(subcommand)]
@@ -233,6 +237,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|()| done),
         Command::Doctor(args) => doctor::run(args, &cli.data_dir, cli.store.as_deref()).await,
         Command::Tokens { command } => tokens::run(command, &target).await.map(|()| done),
+        Command::Events(args) => events::run(args, &target).await.map(|()| done),
         Command::Machines { command } => machines::run(command, &target).await.map(|()| done),
         Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignGpusRequest, BindingState, DeleteNodeRequest, GetNodeSpecRequest, ListNodesRequest,
+    AssignGpusRequest, BindingState, CommandInfo, CommandKind, DeleteNodeRequest, FleetEvent,
+    GetNodeSpecRequest, ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo,
     NodeSpecInfo, NodeState, SectionState, SetAccessRequest, UnassignRequest,
 };
 use clap::Subcommand;
@@ -51,6 +52,16 @@ pub enum NodesCommand {
         /// No users, no CA keys, no firewall table.
         #[arg(long, conflicts_with = "file")]
         clear: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One node whole: identity, session, certificate, conditions, its
+    /// spec against what it applied, its recent commands and events.
+    Show {
+        node: String,
+        /// Commands and events shown, the newest.
+        #[arg(long, default_value_t = 10)]
+        recent: u32,
         #[arg(long)]
         json: bool,
     },
@@ -183,6 +194,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 .into_inner();
             print_spec(&info, json)
         }
+        NodesCommand::Show { node, recent, json } => show(&node, recent, json, target).await,
         NodesCommand::Spec { node, json } => {
             let mut c = target.connect().await?;
             let info = c
@@ -211,11 +223,130 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
     }
 }
 
+/// `nodes show --json`: the wire messages, as each list prints them.
+#[derive(serde::Serialize)]
+struct Shown<'a> {
+    node: &'a NodeInfo,
+    spec: &'a NodeSpecInfo,
+    commands: &'a [CommandInfo],
+    events: &'a [FleetEvent],
+}
+
+async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    let nodes = c
+        .list_nodes(ListNodesRequest {})
+        .await
+        .map_err(status)?
+        .into_inner()
+        .nodes;
+    let Some(n) = nodes.into_iter().find(|n| n.node_id == node) else {
+        anyhow::bail!("there is no node {node}: `better-compute nodes list` shows the fleet's");
+    };
+    let spec = c
+        .get_node_spec(GetNodeSpecRequest {
+            node_id: node.to_string(),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let commands = c
+        .list_commands(ListCommandsRequest {
+            node_id: node.to_string(),
+            limit: recent,
+        })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .commands;
+    let events = c
+        .list_events(ListEventsRequest {
+            node_id: node.to_string(),
+            limit: recent.max(1),
+            ..Default::default()
+        })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .events;
+    if json {
+        return output::json(&Shown {
+            node: &n,
+            spec: &spec,
+            commands: &commands,
+            events: &events,
+        });
+    }
+    let dash = |v: &[String]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let one = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    out!("node        {} ({})", n.node_id, n.hostname);
+    out!(
+        "state       {}, epoch {}, gateway {}, last seen {} ago",
+        spelled::<NodeState>(n.state),
+        n.epoch,
+        one(&n.gateway_id),
+        output::age(n.last_seen_age_ms)
+    );
+    out!(
+        "version     {} (release floor {})",
+        one(&n.agent_version),
+        n.release_floor
+    );
+    out!("certificate expires {}", output::time(n.cert_not_after_ms));
+    out!(
+        "boot        {} (journal {}, process {})",
+        one(&n.boot_id),
+        one(&n.journal_id),
+        one(&n.incarnation_id)
+    );
+    out!(
+        "pool        {}",
+        if n.pool.is_empty() { "-" } else { &n.pool }
+    );
+    out!("macs        {}", dash(&n.macs));
+    out!("conditions  {}", dash(&n.conditions));
+    out!("taints      {}", dash(&n.taints));
+    print_spec_lines(&spec)?;
+    out!("commands    (newest {recent})");
+    for i in &commands {
+        out!(
+            "  {:<20} {:<17} {:<10} {} {}",
+            i.command_id,
+            spelled::<CommandKind>(i.kind),
+            super::commands::state_word(i),
+            output::time(i.created_at_ms),
+            i.summary
+        );
+    }
+    out!("events      (newest {})", recent.max(1));
+    for e in &events {
+        out!("  {} {} {}", output::time(e.at_ms), e.kind, e.detail);
+    }
+    Ok(())
+}
+
 fn print_spec(i: &NodeSpecInfo, json: bool) -> anyhow::Result<()> {
     if json {
         return output::json(i);
     }
     out!("node       {}", i.node_id);
+    print_spec_lines(i)
+}
+
+/// A spec's generations, allocations, bindings, events and sections.
+fn print_spec_lines(i: &NodeSpecInfo) -> anyhow::Result<()> {
     out!(
         "generation desired {}, applied {}{}",
         i.desired_generation,

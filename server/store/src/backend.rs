@@ -451,6 +451,12 @@ pub trait Backend: GatewayBackend {
     /// A node's recent fleet events, newest first: `kind: detail`.
     async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError>;
 
+    /// The fleet's events that `q` selects, oldest first.
+    async fn list_fleet_events(
+        &self,
+        q: &crate::events::EventQuery,
+    ) -> Result<Vec<crate::events::FleetEvent>, StoreError>;
+
     /// Publishes a fleet event about a node, at the store's now (e.g.
     /// `security.renew.refused`, once the node proved its key). Bounded as
     /// every fleet event is: reconcile keeps the newest per node.

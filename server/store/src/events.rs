@@ -28,3 +28,65 @@ pub struct EventRow {
     pub body: Vec<u8>,
     pub at_ms: i64,
 }
+
+/// A fleet event as operators read it (`better-compute events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetEvent {
+    /// Rises with every event: where `--follow` goes on from.
+    pub id: i64,
+    pub at_ms: i64,
+    pub kind: String,
+    pub node_id: String,
+    pub detail: String,
+}
+
+/// Which fleet events to read, oldest first: those after `after_id`, at or
+/// after `since_ms`, of `node_id` when set, whose kind matches `kind` (a
+/// glob: `*` any run of characters, `?` one; empty: any), at most `limit`
+/// of them, the newest ones when more match.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EventQuery {
+    pub node_id: Option<String>,
+    pub kind: String,
+    pub after_id: i64,
+    pub since_ms: i64,
+    pub limit: u32,
+}
+
+/// The most events one read answers.
+pub const EVENTS_READ_AT_MOST: u32 = 10_000;
+
+/// A kind glob as an SQL `LIKE` pattern with `\` as its escape: `*` is
+/// `%`, `?` is `_`, and the pattern characters of the glob's text are
+/// escaped.
+pub fn like_pattern(glob: &str) -> String {
+    if glob.is_empty() {
+        return "%".into();
+    }
+    let mut out = String::with_capacity(glob.len() + 4);
+    for c in glob.chars() {
+        match c {
+            '*' => out.push('%'),
+            '?' => out.push('_'),
+            '%' | '_' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_glob_becomes_a_like_pattern_with_its_text_escaped() {
+        assert_eq!(like_pattern(""), "%");
+        assert_eq!(like_pattern("security.*"), "security.%");
+        assert_eq!(like_pattern("node.?e"), "node._e");
+        assert_eq!(like_pattern("a_b%c\\d"), "a\\_b\\%c\\\\d");
+    }
+}

@@ -22,6 +22,7 @@ async fn postgres() -> suite::Fixture {
     let c = clock.clone();
     let db = url.clone();
     let held_db = url.clone();
+    let waited_db = url.clone();
     let reopen = Box::new(move || {
         let (url, clock) = (url.clone(), c.clone());
         Box::pin(async move { Store::open_postgres(&url, Arc::new(clock)).await.unwrap() })
@@ -62,7 +63,37 @@ async fn postgres() -> suite::Fixture {
             release
         })
     });
-    suite::Fixture::new(store, clock, (reopen, tamper, hold), Box::new(())).await
+    let waiting: suite::Waiting = Box::new(move |n| {
+        let db = waited_db.clone();
+        Box::pin(async move {
+            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let waiting: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'
+                           AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if waiting as usize >= n {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{waiting} of {n} transactions came to wait for a lock in 30 s"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }) as Pin<Box<dyn Future<Output = ()> + Send>>
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper, hold, waiting), Box::new(())).await
 }
 
 store_suite!(postgres);

@@ -49,7 +49,13 @@ async fn sqlite() -> suite::Fixture {
             release
         })
     });
-    suite::Fixture::new(store, clock, (reopen, tamper, hold), Box::new(dir)).await
+    // SQLite's writers wait for the lock in a busy handler nothing outside
+    // the process sees: a pause stands in for seeing them wait.
+    let waiting: suite::Waiting = Box::new(|_| {
+        Box::pin(tokio::time::sleep(std::time::Duration::from_millis(300)))
+            as Pin<Box<dyn Future<Output = ()> + Send>>
+    });
+    suite::Fixture::new(store, clock, (reopen, tamper, hold, waiting), Box::new(dir)).await
 }
 
 store_suite!(sqlite);

@@ -124,6 +124,40 @@ pub(super) async fn list(tx: &Tx<'_>, node_id: &str) -> Result<Vec<BindingRow>, 
     Ok(out)
 }
 
+/// The fleet events `q` selects, oldest first (the newest `limit` of them).
+pub(super) async fn list_fleet_events(
+    tx: &Tx<'_>,
+    q: &crate::events::EventQuery,
+) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
+    let limit = i64::from(q.limit.min(crate::events::EVENTS_READ_AT_MOST));
+    let mut rows: Vec<crate::events::FleetEvent> = query(
+        tx,
+        "SELECT id, at, kind, node_id, detail FROM fleet_events
+         WHERE id > $1 AND at >= $2 AND ($3::text IS NULL OR node_id = $3)
+           AND kind LIKE $4 ESCAPE '\\'
+         ORDER BY id DESC LIMIT $5",
+        &[
+            &q.after_id,
+            &q.since_ms,
+            &q.node_id,
+            &crate::events::like_pattern(&q.kind),
+            &limit,
+        ],
+    )
+    .await?
+    .iter()
+    .map(|r| crate::events::FleetEvent {
+        id: r.get(0),
+        at_ms: r.get(1),
+        kind: r.get(2),
+        node_id: r.get(3),
+        detail: r.get(4),
+    })
+    .collect();
+    rows.reverse();
+    Ok(rows)
+}
+
 pub(super) async fn fleet_events(
     tx: &Tx<'_>,
     node_id: &str,

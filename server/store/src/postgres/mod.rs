@@ -922,6 +922,13 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| bindings::fleet_events(&tx, node_id, limit).await)
     }
 
+    async fn list_fleet_events(
+        &self,
+        q: &crate::events::EventQuery,
+    ) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
+        tx!(self, |tx| bindings::list_fleet_events(&tx, q).await)
+    }
+
     async fn publish_fleet_event(
         &self,
         kind: &str,

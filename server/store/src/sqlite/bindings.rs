@@ -111,6 +111,41 @@ pub(super) fn list(c: &Connection, node_id: &str) -> Result<Vec<BindingRow>, Sto
     Ok(rows)
 }
 
+/// The fleet events `q` selects, oldest first (the newest `limit` of them).
+pub(super) fn list_fleet_events(
+    c: &Connection,
+    q: &crate::events::EventQuery,
+) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
+    let mut rows = c
+        .prepare_cached(
+            "SELECT id, at, kind, node_id, detail FROM fleet_events
+             WHERE id > ?1 AND at >= ?2 AND (?3 IS NULL OR node_id = ?3)
+               AND kind LIKE ?4 ESCAPE '\\'
+             ORDER BY id DESC LIMIT ?5",
+        )?
+        .query_map(
+            params![
+                q.after_id,
+                q.since_ms,
+                q.node_id,
+                crate::events::like_pattern(&q.kind),
+                q.limit.min(crate::events::EVENTS_READ_AT_MOST)
+            ],
+            |r| {
+                Ok(crate::events::FleetEvent {
+                    id: r.get(0)?,
+                    at_ms: r.get(1)?,
+                    kind: r.get(2)?,
+                    node_id: r.get(3)?,
+                    detail: r.get(4)?,
+                })
+            },
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    rows.reverse();
+    Ok(rows)
+}
+
 pub(super) fn fleet_events(
     c: &Connection,
     node_id: &str,

@@ -913,6 +913,14 @@ impl Backend for SqliteBackend {
             .await
     }
 
+    async fn list_fleet_events(
+        &self,
+        q: &crate::events::EventQuery,
+    ) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
+        let q = q.clone();
+        self.read(move |c| bindings::list_fleet_events(c, &q)).await
+    }
+
     async fn publish_fleet_event(
         &self,
         kind: &str,

@@ -61,3 +61,116 @@ pub async fn events_are_kept_once_and_acknowledged_up_to_the_highest(f: Fixture)
         "oldest first, timed by the reported age"
     );
 }
+
+/// The fleet's events read back oldest first, by node, kind glob, age and
+/// position, the newest ones when more match than asked for.
+pub async fn fleet_events_are_read_by_node_kind_age_and_position(f: Fixture) {
+    use bc_store::events::EventQuery;
+    let s = &f.store;
+    for (kind, node) in [
+        ("security.node.quarantined", "nd-a"),
+        ("reservation.binding-rejected", "nd-b"),
+        ("security.result.forged", "nd-b"),
+        ("security_x", "nd-a"),
+    ] {
+        s.publish_fleet_event(kind, node, &format!("{kind} of {node}"))
+            .await
+            .unwrap();
+        f.advance(Duration::from_secs(60));
+    }
+    let read = |q: EventQuery| async move {
+        s.list_fleet_events(&EventQuery { limit: 100, ..q })
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.kind, e.node_id))
+            .collect::<Vec<_>>()
+    };
+    let all = s
+        .list_fleet_events(&EventQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 4);
+    assert!(
+        all.windows(2)
+            .all(|w| w[0].id < w[1].id && w[0].at_ms < w[1].at_ms)
+    );
+    assert_eq!(all[0].at_ms, T0);
+    assert_eq!(all[0].detail, "security.node.quarantined of nd-a");
+    let kinds = |v: Vec<(String, String)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    // A glob: `*` any run, and the `_` of a kind is no wildcard.
+    assert_eq!(
+        kinds(
+            read(EventQuery {
+                kind: "security.*".into(),
+                ..Default::default()
+            })
+            .await
+        ),
+        ["security.node.quarantined", "security.result.forged"]
+    );
+    assert_eq!(
+        kinds(
+            read(EventQuery {
+                kind: "security?x".into(),
+                ..Default::default()
+            })
+            .await
+        ),
+        ["security_x"]
+    );
+    assert_eq!(
+        kinds(
+            read(EventQuery {
+                kind: "security_*".into(),
+                ..Default::default()
+            })
+            .await
+        ),
+        ["security_x"]
+    );
+    assert_eq!(
+        read(EventQuery {
+            node_id: Some("nd-b".into()),
+            ..Default::default()
+        })
+        .await
+        .len(),
+        2
+    );
+    // After a position (what --follow reads), and since a time.
+    assert_eq!(
+        kinds(
+            read(EventQuery {
+                after_id: all[2].id,
+                ..Default::default()
+            })
+            .await
+        ),
+        ["security_x"]
+    );
+    assert_eq!(
+        read(EventQuery {
+            since_ms: all[1].at_ms,
+            ..Default::default()
+        })
+        .await
+        .len(),
+        3
+    );
+    // More than the limit: the newest, still oldest first.
+    let newest = s
+        .list_fleet_events(&EventQuery {
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        newest.iter().map(|e| e.id).collect::<Vec<_>>(),
+        [all[2].id, all[3].id]
+    );
+}

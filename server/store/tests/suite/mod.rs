@@ -57,6 +57,11 @@ pub type Hold = Box<
         + Sync,
 >;
 
+/// Resolves once at least `n` transactions on the store's database wait
+/// for a lock (so a race test starts its second side only once the first
+/// is blocked where the test means it to be).
+pub type Waiting = Box<dyn Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// A fresh, empty store on a manual clock, with the gateways the tests
 /// name holding their leases for an hour.
 pub struct Fixture {
@@ -65,6 +70,7 @@ pub struct Fixture {
     reopen: Reopen,
     tamper: Tamper,
     hold: Hold,
+    waiting: Waiting,
     _keep: Box<dyn std::any::Any + Send + Sync>,
 }
 
@@ -75,7 +81,7 @@ impl Fixture {
     pub async fn new(
         store: Store,
         clock: ManualClock,
-        (reopen, tamper, hold): (Reopen, Tamper, Hold),
+        (reopen, tamper, hold, waiting): (Reopen, Tamper, Hold, Waiting),
         keep: Box<dyn std::any::Any + Send + Sync>,
     ) -> Fixture {
         for gw in ["gw", "gw2", "gw-a", "gw-b"] {
@@ -87,6 +93,7 @@ impl Fixture {
             reopen,
             tamper,
             hold,
+            waiting,
             _keep: keep,
         }
     }
@@ -113,6 +120,11 @@ impl Fixture {
     /// hold its locks: they go when the answer is sent or dropped.
     pub async fn hold(&self, sql: &str) -> tokio::sync::oneshot::Sender<()> {
         (self.hold)(sql.to_string()).await
+    }
+
+    /// Waits until `n` transactions on the database wait for a lock.
+    pub async fn until_waiting(&self, n: usize) {
+        (self.waiting)(n).await
     }
 
     pub fn advance(&self, by: Duration) {
@@ -314,6 +326,7 @@ macro_rules! store_suite {
             specs::a_rewritten_spec_row_signs_nothing,
             commands::command_states_are_counted,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
+            events::fleet_events_are_read_by_node_kind_age_and_position,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,
             images::an_artifact_reads_in_chunks,

@@ -64,14 +64,16 @@ pub async fn a_hello_against_a_lease_takeover_never_routes_without_the_lease(f: 
         let h = hello(&node, 1, "gw-x", 0);
         let a2 = a.clone();
         let routing = tokio::spawn(async move { a2.hello(&h).await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The Hello has read the lease and waits on the session row.
+        f.until_waiting(1).await;
         f.advance(Duration::from_millis(11));
         let b2 = b.clone();
         let takeover = tokio::spawn(async move {
             b2.renew_lease("gateway:gw-x", "newcomer", Duration::from_millis(10))
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The takeover waits on the lease the Hello holds FOR SHARE.
+        f.until_waiting(2).await;
         drop(stalled);
         let (routed, took) = (routing.await.unwrap(), takeover.await.unwrap());
         assert!(
@@ -139,10 +141,12 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
         let a2 = a.clone();
         let n2 = node.clone();
         let dispatch = tokio::spawn(async move { a2.take_dispatchable("gw-a", &n2, e1).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The dispatch has read the session and waits on the command row.
+        f.until_waiting(1).await;
         let (b2, h) = (b.clone(), hello(&node, 1, "gw-b", 0));
         let bump = tokio::spawn(async move { b2.hello(&h).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The Hello waits on the session the dispatch holds FOR SHARE.
+        f.until_waiting(2).await;
         drop(stalled);
         let (taken, bumped) = (dispatch.await.unwrap(), bump.await.unwrap());
         let (taken, bumped) = (taken.unwrap(), bumped.unwrap());
