@@ -11,6 +11,17 @@ use std::sync::Arc;
 
 use bc_store::{ManualClock, Store};
 
+/// A connection of its own to `db`, and the task driving it.
+async fn connect(db: &str) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let (client, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (client, driver)
+}
+
 async fn postgres() -> suite::Fixture {
     let url = bc_store::postgres::cluster::test_database("suite")
         .await
@@ -31,10 +42,7 @@ async fn postgres() -> suite::Fixture {
     let tamper: suite::Tamper = Box::new(move |sql| {
         let db = db.clone();
         Box::pin(async move {
-            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            let driver = tokio::spawn(conn);
+            let (client, driver) = connect(&db).await;
             let done = client.batch_execute(&sql).await.map_err(|e| {
                 e.as_db_error()
                     .map_or_else(|| e.to_string(), |d| d.message().to_string())
@@ -47,10 +55,7 @@ async fn postgres() -> suite::Fixture {
     let hold: suite::Hold = Box::new(move |sql| {
         let db = held_db.clone();
         Box::pin(async move {
-            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
+            let (client, _) = connect(&db).await;
             client
                 .batch_execute(&format!("BEGIN; {sql}"))
                 .await
@@ -66,10 +71,7 @@ async fn postgres() -> suite::Fixture {
     let waiting: suite::Waiting = Box::new(move |n| {
         let db = waited_db.clone();
         Box::pin(async move {
-            let (client, conn) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
+            let (client, _) = connect(&db).await;
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
             loop {
                 let waiting: i64 = client
