@@ -43,7 +43,8 @@ pub struct FleetEvent {
 /// Which fleet events to read, oldest first: those after `after_id`, at or
 /// after `since_ms`, of `node_id` when set, whose kind matches `kind` (a
 /// glob: `*` any run of characters, `?` one; empty: any), at most `limit`
-/// of them, the newest ones when more match.
+/// of them: when more match, the oldest after a position (`after_id` above
+/// 0, so a follower misses none) or else the newest.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EventQuery {
     pub node_id: Option<String>,

@@ -135,7 +135,7 @@ pub(super) async fn list_fleet_events(
         "SELECT id, at, kind, node_id, detail FROM fleet_events
          WHERE id > $1 AND at >= $2 AND ($3::text IS NULL OR node_id = $3)
            AND kind LIKE $4 ESCAPE '\\'
-         ORDER BY id DESC LIMIT $5",
+         ORDER BY CASE WHEN $1 > 0 THEN id ELSE -id END LIMIT $5",
         &[
             &q.after_id,
             &q.since_ms,
@@ -154,7 +154,7 @@ pub(super) async fn list_fleet_events(
         detail: r.get(4),
     })
     .collect();
-    rows.reverse();
+    rows.sort_by_key(|e| e.id);
     Ok(rows)
 }
 

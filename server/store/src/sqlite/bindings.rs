@@ -121,7 +121,7 @@ pub(super) fn list_fleet_events(
             "SELECT id, at, kind, node_id, detail FROM fleet_events
              WHERE id > ?1 AND at >= ?2 AND (?3 IS NULL OR node_id = ?3)
                AND kind LIKE ?4 ESCAPE '\\'
-             ORDER BY id DESC LIMIT ?5",
+             ORDER BY CASE WHEN ?1 > 0 THEN id ELSE -id END LIMIT ?5",
         )?
         .query_map(
             params![
@@ -142,7 +142,7 @@ pub(super) fn list_fleet_events(
             },
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    rows.reverse();
+    rows.sort_by_key(|e| e.id);
     Ok(rows)
 }
 

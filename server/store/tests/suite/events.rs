@@ -173,4 +173,14 @@ pub async fn fleet_events_are_read_by_node_kind_age_and_position(f: Fixture) {
         newest.iter().map(|e| e.id).collect::<Vec<_>>(),
         [all[2].id, all[3].id]
     );
+    // After a position, the oldest: a follower misses none of a burst.
+    let next = s
+        .list_fleet_events(&EventQuery {
+            after_id: all[0].id,
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [all[1].id]);
 }
