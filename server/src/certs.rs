@@ -54,6 +54,13 @@ pub fn not_after_ms(cert_der: &[u8]) -> Option<i64> {
     cert.validity().not_after.timestamp().checked_mul(1000)
 }
 
+/// A certificate's serial as the store names it (lowercase hex of its
+/// bytes; `None`: it does not parse).
+pub fn serial_hex(cert_der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(cert_der).ok()?;
+    Some(hex::encode(cert.raw_serial()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

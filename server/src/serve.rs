@@ -110,6 +110,11 @@ pub fn default_api_listen(listen: SocketAddr) -> SocketAddr {
 /// Streams one connection may have open at once.
 pub const MAX_STREAMS: u32 = 16;
 
+/// How often the key holder reads the sightings gateways recorded (the
+/// clone watch, `controllers::clones`): a clone is quarantined, and a
+/// renewed-away certificate superseded, within about this long.
+pub const CLONE_WATCH_EVERY: Duration = Duration::from_millis(500);
+
 /// The store file in a data directory.
 pub fn store_path(data_dir: &Path) -> PathBuf {
     data_dir.join("store.db")
@@ -347,6 +352,14 @@ pub async fn serve(
                 Arc::new(ca.cert.to_vec()),
                 gw.clone(),
                 rollouts.clone(),
+                leases.clone(),
+                controllers_stop.clone(),
+            )),
+            tokio::spawn(crate::controllers::run_clones(
+                full.clone(),
+                worker_key.clone(),
+                Arc::new(ca.cert.to_vec()),
+                CLONE_WATCH_EVERY,
                 leases.clone(),
                 controllers_stop.clone(),
             )),

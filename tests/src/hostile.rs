@@ -248,6 +248,7 @@ impl HostileSession {
             heartbeat_interval_ms: 30_000,
             inventory_wanted: wanted.iter().map(|s| s.to_string()).collect(),
             first_retry_ms: 0,
+            hello_seq_seen: 0,
         }));
     }
 }

@@ -997,3 +997,138 @@ fn a_relayed_join_token_is_sealed_and_a_plain_one_is_refused_through_a_gateway()
     // Spent: no use left (a spent token leaves the list).
     assert_eq!(unspent(&server).unwrap_or(0), 0);
 }
+
+/// What a gateway with write access to the store makes of the clone watch:
+/// sightings of a node's certificate from machines that do not exist,
+/// back and forth between boots, with no proof, with a proof signed by a
+/// key of its own, with the node's real proof moved to another boot, and
+/// the real one replayed; then the node's next Hello. The key holder
+/// believes only proofs it verifies: every forged sighting is dropped
+/// with a `security.hello.forged` event, the node is not quarantined and
+/// keeps its session.
+#[test]
+fn fabricated_sightings_quarantine_nobody() {
+    use prost::Message;
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 9);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    // The node's own proved sighting, as its gateway recorded it.
+    let (serial, boot, seq, proof, signature) = wait_for(
+        Duration::from_secs(20),
+        "the node's proved sighting",
+        || {
+            db.query_row(
+                "SELECT s.serial, s.boot_id, s.seq, s.proof, s.proof_signature
+                 FROM cert_sightings s JOIN node_certs c ON c.serial = s.serial
+                 WHERE c.node_id = ?1 AND s.proof IS NOT NULL",
+                [&id],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, Vec<u8>>(3)?,
+                        r.get::<_, Vec<u8>>(4)?,
+                    ))
+                },
+            )
+            .ok()
+        },
+    );
+    let attacker = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let forge = |boot: &str, seq: i64| {
+        let p = bcd_proto::v1::HelloProof {
+            domain: bcd_proto::hello::DOMAIN.into(),
+            node_id: id.clone(),
+            cert_serial: serial.clone(),
+            boot_id: boot.into(),
+            seq: seq as u64,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let sig = sign(
+            &attacker.serialize_pem(),
+            &bcd_proto::hello::signed_message(&p),
+        );
+        (p, sig)
+    };
+    let insert = |boot: &str, seq: i64, proof: Option<&[u8]>, sig: Option<&[u8]>| {
+        db.execute(
+            "INSERT INTO cert_sightings (serial, boot_id, at, seq, proof, proof_signature)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            rusqlite::params![serial, boot, now_ms(), seq, proof, sig],
+        )
+        .unwrap();
+    };
+    let mut planted = 0;
+    for (i, b) in ["clone", &boot, "clone", &boot, "clone", &boot]
+        .iter()
+        .enumerate()
+    {
+        let at = seq + 1 + i as i64;
+        // No proof at all; a proof of the attacker's key.
+        insert(b, at, None, None);
+        let (p, s) = forge(b, at);
+        insert(b, at, Some(&p), Some(&s));
+        planted += 2;
+    }
+    // The node's real proof, under another boot than it signed, and as is.
+    insert("clone", seq, Some(&proof), Some(&signature));
+    planted += 1;
+    for _ in 0..3 {
+        insert(&boot, seq, Some(&proof), Some(&signature));
+    }
+    // The node's next Hello reads the certificate's sightings.
+    node.proc().kill();
+    node.start();
+    let events_of = |kind: &str| -> Vec<String> {
+        let out = server.cli(&["events", "--node", &id, "--kind", kind, "--limit", "100"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(kind))
+            .map(String::from)
+            .collect()
+    };
+    let events = wait_for(Duration::from_secs(30), "every forgery recorded", || {
+        let events = events_of("security.hello.forged");
+        (events.len() >= planted).then_some(events)
+    });
+    assert_eq!(events.len(), planted, "{events:?}");
+    for why in [
+        "it carries no proof",
+        "its signature is not by the certificate's key",
+        "the row says",
+    ] {
+        assert!(events.iter().any(|e| e.contains(why)), "{why}: {events:?}");
+    }
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    std::thread::sleep(Duration::from_secs(2));
+    let n = server.node(&id).unwrap();
+    assert_eq!(n.state, "connected", "{n:?}");
+    let quarantined = events_of("security.node.quarantined");
+    assert!(quarantined.is_empty(), "{quarantined:?}");
+    let revoked: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM node_certs WHERE node_id = ?1 AND revoked_at IS NOT NULL",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(revoked, 0);
+    // What is left are the node's own proofs, verified.
+    let left: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM cert_sightings WHERE serial = ?1 AND proof IS NULL",
+            [&serial],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0);
+}

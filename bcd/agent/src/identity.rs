@@ -38,7 +38,9 @@
 //! - Both versions later gained `image_keys` (the netboot image keys
 //!   learned at join), written only when there are some: a file without
 //!   it (every file an earlier release wrote) loads with none, and an
-//!   earlier release reading a file with it ignores it.
+//!   earlier release reading a file with it ignores it. They gained
+//!   `hello_seq` (the count of the node's signed Hellos) the same way:
+//!   written once a Hello was counted, 0 when absent.
 //!
 //! A release must not write a version the previous release cannot read
 //! until it has confirmed (`bcd_core::update`): until then it can be
@@ -154,6 +156,15 @@ pub struct IdentityFile {
     /// of this version ran).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_base: Option<ClockBase>,
+    /// This identity's Hellos counted so far (on through renewals): the
+    /// count of the last signed Hello proof (`bcd_proto::hello`). Written
+    /// before the proof is signed, so no count is signed twice.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hello_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The highest command sequence and spec generation this node accepted.
@@ -219,6 +230,8 @@ struct IdentityFileV1 {
     cert_issued_ms: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     next: Option<NextCert>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    hello_seq: u64,
 }
 
 impl From<IdentityFileV1> for IdentityFile {
@@ -240,6 +253,7 @@ impl From<IdentityFileV1> for IdentityFile {
             next: v.next,
             replay_floors: ReplayFloors::default(),
             clock_base: None,
+            hello_seq: v.hello_seq,
         }
     }
 }
@@ -261,6 +275,7 @@ impl From<&IdentityFile> for IdentityFileV1 {
             image_keys: f.image_keys.clone(),
             cert_issued_ms: f.cert_issued_ms,
             next: f.next.clone(),
+            hello_seq: f.hello_seq,
         }
     }
 }
@@ -828,6 +843,7 @@ mod tests {
             next: None,
             replay_floors: ReplayFloors::default(),
             clock_base: None,
+            hello_seq: 0,
         };
         let (_, ca) = pair("ca");
         Identity::create(dir, file, key, cert, ca).unwrap()

@@ -503,6 +503,7 @@ fn save(
             })
             .unwrap_or_default(),
         clock_base: None,
+        hello_seq: 0,
     };
     let identity = Identity::create(
         dir,

@@ -92,6 +92,7 @@ fn sample_identity() -> IdentityFile {
             boot_ms: 86_400_000,
             server_ms: 1_790_000_063_456,
         }),
+        hello_seq: 0,
     }
 }
 
@@ -150,6 +151,33 @@ fn image_keys_are_written_only_when_learned_and_read_back() {
     );
     let d = data_dir_with("identity/v2.json");
     assert!(Identity::load(d.path()).unwrap().file.image_keys.is_empty());
+}
+
+/// The count of the node's signed Hellos, in both versions; a file
+/// without it (every file an earlier release wrote) loads with 0.
+#[test]
+fn the_hello_count_is_written_once_counted_and_read_back() {
+    let d = data_dir_with("identity/v1-4e03bc7.json");
+    let mut id = Identity::load(d.path()).unwrap();
+    assert_eq!(id.file.hello_seq, 0);
+    let counted = IdentityFile {
+        hello_seq: 41,
+        ..sample_identity()
+    };
+    id.file = counted.clone();
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v2-hello-seq.json", &written);
+    assert_eq!(Identity::load(d.path()).unwrap().file, counted);
+    // An unconfirmed upgrade keeps it too: a count that went back would
+    // sign a count twice.
+    id.write_version = 1;
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v1-hello-seq.json", &written);
+    assert_eq!(Identity::load(d.path()).unwrap().file.hello_seq, 41);
+    let d = data_dir_with("identity/v2.json");
+    assert_eq!(Identity::load(d.path()).unwrap().file.hello_seq, 0);
 }
 
 #[test]

@@ -63,8 +63,9 @@ fn session_messages() {
                 journal_running: vec!["cmd-1".into()],
                 journal_done: vec!["cmd-0".into()],
                 applied_generation: 4,
-                // Added later: unset, it leaves the earlier encoding as it was.
+                // Added later: unset, they leave the earlier encoding as it was.
                 daemon_exits: 0,
+                proof: None,
             })),
         },
     );
@@ -85,6 +86,52 @@ fn session_messages() {
             })),
         },
     );
+    let proof = v1::HelloProof {
+        domain: bcd_proto::hello::DOMAIN.into(),
+        node_id: "nd-0f3a9c".into(),
+        cert_serial: "5a17c0de".into(),
+        incarnation_id: "inc-2".into(),
+        boot_id: "boot-1".into(),
+        journal_id: "j-1".into(),
+        seq: 41,
+        server_time_mark_ms: 1_790_000_100_000,
+    };
+    check("hello_proof", &proof);
+    check(
+        "hello_proved",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::Hello(v1::Hello {
+                node_id: "nd-0f3a9c".into(),
+                cert_serial: "5a17c0de".into(),
+                incarnation_id: "inc-2".into(),
+                boot_id: "boot-1".into(),
+                journal_id: "j-1".into(),
+                agent_version: "0.1.0".into(),
+                last_epoch: 8,
+                server_time_mark_ms: 1_790_000_100_000,
+                proof: Some(v1::NodeSigned {
+                    payload: proof.encode_to_vec(),
+                    // ECDSA signatures are not deterministic: a stand-in.
+                    signature: vec![0x30, 0x44],
+                }),
+                ..Default::default()
+            })),
+        },
+    );
+    check(
+        "welcome_hello_seq",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::Welcome(v1::Welcome {
+                epoch: 9,
+                server_time_ms: 1_790_000_200_000,
+                gateway_id: "gw-1".into(),
+                heartbeat_interval_ms: 10_000,
+                first_retry_ms: 2_000,
+                hello_seq_seen: 41,
+                ..Default::default()
+            })),
+        },
+    );
     check(
         "welcome",
         &v1::ServerMessage {
@@ -94,8 +141,9 @@ fn session_messages() {
                 gateway_id: "gw-1".into(),
                 heartbeat_interval_ms: 10_000,
                 inventory_wanted: vec!["tpm".into()],
-                // Added later: unset, it leaves the earlier encoding as it was.
+                // Added later: unset, they leave the earlier encoding as it was.
                 first_retry_ms: 0,
+                hello_seq_seen: 0,
             })),
         },
     );

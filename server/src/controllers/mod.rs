@@ -11,7 +11,10 @@
 //!   holder only, history pruned past its limits (`run_history`).
 //! - [`rollouts`]: releases in waves.
 //! - [`specs`]: specs signed again before they expire.
+//! - [`clones`]: on the key holder, sightings verified; older certificates
+//!   superseded and cloned identities quarantined from the nodes' proofs.
 
+pub mod clones;
 pub mod lease;
 pub mod liveness;
 pub mod rollouts;
@@ -185,6 +188,28 @@ pub async fn run_rollouts(
             }
         },
     )
+    .await
+}
+
+/// The clone watch, on the key holder: every `every`.
+pub async fn run_clones(
+    store: Store,
+    key: Arc<ring::signature::Ed25519KeyPair>,
+    ca_der: Arc<Vec<u8>>,
+    every: Duration,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let s = store.clone();
+    let watch = Arc::new(tokio::sync::Mutex::new(clones::Watch::new(ca_der)));
+    under_lease(store.gateway(), "clones", leases, every, None, stop, || {
+        let (s, key, watch) = (s.clone(), key.clone(), watch.clone());
+        async move {
+            if let Err(e) = watch.lock().await.tick(&s, &key).await {
+                warn!(error = %e, "clone watch pass failed");
+            }
+        }
+    })
     .await
 }
 

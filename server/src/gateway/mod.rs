@@ -339,10 +339,10 @@ impl Gateway for GatewayService {
         &self,
         request: Request<Streaming<NodeMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
-        let fingerprint = request
+        let peer = request
             .extensions()
             .get::<PeerInfo>()
-            .and_then(|p| p.cert_fingerprint.clone())
+            .and_then(|p| Some((p.cert_fingerprint.clone()?, p.cert.clone()?)))
             .ok_or_else(|| {
                 turned(Turned::NoCertificate(
                     "a node certificate is required: join first: bcd join --server URL --token TOKEN",
@@ -356,7 +356,7 @@ impl Gateway for GatewayService {
         let (tx, rx) = mpsc::channel(32);
         let state = self.state.clone();
         tokio::spawn(async move {
-            session::run(state, fingerprint, inbound, tx).await;
+            session::run(state, peer, inbound, tx).await;
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

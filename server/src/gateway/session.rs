@@ -15,12 +15,13 @@ use std::time::Duration;
 use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
 use bc_store::commands::{Dispatch, ResultApplied};
 use bc_store::events::EventInput;
-use bc_store::sessions::HelloInput;
+use bc_store::sessions::{HelloInput, HelloProved};
 use bc_store::specs::FactApplied;
 use bc_store::{Refusal, TxError};
 use bcd_core::report::INVENTORY_SECTIONS;
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
 use prost::Message;
+use rustls_pki_types::CertificateDer;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
@@ -37,7 +38,32 @@ fn msg(m: server_message::Msg) -> Result<ServerMessage, Status> {
     Ok(ServerMessage { msg: Some(m) })
 }
 
-fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInput {
+/// The Hello's proof, when the node signed it with the key of the
+/// session's certificate and it says what the Hello says; else why not
+/// (the Hello still connects, and changes nothing the fleet believes).
+fn proved(h: &v1::Hello, cert_der: &[u8]) -> Result<Option<HelloProved>, String> {
+    let Some(signed) = &h.proof else {
+        return Ok(None);
+    };
+    let proof = bcd_proto::hello::decode(&signed.payload).map_err(|e| e.to_string())?;
+    bcd_proto::hello::check_matches(&proof, h).map_err(|e| e.to_string())?;
+    let message = bcd_proto::hello::signed_message(&signed.payload);
+    if !crate::certs::verify_node_signature(cert_der, &message, &signed.signature) {
+        return Err("its signature is not by the session certificate's key".into());
+    }
+    Ok(Some(HelloProved {
+        seq: proof.seq,
+        payload: signed.payload.clone(),
+        signature: signed.signature.clone(),
+    }))
+}
+
+fn hello_input(
+    h: v1::Hello,
+    fingerprint: String,
+    gateway_id: &str,
+    proof: Option<HelloProved>,
+) -> HelloInput {
     HelloInput {
         node_id: h.node_id,
         cert_fingerprint: fingerprint,
@@ -61,6 +87,7 @@ fn hello_input(h: v1::Hello, fingerprint: String, gateway_id: &str) -> HelloInpu
         journal_running: h.journal_running,
         journal_done: h.journal_done,
         daemon_exits: h.daemon_exits,
+        proof,
     }
 }
 
@@ -97,7 +124,7 @@ pub const HELLO_QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// Runs one session until it ends.
 pub async fn run(
     state: Arc<GatewayState>,
-    fingerprint: String,
+    (fingerprint, cert_der): (String, Arc<CertificateDer<'static>>),
     mut inbound: Streaming<NodeMessage>,
     out: Out,
 ) {
@@ -140,22 +167,16 @@ pub async fn run(
     let cert_serial = hello.cert_serial.clone();
     let journal_id = hello.journal_id.clone();
     let applied_generation = hello.applied_generation;
-    let input = hello_input(hello, fingerprint, &state.id);
+    let proof = proved(&hello, &cert_der).unwrap_or_else(|why| {
+        warn!(%node, %why, "the Hello's proof does not hold: it changes nothing the fleet believes");
+        None
+    });
+    let input = hello_input(hello, fingerprint, &state.id, proof);
     let outcome = match state
         .metrics
         .timed("hello", state.store.hello(&input))
         .await
     {
-        Ok(o) if o.quarantined => {
-            warn!(%node, "cloned identity: the certificate is quarantined");
-            let e = TxError::Refused(Refusal::Revoked(
-                bc_store::clones::DUPLICATE_IDENTITY.into(),
-                None,
-            ));
-            state.metrics.hello_refused(refusal_reason(&e));
-            let _ = out.send(Err(status(e))).await;
-            return;
-        }
         Ok(o) => {
             state.metrics.hello_welcomed();
             state.metrics.transition("connected", 1);
@@ -217,6 +238,7 @@ pub async fn run(
             first_retry_ms: state
                 .first_retry_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
+            hello_seq_seen: outcome.hello_seq_seen,
         };
         let session = Session {
             state: &state,
@@ -642,7 +664,7 @@ mod hello_tests {
             ],
             ..Default::default()
         };
-        let input = hello_input(h, "fp".into(), "gw");
+        let input = hello_input(h, "fp".into(), "gw", None);
         assert_eq!(
             input.inventory_hashes,
             vec![
@@ -650,5 +672,59 @@ mod hello_tests {
                 ("gpus".into(), "a".into())
             ]
         );
+    }
+
+    #[test]
+    fn a_proof_holds_only_signed_by_the_session_key_of_what_the_hello_says() {
+        use rcgen::{CertificateParams, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::default().self_signed(&key).unwrap();
+        let h = v1::Hello {
+            node_id: "nd-1".into(),
+            cert_serial: "0a".into(),
+            boot_id: "boot".into(),
+            journal_id: "j".into(),
+            ..Default::default()
+        };
+        let signed = |h: &v1::Hello, key: &KeyPair, seq: u64| {
+            let payload = bcd_proto::hello::proof(h, seq).encode_to_vec();
+            let m = bcd_proto::hello::signed_message(&payload);
+            v1::NodeSigned {
+                signature: rcgen::SigningKey::sign(key, &m).unwrap(),
+                payload,
+            }
+        };
+        assert_eq!(proved(&h, cert.der()), Ok(None));
+        let good = v1::Hello {
+            proof: Some(signed(&h, &key, 7)),
+            ..h.clone()
+        };
+        let p = proved(&good, cert.der()).unwrap().unwrap();
+        assert_eq!(p.seq, 7);
+        // The Hello says another boot than the node signed.
+        let moved = v1::Hello {
+            boot_id: "other".into(),
+            ..good.clone()
+        };
+        assert!(proved(&moved, cert.der()).unwrap_err().contains("boot"));
+        // Signed by a key that is not the session's.
+        let other = KeyPair::generate().unwrap();
+        let foreign = v1::Hello {
+            proof: Some(signed(&h, &other, 7)),
+            ..h.clone()
+        };
+        assert!(
+            proved(&foreign, cert.der())
+                .unwrap_err()
+                .contains("signature")
+        );
+        // The bare payload signed, not the proof's message.
+        let mut bare = signed(&h, &key, 7);
+        bare.signature = rcgen::SigningKey::sign(&key, &bare.payload).unwrap();
+        let bare = v1::Hello {
+            proof: Some(bare),
+            ..h
+        };
+        assert!(proved(&bare, cert.der()).is_err());
     }
 }

@@ -32,7 +32,9 @@ use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
 use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
+use crate::sessions::{
+    Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow, Sighting,
+};
 use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
@@ -369,6 +371,38 @@ pub trait Backend: GatewayBackend {
     /// superseded ones too: what a reader checks against the fleet CA
     /// before it verifies something the node signed with one.
     async fn node_certificates(&self, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError>;
+
+    // ------------------------------------------------------ clone watch
+    // (`crate::clones`: gateways record sightings; the key holder believes
+    // them only once it verified their proofs)
+
+    /// Sightings recorded after `after_id`, oldest first, at most `limit`.
+    async fn sightings_after(&self, after_id: i64, limit: u32)
+    -> Result<Vec<Sighting>, StoreError>;
+
+    /// A certificate's sightings recorded at or after `since_ms` (the
+    /// store's clock, as the recording gateway said), oldest first.
+    async fn sightings_of(&self, serial: &str, since_ms: i64) -> Result<Vec<Sighting>, StoreError>;
+
+    /// Deletes sightings whose proofs did not verify, publishing for each
+    /// a `security.hello.forged` event that says why.
+    async fn drop_forged_sightings(&self, forged: &[(Sighting, String)]) -> Result<(), StoreError>;
+
+    /// Revokes, as superseded, `node_id`'s valid certificates no newer
+    /// than `serial` (which the node proved it uses); their serials.
+    async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Quarantines `node_id` as a cloned identity (seen on `serial`, with
+    /// `alternations` in its verified proofs): every valid certificate
+    /// revoked with the statement `seal` signs, `security.node.quarantined`
+    /// published. False when it already was.
+    async fn quarantine_clone(
+        &self,
+        node_id: &str,
+        serial: &str,
+        alternations: u32,
+        seal: SealStatement,
+    ) -> Result<bool, TxError>;
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError>;
 

@@ -1,11 +1,20 @@
-//! Cloned identities: two machines presenting one certificate. Each Hello
-//! records the boot id it came from when that differs from the last one
-//! seen for the certificate; a Hello from another boot while the current
+//! Cloned identities: two machines presenting one certificate. A Hello
+//! with the node's signed proof (`bcd_proto::hello`) records the boot id
+//! it came from, with the proof, when that differs from the last one seen
+//! for the certificate; a Hello from another boot while the current
 //! session is still connected is a takeover (`security.node.duplicate-session`).
-//! A reboot moves on to a new boot id and never comes back to an old one;
-//! two clones do. More than [`QUARANTINE_AFTER`] returns to a boot id seen
-//! before, within [`CLONE_WINDOW_MS`], quarantine the certificate: revoked
-//! (`duplicate-identity`), both clones out through the revocation feed
+//!
+//! Only the key holder quarantines, and only from proofs it verified
+//! itself ([`alternations`]): a gateway writes the sightings, and may hold
+//! back, reorder, replay or misdate them, so their order of arrival and
+//! their times say nothing. The count each proof carries does: one
+//! machine signs each count once, and its proofs in count order visit
+//! each boot in one run and never come back to one, whatever subset a
+//! gateway shows in whatever order. Two machines with one key come back
+//! and forth (or sign one count twice). More than [`QUARANTINE_AFTER`]
+//! such returns among the proofs recorded within [`CLONE_WINDOW_MS`]
+//! quarantine the node: its certificates revoked (`duplicate-identity`,
+//! with a signed statement), both clones out through the revocation feed
 //! (`security.node.quarantined`); workloads stay bound (I5): an operator
 //! joins the real machine again. Sans-IO: the sightings and the time are
 //! passed in.
@@ -39,6 +48,33 @@ impl CloneVerdict {
     }
 }
 
+/// What a gateway's Hello does for the clone watch (the quarantine is the
+/// key holder's, [`alternations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtHello {
+    /// The Hello comes from another boot while the certificate's session
+    /// is connected (`security.node.duplicate-session`).
+    pub takeover: bool,
+    /// Record this boot, with the Hello's proof, as a sighting.
+    pub record: bool,
+}
+
+/// `last`: the boot of the certificate's newest sighting, `connected`: the
+/// boot of its session if that is connected, `boot`: this Hello's, proved
+/// or not (an unproved Hello records nothing: the key holder could not
+/// believe it).
+pub fn at_hello(last: Option<&str>, connected: Option<&str>, boot: &str, proved: bool) -> AtHello {
+    AtHello {
+        takeover: connected.is_some_and(|c| c != boot),
+        record: proved && last != Some(boot),
+    }
+}
+
+/// The fleet event's detail of a takeover at a Hello.
+pub fn takeover_detail(serial: &str, boot: &str, connected: &str) -> String {
+    format!("certificate {serial}: boot {boot} took the session from boot {connected}")
+}
+
 /// `sightings`: the certificate's boot ids in the order they were first
 /// seen in turn (oldest first) with when, `connected_boot`: the boot id of
 /// its session if that is connected, `boot`: this Hello's.
@@ -69,6 +105,62 @@ pub fn judge(
         alternations,
         record,
     }
+}
+
+/// A security event: a sighting whose proof the key holder could not
+/// verify (a gateway wrote it, or rewrote it).
+pub const FORGED_SIGHTING: &str = "security.hello.forged";
+
+/// Returns to a boot seen before, in count order, among `proofs`: the
+/// (count, boot id) of the verified proofs recorded for one certificate,
+/// in any order. A count signed for two boots is a return too.
+pub fn alternations(proofs: &[(u64, &str)]) -> u32 {
+    let mut sorted = proofs.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let mut runs: Vec<&str> = Vec::new();
+    let mut alternations = 0;
+    let mut last_seq = None;
+    for (seq, boot) in sorted {
+        if last_seq == Some(seq) {
+            // Two boots signed one count: two machines hold the key.
+            alternations += 1;
+        }
+        last_seq = Some(seq);
+        if runs.last() == Some(&boot) {
+            continue;
+        }
+        if runs.contains(&boot) {
+            alternations += 1;
+        }
+        runs.push(boot);
+    }
+    alternations
+}
+
+/// The fleet event's detail of a sighting whose proof did not verify.
+pub fn forged_detail(s: &crate::sessions::Sighting, why: &str) -> String {
+    format!(
+        "a sighting of certificate {} (boot {}, count {}) that the node did not prove: {why}; \
+         a gateway wrote it; dropped, it counts for nothing",
+        s.serial, s.boot_id, s.seq
+    )
+}
+
+/// The fleet event's detail of a node the key holder quarantined from
+/// its proofs.
+pub fn quarantine_detail(serial: &str, alternations: u32, revoked: &[String]) -> String {
+    format!(
+        "certificate {serial}: {alternations} alternations between machines in {} minutes, in \
+         the node's own signed Hellos; certificates revoked ({DUPLICATE_IDENTITY}): {}; join the \
+         real machine again",
+        CLONE_WINDOW_MS / 60_000,
+        if revoked.is_empty() {
+            "none".to_string()
+        } else {
+            revoked.join(", ")
+        }
+    )
 }
 
 /// The fleet event's detail when a join with no token (a re-attestation
@@ -128,6 +220,49 @@ mod tests {
             assert_eq!(v.quarantine(), *want > 3);
             s.push((boot.to_string(), 2 + i as i64));
         }
+    }
+
+    #[test]
+    fn one_machine_s_proofs_in_any_order_never_alternate() {
+        // Boots a (counts 1-3), b (4-6), c (7): a reboot after another.
+        let real = [
+            (1, "a"),
+            (2, "a"),
+            (3, "a"),
+            (4, "b"),
+            (5, "b"),
+            (6, "b"),
+            (7, "c"),
+        ];
+        assert_eq!(alternations(&real), 0);
+        // A gateway shows any subset, in any order, repeated: still none.
+        let shown = [
+            (6, "b"),
+            (1, "a"),
+            (7, "c"),
+            (3, "a"),
+            (4, "b"),
+            (1, "a"),
+            (6, "b"),
+        ];
+        assert_eq!(alternations(&shown), 0);
+        for k in 0..real.len() {
+            let mut v = real.to_vec();
+            v.rotate_left(k);
+            v.truncate(real.len() - k / 2);
+            assert_eq!(alternations(&v), 0, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn two_machines_on_one_key_alternate_in_count_order() {
+        // The copy starts at the original's count: both sign 11.
+        assert_eq!(alternations(&[(10, "a"), (11, "a"), (11, "b")]), 1);
+        // Raised by the Welcome, they take turns.
+        let turns = [(12, "a"), (13, "b"), (14, "a"), (15, "b"), (16, "a")];
+        assert_eq!(alternations(&turns), 3);
+        assert_eq!(alternations(&[turns.as_slice(), &[(17, "b")]].concat()), 4);
+        assert!(alternations(&[turns.as_slice(), &[(17, "b")]].concat()) > QUARANTINE_AFTER);
     }
 
     #[test]

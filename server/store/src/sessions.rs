@@ -34,6 +34,35 @@ pub struct HelloInput {
     /// start: at the crash-loop threshold the node shows
     /// `DaemonCrashLoop` until a Hello below it.
     pub daemon_exits: u32,
+    /// The node's signed proof of this Hello, when the gateway verified it
+    /// against the session's certificate and it says what the Hello says
+    /// (`bcd_proto::hello`); a Hello without one records no sighting.
+    pub proof: Option<HelloProved>,
+}
+
+/// A Hello proof as the node signed it (over `bcd_proto::hello::signed_message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloProved {
+    /// The count it carries.
+    pub seq: u64,
+    pub payload: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// A boot a certificate was presented from, as a gateway recorded it (see
+/// [`crate::clones`]): nothing in it is believed before its proof is
+/// verified, and its `at` never.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sighting {
+    pub id: i64,
+    pub serial: String,
+    pub node_id: String,
+    pub boot_id: String,
+    pub at_ms: i64,
+    /// The count the proof carries, as the gateway recorded it.
+    pub seq: u64,
+    pub proof: Vec<u8>,
+    pub proof_signature: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,10 +78,9 @@ pub struct HelloOutcome {
     /// When the session's certificate expires; the gateway closes the
     /// session then.
     pub cert_not_after_ms: i64,
-    /// The certificate was quarantined as a cloned identity by this Hello
-    /// (see [`crate::clones`]): revoked, the session not routed; the
-    /// gateway refuses it as revoked.
-    pub quarantined: bool,
+    /// The highest proof count the store holds for the node, this Hello's
+    /// included (the Welcome's `hello_seq_seen`).
+    pub hello_seq_seen: u64,
     /// Commands wait for the node (pending), as the Hello read them.
     pub commands_pending: bool,
     /// The node's desired-state generation as the Hello read it (0: none).
@@ -69,21 +97,6 @@ impl HelloOutcome {
     /// having applied `applied_generation`: else it waits to be woken.
     pub fn work_waits(&self, applied_generation: u64) -> bool {
         self.commands_pending || self.spec_generation > applied_generation
-    }
-
-    /// A Hello that quarantined its certificate: nothing routed.
-    pub fn quarantined(now_ms: i64) -> HelloOutcome {
-        HelloOutcome {
-            epoch: 0,
-            server_time_ms: now_ms,
-            inventory_wanted: vec![],
-            replay: vec![],
-            finished: vec![],
-            cert_not_after_ms: 0,
-            quarantined: true,
-            commands_pending: false,
-            spec_generation: 0,
-        }
     }
 }
 
@@ -243,6 +256,7 @@ mod tests {
             journal_running: running.iter().map(|s| s.to_string()).collect(),
             journal_done: done.iter().map(|s| s.to_string()).collect(),
             daemon_exits: 0,
+            proof: None,
         }
     }
 

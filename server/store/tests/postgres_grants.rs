@@ -314,11 +314,13 @@ async fn a_gateway_opens_the_store_only_as_the_key_holder_migrated_it() {
     );
 }
 
-/// What a gateway's role may set it may not undo: a certificate's
+/// A gateway's role revokes no certificate and quarantines no node (the
+/// key holder does both, from proofs it verified), so it can neither take
+/// a node out of the fleet by SQL nor undo what the key holder did: a
 /// revocation stays (for everyone), and only the key holder, the owner,
 /// lifts a quarantine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_role_undoes_no_revocation_and_lifts_no_quarantine() {
+async fn a_gateway_role_revokes_nothing_and_lifts_no_quarantine() {
     let (_, owner, gw, _) = store_and_gateway("grants_undo").await;
     owner
         .batch_execute(
@@ -328,7 +330,10 @@ async fn a_gateway_role_undoes_no_revocation_and_lifts_no_quarantine() {
                  VALUES ('nd-r', 'r', 0, 1, 't');
              INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation,
                  not_before, not_after, revoked_at, revoke_reason)
-                 VALUES ('aa', 'nd-q', 'f', 1, 0, 10, 5, 'duplicate-identity')",
+                 VALUES ('aa', 'nd-q', 'f', 1, 0, 10, 5, 'duplicate-identity');
+             INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation,
+                 not_before, not_after)
+                 VALUES ('bb', 'nd-r', 'g', 1, 0, 10)",
         )
         .await
         .unwrap();
@@ -337,15 +342,26 @@ async fn a_gateway_role_undoes_no_revocation_and_lifts_no_quarantine() {
         "UPDATE nodes SET quarantined_at = 6 WHERE id = 'nd-q'",
         "UPDATE node_certs SET revoked_at = NULL WHERE serial = 'aa'",
         "UPDATE node_certs SET revoke_reason = 'superseded' WHERE serial = 'aa'",
+        // Quarantine as a weapon, and a revocation of a live node.
+        "UPDATE nodes SET quarantined_at = 7 WHERE id = 'nd-r'",
+        "UPDATE node_certs SET revoked_at = 7, revoke_reason = 'duplicate-identity'
+             WHERE serial = 'bb'",
+        "UPDATE node_certs SET revoked_at = 7, revoke_reason = 'superseded' WHERE serial = 'bb'",
     ] {
         assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
     }
-    // A gateway still quarantines (the clone watch is its write).
-    gw.batch_execute("UPDATE nodes SET quarantined_at = 7 WHERE id = 'nd-r'")
+    let live: bool = owner
+        .query_one(
+            "SELECT revoked_at IS NULL AND (SELECT quarantined_at IS NULL FROM nodes
+                 WHERE id = 'nd-r') FROM node_certs WHERE serial = 'bb'",
+            &[],
+        )
         .await
-        .unwrap();
-    // The key holder lifts it (a re-enrolment does); the revocation stays
-    // for it too.
+        .unwrap()
+        .get(0);
+    assert!(live);
+    // The key holder lifts a quarantine (a re-enrolment does); the
+    // revocation stays for it too.
     owner
         .batch_execute("UPDATE nodes SET quarantined_at = NULL WHERE id = 'nd-q'")
         .await

@@ -267,6 +267,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
         journal_running: vec![],
         journal_done: vec![],
         daemon_exits: 0,
+        proof: None,
     };
     clock.advance(Duration::from_millis(5));
     let out = s.hello(&h).await.unwrap();

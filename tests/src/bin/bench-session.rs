@@ -158,6 +158,7 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
             journal_running: vec![],
             journal_done: vec![],
             daemon_exits: 0,
+            proof: None,
         };
         // `concurrency` workers, each taking the next Hello as soon as its
         // last one committed: always that many in flight, as a gateway's

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bcd_core::command::Journaled;
 use bcd_core::{Action, CloseReason, Event, Renewal, RenewalConfig, ServerClock, Session, Witness};
 use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -90,7 +91,7 @@ impl Agent {
                             last_epoch,
                             mark_ms,
                         } => {
-                            let hello = match self.hello(last_epoch, mark_ms) {
+                            let hello = match self.hello(last_epoch, mark_ms).await {
                                 Ok(h) => h,
                                 Err(e) => return Stopped::JournalFailed(e),
                             };
@@ -358,6 +359,8 @@ impl Agent {
         Ok(match msg.msg {
             Some(server_message::Msg::Welcome(w)) => {
                 *wanted = w.inventory_wanted;
+                let f = &mut self.identity.file;
+                f.hello_seq = bcd_proto::hello::raised(f.hello_seq, w.hello_seq_seen);
                 Event::Welcome {
                     epoch: w.epoch,
                     server_time_ms: w.server_time_ms,
@@ -437,7 +440,9 @@ impl Agent {
         })
     }
 
-    fn hello(&self, last_epoch: u64, mark_ms: i64) -> Result<Hello, String> {
+    /// The Hello, with its proof signed under the next count (written
+    /// first, so a crash never signs a count twice).
+    async fn hello(&mut self, last_epoch: u64, mark_ms: i64) -> Result<Hello, String> {
         let boot_id = self.machine.host.boot_id().unwrap_or_else(|e| {
             warn!(error = %e, "cannot read the boot id");
             String::new()
@@ -459,7 +464,7 @@ impl Agent {
                 _ => journal_running.push(e.id),
             }
         }
-        Ok(Hello {
+        let mut hello = Hello {
             node_id: self.identity.file.node_id.clone(),
             cert_serial: self.identity.file.cert_serial.clone(),
             incarnation_id: self.incarnation_id.clone(),
@@ -483,7 +488,21 @@ impl Agent {
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?,
             daemon_exits: crate::upgrade::daemon_exits(),
-        })
+            proof: None,
+        };
+        let seq = self.identity.file.hello_seq.saturating_add(1);
+        self.identity.file.hello_seq = seq;
+        // A Hello with no proof (the count not written, the TPM refused to
+        // sign) still connects; it changes nothing the fleet believes.
+        if let Err(e) = self.identity.save_state_blocking_pool().await {
+            warn!(error = %bcd_sys::error::chain(&e), "cannot count the Hello: it goes unproved");
+            return Ok(hello);
+        }
+        let payload = bcd_proto::hello::proof(&hello, seq).encode_to_vec();
+        hello.proof = self
+            .sign(&bcd_proto::hello::signed_message(&payload))
+            .map(|signature| v1::NodeSigned { payload, signature });
+        Ok(hello)
     }
 }
 

@@ -30,9 +30,9 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ("bc_schema", "SELECT"),
     (
         "nodes",
-        "SELECT, UPDATE (agent_version, conditions, taints, quarantined_at, release_floor)",
+        "SELECT, UPDATE (agent_version, conditions, taints, release_floor)",
     ),
-    ("node_certs", "SELECT, UPDATE (revoked_at, revoke_reason)"),
+    ("node_certs", "SELECT"),
     ("node_sessions", "SELECT, INSERT, UPDATE"),
     ("cert_sightings", "SELECT, INSERT, DELETE"),
     ("leases", "SELECT, INSERT, UPDATE, DELETE"),

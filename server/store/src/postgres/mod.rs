@@ -41,6 +41,7 @@
 mod audit;
 mod backups;
 mod bindings;
+mod clones;
 pub mod cluster;
 mod commands;
 pub mod connect;
@@ -124,6 +125,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0025_revocations_stay.sql"),
     include_str!("migrations/0026_legacy_results.sql"),
     include_str!("migrations/0027_controller_leases.sql"),
+    include_str!("migrations/0028_hello_proofs.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -836,6 +838,50 @@ impl Backend for PostgresBackend {
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
         tx!(self, |tx| nodes::list_nodes(&tx).await)
+    }
+
+    async fn sightings_after(
+        &self,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
+        tx!(self, |tx| clones::after(&tx, after_id, limit).await)
+    }
+
+    async fn sightings_of(
+        &self,
+        serial: &str,
+        since_ms: i64,
+    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
+        tx!(self, |tx| clones::of(&tx, serial, since_ms).await)
+    }
+
+    async fn drop_forged_sightings(
+        &self,
+        forged: &[(crate::sessions::Sighting, String)],
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| clones::drop_forged(&tx, forged).await)
+    }
+
+    async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+    }
+
+    async fn quarantine_clone(
+        &self,
+        node_id: &str,
+        serial: &str,
+        alternations: u32,
+        seal: SealStatement,
+    ) -> Result<bool, TxError> {
+        tx!(self, |tx| clones::quarantine(
+            &tx,
+            node_id,
+            serial,
+            alternations,
+            seal
+        )
+        .await)
     }
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {

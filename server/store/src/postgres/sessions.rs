@@ -30,10 +30,16 @@ const HELLO_NODE: &str = "SELECT id, conditions, taints FROM nodes
 /// nobody changes it until this transaction ends.
 const HELLO_LEASE: &str = "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE";
 const HELLO_SIGHTINGS: &str =
-    "SELECT boot_id, at FROM cert_sightings WHERE serial = $1 ORDER BY id";
+    "SELECT boot_id FROM cert_sightings WHERE serial = $1 ORDER BY id DESC LIMIT 1";
 const HELLO_CONNECTED: &str = "SELECT boot_id FROM node_sessions
      WHERE node_id = $1 AND cert_serial = $2 AND state = 'connected'";
-const HELLO_PREV: &str = "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = $1";
+/// The node's session, and whether it names a certificate of the node
+/// newer than this Hello's (which is then superseded: a copy of a key the
+/// node renewed away from no longer connects).
+const HELLO_PREV: &str = "SELECT s.epoch, s.journal_id, s.boot_id, s.hello_seq,
+         COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = $2), false)
+     FROM node_sessions s LEFT JOIN node_certs c ON c.serial = s.cert_serial AND c.node_id = s.node_id
+     WHERE s.node_id = $1";
 const HELLO_INVENTORY: &str = "SELECT section, sha256 FROM inventory WHERE node_id = $1";
 const HELLO_IN_FLIGHT: &str = "SELECT id, seq, kind, state, signed FROM commands
      WHERE node_id = $1 AND state IN ('dispatched', 'acked', 'running') ORDER BY seq
@@ -53,7 +59,7 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
             (HELLO_LEASE, &[&lease_name, &h.gateway_id]),
             (HELLO_SIGHTINGS, &[&h.cert_serial]),
             (HELLO_CONNECTED, &[&h.node_id, &h.cert_serial]),
-            (HELLO_PREV, &[&h.node_id]),
+            (HELLO_PREV, &[&h.node_id, &h.cert_serial]),
             (HELLO_INVENTORY, &[&h.node_id]),
             (HELLO_WORK, &[&h.node_id]),
         ],
@@ -74,11 +80,8 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
-    let sightings: Vec<(String, i64)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
+    let last_sighting: Option<String> = next().first().map(|r| r.get(0));
     let connected: Option<String> = next().first().map(|r| r.get(0));
-    if watch_clones(tx, h, now, &sightings, connected.as_deref()).await? {
-        return Ok(HelloOutcome::quarantined(now));
-    }
     let node = node.first().ok_or_else(|| {
         StoreError::Database(format!("node {} has a certificate but no row", h.node_id).into())
     })?;
@@ -88,8 +91,16 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
             r.get::<_, i64>(0),
             r.get::<_, String>(1),
             r.get::<_, String>(2),
+            r.get::<_, i64>(3),
+            r.get::<_, bool>(4),
         )
     });
+    if prev.as_ref().is_some_and(|p| p.4) {
+        return Err(Refusal::Revoked(SUPERSEDED.into(), None).into());
+    }
+    watch_clones(tx, h, now, last_sighting.as_deref(), connected.as_deref()).await?;
+    let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
+    let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let known: Vec<(String, String)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
     let (commands_pending, spec_generation) = next()
         .first()
@@ -101,25 +112,20 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     let written = pipeline(
         tx,
         &[
-            // The node uses this certificate: the ones it renewed away from
-            // are superseded (a copy of an old key can no longer connect).
-            (
-                "UPDATE node_certs SET revoked_at = $3, revoke_reason = $4
-                 WHERE node_id = $1 AND revoked_at IS NULL AND serial != $2
-                   AND not_before <= (SELECT not_before FROM node_certs WHERE serial = $2)",
-                &[&h.node_id, &h.cert_serial, &now, &SUPERSEDED],
-            ),
+            // The key holder supersedes the certificates the node renewed
+            // away from, from its proofs; this Hello refused an older one.
             (
                 "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since,
                      disconnect_cause, incarnation_id, boot_id, journal_id, cert_serial,
-                     connected_at, last_seen)
-                 VALUES ($1, $2, $3, 'connected', $4, '', $5, $6, $7, $8, $4, $4)
+                     connected_at, last_seen, hello_seq)
+                 VALUES ($1, $2, $3, 'connected', $4, '', $5, $6, $7, $8, $4, $4, $9)
                  ON CONFLICT (node_id) DO UPDATE SET
                      epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
                      state_since = excluded.state_since, disconnect_cause = '',
                      incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
                      journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
-                     connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+                     connected_at = excluded.connected_at, last_seen = excluded.last_seen,
+                     hello_seq = GREATEST(node_sessions.hello_seq, excluded.hello_seq)",
                 &[
                     &h.node_id,
                     &(epoch as i64),
@@ -129,6 +135,7 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
                     &h.boot_id,
                     &h.journal_id,
                     &h.cert_serial,
+                    &proof_seq,
                 ],
             ),
             // A node that is back is reachable again. The Hello is not
@@ -172,27 +179,37 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         replay,
         finished,
         cert_not_after_ms: cert.not_after_ms,
-        quarantined: false,
+        hello_seq_seen,
         commands_pending,
         spec_generation: spec_generation.max(0) as u64,
     })
 }
 
-/// The clone watch's part of a Hello (see [`crate::clones`]; as SQLite's);
-/// true when it quarantined the certificate.
+/// The clone watch's part of a Hello (see [`crate::clones`]; as SQLite's):
+/// a proved Hello from another boot than the certificate's last sighting
+/// is recorded with its proof, and one that takes a connected session is
+/// a takeover. The quarantine is the key holder's.
 async fn watch_clones(
     tx: &Tx<'_>,
     h: &HelloInput,
     now: i64,
-    sightings: &[(String, i64)],
+    last: Option<&str>,
     connected: Option<&str>,
-) -> Result<bool, tokio_postgres::Error> {
-    let v = clones::judge(sightings, connected, &h.boot_id, now);
-    if v.record {
+) -> Result<(), tokio_postgres::Error> {
+    let v = clones::at_hello(last, connected, &h.boot_id, h.proof.is_some());
+    if let (true, Some(p)) = (v.record, &h.proof) {
         execute(
             tx,
-            "INSERT INTO cert_sightings (serial, boot_id, at) VALUES ($1, $2, $3)",
-            &[&h.cert_serial, &h.boot_id, &now],
+            "INSERT INTO cert_sightings (serial, boot_id, at, seq, proof, proof_signature)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            &[
+                &h.cert_serial,
+                &h.boot_id,
+                &now,
+                &(p.seq as i64),
+                &p.payload,
+                &p.signature,
+            ],
         )
         .await?;
         execute(
@@ -208,48 +225,11 @@ async fn watch_clones(
             now,
             clones::DUPLICATE_SESSION,
             &h.node_id,
-            &format!(
-                "certificate {}: boot {} took the session from boot {}",
-                h.cert_serial,
-                h.boot_id,
-                connected.unwrap_or_default()
-            ),
+            &clones::takeover_detail(&h.cert_serial, &h.boot_id, connected.unwrap_or_default()),
         )
         .await?;
     }
-    if !v.quarantine() {
-        return Ok(false);
-    }
-    execute(
-        tx,
-        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3
-         WHERE serial = $1 AND revoked_at IS NULL",
-        &[&h.cert_serial, &now, &clones::DUPLICATE_IDENTITY],
-    )
-    .await?;
-    // A node bound to a TPM is not re-attested with no token meanwhile.
-    execute(
-        tx,
-        "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
-        &[&h.node_id, &now],
-    )
-    .await?;
-    fleet_event(
-        tx,
-        now,
-        clones::QUARANTINED,
-        &h.node_id,
-        &format!(
-            "certificate {}: {} alternations between machines in {} minutes; revoked \
-             ({}): join the real machine again",
-            h.cert_serial,
-            v.alternations,
-            clones::CLONE_WINDOW_MS / 60_000,
-            clones::DUPLICATE_IDENTITY
-        ),
-    )
-    .await?;
-    Ok(true)
+    Ok(())
 }
 
 /// The Hello's part for commands: every in-flight command moves to the new

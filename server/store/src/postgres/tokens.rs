@@ -487,7 +487,8 @@ pub(super) async fn join_enrolled(
                 return Ok(Enrolled::Forged { node_id });
             }
             if watch_reattest(tx, &node_id, boot_id, now).await? {
-                quarantine_node(tx, &node_id, now, seal).await?;
+                quarantine_node(tx, &node_id, now, seal, clones::reattest_quarantine_detail)
+                    .await?;
                 return Ok(Enrolled::Quarantined { node_id });
             }
             reenrol_node(
@@ -574,12 +575,14 @@ async fn watch_reattest(
 
 /// Quarantines a node as a cloned identity: every certificate revoked
 /// (`duplicate-identity`, with the statement `seal` signs), joins with no
-/// token refused until an operator's join with a token.
-async fn quarantine_node(
+/// token refused until an operator's join with a token; the fleet event
+/// says `detail` of the serials revoked.
+pub(super) async fn quarantine_node(
     tx: &Tx<'_>,
     node_id: &str,
     now: i64,
     seal: SealStatement,
+    detail: impl FnOnce(&[String]) -> String,
 ) -> Result<(), TxError> {
     let serials = revoke_all(tx, node_id, now, clones::DUPLICATE_IDENTITY, seal).await?;
     execute(
@@ -588,14 +591,7 @@ async fn quarantine_node(
         &[&node_id, &now],
     )
     .await?;
-    super::bindings::fleet_event(
-        tx,
-        now,
-        clones::QUARANTINED,
-        node_id,
-        &clones::reattest_quarantine_detail(&serials),
-    )
-    .await?;
+    super::bindings::fleet_event(tx, now, clones::QUARANTINED, node_id, &detail(&serials)).await?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@
 mod audit;
 mod backups;
 mod bindings;
+mod clones;
 mod commands;
 mod events;
 mod gateways;
@@ -102,6 +103,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0025_revocations_stay.sql"),
     include_str!("migrations/0026_legacy_results.sql"),
     include_str!("migrations/0027_controller_leases.sql"),
+    include_str!("migrations/0028_hello_proofs.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -811,6 +813,49 @@ impl Backend for SqliteBackend {
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
         self.read(nodes::list_nodes).await
+    }
+
+    async fn sightings_after(
+        &self,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
+        self.read(move |c| clones::after(c, after_id, limit)).await
+    }
+
+    async fn sightings_of(
+        &self,
+        serial: &str,
+        since_ms: i64,
+    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
+        let serial = serial.to_string();
+        self.read(move |c| clones::of(c, &serial, since_ms)).await
+    }
+
+    async fn drop_forged_sightings(
+        &self,
+        forged: &[(crate::sessions::Sighting, String)],
+    ) -> Result<(), StoreError> {
+        let forged = forged.to_vec();
+        self.write(move |c| clones::drop_forged(c, &forged)).await
+    }
+
+    async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
+        let (node, serial) = (node_id.to_string(), serial.to_string());
+        self.write(move |c| clones::supersede(c, &node, &serial))
+            .await
+    }
+
+    async fn quarantine_clone(
+        &self,
+        node_id: &str,
+        serial: &str,
+        alternations: u32,
+        seal: SealStatement,
+    ) -> Result<bool, TxError> {
+        let (node, serial) = (node_id.to_string(), serial.to_string());
+        self.write(move |c| clones::quarantine(c, &node, &serial, alternations, seal))
+            .await
     }
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {

@@ -22,14 +22,6 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
-    // The node uses this certificate: the ones it renewed away from are
-    // superseded (a copy of an old key can no longer connect).
-    c.prepare_cached(
-        "UPDATE node_certs SET revoked_at = ?3, revoke_reason = ?4
-         WHERE node_id = ?1 AND revoked_at IS NULL AND serial != ?2
-           AND not_before <= (SELECT not_before FROM node_certs WHERE serial = ?2)",
-    )?
-    .execute(params![h.node_id, h.cert_serial, now, SUPERSEDED])?;
     // The routing transaction's fence: this gateway must hold its lease
     // now. A lease that moved or ran out aborts the route (the gateway
     // then fences itself).
@@ -43,28 +35,40 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
-    if watch_clones(c, h, now)? {
-        return Ok(HelloOutcome::quarantined(now));
-    }
-    let prev: Option<(i64, String, String)> = c
+    // The node's session, and whether it names a certificate of the node
+    // newer than this Hello's: this one is then superseded (a copy of a key
+    // the node renewed away from no longer connects; the key holder
+    // revokes it from the node's proofs).
+    let prev: Option<(i64, String, String, i64, bool)> = c
         .query_row_kept(
-            "SELECT epoch, journal_id, boot_id FROM node_sessions WHERE node_id = ?1",
-            [&h.node_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            "SELECT s.epoch, s.journal_id, s.boot_id, s.hello_seq,
+                 COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = ?2), 0)
+             FROM node_sessions s
+             LEFT JOIN node_certs c ON c.serial = s.cert_serial AND c.node_id = s.node_id
+             WHERE s.node_id = ?1",
+            params![h.node_id, h.cert_serial],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .optional()?;
+    if prev.as_ref().is_some_and(|p| p.4) {
+        return Err(Refusal::Revoked(SUPERSEDED.into(), None).into());
+    }
+    watch_clones(c, h, now)?;
+    let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
+    let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
     let epoch = bcd_core::epoch::next_epoch(stored, h.last_epoch);
     c.prepare_cached(
         "INSERT INTO node_sessions (node_id, epoch, gateway_id, state, state_since, disconnect_cause,
-             incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen)
-         VALUES (?1, ?2, ?3, 'connected', ?4, '', ?5, ?6, ?7, ?8, ?4, ?4)
+             incarnation_id, boot_id, journal_id, cert_serial, connected_at, last_seen, hello_seq)
+         VALUES (?1, ?2, ?3, 'connected', ?4, '', ?5, ?6, ?7, ?8, ?4, ?4, ?9)
          ON CONFLICT (node_id) DO UPDATE SET
              epoch = excluded.epoch, gateway_id = excluded.gateway_id, state = 'connected',
              state_since = excluded.state_since, disconnect_cause = '',
              incarnation_id = excluded.incarnation_id, boot_id = excluded.boot_id,
              journal_id = excluded.journal_id, cert_serial = excluded.cert_serial,
-             connected_at = excluded.connected_at, last_seen = excluded.last_seen",
+             connected_at = excluded.connected_at, last_seen = excluded.last_seen,
+             hello_seq = MAX(node_sessions.hello_seq, excluded.hello_seq)",
     )?
     .execute(params![
         h.node_id,
@@ -74,7 +78,8 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         h.incarnation_id,
         h.boot_id,
         h.journal_id,
-        h.cert_serial
+        h.cert_serial,
+        proof_seq
     ])?;
     // A node that is back is reachable again.
     let (conditions, taints): (Vec<String>, Vec<String>) = c
@@ -125,19 +130,24 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         replay,
         finished,
         cert_not_after_ms: cert.not_after_ms,
-        quarantined: false,
+        hello_seq_seen,
         commands_pending,
         spec_generation: spec_generation.max(0) as u64,
     })
 }
 
-/// The clone watch's part of a Hello (see [`crate::clones`]); true when it
-/// quarantined the certificate.
-fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bool> {
-    let sightings: Vec<(String, i64)> = c
-        .prepare_cached("SELECT boot_id, at FROM cert_sightings WHERE serial = ?1 ORDER BY id")?
-        .query_map([&h.cert_serial], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+/// The clone watch's part of a Hello (see [`crate::clones`]): a proved
+/// Hello from another boot than the certificate's last sighting is
+/// recorded with its proof, and one that takes a connected session is a
+/// takeover. The quarantine is the key holder's.
+fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<()> {
+    let last: Option<String> = c
+        .query_row_kept(
+            "SELECT boot_id FROM cert_sightings WHERE serial = ?1 ORDER BY id DESC LIMIT 1",
+            [&h.cert_serial],
+            |r| r.get(0),
+        )
+        .optional()?;
     let connected: Option<String> = c
         .query_row_kept(
             "SELECT boot_id FROM node_sessions
@@ -146,10 +156,25 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
             |r| r.get(0),
         )
         .optional()?;
-    let v = clones::judge(&sightings, connected.as_deref(), &h.boot_id, now);
-    if v.record {
-        c.prepare_cached("INSERT INTO cert_sightings (serial, boot_id, at) VALUES (?1, ?2, ?3)")?
-            .execute(params![h.cert_serial, h.boot_id, now])?;
+    let v = clones::at_hello(
+        last.as_deref(),
+        connected.as_deref(),
+        &h.boot_id,
+        h.proof.is_some(),
+    );
+    if let (true, Some(p)) = (v.record, &h.proof) {
+        c.prepare_cached(
+            "INSERT INTO cert_sightings (serial, boot_id, at, seq, proof, proof_signature)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(params![
+            h.cert_serial,
+            h.boot_id,
+            now,
+            p.seq as i64,
+            p.payload,
+            p.signature
+        ])?;
         c.prepare_cached("DELETE FROM cert_sightings WHERE serial = ?1 AND at < ?2")?
             .execute(params![h.cert_serial, now - clones::CLONE_WINDOW_MS])?;
     }
@@ -159,40 +184,14 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<bo
             now,
             clones::DUPLICATE_SESSION,
             &h.node_id,
-            &format!(
-                "certificate {}: boot {} took the session from boot {}",
-                h.cert_serial,
-                h.boot_id,
-                connected.as_deref().unwrap_or_default()
+            &clones::takeover_detail(
+                &h.cert_serial,
+                &h.boot_id,
+                connected.as_deref().unwrap_or_default(),
             ),
         )?;
     }
-    if !v.quarantine() {
-        return Ok(false);
-    }
-    c.prepare_cached(
-        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3
-         WHERE serial = ?1 AND revoked_at IS NULL",
-    )?
-    .execute(params![h.cert_serial, now, clones::DUPLICATE_IDENTITY])?;
-    // A node bound to a TPM is not re-attested with no token meanwhile.
-    c.prepare_cached("UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1")?
-        .execute(params![h.node_id, now])?;
-    fleet_event(
-        c,
-        now,
-        clones::QUARANTINED,
-        &h.node_id,
-        &format!(
-            "certificate {}: {} alternations between machines in {} minutes; revoked \
-             ({}): join the real machine again",
-            h.cert_serial,
-            v.alternations,
-            clones::CLONE_WINDOW_MS / 60_000,
-            clones::DUPLICATE_IDENTITY
-        ),
-    )?;
-    Ok(true)
+    Ok(())
 }
 
 /// A node's commands in flight, in order.

@@ -411,7 +411,7 @@ pub(super) fn join_enrolled(
                 return Ok(Enrolled::Forged { node_id });
             }
             if watch_reattest(c, &node_id, boot_id, now)? {
-                quarantine_node(c, &node_id, now, seal)?;
+                quarantine_node(c, &node_id, now, seal, clones::reattest_quarantine_detail)?;
                 return Ok(Enrolled::Quarantined { node_id });
             }
             reenrol_node(
@@ -478,25 +478,21 @@ fn watch_reattest(c: &Connection, node_id: &str, boot_id: &str, now: i64) -> Res
 
 /// Quarantines a node as a cloned identity: every certificate revoked
 /// (`duplicate-identity`, with the statement `seal` signs), joins with no
-/// token refused until an operator's join with a token.
-fn quarantine_node(
+/// token refused until an operator's join with a token; the fleet event
+/// says `detail` of the serials revoked.
+pub(super) fn quarantine_node(
     c: &Connection,
     node_id: &str,
     now: i64,
     seal: SealStatement,
+    detail: impl FnOnce(&[String]) -> String,
 ) -> Result<(), TxError> {
     let serials = revoke_all(c, node_id, now, clones::DUPLICATE_IDENTITY, seal)?;
     c.execute_kept(
         "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
         params![node_id, now],
     )?;
-    super::bindings::fleet_event(
-        c,
-        now,
-        clones::QUARANTINED,
-        node_id,
-        &clones::reattest_quarantine_detail(&serials),
-    )?;
+    super::bindings::fleet_event(c, now, clones::QUARANTINED, node_id, &detail(&serials))?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
--- schema version 27
+-- schema version 28
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -49,6 +49,9 @@ cert_sightings.id: bigint NOT NULL DEFAULT nextval('cert_sightings_id_seq'::regc
 cert_sightings.serial: text NOT NULL
 cert_sightings.boot_id: text NOT NULL
 cert_sightings.at: bigint NOT NULL
+cert_sightings.seq: bigint NOT NULL DEFAULT 0
+cert_sightings.proof: bytea
+cert_sightings.proof_signature: bytea
 commands.id: text NOT NULL
 commands.node_id: text NOT NULL
 commands.seq: bigint NOT NULL
@@ -161,6 +164,7 @@ node_sessions.journal_id: text NOT NULL
 node_sessions.cert_serial: text NOT NULL
 node_sessions.connected_at: bigint NOT NULL
 node_sessions.last_seen: bigint NOT NULL
+node_sessions.hello_seq: bigint NOT NULL DEFAULT 0
 node_specs.node_id: text NOT NULL
 node_specs.generation: bigint NOT NULL
 node_specs.signed: bytea NOT NULL

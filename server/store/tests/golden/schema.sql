@@ -1,4 +1,4 @@
--- schema version 27
+-- schema version 28
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -119,7 +119,7 @@ CREATE TABLE cert_sightings (
     serial  TEXT NOT NULL REFERENCES node_certs(serial),
     boot_id TEXT NOT NULL,
     at      INTEGER NOT NULL
-) STRICT;
+, seq INTEGER NOT NULL DEFAULT 0, proof BLOB, proof_signature BLOB) STRICT;
 
 -- table commands
 CREATE TABLE commands (
@@ -296,7 +296,7 @@ CREATE TABLE node_sessions (
         cert_serial    TEXT NOT NULL,
         connected_at   INTEGER NOT NULL,
         last_seen      INTEGER NOT NULL
-    ) STRICT;
+    , hello_seq INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table node_specs
 CREATE TABLE node_specs (

@@ -215,6 +215,21 @@ pub fn hello(node: &str, cert: u8, gw: &str, last_epoch: u64) -> HelloInput {
         journal_running: vec![],
         journal_done: vec![],
         daemon_exits: 0,
+        proof: None,
+    }
+}
+
+/// `h` with a proof of count `seq` (the store keeps proofs; the key holder
+/// verifies them, outside the store).
+pub fn proved(h: HelloInput, seq: u64) -> HelloInput {
+    let payload = format!("{}/{}/{seq}", h.cert_serial, h.boot_id).into_bytes();
+    HelloInput {
+        proof: Some(bc_store::sessions::HelloProved {
+            seq,
+            signature: sign(b"key", &payload),
+            payload,
+        }),
+        ..h
     }
 }
 

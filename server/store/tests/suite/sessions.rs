@@ -11,7 +11,7 @@ use bc_store::nodes::Signed;
 use bc_store::specs::FactApplied;
 
 use super::{
-    Fixture, T0, disconnect, fake_cert, hello, joined, joined_with, lease, signed, verify,
+    Fixture, T0, disconnect, fake_cert, hello, joined, joined_with, lease, proved, signed, verify,
 };
 
 /// The `gpus` section of `node` (certificate 1), sent under `epoch`.
@@ -553,58 +553,125 @@ pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f
     // the node its old certificate).
     assert!(s.check_cert("fp1").await.is_ok());
     assert!(s.check_cert("fp2").await.is_ok());
-    s.hello(&hello(&node, 2, "gw", 1)).await.unwrap();
-    assert_eq!(
-        s.check_cert("fp1").await.unwrap_err().refusal(),
-        Some(&Refusal::Revoked("superseded".into(), None))
-    );
+    s.hello(&proved(hello(&node, 2, "gw", 1), 1)).await.unwrap();
+    // A Hello with the old one is refused from now on; no gateway revokes
+    // it (its role cannot), the key holder does, from the node's proof.
     let err = s.hello(&hello(&node, 1, "gw", 2)).await.unwrap_err();
     assert_eq!(
         err.refusal(),
         Some(&Refusal::Revoked("superseded".into(), None))
     );
+    assert!(s.check_cert("fp1").await.is_ok());
+    assert_eq!(s.supersede(&node, "serial2").await.unwrap(), ["serial1"]);
+    assert!(s.supersede(&node, "serial2").await.unwrap().is_empty());
+    assert_eq!(
+        s.check_cert("fp1").await.unwrap_err().refusal(),
+        Some(&Refusal::Revoked("superseded".into(), None))
+    );
     // The current one goes on working.
     s.hello(&hello(&node, 2, "gw", 2)).await.unwrap();
     assert!(s.check_cert("fp2").await.is_ok());
+    assert!(
+        s.supersede(&node, "no-such-serial")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn two_machines_alternating_on_one_certificate_are_quarantined(f: Fixture) {
-    use bc_store::clones::{DUPLICATE_IDENTITY, DUPLICATE_SESSION, QUARANTINED};
+    use bc_store::clones::{DUPLICATE_IDENTITY, DUPLICATE_SESSION, FORGED_SIGHTING, QUARANTINED};
     let s = &f.store;
     let node = joined(s, 1).await;
     let from = |boot: &str| HelloInput {
         boot_id: boot.into(),
         ..hello(&node, 1, "gw", 0)
     };
-    // A restart of the same machine, and a reboot: no clone.
+    let mut seq = 0;
+    let mut hello_from = |boot: &str| {
+        seq += 1;
+        proved(from(boot), seq)
+    };
+    // A restart of the same machine, and a reboot: one sighting a boot.
     for boot in ["boot-a", "boot-a", "boot-b"] {
         f.advance(Duration::from_millis(10));
-        assert!(!s.hello(&from(boot)).await.unwrap().quarantined);
+        s.hello(&hello_from(boot)).await.unwrap();
     }
-    // boot-b took a session of boot-a's: one takeover so far.
+    let sightings = s.sightings_after(0, 100).await.unwrap();
+    let seen: Vec<(&str, u64)> = sightings
+        .iter()
+        .map(|x| (x.boot_id.as_str(), x.seq))
+        .collect();
+    assert_eq!(seen, [("boot-a", 1), ("boot-b", 3)]);
+    assert!(sightings.iter().all(|x| x.node_id == node
+        && x.serial == "serial1"
+        && x.proof == format!("serial1/{}/{}", x.boot_id, x.seq).into_bytes()));
+    // An unproved Hello records nothing (the key holder could believe
+    // nothing of it), and the Welcome's count is the highest proved.
+    f.advance(Duration::from_millis(10));
+    let o = s.hello(&from("boot-c")).await.unwrap();
+    assert_eq!(o.hello_seq_seen, 3);
+    assert_eq!(s.sightings_after(0, 100).await.unwrap().len(), 2);
+    // boot-b took a session of boot-a's, boot-c one of boot-b's.
     let takeovers = |events: &[String]| {
         events
             .iter()
             .filter(|e| e.starts_with(DUPLICATE_SESSION))
             .count()
     };
-    assert_eq!(takeovers(&s.fleet_events(&node, 50).await.unwrap()), 1);
-    // Now a clone of boot-b's machine comes back and forth with boot-a:
-    // a, b, a: three alternations (b, a seen before) are tolerated ...
-    for boot in ["boot-a", "boot-b", "boot-a"] {
+    assert_eq!(takeovers(&s.fleet_events(&node, 50).await.unwrap()), 2);
+    // Clones back and forth: recorded, never quarantined by a Hello.
+    for boot in ["boot-a", "boot-b", "boot-a", "boot-b"] {
         f.advance(Duration::from_millis(10));
-        assert!(!s.hello(&from(boot)).await.unwrap().quarantined, "{boot}");
+        s.hello(&hello_from(boot)).await.unwrap();
     }
     assert!(s.check_cert("fp1").await.is_ok());
-    // ... the fourth quarantines.
-    f.advance(Duration::from_millis(10));
-    assert!(s.hello(&from("boot-b")).await.unwrap().quarantined);
+    let recent = s.sightings_of("serial1", 0).await.unwrap();
+    assert_eq!(recent.len(), 6);
+    assert!(
+        s.sightings_of("serial1", i64::MAX)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A sighting the key holder could not verify goes, with an event.
+    let forged = recent[0].clone();
+    s.drop_forged_sightings(&[(forged.clone(), "its signature is not by the key".into())])
+        .await
+        .unwrap();
+    assert_eq!(s.sightings_of("serial1", 0).await.unwrap().len(), 5);
+    let events = s.fleet_events(&node, 50).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with(FORGED_SIGHTING)
+            && e.contains("its signature is not by the key")
+            && e.contains("boot-a")),
+        "{events:?}"
+    );
+    // The key holder's quarantine: every certificate revoked with a
+    // statement, the event, and once only.
+    let sealed = |_: &bc_store::nodes::StatementSeal| b"sealed".to_vec();
+    assert!(
+        s.quarantine_clone(&node, "serial1", 4, Box::new(sealed))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.quarantine_clone(&node, "serial1", 5, Box::new(sealed))
+            .await
+            .unwrap()
+    );
     assert_eq!(
         s.check_cert("fp1").await.unwrap_err().refusal(),
-        Some(&Refusal::Revoked(DUPLICATE_IDENTITY.into(), None))
+        Some(&Refusal::Revoked(
+            DUPLICATE_IDENTITY.into(),
+            Some(b"sealed".to_vec())
+        ))
     );
     let events = s.fleet_events(&node, 50).await.unwrap();
-    assert_eq!(takeovers(&events), 5, "{events:?}");
+    assert_eq!(
+        events.iter().filter(|e| e.starts_with(QUARANTINED)).count(),
+        1
+    );
     assert!(
         events.iter().any(|e| e.starts_with(QUARANTINED)
             && e.contains("4 alternations")

@@ -1,0 +1,123 @@
+//! The key holder's part of the clone watch (see [`crate::clones`]): the
+//! sightings gateways recorded, read back; forged ones dropped; older
+//! certificates superseded and cloned identities quarantined, each only
+//! once the caller verified the proofs.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::bindings::fleet_event;
+use super::{Kept, now};
+use crate::clones;
+use crate::error::{StoreError, TxError};
+use crate::nodes::{SUPERSEDED, SealStatement};
+use crate::sessions::Sighting;
+
+const SIGHTING: &str = "SELECT s.id, s.serial, c.node_id, s.boot_id, s.at, s.seq,
+         COALESCE(s.proof, X''), COALESCE(s.proof_signature, X'')
+     FROM cert_sightings s JOIN node_certs c ON c.serial = s.serial";
+
+fn sighting(r: &rusqlite::Row<'_>) -> rusqlite::Result<Sighting> {
+    Ok(Sighting {
+        id: r.get(0)?,
+        serial: r.get(1)?,
+        node_id: r.get(2)?,
+        boot_id: r.get(3)?,
+        at_ms: r.get(4)?,
+        seq: r.get::<_, i64>(5)? as u64,
+        proof: r.get(6)?,
+        proof_signature: r.get(7)?,
+    })
+}
+
+pub(super) fn after(
+    c: &Connection,
+    after_id: i64,
+    limit: u32,
+) -> Result<Vec<Sighting>, StoreError> {
+    Ok(c.prepare_cached(&format!(
+        "{SIGHTING} WHERE s.id > ?1 ORDER BY s.id LIMIT ?2"
+    ))?
+    .query_map(params![after_id, limit], sighting)?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn of(c: &Connection, serial: &str, since_ms: i64) -> Result<Vec<Sighting>, StoreError> {
+    Ok(c.prepare_cached(&format!(
+        "{SIGHTING} WHERE s.serial = ?1 AND s.at >= ?2 ORDER BY s.id"
+    ))?
+    .query_map(params![serial, since_ms], sighting)?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn drop_forged(c: &Connection, forged: &[(Sighting, String)]) -> Result<(), StoreError> {
+    let at = now(c)?;
+    for (s, why) in forged {
+        let gone = c.execute_kept("DELETE FROM cert_sightings WHERE id = ?1", [s.id])?;
+        if gone > 0 {
+            fleet_event(
+                c,
+                at,
+                clones::FORGED_SIGHTING,
+                &s.node_id,
+                &clones::forged_detail(s, why),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn supersede(
+    c: &Connection,
+    node_id: &str,
+    serial: &str,
+) -> Result<Vec<String>, StoreError> {
+    let at = now(c)?;
+    let not_before: Option<i64> = c
+        .query_row_kept(
+            "SELECT not_before FROM node_certs WHERE serial = ?1 AND node_id = ?2",
+            params![serial, node_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(not_before) = not_before else {
+        return Ok(vec![]);
+    };
+    let serials: Vec<String> = c
+        .prepare_cached(
+            "SELECT serial FROM node_certs
+             WHERE node_id = ?1 AND revoked_at IS NULL AND serial != ?2 AND not_before <= ?3
+             ORDER BY serial",
+        )?
+        .query_map(params![node_id, serial, not_before], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for s in &serials {
+        c.execute_kept(
+            "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3
+             WHERE serial = ?1 AND revoked_at IS NULL",
+            params![s, at, SUPERSEDED],
+        )?;
+    }
+    Ok(serials)
+}
+
+pub(super) fn quarantine(
+    c: &Connection,
+    node_id: &str,
+    serial: &str,
+    alternations: u32,
+    seal: SealStatement,
+) -> Result<bool, TxError> {
+    let at = now(c)?;
+    let already: bool = c.query_row_kept(
+        "SELECT quarantined_at IS NOT NULL FROM nodes WHERE id = ?1",
+        [node_id],
+        |r| r.get(0),
+    )?;
+    if already {
+        return Ok(false);
+    }
+    super::tokens::quarantine_node(c, node_id, at, seal, |revoked| {
+        clones::quarantine_detail(serial, alternations, revoked)
+    })?;
+    Ok(true)
+}
