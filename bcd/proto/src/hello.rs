@@ -180,7 +180,10 @@ mod tests {
             v1::CommandResult::decode(p).map(|f| f.node_id),
         ];
         for n in named {
-            assert!(n.as_deref().is_ok_and(|n| n != "nd-1") || n.is_err(), "{n:?}");
+            assert!(
+                n.as_deref().is_ok_and(|n| n != "nd-1") || n.is_err(),
+                "{n:?}"
+            );
         }
     }
 
