@@ -6,8 +6,10 @@
 //! the node signed, kept with it (`CommandRow::signed_result`), verified
 //! against a certificate the fleet CA issued that node. A terminal row
 //! that no node signed is believed only where the control plane itself
-//! ends a command that way (a deadline swept, a rollout's cancel, a journal
-//! lost, a reboot seen by a new boot id); any other is [`Evidence::Forged`].
+//! ends a command that way (a deadline swept, a rollout's cancel), or
+//! where a Hello did and keeps the node's proof of it: a journal lost or a
+//! reboot after the node started the command (`bcd_proto::hello::proves_ending`);
+//! any other is [`Evidence::Forged`].
 
 use bc_store::commands::CommandRow;
 use bcd_core::command::{Kind, Outcome, ServerState, reason};
@@ -54,18 +56,77 @@ pub const LEGACY: &str = "it finished before results kept their node's signature
                           the row is the only record";
 
 /// How the control plane itself ends a command, without a node's result.
-fn decided(kind: Kind, outcome: Outcome, why: &str) -> Option<&'static str> {
+fn decided(outcome: Outcome, why: &str) -> Option<&'static str> {
     Some(match (outcome, why) {
         (Outcome::Expired, bc_store::commands::SWEPT) => "its deadline passed before dispatch",
         (Outcome::Expired, bc_store::rollouts::CANCELLED) => "its rollout was aborted",
-        (Outcome::Failed, reason::JOURNAL_LOST) if !kind.retry_safe() => {
-            "the node came back with a new journal that does not know it"
-        }
-        (Outcome::Succeeded, reason::REBOOTED) if kind.self_terminating() => {
-            "the node came back with a new boot id (seen by a gateway, not signed by the node)"
-        }
         _ => return None,
     })
+}
+
+/// How a node's Hello ends a command: whether by a reboot (else a lost
+/// journal), and why it is believed once the Hello's proof shows it.
+fn hello_ending(kind: Kind, outcome: Outcome, why: &str) -> Option<(bool, &'static str)> {
+    Some(match (outcome, why) {
+        (Outcome::Failed, reason::JOURNAL_LOST) if !kind.retry_safe() => (
+            false,
+            "the node came back with a new journal that does not know it (its signed Hello \
+             says so)",
+        ),
+        (Outcome::Succeeded, reason::REBOOTED) if kind.self_terminating() => (
+            true,
+            "the node came back from a new boot after it started it (its signed Hello says so)",
+        ),
+        _ => return None,
+    })
+}
+
+/// Judges a command the Hello ended (`reboot` or a lost journal) by the
+/// proof kept with it.
+fn judge_hello_ending(
+    row: &CommandRow,
+    certs: &[Vec<u8>],
+    ca_der: &[u8],
+    (reboot, why): (bool, &'static str),
+) -> Evidence {
+    let what = if reboot {
+        "a new boot"
+    } else {
+        "a lost journal"
+    };
+    let Some(signed) = &row.signed_result else {
+        return if row.legacy {
+            Evidence::Legacy
+        } else {
+            Evidence::Forged(format!(
+                "the row says {} ({}) and no Hello its node signed shows {what} after it started \
+                 the command (a daemon before Hello proofs signs none)",
+                row.state, row.reason
+            ))
+        };
+    };
+    let Ok(proof) = bcd_proto::hello::decode(&signed.payload) else {
+        return Evidence::Forged(format!(
+            "the row says {} but keeps no Hello proof",
+            row.reason
+        ));
+    };
+    let message = bcd_proto::hello::signed_message(&signed.payload);
+    let signer = certs.iter().find(|der| {
+        crate::certs::issued_by(der, ca_der)
+            && crate::certs::named(der, "urn:bc:node:").is_some_and(|(node, _)| node == row.node_id)
+            && crate::certs::verify_node_signature(der, &message, &signed.signature)
+    });
+    if signer.is_none() || proof.node_id != row.node_id {
+        return Evidence::Forged(format!(
+            "its Hello proof verifies under no certificate the fleet CA issued node {}",
+            row.node_id
+        ));
+    }
+    match bcd_proto::hello::proves_ending(&proof, row.seq, reboot) {
+        Ok(()) => Evidence::Decided(why),
+        Err(e) => Evidence::Forged(format!("the row says {}, but {e}", row.reason)),
+    }
 }
 
 /// Judges `row` against `certs`, every certificate the store holds for
@@ -77,8 +138,19 @@ pub fn judge(row: &CommandRow, certs: &[Vec<u8>], ca_der: &[u8]) -> Evidence {
     let Some(kind) = Kind::parse(&row.kind) else {
         return Evidence::Forged(format!("the row names an unknown kind {:?}", row.kind));
     };
+    // A result the node signed itself may say `rebooted` too (its journal
+    // knew the command across the reboot): that is a result, not a proof.
+    let proved = row
+        .signed_result
+        .as_ref()
+        .is_some_and(|s| bcd_proto::hello::decode(&s.payload).is_ok());
+    if let Some(ending) = hello_ending(kind, outcome, &row.reason)
+        && (proved || row.signed_result.is_none())
+    {
+        return judge_hello_ending(row, certs, ca_der, ending);
+    }
     let Some(signed) = &row.signed_result else {
-        return match decided(kind, outcome, &row.reason) {
+        return match decided(outcome, &row.reason) {
             Some(why) => Evidence::Decided(why),
             None if row.legacy => Evidence::Legacy,
             None => Evidence::Forged(format!(
@@ -283,8 +355,14 @@ mod tests {
             "expired",
             bc_store::rollouts::CANCELLED
         )));
-        assert!(decided(ended("exec.run", "failed", reason::JOURNAL_LOST)));
-        assert!(decided(ended("node.reboot", "succeeded", reason::REBOOTED)));
+        // A Hello's endings, with no proof kept: a gateway's word only.
+        let why = forged(ended("exec.run", "failed", reason::JOURNAL_LOST));
+        assert!(
+            why.contains("no Hello its node signed shows a lost journal"),
+            "{why}"
+        );
+        let why = forged(ended("node.reboot", "succeeded", reason::REBOOTED));
+        assert!(why.contains("shows a new boot"), "{why}");
         // The same words where the control plane never writes them.
         forged(ended("exec.run", "succeeded", reason::REBOOTED));
         forged(ended("daemon.upgrade", "succeeded", reason::REBOOTED));
@@ -294,5 +372,80 @@ mod tests {
         let mut running = row("nd-1", &key);
         running.state = "running".into();
         assert_eq!(judge(&running, &[], &ca), Evidence::Unfinished);
+    }
+
+    /// A row a Hello ended, keeping that Hello's proof signed by `key`.
+    fn ended_by_hello(
+        key: &KeyPair,
+        kind: &str,
+        (state, why): (&str, &str),
+        before: bcd_proto::hello::Before,
+    ) -> CommandRow {
+        let hello = v1::Hello {
+            node_id: "nd-1".into(),
+            boot_id: "boot-2".into(),
+            journal_id: "j-2".into(),
+            ..Default::default()
+        };
+        let payload = bcd_proto::hello::proof_after(&hello, 9, before).encode_to_vec();
+        let mut r = row("nd-1", key);
+        r.seq = 5;
+        r.kind = kind.into();
+        r.state = state.into();
+        r.reason = why.into();
+        r.exit_code = None;
+        r.output = vec![];
+        r.signed_result = Some(bc_store::commands::SignedResult {
+            signature: sign(key, &bcd_proto::hello::signed_message(&payload)),
+            payload,
+        });
+        r
+    }
+
+    #[test]
+    fn a_hello_ending_is_believed_from_the_proof_it_keeps_only() {
+        let d = tempfile::tempdir().unwrap();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let (ca, cert) = issued(d.path(), "nd-1", &key);
+        let certs = std::slice::from_ref(&cert);
+        let before = bcd_proto::hello::Before {
+            boot_id: "boot-1".into(),
+            journal_id: "j-1".into(),
+            command_floor: 5,
+        };
+        let lost = ("failed", reason::JOURNAL_LOST);
+        let rebooted = ("succeeded", reason::REBOOTED);
+        for (kind, ending) in [("exec.run", lost), ("node.reboot", rebooted)] {
+            let r = ended_by_hello(&key, kind, ending, before.clone());
+            assert!(
+                matches!(judge(&r, certs, &ca), Evidence::Decided(w) if w.contains("signed Hello")),
+                "{kind}"
+            );
+            // A command the node never started (above its floor).
+            let mut later = r.clone();
+            later.seq = 6;
+            assert!(forged(judge(&later, certs, &ca)).contains("above sequence 5"));
+            // Another node's row, or a proof of a key the CA never
+            // certified for this node.
+            let mut other = r.clone();
+            other.node_id = "nd-2".into();
+            assert!(forged(judge(&other, certs, &ca)).contains("no certificate"));
+            let stranger = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let foreign = ended_by_hello(&stranger, kind, ending, before.clone());
+            assert!(forged(judge(&foreign, certs, &ca)).contains("no certificate"));
+        }
+        // A proof that shows no change since the node's last session.
+        let same = bcd_proto::hello::Before {
+            boot_id: "boot-2".into(),
+            journal_id: "j-2".into(),
+            command_floor: 5,
+        };
+        let r = ended_by_hello(&key, "node.reboot", rebooted, same.clone());
+        assert!(forged(judge(&r, certs, &ca)).contains("no new boot"));
+        let r = ended_by_hello(&key, "exec.run", lost, same);
+        assert!(forged(judge(&r, certs, &ca)).contains("no new journal"));
+        // A proof kept with an ending no Hello writes proves nothing.
+        let r = ended_by_hello(&key, "exec.run", ("succeeded", ""), before);
+        assert!(forged(judge(&r, certs, &ca)).contains("no certificate"));
     }
 }

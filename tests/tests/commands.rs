@@ -191,6 +191,12 @@ fn reboot_is_reported_rebooted_exactly_once() {
         (c.state.as_str(), c.reason.as_str()),
         ("succeeded", "rebooted")
     );
+    // Believed from the node's signed word: its result, or the proof of
+    // the Hello that ended it.
+    assert!(
+        matches!(c.evidence.as_str(), "decided" | "node-signed"),
+        "{c:?}"
+    );
     let after = server.wait_node(&id, "back after the reboot", |n| {
         n.state == "connected" && n.boot_id != before.boot_id
     });
@@ -232,6 +238,9 @@ fn journal_loss_fails_in_flight_commands_with_journal_lost() {
         (c.state.as_str(), c.reason.as_str()),
         ("failed", "journal-lost")
     );
+    // Believed from the proof of the Hello that ended it.
+    assert_eq!(c.evidence, "decided", "{c:?}");
+    assert!(c.evidence_detail.contains("signed Hello"), "{c:?}");
     let after = server.wait_node(&id, "reconnected", |n| n.state == "connected");
     assert_ne!(after.journal_id, before.journal_id);
     assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 1);

@@ -1132,3 +1132,109 @@ fn fabricated_sightings_quarantine_nobody() {
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// What a gateway with write access to the store makes of the endings a
+/// Hello writes: a reboot command marked `succeeded` (`rebooted`) with the
+/// proof of a real earlier reboot copied in, and a command failed
+/// `journal-lost` with no proof. The node's signed Hello says which
+/// commands it started and that it came back from another boot or
+/// journal; neither row has that, so both read FORGED, and the real
+/// reboot stays believed.
+#[test]
+fn a_hello_ending_written_in_the_store_is_reported_forged() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 9);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    node.start();
+    let before = server.wait_node(&id, "connected", |n| n.state == "connected");
+    let real = server.wait_command(&server.run_command(&id, "node.reboot", &[]));
+    assert_eq!(
+        (real.state.as_str(), real.reason.as_str()),
+        ("succeeded", "rebooted")
+    );
+    server.wait_node(&id, "back from the reboot", |n| {
+        n.state == "connected" && n.boot_id != before.boot_id
+    });
+    // Commands the node never gets: it is away.
+    node.proc().kill();
+    let reboot = server.run_command(&id, "node.reboot", &[]);
+    let job = server.run_command(&id, "exec.run", &["/bin/true"]);
+
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.create_scalar_function(
+        "compute_now",
+        0,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        |_| Ok(now_ms()),
+    )
+    .unwrap();
+    bc_store::sqlite::audit_functions(&db).unwrap();
+    let kept: (Option<Vec<u8>>, Option<Vec<u8>>) = db
+        .query_row(
+            "SELECT result_payload, result_signature FROM commands WHERE id = ?1",
+            [&real.command_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    if kept.0.is_some() {
+        // The real reboot ended by the node's Hello: its proof, copied.
+        db.execute(
+            "UPDATE commands SET state = 'succeeded', reason = 'rebooted', result_at = created_at,
+                 result_payload = ?2, result_signature = ?3 WHERE id = ?1",
+            rusqlite::params![reboot, kept.0, kept.1],
+        )
+        .unwrap();
+    } else {
+        db.execute(
+            "UPDATE commands SET state = 'succeeded', reason = 'rebooted', result_at = created_at
+             WHERE id = ?1",
+            [&reboot],
+        )
+        .unwrap();
+    }
+    db.execute(
+        "UPDATE commands SET state = 'failed', reason = 'journal-lost', result_at = created_at
+         WHERE id = ?1",
+        [&job],
+    )
+    .unwrap();
+
+    let c = server.command(&real.command_id);
+    assert!(
+        matches!(c.evidence.as_str(), "decided" | "node-signed"),
+        "{c:?}"
+    );
+    // The Hello of the real reboot kept its proof: copied, it shows the
+    // node never started the later command.
+    let copied = kept
+        .0
+        .as_deref()
+        .is_some_and(|p| bcd_proto::hello::decode(p).is_ok());
+    assert!(copied, "the real reboot keeps its Hello's proof: {real:?}");
+    for (cmd, why) in [
+        (&reboot, "says it started no command above sequence"),
+        (&job, "no Hello its node signed shows a lost journal"),
+    ] {
+        let c = server.command(cmd);
+        assert_eq!(c.evidence, "forged", "{c:?}");
+        assert!(c.evidence_detail.contains(why), "{c:?}");
+        let shown = stdout(&server.cli(&["commands", "show", cmd]));
+        assert!(shown.contains("FORGED"), "{shown}");
+    }
+    let out = server.cli(&["check"]);
+    let text = stdout(&out);
+    assert!(!out.status.success(), "{text}");
+    for cmd in [&reboot, &job] {
+        assert!(
+            text.contains(&format!("command {cmd} of node {id}: forged")),
+            "{text}"
+        );
+    }
+    assert!(
+        !text.contains(&format!("command {}", real.command_id)),
+        "{text}"
+    );
+}

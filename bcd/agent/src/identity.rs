@@ -39,8 +39,10 @@
 //!   learned at join), written only when there are some: a file without
 //!   it (every file an earlier release wrote) loads with none, and an
 //!   earlier release reading a file with it ignores it. They gained
-//!   `hello_seq` (the count of the node's signed Hellos) the same way:
-//!   written once a Hello was counted, 0 when absent.
+//!   `hello_seq` (the count of the node's signed Hellos), `last_boot_id`
+//!   and `last_journal_id` (those of the last session a Welcome
+//!   confirmed) the same way: written once there is one, 0 or empty when
+//!   absent.
 //!
 //! A release must not write a version the previous release cannot read
 //! until it has confirmed (`bcd_core::update`): until then it can be
@@ -161,6 +163,13 @@ pub struct IdentityFile {
     /// before the proof is signed, so no count is signed twice.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hello_seq: u64,
+    /// The boot and the journal of the last session a Welcome confirmed:
+    /// what the next start's Hello proofs say came before (so a reader can
+    /// tell the node rebooted or lost its journal since).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_boot_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_journal_id: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -232,6 +241,10 @@ struct IdentityFileV1 {
     next: Option<NextCert>,
     #[serde(default, skip_serializing_if = "is_zero")]
     hello_seq: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    last_boot_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    last_journal_id: String,
 }
 
 impl From<IdentityFileV1> for IdentityFile {
@@ -254,6 +267,8 @@ impl From<IdentityFileV1> for IdentityFile {
             replay_floors: ReplayFloors::default(),
             clock_base: None,
             hello_seq: v.hello_seq,
+            last_boot_id: v.last_boot_id,
+            last_journal_id: v.last_journal_id,
         }
     }
 }
@@ -276,6 +291,8 @@ impl From<&IdentityFile> for IdentityFileV1 {
             cert_issued_ms: f.cert_issued_ms,
             next: f.next.clone(),
             hello_seq: f.hello_seq,
+            last_boot_id: f.last_boot_id.clone(),
+            last_journal_id: f.last_journal_id.clone(),
         }
     }
 }
@@ -844,6 +861,8 @@ mod tests {
             replay_floors: ReplayFloors::default(),
             clock_base: None,
             hello_seq: 0,
+            last_boot_id: String::new(),
+            last_journal_id: String::new(),
         };
         let (_, ca) = pair("ca");
         Identity::create(dir, file, key, cert, ca).unwrap()

@@ -504,6 +504,8 @@ fn save(
             .unwrap_or_default(),
         clock_base: None,
         hello_seq: 0,
+        last_boot_id: String::new(),
+        last_journal_id: String::new(),
     };
     let identity = Identity::create(
         dir,

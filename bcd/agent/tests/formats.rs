@@ -93,6 +93,8 @@ fn sample_identity() -> IdentityFile {
             server_ms: 1_790_000_063_456,
         }),
         hello_seq: 0,
+        last_boot_id: String::new(),
+        last_journal_id: String::new(),
     }
 }
 
@@ -153,8 +155,9 @@ fn image_keys_are_written_only_when_learned_and_read_back() {
     assert!(Identity::load(d.path()).unwrap().file.image_keys.is_empty());
 }
 
-/// The count of the node's signed Hellos, in both versions; a file
-/// without it (every file an earlier release wrote) loads with 0.
+/// The count of the node's signed Hellos and its last confirmed session,
+/// in both versions; a file without them (every file an earlier release
+/// wrote) loads with 0 and none.
 #[test]
 fn the_hello_count_is_written_once_counted_and_read_back() {
     let d = data_dir_with("identity/v1-4e03bc7.json");
@@ -178,6 +181,29 @@ fn the_hello_count_is_written_once_counted_and_read_back() {
     assert_eq!(Identity::load(d.path()).unwrap().file.hello_seq, 41);
     let d = data_dir_with("identity/v2.json");
     assert_eq!(Identity::load(d.path()).unwrap().file.hello_seq, 0);
+    // The boot and journal of the last confirmed session, likewise.
+    let d = data_dir_with("identity/v1-4e03bc7.json");
+    let mut id = Identity::load(d.path()).unwrap();
+    let last = IdentityFile {
+        hello_seq: 41,
+        last_boot_id: "0f3a9c1e-2b4d-4f6a-8c0e-1a2b3c4d5e6f".into(),
+        last_journal_id: "j-7".into(),
+        ..sample_identity()
+    };
+    id.file = last.clone();
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v2-last-session.json", &written);
+    assert_eq!(Identity::load(d.path()).unwrap().file, last);
+    id.write_version = 1;
+    id.save_state().unwrap();
+    let written = fs::read_to_string(d.path().join(identity::IDENTITY)).unwrap();
+    assert_golden("identity/v1-last-session.json", &written);
+    let back = Identity::load(d.path()).unwrap().file;
+    assert_eq!(
+        (back.last_boot_id.as_str(), back.last_journal_id.as_str()),
+        ("0f3a9c1e-2b4d-4f6a-8c0e-1a2b3c4d5e6f", "j-7")
+    );
 }
 
 #[test]

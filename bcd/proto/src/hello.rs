@@ -46,6 +46,51 @@ pub enum ProofError {
     },
 }
 
+/// What the node's identity said at its last start, and its replay floor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Before {
+    pub boot_id: String,
+    pub journal_id: String,
+    pub command_floor: u64,
+}
+
+/// The proof of `hello` (its own facts, count `seq`, what came `before`),
+/// unsigned.
+pub fn proof_after(hello: &v1::Hello, seq: u64, before: Before) -> v1::HelloProof {
+    v1::HelloProof {
+        previous_boot_id: before.boot_id,
+        previous_journal_id: before.journal_id,
+        command_floor: before.command_floor,
+        ..proof(hello, seq)
+    }
+}
+
+/// Why a command ended by a Hello (`rebooted`, `journal-lost`) is
+/// believed, or why not: `proof` must show the node took the command
+/// (`seq` at or below its floor) and has since come back from another
+/// boot (`reboot`) or with another journal.
+pub fn proves_ending(proof: &v1::HelloProof, seq: u64, reboot: bool) -> Result<(), String> {
+    if proof.command_floor < seq {
+        return Err(format!(
+            "the node's signed Hello (count {}) says it started no command above sequence {}, \
+             and this one is {seq}",
+            proof.seq, proof.command_floor
+        ));
+    }
+    let (what, was, is) = if reboot {
+        ("boot", &proof.previous_boot_id, &proof.boot_id)
+    } else {
+        ("journal", &proof.previous_journal_id, &proof.journal_id)
+    };
+    if was.is_empty() || was == is {
+        return Err(format!(
+            "the node's signed Hello (count {}) shows no new {what} since its last start",
+            proof.seq
+        ));
+    }
+    Ok(())
+}
+
 /// The proof of `hello` (its own facts, count `seq`), unsigned.
 pub fn proof(hello: &v1::Hello, seq: u64) -> v1::HelloProof {
     v1::HelloProof {
@@ -57,6 +102,7 @@ pub fn proof(hello: &v1::Hello, seq: u64) -> v1::HelloProof {
         journal_id: hello.journal_id.clone(),
         seq,
         server_time_mark_ms: hello.server_time_mark_ms,
+        ..Default::default()
     }
 }
 
@@ -183,6 +229,48 @@ mod tests {
             assert!(
                 n.as_deref().is_ok_and(|n| n != "nd-1") || n.is_err(),
                 "{n:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ending_holds_only_for_a_command_the_node_took_and_a_change_since() {
+        let before = Before {
+            boot_id: "boot-0".into(),
+            journal_id: "j-0".into(),
+            command_floor: 7,
+        };
+        let p = proof_after(&hello(), 3, before.clone());
+        assert_eq!(proves_ending(&p, 7, true), Ok(()));
+        assert_eq!(proves_ending(&p, 5, false), Ok(()));
+        // Never started: above the floor.
+        assert!(
+            proves_ending(&p, 8, true)
+                .unwrap_err()
+                .contains("above sequence 7")
+        );
+        // No change, or nothing known before (a new identity).
+        for b in [
+            Before {
+                boot_id: "boot".into(),
+                journal_id: "j".into(),
+                ..before
+            },
+            Before {
+                command_floor: 7,
+                ..Before::default()
+            },
+        ] {
+            let p = proof_after(&hello(), 3, b);
+            assert!(
+                proves_ending(&p, 7, true)
+                    .unwrap_err()
+                    .contains("no new boot")
+            );
+            assert!(
+                proves_ending(&p, 7, false)
+                    .unwrap_err()
+                    .contains("no new journal")
             );
         }
     }

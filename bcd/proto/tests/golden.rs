@@ -95,8 +95,21 @@ fn session_messages() {
         journal_id: "j-1".into(),
         seq: 41,
         server_time_mark_ms: 1_790_000_100_000,
+        // Added later: unset, they leave the earlier encoding as it was.
+        previous_boot_id: String::new(),
+        previous_journal_id: String::new(),
+        command_floor: 0,
     };
     check("hello_proof", &proof);
+    check(
+        "hello_proof_after",
+        &v1::HelloProof {
+            previous_boot_id: "boot-0".into(),
+            previous_journal_id: "j-0".into(),
+            command_floor: 17,
+            ..proof.clone()
+        },
+    );
     check(
         "hello_proved",
         &v1::NodeMessage {

@@ -24,7 +24,14 @@ const BATCH: u32 = 1000;
 pub struct Watch {
     after_id: i64,
     ca_der: Arc<Vec<u8>>,
+    /// Certificates whose node proved it uses them, older ones already
+    /// superseded by this process (a write once per certificate, not per
+    /// sighting); forgotten past [`REMEMBERED`].
+    superseded: BTreeSet<String>,
 }
+
+/// Certificates [`Watch`] remembers having superseded for.
+const REMEMBERED: usize = 100_000;
 
 /// What a pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -40,6 +47,7 @@ impl Watch {
         Watch {
             after_id: 0,
             ca_der,
+            superseded: BTreeSet::new(),
         }
     }
 
@@ -78,8 +86,14 @@ impl Watch {
             if proved.is_empty() {
                 continue;
             }
-            pass.superseded
-                .extend(store.supersede(&node, &serial).await?);
+            if !self.superseded.contains(&serial) {
+                pass.superseded
+                    .extend(store.supersede(&node, &serial).await?);
+                if self.superseded.len() >= REMEMBERED {
+                    self.superseded.clear();
+                }
+                self.superseded.insert(serial.clone());
+            }
             let shown: Vec<(u64, &str)> = proved.iter().map(|(q, b)| (*q, b.as_str())).collect();
             let alternations = clones::alternations(&shown);
             if alternations > QUARANTINE_AFTER {

@@ -53,6 +53,7 @@ fn proved(h: &v1::Hello, cert_der: &[u8]) -> Result<Option<HelloProved>, String>
     }
     Ok(Some(HelloProved {
         seq: proof.seq,
+        command_floor: proof.command_floor,
         payload: signed.payload.clone(),
         signature: signed.signature.clone(),
     }))

@@ -45,6 +45,10 @@ pub struct HelloInput {
 pub struct HelloProved {
     /// The count it carries.
     pub seq: u64,
+    /// The highest command sequence the node started, as it signed it:
+    /// a command above it never started, and is sent again whatever its
+    /// kind (a new journal cannot deduplicate it, but there is nothing to).
+    pub command_floor: u64,
     pub payload: Vec<u8>,
     pub signature: Vec<u8>,
 }
@@ -213,7 +217,17 @@ pub fn settle_in_flight(
             } else {
                 NodeReport::Unknown
             };
-            let decision = bcd_core::command::on_hello(kind, state, report, new_journal, new_boot);
+            let decision = match (
+                bcd_core::command::on_hello(kind, state, report, new_journal, new_boot),
+                &h.proof,
+            ) {
+                // The node signed that it never started it: a Hello ends
+                // nothing it did not begin.
+                (HelloDecision::Finish(..), Some(p)) if c.seq > p.command_floor => {
+                    HelloDecision::Replay
+                }
+                (d, _) => d,
+            };
             Some((c, decision))
         })
         .collect()
@@ -297,5 +311,44 @@ mod tests {
             decisions[3],
             ("e", HelloDecision::Finish(Outcome::Succeeded, _))
         ));
+    }
+
+    #[test]
+    fn a_command_above_the_proved_floor_is_sent_again_not_ended() {
+        let mut h = hello(&[], &[]);
+        h.proof = Some(HelloProved {
+            seq: 1,
+            command_floor: 4,
+            payload: vec![],
+            signature: vec![],
+        });
+        let at = |id: &str, kind: &str, seq: u64| InFlight {
+            seq,
+            ..cmd(id, kind, "acked")
+        };
+        let got = settle_in_flight(
+            vec![
+                at("started", "exec.run", 4),
+                at("never", "exec.run", 5),
+                at("reboot", "node.reboot", 6),
+            ],
+            &h,
+            true,
+            true,
+        );
+        let decisions: Vec<(&str, HelloDecision)> = got
+            .iter()
+            .map(|(c, d)| (c.id.as_str(), d.clone()))
+            .collect();
+        assert!(matches!(
+            decisions[0],
+            ("started", HelloDecision::Finish(Outcome::Failed, _))
+        ));
+        assert_eq!(decisions[1], ("never", HelloDecision::Replay));
+        assert_eq!(decisions[2], ("reboot", HelloDecision::Replay));
+        // Without a proof, as before: ended.
+        h.proof = None;
+        let got = settle_in_flight(vec![at("never", "exec.run", 5)], &h, true, true);
+        assert!(matches!(got[0].1, HelloDecision::Finish(..)));
     }
 }

@@ -164,6 +164,9 @@ pub struct Agent {
     signer: Option<(String, Arc<rcgen::KeyPair>)>,
     /// What a gateway can make the node log or journal, rate-limited.
     warned: Warned,
+    /// The boot and journal the last Hello came from: the identity keeps
+    /// them once a Welcome confirms the session.
+    hello_from: (String, String),
 }
 
 /// Rate limits for what a peer can trigger: at most one log line and one
@@ -361,6 +364,7 @@ pub fn open(
         epoch: None,
         signer: None,
         warned: Warned::default(),
+        hello_from: Default::default(),
     })
 }
 

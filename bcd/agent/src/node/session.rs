@@ -106,6 +106,10 @@ impl Agent {
                         } => {
                             info!(epoch, server_time_ms, "session established");
                             self.epoch = Some(epoch);
+                            // Written with the mark (the PersistMark that
+                            // follows the Welcome).
+                            let f = &mut self.identity.file;
+                            (f.last_boot_id, f.last_journal_id) = self.hello_from.clone();
                             self.observe_established(epoch);
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
@@ -498,7 +502,16 @@ impl Agent {
             warn!(error = %bcd_sys::error::chain(&e), "cannot count the Hello: it goes unproved");
             return Ok(hello);
         }
-        let payload = bcd_proto::hello::proof(&hello, seq).encode_to_vec();
+        // What came before is what the last confirmed session saw; the
+        // identity takes this one's once a Welcome confirms it.
+        let f = &self.identity.file;
+        let before = bcd_proto::hello::Before {
+            boot_id: f.last_boot_id.clone(),
+            journal_id: f.last_journal_id.clone(),
+            command_floor: f.replay_floors.command_seq,
+        };
+        self.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
+        let payload = bcd_proto::hello::proof_after(&hello, seq, before).encode_to_vec();
         hello.proof = self
             .sign(&bcd_proto::hello::signed_message(&payload))
             .map(|signature| v1::NodeSigned { payload, signature });

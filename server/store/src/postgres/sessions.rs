@@ -273,11 +273,22 @@ async fn settle(
             }
             HelloDecision::Finish(outcome, reason) => {
                 let state = ServerState::Terminal(outcome).name();
+                // The Hello's proof is what a reader believes this ending
+                // from (`evidence`); none, and it is not believed.
+                let proof = h.proof.as_ref();
                 execute(
                     tx,
-                    "UPDATE commands SET state = $2, reason = $3, result_at = $4, updated_at = $4
+                    "UPDATE commands SET state = $2, reason = $3, result_at = $4, updated_at = $4,
+                         result_payload = $5, result_signature = $6
                      WHERE id = $1",
-                    &[&cmd.id, &state, &reason, &now],
+                    &[
+                        &cmd.id,
+                        &state,
+                        &reason,
+                        &now,
+                        &proof.map(|p| &p.payload),
+                        &proof.map(|p| &p.signature),
+                    ],
                 )
                 .await?;
                 finished.push(Finished {

@@ -226,6 +226,7 @@ pub fn proved(h: HelloInput, seq: u64) -> HelloInput {
     HelloInput {
         proof: Some(bc_store::sessions::HelloProved {
             seq,
+            command_floor: u64::MAX,
             signature: sign(b"key", &payload),
             payload,
         }),
