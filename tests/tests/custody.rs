@@ -264,6 +264,22 @@ fn sign(key_pem: &str, message: &[u8]) -> Vec<u8> {
     rcgen::SigningKey::sign(&KeyPair::from_pem(key_pem).unwrap(), message).unwrap()
 }
 
+/// The server's SQLite store, opened as whoever can write the file: with
+/// the functions its audit triggers call (the store's clock and chains).
+fn store_db(server: &Server) -> rusqlite::Connection {
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.create_scalar_function(
+        "compute_now",
+        0,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        |_| Ok(now_ms()),
+    )
+    .unwrap();
+    bc_store::sqlite::audit_functions(&db).unwrap();
+    db
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -588,8 +604,7 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
         format!("urn:bc:node:{id}").try_into().unwrap(),
     )];
     let planted = params.self_signed(&attacker).unwrap().der().to_vec();
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let db = store_db(&server);
     let (generation, not_before, not_after): (i64, i64, i64) = db
         .query_row(
             "SELECT identity_generation, not_before, not_after FROM node_certs
@@ -726,8 +741,7 @@ fn a_credential_or_token_planted_in_the_store_admits_nothing() {
     let server = Server::start(&d.path().join("server"), FAST).unwrap();
     let cred_path = d.path().join("gw-a.json");
     add_gateway(&server, "gw-a", &cred_path);
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let db = store_db(&server);
     let secret = "bcg1.0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     db.execute(
         "INSERT INTO gateway_credentials (name, secret_sha256, created_at)
@@ -833,17 +847,7 @@ fn a_result_rewritten_or_made_up_in_the_store_is_reported_forged() {
     node.proc().kill();
     let made_up = server.run_command(&id, "exec.run", &["/bin/false"]);
 
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(10)).unwrap();
-    // The audit triggers call the store's clock and chain functions.
-    db.create_scalar_function(
-        "compute_now",
-        0,
-        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
-        |_| Ok(now_ms()),
-    )
-    .unwrap();
-    bc_store::sqlite::audit_functions(&db).unwrap();
+    let db = store_db(&server);
     db.execute(
         "UPDATE commands SET output = CAST('forged' AS BLOB) WHERE id = ?1",
         [&rewritten],
@@ -1016,8 +1020,7 @@ fn fabricated_sightings_quarantine_nobody() {
     let id = node.id();
     node.start();
     server.wait_node(&id, "connected", |n| n.state == "connected");
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let db = store_db(&server);
     // The node's own proved sighting, as its gateway recorded it.
     let (serial, boot, seq, proof, signature) = wait_for(
         Duration::from_secs(20),
@@ -1162,16 +1165,7 @@ fn a_hello_ending_written_in_the_store_is_reported_forged() {
     let reboot = server.run_command(&id, "node.reboot", &[]);
     let job = server.run_command(&id, "exec.run", &["/bin/true"]);
 
-    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
-    db.busy_timeout(Duration::from_secs(10)).unwrap();
-    db.create_scalar_function(
-        "compute_now",
-        0,
-        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
-        |_| Ok(now_ms()),
-    )
-    .unwrap();
-    bc_store::sqlite::audit_functions(&db).unwrap();
+    let db = store_db(&server);
     let kept: (Option<Vec<u8>>, Option<Vec<u8>>) = db
         .query_row(
             "SELECT result_payload, result_signature FROM commands WHERE id = ?1",
