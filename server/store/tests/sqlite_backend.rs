@@ -533,3 +533,58 @@ async fn a_store_from_version_12_migrates_with_no_backup_sets_and_records_one() 
     s.restore(dump).await.unwrap();
     assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
 }
+
+/// A command a Hello ended before a Hello's endings kept its proof (after
+/// migration 0026 listed the results from before signed results, before
+/// 0029): 0029 lists it with the legacy results, so it reads as the row it
+/// was, not as forged; a pending command is not listed, and the list takes
+/// no row after it.
+#[tokio::test]
+async fn a_hello_ending_from_before_hello_proofs_reads_as_legacy() {
+    let (d, _clock, s) = upgraded(V12).await;
+    let path = d.path().join("store.db");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c.create_scalar_function(
+        "compute_now",
+        0,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        |_| Ok(V10_NOW),
+    )
+    .unwrap();
+    bc_store::sqlite::audit_functions(&c).unwrap();
+    // What a Hello of that version wrote: the pending reboot, rebooted.
+    c.execute(
+        "UPDATE commands SET state = 'succeeded', reason = 'rebooted', result_at = created_at
+         WHERE id = 'cmd-0f8691a0b2177a5d'",
+        [],
+    )
+    .unwrap();
+    let listed = |s: &Store| {
+        let s = s.clone();
+        async move {
+            s.get_command("cmd-0f8691a0b2177a5d")
+                .await
+                .unwrap()
+                .unwrap()
+                .legacy
+        }
+    };
+    assert!(
+        !listed(&s).await,
+        "0026 listed only what had finished by then"
+    );
+    // Migration 0029, as it runs on a store at version 28.
+    c.execute_batch(MIGRATIONS[28]).unwrap();
+    assert!(listed(&s).await);
+    let commands = s.list_commands(Some(NODE), 10).await.unwrap();
+    assert_eq!(commands.iter().filter(|c| c.legacy).count(), 2);
+    assert!(!commands.iter().any(|c| c.state == "pending" && c.legacy));
+    let e = c
+        .execute(
+            "INSERT INTO legacy_results (command_id) VALUES ('cmd-d7332f5887e9fe8d')",
+            [],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("written once"), "{e}");
+}

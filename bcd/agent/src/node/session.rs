@@ -494,6 +494,9 @@ impl Agent {
             daemon_exits: crate::upgrade::daemon_exits(),
             proof: None,
         };
+        // The session this Hello opens, for the identity to keep once a
+        // Welcome confirms it (an unproved one too).
+        self.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
         let seq = self.identity.file.hello_seq.saturating_add(1);
         self.identity.file.hello_seq = seq;
         // A Hello with no proof (the count not written, the TPM refused to
@@ -504,13 +507,21 @@ impl Agent {
         }
         // What came before is what the last confirmed session saw; the
         // identity takes this one's once a Welcome confirms it.
+        // While this release is an unconfirmed upgrade its floors live in
+        // memory only (`Identity::write_version` 1): after a restart they
+        // read 0, so it signs no floor it cannot stand by (every command
+        // may have started; none is sent again on its word).
         let f = &self.identity.file;
+        let command_floor = if self.identity.write_version >= 2 {
+            f.replay_floors.command_seq
+        } else {
+            u64::MAX
+        };
         let before = bcd_proto::hello::Before {
             boot_id: f.last_boot_id.clone(),
             journal_id: f.last_journal_id.clone(),
-            command_floor: f.replay_floors.command_seq,
+            command_floor,
         };
-        self.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
         let payload = bcd_proto::hello::proof_after(&hello, seq, before).encode_to_vec();
         hello.proof = self
             .sign(&bcd_proto::hello::signed_message(&payload))

@@ -1,4 +1,4 @@
--- schema version 28
+-- schema version 29
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -556,7 +556,7 @@ legacy_results_written_once: CREATE OR REPLACE FUNCTION public.legacy_results_wr
  LANGUAGE plpgsql
 AS $function$
 BEGIN
-    RAISE EXCEPTION 'legacy results are written once, by migration 0026';
+    RAISE EXCEPTION 'legacy results are written once, by migrations 0026 and 0029';
 END $function$
 quarantine_stays: CREATE OR REPLACE FUNCTION public.quarantine_stays()
  RETURNS trigger

@@ -1,4 +1,4 @@
--- schema version 28
+-- schema version 29
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -505,13 +505,13 @@ CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
 -- trigger legacy_results_kept
 CREATE TRIGGER legacy_results_kept BEFORE UPDATE ON legacy_results
 BEGIN
-    SELECT RAISE(ABORT, 'legacy results are written once, by migration 0026');
+    SELECT RAISE(ABORT, 'legacy results are written once, by migrations 0026 and 0029');
 END;
 
 -- trigger legacy_results_written_once
 CREATE TRIGGER legacy_results_written_once BEFORE INSERT ON legacy_results
 BEGIN
-    SELECT RAISE(ABORT, 'legacy results are written once, by migration 0026');
+    SELECT RAISE(ABORT, 'legacy results are written once, by migrations 0026 and 0029');
 END;
 
 -- trigger revocation_stays
