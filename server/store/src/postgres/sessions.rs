@@ -31,13 +31,12 @@ const HELLO_NODE: &str = "SELECT id, conditions, taints FROM nodes
 const HELLO_LEASE: &str = "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE";
 const HELLO_SIGHTINGS: &str =
     "SELECT boot_id FROM cert_sightings WHERE serial = $1 ORDER BY id DESC LIMIT 1";
-const HELLO_CONNECTED: &str = "SELECT boot_id FROM node_sessions
-     WHERE node_id = $1 AND cert_serial = $2 AND state = 'connected'";
 /// The node's session, and whether it names a certificate of the node
 /// newer than this Hello's (which is then superseded: a copy of a key the
 /// node renewed away from no longer connects).
 const HELLO_PREV: &str = "SELECT s.epoch, s.journal_id, s.boot_id, s.hello_seq,
-         COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = $2), false)
+         COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = $2), false),
+         s.state = 'connected' AND s.cert_serial = $2
      FROM node_sessions s LEFT JOIN node_certs c ON c.serial = s.cert_serial AND c.node_id = s.node_id
      WHERE s.node_id = $1";
 const HELLO_INVENTORY: &str = "SELECT section, sha256 FROM inventory WHERE node_id = $1";
@@ -58,7 +57,6 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
             (CERT_ROW, &[&h.cert_fingerprint]),
             (HELLO_LEASE, &[&lease_name, &h.gateway_id]),
             (HELLO_SIGHTINGS, &[&h.cert_serial]),
-            (HELLO_CONNECTED, &[&h.node_id, &h.cert_serial]),
             (HELLO_PREV, &[&h.node_id, &h.cert_serial]),
             (HELLO_INVENTORY, &[&h.node_id]),
             (HELLO_WORK, &[&h.node_id]),
@@ -81,7 +79,6 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
     let last_sighting: Option<String> = next().first().map(|r| r.get(0));
-    let connected: Option<String> = next().first().map(|r| r.get(0));
     let node = node.first().ok_or_else(|| {
         StoreError::Database(format!("node {} has a certificate but no row", h.node_id).into())
     })?;
@@ -93,12 +90,15 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
             r.get::<_, String>(2),
             r.get::<_, i64>(3),
             r.get::<_, bool>(4),
+            r.get::<_, bool>(5),
         )
     });
     if prev.as_ref().is_some_and(|p| p.4) {
         return Err(Refusal::Revoked(SUPERSEDED.into(), None).into());
     }
-    watch_clones(tx, h, now, last_sighting.as_deref(), connected.as_deref()).await?;
+    // The boot of the certificate's session, if that is connected.
+    let connected = prev.as_ref().filter(|p| p.5).map(|p| p.2.as_str());
+    watch_clones(tx, h, now, last_sighting.as_deref(), connected).await?;
     let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
     let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let known: Vec<(String, String)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();

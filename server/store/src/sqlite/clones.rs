@@ -82,21 +82,17 @@ pub(super) fn supersede(
     let Some(not_before) = not_before else {
         return Ok(vec![]);
     };
-    let serials: Vec<String> = c
+    let mut serials: Vec<String> = c
         .prepare_cached(
-            "SELECT serial FROM node_certs
+            "UPDATE node_certs SET revoked_at = ?4, revoke_reason = ?5
              WHERE node_id = ?1 AND revoked_at IS NULL AND serial != ?2 AND not_before <= ?3
-             ORDER BY serial",
+             RETURNING serial",
         )?
-        .query_map(params![node_id, serial, not_before], |r| r.get(0))?
+        .query_map(params![node_id, serial, not_before, at, SUPERSEDED], |r| {
+            r.get(0)
+        })?
         .collect::<rusqlite::Result<_>>()?;
-    for s in &serials {
-        c.execute_kept(
-            "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3
-             WHERE serial = ?1 AND revoked_at IS NULL",
-            params![s, at, SUPERSEDED],
-        )?;
-    }
+    serials.sort();
     Ok(serials)
 }
 

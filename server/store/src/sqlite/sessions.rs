@@ -39,21 +39,33 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     // newer than this Hello's: this one is then superseded (a copy of a key
     // the node renewed away from no longer connects; the key holder
     // revokes it from the node's proofs).
-    let prev: Option<(i64, String, String, i64, bool)> = c
+    let prev: Option<(i64, String, String, i64, bool, bool)> = c
         .query_row_kept(
             "SELECT s.epoch, s.journal_id, s.boot_id, s.hello_seq,
-                 COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = ?2), 0)
+                 COALESCE(c.not_before > (SELECT not_before FROM node_certs WHERE serial = ?2), 0),
+                 s.state = 'connected' AND s.cert_serial = ?2
              FROM node_sessions s
              LEFT JOIN node_certs c ON c.serial = s.cert_serial AND c.node_id = s.node_id
              WHERE s.node_id = ?1",
             params![h.node_id, h.cert_serial],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
         )
         .optional()?;
     if prev.as_ref().is_some_and(|p| p.4) {
         return Err(Refusal::Revoked(SUPERSEDED.into(), None).into());
     }
-    watch_clones(c, h, now)?;
+    // The boot of the certificate's session, if that is connected.
+    let connected = prev.as_ref().filter(|p| p.5).map(|p| p.2.as_str());
+    watch_clones(c, h, now, connected)?;
     let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
     let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
@@ -140,7 +152,12 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
 /// Hello from another boot than the certificate's last sighting is
 /// recorded with its proof, and one that takes a connected session is a
 /// takeover. The quarantine is the key holder's.
-fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<()> {
+fn watch_clones(
+    c: &Connection,
+    h: &HelloInput,
+    now: i64,
+    connected: Option<&str>,
+) -> rusqlite::Result<()> {
     let last: Option<String> = c
         .query_row_kept(
             "SELECT boot_id FROM cert_sightings WHERE serial = ?1 ORDER BY id DESC LIMIT 1",
@@ -148,20 +165,7 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<()
             |r| r.get(0),
         )
         .optional()?;
-    let connected: Option<String> = c
-        .query_row_kept(
-            "SELECT boot_id FROM node_sessions
-             WHERE node_id = ?1 AND cert_serial = ?2 AND state = 'connected'",
-            params![h.node_id, h.cert_serial],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let v = clones::at_hello(
-        last.as_deref(),
-        connected.as_deref(),
-        &h.boot_id,
-        h.proof.is_some(),
-    );
+    let v = clones::at_hello(last.as_deref(), connected, &h.boot_id, h.proof.is_some());
     if let (true, Some(p)) = (v.record, &h.proof) {
         c.prepare_cached(
             "INSERT INTO cert_sightings (serial, boot_id, at, seq, proof, proof_signature)
@@ -184,11 +188,7 @@ fn watch_clones(c: &Connection, h: &HelloInput, now: i64) -> rusqlite::Result<()
             now,
             clones::DUPLICATE_SESSION,
             &h.node_id,
-            &clones::takeover_detail(
-                &h.cert_serial,
-                &h.boot_id,
-                connected.as_deref().unwrap_or_default(),
-            ),
+            &clones::takeover_detail(&h.cert_serial, &h.boot_id, connected.unwrap_or_default()),
         )?;
     }
     Ok(())
