@@ -821,7 +821,8 @@ fn a_credential_or_token_planted_in_the_store_admits_nothing() {
 }
 
 /// What a gateway with write access to the store makes of results: a real
-/// result's output rewritten under its signature, and a success written
+/// result's output rewritten under its signature (once the file's owner
+/// drops the trigger that keeps a finished ending), and a success written
 /// where no node reported one. The key holder judges each from the bytes
 /// the node signed: both are shown FORGED (in `commands show`, `list` and
 /// `--json`), the untouched one as signed by the node.
@@ -848,11 +849,15 @@ fn a_result_rewritten_or_made_up_in_the_store_is_reported_forged() {
     let made_up = server.run_command(&id, "exec.run", &["/bin/false"]);
 
     let db = store_db(&server);
-    db.execute(
-        "UPDATE commands SET output = CAST('forged' AS BLOB) WHERE id = ?1",
-        [&rewritten],
-    )
-    .unwrap();
+    // A finished command's ending is written once: the database refuses
+    // the rewrite. Whoever owns the file can drop the trigger; the reader
+    // still tells the rewrite from the node's result.
+    let rewrite = "UPDATE commands SET output = CAST('forged' AS BLOB) WHERE id = ?1";
+    let refused = db.execute(rewrite, [&rewritten]).unwrap_err().to_string();
+    assert!(refused.contains("written once"), "{refused}");
+    db.execute_batch("DROP TRIGGER ending_written_once")
+        .unwrap();
+    db.execute(rewrite, [&rewritten]).unwrap();
     db.execute(
         "UPDATE commands SET state = 'succeeded', exit_code = 0, output = CAST('ok' AS BLOB),
              result_at = created_at WHERE id = ?1",

@@ -375,6 +375,58 @@ async fn a_gateway_role_revokes_nothing_and_lifts_no_quarantine() {
     );
 }
 
+/// A gateway's role may write a result into a command it relays, and no
+/// other ending over a finished one: not journal-lost, not rebooted, not
+/// another outcome, not a pending state to send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_role_rewrites_no_finished_ending() {
+    let (_, owner, gw, _) = store_and_gateway("grants_endings").await;
+    owner
+        .batch_execute(
+            "INSERT INTO nodes (id, hostname, created_at, identity_generation, join_token)
+                 VALUES ('nd-e', 'e', 0, 1, 't');
+             INSERT INTO commands (id, node_id, seq, kind, summary, signed, not_after, state,
+                 created_at, updated_at, exit_code, result_at)
+                 VALUES ('cmd-done', 'nd-e', 1, 'exec.run', 'x', '\\x00', 10, 'succeeded',
+                     0, 0, 0, 5),
+                        ('cmd-live', 'nd-e', 2, 'exec.run', 'x', '\\x00', 10, 'running',
+                     0, 0, NULL, NULL)",
+        )
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE commands SET state = 'failed', reason = 'journal-lost' WHERE id = 'cmd-done'",
+        "UPDATE commands SET reason = 'rebooted' WHERE id = 'cmd-done'",
+        "UPDATE commands SET exit_code = 1 WHERE id = 'cmd-done'",
+        "UPDATE commands SET state = 'dispatched' WHERE id = 'cmd-done'",
+        "UPDATE commands SET result_payload = '\\x01' WHERE id = 'cmd-done'",
+    ] {
+        assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
+    }
+    // A command in flight still takes its result, once.
+    gw.batch_execute(
+        "UPDATE commands SET state = 'failed', reason = 'journal-lost', result_at = 6
+         WHERE id = 'cmd-live'",
+    )
+    .await
+    .unwrap();
+    assert!(
+        refused(
+            &gw,
+            "UPDATE commands SET state = 'succeeded', reason = '' WHERE id = 'cmd-live'"
+        )
+        .await
+    );
+    // The owner is held to it too.
+    assert!(
+        refused(
+            &owner,
+            "UPDATE commands SET state = 'succeeded' WHERE id = 'cmd-live'"
+        )
+        .await
+    );
+}
+
 /// A gateway's role takes its own lease and the keyless controllers', and
 /// none of the key holder's: it can neither hold one to stall the key
 /// holder's passes nor take, move or drop the one the key holder holds.

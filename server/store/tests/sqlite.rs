@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use bc_store::{ManualClock, Store};
+use bc_store::{Clock, ManualClock, Store};
 
 async fn sqlite() -> suite::Fixture {
     let dir = tempfile::tempdir().unwrap();
@@ -23,11 +23,20 @@ async fn sqlite() -> suite::Fixture {
             as Pin<Box<dyn Future<Output = Store> + Send>>
     });
     let db = dir.path().join("store.db");
+    let c = clock.clone();
     let tamper: suite::Tamper = Box::new(move |sql| {
-        let db = db.clone();
+        let (db, clock) = (db.clone(), c.clone());
         Box::pin(async move {
             let c = rusqlite::Connection::open(&db).unwrap();
             bc_store::sqlite::audit_functions(&c).unwrap();
+            // The audit trigger stamps its records with the store's clock.
+            c.create_scalar_function(
+                "compute_now",
+                0,
+                rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+                move |_| Ok(clock.now_ms()),
+            )
+            .unwrap();
             c.execute_batch(&sql).map_err(|e| e.to_string())
         })
     });

@@ -105,6 +105,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0027_controller_leases.sql"),
     include_str!("migrations/0028_hello_proofs.sql"),
     include_str!("migrations/0029_legacy_hello_endings.sql"),
+    include_str!("migrations/0030_endings_written_once.sql"),
 ];
 
 /// The schema version this binary writes.

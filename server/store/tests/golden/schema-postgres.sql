@@ -1,4 +1,4 @@
--- schema version 29
+-- schema version 30
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -359,6 +359,7 @@ audit_liveness: CREATE TRIGGER audit_liveness AFTER UPDATE OF state ON public.no
 audit_result: CREATE TRIGGER audit_result AFTER UPDATE OF state ON public.commands FOR EACH ROW WHEN (((new.state <> old.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'expired'::text, 'rejected'::text])))) EXECUTE FUNCTION audit_result()
 audit_route: CREATE TRIGGER audit_route AFTER UPDATE OF epoch, gateway_id ON public.node_sessions FOR EACH ROW WHEN (((new.epoch <> old.epoch) OR (new.gateway_id <> old.gateway_id))) EXECUTE FUNCTION audit_route()
 audit_route_new: CREATE TRIGGER audit_route_new AFTER INSERT ON public.node_sessions FOR EACH ROW EXECUTE FUNCTION audit_route()
+ending_written_once: CREATE TRIGGER ending_written_once BEFORE UPDATE OF state, reason, exit_code, output, output_truncated, result_at, result_payload, result_signature ON public.commands FOR EACH ROW WHEN (((old.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'expired'::text, 'rejected'::text])) AND ((new.state IS DISTINCT FROM old.state) OR (new.reason IS DISTINCT FROM old.reason) OR (new.exit_code IS DISTINCT FROM old.exit_code) OR (new.output IS DISTINCT FROM old.output) OR (new.output_truncated IS DISTINCT FROM old.output_truncated) OR (new.result_at IS DISTINCT FROM old.result_at) OR (new.result_payload IS DISTINCT FROM old.result_payload) OR (new.result_signature IS DISTINCT FROM old.result_signature)))) EXECUTE FUNCTION ending_written_once()
 legacy_results_written_once: CREATE TRIGGER legacy_results_written_once BEFORE INSERT OR UPDATE ON public.legacy_results FOR EACH ROW EXECUTE FUNCTION legacy_results_written_once()
 quarantine_stays: CREATE TRIGGER quarantine_stays BEFORE UPDATE OF quarantined_at ON public.nodes FOR EACH ROW WHEN (((old.quarantined_at IS NOT NULL) AND (new.quarantined_at IS DISTINCT FROM old.quarantined_at))) EXECUTE FUNCTION quarantine_stays()
 revocation_stays: CREATE TRIGGER revocation_stays BEFORE UPDATE OF revoked_at, revoke_reason ON public.node_certs FOR EACH ROW WHEN (((old.revoked_at IS NOT NULL) AND ((new.revoked_at IS DISTINCT FROM old.revoked_at) OR (new.revoke_reason IS DISTINCT FROM old.revoke_reason)))) EXECUTE FUNCTION revocation_stays()
@@ -551,6 +552,14 @@ AS $function$
     SELECT COALESCE(NULLIF(current_setting('bc.now_ms', true), '')::BIGINT,
                     floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT)
 $function$
+ending_written_once: CREATE OR REPLACE FUNCTION public.ending_written_once()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'command % finished %: a finished command''s ending is written once',
+        OLD.id, OLD.state USING ERRCODE = 'insufficient_privilege';
+END $function$
 legacy_results_written_once: CREATE OR REPLACE FUNCTION public.legacy_results_written_once()
  RETURNS trigger
  LANGUAGE plpgsql

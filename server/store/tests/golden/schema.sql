@@ -1,4 +1,4 @@
--- schema version 29
+-- schema version 30
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -501,6 +501,20 @@ CREATE TRIGGER audit_route_new AFTER INSERT ON node_sessions BEGIN
         VALUES (compute_now(), NEW.node_id, 'route',
                 NEW.epoch, NEW.gateway_id, NEW.last_seen);
     END;
+
+-- trigger ending_written_once
+CREATE TRIGGER ending_written_once BEFORE UPDATE OF state, reason, exit_code, output,
+        output_truncated, result_at, result_payload, result_signature ON commands
+    WHEN OLD.state IN ('succeeded', 'failed', 'expired', 'rejected')
+        AND (NEW.state IS NOT OLD.state OR NEW.reason IS NOT OLD.reason
+             OR NEW.exit_code IS NOT OLD.exit_code OR NEW.output IS NOT OLD.output
+             OR NEW.output_truncated IS NOT OLD.output_truncated
+             OR NEW.result_at IS NOT OLD.result_at
+             OR NEW.result_payload IS NOT OLD.result_payload
+             OR NEW.result_signature IS NOT OLD.result_signature)
+BEGIN
+    SELECT RAISE(ABORT, 'a finished command''s ending is written once');
+END;
 
 -- trigger legacy_results_kept
 CREATE TRIGGER legacy_results_kept BEFORE UPDATE ON legacy_results

@@ -473,3 +473,92 @@ pub async fn no_result_becomes_legacy_after_the_migration(f: Fixture) {
     assert!(refused.contains("written once"), "{sql}: {refused}");
     assert!(!s.get_command(&c.id).await.unwrap().unwrap().legacy);
 }
+
+/// A finished command's ending is written once: no writer turns a result,
+/// a failure or an expiry into another ending afterwards, and what the
+/// store itself writes on a finished command (a late result, an ack)
+/// leaves it as it was.
+pub async fn a_finished_commands_ending_is_written_once(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let mut ids = Vec::new();
+    for summary in ["done", "swept"] {
+        let (c, _) = s
+            .create_command(
+                &command(&node, Kind::ExecRun, summary),
+                Box::new(|_| b"signed".to_vec()),
+            )
+            .await
+            .unwrap();
+        ids.push(c.id);
+    }
+    assert_eq!(
+        s.command_result(
+            &node,
+            &result(&node, 1, &ids[0], Outcome::Succeeded),
+            verify
+        )
+        .await
+        .unwrap(),
+        ResultApplied::Applied
+    );
+    f.advance(Duration::from_secs(61));
+    assert_eq!(s.sweep_commands().await.unwrap(), vec![ids[1].clone()]);
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(s.get_command(id).await.unwrap().unwrap());
+        }
+        v
+    };
+    for (id, sql) in [
+        (&ids[0], "state = 'failed', reason = 'journal-lost'"),
+        (&ids[0], "reason = 'rebooted'"),
+        (&ids[0], "exit_code = 1"),
+        (&ids[0], "output = result_payload"),
+        (&ids[0], "result_payload = NULL, result_signature = NULL"),
+        (&ids[0], "result_at = 0"),
+        (&ids[0], "state = 'running'"),
+        (&ids[1], "state = 'succeeded', reason = 'rebooted'"),
+        (&ids[1], "state = 'pending'"),
+    ] {
+        let sql = format!("UPDATE commands SET {sql} WHERE id = '{id}'");
+        let refused = f.try_tamper(&sql).await.expect_err(&sql);
+        assert!(refused.contains("written once"), "{sql}: {refused}");
+    }
+    // What the store writes on a finished command changes nothing.
+    assert_eq!(
+        s.command_result(&node, &result(&node, 1, &ids[0], Outcome::Failed), verify)
+            .await
+            .unwrap(),
+        ResultApplied::Duplicate
+    );
+    assert!(
+        !s.command_ack(&super::route("gw", &node, 1), &ids[1], true)
+            .await
+            .unwrap()
+    );
+    // Columns that are not the ending still move.
+    f.tamper(&format!(
+        "UPDATE commands SET updated_at = updated_at + 1 WHERE id = '{}'",
+        ids[0]
+    ))
+    .await;
+    for (id, was) in ids.iter().zip(&before) {
+        let row = s.get_command(id).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                &row.state,
+                &row.reason,
+                &row.signed_result,
+                row.result_at_ms
+            ),
+            (
+                &was.state,
+                &was.reason,
+                &was.signed_result,
+                was.result_at_ms
+            )
+        );
+    }
+}

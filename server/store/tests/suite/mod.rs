@@ -388,6 +388,7 @@ macro_rules! store_suite {
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
             reenrol::a_rewritten_ek_binding_reclaims_nothing,
             reenrol::a_revocation_is_never_undone,
+            commands::a_finished_commands_ending_is_written_once,
             reenrol::racing_first_attested_joins_of_one_ek_make_one_node,
             reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,
             reenrol::enrolled_machines_join_with_no_token,
