@@ -1142,6 +1142,74 @@ fn fabricated_sightings_quarantine_nobody() {
     assert_eq!(left, 0);
 }
 
+/// A sighting a gateway plants at an id far above the sequence's stalls
+/// nothing: the watch reads what it has not read, whatever its id, so two
+/// machines on one copied identity are still quarantined. (A watch that
+/// read after the highest id it saw read nothing after that row; the
+/// ids PostgreSQL's sequence hands out come below it. SQLite's come
+/// above the highest, so this is PostgreSQL's.)
+#[test]
+fn a_sighting_planted_at_a_high_id_stalls_no_quarantine() {
+    let url = bc_tests::postgres_database("planted");
+    let f = bc_tests::fleet_on(Some(&url), &[]);
+    let mut real = Node::new(&f.d.path().join("real"), 93);
+    assert!(
+        real.join(&f.server.url(), &f.server.token(1))
+            .status
+            .success()
+    );
+    let id = real.id();
+    let copy_dir = f.d.path().join("copy");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(f.d.path().join("real"))
+        .arg(&copy_dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rt = runtime();
+    let owner = rt.block_on(async {
+        let config = bc_store::postgres::config(&url).unwrap();
+        let (c, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        c
+    });
+    rt.block_on(owner.execute(
+        "INSERT INTO cert_sightings (id, serial, boot_id, at, seq)
+         SELECT 9000000000000000000, serial, 'planted', $2, 1 FROM node_certs WHERE node_id = $1",
+        &[&id, &now_ms()],
+    ))
+    .unwrap();
+    // The watch reads it, and drops it as the forgery it is.
+    bc_tests::wait_for(Duration::from_secs(20), "the planted row dropped", || {
+        let left: i64 = rt
+            .block_on(owner.query_one(
+                "SELECT COUNT(*) FROM cert_sightings WHERE boot_id = 'planted'",
+                &[],
+            ))
+            .unwrap()
+            .get(0);
+        (left == 0).then_some(())
+    });
+    let mut copy = Node::new(&copy_dir, 94);
+    real.start();
+    f.server
+        .wait_node(&id, "connected", |n| n.state == "connected");
+    copy.start();
+    bc_tests::wait_for(Duration::from_secs(60), "the quarantine", || {
+        let out = f.server.cli(&[
+            "events",
+            "--node",
+            &id,
+            "--kind",
+            "security.node.quarantined",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .contains("security.node.quarantined")
+            .then_some(())
+    });
+}
+
 /// What a gateway with write access to the store makes of the endings a
 /// Hello writes: a reboot command marked `succeeded` (`rebooted`) with the
 /// proof of a real earlier reboot copied in, and a command failed

@@ -19,10 +19,13 @@ use tracing::{info, warn};
 /// Sightings read in one pass at most.
 const BATCH: u32 = 1000;
 
-/// Where the watch has read to, and what it trusts.
+/// What the watch trusts, and what it has done.
+///
+/// It reads the sightings it has not marked read (whatever their ids: a
+/// row of a huge id or one committed after a higher one is read like any
+/// other), looks at each certificate they name, and marks them read.
 #[derive(Debug)]
 pub struct Watch {
-    after_id: i64,
     ca_der: Arc<Vec<u8>>,
     /// Certificates whose node proved it uses them, older ones already
     /// superseded by this process (a write once per certificate, not per
@@ -45,23 +48,22 @@ pub struct Pass {
 impl Watch {
     pub fn new(ca_der: Arc<Vec<u8>>) -> Watch {
         Watch {
-            after_id: 0,
             ca_der,
             superseded: BTreeSet::new(),
         }
     }
 
-    /// One pass over the sightings recorded since the last.
+    /// One pass over the sightings not yet read.
     pub async fn tick(
         &mut self,
         store: &Store,
         key: &Arc<Ed25519KeyPair>,
     ) -> Result<Pass, StoreError> {
         let mut pass = Pass::default();
-        let batch = store.sightings_after(self.after_id, BATCH).await?;
-        let Some(last) = batch.last() else {
+        let batch = store.sightings_unwatched(BATCH).await?;
+        if batch.is_empty() {
             return Ok(pass);
-        };
+        }
         let now = store.now().await?;
         let certs: BTreeSet<(String, String)> = batch
             .iter()
@@ -118,7 +120,10 @@ impl Watch {
         if !pass.superseded.is_empty() {
             info!(serials = ?pass.superseded, "certificates superseded by the ones their nodes use");
         }
-        self.after_id = last.id;
+        // Read (the forged ones are gone already); a certificate's are read
+        // again whenever a new one of it comes.
+        let read: Vec<i64> = batch.iter().map(|s| s.id).collect();
+        store.mark_sightings_watched(&read).await?;
         Ok(pass)
     }
 }

@@ -376,9 +376,14 @@ pub trait Backend: GatewayBackend {
     // (`crate::clones`: gateways record sightings; the key holder believes
     // them only once it verified their proofs)
 
-    /// Sightings recorded after `after_id`, oldest first, at most `limit`.
-    async fn sightings_after(&self, after_id: i64, limit: u32)
-    -> Result<Vec<Sighting>, StoreError>;
+    /// Sightings the watch has not marked read, in id order, at most
+    /// `limit`.
+    async fn sightings_unwatched(&self, limit: u32) -> Result<Vec<Sighting>, StoreError>;
+
+    /// Marks sightings read by the watch: they are not read again by
+    /// [`Backend::sightings_unwatched`] (a certificate's sightings are,
+    /// by [`Backend::sightings_of`]).
+    async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError>;
 
     /// A certificate's sightings recorded at or after `since_ms` (the
     /// store's clock, as the recording gateway said), oldest first.

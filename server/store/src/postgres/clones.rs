@@ -25,18 +25,24 @@ fn sighting(r: &tokio_postgres::Row) -> Sighting {
     }
 }
 
-pub(super) async fn after(
-    tx: &Tx<'_>,
-    after_id: i64,
-    limit: u32,
-) -> Result<Vec<Sighting>, StoreError> {
+pub(super) async fn unwatched(tx: &Tx<'_>, limit: u32) -> Result<Vec<Sighting>, StoreError> {
     let rows = query(
         tx,
-        &format!("{SIGHTING} WHERE s.id > $1 ORDER BY s.id LIMIT $2"),
-        &[&after_id, &i64::from(limit)],
+        &format!("{SIGHTING} WHERE NOT s.watched ORDER BY s.id LIMIT $1"),
+        &[&i64::from(limit)],
     )
     .await?;
     Ok(rows.iter().map(sighting).collect())
+}
+
+pub(super) async fn mark_watched(tx: &Tx<'_>, ids: &[i64]) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE cert_sightings SET watched = TRUE WHERE id = ANY($1)",
+        &[&ids],
+    )
+    .await?;
+    Ok(())
 }
 
 pub(super) async fn of(

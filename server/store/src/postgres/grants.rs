@@ -34,7 +34,10 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ),
     ("node_certs", "SELECT"),
     ("node_sessions", "SELECT, INSERT, UPDATE"),
-    ("cert_sightings", "SELECT, INSERT, DELETE"),
+    (
+        "cert_sightings",
+        "SELECT, INSERT (serial, boot_id, at, seq, proof, proof_signature), DELETE",
+    ),
     ("leases", "SELECT, INSERT, UPDATE, DELETE"),
     ("controller_state", "SELECT, INSERT, UPDATE"),
     (

@@ -128,6 +128,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0028_hello_proofs.sql"),
     include_str!("migrations/0029_legacy_hello_endings.sql"),
     include_str!("migrations/0030_endings_written_once.sql"),
+    include_str!("migrations/0031_sightings_watched.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -842,12 +843,15 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| nodes::list_nodes(&tx).await)
     }
 
-    async fn sightings_after(
+    async fn sightings_unwatched(
         &self,
-        after_id: i64,
         limit: u32,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        tx!(self, |tx| clones::after(&tx, after_id, limit).await)
+        tx!(self, |tx| clones::unwatched(&tx, limit).await)
+    }
+
+    async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError> {
+        tx!(self, |tx| clones::mark_watched(&tx, ids).await)
     }
 
     async fn sightings_of(

@@ -29,16 +29,20 @@ fn sighting(r: &rusqlite::Row<'_>) -> rusqlite::Result<Sighting> {
     })
 }
 
-pub(super) fn after(
-    c: &Connection,
-    after_id: i64,
-    limit: u32,
-) -> Result<Vec<Sighting>, StoreError> {
+pub(super) fn unwatched(c: &Connection, limit: u32) -> Result<Vec<Sighting>, StoreError> {
     Ok(c.prepare_cached(&format!(
-        "{SIGHTING} WHERE s.id > ?1 ORDER BY s.id LIMIT ?2"
+        "{SIGHTING} WHERE s.watched = 0 ORDER BY s.id LIMIT ?1"
     ))?
-    .query_map(params![after_id, limit], sighting)?
+    .query_map(params![limit], sighting)?
     .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn mark_watched(c: &Connection, ids: &[i64]) -> Result<(), StoreError> {
+    let mut mark = c.prepare_cached("UPDATE cert_sightings SET watched = 1 WHERE id = ?1")?;
+    for id in ids {
+        mark.execute([id])?;
+    }
+    Ok(())
 }
 
 pub(super) fn of(c: &Connection, serial: &str, since_ms: i64) -> Result<Vec<Sighting>, StoreError> {

@@ -106,6 +106,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0028_hello_proofs.sql"),
     include_str!("migrations/0029_legacy_hello_endings.sql"),
     include_str!("migrations/0030_endings_written_once.sql"),
+    include_str!("migrations/0031_sightings_watched.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -817,12 +818,16 @@ impl Backend for SqliteBackend {
         self.read(nodes::list_nodes).await
     }
 
-    async fn sightings_after(
+    async fn sightings_unwatched(
         &self,
-        after_id: i64,
         limit: u32,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        self.read(move |c| clones::after(c, after_id, limit)).await
+        self.read(move |c| clones::unwatched(c, limit)).await
+    }
+
+    async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError> {
+        let ids = ids.to_vec();
+        self.write(move |c| clones::mark_watched(c, &ids)).await
     }
 
     async fn sightings_of(

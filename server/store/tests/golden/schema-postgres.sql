@@ -1,4 +1,4 @@
--- schema version 30
+-- schema version 31
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -52,6 +52,7 @@ cert_sightings.at: bigint NOT NULL
 cert_sightings.seq: bigint NOT NULL DEFAULT 0
 cert_sightings.proof: bytea
 cert_sightings.proof_signature: bytea
+cert_sightings.watched: boolean NOT NULL DEFAULT false
 commands.id: text NOT NULL
 commands.node_id: text NOT NULL
 commands.seq: bigint NOT NULL
@@ -300,6 +301,7 @@ boots_mac: CREATE INDEX boots_mac ON public.boots USING btree (mac, id)
 boots_pkey: CREATE UNIQUE INDEX boots_pkey ON public.boots USING btree (id)
 cert_sightings_pkey: CREATE UNIQUE INDEX cert_sightings_pkey ON public.cert_sightings USING btree (id)
 cert_sightings_serial: CREATE INDEX cert_sightings_serial ON public.cert_sightings USING btree (serial, id)
+cert_sightings_unwatched: CREATE INDEX cert_sightings_unwatched ON public.cert_sightings USING btree (id) WHERE (NOT watched)
 commands_idempotency_key_key: CREATE UNIQUE INDEX commands_idempotency_key_key ON public.commands USING btree (idempotency_key)
 commands_node_id_seq_key: CREATE UNIQUE INDEX commands_node_id_seq_key ON public.commands USING btree (node_id, seq)
 commands_node_state: CREATE INDEX commands_node_state ON public.commands USING btree (node_id, state, seq)

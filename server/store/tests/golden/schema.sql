@@ -1,4 +1,4 @@
--- schema version 30
+-- schema version 31
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -11,6 +11,9 @@ CREATE INDEX boots_mac ON boots(mac, id);
 
 -- index cert_sightings_serial
 CREATE INDEX cert_sightings_serial ON cert_sightings(serial, id);
+
+-- index cert_sightings_unwatched
+CREATE INDEX cert_sightings_unwatched ON cert_sightings (id) WHERE watched = 0;
 
 -- index commands_node_state
 CREATE INDEX commands_node_state ON commands(node_id, state, seq);
@@ -119,7 +122,7 @@ CREATE TABLE cert_sightings (
     serial  TEXT NOT NULL REFERENCES node_certs(serial),
     boot_id TEXT NOT NULL,
     at      INTEGER NOT NULL
-, seq INTEGER NOT NULL DEFAULT 0, proof BLOB, proof_signature BLOB) STRICT;
+, seq INTEGER NOT NULL DEFAULT 0, proof BLOB, proof_signature BLOB, watched INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table commands
 CREATE TABLE commands (

@@ -597,7 +597,7 @@ pub async fn two_machines_alternating_on_one_certificate_are_quarantined(f: Fixt
         f.advance(Duration::from_millis(10));
         s.hello(&hello_from(boot)).await.unwrap();
     }
-    let sightings = s.sightings_after(0, 100).await.unwrap();
+    let sightings = s.sightings_unwatched(100).await.unwrap();
     let seen: Vec<(&str, u64)> = sightings
         .iter()
         .map(|x| (x.boot_id.as_str(), x.seq))
@@ -611,7 +611,7 @@ pub async fn two_machines_alternating_on_one_certificate_are_quarantined(f: Fixt
     f.advance(Duration::from_millis(10));
     let o = s.hello(&from("boot-c")).await.unwrap();
     assert_eq!(o.hello_seq_seen, 3);
-    assert_eq!(s.sightings_after(0, 100).await.unwrap().len(), 2);
+    assert_eq!(s.sightings_unwatched(100).await.unwrap().len(), 2);
     // boot-b took a session of boot-a's, boot-c one of boot-b's.
     let takeovers = |events: &[String]| {
         events
