@@ -611,8 +611,35 @@ impl Node {
         (tx, stream)
     }
 
-    /// The Hello this node's identity makes, with nothing else reported.
+    /// The Hello this node's identity makes, with nothing else reported,
+    /// proved as a confirmed release proves it: signed with the node's key
+    /// under a count above any it signed (the key holder refuses a node's
+    /// unproved Hellos once it saw it prove one).
     pub fn hello(&self) -> bcd_proto::v1::NodeMessage {
+        use prost::Message;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static LATER: AtomicU64 = AtomicU64::new(1);
+        let mut m = self.unproved_hello();
+        let Some(bcd_proto::v1::node_message::Msg::Hello(h)) = &mut m.msg else {
+            unreachable!("built as a Hello");
+        };
+        let seq = self.identity()["hello_seq"].as_u64().unwrap_or(0)
+            + LATER.fetch_add(1, Ordering::Relaxed);
+        let mut proof = bcd_proto::hello::proof(h, seq);
+        proof.release_confirmed = true;
+        let payload = proof.encode_to_vec();
+        let key_pem = std::fs::read_to_string(self.dir.join("node.key")).expect("node.key");
+        let key = rcgen::KeyPair::from_pem(&key_pem).expect("the node's key");
+        let signature = rcgen::SigningKey::sign(&key, &bcd_proto::hello::signed_message(&payload))
+            .expect("sign");
+        h.proof = Some(bcd_proto::v1::NodeSigned { payload, signature });
+        m
+    }
+
+    /// [`Node::hello`] with no proof: what a release from before Hello
+    /// proofs sends, or another machine with a copy of the key that signs
+    /// nothing.
+    pub fn unproved_hello(&self) -> bcd_proto::v1::NodeMessage {
         let identity = self.identity();
         bcd_proto::v1::NodeMessage {
             msg: Some(bcd_proto::v1::node_message::Msg::Hello(

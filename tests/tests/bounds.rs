@@ -114,6 +114,76 @@ fn a_cloned_identity_is_quarantined_and_both_machines_are_refused() {
     }
 }
 
+/// A thief with a copy of the node's key that signs no Hello proof is
+/// refused once the key holder saw the node prove its Hellos from a
+/// confirmed release, and the node goes on connecting.
+#[test]
+fn a_copy_of_the_key_that_signs_no_proof_is_refused_once_the_node_proved_its_hellos() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let mut node = Node::new(&d.path().join("n"), 93);
+    let out = node.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The clone watch verifies the node's first proof within a pass or
+    // two; until then an unproved Hello still connects (it records nothing
+    // the fleet believes).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        assert!(
+            Instant::now() < deadline,
+            "an unproved Hello with the node's key still connects after 30 s"
+        );
+        let answer = rt.block_on(async {
+            let (tx, mut stream) = node.raw_session(&server.url()).await;
+            tx.send(node.unproved_hello()).await.unwrap();
+            let answer = stream.message().await;
+            drop(tx);
+            answer
+        });
+        match answer {
+            Err(status) => break status,
+            Ok(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    let why = bcd_proto::refusal::of(&refused).expect("a typed refusal");
+    assert_eq!(
+        why.reason,
+        bcd_proto::v1::RefusalReason::HelloUnproved as i32,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("bcd join --reset --yes"),
+        "{refused:?}"
+    );
+    // The node itself proves its Hellos: it is back, and a proved Hello
+    // with its key is welcomed.
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+    node.proc().stop();
+    let welcomed = rt.block_on(async {
+        let (tx, mut stream) = node.raw_session(&server.url()).await;
+        tx.send(node.hello()).await.unwrap();
+        let m = stream.message().await;
+        drop(tx);
+        m
+    });
+    assert!(
+        matches!(
+            welcomed,
+            Ok(Some(bcd_proto::v1::ServerMessage {
+                msg: Some(bcd_proto::v1::server_message::Msg::Welcome(_))
+            }))
+        ),
+        "{welcomed:?}"
+    );
+}
+
 /// Whether the server closes `conn` without a word within a second or
 /// two (a connection it admitted waits for its TLS handshake for 10 s).
 fn closed_at_once(conn: &mut TcpStream) -> bool {

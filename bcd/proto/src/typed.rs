@@ -262,6 +262,7 @@ spelled!(v1::RefusalReason {
     OperatorForbidden => "operator-forbidden",
     NotEnrolled => "not-enrolled",
     Quarantined => "quarantined",
+    HelloUnproved => "hello-unproved",
 });
 
 spelled!(v1::ImagePart {

@@ -99,8 +99,19 @@ fn session_messages() {
         previous_boot_id: String::new(),
         previous_journal_id: String::new(),
         command_floor: 0,
+        release_confirmed: false,
     };
     check("hello_proof", &proof);
+    check(
+        "hello_proof_confirmed",
+        &v1::HelloProof {
+            previous_boot_id: "boot-0".into(),
+            previous_journal_id: "j-0".into(),
+            command_floor: 17,
+            release_confirmed: true,
+            ..proof.clone()
+        },
+    );
     check(
         "hello_proof_after",
         &v1::HelloProof {

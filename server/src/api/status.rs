@@ -44,6 +44,9 @@ pub fn classify(r: &Refusal) -> (Code, RefusalReason) {
         Refusal::NotEnrolled(_) => (Code::PermissionDenied, RefusalReason::NotEnrolled),
         // A cloned identity: only an operator's join with a token ends it.
         Refusal::Quarantined(_) => (Code::PermissionDenied, RefusalReason::Quarantined),
+        // The node proves its Hellos: this one is another machine's, or an
+        // older release's, and retrying does not make it proved.
+        Refusal::HelloUnproved(..) => (Code::PermissionDenied, RefusalReason::HelloUnproved),
         // The node's identity is not (or no longer) good. Only a deletion or
         // revocation with its statement ends the node; an expired
         // certificate is renewed first.
@@ -245,6 +248,7 @@ mod tests {
             Refusal::Expired,
             Refusal::NotEnrolled("e4".into()),
             Refusal::Quarantined("n".into()),
+            Refusal::HelloUnproved("n".into()),
             Refusal::BadRequest("b".into()),
             Refusal::NoSuchNode("n".into()),
             Refusal::NotFound("x".into()),

@@ -5,7 +5,10 @@
 //! older certificates; more than `QUARANTINE_AFTER` returns among a
 //! certificate's proved sightings, in count order, quarantine the node.
 //! A sighting that does not verify is dropped with a
-//! `security.hello.forged` event: a gateway wrote it.
+//! `security.hello.forged` event: a gateway wrote it. A verified proof
+//! signed by a confirmed release makes the node's unproved Hellos refused
+//! from then on (`Backend::require_hello_proofs`): a copy of its key that
+//! signs nothing is not let in unseen.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,6 +34,9 @@ pub struct Watch {
     /// superseded by this process (a write once per certificate, not per
     /// sighting); forgotten past [`REMEMBERED`].
     superseded: BTreeSet<String>,
+    /// Certificates whose node this process saw prove a confirmed release
+    /// (its unproved Hellos refused since); forgotten past [`REMEMBERED`].
+    required: BTreeSet<String>,
 }
 
 /// Certificates [`Watch`] remembers having superseded for.
@@ -43,6 +49,8 @@ pub struct Pass {
     pub forged: usize,
     pub superseded: Vec<String>,
     pub quarantined: Vec<String>,
+    /// Nodes whose unproved Hellos this pass made refused.
+    pub proofs_required: Vec<String>,
 }
 
 impl Watch {
@@ -50,6 +58,7 @@ impl Watch {
         Watch {
             ca_der,
             superseded: BTreeSet::new(),
+            required: BTreeSet::new(),
         }
     }
 
@@ -78,11 +87,25 @@ impl Watch {
                     && crate::certs::serial_hex(der).is_some_and(|s| s == serial)
             });
             let mut proved = Vec::new();
+            let mut confirmed = false;
             for s in store.sightings_of(&serial, now - CLONE_WINDOW_MS).await? {
                 match verify(&s, cert.map(Vec::as_slice)) {
-                    Ok(()) => proved.push((s.seq, s.boot_id)),
+                    Ok(p) => {
+                        confirmed |= p.release_confirmed;
+                        proved.push((s.seq, s.boot_id));
+                    }
                     Err(why) => forged.push((s, why)),
                 }
+            }
+            if confirmed && !self.required.contains(&serial) {
+                if store.require_hello_proofs(&node, &serial).await? {
+                    info!(%node, %serial, "the node proves its Hellos from a confirmed release: unproved ones are refused");
+                    pass.proofs_required.push(node.clone());
+                }
+                if self.required.len() >= REMEMBERED {
+                    self.required.clear();
+                }
+                self.required.insert(serial.clone());
             }
             pass.verified += proved.len();
             if proved.is_empty() {
@@ -130,7 +153,7 @@ impl Watch {
 
 /// Whether `s` carries a proof its node signed under `cert` (the one the
 /// fleet CA issued it with the sighting's serial) of what the row says.
-fn verify(s: &Sighting, cert: Option<&[u8]>) -> Result<(), String> {
+fn verify(s: &Sighting, cert: Option<&[u8]>) -> Result<bcd_proto::v1::HelloProof, String> {
     let Some(cert) = cert else {
         return Err(format!(
             "no certificate the fleet CA issued node {} has serial {}",
@@ -164,7 +187,7 @@ fn verify(s: &Sighting, cert: Option<&[u8]>) -> Result<(), String> {
     if !crate::certs::verify_node_signature(cert, &message, &s.proof_signature) {
         return Err("its signature is not by the certificate's key".into());
     }
-    Ok(())
+    Ok(p)
 }
 
 #[cfg(test)]
@@ -220,7 +243,7 @@ mod tests {
         let cert = issued(d.path(), "nd-1", &key);
         let serial = crate::certs::serial_hex(&cert).unwrap();
         let good = sighting("nd-1", &serial, "a", 3, &key);
-        assert_eq!(verify(&good, Some(&cert)), Ok(()));
+        assert_eq!(verify(&good, Some(&cert)).map(|p| p.seq), Ok(3));
         assert!(verify(&good, None).unwrap_err().contains("no certificate"));
         // The row moved to another boot or count than the node signed.
         for bad in [

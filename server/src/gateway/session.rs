@@ -54,6 +54,7 @@ fn proved(h: &v1::Hello, cert_der: &[u8]) -> Result<Option<HelloProved>, String>
     Ok(Some(HelloProved {
         seq: proof.seq,
         command_floor: proof.command_floor,
+        release_confirmed: proof.release_confirmed,
         payload: signed.payload.clone(),
         signature: signed.signature.clone(),
     }))
@@ -103,6 +104,7 @@ fn refusal_reason(e: &TxError) -> &'static str {
             Refusal::Revoked(..) => "revoked",
             Refusal::Expired => "certificate-expired",
             Refusal::Fenced(_) => "fenced",
+            Refusal::HelloUnproved(..) => "hello-unproved",
             Refusal::BadRequest(_) => "bad-request",
             Refusal::UnknownToken
             | Refusal::ExpiredToken
@@ -701,7 +703,19 @@ mod hello_tests {
             ..h.clone()
         };
         let p = proved(&good, cert.der()).unwrap().unwrap();
-        assert_eq!(p.seq, 7);
+        assert_eq!((p.seq, p.release_confirmed), (7, false));
+        // What the node signed of its release is what the store is told.
+        let mut confirmed = bcd_proto::hello::proof(&h, 8);
+        confirmed.release_confirmed = true;
+        let payload = confirmed.encode_to_vec();
+        let signature =
+            rcgen::SigningKey::sign(&key, &bcd_proto::hello::signed_message(&payload)).unwrap();
+        let from_confirmed = v1::Hello {
+            proof: Some(v1::NodeSigned { payload, signature }),
+            ..h.clone()
+        };
+        let p = proved(&from_confirmed, cert.der()).unwrap().unwrap();
+        assert_eq!((p.seq, p.release_confirmed), (8, true));
         // The Hello says another boot than the node signed.
         let moved = v1::Hello {
             boot_id: "other".into(),

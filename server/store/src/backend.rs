@@ -397,6 +397,13 @@ pub trait Backend: GatewayBackend {
     /// than `serial` (which the node proved it uses); their serials.
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError>;
 
+    /// From now on `node_id`'s Hellos without a proof are refused
+    /// (`Refusal::HelloUnproved`): the watch verified a proof under its
+    /// valid certificate `serial` signed by a confirmed release. True when
+    /// this set it; false when it was set already, or `serial` is not a
+    /// valid certificate of the node (a re-enrolment since revoked it).
+    async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError>;
+
     /// Quarantines `node_id` as a cloned identity (seen on `serial`, with
     /// `alternations` in its verified proofs): every valid certificate
     /// revoked with the statement `seal` signs, `security.node.quarantined`

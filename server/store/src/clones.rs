@@ -62,12 +62,29 @@ pub struct AtHello {
 /// `last`: the boot of the certificate's newest sighting, `connected`: the
 /// boot of its session if that is connected, `boot`: this Hello's, proved
 /// or not (an unproved Hello records nothing: the key holder could not
-/// believe it).
-pub fn at_hello(last: Option<&str>, connected: Option<&str>, boot: &str, proved: bool) -> AtHello {
+/// believe it). `first_confirmed`: its proof says the node runs a confirmed
+/// release and the node's unproved Hellos are not refused yet; it is
+/// recorded whatever its boot, so the key holder verifies it and refuses
+/// them from then on ([`Backend::require_hello_proofs`](crate::Backend::require_hello_proofs)).
+pub fn at_hello(
+    last: Option<&str>,
+    connected: Option<&str>,
+    boot: &str,
+    proved: bool,
+    first_confirmed: bool,
+) -> AtHello {
     AtHello {
         takeover: connected.is_some_and(|c| c != boot),
-        record: proved && last != Some(boot),
+        record: proved && (last != Some(boot) || first_confirmed),
     }
+}
+
+/// Whether a Hello goes on: one without a proof (or with one the gateway
+/// could not verify) is refused once the key holder saw the node prove its
+/// Hellos from a confirmed release (`proofs_required`): a copy of the key
+/// on another machine that signs nothing is not let in unseen.
+pub fn admits(proved: bool, proofs_required: bool) -> bool {
+    proved || !proofs_required
 }
 
 /// The fleet event's detail of a takeover at a Hello.
@@ -190,6 +207,27 @@ mod tests {
 
     fn seen(v: &[(&str, i64)]) -> Vec<(String, i64)> {
         v.iter().map(|(b, t)| (b.to_string(), *t)).collect()
+    }
+
+    #[test]
+    fn a_proved_hello_is_recorded_on_a_new_boot_or_when_it_first_shows_a_confirmed_release() {
+        let rec = |last, proved, first| at_hello(last, None, "a", proved, first).record;
+        assert!(rec(None, true, false) && rec(Some("b"), true, false));
+        assert!(!rec(Some("a"), true, false), "the same boot again");
+        assert!(
+            rec(Some("a"), true, true),
+            "the key holder learns proofs are required"
+        );
+        assert!(
+            !rec(None, false, false) && !rec(None, false, true),
+            "nothing to verify"
+        );
+    }
+
+    #[test]
+    fn an_unproved_hello_is_refused_once_proofs_are_required_only() {
+        assert!(admits(false, false) && admits(true, false) && admits(true, true));
+        assert!(!admits(false, true));
     }
 
     #[test]

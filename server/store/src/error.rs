@@ -98,6 +98,14 @@ pub enum Refusal {
          --attestor tpm --token TOKEN"
     )]
     Quarantined(String),
+    /// A Hello with no proof that verifies from a node whose Hellos the
+    /// key holder saw proved from a confirmed release.
+    #[error(
+        "node {0} signs its Hellos and this one carries no proof that verifies: another machine \
+         with a copy of its key, or a bcd from before Hello proofs (run a release that signs its \
+         Hellos, or join again: bcd join --reset --yes, then bcd join)"
+    )]
+    HelloUnproved(String),
     /// The request itself is wrong; the message says how.
     #[error("{0}")]
     BadRequest(String),

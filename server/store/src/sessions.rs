@@ -49,6 +49,10 @@ pub struct HelloProved {
     /// a command above it never started, and is sent again whatever its
     /// kind (a new journal cannot deduplicate it, but there is nothing to).
     pub command_floor: u64,
+    /// The node runs a confirmed release (no swap back to one from before
+    /// proofs is possible): once the key holder verified such a proof, the
+    /// node's unproved Hellos are refused ([`crate::clones`]).
+    pub release_confirmed: bool,
     pub payload: Vec<u8>,
     pub signature: Vec<u8>,
 }
@@ -319,6 +323,7 @@ mod tests {
         h.proof = Some(HelloProved {
             seq: 1,
             command_floor: 4,
+            release_confirmed: false,
             payload: vec![],
             signature: vec![],
         });

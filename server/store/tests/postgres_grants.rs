@@ -347,6 +347,10 @@ async fn a_gateway_role_revokes_nothing_and_lifts_no_quarantine() {
         "UPDATE node_certs SET revoked_at = 7, revoke_reason = 'duplicate-identity'
              WHERE serial = 'bb'",
         "UPDATE node_certs SET revoked_at = 7, revoke_reason = 'superseded' WHERE serial = 'bb'",
+        // A node whose Hellos must be proved let in unproved (a copy of
+        // its key), or one that proves them locked out of an old release.
+        "UPDATE nodes SET hello_proofs_since = NULL WHERE id = 'nd-r'",
+        "UPDATE nodes SET hello_proofs_since = 7 WHERE id = 'nd-q'",
     ] {
         assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
     }

@@ -522,7 +522,14 @@ impl Agent {
             journal_id: f.last_journal_id.clone(),
             command_floor,
         };
-        let payload = bcd_proto::hello::proof_after(&hello, seq, before).encode_to_vec();
+        let mut proof = bcd_proto::hello::proof_after(&hello, seq, before);
+        // A confirmed release (or one outside the A/B slots) says so: no
+        // release from before Hello proofs runs under this identity again,
+        // so the key holder refuses the node's unproved Hellos from then
+        // on. An unconfirmed upgrade says nothing of the kind: it may be
+        // swapped back to the release before it.
+        proof.release_confirmed = self.identity.write_version >= 2;
+        let payload = proof.encode_to_vec();
         hello.proof = self
             .sign(&bcd_proto::hello::signed_message(&payload))
             .map(|signature| v1::NodeSigned { payload, signature });

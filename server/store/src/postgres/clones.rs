@@ -80,6 +80,26 @@ pub(super) async fn drop_forged(
     Ok(())
 }
 
+/// As SQLite's: only while the certificate is still valid, so a proof read
+/// after a re-enrolment does not set the mark for the new identity.
+pub(super) async fn require_hello_proofs(
+    tx: &Tx<'_>,
+    node_id: &str,
+    serial: &str,
+) -> Result<bool, StoreError> {
+    let at = now(tx).await?;
+    let set = execute(
+        tx,
+        "UPDATE nodes SET hello_proofs_since = $3
+         WHERE id = $1 AND hello_proofs_since IS NULL
+           AND EXISTS (SELECT 1 FROM node_certs
+                       WHERE serial = $2 AND node_id = $1 AND revoked_at IS NULL)",
+        &[&node_id, &serial, &at],
+    )
+    .await?;
+    Ok(set > 0)
+}
+
 pub(super) async fn supersede(
     tx: &Tx<'_>,
     node_id: &str,

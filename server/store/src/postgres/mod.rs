@@ -129,6 +129,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0029_legacy_hello_endings.sql"),
     include_str!("migrations/0030_endings_written_once.sql"),
     include_str!("migrations/0031_sightings_watched.sql"),
+    include_str!("migrations/0032_hello_proofs_required.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -871,6 +872,13 @@ impl Backend for PostgresBackend {
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+    }
+
+    async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {
+        tx!(self, |tx| clones::require_hello_proofs(
+            &tx, node_id, serial
+        )
+        .await)
     }
 
     async fn quarantine_clone(

@@ -24,7 +24,7 @@ use crate::sessions::{
 /// The node's row, found through the certificate presented (never the
 /// node id the Hello claims, so a Hello naming another node locks nothing
 /// of it), locked: two Hellos of one node queue here.
-const HELLO_NODE: &str = "SELECT id, conditions, taints FROM nodes
+const HELLO_NODE: &str = "SELECT id, conditions, taints, hello_proofs_since IS NOT NULL FROM nodes
      WHERE id = (SELECT node_id FROM node_certs WHERE fingerprint = $1) FOR NO KEY UPDATE";
 /// The routing transaction's fence: this gateway holds its lease now, and
 /// nobody changes it until this transaction ends.
@@ -83,6 +83,10 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         StoreError::Database(format!("node {} has a certificate but no row", h.node_id).into())
     })?;
     let (conditions, taints): (Vec<String>, Vec<String>) = (json_col(node, 1)?, json_col(node, 2)?);
+    let proofs_required: bool = node.get(3);
+    if !clones::admits(h.proof.is_some(), proofs_required) {
+        return Err(Refusal::HelloUnproved(h.node_id.clone()).into());
+    }
     let prev = next().first().map(|r| {
         (
             r.get::<_, i64>(0),
@@ -98,7 +102,15 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     }
     // The boot of the certificate's session, if that is connected.
     let connected = prev.as_ref().filter(|p| p.5).map(|p| p.2.as_str());
-    watch_clones(tx, h, now, last_sighting.as_deref(), connected).await?;
+    watch_clones(
+        tx,
+        h,
+        now,
+        last_sighting.as_deref(),
+        connected,
+        proofs_required,
+    )
+    .await?;
     let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
     let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let known: Vec<(String, String)> = next().iter().map(|r| (r.get(0), r.get(1))).collect();
@@ -195,8 +207,16 @@ async fn watch_clones(
     now: i64,
     last: Option<&str>,
     connected: Option<&str>,
+    proofs_required: bool,
 ) -> Result<(), tokio_postgres::Error> {
-    let v = clones::at_hello(last, connected, &h.boot_id, h.proof.is_some());
+    let first_confirmed = !proofs_required && h.proof.as_ref().is_some_and(|p| p.release_confirmed);
+    let v = clones::at_hello(
+        last,
+        connected,
+        &h.boot_id,
+        h.proof.is_some(),
+        first_confirmed,
+    );
     if let (true, Some(p)) = (v.record, &h.proof) {
         execute(
             tx,

@@ -380,6 +380,7 @@ async fn reenrol_node(
     execute(
         tx,
         "UPDATE nodes SET identity_generation = $2, hostname = $3, ramdisk = $4,
+             hello_proofs_since = NULL,
              pool = COALESCE((SELECT pool FROM join_tokens WHERE id = $5), pool)
          WHERE id = $1",
         &[

@@ -100,6 +100,24 @@ pub(super) fn supersede(
     Ok(serials)
 }
 
+pub(super) fn require_hello_proofs(
+    c: &Connection,
+    node_id: &str,
+    serial: &str,
+) -> Result<bool, StoreError> {
+    let at = now(c)?;
+    let set = c.execute_kept(REQUIRE_PROOFS, params![node_id, serial, at])?;
+    Ok(set > 0)
+}
+
+/// [`require_hello_proofs`]: only while the certificate is still valid, so
+/// a proof read after a re-enrolment (which revokes every earlier
+/// certificate and clears the mark) does not set it for the new identity.
+const REQUIRE_PROOFS: &str = "UPDATE nodes SET hello_proofs_since = ?3
+     WHERE id = ?1 AND hello_proofs_since IS NULL
+       AND EXISTS (SELECT 1 FROM node_certs
+                   WHERE serial = ?2 AND node_id = ?1 AND revoked_at IS NULL)";
+
 pub(super) fn quarantine(
     c: &Connection,
     node_id: &str,

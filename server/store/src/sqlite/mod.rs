@@ -107,6 +107,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0029_legacy_hello_endings.sql"),
     include_str!("migrations/0030_endings_written_once.sql"),
     include_str!("migrations/0031_sightings_watched.sql"),
+    include_str!("migrations/0032_hello_proofs_required.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -850,6 +851,12 @@ impl Backend for SqliteBackend {
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
         self.write(move |c| clones::supersede(c, &node, &serial))
+            .await
+    }
+
+    async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {
+        let (node, serial) = (node_id.to_string(), serial.to_string());
+        self.write(move |c| clones::require_hello_proofs(c, &node, &serial))
             .await
     }
 

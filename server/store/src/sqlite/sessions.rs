@@ -35,6 +35,16 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
+    let (conditions, taints, proofs_required): (Vec<String>, Vec<String>, bool) = c
+        .prepare_cached(
+            "SELECT conditions, taints, hello_proofs_since IS NOT NULL FROM nodes WHERE id = ?1",
+        )?
+        .query_row([&h.node_id], |r| {
+            Ok((json_col(r, 0)?, json_col(r, 1)?, r.get(2)?))
+        })?;
+    if !clones::admits(h.proof.is_some(), proofs_required) {
+        return Err(Refusal::HelloUnproved(h.node_id.clone()).into());
+    }
     // The node's session, and whether it names a certificate of the node
     // newer than this Hello's: this one is then superseded (a copy of a key
     // the node renewed away from no longer connects; the key holder
@@ -65,7 +75,7 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
     }
     // The boot of the certificate's session, if that is connected.
     let connected = prev.as_ref().filter(|p| p.5).map(|p| p.2.as_str());
-    watch_clones(c, h, now, connected)?;
+    watch_clones(c, h, now, connected, proofs_required)?;
     let proof_seq = h.proof.as_ref().map_or(0, |p| p.seq as i64);
     let hello_seq_seen = prev.as_ref().map_or(0, |p| p.3).max(proof_seq) as u64;
     let stored = prev.as_ref().map_or(0, |p| p.0 as u64);
@@ -93,11 +103,7 @@ pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxEr
         h.cert_serial,
         proof_seq
     ])?;
-    // A node that is back is reachable again.
-    let (conditions, taints): (Vec<String>, Vec<String>) = c
-        .prepare_cached("SELECT conditions, taints FROM nodes WHERE id = ?1")?
-        .query_row([&h.node_id], |r| Ok((json_col(r, 0)?, json_col(r, 1)?)))?;
-    // The Hello is not signed: the release floor it reports is not taken
+    // A node that is back is reachable again. The Hello is not signed: the release floor it reports is not taken
     // (only the node's signed upgrade results raise it).
     c.prepare_cached(
         "UPDATE nodes SET agent_version = ?2, conditions = ?3, taints = ?4 WHERE id = ?1",
@@ -157,6 +163,7 @@ fn watch_clones(
     h: &HelloInput,
     now: i64,
     connected: Option<&str>,
+    proofs_required: bool,
 ) -> rusqlite::Result<()> {
     let last: Option<String> = c
         .query_row_kept(
@@ -165,7 +172,14 @@ fn watch_clones(
             |r| r.get(0),
         )
         .optional()?;
-    let v = clones::at_hello(last.as_deref(), connected, &h.boot_id, h.proof.is_some());
+    let first_confirmed = !proofs_required && h.proof.as_ref().is_some_and(|p| p.release_confirmed);
+    let v = clones::at_hello(
+        last.as_deref(),
+        connected,
+        &h.boot_id,
+        h.proof.is_some(),
+        first_confirmed,
+    );
     if let (true, Some(p)) = (v.record, &h.proof) {
         c.prepare_cached(
             "INSERT INTO cert_sightings (serial, boot_id, at, seq, proof, proof_signature)

@@ -316,6 +316,7 @@ fn reenrol_node(
     let serials = revoke_all(c, node_id, now, REENROLLED, seal)?;
     c.execute_kept(
         "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4,
+             hello_proofs_since = NULL,
              pool = COALESCE((SELECT pool FROM join_tokens WHERE id = ?5), pool)
          WHERE id = ?1",
         params![

@@ -1,4 +1,4 @@
--- schema version 31
+-- schema version 32
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -193,6 +193,7 @@ nodes.release_floor: bigint NOT NULL DEFAULT 0
 nodes.ek_sha256: text
 nodes.quarantined_at: bigint
 nodes.pool: text
+nodes.hello_proofs_since: bigint
 operators.id: text NOT NULL
 operators.created_at: bigint NOT NULL
 operators.role: text NOT NULL

@@ -1,4 +1,4 @@
--- schema version 31
+-- schema version 32
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -330,7 +330,7 @@ CREATE TABLE nodes (
         agent_version       TEXT NOT NULL DEFAULT '',
         conditions          TEXT NOT NULL DEFAULT '[]',
         taints              TEXT NOT NULL DEFAULT '[]'
-    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT, quarantined_at INTEGER, pool TEXT) STRICT;
+    , next_seq INTEGER NOT NULL DEFAULT 1, release_floor INTEGER NOT NULL DEFAULT 0, ek_sha256 TEXT, quarantined_at INTEGER, pool TEXT, hello_proofs_since INTEGER) STRICT;
 
 -- table operators
 CREATE TABLE "operators" (

@@ -227,6 +227,7 @@ pub fn proved(h: HelloInput, seq: u64) -> HelloInput {
         proof: Some(bc_store::sessions::HelloProved {
             seq,
             command_floor: u64::MAX,
+            release_confirmed: false,
             signature: sign(b"key", &payload),
             payload,
         }),
@@ -388,6 +389,7 @@ macro_rules! store_suite {
             reenrol::racing_re_enrolments_of_one_node_make_one_identity,
             reenrol::a_rewritten_ek_binding_reclaims_nothing,
             reenrol::a_revocation_is_never_undone,
+            reenrol::unproved_hellos_are_refused_once_a_confirmed_release_proved_them,
             commands::a_finished_commands_ending_is_written_once,
             reenrol::racing_first_attested_joins_of_one_ek_make_one_node,
             reenrol::attested_joins_bind_the_ek_and_reclaim_its_node,

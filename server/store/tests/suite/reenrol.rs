@@ -724,3 +724,66 @@ pub async fn a_revocation_is_never_undone(f: Fixture) {
             .any(|r| r.node_id == node)
     );
 }
+
+pub async fn unproved_hellos_are_refused_once_a_confirmed_release_proved_them(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let confirmed = |h: bc_store::sessions::HelloInput, seq: u64| {
+        let mut h = super::proved(h, seq);
+        h.proof.as_mut().expect("proved").release_confirmed = true;
+        h
+    };
+    // An older release proves nothing, an upgrade before its confirmation
+    // says it may be swapped back: both connect unproved.
+    s.hello(&super::hello(&node, 1, "gw", 0)).await.unwrap();
+    s.hello(&super::proved(super::hello(&node, 1, "gw", 1), 1))
+        .await
+        .unwrap();
+    s.hello(&super::proved(super::hello(&node, 1, "gw", 2), 2))
+        .await
+        .unwrap();
+    s.hello(&super::hello(&node, 1, "gw", 3)).await.unwrap();
+    // The first proof from a confirmed release is recorded though its boot
+    // is the last one seen, so the key holder learns of it.
+    s.hello(&confirmed(super::hello(&node, 1, "gw", 4), 3))
+        .await
+        .unwrap();
+    let seen: Vec<(u64, bool)> = s
+        .sightings_unwatched(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|x| (x.seq, x.proof.is_empty()))
+        .collect();
+    assert_eq!(seen, [(1, false), (3, false)]);
+    // Nobody verified it yet: an unproved Hello still connects.
+    s.hello(&super::hello(&node, 1, "gw", 5)).await.unwrap();
+    assert!(s.require_hello_proofs(&node, "serial1").await.unwrap());
+    assert!(!s.require_hello_proofs(&node, "serial1").await.unwrap());
+    let refused = s.hello(&super::hello(&node, 1, "gw", 6)).await.unwrap_err();
+    assert_eq!(
+        refused.refusal(),
+        Some(&Refusal::HelloUnproved(node.clone()))
+    );
+    assert!(refused.to_string().contains("bcd join --reset --yes"));
+    // Proved ones go on, and once it is required a confirmed proof of the
+    // same boot records nothing more.
+    s.hello(&confirmed(super::hello(&node, 1, "gw", 6), 4))
+        .await
+        .unwrap();
+    assert_eq!(s.sightings_unwatched(100).await.unwrap().len(), 2);
+    // A re-enrolment is a new identity, maybe of an older release: its
+    // unproved Hellos connect, and a proof of the earlier certificate read
+    // late does not make them refused.
+    s.create_token(&token("re", Duration::from_secs(600), 1))
+        .await
+        .unwrap();
+    reenrol(s, "re", &proof(&node, 1, b"statement"), 2)
+        .await
+        .unwrap();
+    s.hello(&super::hello(&node, 2, "gw", 7)).await.unwrap();
+    assert!(!s.require_hello_proofs(&node, "serial1").await.unwrap());
+    s.hello(&super::hello(&node, 2, "gw", 8)).await.unwrap();
+    assert!(s.require_hello_proofs(&node, "serial2").await.unwrap());
+    assert!(s.hello(&super::hello(&node, 2, "gw", 9)).await.is_err());
+}
