@@ -907,6 +907,52 @@ fn a_result_rewritten_or_made_up_in_the_store_is_reported_forged() {
     assert!(!text.contains(&format!("command {honest}")), "{text}");
 }
 
+/// A node's release floor rises only from an upgrade result its node
+/// signed, as the key holder verifies it: a success made up in the store
+/// (what a gateway with its access could write) is judged once, raises no
+/// floor, and so stops none of the node's upgrades.
+#[test]
+fn an_upgrade_made_up_in_the_store_raises_no_release_floor() {
+    let d = tempfile::tempdir().unwrap();
+    let server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let node = Node::new(&d.path().join("n"), 12);
+    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let id = node.id();
+    // The node is away: the command waits, and the store's row is made
+    // into a confirmed upgrade to a release far ahead.
+    let cmd = server.run_command(&id, "exec.run", &["/bin/true"]);
+    let db = store_db(&server);
+    db.execute(
+        "UPDATE commands SET kind = 'daemon.upgrade', summary = 'release 77',
+             state = 'succeeded', exit_code = 0, result_at = created_at WHERE id = ?1",
+        [&cmd],
+    )
+    .unwrap();
+    bc_tests::wait_for(
+        Duration::from_secs(20),
+        "the key holder judging the made-up upgrade",
+        || {
+            db.query_row(
+                "SELECT floor_judged FROM commands WHERE id = ?1",
+                [&cmd],
+                |r| r.get::<_, i64>(0),
+            )
+            .ok()
+            .filter(|j| *j == 1)
+        },
+    );
+    let floor: i64 = db
+        .query_row(
+            "SELECT release_floor FROM nodes WHERE id = ?1",
+            [&id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(floor, 0, "a floor raised from a result no node signed");
+    let c = server.command(&cmd);
+    assert_eq!(c.evidence, "forged", "{c:?}");
+}
+
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

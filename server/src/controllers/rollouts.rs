@@ -14,6 +14,8 @@
 //! A node confirms only on a result its node signed: an upgrade the store
 //! says succeeded is judged from the signed bytes first
 //! ([`crate::evidence`], [`Believed`]), and a forged one counts as failed.
+//! Release floors rise the same way, for every upgrade a rollout's or an
+//! operator's ([`raise_floors`]): a gateway's row raises none.
 //!
 //! [`decide`] is the decision, pure; [`tick`] reads each running rollout
 //! from the store, decides, and writes what was decided.
@@ -125,13 +127,37 @@ impl Believed {
 pub const FORGED_UPGRADE: &str = "an upgrade result in the store was not signed by its node: \
                                   the node counts as failed";
 
-/// One pass over the running rollouts. Returns the nodes given a command
-/// (their gateway sessions are woken).
+/// Upgrades judged for their floors in one pass at most.
+const FLOORS_BATCH: u32 = 100;
+
+/// Raises the release floors of nodes whose upgrades succeeded since the
+/// last pass, each only when the node signed the result (a success no node
+/// signed raises nothing, and is not looked at again); (command, floor)
+/// for each floor raised.
+pub async fn raise_floors(
+    store: &Store,
+    believed: &Believed,
+) -> Result<Vec<(String, u64)>, TxError> {
+    let mut raised = Vec::new();
+    for id in store.upgrades_unjudged(FLOORS_BATCH).await? {
+        let signed = believed.believed(store, &id).await?;
+        if let Some(floor) = store.judge_upgrade_floor(&id, signed).await? {
+            info!(cmd = %id, floor, "a confirmed upgrade raised its node's release floor");
+            raised.push((id, floor));
+        }
+    }
+    Ok(raised)
+}
+
+/// One pass: release floors from confirmed upgrades ([`raise_floors`]),
+/// then the running rollouts. Returns the nodes given a command (their
+/// gateway sessions are woken).
 pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
     believed: &Believed,
 ) -> Result<Vec<String>, TxError> {
+    raise_floors(store, believed).await?;
     let mut woken = Vec::new();
     let running: Vec<String> = store
         .list_rollouts()

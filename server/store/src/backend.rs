@@ -397,6 +397,21 @@ pub trait Backend: GatewayBackend {
     /// than `serial` (which the node proved it uses); their serials.
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError>;
 
+    /// Succeeded upgrades whose result the key holder has not judged for
+    /// the node's release floor, at most `limit` (their command ids).
+    async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    /// Marks the succeeded upgrade `command_id` judged and, when the key
+    /// holder verified the node signed its result (`believed`), raises the
+    /// node's release floor to its release; the floor it raised to. A
+    /// gateway's result raises no floor: the node's signature is believed
+    /// only where the key holder checked it.
+    async fn judge_upgrade_floor(
+        &self,
+        command_id: &str,
+        believed: bool,
+    ) -> Result<Option<u64>, StoreError>;
+
     /// From now on `node_id`'s Hellos without a proof are refused
     /// (`Refusal::HelloUnproved`): the watch verified a proof under its
     /// valid certificate `serial` signed by a confirmed release. True when

@@ -351,6 +351,9 @@ async fn a_gateway_role_revokes_nothing_and_lifts_no_quarantine() {
         // its key), or one that proves them locked out of an old release.
         "UPDATE nodes SET hello_proofs_since = NULL WHERE id = 'nd-r'",
         "UPDATE nodes SET hello_proofs_since = 7 WHERE id = 'nd-q'",
+        // A floor raised to stop a node's upgrades, or marked raised.
+        "UPDATE nodes SET release_floor = 1000000 WHERE id = 'nd-r'",
+        "UPDATE commands SET floor_judged = TRUE",
     ] {
         assert!(refused(&gw, sql).await, "a gateway was let run: {sql}");
     }

@@ -1,6 +1,6 @@
 //! Commands.
 
-use bcd_core::command::{Outcome, ServerState, apply_result};
+use bcd_core::command::{ServerState, apply_result};
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
@@ -260,36 +260,18 @@ pub(super) async fn result(
             return Ok(ResultApplied::Forged(detail));
         }
     };
-    // The kind never changes: read it first, to take the node's row before
-    // the command's when a confirmed upgrade may raise the node's floor
-    // (the order a Hello takes them in).
-    let Some(kind) = query_opt(
+    // Locked: of two results at once, the second waits and finds the
+    // first. (A confirmed upgrade raises no floor here: the key holder
+    // raises it once it verified the result, `judge_upgrade_floor`.)
+    let Some(state) = query_opt(
         tx,
-        "SELECT kind, summary FROM commands WHERE id = $1 AND node_id = $2",
+        "SELECT state FROM commands WHERE id = $1 AND node_id = $2 FOR UPDATE",
         &[&r.command_id, &node_id],
     )
     .await?
-    .map(|row| (row.get::<_, String>(0), row.get::<_, String>(1))) else {
+    .map(|row| row.get::<_, String>(0)) else {
         return Ok(ResultApplied::Unknown);
     };
-    let floor = raises_floor(&kind.0, &kind.1);
-    if floor.is_some() {
-        execute(
-            tx,
-            "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
-            &[&node_id],
-        )
-        .await?;
-    }
-    // Locked: of two results at once, the second waits and finds the
-    // first.
-    let state: String = query_one(
-        tx,
-        "SELECT state FROM commands WHERE id = $1 FOR UPDATE",
-        &[&r.command_id],
-    )
-    .await?
-    .get(0);
     let Some(state) = ServerState::parse(&state) else {
         return Ok(ResultApplied::Unknown);
     };
@@ -314,19 +296,68 @@ pub(super) async fn result(
         ],
     )
     .await?;
-    // A confirmed upgrade, as the node signed it, raises the node's floor to
-    // its release.
-    if next == ServerState::Terminal(Outcome::Succeeded)
-        && let Some(floor) = floor
-    {
-        execute(
-            tx,
-            "UPDATE nodes SET release_floor = GREATEST(release_floor, $2) WHERE id = $1",
-            &[&node_id, &(floor.min(i64::MAX as u64) as i64)],
-        )
-        .await?;
-    }
     Ok(ResultApplied::Applied)
+}
+
+pub(super) async fn upgrades_unjudged(tx: &Tx<'_>, limit: u32) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT id FROM commands
+         WHERE kind = 'daemon.upgrade' AND state = 'succeeded' AND NOT floor_judged
+         ORDER BY id LIMIT $1",
+        &[&i64::from(limit)],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// As SQLite's. The node's row is taken before the command's, the order a
+/// Hello takes them in.
+pub(super) async fn judge_upgrade_floor(
+    tx: &Tx<'_>,
+    id: &str,
+    believed: bool,
+) -> Result<Option<u64>, StoreError> {
+    let Some(node) = query_opt(tx, "SELECT node_id FROM commands WHERE id = $1", &[&id])
+        .await?
+        .map(|r| r.get::<_, String>(0))
+    else {
+        return Ok(None);
+    };
+    execute(
+        tx,
+        "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+        &[&node],
+    )
+    .await?;
+    let Some((kind, summary)) = query_opt(
+        tx,
+        "SELECT kind, summary FROM commands
+         WHERE id = $1 AND state = 'succeeded' AND NOT floor_judged FOR UPDATE",
+        &[&id],
+    )
+    .await?
+    .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1))) else {
+        return Ok(None);
+    };
+    execute(
+        tx,
+        "UPDATE commands SET floor_judged = TRUE WHERE id = $1",
+        &[&id],
+    )
+    .await?;
+    let Some(floor) = raises_floor(&kind, &summary).filter(|_| believed) else {
+        return Ok(None);
+    };
+    execute(
+        tx,
+        "UPDATE nodes SET release_floor = GREATEST(release_floor, $2) WHERE id = $1",
+        &[&node, &(floor.min(i64::MAX as u64) as i64)],
+    )
+    .await?;
+    Ok(Some(floor))
 }
 
 pub(super) async fn sweep(tx: &Tx<'_>) -> Result<Vec<String>, StoreError> {

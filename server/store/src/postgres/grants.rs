@@ -30,7 +30,7 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ("bc_schema", "SELECT"),
     (
         "nodes",
-        "SELECT, UPDATE (agent_version, conditions, taints, release_floor)",
+        "SELECT, UPDATE (agent_version, conditions, taints)",
     ),
     ("node_certs", "SELECT"),
     ("node_sessions", "SELECT, INSERT, UPDATE"),

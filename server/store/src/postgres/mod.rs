@@ -130,6 +130,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0030_endings_written_once.sql"),
     include_str!("migrations/0031_sightings_watched.sql"),
     include_str!("migrations/0032_hello_proofs_required.sql"),
+    include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -872,6 +873,21 @@ impl Backend for PostgresBackend {
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+    }
+
+    async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| commands::upgrades_unjudged(&tx, limit).await)
+    }
+
+    async fn judge_upgrade_floor(
+        &self,
+        command_id: &str,
+        believed: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        tx!(self, |tx| commands::judge_upgrade_floor(
+            &tx, command_id, believed
+        )
+        .await)
     }
 
     async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {

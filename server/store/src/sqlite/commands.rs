@@ -1,6 +1,6 @@
 //! Commands.
 
-use bcd_core::command::{Outcome, ServerState, apply_result};
+use bcd_core::command::{ServerState, apply_result};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings::fleet_event;
@@ -216,13 +216,11 @@ pub(super) fn result(
             return Ok(ResultApplied::Forged(detail));
         }
     };
-    let found: Option<(String, String, String)> = c
-        .prepare_cached("SELECT state, kind, summary FROM commands WHERE id = ?1 AND node_id = ?2")?
-        .query_row(params![r.command_id, node_id], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
+    let found: Option<String> = c
+        .prepare_cached("SELECT state FROM commands WHERE id = ?1 AND node_id = ?2")?
+        .query_row(params![r.command_id, node_id], |row| row.get(0))
         .optional()?;
-    let Some((state, kind, summary)) = found else {
+    let Some(state) = found else {
         return Ok(ResultApplied::Unknown);
     };
     let Some(state) = ServerState::parse(&state) else {
@@ -248,17 +246,47 @@ pub(super) fn result(
         signed.payload,
         signed.signature
     ])?;
-    // A confirmed upgrade, as the node signed it, raises the node's floor to
-    // its release.
-    if next == ServerState::Terminal(Outcome::Succeeded)
-        && let Some(floor) = raises_floor(&kind, &summary)
-    {
-        c.execute_kept(
-            "UPDATE nodes SET release_floor = MAX(release_floor, ?2) WHERE id = ?1",
-            params![node_id, floor as i64],
-        )?;
-    }
+    // A confirmed upgrade raises no floor here: the key holder raises it
+    // once it verified the result (`judge_upgrade_floor`).
     Ok(ResultApplied::Applied)
+}
+
+pub(super) fn upgrades_unjudged(c: &Connection, limit: u32) -> Result<Vec<String>, StoreError> {
+    Ok(c.prepare_cached(UPGRADES_UNJUDGED)?
+        .query_map([limit], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?)
+}
+
+/// Succeeded upgrades whose floor the key holder has not judged.
+const UPGRADES_UNJUDGED: &str = "SELECT id FROM commands
+     WHERE kind = 'daemon.upgrade' AND state = 'succeeded' AND floor_judged = 0
+     ORDER BY id LIMIT ?1";
+
+pub(super) fn judge_upgrade_floor(
+    c: &Connection,
+    id: &str,
+    believed: bool,
+) -> Result<Option<u64>, StoreError> {
+    let row: Option<(String, String, String)> = c
+        .query_row_kept(
+            "SELECT node_id, kind, summary FROM commands
+             WHERE id = ?1 AND state = 'succeeded' AND floor_judged = 0",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((node, kind, summary)) = row else {
+        return Ok(None);
+    };
+    c.execute_kept("UPDATE commands SET floor_judged = 1 WHERE id = ?1", [id])?;
+    let Some(floor) = raises_floor(&kind, &summary).filter(|_| believed) else {
+        return Ok(None);
+    };
+    c.execute_kept(
+        "UPDATE nodes SET release_floor = MAX(release_floor, ?2) WHERE id = ?1",
+        params![node, floor.min(i64::MAX as u64) as i64],
+    )?;
+    Ok(Some(floor))
 }
 
 pub(super) fn sweep(c: &Connection) -> Result<Vec<String>, StoreError> {

@@ -108,6 +108,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0030_endings_written_once.sql"),
     include_str!("migrations/0031_sightings_watched.sql"),
     include_str!("migrations/0032_hello_proofs_required.sql"),
+    include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -851,6 +852,21 @@ impl Backend for SqliteBackend {
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
         self.write(move |c| clones::supersede(c, &node, &serial))
+            .await
+    }
+
+    async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        self.read(move |c| commands::upgrades_unjudged(c, limit))
+            .await
+    }
+
+    async fn judge_upgrade_floor(
+        &self,
+        command_id: &str,
+        believed: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let id = command_id.to_string();
+        self.write(move |c| commands::judge_upgrade_floor(c, &id, believed))
             .await
     }
 

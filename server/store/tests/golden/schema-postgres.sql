@@ -1,4 +1,4 @@
--- schema version 32
+-- schema version 33
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -73,6 +73,7 @@ commands.output_truncated: boolean NOT NULL DEFAULT false
 commands.result_at: bigint
 commands.result_payload: bytea
 commands.result_signature: bytea
+commands.floor_judged: boolean NOT NULL DEFAULT false
 controller_state.name: text NOT NULL
 controller_state.value: bigint NOT NULL
 ek_sightings.id: bigint NOT NULL DEFAULT nextval('ek_sightings_id_seq'::regclass)
@@ -303,6 +304,7 @@ boots_pkey: CREATE UNIQUE INDEX boots_pkey ON public.boots USING btree (id)
 cert_sightings_pkey: CREATE UNIQUE INDEX cert_sightings_pkey ON public.cert_sightings USING btree (id)
 cert_sightings_serial: CREATE INDEX cert_sightings_serial ON public.cert_sightings USING btree (serial, id)
 cert_sightings_unwatched: CREATE INDEX cert_sightings_unwatched ON public.cert_sightings USING btree (id) WHERE (NOT watched)
+commands_floor_unjudged: CREATE INDEX commands_floor_unjudged ON public.commands USING btree (id) WHERE ((kind = 'daemon.upgrade'::text) AND (state = 'succeeded'::text) AND (NOT floor_judged))
 commands_idempotency_key_key: CREATE UNIQUE INDEX commands_idempotency_key_key ON public.commands USING btree (idempotency_key)
 commands_node_id_seq_key: CREATE UNIQUE INDEX commands_node_id_seq_key ON public.commands USING btree (node_id, seq)
 commands_node_state: CREATE INDEX commands_node_state ON public.commands USING btree (node_id, state, seq)

@@ -1,4 +1,4 @@
--- schema version 32
+-- schema version 33
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -14,6 +14,10 @@ CREATE INDEX cert_sightings_serial ON cert_sightings(serial, id);
 
 -- index cert_sightings_unwatched
 CREATE INDEX cert_sightings_unwatched ON cert_sightings (id) WHERE watched = 0;
+
+-- index commands_floor_unjudged
+CREATE INDEX commands_floor_unjudged ON commands (id)
+    WHERE kind = 'daemon.upgrade' AND state = 'succeeded' AND floor_judged = 0;
 
 -- index commands_node_state
 CREATE INDEX commands_node_state ON commands(node_id, state, seq);
@@ -143,7 +147,7 @@ CREATE TABLE commands (
         exit_code        INTEGER,
         output           BLOB,
         output_truncated INTEGER NOT NULL DEFAULT 0,
-        result_at        INTEGER, result_payload BLOB, result_signature BLOB,
+        result_at        INTEGER, result_payload BLOB, result_signature BLOB, floor_judged INTEGER NOT NULL DEFAULT 0,
         UNIQUE (node_id, seq)
     ) STRICT;
 

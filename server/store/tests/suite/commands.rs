@@ -316,6 +316,38 @@ pub async fn a_confirmed_upgrade_raises_the_release_floor(f: Fixture) {
     s.command_result(&node, &result(&node, 1, &ok.id, Outcome::Succeeded), verify)
         .await
         .unwrap();
+    // A gateway applied it; the floor waits for the key holder, who
+    // verifies the stored result first, and raises it only then.
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 0);
+    assert_eq!(s.upgrades_unjudged(10).await.unwrap(), [ok.id.as_str()]);
+    assert_eq!(s.judge_upgrade_floor(&ok.id, true).await.unwrap(), Some(7));
+    assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
+    assert!(s.upgrades_unjudged(10).await.unwrap().is_empty());
+    assert_eq!(s.judge_upgrade_floor(&ok.id, true).await.unwrap(), None);
+    assert_eq!(s.judge_upgrade_floor(&failed.id, true).await.unwrap(), None);
+    // A success written into the store with no result the node signed is
+    // judged once, and raises nothing.
+    let (made_up, _) = s
+        .create_command(
+            &command(&node, Kind::DaemonUpgrade, "release 40"),
+            Box::new(|_| vec![]),
+        )
+        .await
+        .unwrap();
+    f.tamper(&format!(
+        "UPDATE commands SET state = 'succeeded', result_at = created_at WHERE id = '{}'",
+        made_up.id
+    ))
+    .await;
+    assert_eq!(
+        s.upgrades_unjudged(10).await.unwrap(),
+        [made_up.id.as_str()]
+    );
+    assert_eq!(
+        s.judge_upgrade_floor(&made_up.id, false).await.unwrap(),
+        None
+    );
+    assert!(s.upgrades_unjudged(10).await.unwrap().is_empty());
     assert_eq!(s.list_nodes().await.unwrap().nodes[0].release_floor, 7);
     // A Hello does not move it: it is not signed.
     s.hello(&hello(&node, 1, "gw", 0)).await.unwrap();

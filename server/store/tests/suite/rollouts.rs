@@ -80,6 +80,12 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
     .unwrap();
     let got = s.rollout(&r.id).await.unwrap().unwrap();
     assert_eq!(got.nodes[0].status, NodeStatus::Confirmed);
+    assert_eq!(
+        got.nodes[0].release_floor, 0,
+        "until the key holder judged it"
+    );
+    assert_eq!(s.judge_upgrade_floor(&up.id, true).await.unwrap(), Some(2));
+    let got = s.rollout(&r.id).await.unwrap().unwrap();
     assert_eq!(got.nodes[0].release_floor, 2);
     let (back, _) = s
         .create_command(
