@@ -49,8 +49,6 @@ pub struct Pass {
     pub forged: usize,
     pub superseded: Vec<String>,
     pub quarantined: Vec<String>,
-    /// Nodes whose unproved Hellos this pass made refused.
-    pub proofs_required: Vec<String>,
 }
 
 impl Watch {
@@ -100,7 +98,6 @@ impl Watch {
             if confirmed && !self.required.contains(&serial) {
                 if store.require_hello_proofs(&node, &serial).await? {
                     info!(%node, %serial, "the node proves its Hellos from a confirmed release: unproved ones are refused");
-                    pass.proofs_required.push(node.clone());
                 }
                 if self.required.len() >= REMEMBERED {
                     self.required.clear();

@@ -132,21 +132,15 @@ const FLOORS_BATCH: u32 = 100;
 
 /// Raises the release floors of nodes whose upgrades succeeded since the
 /// last pass, each only when the node signed the result (a success no node
-/// signed raises nothing, and is not looked at again); (command, floor)
-/// for each floor raised.
-pub async fn raise_floors(
-    store: &Store,
-    believed: &Believed,
-) -> Result<Vec<(String, u64)>, TxError> {
-    let mut raised = Vec::new();
+/// signed raises nothing, and is not looked at again).
+pub async fn raise_floors(store: &Store, believed: &Believed) -> Result<(), TxError> {
     for id in store.upgrades_unjudged(FLOORS_BATCH).await? {
         let signed = believed.believed(store, &id).await?;
         if let Some(floor) = store.judge_upgrade_floor(&id, signed).await? {
             info!(cmd = %id, floor, "a confirmed upgrade raised its node's release floor");
-            raised.push((id, floor));
         }
     }
-    Ok(raised)
+    Ok(())
 }
 
 /// One pass: release floors from confirmed upgrades ([`raise_floors`]),
