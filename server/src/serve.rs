@@ -304,6 +304,7 @@ pub async fn serve(
         );
     }
     let rollouts = Arc::new(tokio::sync::Notify::new());
+    let gateway_revocations = Arc::new(tokio::sync::Notify::new());
     let rules = LivenessRules {
         node_lease_ttl: opts.timing.node_lease_ttl,
         gateway_loss_grace: opts.timing.gateway_loss_grace,
@@ -360,6 +361,14 @@ pub async fn serve(
                 worker_key.clone(),
                 Arc::new(ca.cert.to_vec()),
                 CLONE_WATCH_EVERY,
+                leases.clone(),
+                controllers_stop.clone(),
+            )),
+            tokio::spawn(crate::controllers::run_gateway_revocations(
+                full.clone(),
+                worker_key.clone(),
+                opts.certs.gateway_revocations_life,
+                gateway_revocations.clone(),
                 leases.clone(),
                 controllers_stop.clone(),
             )),
@@ -462,6 +471,7 @@ pub async fn serve(
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 gateway: Some(gw.clone()),
                 rollouts,
+                gateway_revocations,
                 operator_ca: operator_ca.clone(),
             };
             // The operator API: its own listener, the operator CA's serving

@@ -100,7 +100,18 @@ impl Hostile {
         let ca = CertificateDer::from_pem_file(server_dir.join("ca.crt")).context("ca.crt")?;
         let key =
             PrivateKeyDer::from_pem_file(server_dir.join("gateway.key")).context("gateway.key")?;
-        let config = bcd_proto::tls::server_config(vec![leaf, ca.clone()], key, ca)?;
+        Hostile::serving(vec![leaf, ca.clone()], key, ca, addr)
+    }
+
+    /// Listens on `addr` (port 0: any) with a serving `chain` and `key` a
+    /// gateway was certified with, trusting node certificates of `ca`.
+    pub fn serving(
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        ca: CertificateDer<'static>,
+        addr: SocketAddr,
+    ) -> anyhow::Result<Hostile> {
+        let config = bcd_proto::tls::server_config(chain, key, ca)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -117,6 +128,7 @@ impl Hostile {
                 Err(e) => return Err(e).with_context(|| format!("cannot listen on {addr}")),
             }
         };
+        let addr = listener.local_addr()?;
         let (sessions_tx, sessions) = std_mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {

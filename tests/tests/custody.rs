@@ -1352,3 +1352,154 @@ fn a_hello_ending_written_in_the_store_is_reported_forged() {
         "{text}"
     );
 }
+
+/// Whether the node's log says it left a gateway for `why`, at least
+/// `times` times.
+fn left_for(node: &mut Node, why: &str, times: usize) -> bool {
+    node.proc()
+        .log()
+        .lines()
+        .filter(|l| l.contains("leaving the gateway") && l.contains(why))
+        .count()
+        >= times
+}
+
+/// A revoked gateway still holds its 30-day serving certificate and its
+/// key. Nodes are handed the key holder's signed, short-lived list of
+/// revoked gateway certificates by every gateway: a node on the revoked
+/// one leaves it as soon as the list names it (its own gateway hands it
+/// on, or another did earlier), and a gateway that withholds newer lists
+/// is left once the node's list runs out. The list is kept across a
+/// restart, so a restarted node refuses the revoked gateway too.
+#[test]
+fn a_revoked_gateway_is_left_and_one_that_withholds_the_list_is_left_when_it_runs_out() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--gateway-revocations-life", "4s"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let (cred_a, cred_b, cred_c) = (
+        d.path().join("gw-a.json"),
+        d.path().join("gw-b.json"),
+        d.path().join("gw-c.json"),
+    );
+    add_gateway(&server, "gw-a", &cred_a);
+    add_gateway(&server, "gw-b", &cred_b);
+    add_gateway(&server, "gw-c", &cred_c);
+    let a = start_gateway(&server, &d.path().join("a"), &cred_a, "gw-a-1");
+    let b = start_gateway(&server, &d.path().join("b"), &cred_b, "gw-b-1");
+    let front = bc_tests::Front::new();
+    front.set("a", Some(a.addr));
+    let mut node = Node::new(&d.path().join("n"), 41);
+    let out = node.join(&front.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "the node on gw-a", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+    wait_for(Duration::from_secs(10), "a list kept", || {
+        node.dir.join("gateway-revocations").exists().then_some(())
+    });
+
+    // gw-a is revoked while the node is on it, gw-a still in the balancer.
+    front.set("b", Some(b.addr));
+    let revoked_at = std::time::Instant::now();
+    let o = server.cli(&["gateways", "revoke", "gw-a"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for(Duration::from_secs(10), "the node to leave gw-a", || {
+        left_for(
+            &mut node,
+            "revoked this gateway's certificate (gateway gw-a)",
+            1,
+        )
+        .then_some(())
+    });
+    println!(
+        "the node left the revoked gateway {} ms after the revocation",
+        revoked_at.elapsed().as_millis()
+    );
+    let on_b = server.wait_node(&id, "the node on gw-b", |n| {
+        n.state == "connected" && n.gateway == "gw-b-1"
+    });
+    // Redials that reach gw-a are left before a Hello: the node stays on
+    // gw-b though the balancer still sends every other dial to gw-a.
+    std::thread::sleep(Duration::from_secs(2));
+    let still = server.node(&id).unwrap();
+    assert_eq!(
+        (still.gateway.as_str(), still.epoch),
+        ("gw-b-1", on_b.epoch),
+        "the node went back to the revoked gateway"
+    );
+
+    // gw-c turns: it serves nodes with its certificate and hands them no
+    // list. The node moves to it, then gw-c is revoked.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (certified, _port) = gateway_port(&rt, &GatewayCredential::read(&cred_c).unwrap());
+    let ca = certified.chain.last().unwrap().clone();
+    let h = bc_tests::hostile::Hostile::serving(
+        certified.chain.clone(),
+        certified.key(),
+        ca,
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    front.set("a", None);
+    front.set("b", None);
+    front.set("c", Some(h.addr));
+    front.reset_all();
+    let s = h.next_session(Duration::from_secs(15));
+    assert_eq!(s.hello.node_id, id);
+    let epoch = s.hello.last_epoch + 1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    // A Welcome four minutes in the past (within the rewind a node
+    // takes) does not keep the node's list fresh: it runs out on its own
+    // signed time.
+    s.welcome(epoch, now - 240_000, &[]);
+    let welcomed = std::time::Instant::now();
+    let o = server.cli(&["gateways", "revoke", "gw-c"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    front.set("b", Some(b.addr));
+    assert!(
+        s.closed_within(Duration::from_secs(15)),
+        "the node stayed on a gateway that withheld the list past its life"
+    );
+    println!(
+        "the node left the withholding gateway {} ms after its Welcome (list life 4 s)",
+        welcomed.elapsed().as_millis()
+    );
+    assert!(left_for(
+        &mut node,
+        "handed no gateway revocation list newer",
+        1
+    ));
+    server.wait_node(&id, "the node back on gw-b", |n| {
+        n.state == "connected" && n.gateway == "gw-b-1"
+    });
+    // gw-b handed the list naming gw-c: no more sessions there.
+    front.set("b", None);
+    front.reset_all();
+    assert!(
+        h.try_next_session(Duration::from_secs(3)).is_none(),
+        "the node opened a session on a revoked gateway"
+    );
+    wait_for(Duration::from_secs(10), "the node to refuse gw-c", || {
+        left_for(&mut node, "(gateway gw-c)", 1).then_some(())
+    });
+
+    // A restart keeps the list: the revoked gateways stay refused.
+    node.proc().kill();
+    node.start();
+    wait_for(
+        Duration::from_secs(10),
+        "the restarted node to refuse gw-c",
+        || left_for(&mut node, "(gateway gw-c)", 1).then_some(()),
+    );
+    assert!(
+        h.try_next_session(Duration::from_secs(2)).is_none(),
+        "a restarted node opened a session on a revoked gateway"
+    );
+    node.proc().kill();
+}

@@ -19,6 +19,8 @@ use release::assemble::Assembly;
 pub struct Stream {
     pub tx: mpsc::Sender<Box<NodeMessage>>,
     pub rx: tonic::Streaming<ServerMessage>,
+    /// SHA-256 of the gateway's certificate (DER, lowercase hex).
+    pub gateway: std::sync::Arc<str>,
 }
 
 /// The session stream's method, as the generated client names it.
@@ -60,6 +62,7 @@ pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<S
         .await
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let (tx, rx) = mpsc::channel::<Box<NodeMessage>>(64);
+    let gateway: std::sync::Arc<str> = conn.peer_sha256().into();
     let mut grpc = tonic::client::Grpc::new(conn);
     grpc.ready()
         .await
@@ -82,7 +85,11 @@ pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<S
         .await
         .map_err(|s| format!("{}: {}", s.code(), s.message()))?
         .into_inner();
-    Ok(Stream { tx, rx: stream })
+    Ok(Stream {
+        tx,
+        rx: stream,
+        gateway,
+    })
 }
 
 /// A renewed key and certificate, ready to install.

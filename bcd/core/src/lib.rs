@@ -21,6 +21,7 @@ pub mod clock;
 pub mod command;
 pub mod crash_loop;
 pub mod epoch;
+pub mod gateways;
 pub mod renewal;
 pub mod report;
 pub mod rng;

@@ -268,6 +268,16 @@ pub struct Conn {
     send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
     /// `host:port` as dialled: the `:authority` of every request.
     authority: http::uri::Authority,
+    /// SHA-256 of the server's certificate (DER, lowercase hex).
+    peer_sha256: Arc<str>,
+}
+
+impl Conn {
+    /// SHA-256 of the certificate the server presented (DER, lowercase
+    /// hex): which gateway this is, as a revocation list names it.
+    pub fn peer_sha256(&self) -> &str {
+        &self.peer_sha256
+    }
 }
 
 impl tower::Service<http::Request<tonic::body::Body>> for Conn {
@@ -307,6 +317,14 @@ pub async fn dial(url: &str, config: Arc<ClientConfig>) -> Result<Conn, TlsError
     let tls = tls_stream(&addr, config, GATEWAY_NAME)
         .await
         .map_err(|e| failed(DialError::Io(e)))?;
+    let peer_sha256: Arc<str> = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| crate::fingerprint(c))
+        .unwrap_or_default()
+        .into();
     let (send, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(KEEPALIVE_INTERVAL)
@@ -320,7 +338,11 @@ pub async fn dial(url: &str, config: Arc<ClientConfig>) -> Result<Conn, TlsError
             tracing::debug!(error = %e, "connection ended");
         }
     });
-    Ok(Conn { send, authority })
+    Ok(Conn {
+        send,
+        authority,
+        peer_sha256,
+    })
 }
 
 /// What failed while dialling.

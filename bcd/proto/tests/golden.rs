@@ -211,6 +211,25 @@ fn session_messages() {
             })),
         },
     );
+    let list = v1::GatewayRevocations {
+        purpose: bcd_proto::gateways::PURPOSE.into(),
+        issued_ms: 1_790_000_000_000,
+        not_after_ms: 1_790_000_600_000,
+        certs: vec![v1::RevokedGatewayCert {
+            name: "gw-a".into(),
+            sha256: "5e".repeat(32),
+            not_after_ms: 1_792_592_000_000,
+        }],
+    };
+    check("gateway_revocations", &list);
+    check(
+        "gateway_revocations_sent",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::GatewayRevocations(
+                bcd_proto::gateways::seal(&worker_key(), list),
+            )),
+        },
+    );
 }
 
 #[test]

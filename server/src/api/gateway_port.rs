@@ -151,6 +151,21 @@ impl Port for GatewayPort {
                     )
                 }
             })?;
+        // Recorded before it is handed over, so that a revocation can name
+        // it in the list nodes are handed.
+        let leaf = cert
+            .chain
+            .first()
+            .ok_or_else(|| Status::internal("an issued chain has a certificate"))?;
+        store
+            .record_gateway_cert(&bc_store::gateways::GatewayCert {
+                name: r.name.clone(),
+                sha256: bcd_proto::fingerprint(leaf),
+                issued_ms: now,
+                not_after_ms: cert.not_after_ms,
+            })
+            .await
+            .map_err(unavailable)?;
         info!(gateway = %r.name, "gateway certificate issued");
         Ok(Response::new(CertifyResponse {
             chain_der: cert.chain.into_iter().map(|c| c.to_vec()).collect(),

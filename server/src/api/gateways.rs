@@ -77,6 +77,8 @@ pub async fn revoke(svc: &AdminService, r: RevokeGatewayRequest) -> Result<Gatew
         ))));
     }
     info!(gateway = %r.name, "gateway credential revoked");
+    // Its certificates go into the list nodes are handed, signed now.
+    svc.gateway_revocations.notify_one();
     let c = store
         .gateway_credential(&r.name)
         .await

@@ -37,7 +37,14 @@ pub struct CertPolicy {
     /// [`bcd_proto::renew::X509POP_WINDOW_MS`] ago renews when the node
     /// proves its key.
     pub x509pop: bool,
+    /// How long a signed list of revoked gateway certificates holds (the
+    /// controller that signs it is `controllers::gateway_revocations`).
+    pub gateway_revocations_life: Duration,
 }
+
+/// How long a signed list of revoked gateway certificates holds by
+/// default: past it, a node leaves a gateway that handed no newer one.
+pub const GATEWAY_REVOCATIONS_LIFE: Duration = Duration::from_secs(600);
 
 impl Default for CertPolicy {
     fn default() -> Self {
@@ -45,6 +52,7 @@ impl Default for CertPolicy {
             node_ttl: Duration::from_secs(24 * 3600),
             ramdisk_ttl: Duration::from_secs(2 * 3600),
             x509pop: false,
+            gateway_revocations_life: GATEWAY_REVOCATIONS_LIFE,
         }
     }
 }

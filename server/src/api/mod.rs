@@ -59,6 +59,8 @@ pub struct AdminService {
     pub gateway: Option<Arc<dyn Wake>>,
     /// Wakes the rollout controller.
     pub rollouts: Arc<tokio::sync::Notify>,
+    /// Wakes the controller that signs the gateway revocation list.
+    pub gateway_revocations: Arc<tokio::sync::Notify>,
     /// Signs operators' certificates.
     pub operator_ca: Arc<crate::pki::OperatorCa>,
 }

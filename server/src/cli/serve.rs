@@ -82,6 +82,12 @@ pub struct ServeArgs {
     node_cert_ttl: Duration,
     #[arg(long, default_value = "2h", value_parser = dur)]
     ramdisk_cert_ttl: Duration,
+    /// How long a signed list of revoked gateway certificates holds: a
+    /// node leaves a gateway that hands it no newer list within this (the
+    /// key holder signs one every tenth of it). For the process that holds
+    /// the fleet CA.
+    #[arg(long, default_value = "10m", value_parser = dur)]
+    gateway_revocations_life: Duration,
     /// The x509pop attestor: a node whose certificate ran out while it was
     /// offline renews by proving the old certificate's key, within 7 days
     /// of its end and unless it was revoked (without it, such a node joins
@@ -157,6 +163,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
                 node_ttl: a.node_cert_ttl,
                 ramdisk_ttl: a.ramdisk_cert_ttl,
                 x509pop: a.x509pop,
+                gateway_revocations_life: a.gateway_revocations_life,
             },
             release_keys,
             boot: a.boot,

@@ -13,8 +13,11 @@
 //! - [`specs`]: specs signed again before they expire.
 //! - [`clones`]: on the key holder, sightings verified; older certificates
 //!   superseded and cloned identities quarantined from the nodes' proofs.
+//! - [`gateway_revocations`]: on the key holder, the signed list of revoked
+//!   gateway certificates nodes are handed.
 
 pub mod clones;
+pub mod gateway_revocations;
 pub mod lease;
 pub mod liveness;
 pub mod rollouts;
@@ -244,6 +247,43 @@ pub async fn run_specs(
                         }
                     }
                     Err(e) => warn!(error = %e, "spec signing pass failed"),
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// The gateway revocation list, on the key holder: signed again every
+/// tenth of its life, or at once when an operator revokes a gateway
+/// through this process (`wake`).
+pub async fn run_gateway_revocations(
+    store: Store,
+    key: Arc<ring::signature::Ed25519KeyPair>,
+    life: Duration,
+    wake: Arc<tokio::sync::Notify>,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let s = store.clone();
+    let named = Arc::new(std::sync::Mutex::new(None::<usize>));
+    under_lease(
+        store.gateway(),
+        "gateway-revocations",
+        leases,
+        gateway_revocations::every(life),
+        Some(wake),
+        stop,
+        || {
+            let (s, key, named) = (s.clone(), key.clone(), named.clone());
+            async move {
+                match gateway_revocations::tick(&s, &key, life).await {
+                    Ok(n) => {
+                        let mut last = named.lock().unwrap_or_else(|p| p.into_inner());
+                        gateway_revocations::log_change(*last, n);
+                        *last = Some(n);
+                    }
+                    Err(e) => warn!(error = %e, "cannot sign the gateway revocation list"),
                 }
             }
         },

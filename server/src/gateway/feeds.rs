@@ -5,7 +5,8 @@
 //!   took, and sessions whose certificate ran out, end
 //!   ([`super::lifetime::sweep`]).
 //! - Revocations: every 250 ms, certificates revoked since the last look
-//!   end the sessions that present them.
+//!   end the sessions that present them, and a newer signed gateway
+//!   revocation list goes to every session.
 //! - Work: every second, one query finds the sessions with a pending
 //!   command or a spec changed since the last look that answered (written
 //!   through any gateway) and wakes them; every [`WORK_LOOK_BACK_EVERY`]
@@ -105,6 +106,11 @@ pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
                 }
             }
             Err(e) => warn!(error = %e, "revocation feed failed"),
+        }
+        match state.store.gateway_revocations().await {
+            Ok(Some(list)) => state.offer_gateway_revocations(list),
+            Ok(None) => {}
+            Err(e) => warn!(error = %e, "cannot read the gateway revocation list"),
         }
     }
 }

@@ -177,6 +177,12 @@ pub struct GatewayState {
     /// Held by a lease renewal while it runs; a shutdown takes it before
     /// releasing the lease, so no renewal in flight takes it back.
     renewing: tokio::sync::Mutex<()>,
+    /// The newest signed gateway revocation list read from the store
+    /// ([`feeds::revocations`]): every session hands it to its node at the
+    /// Welcome and whenever a newer one arrives.
+    pub gateway_revocations: tokio::sync::watch::Sender<Option<Arc<Vec<u8>>>>,
+    /// When the list held was signed.
+    gateway_revocations_issued: AtomicI64,
 }
 
 impl std::fmt::Debug for GatewayState {
@@ -213,7 +219,22 @@ impl GatewayState {
             metrics,
             stopping: AtomicBool::new(false),
             renewing: tokio::sync::Mutex::new(()),
+            gateway_revocations: tokio::sync::watch::Sender::new(None),
+            gateway_revocations_issued: AtomicI64::new(i64::MIN),
         })
+    }
+
+    /// A signed gateway revocation list read from the store: held and
+    /// handed to every session if it is newer than the one held.
+    pub fn offer_gateway_revocations(&self, list: bc_store::gateways::SignedRevocations) {
+        if self
+            .gateway_revocations_issued
+            .fetch_max(list.issued_ms, Ordering::SeqCst)
+            < list.issued_ms
+        {
+            self.gateway_revocations
+                .send_replace(Some(Arc::new(list.envelope)));
+        }
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalSession>> {

@@ -243,6 +243,10 @@ pub async fn run(
                 .load(std::sync::atomic::Ordering::Relaxed),
             hello_seq_seen: outcome.hello_seq_seen,
         };
+        // The newest gateway revocation list, now and whenever a newer one
+        // is read.
+        let mut revocations = state.gateway_revocations.subscribe();
+        let first_list = revocations.borrow_and_update().clone();
         let session = Session {
             state: &state,
             node: &node,
@@ -254,6 +258,13 @@ pub async fn run(
             .send(msg(server_message::Msg::Welcome(welcome)))
             .await
             .is_err()
+        {
+            return session.finish(End::StreamEnded).await;
+        }
+        if let Some(list) = first_list
+            && !session
+                .send(server_message::Msg::GatewayRevocations(list.to_vec()))
+                .await
         {
             return session.finish(End::StreamEnded).await;
         }
@@ -287,6 +298,16 @@ pub async fn run(
         let end = loop {
             tokio::select! {
                 end = &mut end_rx => break end.unwrap_or(End::Superseded),
+                Ok(()) = revocations.changed() => {
+                    let list = revocations.borrow_and_update().clone();
+                    if let Some(list) = list
+                        && !session
+                            .send(server_message::Msg::GatewayRevocations(list.to_vec()))
+                            .await
+                    {
+                        break End::StreamEnded;
+                    }
+                }
                 _ = wake.notified() => {
                     if !session.send_spec(&mut sent_generation).await
                         || !session.dispatch_pending().await

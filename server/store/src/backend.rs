@@ -23,7 +23,7 @@ use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature}
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
-use crate::gateways::GatewayCredential;
+use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -60,6 +60,10 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
 
     /// Certificates revoked at or after `since_ms`, oldest first.
     async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError>;
+
+    /// The newest signed list of revoked gateway certificates, if the key
+    /// holder signed one.
+    async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError>;
 
     /// The Hello transaction (see [`crate::sessions`]).
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
@@ -260,6 +264,19 @@ pub trait Backend: GatewayBackend {
 
     /// Revokes a live credential; false if there is none by that name.
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Records a serving certificate just issued to a gateway.
+    async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError>;
+
+    /// The recorded gateway certificates still within their life that
+    /// their name's credential no longer admits (revoked, replaced by a
+    /// name added again, or gone), oldest first.
+    async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError>;
+
+    /// Stores a newly signed list of revoked gateway certificates in place
+    /// of the last one, and forgets the records of certificates long past
+    /// their end ([`crate::gateways::CERT_KEPT_PAST_END_MS`]).
+    async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError>;
 
     /// On PostgreSQL, what to run (as a user who may create roles) so that
     /// gateway `name` connects as a role of its own with exactly a

@@ -29,6 +29,30 @@ impl GatewayCredential {
     }
 }
 
+/// A serving certificate the key holder issued a gateway, recorded when it
+/// was issued so that a revocation can name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayCert {
+    pub name: String,
+    /// SHA-256 of the certificate's DER, lowercase hex.
+    pub sha256: String,
+    /// When it was issued, on the store's clock.
+    pub issued_ms: i64,
+    pub not_after_ms: i64,
+}
+
+/// The newest list of revoked gateway certificates the key holder signed
+/// (a worker-signed `GatewayRevocations`), as gateways hand it to nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedRevocations {
+    pub issued_ms: i64,
+    pub envelope: Vec<u8>,
+}
+
+/// How long after its end a gateway certificate's record is kept: past
+/// it no node accepts the certificate anyway.
+pub const CERT_KEPT_PAST_END_MS: i64 = 24 * 3600 * 1000;
+
 /// The refusal for adding a name that is live already.
 pub fn name_taken(name: &str) -> Refusal {
     Refusal::Conflict(format!(

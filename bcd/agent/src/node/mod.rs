@@ -25,6 +25,8 @@
 //! - `update`: self-update glue (stage, switch, settle, confirm);
 //! - `commands`: dispatches judged by the core, side effects, recovery;
 //! - `renewal`: certificate renewal attempts;
+//! - `trust`: which gateways the node stays on (the signed gateway
+//!   revocation list);
 //! - `observe`: what the metrics show (`--metrics-listen`);
 //! - `uevents`: device changes the kernel announces, re-taking inventory;
 //! - `session`: the loop that ties them to the session state machine.
@@ -37,6 +39,7 @@ mod renewal;
 mod results;
 mod session;
 mod state;
+mod trust;
 mod uevents;
 mod update;
 
@@ -167,6 +170,8 @@ pub struct Agent {
     /// The boot and journal the last Hello came from: the identity keeps
     /// them once a Welcome confirms the session.
     hello_from: (String, String),
+    /// Which gateways it stays on (the signed gateway revocation list).
+    gateways: bcd_core::gateways::GatewayTrust,
 }
 
 /// Rate limits for what a peer can trigger: at most one log line and one
@@ -339,6 +344,7 @@ pub fn open(
         .context("the journal cannot be read")?
         .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &keys).ok())
         .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
+    let gateways = trust::load(dir, &keys, seed);
     Ok(Agent {
         identity,
         machine,
@@ -365,6 +371,7 @@ pub fn open(
         signer: None,
         warned: Warned::default(),
         hello_from: Default::default(),
+        gateways,
     })
 }
 

@@ -177,6 +177,12 @@ impl Agent {
                 .map(|d| self.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let server_now = self.renewal_clock(session.clock().now_or_mark(now));
+            // When the held gateway revocation list runs out on this
+            // gateway, if it can.
+            let list_due = conn
+                .as_ref()
+                .and_then(|_| self.gateway_due_in(session.clock().server_now(now)))
+                .map(|d| Instant::now() + d);
             // None once a renewal failed for good: no attempt is due.
             let renew_due = renewal
                 .wait(now, server_now, self.identity.cert_life())
@@ -201,13 +207,24 @@ impl Agent {
                     return Stopped::Shutdown;
                 }
                 _ = tokio::time::sleep_until(sleep_until) => events.push(Event::Tick),
+                _ = tokio::time::sleep_until(list_due.unwrap_or_else(Instant::now)), if list_due.is_some() => {
+                    let server_now = session.clock().server_now(self.now());
+                    let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
+                    if let Err(error) = self.gateway_due(server_now, &gateway) {
+                        events.push(Event::Closed { error });
+                    }
+                }
                 r = async { dialing.as_mut().expect("guarded").await }, if dialing.is_some() => {
                     dialing = None;
                     match r {
-                        Ok(Ok(c)) => {
-                            conn = Some(c);
-                            events.push(Event::Connected);
-                        }
+                        Ok(Ok(c)) => match self.gateway_reached(&c.gateway) {
+                            Ok(()) => {
+                                conn = Some(c);
+                                events.push(Event::Connected);
+                            }
+                            // Dropped unused: nothing was sent to it.
+                            Err(error) => events.push(Event::DialFailed { error }),
+                        },
                         Ok(Err(error)) => {
                             if let Some(s) = &self.stats {
                                 s.dial_failures.fetch_add(1, Ordering::Relaxed);
@@ -429,6 +446,13 @@ impl Agent {
                     .ack_events(a.up_to.min(self.sent_events))
                     .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 Event::Received
+            }
+            Some(server_message::Msg::GatewayRevocations(envelope)) => {
+                let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
+                match self.gateway_revocations(envelope, &gateway).await {
+                    Ok(()) => Event::Received,
+                    Err(error) => Event::Closed { error },
+                }
             }
             Some(server_message::Msg::ResultAck(a)) => {
                 for id in a.command_ids {

@@ -2,7 +2,9 @@
 
 use super::{Tx, execute, query, query_opt};
 use crate::error::{StoreError, TxError};
-use crate::gateways::{GatewayCredential, name_taken};
+use crate::gateways::{
+    CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, SignedRevocations, name_taken,
+};
 
 const COLUMNS: &str = "name, secret_sha256, created_at, revoked_at";
 
@@ -66,4 +68,75 @@ pub(super) async fn revoke(tx: &Tx<'_>, name: &str) -> Result<bool, StoreError> 
     )
     .await?
         == 1)
+}
+
+pub(super) async fn record_cert(tx: &Tx<'_>, cert: &GatewayCert) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO gateway_certs (sha256, name, issued_at, not_after) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (sha256) DO NOTHING",
+        &[
+            &cert.sha256,
+            &cert.name,
+            &cert.issued_ms,
+            &cert.not_after_ms,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn revoked_certs(tx: &Tx<'_>) -> Result<Vec<GatewayCert>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT c.name, c.sha256, c.issued_at, c.not_after FROM gateway_certs c \
+         LEFT JOIN gateway_credentials g ON g.name = c.name \
+         WHERE c.not_after > compute_now() \
+           AND (g.name IS NULL OR g.revoked_at IS NOT NULL OR c.issued_at < g.created_at) \
+         ORDER BY c.issued_at, c.sha256",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| GatewayCert {
+        name: r.get(0),
+        sha256: r.get(1),
+        issued_ms: r.get(2),
+        not_after_ms: r.get(3),
+    })
+    .collect())
+}
+
+pub(super) async fn revocations(tx: &Tx<'_>) -> Result<Option<SignedRevocations>, StoreError> {
+    Ok(query_opt(
+        tx,
+        "SELECT issued_at, envelope FROM gateway_revocations WHERE id = 1",
+        &[],
+    )
+    .await?
+    .map(|r| SignedRevocations {
+        issued_ms: r.get(0),
+        envelope: r.get(1),
+    }))
+}
+
+pub(super) async fn put_revocations(
+    tx: &Tx<'_>,
+    list: &SignedRevocations,
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "INSERT INTO gateway_revocations (id, issued_at, envelope) VALUES (1, $1, $2) \
+         ON CONFLICT (id) DO UPDATE SET issued_at = excluded.issued_at, \
+             envelope = excluded.envelope",
+        &[&list.issued_ms, &list.envelope],
+    )
+    .await?;
+    execute(
+        tx,
+        "DELETE FROM gateway_certs WHERE not_after < compute_now() - $1",
+        &[&CERT_KEPT_PAST_END_MS],
+    )
+    .await?;
+    Ok(())
 }

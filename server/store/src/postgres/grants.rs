@@ -65,6 +65,7 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ("releases", "SELECT"),
     ("images", "SELECT"),
     ("image_artifacts", "SELECT"),
+    ("gateway_revocations", "SELECT"),
 ];
 
 /// Sequences behind the ids of rows a gateway inserts.

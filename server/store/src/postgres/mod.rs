@@ -78,7 +78,7 @@ use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
-use crate::gateways::GatewayCredential;
+use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -131,6 +131,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0031_sightings_watched.sql"),
     include_str!("migrations/0032_hello_proofs_required.sql"),
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
+    include_str!("migrations/0034_gateway_revocations.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -506,6 +507,10 @@ impl GatewayBackend for PostgresBackend {
         tx!(self, |tx| nodes::revoked_since(&tx, since_ms).await)
     }
 
+    async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
+        tx!(self, |tx| gateways::revocations(&tx).await)
+    }
+
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
         let _shared = fence.read().await;
@@ -736,6 +741,18 @@ impl Backend for PostgresBackend {
 
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         tx!(self, |tx| gateways::revoke(&tx, name).await)
+    }
+
+    async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError> {
+        tx!(self, |tx| gateways::record_cert(&tx, cert).await)
+    }
+
+    async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError> {
+        tx!(self, |tx| gateways::revoked_certs(&tx).await)
+    }
+
+    async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError> {
+        tx!(self, |tx| gateways::put_revocations(&tx, list).await)
     }
 
     async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {

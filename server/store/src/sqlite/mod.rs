@@ -57,7 +57,7 @@ use crate::clock::Clock;
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
-use crate::gateways::GatewayCredential;
+use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
 use crate::leases::LeaseRow;
@@ -109,6 +109,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0031_sightings_watched.sql"),
     include_str!("migrations/0032_hello_proofs_required.sql"),
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
+    include_str!("migrations/0034_gateway_revocations.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -462,6 +463,10 @@ impl GatewayBackend for SqliteBackend {
         self.read(move |c| nodes::revoked_since(c, since_ms)).await
     }
 
+    async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
+        self.read(gateways::revocations).await
+    }
+
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let h = h.clone();
         self.write(move |c| sessions::hello(c, &h)).await
@@ -707,6 +712,21 @@ impl Backend for SqliteBackend {
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_string();
         self.write(move |c| gateways::revoke(c, &name)).await
+    }
+
+    async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError> {
+        let cert = cert.clone();
+        self.write(move |c| gateways::record_cert(c, &cert)).await
+    }
+
+    async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError> {
+        self.read(gateways::revoked_certs).await
+    }
+
+    async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError> {
+        let list = list.clone();
+        self.write(move |c| gateways::put_revocations(c, &list))
+            .await
     }
 
     async fn gateway_role_sql(&self, _name: &str) -> Result<Option<String>, StoreError> {

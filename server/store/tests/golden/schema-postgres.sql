@@ -1,4 +1,4 @@
--- schema version 33
+-- schema version 34
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -85,10 +85,17 @@ fleet_events.at: bigint NOT NULL
 fleet_events.kind: text NOT NULL
 fleet_events.node_id: text NOT NULL
 fleet_events.detail: text NOT NULL
+gateway_certs.sha256: text NOT NULL
+gateway_certs.name: text NOT NULL
+gateway_certs.issued_at: bigint NOT NULL
+gateway_certs.not_after: bigint NOT NULL
 gateway_credentials.name: text NOT NULL
 gateway_credentials.secret_sha256: text NOT NULL
 gateway_credentials.created_at: bigint NOT NULL
 gateway_credentials.revoked_at: bigint
+gateway_revocations.id: integer NOT NULL
+gateway_revocations.issued_at: bigint NOT NULL
+gateway_revocations.envelope: bytea NOT NULL
 image_artifacts.sha256: text NOT NULL
 image_artifacts.bytes: bytea NOT NULL
 image_assignments.target: text NOT NULL
@@ -250,7 +257,10 @@ controller_state controller_state_pkey: PRIMARY KEY (name)
 ek_sightings ek_sightings_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 ek_sightings ek_sightings_pkey: PRIMARY KEY (id)
 fleet_events fleet_events_pkey: PRIMARY KEY (id)
+gateway_certs gateway_certs_pkey: PRIMARY KEY (sha256)
 gateway_credentials gateway_credentials_pkey: PRIMARY KEY (name)
+gateway_revocations gateway_revocations_id_check: CHECK ((id = 1))
+gateway_revocations gateway_revocations_pkey: PRIMARY KEY (id)
 image_artifacts image_artifacts_pkey: PRIMARY KEY (sha256)
 image_assignments image_assignments_image_id_fkey: FOREIGN KEY (image_id) REFERENCES images(image_id)
 image_assignments image_assignments_pkey: PRIMARY KEY (target)
@@ -315,7 +325,10 @@ ek_sightings_node: CREATE INDEX ek_sightings_node ON public.ek_sightings USING b
 ek_sightings_pkey: CREATE UNIQUE INDEX ek_sightings_pkey ON public.ek_sightings USING btree (id)
 fleet_events_node: CREATE INDEX fleet_events_node ON public.fleet_events USING btree (node_id, id)
 fleet_events_pkey: CREATE UNIQUE INDEX fleet_events_pkey ON public.fleet_events USING btree (id)
+gateway_certs_by_end: CREATE INDEX gateway_certs_by_end ON public.gateway_certs USING btree (not_after)
+gateway_certs_pkey: CREATE UNIQUE INDEX gateway_certs_pkey ON public.gateway_certs USING btree (sha256)
 gateway_credentials_pkey: CREATE UNIQUE INDEX gateway_credentials_pkey ON public.gateway_credentials USING btree (name)
+gateway_revocations_pkey: CREATE UNIQUE INDEX gateway_revocations_pkey ON public.gateway_revocations USING btree (id)
 image_artifacts_pkey: CREATE UNIQUE INDEX image_artifacts_pkey ON public.image_artifacts USING btree (sha256)
 image_assignments_pkey: CREATE UNIQUE INDEX image_assignments_pkey ON public.image_assignments USING btree (target)
 images_pkey: CREATE UNIQUE INDEX images_pkey ON public.images USING btree (image_id)

@@ -1,4 +1,4 @@
--- schema version 33
+-- schema version 34
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -30,6 +30,9 @@ CREATE INDEX ek_sightings_node ON ek_sightings(node_id, id);
 
 -- index fleet_events_node
 CREATE INDEX fleet_events_node ON fleet_events(node_id, id);
+
+-- index gateway_certs_by_end
+CREATE INDEX gateway_certs_by_end ON gateway_certs (not_after);
 
 -- index join_tokens_minted
 CREATE INDEX join_tokens_minted ON join_tokens(minted_for_mac)
@@ -174,6 +177,14 @@ CREATE TABLE fleet_events (
         detail  TEXT NOT NULL
     ) STRICT;
 
+-- table gateway_certs
+CREATE TABLE gateway_certs (
+    sha256 TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    issued_at INTEGER NOT NULL,
+    not_after INTEGER NOT NULL
+);
+
 -- table gateway_credentials
 CREATE TABLE gateway_credentials (
     name          TEXT PRIMARY KEY,
@@ -181,6 +192,13 @@ CREATE TABLE gateway_credentials (
     created_at    INTEGER NOT NULL,
     revoked_at    INTEGER
 ) STRICT;
+
+-- table gateway_revocations
+CREATE TABLE gateway_revocations (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    issued_at INTEGER NOT NULL,
+    envelope BLOB NOT NULL
+);
 
 -- table image_artifacts
 CREATE TABLE image_artifacts (

@@ -1,0 +1,150 @@
+//! Which gateways the node stays on: the shell around
+//! `bcd_core::gateways::GatewayTrust`. It verifies the lists gateways hand
+//! (`ServerMessage.gateway_revocations`) against the worker keys, keeps
+//! the newest in [`GATEWAY_REVOCATIONS`] across restarts, and closes the
+//! session when the core says to leave.
+
+use std::path::Path;
+
+use bcd_core::gateways::{GatewayTrust, Leave, RevocationList, RevokedGateway};
+use tracing::{info, warn};
+
+use super::Agent;
+use crate::journal::EventClass;
+
+/// The newest verified list, as the worker-signed envelope a gateway
+/// handed (a `SignedEnvelope` holding `GatewayRevocations`), in the data
+/// directory.
+pub const GATEWAY_REVOCATIONS: &str = "gateway-revocations";
+
+/// A list from its envelope, if it verifies against `keys`.
+fn verified(envelope: &[u8], keys: &[Vec<u8>]) -> Result<RevocationList, String> {
+    let l = bcd_proto::gateways::open(envelope, keys).map_err(|e| e.to_string())?;
+    Ok(RevocationList {
+        issued_ms: l.issued_ms,
+        not_after_ms: l.not_after_ms,
+        certs: l
+            .certs
+            .into_iter()
+            .map(|c| RevokedGateway {
+                name: c.name,
+                sha256: c.sha256,
+                not_after_ms: c.not_after_ms,
+            })
+            .collect(),
+    })
+}
+
+/// The node's trust at start: the list kept in `dir`, if it still
+/// verifies. One that does not (the worker keys changed since, the file
+/// damaged) is set aside and the node starts as if it held none.
+pub fn load(dir: &Path, keys: &[Vec<u8>], seed: u64) -> GatewayTrust {
+    let path = dir.join(GATEWAY_REVOCATIONS);
+    let held = match std::fs::read(&path) {
+        Ok(bytes) => match verified(&bytes, keys) {
+            Ok(l) => Some(l),
+            Err(why) => {
+                warn!(path = %path.display(), %why, "the kept gateway revocation list does not verify; starting without it");
+                None
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot read the kept gateway revocation list");
+            None
+        }
+    };
+    GatewayTrust::new(held, seed.rotate_left(17) ^ 0x4757_5245_564f_4b45)
+}
+
+impl Agent {
+    fn local_ms(&self) -> i64 {
+        self.now().as_millis() as i64
+    }
+
+    /// Journals that the node left `gateway` and why.
+    fn left(&mut self, gateway: &str, leave: &Leave) {
+        warn!(gateway, reason = %leave, "leaving the gateway");
+        let kind = match leave {
+            Leave::Revoked { .. } => "security.gateway.revoked",
+            Leave::Stale { .. } => "security.gateway.stale",
+        };
+        self.event(
+            kind,
+            EventClass::Transition,
+            serde_json::json!({"gateway_sha256": gateway, "why": leave.to_string()}),
+        );
+    }
+
+    /// A gateway just reached: `Err` with why when the node leaves it
+    /// before sending anything.
+    pub(super) fn gateway_reached(&mut self, gateway: &str) -> Result<(), String> {
+        self.gateways.reached(gateway).map_err(|leave| {
+            self.left(gateway, &leave);
+            leave.to_string()
+        })
+    }
+
+    /// A list `gateway` handed: kept when it verifies and is newer; `Err`
+    /// with why when the node leaves the gateway.
+    pub(super) async fn gateway_revocations(
+        &mut self,
+        envelope: Vec<u8>,
+        gateway: &str,
+    ) -> Result<(), String> {
+        let list = match verified(&envelope, &self.worker_keys()) {
+            Ok(l) => l,
+            Err(why) => {
+                self.refused_frame(
+                    "security.gateway_revocations.refused",
+                    serde_json::json!({ "why": why }),
+                );
+                return Ok(());
+            }
+        };
+        let (named, issued) = (list.certs.len(), list.issued_ms);
+        let (newer, leave) = self.gateways.offered(list, gateway, self.local_ms());
+        if newer {
+            info!(
+                issued_ms = issued,
+                revoked = named,
+                "gateway revocation list taken"
+            );
+            let path = self.identity.dir.join(GATEWAY_REVOCATIONS);
+            let kept = tokio::task::spawn_blocking(move || {
+                bcd_sys::fs::atomic_write_shared(&path, &envelope, 0o600)
+            })
+            .await;
+            if !matches!(kept, Ok(Ok(()))) {
+                warn!("cannot keep the gateway revocation list; it holds until a restart");
+            }
+        }
+        leave.map_err(|l| {
+            self.left(gateway, &l);
+            l.to_string()
+        })
+    }
+
+    /// On `gateway` with the server time the session estimates: `Err`
+    /// with why when the held list ran out here.
+    pub(super) fn gateway_due(
+        &mut self,
+        server_now_ms: Option<i64>,
+        gateway: &str,
+    ) -> Result<(), String> {
+        let local = self.local_ms();
+        self.gateways
+            .due(server_now_ms, local, gateway)
+            .map_err(|leave| {
+                self.left(gateway, &leave);
+                leave.to_string()
+            })
+    }
+
+    /// How long until [`Agent::gateway_due`] has something to say.
+    pub(super) fn gateway_due_in(&self, server_now_ms: Option<i64>) -> Option<std::time::Duration> {
+        self.gateways
+            .due_in(server_now_ms, self.local_ms())
+            .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64))
+    }
+}
