@@ -91,6 +91,9 @@ pub struct GatewayTrust {
     /// When (local ms) `held` was taken; `None` for one kept across a
     /// restart, judged on server time alone.
     received_local_ms: Option<i64>,
+    /// The list the shell last kept on disk: when it was signed and what
+    /// it names (sorted).
+    kept: Option<(i64, Vec<String>)>,
     /// When a gateway that lets `held` run out is left (server ms).
     leave_at_ms: i64,
     /// Stale leaves under `held` so far, and the gateways left so.
@@ -105,6 +108,7 @@ impl GatewayTrust {
         let mut t = GatewayTrust {
             held: None,
             received_local_ms: None,
+            kept: None,
             leave_at_ms: i64::MAX,
             stale_leaves: 0,
             withheld: Vec::new(),
@@ -112,8 +116,39 @@ impl GatewayTrust {
         };
         if let Some(list) = held {
             t.hold(list);
+            t.kept_now();
         }
         t
+    }
+
+    /// Whether the held list is worth writing down: it names other
+    /// certificates than the one kept, or the kept one is more than half
+    /// a life older. A fleet re-signed every minute so writes a few times
+    /// a life, and a restart finds a list that still holds unless the
+    /// node was down for half a life or more (then its first gateway
+    /// hands a newer one with the Welcome).
+    pub fn to_keep(&self) -> bool {
+        let Some(h) = &self.held else {
+            return false;
+        };
+        match &self.kept {
+            None => true,
+            Some((issued, names)) => {
+                let half_life = h.not_after_ms.saturating_sub(h.issued_ms) / 2;
+                *names != Self::names_of(h) || h.issued_ms.saturating_sub(*issued) > half_life
+            }
+        }
+    }
+
+    /// The shell wrote the held list down.
+    pub fn kept_now(&mut self) {
+        self.kept = self.held.as_ref().map(|h| (h.issued_ms, Self::names_of(h)));
+    }
+
+    fn names_of(list: &RevocationList) -> Vec<String> {
+        let mut names: Vec<String> = list.certs.iter().map(|c| c.sha256.clone()).collect();
+        names.sort();
+        names
     }
 
     pub fn held(&self) -> Option<&RevocationList> {
@@ -359,6 +394,30 @@ mod tests {
         assert_eq!(t.due_in(None, i64::MAX), None);
         assert_eq!(t.due(None, i64::MAX, "a"), Ok(()));
         assert_eq!(t.due_in(Some(end), 0), Some(0));
+    }
+
+    #[test]
+    fn a_list_is_written_down_when_it_names_another_set_or_half_a_life_passed() {
+        let mut t = GatewayTrust::new(None, 1);
+        assert!(!t.to_keep(), "nothing held");
+        let _ = t.offered(list(0, &[]), "b", 0);
+        assert!(t.to_keep(), "the first list");
+        t.kept_now();
+        assert!(!t.to_keep());
+        // Re-signed a minute later, the same set: not yet.
+        let _ = t.offered(list(MIN, &[]), "b", 0);
+        assert!(!t.to_keep());
+        // Another set: at once.
+        let _ = t.offered(list(2 * MIN, &["a"]), "b", 0);
+        assert!(t.to_keep());
+        t.kept_now();
+        // The same set past half a life (2.5 min of a 5 min life).
+        let _ = t.offered(list(4 * MIN, &["a"]), "b", 0);
+        assert!(!t.to_keep());
+        let _ = t.offered(list(5 * MIN, &["a"]), "b", 0);
+        assert!(t.to_keep());
+        // A list read back at start counts as kept.
+        assert!(!GatewayTrust::new(Some(list(0, &["a"])), 1).to_keep());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use bcd_core::gateways::{GatewayTrust, Leave, RevocationList, RevokedGateway};
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 use super::Agent;
 use crate::journal::EventClass;
@@ -105,17 +105,21 @@ impl Agent {
         let (named, issued) = (list.certs.len(), list.issued_ms);
         let (newer, leave) = self.gateways.offered(list, gateway, self.local_ms());
         if newer {
-            info!(
+            debug!(
                 issued_ms = issued,
                 revoked = named,
                 "gateway revocation list taken"
             );
+        }
+        if newer && self.gateways.to_keep() {
             let path = self.identity.dir.join(GATEWAY_REVOCATIONS);
             let kept = tokio::task::spawn_blocking(move || {
                 bcd_sys::fs::atomic_write_shared(&path, &envelope, 0o600)
             })
             .await;
-            if !matches!(kept, Ok(Ok(()))) {
+            if matches!(kept, Ok(Ok(()))) {
+                self.gateways.kept_now();
+            } else {
                 warn!("cannot keep the gateway revocation list; it holds until a restart");
             }
         }
