@@ -364,6 +364,13 @@ pub async fn serve(
                 leases.clone(),
                 controllers_stop.clone(),
             )),
+            tokio::spawn(crate::controllers::run_receipts(
+                full.clone(),
+                worker_key.clone(),
+                Arc::new(ca.cert.to_vec()),
+                leases.clone(),
+                controllers_stop.clone(),
+            )),
             tokio::spawn(crate::controllers::run_gateway_revocations(
                 full.clone(),
                 worker_key.clone(),

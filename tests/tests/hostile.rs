@@ -450,3 +450,109 @@ fn a_replay_after_a_lost_journal_is_refused() {
             .then_some(())
     });
 }
+
+/// How the node's journal holds command `id`'s result: 0 unacknowledged,
+/// 1 settled by a receipt, 2 acknowledged by a gateway and not settled.
+fn journal_acked(node: &Node, id: &str) -> Option<i64> {
+    let conn = rusqlite::Connection::open_with_flags(
+        node.dir.join("journal.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .ok()?;
+    conn.query_row(
+        "SELECT acked FROM commands WHERE id = ?1 AND state = 'done'",
+        [id],
+        |r| r.get(0),
+    )
+    .ok()
+}
+
+/// A gateway's acknowledgement is unsigned: one that acknowledges a result
+/// and stores nothing must not make the node forget it. The node keeps an
+/// acknowledged result until the key holder's receipt (worker-signed,
+/// naming the node, the sequence and the bytes it signed) says the store
+/// holds it; a receipt of a foreign key or of another command settles
+/// nothing, and the honest control plane settles it once it has it.
+#[test]
+fn a_result_a_gateway_acknowledged_is_kept_until_the_key_holder_receipts_it() {
+    let (d, mut server, mut node, id) = setup_connected(63);
+    let first = server.run_command(&id, "exec.run", &["true"]);
+    assert_eq!(server.wait_command(&first).state, "succeeded");
+    wait_for(ANSWER, "the first result settled by its receipt", || {
+        (journal_acked(&node, &first) == Some(1)).then_some(())
+    });
+    let store = server.store();
+    let (_, first_receipt) = store
+        .block(
+            store
+                .store
+                .result_receipts(&id, std::slice::from_ref(&first)),
+        )
+        .unwrap()
+        .pop()
+        .expect("the key holder's receipt for the first result");
+    drop(store);
+
+    stop_node(&mut node);
+    let pending = server.run_command(&id, "exec.run", &["true"]);
+    let (seq, signed) = envelope(&server, &pending);
+    server.proc.stop();
+    let mut h = Hostile::start(&server.dir, server.addr).expect("hostile gateway");
+    node.start();
+    let s = h.next_session(REDIAL);
+    let epoch = s.hello.last_epoch + 1;
+    s.welcome(epoch, now_ms(), &[]);
+    s.send(S::Command(v1::CommandDispatch {
+        command_id: pending.clone(),
+        seq,
+        signed,
+        epoch,
+    }));
+    let (result, _) = signed_result(&s, &pending);
+    // Acknowledged, never stored.
+    s.send(S::ResultAck(v1::ResultAck {
+        command_ids: vec![pending.clone()],
+    }));
+    wait_for(ANSWER, "the acknowledgement taken", || {
+        (journal_acked(&node, &pending) == Some(2)).then_some(())
+    });
+    // A receipt signed by a key of the gateway's own, and the key holder's
+    // real receipt of another command, settle nothing.
+    s.send(S::ResultReceipt(bcd_proto::receipts::seal(
+        &foreign_worker_key(),
+        v1::ResultReceipt {
+            purpose: String::new(),
+            node_id: id.clone(),
+            command_id: pending.clone(),
+            seq,
+            result_sha256: bcd_proto::fingerprint(&result.payload),
+        },
+    )));
+    event(&s, "security.receipt.refused");
+    s.send(S::ResultReceipt(first_receipt));
+    // A forged command answered: the node has read the frames before it.
+    let marker = d.path().join("forged-ran");
+    s.send(S::Command(forged_command(
+        &id,
+        "cmd-probe",
+        seq + 1,
+        &marker,
+    )));
+    signed_result(&s, "cmd-probe");
+    assert_eq!(
+        journal_acked(&node, &pending),
+        Some(2),
+        "a receipt the key holder did not sign for this result settled it"
+    );
+    drop(s);
+    h.stop();
+
+    // The honest control plane: the node sends the result again, the
+    // store records it, and the key holder's receipt settles it.
+    server.start_again().expect("the server starts again");
+    assert_eq!(server.wait_command(&pending).state, "succeeded");
+    wait_for(ANSWER, "the result settled by its receipt", || {
+        (journal_acked(&node, &pending) == Some(1)).then_some(())
+    });
+    stop_node(&mut node);
+}

@@ -19,6 +19,7 @@ pub mod hello;
 pub mod joined;
 #[cfg(feature = "serde")]
 pub mod json;
+pub mod receipts;
 pub mod reenrol;
 pub mod refusal;
 pub mod renew;

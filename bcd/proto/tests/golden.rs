@@ -223,6 +223,23 @@ fn session_messages() {
     };
     check("gateway_revocations", &list);
     check(
+        "result_receipt_sent",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::ResultReceipt(
+                bcd_proto::receipts::seal(
+                    &worker_key(),
+                    v1::ResultReceipt {
+                        purpose: String::new(),
+                        node_id: "nd-0f3a9c".into(),
+                        command_id: "cmd-1".into(),
+                        seq: 5,
+                        result_sha256: "3c".repeat(32),
+                    },
+                ),
+            )),
+        },
+    );
+    check(
         "gateway_revocations_sent",
         &v1::ServerMessage {
             msg: Some(server_message::Msg::GatewayRevocations(

@@ -15,11 +15,14 @@
 //!   superseded and cloned identities quarantined from the nodes' proofs.
 //! - [`gateway_revocations`]: on the key holder, the signed list of revoked
 //!   gateway certificates nodes are handed.
+//! - [`receipts`]: on the key holder, receipts for the results nodes
+//!   signed, so nodes forget only what the store holds.
 
 pub mod clones;
 pub mod gateway_revocations;
 pub mod lease;
 pub mod liveness;
+pub mod receipts;
 pub mod rollouts;
 pub mod specs;
 pub mod sweeper;
@@ -284,6 +287,37 @@ pub async fn run_gateway_revocations(
                         *last = Some(n);
                     }
                     Err(e) => warn!(error = %e, "cannot sign the gateway revocation list"),
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// How often stored results are judged for receipts.
+pub const RECEIPTS_EVERY: Duration = Duration::from_millis(500);
+
+/// The receipt controller, on the key holder: every [`RECEIPTS_EVERY`].
+pub async fn run_receipts(
+    store: Store,
+    key: Arc<ring::signature::Ed25519KeyPair>,
+    ca_der: Arc<Vec<u8>>,
+    leases: Leases,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let s = store.clone();
+    under_lease(
+        store.gateway(),
+        "receipts",
+        leases,
+        RECEIPTS_EVERY,
+        None,
+        stop,
+        || {
+            let (s, key, ca_der) = (s.clone(), key.clone(), ca_der.clone());
+            async move {
+                if let Err(e) = receipts::tick(&s, &key, &ca_der).await {
+                    warn!(error = %e, "receipt pass failed");
                 }
             }
         },

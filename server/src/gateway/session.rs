@@ -253,6 +253,7 @@ pub async fn run(
             epoch,
             cert_serial: &cert_serial,
             out: &out,
+            awaiting: Mutex::new(Vec::new()),
         };
         if out
             .send(msg(server_message::Msg::Welcome(welcome)))
@@ -291,6 +292,8 @@ pub async fn run(
         // now and then, so a wake cannot be missed for good).
         let mut tick = tokio::time::interval(timing.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut receipts = tokio::time::interval(RECEIPTS_EVERY);
+        receipts.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let heartbeats = Heartbeats {
             interval: timing.heartbeat,
             missed: timing.missed_heartbeats,
@@ -305,6 +308,11 @@ pub async fn run(
                             .send(server_message::Msg::GatewayRevocations(list.to_vec()))
                             .await
                     {
+                        break End::StreamEnded;
+                    }
+                }
+                _ = receipts.tick(), if session.awaits_receipts() => {
+                    if !session.relay_receipts().await {
                         break End::StreamEnded;
                     }
                 }
@@ -346,7 +354,21 @@ struct Session<'a> {
     epoch: u64,
     cert_serial: &'a str,
     out: &'a Out,
+    /// Results stored in this session whose receipt the node has not been
+    /// handed yet, with when they were stored.
+    awaiting: Mutex<Vec<(String, Instant)>>,
 }
+
+/// Results a session waits on receipts for at once; the oldest give way.
+const MAX_AWAITING: usize = 1024;
+
+/// How long a session looks for a result's receipt: a result the key
+/// holder gives none (no node signed it) is not looked for forever; the
+/// node sends it again in its next session.
+const AWAIT_RECEIPT: Duration = Duration::from_secs(60);
+
+/// How often a session with results waiting looks for their receipts.
+const RECEIPTS_EVERY: Duration = Duration::from_millis(250);
 
 impl Session<'_> {
     /// Ends the session: tells the node, forgets the session here, and
@@ -392,6 +414,55 @@ impl Session<'_> {
             sessions.remove(self.node);
         }
         self.state.count_sessions(&sessions);
+    }
+
+    fn await_receipt(&self, id: &str) {
+        let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+        if awaiting.iter().any(|(a, _)| a == id) {
+            return;
+        }
+        if awaiting.len() >= MAX_AWAITING {
+            awaiting.remove(0);
+        }
+        awaiting.push((id.to_string(), Instant::now()));
+    }
+
+    fn awaits_receipts(&self) -> bool {
+        !self
+            .awaiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
+    /// Hands the node the receipts the key holder signed for results
+    /// stored in this session; false when the stream is unusable.
+    async fn relay_receipts(&self) -> bool {
+        let ids: Vec<String> = {
+            let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
+            awaiting.retain(|(_, at)| at.elapsed() < AWAIT_RECEIPT);
+            awaiting.iter().map(|(id, _)| id.clone()).collect()
+        };
+        if ids.is_empty() {
+            return true;
+        }
+        let found = match self.state.store.result_receipts(self.node, &ids).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "cannot read result receipts");
+                return true;
+            }
+        };
+        for (id, receipt) in found {
+            self.awaiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(a, _)| *a != id);
+            if !self.send(server_message::Msg::ResultReceipt(receipt)).await {
+                return false;
+            }
+        }
+        true
     }
 
     async fn send(&self, m: server_message::Msg) -> bool {
@@ -564,6 +635,11 @@ impl Session<'_> {
                                 "result for a command this server does not know; acknowledged and dropped"
                             ),
                             ResultApplied::Forged(_) => unreachable!("handled above"),
+                        }
+                        // The key holder's receipt follows once it has
+                        // judged the stored result.
+                        if matches!(applied, ResultApplied::Applied | ResultApplied::Duplicate) {
+                            self.await_receipt(&id);
                         }
                         self.send(server_message::Msg::ResultAck(v1::ResultAck {
                             command_ids: vec![id],

@@ -65,6 +65,15 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     /// holder signed one.
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError>;
 
+    /// The key holder's receipts for results of `node`'s commands among
+    /// `ids` (command id, signed receipt); commands with none yet are
+    /// left out.
+    async fn result_receipts(
+        &self,
+        node: &str,
+        ids: &[String],
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+
     /// The Hello transaction (see [`crate::sessions`]).
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
 
@@ -272,6 +281,14 @@ pub trait Backend: GatewayBackend {
     /// their name's credential no longer admits (revoked, replaced by a
     /// name added again, or gone), oldest first.
     async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError>;
+
+    /// Commands whose result a node signed that the key holder has not
+    /// judged for a receipt yet, at most `limit`.
+    async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    /// Records the key holder's judgement of a command's signed result:
+    /// its receipt, or an empty one where it gives none. Once only.
+    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError>;
 
     /// Stores a newly signed list of revoked gateway certificates in place
     /// of the last one, and forgets the records of certificates long past

@@ -190,8 +190,27 @@ pub struct StoredEvent {
     pub created_ms: i64,
 }
 
-/// Acknowledged results kept for answering late replays; older ones go.
+/// Settled results kept for answering late replays; older ones go.
 const KEEP_ACKED: i64 = 1000;
+
+/// Results a gateway acknowledged that no receipt settled yet, kept at
+/// most (the oldest go past it): bounded only so that a control plane from
+/// before receipts does not grow the journal without end. A gateway cannot
+/// push one out: it would take this many commands the key holder signed.
+#[cfg(not(test))]
+const KEEP_UNSETTLED: i64 = 10_000;
+#[cfg(test)]
+const KEEP_UNSETTLED: i64 = 20;
+
+/// `commands.acked`: not acknowledged.
+const UNACKED: i64 = 0;
+/// Settled: the key holder's receipt says the store holds the result (or
+/// it was acknowledged before receipts existed). A release before
+/// receipts reads every non-zero value as acknowledged.
+const SETTLED: i64 = 1;
+/// A gateway acknowledged it (unsigned): not sent again in the session,
+/// kept and sent again in the next until a receipt settles it.
+const ACKED_UNSETTLED: i64 = 2;
 
 /// One journaled command, for recovery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -467,23 +486,60 @@ impl Journal {
         Ok(())
     }
 
-    /// The server has the result: stop sending it; forget old ones.
+    /// A gateway says the server has the result: stop sending it in this
+    /// session. It is kept, and sent again in the next session, until a
+    /// receipt settles it ([`Journal::settle`]).
     pub fn mark_acked(&self, id: &str) -> rusqlite::Result<()> {
         let conn = self.conn()?;
         let tx = conn.unchecked_transaction()?;
         let acked = tx.execute(
-            "UPDATE commands SET acked = 1 WHERE id = ?1 AND state = 'done' AND acked = 0",
-            [id],
+            "UPDATE commands SET acked = ?2 WHERE id = ?1 AND state = 'done' AND acked = ?3",
+            params![id, ACKED_UNSETTLED, UNACKED],
         )?;
-        tx.execute(
-            "DELETE FROM commands WHERE acked = 1 AND seq <
-                 (SELECT seq FROM commands WHERE acked = 1 ORDER BY seq DESC LIMIT 1 OFFSET ?1)",
-            [KEEP_ACKED - 1],
-        )?;
+        trim(&tx, ACKED_UNSETTLED, KEEP_UNSETTLED)?;
         tx.commit()?;
         self.unacked
             .set(self.unacked.get().saturating_sub(acked as u64));
         Ok(())
+    }
+
+    /// The key holder's receipt says the store holds the result: settled,
+    /// kept a while for late replays, then forgotten. False when the
+    /// journal holds no finished command `id` to settle.
+    pub fn settle(&self, id: &str) -> rusqlite::Result<bool> {
+        let conn = self.conn()?;
+        let tx = conn.unchecked_transaction()?;
+        let was: Option<i64> = tx
+            .query_row(
+                "SELECT acked FROM commands WHERE id = ?1 AND state = 'done'",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(was) = was else {
+            return Ok(false);
+        };
+        tx.execute(
+            "UPDATE commands SET acked = ?2 WHERE id = ?1",
+            params![id, SETTLED],
+        )?;
+        trim(&tx, SETTLED, KEEP_ACKED)?;
+        tx.commit()?;
+        if was == UNACKED {
+            self.unacked.set(self.unacked.get().saturating_sub(1));
+        }
+        Ok(true)
+    }
+
+    /// Results a gateway acknowledged that no receipt has settled, in
+    /// sequence order: sent again at each new session.
+    pub fn unsettled_results(&self) -> rusqlite::Result<Vec<Entry>> {
+        let conn = self.conn()?;
+        let mut q = conn.prepare(
+            "SELECT id, seq, kind, payload, state, boot_id, result, acked FROM commands
+             WHERE acked = ?1 AND state = 'done' ORDER BY seq",
+        )?;
+        q.query_map([ACKED_UNSETTLED], read_entry)?.collect()
     }
 
     /// Journals an event. When the bounds are reached, the oldest metric
@@ -646,9 +702,19 @@ pub fn schema_text(conn: &Connection) -> rusqlite::Result<String> {
     Ok(out)
 }
 
+/// Keeps the newest `keep` commands whose `acked` is `value`.
+fn trim(conn: &Connection, value: i64, keep: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "DELETE FROM commands WHERE acked = ?1 AND seq <
+             (SELECT seq FROM commands WHERE acked = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+        params![value, keep - 1],
+    )?;
+    Ok(())
+}
+
 fn read_entry(r: &rusqlite::Row<'_>) -> rusqlite::Result<Entry> {
     let state: String = r.get(4)?;
-    let acked: bool = r.get(7)?;
+    let acked = r.get::<_, i64>(7)? != UNACKED;
     Ok(Entry {
         id: r.get(0)?,
         seq: r.get::<_, i64>(1)? as u64,
@@ -978,7 +1044,54 @@ mod tests {
     }
 
     #[test]
-    fn old_acknowledged_results_are_trimmed() {
+    fn an_acknowledgement_forgets_nothing_until_a_receipt_settles_it() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
+        // A gateway acknowledges results it may never have stored: each is
+        // kept, not sent again in the session, and listed for the next.
+        for i in 1..=3u64 {
+            let id = format!("c{i}");
+            j.accept(&id, i, "exec.run", b"").unwrap();
+            j.finish(&id, b"r").unwrap();
+            j.mark_acked(&id).unwrap();
+        }
+        assert!(
+            j.open_entries().unwrap().is_empty(),
+            "none is unacknowledged"
+        );
+        let ids = |v: Vec<Entry>| v.into_iter().map(|e| e.id).collect::<Vec<_>>();
+        assert_eq!(ids(j.unsettled_results().unwrap()), ["c1", "c2", "c3"]);
+        assert!(j.settle("c2").unwrap());
+        assert_eq!(ids(j.unsettled_results().unwrap()), ["c1", "c3"]);
+        assert_eq!(
+            j.command("c2").unwrap().unwrap().state,
+            Journaled::Done { acked: true }
+        );
+        // A receipt for what the journal does not hold, or has not
+        // finished, settles nothing.
+        assert!(!j.settle("nope").unwrap());
+        j.accept("c4", 4, "exec.run", b"").unwrap();
+        assert!(!j.settle("c4").unwrap());
+        // A receipt may come before the gateway's acknowledgement.
+        j.finish("c4", b"r").unwrap();
+        assert_eq!(j.open_entries().unwrap().len(), 1);
+        assert!(j.settle("c4").unwrap());
+        assert!(j.open_entries().unwrap().is_empty());
+        assert_eq!(j.backlog().unwrap().1, 0);
+        // However many later results gateways acknowledge, none is
+        // forgotten unsettled short of the bound.
+        for i in 5..(5 + KEEP_UNSETTLED as u64 - 2) {
+            let id = format!("c{i}");
+            j.accept(&id, i, "exec.run", b"").unwrap();
+            j.finish(&id, b"r").unwrap();
+            j.mark_acked(&id).unwrap();
+        }
+        assert!(j.command("c1").unwrap().is_some(), "kept until settled");
+        assert_eq!(j.unsettled_results().unwrap().len() as i64, KEEP_UNSETTLED);
+    }
+
+    #[test]
+    fn old_settled_results_are_trimmed() {
         let d = tempfile::tempdir().unwrap();
         let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
         for i in 1..=(KEEP_ACKED as u64 + 10) {
@@ -986,6 +1099,7 @@ mod tests {
             j.accept(&id, i, "exec.run", b"").unwrap();
             j.finish(&id, b"r").unwrap();
             j.mark_acked(&id).unwrap();
+            assert!(j.settle(&id).unwrap());
         }
         let n: i64 = j
             .conn()

@@ -9,7 +9,7 @@
 use bcd_core::command::{Journaled, Kind, Outcome};
 use bcd_proto::v1::{self, node_message};
 use prost::Message;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Agent;
 use super::conn::{Conn, send};
@@ -131,19 +131,75 @@ impl Agent {
         Ok(())
     }
 
-    /// Results the server has not acknowledged, in sequence order.
+    /// Results the server has not acknowledged, then those a gateway
+    /// acknowledged that no receipt settled, each in sequence order.
     pub(super) async fn resend_results(&mut self, conn: &Conn) -> Result<(), String> {
-        for e in self
-            .journal
-            .open_entries()
-            .map_err(|e| format!("journal: {e}"))?
-        {
-            if let (Journaled::Done { acked: false }, Some(r)) = (&e.state, &e.result)
+        let journal = |e: rusqlite::Error| format!("journal: {e}");
+        let mut entries = self.journal.open_entries().map_err(journal)?;
+        entries.extend(self.journal.unsettled_results().map_err(journal)?);
+        for e in entries {
+            if let (Journaled::Done { .. }, Some(r)) = (&e.state, &e.result)
                 && let Some(r) = journaled_result(r)
             {
                 self.send_result(conn, r).await;
             }
         }
+        Ok(())
+    }
+
+    /// A receipt a gateway handed: the key holder says the store holds a
+    /// result of this node as the node signed it. It settles the journaled
+    /// result when it verifies against the worker keys and names this
+    /// node, the command's sequence and the bytes the node signs for it;
+    /// anything else is refused and settles nothing.
+    pub(super) fn on_receipt(&mut self, envelope: &[u8]) -> Result<(), String> {
+        let receipt = match bcd_proto::receipts::open(envelope, &self.worker_keys()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused_frame(
+                    "security.receipt.refused",
+                    serde_json::json!({ "why": e.to_string() }),
+                );
+                return Ok(());
+            }
+        };
+        let me = self.identity.file.node_id.clone();
+        let Some(entry) = self
+            .journal
+            .command(&receipt.command_id)
+            .map_err(|e| format!("journal: {e}"))?
+        else {
+            // Settled and forgotten already.
+            debug!(cmd = %receipt.command_id, "a receipt for a result no longer journaled");
+            return Ok(());
+        };
+        let signed = entry
+            .result
+            .as_deref()
+            .and_then(journaled_result)
+            .map(|mut r| {
+                if r.node_id.is_empty() {
+                    r.node_id = me.clone();
+                }
+                bcd_proto::fingerprint(&r.encode_to_vec())
+            });
+        if receipt.node_id != me
+            || receipt.seq != entry.seq
+            || signed.as_deref() != Some(receipt.result_sha256.as_str())
+        {
+            self.refused_frame(
+                "security.receipt.refused",
+                serde_json::json!({
+                    "command_id": receipt.command_id,
+                    "why": "the receipt names another node, sequence or result than this node \
+                            journaled",
+                }),
+            );
+            return Ok(());
+        }
+        self.journal
+            .settle(&receipt.command_id)
+            .map_err(|e| format!("journal: {e}"))?;
         Ok(())
     }
 }

@@ -454,6 +454,10 @@ impl Agent {
                     Err(error) => Event::Closed { error },
                 }
             }
+            Some(server_message::Msg::ResultReceipt(envelope)) => {
+                self.on_receipt(&envelope).map_err(Stopped::JournalFailed)?;
+                Event::Received
+            }
             Some(server_message::Msg::ResultAck(a)) => {
                 for id in a.command_ids {
                     self.failpoints.at(Point::BeforeAck);

@@ -402,3 +402,50 @@ pub(super) async fn states(tx: &Tx<'_>) -> Result<Vec<(String, u64)>, StoreError
     .map(|r| (r.get(0), r.get::<_, i64>(1).max(0) as u64))
     .collect())
 }
+
+pub(super) async fn results_unreceipted(
+    tx: &Tx<'_>,
+    limit: u32,
+) -> Result<Vec<String>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT id FROM commands WHERE receipt IS NULL AND result_signature IS NOT NULL \
+         ORDER BY id LIMIT $1",
+        &[&i64::from(limit)],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+pub(super) async fn put_result_receipt(
+    tx: &Tx<'_>,
+    id: &str,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE commands SET receipt = $2 WHERE id = $1 AND receipt IS NULL",
+        &[&id, &receipt],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn result_receipts(
+    tx: &Tx<'_>,
+    node: &str,
+    ids: &[String],
+) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT id, receipt FROM commands \
+         WHERE id = ANY($1) AND node_id = $2 AND length(receipt) > 0",
+        &[&ids, &node],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}

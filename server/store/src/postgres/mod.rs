@@ -132,6 +132,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0032_hello_proofs_required.sql"),
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
     include_str!("migrations/0034_gateway_revocations.sql"),
+    include_str!("migrations/0035_result_receipts.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -509,6 +510,14 @@ impl GatewayBackend for PostgresBackend {
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
         tx!(self, |tx| gateways::revocations(&tx).await)
+    }
+
+    async fn result_receipts(
+        &self,
+        node: &str,
+        ids: &[String],
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| commands::result_receipts(&tx, node, ids).await)
     }
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -890,6 +899,15 @@ impl Backend for PostgresBackend {
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+    }
+
+    async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| commands::results_unreceipted(&tx, limit).await)
+    }
+
+    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
+        tx!(self, |tx| commands::put_result_receipt(&tx, id, receipt)
+            .await)
     }
 
     async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {

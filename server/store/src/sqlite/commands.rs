@@ -318,3 +318,42 @@ pub(super) fn states(c: &Connection) -> Result<Vec<(String, u64)>, StoreError> {
             .collect::<rusqlite::Result<_>>()?,
     )
 }
+
+pub(super) fn results_unreceipted(c: &Connection, limit: u32) -> Result<Vec<String>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT id FROM commands WHERE receipt IS NULL AND result_signature IS NOT NULL \
+         ORDER BY id LIMIT ?1",
+    )?
+    .query_map([limit], |r| r.get(0))?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn put_result_receipt(
+    c: &Connection,
+    id: &str,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    c.prepare_cached("UPDATE commands SET receipt = ?2 WHERE id = ?1 AND receipt IS NULL")?
+        .execute(rusqlite::params![id, receipt])?;
+    Ok(())
+}
+
+pub(super) fn result_receipts(
+    c: &Connection,
+    node: &str,
+    ids: &[String],
+) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let mut st = c.prepare_cached(
+        "SELECT receipt FROM commands WHERE id = ?1 AND node_id = ?2 AND length(receipt) > 0",
+    )?;
+    let mut out = Vec::new();
+    for id in ids {
+        if let Some(r) = st
+            .query_row(rusqlite::params![id, node], |r| r.get::<_, Vec<u8>>(0))
+            .optional()?
+        {
+            out.push((id.clone(), r));
+        }
+    }
+    Ok(out)
+}

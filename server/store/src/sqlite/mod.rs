@@ -110,6 +110,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0032_hello_proofs_required.sql"),
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
     include_str!("migrations/0034_gateway_revocations.sql"),
+    include_str!("migrations/0035_result_receipts.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -465,6 +466,16 @@ impl GatewayBackend for SqliteBackend {
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
         self.read(gateways::revocations).await
+    }
+
+    async fn result_receipts(
+        &self,
+        node: &str,
+        ids: &[String],
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let (node, ids) = (node.to_string(), ids.to_vec());
+        self.read(move |c| commands::result_receipts(c, &node, &ids))
+            .await
     }
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -872,6 +883,17 @@ impl Backend for SqliteBackend {
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
         self.write(move |c| clones::supersede(c, &node, &serial))
+            .await
+    }
+
+    async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        self.read(move |c| commands::results_unreceipted(c, limit))
+            .await
+    }
+
+    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
+        let (id, receipt) = (id.to_string(), receipt.to_vec());
+        self.write(move |c| commands::put_result_receipt(c, &id, &receipt))
             .await
     }
 

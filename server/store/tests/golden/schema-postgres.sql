@@ -1,4 +1,4 @@
--- schema version 34
+-- schema version 35
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -74,6 +74,7 @@ commands.result_at: bigint
 commands.result_payload: bytea
 commands.result_signature: bytea
 commands.floor_judged: boolean NOT NULL DEFAULT false
+commands.receipt: bytea
 controller_state.name: text NOT NULL
 controller_state.value: bigint NOT NULL
 ek_sightings.id: bigint NOT NULL DEFAULT nextval('ek_sightings_id_seq'::regclass)
@@ -320,6 +321,7 @@ commands_node_id_seq_key: CREATE UNIQUE INDEX commands_node_id_seq_key ON public
 commands_node_state: CREATE INDEX commands_node_state ON public.commands USING btree (node_id, state, seq)
 commands_pkey: CREATE UNIQUE INDEX commands_pkey ON public.commands USING btree (id)
 commands_state_deadline: CREATE INDEX commands_state_deadline ON public.commands USING btree (state, not_after)
+commands_unreceipted: CREATE INDEX commands_unreceipted ON public.commands USING btree (id) WHERE ((receipt IS NULL) AND (result_signature IS NOT NULL))
 controller_state_pkey: CREATE UNIQUE INDEX controller_state_pkey ON public.controller_state USING btree (name)
 ek_sightings_node: CREATE INDEX ek_sightings_node ON public.ek_sightings USING btree (node_id, id)
 ek_sightings_pkey: CREATE UNIQUE INDEX ek_sightings_pkey ON public.ek_sightings USING btree (id)

@@ -1,4 +1,4 @@
--- schema version 34
+-- schema version 35
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -24,6 +24,10 @@ CREATE INDEX commands_node_state ON commands(node_id, state, seq);
 
 -- index commands_state_deadline
 CREATE INDEX commands_state_deadline ON commands(state, not_after);
+
+-- index commands_unreceipted
+CREATE INDEX commands_unreceipted ON commands (id)
+    WHERE receipt IS NULL AND result_signature IS NOT NULL;
 
 -- index ek_sightings_node
 CREATE INDEX ek_sightings_node ON ek_sightings(node_id, id);
@@ -150,7 +154,7 @@ CREATE TABLE commands (
         exit_code        INTEGER,
         output           BLOB,
         output_truncated INTEGER NOT NULL DEFAULT 0,
-        result_at        INTEGER, result_payload BLOB, result_signature BLOB, floor_judged INTEGER NOT NULL DEFAULT 0,
+        result_at        INTEGER, result_payload BLOB, result_signature BLOB, floor_judged INTEGER NOT NULL DEFAULT 0, receipt BLOB,
         UNIQUE (node_id, seq)
     ) STRICT;
 

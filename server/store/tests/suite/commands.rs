@@ -594,3 +594,47 @@ pub async fn a_finished_commands_ending_is_written_once(f: Fixture) {
         );
     }
 }
+
+pub async fn signed_results_wait_for_one_receipt_that_only_their_node_reads(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let other = joined(s, 2).await;
+    let (a, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "a"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    let (b, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "b"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    assert!(
+        s.results_unreceipted(10).await.unwrap().is_empty(),
+        "no result yet"
+    );
+    s.command_result(&node, &result(&node, 1, &a.id, Outcome::Succeeded), verify)
+        .await
+        .unwrap();
+    assert_eq!(s.results_unreceipted(10).await.unwrap(), [a.id.as_str()]);
+    let ids = vec![a.id.clone(), b.id.clone()];
+    assert!(s.result_receipts(&node, &ids).await.unwrap().is_empty());
+    s.put_result_receipt(&a.id, b"receipt-a").await.unwrap();
+    // Once only: a second judgement changes nothing.
+    s.put_result_receipt(&a.id, b"other").await.unwrap();
+    assert!(s.results_unreceipted(10).await.unwrap().is_empty());
+    assert_eq!(
+        s.gateway().result_receipts(&node, &ids).await.unwrap(),
+        vec![(a.id.clone(), b"receipt-a".to_vec())]
+    );
+    assert!(
+        s.result_receipts(&other, &ids).await.unwrap().is_empty(),
+        "another node's session reads none of it"
+    );
+    // Judged and given none: nothing to hand on.
+    s.command_result(&node, &result(&node, 1, &b.id, Outcome::Failed), verify)
+        .await
+        .unwrap();
+    assert_eq!(s.results_unreceipted(10).await.unwrap(), [b.id.as_str()]);
+    s.put_result_receipt(&b.id, b"").await.unwrap();
+    assert!(s.results_unreceipted(10).await.unwrap().is_empty());
+    assert_eq!(s.result_receipts(&node, &ids).await.unwrap().len(), 1);
+}

@@ -1,0 +1,99 @@
+//! The key holder's receipt for a node's signed command result
+//! (`ResultReceipt` in a worker-signed envelope): the store holds the
+//! result exactly as the node signed it. A node forgets a finished
+//! command only on a receipt; a gateway's unsigned `ResultAck` only stops
+//! it resending the result within the session.
+
+use prost::Message;
+use ring::signature::Ed25519KeyPair;
+
+use crate::sign::VerifyError;
+use crate::v1::ResultReceipt;
+
+/// What `ResultReceipt.purpose` always says.
+pub const PURPOSE: &str = "better-compute result receipt v1";
+
+/// Why a receipt a gateway handed was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReceiptError {
+    #[error(transparent)]
+    Envelope(#[from] VerifyError),
+    #[error("the signed payload is not a result receipt")]
+    NotAReceipt,
+}
+
+/// Signs `receipt` (its purpose set here) with a worker key.
+pub fn seal(key: &Ed25519KeyPair, receipt: ResultReceipt) -> Vec<u8> {
+    let receipt = ResultReceipt {
+        purpose: PURPOSE.to_string(),
+        ..receipt
+    };
+    crate::sign::seal(key, receipt.encode_to_vec())
+}
+
+/// Opens a receipt: it verifies against the worker `keys`, decodes and
+/// says it is a receipt. Whose and for what is the caller's to check.
+pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<ResultReceipt, ReceiptError> {
+    let payload = crate::sign::open(envelope, keys)?;
+    let r = ResultReceipt::decode(payload.as_slice()).map_err(|_| ReceiptError::NotAReceipt)?;
+    if r.purpose != PURPOSE {
+        return Err(ReceiptError::NotAReceipt);
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use ring::signature::KeyPair;
+
+    fn key(seed: u8) -> Ed25519KeyPair {
+        Ed25519KeyPair::from_seed_unchecked(&[seed; 32]).unwrap()
+    }
+
+    fn receipt() -> ResultReceipt {
+        ResultReceipt {
+            purpose: String::new(),
+            node_id: "nd-1".into(),
+            command_id: "cmd-1".into(),
+            seq: 7,
+            result_sha256: "ab".repeat(32),
+        }
+    }
+
+    #[test]
+    fn a_receipt_opens_only_signed_by_a_worker_key_and_as_a_receipt() {
+        let k = key(1);
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let r = open(&seal(&k, receipt()), &keys).unwrap();
+        assert_eq!((r.node_id.as_str(), r.seq), ("nd-1", 7));
+        assert!(matches!(
+            open(&seal(&key(2), receipt()), &keys),
+            Err(ReceiptError::Envelope(VerifyError::UnknownKey(_)))
+        ));
+        // A gateway revocation list, signed by the same key, is no receipt.
+        let list = crate::gateways::seal(&k, Default::default());
+        assert_eq!(open(&list, &keys), Err(ReceiptError::NotAReceipt));
+        let bare = crate::sign::seal(&k, receipt().encode_to_vec());
+        assert_eq!(open(&bare, &keys), Err(ReceiptError::NotAReceipt));
+    }
+
+    proptest! {
+        /// Receipts come through gateways: any bytes fail cleanly, and any
+        /// flipped bit of a signed receipt is caught.
+        #[test]
+        fn arbitrary_bytes_and_flipped_bits_never_open(
+            bytes in prop::collection::vec(any::<u8>(), 0..512),
+            bit in any::<usize>(),
+        ) {
+            let k = key(1);
+            let keys = vec![k.public_key().as_ref().to_vec()];
+            prop_assert!(open(&bytes, &keys).is_err());
+            let mut sealed = seal(&k, receipt());
+            let i = bit % (sealed.len() * 8);
+            sealed[i / 8] ^= 1 << (i % 8);
+            prop_assert!(open(&sealed, &keys).is_err());
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Receipts for node-signed results.
+//!
+//! A node keeps a finished command's result until the key holder says the
+//! store holds it as the node signed it: a gateway's `ResultAck` is
+//! unsigned, and one that acknowledged a result it never stored would
+//! otherwise make the node forget it (and a later replay of the command
+//! end it as a replay, not as it ran). Every pass, the key holder judges
+//! each newly stored result that carries a signature
+//! ([`crate::evidence::judge`], against the certificates the fleet CA
+//! issued the node) and keeps beside it a worker-signed `ResultReceipt`
+//! naming the node, the command, its sequence and the SHA-256 of the
+//! signed bytes, or an empty one where it gives none (a result no node
+//! signed, a Hello's proof). The node's gateway hands receipts on for
+//! the results it stored in the session (`gateway::session`), and the
+//! node settles the result only on one that verifies and names what it
+//! signed (`bcd_agent` node `results`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bc_store::{Store, TxError};
+use bcd_proto::v1::ResultReceipt;
+use tracing::{debug, warn};
+
+use crate::evidence::{Evidence, judge};
+
+/// Results judged in one pass at most.
+const BATCH: u32 = 500;
+
+/// One pass; returns how many results it judged.
+pub async fn tick(
+    store: &Store,
+    key: &Arc<ring::signature::Ed25519KeyPair>,
+    ca_der: &[u8],
+) -> Result<usize, TxError> {
+    let ids = store.results_unreceipted(BATCH).await?;
+    let mut certs: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    for id in &ids {
+        let Some(row) = store.get_command(id).await? else {
+            continue;
+        };
+        if !certs.contains_key(&row.node_id) {
+            let held = store.node_certificates(&row.node_id).await?;
+            certs.insert(row.node_id.clone(), held);
+        }
+        let evidence = judge(&row, &certs[&row.node_id], ca_der);
+        let receipt = match (&evidence, &row.signed_result) {
+            (Evidence::NodeSigned, Some(signed)) => bcd_proto::receipts::seal(
+                key,
+                ResultReceipt {
+                    purpose: String::new(),
+                    node_id: row.node_id.clone(),
+                    command_id: row.id.clone(),
+                    seq: row.seq,
+                    result_sha256: bcd_proto::fingerprint(&signed.payload),
+                },
+            ),
+            (Evidence::Forged(why), _) => {
+                warn!(cmd = %row.id, node = %row.node_id, %why, "a result in the store was not signed by its node: no receipt");
+                Vec::new()
+            }
+            _ => Vec::new(),
+        };
+        store.put_result_receipt(id, &receipt).await?;
+    }
+    if !ids.is_empty() {
+        debug!(judged = ids.len(), "results judged for receipts");
+    }
+    Ok(ids.len())
+}
