@@ -556,3 +556,70 @@ fn a_result_a_gateway_acknowledged_is_kept_until_the_key_holder_receipts_it() {
     });
     stop_node(&mut node);
 }
+
+/// How many events of `kind` the node's journal holds.
+fn journal_events(node: &Node, kind: &str) -> i64 {
+    let conn = rusqlite::Connection::open_with_flags(
+        node.dir.join("journal.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("the journal opens");
+    conn.query_row("SELECT COUNT(*) FROM events WHERE kind = ?1", [kind], |r| {
+        r.get(0)
+    })
+    .expect("the journal reads")
+}
+
+/// A gateway's `EventAck` is unsigned: one that forged a command and then
+/// acknowledged the node's record of refusing it must not erase that
+/// record. The node keeps its security events until the key holder's
+/// receipt says the store keeps them where no gateway can delete them; a
+/// receipt of a foreign key erases nothing.
+#[test]
+fn a_security_event_a_gateway_acknowledged_is_kept_until_the_key_holder_receipts_it() {
+    let (d, mut server, mut node, id) = setup_connected(64);
+    stop_node(&mut node);
+    server.proc.stop();
+    let mut h = Hostile::start(&server.dir, server.addr).expect("hostile gateway");
+    node.start();
+    let s = h.next_session(REDIAL);
+    s.welcome(s.hello.last_epoch + 1, now_ms(), &[]);
+    let marker = d.path().join("forged-ran");
+    s.send(S::Command(forged_command(&id, "cmd-forged", 1, &marker)));
+    let refused = event(&s, "security.command.refused");
+    s.send(S::EventAck(v1::EventAck { up_to: refused.id }));
+    s.send(S::EventReceipt(bcd_proto::receipts::seal_event(
+        &foreign_worker_key(),
+        v1::EventReceipt {
+            purpose: String::new(),
+            node_id: id.clone(),
+            journal_id: s.hello.journal_id.clone(),
+            event_id: refused.id,
+            kind: refused.kind.clone(),
+            body_sha256: bcd_proto::fingerprint(&refused.body),
+        },
+    )));
+    event(&s, "security.receipt.refused");
+    assert_eq!(
+        journal_events(&node, "security.command.refused"),
+        1,
+        "an unsigned acknowledgement or a foreign receipt erased the node's record"
+    );
+    drop(s);
+    h.stop();
+
+    // The honest control plane: the node sends its security events again,
+    // the store keeps them, and the key holder's receipts settle them.
+    server.start_again().expect("the server starts again");
+    wait_for(ANSWER, "the security events settled by receipts", || {
+        (journal_events(&node, "security.command.refused") == 0
+            && journal_events(&node, "security.receipt.refused") == 0)
+            .then_some(())
+    });
+    let kinds = node_event_kinds(&server, &id);
+    assert!(
+        kinds.iter().any(|k| k == "security.command.refused"),
+        "{kinds:?}"
+    );
+    stop_node(&mut node);
+}

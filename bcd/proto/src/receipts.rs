@@ -1,17 +1,21 @@
-//! The key holder's receipt for a node's signed command result
-//! (`ResultReceipt` in a worker-signed envelope): the store holds the
-//! result exactly as the node signed it. A node forgets a finished
-//! command only on a receipt; a gateway's unsigned `ResultAck` only stops
-//! it resending the result within the session.
+//! The key holder's receipts, in worker-signed envelopes: for a node's
+//! signed command result (`ResultReceipt`: the store holds the result
+//! exactly as the node signed it) and for one of its security events
+//! (`EventReceipt`: the store keeps it where a gateway cannot delete it).
+//! A node forgets either only on a receipt; a gateway's unsigned
+//! `ResultAck` or `EventAck` only stops it resending within the session.
 
 use prost::Message;
 use ring::signature::Ed25519KeyPair;
 
 use crate::sign::VerifyError;
-use crate::v1::ResultReceipt;
+use crate::v1::{EventReceipt, ResultReceipt};
 
 /// What `ResultReceipt.purpose` always says.
 pub const PURPOSE: &str = "better-compute result receipt v1";
+
+/// What `EventReceipt.purpose` always says.
+pub const EVENT_PURPOSE: &str = "better-compute event receipt v1";
 
 /// Why a receipt a gateway handed was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +41,25 @@ pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<ResultReceipt, ReceiptE
     let payload = crate::sign::open(envelope, keys)?;
     let r = ResultReceipt::decode(payload.as_slice()).map_err(|_| ReceiptError::NotAReceipt)?;
     if r.purpose != PURPOSE {
+        return Err(ReceiptError::NotAReceipt);
+    }
+    Ok(r)
+}
+
+/// Signs an event `receipt` (its purpose set here) with a worker key.
+pub fn seal_event(key: &Ed25519KeyPair, receipt: EventReceipt) -> Vec<u8> {
+    let receipt = EventReceipt {
+        purpose: EVENT_PURPOSE.to_string(),
+        ..receipt
+    };
+    crate::sign::seal(key, receipt.encode_to_vec())
+}
+
+/// Opens an event receipt, as [`open`] a result's.
+pub fn open_event(envelope: &[u8], keys: &[Vec<u8>]) -> Result<EventReceipt, ReceiptError> {
+    let payload = crate::sign::open(envelope, keys)?;
+    let r = EventReceipt::decode(payload.as_slice()).map_err(|_| ReceiptError::NotAReceipt)?;
+    if r.purpose != EVENT_PURPOSE {
         return Err(ReceiptError::NotAReceipt);
     }
     Ok(r)
@@ -77,6 +100,26 @@ mod tests {
         assert_eq!(open(&list, &keys), Err(ReceiptError::NotAReceipt));
         let bare = crate::sign::seal(&k, receipt().encode_to_vec());
         assert_eq!(open(&bare, &keys), Err(ReceiptError::NotAReceipt));
+        // A result's receipt is no event's, and the other way round.
+        let event = seal_event(&k, event_receipt());
+        assert_eq!(open_event(&event, &keys).unwrap().event_id, 9);
+        assert_eq!(open(&event, &keys), Err(ReceiptError::NotAReceipt));
+        assert_eq!(
+            open_event(&seal(&k, receipt()), &keys),
+            Err(ReceiptError::NotAReceipt)
+        );
+        assert!(open_event(&seal_event(&key(2), event_receipt()), &keys).is_err());
+    }
+
+    fn event_receipt() -> EventReceipt {
+        EventReceipt {
+            purpose: String::new(),
+            node_id: "nd-1".into(),
+            journal_id: "j-1".into(),
+            event_id: 9,
+            kind: "security.spec.refused".into(),
+            body_sha256: "cd".repeat(32),
+        }
     }
 
     proptest! {
@@ -90,6 +133,11 @@ mod tests {
             let k = key(1);
             let keys = vec![k.public_key().as_ref().to_vec()];
             prop_assert!(open(&bytes, &keys).is_err());
+            prop_assert!(open_event(&bytes, &keys).is_err());
+            let mut event = seal_event(&k, event_receipt());
+            let j = bit % (event.len() * 8);
+            event[j / 8] ^= 1 << (j % 8);
+            prop_assert!(open_event(&event, &keys).is_err());
             let mut sealed = seal(&k, receipt());
             let i = bit % (sealed.len() * 8);
             sealed[i / 8] ^= 1 << (i % 8);

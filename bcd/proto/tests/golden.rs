@@ -240,6 +240,24 @@ fn session_messages() {
         },
     );
     check(
+        "event_receipt_sent",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::EventReceipt(
+                bcd_proto::receipts::seal_event(
+                    &worker_key(),
+                    v1::EventReceipt {
+                        purpose: String::new(),
+                        node_id: "nd-0f3a9c".into(),
+                        journal_id: "j-1".into(),
+                        event_id: 12,
+                        kind: "security.spec.refused".into(),
+                        body_sha256: "4d".repeat(32),
+                    },
+                ),
+            )),
+        },
+    );
+    check(
         "gateway_revocations_sent",
         &v1::ServerMessage {
             msg: Some(server_message::Msg::GatewayRevocations(

@@ -319,6 +319,9 @@ pub async fn run_receipts(
                 if let Err(e) = receipts::tick(&s, &key, &ca_der).await {
                     warn!(error = %e, "receipt pass failed");
                 }
+                if let Err(e) = receipts::tick_events(&s, &key).await {
+                    warn!(error = %e, "event receipt pass failed");
+                }
             }
         },
     )

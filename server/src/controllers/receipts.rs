@@ -10,7 +10,8 @@
 //! issued the node) and keeps beside it a worker-signed `ResultReceipt`
 //! naming the node, the command, its sequence and the SHA-256 of the
 //! signed bytes, or an empty one where it gives none (a result no node
-//! signed, a Hello's proof). The node's gateway hands receipts on for
+//! signed, a Hello's proof). Likewise a node's security events, which a
+//! gateway stores where it cannot delete them ([`tick_events`]). The node's gateway hands receipts on for
 //! the results it stored in the session (`gateway::session`), and the
 //! node settles the result only on one that verifies and names what it
 //! signed (`bcd_agent` node `results`).
@@ -19,13 +20,39 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bc_store::{Store, TxError};
-use bcd_proto::v1::ResultReceipt;
+use bcd_proto::v1::{EventReceipt, ResultReceipt};
 use tracing::{debug, warn};
 
 use crate::evidence::{Evidence, judge};
 
 /// Results judged in one pass at most.
 const BATCH: u32 = 500;
+
+/// One pass over nodes' security events: each newly stored one gets a
+/// receipt naming it and its body's SHA-256 (the node compares them with
+/// what it journaled, so a row a gateway planted under the event's id
+/// settles nothing). Returns how many.
+pub async fn tick_events(
+    store: &Store,
+    key: &Arc<ring::signature::Ed25519KeyPair>,
+) -> Result<usize, TxError> {
+    let events = store.security_events_unreceipted(BATCH).await?;
+    for e in &events {
+        let receipt = bcd_proto::receipts::seal_event(
+            key,
+            EventReceipt {
+                purpose: String::new(),
+                node_id: e.node_id.clone(),
+                journal_id: e.journal_id.clone(),
+                event_id: e.event_id,
+                kind: e.kind.clone(),
+                body_sha256: bcd_proto::fingerprint(&e.body),
+            },
+        );
+        store.put_event_receipt(e, &receipt).await?;
+    }
+    Ok(events.len())
+}
 
 /// One pass; returns how many results it judged.
 pub async fn tick(

@@ -253,7 +253,9 @@ pub async fn run(
             epoch,
             cert_serial: &cert_serial,
             out: &out,
+            journal_id: &journal_id,
             awaiting: Mutex::new(Vec::new()),
+            awaiting_events: Mutex::new(Vec::new()),
         };
         if out
             .send(msg(server_message::Msg::Welcome(welcome)))
@@ -354,9 +356,14 @@ struct Session<'a> {
     epoch: u64,
     cert_serial: &'a str,
     out: &'a Out,
+    /// The journal the node's Hello named: its security events' receipts
+    /// name it.
+    journal_id: &'a str,
     /// Results stored in this session whose receipt the node has not been
     /// handed yet, with when they were stored.
     awaiting: Mutex<Vec<(String, Instant)>>,
+    /// Likewise the node's security events, by event id.
+    awaiting_events: Mutex<Vec<(u64, Instant)>>,
 }
 
 /// Results a session waits on receipts for at once; the oldest give way.
@@ -427,17 +434,77 @@ impl Session<'_> {
         awaiting.push((id.to_string(), Instant::now()));
     }
 
+    fn await_event_receipt(&self, id: u64) {
+        let mut awaiting = self
+            .awaiting_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if awaiting.iter().any(|(a, _)| *a == id) {
+            return;
+        }
+        if awaiting.len() >= MAX_AWAITING {
+            awaiting.remove(0);
+        }
+        awaiting.push((id, Instant::now()));
+    }
+
     fn awaits_receipts(&self) -> bool {
         !self
             .awaiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
+            || !self
+                .awaiting_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
     }
 
-    /// Hands the node the receipts the key holder signed for results
-    /// stored in this session; false when the stream is unusable.
+    /// Hands the node the receipts the key holder signed for results and
+    /// security events stored in this session; false when the stream is
+    /// unusable.
     async fn relay_receipts(&self) -> bool {
+        self.relay_result_receipts().await && self.relay_event_receipts().await
+    }
+
+    async fn relay_event_receipts(&self) -> bool {
+        let ids: Vec<u64> = {
+            let mut awaiting = self
+                .awaiting_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            awaiting.retain(|(_, at)| at.elapsed() < AWAIT_RECEIPT);
+            awaiting.iter().map(|(id, _)| *id).collect()
+        };
+        if ids.is_empty() {
+            return true;
+        }
+        let found = match self
+            .state
+            .store
+            .event_receipts(self.node, self.journal_id, &ids)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "cannot read event receipts");
+                return true;
+            }
+        };
+        for (id, receipt) in found {
+            self.awaiting_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(a, _)| *a != id);
+            if !self.send(server_message::Msg::EventReceipt(receipt)).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn relay_result_receipts(&self) -> bool {
         let ids: Vec<String> = {
             let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
             awaiting.retain(|(_, at)| at.elapsed() < AWAIT_RECEIPT);
@@ -668,8 +735,18 @@ impl Session<'_> {
                         age_ms: e.age_ms,
                     })
                     .collect();
+                let security: Vec<u64> = events
+                    .iter()
+                    .filter(|e| bc_store::events::is_security(&e.kind))
+                    .map(|e| e.id)
+                    .collect();
                 match store.put_events(node, journal_id, &events).await {
                     Ok(_) => {
+                        // Kept where no gateway deletes them; the key
+                        // holder's receipts follow.
+                        for id in security {
+                            self.await_event_receipt(id);
+                        }
                         self.send(server_message::Msg::EventAck(v1::EventAck {
                             up_to: max_id,
                         }))

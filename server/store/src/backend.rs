@@ -65,6 +65,15 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     /// holder signed one.
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError>;
 
+    /// The key holder's receipts for `node`'s security events of journal
+    /// `journal_id` among `ids` (event id, signed receipt).
+    async fn event_receipts(
+        &self,
+        node: &str,
+        journal_id: &str,
+        ids: &[u64],
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
+
     /// The key holder's receipts for results of `node`'s commands among
     /// `ids` (command id, signed receipt); commands with none yet are
     /// left out.
@@ -281,6 +290,22 @@ pub trait Backend: GatewayBackend {
     /// their name's credential no longer admits (revoked, replaced by a
     /// name added again, or gone), oldest first.
     async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError>;
+
+    /// Nodes' security events the key holder has not judged for a
+    /// receipt yet, at most `limit`.
+    async fn security_events_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<crate::events::SecurityEvent>, StoreError>;
+
+    /// Keeps the key holder's receipt beside a node's security event (once
+    /// only), and forgets that node's receipted security events past
+    /// [`crate::events::SECURITY_EVENTS_KEPT_PER_NODE`].
+    async fn put_event_receipt(
+        &self,
+        event: &crate::events::SecurityEvent,
+        receipt: &[u8],
+    ) -> Result<(), StoreError>;
 
     /// Commands whose result a node signed that the key holder has not
     /// judged for a receipt yet, at most `limit`.

@@ -19,6 +19,25 @@ pub struct EventInput {
     pub age_ms: u64,
 }
 
+/// Whether a node's event is a security event: kept where a gateway
+/// cannot delete it, until the key holder's receipt.
+pub fn is_security(kind: &str) -> bool {
+    kind.starts_with("security.")
+}
+
+/// A node's receipted security events kept per node; older ones go.
+pub const SECURITY_EVENTS_KEPT_PER_NODE: i64 = 1_000;
+
+/// A node's security event the key holder has not judged for a receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecurityEvent {
+    pub node_id: String,
+    pub journal_id: String,
+    pub event_id: u64,
+    pub kind: String,
+    pub body: Vec<u8>,
+}
+
 /// An event as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRow {

@@ -610,10 +610,45 @@ impl Journal {
     }
 
     /// The server stored every event up to `up_to`.
+    /// A gateway acknowledged events up to `up_to`: they go, but for
+    /// security events (kind `security.*`), kept until the key holder's
+    /// receipt says the store keeps them where no gateway can delete them
+    /// ([`Journal::settle_event`]): the acknowledgement is unsigned, and a
+    /// gateway must not erase the node's record of what it forged.
     pub fn ack_events(&self, up_to: u64) -> rusqlite::Result<()> {
-        self.conn()?
-            .execute("DELETE FROM events WHERE id <= ?1", [up_to as i64])?;
+        self.conn()?.execute(
+            "DELETE FROM events WHERE id <= ?1 AND kind NOT LIKE 'security.%'",
+            [up_to as i64],
+        )?;
         Ok(())
+    }
+
+    /// The key holder's receipt for security event `id`: it goes when the
+    /// journal holds it with this kind and a body of SHA-256
+    /// `body_sha256`. `None` when the journal holds no event `id`;
+    /// `Some(false)` when it holds another (nothing goes).
+    pub fn settle_event(
+        &self,
+        id: u64,
+        kind: &str,
+        body_sha256: &str,
+    ) -> rusqlite::Result<Option<bool>> {
+        let conn = self.conn()?;
+        let held: Option<(String, Vec<u8>)> = conn
+            .query_row(
+                "SELECT kind, body FROM events WHERE id = ?1",
+                [id as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((held_kind, body)) = held else {
+            return Ok(None);
+        };
+        if held_kind != kind || bcd_proto::fingerprint(&body) != body_sha256 {
+            return Ok(Some(false));
+        }
+        conn.execute("DELETE FROM events WHERE id = ?1", [id as i64])?;
+        Ok(Some(true))
     }
 
     /// What waits for the server: unacknowledged events and results.
@@ -901,6 +936,60 @@ mod tests {
         assert!(j.events_after(0, 100).unwrap().is_empty());
         j.push_event("t", EventClass::Transition, b"y", b).unwrap();
         assert!(j.events_after(0, 100).unwrap()[0].id > last);
+    }
+
+    #[test]
+    fn an_acknowledgement_erases_no_security_event_a_receipt_settles_it() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
+        let b = EventBounds::default();
+        j.push_event("node.load", EventClass::Metric, b"1", b)
+            .unwrap();
+        j.push_event(
+            "security.command.refused",
+            EventClass::Transition,
+            b"forged",
+            b,
+        )
+        .unwrap();
+        j.push_event("command.finished", EventClass::Transition, b"c1", b)
+            .unwrap();
+        let all = j.events_after(0, 10).unwrap();
+        let security = all[1].id;
+        // A gateway acknowledges everything: the security event stays.
+        j.ack_events(all[2].id).unwrap();
+        let left = j.events_after(0, 10).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].kind, "security.command.refused");
+        // A receipt for another body, another kind or another event
+        // settles nothing.
+        let sha = bcd_proto::fingerprint(b"forged");
+        assert_eq!(
+            j.settle_event(
+                security,
+                "security.command.refused",
+                &bcd_proto::fingerprint(b"x")
+            )
+            .unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            j.settle_event(security, "security.other", &sha).unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            j.settle_event(security + 9, "security.command.refused", &sha)
+                .unwrap(),
+            None
+        );
+        assert_eq!(j.events_after(0, 10).unwrap().len(), 1);
+        // The key holder's receipt for what the node journaled settles it.
+        assert_eq!(
+            j.settle_event(security, "security.command.refused", &sha)
+                .unwrap(),
+            Some(true)
+        );
+        assert!(j.events_after(0, 10).unwrap().is_empty());
     }
 
     #[test]

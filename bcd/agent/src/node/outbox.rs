@@ -1,5 +1,6 @@
 //! Events: journaled as they happen, sent after each Welcome and as they
-//! come, deleted when the gateway acknowledges them.
+//! come, deleted when the gateway acknowledges them, but for security
+//! events, deleted only on the key holder's receipt.
 
 use bcd_core::command::Outcome;
 use bcd_proto::v1::{self, node_message};
@@ -13,6 +14,52 @@ use crate::journal::{EventBounds, EventClass};
 const EVENT_BATCH: usize = 256;
 
 impl Agent {
+    /// A receipt a gateway handed for one of this node's security events:
+    /// the event goes when the receipt verifies against the worker keys and
+    /// names this node, this journal and the event as journaled; anything
+    /// else is refused and nothing goes.
+    pub(super) fn on_event_receipt(&mut self, envelope: &[u8]) -> Result<(), String> {
+        let refused = |why: String| serde_json::json!({ "why": why });
+        let receipt = match bcd_proto::receipts::open_event(envelope, &self.worker_keys()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused_frame("security.receipt.refused", refused(e.to_string()));
+                return Ok(());
+            }
+        };
+        if receipt.node_id != self.identity.file.node_id
+            || receipt.journal_id != self.journal.journal_id()
+        {
+            self.refused_frame(
+                "security.receipt.refused",
+                refused(format!(
+                    "an event receipt for node {} journal {}, not this node and journal",
+                    receipt.node_id, receipt.journal_id
+                )),
+            );
+            return Ok(());
+        }
+        match self
+            .journal
+            .settle_event(receipt.event_id, &receipt.kind, &receipt.body_sha256)
+            .map_err(|e| format!("journal: {e}"))?
+        {
+            Some(true) => {}
+            Some(false) => self.refused_frame(
+                "security.receipt.refused",
+                refused(format!(
+                    "the receipt for event {} names another kind or body than this node journaled",
+                    receipt.event_id
+                )),
+            ),
+            None => debug!(
+                event = receipt.event_id,
+                "a receipt for an event no longer journaled"
+            ),
+        }
+        Ok(())
+    }
+
     /// Journals an event; a journal that cannot take it is logged, not
     /// fatal: events are reports, not decisions.
     pub(super) fn event(&mut self, kind: &str, class: EventClass, body: serde_json::Value) {

@@ -454,6 +454,11 @@ impl Agent {
                     Err(error) => Event::Closed { error },
                 }
             }
+            Some(server_message::Msg::EventReceipt(envelope)) => {
+                self.on_event_receipt(&envelope)
+                    .map_err(Stopped::JournalFailed)?;
+                Event::Received
+            }
             Some(server_message::Msg::ResultReceipt(envelope)) => {
                 self.on_receipt(&envelope).map_err(Stopped::JournalFailed)?;
                 Event::Received

@@ -2,7 +2,10 @@
 
 use super::{Tx, execute, query};
 use crate::error::StoreError;
-use crate::events::{EVENTS_KEPT_PER_NODE, EventInput, EventRow};
+use crate::events::{
+    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_PER_NODE, SecurityEvent,
+    is_security,
+};
 
 pub(super) async fn put(
     tx: &Tx<'_>,
@@ -31,6 +34,18 @@ pub(super) async fn put(
         &[&node_id, &journal_id, &ids, &kinds, &bodies, &ages],
     )
     .await?;
+    if events.iter().any(|e| is_security(&e.kind)) {
+        execute(
+            tx,
+            "INSERT INTO node_security_events (node_id, journal_id, event_id, kind, body, at)
+             SELECT $1, $2, e.id, e.kind, e.body, compute_now() - e.age
+             FROM unnest($3::bigint[], $4::text[], $5::bytea[], $6::bigint[]) AS e(id, kind, body, age)
+             WHERE e.kind LIKE 'security.%'
+             ON CONFLICT DO NOTHING",
+            &[&node_id, &journal_id, &ids, &kinds, &bodies, &ages],
+        )
+        .await?;
+    }
     execute(
         tx,
         "DELETE FROM node_events e USING (
@@ -60,4 +75,67 @@ pub(super) async fn list(tx: &Tx<'_>, node_id: &str) -> Result<Vec<EventRow>, St
         at_ms: r.get(4),
     })
     .collect())
+}
+
+pub(super) async fn receipts(
+    tx: &Tx<'_>,
+    node_id: &str,
+    journal_id: &str,
+    ids: &[u64],
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    let ids: Vec<i64> = ids.iter().map(|i| *i as i64).collect();
+    Ok(query(
+        tx,
+        "SELECT event_id, receipt FROM node_security_events
+         WHERE node_id = $1 AND journal_id = $2 AND event_id = ANY($3) AND length(receipt) > 0",
+        &[&node_id, &journal_id, &ids],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+    .collect())
+}
+
+pub(super) async fn unreceipted(tx: &Tx<'_>, limit: u32) -> Result<Vec<SecurityEvent>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT node_id, journal_id, event_id, kind, body FROM node_security_events
+         WHERE receipt IS NULL LIMIT $1",
+        &[&i64::from(limit)],
+    )
+    .await?
+    .iter()
+    .map(|r| SecurityEvent {
+        node_id: r.get(0),
+        journal_id: r.get(1),
+        event_id: r.get::<_, i64>(2) as u64,
+        kind: r.get(3),
+        body: r.get(4),
+    })
+    .collect())
+}
+
+pub(super) async fn put_receipt(
+    tx: &Tx<'_>,
+    e: &SecurityEvent,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE node_security_events SET receipt = $4
+         WHERE node_id = $1 AND journal_id = $2 AND event_id = $3 AND receipt IS NULL",
+        &[&e.node_id, &e.journal_id, &(e.event_id as i64), &receipt],
+    )
+    .await?;
+    execute(
+        tx,
+        "DELETE FROM node_security_events s USING (
+             SELECT journal_id, event_id FROM node_security_events
+             WHERE node_id = $1 AND receipt IS NOT NULL
+             ORDER BY at DESC, event_id DESC OFFSET $2) old
+         WHERE s.node_id = $1 AND s.journal_id = old.journal_id AND s.event_id = old.event_id",
+        &[&e.node_id, &SECURITY_EVENTS_KEPT_PER_NODE],
+    )
+    .await?;
+    Ok(())
 }

@@ -51,6 +51,10 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ),
     ("legacy_results", "SELECT"),
     ("node_events", "SELECT, INSERT, DELETE"),
+    (
+        "node_security_events",
+        "SELECT, INSERT (node_id, journal_id, event_id, kind, body, at)",
+    ),
     ("node_specs", "SELECT"),
     (
         "node_state",

@@ -133,6 +133,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
     include_str!("migrations/0034_gateway_revocations.sql"),
     include_str!("migrations/0035_result_receipts.sql"),
+    include_str!("migrations/0036_node_security_events.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -510,6 +511,16 @@ impl GatewayBackend for PostgresBackend {
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
         tx!(self, |tx| gateways::revocations(&tx).await)
+    }
+
+    async fn event_receipts(
+        &self,
+        node: &str,
+        journal_id: &str,
+        ids: &[u64],
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| events::receipts(&tx, node, journal_id, ids)
+            .await)
     }
 
     async fn result_receipts(
@@ -899,6 +910,21 @@ impl Backend for PostgresBackend {
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+    }
+
+    async fn security_events_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<crate::events::SecurityEvent>, StoreError> {
+        tx!(self, |tx| events::unreceipted(&tx, limit).await)
+    }
+
+    async fn put_event_receipt(
+        &self,
+        event: &crate::events::SecurityEvent,
+        receipt: &[u8],
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| events::put_receipt(&tx, event, receipt).await)
     }
 
     async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {

@@ -1,9 +1,12 @@
 //! Node events.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::StoreError;
-use crate::events::{EVENTS_KEPT_PER_NODE, EventInput, EventRow};
+use crate::events::{
+    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_PER_NODE, SecurityEvent,
+    is_security,
+};
 
 pub(super) fn put(
     c: &Connection,
@@ -28,6 +31,21 @@ pub(super) fn put(
                 e.age_ms.min(i64::MAX as u64) as i64
             ])?;
             up_to = up_to.max(e.id);
+        }
+        let mut kept = c.prepare_cached(
+            "INSERT INTO node_security_events (node_id, journal_id, event_id, kind, body, at)
+             VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
+             ON CONFLICT DO NOTHING",
+        )?;
+        for e in events.iter().filter(|e| is_security(&e.kind)) {
+            kept.execute(params![
+                node_id,
+                journal_id,
+                e.id as i64,
+                e.kind,
+                e.body,
+                e.age_ms.min(i64::MAX as u64) as i64
+            ])?;
         }
     }
     c.prepare_cached(
@@ -56,4 +74,65 @@ pub(super) fn list(c: &Connection, node_id: &str) -> Result<Vec<EventRow>, Store
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(rows)
+}
+
+pub(super) fn receipts(
+    c: &Connection,
+    node_id: &str,
+    journal_id: &str,
+    ids: &[u64],
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    let mut st = c.prepare_cached(
+        "SELECT receipt FROM node_security_events
+         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND length(receipt) > 0",
+    )?;
+    let mut out = Vec::new();
+    for id in ids {
+        if let Some(r) = st
+            .query_row(params![node_id, journal_id, *id as i64], |r| {
+                r.get::<_, Vec<u8>>(0)
+            })
+            .optional()?
+        {
+            out.push((*id, r));
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn unreceipted(c: &Connection, limit: u32) -> Result<Vec<SecurityEvent>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT node_id, journal_id, event_id, kind, body FROM node_security_events
+         WHERE receipt IS NULL LIMIT ?1",
+    )?
+    .query_map([limit], |r| {
+        Ok(SecurityEvent {
+            node_id: r.get(0)?,
+            journal_id: r.get(1)?,
+            event_id: r.get::<_, i64>(2)? as u64,
+            kind: r.get(3)?,
+            body: r.get(4)?,
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn put_receipt(
+    c: &Connection,
+    e: &SecurityEvent,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "UPDATE node_security_events SET receipt = ?4
+         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND receipt IS NULL",
+    )?
+    .execute(params![e.node_id, e.journal_id, e.event_id as i64, receipt])?;
+    c.prepare_cached(
+        "DELETE FROM node_security_events WHERE node_id = ?1 AND rowid IN (
+             SELECT rowid FROM node_security_events
+             WHERE node_id = ?1 AND receipt IS NOT NULL
+             ORDER BY at DESC, event_id DESC LIMIT -1 OFFSET ?2)",
+    )?
+    .execute(params![e.node_id, SECURITY_EVENTS_KEPT_PER_NODE])?;
+    Ok(())
 }

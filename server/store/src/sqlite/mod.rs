@@ -111,6 +111,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
     include_str!("migrations/0034_gateway_revocations.sql"),
     include_str!("migrations/0035_result_receipts.sql"),
+    include_str!("migrations/0036_node_security_events.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -466,6 +467,17 @@ impl GatewayBackend for SqliteBackend {
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
         self.read(gateways::revocations).await
+    }
+
+    async fn event_receipts(
+        &self,
+        node: &str,
+        journal_id: &str,
+        ids: &[u64],
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let (node, journal_id, ids) = (node.to_string(), journal_id.to_string(), ids.to_vec());
+        self.read(move |c| events::receipts(c, &node, &journal_id, &ids))
+            .await
     }
 
     async fn result_receipts(
@@ -883,6 +895,23 @@ impl Backend for SqliteBackend {
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
         self.write(move |c| clones::supersede(c, &node, &serial))
+            .await
+    }
+
+    async fn security_events_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<crate::events::SecurityEvent>, StoreError> {
+        self.read(move |c| events::unreceipted(c, limit)).await
+    }
+
+    async fn put_event_receipt(
+        &self,
+        event: &crate::events::SecurityEvent,
+        receipt: &[u8],
+    ) -> Result<(), StoreError> {
+        let (event, receipt) = (event.clone(), receipt.to_vec());
+        self.write(move |c| events::put_receipt(c, &event, &receipt))
             .await
     }
 

@@ -1,4 +1,4 @@
--- schema version 35
+-- schema version 36
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -47,6 +47,10 @@ CREATE INDEX node_certs_node ON node_certs(node_id);
 
 -- index node_macs_node
 CREATE INDEX node_macs_node ON node_macs(node_id);
+
+-- index node_security_events_unreceipted
+CREATE INDEX node_security_events_unreceipted ON node_security_events (node_id)
+    WHERE receipt IS NULL;
 
 -- index node_sessions_gateway
 CREATE INDEX node_sessions_gateway ON node_sessions(gateway_id, state);
@@ -310,6 +314,18 @@ CREATE TABLE node_macs (
         node_id     TEXT NOT NULL REFERENCES nodes(id),
         reported_at INTEGER NOT NULL
     ) STRICT;
+
+-- table node_security_events
+CREATE TABLE node_security_events (
+    node_id    TEXT NOT NULL REFERENCES nodes(id),
+    journal_id TEXT NOT NULL,
+    event_id   INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    body       BLOB NOT NULL,
+    at         INTEGER NOT NULL,
+    receipt    BLOB,
+    PRIMARY KEY (node_id, journal_id, event_id)
+) STRICT;
 
 -- table node_sessions
 CREATE TABLE node_sessions (

@@ -184,3 +184,67 @@ pub async fn fleet_events_are_read_by_node_kind_age_and_position(f: Fixture) {
         .unwrap();
     assert_eq!(next.iter().map(|e| e.id).collect::<Vec<_>>(), [all[1].id]);
 }
+
+pub async fn security_events_are_kept_apart_until_their_one_receipt(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let other = joined(s, 2).await;
+    s.put_events(
+        &node,
+        "j1",
+        &[
+            ev(1, "command.accepted", 0),
+            ev(2, "security.command.refused", 0),
+            ev(3, "security.spec.refused", 0),
+        ],
+    )
+    .await
+    .unwrap();
+    // Resent: kept once, as first stored.
+    s.put_events(&node, "j1", &[ev(2, "security.changed", 0)])
+        .await
+        .unwrap();
+    let waiting = s.security_events_unreceipted(10).await.unwrap();
+    let kinds: Vec<(u64, &str)> = waiting
+        .iter()
+        .map(|e| (e.event_id, e.kind.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (2, "security.command.refused"),
+            (3, "security.spec.refused")
+        ]
+    );
+    assert_eq!(waiting[0].body, b"body2");
+    assert!(
+        s.event_receipts(&node, "j1", &[1, 2, 3])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    s.put_event_receipt(&waiting[0], b"r2").await.unwrap();
+    s.put_event_receipt(&waiting[0], b"again").await.unwrap();
+    assert_eq!(
+        s.gateway()
+            .event_receipts(&node, "j1", &[1, 2, 3])
+            .await
+            .unwrap(),
+        vec![(2, b"r2".to_vec())],
+        "once only"
+    );
+    assert!(
+        s.event_receipts(&node, "j2", &[2])
+            .await
+            .unwrap()
+            .is_empty(),
+        "another journal's event 2 is another event"
+    );
+    assert!(
+        s.event_receipts(&other, "j1", &[2])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.security_events_unreceipted(10).await.unwrap().len(), 1);
+}

@@ -345,6 +345,7 @@ macro_rules! store_suite {
             specs::a_rewritten_spec_row_signs_nothing,
             commands::command_states_are_counted,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
+            events::security_events_are_kept_apart_until_their_one_receipt,
             events::fleet_events_are_read_by_node_kind_age_and_position,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,
