@@ -9,11 +9,14 @@
 //!   learnt the list there or through another gateway earlier;
 //! - leaves a gateway that lets the held list run out without handing a
 //!   newer one: at a point drawn in the list's last fifth, so a fleet whose
-//!   key holder is away does not redial all at once. It does so once per
-//!   list, and a redial that lands on a gateway it left so is left again
-//!   (at most [`MAX_STALE_LEAVES`] times per list, then it stays: behind a
-//!   balancer that keeps routing it there, or with every gateway's list
-//!   stale because the key holder is down, staying is all there is).
+//!   key holder is away does not redial all at once. A redial that lands
+//!   on a gateway it left so is left again (at most [`MAX_STALE_LEAVES`]
+//!   times in all, then it stays: behind a balancer that keeps routing it
+//!   there, or with every gateway's list stale because the key holder is
+//!   down, staying is all there is), and while no newer list comes it
+//!   leaves the gateway it is on again one list's life later (at least
+//!   [`MIN_REARM_MS`]): a gateway that withholds lists and holds the route
+//!   keeps the node only until then.
 //!
 //! A node that never saw a list enforces nothing: a fleet whose control
 //! plane signs none keeps working.
@@ -84,12 +87,17 @@ impl std::fmt::Display for Leave {
 /// How many times a node leaves gateways for one stale list.
 pub const MAX_STALE_LEAVES: u32 = 3;
 
+/// The least time between two stale leaves under one list.
+pub const MIN_REARM_MS: i64 = 60_000;
+
 /// The node's side of gateway revocation; see the module.
 #[derive(Debug, Clone)]
 pub struct GatewayTrust {
     held: Option<RevocationList>,
-    /// When (local ms) `held` was taken; `None` for one kept across a
-    /// restart, judged on server time alone.
+    /// When (local ms) `held` was taken: a list kept across a restart
+    /// counts as taken at local time 0 (it was signed before this process
+    /// started, so its issue time plus the process's time is still a time
+    /// that has passed).
     received_local_ms: Option<i64>,
     /// The list the shell last kept on disk: when it was signed and what
     /// it names (sorted).
@@ -117,6 +125,7 @@ impl GatewayTrust {
         if let Some(list) = held {
             t.hold(list);
             t.kept_now();
+            t.received_local_ms = Some(0);
         }
         t
     }
@@ -241,9 +250,14 @@ impl GatewayTrust {
     ) -> Result<(), Leave> {
         let now = self.judged_now(server_now_ms, local_ms);
         match &self.held {
-            Some(h) if self.stale_leaves == 0 && now.is_some_and(|n| n >= self.leave_at_ms) => {
+            Some(h) if let Some(n) = now.filter(|n| *n >= self.leave_at_ms) => {
+                // Again one life later, the redials counted afresh.
+                let life = h.not_after_ms.saturating_sub(h.issued_ms);
+                self.leave_at_ms = n.saturating_add(life.max(MIN_REARM_MS));
                 self.stale_leaves = 1;
-                self.withheld.push(gateway.to_string());
+                if !self.withheld.iter().any(|g| g == gateway) {
+                    self.withheld.push(gateway.to_string());
+                }
                 Err(Leave::Stale {
                     not_after_ms: h.not_after_ms,
                 })
@@ -255,7 +269,7 @@ impl GatewayTrust {
     /// When [`GatewayTrust::due`] next says to leave (server ms), if it
     /// can.
     pub fn due_at(&self) -> Option<i64> {
-        (self.held.is_some() && self.stale_leaves == 0).then_some(self.leave_at_ms)
+        self.held.is_some().then_some(self.leave_at_ms)
     }
 
     /// How long (ms) until [`GatewayTrust::due`] says to leave, judged as
@@ -330,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gateway_that_withholds_newer_lists_is_left_in_the_lists_last_fifth_once() {
+    fn a_gateway_that_withholds_newer_lists_is_left_in_the_lists_last_fifth_then_each_life() {
         for seed in 0..200 {
             let mut t = GatewayTrust::new(None, seed);
             let l = list(0, &[]);
@@ -343,18 +357,25 @@ mod tests {
                 t.due(Some(at), 0, "a"),
                 Err(Leave::Stale { not_after_ms: end })
             );
-            // Once per list: on the next gateway, with the same list, it
-            // stays (every gateway's list is stale when the key holder is
-            // away) ...
-            assert_eq!(t.due_at(), None);
+            // On the next gateway, with the same list, it stays a life
+            // (every gateway's list is stale when the key holder is away)
+            // ...
+            assert_eq!(t.due_at(), Some(at + 5 * MIN));
             assert_eq!(t.reached("b"), Ok(()));
-            assert_eq!(t.due(Some(end + 10 * MIN), 0, "b"), Ok(()));
-            // ... but a redial back onto the one that withheld is left
-            // again, a bounded number of times.
+            assert_eq!(t.due(Some(at + 5 * MIN - 1), 0, "b"), Ok(()));
+            // ... a redial back onto the one that withheld is left again,
+            // a bounded number of times, then it stays ...
             for _ in 1..MAX_STALE_LEAVES {
                 assert!(matches!(t.reached("a"), Err(Leave::Stale { .. })));
             }
             assert_eq!(t.reached("a"), Ok(()), "then it stays");
+            // ... and a life later it leaves again, the redials counted
+            // afresh: a gateway that withholds lists and holds the route
+            // keeps the node a life at a time.
+            assert!(t.due(Some(at + 5 * MIN), 0, "a").is_err());
+            assert!(matches!(t.reached("a"), Err(Leave::Stale { .. })));
+            assert!(matches!(t.reached("b"), Ok(())));
+            assert_eq!(t.due_at(), Some(at + 10 * MIN));
         }
     }
 
@@ -389,11 +410,12 @@ mod tests {
         let _ = t.offered(list(0, &[]), "a", 0);
         assert_eq!(t.due_in(None, 0), t.due_at());
         assert!(t.due(None, at, "a").is_err());
-        // A list kept across a restart has only server time to go by.
+        // A list kept across a restart runs on from local time 0 (the
+        // process started after it was signed).
         let mut t = GatewayTrust::new(Some(list(0, &[])), 5);
-        assert_eq!(t.due_in(None, i64::MAX), None);
-        assert_eq!(t.due(None, i64::MAX, "a"), Ok(()));
-        assert_eq!(t.due_in(Some(end), 0), Some(0));
+        assert_eq!(t.due_in(None, 0), t.due_at());
+        assert_eq!(t.due(Some(-100 * MIN), at - 1, "a"), Ok(()));
+        assert!(t.due(Some(-100 * MIN), at, "a").is_err());
     }
 
     #[test]

@@ -24,6 +24,10 @@ use bc_store::{Store, StoreError};
 use bcd_proto::v1::{GatewayRevocations, RevokedGatewayCert};
 use tracing::{debug, info};
 
+/// How far ahead of the store's clock the last list's issue time may be
+/// and still be followed (a clock that stepped back).
+const AHEAD_MS: i64 = 60_000;
+
 /// How often a list is signed again: a tenth of its life, so a node is
 /// handed several before the one it holds runs out.
 pub fn every(life: Duration) -> Duration {
@@ -39,10 +43,14 @@ pub async fn tick(
 ) -> Result<usize, StoreError> {
     let revoked = store.revoked_gateway_certs().await?;
     let now = store.now().await?;
-    // Each list is newer than the last, even on a clock that stepped back.
+    // Each list is newer than the last, even on a clock that stepped back
+    // a little; a stored issue time further ahead than that (a row
+    // rewritten in the store) moves nothing: the list is issued now.
     let issued_ms = match store.gateway_revocations().await? {
-        Some(last) => now.max(last.issued_ms + 1),
-        None => now,
+        Some(last) if last.issued_ms >= now && last.issued_ms < now.saturating_add(AHEAD_MS) => {
+            last.issued_ms + 1
+        }
+        _ => now,
     };
     let named = revoked.len();
     let list = GatewayRevocations {

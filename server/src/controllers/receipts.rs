@@ -9,8 +9,9 @@
 //! ([`crate::evidence::judge`], against the certificates the fleet CA
 //! issued the node) and keeps beside it a worker-signed `ResultReceipt`
 //! naming the node, the command, its sequence and the SHA-256 of the
-//! signed bytes, or an empty one where it gives none (a result no node
-//! signed, a Hello's proof). Likewise a node's security events, which a
+//! signed bytes (none for an ending the control plane decided and
+//! believes: a Hello's proof of a reboot or a lost journal), or an empty
+//! one where it gives none (a result no node signed). Likewise a node's security events, which a
 //! gateway stores where it cannot delete them ([`tick_events`]). The node's gateway hands receipts on for
 //! the results it stored in the session (`gateway::session`), and the
 //! node settles the result only on one that verifies and names what it
@@ -71,23 +72,31 @@ pub async fn tick(
             certs.insert(row.node_id.clone(), held);
         }
         let evidence = judge(&row, &certs[&row.node_id], ca_der);
-        let receipt = match (&evidence, &row.signed_result) {
-            (Evidence::NodeSigned, Some(signed)) => bcd_proto::receipts::seal(
+        // The node's own signed bytes, named by their SHA-256; an ending
+        // the control plane decided and believes (a Hello's proof of a
+        // reboot or a lost journal) with none: either way the store holds
+        // the command's final ending, and the node may forget its result.
+        let sha = match (&evidence, &row.signed_result) {
+            (Evidence::NodeSigned, Some(signed)) => Some(bcd_proto::fingerprint(&signed.payload)),
+            (Evidence::Decided(_) | Evidence::Legacy, _) => Some(String::new()),
+            (Evidence::Forged(why), _) => {
+                warn!(cmd = %row.id, node = %row.node_id, %why, "a result in the store was not signed by its node: no receipt");
+                None
+            }
+            _ => None,
+        };
+        let receipt = sha.map_or_else(Vec::new, |result_sha256| {
+            bcd_proto::receipts::seal(
                 key,
                 ResultReceipt {
                     purpose: String::new(),
                     node_id: row.node_id.clone(),
                     command_id: row.id.clone(),
                     seq: row.seq,
-                    result_sha256: bcd_proto::fingerprint(&signed.payload),
+                    result_sha256,
                 },
-            ),
-            (Evidence::Forged(why), _) => {
-                warn!(cmd = %row.id, node = %row.node_id, %why, "a result in the store was not signed by its node: no receipt");
-                Vec::new()
-            }
-            _ => Vec::new(),
-        };
+            )
+        });
         store.put_result_receipt(id, &receipt).await?;
     }
     if !ids.is_empty() {

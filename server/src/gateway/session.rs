@@ -525,6 +525,10 @@ impl Session<'_> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(a, _)| *a != id);
+            // Judged and given none: nothing to wait for.
+            if receipt.is_empty() {
+                continue;
+            }
             if !self.send(server_message::Msg::ResultReceipt(receipt)).await {
                 return false;
             }

@@ -75,8 +75,9 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
 
     /// The key holder's receipts for results of `node`'s commands among
-    /// `ids` (command id, signed receipt); commands with none yet are
-    /// left out.
+    /// `ids` (command id, signed receipt; empty where the key holder
+    /// judged the result and gives none); commands not judged yet are left
+    /// out.
     async fn result_receipts(
         &self,
         node: &str,
@@ -299,8 +300,8 @@ pub trait Backend: GatewayBackend {
     ) -> Result<Vec<crate::events::SecurityEvent>, StoreError>;
 
     /// Keeps the key holder's receipt beside a node's security event (once
-    /// only), and forgets that node's receipted security events past
-    /// [`crate::events::SECURITY_EVENTS_KEPT_PER_NODE`].
+    /// only), and forgets that node's security events receipted more than
+    /// [`crate::events::SECURITY_EVENTS_KEPT_MS`] ago.
     async fn put_event_receipt(
         &self,
         event: &crate::events::SecurityEvent,

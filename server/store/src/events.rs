@@ -25,8 +25,10 @@ pub fn is_security(kind: &str) -> bool {
     kind.starts_with("security.")
 }
 
-/// A node's receipted security events kept per node; older ones go.
-pub const SECURITY_EVENTS_KEPT_PER_NODE: i64 = 1_000;
+/// How long a node's receipted security event is kept after its receipt,
+/// on the key holder's clock: rows a gateway inserts (with whatever `at`)
+/// push none out.
+pub const SECURITY_EVENTS_KEPT_MS: i64 = 90 * 24 * 3600 * 1000;
 
 /// A node's security event the key holder has not judged for a receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]

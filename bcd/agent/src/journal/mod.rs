@@ -190,6 +190,15 @@ pub struct StoredEvent {
     pub created_ms: i64,
 }
 
+/// Acknowledged security events kept, waiting for receipts, at most.
+#[cfg(not(test))]
+const KEEP_SECURITY: i64 = 1_000;
+#[cfg(test)]
+const KEEP_SECURITY: i64 = 5;
+
+/// The largest event body a gateway stores (`gateway::session`).
+const MAX_STORED_BODY: i64 = 64 << 10;
+
 /// Settled results kept for answering late replays; older ones go.
 const KEEP_ACKED: i64 = 1000;
 
@@ -615,12 +624,27 @@ impl Journal {
     /// receipt says the store keeps them where no gateway can delete them
     /// ([`Journal::settle_event`]): the acknowledgement is unsigned, and a
     /// gateway must not erase the node's record of what it forged.
+    ///
+    /// Security events a gateway acknowledged are kept up to
+    /// [`KEEP_SECURITY`] (the newest; a control plane from before receipts
+    /// sends none), and one over the 64 KiB a gateway stores goes with the
+    /// acknowledgement (no gateway stores it, so no receipt comes).
     pub fn ack_events(&self, up_to: u64) -> rusqlite::Result<()> {
-        self.conn()?.execute(
-            "DELETE FROM events WHERE id <= ?1 AND kind NOT LIKE 'security.%'",
-            [up_to as i64],
+        let up_to = up_to.min(i64::MAX as u64) as i64;
+        let conn = self.conn()?;
+        let tx = conn.unchecked_transaction()?;
+        tx.execute(
+            "DELETE FROM events WHERE id <= ?1
+                 AND (kind NOT LIKE 'security.%' OR length(body) > ?2)",
+            params![up_to, MAX_STORED_BODY],
         )?;
-        Ok(())
+        tx.execute(
+            "DELETE FROM events WHERE id <= ?1 AND kind LIKE 'security.%' AND id NOT IN (
+                 SELECT id FROM events WHERE kind LIKE 'security.%'
+                 ORDER BY id DESC LIMIT ?2)",
+            params![up_to, KEEP_SECURITY],
+        )?;
+        tx.commit()
     }
 
     /// The key holder's receipt for security event `id`: it goes when the
@@ -990,6 +1014,28 @@ mod tests {
             Some(true)
         );
         assert!(j.events_after(0, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn acknowledged_security_events_are_kept_within_bounds() {
+        let d = tempfile::tempdir().unwrap();
+        let (j, _) = Journal::open(&d.path().join("journal.db")).unwrap();
+        let b = EventBounds::default();
+        let huge = vec![b'x'; MAX_STORED_BODY as usize + 1];
+        j.push_event("security.huge", EventClass::Transition, &huge, b)
+            .unwrap();
+        for i in 0..(KEEP_SECURITY + 3) {
+            j.push_event("security.k", EventClass::Transition, &[i as u8], b)
+                .unwrap();
+        }
+        j.ack_events(u64::MAX).unwrap();
+        let left = j.events_after(0, 100).unwrap();
+        assert_eq!(left.len() as i64, KEEP_SECURITY, "the newest kept");
+        assert!(
+            left.iter().all(|e| e.kind == "security.k"),
+            "no gateway stores the huge one"
+        );
+        assert_eq!(left.last().unwrap().body, [(KEEP_SECURITY + 2) as u8]);
     }
 
     #[test]

@@ -181,6 +181,9 @@ struct Warned {
     last: std::collections::HashMap<&'static str, (Duration, u64)>,
 }
 
+/// How much of a refused frame's detail is journaled.
+const MAX_DETAIL: usize = 4 << 10;
+
 /// Between two reports of the same kind of refused frame.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -307,6 +310,15 @@ impl Agent {
     fn refused_frame(&mut self, kind: &'static str, detail: serde_json::Value) {
         let Some(held) = self.warned.allow(kind, self.now()) else {
             return;
+        };
+        // What a gateway put in a frame is journaled a few KiB at most.
+        let detail = match detail.to_string() {
+            text if text.len() > MAX_DETAIL => serde_json::Value::String(format!(
+                "{}... ({} bytes in all)",
+                &text[..text.floor_char_boundary(MAX_DETAIL)],
+                text.len()
+            )),
+            _ => detail,
         };
         warn!(kind, %detail, held_back = held, "refused a frame from the gateway");
         self.event(

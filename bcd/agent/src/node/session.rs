@@ -25,6 +25,11 @@ use crate::failpoints::Point;
 use crate::hw;
 use crate::journal::EventClass;
 
+/// After a Welcome, how long a gateway has to hand a list newer than the
+/// one the node holds before a list that ran out meanwhile (a long outage,
+/// a restart) makes the node leave it.
+const LIST_GRACE: Duration = Duration::from_secs(5);
+
 /// How often the node journals a load-average metric.
 const METRIC_EVERY: Duration = Duration::from_secs(60);
 
@@ -43,6 +48,8 @@ impl Agent {
         let mut conn: Conn = None;
         let mut wanted: Vec<String> = Vec::new();
         let mut counted = false;
+        // When the session now open was established.
+        let mut established_at: Option<Instant> = None;
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
         self.staged = Some(staged_tx);
@@ -105,6 +112,7 @@ impl Agent {
                             server_time_ms,
                         } => {
                             info!(epoch, server_time_ms, "session established");
+                            established_at = Some(Instant::now());
                             self.epoch = Some(epoch);
                             // Written with the mark (the PersistMark that
                             // follows the Welcome).
@@ -149,6 +157,7 @@ impl Agent {
                         },
                         Action::Disconnected { retry_in } => {
                             self.observe_disconnected(false);
+                            established_at = None;
                             conn = None;
                             dialing = None;
                             self.epoch = None;
@@ -179,10 +188,10 @@ impl Agent {
             let server_now = self.renewal_clock(session.clock().now_or_mark(now));
             // When the held gateway revocation list runs out on this
             // gateway, if it can.
-            let list_due = conn
-                .as_ref()
-                .and_then(|_| self.gateway_due_in(session.clock().server_now(now)))
-                .map(|d| Instant::now() + d);
+            let list_due = established_at.and_then(|at| {
+                self.gateway_due_in(session.clock().server_now(now))
+                    .map(|d| (Instant::now() + d).max(at + LIST_GRACE))
+            });
             // None once a renewal failed for good: no attempt is due.
             let renew_due = renewal
                 .wait(now, server_now, self.identity.cert_life())

@@ -441,7 +441,7 @@ pub(super) async fn result_receipts(
     Ok(query(
         tx,
         "SELECT id, receipt FROM commands \
-         WHERE id = ANY($1) AND node_id = $2 AND length(receipt) > 0",
+         WHERE id = ANY($1) AND node_id = $2 AND receipt IS NOT NULL",
         &[&ids, &node],
     )
     .await?

@@ -3,8 +3,7 @@
 use super::{Tx, execute, query};
 use crate::error::StoreError;
 use crate::events::{
-    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_PER_NODE, SecurityEvent,
-    is_security,
+    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent, is_security,
 };
 
 pub(super) async fn put(
@@ -122,19 +121,16 @@ pub(super) async fn put_receipt(
 ) -> Result<(), StoreError> {
     execute(
         tx,
-        "UPDATE node_security_events SET receipt = $4
+        "UPDATE node_security_events SET receipt = $4, receipted_at = compute_now()
          WHERE node_id = $1 AND journal_id = $2 AND event_id = $3 AND receipt IS NULL",
         &[&e.node_id, &e.journal_id, &(e.event_id as i64), &receipt],
     )
     .await?;
     execute(
         tx,
-        "DELETE FROM node_security_events s USING (
-             SELECT journal_id, event_id FROM node_security_events
-             WHERE node_id = $1 AND receipt IS NOT NULL
-             ORDER BY at DESC, event_id DESC OFFSET $2) old
-         WHERE s.node_id = $1 AND s.journal_id = old.journal_id AND s.event_id = old.event_id",
-        &[&e.node_id, &SECURITY_EVENTS_KEPT_PER_NODE],
+        "DELETE FROM node_security_events
+         WHERE node_id = $1 AND receipted_at < compute_now() - $2",
+        &[&e.node_id, &SECURITY_EVENTS_KEPT_MS],
     )
     .await?;
     Ok(())

@@ -344,7 +344,7 @@ pub(super) fn result_receipts(
     ids: &[String],
 ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
     let mut st = c.prepare_cached(
-        "SELECT receipt FROM commands WHERE id = ?1 AND node_id = ?2 AND length(receipt) > 0",
+        "SELECT receipt FROM commands WHERE id = ?1 AND node_id = ?2 AND receipt IS NOT NULL",
     )?;
     let mut out = Vec::new();
     for id in ids {

@@ -4,8 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::StoreError;
 use crate::events::{
-    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_PER_NODE, SecurityEvent,
-    is_security,
+    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent, is_security,
 };
 
 pub(super) fn put(
@@ -123,16 +122,14 @@ pub(super) fn put_receipt(
     receipt: &[u8],
 ) -> Result<(), StoreError> {
     c.prepare_cached(
-        "UPDATE node_security_events SET receipt = ?4
+        "UPDATE node_security_events SET receipt = ?4, receipted_at = compute_now()
          WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND receipt IS NULL",
     )?
     .execute(params![e.node_id, e.journal_id, e.event_id as i64, receipt])?;
     c.prepare_cached(
-        "DELETE FROM node_security_events WHERE node_id = ?1 AND rowid IN (
-             SELECT rowid FROM node_security_events
-             WHERE node_id = ?1 AND receipt IS NOT NULL
-             ORDER BY at DESC, event_id DESC LIMIT -1 OFFSET ?2)",
+        "DELETE FROM node_security_events
+         WHERE node_id = ?1 AND receipted_at < compute_now() - ?2",
     )?
-    .execute(params![e.node_id, SECURITY_EVENTS_KEPT_PER_NODE])?;
+    .execute(params![e.node_id, SECURITY_EVENTS_KEPT_MS])?;
     Ok(())
 }

@@ -169,6 +169,7 @@ node_security_events.kind: text NOT NULL
 node_security_events.body: bytea NOT NULL
 node_security_events.at: bigint NOT NULL
 node_security_events.receipt: bytea
+node_security_events.receipted_at: bigint
 node_sessions.node_id: text NOT NULL
 node_sessions.epoch: bigint NOT NULL
 node_sessions.gateway_id: text NOT NULL

@@ -324,6 +324,7 @@ CREATE TABLE node_security_events (
     body       BLOB NOT NULL,
     at         INTEGER NOT NULL,
     receipt    BLOB,
+    receipted_at INTEGER,
     PRIMARY KEY (node_id, journal_id, event_id)
 ) STRICT;
 

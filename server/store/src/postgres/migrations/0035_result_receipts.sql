@@ -2,10 +2,9 @@
 -- holder verifies each result its node signed and keeps a worker-signed
 -- receipt beside it, which the node's gateway hands on so the node may
 -- forget the result. NULL: not judged yet; empty: judged and given none
--- (no node signed it, or it is a Hello's proof). Results that finished
--- before receipts need none. A gateway's role reads the column and may not
--- write it (its grants, bc_store::postgres::grants).
+-- (no node signed it). Results that finished before receipts are judged
+-- too, once. A gateway's role reads the column and may not write it (its
+-- grants, bc_store::postgres::grants).
 ALTER TABLE commands ADD COLUMN receipt BYTEA;
-UPDATE commands SET receipt = '\x'::bytea WHERE result_signature IS NOT NULL;
 CREATE INDEX commands_unreceipted ON commands (id)
     WHERE receipt IS NULL AND result_signature IS NOT NULL;
