@@ -15,36 +15,32 @@ pub(super) fn put(
 ) -> Result<u64, StoreError> {
     let mut up_to = 0;
     {
-        let mut q = c.prepare_cached(
-            "INSERT INTO node_events (node_id, journal_id, event_id, kind, body, at)
-             VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
-             ON CONFLICT DO NOTHING",
-        )?;
+        // Security events also where a gateway cannot delete them.
+        let mut tables = [
+            c.prepare_cached(
+                "INSERT INTO node_events (node_id, journal_id, event_id, kind, body, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
+                 ON CONFLICT DO NOTHING",
+            )?,
+            c.prepare_cached(
+                "INSERT INTO node_security_events (node_id, journal_id, event_id, kind, body, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
+                 ON CONFLICT DO NOTHING",
+            )?,
+        ];
         for e in events {
-            q.execute(params![
-                node_id,
-                journal_id,
-                e.id as i64,
-                e.kind,
-                e.body,
-                e.age_ms.min(i64::MAX as u64) as i64
-            ])?;
+            let into = if is_security(&e.kind) { 2 } else { 1 };
+            for q in tables.iter_mut().take(into) {
+                q.execute(params![
+                    node_id,
+                    journal_id,
+                    e.id as i64,
+                    e.kind,
+                    e.body,
+                    e.age_ms.min(i64::MAX as u64) as i64
+                ])?;
+            }
             up_to = up_to.max(e.id);
-        }
-        let mut kept = c.prepare_cached(
-            "INSERT INTO node_security_events (node_id, journal_id, event_id, kind, body, at)
-             VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
-             ON CONFLICT DO NOTHING",
-        )?;
-        for e in events.iter().filter(|e| is_security(&e.kind)) {
-            kept.execute(params![
-                node_id,
-                journal_id,
-                e.id as i64,
-                e.kind,
-                e.body,
-                e.age_ms.min(i64::MAX as u64) as i64
-            ])?;
         }
     }
     c.prepare_cached(
