@@ -289,8 +289,9 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
         drained.elapsed()
     );
     assert!(!marker.exists(), "the forged command ran");
-    // Server time ten years ahead: taken for this session, but the mark
-    // the node persists moves at most a minute past its own clocks.
+    // Server time ten years ahead: held to what the node's mark and the
+    // key holder's signed list allow, and the mark the node persists moves
+    // at most a minute past its own clocks.
     let future = now_ms() + 10 * 365 * 86_400_000;
     c.welcome(last + 2, future, &[]);
     wait_for(ANSWER, "the mark persisted", || {
@@ -622,4 +623,75 @@ fn a_security_event_a_gateway_acknowledged_is_kept_until_the_key_holder_receipts
         "{kinds:?}"
     );
     stop_node(&mut node);
+}
+
+/// A gateway dates its Welcome a day ahead, so that a command the key
+/// holder signed for an hour would run out: the node holds server time to
+/// what its mark allows until a list the key holder signed comes, then to
+/// what that list allows, runs the command, and records the gateway's
+/// time as a security event.
+#[test]
+fn a_gateway_that_dates_its_welcome_ahead_expires_no_command() {
+    const DAY: i64 = 86_400_000;
+    let (_d, mut server, mut node, id) = setup_connected(67);
+    // The node keeps the key holder's gateway revocation list.
+    wait_for(ANSWER, "the node to keep a gateway revocation list", || {
+        node.dir.join("gateway-revocations").exists().then_some(())
+    });
+    stop_node(&mut node);
+    let first = server.run_command(&id, "exec.run", &["true"]);
+    let second = server.run_command(&id, "exec.run", &["true"]);
+    server.proc.stop();
+    let store = server.store();
+    let list = store
+        .block(store.store.gateway_revocations())
+        .unwrap()
+        .expect("the key holder's list")
+        .envelope;
+    drop(store);
+    let mut h = Hostile::start(&server.dir, server.addr).expect("hostile gateway");
+    node.start();
+
+    // A day ahead, and no list: the mark limits server time.
+    let a = h.next_session(REDIAL);
+    let epoch = a.hello.last_epoch + 1;
+    a.welcome(epoch, now_ms() + DAY, &[]);
+    let (seq, signed) = envelope(&server, &first);
+    a.send(S::Command(v1::CommandDispatch {
+        command_id: first.clone(),
+        seq,
+        signed,
+        epoch,
+    }));
+    let (_, r) = signed_result(&a, &first);
+    assert_eq!(
+        r.outcome,
+        v1::Outcome::Succeeded as i32,
+        "the command a day-ahead Welcome would expire: {r:?}"
+    );
+    // The key holder's list, handed on as an honest gateway would: the
+    // limit is now the list's, and the node records the gateway's time.
+    a.send(S::GatewayRevocations(list));
+    let ahead = event(&a, "security.clock.ahead");
+    let body = String::from_utf8_lossy(&ahead.body);
+    assert!(body.contains("limit_ms"), "{body}");
+    let (seq, signed) = envelope(&server, &second);
+    a.send(S::Command(v1::CommandDispatch {
+        command_id: second.clone(),
+        seq,
+        signed,
+        epoch,
+    }));
+    let (_, r) = signed_result(&a, &second);
+    assert_eq!(r.outcome, v1::Outcome::Succeeded as i32, "{r:?}");
+    drop(a);
+    h.stop();
+    let mark = node.identity()["server_time_mark_ms"]
+        .as_i64()
+        .expect("mark");
+    assert!(
+        mark <= now_ms() + 5 * 60_000,
+        "the mark went {} ms ahead",
+        mark - now_ms()
+    );
 }

@@ -25,8 +25,23 @@
 //! mark written before bases existed) starts a new base at the mark less
 //! [`SLACK`], the most a gateway can have pushed it. A gateway can
 //! therefore move the mark at most [`SLACK`] ahead of true server time,
-//! however long it holds the node. The anchor used for deadlines follows
-//! the Welcome regardless; only what is persisted is bounded.
+//! however long it holds the node.
+//!
+//! Nor does the node take a gateway's word for server time beyond what a
+//! key vouches for: a gateway that dates its Welcome a day ahead would
+//! otherwise make every valid signed command `expired`, for good. Once the
+//! node holds a gateway revocation list (the key holder signs one every
+//! tenth of its life, and every gateway hands it on), server time is
+//! *limited*: it is never taken past the newest list's signed issue time
+//! plus a tenth of the list's life, plus [`SLACK`], plus the node's
+//! monotonic time since it took that list ([`ServerClock::signed_time`]).
+//! Before a list reaches this process, the limit is the mark plus
+//! [`SLACK`] plus the time since the process started
+//! ([`ServerClock::limit_from_mark`]), until the list a gateway hands on
+//! lifts it. A time past the limit is not obeyed: the estimate stops at
+//! the limit, so no deadline passes early, and the session reports it
+//! ([`ServerClock::ahead_of_signed`]). Never the node's wall clock: a
+//! ramdisk may have none.
 
 use std::time::Duration;
 
@@ -100,8 +115,26 @@ pub struct ServerClock {
     base: Base,
     witness: Witness,
     anchor: Option<(Duration, i64)>,
+    /// From the mark, until a signed time comes.
+    mark_limit: Option<Limit>,
+    /// From the furthest signed time.
+    signed_limit: Option<Limit>,
     max_rewind_ms: i64,
     slack_ms: i64,
+}
+
+/// The furthest server time may be: `ms` at the node's monotonic `at`,
+/// plus the time since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Limit {
+    at: Duration,
+    ms: i64,
+}
+
+impl Limit {
+    fn at(&self, now: Duration) -> i64 {
+        self.ms.saturating_add(ms(now.saturating_sub(self.at)))
+    }
 }
 
 fn ms(d: Duration) -> i64 {
@@ -127,6 +160,8 @@ impl ServerClock {
             base,
             witness,
             anchor: None,
+            mark_limit: None,
+            signed_limit: None,
             max_rewind_ms: ms(MAX_REWIND),
             slack_ms,
         }
@@ -168,6 +203,59 @@ impl ServerClock {
         self.mark_ms = self.mark_ms.max(to);
     }
 
+    /// The node holds a signed time source (a gateway revocation list):
+    /// until one reaches this process, server time is limited to the mark
+    /// plus the slack plus the time since `now`.
+    pub fn limit_from_mark(&mut self, now: Duration) {
+        if self.mark_limit.is_none() {
+            self.mark_limit = Some(Limit {
+                at: now,
+                ms: self.mark_ms.saturating_add(self.slack_ms),
+            });
+        }
+    }
+
+    /// A key signed that server time was `issued_ms` not long before
+    /// `now`: at most `ahead` before (how often such a time is signed) plus
+    /// the slack. Server time is limited to that plus the time since; of
+    /// several limits the furthest holds (an older list replayed lowers
+    /// nothing, nor does a list signed while the key holder was away
+    /// lower the mark's).
+    pub fn signed_time(&mut self, now: Duration, issued_ms: i64, ahead: Duration) {
+        let offered = Limit {
+            at: now,
+            ms: issued_ms
+                .saturating_add(ms(ahead))
+                .saturating_add(self.slack_ms),
+        };
+        match self.signed_limit {
+            Some(held) if held.at(now) >= offered.ms => {}
+            _ => self.signed_limit = Some(offered),
+        }
+    }
+
+    /// The furthest server time may be now, if limited.
+    pub fn limit_ms(&self, now: Duration) -> Option<i64> {
+        let mark = self.mark_limit.map(|l| l.at(now));
+        let signed = self.signed_limit.map(|l| l.at(now));
+        mark.max(signed)
+    }
+
+    /// The gateway's server time now and the limit it is past, if a signed
+    /// time sets one and the gateway's time is past it.
+    pub fn ahead_of_signed(&self, now: Duration) -> Option<(i64, i64)> {
+        self.signed_limit?;
+        let said = self.said_now(now)?;
+        let limit = self.limit_ms(now)?;
+        (said > limit).then_some((said, limit))
+    }
+
+    /// Server time as the gateway's last time says, unlimited.
+    fn said_now(&self, now: Duration) -> Option<i64> {
+        let (at, server) = self.anchor?;
+        Some(server.saturating_add(ms(now.saturating_sub(at))))
+    }
+
     /// Applies a Welcome's server time. On success the clock is anchored and
     /// the mark moves towards the server time if it is later.
     pub fn on_welcome(&mut self, now: Duration, server_time_ms: i64) -> Result<(), ClockError> {
@@ -180,7 +268,9 @@ impl ServerClock {
             });
         }
         self.anchor = Some((now, server_time_ms));
-        self.raise(now, server_time_ms);
+        if let Some(t) = self.server_now(now) {
+            self.raise(now, t);
+        }
         Ok(())
     }
 
@@ -188,21 +278,26 @@ impl ServerClock {
     /// Welcome check; samples that would move server time backwards relative
     /// to the current estimate are ignored, so the estimate is monotonic.
     pub fn on_sample(&mut self, now: Duration, server_time_ms: i64) {
-        match self.server_now(now) {
-            Some(estimate) if server_time_ms <= estimate => {}
-            _ if self.anchor.is_none() => {}
-            _ => {
+        match self.said_now(now) {
+            Some(said) if server_time_ms <= said => {}
+            None => {}
+            Some(_) => {
                 self.anchor = Some((now, server_time_ms));
-                self.raise(now, server_time_ms);
+                if let Some(t) = self.server_now(now) {
+                    self.raise(now, t);
+                }
             }
         }
     }
 
-    /// Server time now, if a Welcome anchored the clock in this process.
+    /// Server time now, if a Welcome anchored the clock in this process:
+    /// the gateway's time, no further than the limit.
     pub fn server_now(&self, now: Duration) -> Option<i64> {
-        let (at, server) = self.anchor?;
-        let elapsed = ms(now.saturating_sub(at));
-        Some(server.saturating_add(elapsed))
+        let said = self.said_now(now)?;
+        Some(match self.limit_ms(now) {
+            Some(limit) => said.min(limit),
+            None => said,
+        })
     }
 
     /// Moves the mark forward to the current estimate (as far as the
@@ -348,6 +443,84 @@ mod tests {
         assert_eq!(c.mark_ms(), mark);
     }
 
+    #[test]
+    fn a_time_past_the_signed_limit_is_not_obeyed() {
+        let truth = 1_000 * DAY;
+        let mut c = clock(truth, 0, 0);
+        // The newest list was signed 30 s ago; lists are signed every
+        // minute.
+        c.signed_time(Duration::ZERO, truth - 30_000, Duration::from_secs(60));
+        // A gateway dates its Welcome a day ahead.
+        c.on_welcome(Duration::ZERO, truth + DAY).unwrap();
+        let limit = truth - 30_000 + 60_000 + SLACK.as_millis() as i64;
+        assert_eq!(c.server_now(Duration::ZERO), Some(limit));
+        assert_eq!(
+            c.ahead_of_signed(Duration::ZERO),
+            Some((truth + DAY, limit))
+        );
+        // A command that runs out in an hour is not past, now or in ten
+        // minutes; time runs on from the limit.
+        assert!(!c.is_past(Duration::ZERO, truth + 60 * MIN));
+        assert_eq!(
+            c.server_now(Duration::from_secs(600)),
+            Some(limit + 600_000)
+        );
+        assert!(!c.is_past(Duration::from_secs(600), truth + 60 * MIN));
+        // Heartbeats that say the same are held to it too.
+        c.on_sample(Duration::from_secs(601), truth + DAY + 601_000);
+        assert_eq!(
+            c.server_now(Duration::from_secs(601)),
+            Some(limit + 601_000)
+        );
+        // The mark moves no further than the limit either.
+        c.advance(Duration::from_secs(601));
+        assert!(c.mark_ms() <= limit + 601_000);
+    }
+
+    #[test]
+    fn an_honest_time_is_taken_as_said() {
+        let truth = 1_000 * DAY;
+        let mut c = clock(truth, 0, 0);
+        c.signed_time(Duration::ZERO, truth - 59_000, Duration::from_secs(60));
+        c.on_welcome(Duration::ZERO, truth + 1_000).unwrap();
+        assert_eq!(c.server_now(Duration::ZERO), Some(truth + 1_000));
+        assert_eq!(c.ahead_of_signed(Duration::ZERO), None);
+        // A list replayed from long ago lowers nothing.
+        c.signed_time(Duration::from_secs(5), truth - DAY, Duration::from_secs(60));
+        assert_eq!(c.server_now(Duration::from_secs(5)), Some(truth + 6_000));
+    }
+
+    #[test]
+    fn the_mark_limits_until_a_signed_time_lifts_it() {
+        let mark = 1_000 * DAY;
+        let mut c = clock(mark, 0, 0);
+        c.limit_from_mark(Duration::ZERO);
+        // The node was off a day; the honest Welcome says so.
+        c.on_welcome(Duration::ZERO, mark + DAY).unwrap();
+        let slack = SLACK.as_millis() as i64;
+        assert_eq!(c.server_now(Duration::ZERO), Some(mark + slack));
+        // Not a signed limit: nothing to report.
+        assert_eq!(c.ahead_of_signed(Duration::ZERO), None);
+        // The list the gateway hands on next lifts it to the gateway's
+        // time at once.
+        c.signed_time(
+            Duration::from_millis(10),
+            mark + DAY - 20_000,
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            c.server_now(Duration::from_millis(10)),
+            Some(mark + DAY + 10)
+        );
+        // A list signed while the key holder was away a week lowers
+        // nothing the mark allows.
+        let mut c = clock(mark, 0, 0);
+        c.limit_from_mark(Duration::ZERO);
+        c.signed_time(Duration::ZERO, mark - 7 * DAY, Duration::from_secs(60));
+        c.on_welcome(Duration::ZERO, mark + 10_000).unwrap();
+        assert_eq!(c.server_now(Duration::ZERO), Some(mark + 10_000));
+    }
+
     proptest! {
         #[test]
         fn mark_never_moves_backward(
@@ -420,6 +593,46 @@ mod tests {
                     "mark {} ahead of truth {}", c.mark_ms(), truth);
                 let mut probe = c.clone();
                 prop_assert!(probe.on_welcome(now, truth).is_ok());
+            }
+        }
+
+        /// Whatever a gateway says, server time is never taken further
+        /// than the signed limit; and with the key holder signing a list
+        /// every minute, an honest gateway's time is taken as said.
+        #[test]
+        fn no_gateway_dates_the_node_past_the_signed_limit(
+            truth0 in 1_000_000i64..1_000_000_000,
+            steps in proptest::collection::vec(
+                (0u64..120_000, any::<i64>(), 0u8..4, 0i64..60_000), 1..80),
+        ) {
+            const EVERY: Duration = Duration::from_secs(60);
+            let slack = SLACK.as_millis() as i64;
+            let mut truth = truth0;
+            let mut c = clock(truth, 0, 0);
+            c.limit_from_mark(Duration::ZERO);
+            let mut now = Duration::ZERO;
+            let mut honest = false;
+            for (dt, forged, op, age) in steps {
+                now += Duration::from_millis(dt);
+                truth += dt as i64;
+                match op {
+                    0 => { honest = false; let _ = c.on_welcome(now, forged); }
+                    1 => { honest = false; c.on_sample(now, forged); }
+                    2 => {
+                        // A list signed less than a minute ago.
+                        c.signed_time(now, truth - age, EVERY);
+                    }
+                    _ => {
+                        honest = c.on_welcome(now, truth).is_ok();
+                    }
+                }
+                if let Some(t) = c.server_now(now) {
+                    prop_assert!(t <= truth + ms(EVERY) + slack,
+                        "server time {} past truth {}", t, truth);
+                    if honest && op == 3 {
+                        prop_assert_eq!(t, truth);
+                    }
+                }
             }
         }
 

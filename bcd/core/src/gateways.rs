@@ -52,6 +52,14 @@ pub struct RevocationList {
 }
 
 impl RevocationList {
+    /// How often the key holder signs a list anew: a tenth of its life (at
+    /// least 100 ms), as `better-compute serve` does. A list taken is at
+    /// most about that old, while the key holder is up.
+    pub fn signed_every(&self) -> std::time::Duration {
+        let life = self.not_after_ms.saturating_sub(self.issued_ms).max(0) as u64;
+        std::time::Duration::from_millis((life / 10).max(100))
+    }
+
     /// The entry naming the certificate of SHA-256 `sha256`, if any.
     pub fn names(&self, sha256: &str) -> Option<&RevokedGateway> {
         self.certs.iter().find(|c| c.sha256 == sha256)

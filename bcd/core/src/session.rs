@@ -85,6 +85,10 @@ pub enum Event {
     },
     /// Any other message from the server: evidence that it is alive.
     Received,
+    /// A message carrying a time a key signed (a gateway revocation list,
+    /// verified): server time was `issued_ms` at most `ahead` (plus the
+    /// slack) before now. Evidence that the server is alive, too.
+    SignedTime { issued_ms: i64, ahead: Duration },
     /// The server asks the node to reconnect elsewhere within `within`.
     Drain { within: Duration },
     /// The stream ended or broke.
@@ -263,6 +267,12 @@ pub enum Action {
     Stop {
         message: String,
     },
+    /// The gateway's server time is past the limit a signed time sets
+    /// (once a session): it is not obeyed. Record it.
+    ServerTimeAhead {
+        said_ms: i64,
+        limit_ms: i64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,6 +303,8 @@ pub struct Session {
     clock: ServerClock,
     epochs: EpochTracker,
     heartbeat_seq: u64,
+    /// This session's gateway was found past the signed limit.
+    ahead_reported: bool,
 }
 
 impl Session {
@@ -310,6 +322,7 @@ impl Session {
             clock,
             epochs: EpochTracker::new(last_epoch),
             heartbeat_seq: 0,
+            ahead_reported: false,
         }
     }
 
@@ -365,6 +378,25 @@ impl Session {
             out.push(Action::Stop { message });
             return out;
         }
+        let event = match event {
+            Event::SignedTime { issued_ms, ahead } => {
+                self.clock.signed_time(now, issued_ms, ahead);
+                Event::Received
+            }
+            e => e,
+        };
+        self.step(now, event, &mut out);
+        if self.is_established()
+            && !self.ahead_reported
+            && let Some((said_ms, limit_ms)) = self.clock.ahead_of_signed(now)
+        {
+            self.ahead_reported = true;
+            out.push(Action::ServerTimeAhead { said_ms, limit_ms });
+        }
+        out
+    }
+
+    fn step(&mut self, now: Duration, event: Event, out: &mut Vec<Action>) {
         match (&mut self.state, event) {
             (State::Stopped, _) => {}
             (State::Idle { dial_at }, Event::Tick) => {
@@ -382,7 +414,7 @@ impl Session {
                 });
             }
             (State::Dialing, Event::DialFailed { .. } | Event::Closed { .. }) => {
-                self.retry_later(now, &mut out);
+                self.retry_later(now, out);
             }
             (State::Dialing, _) => {}
             (
@@ -398,14 +430,15 @@ impl Session {
                 // leaves the epoch tracker untouched, and vice versa.
                 let mut probe = self.clock.clone();
                 if let Err(e) = probe.on_welcome(now, server_time_ms) {
-                    self.close(now, CloseReason::ClockRefused(e), &mut out);
-                    return out;
+                    self.close(now, CloseReason::ClockRefused(e), out);
+                    return;
                 }
                 if let Err(e) = self.epochs.accept(epoch) {
-                    self.close(now, CloseReason::StaleEpoch(e), &mut out);
-                    return out;
+                    self.close(now, CloseReason::StaleEpoch(e), out);
+                    return;
                 }
                 self.clock = probe;
+                self.ahead_reported = false;
                 self.backoff.reset();
                 self.backoff.set_base(Some(first_retry));
                 // The interval is the gateway's word, unsigned: bounded, so a
@@ -431,14 +464,14 @@ impl Session {
             }
             (State::AwaitingWelcome { since }, Event::Tick) => {
                 if now >= *since + self.config.welcome_timeout {
-                    self.close(now, CloseReason::WelcomeTimeout, &mut out);
+                    self.close(now, CloseReason::WelcomeTimeout, out);
                 }
             }
             (
                 State::AwaitingWelcome { .. } | State::Established { .. },
                 Event::Closed { .. } | Event::DialFailed { .. },
             ) => {
-                self.retry_later(now, &mut out);
+                self.retry_later(now, out);
             }
             (
                 State::AwaitingWelcome { .. } | State::Established { .. },
@@ -484,8 +517,8 @@ impl Session {
                 }
                 let silent_for = now.saturating_sub(*last_heard);
                 if silent_for >= *interval * self.config.missed_heartbeats {
-                    self.close(now, CloseReason::ServerSilent { silent_for }, &mut out);
-                    return out;
+                    self.close(now, CloseReason::ServerSilent { silent_for }, out);
+                    return;
                 }
                 if now >= *next_heartbeat {
                     self.heartbeat_seq += 1;
@@ -510,7 +543,6 @@ impl Session {
                 }
             }
         }
-        out
     }
 
     fn close(&mut self, now: Duration, reason: CloseReason, out: &mut Vec<Action>) {
@@ -934,6 +966,47 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_welcome_past_the_signed_limit_is_held_to_it_and_reported_once() {
+        let mut s = session(1, 1_000_000, 0);
+        connect(&mut s, S);
+        // The node holds a list signed at 1,000,000 (lists every minute).
+        let ahead = Duration::from_secs(60);
+        assert!(
+            s.handle(
+                S,
+                Event::SignedTime {
+                    issued_ms: 1_000_000,
+                    ahead
+                }
+            )
+            .is_empty()
+        );
+        let a = s.handle(S, welcome(1, 1_000_000 + 86_400_000));
+        let limit = 1_000_000 + 60_000 + crate::clock::SLACK.as_millis() as i64;
+        assert!(matches!(a[0], Action::Established { epoch: 1, .. }));
+        assert_eq!(
+            a.last(),
+            Some(&Action::ServerTimeAhead {
+                said_ms: 1_000_000 + 86_400_000,
+                limit_ms: limit
+            })
+        );
+        assert_eq!(s.clock().server_now(S), Some(limit));
+        // Once a session.
+        let a = s.handle(
+            S,
+            Event::HeartbeatAck {
+                server_time_ms: 1_000_000 + 2 * 86_400_000,
+                first_retry: Duration::ZERO,
+            },
+        );
+        assert!(
+            !a.iter()
+                .any(|a| matches!(a, Action::ServerTimeAhead { .. }))
+        );
+    }
+
     fn event() -> impl Strategy<Value = (u64, Event)> {
         let ev = prop_oneof![
             4 => Just(Event::Tick),
@@ -950,6 +1023,10 @@ mod tests {
                 first_retry: Duration::from_millis(r),
             }),
             1 => Just(Event::Received),
+            1 => (0i64..3_000_000).prop_map(|t| Event::SignedTime {
+                issued_ms: t,
+                ahead: Duration::from_secs(60),
+            }),
             1 => Just(Event::Closed { error: "reset".into() }),
             1 => (0u64..60_000).prop_map(|ms| Event::Drain { within: Duration::from_millis(ms) }),
         ];
@@ -998,6 +1075,7 @@ mod tests {
         dial_outstanding: bool,
         last_epoch: u64,
         last_mark: i64,
+        ahead_this_session: bool,
     }
 
     impl Tracker {
@@ -1024,6 +1102,7 @@ mod tests {
                     }
                     Action::SendHeartbeat { .. } => prop_assert!(was_established),
                     Action::Established { epoch, .. } => {
+                        self.ahead_this_session = false;
                         prop_assert!(epoch > self.last_epoch);
                         self.last_epoch = epoch;
                     }
@@ -1031,6 +1110,11 @@ mod tests {
                         prop_assert!(mark.ms >= self.last_mark);
                         prop_assert_eq!(epoch, self.last_epoch);
                         self.last_mark = mark.ms;
+                    }
+                    Action::ServerTimeAhead { said_ms, limit_ms } => {
+                        prop_assert!(said_ms > limit_ms);
+                        prop_assert!(!self.ahead_this_session, "reported once a session");
+                        self.ahead_this_session = true;
                     }
                     Action::Close { .. } | Action::Stop { .. } => {}
                 }

@@ -38,12 +38,14 @@ impl Agent {
         &mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Stopped {
-        let mut session = Session::new(
-            self.config,
-            self.seed,
-            ServerClock::new(self.identity.file.mark(), self.witness()),
-            self.identity.file.last_epoch,
-        );
+        let mut clock = ServerClock::new(self.identity.file.mark(), self.witness());
+        // A node that holds a gateway revocation list takes no server time
+        // further than its mark allows until a gateway hands one on.
+        if self.gateways.held().is_some() {
+            clock.limit_from_mark(self.now());
+        }
+        let mut session =
+            Session::new(self.config, self.seed, clock, self.identity.file.last_epoch);
         let mut dialing: Option<JoinHandle<Result<Stream, String>>> = None;
         let mut conn: Conn = None;
         let mut wanted: Vec<String> = Vec::new();
@@ -170,6 +172,19 @@ impl Agent {
                             if let Err(e) = self.identity.save_state_blocking_pool().await {
                                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
                             }
+                        }
+                        Action::ServerTimeAhead { said_ms, limit_ms } => {
+                            self.refused_frame(
+                                "security.clock.ahead",
+                                serde_json::json!({
+                                    "said_ms": said_ms,
+                                    "limit_ms": limit_ms,
+                                    "why": "the gateway's server time is past what the key \
+                                            holder's signed times allow; server time is held \
+                                            to the limit",
+                                }),
+                            );
+                            self.flush_events(&conn).await;
                         }
                         Action::Stop { message } => {
                             self.uncount(&mut counted);
@@ -459,7 +474,8 @@ impl Agent {
             Some(server_message::Msg::GatewayRevocations(envelope)) => {
                 let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
                 match self.gateway_revocations(envelope, &gateway).await {
-                    Ok(()) => Event::Received,
+                    Ok(Some((issued_ms, ahead))) => Event::SignedTime { issued_ms, ahead },
+                    Ok(None) => Event::Received,
                     Err(error) => Event::Closed { error },
                 }
             }

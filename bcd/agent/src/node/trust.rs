@@ -86,12 +86,13 @@ impl Agent {
     }
 
     /// A list `gateway` handed: kept when it verifies and is newer; `Err`
-    /// with why when the node leaves the gateway.
+    /// with why when the node leaves the gateway. `Ok` with the signed
+    /// time it carries when it verifies (`bcd_core::Event::SignedTime`).
     pub(super) async fn gateway_revocations(
         &mut self,
         envelope: Vec<u8>,
         gateway: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Option<(i64, std::time::Duration)>, String> {
         let list = match verified(&envelope, &self.worker_keys()) {
             Ok(l) => l,
             Err(why) => {
@@ -99,10 +100,11 @@ impl Agent {
                     "security.gateway_revocations.refused",
                     serde_json::json!({ "why": why }),
                 );
-                return Ok(());
+                return Ok(None);
             }
         };
         let (named, issued) = (list.certs.len(), list.issued_ms);
+        let signed = Some((issued, list.signed_every()));
         let (newer, leave) = self.gateways.offered(list, gateway, self.local_ms());
         if newer {
             debug!(
@@ -123,7 +125,7 @@ impl Agent {
                 warn!("cannot keep the gateway revocation list; it holds until a restart");
             }
         }
-        leave.map_err(|l| {
+        leave.map(|()| signed).map_err(|l| {
             self.left(gateway, &l);
             l.to_string()
         })
