@@ -9,9 +9,18 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use bc_tests::hostile::Hostile;
 use bc_tests::{Node, Server, fleet, stderr, wait_for};
+use bcd_proto::v1::{self, node_message::Msg as N, server_message::Msg as S};
 
-/// A new release's deadline for its first Welcome, and the supervisor's
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64
+}
+
+/// A new release's deadline for the key holder's confirmation, and the supervisor's
 /// grace past it (the defaults are 120 s and 30 s).
 const CONFIRM_WITHIN: &str = "4s";
 const GRACE: &str = "1s";
@@ -226,13 +235,84 @@ fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
     assert_eq!(c.state, "failed", "{c:?}\n{}", node.proc().log());
     assert_eq!(c.reason, "update-failed");
     assert!(
-        node.proc().log().contains("no Welcome before the deadline"),
+        node.proc()
+            .log()
+            .contains("not confirmed by the key holder before the deadline"),
         "{}",
         node.proc().log()
     );
     assert_eq!(update_state(&node)["failed"], serde_json::json!([2]));
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(finished_events(&f.server, &cmd), 1);
+}
+
+/// A new release is welcomed by a gateway that holds the serving key and
+/// the store but passes nothing on to the key holder: a Welcome confirms
+/// nothing. With no receipt of its report by the deadline the new binary
+/// is swapped back, raises no floor and rotates nothing; the old one
+/// reports the upgrade failed once the honest server is back.
+///
+/// The installed binary is the test build, armed to die right after the
+/// switch, as in the test above.
+#[test]
+fn a_welcome_without_the_key_holders_receipt_confirms_no_upgrade() {
+    let mut f = fleet();
+    let mut node = f.node_with("n1", bc_tests::bin("bcd"));
+    let id = node.id();
+    node.env = vec![("BCD_CRASH_AT".into(), "after-switch".into())];
+    node.supervise(
+        &["--restart-delay", "3s", "--grace", "30s"],
+        &["--confirm-within", "8s"],
+    );
+    wait_connected(&f.server, &id);
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let cmd = f.server.run_command(&id, "daemon.upgrade", &["2"]);
+    wait_for(Duration::from_secs(30), "the switch", || {
+        (link(&node) == "b").then_some(())
+    });
+    f.server.proc.stop();
+    let mut h = Hostile::start(&f.server.dir, f.server.addr).expect("hostile gateway");
+    // The new binary's session: welcomed, its report received and
+    // acknowledged, and kept from the store.
+    let s = h.next_session(Duration::from_secs(30));
+    s.welcome(s.hello.last_epoch + 1, now_ms(), &[]);
+    let report = s.recv_until(
+        Duration::from_secs(20),
+        "the release's report",
+        |m| match m {
+            N::Events(b) => b
+                .events
+                .iter()
+                .find(|e| e.kind == "security.release.running")
+                .cloned(),
+            _ => None,
+        },
+    );
+    assert!(
+        String::from_utf8_lossy(&report.body).contains(&cmd),
+        "{report:?}"
+    );
+    s.send(S::EventAck(v1::EventAck { up_to: report.id }));
+    wait_for(Duration::from_secs(30), "the swap back", || {
+        (link(&node) == "a").then_some(())
+    });
+    drop(s);
+    h.stop();
+    assert!(
+        node.proc()
+            .log()
+            .contains("not confirmed by the key holder before the deadline"),
+        "{}",
+        node.proc().log()
+    );
+    assert_eq!(update_state(&node)["floor"], 0);
+    f.server.start_again().expect("the server starts again");
+    let c = f.server.wait_command(&cmd);
+    assert_eq!(c.state, "failed", "{c:?}\n{}", node.proc().log());
+    assert_eq!(c.reason, "update-failed");
+    let state = update_state(&node);
+    assert_eq!(state["floor"], 0, "{state}");
+    assert_eq!(state["failed"], serde_json::json!([2]));
 }
 
 #[test]

@@ -95,7 +95,7 @@ pub struct Updater {
     pub acts: Arc<dyn SlotActs>,
     /// Loaded at start; `None` until the first upgrade sets up the slots.
     pub state: Option<UpdateState>,
-    /// How long a new binary has to get its first Welcome.
+    /// How long a new binary has to be confirmed.
     pub confirm_within: Duration,
     /// Started by `bcd supervise` (which counts starts and restarts).
     pub supervised: bool,
@@ -114,7 +114,7 @@ pub struct Confirmed {
 #[derive(Debug, PartialEq, Eq)]
 pub enum AtStart {
     Run,
-    /// Confirm on the first Welcome before this boot-clock deadline.
+    /// Confirm on the key holder's receipt before this boot-clock deadline.
     AwaitWelcome {
         deadline_ms: u64,
     },
@@ -236,14 +236,29 @@ impl Updater {
         Ok(false)
     }
 
-    /// A Welcome: the new binary confirms. Returns the finished upgrade's
-    /// command id, output, and the release key it rotates to; the caller
-    /// journals the result and installs the key, then calls
-    /// [`Updater::settled`].
-    pub fn welcome(&mut self) -> Option<Confirmed> {
+    /// The upgrade this binary awaits the key holder's confirmation of:
+    /// the body of the [`bcd_core::update::CONFIRM_EVENT`] it journals, and
+    /// that body's SHA-256 (lowercase hex), which the key holder's receipt
+    /// names.
+    pub fn awaiting(&self) -> Option<(String, String)> {
+        let (command_id, sequence) = self.state.as_ref()?.awaiting()?;
+        let body = serde_json::json!({
+            "command_id": command_id,
+            "release_sequence": sequence,
+        })
+        .to_string();
+        let digest = bcd_proto::fingerprint(body.as_bytes());
+        Some((body, digest))
+    }
+
+    /// The key holder's receipt of the report: the new binary confirms.
+    /// Returns the finished upgrade's command id, output, and the release
+    /// key it rotates to; the caller journals the result and installs the
+    /// key, then calls [`Updater::settled`].
+    pub fn confirm(&mut self) -> Option<Confirmed> {
         let state = self.state.as_mut()?;
         let next_key = state.pending.as_ref().and_then(|p| p.next_key.clone());
-        match state.on_welcome() {
+        match state.on_confirmed() {
             Decision::Finished { command_id, .. } => Some(Confirmed {
                 command_id,
                 output: format!(

@@ -195,8 +195,9 @@ enum Command {
         /// How often the convergers re-check the machine for drift.
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         converge_every: std::time::Duration,
-        /// How long a new release has to get its first Welcome before it
-        /// is swapped back.
+        /// How long a new release has to be confirmed (the key holder's
+        /// receipt of its report at the first Welcome) before it is swapped
+        /// back.
         #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
         confirm_within: std::time::Duration,
         /// Run unprivileged: ask the privileged `bcd helper` listening on

@@ -7,10 +7,14 @@
 //! the version a binary claims, so a binary that lies about itself cannot
 //! confirm itself or disarm the watchdog:
 //!
-//! - the new binary confirms on its first Welcome: the release floor rises
-//!   to its sequence, and every older binary, the one in the other slot
-//!   included, is refused from then on;
-//! - a new binary that gets no Welcome by the deadline, or keeps crashing,
+//! - the new binary confirms once the key holder signed that it heard from
+//!   it: at its first Welcome it journals a report naming the upgrade
+//!   ([`CONFIRM_EVENT`]), a security event the node keeps until the key
+//!   holder's signed receipt, and the receipt confirms (a gateway's Welcome
+//!   alone, or a gateway that never passes the report on, confirms
+//!   nothing). The release floor rises to its sequence, and every older
+//!   binary, the one in the other slot included, is refused from then on;
+//! - a new binary not confirmed by the deadline, or that keeps crashing,
 //!   is swapped back; the old binary then reports FAILED `update-failed` and
 //!   never tries that sequence again;
 //! - a helper's watchdog swaps back an upgrade still unconfirmed some time
@@ -21,7 +25,11 @@
 
 use std::collections::BTreeSet;
 
-/// How long a new binary has to get its first Welcome.
+/// The event a new binary journals at its first Welcome: the key holder's
+/// receipt of it confirms the upgrade.
+pub const CONFIRM_EVENT: &str = "security.release.running";
+
+/// How long a new binary has to be confirmed.
 pub const CONFIRM_WITHIN_MS: u64 = 120_000;
 /// How long past the deadline the helper's watchdog waits.
 pub const HELPER_GRACE_MS: u64 = 30_000;
@@ -98,12 +106,12 @@ pub enum Refusal {
     AlreadyRunning(u64),
 }
 
-/// What the daemon does at start, or on a tick, or at a Welcome.
+/// What the daemon does at start, or on a tick, or on a confirmation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Nothing to settle.
     Run,
-    /// The new binary runs unconfirmed: confirm on the first Welcome before
+    /// The new binary runs unconfirmed: confirm on the key holder's receipt before
     /// `deadline_ms`.
     AwaitWelcome { deadline_ms: u64 },
     /// Point `current` back at the old slot and restart.
@@ -166,7 +174,7 @@ impl UpdateState {
     /// The binary is in the other slot, verified: record the upgrade and
     /// flip the link (the caller persists this state, then flips, then
     /// restarts). The new binary has `confirm_within_ms` (normally
-    /// [`CONFIRM_WITHIN_MS`]) to get its first Welcome.
+    /// [`CONFIRM_WITHIN_MS`]) to be confirmed.
     pub fn begin(
         &mut self,
         command_id: &str,
@@ -240,7 +248,7 @@ impl UpdateState {
         }
         if now_ms >= p.deadline_ms {
             return Decision::SwapBack {
-                reason: "no Welcome before the deadline",
+                reason: "not confirmed by the key holder before the deadline",
             };
         }
         if starts > MAX_STARTS {
@@ -257,7 +265,7 @@ impl UpdateState {
     pub fn on_tick(&self, now_ms: u64) -> Decision {
         match &self.pending {
             Some(p) if self.current == p.to && now_ms >= p.deadline_ms => Decision::SwapBack {
-                reason: "no Welcome before the deadline",
+                reason: "not confirmed by the key holder before the deadline",
             },
             _ => Decision::Run,
         }
@@ -277,8 +285,18 @@ impl UpdateState {
         }
     }
 
-    /// A Welcome arrived: the running binary confirms if it is the new one.
-    pub fn on_welcome(&mut self) -> Decision {
+    /// The upgrade the running binary awaits confirmation of, if it is the
+    /// new one: its command and the release it installs.
+    pub fn awaiting(&self) -> Option<(&str, u64)> {
+        self.pending
+            .as_ref()
+            .filter(|p| self.current == p.to)
+            .map(|p| (p.command_id.as_str(), p.to_sequence))
+    }
+
+    /// The key holder confirmed it heard from the new binary: it confirms
+    /// if it is the new one.
+    pub fn on_confirmed(&mut self) -> Decision {
         match self.pending.clone() {
             Some(p) if self.current == p.to => {
                 self.floor = self.floor.max(p.to_sequence);
@@ -343,7 +361,7 @@ mod tests {
             }
         );
         assert_eq!(
-            s.on_welcome(),
+            s.on_confirmed(),
             Decision::Finished {
                 command_id: "cmd-1".into(),
                 succeeded: true,
@@ -365,9 +383,9 @@ mod tests {
         assert_eq!(s.plan(11), Err(Refusal::AlreadyRunning(11)));
         assert_eq!(s.plan(12), Ok(Slot::A), "roll forward");
         assert_eq!(
-            s.on_welcome(),
+            s.on_confirmed(),
             Decision::Run,
-            "later Welcomes change nothing"
+            "later confirmations change nothing"
         );
     }
 
@@ -445,7 +463,7 @@ mod tests {
         // nothing.
         let mut t = upgraded(0);
         t.swap_back();
-        assert_eq!(t.on_welcome(), Decision::Run);
+        assert_eq!(t.on_confirmed(), Decision::Run);
         assert_eq!(t.floor, 10);
     }
 
@@ -500,7 +518,7 @@ mod tests {
         // A confirmed node is never taken backwards.
         let mut c = upgraded(0);
         c.on_start(Slot::B, 1_000);
-        c.on_welcome();
+        c.on_confirmed();
         assert_eq!(c.abort(), Decision::Run);
         assert_eq!(c.current, Slot::B);
         assert_eq!(c.running_version(), "1.1.0");
@@ -573,7 +591,7 @@ mod tests {
                         }
                     }
                     Op::Welcome => {
-                        if let Decision::Finished { command_id, .. } = s.on_welcome() {
+                        if let Decision::Finished { command_id, .. } = s.on_confirmed() {
                             *results.entry(command_id).or_default() += 1;
                         }
                     }

@@ -523,7 +523,8 @@ pub fn slots(opts: &Options) -> Check {
                     format!("{} past its deadline", ago(-left))
                 }
             ),
-            "it confirms on its first Welcome: check that bcd node reaches the server",
+            "it confirms on the key holder's receipt of its first report: check that bcd node \
+             reaches the server and that the server's key holder runs",
         );
     }
     Check::ok(C, summary)

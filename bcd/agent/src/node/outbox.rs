@@ -17,14 +17,15 @@ impl Agent {
     /// A receipt a gateway handed for one of this node's security events:
     /// the event goes when the receipt verifies against the worker keys and
     /// names this node, this journal and the event as journaled; anything
-    /// else is refused and nothing goes.
-    pub(super) fn on_event_receipt(&mut self, envelope: &[u8]) -> Result<(), String> {
+    /// else is refused and nothing goes. `Some` with an upgrade's command
+    /// when the receipt confirmed it (its result is journaled, to send).
+    pub(super) fn on_event_receipt(&mut self, envelope: &[u8]) -> Result<Option<String>, String> {
         let refused = |why: String| serde_json::json!({ "why": why });
         let receipt = match bcd_proto::receipts::open_event(envelope, &self.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
                 self.refused_frame("security.receipt.refused", refused(e.to_string()));
-                return Ok(());
+                return Ok(None);
             }
         };
         if receipt.node_id != self.identity.file.node_id
@@ -37,14 +38,14 @@ impl Agent {
                     receipt.node_id, receipt.journal_id
                 )),
             );
-            return Ok(());
+            return Ok(None);
         }
         match self
             .journal
             .settle_event(receipt.event_id, &receipt.kind, &receipt.body_sha256)
             .map_err(|e| format!("journal: {e}"))?
         {
-            Some(true) => {}
+            Some(true) => return self.upgrade_receipted(&receipt.kind, &receipt.body_sha256),
             Some(false) => self.refused_frame(
                 "security.receipt.refused",
                 refused(format!(
@@ -57,7 +58,7 @@ impl Agent {
                 "a receipt for an event no longer journaled"
             ),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Journals an event; a journal that cannot take it is logged, not

@@ -131,6 +131,25 @@ impl Agent {
         Ok(())
     }
 
+    /// Sends the result the journal holds for command `id`, if any.
+    pub(super) async fn send_journaled_result(
+        &mut self,
+        conn: &Conn,
+        id: &str,
+    ) -> Result<(), String> {
+        let entry = self
+            .journal
+            .command(id)
+            .map_err(|e| format!("journal: {e}"))?;
+        if let Some(r) = entry
+            .and_then(|e| e.result)
+            .and_then(|r| journaled_result(&r))
+        {
+            self.send_result(conn, r).await;
+        }
+        Ok(())
+    }
+
     /// Results the server has not acknowledged, then those a gateway
     /// acknowledged that no receipt settled, each in sequence order.
     pub(super) async fn resend_results(&mut self, conn: &Conn) -> Result<(), String> {

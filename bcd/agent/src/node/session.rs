@@ -130,10 +130,9 @@ impl Agent {
                                 counted = true;
                             }
                             self.send_inventory(&conn, Some(&wanted)).await;
-                            // The first Welcome confirms a new release.
-                            if let Err(e) = self.confirm_upgrade() {
-                                return Stopped::JournalFailed(e);
-                            }
+                            // A new release asks the key holder to confirm
+                            // it (sent with the events below).
+                            self.ask_confirmation();
                             // Results the server has not acknowledged, in
                             // sequence order, before anything new.
                             if let Err(e) = self.resend_results(&conn).await {
@@ -480,8 +479,14 @@ impl Agent {
                 }
             }
             Some(server_message::Msg::EventReceipt(envelope)) => {
-                self.on_event_receipt(&envelope)
+                let confirmed = self
+                    .on_event_receipt(&envelope)
                     .map_err(Stopped::JournalFailed)?;
+                if let Some(id) = confirmed {
+                    self.send_journaled_result(conn, &id)
+                        .await
+                        .map_err(Stopped::JournalFailed)?;
+                }
                 Event::Received
             }
             Some(server_message::Msg::ResultReceipt(envelope)) => {

@@ -101,7 +101,8 @@ impl Agent {
             AtStart::AwaitWelcome { deadline_ms } => {
                 info!(
                     in_ms = deadline_ms.saturating_sub(upgrade::boot_ms()),
-                    "running a new release; it confirms on its first Welcome"
+                    "running a new release; it confirms on the key holder's receipt of its \
+                     report at the first Welcome"
                 );
                 self.upgrade_deadline = Some(deadline_ms);
                 // It may be swapped back: keep writing what the previous
@@ -137,11 +138,51 @@ impl Agent {
         Ok(None)
     }
 
-    /// The first Welcome of a new release: journal SUCCEEDED, then raise
-    /// the floor on disk.
-    pub(super) fn confirm_upgrade(&mut self) -> Result<(), String> {
-        let Some(confirmed) = self.update.as_mut().and_then(|u| u.welcome()) else {
-            return Ok(());
+    /// A session of a new release is up: it reports the upgrade it
+    /// awaits confirmation of, once a process, as a security event the node
+    /// keeps until the key holder's receipt ([`Agent::upgrade_receipted`]).
+    pub(super) fn ask_confirmation(&mut self) {
+        if self.confirmation_asked {
+            return;
+        }
+        let Some((body, _)) = self.update.as_ref().and_then(|u| u.awaiting()) else {
+            return;
+        };
+        self.confirmation_asked = true;
+        info!("the new release asks the key holder to confirm it");
+        let body: serde_json::Value = serde_json::from_str(&body).expect("awaiting() writes JSON");
+        self.event(
+            bcd_core::update::CONFIRM_EVENT,
+            crate::journal::EventClass::Transition,
+            body,
+        );
+    }
+
+    /// The key holder's receipt of an event of `kind` whose body has
+    /// SHA-256 `body_sha256`, checked against the journal: confirms the
+    /// upgrade when it is of the report this binary awaits: `Some` with the
+    /// upgrade's command, whose result is journaled, to send.
+    pub(super) fn upgrade_receipted(
+        &mut self,
+        kind: &str,
+        body_sha256: &str,
+    ) -> Result<Option<String>, String> {
+        let awaited = self.update.as_ref().and_then(|u| u.awaiting());
+        match awaited {
+            Some((_, digest))
+                if kind == bcd_core::update::CONFIRM_EVENT && digest == body_sha256 =>
+            {
+                self.confirm_upgrade()
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The key holder confirmed a new release: journal SUCCEEDED, then raise
+    /// the floor on disk. `Some` with the upgrade's command.
+    fn confirm_upgrade(&mut self) -> Result<Option<String>, String> {
+        let Some(confirmed) = self.update.as_mut().and_then(|u| u.confirm()) else {
+            return Ok(None);
         };
         let id = confirmed.command_id;
         self.upgrade_deadline = None;
@@ -164,7 +205,7 @@ impl Agent {
         // A release signed with the current key rotated it: from now on
         // only the new key signs releases this node installs. Installed
         // before the update state is saved, so a crash here confirms (and
-        // installs) again at the next Welcome.
+        // installs) again on the next process's confirmation.
         if let Some(key) = confirmed.next_key
             && self.identity.file.release_keys != [key.clone()]
         {
@@ -178,7 +219,8 @@ impl Agent {
             .as_ref()
             .expect("confirmed through it")
             .settled()
-            .map_err(|e| format!("update state: {e}"))
+            .map_err(|e| format!("update state: {e}"))?;
+        Ok(Some(id))
     }
 
     /// The daemon's own watchdog: swaps an upgrade still unconfirmed at its
