@@ -146,10 +146,13 @@ pub(super) async fn dump(tx: &Tx<'_>) -> Result<Dump, StoreError> {
         .get(0);
     let mut out = Vec::new();
     for name in tables(tx).await? {
+        // Generated columns are not dumped: the database computes them
+        // again as the rows are restored.
         let cols: Vec<String> = query(
             tx,
             "SELECT a.attname::text FROM pg_attribute a
              WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped
+               AND a.attgenerated = ''
              ORDER BY a.attnum",
             &[&name],
         )

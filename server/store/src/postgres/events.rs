@@ -122,8 +122,16 @@ pub(super) async fn put_receipt(
     execute(
         tx,
         "UPDATE node_security_events SET receipt = $4, receipted_at = compute_now()
-         WHERE node_id = $1 AND journal_id = $2 AND event_id = $3 AND receipt IS NULL",
-        &[&e.node_id, &e.journal_id, &(e.event_id as i64), &receipt],
+         WHERE node_id = $1 AND journal_id = $2 AND event_id = $3 AND kind = $5
+           AND body_sha256 = encode(sha256($6), 'hex') AND receipt IS NULL",
+        &[
+            &e.node_id,
+            &e.journal_id,
+            &(e.event_id as i64),
+            &receipt,
+            &e.kind,
+            &e.body,
+        ],
     )
     .await?;
     execute(

@@ -134,6 +134,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0034_gateway_revocations.sql"),
     include_str!("migrations/0035_result_receipts.sql"),
     include_str!("migrations/0036_node_security_events.sql"),
+    include_str!("migrations/0037_security_events_by_body.sql"),
 ];
 
 /// The schema version this binary writes.

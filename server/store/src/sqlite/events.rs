@@ -1,6 +1,6 @@
 //! Node events.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use crate::error::StoreError;
 use crate::events::{
@@ -23,8 +23,9 @@ pub(super) fn put(
                  ON CONFLICT DO NOTHING",
             )?,
             c.prepare_cached(
-                "INSERT INTO node_security_events (node_id, journal_id, event_id, kind, body, at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, compute_now() - ?6)
+                "INSERT INTO node_security_events
+                     (node_id, journal_id, event_id, kind, body, body_sha256, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, sha256_hex(?5), compute_now() - ?6)
                  ON CONFLICT DO NOTHING",
             )?,
         ];
@@ -77,19 +78,18 @@ pub(super) fn receipts(
     journal_id: &str,
     ids: &[u64],
 ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    // Several rows may share an id (one planted under it): each receipt
+    // goes, and the node settles the one it journaled.
     let mut st = c.prepare_cached(
         "SELECT receipt FROM node_security_events
          WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND length(receipt) > 0",
     )?;
     let mut out = Vec::new();
     for id in ids {
-        if let Some(r) = st
-            .query_row(params![node_id, journal_id, *id as i64], |r| {
-                r.get::<_, Vec<u8>>(0)
-            })
-            .optional()?
-        {
-            out.push((*id, r));
+        for r in st.query_map(params![node_id, journal_id, *id as i64], |r| {
+            r.get::<_, Vec<u8>>(0)
+        })? {
+            out.push((*id, r?));
         }
     }
     Ok(out)
@@ -119,9 +119,17 @@ pub(super) fn put_receipt(
 ) -> Result<(), StoreError> {
     c.prepare_cached(
         "UPDATE node_security_events SET receipt = ?4, receipted_at = compute_now()
-         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND receipt IS NULL",
+         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND kind = ?5
+           AND body_sha256 = sha256_hex(?6) AND receipt IS NULL",
     )?
-    .execute(params![e.node_id, e.journal_id, e.event_id as i64, receipt])?;
+    .execute(params![
+        e.node_id,
+        e.journal_id,
+        e.event_id as i64,
+        receipt,
+        e.kind,
+        e.body
+    ])?;
     c.prepare_cached(
         "DELETE FROM node_security_events
          WHERE node_id = ?1 AND receipted_at < compute_now() - ?2",

@@ -112,6 +112,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0034_gateway_revocations.sql"),
     include_str!("migrations/0035_result_receipts.sql"),
     include_str!("migrations/0036_node_security_events.sql"),
+    include_str!("migrations/0037_security_events_by_body.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -176,13 +177,20 @@ fn connect_pinned(
 }
 
 /// Registers `audit_hash()`, `audit_hash_v2()` and `audit_chain_of()`,
-/// which the audit chain's migrations and trigger call, on a connection:
+/// which the audit chain's migrations and trigger call, and
+/// `sha256_hex()`, which keys a node's security events, on a connection:
 /// every connection the store opens has them; a tool that writes to the
 /// store file through a plain connection needs them too.
 pub fn audit_functions(conn: &Connection) -> rusqlite::Result<()> {
     let flags = FunctionFlags::SQLITE_UTF8
         | FunctionFlags::SQLITE_DETERMINISTIC
         | FunctionFlags::SQLITE_INNOCUOUS;
+    // What a node's security events are kept by (migration 0037).
+    conn.create_scalar_function("sha256_hex", 1, flags, |ctx| {
+        use sha2::Digest;
+        let body: Vec<u8> = ctx.get(0)?;
+        Ok(hex::encode(sha2::Sha256::digest(&body)))
+    })?;
     conn.create_scalar_function("audit_hash_v2", 10, flags, |ctx| {
         Ok(crate::audit::chain_hash(
             ctx.get(0)?,

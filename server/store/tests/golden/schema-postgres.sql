@@ -1,4 +1,4 @@
--- schema version 36
+-- schema version 37
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -170,6 +170,7 @@ node_security_events.body: bytea NOT NULL
 node_security_events.at: bigint NOT NULL
 node_security_events.receipt: bytea
 node_security_events.receipted_at: bigint
+node_security_events.body_sha256: text NOT NULL
 node_sessions.node_id: text NOT NULL
 node_sessions.epoch: bigint NOT NULL
 node_sessions.gateway_id: text NOT NULL
@@ -291,7 +292,7 @@ node_events node_events_pkey: PRIMARY KEY (node_id, journal_id, event_id)
 node_macs node_macs_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_macs node_macs_pkey: PRIMARY KEY (mac)
 node_security_events node_security_events_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
-node_security_events node_security_events_pkey: PRIMARY KEY (node_id, journal_id, event_id)
+node_security_events node_security_events_pkey: PRIMARY KEY (node_id, journal_id, event_id, kind, body_sha256)
 node_sessions node_sessions_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 node_sessions node_sessions_pkey: PRIMARY KEY (node_id)
 node_sessions node_sessions_state_check: CHECK ((state = ANY (ARRAY['connected'::text, 'disconnected'::text, 'unreachable'::text])))
@@ -358,7 +359,7 @@ node_events_node_at: CREATE INDEX node_events_node_at ON public.node_events USIN
 node_events_pkey: CREATE UNIQUE INDEX node_events_pkey ON public.node_events USING btree (node_id, journal_id, event_id)
 node_macs_node: CREATE INDEX node_macs_node ON public.node_macs USING btree (node_id)
 node_macs_pkey: CREATE UNIQUE INDEX node_macs_pkey ON public.node_macs USING btree (mac)
-node_security_events_pkey: CREATE UNIQUE INDEX node_security_events_pkey ON public.node_security_events USING btree (node_id, journal_id, event_id)
+node_security_events_pkey: CREATE UNIQUE INDEX node_security_events_pkey ON public.node_security_events USING btree (node_id, journal_id, event_id, kind, body_sha256)
 node_security_events_unreceipted: CREATE INDEX node_security_events_unreceipted ON public.node_security_events USING btree (node_id) WHERE (receipt IS NULL)
 node_sessions_away: CREATE INDEX node_sessions_away ON public.node_sessions USING btree (state) WHERE (state <> 'connected'::text)
 node_sessions_gateway: CREATE INDEX node_sessions_gateway ON public.node_sessions USING btree (gateway_id, state)

@@ -1,4 +1,4 @@
--- schema version 36
+-- schema version 37
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -316,16 +316,17 @@ CREATE TABLE node_macs (
     ) STRICT;
 
 -- table node_security_events
-CREATE TABLE node_security_events (
-    node_id    TEXT NOT NULL REFERENCES nodes(id),
-    journal_id TEXT NOT NULL,
-    event_id   INTEGER NOT NULL,
-    kind       TEXT NOT NULL,
-    body       BLOB NOT NULL,
-    at         INTEGER NOT NULL,
-    receipt    BLOB,
+CREATE TABLE "node_security_events" (
+    node_id      TEXT NOT NULL REFERENCES nodes(id),
+    journal_id   TEXT NOT NULL,
+    event_id     INTEGER NOT NULL,
+    kind         TEXT NOT NULL,
+    body         BLOB NOT NULL,
+    body_sha256  TEXT NOT NULL,
+    at           INTEGER NOT NULL,
+    receipt      BLOB,
     receipted_at INTEGER,
-    PRIMARY KEY (node_id, journal_id, event_id)
+    PRIMARY KEY (node_id, journal_id, event_id, kind, body_sha256)
 ) STRICT;
 
 -- table node_sessions

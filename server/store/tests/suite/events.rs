@@ -200,8 +200,8 @@ pub async fn security_events_are_kept_apart_until_their_one_receipt(f: Fixture) 
     )
     .await
     .unwrap();
-    // Resent: kept once, as first stored.
-    s.put_events(&node, "j1", &[ev(2, "security.changed", 0)])
+    // Resent as it was: kept once.
+    s.put_events(&node, "j1", &[ev(2, "security.command.refused", 0)])
         .await
         .unwrap();
     let waiting = s.security_events_unreceipted(10).await.unwrap();
@@ -247,4 +247,58 @@ pub async fn security_events_are_kept_apart_until_their_one_receipt(f: Fixture) 
             .is_empty()
     );
     assert_eq!(s.security_events_unreceipted(10).await.unwrap().len(), 1);
+}
+
+/// A gateway stores an event of its own under the node's next event id
+/// (the ids are sequential) before the node sends its own: both are kept,
+/// each is receipted, and the node settles the one it journaled.
+pub async fn a_planted_security_event_keeps_the_nodes_own_out_no_longer(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let planted = EventInput {
+        body: b"{\"planted\":true}".to_vec(),
+        ..ev(7, "security.command.refused", 0)
+    };
+    let other_kind = ev(7, "security.spec.refused", 0);
+    s.gateway()
+        .put_events(&node, "j1", &[planted.clone(), other_kind])
+        .await
+        .unwrap();
+    let own = ev(7, "security.command.refused", 0);
+    s.gateway()
+        .put_events(&node, "j1", std::slice::from_ref(&own))
+        .await
+        .unwrap();
+    let mut waiting = s.security_events_unreceipted(10).await.unwrap();
+    waiting.sort_by(|a, b| (&a.kind, &a.body).cmp(&(&b.kind, &b.body)));
+    let kept: Vec<(&str, &[u8])> = waiting
+        .iter()
+        .map(|e| (e.kind.as_str(), e.body.as_slice()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("security.command.refused", b"body7".as_slice()),
+            ("security.command.refused", planted.body.as_slice()),
+            ("security.spec.refused", b"body7".as_slice()),
+        ],
+        "the node's own event is kept beside the planted ones"
+    );
+    for (i, e) in waiting.iter().enumerate() {
+        s.put_event_receipt(e, format!("r{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    let mut receipts = s.gateway().event_receipts(&node, "j1", &[7]).await.unwrap();
+    receipts.sort();
+    assert_eq!(
+        receipts,
+        vec![
+            (7, b"r0".to_vec()),
+            (7, b"r1".to_vec()),
+            (7, b"r2".to_vec())
+        ],
+        "each row's own receipt"
+    );
+    assert!(s.security_events_unreceipted(10).await.unwrap().is_empty());
 }

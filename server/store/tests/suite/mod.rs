@@ -346,6 +346,7 @@ macro_rules! store_suite {
             commands::command_states_are_counted,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
             events::security_events_are_kept_apart_until_their_one_receipt,
+            events::a_planted_security_event_keeps_the_nodes_own_out_no_longer,
             events::fleet_events_are_read_by_node_kind_age_and_position,
             images::assignments_prefer_the_mac_over_the_default_and_boots_are_kept,
             images::images_resolve_by_id_name_or_prefix,
