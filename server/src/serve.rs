@@ -467,6 +467,20 @@ pub async fn serve(
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 seal: Arc::new(ca.token_seal_key()),
             };
+            // The operator certificates this key holder knows revoked: what
+            // it remembered, and every signed revocation in the store now.
+            let revoked_operators =
+                Arc::new(crate::api::revoked_operators::RevokedOperators::open(
+                    &opts.data_dir,
+                    vec![worker_key.public_key().as_ref().to_vec()],
+                )?);
+            for row in store.list_operators().await? {
+                if let Some(statement) = &row.revocation
+                    && let Err(why) = revoked_operators.learn(statement)
+                {
+                    warn!(operator = %row.id, %why, "an operator row carries a revocation no worker key signed");
+                }
+            }
             let admin = AdminService {
                 store: store.clone(),
                 ca_pin: ca.fingerprint(),
@@ -480,6 +494,7 @@ pub async fn serve(
                 rollouts,
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),
+                revoked_operators: revoked_operators.clone(),
             };
             // The operator API: its own listener, the operator CA's serving
             // certificate, a client certificate from the operator CA
@@ -507,6 +522,7 @@ pub async fn serve(
                 .add_service(Guarded::new(
                     AdminServer::new(admin).max_decoding_message_size(MAX_REQUEST),
                     store.clone(),
+                    revoked_operators,
                 ))
                 .serve_with_incoming_shutdown(api_incoming, async {
                     let _ = api_stop_rx.await;

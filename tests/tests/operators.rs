@@ -410,3 +410,82 @@ fn a_role_rewritten_in_the_store_widens_nothing_and_a_roleless_credential_is_rep
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(server.proc.log().contains("names no role"));
 }
+
+/// Whoever can write the store clears an operator's revocation, or deletes
+/// the row and adds it back: the key holder that read the signed
+/// revocation refuses the certificate all the same, after a restart too.
+/// A revocation no worker key signed, or one naming another certificate,
+/// put on the admin's row revokes nothing.
+#[test]
+fn a_revocation_cleared_in_the_store_opens_nothing_and_a_planted_one_revokes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&d.path().join("server"), FAST).unwrap();
+    let bob = d.path().join("bob.json");
+    add_operator(&server, "bob", "admin", &bob);
+    let out = as_op(&server, &bob, &["nodes", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = server.cli(&["operators", "revoke", "bob"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let db = rusqlite::Connection::open(server.dir.join("store.db")).unwrap();
+    db.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    let statement: Vec<u8> = db
+        .query_row(
+            "SELECT revocation FROM operators WHERE id = 'bob'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the signed revocation beside the row");
+    db.execute(
+        "UPDATE operators SET revoked_at = NULL, revocation = NULL WHERE id = 'bob'",
+        [],
+    )
+    .unwrap();
+    let refused = |server: &Server| {
+        let out = as_op(server, &bob, &["nodes", "list"]);
+        assert!(!out.status.success(), "a cleared revocation opened the API");
+        assert!(
+            stderr(&out).contains("operator bob was revoked"),
+            "{}",
+            stderr(&out)
+        );
+    };
+    refused(&server);
+    // The row deleted and written again as it was before the revocation.
+    let row: (String, String, String, i64, i64) = db
+        .query_row(
+            "SELECT role, cert_sha256, cert_serial, created_at, not_after FROM operators \
+             WHERE id = 'bob'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .unwrap();
+    db.execute("DELETE FROM operators WHERE id = 'bob'", [])
+        .unwrap();
+    db.execute(
+        "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after) \
+         VALUES ('bob', ?1, ?2, ?3, ?4, ?5)",
+        rusqlite::params![row.0, row.1, row.2, row.3, row.4],
+    )
+    .unwrap();
+    refused(&server);
+    server.proc.stop();
+    server.start_again().expect("the server starts again");
+    refused(&server);
+
+    // Planted on the admin's row: bytes no worker key signed, and bob's
+    // own signed revocation.
+    for planted in [b"not a revocation".to_vec(), statement] {
+        db.execute(
+            "UPDATE operators SET revocation = ?1 WHERE role = 'admin' AND id <> 'bob'",
+            [&planted],
+        )
+        .unwrap();
+        let out = server.cli(&["nodes", "list"]);
+        assert!(
+            out.status.success(),
+            "a planted revocation locked the admin out: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -3,15 +3,14 @@
 //! gateway hands its nodes the newest it has, and a node leaves a gateway
 //! the list names (see `bcd_core::gateways`).
 
-use prost::Message;
 use ring::signature::Ed25519KeyPair;
 
-use crate::sign::VerifyError;
+use crate::sign::{PurposeError, Purposed, VerifyError};
 use crate::v1::GatewayRevocations;
 
 /// What `GatewayRevocations.purpose` always says: no other payload a
 /// worker key signs opens as a list.
-pub const PURPOSE: &str = "better-compute gateway revocations v1";
+pub const PURPOSE: &str = <GatewayRevocations as Purposed>::PURPOSE;
 
 /// Why a list a gateway handed was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,22 +23,16 @@ pub enum ListError {
 
 /// Signs `list` (its purpose set here) with a worker key.
 pub fn seal(key: &Ed25519KeyPair, list: GatewayRevocations) -> Vec<u8> {
-    let list = GatewayRevocations {
-        purpose: PURPOSE.to_string(),
-        ..list
-    };
-    crate::sign::seal(key, list.encode_to_vec())
+    crate::sign::seal_as(key, list)
 }
 
 /// Opens a list: it verifies against the worker `keys`, decodes and says
 /// it is a list.
 pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<GatewayRevocations, ListError> {
-    let payload = crate::sign::open(envelope, keys)?;
-    let list = GatewayRevocations::decode(payload.as_slice()).map_err(|_| ListError::NotAList)?;
-    if list.purpose != PURPOSE {
-        return Err(ListError::NotAList);
-    }
-    Ok(list)
+    crate::sign::open_as(envelope, keys).map_err(|e| match e {
+        PurposeError::Envelope(v) => ListError::Envelope(v),
+        PurposeError::Other => ListError::NotAList,
+    })
 }
 
 #[cfg(test)]
@@ -47,6 +40,7 @@ mod tests {
     use super::*;
     use crate::v1::{self, RevokedGatewayCert};
     use proptest::prelude::*;
+    use prost::Message;
     use ring::signature::KeyPair;
 
     fn key(seed: u8) -> Ed25519KeyPair {

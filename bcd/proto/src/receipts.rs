@@ -5,17 +5,16 @@
 //! A node forgets either only on a receipt; a gateway's unsigned
 //! `ResultAck` or `EventAck` only stops it resending within the session.
 
-use prost::Message;
 use ring::signature::Ed25519KeyPair;
 
-use crate::sign::VerifyError;
+use crate::sign::{PurposeError, Purposed, VerifyError};
 use crate::v1::{EventReceipt, ResultReceipt};
 
 /// What `ResultReceipt.purpose` always says.
-pub const PURPOSE: &str = "better-compute result receipt v1";
+pub const PURPOSE: &str = <ResultReceipt as Purposed>::PURPOSE;
 
 /// What `EventReceipt.purpose` always says.
-pub const EVENT_PURPOSE: &str = "better-compute event receipt v1";
+pub const EVENT_PURPOSE: &str = <EventReceipt as Purposed>::PURPOSE;
 
 /// Why a receipt a gateway handed was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,49 +25,41 @@ pub enum ReceiptError {
     NotAReceipt,
 }
 
+impl From<PurposeError> for ReceiptError {
+    fn from(e: PurposeError) -> ReceiptError {
+        match e {
+            PurposeError::Envelope(v) => ReceiptError::Envelope(v),
+            PurposeError::Other => ReceiptError::NotAReceipt,
+        }
+    }
+}
+
 /// Signs `receipt` (its purpose set here) with a worker key.
 pub fn seal(key: &Ed25519KeyPair, receipt: ResultReceipt) -> Vec<u8> {
-    let receipt = ResultReceipt {
-        purpose: PURPOSE.to_string(),
-        ..receipt
-    };
-    crate::sign::seal(key, receipt.encode_to_vec())
+    crate::sign::seal_as(key, receipt)
 }
 
 /// Opens a receipt: it verifies against the worker `keys`, decodes and
 /// says it is a receipt. Whose and for what is the caller's to check.
 pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<ResultReceipt, ReceiptError> {
-    let payload = crate::sign::open(envelope, keys)?;
-    let r = ResultReceipt::decode(payload.as_slice()).map_err(|_| ReceiptError::NotAReceipt)?;
-    if r.purpose != PURPOSE {
-        return Err(ReceiptError::NotAReceipt);
-    }
-    Ok(r)
+    Ok(crate::sign::open_as(envelope, keys)?)
 }
 
 /// Signs an event `receipt` (its purpose set here) with a worker key.
 pub fn seal_event(key: &Ed25519KeyPair, receipt: EventReceipt) -> Vec<u8> {
-    let receipt = EventReceipt {
-        purpose: EVENT_PURPOSE.to_string(),
-        ..receipt
-    };
-    crate::sign::seal(key, receipt.encode_to_vec())
+    crate::sign::seal_as(key, receipt)
 }
 
 /// Opens an event receipt, as [`open`] a result's.
 pub fn open_event(envelope: &[u8], keys: &[Vec<u8>]) -> Result<EventReceipt, ReceiptError> {
-    let payload = crate::sign::open(envelope, keys)?;
-    let r = EventReceipt::decode(payload.as_slice()).map_err(|_| ReceiptError::NotAReceipt)?;
-    if r.purpose != EVENT_PURPOSE {
-        return Err(ReceiptError::NotAReceipt);
-    }
-    Ok(r)
+    Ok(crate::sign::open_as(envelope, keys)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use prost::Message;
     use ring::signature::KeyPair;
 
     fn key(seed: u8) -> Ed25519KeyPair {

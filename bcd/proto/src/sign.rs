@@ -53,6 +53,59 @@ pub fn open(envelope: &[u8], keys: &[Vec<u8>]) -> Result<Vec<u8>, VerifyError> {
     Ok(env.payload)
 }
 
+/// A payload a worker key signs that names what it is for (its `purpose`
+/// field), so that no other payload a worker key signs opens as one.
+pub trait Purposed: Message + Default {
+    /// What the `purpose` field always says.
+    const PURPOSE: &'static str;
+    fn purpose_mut(&mut self) -> &mut String;
+}
+
+/// Why a payload that names its purpose was not opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PurposeError {
+    #[error(transparent)]
+    Envelope(#[from] VerifyError),
+    /// Signed, but another payload (or none that decodes).
+    #[error("the signed payload is for something else")]
+    Other,
+}
+
+/// Signs `payload` (its purpose set here) with a worker key.
+pub fn seal_as<M: Purposed>(key: &Ed25519KeyPair, mut payload: M) -> Vec<u8> {
+    *payload.purpose_mut() = M::PURPOSE.to_string();
+    seal(key, payload.encode_to_vec())
+}
+
+/// Opens a payload of `M`: it verifies against the worker `keys`, decodes
+/// and names `M`'s purpose. Whose and for what is the caller's to check.
+pub fn open_as<M: Purposed>(envelope: &[u8], keys: &[Vec<u8>]) -> Result<M, PurposeError> {
+    let payload = open(envelope, keys)?;
+    let mut m = M::decode(payload.as_slice()).map_err(|_| PurposeError::Other)?;
+    if m.purpose_mut() != M::PURPOSE {
+        return Err(PurposeError::Other);
+    }
+    Ok(m)
+}
+
+macro_rules! purposed {
+    ($($m:ty => $purpose:expr),* $(,)?) => {$(
+        impl Purposed for $m {
+            const PURPOSE: &'static str = $purpose;
+            fn purpose_mut(&mut self) -> &mut String {
+                &mut self.purpose
+            }
+        }
+    )*};
+}
+
+purposed! {
+    v1::GatewayRevocations => "better-compute gateway revocations v1",
+    v1::ResultReceipt => "better-compute result receipt v1",
+    v1::EventReceipt => "better-compute event receipt v1",
+    v1::OperatorRevocation => "better-compute operator revocation v1",
+}
+
 /// Seals a statement about a node.
 pub fn seal_statement(key: &Ed25519KeyPair, statement: &v1::NodeStatement) -> Vec<u8> {
     seal(key, statement.encode_to_vec())
@@ -69,6 +122,37 @@ pub fn open_statement(envelope: &[u8], keys: &[Vec<u8>]) -> Result<v1::NodeState
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_payload_opens_only_as_what_it_was_signed_for() {
+        let k = Ed25519KeyPair::from_seed_unchecked(&[3; 32]).unwrap();
+        let keys = vec![k.public_key().as_ref().to_vec()];
+        let revocation = v1::OperatorRevocation {
+            name: "alice".into(),
+            cert_sha256: "ab".repeat(32),
+            revoked_at_ms: 5,
+            ..Default::default()
+        };
+        let sealed = seal_as(&k, revocation.clone());
+        let opened: v1::OperatorRevocation = open_as(&sealed, &keys).unwrap();
+        assert_eq!(opened.purpose, "better-compute operator revocation v1");
+        assert_eq!(opened.cert_sha256, revocation.cert_sha256);
+        // The same bytes as another purposed payload, or with no purpose.
+        assert_eq!(
+            open_as::<v1::EventReceipt>(&sealed, &keys).unwrap_err(),
+            PurposeError::Other
+        );
+        let bare = seal(&k, revocation.encode_to_vec());
+        assert_eq!(
+            open_as::<v1::OperatorRevocation>(&bare, &keys).unwrap_err(),
+            PurposeError::Other
+        );
+        let other = Ed25519KeyPair::from_seed_unchecked(&[4; 32]).unwrap();
+        assert!(matches!(
+            open_as::<v1::OperatorRevocation>(&seal_as(&other, revocation), &keys),
+            Err(PurposeError::Envelope(VerifyError::UnknownKey(_)))
+        ));
+    }
     use proptest::prelude::*;
     use ring::rand::SystemRandom;
 

@@ -223,6 +223,15 @@ fn session_messages() {
     };
     check("gateway_revocations", &list);
     check(
+        "operator_revocation",
+        &v1::OperatorRevocation {
+            purpose: "better-compute operator revocation v1".into(),
+            name: "alice".into(),
+            cert_sha256: "7a".repeat(32),
+            revoked_at_ms: 1_790_000_000_000,
+        },
+    );
+    check(
         "result_receipt_sent",
         &v1::ServerMessage {
             msg: Some(server_message::Msg::ResultReceipt(

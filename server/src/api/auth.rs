@@ -16,6 +16,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use anyhow::Context as _;
@@ -29,6 +30,7 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tracing::{info, warn};
 
+use super::revoked_operators::RevokedOperators;
 use super::status::{Turned, turned, unavailable};
 use crate::pki::OperatorCa;
 
@@ -237,11 +239,16 @@ fn now_ms() -> i64 {
 pub struct Guarded<S> {
     inner: S,
     store: Store,
+    revoked: Arc<RevokedOperators>,
 }
 
 impl<S> Guarded<S> {
-    pub fn new(inner: S, store: Store) -> Self {
-        Guarded { inner, store }
+    pub fn new(inner: S, store: Store, revoked: Arc<RevokedOperators>) -> Self {
+        Guarded {
+            inner,
+            store,
+            revoked,
+        }
     }
 }
 
@@ -271,6 +278,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let store = self.store.clone();
+        let revoked = self.revoked.clone();
         Box::pin(async move {
             let path = req.uri().path().to_string();
             let peer = req.extensions().get::<PeerInfo>();
@@ -279,7 +287,20 @@ where
                 None => Err(Denied::NoCertificate.status()),
                 Some((fp, cert)) => match store.operator_by_cert(&fp).await {
                     Ok(row) => {
-                        decide(row.as_ref(), &Granted::of(&cert), &path, now_ms()).map_err(|d| {
+                        // A signed revocation beside the row is remembered;
+                        // one remembered holds whatever the row says now.
+                        if let Some(statement) = row.as_ref().and_then(|r| r.revocation.as_deref())
+                            && let Err(why) = revoked.learn(statement)
+                        {
+                            warn!(call = %path, %why, "an operator row carries a revocation no worker key signed");
+                        }
+                        let granted = Granted::of(&cert);
+                        let verdict = if revoked.contains(&fp) {
+                            Err(Denied::Revoked(granted.name.clone().unwrap_or_default()))
+                        } else {
+                            decide(row.as_ref(), &granted, &path, now_ms())
+                        };
+                        verdict.map_err(|d| {
                             info!(call = %path, denied = ?d, "operator call refused");
                             d.status()
                         })
@@ -523,6 +544,7 @@ mod tests {
             created_at: 0,
             not_after: Some(1_000),
             revoked_at: None,
+            revocation: None,
         }
     }
 

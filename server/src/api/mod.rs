@@ -20,6 +20,7 @@ pub mod machines;
 pub mod nodes;
 pub mod operators;
 pub mod releases;
+pub mod revoked_operators;
 pub mod rollouts;
 pub mod specs;
 pub mod status;
@@ -63,6 +64,8 @@ pub struct AdminService {
     pub gateway_revocations: Arc<tokio::sync::Notify>,
     /// Signs operators' certificates.
     pub operator_ca: Arc<crate::pki::OperatorCa>,
+    /// The operator certificates this key holder knows revoked.
+    pub revoked_operators: Arc<revoked_operators::RevokedOperators>,
 }
 
 impl std::fmt::Debug for AdminService {

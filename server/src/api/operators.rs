@@ -80,8 +80,32 @@ pub async fn list(svc: &AdminService) -> Result<ListOperatorsResponse, Status> {
     })
 }
 
+/// Revokes an operator: the store keeps the key holder's signed statement
+/// naming the certificate beside the row, and this key holder remembers it
+/// (`revoked_operators`).
 pub async fn revoke(svc: &AdminService, r: RevokeOperatorRequest) -> Result<OperatorInfo, Status> {
-    let row = svc.store.revoke_operator(&r.name).await.map_err(status)?;
+    let key = svc.worker_key.clone();
+    let seal: bc_store::tokens::SealRevocation = Box::new(move |row, at| {
+        bcd_proto::sign::seal_as(
+            &key,
+            bcd_proto::v1::OperatorRevocation {
+                purpose: String::new(),
+                name: row.id.clone(),
+                cert_sha256: row.cert_sha256.clone().unwrap_or_default(),
+                revoked_at_ms: at,
+            },
+        )
+    });
+    let row = svc
+        .store
+        .revoke_operator(&r.name, seal)
+        .await
+        .map_err(status)?;
+    if let Some(statement) = &row.revocation
+        && let Err(why) = svc.revoked_operators.learn(statement)
+    {
+        tracing::warn!(operator = %r.name, %why, "the stored revocation is not this key holder's");
+    }
     info!(operator = %r.name, "operator revoked");
     Ok(info(&row))
 }

@@ -47,7 +47,8 @@ use self::manifest::{FileEntry, Manifest};
 
 /// The files of the data directory a set carries: the fleet CA, the
 /// serving certificate, the worker's signing key, the operator CA with the
-/// API's serving certificate, and the first admin's credential. Those
+/// API's serving certificate, the first admin's credential and the operator
+/// certificates the key holder knows revoked. Those
 /// marked required must be there (the operator CA is not: sets from before
 /// it existed restore too, and serve creates one).
 pub const KEY_FILES: &[(&str, bool, u32)] = &[
@@ -63,6 +64,7 @@ pub const KEY_FILES: &[(&str, bool, u32)] = &[
     ("api.crt", false, 0o644),
     ("api.names", false, 0o644),
     (crate::api::auth::OPERATOR_FILE, false, 0o600),
+    (crate::api::revoked_operators::FILE, false, 0o600),
 ];
 
 /// The marker a set's directory gets when its set failed.

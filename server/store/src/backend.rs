@@ -39,7 +39,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    SealRevocation, TokenInfo,
 };
 
 /// What a gateway may do with the store: the facts of sessions and
@@ -266,8 +267,10 @@ pub trait Backend: GatewayBackend {
     /// The operator a client certificate (its SHA-256) was issued to.
     async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError>;
 
-    /// Revokes an operator's certificate (once; again is no change).
-    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError>;
+    /// Revokes an operator's certificate (once; again is no change),
+    /// keeping beside it what `seal` signs of the row and the time.
+    async fn revoke_operator(&self, id: &str, seal: SealRevocation)
+    -> Result<OperatorRow, TxError>;
 
     // ------------------------------------------------ gateway credentials
 

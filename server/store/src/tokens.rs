@@ -391,7 +391,14 @@ pub struct OperatorRow {
     pub created_at: i64,
     pub not_after: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// The key holder's signed revocation (a worker-signed
+    /// `OperatorRevocation`), if revoked since migration 0038.
+    pub revocation: Option<Vec<u8>>,
 }
+
+/// Signs an operator's revocation: given the row and the store's time of
+/// the revocation, the sealed statement to keep beside it.
+pub type SealRevocation = Box<dyn FnOnce(&OperatorRow, i64) -> Vec<u8> + Send>;
 
 impl OperatorRow {
     /// Whether this row lets its certificate call the API now.
@@ -404,7 +411,7 @@ impl OperatorRow {
 
 /// The columns [`OperatorRow`] reads, in order.
 pub(crate) const OPERATOR_COLUMNS: &str =
-    "id, role, cert_sha256, cert_serial, created_at, not_after, revoked_at";
+    "id, role, cert_sha256, cert_serial, created_at, not_after, revoked_at, revocation";
 
 pub(crate) fn operator_role(s: &str) -> Result<OperatorRole, crate::error::StoreError> {
     OperatorRole::parse(s)

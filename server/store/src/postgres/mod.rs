@@ -92,7 +92,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    SealRevocation, TokenInfo,
 };
 
 /// The migrations, in order. The schema version is how many ran; the
@@ -135,6 +136,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0035_result_receipts.sql"),
     include_str!("migrations/0036_node_security_events.sql"),
     include_str!("migrations/0037_security_events_by_body.sql"),
+    include_str!("migrations/0038_operator_revocations.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -737,8 +739,12 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| tokens::operator_by_cert(&tx, cert_sha256).await)
     }
 
-    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError> {
-        tx!(self, |tx| tokens::revoke_operator(&tx, id).await)
+    async fn revoke_operator(
+        &self,
+        id: &str,
+        seal: SealRevocation,
+    ) -> Result<OperatorRow, TxError> {
+        tx!(self, |tx| tokens::revoke_operator(&tx, id, seal).await)
     }
 
     async fn add_gateway_credential(

@@ -7,9 +7,9 @@ use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
-    PreviousProof, ProvenNode, REENROLLED_EVENT, TOKEN_INFO_COLUMNS, TokenInfo, TokenRow, admit,
-    judge_proof, new_node_id, no_operator, operator_exists, operator_role, reattest_detail,
-    reclaim_detail, reenrol_detail,
+    PreviousProof, ProvenNode, REENROLLED_EVENT, SealRevocation, TOKEN_INFO_COLUMNS, TokenInfo,
+    TokenRow, admit, judge_proof, new_node_id, no_operator, operator_exists, operator_role,
+    reattest_detail, reclaim_detail, reenrol_detail,
 };
 use tokio_postgres::types::ToSql;
 
@@ -49,6 +49,7 @@ fn operator_row(r: &tokio_postgres::Row) -> Result<OperatorRow, StoreError> {
         created_at: r.get(4),
         not_after: r.get(5),
         revoked_at: r.get(6),
+        revocation: r.get(7),
     })
 }
 
@@ -79,21 +80,35 @@ pub(super) async fn operator_by_cert(
     .transpose()
 }
 
-pub(super) async fn revoke_operator(tx: &Tx<'_>, id: &str) -> Result<OperatorRow, TxError> {
-    execute(
-        tx,
-        "UPDATE operators SET revoked_at = compute_now() WHERE id = $1 AND revoked_at IS NULL",
-        &[&id],
-    )
-    .await?;
+pub(super) async fn revoke_operator(
+    tx: &Tx<'_>,
+    id: &str,
+    seal: SealRevocation,
+) -> Result<OperatorRow, TxError> {
     let row = query_opt(
         tx,
-        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = $1"),
+        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = $1 FOR UPDATE"),
         &[&id],
     )
     .await?
     .ok_or_else(|| no_operator(id))?;
-    Ok(operator_row(&row)?)
+    let row = operator_row(&row)?;
+    if row.revoked_at.is_some() {
+        return Ok(row);
+    }
+    let now: i64 = query_one(tx, "SELECT compute_now()", &[]).await?.get(0);
+    let revocation = seal(&row, now);
+    execute(
+        tx,
+        "UPDATE operators SET revoked_at = $2, revocation = $3 WHERE id = $1",
+        &[&id, &now, &revocation],
+    )
+    .await?;
+    Ok(OperatorRow {
+        revoked_at: Some(now),
+        revocation: Some(revocation),
+        ..row
+    })
 }
 
 pub(super) async fn create_token(tx: &Tx<'_>, t: &NewToken) -> Result<i64, StoreError> {

@@ -71,7 +71,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof, TokenInfo,
+    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
+    SealRevocation, TokenInfo,
 };
 
 /// The migrations, in order. The schema version is how many ran.
@@ -113,6 +114,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0035_result_receipts.sql"),
     include_str!("migrations/0036_node_security_events.sql"),
     include_str!("migrations/0037_security_events_by_body.sql"),
+    include_str!("migrations/0038_operator_revocations.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -714,9 +716,18 @@ impl Backend for SqliteBackend {
         self.read(move |c| tokens::operator_by_cert(c, &hash)).await
     }
 
-    async fn revoke_operator(&self, id: &str) -> Result<OperatorRow, TxError> {
+    async fn revoke_operator(
+        &self,
+        id: &str,
+        seal: SealRevocation,
+    ) -> Result<OperatorRow, TxError> {
         let id = id.to_string();
-        self.write(move |c| tokens::revoke_operator(c, &id)).await
+        let mut seal = Some(seal);
+        self.write(move |c| {
+            let seal = seal.take().expect("a write runs once");
+            tokens::revoke_operator(c, &id, seal)
+        })
+        .await
     }
 
     async fn add_gateway_credential(

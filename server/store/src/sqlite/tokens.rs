@@ -9,9 +9,9 @@ use crate::machines::{self, BoundNode, Enrolled, ProvesMachine, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
-    OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, TOKEN_INFO_COLUMNS, TokenInfo,
-    TokenRow, admit, judge_proof, new_node_id, no_operator, operator_exists, operator_role,
-    reattest_detail, reclaim_detail, reenrol_detail,
+    OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, SealRevocation, TOKEN_INFO_COLUMNS,
+    TokenInfo, TokenRow, admit, judge_proof, new_node_id, no_operator, operator_exists,
+    operator_role, reattest_detail, reclaim_detail, reenrol_detail,
 };
 
 pub(super) fn add_operator(c: &Connection, o: &NewOperator) -> Result<(), TxError> {
@@ -48,6 +48,7 @@ fn operator_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(OperatorRow, String)
             created_at: r.get(4)?,
             not_after: r.get(5)?,
             revoked_at: r.get(6)?,
+            revocation: r.get(7)?,
         },
         role,
     ))
@@ -82,20 +83,33 @@ pub(super) fn operator_by_cert(
     .transpose()
 }
 
-pub(super) fn revoke_operator(c: &Connection, id: &str) -> Result<OperatorRow, TxError> {
+pub(super) fn revoke_operator(
+    c: &Connection,
+    id: &str,
+    seal: SealRevocation,
+) -> Result<OperatorRow, TxError> {
+    let read = |c: &Connection| -> Result<OperatorRow, TxError> {
+        let row = c
+            .query_row_kept(
+                &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = ?1"),
+                [id],
+                operator_row,
+            )
+            .optional()?
+            .ok_or_else(|| no_operator(id))?;
+        Ok(with_role(row)?)
+    };
+    let row = read(c)?;
+    if row.revoked_at.is_some() {
+        return Ok(row);
+    }
+    let now: i64 = c.query_row_kept("SELECT compute_now()", [], |r| r.get(0))?;
+    let revocation = seal(&row, now);
     c.execute_kept(
-        "UPDATE operators SET revoked_at = compute_now() WHERE id = ?1 AND revoked_at IS NULL",
-        [id],
+        "UPDATE operators SET revoked_at = ?2, revocation = ?3 WHERE id = ?1 AND revoked_at IS NULL",
+        params![id, now, revocation],
     )?;
-    let row = c
-        .query_row_kept(
-            &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = ?1"),
-            [id],
-            operator_row,
-        )
-        .optional()?
-        .ok_or_else(|| no_operator(id))?;
-    Ok(with_role(row)?)
+    read(c)
 }
 
 pub(super) fn create_token(c: &Connection, t: &NewToken) -> Result<i64, StoreError> {

@@ -1,4 +1,4 @@
--- schema version 37
+-- schema version 38
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -219,6 +219,7 @@ operators.cert_sha256: text
 operators.cert_serial: text
 operators.not_after: bigint
 operators.revoked_at: bigint
+operators.revocation: bytea
 releases.sequence: bigint NOT NULL
 releases.version: text NOT NULL
 releases.target: text NOT NULL

@@ -1,4 +1,4 @@
--- schema version 37
+-- schema version 38
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -385,7 +385,7 @@ CREATE TABLE "operators" (
     created_at  INTEGER NOT NULL,
     not_after   INTEGER,
     revoked_at  INTEGER
-) STRICT;
+, revocation BLOB) STRICT;
 
 -- table releases
 CREATE TABLE releases (

@@ -115,17 +115,32 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
     // process on the same store) at its next look-up.
     let other = f.reopen().await;
     f.advance(Duration::from_secs(5));
-    let revoked = s.revoke_operator("viewer").await.unwrap();
+    // The statement is sealed from the row and the store's time of the
+    // revocation, and kept beside it.
+    let seal = || -> bc_store::tokens::SealRevocation {
+        Box::new(|row, at| format!("{} {:?} {at}", row.id, row.cert_sha256).into_bytes())
+    };
+    let revoked = s.revoke_operator("viewer", seal()).await.unwrap();
     assert_eq!(revoked.revoked_at, Some(super::T0 + 5_000));
+    let statement = format!("viewer Some(\"c2\") {}", super::T0 + 5_000).into_bytes();
+    assert_eq!(revoked.revocation.as_deref(), Some(statement.as_slice()));
     let seen = other.operator_by_cert("c2").await.unwrap().unwrap();
     assert!(!seen.active(super::T0 + 5_000));
+    assert_eq!(seen.revocation.as_deref(), Some(statement.as_slice()));
     f.advance(Duration::from_secs(5));
+    let again = s
+        .revoke_operator(
+            "viewer",
+            Box::new(|_, _| panic!("a revoked operator is not sealed again")),
+        )
+        .await
+        .unwrap();
     assert_eq!(
-        s.revoke_operator("viewer").await.unwrap().revoked_at,
-        Some(super::T0 + 5_000),
+        (again.revoked_at, again.revocation),
+        (Some(super::T0 + 5_000), Some(statement)),
         "revoking again changes nothing"
     );
-    match s.revoke_operator("nobody").await {
+    match s.revoke_operator("nobody", seal()).await {
         Err(TxError::Refused(Refusal::NotFound(m))) => assert!(m.contains("nobody"), "{m}"),
         other => panic!("revoking an unknown operator: {other:?}"),
     }
