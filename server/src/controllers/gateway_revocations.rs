@@ -6,9 +6,9 @@
 //! [`crate::api::join::GATEWAY_REVOCATIONS_LIFE`]), and at once when an
 //! operator revokes a gateway, the key holder signs with a
 //! worker key the certificates it issued that their name's credential no
-//! longer admits (revoked, or the name added again since), each until its
-//! own end, in a list that runs out after its life; it keeps the newest in
-//! the store, where every gateway reads it and hands it to its nodes
+//! longer admits (revoked, or the name added again since), each until a
+//! day past its own end (`bc_store::gateways::LISTED_PAST_END_MS`), in a
+//! list that runs out after its life; it keeps the newest in the store, where every gateway reads it and hands it to its nodes
 //! (`gateway::feeds::gateway_revocations`). A node leaves a gateway the
 //! list names, and one that lets its list run out without a newer one
 //! (`bcd_core::gateways`). What the list names comes from the key

@@ -53,6 +53,11 @@ pub struct SignedRevocations {
 /// it no node accepts the certificate anyway.
 pub const CERT_KEPT_PAST_END_MS: i64 = 24 * 3600 * 1000;
 
+/// How long after its end a revoked gateway certificate stays in the
+/// signed list: a node checks a gateway certificate's end on its own
+/// clock, which may lag the store's.
+pub const LISTED_PAST_END_MS: i64 = CERT_KEPT_PAST_END_MS;
+
 /// The refusal for adding a name that is live already.
 pub fn name_taken(name: &str) -> Refusal {
     Refusal::Conflict(format!(

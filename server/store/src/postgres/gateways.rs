@@ -3,7 +3,8 @@
 use super::{Tx, execute, query, query_opt};
 use crate::error::{StoreError, TxError};
 use crate::gateways::{
-    CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, SignedRevocations, name_taken,
+    CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, LISTED_PAST_END_MS, SignedRevocations,
+    name_taken,
 };
 
 const COLUMNS: &str = "name, secret_sha256, created_at, revoked_at";
@@ -91,10 +92,10 @@ pub(super) async fn revoked_certs(tx: &Tx<'_>) -> Result<Vec<GatewayCert>, Store
         tx,
         "SELECT c.name, c.sha256, c.issued_at, c.not_after FROM gateway_certs c \
          LEFT JOIN gateway_credentials g ON g.name = c.name \
-         WHERE c.not_after > compute_now() \
+         WHERE c.not_after > compute_now() - $1 \
            AND (g.name IS NULL OR g.revoked_at IS NOT NULL OR c.issued_at < g.created_at) \
          ORDER BY c.issued_at, c.sha256",
-        &[],
+        &[&LISTED_PAST_END_MS],
     )
     .await?
     .iter()

@@ -4,7 +4,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{StoreError, TxError};
 use crate::gateways::{
-    CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, SignedRevocations, name_taken,
+    CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, LISTED_PAST_END_MS, SignedRevocations,
+    name_taken,
 };
 
 const COLUMNS: &str = "name, secret_sha256, created_at, revoked_at";
@@ -76,12 +77,12 @@ pub(super) fn revoked_certs(c: &Connection) -> Result<Vec<GatewayCert>, StoreErr
     let mut st = c.prepare_cached(
         "SELECT c.name, c.sha256, c.issued_at, c.not_after FROM gateway_certs c \
          LEFT JOIN gateway_credentials g ON g.name = c.name \
-         WHERE c.not_after > compute_now() \
+         WHERE c.not_after > compute_now() - ?1 \
            AND (g.name IS NULL OR g.revoked_at IS NOT NULL OR c.issued_at < g.created_at) \
          ORDER BY c.issued_at, c.sha256",
     )?;
     let rows = st
-        .query_map([], |r| {
+        .query_map([LISTED_PAST_END_MS], |r| {
             Ok(GatewayCert {
                 name: r.get(0)?,
                 sha256: r.get(1)?,
