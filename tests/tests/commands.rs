@@ -691,3 +691,81 @@ fn gpu_reset_refuses_an_assigned_gpu_and_resets_a_free_one() {
     let c = server.wait_command(&server.run_command(&id, "gpu.reset", &["GPU-nope"]));
     assert!(c.reason.contains("not on this node"), "{}", c.reason);
 }
+
+/// A node holds the result of a command the store does not know (the store
+/// was restored from a set taken before the command): the gateway keeps
+/// the result as the node signed it, the key holder verifies it and signs
+/// a receipt naming the command, its sequence and the signed bytes, and
+/// the gateway hands the receipt on, so the node forgets the result
+/// instead of sending it at every session.
+#[test]
+fn a_result_for_a_command_the_store_does_not_know_gets_the_key_holders_receipt() {
+    use bcd_proto::v1::{self, node_message, server_message};
+    use prost::Message;
+    let (_d, server, mut node, id) = setup_connected(71);
+    node.proc().stop();
+    let key_pem = std::fs::read_to_string(node.dir.join("node.key")).unwrap();
+    let node_key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
+    let worker_keys: Vec<Vec<u8>> = node.identity()["worker_keys"]
+        .as_array()
+        .expect("worker keys")
+        .iter()
+        .map(|k| hex::decode(k.as_str().unwrap()).unwrap())
+        .collect();
+    let payload = v1::CommandResult {
+        command_id: "cmd-restored-away".into(),
+        seq: 9,
+        outcome: v1::Outcome::Succeeded as i32,
+        node_id: id.clone(),
+        output: b"done\n".to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let signature = rcgen::SigningKey::sign(&node_key, &payload).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let receipt = rt.block_on(async {
+        let (tx, mut stream) = node.raw_session(&server.url()).await;
+        tx.send(node.hello()).await.unwrap();
+        let welcome = stream.message().await.unwrap().unwrap();
+        assert!(matches!(welcome.msg, Some(server_message::Msg::Welcome(_))));
+        tx.send(v1::NodeMessage {
+            msg: Some(node_message::Msg::CommandResult(v1::NodeSigned {
+                payload: payload.clone(),
+                signature,
+            })),
+        })
+        .await
+        .unwrap();
+        // Heartbeats keep the session while the receipt is awaited.
+        let mut beat = tokio::time::interval(Duration::from_millis(100));
+        let mut seq = 0;
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                tokio::select! {
+                    _ = beat.tick() => {
+                        seq += 1;
+                        let hb = node_message::Msg::Heartbeat(v1::Heartbeat { seq });
+                        tx.send(v1::NodeMessage { msg: Some(hb) }).await.unwrap();
+                    }
+                    m = stream.message() => {
+                        let m = m.unwrap().expect("the session stays open");
+                        if let Some(server_message::Msg::ResultReceipt(envelope)) = m.msg {
+                            break envelope;
+                        }
+                    }
+                }
+            }
+        })
+        .await
+        .expect("the key holder's receipt within 20 s")
+    });
+    let r = bcd_proto::receipts::open(&receipt, &worker_keys).expect("a worker-signed receipt");
+    assert_eq!(
+        (r.node_id.as_str(), r.command_id.as_str(), r.seq),
+        (id.as_str(), "cmd-restored-away", 9)
+    );
+    assert_eq!(r.result_sha256, bcd_proto::fingerprint(&payload));
+}

@@ -322,6 +322,9 @@ pub async fn run_receipts(
                 if let Err(e) = receipts::tick_events(&s, &key).await {
                     warn!(error = %e, "event receipt pass failed");
                 }
+                if let Err(e) = receipts::tick_unknown(&s, &key, &ca_der).await {
+                    warn!(error = %e, "unknown result receipt pass failed");
+                }
             }
         },
     )

@@ -701,10 +701,29 @@ impl Session<'_> {
                             ResultApplied::Duplicate => {
                                 debug!(cmd = %id, "duplicate result; the first one stands")
                             }
-                            ResultApplied::Unknown => warn!(
-                                cmd = %id,
-                                "result for a command this server does not know; acknowledged and dropped"
-                            ),
+                            ResultApplied::Unknown => {
+                                // Kept as signed, for the key holder to
+                                // receipt: the node then forgets it.
+                                let unknown = bc_store::commands::UnknownResult {
+                                    node_id: node.to_string(),
+                                    command_id: id.clone(),
+                                    payload: r.payload.clone(),
+                                    signature: r.signature.clone(),
+                                };
+                                match store.put_unknown_result(&unknown).await {
+                                    Ok(true) => {
+                                        warn!(cmd = %id, "result for a command this server does not know; kept for the key holder's receipt");
+                                        self.await_receipt(&id);
+                                    }
+                                    Ok(false) => warn!(
+                                        cmd = %id,
+                                        "result for a command this server does not know, past what is kept for the node; acknowledged and dropped"
+                                    ),
+                                    Err(e) => {
+                                        warn!(cmd = %id, error = %e, "cannot keep a result for an unknown command")
+                                    }
+                                }
+                            }
                             ResultApplied::Forged(_) => unreachable!("handled above"),
                         }
                         // The key holder's receipt follows once it has

@@ -77,13 +77,22 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
 
     /// The key holder's receipts for results of `node`'s commands among
     /// `ids` (command id, signed receipt; empty where the key holder
-    /// judged the result and gives none); commands not judged yet are left
-    /// out.
+    /// judged the result and gives none), and for its unknown results
+    /// with those ids; commands not judged yet are left out.
     async fn result_receipts(
         &self,
         node: &str,
         ids: &[String],
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+
+    /// Keeps a result its node signed for a command the store does not
+    /// know, for the key holder to receipt ([`crate::commands::UnknownResult`]).
+    /// False when it is not kept: the node holds
+    /// [`crate::commands::UNKNOWN_RESULTS_PER_NODE`] already.
+    async fn put_unknown_result(
+        &self,
+        r: &crate::commands::UnknownResult,
+    ) -> Result<bool, StoreError>;
 
     /// The Hello transaction (see [`crate::sessions`]).
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError>;
@@ -314,6 +323,22 @@ pub trait Backend: GatewayBackend {
     /// Commands whose result a node signed that the key holder has not
     /// judged for a receipt yet, at most `limit`.
     async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    /// Unknown results the key holder has not judged yet, at most `limit`.
+    async fn unknown_results_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<crate::commands::UnknownResult>, StoreError>;
+
+    /// Keeps the key holder's judgement beside an unknown result (its
+    /// receipt, or an empty one where it gives none; once only), and
+    /// forgets that node's unknown results receipted more than
+    /// [`crate::events::SECURITY_EVENTS_KEPT_MS`] ago.
+    async fn put_unknown_result_receipt(
+        &self,
+        r: &crate::commands::UnknownResult,
+        receipt: &[u8],
+    ) -> Result<(), StoreError>;
 
     /// Records the key holder's judgement of a command's signed result:
     /// its receipt, or an empty one where it gives none. Once only.

@@ -132,6 +132,22 @@ pub enum ResultApplied {
     Forged(String),
 }
 
+/// A result a node signed for a command the store does not know (it was
+/// restored from a set taken before the command), kept as the node sent it
+/// so the key holder can verify and receipt it, and the node forget it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownResult {
+    pub node_id: String,
+    pub command_id: String,
+    /// The signed `CommandResult`, as sent.
+    pub payload: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+/// Unknown results kept per node at most: a node that makes them up fills
+/// nothing (past it, they are not stored and get no receipt).
+pub const UNKNOWN_RESULTS_PER_NODE: i64 = 1_000;
+
 /// The fleet event a forged result is recorded as.
 pub const FORGED: &str = "security.result.forged";
 

@@ -8,10 +8,11 @@ use super::{Tx, execute, ms, now, query, query_one, query_opt};
 use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
-    SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
-    signed_result,
+    SWEPT, SealCommand, UNKNOWN_RESULTS_PER_NODE, UnknownResult, ack_moves, dispatchable,
+    new_command_id, raises_floor, same_request, signed_result,
 };
 use crate::error::{Refusal, StoreError, TxError};
+use crate::events::SECURITY_EVENTS_KEPT_MS;
 use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
@@ -441,11 +442,79 @@ pub(super) async fn result_receipts(
     Ok(query(
         tx,
         "SELECT id, receipt FROM commands \
-         WHERE id = ANY($1) AND node_id = $2 AND receipt IS NOT NULL",
+         WHERE id = ANY($1) AND node_id = $2 AND receipt IS NOT NULL \
+         UNION ALL \
+         SELECT command_id, receipt FROM unknown_results \
+         WHERE command_id = ANY($1) AND node_id = $2 AND length(receipt) > 0",
         &[&ids, &node],
     )
     .await?
     .iter()
     .map(|r| (r.get(0), r.get(1)))
     .collect())
+}
+
+pub(super) async fn put_unknown_result(tx: &Tx<'_>, r: &UnknownResult) -> Result<bool, StoreError> {
+    let held: i64 = query_one(
+        tx,
+        "SELECT COUNT(*) FROM unknown_results WHERE node_id = $1",
+        &[&r.node_id],
+    )
+    .await?
+    .get(0);
+    if held >= UNKNOWN_RESULTS_PER_NODE {
+        return Ok(false);
+    }
+    execute(
+        tx,
+        "INSERT INTO unknown_results (node_id, command_id, payload, signature, at)
+         VALUES ($1, $2, $3, $4, compute_now())
+         ON CONFLICT DO NOTHING",
+        &[&r.node_id, &r.command_id, &r.payload, &r.signature],
+    )
+    .await?;
+    Ok(true)
+}
+
+pub(super) async fn unknown_results_unreceipted(
+    tx: &Tx<'_>,
+    limit: u32,
+) -> Result<Vec<UnknownResult>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT node_id, command_id, payload, signature FROM unknown_results
+         WHERE receipt IS NULL LIMIT $1",
+        &[&i64::from(limit)],
+    )
+    .await?
+    .iter()
+    .map(|r| UnknownResult {
+        node_id: r.get(0),
+        command_id: r.get(1),
+        payload: r.get(2),
+        signature: r.get(3),
+    })
+    .collect())
+}
+
+pub(super) async fn put_unknown_result_receipt(
+    tx: &Tx<'_>,
+    r: &UnknownResult,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE unknown_results SET receipt = $4, receipted_at = compute_now()
+         WHERE node_id = $1 AND command_id = $2 AND payload_sha256 = encode(sha256($3), 'hex')
+           AND receipt IS NULL",
+        &[&r.node_id, &r.command_id, &r.payload, &receipt],
+    )
+    .await?;
+    execute(
+        tx,
+        "DELETE FROM unknown_results WHERE node_id = $1 AND receipted_at < compute_now() - $2",
+        &[&r.node_id, &SECURITY_EVENTS_KEPT_MS],
+    )
+    .await?;
+    Ok(())
 }

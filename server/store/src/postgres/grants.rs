@@ -57,6 +57,10 @@ pub const GATEWAY: &[(&str, &str)] = &[
     ),
     ("node_specs", "SELECT"),
     (
+        "unknown_results",
+        "SELECT, INSERT (node_id, command_id, payload, signature, at)",
+    ),
+    (
         "node_state",
         "SELECT, INSERT, UPDATE (applied_generation, sections, reported_at, report_epoch)",
     ),

@@ -75,7 +75,9 @@ use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
-use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
+use crate::commands::{
+    CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand, UnknownResult,
+};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
@@ -137,6 +139,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0036_node_security_events.sql"),
     include_str!("migrations/0037_security_events_by_body.sql"),
     include_str!("migrations/0038_operator_revocations.sql"),
+    include_str!("migrations/0039_unknown_results.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -532,6 +535,10 @@ impl GatewayBackend for PostgresBackend {
         ids: &[String],
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         tx!(self, |tx| commands::result_receipts(&tx, node, ids).await)
+    }
+
+    async fn put_unknown_result(&self, r: &UnknownResult) -> Result<bool, StoreError> {
+        tx!(self, |tx| commands::put_unknown_result(&tx, r).await)
     }
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -932,6 +939,25 @@ impl Backend for PostgresBackend {
         receipt: &[u8],
     ) -> Result<(), StoreError> {
         tx!(self, |tx| events::put_receipt(&tx, event, receipt).await)
+    }
+
+    async fn unknown_results_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<UnknownResult>, StoreError> {
+        tx!(self, |tx| commands::unknown_results_unreceipted(&tx, limit)
+            .await)
+    }
+
+    async fn put_unknown_result_receipt(
+        &self,
+        r: &UnknownResult,
+        receipt: &[u8],
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| commands::put_unknown_result_receipt(
+            &tx, r, receipt
+        )
+        .await)
     }
 
     async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {

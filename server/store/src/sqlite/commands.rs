@@ -9,10 +9,11 @@ use super::{Kept, now};
 use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
-    SWEPT, SealCommand, ack_moves, dispatchable, new_command_id, raises_floor, same_request,
-    signed_result,
+    SWEPT, SealCommand, UNKNOWN_RESULTS_PER_NODE, UnknownResult, ack_moves, dispatchable,
+    new_command_id, raises_floor, same_request, signed_result,
 };
 use crate::error::{Refusal, StoreError, TxError};
+use crate::events::SECURITY_EVENTS_KEPT_MS;
 use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
@@ -346,6 +347,10 @@ pub(super) fn result_receipts(
     let mut st = c.prepare_cached(
         "SELECT receipt FROM commands WHERE id = ?1 AND node_id = ?2 AND receipt IS NOT NULL",
     )?;
+    let mut unknown = c.prepare_cached(
+        "SELECT receipt FROM unknown_results
+         WHERE node_id = ?2 AND command_id = ?1 AND length(receipt) > 0",
+    )?;
     let mut out = Vec::new();
     for id in ids {
         if let Some(r) = st
@@ -354,6 +359,72 @@ pub(super) fn result_receipts(
         {
             out.push((id.clone(), r));
         }
+        for r in unknown.query_map(rusqlite::params![id, node], |r| r.get::<_, Vec<u8>>(0))? {
+            out.push((id.clone(), r?));
+        }
     }
     Ok(out)
+}
+
+pub(super) fn put_unknown_result(c: &Connection, r: &UnknownResult) -> Result<bool, StoreError> {
+    let held: i64 = c
+        .prepare_cached("SELECT COUNT(*) FROM unknown_results WHERE node_id = ?1")?
+        .query_row([&r.node_id], |row| row.get(0))?;
+    if held >= UNKNOWN_RESULTS_PER_NODE {
+        return Ok(false);
+    }
+    c.prepare_cached(
+        "INSERT INTO unknown_results (node_id, command_id, payload, signature, payload_sha256, at)
+         VALUES (?1, ?2, ?3, ?4, sha256_hex(?3), compute_now())
+         ON CONFLICT DO NOTHING",
+    )?
+    .execute(rusqlite::params![
+        r.node_id,
+        r.command_id,
+        r.payload,
+        r.signature
+    ])?;
+    Ok(true)
+}
+
+pub(super) fn unknown_results_unreceipted(
+    c: &Connection,
+    limit: u32,
+) -> Result<Vec<UnknownResult>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT node_id, command_id, payload, signature FROM unknown_results
+         WHERE receipt IS NULL LIMIT ?1",
+    )?
+    .query_map([limit], |r| {
+        Ok(UnknownResult {
+            node_id: r.get(0)?,
+            command_id: r.get(1)?,
+            payload: r.get(2)?,
+            signature: r.get(3)?,
+        })
+    })?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+pub(super) fn put_unknown_result_receipt(
+    c: &Connection,
+    r: &UnknownResult,
+    receipt: &[u8],
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "UPDATE unknown_results SET receipt = ?4, receipted_at = compute_now()
+         WHERE node_id = ?1 AND command_id = ?2 AND payload_sha256 = sha256_hex(?3)
+           AND receipt IS NULL",
+    )?
+    .execute(rusqlite::params![
+        r.node_id,
+        r.command_id,
+        r.payload,
+        receipt
+    ])?;
+    c.prepare_cached(
+        "DELETE FROM unknown_results WHERE node_id = ?1 AND receipted_at < compute_now() - ?2",
+    )?
+    .execute(rusqlite::params![r.node_id, SECURITY_EVENTS_KEPT_MS])?;
+    Ok(())
 }

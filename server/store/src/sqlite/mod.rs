@@ -54,7 +54,9 @@ use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::clock::Clock;
-use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
+use crate::commands::{
+    CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand, UnknownResult,
+};
 use crate::error::{StoreError, TxError};
 use crate::events::{EventInput, EventRow};
 use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
@@ -115,6 +117,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0036_node_security_events.sql"),
     include_str!("migrations/0037_security_events_by_body.sql"),
     include_str!("migrations/0038_operator_revocations.sql"),
+    include_str!("migrations/0039_unknown_results.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -497,6 +500,12 @@ impl GatewayBackend for SqliteBackend {
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let (node, ids) = (node.to_string(), ids.to_vec());
         self.read(move |c| commands::result_receipts(c, &node, &ids))
+            .await
+    }
+
+    async fn put_unknown_result(&self, r: &UnknownResult) -> Result<bool, StoreError> {
+        let r = r.clone();
+        self.write(move |c| commands::put_unknown_result(c, &r))
             .await
     }
 
@@ -931,6 +940,24 @@ impl Backend for SqliteBackend {
     ) -> Result<(), StoreError> {
         let (event, receipt) = (event.clone(), receipt.to_vec());
         self.write(move |c| events::put_receipt(c, &event, &receipt))
+            .await
+    }
+
+    async fn unknown_results_unreceipted(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<UnknownResult>, StoreError> {
+        self.read(move |c| commands::unknown_results_unreceipted(c, limit))
+            .await
+    }
+
+    async fn put_unknown_result_receipt(
+        &self,
+        r: &UnknownResult,
+        receipt: &[u8],
+    ) -> Result<(), StoreError> {
+        let (r, receipt) = (r.clone(), receipt.to_vec());
+        self.write(move |c| commands::put_unknown_result_receipt(c, &r, &receipt))
             .await
     }
 

@@ -1,4 +1,4 @@
--- schema version 38
+-- schema version 39
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -245,6 +245,14 @@ rollouts.wave: bigint NOT NULL
 rollouts.reason: text NOT NULL DEFAULT ''::text
 rollouts.created_at: bigint NOT NULL
 rollouts.updated_at: bigint NOT NULL
+unknown_results.node_id: text NOT NULL
+unknown_results.command_id: text NOT NULL
+unknown_results.payload: bytea NOT NULL
+unknown_results.signature: bytea NOT NULL
+unknown_results.payload_sha256: text NOT NULL
+unknown_results.at: bigint NOT NULL
+unknown_results.receipt: bytea
+unknown_results.receipted_at: bigint
 
 -- constraints
 audit audit_chain: TRIGGER DEFERRABLE INITIALLY DEFERRED
@@ -311,6 +319,8 @@ rollout_nodes rollout_nodes_pkey: PRIMARY KEY (rollout_id, node_id)
 rollout_nodes rollout_nodes_rollout_id_fkey: FOREIGN KEY (rollout_id) REFERENCES rollouts(id)
 rollouts rollouts_pkey: PRIMARY KEY (id)
 rollouts rollouts_sequence_fkey: FOREIGN KEY (sequence) REFERENCES releases(sequence)
+unknown_results unknown_results_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
+unknown_results unknown_results_pkey: PRIMARY KEY (node_id, command_id, payload_sha256)
 
 -- indexes
 audit_chain_seq: CREATE UNIQUE INDEX audit_chain_seq ON public.audit USING btree (chain, seq)
@@ -376,6 +386,8 @@ operators_pkey: CREATE UNIQUE INDEX operators_pkey ON public.operators USING btr
 releases_pkey: CREATE UNIQUE INDEX releases_pkey ON public.releases USING btree (sequence)
 rollout_nodes_pkey: CREATE UNIQUE INDEX rollout_nodes_pkey ON public.rollout_nodes USING btree (rollout_id, node_id)
 rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree (id)
+unknown_results_pkey: CREATE UNIQUE INDEX unknown_results_pkey ON public.unknown_results USING btree (node_id, command_id, payload_sha256)
+unknown_results_unreceipted: CREATE INDEX unknown_results_unreceipted ON public.unknown_results USING btree (node_id) WHERE (receipt IS NULL)
 
 -- triggers
 audit_backup: CREATE TRIGGER audit_backup AFTER UPDATE OF state ON public.backups FOR EACH ROW WHEN ((new.state <> old.state)) EXECUTE FUNCTION audit_backup()

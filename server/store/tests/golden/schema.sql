@@ -1,4 +1,4 @@
--- schema version 38
+-- schema version 39
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -61,6 +61,10 @@ CREATE INDEX node_specs_not_after ON node_specs(not_after);
 -- index nodes_ek_sha256
 CREATE UNIQUE INDEX nodes_ek_sha256 ON nodes (ek_sha256)
     WHERE ek_sha256 IS NOT NULL AND deleted_at IS NULL;
+
+-- index unknown_results_unreceipted
+CREATE INDEX unknown_results_unreceipted ON unknown_results (node_id)
+    WHERE receipt IS NULL;
 
 -- table audit
 CREATE TABLE audit (
@@ -427,6 +431,19 @@ CREATE TABLE rollouts (
 
 -- table sqlite_sequence
 CREATE TABLE sqlite_sequence(name,seq);
+
+-- table unknown_results
+CREATE TABLE unknown_results (
+    node_id        TEXT NOT NULL REFERENCES nodes(id),
+    command_id     TEXT NOT NULL,
+    payload        BLOB NOT NULL,
+    signature      BLOB NOT NULL,
+    payload_sha256 TEXT NOT NULL,
+    at             INTEGER NOT NULL,
+    receipt        BLOB,
+    receipted_at   INTEGER,
+    PRIMARY KEY (node_id, command_id, payload_sha256)
+) STRICT;
 
 -- trigger audit_backup
 CREATE TRIGGER audit_backup AFTER UPDATE OF state ON backups

@@ -646,3 +646,72 @@ pub async fn signed_results_wait_for_one_receipt_that_only_their_node_reads(f: F
     want.sort();
     assert_eq!(listed, want);
 }
+
+/// A result a node signed for a command the store does not know is kept
+/// for the key holder's receipt, through the gateway's interface: once,
+/// beside one planted under the same id with other bytes, each judged
+/// once; only a receipt given goes to the node; at most
+/// `UNKNOWN_RESULTS_PER_NODE` a node.
+pub async fn unknown_results_are_kept_for_one_receipt_and_bounded(f: Fixture) {
+    use bc_store::commands::{UNKNOWN_RESULTS_PER_NODE, UnknownResult};
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let other = joined(s, 2).await;
+    let own = UnknownResult {
+        node_id: node.clone(),
+        command_id: "cmd-gone".into(),
+        payload: b"signed bytes".to_vec(),
+        signature: b"sig".to_vec(),
+    };
+    let gw = s.gateway();
+    assert!(gw.put_unknown_result(&own).await.unwrap());
+    assert!(
+        gw.put_unknown_result(&own).await.unwrap(),
+        "again: kept once"
+    );
+    let planted = UnknownResult {
+        payload: b"other bytes".to_vec(),
+        ..own.clone()
+    };
+    assert!(gw.put_unknown_result(&planted).await.unwrap());
+    let mut waiting = s.unknown_results_unreceipted(10).await.unwrap();
+    waiting.sort_by(|a, b| a.payload.cmp(&b.payload));
+    assert_eq!(waiting, vec![planted.clone(), own.clone()]);
+    let ids = ["cmd-gone".to_string()];
+    assert!(gw.result_receipts(&node, &ids).await.unwrap().is_empty());
+    s.put_unknown_result_receipt(&own, b"receipt")
+        .await
+        .unwrap();
+    s.put_unknown_result_receipt(&own, b"again").await.unwrap();
+    s.put_unknown_result_receipt(&planted, b"").await.unwrap();
+    assert_eq!(
+        gw.result_receipts(&node, &ids).await.unwrap(),
+        vec![("cmd-gone".to_string(), b"receipt".to_vec())],
+        "the one receipt given, once"
+    );
+    assert!(gw.result_receipts(&other, &ids).await.unwrap().is_empty());
+    assert!(s.unknown_results_unreceipted(10).await.unwrap().is_empty());
+
+    // Bounded per node: 2 held, then up to the bound, then none.
+    for i in 2..UNKNOWN_RESULTS_PER_NODE {
+        let r = UnknownResult {
+            command_id: format!("cmd-{i}"),
+            ..own.clone()
+        };
+        assert!(gw.put_unknown_result(&r).await.unwrap(), "{i}");
+    }
+    let past = UnknownResult {
+        command_id: "cmd-past".into(),
+        ..own.clone()
+    };
+    assert!(!gw.put_unknown_result(&past).await.unwrap());
+    assert!(
+        gw.put_unknown_result(&UnknownResult {
+            node_id: other.clone(),
+            ..past
+        })
+        .await
+        .unwrap(),
+        "another node's bound is its own"
+    );
+}

@@ -333,6 +333,7 @@ macro_rules! store_suite {
             commands::the_sweeper_expires_only_pending_commands_past_their_deadline,
             commands::a_confirmed_upgrade_raises_the_release_floor,
             commands::signed_results_wait_for_one_receipt_that_only_their_node_reads,
+            commands::unknown_results_are_kept_for_one_receipt_and_bounded,
             commands::commands_for_unknown_nodes_are_refused,
             commands::a_late_or_stale_ack_moves_nothing,
             facts::forged_facts_are_recorded_and_applied_nowhere,
