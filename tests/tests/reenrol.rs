@@ -124,3 +124,46 @@ fn a_deleted_node_is_not_re_enrolled_and_the_machine_joins_as_a_new_node() {
     assert_ne!(node.id(), id);
     assert_eq!(node.identity()["identity_generation"], 1);
 }
+
+/// A command is running when the machine's identity is reset and it joins
+/// again as the same node: its journal went aside with the identity, so
+/// the first Hello of the new identity ends the command `journal-lost`,
+/// and the proof that Hello carries shows the lost journal (the new
+/// identity took the earlier one's last session over), so the ending is
+/// believed, not read as forged.
+#[test]
+fn a_command_a_re_enrolment_ends_journal_lost_is_proved_by_its_hello() {
+    let (d, server, mut node, id) = setup_connected(43);
+    let file = d.path().join("started");
+    let cmd = server.run_command(
+        &id,
+        "exec.run",
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("echo x >> {}; sleep 30", file.display()),
+        ],
+    );
+    bc_tests::wait_for(Duration::from_secs(20), "the command to start", || {
+        file.exists().then_some(())
+    });
+    bc_tests::wait_for(
+        Duration::from_secs(20),
+        "the server to see it acknowledged",
+        || (server.command(&cmd).state != "dispatched").then_some(()),
+    );
+    node.proc().kill();
+    let out = node.bcd(&["join", "--reset", "--yes"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = node.join(&server.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(node.id(), id);
+    node.start();
+    let c = server.wait_command(&cmd);
+    assert_eq!(
+        (c.state.as_str(), c.reason.as_str()),
+        ("failed", "journal-lost"),
+        "{c:?}"
+    );
+    assert_eq!(c.evidence, "decided", "{c:?}");
+}

@@ -200,6 +200,28 @@ fn a_release_that_never_connects_is_swapped_back_by_the_supervisor() {
     assert_eq!(finished_events(&f.server, &c.command_id), 1);
 }
 
+/// A supervised node on the test build, upgraded to release 2 (the static
+/// bcd tagged `tag`): the daemon dies right after switching, and the
+/// supervisor waits 3 s before starting the new binary (which has 8 s to
+/// confirm), time for the test to take the server away. Returns the node
+/// and the upgrade command, once the link names the new slot.
+fn switched_with_time_to_spare(f: &bc_tests::Fleet, tag: &str) -> (Node, String) {
+    let mut node = f.node_with("n1", bc_tests::bin("bcd"));
+    let id = node.id();
+    node.env = vec![("BCD_CRASH_AT".into(), "after-switch".into())];
+    node.supervise(
+        &["--restart-delay", "3s", "--grace", "30s"],
+        &["--confirm-within", "8s"],
+    );
+    wait_connected(&f.server, &id);
+    f.release(&f.bcd_release(tag), "0.2.0", 2);
+    let cmd = f.server.run_command(&id, "daemon.upgrade", &["2"]);
+    wait_for(Duration::from_secs(30), "the switch", || {
+        (link(&node) == "b").then_some(())
+    });
+    (node, cmd)
+}
+
 /// The new release is our own code, claiming the installed version; it
 /// gets no Welcome (the server is stopped while it starts). Its own
 /// watchdog swaps it back by the link and the pending record, whatever it
@@ -211,21 +233,7 @@ fn a_release_that_never_connects_is_swapped_back_by_the_supervisor() {
 #[test]
 fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
     let f = fleet();
-    let mut node = f.node_with("n1", bc_tests::bin("bcd"));
-    let id = node.id();
-    // The daemon dies right after switching; the supervisor waits 3 s
-    // before starting the new binary, while the test stops the server.
-    node.env = vec![("BCD_CRASH_AT".into(), "after-switch".into())];
-    node.supervise(
-        &["--restart-delay", "3s", "--grace", "30s"],
-        &["--confirm-within", "8s"],
-    );
-    wait_connected(&f.server, &id);
-    f.release(&f.bcd_release("0.2.0-liar"), "0.2.0", 2);
-    let cmd = f.server.run_command(&id, "daemon.upgrade", &["2"]);
-    wait_for(Duration::from_secs(30), "the switch", || {
-        (link(&node) == "b").then_some(())
-    });
+    let (mut node, cmd) = switched_with_time_to_spare(&f, "0.2.0-liar");
     f.server.proc.signal(rustix::process::Signal::STOP);
     wait_for(Duration::from_secs(30), "the swap back", || {
         (link(&node) == "a").then_some(())
@@ -257,19 +265,7 @@ fn a_binary_claiming_the_old_version_does_not_disarm_the_watchdog() {
 #[test]
 fn a_welcome_without_the_key_holders_receipt_confirms_no_upgrade() {
     let mut f = fleet();
-    let mut node = f.node_with("n1", bc_tests::bin("bcd"));
-    let id = node.id();
-    node.env = vec![("BCD_CRASH_AT".into(), "after-switch".into())];
-    node.supervise(
-        &["--restart-delay", "3s", "--grace", "30s"],
-        &["--confirm-within", "8s"],
-    );
-    wait_connected(&f.server, &id);
-    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
-    let cmd = f.server.run_command(&id, "daemon.upgrade", &["2"]);
-    wait_for(Duration::from_secs(30), "the switch", || {
-        (link(&node) == "b").then_some(())
-    });
+    let (mut node, cmd) = switched_with_time_to_spare(&f, "0.2.0");
     f.server.proc.stop();
     let mut h = Hostile::start(&f.server.dir, f.server.addr).expect("hostile gateway");
     // The new binary's session: welcomed, its report received and

@@ -727,6 +727,12 @@ pub struct Previous {
     /// Where the key and its certificate were found.
     pub key_path: PathBuf,
     pub cert_path: PathBuf,
+    /// The boot and the journal of that identity's last confirmed session,
+    /// from the `identity.json` moved aside with the pair (empty when there
+    /// is none): what the re-enrolled identity's first Hello proof says came
+    /// before, so an ending it drives (a reboot, a lost journal) is proved.
+    pub last_boot_id: String,
+    pub last_journal_id: String,
 }
 
 /// Finds the node key of this machine's latest earlier identity: `node.key`
@@ -738,7 +744,7 @@ pub struct Previous {
 /// `identity.json` is not needed.
 pub fn previous(dir: &Path) -> Option<Previous> {
     if !exists(dir)
-        && let Some(p) = previous_pair(dir.join(KEY), dir.join(CERT))
+        && let Some(p) = previous_pair(dir.join(KEY), dir.join(CERT), None)
     {
         return Some(p);
     }
@@ -757,11 +763,16 @@ pub fn previous(dir: &Path) -> Option<Previous> {
         previous_pair(
             dir.join(format!("{KEY}.reset-{stamp}")),
             dir.join(format!("{CERT}.reset-{stamp}")),
+            Some(dir.join(format!("{IDENTITY}.reset-{stamp}"))),
         )
     })
 }
 
-fn previous_pair(key_path: PathBuf, cert_path: PathBuf) -> Option<Previous> {
+fn previous_pair(
+    key_path: PathBuf,
+    cert_path: PathBuf,
+    identity: Option<PathBuf>,
+) -> Option<Previous> {
     let key_pem = fs::read_to_string(&key_path).ok()?;
     let key = rcgen::KeyPair::from_pem(&key_pem).ok()?;
     let cert = CertificateDer::from_pem_slice(&fs::read(&cert_path).ok()?).ok()?;
@@ -769,8 +780,20 @@ fn previous_pair(key_path: PathBuf, cert_path: PathBuf) -> Option<Previous> {
     if !cert.windows(spki.len()).any(|w| w == spki.as_slice()) {
         return None;
     }
+    // The last confirmed session, if the identity file moved aside with
+    // the pair reads (any version: only these two fields are taken).
+    let last: Option<serde_json::Value> = identity
+        .and_then(|p| fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let field = |name: &str| -> String {
+        last.as_ref()
+            .and_then(|v| v.get(name)?.as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
     Some(Previous {
         node_id: cert_node_id(&cert)?,
+        last_boot_id: field("last_boot_id"),
+        last_journal_id: field("last_journal_id"),
         key_pem,
         key_path,
         cert_path,
@@ -968,6 +991,21 @@ mod tests {
         let p = previous(d.path()).unwrap();
         assert_eq!(p.node_id, "nd-000000000002", "the newest reset");
         assert!(p.key_path.ends_with("node.key.reset-20261102T000000Z"));
+        assert_eq!(
+            (p.last_boot_id.as_str(), p.last_journal_id.as_str()),
+            ("", "")
+        );
+        // The identity moved aside with it names its last session.
+        fs::write(
+            d.path().join(format!("{IDENTITY}.reset-20261102T000000Z")),
+            r#"{"version":2,"node_id":"nd-000000000002","last_boot_id":"boot-7","last_journal_id":"jr-3"}"#,
+        )
+        .unwrap();
+        let p = previous(d.path()).unwrap();
+        assert_eq!(
+            (p.last_boot_id.as_str(), p.last_journal_id.as_str()),
+            ("boot-7", "jr-3")
+        );
         // A pair whose key is not its certificate's is passed over.
         let (other_key, _) = node_pair("nd-000000000009");
         let (_, cert) = node_pair("nd-000000000003");

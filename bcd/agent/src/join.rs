@@ -212,7 +212,7 @@ pub async fn join_with_token(
     )
     .await?;
 
-    save(
+    let identity = save(
         dir,
         server,
         &token.ca_pin,
@@ -220,7 +220,27 @@ pub async fn join_with_token(
         csr.der(),
         resp,
         key.serialize_pem(),
-    )
+    )?;
+    match previous {
+        Some(p) if p.node_id == identity.file.node_id => carry_last_session(identity, p),
+        _ => Ok(identity),
+    }
+}
+
+/// A re-enrolled node's identity takes over the boot and journal of the
+/// earlier identity's last confirmed session, so its first Hello proof says
+/// what came before (a reboot or a lost journal it drives is proved, not
+/// read as forged).
+fn carry_last_session(mut identity: Identity, previous: &Previous) -> anyhow::Result<Identity> {
+    if previous.last_boot_id.is_empty() && previous.last_journal_id.is_empty() {
+        return Ok(identity);
+    }
+    identity.file.last_boot_id = previous.last_boot_id.clone();
+    identity.file.last_journal_id = previous.last_journal_id.clone();
+    identity
+        .save_state()
+        .context("cannot record the earlier identity's last session")?;
+    Ok(identity)
 }
 
 /// Dials the server, trusting it only with the CA `pin` names (a token's).
