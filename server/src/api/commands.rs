@@ -26,7 +26,8 @@ pub const EXEC_MAX_OUTPUT: u32 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "unknown command kind (value {0}): one of exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback"
+        "unknown command kind (value {0}): one of {kinds}",
+        kinds = bcd_core::command::Kind::names()
     )]
     UnknownKind(i32),
     #[error("exec.run needs a program: commands run NODE exec.run -- PROGRAM [ARGS...]")]
@@ -310,6 +311,20 @@ pub async fn get(svc: &AdminService, r: GetCommandRequest) -> Result<CommandInfo
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_unknown_kind_text_lists_every_kind_the_wire_has() {
+        let text = ArgsError::UnknownKind(99).to_string();
+        let mut listed = 0;
+        for v in 0..256 {
+            if let Some(k) = bcd_proto::typed::kind(v) {
+                assert!(bcd_core::command::Kind::ALL.contains(&k), "{k:?}");
+                assert!(text.contains(k.name()), "{text}");
+                listed += 1;
+            }
+        }
+        assert_eq!(listed, bcd_core::command::Kind::ALL.len());
+    }
+
     use super::*;
 
     fn s(v: &[&str]) -> Vec<String> {

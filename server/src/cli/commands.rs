@@ -101,9 +101,8 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 .filter(|k| *k != CommandKind::Unspecified)
                 .ok_or_else(|| {
                     anyhow::anyhow!(
-                        "unknown command kind {kind:?}: one of exec.run, node.reboot, \
-                         boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, \
-                         daemon.rollback"
+                        "unknown command kind {kind:?}: one of {}",
+                        bcd_core::command::Kind::names()
                     )
                 })?;
             let mut info = c

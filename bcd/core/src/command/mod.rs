@@ -82,6 +82,12 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.name() == s)
     }
 
+    /// Every kind's name, comma-separated: what an error text that lists
+    /// them says, so a new kind is listed without anyone writing it down.
+    pub fn names() -> String {
+        Kind::ALL.map(Kind::name).join(", ")
+    }
+
     /// Running it twice does no harm, so after a journal loss the server may
     /// replay it.
     pub fn retry_safe(self) -> bool {
