@@ -363,7 +363,8 @@ struct Session<'a> {
     /// handed yet, with when they were stored.
     awaiting: Mutex<Vec<(String, Instant)>>,
     /// Likewise the node's security events, by event id.
-    awaiting_events: Mutex<Vec<(u64, Instant)>>,
+    /// Security events stored in this session, by id, kind and body.
+    awaiting_events: Mutex<Vec<(bc_store::events::EventKey, Instant)>>,
 }
 
 /// Results a session waits on receipts for at once; the oldest give way.
@@ -434,7 +435,7 @@ impl Session<'_> {
         awaiting.push((id.to_string(), Instant::now()));
     }
 
-    fn await_event_receipt(&self, id: u64) {
+    fn await_event_receipt(&self, id: bc_store::events::EventKey) {
         let mut awaiting = self
             .awaiting_events
             .lock()
@@ -469,13 +470,13 @@ impl Session<'_> {
     }
 
     async fn relay_event_receipts(&self) -> bool {
-        let ids: Vec<u64> = {
+        let ids: Vec<bc_store::events::EventKey> = {
             let mut awaiting = self
                 .awaiting_events
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             awaiting.retain(|(_, at)| at.elapsed() < AWAIT_RECEIPT);
-            awaiting.iter().map(|(id, _)| *id).collect()
+            awaiting.iter().map(|(id, _)| id.clone()).collect()
         };
         if ids.is_empty() {
             return true;
@@ -758,10 +759,10 @@ impl Session<'_> {
                         age_ms: e.age_ms,
                     })
                     .collect();
-                let security: Vec<u64> = events
+                let security: Vec<bc_store::events::EventKey> = events
                     .iter()
                     .filter(|e| bc_store::events::is_security(&e.kind))
-                    .map(|e| e.id)
+                    .map(bc_store::events::EventKey::of)
                     .collect();
                 match store.put_events(node, journal_id, &events).await {
                     Ok(_) => {

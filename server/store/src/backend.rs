@@ -67,13 +67,15 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError>;
 
     /// The key holder's receipts for `node`'s security events of journal
-    /// `journal_id` among `ids` (event id, signed receipt).
+    /// `journal_id` among `keys` (each event as stored, and its signed
+    /// receipt): one at most for each, whatever else was planted under its
+    /// id.
     async fn event_receipts(
         &self,
         node: &str,
         journal_id: &str,
-        ids: &[u64],
-    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
+        keys: &[crate::events::EventKey],
+    ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError>;
 
     /// The key holder's receipts for results of `node`'s commands among
     /// `ids` (command id, signed receipt; empty where the key holder
@@ -332,7 +334,8 @@ pub trait Backend: GatewayBackend {
 
     /// Keeps the key holder's judgement beside an unknown result (its
     /// receipt, or an empty one where it gives none; once only), and
-    /// forgets that node's unknown results receipted more than
+    /// forgets that node's unknown results judged with none (so they take
+    /// no room) or receipted more than
     /// [`crate::events::SECURITY_EVENTS_KEPT_MS`] ago.
     async fn put_unknown_result_receipt(
         &self,

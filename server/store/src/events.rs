@@ -30,6 +30,27 @@ pub fn is_security(kind: &str) -> bool {
 /// push none out.
 pub const SECURITY_EVENTS_KEPT_MS: i64 = 90 * 24 * 3600 * 1000;
 
+/// What names one of a node's security events as stored (the store keeps
+/// several under one id when a gateway planted one): its id, kind and the
+/// SHA-256 of its body, lowercase hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    pub id: u64,
+    pub kind: String,
+    pub body_sha256: String,
+}
+
+impl EventKey {
+    pub fn of(e: &EventInput) -> EventKey {
+        use sha2::Digest;
+        EventKey {
+            id: e.id,
+            kind: e.kind.clone(),
+            body_sha256: hex::encode(sha2::Sha256::digest(&e.body)),
+        }
+    }
+}
+
 /// A node's security event the key holder has not judged for a receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecurityEvent {

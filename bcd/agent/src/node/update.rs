@@ -148,14 +148,21 @@ impl Agent {
         let Some((body, _)) = self.update.as_ref().and_then(|u| u.awaiting()) else {
             return;
         };
-        self.confirmation_asked = true;
-        info!("the new release asks the key holder to confirm it");
-        let body: serde_json::Value = serde_json::from_str(&body).expect("awaiting() writes JSON");
-        self.event(
+        // Asked once a process, once journaled: a journal that could not
+        // take it is asked again at the next session.
+        match self.journal.push_event(
             bcd_core::update::CONFIRM_EVENT,
             crate::journal::EventClass::Transition,
-            body,
-        );
+            body.as_bytes(),
+            crate::journal::EventBounds::default(),
+        ) {
+            Ok(true) => {
+                self.confirmation_asked = true;
+                info!("the new release asks the key holder to confirm it");
+            }
+            Ok(false) => tracing::warn!("the journal has no room for the release's report"),
+            Err(e) => tracing::warn!(error = %e, "cannot journal the release's report"),
+        }
     }
 
     /// The key holder's receipt of an event of `kind` whose body has

@@ -483,7 +483,7 @@ pub(super) async fn unknown_results_unreceipted(
     Ok(query(
         tx,
         "SELECT node_id, command_id, payload, signature FROM unknown_results
-         WHERE receipt IS NULL LIMIT $1",
+         WHERE receipt IS NULL ORDER BY at LIMIT $1",
         &[&i64::from(limit)],
     )
     .await?
@@ -512,7 +512,8 @@ pub(super) async fn put_unknown_result_receipt(
     .await?;
     execute(
         tx,
-        "DELETE FROM unknown_results WHERE node_id = $1 AND receipted_at < compute_now() - $2",
+        "DELETE FROM unknown_results WHERE node_id = $1
+           AND (length(receipt) = 0 OR receipted_at < compute_now() - $2)",
         &[&r.node_id, &SECURITY_EVENTS_KEPT_MS],
     )
     .await?;

@@ -3,7 +3,8 @@
 use super::{Tx, execute, query};
 use crate::error::StoreError;
 use crate::events::{
-    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent, is_security,
+    EVENTS_KEPT_PER_NODE, EventInput, EventKey, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent,
+    is_security,
 };
 
 pub(super) async fn put(
@@ -80,18 +81,31 @@ pub(super) async fn receipts(
     tx: &Tx<'_>,
     node_id: &str,
     journal_id: &str,
-    ids: &[u64],
-) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-    let ids: Vec<i64> = ids.iter().map(|i| *i as i64).collect();
+    keys: &[EventKey],
+) -> Result<Vec<(EventKey, Vec<u8>)>, StoreError> {
+    let ids: Vec<i64> = keys.iter().map(|k| k.id as i64).collect();
+    let kinds: Vec<&str> = keys.iter().map(|k| k.kind.as_str()).collect();
+    let digests: Vec<&str> = keys.iter().map(|k| k.body_sha256.as_str()).collect();
     Ok(query(
         tx,
-        "SELECT event_id, receipt FROM node_security_events
-         WHERE node_id = $1 AND journal_id = $2 AND event_id = ANY($3) AND length(receipt) > 0",
-        &[&node_id, &journal_id, &ids],
+        "SELECT e.event_id, e.kind, e.body_sha256, e.receipt FROM node_security_events e
+         JOIN unnest($3::bigint[], $4::text[], $5::text[]) AS k(id, kind, sha)
+           ON e.event_id = k.id AND e.kind = k.kind AND e.body_sha256 = k.sha
+         WHERE e.node_id = $1 AND e.journal_id = $2 AND length(e.receipt) > 0",
+        &[&node_id, &journal_id, &ids, &kinds, &digests],
     )
     .await?
     .iter()
-    .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+    .map(|r| {
+        (
+            EventKey {
+                id: r.get::<_, i64>(0) as u64,
+                kind: r.get(1),
+                body_sha256: r.get(2),
+            },
+            r.get(3),
+        )
+    })
     .collect())
 }
 
@@ -99,7 +113,7 @@ pub(super) async fn unreceipted(tx: &Tx<'_>, limit: u32) -> Result<Vec<SecurityE
     Ok(query(
         tx,
         "SELECT node_id, journal_id, event_id, kind, body FROM node_security_events
-         WHERE receipt IS NULL LIMIT $1",
+         WHERE receipt IS NULL ORDER BY at LIMIT $1",
         &[&i64::from(limit)],
     )
     .await?

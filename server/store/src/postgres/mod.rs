@@ -523,9 +523,9 @@ impl GatewayBackend for PostgresBackend {
         &self,
         node: &str,
         journal_id: &str,
-        ids: &[u64],
-    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| events::receipts(&tx, node, journal_id, ids)
+        keys: &[crate::events::EventKey],
+    ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| events::receipts(&tx, node, journal_id, keys)
             .await)
     }
 

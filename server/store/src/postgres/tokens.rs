@@ -93,10 +93,14 @@ pub(super) async fn revoke_operator(
     .await?
     .ok_or_else(|| no_operator(id))?;
     let row = operator_row(&row)?;
-    if row.revoked_at.is_some() {
+    if row.revocation.is_some() {
         return Ok(row);
     }
-    let now: i64 = query_one(tx, "SELECT compute_now()", &[]).await?.get(0);
+    // Revoked before revocations were signed: signed now, at its time.
+    let now: i64 = match row.revoked_at {
+        Some(at) => at,
+        None => query_one(tx, "SELECT compute_now()", &[]).await?.get(0),
+    };
     let revocation = seal(&row, now);
     execute(
         tx,

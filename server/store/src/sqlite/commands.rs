@@ -393,7 +393,7 @@ pub(super) fn unknown_results_unreceipted(
 ) -> Result<Vec<UnknownResult>, StoreError> {
     Ok(c.prepare_cached(
         "SELECT node_id, command_id, payload, signature FROM unknown_results
-         WHERE receipt IS NULL LIMIT ?1",
+         WHERE receipt IS NULL ORDER BY at LIMIT ?1",
     )?
     .query_map([limit], |r| {
         Ok(UnknownResult {
@@ -423,7 +423,8 @@ pub(super) fn put_unknown_result_receipt(
         receipt
     ])?;
     c.prepare_cached(
-        "DELETE FROM unknown_results WHERE node_id = ?1 AND receipted_at < compute_now() - ?2",
+        "DELETE FROM unknown_results WHERE node_id = ?1
+           AND (length(receipt) = 0 OR receipted_at < compute_now() - ?2)",
     )?
     .execute(rusqlite::params![r.node_id, SECURITY_EVENTS_KEPT_MS])?;
     Ok(())

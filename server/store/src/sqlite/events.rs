@@ -1,10 +1,11 @@
 //! Node events.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::StoreError;
 use crate::events::{
-    EVENTS_KEPT_PER_NODE, EventInput, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent, is_security,
+    EVENTS_KEPT_PER_NODE, EventInput, EventKey, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent,
+    is_security,
 };
 
 pub(super) fn put(
@@ -76,20 +77,23 @@ pub(super) fn receipts(
     c: &Connection,
     node_id: &str,
     journal_id: &str,
-    ids: &[u64],
-) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-    // Several rows may share an id (one planted under it): each receipt
-    // goes, and the node settles the one it journaled.
+    keys: &[EventKey],
+) -> Result<Vec<(EventKey, Vec<u8>)>, StoreError> {
     let mut st = c.prepare_cached(
         "SELECT receipt FROM node_security_events
-         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND length(receipt) > 0",
+         WHERE node_id = ?1 AND journal_id = ?2 AND event_id = ?3 AND kind = ?4
+           AND body_sha256 = ?5 AND length(receipt) > 0",
     )?;
     let mut out = Vec::new();
-    for id in ids {
-        for r in st.query_map(params![node_id, journal_id, *id as i64], |r| {
-            r.get::<_, Vec<u8>>(0)
-        })? {
-            out.push((*id, r?));
+    for k in keys {
+        if let Some(r) = st
+            .query_row(
+                params![node_id, journal_id, k.id as i64, k.kind, k.body_sha256],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+            .optional()?
+        {
+            out.push((k.clone(), r));
         }
     }
     Ok(out)
@@ -98,7 +102,7 @@ pub(super) fn receipts(
 pub(super) fn unreceipted(c: &Connection, limit: u32) -> Result<Vec<SecurityEvent>, StoreError> {
     Ok(c.prepare_cached(
         "SELECT node_id, journal_id, event_id, kind, body FROM node_security_events
-         WHERE receipt IS NULL LIMIT ?1",
+         WHERE receipt IS NULL ORDER BY at LIMIT ?1",
     )?
     .query_map([limit], |r| {
         Ok(SecurityEvent {

@@ -486,10 +486,10 @@ impl GatewayBackend for SqliteBackend {
         &self,
         node: &str,
         journal_id: &str,
-        ids: &[u64],
-    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        let (node, journal_id, ids) = (node.to_string(), journal_id.to_string(), ids.to_vec());
-        self.read(move |c| events::receipts(c, &node, &journal_id, &ids))
+        keys: &[crate::events::EventKey],
+    ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError> {
+        let (node, journal_id, keys) = (node.to_string(), journal_id.to_string(), keys.to_vec());
+        self.read(move |c| events::receipts(c, &node, &journal_id, &keys))
             .await
     }
 

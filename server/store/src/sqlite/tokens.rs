@@ -100,14 +100,18 @@ pub(super) fn revoke_operator(
         Ok(with_role(row)?)
     };
     let row = read(c)?;
-    if row.revoked_at.is_some() {
+    if row.revocation.is_some() {
         return Ok(row);
     }
-    let now: i64 = c.query_row_kept("SELECT compute_now()", [], |r| r.get(0))?;
-    let revocation = seal(&row, now);
+    // Revoked before revocations were signed: signed now, at its time.
+    let at = match row.revoked_at {
+        Some(at) => at,
+        None => c.query_row_kept("SELECT compute_now()", [], |r| r.get(0))?,
+    };
+    let revocation = seal(&row, at);
     c.execute_kept(
-        "UPDATE operators SET revoked_at = ?2, revocation = ?3 WHERE id = ?1 AND revoked_at IS NULL",
-        params![id, now, revocation],
+        "UPDATE operators SET revoked_at = ?2, revocation = ?3 WHERE id = ?1 AND revocation IS NULL",
+        params![id, at, revocation],
     )?;
     read(c)
 }
