@@ -473,6 +473,27 @@ fn a_revocation_cleared_in_the_store_opens_nothing_and_a_planted_one_revokes_not
     server.start_again().expect("the server starts again");
     refused(&server);
 
+    // An operator revoked before revocations were signed (the column
+    // alone): revoking it again signs its revocation, at its time.
+    let carol = d.path().join("carol.json");
+    add_operator(&server, "carol", "read-only", &carol);
+    db.execute(
+        "UPDATE operators SET revoked_at = 5, revocation = NULL WHERE id = 'carol'",
+        [],
+    )
+    .unwrap();
+    let out = server.cli(&["operators", "revoke", "carol"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (at, signed): (i64, Option<Vec<u8>>) = db
+        .query_row(
+            "SELECT revoked_at, revocation FROM operators WHERE id = 'carol'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(at, 5);
+    assert!(signed.is_some(), "the earlier revocation is signed now");
+
     // Planted on the admin's row: bytes no worker key signed, and bob's
     // own signed revocation.
     for planted in [b"not a revocation".to_vec(), statement] {
