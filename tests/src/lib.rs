@@ -725,6 +725,30 @@ impl Server {
             .to_string()
     }
 
+    /// Runs `sh -c 'echo x >> MARKER; sleep 30'` on `node` and returns its
+    /// id once it started (the marker exists) and the server saw it
+    /// acknowledged: a command in flight, for tests that cut it short.
+    pub fn run_long_command(&self, node: &str, marker: &Path) -> String {
+        let cmd = self.run_command(
+            node,
+            "exec.run",
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("echo x >> {}; sleep 30", marker.display()),
+            ],
+        );
+        wait_for(Duration::from_secs(20), "the command to start", || {
+            marker.exists().then_some(())
+        });
+        wait_for(
+            Duration::from_secs(20),
+            "the server to see it acknowledged",
+            || (self.command(&cmd).state != "dispatched").then_some(()),
+        );
+        cmd
+    }
+
     pub fn command(&self, id: &str) -> CommandView {
         let out = self.cli(&["commands", "show", id, "--json"]);
         assert!(out.status.success(), "commands show: {}", stderr(&out));

@@ -211,23 +211,7 @@ fn journal_loss_fails_in_flight_commands_with_journal_lost() {
     node.start();
     let before = server.wait_node(&id, "connected", |n| n.state == "connected");
     let file = d.path().join("started");
-    let cmd = server.run_command(
-        &id,
-        "exec.run",
-        &[
-            "/bin/sh",
-            "-c",
-            &format!("echo x >> {}; sleep 30", file.display()),
-        ],
-    );
-    wait_for(Duration::from_secs(20), "the command to start", || {
-        file.exists().then_some(())
-    });
-    wait_for(
-        Duration::from_secs(20),
-        "the server to see it acknowledged",
-        || (server.command(&cmd).state != "dispatched").then_some(()),
-    );
+    let cmd = server.run_long_command(&id, &file);
     node.proc().kill();
     for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
         let _ = std::fs::remove_file(node.dir.join(f));

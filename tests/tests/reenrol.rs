@@ -134,24 +134,7 @@ fn a_deleted_node_is_not_re_enrolled_and_the_machine_joins_as_a_new_node() {
 #[test]
 fn a_command_a_re_enrolment_ends_journal_lost_is_proved_by_its_hello() {
     let (d, server, mut node, id) = setup_connected(43);
-    let file = d.path().join("started");
-    let cmd = server.run_command(
-        &id,
-        "exec.run",
-        &[
-            "/bin/sh",
-            "-c",
-            &format!("echo x >> {}; sleep 30", file.display()),
-        ],
-    );
-    bc_tests::wait_for(Duration::from_secs(20), "the command to start", || {
-        file.exists().then_some(())
-    });
-    bc_tests::wait_for(
-        Duration::from_secs(20),
-        "the server to see it acknowledged",
-        || (server.command(&cmd).state != "dispatched").then_some(()),
-    );
+    let cmd = server.run_long_command(&id, &d.path().join("started"));
     node.proc().kill();
     let out = node.bcd(&["join", "--reset", "--yes"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
