@@ -86,6 +86,7 @@ enum Keys {
         store: Store,
         ca: Arc<Ca>,
         worker_key: Arc<ring::signature::Ed25519KeyPair>,
+        tickets: Arc<crate::pki::tickets::TicketKey>,
     },
     None {
         serving: Arc<ServingCert>,
@@ -229,11 +230,16 @@ pub async fn serve(
                 crate::pki::worker::load_or_create_worker_key(&opts.data_dir)
                     .context("worker signing key")?,
             );
+            let tickets = Arc::new(
+                crate::pki::tickets::TicketKey::load_or_create(&opts.data_dir)
+                    .context("exec ticket key")?,
+            );
             record_keys(&opts)?;
             Keys::Held {
                 store,
                 ca,
                 worker_key,
+                tickets,
             }
         }
         (Role::All, None) => unreachable!("the key holder opened the whole store"),
@@ -339,6 +345,7 @@ pub async fn serve(
         worker_key,
         store: full,
         ca,
+        tickets,
     } = &keys
     {
         controllers.extend([
@@ -382,6 +389,7 @@ pub async fn serve(
             tokio::spawn(crate::controllers::run_specs(
                 full.clone(),
                 worker_key.clone(),
+                tickets.clone(),
                 gw.clone(),
                 leases,
                 controllers_stop,
@@ -440,6 +448,7 @@ pub async fn serve(
             store,
             ca,
             worker_key,
+            tickets,
         } => {
             let mut api_sans = opts.sans.clone();
             if api_sans.is_empty() {
@@ -488,9 +497,11 @@ pub async fn serve(
                 ca_der: Arc::new(ca.cert.to_vec()),
                 secrets: ca.secret_digest(),
                 worker_key: worker_key.clone(),
+                ticket_key: tickets.clone(),
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 gateway: Some(gw.clone()),
+                tunnels: Some(gw.clone()),
                 rollouts,
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),

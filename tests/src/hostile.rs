@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 pub struct Hostile {
     pub addr: SocketAddr,
     sessions: std_mpsc::Receiver<HostileSession>,
+    tunnels: std_mpsc::Receiver<HostileTunnel>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -43,15 +44,77 @@ pub struct HostileSession {
 
 type Out = mpsc::UnboundedSender<Result<ServerMessage, Status>>;
 
+/// A `Tunnel` stream a node opened: its first frame, what it sends after,
+/// and the way to it.
+#[derive(Debug)]
+pub struct HostileTunnel {
+    pub first: v1::TunnelFrame,
+    from_node: std_mpsc::Receiver<v1::TunnelFrame>,
+    to_node: mpsc::UnboundedSender<Result<v1::TunnelFrame, Status>>,
+}
+
+impl HostileTunnel {
+    /// Sends the node a frame of the gateway's own.
+    pub fn send(&self, data: Vec<u8>) {
+        let _ = self.to_node.send(Ok(v1::TunnelFrame {
+            sid: String::new(),
+            data,
+        }));
+    }
+
+    /// Whether the node ended the stream within `timeout`.
+    pub fn closed_within(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            match self.from_node.recv_timeout(Duration::from_millis(50)) {
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return true,
+                _ => continue,
+            }
+        }
+        false
+    }
+}
+
 struct Service {
     sessions: std_mpsc::Sender<HostileSession>,
+    tunnels: std_mpsc::Sender<HostileTunnel>,
 }
+
+type TunnelStream = Pin<Box<dyn Stream<Item = Result<v1::TunnelFrame, Status>> + Send>>;
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Gateway for Service {
     type SessionStream = SessionStream;
+    type TunnelStream = TunnelStream;
+
+    async fn tunnel(
+        &self,
+        request: Request<Streaming<v1::TunnelFrame>>,
+    ) -> Result<Response<TunnelStream>, Status> {
+        let mut inbound = request.into_inner();
+        let Ok(Some(first)) = inbound.message().await else {
+            return Err(Status::invalid_argument("no first frame"));
+        };
+        let (to_node, rx) = mpsc::unbounded_channel();
+        let (tx, from_node) = std_mpsc::channel();
+        let _ = self.tunnels.send(HostileTunnel {
+            first,
+            from_node,
+            to_node,
+        });
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if tx.send(m).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
+    }
 
     async fn session(
         &self,
@@ -130,6 +193,7 @@ impl Hostile {
         };
         let addr = listener.local_addr()?;
         let (sessions_tx, sessions) = std_mpsc::channel();
+        let (tunnels_tx, tunnels) = std_mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             rt.block_on(async move {
@@ -145,6 +209,7 @@ impl Hostile {
                 let _ = tonic::transport::Server::builder()
                     .add_service(GatewayServer::new(Service {
                         sessions: sessions_tx,
+                        tunnels: tunnels_tx,
                     }))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
@@ -157,6 +222,7 @@ impl Hostile {
         Ok(Hostile {
             addr,
             sessions,
+            tunnels,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -167,6 +233,11 @@ impl Hostile {
         self.sessions
             .recv_timeout(timeout)
             .unwrap_or_else(|_| panic!("no node opened a session within {timeout:?}"))
+    }
+
+    /// The next tunnel a node opens, within `timeout`.
+    pub fn next_tunnel(&self, timeout: Duration) -> Option<HostileTunnel> {
+        self.tunnels.recv_timeout(timeout).ok()
     }
 
     /// A stream opened within `timeout`, if any.

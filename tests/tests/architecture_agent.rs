@@ -35,7 +35,7 @@ fn the_agent_crates_have_no_module_cycles() {
         node.edges.keys().map(String::as_str).collect::<Vec<_>>(),
         [
             "commands", "conn", "observe", "outbox", "renewal", "results", "session", "state",
-            "trust", "uevents", "update"
+            "trust", "tunnel", "uevents", "update"
         ],
         "the daemon's responsibilities, one module each"
     );

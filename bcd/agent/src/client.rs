@@ -21,6 +21,11 @@ pub struct Stream {
     pub rx: tonic::Streaming<ServerMessage>,
     /// SHA-256 of the gateway's certificate (DER, lowercase hex).
     pub gateway: std::sync::Arc<str>,
+    /// The connection, for the tunnels the session opens beside it.
+    pub conn: tls::Conn,
+    /// Dropped with the stream: the tunnels opened in this session close.
+    pub closed: tokio::sync::watch::Receiver<()>,
+    _closing: tokio::sync::watch::Sender<()>,
 }
 
 /// The session stream's method, as the generated client names it.
@@ -63,6 +68,7 @@ pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<S
         .map_err(|e| bcd_sys::error::chain(&e))?;
     let (tx, rx) = mpsc::channel::<Box<NodeMessage>>(64);
     let gateway: std::sync::Arc<str> = conn.peer_sha256().into();
+    let tunnels = conn.clone();
     let mut grpc = tonic::client::Grpc::new(conn);
     grpc.ready()
         .await
@@ -85,10 +91,14 @@ pub async fn open_session(identity: &Identity, stream_buffer: usize) -> Result<S
         .await
         .map_err(|s| format!("{}: {}", s.code(), s.message()))?
         .into_inner();
+    let (closing, closed) = tokio::sync::watch::channel(());
     Ok(Stream {
         tx,
         rx: stream,
         gateway,
+        conn: tunnels,
+        closed,
+        _closing: closing,
     })
 }
 

@@ -25,8 +25,10 @@ pub mod refusal;
 pub mod renew;
 pub mod seal;
 pub mod sign;
+pub mod ticket;
 pub mod tls;
 pub mod token;
+pub mod tunnel;
 pub mod typed;
 
 #[allow(clippy::all, missing_debug_implementations)]

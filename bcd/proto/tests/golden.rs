@@ -334,8 +334,21 @@ fn signed_intent_and_facts() {
                 }],
             }),
         }),
+        // Added later: unset, it leaves the earlier encoding as it was.
+        ticket_jwks: String::new(),
     };
     check("node_spec", &spec);
+    check(
+        "node_spec_ticket_keys",
+        &v1::NodeSpec {
+            ticket_jwks: bcd_proto::ticket::Jwks::of(&[{
+                use ring::signature::KeyPair;
+                key.public_key().as_ref().to_vec()
+            }])
+            .to_json(),
+            ..spec.clone()
+        },
+    );
     let result = v1::CommandResult {
         command_id: "cmd-1".into(),
         seq: 5,
@@ -956,6 +969,105 @@ fn operator_messages() {
             boot_id: String::new(),
             macs: vec![],
             sealed_token: [[0xe1; 32].as_slice(), &[0x5e; 49], &[0x7a; 16]].concat(),
+        },
+    );
+}
+
+#[test]
+fn tunnel_messages() {
+    check(
+        "tunnel_open",
+        &v1::ServerMessage {
+            msg: Some(server_message::Msg::TunnelOpen(v1::TunnelOpen {
+                sid: "tn-1".into(),
+                ticket: "eyJhbGciOiJFZERTQSJ9.e30.c2ln".into(),
+            })),
+        },
+    );
+    check(
+        "tunnel_refused",
+        &v1::NodeMessage {
+            msg: Some(node_message::Msg::TunnelRefused(v1::TunnelRefused {
+                sid: "tn-1".into(),
+                reason: "the ticket expired".into(),
+            })),
+        },
+    );
+    check(
+        "tunnel_accept",
+        &v1::TunnelAccept {
+            sid: "tn-1".into(),
+            ticket_sha256: vec![0xab; 32],
+            node_public: vec![0x07; 32],
+            cert_der: vec![0x30, 0x82, 0x01, 0x00],
+            signature: vec![0x30, 0x45],
+        },
+    );
+    check(
+        "tunnel_frame",
+        &v1::TunnelFrame {
+            sid: "tn-1".into(),
+            data: vec![1, 2, 3],
+        },
+    );
+    for (name, body) in [
+        (
+            "tunnel_record_stdin",
+            v1::tunnel_record::Body::Stdin(b"ls\n".to_vec()),
+        ),
+        (
+            "tunnel_record_stdin_closed",
+            v1::tunnel_record::Body::StdinClosed(true),
+        ),
+        (
+            "tunnel_record_stdout",
+            v1::tunnel_record::Body::Stdout(b"out".to_vec()),
+        ),
+        (
+            "tunnel_record_stderr",
+            v1::tunnel_record::Body::Stderr(b"err".to_vec()),
+        ),
+        (
+            "tunnel_record_exit",
+            v1::tunnel_record::Body::Exit(v1::TunnelExit {
+                code: -1,
+                signal: 9,
+                error: String::new(),
+            }),
+        ),
+        (
+            "tunnel_record_resize",
+            v1::tunnel_record::Body::Resize(v1::TerminalSize {
+                rows: 50,
+                cols: 132,
+            }),
+        ),
+        ("tunnel_record_signal", v1::tunnel_record::Body::Signal(2)),
+        ("tunnel_record_start", v1::tunnel_record::Body::Start(true)),
+    ] {
+        check(name, &v1::TunnelRecord { body: Some(body) });
+    }
+    check(
+        "tunnel_request",
+        &v1::TunnelClientFrame {
+            msg: Some(v1::tunnel_client_frame::Msg::Request(v1::TunnelRequest {
+                node_id: "nd-0f3a9c".into(),
+                argv: vec!["nvidia-smi".into(), "-L".into()],
+                port: 0,
+                tty: true,
+                user: "ops".into(),
+                client_public: vec![0x07; 32],
+            })),
+        },
+    );
+    check(
+        "tunnel_granted",
+        &v1::TunnelServerFrame {
+            msg: Some(v1::tunnel_server_frame::Msg::Granted(v1::TunnelGranted {
+                sid: "tn-1".into(),
+                ticket: "eyJhbGciOiJFZERTQSJ9.e30.c2ln".into(),
+                fleet_ca_der: vec![0x30, 0x82],
+            })),
         },
     );
 }

@@ -25,6 +25,7 @@ pub mod rollouts;
 pub mod specs;
 pub mod status;
 pub mod tokens;
+pub mod tunnels;
 
 use std::sync::Arc;
 
@@ -52,12 +53,16 @@ pub struct AdminService {
     /// Digests the secrets of the tokens and gateway credentials it adds.
     pub secrets: crate::pki::ca::SecretDigest,
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
+    /// Signs exec tickets; its JWKS goes into every spec.
+    pub ticket_key: Arc<crate::pki::tickets::TicketKey>,
     /// Release public keys: what `releases register` accepts.
     pub release_keys: Arc<Vec<Vec<u8>>>,
     /// Image public keys: what `images register` accepts.
     pub image_keys: Arc<Vec<Vec<u8>>>,
     /// The gateway in this process, if any.
     pub gateway: Option<Arc<dyn Wake>>,
+    /// Where tunnels to nodes open: the gateway in this process.
+    pub tunnels: Option<Arc<dyn tunnels::Relay>>,
     /// Wakes the rollout controller.
     pub rollouts: Arc<tokio::sync::Notify>,
     /// Wakes the controller that signs the gateway revocation list.
@@ -86,6 +91,23 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type TunnelStream = tunnels::TunnelStream;
+
+    async fn tunnel(
+        &self,
+        r: Request<tonic::Streaming<v1::TunnelClientFrame>>,
+    ) -> Reply<Self::TunnelStream> {
+        // Admitted by `auth::Guarded`, which names the operator.
+        let operator = r
+            .extensions()
+            .get::<auth::Operator>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("no operator admitted this call"))?;
+        tunnels::open(self, operator, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn create_token(
         &self,
         r: Request<v1::CreateTokenRequest>,

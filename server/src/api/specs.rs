@@ -44,7 +44,7 @@ pub fn check_allocation(
 
 /// Changes a node's spec and seals the new generation; wakes the node's
 /// session to send it.
-async fn change(
+pub(super) async fn change(
     svc: &AdminService,
     node: String,
     edit: impl FnOnce(&mut SpecBody) -> Result<(), Refusal> + Send + 'static,
@@ -54,7 +54,7 @@ async fn change(
             &node,
             Box::new(edit),
             seal::own_spec_opener(&svc.worker_key, &node),
-            seal::spec_sealer(svc.worker_key.clone(), &node),
+            seal::spec_sealer(svc.worker_key.clone(), svc.ticket_key.clone(), &node),
         )
         .await
         .map_err(status)?;

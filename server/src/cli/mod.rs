@@ -9,6 +9,7 @@ mod check;
 mod commands;
 mod doctor;
 mod events;
+mod exec;
 mod gateways;
 mod images;
 mod machines;
@@ -121,6 +122,11 @@ enum Command {
         #[command(subcommand)]
         command: nodes::NodesCommand,
     },
+    /// Run a command on a node, its input, output and exit code streamed
+    /// through the gateway holding the node's session, sealed end to end
+    /// between this CLI and the node under a ticket the key holder signs:
+    /// exec NODE [--user U] -- CMD [ARGS...].
+    Exec(exec::ExecArgs),
     /// Signed commands, run exactly once on a node.
     Commands {
         #[command(subcommand)]
@@ -242,6 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,
+        Command::Exec(args) => exec::run(args, &target).await,
         Command::Releases { command } => releases::run(command, &target).await.map(|()| done),
         Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
         Command::Images { command } => images::run(command, &target).await.map(|()| done),

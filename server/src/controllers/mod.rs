@@ -228,6 +228,7 @@ const SPECS_EVERY: Duration = Duration::from_secs(60);
 pub async fn run_specs(
     store: Store,
     key: Arc<ring::signature::Ed25519KeyPair>,
+    tickets: Arc<crate::pki::tickets::TicketKey>,
     gateway: Arc<dyn Wake>,
     leases: Leases,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -241,9 +242,10 @@ pub async fn run_specs(
         None,
         stop,
         || {
-            let (s, key, gateway) = (s.clone(), key.clone(), gateway.clone());
+            let (s, key, tickets, gateway) =
+                (s.clone(), key.clone(), tickets.clone(), gateway.clone());
             async move {
-                match specs::tick(&s, &key).await {
+                match specs::tick(&s, &key, &tickets).await {
                     Ok(renewed) => {
                         for n in renewed {
                             gateway.wake(&n);

@@ -26,6 +26,7 @@ use crate::pki::seal::{own_spec_opener, spec_sealer};
 pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
+    tickets: &Arc<crate::pki::tickets::TicketKey>,
 ) -> Result<Vec<String>, TxError> {
     let mut renewed = Vec::new();
     for node in store.specs_expiring(RESIGN_WITHIN).await? {
@@ -34,7 +35,7 @@ pub async fn tick(
                 &node,
                 Box::new(|_| Ok(())),
                 own_spec_opener(key, &node),
-                spec_sealer(key.clone(), &node),
+                spec_sealer(key.clone(), tickets.clone(), &node),
             )
             .await
         {

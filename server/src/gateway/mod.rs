@@ -38,6 +38,7 @@ pub mod lifetime;
 pub mod port;
 pub mod releases;
 pub mod session;
+pub mod tunnels;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -48,7 +49,7 @@ use std::time::Duration;
 use bc_store::GatewayStore;
 use bc_store::sessions::SessionKey;
 use bcd_proto::tls::PeerInfo;
-use bcd_proto::v1::{NodeMessage, ServerMessage, gateway_server::Gateway};
+use bcd_proto::v1::{self, NodeMessage, ServerMessage, gateway_server::Gateway};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::Stream;
@@ -150,6 +151,8 @@ struct LocalSession {
     end: Option<oneshot::Sender<End>>,
     /// Wakes the session's dispatcher when work waits for it.
     wake: Arc<Notify>,
+    /// Tunnels asked of the node; closed with the session.
+    tunnels: tunnels::SessionTunnels,
 }
 
 /// One gateway's state, shared by its streams and its background loops.
@@ -183,6 +186,8 @@ pub struct GatewayState {
     pub gateway_revocations: tokio::sync::watch::Sender<Option<Arc<Vec<u8>>>>,
     /// When the list held was signed.
     gateway_revocations_issued: AtomicI64,
+    /// Tunnels asked of nodes and not opened yet, by sid.
+    tunnels: Mutex<HashMap<String, tunnels::Pending>>,
 }
 
 impl std::fmt::Debug for GatewayState {
@@ -221,6 +226,7 @@ impl GatewayState {
             renewing: tokio::sync::Mutex::new(()),
             gateway_revocations: tokio::sync::watch::Sender::new(None),
             gateway_revocations_issued: AtomicI64::new(i64::MIN),
+            tunnels: Mutex::new(HashMap::new()),
         })
     }
 
@@ -355,6 +361,14 @@ type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + 
 #[tonic::async_trait]
 impl Gateway for GatewayService {
     type SessionStream = SessionStream;
+    type TunnelStream = tunnels::TunnelStream;
+
+    async fn tunnel(
+        &self,
+        request: Request<Streaming<v1::TunnelFrame>>,
+    ) -> Result<Response<Self::TunnelStream>, Status> {
+        tunnels::accept(&self.state, request).await
+    }
 
     async fn session(
         &self,

@@ -210,6 +210,7 @@ pub async fn run(
         let last_heard = Arc::new(Mutex::new(Instant::now()));
         let wake = Arc::new(Notify::new());
         let (end_tx, mut end_rx) = oneshot::channel::<End>();
+        let (tunnel_open, mut tunnel_opens) = mpsc::channel::<v1::TunnelOpen>(8);
         let old = {
             let mut sessions = state.sessions();
             let old = sessions.insert(
@@ -221,6 +222,10 @@ pub async fn run(
                     last_heard: last_heard.clone(),
                     end: Some(end_tx),
                     wake: wake.clone(),
+                    tunnels: super::tunnels::SessionTunnels {
+                        open: tunnel_open,
+                        closing: tokio::sync::watch::Sender::new(()),
+                    },
                 },
             );
             state.count_sessions(&sessions);
@@ -310,6 +315,11 @@ pub async fn run(
                             .send(server_message::Msg::GatewayRevocations(list.to_vec()))
                             .await
                     {
+                        break End::StreamEnded;
+                    }
+                }
+                Some(open) = tunnel_opens.recv() => {
+                    if !session.send(server_message::Msg::TunnelOpen(open)).await {
                         break End::StreamEnded;
                     }
                 }
@@ -609,6 +619,11 @@ impl Session<'_> {
         let store = &self.state.store;
         let node = self.node;
         match m.msg {
+            Some(node_message::Msg::TunnelRefused(r)) => {
+                warn!(sid = %r.sid, reason = %r.reason, "the node refused a tunnel");
+                self.state.tunnel_refused(node, r);
+                true
+            }
             Some(node_message::Msg::Heartbeat(h)) => {
                 self.send(server_message::Msg::HeartbeatAck(v1::HeartbeatAck {
                     seq: h.seq,

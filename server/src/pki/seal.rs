@@ -119,9 +119,11 @@ pub fn access_from_wire(a: v1::AccessSpec) -> Result<Access, String> {
     })
 }
 
-/// The spec a worker signs for `node`, as the store decided it.
-pub fn spec_payload(node: &str, seal: &SpecSeal, body: &SpecBody) -> NodeSpec {
+/// The spec a worker signs for `node`, as the store decided it, with the
+/// key holder's exec ticket keys (a JWKS).
+pub fn spec_payload(node: &str, seal: &SpecSeal, body: &SpecBody, ticket_jwks: &str) -> NodeSpec {
     NodeSpec {
+        ticket_jwks: ticket_jwks.to_string(),
         node_id: node.to_string(),
         generation: seal.generation,
         issued_at_ms: seal.issued_at_ms,
@@ -133,11 +135,19 @@ pub fn spec_payload(node: &str, seal: &SpecSeal, body: &SpecBody) -> NodeSpec {
     }
 }
 
-/// Seals `node`'s next spec with `key`.
-pub fn spec_sealer(key: Arc<Ed25519KeyPair>, node: &str) -> SealSpec {
+/// Seals `node`'s next spec with `key`, naming the ticket keys of
+/// `tickets`.
+pub fn spec_sealer(
+    key: Arc<Ed25519KeyPair>,
+    tickets: Arc<super::tickets::TicketKey>,
+    node: &str,
+) -> SealSpec {
     let node = node.to_string();
     Box::new(move |seal, body| {
-        bcd_proto::sign::seal(&key, spec_payload(&node, seal, body).encode_to_vec())
+        bcd_proto::sign::seal(
+            &key,
+            spec_payload(&node, seal, body, tickets.jwks()).encode_to_vec(),
+        )
     })
 }
 
@@ -335,7 +345,16 @@ mod tests {
         };
         let worker = key();
         let public = vec![worker.public_key().as_ref().to_vec()];
-        let signed = spec_sealer(worker.clone(), "nd-1")(&seal, &body);
+        let tickets = Arc::new(super::super::tickets::TicketKey::new(
+            Ed25519KeyPair::from_seed_unchecked(&[9; 32]).unwrap(),
+        ));
+        let signed = spec_sealer(worker.clone(), tickets.clone(), "nd-1")(&seal, &body);
+        let payload = bcd_proto::sign::open(&signed, &public).unwrap();
+        assert_eq!(
+            NodeSpec::decode(payload.as_slice()).unwrap().ticket_jwks,
+            tickets.jwks(),
+            "the spec names the ticket keys"
+        );
         let opened = spec_opener(public.clone(), "nd-1")(&signed).unwrap();
         assert_eq!(
             opened,
@@ -348,7 +367,7 @@ mod tests {
         let e = spec_opener(public.clone(), "nd-2")(&signed).unwrap_err();
         assert!(e.contains("node nd-1's spec"), "{e}");
         let other = Arc::new(Ed25519KeyPair::from_seed_unchecked(&[8; 32]).unwrap());
-        let foreign = spec_sealer(other, "nd-1")(&seal, &body);
+        let foreign = spec_sealer(other, tickets, "nd-1")(&seal, &body);
         let e = spec_opener(public.clone(), "nd-1")(&foreign).unwrap_err();
         assert!(e.contains("not signed by a worker key"), "{e}");
         let mut altered = signed.clone();

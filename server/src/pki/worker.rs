@@ -9,7 +9,13 @@ use super::ca::{CaError, read};
 /// Commands and specs are signed with it; nodes learn its public half at
 /// join.
 pub fn load_or_create_worker_key(dir: &Path) -> Result<ring::signature::Ed25519KeyPair, CaError> {
-    let path = dir.join("worker.key");
+    load_or_create(&dir.join("worker.key"))
+}
+
+/// An ed25519 key (PKCS#8) at `path`, made and written 0600 when there
+/// is none.
+pub fn load_or_create(path: &Path) -> Result<ring::signature::Ed25519KeyPair, CaError> {
+    let path = path.to_path_buf();
     if !path.exists() {
         let pkcs8 =
             ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())

@@ -266,6 +266,7 @@ mod tests {
             }),
             access: None,
             not_after_ms: 0,
+            ticket_jwks: String::new(),
         }
     }
 

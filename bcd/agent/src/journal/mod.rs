@@ -143,6 +143,9 @@ pub enum Opened {
 /// `testdata/journal/`).
 const MIGRATIONS: &[&str] = &[include_str!("migrations/0001_initial.sql")];
 
+/// Exec tickets spent and not yet forgotten, at most.
+pub const MAX_SPENT_TICKETS: i64 = 4096;
+
 /// The schema version this bcd writes (and the newest it opens).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -433,6 +436,50 @@ impl Journal {
         )?;
         self.applied_generation.set(generation);
         Ok(())
+    }
+
+    /// Spends an exec ticket's `jti`: true when it was not spent before
+    /// (it is now, kept until `keep_until_ms`), false when it was. Spent
+    /// tickets whose keep time passed `now_ms` are forgotten first; at
+    /// most [`MAX_SPENT_TICKETS`] are kept, so a flood of tickets opens
+    /// nothing once that many are live (`Err(None)`).
+    ///
+    /// Kept as `ticket:<jti>` keys of the `meta` table rather than in a
+    /// table of their own: a release swapped back to reads this journal
+    /// as it is (a newer schema version it would refuse), and it keeps
+    /// or ignores keys it does not know.
+    pub fn spend_ticket(
+        &self,
+        jti: &str,
+        keep_until_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, Option<rusqlite::Error>> {
+        let conn = self.conn().map_err(Some)?;
+        let tx = conn.unchecked_transaction().map_err(Some)?;
+        tx.execute(
+            "DELETE FROM meta WHERE key >= 'ticket:' AND key < 'ticket;'
+             AND CAST(value AS INTEGER) < ?1",
+            [now_ms],
+        )
+        .map_err(Some)?;
+        let live: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM meta WHERE key >= 'ticket:' AND key < 'ticket;'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(Some)?;
+        let added = tx
+            .execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+                params![format!("ticket:{jti}"), keep_until_ms.to_string()],
+            )
+            .map_err(Some)?;
+        if added == 1 && live >= MAX_SPENT_TICKETS {
+            return Err(None);
+        }
+        tx.commit().map_err(Some)?;
+        Ok(added == 1)
     }
 
     /// The highest command sequence this journal accepted.
@@ -803,6 +850,40 @@ pub fn new_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spent_ticket_stays_spent_across_a_restart_until_its_keep_time() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("journal.db");
+        {
+            let (j, _) = Journal::open(&p).unwrap();
+            assert_eq!(j.spend_ticket("jti-1", 1_000, 0), Ok(true));
+            assert_eq!(j.spend_ticket("jti-1", 1_000, 10), Ok(false));
+        }
+        let (j, _) = Journal::open(&p).unwrap();
+        assert_eq!(
+            j.spend_ticket("jti-1", 1_000, 999),
+            Ok(false),
+            "across a restart"
+        );
+        // Past its keep time it is forgotten (the ticket itself expired
+        // minutes before).
+        assert_eq!(j.spend_ticket("jti-1", 3_000, 1_001), Ok(true));
+        // At most MAX_SPENT_TICKETS live at once: the next is refused and
+        // nothing is recorded for it.
+        for i in 1..MAX_SPENT_TICKETS {
+            assert_eq!(j.spend_ticket(&format!("f-{i}"), 10_000, 2_000), Ok(true));
+        }
+        assert!(matches!(
+            j.spend_ticket("one-more", 10_000, 2_000),
+            Err(None)
+        ));
+        assert!(matches!(
+            j.spend_ticket("one-more", 10_000, 2_000),
+            Err(None)
+        ));
+        assert_eq!(j.spend_ticket("one-more", 20_000, 10_001), Ok(true));
+    }
 
     #[test]
     fn journal_id_is_stable_across_opens() {

@@ -40,6 +40,7 @@ mod results;
 mod session;
 mod state;
 mod trust;
+pub mod tunnel;
 mod uevents;
 mod update;
 
@@ -175,6 +176,9 @@ pub struct Agent {
     hello_from: (String, String),
     /// Which gateways it stays on (the signed gateway revocation list).
     gateways: bcd_core::gateways::GatewayTrust,
+    /// The tunnels open now, and where their ends are reported.
+    tunnels: tunnel::Tunnels,
+    tunnel_ends: Option<tokio::sync::mpsc::UnboundedReceiver<tunnel::Ended>>,
 }
 
 /// Rate limits for what a peer can trigger: at most one log line and one
@@ -360,6 +364,7 @@ pub fn open(
         .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &keys).ok())
         .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
     let gateways = trust::load(dir, &keys, seed);
+    let (tunnels, tunnel_ends) = tunnel::Tunnels::new();
     Ok(Agent {
         identity,
         machine,
@@ -388,6 +393,8 @@ pub fn open(
         warned: Warned::default(),
         hello_from: Default::default(),
         gateways,
+        tunnels,
+        tunnel_ends: Some(tunnel_ends),
     })
 }
 

@@ -54,6 +54,7 @@ impl Agent {
         let mut established_at: Option<Instant> = None;
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
+        let mut tunnel_ends = self.tunnel_ends.take();
         self.staged = Some(staged_tx);
         // Settle an upgrade a previous process started, then what it left
         // in the journal.
@@ -286,6 +287,14 @@ impl Agent {
                         }
                     }
                 }
+                Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
+                    self.event(
+                        "tunnel.ended",
+                        EventClass::Transition,
+                        serde_json::to_value(&ended).unwrap_or_default(),
+                    );
+                    self.flush_events(&conn).await;
+                }
                 Some(done) = done_rx.recv() => {
                     let (id, effect) = *done;
                     self.failpoints.at(Point::MidEffect);
@@ -500,6 +509,13 @@ impl Agent {
                         .mark_acked(&id)
                         .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 }
+                Event::Received
+            }
+            Some(server_message::Msg::TunnelOpen(open)) => {
+                if let Some(refused) = self.on_tunnel_open(open, conn, server_now) {
+                    send(conn, node_message::Msg::TunnelRefused(refused)).await;
+                }
+                self.flush_events(conn).await;
                 Event::Received
             }
             // A message of a later protocol: evidence the server is there.

@@ -1,0 +1,343 @@
+//! Tunnels to nodes (`better-compute exec`): the operator asks, the key
+//! holder signs an exec ticket for exactly what was asked and relays the
+//! tunnel's bytes between the CLI and the gateway holding the node's
+//! session, reading none of them (they are sealed end to end between the
+//! CLI and the node: `bcd_proto::tunnel`).
+//!
+//! The ticket is good for one tunnel (`sid`), one node, at most
+//! [`TICKET_LIFE_S`] seconds, and names the CLI's ephemeral key. The node
+//! takes ticket keys only from its worker-signed spec: a node whose spec
+//! does not carry this key holder's yet gets a new generation first (the
+//! same body, signed again) and the tunnel waits until the node applied
+//! it. Each tunnel opened is a fleet event `tunnel.opened` (operator,
+//! what, ticket id); the node reports its end as `tunnel.ended` (bytes,
+//! exit).
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bcd_proto::ticket::{self, Claims, Jwks};
+use bcd_proto::v1::{
+    self, TunnelClientFrame, TunnelServerFrame, tunnel_client_frame, tunnel_server_frame,
+};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Status, Streaming};
+use tracing::{info, warn};
+
+use super::AdminService;
+use super::auth::Operator;
+use super::status::unavailable;
+
+/// How long a ticket lives: the node must admit it within this.
+pub const TICKET_LIFE_S: i64 = 30;
+
+/// How long a tunnel waits for the node to take a spec carrying the
+/// ticket keys.
+const SPEC_WAIT: Duration = Duration::from_secs(15);
+
+/// The node's side of a tunnel, as the gateway relays it: the sealed
+/// frames each way.
+#[derive(Debug)]
+pub struct NodeLink {
+    pub to_node: mpsc::Sender<Vec<u8>>,
+    pub from_node: mpsc::Receiver<Vec<u8>>,
+}
+
+/// Where a tunnel to a node opens: the gateway holding its session.
+#[tonic::async_trait]
+pub trait Relay: Send + Sync + std::fmt::Debug {
+    /// Asks `node`'s session to open tunnel `sid` under `ticket`; the
+    /// link once the node opened it, or why not, worded for the operator.
+    async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status>;
+}
+
+pub type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelServerFrame, Status>> + Send>>;
+
+fn random_id(prefix: &str) -> String {
+    let mut b = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+        .expect("the system's random source");
+    format!("{prefix}{}", hex::encode(b))
+}
+
+/// What the CLI asked for, checked.
+fn check(r: &v1::TunnelRequest) -> Result<(), Status> {
+    if r.node_id.is_empty() {
+        return Err(Status::invalid_argument(
+            "name the node to open a tunnel to",
+        ));
+    }
+    match (r.argv.is_empty(), r.port) {
+        (false, 0) if r.argv[0].is_empty() => {
+            Err(Status::invalid_argument("the command to run is empty"))
+        }
+        (false, 0) if r.user.is_empty() => Err(Status::invalid_argument(
+            "name the user the command runs as on the node (--user)",
+        )),
+        (false, 0) => Ok(()),
+        (true, p) if p > 0 && p <= u32::from(u16::MAX) => Ok(()),
+        (true, 0) => Err(Status::invalid_argument(
+            "give a command to run (exec NODE -- CMD...) or a port to reach",
+        )),
+        (true, p) => Err(Status::invalid_argument(format!(
+            "port {p} is not a TCP port (1 to 65535)"
+        ))),
+        (false, _) => Err(Status::invalid_argument(
+            "a tunnel runs a command or reaches a port, not both",
+        )),
+    }?;
+    if r.client_public.len() != 32 {
+        return Err(Status::invalid_argument(
+            "the request carries no X25519 key of the CLI's (32 bytes)",
+        ));
+    }
+    Ok(())
+}
+
+/// Makes sure the node enforces a spec naming the ticket key: if the
+/// stored spec does not, signs its body again with the keys and waits
+/// until the node applied that generation.
+async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> {
+    let kid = svc.ticket_key.kid();
+    let worker = {
+        use ring::signature::KeyPair;
+        vec![svc.worker_key.public_key().as_ref().to_vec()]
+    };
+    let stored = svc
+        .store
+        .signed_spec(node)
+        .await
+        .map_err(unavailable)?
+        .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &worker).ok())
+        .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
+    let carries = stored
+        .as_ref()
+        .is_some_and(|s| Jwks::parse(&s.ticket_jwks).is_ok_and(|k| k.contains(&kid)));
+    let wanted = match stored {
+        Some(s) if carries => s.generation,
+        _ => {
+            let info = super::specs::change(svc, node.to_string(), |_| Ok(())).await?;
+            info!(
+                node,
+                generation = info.desired_generation,
+                "spec signed again to carry the ticket keys"
+            );
+            info.desired_generation
+        }
+    };
+    let deadline = tokio::time::Instant::now() + SPEC_WAIT;
+    loop {
+        let view = svc.store.spec_view(node).await.map_err(unavailable)?;
+        if view.is_some_and(|v| v.applied_generation >= wanted) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Status::unavailable(format!(
+                "node {node} has not applied spec generation {wanted}, which carries the ticket \
+                 keys, within {} s: is it connected? (better-compute nodes list)",
+                SPEC_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `Tunnel`: the first frame asks; the answer is the ticket, then the
+/// node's bytes; the CLI's bytes go to the node.
+pub async fn open(
+    svc: &AdminService,
+    operator: Operator,
+    mut inbound: Streaming<TunnelClientFrame>,
+) -> Result<TunnelStream, Status> {
+    let request = match inbound.message().await? {
+        Some(TunnelClientFrame {
+            msg: Some(tunnel_client_frame::Msg::Request(r)),
+        }) => r,
+        _ => {
+            return Err(Status::invalid_argument("a tunnel starts with its request"));
+        }
+    };
+    check(&request)?;
+    let relay = svc
+        .tunnels
+        .clone()
+        .ok_or_else(|| Status::unavailable("this process holds no gateway to open tunnels on"))?;
+    let node = request.node_id.clone();
+    spec_carries_key(svc, &node).await?;
+    let now_s = svc.store.now().await.map_err(unavailable)? / 1000;
+    let sid = random_id("tn-");
+    let (exec, port) = if request.argv.is_empty() {
+        (None, Some(request.port as u16))
+    } else {
+        (Some(request.argv.clone()), None)
+    };
+    let claims = Claims {
+        iss: ticket::ISSUER.into(),
+        sub: operator.name.clone(),
+        node: node.clone(),
+        sid: sid.clone(),
+        jti: random_id("jti-"),
+        iat: now_s,
+        exp: now_s + TICKET_LIFE_S,
+        exec,
+        port,
+        tty: request.tty,
+        user: request.user.clone(),
+        epk: {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&request.client_public)
+        },
+    };
+    let ticket = svc.ticket_key.issue(&claims);
+    let what = match (&claims.exec, claims.port) {
+        (Some(argv), _) => format!("exec {argv:?} as {}", claims.user),
+        (None, Some(p)) => format!("port {p}"),
+        (None, None) => String::new(),
+    };
+    svc.store
+        .publish_fleet_event(
+            "tunnel.opened",
+            &node,
+            &format!(
+                "operator {} opened tunnel {sid}: {what} (ticket {})",
+                operator.name, claims.jti
+            ),
+        )
+        .await
+        .map_err(unavailable)?;
+    info!(%node, %sid, operator = %operator.name, %what, "tunnel asked for");
+    let link = relay.open(&node, &sid, &ticket).await?;
+    let (tx, rx) = mpsc::channel::<Result<TunnelServerFrame, Status>>(16);
+    let granted = TunnelServerFrame {
+        msg: Some(tunnel_server_frame::Msg::Granted(v1::TunnelGranted {
+            sid: sid.clone(),
+            ticket,
+            fleet_ca_der: svc.ca_der.to_vec(),
+        })),
+    };
+    let _ = tx.send(Ok(granted)).await;
+    tokio::spawn(splice(inbound, link, tx, sid));
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// Moves frames both ways until either side ends.
+async fn splice(
+    mut inbound: Streaming<TunnelClientFrame>,
+    mut link: NodeLink,
+    tx: mpsc::Sender<Result<TunnelServerFrame, Status>>,
+    sid: String,
+) {
+    loop {
+        tokio::select! {
+            m = inbound.message() => match m {
+                Ok(Some(TunnelClientFrame { msg: Some(tunnel_client_frame::Msg::Data(d)) })) => {
+                    if link.to_node.send(d).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            },
+            d = link.from_node.recv() => match d {
+                Some(d) => {
+                    let frame = TunnelServerFrame { msg: Some(tunnel_server_frame::Msg::Data(d)) };
+                    if tx.send(Ok(frame)).await.is_err() {
+                        break;
+                    }
+                }
+                None => {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "the gateway holding the node's session closed the tunnel (it went \
+                             away, or the node's session ended): run the command again",
+                        )))
+                        .await;
+                    warn!(%sid, "the node's side of the tunnel closed");
+                    break;
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> v1::TunnelRequest {
+        v1::TunnelRequest {
+            node_id: "nd-1".into(),
+            argv: vec!["true".into()],
+            port: 0,
+            tty: false,
+            user: "root".into(),
+            client_public: vec![7; 32],
+        }
+    }
+
+    #[test]
+    fn a_request_asks_for_exactly_one_thing() {
+        assert!(check(&req()).is_ok());
+        let cases: Vec<(v1::TunnelRequest, &str)> = vec![
+            (
+                v1::TunnelRequest {
+                    node_id: String::new(),
+                    ..req()
+                },
+                "name the node",
+            ),
+            (
+                v1::TunnelRequest {
+                    argv: vec![String::new()],
+                    ..req()
+                },
+                "empty",
+            ),
+            (
+                v1::TunnelRequest {
+                    user: String::new(),
+                    ..req()
+                },
+                "--user",
+            ),
+            (
+                v1::TunnelRequest {
+                    argv: vec![],
+                    ..req()
+                },
+                "give a command",
+            ),
+            (v1::TunnelRequest { port: 22, ..req() }, "not both"),
+            (
+                v1::TunnelRequest {
+                    argv: vec![],
+                    port: 70_000,
+                    ..req()
+                },
+                "not a TCP port",
+            ),
+            (
+                v1::TunnelRequest {
+                    client_public: vec![1; 5],
+                    ..req()
+                },
+                "X25519",
+            ),
+        ];
+        for (r, says) in cases {
+            let e = check(&r).unwrap_err();
+            assert!(e.message().contains(says), "{}", e.message());
+        }
+        assert!(
+            check(&v1::TunnelRequest {
+                argv: vec![],
+                port: 8888,
+                user: String::new(),
+                ..req()
+            })
+            .is_ok()
+        );
+    }
+}

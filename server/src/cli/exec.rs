@@ -1,0 +1,213 @@
+//! `better-compute exec NODE -- CMD...`: a command on a node, its input,
+//! output and exit code streamed through the operator API and the gateway
+//! holding the node's session, sealed end to end.
+//!
+//! The CLI makes an ephemeral X25519 key, asks for a tunnel naming it, and
+//! gets the key holder's ticket and the fleet CA. The node answers with an
+//! ephemeral key of its own signed by its node key: the CLI checks that
+//! the certificate is the fleet CA's for that node, that the signature
+//! covers this tunnel, this ticket and that key, and only then sends a
+//! byte. Neither the API nor the gateway can read or change what follows.
+
+use std::process::ExitCode;
+
+use bcd_proto::tunnel::{self, Ephemeral, Opener, Sealer, Side};
+use bcd_proto::v1::{
+    self, TunnelAccept, TunnelClientFrame, TunnelRecord, tunnel_client_frame, tunnel_record::Body,
+    tunnel_server_frame,
+};
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::Target;
+use crate::client::status;
+
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// The node to run the command on.
+    node: String,
+    /// The user the command runs as on the node (an unprivileged node
+    /// runs it only as its daemon's own user).
+    #[arg(long, default_value = "root")]
+    user: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Checks the node's accept: for this tunnel and ticket, signed by the
+/// key of a certificate the fleet CA issued to `node`, valid now.
+pub fn check_accept(
+    accept: &TunnelAccept,
+    node: &str,
+    sid: &str,
+    ticket: &str,
+    fleet_ca: &[u8],
+    now_ms: i64,
+) -> Result<(), String> {
+    if accept.sid != sid {
+        return Err(format!("it names tunnel {:?}, not {sid:?}", accept.sid));
+    }
+    if accept.ticket_sha256 != tunnel::ticket_sha256(ticket) {
+        return Err("it answers another ticket".into());
+    }
+    if !crate::certs::issued_by(&accept.cert_der, fleet_ca) {
+        return Err("its certificate is not the fleet CA's".into());
+    }
+    match crate::certs::named(&accept.cert_der, "urn:bc:node:") {
+        Some((n, not_before)) if n == node && not_before <= now_ms + 60_000 => {}
+        Some((n, _)) if n != node => return Err(format!("its certificate is node {n}'s")),
+        _ => return Err("its certificate names no node, or is not valid yet".into()),
+    }
+    if crate::certs::not_after_ms(&accept.cert_der).is_none_or(|t| t < now_ms) {
+        return Err("its certificate has expired".into());
+    }
+    let message = tunnel::accept_message(sid, &accept.ticket_sha256, &accept.node_public);
+    if !crate::certs::verify_node_signature(&accept.cert_der, &message, &accept.signature) {
+        return Err("its signature does not verify under its certificate".into());
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A sealed record as a client frame.
+fn frame(sealer: &mut Sealer, body: Body) -> anyhow::Result<TunnelClientFrame> {
+    let plain = TunnelRecord { body: Some(body) }.encode_to_vec();
+    Ok(TunnelClientFrame {
+        msg: Some(tunnel_client_frame::Msg::Data(sealer.seal(&plain)?)),
+    })
+}
+
+pub async fn run(args: ExecArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    let own = Ephemeral::new()?;
+    let (tx, rx) = mpsc::channel::<TunnelClientFrame>(16);
+    tx.send(TunnelClientFrame {
+        msg: Some(tunnel_client_frame::Msg::Request(v1::TunnelRequest {
+            node_id: args.node.clone(),
+            argv: args.command.clone(),
+            port: 0,
+            tty: false,
+            user: args.user.clone(),
+            client_public: own.public().to_vec(),
+        })),
+    })
+    .await?;
+    let mut admin = target.connect().await?;
+    let mut inbound = admin
+        .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(status)?
+        .into_inner();
+    let granted = match inbound.message().await.map_err(status)? {
+        Some(v1::TunnelServerFrame {
+            msg: Some(tunnel_server_frame::Msg::Granted(g)),
+        }) => g,
+        _ => anyhow::bail!("the operator API did not grant the tunnel"),
+    };
+    let accept = match inbound.message().await.map_err(status)? {
+        Some(v1::TunnelServerFrame {
+            msg: Some(tunnel_server_frame::Msg::Data(d)),
+        }) => TunnelAccept::decode(d.as_slice())
+            .map_err(|_| anyhow::anyhow!("the node's answer is not a TunnelAccept"))?,
+        _ => anyhow::bail!("the tunnel closed before the node answered"),
+    };
+    check_accept(
+        &accept,
+        &args.node,
+        &granted.sid,
+        &granted.ticket,
+        &granted.fleet_ca_der,
+        now_ms(),
+    )
+    .map_err(|why| {
+        anyhow::anyhow!(
+            "the answer relayed as node {}'s does not verify ({why}): nothing was sent; a relay \
+             may be tampering with the tunnel",
+            args.node
+        )
+    })?;
+    let (mut sealer, opener) = own.agree(
+        Side::Client,
+        &accept.node_public,
+        &granted.sid,
+        &accept.ticket_sha256,
+    )?;
+    tx.send(frame(&mut sealer, Body::Start(true))?).await?;
+    pump(tx, sealer, opener, inbound).await
+}
+
+/// Input and signals to the node, output from it, until the exit.
+async fn pump(
+    tx: mpsc::Sender<TunnelClientFrame>,
+    mut sealer: Sealer,
+    mut opener: Opener,
+    mut inbound: tonic::Streaming<v1::TunnelServerFrame>,
+) -> anyhow::Result<ExitCode> {
+    let mut stdin = Some(tokio::io::stdin());
+    let mut buf = vec![0u8; 32 * 1024];
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            n = async { stdin.as_mut().expect("guarded").read(&mut buf).await }, if stdin.is_some() => {
+                let body = match n {
+                    Ok(0) | Err(_) => {
+                        stdin = None;
+                        Body::StdinClosed(true)
+                    }
+                    Ok(n) => Body::Stdin(buf[..n].to_vec()),
+                };
+                if tx.send(frame(&mut sealer, body)?).await.is_err() {
+                    stdin = None;
+                }
+            }
+            _ = interrupts.recv() => {
+                let _ = tx.send(frame(&mut sealer, Body::Signal(2))?).await;
+            }
+            m = inbound.message() => {
+                let data = match m.map_err(status)? {
+                    Some(v1::TunnelServerFrame { msg: Some(tunnel_server_frame::Msg::Data(d)) }) => d,
+                    Some(_) => continue,
+                    None => anyhow::bail!(
+                        "the tunnel ended before the command did (the gateway holding the node's \
+                         session went away, or the session ended): run the command again"
+                    ),
+                };
+                let plain = opener.open(&data)?;
+                let record = TunnelRecord::decode(plain.as_slice())
+                    .map_err(|_| anyhow::anyhow!("the node sent a record that is not a TunnelRecord"))?;
+                match record.body {
+                    Some(Body::Stdout(b)) => {
+                        stdout.write_all(&b).await?;
+                        stdout.flush().await?;
+                    }
+                    Some(Body::Stderr(b)) => {
+                        stderr.write_all(&b).await?;
+                        stderr.flush().await?;
+                    }
+                    Some(Body::Exit(e)) => return Ok(exit_code(&e)),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// The exit code the CLI ends with: the command's; 128 plus the signal
+/// that ended it; 255 when it could not run (the reason printed).
+pub fn exit_code(e: &v1::TunnelExit) -> ExitCode {
+    if !e.error.is_empty() {
+        eprintln!("error: {}", e.error);
+        return ExitCode::from(255);
+    }
+    if e.signal > 0 {
+        return ExitCode::from((128 + e.signal).clamp(0, 255) as u8);
+    }
+    ExitCode::from(e.code.clamp(0, 255) as u8)
+}

@@ -1,0 +1,207 @@
+//! Tunnels: `better-compute exec` through the gateway holding the node's
+//! session, sealed end to end, under the key holder's exec tickets; and a
+//! gateway with the serving key that tries to open one of its own.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use bc_tests::hostile::Hostile;
+use bc_tests::{bin, setup_connected};
+use bcd_proto::ticket::{self, Claims};
+use bcd_proto::v1::{self, node_message::Msg as N, server_message::Msg as S};
+use prost::Message;
+
+const REDIAL: Duration = Duration::from_secs(30);
+const ANSWER: Duration = Duration::from_secs(15);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// `better-compute exec NODE -- ARGV` with `input` on its stdin.
+fn exec(
+    server: &bc_tests::Server,
+    node: &str,
+    argv: &[&str],
+    input: &[u8],
+) -> std::process::Output {
+    let mut c = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url())
+        .args(["exec", node, "--"])
+        .args(argv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run better-compute exec");
+    c.stdin.take().unwrap().write_all(input).unwrap();
+    c.wait_with_output().unwrap()
+}
+
+#[test]
+fn exec_streams_input_output_and_the_exit_code_through_the_gateway() {
+    let (_d, server, _node, id) = setup_connected(71);
+    let out = exec(
+        &server,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "echo out; echo err >&2; read x; echo got $x; exit 7",
+        ],
+        b"hello\n",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "out\ngot hello\n",
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+    assert_eq!(out.status.code(), Some(7));
+    // A command that cannot start says so; the CLI exits 255.
+    let out = exec(&server, &id, &["/nonexistent/program"], b"");
+    assert_eq!(out.status.code(), Some(255));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not start"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A user the node does not have is refused by the node.
+    let out = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url())
+        .args(["exec", &id, "--user", "no-such-user", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused the tunnel"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Each tunnel is on the record: who opened what, and how it ended.
+    let events = server.cli(&["events", "--node", &id]);
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("tunnel.opened"), "{events}");
+    let store = server.store();
+    let ended: Vec<serde_json::Value> = bc_tests::wait_for(ANSWER, "tunnel.ended events", || {
+        let ended: Vec<serde_json::Value> = store
+            .block(store.store.node_events(&id))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "tunnel.ended")
+            .map(|e| serde_json::from_slice(&e.body).unwrap())
+            .collect();
+        (ended.len() >= 2).then_some(ended)
+    });
+    assert_eq!(ended[0]["exit_code"], 7);
+    assert_eq!(ended[0]["user"], "root");
+    assert_eq!(ended[0]["operator"], "admin");
+    assert!(ended[0]["bytes_in"].as_u64().unwrap() > 0);
+}
+
+/// A ticket as the key holder signs it, with the key in its data
+/// directory: what a gateway could capture in transit.
+fn ticket_for(server: &bc_tests::Server, node: &str, sid: &str, argv: &[&str]) -> String {
+    let pkcs8 = std::fs::read(server.dir.join("ticket.key")).expect("ticket.key");
+    let key = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).unwrap();
+    ticket::sign(&key, &claims(node, sid, argv))
+}
+
+fn claims(node: &str, sid: &str, argv: &[&str]) -> Claims {
+    let now = now_ms() / 1000;
+    Claims {
+        iss: ticket::ISSUER.into(),
+        sub: "admin".into(),
+        node: node.into(),
+        sid: sid.into(),
+        jti: format!("jti-{sid}"),
+        iat: now,
+        exp: now + 30,
+        exec: Some(argv.iter().map(|a| a.to_string()).collect()),
+        port: None,
+        tty: false,
+        user: "root".into(),
+        epk: "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc".into(),
+    }
+}
+
+#[test]
+fn a_gateway_opens_no_tunnel_of_its_own_replays_none_and_injects_nothing() {
+    let (d, mut server, mut node, id) = setup_connected(72);
+    // An honest tunnel first: the node takes the spec naming the ticket key.
+    let out = exec(&server, &id, &["true"], b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let marker = d.path().join("ran");
+    let touch = ["touch", marker.to_str().unwrap()];
+    node.proc().stop();
+    server.proc.stop();
+    let h = Hostile::start(&server.dir, server.addr).expect("hostile gateway");
+    node.start();
+    let s = h.next_session(REDIAL);
+    s.welcome(s.hello.last_epoch + 1, now_ms(), &[]);
+    let open = |sid: &str, ticket: String| {
+        s.send(S::TunnelOpen(v1::TunnelOpen {
+            sid: sid.into(),
+            ticket,
+        }));
+    };
+    let refused = |sid: &str| -> String {
+        s.recv_until(ANSWER, "the node's refusal", |m| match m {
+            N::TunnelRefused(r) if r.sid == sid => Some(r.reason.clone()),
+            _ => None,
+        })
+    };
+    // No ticket; one the gateway signed itself; a real one for another
+    // tunnel.
+    open("tn-a", String::new());
+    assert!(refused("tn-a").contains("not a compact JWS"));
+    let forged = ticket::sign(
+        &bc_tests::foreign_worker_key(),
+        &claims(&id, "tn-b", &touch),
+    );
+    open("tn-b", forged);
+    assert!(refused("tn-b").contains("not among the node's ticket keys"));
+    open("tn-x", ticket_for(&server, &id, "tn-c", &touch));
+    assert!(refused("tn-x").contains("for tunnel \"tn-c\""));
+    // A real ticket opens its tunnel; bytes the gateway makes up end it
+    // before anything runs.
+    let real = ticket_for(&server, &id, "tn-d", &touch);
+    open("tn-d", real.clone());
+    let t = h.next_tunnel(ANSWER).expect("the node opens the tunnel");
+    assert_eq!(t.first.sid, "tn-d");
+    let accept = v1::TunnelAccept::decode(t.first.data.as_slice()).unwrap();
+    assert_eq!(
+        accept.ticket_sha256,
+        bcd_proto::tunnel::ticket_sha256(&real)
+    );
+    t.send(
+        v1::TunnelRecord {
+            body: Some(v1::tunnel_record::Body::Start(true)),
+        }
+        .encode_to_vec(),
+    );
+    assert!(
+        t.closed_within(ANSWER),
+        "a record that does not open ends the tunnel"
+    );
+    assert!(!marker.exists(), "nothing ran on the gateway's bytes");
+    // The same ticket again: spent.
+    open("tn-d", real);
+    assert!(refused("tn-d").contains("was used already"));
+    assert!(!marker.exists());
+}
