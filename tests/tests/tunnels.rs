@@ -205,3 +205,50 @@ fn a_gateway_opens_no_tunnel_of_its_own_replays_none_and_injects_nothing() {
     assert!(refused("tn-d").contains("was used already"));
     assert!(!marker.exists());
 }
+
+#[test]
+fn port_forward_reaches_a_port_on_the_nodes_loopback() {
+    use std::io::{BufRead, BufReader, Read};
+    let (_d, server, _node, id) = setup_connected(73);
+    // A small server on the node's loopback (the node runs on this host):
+    // it answers each connection with what it read, upper-cased.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let remote = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let mut c = c.unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            c.write_all(&got.to_ascii_uppercase()).unwrap();
+        }
+    });
+    let mut pf = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url())
+        .args(["port-forward", &id, &format!("0:{remote}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run better-compute port-forward");
+    let mut line = String::new();
+    BufReader::new(pf.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let local: std::net::SocketAddr = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("forwarding ADDR: {line:?}"));
+    for round in 0..2 {
+        let mut c = std::net::TcpStream::connect(local).unwrap();
+        c.write_all(format!("ping {round}").as_bytes()).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert_eq!(answer, format!("PING {round}"));
+    }
+    let _ = pf.kill();
+    let _ = pf.wait();
+}

@@ -76,79 +76,126 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// A sealed record as a client frame.
-fn frame(sealer: &mut Sealer, body: Body) -> anyhow::Result<TunnelClientFrame> {
-    let plain = TunnelRecord { body: Some(body) }.encode_to_vec();
-    Ok(TunnelClientFrame {
-        msg: Some(tunnel_client_frame::Msg::Data(sealer.seal(&plain)?)),
-    })
+/// An open tunnel, as the CLI holds it: frames to the operator API,
+/// sealed records both ways.
+pub struct Tunnel {
+    tx: mpsc::Sender<TunnelClientFrame>,
+    sealer: Sealer,
+    opener: Opener,
+    inbound: tonic::Streaming<v1::TunnelServerFrame>,
+}
+
+impl Tunnel {
+    /// Asks for a tunnel to `request.node_id` and checks the node's answer
+    /// before anything is sent; the first record (`start`) is sent.
+    pub async fn open(target: &Target, mut request: v1::TunnelRequest) -> anyhow::Result<Tunnel> {
+        let own = Ephemeral::new()?;
+        request.client_public = own.public().to_vec();
+        let node = request.node_id.clone();
+        let (tx, rx) = mpsc::channel::<TunnelClientFrame>(16);
+        tx.send(TunnelClientFrame {
+            msg: Some(tunnel_client_frame::Msg::Request(request)),
+        })
+        .await?;
+        let mut admin = target.connect().await?;
+        let mut inbound = admin
+            .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let granted = match inbound.message().await.map_err(status)? {
+            Some(v1::TunnelServerFrame {
+                msg: Some(tunnel_server_frame::Msg::Granted(g)),
+            }) => g,
+            _ => anyhow::bail!("the operator API did not grant the tunnel"),
+        };
+        let accept = match inbound.message().await.map_err(status)? {
+            Some(v1::TunnelServerFrame {
+                msg: Some(tunnel_server_frame::Msg::Data(d)),
+            }) => TunnelAccept::decode(d.as_slice())
+                .map_err(|_| anyhow::anyhow!("the node's answer is not a TunnelAccept"))?,
+            _ => anyhow::bail!("the tunnel closed before the node answered"),
+        };
+        check_accept(
+            &accept,
+            &node,
+            &granted.sid,
+            &granted.ticket,
+            &granted.fleet_ca_der,
+            now_ms(),
+        )
+        .map_err(|why| {
+            anyhow::anyhow!(
+                "the answer relayed as node {node}'s does not verify ({why}): nothing was sent; a \
+                 relay may be tampering with the tunnel"
+            )
+        })?;
+        let (sealer, opener) = own.agree(
+            Side::Client,
+            &accept.node_public,
+            &granted.sid,
+            &accept.ticket_sha256,
+        )?;
+        let mut t = Tunnel {
+            tx,
+            sealer,
+            opener,
+            inbound,
+        };
+        t.send(Body::Start(true)).await?;
+        Ok(t)
+    }
+
+    /// Seals and sends one record.
+    pub async fn send(&mut self, body: Body) -> anyhow::Result<()> {
+        let plain = TunnelRecord { body: Some(body) }.encode_to_vec();
+        let frame = TunnelClientFrame {
+            msg: Some(tunnel_client_frame::Msg::Data(self.sealer.seal(&plain)?)),
+        };
+        self.tx
+            .send(frame)
+            .await
+            .map_err(|_| anyhow::anyhow!("the tunnel is closed"))
+    }
+
+    /// The next record from the node; an error when the tunnel ended
+    /// without the node's exit.
+    pub async fn recv(&mut self) -> anyhow::Result<Body> {
+        loop {
+            let data = match self.inbound.message().await.map_err(status)? {
+                Some(v1::TunnelServerFrame {
+                    msg: Some(tunnel_server_frame::Msg::Data(d)),
+                }) => d,
+                Some(_) => continue,
+                None => anyhow::bail!(
+                    "the tunnel ended before the node closed it (the gateway holding the node's \
+                     session went away, or the session ended): run the command again"
+                ),
+            };
+            let plain = self.opener.open(&data)?;
+            if let Some(body) = TunnelRecord::decode(plain.as_slice())
+                .map_err(|_| anyhow::anyhow!("the node sent a record that is not a TunnelRecord"))?
+                .body
+            {
+                return Ok(body);
+            }
+        }
+    }
 }
 
 pub async fn run(args: ExecArgs, target: &Target) -> anyhow::Result<ExitCode> {
-    let own = Ephemeral::new()?;
-    let (tx, rx) = mpsc::channel::<TunnelClientFrame>(16);
-    tx.send(TunnelClientFrame {
-        msg: Some(tunnel_client_frame::Msg::Request(v1::TunnelRequest {
+    let mut t = Tunnel::open(
+        target,
+        v1::TunnelRequest {
             node_id: args.node.clone(),
             argv: args.command.clone(),
             port: 0,
             tty: false,
             user: args.user.clone(),
-            client_public: own.public().to_vec(),
-        })),
-    })
-    .await?;
-    let mut admin = target.connect().await?;
-    let mut inbound = admin
-        .tunnel(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(status)?
-        .into_inner();
-    let granted = match inbound.message().await.map_err(status)? {
-        Some(v1::TunnelServerFrame {
-            msg: Some(tunnel_server_frame::Msg::Granted(g)),
-        }) => g,
-        _ => anyhow::bail!("the operator API did not grant the tunnel"),
-    };
-    let accept = match inbound.message().await.map_err(status)? {
-        Some(v1::TunnelServerFrame {
-            msg: Some(tunnel_server_frame::Msg::Data(d)),
-        }) => TunnelAccept::decode(d.as_slice())
-            .map_err(|_| anyhow::anyhow!("the node's answer is not a TunnelAccept"))?,
-        _ => anyhow::bail!("the tunnel closed before the node answered"),
-    };
-    check_accept(
-        &accept,
-        &args.node,
-        &granted.sid,
-        &granted.ticket,
-        &granted.fleet_ca_der,
-        now_ms(),
+            client_public: Vec::new(),
+        },
     )
-    .map_err(|why| {
-        anyhow::anyhow!(
-            "the answer relayed as node {}'s does not verify ({why}): nothing was sent; a relay \
-             may be tampering with the tunnel",
-            args.node
-        )
-    })?;
-    let (mut sealer, opener) = own.agree(
-        Side::Client,
-        &accept.node_public,
-        &granted.sid,
-        &accept.ticket_sha256,
-    )?;
-    tx.send(frame(&mut sealer, Body::Start(true))?).await?;
-    pump(tx, sealer, opener, inbound).await
-}
-
-/// Input and signals to the node, output from it, until the exit.
-async fn pump(
-    tx: mpsc::Sender<TunnelClientFrame>,
-    mut sealer: Sealer,
-    mut opener: Opener,
-    mut inbound: tonic::Streaming<v1::TunnelServerFrame>,
-) -> anyhow::Result<ExitCode> {
+    .await?;
     let mut stdin = Some(tokio::io::stdin());
     let mut buf = vec![0u8; 32 * 1024];
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
@@ -163,38 +210,25 @@ async fn pump(
                     }
                     Ok(n) => Body::Stdin(buf[..n].to_vec()),
                 };
-                if tx.send(frame(&mut sealer, body)?).await.is_err() {
+                if t.send(body).await.is_err() {
                     stdin = None;
                 }
             }
             _ = interrupts.recv() => {
-                let _ = tx.send(frame(&mut sealer, Body::Signal(2))?).await;
+                let _ = t.send(Body::Signal(2)).await;
             }
-            m = inbound.message() => {
-                let data = match m.map_err(status)? {
-                    Some(v1::TunnelServerFrame { msg: Some(tunnel_server_frame::Msg::Data(d)) }) => d,
-                    Some(_) => continue,
-                    None => anyhow::bail!(
-                        "the tunnel ended before the command did (the gateway holding the node's \
-                         session went away, or the session ended): run the command again"
-                    ),
-                };
-                let plain = opener.open(&data)?;
-                let record = TunnelRecord::decode(plain.as_slice())
-                    .map_err(|_| anyhow::anyhow!("the node sent a record that is not a TunnelRecord"))?;
-                match record.body {
-                    Some(Body::Stdout(b)) => {
-                        stdout.write_all(&b).await?;
-                        stdout.flush().await?;
-                    }
-                    Some(Body::Stderr(b)) => {
-                        stderr.write_all(&b).await?;
-                        stderr.flush().await?;
-                    }
-                    Some(Body::Exit(e)) => return Ok(exit_code(&e)),
-                    _ => {}
+            body = t.recv() => match body? {
+                Body::Stdout(b) => {
+                    stdout.write_all(&b).await?;
+                    stdout.flush().await?;
                 }
-            }
+                Body::Stderr(b) => {
+                    stderr.write_all(&b).await?;
+                    stderr.flush().await?;
+                }
+                Body::Exit(e) => return Ok(exit_code(&e)),
+                _ => {}
+            },
         }
     }
 }

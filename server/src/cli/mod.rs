@@ -16,6 +16,7 @@ mod machines;
 mod nodes;
 mod operators;
 pub mod output;
+mod port_forward;
 mod releases;
 mod rollouts;
 mod serve;
@@ -127,6 +128,10 @@ enum Command {
     /// between this CLI and the node under a ticket the key holder signs:
     /// exec NODE [--user U] -- CMD [ARGS...].
     Exec(exec::ExecArgs),
+    /// Reach a TCP port on a node's loopback from a port here, through the
+    /// gateway holding its session, each connection its own sealed tunnel:
+    /// port-forward NODE [LOCAL:]REMOTE.
+    PortForward(port_forward::PortForwardArgs),
     /// Signed commands, run exactly once on a node.
     Commands {
         #[command(subcommand)]
@@ -249,6 +254,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,
         Command::Exec(args) => exec::run(args, &target).await,
+        Command::PortForward(args) => port_forward::run(args, &target).await.map(|()| done),
         Command::Releases { command } => releases::run(command, &target).await.map(|()| done),
         Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
         Command::Images { command } => images::run(command, &target).await.map(|()| done),
