@@ -454,6 +454,7 @@ pub async fn serve(
             if api_sans.is_empty() {
                 api_sans = vec!["localhost".into(), opts.api_listen.ip().to_string()];
             }
+            let remote_tunnels = Arc::new(crate::api::tunnels::RemoteTunnels::default());
             let operator_ca = Arc::new(
                 OperatorCa::load_or_create(&opts.data_dir, &api_sans, now)
                     .context("operator CA")?,
@@ -501,7 +502,10 @@ pub async fn serve(
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 gateway: Some(gw.clone()),
-                tunnels: Some(gw.clone()),
+                tunnels: Some(Arc::new(crate::api::tunnels::Relays {
+                    local: Some(gw.clone()),
+                    remote: remote_tunnels.clone(),
+                })),
                 rollouts,
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),
@@ -557,10 +561,17 @@ pub async fn serve(
             }
             router = router
                 .add_service(node_join(Arc::new(join.clone())))
-                .add_service(GatewayServicesServer::new(GatewayPort { join }));
+                .add_service(GatewayServicesServer::new(GatewayPort {
+                    join,
+                    tunnels: remote_tunnels,
+                }));
             info!(%addr, gateway = %gateway_id, ca = %ca.fingerprint(), "serving");
         }
         Keys::None { link, .. } => {
+            tasks.push(tokio::spawn(crate::gateway::tunnels::upstream(
+                gw.clone(),
+                link.clone(),
+            )));
             router = router.add_service(node_join(Arc::new(Upstream { link: link.clone() })));
             info!(%addr, gateway = %gateway_id, "serving as a gateway holding no key");
         }

@@ -177,6 +177,20 @@ fn a_keyless_gateway_serves_everything(f: &bc_tests::Fleet, cred: &Path, store: 
     let c = f.server.wait_command(&cmd);
     assert_eq!(c.state, "succeeded", "{c:?}");
 
+    // A tunnel through the gateway: the key holder asks it over the
+    // gateway services port, the gateway relays it sealed, the node
+    // checks the key holder's ticket.
+    let o = f.server.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo through $(hostname >/dev/null && echo the gateway); exit 3",
+    ]);
+    assert_eq!(stdout(&o), "through the gateway\n", "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(3));
+
     // A signed spec: access for a user.
     let access = f.d.path().join("access.json");
     std::fs::write(

@@ -35,7 +35,13 @@ const MAX_NAME_LEN: usize = 253;
 #[derive(Debug, Clone)]
 pub struct GatewayPort {
     pub join: JoinService,
+    /// Tunnels asked of the gateways that hold no key.
+    pub tunnels: Arc<super::tunnels::RemoteTunnels>,
 }
+
+type RelayStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<bcd_proto::v1::TunnelRelayFrame, Status>> + Send>,
+>;
 
 fn denied(message: impl Into<String>) -> Status {
     typed(
@@ -89,6 +95,49 @@ impl GatewayPort {
 
 #[tonic::async_trait]
 impl Port for GatewayPort {
+    type TunnelRequestsStream =
+        tokio_stream::wrappers::ReceiverStream<Result<bcd_proto::v1::TunnelOpenRequest, Status>>;
+
+    async fn tunnel_requests(
+        &self,
+        request: Request<bcd_proto::v1::TunnelRequestsHello>,
+    ) -> Result<Response<Self::TunnelRequestsStream>, Status> {
+        let name = self.gateway(&request).await?;
+        let id = request.into_inner().gateway_id;
+        info!(gateway = %name, %id, "a gateway takes tunnel requests");
+        let mut requests = self.tunnels.register(id);
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(r) = requests.recv().await {
+                if tx.send(Ok(r)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    type TunnelRelayStream = RelayStream;
+
+    async fn tunnel_relay(
+        &self,
+        request: Request<tonic::Streaming<bcd_proto::v1::TunnelRelayFrame>>,
+    ) -> Result<Response<RelayStream>, Status> {
+        self.gateway(&request).await?;
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("a tunnel relay starts with its first frame")
+        })?;
+        Ok(Response::new(
+            match self.tunnels.answered(first, inbound)? {
+                Some(down) => Box::pin(tokio_stream::wrappers::ReceiverStream::new(down)),
+                None => Box::pin(tokio_stream::empty()),
+            },
+        ))
+    }
+
     async fn certify(
         &self,
         request: Request<CertifyRequest>,

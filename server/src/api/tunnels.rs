@@ -13,7 +13,9 @@
 //! what, ticket id); the node reports its end as `tunnel.ended` (bytes,
 //! exit).
 
+use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bcd_proto::ticket::{self, Claims, Jwks};
@@ -21,7 +23,7 @@ use bcd_proto::v1::{
     self, TunnelClientFrame, TunnelServerFrame, tunnel_client_frame, tunnel_server_frame,
 };
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 use tracing::{info, warn};
@@ -51,6 +53,195 @@ pub trait Relay: Send + Sync + std::fmt::Debug {
     /// Asks `node`'s session to open tunnel `sid` under `ticket`; the
     /// link once the node opened it, or why not, worded for the operator.
     async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status>;
+
+    /// Whether this relay holds `node`'s session now.
+    fn holds(&self, node: &str) -> bool;
+}
+
+/// How long the gateways have to answer a tunnel asked of them.
+const ANSWER_WITHIN: Duration = Duration::from_secs(20);
+
+/// The gateways that hold no key, as the key holder reaches them: each
+/// holds a `TunnelRequests` stream open; a tunnel is asked of all of them
+/// and the one holding the node's session answers with its `TunnelRelay`
+/// stream (the others say they hold none).
+#[derive(Debug, Default)]
+pub struct RemoteTunnels {
+    gateways: Mutex<Vec<(String, mpsc::Sender<v1::TunnelOpenRequest>)>>,
+    pending: Mutex<HashMap<String, Waiting>>,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    /// Gateways yet to answer.
+    remaining: usize,
+    done: Option<oneshot::Sender<Result<NodeLink, Status>>>,
+}
+
+impl RemoteTunnels {
+    /// A gateway's `TunnelRequests` stream: the requests for it.
+    pub fn register(&self, gateway_id: String) -> mpsc::Receiver<v1::TunnelOpenRequest> {
+        let (tx, rx) = mpsc::channel(16);
+        let mut gateways = lock(&self.gateways);
+        gateways.retain(|(_, g)| !g.is_closed());
+        gateways.push((gateway_id, tx));
+        rx
+    }
+
+    /// A gateway's first `TunnelRelay` frame for `sid`: when it carries
+    /// the tunnel, the stream the gateway's frames go down; None when it
+    /// says the gateway holds no session or the node refused (noted).
+    #[allow(clippy::type_complexity)]
+    pub fn answered(
+        &self,
+        first: v1::TunnelRelayFrame,
+        mut inbound: Streaming<v1::TunnelRelayFrame>,
+    ) -> Result<Option<mpsc::Receiver<Result<v1::TunnelRelayFrame, Status>>>, Status> {
+        let mut pending = lock(&self.pending);
+        let Some(w) = pending.get_mut(&first.sid) else {
+            return Err(Status::not_found(format!(
+                "no tunnel {} is asked for",
+                first.sid
+            )));
+        };
+        w.remaining = w.remaining.saturating_sub(1);
+        let outcome = if first.absent {
+            if w.remaining > 0 {
+                return Ok(None);
+            }
+            Err(Status::unavailable(
+                "no gateway holds the node's session: is it connected? (better-compute nodes list)",
+            ))
+        } else if !first.refused.is_empty() {
+            Err(Status::permission_denied(format!(
+                "the node refused the tunnel: {}",
+                first.refused
+            )))
+        } else {
+            Ok(())
+        };
+        let done = w.done.take();
+        pending.remove(&first.sid);
+        drop(pending);
+        let Some(done) = done else {
+            return Err(Status::cancelled("the operator is gone"));
+        };
+        if let Err(e) = outcome {
+            let _ = done.send(Err(e));
+            return Ok(None);
+        }
+        let (to_node, mut from_cli) = mpsc::channel::<Vec<u8>>(16);
+        let (to_cli, from_node) = mpsc::channel::<Vec<u8>>(16);
+        let (down, rx) = mpsc::channel(16);
+        let first_data = first.data;
+        tokio::spawn(async move {
+            if to_cli.send(first_data).await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    m = inbound.message() => match m {
+                        Ok(Some(f)) => {
+                            if to_cli.send(f.data).await.is_err() {
+                                break;
+                            }
+                        }
+                        _ => break,
+                    },
+                    d = from_cli.recv() => match d {
+                        Some(data) => {
+                            let f = v1::TunnelRelayFrame { data, ..Default::default() };
+                            if down.send(Ok(f)).await.is_err() {
+                                break;
+                            }
+                        }
+                        None => break,
+                    },
+                }
+            }
+        });
+        if done.send(Ok(NodeLink { to_node, from_node })).is_err() {
+            return Err(Status::cancelled("the operator is gone"));
+        }
+        Ok(Some(rx))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[tonic::async_trait]
+impl Relay for RemoteTunnels {
+    async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status> {
+        let gateways: Vec<_> = lock(&self.gateways)
+            .iter()
+            .filter(|(_, g)| !g.is_closed())
+            .map(|(_, g)| g.clone())
+            .collect();
+        if gateways.is_empty() {
+            return Err(Status::unavailable(format!(
+                "node {node}'s session is on no gateway this key holder reaches: is it connected? \
+                 (better-compute nodes list)"
+            )));
+        }
+        let (done, answer) = oneshot::channel();
+        lock(&self.pending).insert(
+            sid.to_string(),
+            Waiting {
+                remaining: gateways.len(),
+                done: Some(done),
+            },
+        );
+        let request = v1::TunnelOpenRequest {
+            node_id: node.to_string(),
+            sid: sid.to_string(),
+            ticket: ticket.to_string(),
+        };
+        for g in gateways {
+            if g.send(request.clone()).await.is_err()
+                && let Some(w) = lock(&self.pending).get_mut(sid)
+            {
+                w.remaining = w.remaining.saturating_sub(1);
+            }
+        }
+        let got = tokio::time::timeout(ANSWER_WITHIN, answer).await;
+        lock(&self.pending).remove(sid);
+        match got {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Status::unavailable("the tunnel was not answered")),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "no gateway opened the tunnel to node {node} within {} s",
+                ANSWER_WITHIN.as_secs()
+            ))),
+        }
+    }
+
+    fn holds(&self, _node: &str) -> bool {
+        true
+    }
+}
+
+/// The gateway in this process first, the gateways that hold no key
+/// otherwise.
+#[derive(Debug)]
+pub struct Relays {
+    pub local: Option<Arc<dyn Relay>>,
+    pub remote: Arc<RemoteTunnels>,
+}
+
+#[tonic::async_trait]
+impl Relay for Relays {
+    async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status> {
+        match &self.local {
+            Some(l) if l.holds(node) => l.open(node, sid, ticket).await,
+            _ => self.remote.open(node, sid, ticket).await,
+        }
+    }
+
+    fn holds(&self, node: &str) -> bool {
+        self.local.as_ref().is_some_and(|l| l.holds(node)) || self.remote.holds(node)
+    }
 }
 
 pub type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelServerFrame, Status>> + Send>>;

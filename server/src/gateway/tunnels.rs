@@ -157,6 +157,120 @@ impl Relay for GatewayState {
         });
         Ok(NodeLink { to_node, from_node })
     }
+
+    fn holds(&self, node: &str) -> bool {
+        self.sessions().contains_key(node)
+    }
+}
+
+/// A gateway that holds no key: holds the key holder's `TunnelRequests`
+/// stream open (dialling again a second after it breaks) and answers each
+/// request with a `TunnelRelay` stream: absent, refused, or the tunnel.
+pub async fn upstream(state: Arc<GatewayState>, link: super::credential::UpstreamLink) {
+    use bcd_proto::v1::gateway_services_client::GatewayServicesClient;
+    loop {
+        let hello = v1::TunnelRequestsHello {
+            gateway_id: state.id.clone(),
+        };
+        match GatewayServicesClient::new(link.channel())
+            .tunnel_requests(hello)
+            .await
+        {
+            Ok(r) => {
+                let mut requests = r.into_inner();
+                while let Ok(Some(req)) = requests.message().await {
+                    tokio::spawn(answer(state.clone(), link.clone(), req));
+                }
+            }
+            Err(e) => {
+                warn!(error = %e.message(), "the key holder's tunnel requests are unreachable")
+            }
+        }
+        if state.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// One tunnel the key holder asked of this gateway.
+async fn answer(
+    state: Arc<GatewayState>,
+    link: super::credential::UpstreamLink,
+    req: v1::TunnelOpenRequest,
+) {
+    use bcd_proto::v1::gateway_services_client::GatewayServicesClient;
+    let mut first = v1::TunnelRelayFrame {
+        sid: req.sid.clone(),
+        ..Default::default()
+    };
+    let node_link = if !state.holds(&req.node_id) {
+        first.absent = true;
+        None
+    } else {
+        match state.open(&req.node_id, &req.sid, &req.ticket).await {
+            Ok(l) => Some(l),
+            Err(s) => {
+                first.refused = s.message().to_string();
+                None
+            }
+        }
+    };
+    let (up, rx) = mpsc::channel::<v1::TunnelRelayFrame>(BUFFER);
+    let Some(NodeLink {
+        to_node,
+        mut from_node,
+    }) = node_link
+    else {
+        let _ = up.send(first).await;
+        drop(up);
+        let _ = GatewayServicesClient::new(link.channel())
+            .tunnel_relay(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await;
+        return;
+    };
+    // The node's accept goes in the first frame.
+    first.data = from_node.recv().await.unwrap_or_default();
+    let _ = up.send(first).await;
+    let mut down = match GatewayServicesClient::new(link.channel())
+        .tunnel_relay(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            warn!(sid = %req.sid, error = %e.message(), "the key holder did not take the tunnel");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            d = from_node.recv() => match d {
+                Some(data) => {
+                    let f = v1::TunnelRelayFrame { data, ..Default::default() };
+                    if up.send(f).await.is_err() {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            m = down.message() => match m {
+                Ok(Some(f)) => {
+                    if to_node.send(f.data).await.is_err() {
+                        break;
+                    }
+                }
+                _ => break,
+            },
+        }
+    }
+    // What went up is delivered before the stream goes (dropping the
+    // answer first would reset the stream and lose it): the key holder
+    // closes its side once the node's last frame reached it.
+    drop(up);
+    let _ = tokio::time::timeout(OPEN_WITHIN, async {
+        while let Ok(Some(_)) = down.message().await {}
+    })
+    .await;
 }
 
 pub type TunnelStream = Pin<Box<dyn Stream<Item = Result<TunnelFrame, Status>> + Send>>;
