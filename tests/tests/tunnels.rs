@@ -252,3 +252,52 @@ fn port_forward_reaches_a_port_on_the_nodes_loopback() {
     let _ = pf.kill();
     let _ = pf.wait();
 }
+
+#[test]
+fn exec_under_a_terminal_gives_the_command_a_controlling_terminal_and_ctrl_c() {
+    use std::io::Read;
+    let (_d, server, _node, id) = setup_connected(74);
+    let mut c = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url())
+        .args(["exec", "-t", &id, "--", "sh", "-c"])
+        .arg(
+            "test -t 0 && test -t 1 && echo terminal; \
+             trap 'echo interrupted; exit 9' INT; echo ready; \
+             while true; do sleep 0.1; done",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run better-compute exec -t");
+    let mut stdout = c.stdout.take().unwrap();
+    // Whatever happens, the CLI does not outlive the test's patience.
+    let pid = c.id();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    });
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the command ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // Ctrl-C as a terminal sends it: the byte, which the node's terminal
+    // turns into SIGINT for the foreground job.
+    c.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+    stdout.read_to_end(&mut seen).unwrap();
+    let status = c.wait().unwrap();
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.contains("terminal"), "{seen}");
+    assert!(seen.contains("interrupted"), "{seen}");
+    assert_eq!(status.code(), Some(9), "{seen}");
+}

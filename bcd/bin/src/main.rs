@@ -389,6 +389,14 @@ enum Command {
     Init,
     /// Print the version and build flavour.
     Version,
+    /// How a tunnel's command starts under a terminal (the node runs it):
+    /// a session of its own with its standard input as the controlling
+    /// terminal, then the command.
+    #[command(hide = true)]
+    TtyExec {
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
 }
 
 /// How `bcd join` proves the machine.
@@ -933,6 +941,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Init => match bcd_agent::init::run()? {},
+        // Run before the runtime starts (see `main`).
+        Command::TtyExec { argv } => Err(bcd_agent::node::tunnel::tty_exec(&argv).into()),
         Command::Version => {
             println!("bcd {} ({})", env!("CARGO_PKG_VERSION"), flavour());
             let backends: Vec<&str> = bcd_tpm::Backend::built()
@@ -965,6 +975,11 @@ fn flavour() -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::TtyExec { argv } = &cli.command {
+        let e = bcd_agent::node::tunnel::tty_exec(argv);
+        eprintln!("error: {}: {e}", argv[0]);
+        return ExitCode::from(127);
+    }
     bcd_sys::log::init(bcd_sys::log::LogConfig::BCD);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -31,6 +31,11 @@ pub struct ExecArgs {
     /// runs it only as its daemon's own user).
     #[arg(long, default_value = "root")]
     user: String,
+    /// Run it under a terminal on the node (a shell, top, an editor): this
+    /// terminal goes raw and its size follows along; output and errors
+    /// come as one stream, Ctrl-C reaches the command's foreground job.
+    #[arg(short = 't', long)]
+    tty: bool,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -87,8 +92,13 @@ pub struct Tunnel {
 
 impl Tunnel {
     /// Asks for a tunnel to `request.node_id` and checks the node's answer
-    /// before anything is sent; the first record (`start`) is sent.
-    pub async fn open(target: &Target, mut request: v1::TunnelRequest) -> anyhow::Result<Tunnel> {
+    /// before anything is sent; then sends `first` (`start`, or the
+    /// terminal's size).
+    pub async fn open(
+        target: &Target,
+        mut request: v1::TunnelRequest,
+        first: Body,
+    ) -> anyhow::Result<Tunnel> {
         let own = Ephemeral::new()?;
         request.client_public = own.public().to_vec();
         let node = request.node_id.clone();
@@ -142,7 +152,7 @@ impl Tunnel {
             opener,
             inbound,
         };
-        t.send(Body::Start(true)).await?;
+        t.send(first).await?;
         Ok(t)
     }
 
@@ -183,23 +193,72 @@ impl Tunnel {
     }
 }
 
+/// This terminal's size.
+fn terminal_size() -> Option<v1::TerminalSize> {
+    rustix::termios::tcgetwinsize(std::io::stdout())
+        .ok()
+        .map(|w| v1::TerminalSize {
+            rows: u32::from(w.ws_row),
+            cols: u32::from(w.ws_col),
+        })
+}
+
+/// Puts standard input in raw mode until dropped (then as it was).
+struct Raw(Option<rustix::termios::Termios>);
+
+impl Raw {
+    fn enter() -> Raw {
+        let stdin = std::io::stdin();
+        let Ok(was) = rustix::termios::tcgetattr(&stdin) else {
+            return Raw(None);
+        };
+        let mut raw = was.clone();
+        raw.make_raw();
+        let set = rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Now, &raw);
+        Raw(set.ok().map(|()| was))
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        if let Some(was) = &self.0 {
+            let _ = rustix::termios::tcsetattr(
+                std::io::stdin(),
+                rustix::termios::OptionalActions::Now,
+                was,
+            );
+        }
+    }
+}
+
 pub async fn run(args: ExecArgs, target: &Target) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal;
+    let size = args.tty.then(terminal_size).flatten();
+    let first = match &size {
+        Some(s) => Body::Resize(*s),
+        None => Body::Start(true),
+    };
     let mut t = Tunnel::open(
         target,
         v1::TunnelRequest {
             node_id: args.node.clone(),
             argv: args.command.clone(),
             port: 0,
-            tty: false,
+            tty: args.tty,
             user: args.user.clone(),
             client_public: Vec::new(),
         },
+        first,
     )
     .await?;
+    // Raw only once the tunnel is open, so an error before reads plainly.
+    let _raw = (args.tty && std::io::stdin().is_terminal()).then(Raw::enter);
     let mut stdin = Some(tokio::io::stdin());
     let mut buf = vec![0u8; 32 * 1024];
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
-    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupts = signal(SignalKind::interrupt())?;
+    let mut resizes = signal(SignalKind::window_change())?;
     loop {
         tokio::select! {
             n = async { stdin.as_mut().expect("guarded").read(&mut buf).await }, if stdin.is_some() => {
@@ -216,6 +275,11 @@ pub async fn run(args: ExecArgs, target: &Target) -> anyhow::Result<ExitCode> {
             }
             _ = interrupts.recv() => {
                 let _ = t.send(Body::Signal(2)).await;
+            }
+            _ = resizes.recv(), if args.tty => {
+                if let Some(s) = terminal_size() {
+                    let _ = t.send(Body::Resize(s)).await;
+                }
             }
             body = t.recv() => match body? {
                 Body::Stdout(b) => {

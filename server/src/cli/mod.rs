@@ -283,7 +283,11 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)).context("better-compute") {
+    let result = rt.block_on(run(cli));
+    // A read of standard input still blocked in its thread (exec's input
+    // once the command ended) must not hold the exit.
+    rt.shutdown_background();
+    match result.context("better-compute") {
         Ok(code) => code,
         Err(e) => {
             // Skip the context we just added; print the chain once.

@@ -80,6 +80,7 @@ async fn forward(target: &Target, node: &str, port: u16, socket: TcpStream) -> a
             user: String::new(),
             client_public: Vec::new(),
         },
+        Body::Start(true),
     )
     .await?;
     let (mut read, mut write) = socket.into_split();

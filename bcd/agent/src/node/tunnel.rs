@@ -16,6 +16,7 @@
 //! byte. Every tunnel ends with a `tunnel.ended` event (who, what, the
 //! ticket, bytes each way, exit).
 
+use std::os::unix::ffi::OsStrExt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -399,13 +400,23 @@ async fn serve(
     allows: &Allows,
     run_as: Option<&RunAs>,
 ) -> Result<v1::TunnelExit, String> {
-    match tokio::time::timeout(FIRST_RECORD, link.recv()).await {
-        Ok(Ok(Some(_))) => {}
+    let first = match tokio::time::timeout(FIRST_RECORD, link.recv()).await {
+        Ok(Ok(Some(first))) => first,
         Ok(Ok(None)) => return Err("the CLI went before it began".into()),
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err("the CLI sent nothing".into()),
-    }
+    };
+    let size = match first {
+        Body::Resize(s) => Some(s),
+        _ => None,
+    };
     match (allows, run_as) {
+        (
+            Allows::Exec {
+                argv, tty: true, ..
+            },
+            Some(who),
+        ) => exec_tty(link, argv, who, size).await,
         (Allows::Exec { argv, .. }, Some(who)) => exec(link, argv, who).await,
         (Allows::Port(port), _) => forward(link, *port).await,
         (Allows::Exec { .. }, None) => Err("no user to run as".into()),
@@ -422,8 +433,24 @@ fn failed(error: String) -> v1::TunnelExit {
 
 /// Runs `argv` as `who`, its input from the CLI and its output to it.
 async fn exec(link: &mut Link, argv: &[String], who: &RunAs) -> Result<v1::TunnelExit, String> {
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
+    let mut cmd = command(&argv[0], &argv[1..], who);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Ok(failed(format!("{} did not start: {e}", argv[0]))),
+    };
+    drop(cmd);
+    exec_piped(link, &mut child).await
+}
+
+/// `program args` as `who`, in their home, with a clean environment;
+/// killed if the tunnel drops it.
+fn command(program: &str, args: &[String], who: &RunAs) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
         .env_clear()
         .env(
             "PATH",
@@ -438,19 +465,26 @@ async fn exec(link: &mut Link, argv: &[String], who: &RunAs) -> Result<v1::Tunne
         } else {
             "/"
         })
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     if let Some((uid, gid)) = who.ids {
         // std drops the supplementary groups when it sets the uid.
         cmd.uid(uid).gid(gid);
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return Ok(failed(format!("{} did not start: {e}", argv[0]))),
-    };
+    cmd
+}
+
+/// Signals the process group `group` leads.
+fn signal_group(group: Option<rustix::process::Pid>, sig: i32) {
+    if let (Some(g), Some(s)) = (group, rustix::process::Signal::from_named_raw(sig)) {
+        let _ = rustix::process::kill_process_group(g, s);
+    }
+}
+
+/// A command with pipes: input from the CLI, output and errors to it.
+async fn exec_piped(
+    link: &mut Link,
+    child: &mut tokio::process::Child,
+) -> Result<v1::TunnelExit, String> {
     let group = child
         .id()
         .and_then(|p| rustix::process::Pid::from_raw(p as i32));
@@ -458,11 +492,7 @@ async fn exec(link: &mut Link, argv: &[String], who: &RunAs) -> Result<v1::Tunne
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();
     let (mut out_buf, mut err_buf) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
-    let signal_group = |sig: i32| {
-        if let (Some(g), Some(s)) = (group, rustix::process::Signal::from_named_raw(sig)) {
-            let _ = rustix::process::kill_process_group(g, s);
-        }
-    };
+    let signal_group = |sig: i32| signal_group(group, sig);
     let status = loop {
         tokio::select! {
             r = link.recv() => match r {
@@ -503,12 +533,148 @@ async fn exec(link: &mut Link, argv: &[String], who: &RunAs) -> Result<v1::Tunne
             }
         }
     };
+    Ok(exited(status))
+}
+
+fn exited(status: std::process::ExitStatus) -> v1::TunnelExit {
     use std::os::unix::process::ExitStatusExt;
-    Ok(v1::TunnelExit {
+    v1::TunnelExit {
         code: status.code().unwrap_or(-1),
         signal: status.signal().unwrap_or(0),
         error: String::new(),
-    })
+    }
+}
+
+/// The pseudo-terminal a command runs under: its master, and the path
+/// of its slave.
+fn open_pty(
+    size: Option<v1::TerminalSize>,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::fs::File)> {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(std::ffi::OsStr::from_bytes(name.as_bytes()))?;
+    if let Some(s) = size {
+        resize(&master, &s);
+    }
+    Ok((master, slave))
+}
+
+fn resize(master: &impl std::os::fd::AsFd, s: &v1::TerminalSize) {
+    let size = rustix::termios::Winsize {
+        ws_row: s.rows.clamp(1, u32::from(u16::MAX)) as u16,
+        ws_col: s.cols.clamp(1, u32::from(u16::MAX)) as u16,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let _ = rustix::termios::tcsetwinsize(master, size);
+}
+
+/// The trampoline a terminal's command starts through (`bcd tty-exec --
+/// ARGV`, run as the ticket's user with the terminal as its standard
+/// input, output and error): a session of its own with the terminal as
+/// its controlling terminal, so Ctrl-C at the operator's keyboard reaches
+/// the foreground job; then it becomes the command. Returns only on
+/// failure.
+pub fn tty_exec(argv: &[String]) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let Some((program, args)) = argv.split_first() else {
+        return std::io::Error::other("tty-exec needs a command");
+    };
+    if let Err(e) = rustix::process::setsid() {
+        return e.into();
+    }
+    if let Err(e) = rustix::process::ioctl_tiocsctty(std::io::stdin()) {
+        return e.into();
+    }
+    std::process::Command::new(program).args(args).exec()
+}
+
+/// A command under a terminal: its input and output through the
+/// terminal's master; resizes and signals from the CLI.
+async fn exec_tty(
+    link: &mut Link,
+    argv: &[String],
+    who: &RunAs,
+    size: Option<v1::TerminalSize>,
+) -> Result<v1::TunnelExit, String> {
+    let (master, slave) = match open_pty(size) {
+        Ok(p) => p,
+        Err(e) => return Ok(failed(format!("no terminal for the command: {e}"))),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return Ok(failed(format!("bcd cannot find itself: {e}"))),
+    };
+    let mut trampoline = vec!["tty-exec".to_string(), "--".to_string()];
+    trampoline.extend(argv.iter().cloned());
+    let mut cmd = command(&exe.to_string_lossy(), &trampoline, who);
+    let (Ok(i), Ok(o)) = (slave.try_clone(), slave.try_clone()) else {
+        return Ok(failed("no terminal for the command".into()));
+    };
+    cmd.stdin(Stdio::from(i))
+        .stdout(Stdio::from(o))
+        .stderr(Stdio::from(slave))
+        .env("TERM", "xterm-256color");
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Ok(failed(format!("{} did not start: {e}", argv[0]))),
+    };
+    // The parent's copies of the terminal go, so its end reads as the end.
+    drop(cmd);
+    // The command leads its own session: its process group is its pid.
+    let group = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+    let resize_fd = match master.try_clone() {
+        Ok(f) => f,
+        Err(e) => return Ok(failed(format!("no terminal for the command: {e}"))),
+    };
+    let master = std::fs::File::from(master);
+    let mut writer = match master.try_clone() {
+        Ok(w) => tokio::fs::File::from_std(w),
+        Err(e) => return Ok(failed(format!("no terminal for the command: {e}"))),
+    };
+    let mut reader = Some(tokio::fs::File::from_std(master));
+    let mut buf = vec![0u8; CHUNK];
+    let status = loop {
+        tokio::select! {
+            r = link.recv() => match r {
+                Ok(Some(Body::Stdin(bytes))) => {
+                    let _ = writer.write_all(&bytes).await;
+                    let _ = writer.flush().await;
+                }
+                Ok(Some(Body::Resize(s))) => resize(&resize_fd, &s),
+                Ok(Some(Body::Signal(sig))) => signal_group(group, sig),
+                Ok(Some(_)) => {}
+                gone => {
+                    signal_group(group, libc_sighup());
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    return Err(gone.err().unwrap_or_else(|| "the CLI closed the tunnel".into()));
+                }
+            },
+            // A terminal whose last slave closed reads as an error (EIO):
+            // the end of the output.
+            n = read_some(&mut reader, &mut buf) => match n {
+                Some(n) => link.send(Body::Stdout(buf[..n].to_vec())).await?,
+                None => reader = None,
+            },
+            s = child.wait(), if reader.is_none() => break s.map_err(|e| e.to_string())?,
+            _ = tokio::time::sleep(IDLE) => {
+                signal_group(group, libc_sighup());
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
+            }
+        }
+    };
+    Ok(exited(status))
 }
 
 /// SIGHUP: what a terminal's hang-up sends.
