@@ -301,3 +301,35 @@ fn exec_under_a_terminal_gives_the_command_a_controlling_terminal_and_ctrl_c() {
     assert!(seen.contains("interrupted"), "{seen}");
     assert_eq!(status.code(), Some(9), "{seen}");
 }
+
+#[test]
+fn a_revocation_closes_the_nodes_tunnels() {
+    use std::io::{BufRead, BufReader, Read};
+    let (_d, server, _node, id) = setup_connected(75);
+    let mut c = Command::new(bin("better-compute"))
+        .arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url())
+        .args(["exec", &id, "--", "sh", "-c", "echo started; sleep 60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run better-compute exec");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    let revoked = std::time::Instant::now();
+    let o = server.cli(&["nodes", "delete", &id, "--yes"]);
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let status = bc_tests::wait_for(REDIAL, "the CLI to end", || c.try_wait().unwrap());
+    let took = revoked.elapsed();
+    println!("the tunnel closed {took:?} after the node was deleted");
+    let mut err = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("run the command again"), "{err}");
+}

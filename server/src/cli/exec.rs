@@ -172,7 +172,15 @@ impl Tunnel {
     /// without the node's exit.
     pub async fn recv(&mut self) -> anyhow::Result<Body> {
         loop {
-            let data = match self.inbound.message().await.map_err(status)? {
+            let message = self.inbound.message().await.map_err(|s| {
+                let m = s.message();
+                if m.contains("run the command again") {
+                    anyhow::anyhow!("{m}")
+                } else {
+                    anyhow::anyhow!("the tunnel broke ({m}): run the command again")
+                }
+            })?;
+            let data = match message {
                 Some(v1::TunnelServerFrame {
                     msg: Some(tunnel_server_frame::Msg::Data(d)),
                 }) => d,
