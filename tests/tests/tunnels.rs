@@ -22,6 +22,16 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// `better-compute` with this server's operator credential and API.
+fn cli(server: &bc_tests::Server) -> Command {
+    let mut c = Command::new(bin("better-compute"));
+    c.arg("--data-dir")
+        .arg(&server.dir)
+        .arg("--server")
+        .arg(server.api_url());
+    c
+}
+
 /// `better-compute exec NODE -- ARGV` with `input` on its stdin.
 fn exec(
     server: &bc_tests::Server,
@@ -29,11 +39,7 @@ fn exec(
     argv: &[&str],
     input: &[u8],
 ) -> std::process::Output {
-    let mut c = Command::new(bin("better-compute"))
-        .arg("--data-dir")
-        .arg(&server.dir)
-        .arg("--server")
-        .arg(server.api_url())
+    let mut c = cli(server)
         .args(["exec", node, "--"])
         .args(argv)
         .stdin(Stdio::piped())
@@ -75,11 +81,7 @@ fn exec_streams_input_output_and_the_exit_code_through_the_gateway() {
         String::from_utf8_lossy(&out.stderr)
     );
     // A user the node does not have is refused by the node.
-    let out = Command::new(bin("better-compute"))
-        .arg("--data-dir")
-        .arg(&server.dir)
-        .arg("--server")
-        .arg(server.api_url())
+    let out = cli(&server)
         .args(["exec", &id, "--user", "no-such-user", "--", "true"])
         .output()
         .unwrap();
@@ -222,11 +224,7 @@ fn port_forward_reaches_a_port_on_the_nodes_loopback() {
             c.write_all(&got.to_ascii_uppercase()).unwrap();
         }
     });
-    let mut pf = Command::new(bin("better-compute"))
-        .arg("--data-dir")
-        .arg(&server.dir)
-        .arg("--server")
-        .arg(server.api_url())
+    let mut pf = cli(&server)
         .args(["port-forward", &id, &format!("0:{remote}")])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -257,11 +255,7 @@ fn port_forward_reaches_a_port_on_the_nodes_loopback() {
 fn exec_under_a_terminal_gives_the_command_a_controlling_terminal_and_ctrl_c() {
     use std::io::Read;
     let (_d, server, _node, id) = setup_connected(74);
-    let mut c = Command::new(bin("better-compute"))
-        .arg("--data-dir")
-        .arg(&server.dir)
-        .arg("--server")
-        .arg(server.api_url())
+    let mut c = cli(&server)
         .args(["exec", "-t", &id, "--", "sh", "-c"])
         .arg(
             "test -t 0 && test -t 1 && echo terminal; \
@@ -306,11 +300,7 @@ fn exec_under_a_terminal_gives_the_command_a_controlling_terminal_and_ctrl_c() {
 fn a_revocation_closes_the_nodes_tunnels() {
     use std::io::{BufRead, BufReader, Read};
     let (_d, server, _node, id) = setup_connected(75);
-    let mut c = Command::new(bin("better-compute"))
-        .arg("--data-dir")
-        .arg(&server.dir)
-        .arg("--server")
-        .arg(server.api_url())
+    let mut c = cli(&server)
         .args(["exec", &id, "--", "sh", "-c", "echo started; sleep 60"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -508,9 +508,7 @@ async fn exec_piped(
                 Ok(Some(_)) => {}
                 gone => {
                     // The CLI went: the command goes with it.
-                    signal_group(libc_sighup());
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    hang_up(child, group).await;
                     return Err(gone.err().unwrap_or_else(|| "the CLI closed the tunnel".into()));
                 }
             },
@@ -526,9 +524,7 @@ async fn exec_piped(
                 break s.map_err(|e| e.to_string())?;
             }
             _ = tokio::time::sleep(IDLE) => {
-                signal_group(libc_sighup());
-                let _ = child.start_kill();
-                let _ = child.wait().await;
+                hang_up(child, group).await;
                 return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
             }
         }
@@ -653,9 +649,7 @@ async fn exec_tty(
                 Ok(Some(Body::Signal(sig))) => signal_group(group, sig),
                 Ok(Some(_)) => {}
                 gone => {
-                    signal_group(group, libc_sighup());
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    hang_up(&mut child, group).await;
                     return Err(gone.err().unwrap_or_else(|| "the CLI closed the tunnel".into()));
                 }
             },
@@ -667,14 +661,20 @@ async fn exec_tty(
             },
             s = child.wait(), if reader.is_none() => break s.map_err(|e| e.to_string())?,
             _ = tokio::time::sleep(IDLE) => {
-                signal_group(group, libc_sighup());
-                let _ = child.start_kill();
-                let _ = child.wait().await;
+                hang_up(&mut child, group).await;
                 return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
             }
         }
     };
     Ok(exited(status))
+}
+
+/// Ends a command whose tunnel went: SIGHUP to its process group, as a
+/// terminal's hang-up, then SIGKILL to the command, and reaps it.
+async fn hang_up(child: &mut tokio::process::Child, group: Option<rustix::process::Pid>) {
+    signal_group(group, libc_sighup());
+    let _ = child.start_kill();
+    let _ = child.wait().await;
 }
 
 /// SIGHUP: what a terminal's hang-up sends.
