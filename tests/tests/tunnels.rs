@@ -323,3 +323,46 @@ fn a_revocation_closes_the_nodes_tunnels() {
     assert!(!status.success());
     assert!(err.contains("run the command again"), "{err}");
 }
+
+#[test]
+fn revoking_the_operator_closes_its_tunnels() {
+    use std::io::{BufRead, BufReader, Read};
+    let (d, server, _node, id) = setup_connected(76);
+    let cred = d.path().join("ops.json");
+    let o = server.cli(&[
+        "operators",
+        "add",
+        "ops",
+        "--role",
+        "admin",
+        "--out",
+        cred.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let mut c = cli(&server)
+        .arg("--operator")
+        .arg(&cred)
+        .args(["exec", &id, "--", "sh", "-c", "echo started; sleep 60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run better-compute exec");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "started\n");
+    let revoked = std::time::Instant::now();
+    let o = server.cli(&["operators", "revoke", "ops"]);
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let status = bc_tests::wait_for(REDIAL, "the CLI to end", || c.try_wait().unwrap());
+    println!(
+        "the tunnel closed {:?} after the operator was revoked",
+        revoked.elapsed()
+    );
+    let mut err = String::new();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("operator ops was revoked"), "{err}");
+}

@@ -103,7 +103,12 @@ impl Admin for AdminService {
             .get::<auth::Operator>()
             .cloned()
             .ok_or_else(|| Status::unauthenticated("no operator admitted this call"))?;
-        tunnels::open(self, operator, r.into_inner())
+        let cert = r
+            .extensions()
+            .get::<bcd_proto::tls::PeerInfo>()
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| Status::unauthenticated("no operator certificate"))?;
+        tunnels::open(self, operator, cert, r.into_inner())
             .await
             .map(Response::new)
     }

@@ -340,6 +340,7 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> 
 pub async fn open(
     svc: &AdminService,
     operator: Operator,
+    cert_sha256: String,
     mut inbound: Streaming<TunnelClientFrame>,
 ) -> Result<TunnelStream, Status> {
     let request = match inbound.message().await? {
@@ -409,19 +410,65 @@ pub async fn open(
         })),
     };
     let _ = tx.send(Ok(granted)).await;
-    tokio::spawn(splice(inbound, link, tx, sid));
+    let standing = Standing {
+        store: svc.store.clone(),
+        revoked: svc.revoked_operators.clone(),
+        cert_sha256,
+        name: operator.name.clone(),
+    };
+    tokio::spawn(splice(inbound, link, tx, sid, standing));
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
-/// Moves frames both ways until either side ends.
+/// How often an open tunnel checks its operator is still admitted.
+const STANDING_EVERY: Duration = Duration::from_millis(500);
+
+/// Whether the operator who opened a tunnel still may: not revoked in the
+/// store, and not among the revocations this key holder remembers.
+struct Standing {
+    store: bc_store::Store,
+    revoked: Arc<super::revoked_operators::RevokedOperators>,
+    cert_sha256: String,
+    name: String,
+}
+
+impl Standing {
+    /// Why the operator may no longer hold the tunnel, if so.
+    async fn lost(&self) -> Option<String> {
+        if self.revoked.contains(&self.cert_sha256) {
+            return Some(format!("operator {} was revoked", self.name));
+        }
+        match self.store.operator_by_cert(&self.cert_sha256).await {
+            Ok(Some(row)) if row.revoked_at.is_none() => None,
+            Ok(_) => Some(format!("operator {} was revoked", self.name)),
+            // The store being away for a moment closes nothing.
+            Err(_) => None,
+        }
+    }
+}
+
+/// Moves frames both ways until either side ends, or the operator is
+/// revoked.
 async fn splice(
     mut inbound: Streaming<TunnelClientFrame>,
     mut link: NodeLink,
     tx: mpsc::Sender<Result<TunnelServerFrame, Status>>,
     sid: String,
+    standing: Standing,
 ) {
+    let mut check = tokio::time::interval(STANDING_EVERY);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = check.tick() => {
+                if let Some(why) = standing.lost().await {
+                    warn!(%sid, %why, "tunnel closed");
+                    let _ = tx
+                        .send(Err(Status::permission_denied(format!("{why}: the tunnel is closed"))))
+                        .await;
+                    break;
+                }
+            }
             m = inbound.message() => match m {
                 Ok(Some(TunnelClientFrame { msg: Some(tunnel_client_frame::Msg::Data(d)) })) => {
                     if link.to_node.send(d).await.is_err() {

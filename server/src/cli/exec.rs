@@ -174,7 +174,8 @@ impl Tunnel {
         loop {
             let message = self.inbound.message().await.map_err(|s| {
                 let m = s.message();
-                if m.contains("run the command again") {
+                if m.contains("run the command again") || s.code() == tonic::Code::PermissionDenied
+                {
                     anyhow::anyhow!("{m}")
                 } else {
                     anyhow::anyhow!("the tunnel broke ({m}): run the command again")
