@@ -506,6 +506,7 @@ pub async fn serve(
                     local: Some(gw.clone()),
                     remote: remote_tunnels.clone(),
                 })),
+                open_tunnels: Arc::default(),
                 rollouts,
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),

@@ -63,6 +63,8 @@ pub struct AdminService {
     pub gateway: Option<Arc<dyn Wake>>,
     /// Where tunnels to nodes open: the gateway in this process.
     pub tunnels: Option<Arc<dyn tunnels::Relay>>,
+    /// The tunnels each operator holds open.
+    pub open_tunnels: Arc<tunnels::PerOperator>,
     /// Wakes the rollout controller.
     pub rollouts: Arc<tokio::sync::Notify>,
     /// Wakes the controller that signs the gateway revocation list.

@@ -35,6 +35,56 @@ use super::status::unavailable;
 /// How long a ticket lives: the node must admit it within this.
 pub const TICKET_LIFE_S: i64 = 30;
 
+/// Tunnels one operator holds open at once, across nodes.
+pub const MAX_PER_OPERATOR: usize = 32;
+
+/// The tunnels each operator holds open through this key holder.
+#[derive(Debug, Default)]
+pub struct PerOperator(Mutex<HashMap<String, usize>>);
+
+/// One open tunnel counted against its operator until dropped.
+#[derive(Debug)]
+pub struct Counted {
+    of: Arc<PerOperator>,
+    operator: String,
+}
+
+impl PerOperator {
+    /// Counts a tunnel for `operator`, or refuses one past the cap.
+    pub fn take(self: &Arc<Self>, operator: &str) -> Result<Counted, Status> {
+        let mut open = lock(&self.0);
+        let n = open.entry(operator.to_string()).or_default();
+        if *n >= MAX_PER_OPERATOR {
+            return Err(Status::resource_exhausted(format!(
+                "operator {operator} has {MAX_PER_OPERATOR} tunnels open, as many as one \
+                 operator may: close one first"
+            )));
+        }
+        *n += 1;
+        Ok(Counted {
+            of: self.clone(),
+            operator: operator.to_string(),
+        })
+    }
+
+    /// Tunnels `operator` holds open now.
+    pub fn open(&self, operator: &str) -> usize {
+        lock(&self.0).get(operator).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = lock(&self.of.0);
+        if let Some(n) = open.get_mut(&self.operator) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.operator);
+            }
+        }
+    }
+}
+
 /// How long a tunnel waits for the node to take a spec carrying the
 /// ticket keys.
 const SPEC_WAIT: Duration = Duration::from_secs(15);
@@ -352,6 +402,7 @@ pub async fn open(
         }
     };
     check(&request)?;
+    let counted = svc.open_tunnels.take(&operator.name)?;
     let relay = svc
         .tunnels
         .clone()
@@ -416,7 +467,10 @@ pub async fn open(
         cert_sha256,
         name: operator.name.clone(),
     };
-    tokio::spawn(splice(inbound, link, tx, sid, standing));
+    tokio::spawn(async move {
+        splice(inbound, link, tx, sid, standing).await;
+        drop(counted);
+    });
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
@@ -513,6 +567,24 @@ mod tests {
             user: "root".into(),
             client_public: vec![7; 32],
         }
+    }
+
+    #[test]
+    fn an_operator_holds_so_many_tunnels_and_a_closed_one_frees_its_place() {
+        let per = Arc::new(PerOperator::default());
+        let mut held: Vec<Counted> = (0..MAX_PER_OPERATOR)
+            .map(|_| per.take("alice").unwrap())
+            .collect();
+        let e = per.take("alice").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("close one first"), "{}", e.message());
+        // Another operator is not held back by alice's.
+        let bob = per.take("bob").unwrap();
+        drop(held.pop());
+        assert_eq!(per.open("alice"), MAX_PER_OPERATOR - 1);
+        let _again = per.take("alice").unwrap();
+        drop(bob);
+        assert_eq!(per.open("bob"), 0);
     }
 
     #[test]
