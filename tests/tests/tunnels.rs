@@ -296,12 +296,23 @@ fn exec_under_a_terminal_gives_the_command_a_controlling_terminal_and_ctrl_c() {
     assert_eq!(status.code(), Some(9), "{seen}");
 }
 
-#[test]
-fn a_revocation_closes_the_nodes_tunnels() {
+/// Starts a long command through a tunnel (as `operator`, a credential
+/// file, or the server's own), once it printed that it started, runs
+/// `close` and returns the CLI's stderr once it ended (it must fail).
+fn closed_by(
+    server: &bc_tests::Server,
+    node: &str,
+    operator: Option<&std::path::Path>,
+    what: &str,
+    close: &[&str],
+) -> String {
     use std::io::{BufRead, BufReader, Read};
-    let (_d, server, _node, id) = setup_connected(75);
-    let mut c = cli(&server)
-        .args(["exec", &id, "--", "sh", "-c", "echo started; sleep 60"])
+    let mut c = cli(server);
+    if let Some(cred) = operator {
+        c.arg("--operator").arg(cred);
+    }
+    let mut c = c
+        .args(["exec", node, "--", "sh", "-c", "echo started; sleep 60"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -312,21 +323,32 @@ fn a_revocation_closes_the_nodes_tunnels() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line, "started\n");
-    let revoked = std::time::Instant::now();
-    let o = server.cli(&["nodes", "delete", &id, "--yes"]);
+    let at = std::time::Instant::now();
+    let o = server.cli(close);
     assert!(o.status.success(), "{}", bc_tests::stderr(&o));
     let status = bc_tests::wait_for(REDIAL, "the CLI to end", || c.try_wait().unwrap());
-    let took = revoked.elapsed();
-    println!("the tunnel closed {took:?} after the node was deleted");
+    println!("the tunnel closed {:?} after {what}", at.elapsed());
     let mut err = String::new();
     c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(!status.success());
+    assert!(!status.success(), "{err}");
+    err
+}
+
+#[test]
+fn a_revocation_closes_the_nodes_tunnels() {
+    let (_d, server, _node, id) = setup_connected(75);
+    let err = closed_by(
+        &server,
+        &id,
+        None,
+        "the node was deleted",
+        &["nodes", "delete", &id, "--yes"],
+    );
     assert!(err.contains("run the command again"), "{err}");
 }
 
 #[test]
 fn revoking_the_operator_closes_its_tunnels() {
-    use std::io::{BufRead, BufReader, Read};
     let (d, server, _node, id) = setup_connected(76);
     let cred = d.path().join("ops.json");
     let o = server.cli(&[
@@ -339,30 +361,12 @@ fn revoking_the_operator_closes_its_tunnels() {
         cred.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", bc_tests::stderr(&o));
-    let mut c = cli(&server)
-        .arg("--operator")
-        .arg(&cred)
-        .args(["exec", &id, "--", "sh", "-c", "echo started; sleep 60"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run better-compute exec");
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "started\n");
-    let revoked = std::time::Instant::now();
-    let o = server.cli(&["operators", "revoke", "ops"]);
-    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
-    let status = bc_tests::wait_for(REDIAL, "the CLI to end", || c.try_wait().unwrap());
-    println!(
-        "the tunnel closed {:?} after the operator was revoked",
-        revoked.elapsed()
+    let err = closed_by(
+        &server,
+        &id,
+        Some(&cred),
+        "the operator was revoked",
+        &["operators", "revoke", "ops"],
     );
-    let mut err = String::new();
-    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(!status.success());
     assert!(err.contains("operator ops was revoked"), "{err}");
 }

@@ -117,7 +117,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(20);
 /// stream (the others say they hold none).
 #[derive(Debug, Default)]
 pub struct RemoteTunnels {
-    gateways: Mutex<Vec<(String, mpsc::Sender<v1::TunnelOpenRequest>)>>,
+    gateways: Mutex<Vec<mpsc::Sender<v1::TunnelOpenRequest>>>,
     pending: Mutex<HashMap<String, Waiting>>,
 }
 
@@ -130,11 +130,11 @@ struct Waiting {
 
 impl RemoteTunnels {
     /// A gateway's `TunnelRequests` stream: the requests for it.
-    pub fn register(&self, gateway_id: String) -> mpsc::Receiver<v1::TunnelOpenRequest> {
+    pub fn register(&self) -> mpsc::Receiver<v1::TunnelOpenRequest> {
         let (tx, rx) = mpsc::channel(16);
         let mut gateways = lock(&self.gateways);
-        gateways.retain(|(_, g)| !g.is_closed());
-        gateways.push((gateway_id, tx));
+        gateways.retain(|g| !g.is_closed());
+        gateways.push(tx);
         rx
     }
 
@@ -226,8 +226,8 @@ impl Relay for RemoteTunnels {
     async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status> {
         let gateways: Vec<_> = lock(&self.gateways)
             .iter()
-            .filter(|(_, g)| !g.is_closed())
-            .map(|(_, g)| g.clone())
+            .filter(|g| !g.is_closed())
+            .cloned()
             .collect();
         if gateways.is_empty() {
             return Err(Status::unavailable(format!(
