@@ -24,6 +24,7 @@ pub mod reenrol;
 pub mod refusal;
 pub mod renew;
 pub mod seal;
+pub mod secret;
 pub mod sign;
 pub mod ticket;
 pub mod tls;

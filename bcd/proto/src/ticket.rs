@@ -258,19 +258,64 @@ impl Claims {
 
 /// The compact ticket `key` signs for `claims`.
 pub fn sign(key: &Ed25519KeyPair, claims: &Claims) -> String {
+    sign_jws(key, "JWT", &serde_json::to_vec(claims).unwrap_or_default())
+}
+
+/// A compact JWS (EdDSA, `kid` the key's thumbprint) of `payload` with
+/// header `typ`.
+pub(crate) fn sign_jws(key: &Ed25519KeyPair, typ: &str, payload: &[u8]) -> String {
     let header = Header {
         alg: ALG.into(),
         kid: thumbprint(key.public_key().as_ref()),
-        typ: "JWT".into(),
+        typ: typ.into(),
     };
     let encode = |v: &[u8]| B64.encode(v);
     let signing_input = format!(
         "{}.{}",
         encode(&serde_json::to_vec(&header).unwrap_or_default()),
-        encode(&serde_json::to_vec(claims).unwrap_or_default())
+        encode(payload)
     );
     let signature = key.sign(signing_input.as_bytes());
     format!("{signing_input}.{}", encode(signature.as_ref()))
+}
+
+/// Opens a compact JWS of at most `max_len` bytes signed (EdDSA) by a key
+/// of `keys`: its `typ` header and payload.
+pub(crate) fn open_jws(
+    compact: &str,
+    keys: &Jwks,
+    max_len: usize,
+) -> Result<(String, Vec<u8>), TicketError> {
+    if compact.len() > max_len {
+        return Err(TicketError::Malformed);
+    }
+    let mut parts = compact.split('.');
+    let (Some(h), Some(c), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(TicketError::Malformed);
+    };
+    let decode = |p: &str| B64.decode(p).map_err(|_| TicketError::Malformed);
+    let (header, payload, signature) = (decode(h)?, decode(c)?, decode(s)?);
+    let header: Header =
+        serde_json::from_slice(&header).map_err(|e| TicketError::Header(e.to_string()))?;
+    if header.alg != ALG {
+        return Err(TicketError::Alg(header.alg));
+    }
+    if keys.keys.is_empty() {
+        return Err(TicketError::NoKeys);
+    }
+    let public = keys
+        .keys
+        .iter()
+        .filter(|k| !header.kid.is_empty() && k.kid == header.kid)
+        .find_map(Jwk::ed25519_public)
+        .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
+    let signing_input = &compact[..h.len() + 1 + c.len()];
+    UnparsedPublicKey::new(&ED25519, &public)
+        .verify(signing_input.as_bytes(), &signature)
+        .map_err(|_| TicketError::Signature(header.kid.clone()))?;
+    Ok((header.typ, payload))
 }
 
 /// What the node expects of a ticket.
@@ -288,35 +333,14 @@ pub struct Expect<'a> {
 /// issued ahead of the node's time and has not expired, and it allows
 /// exactly one thing. The `jti` is the caller's to check.
 pub fn verify(ticket: &str, keys: &Jwks, expect: Expect<'_>) -> Result<Claims, TicketError> {
-    if ticket.len() > MAX_TICKET_LEN {
-        return Err(TicketError::Malformed);
+    let (typ, claims) = open_jws(ticket, keys, MAX_TICKET_LEN)?;
+    // Another kind of token the same keys sign (a secret delivery) is
+    // never a ticket.
+    if !typ.is_empty() && !typ.eq_ignore_ascii_case("JWT") {
+        return Err(TicketError::Header(format!(
+            "typ {typ:?} is not a ticket's (JWT)"
+        )));
     }
-    let mut parts = ticket.split('.');
-    let (Some(h), Some(c), Some(s), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(TicketError::Malformed);
-    };
-    let decode = |p: &str| B64.decode(p).map_err(|_| TicketError::Malformed);
-    let (header, claims, signature) = (decode(h)?, decode(c)?, decode(s)?);
-    let header: Header =
-        serde_json::from_slice(&header).map_err(|e| TicketError::Header(e.to_string()))?;
-    if header.alg != ALG {
-        return Err(TicketError::Alg(header.alg));
-    }
-    if keys.keys.is_empty() {
-        return Err(TicketError::NoKeys);
-    }
-    let public = keys
-        .keys
-        .iter()
-        .filter(|k| !header.kid.is_empty() && k.kid == header.kid)
-        .find_map(Jwk::ed25519_public)
-        .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
-    let signing_input = &ticket[..h.len() + 1 + c.len()];
-    UnparsedPublicKey::new(&ED25519, &public)
-        .verify(signing_input.as_bytes(), &signature)
-        .map_err(|_| TicketError::Signature(header.kid.clone()))?;
     let claims: Claims =
         serde_json::from_slice(&claims).map_err(|e| TicketError::Claims(e.to_string()))?;
     if claims.iss != ISSUER {

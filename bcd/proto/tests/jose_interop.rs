@@ -1,11 +1,15 @@
-//! Exec tickets against an independent JOSE implementation: Python's
-//! jwcrypto (Debian's python3-jwcrypto) makes keys and tickets our verifier
-//! must accept or refuse, and verifies the tickets we sign under the JWKS
-//! we publish.
+//! Exec tickets and secret deliveries against an independent JOSE
+//! implementation: Python's jwcrypto (Debian's python3-jwcrypto) makes
+//! keys and tickets our verifier must accept or refuse, verifies the
+//! tickets we sign under the JWKS we publish, encrypts to a node's
+//! one-time key a JWE the node must open, and opens the JWE the broker
+//! makes for a key jwcrypto holds, after verifying the broker's signature
+//! around it.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use bcd_proto::secret::{self, Delivery, OneTimeKey, Request};
 use bcd_proto::ticket::{self, Claims, Expect, Jwks, TicketError};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 
@@ -162,4 +166,92 @@ fn jwcrypto_verifies_the_tickets_we_sign_under_the_jwks_we_publish() {
     });
     let claims: Claims = serde_json::from_str(python(CHECK, &input.to_string()).trim()).unwrap();
     assert_eq!(claims, c);
+}
+
+/// jwcrypto encrypts the value on stdin's second line to the X25519 JWK on
+/// its first: ECDH-ES, A256GCM, compact.
+const ENCRYPT: &str = r#"
+import json, sys
+from jwcrypto import jwk, jwe
+lines = sys.stdin.read().split('\n')
+key = jwk.JWK(**json.loads(lines[0]))
+t = jwe.JWE(lines[1].encode(), json.dumps({'alg': 'ECDH-ES', 'enc': 'A256GCM'}))
+t.add_recipient(key)
+print(t.serialize(compact=True))
+"#;
+
+#[test]
+#[ignore = "needs python3-jwcrypto (scripts/test installs it)"]
+fn a_jwe_jwcrypto_encrypts_to_a_one_time_key_opens_with_it() {
+    let otk = OneTimeKey::new().unwrap();
+    let jwe = python(ENCRYPT, &format!("{}\nvalue from jwcrypto", otk.jwk()));
+    assert_eq!(otk.open(jwe.trim()).unwrap(), b"value from jwcrypto");
+    // Made for another key, it does not open.
+    let other = OneTimeKey::new().unwrap();
+    let jwe = python(ENCRYPT, &format!("{}\nv", OneTimeKey::new().unwrap().jwk()));
+    assert_eq!(
+        other.open(jwe.trim()).unwrap_err(),
+        secret::SecretError::Decrypt
+    );
+}
+
+/// jwcrypto makes an X25519 key and prints it whole (private part too).
+const NEW_X25519: &str = r#"
+from jwcrypto import jwk
+print(jwk.JWK.generate(kty='OKP', crv='X25519').export())
+"#;
+
+/// jwcrypto verifies a delivery under the JWKS, then opens its JWE with
+/// the private key; prints the claims' version and the value.
+const OPEN_DELIVERY: &str = r#"
+import json, sys
+from jwcrypto import jwk, jwt, jwe
+i = json.loads(sys.stdin.read())
+keys = jwk.JWKSet.from_json(json.dumps(i['jwks']))
+t = jwt.JWT(jwt=i['delivery'], key=keys, algs=['EdDSA'], check_claims=False)
+assert json.loads(t.header)['typ'] == 'bc-secret+jwt'
+claims = json.loads(t.claims)
+e = jwe.JWE()
+e.deserialize(claims['jwe'], key=jwk.JWK(**i['key']))
+print(claims['version'], e.payload.decode())
+"#;
+
+#[test]
+#[ignore = "needs python3-jwcrypto (scripts/test installs it)"]
+fn jwcrypto_verifies_a_delivery_and_opens_the_jwe_the_broker_made() {
+    use base64::Engine;
+    let key: serde_json::Value = serde_json::from_str(python(NEW_X25519, "").trim()).unwrap();
+    let public = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(key["x"].as_str().unwrap())
+        .unwrap();
+    let broker = Ed25519KeyPair::from_seed_unchecked(&[6; 32]).unwrap();
+    let r = Request {
+        node: "nd-1",
+        allocation: "job-7",
+        name: "hf-token",
+        version: 3,
+        one_time_key: &public,
+        time_ms: now_s() * 1000,
+    };
+    let d = Delivery {
+        iss: ticket::ISSUER.into(),
+        node: r.node.into(),
+        allocation: r.allocation.into(),
+        name: r.name.into(),
+        version: r.version,
+        req: secret::request_digest(&secret::request_statement(&r)),
+        iat: now_s(),
+        jwe: secret::seal(b"value from the broker", &public).unwrap(),
+    };
+    let input = serde_json::json!({
+        "jwks": serde_json::from_str::<serde_json::Value>(
+            &Jwks::of(&[broker.public_key().as_ref().to_vec()]).to_json()
+        ).unwrap(),
+        "delivery": secret::sign_delivery(&broker, &d),
+        "key": key,
+    });
+    assert_eq!(
+        python(OPEN_DELIVERY, &input.to_string()).trim(),
+        "3 value from the broker"
+    );
 }
