@@ -283,6 +283,32 @@ pub trait Backend: GatewayBackend {
     async fn revoke_operator(&self, id: &str, seal: SealRevocation)
     -> Result<OperatorRow, TxError>;
 
+    // ------------------------------------------------ secrets
+
+    /// Puts a secret's first version (`Put::New`; a live name is refused)
+    /// or its next (`Put::Rotate`; an unknown name is refused), sealed by
+    /// `seal` for the version decided here, by operator `by`.
+    async fn put_secret(
+        &self,
+        name: &str,
+        put: crate::secrets::Put,
+        by: &str,
+        seal: crate::secrets::SealSecret,
+    ) -> Result<crate::secrets::SecretSummary, TxError>;
+
+    /// One version of a secret, unless it was deleted.
+    async fn secret(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<Option<crate::secrets::SecretRow>, StoreError>;
+
+    /// Every live secret's newest version, by name.
+    async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError>;
+
+    /// Wipes every version of a secret; its newest, as it was.
+    async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError>;
+
     // ------------------------------------------------ gateway credentials
 
     /// Adds a gateway credential (the SHA-256 of its secret); returns when

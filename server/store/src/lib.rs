@@ -44,6 +44,7 @@ pub mod postgres;
 pub mod reconcile;
 pub mod releases;
 pub mod rollouts;
+pub mod secrets;
 pub mod sessions;
 pub mod specs;
 pub mod sqlite;

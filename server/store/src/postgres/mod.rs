@@ -57,6 +57,7 @@ mod nodes;
 mod reconcile;
 mod releases;
 mod rollouts;
+mod secrets;
 mod sessions;
 mod specs;
 mod tokens;
@@ -140,6 +141,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0037_security_events_by_body.sql"),
     include_str!("migrations/0038_operator_revocations.sql"),
     include_str!("migrations/0039_unknown_results.sql"),
+    include_str!("migrations/0040_secrets.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -752,6 +754,32 @@ impl Backend for PostgresBackend {
         seal: SealRevocation,
     ) -> Result<OperatorRow, TxError> {
         tx!(self, |tx| tokens::revoke_operator(&tx, id, seal).await)
+    }
+
+    async fn put_secret(
+        &self,
+        name: &str,
+        put: crate::secrets::Put,
+        by: &str,
+        seal: crate::secrets::SealSecret,
+    ) -> Result<crate::secrets::SecretSummary, TxError> {
+        tx!(self, |tx| secrets::put(&tx, name, put, by, seal).await)
+    }
+
+    async fn secret(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<Option<crate::secrets::SecretRow>, StoreError> {
+        tx!(self, |tx| secrets::get(&tx, name, version).await)
+    }
+
+    async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError> {
+        tx!(self, |tx| secrets::list(&tx).await)
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError> {
+        tx!(self, |tx| secrets::delete(&tx, name).await)
     }
 
     async fn add_gateway_credential(

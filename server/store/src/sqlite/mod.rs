@@ -35,6 +35,7 @@ mod nodes;
 mod reconcile;
 mod releases;
 mod rollouts;
+mod secrets;
 mod sessions;
 mod specs;
 mod tokens;
@@ -118,6 +119,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0037_security_events_by_body.sql"),
     include_str!("migrations/0038_operator_revocations.sql"),
     include_str!("migrations/0039_unknown_results.sql"),
+    include_str!("migrations/0040_secrets.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -737,6 +739,40 @@ impl Backend for SqliteBackend {
             tokens::revoke_operator(c, &id, seal)
         })
         .await
+    }
+
+    async fn put_secret(
+        &self,
+        name: &str,
+        put: crate::secrets::Put,
+        by: &str,
+        seal: crate::secrets::SealSecret,
+    ) -> Result<crate::secrets::SecretSummary, TxError> {
+        let (name, by) = (name.to_string(), by.to_string());
+        let mut seal = Some(seal);
+        self.write(move |c| {
+            let seal = seal.take().expect("a write runs once");
+            secrets::put(c, &name, put, &by, seal)
+        })
+        .await
+    }
+
+    async fn secret(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<Option<crate::secrets::SecretRow>, StoreError> {
+        let name = name.to_string();
+        self.read(move |c| secrets::get(c, &name, version)).await
+    }
+
+    async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError> {
+        self.read(secrets::list).await
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError> {
+        let name = name.to_string();
+        self.write(move |c| secrets::delete(c, &name)).await
     }
 
     async fn add_gateway_credential(

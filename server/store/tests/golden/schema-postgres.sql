@@ -1,4 +1,4 @@
--- schema version 39
+-- schema version 40
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -245,6 +245,12 @@ rollouts.wave: bigint NOT NULL
 rollouts.reason: text NOT NULL DEFAULT ''::text
 rollouts.created_at: bigint NOT NULL
 rollouts.updated_at: bigint NOT NULL
+secrets.name: text NOT NULL
+secrets.version: bigint NOT NULL
+secrets.sealed: bytea NOT NULL
+secrets.created_at: bigint NOT NULL
+secrets.created_by: text NOT NULL
+secrets.deleted_at: bigint
 unknown_results.node_id: text NOT NULL
 unknown_results.command_id: text NOT NULL
 unknown_results.payload: bytea NOT NULL
@@ -319,6 +325,7 @@ rollout_nodes rollout_nodes_pkey: PRIMARY KEY (rollout_id, node_id)
 rollout_nodes rollout_nodes_rollout_id_fkey: FOREIGN KEY (rollout_id) REFERENCES rollouts(id)
 rollouts rollouts_pkey: PRIMARY KEY (id)
 rollouts rollouts_sequence_fkey: FOREIGN KEY (sequence) REFERENCES releases(sequence)
+secrets secrets_pkey: PRIMARY KEY (name, version)
 unknown_results unknown_results_node_id_fkey: FOREIGN KEY (node_id) REFERENCES nodes(id)
 unknown_results unknown_results_pkey: PRIMARY KEY (node_id, command_id, payload_sha256)
 
@@ -386,6 +393,7 @@ operators_pkey: CREATE UNIQUE INDEX operators_pkey ON public.operators USING btr
 releases_pkey: CREATE UNIQUE INDEX releases_pkey ON public.releases USING btree (sequence)
 rollout_nodes_pkey: CREATE UNIQUE INDEX rollout_nodes_pkey ON public.rollout_nodes USING btree (rollout_id, node_id)
 rollouts_pkey: CREATE UNIQUE INDEX rollouts_pkey ON public.rollouts USING btree (id)
+secrets_pkey: CREATE UNIQUE INDEX secrets_pkey ON public.secrets USING btree (name, version)
 unknown_results_pkey: CREATE UNIQUE INDEX unknown_results_pkey ON public.unknown_results USING btree (node_id, command_id, payload_sha256)
 unknown_results_unreceipted: CREATE INDEX unknown_results_unreceipted ON public.unknown_results USING btree (node_id) WHERE (receipt IS NULL)
 

@@ -1,4 +1,4 @@
--- schema version 39
+-- schema version 40
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -428,6 +428,17 @@ CREATE TABLE rollouts (
         created_at   INTEGER NOT NULL,
         updated_at   INTEGER NOT NULL
     ) STRICT;
+
+-- table secrets
+CREATE TABLE secrets (
+    name        TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    sealed      BLOB NOT NULL,
+    created_at  INTEGER NOT NULL,
+    created_by  TEXT NOT NULL,
+    deleted_at  INTEGER,
+    PRIMARY KEY (name, version)
+) STRICT;
 
 -- table sqlite_sequence
 CREATE TABLE sqlite_sequence(name,seq);

@@ -22,6 +22,7 @@ pub mod recovery;
 pub mod reenrol;
 pub mod releases;
 pub mod rollouts;
+pub mod secrets;
 pub mod sessions;
 pub mod specs;
 pub mod tokens;
@@ -342,6 +343,7 @@ macro_rules! store_suite {
             facts::deleting_a_node_keeps_a_signed_statement_with_its_certificates,
             gateways::a_gateway_credential_is_live_once_and_a_revoked_name_starts_over,
             gateways::revoked_gateway_certificates_are_listed_until_their_end_and_the_newest_list_is_kept,
+            secrets::secret_versions_are_written_once_and_a_deleted_name_goes_on_counting,
             specs::expiring_specs_are_found_for_signing_again,
             specs::a_rewritten_spec_row_signs_nothing,
             commands::command_states_are_counted,
