@@ -467,7 +467,13 @@ pub async fn serve(
             })?;
             let api_addr = api_listener.local_addr()?;
             operator_credential(&opts.data_dir, store, &operator_ca, api_addr).await?;
+            let secrets_key = Arc::new(
+                crate::pki::secrets::SecretsKey::load_or_create(&opts.data_dir)
+                    .context("secrets key")?,
+            );
             let join = JoinService {
+                secrets_key: secrets_key.clone(),
+                tickets: tickets.clone(),
                 store: store.clone(),
                 ca: ca.clone(),
                 policy: opts.certs,
@@ -499,6 +505,7 @@ pub async fn serve(
                 secrets: ca.secret_digest(),
                 worker_key: worker_key.clone(),
                 ticket_key: tickets.clone(),
+                secrets_key,
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 gateway: Some(gw.clone()),

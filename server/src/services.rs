@@ -1,5 +1,5 @@
 //! The GatewayServices port: what a gateway needs from the process that
-//! holds the keys (a node's join and renewal). The join service implements
+//! holds the keys (a node's join, renewal and secrets). The join service implements
 //! it (`api::join`); the gateway calls it in the same process, or over
 //! mutual TLS through `gateway::port::Upstream`. It sits apart from both so
 //! that neither names the other.
@@ -29,4 +29,12 @@ pub trait GatewayServices: Send + Sync + std::fmt::Debug {
         node_cert_der: Vec<u8>,
         request: RenewRequest,
     ) -> Result<RenewResponse, Status>;
+
+    /// A secret request by the node that presented `node_cert_der` to this
+    /// gateway (`api::secrets`).
+    async fn fetch_secret(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: bcd_proto::v1::SecretRequest,
+    ) -> Result<bcd_proto::v1::SecretDelivery, Status>;
 }

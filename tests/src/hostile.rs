@@ -30,6 +30,7 @@ pub struct Hostile {
     pub addr: SocketAddr,
     sessions: std_mpsc::Receiver<HostileSession>,
     tunnels: std_mpsc::Receiver<HostileTunnel>,
+    secrets: std_mpsc::Receiver<HostileSecret>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -75,9 +76,99 @@ impl HostileTunnel {
     }
 }
 
+/// A secret request a node sent (`Join.FetchSecret`), and the way to
+/// answer it.
+#[derive(Debug)]
+pub struct HostileSecret {
+    pub request: v1::SecretRequest,
+    reply: tokio::sync::oneshot::Sender<Result<v1::SecretDelivery, Status>>,
+}
+
+impl HostileSecret {
+    /// Answers the node with a delivery of the gateway's making.
+    pub fn answer(self, jws: String) {
+        let _ = self.reply.send(Ok(v1::SecretDelivery { jws }));
+    }
+
+    pub fn fail(self, status: Status) {
+        let _ = self.reply.send(Err(status));
+    }
+}
+
+#[derive(Clone)]
 struct Service {
     sessions: std_mpsc::Sender<HostileSession>,
     tunnels: std_mpsc::Sender<HostileTunnel>,
+    secrets: std_mpsc::Sender<HostileSecret>,
+}
+
+/// Only secret requests reach the test; the rest of the join service is
+/// not the hostile gateway's to play.
+#[tonic::async_trait]
+impl v1::join_server::Join for Service {
+    async fn fetch_secret(
+        &self,
+        request: Request<v1::SecretRequest>,
+    ) -> Result<Response<v1::SecretDelivery>, Status> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.secrets
+            .send(HostileSecret {
+                request: request.into_inner(),
+                reply,
+            })
+            .map_err(|_| Status::unavailable("the test stopped listening"))?;
+        answer
+            .await
+            .map_err(|_| Status::unavailable("the test did not answer"))?
+            .map(Response::new)
+    }
+
+    async fn join(
+        &self,
+        _: Request<v1::JoinRequest>,
+    ) -> Result<Response<v1::JoinResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn begin_attestation(
+        &self,
+        _: Request<v1::AttestationRequest>,
+    ) -> Result<Response<v1::AttestationChallenge>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn renew(
+        &self,
+        _: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn fetch_release(
+        &self,
+        _: Request<v1::FetchReleaseRequest>,
+    ) -> Result<Response<v1::FetchReleaseResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    type FetchReleaseChunksStream =
+        tokio_stream::wrappers::ReceiverStream<Result<v1::ReleaseChunk, Status>>;
+
+    async fn fetch_release_chunks(
+        &self,
+        _: Request<v1::FetchReleaseRequest>,
+    ) -> Result<Response<Self::FetchReleaseChunksStream>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    type FetchImageStream = tokio_stream::wrappers::ReceiverStream<Result<v1::ImageChunk, Status>>;
+
+    async fn fetch_image(
+        &self,
+        _: Request<v1::FetchImageRequest>,
+    ) -> Result<Response<Self::FetchImageStream>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
 }
 
 type TunnelStream = Pin<Box<dyn Stream<Item = Result<v1::TunnelFrame, Status>> + Send>>;
@@ -194,6 +285,7 @@ impl Hostile {
         let addr = listener.local_addr()?;
         let (sessions_tx, sessions) = std_mpsc::channel();
         let (tunnels_tx, tunnels) = std_mpsc::channel();
+        let (secrets_tx, secrets) = std_mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             rt.block_on(async move {
@@ -206,11 +298,14 @@ impl Hostile {
                         per_address: 1_000,
                     },
                 );
+                let service = Service {
+                    sessions: sessions_tx,
+                    tunnels: tunnels_tx,
+                    secrets: secrets_tx,
+                };
                 let _ = tonic::transport::Server::builder()
-                    .add_service(GatewayServer::new(Service {
-                        sessions: sessions_tx,
-                        tunnels: tunnels_tx,
-                    }))
+                    .add_service(GatewayServer::new(service.clone()))
+                    .add_service(v1::join_server::JoinServer::new(service))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
                     })
@@ -223,6 +318,7 @@ impl Hostile {
             addr,
             sessions,
             tunnels,
+            secrets,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -238,6 +334,11 @@ impl Hostile {
     /// The next tunnel a node opens, within `timeout`.
     pub fn next_tunnel(&self, timeout: Duration) -> Option<HostileTunnel> {
         self.tunnels.recv_timeout(timeout).ok()
+    }
+
+    /// The next secret request a node sends, within `timeout`.
+    pub fn next_secret(&self, timeout: Duration) -> Option<HostileSecret> {
+        self.secrets.recv_timeout(timeout).ok()
     }
 
     /// A stream opened within `timeout`, if any.

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod gateways;
 pub mod hostile;
 pub mod hosttree;
 pub mod module_graph;
@@ -445,6 +446,8 @@ pub struct Node {
     pub binary: Option<PathBuf>,
     /// Extra environment for `bcd node`.
     pub env: Vec<(String, String)>,
+    /// `bcd node --run-dir` (`<dir>/run` unless set).
+    pub run_dir: Option<PathBuf>,
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -471,6 +474,7 @@ impl Node {
             host_root: None,
             binary: None,
             env: Vec::new(),
+            run_dir: None,
         }
     }
 
@@ -501,7 +505,10 @@ impl Node {
             "--cdi-dir".into(),
             self.dir.join("cdi").into(),
             "--run-dir".into(),
-            self.dir.join("run").into(),
+            self.run_dir
+                .clone()
+                .unwrap_or_else(|| self.dir.join("run"))
+                .into(),
             "--converge-every".into(),
             "300ms".into(),
             "--etc-dir".into(),

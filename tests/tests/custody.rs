@@ -6,6 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bc_tests::gateways::{
+    add_gateway, gateway_port, runtime, sign, start_gateway, start_gateway_on,
+};
 use bc_tests::{FAST, Node, Server, section, static_bcd, stderr, wait_for};
 use bcd_proto::tls::{self, ClientIdentity, ServerTrust};
 use bcd_proto::v1::{
@@ -16,44 +19,6 @@ use better_compute::gateway::credential::{self, GatewayCredential};
 use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
-
-/// Adds a gateway credential on `server` and writes it to `out`; returns
-/// what it printed on stderr.
-fn add_gateway(server: &Server, name: &str, out: &Path) -> String {
-    let o = server.cli(&[
-        "gateways",
-        "add",
-        name,
-        "--upstream",
-        &server.url(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "gateways add: {}", stderr(&o));
-    stderr(&o)
-}
-
-/// Starts a gateway-only process in `dir` on `server`'s SQLite store.
-fn start_gateway(server: &Server, dir: &Path, credential: &Path, id: &str) -> Server {
-    let store = format!("sqlite:{}", server.dir.join("store.db").display());
-    start_gateway_on(&store, dir, credential, id)
-}
-
-/// Starts a gateway-only process in `dir` on the store at `store`.
-fn start_gateway_on(store: &str, dir: &Path, credential: &Path, id: &str) -> Server {
-    let mut args = FAST.to_vec();
-    args.extend([
-        "--role",
-        "gateway",
-        "--credential",
-        credential.to_str().unwrap(),
-        "--store",
-        store,
-        "--gateway-id",
-        id,
-    ]);
-    Server::start(dir, &args).unwrap()
-}
 
 /// Every file under `dir`.
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -114,27 +79,7 @@ fn a_gateway_on_postgresql_serves_everything_under_a_gateways_grants_only() {
     let f = bc_tests::fleet_on(Some(&url), &["--node-cert-ttl", "20s"]);
     let cred = f.d.path().join("gw-edge.json");
     let printed = add_gateway(&f.server, "gw-edge", &cred);
-    let sql = &printed[printed
-        .find("CREATE ROLE")
-        .expect("the role's SQL is printed")..];
-    let login = sql
-        .split('"')
-        .nth(1)
-        .expect("the login role is named")
-        .to_string();
-    let rt = runtime();
-    rt.block_on(async {
-        let config = bc_store::postgres::config(&url).unwrap();
-        let (c, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
-        c.batch_execute(sql).await.unwrap();
-    });
-    let gw_url = format!(
-        "{}&user={login}",
-        url.split("&user=")
-            .next()
-            .expect("the test address names its user")
-    );
+    let gw_url = bc_tests::gateways::database_role(&url, &printed);
     a_keyless_gateway_serves_everything(&f, &cred, &gw_url);
 }
 
@@ -256,26 +201,12 @@ fn refused<T>(r: Result<tonic::Response<T>, tonic::Status>) -> String {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    // Threads of its own: the tampering relay serves while the test waits
-    // on a bcd process.
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn csr(key: &KeyPair) -> Vec<u8> {
     CertificateParams::default()
         .serialize_request(key)
         .unwrap()
         .der()
         .to_vec()
-}
-
-fn sign(key_pem: &str, message: &[u8]) -> Vec<u8> {
-    rcgen::SigningKey::sign(&KeyPair::from_pem(key_pem).unwrap(), message).unwrap()
 }
 
 /// The server's SQLite store, opened as whoever can write the file: with
@@ -313,22 +244,6 @@ fn self_proved(node: &str, now: i64, key: &KeyPair) -> RenewRequest {
         node_id: node.to_string(),
         ..Default::default()
     }
-}
-
-/// What a compromised gateway holds: its credential's certificate, and
-/// the key holder's GatewayServices port reached with it.
-fn gateway_port(
-    rt: &tokio::runtime::Runtime,
-    cred: &GatewayCredential,
-) -> (
-    credential::Certified,
-    GatewayServicesClient<tonic::transport::Channel>,
-) {
-    let certified = rt.block_on(credential::certify(cred, &[])).unwrap();
-    let channel = rt
-        .block_on(credential::upstream_channel(cred, &certified))
-        .unwrap();
-    (certified, GatewayServicesClient::new(channel))
 }
 
 #[test]
@@ -562,6 +477,13 @@ impl bcd_proto::v1::join_server::Join for TamperingRelay {
         &self,
         _: tonic::Request<RenewRequest>,
     ) -> Result<tonic::Response<bcd_proto::v1::RenewResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not relayed"))
+    }
+
+    async fn fetch_secret(
+        &self,
+        _: tonic::Request<bcd_proto::v1::SecretRequest>,
+    ) -> Result<tonic::Response<bcd_proto::v1::SecretDelivery>, tonic::Status> {
         Err(tonic::Status::unimplemented("not relayed"))
     }
 

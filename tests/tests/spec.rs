@@ -209,6 +209,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
                             allocation_id: "evil".into(),
                             gpus: (0..8).map(|i| i.to_string()).collect(),
                             env: Default::default(),
+                            secrets: vec![],
                         }],
                     }),
                     access: None,

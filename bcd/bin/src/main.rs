@@ -40,7 +40,8 @@ struct MachineFiles {
     /// Where the CDI spec for assigned GPUs goes.
     #[arg(long, default_value = "/var/run/cdi", env = "BCD_CDI_DIR")]
     cdi_dir: PathBuf,
-    /// Runtime files (per-allocation env files under env/).
+    /// Runtime files (per-allocation env files under env/, secrets under
+    /// secrets/: a memory-backed directory).
     #[arg(long, default_value = "/run/bcd", env = "BCD_RUN_DIR")]
     run_dir: PathBuf,
     /// Root of the sshd configuration the access converger writes.
@@ -635,6 +636,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     // state partition. Through the helper the daemon keeps
                     // its data directory, which it can write.
                     agent.kexec_dir = files.run_dir.join("kexec");
+                    // Secrets go to memory only (the node checks the
+                    // directory is).
+                    agent.secrets.dir = Some(files.run_dir.join(bcd_agent::node::secrets::DIR));
                 }
                 #[cfg(feature = "failpoints")]
                 {

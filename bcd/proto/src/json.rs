@@ -102,10 +102,11 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            secrets: vec![],
         };
         assert_eq!(
             serde_json::to_string(&a).unwrap(),
-            r#"{"allocation_id":"a","gpus":[],"env":{"A":"1","B":"2"}}"#
+            r#"{"allocation_id":"a","gpus":[],"env":{"A":"1","B":"2"},"secrets":[]}"#
         );
         let c = v1::CommandInfo {
             kind: v1::CommandKind::GpuReset as i32,

@@ -76,6 +76,24 @@ pub enum SecretError {
     Rng,
 }
 
+/// A secret's name, or the file it is written to: 1 to 64 letters,
+/// digits, '.', '_' or '-', not starting with '.' (a safe file name on
+/// the node).
+pub fn check_name(what: &str, s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {s:?} is not 1 to 64 letters, digits, '.', '_' or '-' not starting with '.'"
+        ))
+    }
+}
+
 /// What a node asks for.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -642,6 +660,30 @@ mod tests {
         assert!(at_rest::open(&key, "dc", 3, &sealed).is_none());
         assert!(at_rest::open(&[6u8; 32], "db", 3, &sealed).is_none());
         assert!(at_rest::open(&key, "db", 3, &sealed[..5]).is_none());
+    }
+
+    #[test]
+    fn names_are_safe_file_names() {
+        for ok in ["hf-token", "db.password", "A_1", &"x".repeat(64)] {
+            assert_eq!(check_name("secret", ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "..",
+            "a/b",
+            "a b",
+            "x\n",
+            &"x".repeat(65),
+            "é",
+        ] {
+            assert!(
+                check_name("secret", bad)
+                    .unwrap_err()
+                    .starts_with("secret "),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

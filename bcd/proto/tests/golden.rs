@@ -316,6 +316,7 @@ fn signed_intent_and_facts() {
                 allocation_id: "job-1".into(),
                 gpus: vec!["0".into()],
                 env: [("JOB".to_string(), "1".to_string())].into(),
+                secrets: vec![],
             }],
         }),
         access: Some(v1::AccessSpec {
@@ -349,6 +350,15 @@ fn signed_intent_and_facts() {
             ..spec.clone()
         },
     );
+    let mut with_secrets = spec.clone();
+    if let Some(d) = &mut with_secrets.devices {
+        d.assignments[0].secrets = vec![v1::SecretRef {
+            name: "hf-token".into(),
+            version: 3,
+            file: "token".into(),
+        }];
+    }
+    check("node_spec_secrets", &with_secrets);
     let result = v1::CommandResult {
         command_id: "cmd-1".into(),
         seq: 5,
@@ -1058,6 +1068,29 @@ fn tunnel_messages() {
                 user: "ops".into(),
                 client_public: vec![0x07; 32],
             })),
+        },
+    );
+    let secret_request = v1::SecretRequest {
+        node_id: "nd-0f3a9c".into(),
+        allocation_id: "job-1".into(),
+        name: "hf-token".into(),
+        version: 3,
+        one_time_key: vec![0x09; 32],
+        time_ms: 1_790_000_000_000,
+        signature: vec![0x30, 0x44, 0x02, 0x20],
+    };
+    check("secret_request", &secret_request);
+    check(
+        "forwarded_secret",
+        &v1::ForwardedSecret {
+            node_cert_der: vec![0x30, 0x82],
+            request: Some(secret_request),
+        },
+    );
+    check(
+        "secret_delivery",
+        &v1::SecretDelivery {
+            jws: "eyJhbGciOiJFZERTQSJ9.e30.c2ln".into(),
         },
     );
     check(

@@ -83,6 +83,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListBootMacs",
     "ListOperators",
     "ListGateways",
+    "ListSecrets",
     "ListMachines",
     "ListTokens",
     "ListEvents",

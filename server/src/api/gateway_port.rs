@@ -16,8 +16,8 @@ use std::sync::Arc;
 use bc_store::gateways::valid_name;
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{
-    AttestationChallenge, AttestationRequest, CertifyRequest, CertifyResponse, ForwardedRenew,
-    JoinRequest, JoinResponse, RefusalReason, RenewResponse,
+    self, AttestationChallenge, AttestationRequest, CertifyRequest, CertifyResponse,
+    ForwardedRenew, JoinRequest, JoinResponse, RefusalReason, RenewResponse,
     gateway_services_server::GatewayServices as Port,
 };
 use tonic::{Code, Request, Response, Status};
@@ -250,27 +250,8 @@ impl Port for GatewayPort {
         let renewal = r
             .request
             .ok_or_else(|| bad_request("a forwarded renewal carries the node's request"))?;
-        // A certificate the fleet CA did not issue, from an authenticated
-        // gateway: the gateway forged it, or planted it in the store.
-        // Recorded against the node it names.
-        if let Err(refused) = self.join.issued_here(&r.node_cert_der) {
-            if let Some((node, _)) = crate::certs::named(&r.node_cert_der, "urn:bc:node:") {
-                let detail = format!(
-                    "gateway {gateway} relayed a renewal with a certificate the fleet CA did not \
-                     issue (SHA-256 {})",
-                    bcd_proto::fingerprint(&r.node_cert_der)
-                );
-                if let Err(e) = self
-                    .join
-                    .store
-                    .publish_fleet_event(CERTIFICATE_FORGED, &node, &detail)
-                    .await
-                {
-                    warn!(error = %e, %node, "cannot record a forged certificate");
-                }
-            }
-            return Err(refused);
-        }
+        self.issued_here(&gateway, &r.node_cert_der, "a renewal")
+            .await?;
         self.join
             .renew_with(&r.node_cert_der, renewal, Proof::Required)
             .await
@@ -280,5 +261,54 @@ impl Port for GatewayPort {
                 }
             })
             .map(Response::new)
+    }
+
+    async fn fetch_secret(
+        &self,
+        request: Request<v1::ForwardedSecret>,
+    ) -> Result<Response<v1::SecretDelivery>, Status> {
+        let gateway = self.gateway(&request).await?;
+        let r = request.into_inner();
+        let secret = r
+            .request
+            .ok_or_else(|| bad_request("a forwarded secret request carries the node's request"))?;
+        self.issued_here(&gateway, &r.node_cert_der, "a secret request")
+            .await?;
+        self.join
+            .deliver_secret(&r.node_cert_der, secret)
+            .await
+            .inspect_err(|e| {
+                if e.code() == Code::InvalidArgument {
+                    warn!(%gateway, error = %e.message(), "a relayed secret request was refused");
+                }
+            })
+            .map(Response::new)
+    }
+}
+
+impl GatewayPort {
+    /// A node certificate a gateway relayed: one the fleet CA did not
+    /// issue, from an authenticated gateway, was forged or planted in the
+    /// store by it, and is recorded against the node it names.
+    async fn issued_here(&self, gateway: &str, cert: &[u8], what: &str) -> Result<(), Status> {
+        let Err(refused) = self.join.issued_here(cert) else {
+            return Ok(());
+        };
+        if let Some((node, _)) = crate::certs::named(cert, "urn:bc:node:") {
+            let detail = format!(
+                "gateway {gateway} relayed {what} with a certificate the fleet CA did not issue \
+                 (SHA-256 {})",
+                bcd_proto::fingerprint(cert)
+            );
+            if let Err(e) = self
+                .join
+                .store
+                .publish_fleet_event(CERTIFICATE_FORGED, &node, &detail)
+                .await
+            {
+                warn!(error = %e, %node, "cannot record a forged certificate");
+            }
+        }
+        Err(refused)
     }
 }

@@ -81,6 +81,10 @@ pub struct JoinService {
     pub image_keys: Arc<Vec<Vec<u8>>>,
     /// What `bct2` tokens are sealed to (derived from the CA).
     pub seal: Arc<crate::pki::token_seal::TokenSealKey>,
+    /// What the secret broker seals values under (`api::secrets`).
+    pub secrets_key: Arc<crate::pki::secrets::SecretsKey>,
+    /// Signs the broker's deliveries (nodes hold its JWKS).
+    pub tickets: Arc<crate::pki::tickets::TicketKey>,
 }
 
 /// Which way a join reached the join service.
@@ -182,6 +186,14 @@ impl GatewayServices for JoinService {
     ) -> Result<RenewResponse, Status> {
         self.renew_with(&node_cert_der, request, Proof::IfPresent)
             .await
+    }
+
+    async fn fetch_secret(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: bcd_proto::v1::SecretRequest,
+    ) -> Result<bcd_proto::v1::SecretDelivery, Status> {
+        self.deliver_secret(&node_cert_der, request).await
     }
 }
 

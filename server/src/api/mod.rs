@@ -22,6 +22,7 @@ pub mod operators;
 pub mod releases;
 pub mod revoked_operators;
 pub mod rollouts;
+pub mod secrets;
 pub mod specs;
 pub mod status;
 pub mod tokens;
@@ -55,6 +56,8 @@ pub struct AdminService {
     pub worker_key: Arc<ring::signature::Ed25519KeyPair>,
     /// Signs exec tickets; its JWKS goes into every spec.
     pub ticket_key: Arc<crate::pki::tickets::TicketKey>,
+    /// Seals the secret broker's values (`api::secrets`).
+    pub secrets_key: Arc<crate::pki::secrets::SecretsKey>,
     /// Release public keys: what `releases register` accepts.
     pub release_keys: Arc<Vec<Vec<u8>>>,
     /// Image public keys: what `images register` accepts.
@@ -91,6 +94,14 @@ impl AdminService {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// The operator `auth::Guarded` admitted for this call.
+fn operator<T>(r: &Request<T>) -> Result<auth::Operator, Status> {
+    r.extensions()
+        .get::<auth::Operator>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no operator admitted this call"))
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     type TunnelStream = tunnels::TunnelStream;
@@ -100,11 +111,7 @@ impl Admin for AdminService {
         r: Request<tonic::Streaming<v1::TunnelClientFrame>>,
     ) -> Reply<Self::TunnelStream> {
         // Admitted by `auth::Guarded`, which names the operator.
-        let operator = r
-            .extensions()
-            .get::<auth::Operator>()
-            .cloned()
-            .ok_or_else(|| Status::unauthenticated("no operator admitted this call"))?;
+        let operator = operator(&r)?;
         let cert = r
             .extensions()
             .get::<bcd_proto::tls::PeerInfo>()
@@ -186,6 +193,26 @@ impl Admin for AdminService {
             .map(Response::new)
     }
 
+    async fn put_secret(&self, r: Request<v1::PutSecretRequest>) -> Reply<v1::SecretInfo> {
+        let operator = operator(&r)?;
+        secrets::put(self, &operator.name, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_secrets(
+        &self,
+        _: Request<v1::ListSecretsRequest>,
+    ) -> Reply<v1::ListSecretsResponse> {
+        secrets::list(self).await.map(Response::new)
+    }
+
+    async fn delete_secret(&self, r: Request<v1::DeleteSecretRequest>) -> Reply<v1::SecretInfo> {
+        secrets::delete(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Reply<v1::ListNodesResponse> {
         nodes::list(self).await.map(Response::new)
     }
@@ -215,9 +242,9 @@ impl Admin for AdminService {
     }
 
     async fn assign_gpus(&self, r: Request<v1::AssignGpusRequest>) -> Reply<v1::NodeSpecInfo> {
-        specs::assign_gpus(self, r.into_inner())
-            .await
-            .map(Response::new)
+        let r = r.into_inner();
+        let held = secrets::resolve(self, r.secrets.clone()).await?;
+        specs::assign_gpus(self, r, held).await.map(Response::new)
     }
 
     async fn unassign(&self, r: Request<v1::UnassignRequest>) -> Reply<v1::NodeSpecInfo> {

@@ -115,8 +115,13 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
     })
 }
 
-/// `AssignGpus`: one allocation per GPU.
-pub async fn assign_gpus(svc: &AdminService, r: AssignGpusRequest) -> Result<NodeSpecInfo, Status> {
+/// `AssignGpus`: one allocation per GPU, holding `secrets` (resolved to
+/// the broker's versions by `api::secrets::resolve`).
+pub async fn assign_gpus(
+    svc: &AdminService,
+    r: AssignGpusRequest,
+    secrets: Vec<bc_store::specs::SecretRef>,
+) -> Result<NodeSpecInfo, Status> {
     check_allocation(&r.allocation_id, &r.env).map_err(bad_request)?;
     if r.gpus.is_empty() || r.gpus.iter().any(|g| g.is_empty()) {
         return Err(bad_request("name at least one GPU, by UUID or index"));
@@ -143,6 +148,7 @@ pub async fn assign_gpus(svc: &AdminService, r: AssignGpusRequest) -> Result<Nod
             allocation_id: r.allocation_id,
             gpus: r.gpus,
             env: r.env.into_iter().collect(),
+            secrets,
         });
         assignments.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
         Ok(())

@@ -19,6 +19,7 @@ pub mod output;
 mod port_forward;
 mod releases;
 mod rollouts;
+mod secrets;
 mod serve;
 mod sim;
 mod tokens;
@@ -99,6 +100,11 @@ enum Command {
     Releases {
         #[command(subcommand)]
         command: releases::ReleasesCommand,
+    },
+    /// Secrets the broker hands to nodes, encrypted to each node.
+    Secrets {
+        #[command(subcommand)]
+        command: secrets::SecretsCommand,
     },
     /// Credentials of gateway processes that hold no key.
     Gateways {
@@ -251,6 +257,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Events(args) => events::run(args, &target).await.map(|()| done),
         Command::Machines { command } => machines::run(command, &target).await.map(|()| done),
         Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
+        Command::Secrets { command } => secrets::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,
         Command::Exec(args) => exec::run(args, &target).await,

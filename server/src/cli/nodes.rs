@@ -31,6 +31,12 @@ pub enum NodesCommand {
         /// Extra environment for the allocation's env file, NAME=VALUE.
         #[arg(long = "env")]
         env: Vec<String>,
+        /// A secret for the allocation (better-compute secrets put), at its
+        /// newest version: the node writes it to
+        /// secrets/ALLOCATION/FILE under its run directory, mode 0400
+        /// (FILE: the name unless given).
+        #[arg(long = "secret", value_name = "NAME[=FILE]")]
+        secrets: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -131,8 +137,20 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
             allocation,
             gpus,
             env,
+            secrets,
             json,
         } => {
+            let secrets = secrets
+                .into_iter()
+                .map(|s| {
+                    let (name, file) = s.split_once('=').unwrap_or((&s, ""));
+                    bcd_proto::v1::SecretRef {
+                        name: name.to_string(),
+                        version: 0,
+                        file: file.to_string(),
+                    }
+                })
+                .collect();
             let mut vars = std::collections::HashMap::new();
             for e in env {
                 let (k, v) = e
@@ -147,6 +165,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                     allocation_id: allocation,
                     gpus,
                     env: vars,
+                    secrets,
                 })
                 .await
                 .map_err(status)?
@@ -359,6 +378,15 @@ fn print_spec_lines(i: &NodeSpecInfo) -> anyhow::Result<()> {
     );
     for a in &i.assignments {
         out!("allocation {}: GPUs {}", a.allocation_id, a.gpus.join(","));
+        for s in &a.secrets {
+            out!(
+                "secret     {} v{} -> {}/{}",
+                s.name,
+                s.version,
+                a.allocation_id,
+                s.file
+            );
+        }
     }
     for b in &i.bindings {
         out!(

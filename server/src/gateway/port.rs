@@ -78,6 +78,21 @@ impl Join for NodeJoin {
         self.services.renew(cert, r).await.map(Response::new)
     }
 
+    async fn fetch_secret(
+        &self,
+        request: Request<v1::SecretRequest>,
+    ) -> Result<Response<v1::SecretDelivery>, Status> {
+        let cert = peer(&request).and_then(|p| p.cert.clone()).ok_or_else(|| {
+            turned(Turned::NoCertificate(
+                "secrets are for nodes: present the node certificate",
+            ))
+        })?;
+        self.services
+            .fetch_secret(cert.to_vec(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn fetch_release(
         &self,
         request: Request<FetchReleaseRequest>,
@@ -184,6 +199,21 @@ impl GatewayServices for Upstream {
     ) -> Result<RenewResponse, Status> {
         GatewayServicesClient::new(self.link.channel())
             .renew(ForwardedRenew {
+                node_cert_der,
+                request: Some(request),
+            })
+            .await
+            .map(Response::into_inner)
+            .map_err(relayed)
+    }
+
+    async fn fetch_secret(
+        &self,
+        node_cert_der: Vec<u8>,
+        request: v1::SecretRequest,
+    ) -> Result<v1::SecretDelivery, Status> {
+        GatewayServicesClient::new(self.link.channel())
+            .fetch_secret(v1::ForwardedSecret {
                 node_cert_der,
                 request: Some(request),
             })

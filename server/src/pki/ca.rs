@@ -28,6 +28,8 @@ pub enum CaError {
     },
     #[error("{path} is not a usable PEM file: restore it from a backup")]
     Pem { path: PathBuf },
+    #[error("{path} is not a 32-byte key: restore it from a backup")]
+    RawKey { path: PathBuf },
     #[error("certificate")]
     Rcgen(#[from] rcgen::Error),
     #[error(transparent)]

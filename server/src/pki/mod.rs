@@ -11,6 +11,7 @@
 pub mod ca;
 pub mod operator;
 pub mod seal;
+pub mod secrets;
 pub mod tickets;
 pub mod token_seal;
 pub mod worker;

@@ -28,6 +28,15 @@ pub fn assignment(a: &Assignment) -> GpuAssignment {
         allocation_id: a.allocation_id.clone(),
         gpus: a.gpus.clone(),
         env: a.env.clone().into_iter().collect(),
+        secrets: a
+            .secrets
+            .iter()
+            .map(|r| v1::SecretRef {
+                name: r.name.clone(),
+                version: r.version,
+                file: r.file.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -177,6 +186,15 @@ pub fn spec_opener(worker_keys: Vec<Vec<u8>>, node: &str) -> OpenSpec {
                 allocation_id: a.allocation_id,
                 gpus: a.gpus,
                 env: a.env.into_iter().collect(),
+                secrets: a
+                    .secrets
+                    .into_iter()
+                    .map(|r| bc_store::specs::SecretRef {
+                        name: r.name,
+                        version: r.version,
+                        file: r.file,
+                    })
+                    .collect(),
             })
             .collect();
         let access = access_from_wire(spec.access.unwrap_or_default())?;
@@ -328,6 +346,11 @@ mod tests {
                 allocation_id: "job-a".into(),
                 gpus: vec!["0".into(), "1".into()],
                 env: [("A".to_string(), "1".to_string())].into(),
+                secrets: vec![bc_store::specs::SecretRef {
+                    name: "hf".into(),
+                    version: 2,
+                    file: "token".into(),
+                }],
             }],
             access: Access {
                 users: vec![AccessUser {

@@ -53,4 +53,10 @@ impl TicketKey {
     pub fn issue(&self, claims: &Claims) -> String {
         ticket::sign(&self.key, claims)
     }
+
+    /// The secret broker's signed delivery (`bcd_proto::secret`): nodes
+    /// check it against the same JWKS.
+    pub fn deliver(&self, delivery: &bcd_proto::secret::Delivery) -> String {
+        bcd_proto::secret::sign_delivery(&self.key, delivery)
+    }
 }

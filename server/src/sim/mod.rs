@@ -849,6 +849,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             let i = assigned;
             let r = admin
                 .assign_gpus(bcd_proto::v1::AssignGpusRequest {
+                    secrets: Vec::new(),
                     node_id: node_ids[i].clone(),
                     allocation_id: format!("alloc-{i}"),
                     gpus: vec!["0".into(), "1".into()],

@@ -6,8 +6,9 @@
 //! and keeps the name's versions counted, so a name put again never
 //! reuses a version a node may have been handed.
 
-/// Seals a value for the version the store decided.
-pub type SealSecret = Box<dyn FnOnce(u64) -> Vec<u8> + Send>;
+/// Seals a value for the version the store decided; `None` when it
+/// cannot (the system's random number generator failed).
+pub type SealSecret = Box<dyn FnOnce(u64) -> Option<Vec<u8>> + Send>;
 
 /// One version of a secret as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,10 @@ pub enum Put {
     New,
     /// The next version of a secret that exists.
     Rotate,
+}
+
+pub(crate) fn unsealed() -> crate::Refusal {
+    crate::Refusal::Internal("the secret's value could not be sealed".into())
 }
 
 pub(crate) fn exists(name: &str) -> crate::Refusal {

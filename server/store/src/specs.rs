@@ -69,6 +69,19 @@ pub struct Assignment {
     pub gpus: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRef>,
+}
+
+/// A secret an allocation holds, by name and version
+/// (`crate::secrets`), and the file the node writes it to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SecretRef {
+    pub name: String,
+    pub version: u64,
+    /// Empty: the name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub file: String,
 }
 
 /// Everything a NodeSpec says.

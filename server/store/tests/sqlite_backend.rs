@@ -310,6 +310,7 @@ async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
                             allocation_id: "job-a".into(),
                             gpus: vec!["0".into()],
                             env: [("A".to_string(), "1".to_string())].into(),
+                            secrets: Vec::new(),
                         }],
                         access: Default::default(),
                     },

@@ -261,6 +261,7 @@ mod tests {
                         allocation_id: id.to_string(),
                         gpus: gpus.iter().map(|g| g.to_string()).collect(),
                         env: [("JOB".to_string(), id.to_string())].into(),
+                        secrets: vec![],
                     })
                     .collect(),
             }),

@@ -463,6 +463,7 @@ mod tests {
             allocation_id: "job-1".into(),
             gpus: vec!["1".into()],
             env: Default::default(),
+            secrets: vec![],
         }];
         for name in ["0000:17:00.0", "GPU-a", "0"] {
             assert_eq!(

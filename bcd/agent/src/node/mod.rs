@@ -37,6 +37,7 @@ mod observe;
 mod outbox;
 mod renewal;
 mod results;
+pub mod secrets;
 mod session;
 mod state;
 mod trust;
@@ -179,6 +180,11 @@ pub struct Agent {
     /// The tunnels open now, and where their ends are reported.
     tunnels: tunnel::Tunnels,
     tunnel_ends: Option<tokio::sync::mpsc::UnboundedReceiver<tunnel::Ended>>,
+    /// The secrets the spec gives allocations, and where fetches end.
+    pub secrets: secrets::Secrets,
+    secrets_done: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<secrets::Fetched>>>,
+    /// The session clock's server time at the loop's last turn.
+    server_now_ms: Option<i64>,
 }
 
 /// Rate limits for what a peer can trigger: at most one log line and one
@@ -365,6 +371,7 @@ pub fn open(
         .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
     let gateways = trust::load(dir, &keys, seed);
     let (tunnels, tunnel_ends) = tunnel::Tunnels::new();
+    let (secrets, secrets_done) = secrets::Secrets::new(None);
     Ok(Agent {
         identity,
         machine,
@@ -395,6 +402,9 @@ pub fn open(
         gateways,
         tunnels,
         tunnel_ends: Some(tunnel_ends),
+        secrets,
+        secrets_done: Some(secrets_done),
+        server_now_ms: None,
     })
 }
 

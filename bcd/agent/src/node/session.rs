@@ -55,6 +55,7 @@ impl Agent {
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
         let mut tunnel_ends = self.tunnel_ends.take();
+        let mut secrets_done = self.secrets_done.take();
         self.staged = Some(staged_tx);
         // Settle an upgrade a previous process started, then what it left
         // in the journal.
@@ -146,6 +147,14 @@ impl Agent {
                             self.flush_events(&conn).await;
                             self.reports.new_session();
                             self.report(&conn).await;
+                            // Secrets waiting for a session are fetched now,
+                            // not at the next pass.
+                            self.server_now_ms = Some(server_time_ms);
+                            if self.secrets_pending()
+                                && let Err(e) = self.converge(&conn).await
+                            {
+                                return Stopped::JournalFailed(e);
+                            }
                         }
                         Action::Close { reason } => match &reason {
                             CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => self
@@ -201,6 +210,8 @@ impl Agent {
                 .map(|d| self.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let server_now = self.renewal_clock(session.clock().now_or_mark(now));
+            self.server_now_ms = session.clock().server_now(now);
+            let secrets_retry = self.secrets_retry_at();
             // When the held gateway revocation list runs out on this
             // gateway, if it can.
             let list_due = established_at.and_then(|at| {
@@ -294,6 +305,19 @@ impl Agent {
                         serde_json::to_value(&ended).unwrap_or_default(),
                     );
                     self.flush_events(&conn).await;
+                }
+                Some(batch) = async { secrets_done.as_mut().expect("guarded").recv().await }, if secrets_done.is_some() => {
+                    self.secrets_fetched(batch);
+                    if let Err(e) = self.converge(&conn).await {
+                        return Stopped::JournalFailed(e);
+                    }
+                    self.flush_events(&conn).await;
+                }
+                _ = tokio::time::sleep_until(secrets_retry.unwrap_or_else(Instant::now)), if secrets_retry.is_some() => {
+                    self.secrets_retry_due();
+                    if let Err(e) = self.converge(&conn).await {
+                        return Stopped::JournalFailed(e);
+                    }
                 }
                 Some(done) = done_rx.recv() => {
                     let (id, effect) = *done;

@@ -105,8 +105,13 @@ impl Agent {
             self.machine.firewall.as_ref(),
             &spec.access.clone().unwrap_or_default(),
         );
+        let secrets = self.converge_secrets(&spec, conn);
         let now = self.now();
-        for (name, outcome) in [("devices", devices), ("access", access)] {
+        for (name, outcome) in [
+            ("devices", devices),
+            ("access", access),
+            ("secrets", secrets),
+        ] {
             self.observe_section(name, &outcome.status.name().to_ascii_lowercase());
             if outcome.changed {
                 info!(generation = spec.generation, section = name, "converged");

@@ -2,7 +2,7 @@
 
 use super::{Tx, execute, query, query_opt};
 use crate::error::{StoreError, TxError};
-use crate::secrets::{Put, SealSecret, SecretRow, SecretSummary, exists, missing};
+use crate::secrets::{Put, SealSecret, SecretRow, SecretSummary, exists, missing, unsealed};
 
 fn summary(r: &tokio_postgres::Row) -> SecretSummary {
     SecretSummary {
@@ -45,7 +45,7 @@ pub(super) async fn put(
         _ => {}
     }
     let version = newest.map_or(1, |(v, _)| v + 1);
-    let sealed = seal(version);
+    let sealed = seal(version).ok_or_else(unsealed)?;
     let row = query_opt(
         tx,
         "INSERT INTO secrets (name, version, sealed, created_at, created_by) \

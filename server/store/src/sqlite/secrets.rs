@@ -3,7 +3,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{StoreError, TxError};
-use crate::secrets::{Put, SealSecret, SecretRow, SecretSummary, exists, missing};
+use crate::secrets::{Put, SealSecret, SecretRow, SecretSummary, exists, missing, unsealed};
 
 fn summary(r: &rusqlite::Row<'_>) -> rusqlite::Result<SecretSummary> {
     Ok(SecretSummary {
@@ -39,7 +39,7 @@ pub(super) fn put(
         _ => {}
     }
     let version = newest.map_or(1, |(v, _)| v + 1);
-    let sealed = seal(version);
+    let sealed = seal(version).ok_or_else(unsealed)?;
     Ok(c.prepare_cached(
         "INSERT INTO secrets (name, version, sealed, created_at, created_by) \
          VALUES (?1, ?2, ?3, compute_now(), ?4) \

@@ -63,6 +63,7 @@ pub async fn a_snapshot_reads_the_history_and_the_tables(f: Fixture) {
                 allocation_id: "a".into(),
                 gpus: vec!["0".into()],
                 env: Default::default(),
+                secrets: Vec::new(),
             });
             Ok(())
         }),

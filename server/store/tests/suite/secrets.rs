@@ -6,7 +6,7 @@ use bc_store::{Refusal, TxError};
 use super::Fixture;
 
 fn sealer(value: &'static str) -> bc_store::secrets::SealSecret {
-    Box::new(move |version| format!("{value}@v{version}").into_bytes())
+    Box::new(move |version| Some(format!("{value}@v{version}").into_bytes()))
 }
 
 pub async fn secret_versions_are_written_once_and_a_deleted_name_goes_on_counting(f: Fixture) {

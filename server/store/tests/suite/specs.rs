@@ -10,6 +10,7 @@ fn assignment(id: &str, gpus: &[&str]) -> Assignment {
         allocation_id: id.into(),
         gpus: gpus.iter().map(|g| g.to_string()).collect(),
         env: [("A".to_string(), "1".to_string())].into(),
+        secrets: Vec::new(),
     }
 }
 
