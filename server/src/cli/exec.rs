@@ -318,3 +318,111 @@ pub fn exit_code(e: &v1::TunnelExit) -> ExitCode {
     }
     ExitCode::from(e.code.clamp(0, 255) as u8)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    struct Issued {
+        ca_der: Vec<u8>,
+        cert: Vec<u8>,
+        key: KeyPair,
+    }
+
+    /// A fleet CA in `dir` and a node certificate it issued to `node`.
+    fn issued(dir: &std::path::Path, node: &str) -> Issued {
+        std::fs::create_dir_all(dir).unwrap();
+        let ca = crate::pki::ca::Ca::load_or_create(dir, &["localhost".into()], NOW).unwrap();
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap()
+            .der()
+            .to_vec();
+        let cert = ca
+            .issue_node_cert(&csr, node, None, NOW, std::time::Duration::from_secs(3600))
+            .unwrap();
+        Issued {
+            ca_der: ca.cert.to_vec(),
+            cert: cert.der.to_vec(),
+            key,
+        }
+    }
+
+    /// The accept the node sends for `sid` and `ticket`, signed by `key`.
+    fn accept(sid: &str, ticket: &str, cert: &[u8], key: &KeyPair) -> TunnelAccept {
+        let ticket_sha256 = tunnel::ticket_sha256(ticket).to_vec();
+        let node_public = vec![9u8; 32];
+        let message = tunnel::accept_message(sid, &ticket_sha256, &node_public);
+        TunnelAccept {
+            sid: sid.into(),
+            ticket_sha256,
+            node_public,
+            cert_der: cert.to_vec(),
+            signature: rcgen::SigningKey::sign(key, &message).unwrap(),
+        }
+    }
+
+    #[test]
+    fn only_the_nodes_own_accept_for_this_tunnel_and_ticket_passes() {
+        let d = tempfile::tempdir().unwrap();
+        let fleet = issued(&d.path().join("fleet"), "nd-1");
+        let check = |a: &TunnelAccept, node: &str, now: i64| {
+            check_accept(a, node, "tn-1", "ticket", &fleet.ca_der, now)
+        };
+        let good = accept("tn-1", "ticket", &fleet.cert, &fleet.key);
+        assert_eq!(check(&good, "nd-1", NOW), Ok(()));
+
+        // A relay's own key in the accept, under the node's certificate.
+        let mut swapped = good.clone();
+        swapped.node_public = vec![7u8; 32];
+        assert!(
+            check(&swapped, "nd-1", NOW)
+                .unwrap_err()
+                .contains("signature")
+        );
+        // Signed by a key of the relay's, under the node's certificate.
+        let relay = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let forged = accept("tn-1", "ticket", &fleet.cert, &relay);
+        assert!(
+            check(&forged, "nd-1", NOW)
+                .unwrap_err()
+                .contains("signature")
+        );
+        // A certificate another CA issued (the relay's own fleet).
+        let other = issued(&d.path().join("other"), "nd-1");
+        let foreign = accept("tn-1", "ticket", &other.cert, &other.key);
+        assert!(
+            check(&foreign, "nd-1", NOW)
+                .unwrap_err()
+                .contains("not the fleet CA's")
+        );
+        // Another node's accept, another tunnel's, another ticket's.
+        assert!(
+            check(&good, "nd-2", NOW)
+                .unwrap_err()
+                .contains("node nd-1's")
+        );
+        let elsewhere = accept("tn-2", "ticket", &fleet.cert, &fleet.key);
+        assert!(
+            check(&elsewhere, "nd-1", NOW)
+                .unwrap_err()
+                .contains("names tunnel")
+        );
+        let earlier = accept("tn-1", "another ticket", &fleet.cert, &fleet.key);
+        assert!(
+            check(&earlier, "nd-1", NOW)
+                .unwrap_err()
+                .contains("another ticket")
+        );
+        // A certificate that ran out.
+        assert!(
+            check(&good, "nd-1", NOW + 2 * 3_600_000)
+                .unwrap_err()
+                .contains("expired")
+        );
+    }
+}
