@@ -304,7 +304,7 @@ fn closed_by(
     node: &str,
     operator: Option<&std::path::Path>,
     what: &str,
-    close: &[&str],
+    close: impl FnOnce(),
 ) -> String {
     use std::io::{BufRead, BufReader, Read};
     let mut c = cli(server);
@@ -324,8 +324,7 @@ fn closed_by(
         .unwrap();
     assert_eq!(line, "started\n");
     let at = std::time::Instant::now();
-    let o = server.cli(close);
-    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    close();
     let status = bc_tests::wait_for(REDIAL, "the CLI to end", || c.try_wait().unwrap());
     println!("the tunnel closed {:?} after {what}", at.elapsed());
     let mut err = String::new();
@@ -337,13 +336,9 @@ fn closed_by(
 #[test]
 fn a_revocation_closes_the_nodes_tunnels() {
     let (_d, server, _node, id) = setup_connected(75);
-    let err = closed_by(
-        &server,
-        &id,
-        None,
-        "the node was deleted",
-        &["nodes", "delete", &id, "--yes"],
-    );
+    let err = closed_by(&server, &id, None, "the node was deleted", || {
+        ok(&server, &["nodes", "delete", &id, "--yes"])
+    });
     assert!(err.contains("run the command again"), "{err}");
 }
 
@@ -366,7 +361,38 @@ fn revoking_the_operator_closes_its_tunnels() {
         &id,
         Some(&cred),
         "the operator was revoked",
-        &["operators", "revoke", "ops"],
+        || ok(&server, &["operators", "revoke", "ops"]),
     );
     assert!(err.contains("operator ops was revoked"), "{err}");
+}
+
+/// Runs the CLI; a failure fails the test.
+fn ok(server: &bc_tests::Server, args: &[&str]) {
+    let o = server.cli(args);
+    assert!(o.status.success(), "{args:?}: {}", bc_tests::stderr(&o));
+}
+
+#[test]
+fn a_gateway_killed_mid_tunnel_ends_it_on_the_cli() {
+    use bc_tests::gateways::{add_gateway, start_gateway};
+    let d = tempfile::tempdir().unwrap();
+    let server = bc_tests::Server::start(&d.path().join("server"), bc_tests::FAST).unwrap();
+    let cred = d.path().join("gw-edge.json");
+    add_gateway(&server, "gw-edge", &cred);
+    let mut gw = start_gateway(&server, &d.path().join("gateway"), &cred, "gw-edge-1");
+    let mut node = bc_tests::Node::new(&d.path().join("n"), 77);
+    let o = node.join(&gw.url(), &server.token(1));
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected through the gateway", |n| {
+        n.state == "connected" && n.gateway == "gw-edge-1"
+    });
+    let err = closed_by(&server, &id, None, "the gateway was killed", || {
+        gw.proc.kill()
+    });
+    assert!(
+        err.contains("gateway") && err.contains("run the command again"),
+        "{err}"
+    );
 }
