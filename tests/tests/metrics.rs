@@ -116,6 +116,15 @@ fn metrics_move_with_what_happened() {
         Some(1.0)
     );
 
+    // A tunnel, and the bytes it carried each way.
+    let o = server.cli(&["exec", &id, "--", "echo", "through"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = wait_for(Duration::from_secs(10), "a tunnel in the metrics", || {
+        scrape(addr).filter(|s| value(s, "bcd_tunnels_total", &[]) == Some(1.0))
+    });
+    assert!(value(&s, "bcd_tunnel_bytes_total", &[("direction", "out")]).unwrap() > 0.0);
+    assert!(value(&s, "bcd_tunnel_bytes_total", &[("direction", "in")]).unwrap() > 0.0);
+
     // The devices section: a GPU the node does not have fails it.
     let out = server.cli(&["nodes", "assign", &id, "job-x", "--gpus", "GPU-not-here"]);
     assert!(out.status.success(), "{}", stderr(&out));

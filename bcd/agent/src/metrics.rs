@@ -2,8 +2,8 @@
 //! `prometheus-client` crate), served on `bcd node --metrics-listen` (off
 //! unless given; loopback is the default address): session state and
 //! reconnects, the journal's backlog, commands run, each section's
-//! convergence status, the certificate's life left, the clock offset, and
-//! re-inventories by cause.
+//! convergence status, the certificate's life left, the clock offset,
+//! re-inventories by cause, and tunnels with the bytes they carried.
 //!
 //! The session loop sets them ([`NodeMetrics`]); [`serve`] answers `GET
 //! /metrics` with one plain HTTP/1.1 exchange per connection, and nothing
@@ -43,6 +43,12 @@ pub struct CauseLabels {
     pub cause: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `in` (from the operator's CLI) or `out` (to it).
+    pub direction: String,
+}
+
 /// The statuses a section reports, each a series of its own.
 const STATUSES: &[&str] = &["ready", "progressing", "failed"];
 
@@ -62,6 +68,8 @@ pub struct NodeMetrics {
     pub cert_seconds_left: Gauge<f64, AtomicU64>,
     pub clock_offset_seconds: Gauge<f64, AtomicU64>,
     pub inventories: Family<CauseLabels, Counter>,
+    pub tunnels: Counter,
+    pub tunnel_bytes: Family<DirectionLabels, Counter>,
 }
 
 impl Default for NodeMetrics {
@@ -87,6 +95,8 @@ impl NodeMetrics {
             cert_seconds_left: Gauge::default(),
             clock_offset_seconds: Gauge::default(),
             inventories: Family::default(),
+            tunnels: Counter::default(),
+            tunnel_bytes: Family::default(),
         };
         registry.register(
             "session_connected",
@@ -144,7 +154,29 @@ impl NodeMetrics {
             "Inventory passes, by cause (uevent, pass)",
             m.inventories.clone(),
         );
+        registry.register(
+            "tunnels",
+            "Tunnels (exec, port-forward) that ended",
+            m.tunnels.clone(),
+        );
+        registry.register(
+            "tunnel_bytes",
+            "Record bytes of ended tunnels, in from the operator's CLI and out to it",
+            m.tunnel_bytes.clone(),
+        );
         NodeMetrics { registry, ..m }
+    }
+
+    /// A tunnel ended, having carried these record bytes each way.
+    pub fn tunnel_ended(&self, bytes_in: u64, bytes_out: u64) {
+        self.tunnels.inc();
+        for (direction, bytes) in [("in", bytes_in), ("out", bytes_out)] {
+            self.tunnel_bytes
+                .get_or_create(&DirectionLabels {
+                    direction: direction.into(),
+                })
+                .inc_by(bytes);
+        }
     }
 
     /// A session was established at `epoch`.

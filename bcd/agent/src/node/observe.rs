@@ -48,6 +48,12 @@ impl Agent {
         }
     }
 
+    pub(super) fn observe_tunnel(&self, ended: &super::tunnel::Ended) {
+        if let Some(m) = &self.metrics {
+            m.tunnel_ended(ended.bytes_in, ended.bytes_out);
+        }
+    }
+
     pub(super) fn observe_inventory(&self, cause: &str) {
         if let Some(m) = &self.metrics {
             m.inventory(cause);

@@ -299,6 +299,7 @@ impl Agent {
                     }
                 }
                 Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
+                    self.observe_tunnel(&ended);
                     self.event(
                         "tunnel.ended",
                         EventClass::Transition,
