@@ -146,7 +146,10 @@ fn a_secret_reaches_its_allocation_through_a_keyless_gateway_on_postgresql() {
     );
     assert!(!listed.contains(first), "a list shows no value: {listed}");
 
-    // A new version reaches the node; the spec is signed again for it.
+    // A new version reaches the node; the spec is signed again for it. The
+    // ticket keys rotated just before: the delivery is signed with the
+    // newest key the node's spec names.
+    assert!(ok(&f.server, &["ticket-keys", "rotate"]).contains("specs signed again: 1"));
     let second = "hf_second-fedcba9876543210";
     let rotated = put(&f.server, f.d.path(), "rotate", "hf-token", second);
     assert!(

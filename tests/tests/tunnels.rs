@@ -396,3 +396,60 @@ fn a_gateway_killed_mid_tunnel_ends_it_on_the_cli() {
         "{err}"
     );
 }
+
+#[test]
+fn tunnels_go_on_through_ticket_key_rotations() {
+    let (_d, server, _node, id) = setup_connected(78);
+    let echo = |word: &str| {
+        let out = exec(&server, &id, &["echo", word], b"");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{word}\n"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    echo("before");
+    let store = server.store();
+    let worker = {
+        use ring::signature::KeyPair;
+        let pkcs8 = std::fs::read(server.dir.join("worker.key")).unwrap();
+        let k = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).unwrap();
+        vec![k.public_key().as_ref().to_vec()]
+    };
+    let kids = || -> Vec<String> {
+        let (_, signed) = store.block(store.store.signed_spec(&id)).unwrap().unwrap();
+        let payload = bcd_proto::sign::open(&signed, &worker).unwrap();
+        let spec = v1::NodeSpec::decode(payload.as_slice()).unwrap();
+        ticket::Jwks::parse(&spec.ticket_jwks)
+            .unwrap()
+            .keys
+            .into_iter()
+            .map(|k| k.kid)
+            .collect()
+    };
+    let first = kids();
+    assert_eq!(first.len(), 1);
+    let o = server.cli(&["ticket-keys", "rotate"]);
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let printed = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        printed.contains(&format!("{} stays", first[0])),
+        "{printed}"
+    );
+    let both = kids();
+    assert_eq!(both.len(), 2);
+    assert_eq!(
+        both[1], first[0],
+        "the previous key stays beside the new one"
+    );
+    echo("after one rotation");
+    let o = server.cli(&["ticket-keys", "rotate"]);
+    let printed = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        printed.contains(&format!("ticket key {} is retired", first[0])),
+        "{printed}"
+    );
+    assert!(!kids().contains(&first[0]));
+    echo("after two");
+}

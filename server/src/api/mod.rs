@@ -213,6 +213,13 @@ impl Admin for AdminService {
             .map(Response::new)
     }
 
+    async fn rotate_ticket_keys(
+        &self,
+        _: Request<v1::RotateTicketKeysRequest>,
+    ) -> Reply<v1::RotateTicketKeysResponse> {
+        tunnels::rotate_keys(self).await.map(Response::new)
+    }
+
     async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Reply<v1::ListNodesResponse> {
         nodes::list(self).await.map(Response::new)
     }

@@ -211,6 +211,22 @@ pub async fn resolve(
 }
 
 impl JoinService {
+    /// `node`'s stored spec, opened as the node opens it: signed by this
+    /// key holder's worker key, naming the node.
+    fn opened_spec(&self, node: &str, signed: &[u8]) -> Result<v1::NodeSpec, Status> {
+        use prost::Message;
+        use ring::signature::KeyPair;
+        let worker = vec![self.worker_key.public_key().as_ref().to_vec()];
+        bcd_proto::sign::open(signed, &worker)
+            .ok()
+            .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok())
+            .filter(|s| s.node_id == node)
+            .ok_or_else(|| {
+                warn!(%node, "a node's stored spec does not open under the worker key");
+                Status::failed_precondition("the node's stored spec does not verify")
+            })
+    }
+
     /// A node's secret request, as the gateway that holds its session
     /// relayed it with the certificate the node presented.
     pub async fn deliver_secret(
@@ -277,34 +293,29 @@ impl JoinService {
         }
         // The node's worker-signed spec names this secret at this version
         // for this allocation: the store's columns decide nothing.
-        let held = match self
+        let spec = match self
             .store
             .signed_spec(&r.node_id)
             .await
             .map_err(unavailable)?
         {
-            Some((_, signed)) => seal::own_spec_opener(&self.worker_key, &r.node_id)(&signed)
-                .map_err(|e| {
-                    warn!(node = %r.node_id, error = %e, "a node's stored spec does not open");
-                    Status::failed_precondition("the node's stored spec does not verify")
-                })?
-                .body
-                .assignments
-                .iter()
-                .any(|a| {
-                    a.allocation_id == r.allocation_id
-                        && a.secrets
-                            .iter()
-                            .any(|s| s.name == r.name && s.version == r.version)
-                }),
-            None => false,
+            Some((_, signed)) => Some(self.opened_spec(&r.node_id, &signed)?),
+            None => None,
         };
-        if !held {
+        let held = spec.as_ref().is_some_and(|s| {
+            s.devices.iter().flat_map(|d| &d.assignments).any(|a| {
+                a.allocation_id == r.allocation_id
+                    && a.secrets
+                        .iter()
+                        .any(|s| s.name == r.name && s.version == r.version)
+            })
+        });
+        let (true, Some(spec)) = (held, spec) else {
             return Err(refusal(Refusal::NotFound(format!(
                 "node {}'s spec gives allocation {} no secret {} v{}",
                 r.node_id, r.allocation_id, r.name, r.version
             ))));
-        }
+        };
         let row = self
             .store
             .secret(&r.name, r.version)
@@ -326,7 +337,7 @@ impl JoinService {
                 )
             })?;
         let jwe = secret::seal(&value, &r.one_time_key).map_err(|e| bad_request(e.to_string()))?;
-        let jws = self.tickets.deliver(&Delivery {
+        let delivery = Delivery {
             iss: bcd_proto::ticket::ISSUER.into(),
             node: r.node_id.clone(),
             allocation: r.allocation_id.clone(),
@@ -335,7 +346,18 @@ impl JoinService {
             req: secret::request_digest(&statement),
             iat: now / 1000,
             jwe,
-        });
+        };
+        // Signed with the newest ticket key the node's spec names, which is
+        // the one it verifies with.
+        let jws = self
+            .tickets
+            .deliver(&spec.ticket_jwks, &delivery)
+            .ok_or_else(|| {
+                Status::unavailable(
+                    "the node's spec names none of the ticket keys yet: it asks again once it \
+                     took a spec naming them",
+                )
+            })?;
         let detail = format!(
             "{} v{} to allocation {}",
             r.name, r.version, r.allocation_id

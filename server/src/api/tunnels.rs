@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bcd_proto::ticket::{self, Claims, Jwks};
+use bcd_proto::ticket::{self, Claims};
 use bcd_proto::v1::{
     self, TunnelClientFrame, TunnelServerFrame, tunnel_client_frame, tunnel_server_frame,
 };
@@ -337,11 +337,10 @@ fn check(r: &v1::TunnelRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// Makes sure the node enforces a spec naming the ticket key: if the
-/// stored spec does not, signs its body again with the keys and waits
-/// until the node applied that generation.
-async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> {
-    let kid = svc.ticket_key.kid();
+/// Makes sure the node enforces a spec naming a ticket key: if the stored
+/// spec names neither, signs its body again with the keys and waits until
+/// the node applied that generation. Returns that spec's JWKS.
+async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<String, Status> {
     let worker = {
         use ring::signature::KeyPair;
         vec![svc.worker_key.public_key().as_ref().to_vec()]
@@ -355,9 +354,9 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> 
         .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
     let carries = stored
         .as_ref()
-        .is_some_and(|s| Jwks::parse(&s.ticket_jwks).is_ok_and(|k| k.contains(&kid)));
-    let wanted = match stored {
-        Some(s) if carries => s.generation,
+        .is_some_and(|s| svc.ticket_key.named_in(&s.ticket_jwks));
+    let (wanted, jwks) = match stored {
+        Some(s) if carries => (s.generation, s.ticket_jwks),
         _ => {
             let info = super::specs::change(svc, node.to_string(), |_| Ok(())).await?;
             info!(
@@ -365,14 +364,14 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> 
                 generation = info.desired_generation,
                 "spec signed again to carry the ticket keys"
             );
-            info.desired_generation
+            (info.desired_generation, svc.ticket_key.jwks())
         }
     };
     let deadline = tokio::time::Instant::now() + SPEC_WAIT;
     loop {
         let view = svc.store.spec_view(node).await.map_err(unavailable)?;
         if view.is_some_and(|v| v.applied_generation >= wanted) {
-            return Ok(());
+            return Ok(jwks);
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(Status::unavailable(format!(
@@ -383,6 +382,40 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<(), Status> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `RotateTicketKeys`: a new current key, then every node's spec signed
+/// again (same body) so that it names both keys.
+pub async fn rotate_keys(svc: &AdminService) -> Result<v1::RotateTicketKeysResponse, Status> {
+    let rotated = svc.ticket_key.rotate().map_err(|e| {
+        tracing::error!(error = %format!("{e:#}"), "cannot rotate the ticket keys");
+        Status::internal("cannot write the new ticket key in the data directory")
+    })?;
+    info!(kid = %rotated.kid, previous = %rotated.previous_kid, "ticket keys rotated");
+    let mut nodes = Vec::new();
+    for n in svc.store.list_nodes().await.map_err(unavailable)?.nodes {
+        if svc
+            .store
+            .signed_spec(&n.node_id)
+            .await
+            .map_err(unavailable)?
+            .is_none()
+        {
+            continue;
+        }
+        super::specs::change(svc, n.node_id.clone(), |_| Ok(())).await?;
+        nodes.push(n.node_id);
+    }
+    info!(
+        nodes = nodes.len(),
+        "specs signed again to name the new ticket key"
+    );
+    Ok(v1::RotateTicketKeysResponse {
+        kid: rotated.kid,
+        previous_kid: rotated.previous_kid,
+        retired_kid: rotated.retired_kid.unwrap_or_default(),
+        nodes,
+    })
 }
 
 /// `Tunnel`: the first frame asks; the answer is the ticket, then the
@@ -408,7 +441,7 @@ pub async fn open(
         .clone()
         .ok_or_else(|| Status::unavailable("this process holds no gateway to open tunnels on"))?;
     let node = request.node_id.clone();
-    spec_carries_key(svc, &node).await?;
+    let jwks = spec_carries_key(svc, &node).await?;
     let now_s = svc.store.now().await.map_err(unavailable)? / 1000;
     let sid = random_id("tn-");
     let (exec, port) = if request.argv.is_empty() {
@@ -433,7 +466,12 @@ pub async fn open(
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&request.client_public)
         },
     };
-    let ticket = svc.ticket_key.issue(&claims);
+    let ticket = svc.ticket_key.issue(&jwks, &claims).ok_or_else(|| {
+        Status::unavailable(format!(
+            "node {node}'s spec names none of the ticket keys after a rotation: open the tunnel \
+             again"
+        ))
+    })?;
     let what = match (&claims.exec, claims.port) {
         (Some(argv), _) => format!("exec {argv:?} as {}", claims.user),
         (None, Some(p)) => format!("port {p}"),

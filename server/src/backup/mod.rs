@@ -56,6 +56,7 @@ pub const KEY_FILES: &[(&str, bool, u32)] = &[
     ("ca.crt", true, 0o644),
     ("worker.key", true, 0o600),
     (crate::pki::tickets::KEY_FILE, false, 0o600),
+    (crate::pki::tickets::PREVIOUS_FILE, false, 0o600),
     (crate::pki::secrets::KEY_FILE, false, 0o600),
     ("gateway.key", false, 0o600),
     ("gateway.crt", false, 0o644),

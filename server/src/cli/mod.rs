@@ -22,6 +22,7 @@ mod rollouts;
 mod secrets;
 mod serve;
 mod sim;
+mod ticket_keys;
 mod tokens;
 
 use std::path::PathBuf;
@@ -105,6 +106,11 @@ enum Command {
     Secrets {
         #[command(subcommand)]
         command: secrets::SecretsCommand,
+    },
+    /// The keys that sign exec tickets and secret deliveries.
+    TicketKeys {
+        #[command(subcommand)]
+        command: ticket_keys::TicketKeysCommand,
     },
     /// Credentials of gateway processes that hold no key.
     Gateways {
@@ -258,6 +264,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Machines { command } => machines::run(command, &target).await.map(|()| done),
         Command::Gateways { command } => gateways::run(command, &target).await.map(|()| done),
         Command::Secrets { command } => secrets::run(command, &target).await.map(|()| done),
+        Command::TicketKeys { command } => ticket_keys::run(command, &target).await.map(|()| done),
         Command::Nodes { command } => nodes::run(command, &target).await.map(|()| done),
         Command::Commands { command } => commands::run(command, &target).await,
         Command::Exec(args) => exec::run(args, &target).await,

@@ -155,7 +155,7 @@ pub fn spec_sealer(
     Box::new(move |seal, body| {
         bcd_proto::sign::seal(
             &key,
-            spec_payload(&node, seal, body, tickets.jwks()).encode_to_vec(),
+            spec_payload(&node, seal, body, &tickets.jwks()).encode_to_vec(),
         )
     })
 }
