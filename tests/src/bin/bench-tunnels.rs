@@ -9,6 +9,12 @@
 //! - Port-forward throughput: bytes written through `better-compute
 //!   port-forward` to a sink on the node's loopback, against the same bytes
 //!   written straight to the sink, alternating, in one run.
+//! - The crypto ceiling: what sealing and opening alone allow on one core.
+//!   A byte through the tunnel is sealed and opened once end to end
+//!   (ChaCha20-Poly1305, the tunnel's records) and once on each of its two
+//!   TLS hops (CLI to the operator API, gateway to the node: AES-128-GCM),
+//!   so one core passes at most 1 / (1/e2e + 2/tls) of it, whatever the
+//!   relays do.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-tunnels --execs 200 --mib 256`.
@@ -67,6 +73,54 @@ fn write_through(addr: SocketAddr, mib: usize) -> f64 {
     let mut ok = [0u8; 1];
     c.read_exact(&mut ok).expect("the sink's answer");
     t.elapsed().as_secs_f64()
+}
+
+/// MiB/s of sealing then opening `mib` MiB in 32 KiB records with the
+/// tunnel's own keys.
+fn tunnel_crypto(mib: usize) -> f64 {
+    use bcd_proto::tunnel::{Ephemeral, Side};
+    let (client, node) = (Ephemeral::new().unwrap(), Ephemeral::new().unwrap());
+    let (cp, np) = (client.public(), node.public());
+    let (mut seal, _) = client.agree(Side::Client, &np, "tn", &[0; 32]).unwrap();
+    let (_, mut open) = node.agree(Side::Node, &cp, "tn", &[0; 32]).unwrap();
+    let record = vec![0x5au8; 32 * 1024];
+    let t = Instant::now();
+    for _ in 0..mib * 32 {
+        let sealed = seal.seal(&record).unwrap();
+        std::hint::black_box(open.open(&sealed).unwrap());
+    }
+    mib as f64 / t.elapsed().as_secs_f64()
+}
+
+/// MiB/s of sealing then opening `mib` MiB in 16 KiB records (a TLS
+/// record) with AES-128-GCM, the TLS hops' cipher.
+fn tls_crypto(mib: usize) -> f64 {
+    use ring::aead::{AES_128_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    let key = LessSafeKey::new(UnboundKey::new(&AES_128_GCM, &[7; 16]).unwrap());
+    let mut record = vec![0x5au8; 16 * 1024];
+    let t = Instant::now();
+    for i in 0..mib as u64 * 64 {
+        let mut nonce = [0u8; 12];
+        nonce[4..].copy_from_slice(&i.to_be_bytes());
+        let tag = key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut record,
+            )
+            .unwrap();
+        record.extend_from_slice(tag.as_ref());
+        let plain = key
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut record,
+            )
+            .unwrap()
+            .len();
+        record.truncate(plain);
+    }
+    mib as f64 / t.elapsed().as_secs_f64()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -139,5 +193,15 @@ fn main() -> anyhow::Result<()> {
     }
     let _ = pf.kill();
     let _ = pf.wait();
+    let (e2e, tls) = (tunnel_crypto(args.mib), tls_crypto(args.mib));
+    let ceiling = 1.0 / (1.0 / e2e + 2.0 / tls);
+    let direct = args.mib as f64 / write_through(target, args.mib);
+    println!(
+        "crypto ceiling on one core: end to end (ChaCha20-Poly1305) {e2e:.0} MiB/s, a TLS hop \
+         (AES-128-GCM) {tls:.0} MiB/s: the tunnel at most {ceiling:.0} MiB/s, {:.3}x of direct \
+         ({direct:.0} MiB/s) on one core, {:.3}x on two",
+        ceiling / direct,
+        2.0 * ceiling / direct
+    );
     Ok(())
 }
