@@ -468,7 +468,32 @@ fn check_on_an_empty_database_creates_nothing() {
 /// deadline, not half a TTL from whenever it began.
 #[test]
 fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
-    let (mut cluster, url) = own_cluster("hung");
+    fenced_within_half_the_default_lease(
+        "hung",
+        |c| c.freeze(true).unwrap(),
+        |c| c.freeze(false).unwrap(),
+    );
+}
+
+/// A database that is gone (connections refused at once) fences a gateway
+/// at the default timings within half its lease too: the renewal refused
+/// at the tick before the deadline fences at the deadline, not at the
+/// tick after it (15 s).
+#[test]
+fn a_stopped_database_fences_its_gateway_within_half_the_default_lease() {
+    fenced_within_half_the_default_lease(
+        "stopped",
+        |c| c.stop().unwrap(),
+        |c| c.start_again().unwrap(),
+    );
+}
+
+fn fenced_within_half_the_default_lease(
+    name: &str,
+    fail: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
+    mend: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
+) {
+    let (mut cluster, url) = own_cluster(name);
     let d = tempfile::tempdir().unwrap();
     // The default lease and its renewal cadence: 20 s, every 5 s.
     let g = Server::start_postgres(&d.path().join("server"), &url, &["--gateway-id", "gw-h"])
@@ -477,19 +502,19 @@ fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
     // five seconds on, is the one that hangs.
     std::thread::sleep(Duration::from_millis(500));
     assert!(!g.proc.log().contains("fencing"), "{}", g.proc.log());
-    cluster.freeze(true).unwrap();
-    let frozen = Instant::now();
+    fail(&mut cluster);
+    let failed = Instant::now();
     wait_for(Duration::from_secs(20), "the gateway fenced", || {
         g.proc.log().contains("fencing").then_some(())
     });
-    let fenced_in = frozen.elapsed();
-    cluster.freeze(false).unwrap();
-    eprintln!("hung database: fenced in {:.1}s", fenced_in.as_secs_f64());
+    let fenced_in = failed.elapsed();
+    mend(&mut cluster);
+    eprintln!("{name} database: fenced in {:.1}s", fenced_in.as_secs_f64());
     // At most half the TTL after the last renewal that answered, which
     // was before the freeze (a second of slack for a loaded machine).
     assert!(
         fenced_in <= Duration::from_secs(11),
-        "fenced {:.1}s after the database hung",
+        "fenced {:.1}s after the database {name}",
         fenced_in.as_secs_f64()
     );
     // And it holds the lease again once the database answers.

@@ -123,14 +123,31 @@ pub fn decide(
 }
 
 /// How long a renewal may take: until half the TTL after the last good
-/// one (when the gateway fences without one), and never less than a
-/// fortieth of the TTL; a whole half TTL when there was none, or the
-/// deadline has passed (fenced already, waiting to hold it again).
+/// one (when the gateway fences without one); a whole half TTL when there
+/// was none, or the deadline has passed (fenced already, waiting to hold
+/// it again).
 pub fn renewal_budget(since_last_ok: Option<Duration>, ttl: Duration) -> Duration {
     let half = ttl / 2;
     match since_last_ok {
-        Some(d) if d < half => (half - d).max(ttl / 40),
+        Some(d) if d < half => half - d,
         _ => half,
+    }
+}
+
+/// How long until the gateway fences unless a renewal holds first: after a
+/// renewal that failed (`failing`), half the TTL from the last good one.
+/// `None` when nothing is due: the last renewal held, or the gateway is
+/// fenced already. A renewal refused at once a hair before the deadline
+/// therefore fences at the deadline, not a tick later.
+pub fn fence_in(
+    failing: bool,
+    fenced: bool,
+    since_last_ok: Option<Duration>,
+    ttl: Duration,
+) -> Option<Duration> {
+    match since_last_ok {
+        Some(d) if failing && !fenced => Some((ttl / 2).saturating_sub(d)),
+        _ => None,
     }
 }
 
@@ -147,8 +164,22 @@ pub async fn keep(state: Arc<GatewayState>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = state.lease_name();
     let mut skew_raised: Option<Instant> = None;
+    // The last renewal failed and the gateway still serves.
+    let mut failing = false;
     loop {
-        tick.tick().await;
+        let due = fence_in(
+            failing,
+            state.is_fenced(),
+            last_ok.map(|t| t.elapsed()),
+            ttl,
+        );
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => {
+                state.fence("no lease renewal for half the lease TTL");
+                continue;
+            }
+        }
         // A stopping gateway releases its lease with its sessions; a
         // renewal after that would hold it again for a whole TTL.
         let _renewing = state.renewing.lock().await;
@@ -180,6 +211,7 @@ pub async fn keep(state: Arc<GatewayState>) {
             }
         };
         let action = decide(renewal, last_ok.map(|t| t.elapsed()), last_store_now, ttl);
+        failing = action == Action::Wait;
         let held = match action {
             Action::Hold(now) => Some(now),
             Action::Rehold(now, why) => {
@@ -243,10 +275,10 @@ mod tests {
         assert_eq!(renewal_budget(Some(s(0)), TTL), s(10));
         // The tick after a good renewal: five seconds left, not ten.
         assert_eq!(renewal_budget(Some(s(5)), TTL), s(5));
-        // A hair before the deadline: a floor, so a renewal can answer.
+        // A hair before the deadline: only what is left of it.
         assert_eq!(
             renewal_budget(Some(Duration::from_millis(9_900)), TTL),
-            Duration::from_millis(500)
+            Duration::from_millis(100)
         );
         // Fenced already, or never held: a whole half TTL to get it back.
         assert_eq!(renewal_budget(Some(s(12)), TTL), s(10));
@@ -258,6 +290,27 @@ mod tests {
             decide(Renewal::Failed, Some(since), None, TTL),
             Action::Fence(_)
         ));
+    }
+
+    #[test]
+    fn a_failed_renewal_fences_at_the_deadline_not_a_tick_later() {
+        let s = Duration::from_secs;
+        // Refused at the tick 5 s after the last good renewal: fenced 5 s
+        // on, at the deadline, though the next tick is 5 s away too; and
+        // refused a hair before it, fenced at it, not at the tick after.
+        assert_eq!(fence_in(true, false, Some(s(5)), TTL), Some(s(5)));
+        assert_eq!(
+            fence_in(true, false, Some(Duration::from_millis(9_990)), TTL),
+            Some(Duration::from_millis(10))
+        );
+        assert_eq!(
+            fence_in(true, false, Some(s(12)), TTL),
+            Some(Duration::ZERO)
+        );
+        // Holding, fenced already, or never held: nothing due.
+        assert_eq!(fence_in(false, false, Some(s(5)), TTL), None);
+        assert_eq!(fence_in(true, true, Some(s(5)), TTL), None);
+        assert_eq!(fence_in(true, false, None, TTL), None);
     }
 
     #[test]
