@@ -506,7 +506,7 @@ pub async fn open(
         name: operator.name.clone(),
     };
     tokio::spawn(async move {
-        splice(inbound, link, tx, sid, standing).await;
+        splice(inbound, link, tx, sid, || standing.lost()).await;
         drop(counted);
     });
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
@@ -540,20 +540,25 @@ impl Standing {
 }
 
 /// Moves frames both ways until either side ends, or the operator is
-/// revoked.
-async fn splice(
-    mut inbound: Streaming<TunnelClientFrame>,
+/// revoked. When the node's side stops taking frames (the command ended
+/// and the node closed), what it sent before (its exit) still reaches the
+/// CLI: the CLI's frames are no longer read, the node's are drained.
+async fn splice<F: std::future::Future<Output = Option<String>>>(
+    mut inbound: impl Stream<Item = Result<TunnelClientFrame, Status>> + Unpin,
     mut link: NodeLink,
     tx: mpsc::Sender<Result<TunnelServerFrame, Status>>,
     sid: String,
-    standing: Standing,
+    mut lost: impl FnMut() -> F,
 ) {
+    use tokio_stream::StreamExt;
     let mut check = tokio::time::interval(STANDING_EVERY);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Whether the node's side still takes the CLI's frames.
+    let mut to_node = true;
     loop {
         tokio::select! {
             _ = check.tick() => {
-                if let Some(why) = standing.lost().await {
+                if let Some(why) = lost().await {
                     warn!(%sid, %why, "tunnel closed");
                     let _ = tx
                         .send(Err(Status::permission_denied(format!("{why}: the tunnel is closed"))))
@@ -561,14 +566,21 @@ async fn splice(
                     break;
                 }
             }
-            m = inbound.message() => match m {
-                Ok(Some(TunnelClientFrame { msg: Some(tunnel_client_frame::Msg::Data(d)) })) => {
+            m = inbound.next(), if to_node => match m {
+                Some(Ok(TunnelClientFrame { msg: Some(tunnel_client_frame::Msg::Data(d)) })) => {
                     if link.to_node.send(d).await.is_err() {
-                        break;
+                        to_node = false;
                     }
                 }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
+                Some(Ok(_)) => {}
+                None => {
+                    info!(%sid, "the operator's side ended the tunnel");
+                    break;
+                }
+                Some(Err(e)) => {
+                    warn!(%sid, error = %e.message(), "the operator's side of the tunnel failed");
+                    break;
+                }
             },
             d = link.from_node.recv() => match d {
                 Some(d) => {
@@ -595,6 +607,50 @@ async fn splice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn data(d: &[u8]) -> Result<TunnelClientFrame, Status> {
+        Ok(TunnelClientFrame {
+            msg: Some(tunnel_client_frame::Msg::Data(d.to_vec())),
+        })
+    }
+
+    /// The node ran its command, sent its exit and closed; a frame of the
+    /// CLI's comes in before the exit went out (its stdin closing). The
+    /// exit still reaches the CLI, then the tunnel ends.
+    #[tokio::test]
+    async fn the_nodes_last_frames_reach_the_cli_after_it_stopped_taking_frames() {
+        for _ in 0..50 {
+            let (to_node, from_cli) = mpsc::channel::<Vec<u8>>(16);
+            drop(from_cli);
+            let (to_cli, from_node) = mpsc::channel::<Vec<u8>>(16);
+            to_cli.send(b"stdout".to_vec()).await.unwrap();
+            to_cli.send(b"exit".to_vec()).await.unwrap();
+            drop(to_cli);
+            let (tx, mut rx) = mpsc::channel(16);
+            // The CLI's stream stays open, as the CLI's does while it
+            // waits for the exit.
+            let inbound = tokio_stream::StreamExt::chain(
+                tokio_stream::iter(vec![data(b"stdin closed")]),
+                tokio_stream::pending(),
+            );
+            splice(
+                Box::pin(inbound),
+                NodeLink { to_node, from_node },
+                tx,
+                "tn-1".into(),
+                || async { None },
+            )
+            .await;
+            let mut got = Vec::new();
+            while let Some(Ok(TunnelServerFrame {
+                msg: Some(tunnel_server_frame::Msg::Data(d)),
+            })) = rx.recv().await
+            {
+                got.push(d);
+            }
+            assert_eq!(got, [b"stdout".to_vec(), b"exit".to_vec()]);
+        }
+    }
 
     fn req() -> v1::TunnelRequest {
         v1::TunnelRequest {

@@ -242,6 +242,10 @@ async fn answer(
             return;
         }
     };
+    // Whether the node's side still takes the CLI's frames: once it does
+    // not (the node closed), what the node sent before (its exit) still
+    // goes up before the stream ends.
+    let mut node_takes = true;
     loop {
         tokio::select! {
             d = from_node.recv() => match d {
@@ -253,10 +257,10 @@ async fn answer(
                 }
                 None => break,
             },
-            m = down.message() => match m {
+            m = down.message(), if node_takes => match m {
                 Ok(Some(f)) => {
                     if to_node.send(f.data).await.is_err() {
-                        break;
+                        node_takes = false;
                     }
                 }
                 _ => break,

@@ -159,7 +159,21 @@ fn main() -> anyhow::Result<()> {
             .stdin(Stdio::null())
             .output()?;
         rtt.push(t.elapsed().as_secs_f64() * 1000.0);
-        anyhow::ensure!(o.status.success(), "exec: {}", bc_tests::stderr(&o));
+        if !o.status.success() {
+            // What the processes log after the CLI ended too.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        let tail = |log: String| -> String {
+            let lines: Vec<&str> = log.lines().collect();
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        };
+        anyhow::ensure!(
+            o.status.success(),
+            "exec: {}\nserver:\n{}\nnode:\n{}",
+            bc_tests::stderr(&o),
+            tail(server.proc.log()),
+            tail(node.proc().log())
+        );
     }
     rtt.sort_by(f64::total_cmp);
     println!(
