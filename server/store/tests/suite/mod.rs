@@ -361,6 +361,8 @@ macro_rules! store_suite {
             liveness::leases_are_listed_with_owner_and_expiry,
             liveness::the_fleet_size_counts_connected_sessions_and_live_gateways,
             races::two_hellos_for_one_node_get_distinct_epochs,
+            races::two_hellos_for_one_node_queue_on_the_nodes_row,
+            races::an_ack_against_an_epoch_bump_moves_nothing,
             races::a_hello_against_a_lease_takeover_never_routes_without_the_lease,
             races::dispatch_against_an_epoch_bump_is_replayed_or_left_pending,
             races::of_two_results_the_first_wins,

@@ -45,6 +45,82 @@ pub async fn two_hellos_for_one_node_get_distinct_epochs(f: Fixture) {
     assert_eq!(epochs, (1..=2 * ROUNDS as u64).collect::<Vec<_>>());
 }
 
+/// Forced: the first Hello has the node's row and stalls writing the
+/// session (a held writer has that row); the second comes then. It must
+/// queue on the node's row and read the first's epoch, not the one
+/// before: without that lock both would route under one epoch.
+pub async fn two_hellos_for_one_node_queue_on_the_nodes_row(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    a.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap();
+    for round in 0..HELD_ROUNDS {
+        let stalled = f
+            .hold(&format!(
+                "UPDATE node_sessions SET last_seen = last_seen WHERE node_id = '{node}'"
+            ))
+            .await;
+        let (a2, ha) = (a.clone(), hello(&node, 1, "gw-a", 0));
+        let first = tokio::spawn(async move { a2.hello(&ha).await });
+        // The first has read the session and waits to write it.
+        f.until_waiting(1).await;
+        let (b2, hb) = (b.clone(), hello(&node, 1, "gw-b", 0));
+        let second = tokio::spawn(async move { b2.hello(&hb).await });
+        f.until_waiting(2).await;
+        drop(stalled);
+        let mut epochs = [
+            first.await.unwrap().unwrap().epoch,
+            second.await.unwrap().unwrap().epoch,
+        ];
+        epochs.sort_unstable();
+        assert_eq!(
+            epochs[1],
+            epochs[0] + 1,
+            "round {round}: the later Hello read the earlier one's epoch"
+        );
+        let s = a.session(&node).await.unwrap().unwrap();
+        assert_eq!(s.epoch, epochs[1], "round {round}");
+    }
+}
+
+/// Forced: a Hello through another gateway bumps the node's epoch and
+/// stalls at its commit (a held writer has the audit chains' heads), the
+/// command it replays locked; the old session's late ack comes then and
+/// waits on that command. Once the Hello commits, the ack must match
+/// nothing: the command stays dispatched under the new epoch, not acked.
+pub async fn an_ack_against_an_epoch_bump_moves_nothing(f: Fixture) {
+    let (a, b) = (f.store.clone(), f.reopen().await);
+    let node = joined(&a, 1).await;
+    for round in 0..HELD_ROUNDS {
+        let e1 = a.hello(&hello(&node, 1, "gw-a", 0)).await.unwrap().epoch;
+        let (c, _) = a
+            .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
+            .await
+            .unwrap();
+        let taken = a.take_dispatchable("gw-a", &node, e1).await.unwrap();
+        assert!(taken.iter().any(|d| d.id == c.id), "round {round}");
+        let stalled = f.hold("UPDATE audit_head SET seq = seq").await;
+        let (b2, h) = (b.clone(), hello(&node, 1, "gw-b", 0));
+        let bump = tokio::spawn(async move { b2.hello(&h).await });
+        f.until_waiting(1).await;
+        let (a2, id) = (a.clone(), c.id.clone());
+        let old = super::route("gw-a", &node, e1);
+        let ack = tokio::spawn(async move { a2.command_ack(&old, &id, false).await });
+        f.until_waiting(2).await;
+        drop(stalled);
+        let bumped = bump.await.unwrap().unwrap();
+        ack.await.unwrap().unwrap();
+        let row = a.get_command(&c.id).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.epoch),
+            ("dispatched", bumped.epoch),
+            "round {round}: the old session's ack moved the replayed command"
+        );
+        a.command_result(&node, &result(&node, 1, &c.id, Outcome::Succeeded), verify)
+            .await
+            .unwrap();
+    }
+}
+
 pub async fn a_hello_against_a_lease_takeover_never_routes_without_the_lease(f: Fixture) {
     let (a, b) = (f.store.clone(), f.reopen().await);
     let node = joined(&a, 1).await;
