@@ -146,9 +146,11 @@ pub(super) async fn list(
     .collect())
 }
 
-/// Dispatch holds the session row `FOR SHARE`: a Hello bumping the epoch
-/// waits until this commits (and then replays what it marked), or runs
-/// first and this finds nothing to send on the old epoch.
+/// Dispatch holds the session row and the gateway's lease `FOR SHARE`: a
+/// Hello bumping the epoch waits until this commits (and then replays
+/// what it marked), or runs first and this finds nothing to send on the
+/// old epoch; a gateway whose lease ran out or went to another owner
+/// dispatches nothing, and a takeover waits for a dispatch under way.
 pub(super) async fn take_dispatchable(
     tx: &Tx<'_>,
     gateway_id: &str,
@@ -156,12 +158,14 @@ pub(super) async fn take_dispatchable(
     epoch: u64,
 ) -> Result<Vec<Dispatch>, StoreError> {
     let epoch = epoch as i64;
+    let lease = crate::leases::gateway_lease(gateway_id);
     let current = query_opt(
         tx,
-        "SELECT 1 FROM node_sessions
-         WHERE node_id = $1 AND gateway_id = $2 AND epoch = $3 AND state = 'connected'
-         FOR SHARE",
-        &[&node_id, &gateway_id, &epoch],
+        "SELECT 1 FROM node_sessions s
+         JOIN leases l ON l.name = $4 AND l.owner = $2 AND l.expires_at >= compute_now()
+         WHERE s.node_id = $1 AND s.gateway_id = $2 AND s.epoch = $3 AND s.state = 'connected'
+         FOR SHARE OF s, l",
+        &[&node_id, &gateway_id, &epoch, &lease],
     )
     .await?;
     if current.is_none() {

@@ -147,21 +147,30 @@ pub(super) fn take_dispatchable(
             "SELECT c.id, c.seq, c.signed, c.min_generation, compute_now() - c.created_at
              FROM commands c
              JOIN node_sessions s ON s.node_id = c.node_id
+             JOIN leases l ON l.name = ?4 AND l.owner = ?2 AND l.expires_at >= compute_now()
              WHERE c.node_id = ?1 AND c.state = 'pending'
                AND s.gateway_id = ?2 AND s.epoch = ?3 AND s.state = 'connected'
              ORDER BY c.seq",
         )?
-        .query_map(params![node_id, gateway_id, epoch as i64], |r| {
-            Ok((
-                Dispatch {
-                    id: r.get(0)?,
-                    seq: r.get::<_, i64>(1)? as u64,
-                    signed: r.get(2)?,
-                    waited_ms: Some(r.get(4)?),
-                },
-                r.get::<_, i64>(3)?.max(0) as u64,
-            ))
-        })?
+        .query_map(
+            params![
+                node_id,
+                gateway_id,
+                epoch as i64,
+                crate::leases::gateway_lease(gateway_id)
+            ],
+            |r| {
+                Ok((
+                    Dispatch {
+                        id: r.get(0)?,
+                        seq: r.get::<_, i64>(1)? as u64,
+                        signed: r.get(2)?,
+                        waited_ms: Some(r.get(4)?),
+                    },
+                    r.get::<_, i64>(3)?.max(0) as u64,
+                ))
+            },
+        )?
         .collect::<rusqlite::Result<_>>()?;
     let out = dispatchable(pending, applied.max(0) as u64);
     let mut mark = c.prepare_cached(

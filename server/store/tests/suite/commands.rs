@@ -116,6 +116,51 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
     assert!(s.list_commands(Some(&other), 10).await.unwrap().is_empty());
 }
 
+/// A gateway dispatches only while it holds its lease: one whose lease ran
+/// out (a zombie that has not fenced itself yet) or went to another owner
+/// sends nothing, and the command waits for the session that holds it.
+pub async fn dispatch_needs_the_gateways_lease(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    super::lease(s, "gw-z", std::time::Duration::from_secs(20)).await;
+    let e = s.hello(&hello(&node, 1, "gw-z", 0)).await.unwrap().epoch;
+    let (c, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "z"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    f.clock.advance(std::time::Duration::from_secs(21));
+    assert!(
+        s.take_dispatchable("gw-z", &node, e)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a lapsed lease dispatches nothing"
+    );
+    s.renew_lease(
+        &bc_store::leases::gateway_lease("gw-z"),
+        "newcomer",
+        std::time::Duration::from_secs(20),
+    )
+    .await
+    .unwrap()
+    .expect("the lapsed lease is free");
+    assert!(
+        s.take_dispatchable("gw-z", &node, e)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a lease of another owner dispatches nothing"
+    );
+    assert_eq!(
+        s.get_command(&c.id).await.unwrap().unwrap().state,
+        "pending"
+    );
+    f.clock.advance(std::time::Duration::from_secs(21));
+    super::lease(s, "gw-z", std::time::Duration::from_secs(20)).await;
+    let d = s.take_dispatchable("gw-z", &node, e).await.unwrap();
+    assert_eq!(d.len(), 1, "held again, it dispatches");
+}
+
 pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
     let s = &f.store;
     let node = joined(s, 1).await;

@@ -330,6 +330,7 @@ macro_rules! store_suite {
             bindings::a_forged_report_marks_an_active_binding_lost,
             commands::results_first_one_wins_and_unknown_ones_change_nothing,
             commands::dispatch_follows_the_route_and_the_applied_generation,
+            commands::dispatch_needs_the_gateways_lease,
             commands::idempotency_keys_return_the_first_command,
             commands::the_sweeper_expires_only_pending_commands_past_their_deadline,
             commands::a_confirmed_upgrade_raises_the_release_floor,
