@@ -208,7 +208,11 @@ fn init_logging(default: tracing::Level) {
     let filter: Targets = std::env::var("BC_LOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(default));
+        .unwrap_or_else(|| Targets::new().with_default(default))
+        // The connection pool logs the driver's words about each broken
+        // connection; the store says what failed, with the database's code
+        // (`bc_store::error::describe`), once.
+        .with_target("deadpool", tracing::level_filters::LevelFilter::ERROR);
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let fmt = tracing_subscriber::fmt()

@@ -10,9 +10,14 @@
 /// A failure of the store: for logs, never for a peer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database failed (I/O, a lock held too long, a constraint).
-    #[error("store database: {0}")]
-    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database failed (I/O, a lock held too long, a constraint). It
+    /// reads as [`describe`] says: the database's code and what kind of
+    /// failure it is, never the driver's words (which name statements,
+    /// addresses and files); the error itself stays inside for a caller
+    /// that asks what it was (`downcast_ref`), and is no `source()`, so no
+    /// error chain prints it.
+    #[error("{}", describe(.0.as_ref()))]
+    Database(Box<dyn std::error::Error + Send + Sync>),
     /// The blocking task running the work failed (a panic).
     #[error("the store task failed")]
     Task(#[source] tokio::task::JoinError),
@@ -38,6 +43,68 @@ pub enum StoreError {
     /// A stored value does not parse: a bug or a hand-edited store.
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),
+}
+
+/// What a database failure says in a log line or an error chain: for
+/// PostgreSQL its SQLSTATE and class, or that the connection failed or
+/// timed out; for SQLite its result code; the store's own messages as
+/// they are.
+pub fn describe(e: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    use deadpool_postgres::PoolError;
+    if let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() {
+        return match pg.code() {
+            Some(code) => format!(
+                "the store's database refused the transaction (PostgreSQL error {}{})",
+                code.code(),
+                postgres_class(code.code())
+            ),
+            None if pg.is_closed() => "the connection to the store's database closed".into(),
+            None => "the store's database connection failed".into(),
+        };
+    }
+    if let Some(pool) = e.downcast_ref::<PoolError>() {
+        return match pool {
+            PoolError::Backend(pg) => describe(pg),
+            PoolError::Timeout(_) => {
+                "no connection to the store's database within the pool's wait".into()
+            }
+            PoolError::Closed => "the pool of store connections is closed".into(),
+            _ => "the store's database connection could not be made".into(),
+        };
+    }
+    if let Some(sqlite) = e.downcast_ref::<rusqlite::Error>() {
+        return match sqlite {
+            rusqlite::Error::SqliteFailure(f, _) => format!(
+                "the store's SQLite database failed ({:?}, result code {})",
+                f.code, f.extended_code
+            ),
+            _ => "the store's SQLite database failed".into(),
+        };
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        return format!("the store's database failed (I/O: {:?})", io.kind());
+    }
+    // The store's own words (a row it expected and did not find).
+    format!("store database: {e}")
+}
+
+/// The kind of failure a SQLSTATE's class names (the first two
+/// characters).
+fn postgres_class(code: &str) -> &'static str {
+    match code.get(..2).unwrap_or_default() {
+        "08" => ": connection exception",
+        "23" => ": integrity constraint violation",
+        "25" => ": invalid transaction state",
+        "28" => ": invalid authorization",
+        "3D" => ": the database does not exist",
+        "40" => ": transaction rollback (serialization or deadlock)",
+        "42" => ": syntax error or access rule violation",
+        "53" => ": insufficient resources",
+        "55" => ": object not in prerequisite state (a lock not available)",
+        "57" => ": operator intervention (shutdown, cancel, timeout)",
+        "58" => ": system error",
+        _ => "",
+    }
 }
 
 /// A request the store turns down, worded for the peer that made it.
@@ -143,5 +210,36 @@ impl TxError {
             TxError::Refused(r) => Some(r),
             TxError::Store(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_failure_reads_without_the_drivers_words() {
+        let sqlite = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            Some("database is locked in UPDATE nodes SET taints = ?1".into()),
+        );
+        let text = StoreError::Database(Box::new(sqlite)).to_string();
+        assert!(
+            text.contains("DatabaseBusy") && text.contains("result code 5"),
+            "{text}"
+        );
+        assert!(!text.contains("UPDATE"), "{text}");
+        let io = std::io::Error::other("disk I/O error in SELECT der FROM node_certs");
+        let e = StoreError::Database(Box::new(io));
+        assert!(!e.to_string().contains("SELECT"), "{e}");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "no chain prints the driver's error"
+        );
+        let own = StoreError::Database("compute_now() returned no row".into());
+        assert_eq!(
+            own.to_string(),
+            "store database: compute_now() returned no row"
+        );
     }
 }
