@@ -34,8 +34,8 @@ fn the_agent_crates_have_no_module_cycles() {
     assert_eq!(
         node.edges.keys().map(String::as_str).collect::<Vec<_>>(),
         [
-            "commands", "conn", "observe", "outbox", "renewal", "results", "session", "state",
-            "trust", "tunnel", "uevents", "update"
+            "commands", "conn", "observe", "outbox", "renewal", "results", "secrets", "session",
+            "state", "trust", "tunnel", "uevents", "update"
         ],
         "the daemon's responsibilities, one module each"
     );

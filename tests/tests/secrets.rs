@@ -263,17 +263,6 @@ fn request(
     }
 }
 
-fn expect(r: &v1::SecretRequest) -> Request<'_> {
-    Request {
-        node: &r.node_id,
-        allocation: &r.allocation_id,
-        name: &r.name,
-        version: r.version,
-        one_time_key: &r.one_time_key,
-        time_ms: r.time_ms,
-    }
-}
-
 #[test]
 fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
     let d = tempfile::tempdir().unwrap();
@@ -331,7 +320,7 @@ fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
         .decode(delivery.jws.split('.').nth(1).unwrap())
         .unwrap();
     assert!(!contains(&payload, value) && !delivery.jws.contains(value));
-    let jwe = secret::verify_delivery(&delivery.jws, &keys, &expect(&honest)).unwrap();
+    let jwe = secret::verify_delivery(&delivery.jws, &keys, &Request::from(&honest)).unwrap();
     assert_eq!(
         OneTimeKey::new().unwrap().open(&jwe).unwrap_err(),
         secret::SecretError::Decrypt,
@@ -405,7 +394,7 @@ fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
             allocation: "job".into(),
             name: "db".into(),
             version: 1,
-            req: secret::request_digest(&secret::request_statement(&expect(&asked.request))),
+            req: secret::request_digest(&secret::request_statement(&Request::from(&asked.request))),
             iat: now_ms() / 1000,
             jwe: secret::seal(b"made-up-by-the-gateway", &asked.request.one_time_key).unwrap(),
         },

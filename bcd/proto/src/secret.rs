@@ -105,6 +105,20 @@ pub struct Request<'a> {
     pub time_ms: i64,
 }
 
+impl<'a> From<&'a crate::v1::SecretRequest> for Request<'a> {
+    /// What a request on the wire asks.
+    fn from(r: &'a crate::v1::SecretRequest) -> Request<'a> {
+        Request {
+            node: &r.node_id,
+            allocation: &r.allocation_id,
+            name: &r.name,
+            version: r.version,
+            one_time_key: &r.one_time_key,
+            time_ms: r.time_ms,
+        }
+    }
+}
+
 /// What the node signs for a request: the label, then each field
 /// length-prefixed (4 bytes, big-endian).
 pub fn request_statement(r: &Request<'_>) -> Vec<u8> {

@@ -610,7 +610,7 @@ impl JoinService {
             return Ok(());
         }
         let named = crate::certs::named(cert_der, "urn:bc:node:").map(|(id, _)| id);
-        warn!(node = ?named, fingerprint = %bcd_proto::fingerprint(cert_der), "a renewal presented a certificate the fleet CA did not issue");
+        warn!(node = ?named, fingerprint = %bcd_proto::fingerprint(cert_der), "a request came with a certificate the fleet CA did not issue");
         Err(bad_request(NOT_ISSUED_HERE))
     }
 
@@ -679,7 +679,7 @@ impl JoinService {
 
 /// The refusal of a renewal whose certificate the fleet CA did not issue.
 pub const NOT_ISSUED_HERE: &str =
-    "the node certificate was not issued by this fleet's CA: nothing was renewed";
+    "the node certificate was not issued by this fleet's CA: nothing is done for it";
 
 /// The fleet event a certificate the fleet CA did not issue, relayed by a
 /// gateway for a renewal, is recorded as.

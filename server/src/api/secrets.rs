@@ -251,15 +251,7 @@ impl JoinService {
                 "the secret request names another node than the certificate it came with",
             ));
         }
-        let request = Request {
-            node: &r.node_id,
-            allocation: &r.allocation_id,
-            name: &r.name,
-            version: r.version,
-            one_time_key: &r.one_time_key,
-            time_ms: r.time_ms,
-        };
-        let statement = secret::request_statement(&request);
+        let statement = secret::request_statement(&Request::from(&r));
         if !verify_node_signature(node_cert_der, &statement, &r.signature) {
             warn!(node = %r.node_id, secret = %r.name, "a secret request the node key did not sign");
             let detail = format!(

@@ -460,18 +460,11 @@ async fn fetch(
         }
     })?
     .into_inner();
-    let expect = Request {
-        node: &r.node_id,
-        allocation: &r.allocation_id,
-        name: &r.name,
-        version: r.version,
-        one_time_key: &r.one_time_key,
-        time_ms: r.time_ms,
-    };
-    let jwe = secret::verify_delivery(&delivery.jws, keys, &expect).map_err(|e| Failed {
-        message: format!("the delivery was refused ({e}): a gateway forged or changed it"),
-        forged: true,
-    })?;
+    let jwe =
+        secret::verify_delivery(&delivery.jws, keys, &Request::from(&r)).map_err(|e| Failed {
+            message: format!("the delivery was refused ({e}): a gateway forged or changed it"),
+            forged: true,
+        })?;
     otk.open(&jwe).map_err(|e| Failed {
         message: format!("the delivery's JWE was refused ({e}): a gateway changed it"),
         forged: true,
