@@ -372,6 +372,11 @@ fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
     ))
     .unwrap_err();
     assert!(e.message().contains("good for 60 s"), "{e:?}");
+    // Dated as far as an i64 goes, either way: refused, not overflowed.
+    for time in [i64::MIN, i64::MAX] {
+        let e = fetch(request(&id, "db", 1, &otk_public(), time, &node_key)).unwrap_err();
+        assert!(e.message().contains("good for 60 s"), "{e:?}");
+    }
 
     // Now the gateway answers the node itself. The node, started again,
     // asks for its secret: a delivery signed with the gateway's own key,

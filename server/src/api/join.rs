@@ -573,7 +573,7 @@ impl JoinService {
                     return Err(bad_request(format!(
                         "the renewal's proof is dated {}s away from the server's time (60s at \
                          most): the node retries with a fresh one",
-                        (p.time_ms - now) / 1000
+                        p.time_ms.saturating_sub(now) / 1000
                     )));
                 }
             }

@@ -275,11 +275,12 @@ impl JoinService {
                 "the secret request's one-time key is not an X25519 public key",
             ));
         }
-        if (r.time_ms - now).abs() > secret::REQUEST_SLACK_MS {
+        // Any i64 a peer sends: no overflow, either way.
+        if r.time_ms.abs_diff(now) > secret::REQUEST_SLACK_MS.unsigned_abs() {
             return Err(bad_request(format!(
                 "the secret request is dated {} ms from the broker's time; a request is good \
                  for {} s: the node asks again",
-                r.time_ms - now,
+                r.time_ms.saturating_sub(now),
                 secret::REQUEST_SLACK_MS / 1000
             )));
         }
