@@ -211,13 +211,11 @@ pub async fn resolve(
 }
 
 impl JoinService {
-    /// `node`'s stored spec, opened as the node opens it: signed by this
-    /// key holder's worker key, naming the node.
+    /// `node`'s stored spec, opened as the node opens it: signed by a
+    /// worker key of this key holder's, naming the node.
     fn opened_spec(&self, node: &str, signed: &[u8]) -> Result<v1::NodeSpec, Status> {
         use prost::Message;
-        use ring::signature::KeyPair;
-        let worker = vec![self.worker_key.public_key().as_ref().to_vec()];
-        bcd_proto::sign::open(signed, &worker)
+        bcd_proto::sign::open(signed, &self.worker_keys)
             .ok()
             .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok())
             .filter(|s| s.node_id == node)
