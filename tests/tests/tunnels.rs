@@ -453,3 +453,47 @@ fn tunnels_go_on_through_ticket_key_rotations() {
     assert!(!kids().contains(&first[0]));
     echo("after two");
 }
+
+#[test]
+fn a_tunnel_closes_when_idle_and_at_the_end_of_its_lifetime_with_its_whole_process_group() {
+    let (_d, server, mut node) = bc_tests::setup(79);
+    node.env.push(("BCD_TUNNEL_IDLE".into(), "2s".into()));
+    node.env.push(("BCD_TUNNEL_LIFETIME".into(), "5s".into()));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected", |n| n.state == "connected");
+
+    // Output every 300 ms keeps it from being idle; the lifetime ends it,
+    // and the shell's own child (a sleep in the background) goes with it.
+    let pid_file = node.dir.join("background.pid");
+    let at = std::time::Instant::now();
+    let script = format!(
+        "sleep 300 & echo $! > {}; while :; do echo tick; sleep 0.3; done",
+        pid_file.display()
+    );
+    let out = exec(&server, &id, &["sh", "-c", &script], b"");
+    let took = at.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(255), "{err}");
+    assert!(
+        err.contains("closed at the end of its 5s lifetime: run the command again"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).matches("tick").count() > 5);
+    assert!(took >= Duration::from_secs(5), "{took:?}");
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+    bc_tests::wait_for(ANSWER, "the background sleep to be gone", || {
+        (!proc.exists()).then_some(())
+    });
+
+    // Nothing moves: closed after the idle time, well before the lifetime.
+    let at = std::time::Instant::now();
+    let out = exec(&server, &id, &["sleep", "60"], b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("closed after 2s idle: run the command again"),
+        "{err}"
+    );
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?}", at.elapsed());
+}

@@ -201,6 +201,14 @@ enum Command {
         /// back.
         #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
         confirm_within: std::time::Duration,
+        /// An exec or port-forward tunnel that moves no byte either way
+        /// for this long is closed.
+        #[arg(long, default_value = "30m", env = "BCD_TUNNEL_IDLE", value_parser = humantime::parse_duration)]
+        tunnel_idle: std::time::Duration,
+        /// A tunnel is closed this long after it opened, busy or not
+        /// (the operator opens a new one with a new ticket).
+        #[arg(long, default_value = "12h", env = "BCD_TUNNEL_LIFETIME", value_parser = humantime::parse_duration)]
+        tunnel_lifetime: std::time::Duration,
         /// Run unprivileged: ask the privileged `bcd helper` listening on
         /// this socket for every privileged act (/run/bcd/helper.sock).
         #[arg(long, env = "BCD_HELPER")]
@@ -521,6 +529,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             files,
             converge_every,
             confirm_within,
+            tunnel_idle,
+            tunnel_lifetime,
             helper,
             helper_staging,
             tpm,
@@ -631,6 +641,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .map_err(anyhow::Error::msg)?;
                 }
                 agent.converge_every = converge_every;
+                agent.tunnels.limits = bcd_agent::node::tunnel::Limits {
+                    idle: tunnel_idle,
+                    lifetime: tunnel_lifetime,
+                };
                 if client.is_none() {
                     // A memory-backed directory: an image outgrows a small
                     // state partition. Through the helper the daemon keeps

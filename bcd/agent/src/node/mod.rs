@@ -178,7 +178,7 @@ pub struct Agent {
     /// Which gateways it stays on (the signed gateway revocation list).
     gateways: bcd_core::gateways::GatewayTrust,
     /// The tunnels open now, and where their ends are reported.
-    tunnels: tunnel::Tunnels,
+    pub tunnels: tunnel::Tunnels,
     tunnel_ends: Option<tokio::sync::mpsc::UnboundedReceiver<tunnel::Ended>>,
     /// The secrets the spec gives allocations, and where fetches end.
     pub secrets: secrets::Secrets,

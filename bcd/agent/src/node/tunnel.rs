@@ -35,8 +35,42 @@ use super::Agent;
 /// Tunnels one node holds open at once.
 pub const MAX_TUNNELS: usize = 8;
 
-/// A tunnel that moves no byte either way for this long is closed.
-pub const IDLE: Duration = Duration::from_secs(30 * 60);
+/// How long a tunnel may stay open: a shell an operator left is closed
+/// after [`Limits::idle`] with no byte either way, and any tunnel at the
+/// end of [`Limits::lifetime`], whatever moves (the ticket that opened it
+/// was good for a minute; this bounds what one ticket buys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub idle: Duration,
+    pub lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            idle: Duration::from_secs(30 * 60),
+            lifetime: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+impl Limits {
+    /// Ends when a limit is reached, with the words the CLI prints:
+    /// `idle` restarts with each call (each byte moved), `deadline` is the
+    /// tunnel's own.
+    async fn reached(self, deadline: tokio::time::Instant) -> String {
+        tokio::select! {
+            _ = tokio::time::sleep(self.idle) => format!(
+                "closed after {} idle: run the command again",
+                humantime::format_duration(self.idle)
+            ),
+            _ = tokio::time::sleep_until(deadline) => format!(
+                "closed at the end of its {} lifetime: run the command again",
+                humantime::format_duration(self.lifetime)
+            ),
+        }
+    }
+}
 
 /// How long the CLI has to send its first record.
 const FIRST_RECORD: Duration = Duration::from_secs(30);
@@ -55,6 +89,7 @@ const TUNNEL_PATH: &str = "/bcd.v1.Gateway/Tunnel";
 pub struct Tunnels {
     open: Arc<AtomicUsize>,
     ended: mpsc::UnboundedSender<Ended>,
+    pub limits: Limits,
 }
 
 impl Tunnels {
@@ -64,6 +99,7 @@ impl Tunnels {
             Tunnels {
                 open: Arc::new(AtomicUsize::new(0)),
                 ended,
+                limits: Limits::default(),
             },
             rx,
         )
@@ -178,9 +214,10 @@ impl Agent {
         );
         let ended = self.tunnels.ended.clone();
         let (h2, closed) = (c.conn.clone(), c.closed.clone());
+        let limits = self.tunnels.limits;
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let mut end = run(h2, closed, admitted).await;
+            let mut end = run(h2, closed, admitted, limits).await;
             end.seconds = started.elapsed().as_secs();
             open_now.fetch_sub(1, Ordering::SeqCst);
             let _ = ended.send(end);
@@ -269,9 +306,17 @@ struct Link {
     opener: Opener,
     bytes_in: u64,
     bytes_out: u64,
+    limits: Limits,
+    /// When the tunnel's lifetime ends.
+    deadline: tokio::time::Instant,
 }
 
 impl Link {
+    /// Ends when the tunnel sat idle too long or lived out its lifetime.
+    fn limit(&self) -> impl Future<Output = String> + use<> {
+        self.limits.reached(self.deadline)
+    }
+
     async fn send(&mut self, body: Body) -> Result<(), String> {
         let plain = TunnelRecord { body: Some(body) }.encode_to_vec();
         let data = self.sealer.seal(&plain).map_err(|e| e.to_string())?;
@@ -305,7 +350,13 @@ impl Link {
 }
 
 /// Opens the stream, sends the accept and runs what the ticket allows.
-async fn run(h2: bcd_proto::tls::Conn, mut closed: watch::Receiver<()>, a: Admitted) -> Ended {
+async fn run(
+    h2: bcd_proto::tls::Conn,
+    mut closed: watch::Receiver<()>,
+    a: Admitted,
+    limits: Limits,
+) -> Ended {
+    let deadline = tokio::time::Instant::now() + limits.lifetime;
     let what = match &a.allows {
         Allows::Exec { argv, .. } => argv.clone(),
         Allows::Port(p) => vec![format!("port:{p}")],
@@ -364,6 +415,8 @@ async fn run(h2: bcd_proto::tls::Conn, mut closed: watch::Receiver<()>, a: Admit
         opener: a.opener,
         bytes_in: 0,
         bytes_out: 0,
+        limits,
+        deadline,
     };
     let outcome = tokio::select! {
         r = serve(&mut link, &a.allows, a.run_as.as_ref()) => r,
@@ -494,6 +547,7 @@ async fn exec_piped(
     let (mut out_buf, mut err_buf) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
     let signal_group = |sig: i32| signal_group(group, sig);
     let status = loop {
+        let limit = link.limit();
         tokio::select! {
             r = link.recv() => match r {
                 Ok(Some(Body::Stdin(bytes))) => {
@@ -523,9 +577,9 @@ async fn exec_piped(
             s = child.wait(), if stdout.is_none() && stderr.is_none() => {
                 break s.map_err(|e| e.to_string())?;
             }
-            _ = tokio::time::sleep(IDLE) => {
+            why = limit => {
                 hang_up(child, group).await;
-                return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
+                return Ok(failed(why));
             }
         }
     };
@@ -639,6 +693,7 @@ async fn exec_tty(
     let mut reader = Some(tokio::fs::File::from_std(master));
     let mut buf = vec![0u8; CHUNK];
     let status = loop {
+        let limit = link.limit();
         tokio::select! {
             r = link.recv() => match r {
                 Ok(Some(Body::Stdin(bytes))) => {
@@ -660,9 +715,9 @@ async fn exec_tty(
                 None => reader = None,
             },
             s = child.wait(), if reader.is_none() => break s.map_err(|e| e.to_string())?,
-            _ = tokio::time::sleep(IDLE) => {
+            why = limit => {
                 hang_up(&mut child, group).await;
-                return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
+                return Ok(failed(why));
             }
         }
     };
@@ -705,6 +760,7 @@ async fn forward(link: &mut Link, port: u16) -> Result<v1::TunnelExit, String> {
     let mut buf = vec![0u8; CHUNK];
     let mut writing = true;
     loop {
+        let limit = link.limit();
         tokio::select! {
             r = link.recv() => match r? {
                 Some(Body::Stdin(bytes)) if writing => {
@@ -725,9 +781,7 @@ async fn forward(link: &mut Link, port: u16) -> Result<v1::TunnelExit, String> {
                     return Ok(v1::TunnelExit { code: 0, signal: 0, error: String::new() });
                 }
             },
-            _ = tokio::time::sleep(IDLE) => {
-                return Ok(failed(format!("closed after {} minutes idle", IDLE.as_secs() / 60)));
-            }
+            why = limit => return Ok(failed(why)),
         }
     }
 }
