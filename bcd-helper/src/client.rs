@@ -333,6 +333,20 @@ impl Client {
         .await
     }
 
+    /// Writes one secret's value for an allocation (0400, memory-backed
+    /// only).
+    pub async fn write_secret(&self, m: wire::WriteSecret) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::WriteSecret(m)).await
+    }
+
+    /// Removes every secret file but these; says whether any went.
+    pub async fn retain_secrets(&self, keep: Vec<wire::SecretFile>) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::RetainSecrets(wire::RetainSecrets {
+            keep,
+        }))
+        .await
+    }
+
     /// Writes the sshd files (none: removes them).
     pub async fn write_sshd(&self, m: wire::WriteSshd) -> Result<bool, ClientError> {
         self.written(wire::request::Kind::WriteSshd(m)).await
@@ -563,6 +577,16 @@ impl BlockingClient {
     pub fn remove_env_file(&self, allocation_id: &str) -> Result<bool, ClientError> {
         self.written(wire::request::Kind::RemoveEnvFile(wire::RemoveEnvFile {
             allocation_id: allocation_id.into(),
+        }))
+    }
+
+    pub fn write_secret(&self, m: wire::WriteSecret) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::WriteSecret(m))
+    }
+
+    pub fn retain_secrets(&self, keep: Vec<wire::SecretFile>) -> Result<bool, ClientError> {
+        self.written(wire::request::Kind::RetainSecrets(wire::RetainSecrets {
+            keep,
         }))
     }
 

@@ -5,7 +5,7 @@
 //! A node installed unprivileged runs `bcd node` as its own user and
 //! `bcd helper` as root. The daemon asks the helper, over a unix stream
 //! socket (`/run/bcd/helper.sock` by default), for each act that needs
-//! root: writing the CDI spec and an allocation's env file, the sshd files,
+//! root: writing the CDI spec, an allocation's env file and secrets, the sshd files,
 //! table `inet bcd`, a GPU reset, reboot, kexec, the self-update steps and
 //! TPM access. This crate owns:
 //!

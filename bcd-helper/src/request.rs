@@ -6,9 +6,11 @@
 //! request gets is fixed by its [`Kind`]; the server refuses to send a
 //! handler's reply of another shape, and the client refuses to accept one.
 
+use std::collections::BTreeSet;
+
 use crate::validate::{
-    self, AllocationId, CdiSpec, EnvFile, FirewallRule, Invalid, Kexec, PciAddress, Sha256,
-    SshdFiles, StagedFile, TpmCommand,
+    self, AllocationId, CdiSpec, EnvFile, FirewallRule, Invalid, Kexec, PciAddress, SecretPath,
+    SecretValue, Sha256, SshdFiles, StagedFile, TpmCommand,
 };
 use crate::wire;
 
@@ -65,6 +67,15 @@ pub enum Request {
     /// Send the command to the TPM on this connection's own open of
     /// `/dev/tpmrm0`, and answer its whole response.
     Tpm(TpmCommand),
+    /// Write a secret's value to `<secrets dir>/ALLOCATION/FILE` (mode
+    /// 0400, directories 0700), only where that directory is
+    /// memory-backed.
+    WriteSecret {
+        path: SecretPath,
+        value: SecretValue,
+    },
+    /// Remove every secret file under the secrets directory but these.
+    RetainSecrets(BTreeSet<SecretPath>),
 }
 
 /// A request's kind: what it is without its content.
@@ -85,6 +96,8 @@ pub enum Kind {
     RollBack,
     RestartDaemon,
     Tpm,
+    WriteSecret,
+    RetainSecrets,
 }
 
 /// What a request's reply holds.
@@ -115,6 +128,8 @@ impl Kind {
             Kind::RollBack => "roll-back",
             Kind::RestartDaemon => "restart-daemon",
             Kind::Tpm => "tpm",
+            Kind::WriteSecret => "write-secret",
+            Kind::RetainSecrets => "retain-secrets",
         }
     }
 
@@ -129,7 +144,9 @@ impl Kind {
             | Kind::ApplyFirewall
             | Kind::DeleteFirewall
             | Kind::InstallSlot
-            | Kind::SwitchSlot => ReplyShape::Written,
+            | Kind::SwitchSlot
+            | Kind::WriteSecret
+            | Kind::RetainSecrets => ReplyShape::Written,
             Kind::ResetGpu | Kind::Reboot | Kind::Kexec | Kind::RestartDaemon => ReplyShape::Done,
             Kind::RollBack => ReplyShape::RolledBack,
             Kind::Tpm => ReplyShape::Tpm,
@@ -179,6 +196,12 @@ impl Request {
             W::RollBack(_) => Request::RollBack,
             W::RestartDaemon(_) => Request::RestartDaemon,
             W::TpmCommand(m) => Request::Tpm(TpmCommand::parse(m.command)?),
+            W::WriteSecret(m) => {
+                let path = SecretPath::parse(&m.allocation_id, &m.file)?;
+                let value = SecretValue::parse(&path, m.value)?;
+                Request::WriteSecret { path, value }
+            }
+            W::RetainSecrets(m) => Request::RetainSecrets(validate::check_secret_files(&m.keep)?),
         })
     }
 
@@ -199,6 +222,8 @@ impl Request {
             Request::RollBack => Kind::RollBack,
             Request::RestartDaemon => Kind::RestartDaemon,
             Request::Tpm(_) => Kind::Tpm,
+            Request::WriteSecret { .. } => Kind::WriteSecret,
+            Request::RetainSecrets(_) => Kind::RetainSecrets,
         }
     }
 
@@ -239,6 +264,14 @@ impl Request {
             Request::RestartDaemon => W::RestartDaemon(wire::RestartDaemon {}),
             Request::Tpm(c) => W::TpmCommand(wire::TpmCommand {
                 command: c.bytes().to_vec(),
+            }),
+            Request::WriteSecret { path, value } => W::WriteSecret(wire::WriteSecret {
+                allocation_id: path.allocation.as_str().to_string(),
+                file: path.file().to_string(),
+                value: value.bytes().to_vec(),
+            }),
+            Request::RetainSecrets(keep) => W::RetainSecrets(wire::RetainSecrets {
+                keep: keep.iter().map(SecretPath::to_wire).collect(),
             }),
         };
         wire::Request { kind: Some(kind) }

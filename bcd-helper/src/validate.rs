@@ -83,6 +83,13 @@ pub const MAX_REASON: usize = 256;
 /// A TPM command: TPM_MAX_COMMAND_SIZE of common TPMs, and the attestor's
 /// own buffer.
 pub const MAX_TPM_COMMAND: usize = 4096;
+/// A secret's value: the broker's own bound
+/// (`bcd_proto::secret::MAX_VALUE`).
+pub const MAX_SECRET: usize = 64 * 1024;
+/// Secret files named in one retain request.
+pub const MAX_SECRET_FILES: usize = 4096;
+/// A secret's file name in its allocation's directory.
+pub const MAX_SECRET_FILE: usize = 64;
 /// A CDI spec (the frame limit bounds it too).
 pub const MAX_CDI_SPEC: usize = 1024 * 1024;
 
@@ -187,6 +194,82 @@ pub fn check_device_name(name: &str) -> Result<(), Invalid> {
             shown(name)
         )))
     }
+}
+
+/// Where one secret goes: `<secrets dir>/ALLOCATION/FILE`, both safe
+/// file names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SecretPath {
+    pub allocation: AllocationId,
+    file: String,
+}
+
+impl SecretPath {
+    pub fn parse(allocation: &str, file: &str) -> Result<SecretPath, Invalid> {
+        let allocation = AllocationId::parse(allocation)?;
+        check_file_name("secret file", file, MAX_SECRET_FILE)?;
+        Ok(SecretPath {
+            allocation,
+            file: file.to_string(),
+        })
+    }
+
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    pub fn to_wire(&self) -> wire::SecretFile {
+        wire::SecretFile {
+            allocation_id: self.allocation.0.clone(),
+            file: self.file.clone(),
+        }
+    }
+}
+
+impl fmt::Display for SecretPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.allocation, self.file)
+    }
+}
+
+/// A secret's value: at most [`MAX_SECRET`] bytes, never shown (its
+/// `Debug` says only its length, so no log line carries it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(Vec<u8>);
+
+impl SecretValue {
+    pub fn parse(path: &SecretPath, value: Vec<u8>) -> Result<SecretValue, Invalid> {
+        if value.len() > MAX_SECRET {
+            return Err(invalid(format!(
+                "secret {path}: {} bytes, more than {MAX_SECRET}",
+                value.len()
+            )));
+        }
+        Ok(SecretValue(value))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretValue({} bytes)", self.0.len())
+    }
+}
+
+/// The secret files a retain request keeps.
+pub fn check_secret_files(keep: &[wire::SecretFile]) -> Result<BTreeSet<SecretPath>, Invalid> {
+    if keep.len() > MAX_SECRET_FILES {
+        return Err(invalid(format!(
+            "{} secret files, more than {MAX_SECRET_FILES}",
+            keep.len()
+        )));
+    }
+    keep.iter()
+        .map(|k| SecretPath::parse(&k.allocation_id, &k.file))
+        .collect()
 }
 
 /// One allocation's env file, checked.

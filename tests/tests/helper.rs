@@ -27,6 +27,9 @@ fn user() -> (u32, u32) {
 
 struct Setup {
     dir: PathBuf,
+    /// The run directory: memory-backed (on /dev/shm), so the helper
+    /// writes secrets in it.
+    run: tempfile::TempDir,
     data: PathBuf,
     socket: PathBuf,
     tree: HostTree,
@@ -48,8 +51,11 @@ impl Setup {
         let tree = HostTree::new(&d.join("host"), "helper-host");
         tree.gpu("0000:17:00.0", 0);
         tree.gpu("0000:2a:00.0", 1);
+        let run = tempfile::tempdir_in("/dev/shm").expect("a directory on /dev/shm (tmpfs)");
+        std::fs::set_permissions(run.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         Setup {
             dir: d.to_path_buf(),
+            run,
             data: d.join("node"),
             socket: d.join("run/helper.sock"),
             tree,
@@ -73,7 +79,7 @@ impl Setup {
             .arg("--cdi-dir")
             .arg(self.dir.join("cdi"))
             .arg("--run-dir")
-            .arg(self.dir.join("run"))
+            .arg(self.run.path())
             .arg("--etc-dir")
             .arg(self.dir.join("etc"))
             .arg("--nft")
@@ -112,7 +118,7 @@ impl Setup {
             .arg("--helper")
             .arg(&self.socket)
             .arg("--run-dir")
-            .arg(self.dir.join("run"))
+            .arg(self.run.path())
             .args(["--converge-every", "300ms"])
             .env("BCD_LOG", "info,bcd_agent=debug")
             .stdout(Stdio::null())
@@ -187,7 +193,7 @@ fn an_unprivileged_daemon_acts_through_the_helper() {
     // The CDI spec and an env file, written by root through the helper.
     f.server.assign_and_wait(&id, "job-a", "0", 1);
     let cdi = s.dir.join("cdi/bcd-nvidia-gpu.json");
-    let env = s.dir.join("run/env/job-a.env");
+    let env = s.run.path().join("env/job-a.env");
     assert_eq!((owner(&cdi), owner(&env)), (0, 0));
     let spec = cdi::Spec::parse(&std::fs::read(&cdi).unwrap()).unwrap();
     assert!(spec.devices.iter().any(|d| d.name == HostTree::uuid(0)));
@@ -196,6 +202,49 @@ fn an_unprivileged_daemon_acts_through_the_helper() {
             .unwrap()
             .contains(&format!("NVIDIA_VISIBLE_DEVICES={}", HostTree::uuid(0)))
     );
+
+    // A secret for the allocation: the daemon fetches and opens it, the
+    // helper writes it (root's, 0400) where the daemon cannot read it.
+    let value = s.dir.join("db.value");
+    std::fs::write(&value, "s3cret-through-the-helper").unwrap();
+    let out = f.server.cli(&[
+        "secrets",
+        "put",
+        "db",
+        "--from-file",
+        value.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = f.server.cli(&[
+        "nodes", "assign", &id, "job-a", "--gpus", "0", "--secret", "db=db.pw",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let secret = s.run.path().join("secrets/job-a/db.pw");
+    wait_for(Duration::from_secs(20), "the secret written", || {
+        std::fs::read_to_string(&secret)
+            .ok()
+            .filter(|v| v == "s3cret-through-the-helper")
+    });
+    assert_eq!(owner(&secret), 0);
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o400
+    );
+    assert_eq!(
+        std::fs::metadata(s.run.path().join("secrets"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700,
+        "the daemon's user cannot list them"
+    );
+    wait_for(Duration::from_secs(20), "the secrets section ready", || {
+        (section(&f.server.spec(&id), "secrets")["status"] == "READY").then_some(())
+    });
+    // Without the secret in the spec, the helper removes it.
+    f.server.assign_and_wait(&id, "job-a", "0", 3);
+    assert!(!s.run.path().join("secrets/job-a").exists());
 
     // sshd's files and the table, in the test's network namespace.
     let access = s.dir.join("access.json");
@@ -366,7 +415,7 @@ fn an_unprivileged_daemon_acts_through_the_helper() {
     wait_for(Duration::from_secs(20), "devices READY again", || {
         (section(&f.server.spec(&id), "devices")["status"] == "READY").then_some(())
     });
-    assert!(s.dir.join("run/env/job-b.env").exists());
+    assert!(s.run.path().join("env/job-b.env").exists());
     node.stop();
 }
 

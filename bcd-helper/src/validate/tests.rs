@@ -847,6 +847,28 @@ fn request_strategy() -> impl Strategy<Value = wire::Request> {
         Just(W::RollBack(wire::RollBack {})),
         Just(W::RestartDaemon(wire::RestartDaemon {})),
         (
+            "[a-z0-9][a-z0-9_-]{0,20}",
+            "[a-z0-9][a-z0-9._-]{0,20}",
+            prop::collection::vec(any::<u8>(), 0..200)
+        )
+            .prop_map(
+                |(allocation_id, file, value)| W::WriteSecret(wire::WriteSecret {
+                    allocation_id,
+                    file,
+                    value
+                })
+            ),
+        prop::collection::btree_set(("[a-z0-9][a-z0-9_-]{0,10}", "[a-z0-9][a-z_-]{0,10}"), 0..6)
+            .prop_map(|keep| W::RetainSecrets(wire::RetainSecrets {
+                keep: keep
+                    .into_iter()
+                    .map(|(allocation_id, file)| wire::SecretFile {
+                        allocation_id,
+                        file
+                    })
+                    .collect()
+            })),
+        (
             0usize..TPM_COMMANDS.len(),
             prop::collection::vec(any::<u8>(), 4..100)
         )
@@ -912,6 +934,51 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn secrets_name_safe_files_are_bounded_and_never_shown() {
+    let write = |allocation: &str, file: &str, value: Vec<u8>| {
+        Request::validate(wire::Request {
+            kind: Some(wire::request::Kind::WriteSecret(wire::WriteSecret {
+                allocation_id: allocation.into(),
+                file: file.into(),
+                value,
+            })),
+        })
+    };
+    let ok = write("job-a", "db.pw", b"hunter2".to_vec()).unwrap();
+    let shown = format!("{ok:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("SecretValue(7 bytes)"), "{shown}");
+    for (allocation, file) in [
+        ("job-a", "../etc/shadow"),
+        ("job-a", ".hidden"),
+        ("job-a", "a/b"),
+        ("job-a", ""),
+        ("../x", "db"),
+        ("job-a", &"x".repeat(MAX_SECRET_FILE + 1)),
+    ] {
+        let e = refused(write(allocation, file, b"v".to_vec()));
+        assert!(e.contains("must be 1-"), "{allocation} {file}: {e}");
+    }
+    let e = refused(write("job-a", "db", vec![0; MAX_SECRET + 1]));
+    assert!(e.contains("more than 65536"), "{e}");
+    assert!(write("job-a", "db", vec![0; MAX_SECRET]).is_ok());
+    let keep = |n: usize| {
+        Request::validate(wire::Request {
+            kind: Some(wire::request::Kind::RetainSecrets(wire::RetainSecrets {
+                keep: (0..n)
+                    .map(|i| wire::SecretFile {
+                        allocation_id: format!("job-{i}"),
+                        file: "db".into(),
+                    })
+                    .collect(),
+            })),
+        })
+    };
+    assert!(keep(MAX_SECRET_FILES).is_ok());
+    assert!(refused(keep(MAX_SECRET_FILES + 1)).contains("more than 4096"));
 }
 
 #[test]

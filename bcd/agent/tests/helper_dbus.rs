@@ -185,6 +185,7 @@ fn handler(dir: &Path, bus: Option<String>, power: Arc<CountingPower>) -> AgentH
             cdi_dir: dir.join("cdi"),
             env_dir: dir.join("env"),
         },
+        secrets: dir.join("secrets"),
         sshd: SshdDirs {
             etc_dir: dir.join("etc"),
             sshd: dir.join("no-sshd"),

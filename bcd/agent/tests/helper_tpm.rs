@@ -24,6 +24,7 @@ fn handler(dir: &Path, tpm: Endpoint) -> AgentHandler {
             cdi_dir: dir.join("cdi"),
             env_dir: dir.join("env"),
         },
+        secrets: dir.join("secrets"),
         sshd: SshdDirs {
             etc_dir: dir.join("etc"),
             sshd: dir.join("no-sshd"),

@@ -60,6 +60,10 @@ impl MachineFiles {
         self.run_dir.join("env")
     }
 
+    fn secrets_dir(&self) -> PathBuf {
+        self.run_dir.join(bcd_agent::node::secrets::DIR)
+    }
+
     fn devices(&self) -> DeviceDirs {
         DeviceDirs {
             cdi_dir: self.cdi_dir.clone(),
@@ -238,7 +242,7 @@ enum Command {
         hw: HwArgs,
     },
     /// The privileged helper of an unprivileged `bcd node` (runs as root):
-    /// writes the CDI spec, env files, sshd files and the nftables table,
+    /// writes the CDI spec, env files, secrets, sshd files and the nftables table,
     /// resets GPUs, reboots (through logind under systemd), kexecs,
     /// installs and switches self-update slots, relays TPM commands; and
     /// swaps back an upgrade that never confirmed.
@@ -650,10 +654,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     // state partition. Through the helper the daemon keeps
                     // its data directory, which it can write.
                     agent.kexec_dir = files.run_dir.join("kexec");
-                    // Secrets go to memory only (the node checks the
-                    // directory is).
-                    agent.secrets.dir = Some(files.run_dir.join(bcd_agent::node::secrets::DIR));
                 }
+                // Secrets go to memory only (the node, or the helper,
+                // checks the directory is).
+                agent.secrets.files = Some(match &client {
+                    None => Arc::new(bcd_agent::node::secrets::MemoryDir(files.secrets_dir())),
+                    Some(client) => Arc::new(via::HelperSecrets {
+                        client: client.clone(),
+                    }),
+                });
                 #[cfg(feature = "failpoints")]
                 {
                     agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()
@@ -770,6 +779,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 data_dir,
                 private: private_dir,
                 devices: files.devices(),
+                secrets: files.secrets_dir(),
                 sshd: files.sshd(),
                 nft: files.nft(),
                 host,

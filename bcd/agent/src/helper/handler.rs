@@ -38,6 +38,8 @@ pub struct HandlerConfig {
     /// Root's own directory for the copies it checks and uses (kexec).
     pub private: PathBuf,
     pub devices: DeviceDirs,
+    /// Where secrets go (`<run dir>/secrets`, memory-backed only).
+    pub secrets: PathBuf,
     pub sshd: SshdDirs,
     pub nft: Nft,
     /// GPU resets (and the machine read under the host root).
@@ -343,6 +345,36 @@ impl bcd_helper::Handler for AgentHandler {
                     let changed =
                         bcd_sys::fs::remove_if_present(&c.devices.env_dir.join(id.env_file_name()))
                             .map_err(fs_failed)?;
+                    Ok(Reply::Written { changed })
+                })
+                .await
+            }
+            Request::WriteSecret { path, value } => {
+                blocking(move || {
+                    crate::node::secrets::write(
+                        &c.secrets,
+                        path.allocation.as_str(),
+                        path.file(),
+                        value.bytes(),
+                    )
+                    .map_err(failed)?;
+                    info!(secret = %path, "secret written");
+                    Ok(Reply::Written { changed: true })
+                })
+                .await
+            }
+            Request::RetainSecrets(keep) => {
+                blocking(move || {
+                    if keep.is_empty() && !c.secrets.exists() {
+                        return Ok(Reply::Written { changed: false });
+                    }
+                    crate::node::secrets::prepare(&c.secrets).map_err(failed)?;
+                    let keep = keep
+                        .iter()
+                        .map(|p| (p.allocation.as_str(), p.file()))
+                        .collect();
+                    let changed =
+                        crate::node::secrets::remove_unwanted(&c.secrets, &keep).map_err(failed)?;
                     Ok(Reply::Written { changed })
                 })
                 .await

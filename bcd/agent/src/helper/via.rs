@@ -94,6 +94,43 @@ impl DeviceFiles for HelperDevices {
     }
 }
 
+/// Secrets, written by the helper into its memory-backed directory
+/// (`<run dir>/secrets`, root's, which the daemon cannot read).
+#[derive(Debug)]
+pub struct HelperSecrets {
+    pub client: Arc<BlockingClient>,
+}
+
+impl crate::node::secrets::SecretFiles for HelperSecrets {
+    fn retain(&self, keep: &[crate::node::secrets::Want]) -> Result<bool, StepError> {
+        self.client
+            .retain_secrets(
+                keep.iter()
+                    .map(|w| wire::SecretFile {
+                        allocation_id: w.allocation.clone(),
+                        file: w.file.clone(),
+                    })
+                    .collect(),
+            )
+            .map_err(step)
+    }
+
+    fn write(&self, want: &crate::node::secrets::Want, value: &[u8]) -> Result<(), String> {
+        self.client
+            .write_secret(wire::WriteSecret {
+                allocation_id: want.allocation.clone(),
+                file: want.file.clone(),
+                value: value.to_vec(),
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn holds(&self, _: &crate::node::secrets::Want) -> bool {
+        true
+    }
+}
+
 /// sshd's files, written by the helper.
 #[derive(Debug)]
 pub struct HelperSshd {

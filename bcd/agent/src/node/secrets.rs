@@ -12,7 +12,7 @@
 //! metric. While the broker is unreachable the section stays progressing
 //! and the fetch is retried with back-off; a value already written stays.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -27,6 +27,10 @@ use tracing::{info, warn};
 use super::Agent;
 use super::conn::Conn;
 use crate::converge::Outcome;
+use crate::converge::access::StepError;
+
+// The helper takes what the broker may send.
+const _: () = assert!(bcd_helper::validate::MAX_SECRET == secret::MAX_VALUE);
 
 /// How long one fetch may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -75,11 +79,14 @@ impl From<String> for Failed {
 /// The node's secrets: where they go, what was written, what is fetching.
 #[derive(Debug)]
 pub struct Secrets {
-    /// `<run-dir>/secrets`; `None`: this node writes no secret (a daemon
-    /// that reaches the machine only through `bcd helper`).
-    pub dir: Option<PathBuf>,
+    /// Where values go; `None`: this daemon has nowhere to write them (a
+    /// simulated node).
+    pub files: Option<std::sync::Arc<dyn SecretFiles>>,
     /// (allocation, file) → (name, version) written by this process.
     written: BTreeMap<(String, String), (String, u64)>,
+    /// Whether this process removed what an earlier one left: until then
+    /// a pass with nothing to hold still sweeps.
+    swept: bool,
     fetching: bool,
     retry_at: Option<Instant>,
     retry_in: Duration,
@@ -88,12 +95,15 @@ pub struct Secrets {
 }
 
 impl Secrets {
-    pub fn new(dir: Option<PathBuf>) -> (Secrets, mpsc::UnboundedReceiver<Vec<Fetched>>) {
+    pub fn new(
+        files: Option<std::sync::Arc<dyn SecretFiles>>,
+    ) -> (Secrets, mpsc::UnboundedReceiver<Vec<Fetched>>) {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         (
             Secrets {
-                dir,
+                files,
                 written: BTreeMap::new(),
+                swept: false,
                 fetching: false,
                 retry_at: None,
                 retry_in: RETRY_FIRST,
@@ -125,6 +135,49 @@ pub fn wanted(spec: &v1::NodeSpec) -> Vec<Want> {
         .collect()
 }
 
+/// Where a node's secrets are written: its own memory-backed directory
+/// as root ([`MemoryDir`]), or the helper's under `bcd helper`
+/// (`crate::helper::via::HelperSecrets`).
+pub trait SecretFiles: std::fmt::Debug + Send + Sync {
+    /// Makes the place ready (it must be memory-backed) and removes every
+    /// secret file `keep` does not name; true if any went.
+    fn retain(&self, keep: &[Want]) -> Result<bool, StepError>;
+    /// Writes one value, readable by its owner only.
+    fn write(&self, want: &Want, value: &[u8]) -> Result<(), String>;
+    /// Whether the file is still there, so that one removed behind the
+    /// node's back is fetched again. Through the helper, which writes in a
+    /// directory the daemon cannot read, a file written stays written for
+    /// this process.
+    fn holds(&self, want: &Want) -> bool;
+}
+
+/// Secrets in a memory-backed directory of the node's own
+/// (`<run-dir>/secrets`).
+#[derive(Debug, Clone)]
+pub struct MemoryDir(pub PathBuf);
+
+impl SecretFiles for MemoryDir {
+    fn retain(&self, keep: &[Want]) -> Result<bool, StepError> {
+        if keep.is_empty() && !self.0.exists() {
+            return Ok(false);
+        }
+        prepare(&self.0).map_err(|e| (Status::Failed, e))?;
+        let keep: BTreeSet<(&str, &str)> = keep
+            .iter()
+            .map(|w| (w.allocation.as_str(), w.file.as_str()))
+            .collect();
+        remove_unwanted(&self.0, &keep).map_err(|e| (Status::Progressing, e))
+    }
+
+    fn write(&self, want: &Want, value: &[u8]) -> Result<(), String> {
+        write(&self.0, &want.allocation, &want.file, value)
+    }
+
+    fn holds(&self, want: &Want) -> bool {
+        self.0.join(&want.allocation).join(&want.file).exists()
+    }
+}
+
 /// Whether `dir` is memory-backed (tmpfs or ramfs).
 fn memory_backed(dir: &Path) -> Result<bool, String> {
     const TMPFS_MAGIC: u64 = 0x0102_1994;
@@ -136,7 +189,7 @@ fn memory_backed(dir: &Path) -> Result<bool, String> {
 }
 
 /// Makes `dir` (0700) and checks that it is memory-backed.
-fn prepare(dir: &Path) -> Result<(), String> {
+pub fn prepare(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
         std::fs::DirBuilder::new()
@@ -148,16 +201,16 @@ fn prepare(dir: &Path) -> Result<(), String> {
     if !memory_backed(dir)? {
         return Err(format!(
             "{} is not memory-backed (tmpfs or ramfs): a secret is never written to a disk; \
-             point bcd node --run-dir at a tmpfs",
+             point --run-dir at a tmpfs",
             dir.display()
         ));
     }
     Ok(())
 }
 
-/// Removes what the spec no longer names: files, then emptied allocation
-/// directories. True if anything went.
-fn remove_unwanted(dir: &Path, wanted: &[Want]) -> Result<bool, String> {
+/// Removes the files `keep` does not name (as allocation, file), then
+/// allocation directories it names nothing in. True if anything went.
+pub fn remove_unwanted(dir: &Path, keep: &BTreeSet<(&str, &str)>) -> Result<bool, String> {
     let mut changed = false;
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -178,16 +231,13 @@ fn remove_unwanted(dir: &Path, wanted: &[Want]) -> Result<bool, String> {
             .flatten()
         {
             let file_name = file.file_name().to_string_lossy().into_owned();
-            if !wanted
-                .iter()
-                .any(|w| w.allocation == alloc_name && w.file == file_name)
-            {
+            if !keep.contains(&(alloc_name.as_str(), file_name.as_str())) {
                 std::fs::remove_file(file.path())
                     .map_err(|e| format!("cannot remove {}: {e}", file.path().display()))?;
                 changed = true;
             }
         }
-        if !wanted.iter().any(|w| w.allocation == alloc_name) {
+        if !keep.iter().any(|(a, _)| *a == alloc_name) {
             std::fs::remove_dir(&path)
                 .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
             changed = true;
@@ -196,17 +246,19 @@ fn remove_unwanted(dir: &Path, wanted: &[Want]) -> Result<bool, String> {
     Ok(changed)
 }
 
-/// Writes one value (0400; its directory 0700).
-fn write(dir: &Path, want: &Want, value: &[u8]) -> Result<(), String> {
+/// Writes one value (0400; its directory 0700) under `dir`, which
+/// [`prepare`] made.
+pub fn write(dir: &Path, allocation: &str, file: &str, value: &[u8]) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt;
-    let alloc = dir.join(&want.allocation);
+    prepare(dir)?;
+    let alloc = dir.join(allocation);
     if !alloc.exists() {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&alloc)
             .map_err(|e| format!("cannot make {}: {e}", alloc.display()))?;
     }
-    bcd_sys::fs::atomic_write(&alloc.join(&want.file), value, 0o400)
+    bcd_sys::fs::atomic_write(&alloc.join(file), value, 0o400)
         .map_err(|e| bcd_sys::error::chain(&e))
 }
 
@@ -215,21 +267,15 @@ impl Agent {
     /// starts fetching what is missing, and says how far it got.
     pub(super) fn converge_secrets(&mut self, spec: &v1::NodeSpec, conn: &Conn) -> Outcome {
         let wanted = wanted(spec);
-        let Some(dir) = self.secrets.dir.clone() else {
+        let Some(files) = self.secrets.files.clone() else {
             if wanted.is_empty() {
                 return Outcome::ready(false);
             }
             return Outcome::not(
                 Status::Failed,
-                "this node's daemon runs through bcd helper, which writes no secrets: run bcd \
-                 node without --helper to hold secrets"
-                    .into(),
+                "this daemon has nowhere to write secrets (no run directory)".into(),
             );
         };
-        if wanted.is_empty() && !dir.exists() {
-            self.secrets.written.clear();
-            return Outcome::ready(false);
-        }
         for w in &wanted {
             for (what, v) in [("secret name", &w.name), ("secret file", &w.file)] {
                 if let Err(e) = secret::check_name(what, v) {
@@ -240,20 +286,21 @@ impl Agent {
                 return Outcome::not(Status::Failed, e.to_string());
             }
         }
-        if let Err(e) = prepare(&dir) {
-            return Outcome::not(Status::Failed, e);
+        if wanted.is_empty() && self.secrets.written.is_empty() && self.secrets.swept {
+            return Outcome::ready(false);
         }
-        let changed = match remove_unwanted(&dir, &wanted) {
+        let changed = match files.retain(&wanted) {
             Ok(c) => c,
-            Err(e) => return Outcome::not(Status::Progressing, e),
+            Err((status, e)) => return Outcome::not(status, e),
         };
+        self.secrets.swept = true;
         if changed {
             info!("secrets the spec no longer names were removed");
         }
         self.secrets.written.retain(|(a, f), _| {
             wanted
                 .iter()
-                .any(|w| &w.allocation == a && &w.file == f && dir.join(a).join(f).exists())
+                .any(|w| &w.allocation == a && &w.file == f && files.holds(w))
         });
         let missing: Vec<Want> = wanted
             .into_iter()
@@ -348,7 +395,7 @@ impl Agent {
     /// what did not.
     pub(super) fn secrets_fetched(&mut self, batch: Vec<Fetched>) {
         self.secrets.fetching = false;
-        let Some(dir) = self.secrets.dir.clone() else {
+        let Some(files) = self.secrets.files.clone() else {
             return;
         };
         let mut failed = None;
@@ -356,7 +403,7 @@ impl Agent {
             let key = (f.want.allocation.clone(), f.want.file.clone());
             match f
                 .result
-                .and_then(|value| write(&dir, &f.want, &value).map_err(Failed::from))
+                .and_then(|value| files.write(&f.want, &value).map_err(Failed::from))
             {
                 Ok(()) => {
                     info!(allocation = %f.want.allocation, secret = %f.want.name, version = f.want.version, "secret written");
@@ -411,7 +458,7 @@ impl Agent {
             return false;
         };
         !self.secrets.fetching
-            && self.secrets.dir.is_some()
+            && self.secrets.files.is_some()
             && wanted(spec).iter().any(|w| {
                 self.secrets
                     .written
@@ -484,35 +531,42 @@ mod tests {
         }
     }
 
+    /// A memory-backed directory for a test (/dev/shm is a tmpfs).
+    fn memory() -> tempfile::TempDir {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    }
+
     #[test]
     fn what_the_spec_no_longer_names_goes_and_the_rest_stays() {
-        let d = tempfile::tempdir().unwrap();
-        let dir = d.path();
-        write(dir, &want("job-a", "db"), b"1").unwrap();
-        write(dir, &want("job-a", "api"), b"2").unwrap();
-        write(dir, &want("job-b", "db"), b"3").unwrap();
-        std::fs::write(dir.join("stray"), b"x").unwrap();
-        assert!(remove_unwanted(dir, &[want("job-a", "db"), want("job-c", "x")]).unwrap());
-        assert_eq!(std::fs::read(dir.join("job-a/db")).unwrap(), b"1");
-        assert!(!dir.join("job-a/api").exists());
-        assert!(!dir.join("job-b").exists());
-        assert!(!dir.join("stray").exists());
+        let d = memory();
+        let dir = MemoryDir(d.path().to_path_buf());
+        dir.write(&want("job-a", "db"), b"1").unwrap();
+        dir.write(&want("job-a", "api"), b"2").unwrap();
+        dir.write(&want("job-b", "db"), b"3").unwrap();
+        std::fs::write(d.path().join("stray"), b"x").unwrap();
         assert!(
-            !remove_unwanted(dir, &[want("job-a", "db")]).unwrap(),
-            "nothing more"
+            dir.retain(&[want("job-a", "db"), want("job-c", "x")])
+                .unwrap()
         );
+        assert_eq!(std::fs::read(d.path().join("job-a/db")).unwrap(), b"1");
+        assert!(dir.holds(&want("job-a", "db")));
+        assert!(!dir.holds(&want("job-a", "api")));
+        assert!(!d.path().join("job-b").exists());
+        assert!(!d.path().join("stray").exists());
+        assert!(!dir.retain(&[want("job-a", "db")]).unwrap(), "nothing more");
     }
 
     #[test]
     fn a_value_is_written_readable_by_its_owner_only() {
         use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        write(d.path(), &want("job-a", "db"), b"pw").unwrap();
+        let d = memory();
+        let dir = MemoryDir(d.path().to_path_buf());
+        dir.write(&want("job-a", "db"), b"pw").unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&d.path().join("job-a/db")), 0o400);
         assert_eq!(mode(&d.path().join("job-a")), 0o700);
         // A new version replaces it whole.
-        write(d.path(), &want("job-a", "db"), b"pw2").unwrap();
+        dir.write(&want("job-a", "db"), b"pw2").unwrap();
         assert_eq!(std::fs::read(d.path().join("job-a/db")).unwrap(), b"pw2");
     }
 
@@ -523,6 +577,11 @@ mod tests {
         let on_disk = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let e = prepare(&on_disk.path().join("secrets")).unwrap_err();
         assert!(e.contains("is not memory-backed"), "{e}");
+        let e = MemoryDir(on_disk.path().join("secrets"))
+            .write(&want("job-a", "db"), b"pw")
+            .unwrap_err();
+        assert!(e.contains("is not memory-backed"), "{e}");
+        assert!(!on_disk.path().join("secrets/job-a").exists());
         let d = tempfile::tempdir_in("/dev/shm").unwrap();
         prepare(&d.path().join("secrets")).unwrap();
         assert!(d.path().join("secrets").is_dir());
