@@ -482,6 +482,7 @@ pub async fn serve(
                 release_keys: Arc::new(opts.release_keys.clone()),
                 image_keys: Arc::new(opts.boot.image_keys.clone()),
                 seal: Arc::new(ca.token_seal_key()),
+                secret_requests: Arc::default(),
             };
             // The operator certificates this key holder knows revoked: what
             // it remembered, and every signed revocation in the store now.

@@ -378,6 +378,35 @@ fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
         assert!(e.message().contains("good for 60 s"), "{e:?}");
     }
 
+    // A node (or a gateway replaying what it signed) asking again and
+    // again: the broker stops after the node's burst, says when to come
+    // back, and records no more deliveries.
+    let delivered = |server: &Server| {
+        ok(server, &["events", "--node", &id])
+            .matches("secret.delivered")
+            .count()
+    };
+    let before = delivered(&server);
+    let mut granted = 0;
+    let e = loop {
+        match fetch(request(&id, "db", 1, &otk_public(), now_ms(), &node_key)) {
+            Ok(_) => granted += 1,
+            Err(e) => break e,
+        }
+        assert!(granted <= 32, "the broker never says no");
+    };
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("asked for 32 secrets in a row")
+            && e.message().contains("the node asks again in"),
+        "{e:?}"
+    );
+    assert!(
+        granted > 0 && granted < 32,
+        "{granted}: earlier requests counted"
+    );
+    assert_eq!(delivered(&server), before + granted);
+
     // Now the gateway answers the node itself. The node, started again,
     // asks for its secret: a delivery signed with the gateway's own key,
     // and the broker's genuine delivery of an earlier request, are both

@@ -85,6 +85,8 @@ pub struct JoinService {
     pub secrets_key: Arc<crate::pki::secrets::SecretsKey>,
     /// Signs the broker's deliveries (nodes hold its JWKS).
     pub tickets: Arc<crate::pki::tickets::TicketKey>,
+    /// Each node's budget of secret requests.
+    pub secret_requests: Arc<super::secrets::PerNode>,
 }
 
 /// Which way a join reached the join service.
