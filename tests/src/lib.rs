@@ -345,6 +345,11 @@ impl Server {
     /// Runs an operator command against this server (`check` reads the
     /// server's store).
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_command(args).output().expect("run better-compute")
+    }
+
+    /// `better-compute ARGS` against this server, not started yet.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(bin("better-compute"));
         if let Some(url) = &self.store_url {
             c.env("BC_STORE", url);
@@ -353,9 +358,8 @@ impl Server {
             .arg(&self.dir)
             .arg("--server")
             .arg(self.api_url())
-            .args(args)
-            .output()
-            .expect("run better-compute")
+            .args(args);
+        c
     }
 
     pub fn token(&self, uses: u32) -> String {

@@ -533,3 +533,67 @@ fn fenced_within_half_the_default_lease(
         },
     );
 }
+
+/// A spec change whose transaction commits long after its `updated_at`
+/// stamp (held up on the spec's row here; a stepped clock does the same)
+/// still reaches a node connected through another gateway: the gateway
+/// compares the store's spec generations with what each session sent,
+/// with no time in the comparison.
+#[test]
+fn a_spec_that_commits_long_after_its_stamp_still_reaches_the_node() {
+    use bc_tests::gateways::{add_gateway, database_role, start_gateway_on};
+    let url = postgres_database("late_spec");
+    let f = bc_tests::fleet_on(Some(&url), &[]);
+    let cred = f.d.path().join("gw-edge.json");
+    let printed = add_gateway(&f.server, "gw-edge", &cred);
+    let gw_dir = f.d.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let _gw = start_gateway_on(&database_role(&url, &printed), &gw_dir, &cred, "gw-edge-1");
+    let mut node = Node::new(&f.d.path().join("n1"), 4);
+    let out = node.join(&_gw.url(), &f.server.token(1));
+    assert!(out.status.success(), "join: {}", stderr(&out));
+    let id = node.id();
+    node.start();
+    f.server
+        .wait_node(&id, "connected through the gateway", |n| {
+            n.state == "connected" && n.gateway == "gw-edge-1"
+        });
+    f.server.assign_and_wait(&id, "job-a", "0", 1);
+
+    // The next change is held up between its stamp and its commit for 6 s
+    // (twice the work loop's overlap; a lock wait could not be: locks time
+    // out at 3 s): a trigger of the test's own sleeps in its statement.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(
+                "CREATE FUNCTION test_stall() RETURNS trigger LANGUAGE plpgsql AS
+                     $$ BEGIN PERFORM pg_sleep(6); RETURN NEW; END $$;
+                 CREATE TRIGGER test_stall BEFORE UPDATE ON node_specs FOR EACH ROW
+                     WHEN (NEW.generation = 2) EXECUTE FUNCTION test_stall();",
+            )
+            .await
+            .unwrap();
+    });
+    let at = Instant::now();
+    let out = f
+        .server
+        .cli(&["nodes", "assign", &id, "job-b", "--gpus", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(at.elapsed() >= Duration::from_secs(6), "{:?}", at.elapsed());
+    let committed = Instant::now();
+    wait_for(Duration::from_secs(20), "generation 2 applied", || {
+        (f.server.spec(&id)["applied_generation"] == 2).then_some(())
+    });
+    println!(
+        "the late spec reached the node {:?} after it committed",
+        committed.elapsed()
+    );
+}

@@ -9,9 +9,11 @@
 //!   revocation list goes to every session.
 //! - Work: every second, one query finds the sessions with a pending
 //!   command or a spec changed since the last look that answered (written
-//!   through any gateway) and wakes them; every [`WORK_LOOK_BACK_EVERY`]
-//!   ticks it looks back [`WORK_LOOK_BACK`], the sessions' safety net for
-//!   a change that committed long after it was stamped. Every five
+//!   through any gateway) and wakes them; every [`RECONCILE_EVERY`] ticks
+//!   it compares the spec generation of every node connected here with the
+//!   one its session sent ([`behind`]) and wakes those behind: a change
+//!   that committed long after its stamp (a transaction held up, a clock
+//!   stepped) goes out then, with no time in the comparison. Every five
 //!   seconds, the fleet's size sizes the first-redial window Welcomes
 //!   carry.
 
@@ -139,23 +141,28 @@ pub async fn size_first_retry(state: &GatewayState) -> bool {
 
 /// How far each look for changed specs reaches back before the last look
 /// that answered: a change is stamped when its statement runs and seen
-/// once it commits.
+/// once it commits. Only how soon a change is seen depends on it: the
+/// reconcile finds whatever it missed.
 pub const WORK_OVERLAP_MS: i64 = 3_000;
-/// The work loop's wider look, every [`WORK_LOOK_BACK_EVERY`] ticks.
-pub const WORK_LOOK_BACK: Duration = Duration::from_secs(60);
-pub const WORK_LOOK_BACK_EVERY: u64 = 30;
+/// Ticks (seconds) between reconciles of the spec generations.
+pub const RECONCILE_EVERY: u64 = 5;
 
 /// Where the work loop's look for changed specs starts: the last look that
-/// answered (less the overlap), however long ago, and at least
-/// [`WORK_LOOK_BACK`] back on the wider looks and the first. Time is a
-/// parameter.
-pub fn work_since(now_ms: i64, last_answered_ms: Option<i64>, tick: u64) -> i64 {
-    let wide = now_ms - WORK_LOOK_BACK.as_millis() as i64;
-    match last_answered_ms {
-        Some(last) if !tick.is_multiple_of(WORK_LOOK_BACK_EVERY) => last - WORK_OVERLAP_MS,
-        Some(last) => (last - WORK_OVERLAP_MS).min(wide),
-        None => wide,
-    }
+/// answered (less the overlap), however long ago; the overlap back from
+/// now on the first (a session's Hello sends what is newer than its node
+/// has). Time is a parameter.
+pub fn work_since(now_ms: i64, last_answered_ms: Option<i64>) -> i64 {
+    last_answered_ms.unwrap_or(now_ms) - WORK_OVERLAP_MS
+}
+
+/// The nodes whose session sent an older generation than the store holds
+/// (`sent` says what a node's session sent; `None`: no session here).
+pub fn behind(sent: impl Fn(&str) -> Option<u64>, store: &[(String, u64)]) -> Vec<&str> {
+    store
+        .iter()
+        .filter(|(node, generation)| sent(node).is_some_and(|s| s < *generation))
+        .map(|(node, _)| node.as_str())
+        .collect()
 }
 
 pub async fn work(state: Arc<GatewayState>) {
@@ -179,9 +186,24 @@ pub async fn work(state: Arc<GatewayState>) {
         if state.is_fenced() || state.sessions().is_empty() {
             continue;
         }
+        if ticks.is_multiple_of(RECONCILE_EVERY) {
+            match state
+                .metrics
+                .timed("spec_generations", state.store.spec_generations(&state.id))
+                .await
+            {
+                Ok(generations) => {
+                    let woken = state.wake_behind(&generations);
+                    if woken > 0 {
+                        debug!(woken, "sessions behind the store's spec generation woken");
+                    }
+                }
+                Err(e) => warn!(error = %e, "cannot read the spec generations"),
+            }
+        }
         // Overlapping looks: a wake for a spec already sent is a no-op.
         let now = state.clock.now_ms();
-        let since = work_since(now, answered, ticks);
+        let since = work_since(now, answered);
         match state
             .metrics
             .timed(
@@ -206,21 +228,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_work_look_starts_where_the_last_answered_one_did_and_widens_now_and_then() {
+    fn the_work_look_starts_where_the_last_answered_one_did() {
         let now = 1_000_000;
-        let wide = now - WORK_LOOK_BACK.as_millis() as i64;
-        assert_eq!(work_since(now, None, 1), wide, "the first look");
-        assert_eq!(work_since(now, Some(now - 1_000), 1), now - 4_000);
+        assert_eq!(
+            work_since(now, None),
+            now - WORK_OVERLAP_MS,
+            "the first look"
+        );
+        assert_eq!(work_since(now, Some(now - 1_000)), now - 4_000);
         // Looks that failed for a while: the next reaches back to the last
         // that answered, not just a second.
-        assert_eq!(work_since(now, Some(now - 20_000), 7), now - 23_000);
-        assert_eq!(work_since(now, Some(now - 600_000), 7), now - 603_000);
-        // The wider look reaches at least its span back.
-        assert_eq!(
-            work_since(now, Some(now - 1_000), WORK_LOOK_BACK_EVERY),
-            wide
-        );
-        assert_eq!(work_since(now, Some(now - 1_000), 0), wide);
-        assert_eq!(work_since(now, Some(now - 600_000), 0), now - 603_000);
+        assert_eq!(work_since(now, Some(now - 20_000)), now - 23_000);
+        assert_eq!(work_since(now, Some(now - 600_000)), now - 603_000);
+    }
+
+    #[test]
+    fn a_session_behind_the_store_is_found_whatever_the_stamps() {
+        let store = vec![
+            ("a".to_string(), 3),
+            ("b".to_string(), 5),
+            ("c".to_string(), 1),
+            ("gone".to_string(), 9),
+        ];
+        let sent = |n: &str| match n {
+            "a" => Some(3),
+            "b" => Some(4),
+            "c" => Some(2),
+            _ => None,
+        };
+        // b is behind; a has it; c has newer (its node said so at its
+        // Hello); "gone" has no session here.
+        assert_eq!(behind(sent, &store), vec!["b"]);
+        assert!(behind(|_| Some(u64::MAX), &store).is_empty());
+        assert_eq!(behind(|_| Some(0), &store).len(), 4);
     }
 }

@@ -151,6 +151,9 @@ struct LocalSession {
     end: Option<oneshot::Sender<End>>,
     /// Wakes the session's dispatcher when work waits for it.
     wake: Arc<Notify>,
+    /// The spec generation the session sent the node (or the node said it
+    /// had at its Hello).
+    sent_generation: Arc<std::sync::atomic::AtomicU64>,
     /// Tunnels asked of the node; closed with the session.
     tunnels: tunnels::SessionTunnels,
 }
@@ -290,6 +293,26 @@ impl GatewayState {
         if let Some(s) = self.sessions().get(node) {
             s.wake.notify_one();
         }
+    }
+
+    /// Wakes every session whose node the store has at a newer spec
+    /// generation than the session sent; how many.
+    pub fn wake_behind(&self, store: &[(String, u64)]) -> usize {
+        let sessions = self.sessions();
+        let behind = feeds::behind(
+            |node| {
+                sessions
+                    .get(node)
+                    .map(|s| s.sent_generation.load(Ordering::SeqCst))
+            },
+            store,
+        );
+        for node in &behind {
+            if let Some(s) = sessions.get(*node) {
+                s.wake.notify_one();
+            }
+        }
+        behind.len()
     }
 
     pub fn is_fenced(&self) -> bool {

@@ -209,6 +209,10 @@ pub async fn run(
     async move {
         let last_heard = Arc::new(Mutex::new(Instant::now()));
         let wake = Arc::new(Notify::new());
+        // The spec generation this session has: a full DesiredState goes
+        // out whenever the store has a newer one (the work loop compares
+        // it with the store's now and then, see feeds::work).
+        let sent_generation = Arc::new(std::sync::atomic::AtomicU64::new(applied_generation));
         let (end_tx, mut end_rx) = oneshot::channel::<End>();
         let (tunnel_open, mut tunnel_opens) = mpsc::channel::<v1::TunnelOpen>(8);
         let old = {
@@ -222,6 +226,7 @@ pub async fn run(
                     last_heard: last_heard.clone(),
                     end: Some(end_tx),
                     wake: wake.clone(),
+                    sent_generation: sent_generation.clone(),
                     tunnels: super::tunnels::SessionTunnels {
                         open: tunnel_open,
                         closing: tokio::sync::watch::Sender::new(()),
@@ -291,12 +296,10 @@ pub async fn run(
         if work_waits {
             wake.notify_one();
         }
-        // The spec generation this session has: a full DesiredState goes
-        // out whenever the store has a newer one.
-        let mut sent_generation = applied_generation;
         // The gateway's work loop wakes the session when something waits
-        // for it (see feeds::work: it also looks back over a wider span
-        // now and then, so a wake cannot be missed for good).
+        // for it (see feeds::work: it also compares the store's spec
+        // generations with what each session sent now and then, so a wake
+        // cannot be missed for good).
         let mut tick = tokio::time::interval(timing.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut receipts = tokio::time::interval(RECEIPTS_EVERY);
@@ -329,7 +332,7 @@ pub async fn run(
                     }
                 }
                 _ = wake.notified() => {
-                    if !session.send_spec(&mut sent_generation).await
+                    if !session.send_spec(&sent_generation).await
                         || !session.dispatch_pending().await
                     {
                         break End::StreamEnded;
@@ -566,11 +569,12 @@ impl Session<'_> {
 
     /// Sends the node's spec if the store has a generation newer than the
     /// one the session has; false when the stream is unusable.
-    async fn send_spec(&self, sent: &mut u64) -> bool {
+    async fn send_spec(&self, sent: &std::sync::atomic::AtomicU64) -> bool {
+        use std::sync::atomic::Ordering;
         match self.state.store.signed_spec(self.node).await {
-            Ok(Some((generation, signed))) if generation > *sent => {
+            Ok(Some((generation, signed))) if generation > sent.load(Ordering::SeqCst) => {
                 debug!(generation, "sending the desired state");
-                *sent = generation;
+                sent.store(generation, Ordering::SeqCst);
                 self.send(server_message::Msg::DesiredState(v1::DesiredState {
                     generation,
                     signed_spec: signed,

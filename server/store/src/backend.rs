@@ -120,6 +120,12 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
         sessions: &[SessionKey],
     ) -> Result<(), StoreError>;
 
+    /// The spec generation of every node connected through `gateway_id`:
+    /// the gateway compares each with the one its session sent, so a spec
+    /// whose transaction committed long after its `updated_at` stamp still
+    /// goes out, whatever the clocks say.
+    async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError>;
+
     /// Nodes connected through `gateway_id` with work waiting: a pending
     /// command, or a spec changed at or after `specs_since_ms`.
     async fn nodes_with_work(

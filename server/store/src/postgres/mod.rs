@@ -573,6 +573,10 @@ impl GatewayBackend for PostgresBackend {
         .await)
     }
 
+    async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        tx!(self, |tx| sessions::spec_generations(&tx, gateway_id).await)
+    }
+
     async fn nodes_with_work(
         &self,
         gateway_id: &str,

@@ -456,6 +456,24 @@ pub(super) async fn connected_to(tx: &Tx<'_>, gateway_id: &str) -> Result<Vec<St
     .collect())
 }
 
+pub(super) async fn spec_generations(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT s.node_id, p.generation FROM node_sessions s
+         JOIN node_specs p ON p.node_id = s.node_id
+         WHERE s.gateway_id = $1 AND s.state = 'connected'
+         ORDER BY s.node_id",
+        &[&gateway_id],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+    .collect())
+}
+
 pub(super) async fn nodes_with_work(
     tx: &Tx<'_>,
     gateway_id: &str,

@@ -541,6 +541,11 @@ impl GatewayBackend for SqliteBackend {
             .await
     }
 
+    async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let gw = gateway_id.to_string();
+        self.read(move |c| sessions::spec_generations(c, &gw)).await
+    }
+
     async fn nodes_with_work(
         &self,
         gateway_id: &str,

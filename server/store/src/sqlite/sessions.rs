@@ -383,6 +383,24 @@ pub(super) fn connected_to(c: &Connection, gateway_id: &str) -> Result<Vec<Strin
     Ok(rows)
 }
 
+pub(super) fn spec_generations(
+    c: &Connection,
+    gateway_id: &str,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut q = c.prepare_cached(
+        "SELECT s.node_id, p.generation FROM node_sessions s
+         JOIN node_specs p ON p.node_id = s.node_id
+         WHERE s.gateway_id = ?1 AND s.state = 'connected'
+         ORDER BY s.node_id",
+    )?;
+    let rows = q
+        .query_map(params![gateway_id], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
 pub(super) fn nodes_with_work(
     c: &Connection,
     gateway_id: &str,

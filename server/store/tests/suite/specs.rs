@@ -95,6 +95,12 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
         vec![node.clone()]
     );
     assert!(s.nodes_with_work("gw", T0 + 6).await.unwrap().is_empty());
+    // Whatever the stamps say, the generation of each connected node.
+    assert_eq!(
+        s.spec_generations("gw").await.unwrap(),
+        vec![(node.clone(), 2)]
+    );
+    assert!(s.spec_generations("gw-other").await.unwrap().is_empty());
     // No spec for a node that does not exist.
     let err = s
         .update_spec(
