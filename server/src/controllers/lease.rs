@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use bc_store::GatewayStore;
+use bc_store::leases::Held;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -52,6 +53,8 @@ pub struct Holder {
     ttl: Duration,
     last_try: Option<Instant>,
     last_ok: Option<Instant>,
+    /// The lease as last held: what the controller's writes name.
+    held: Option<Held>,
     running: bool,
 }
 
@@ -64,25 +67,38 @@ impl Holder {
             ttl,
             last_try: None,
             last_ok: None,
+            held: None,
             running: false,
         }
     }
 
     /// Renews or takes the lease when a third of the TTL has passed since
-    /// the last try; answers whether the controller may run now.
-    pub async fn may_run(&mut self) -> bool {
+    /// the last try; answers the lease as held when the controller may run
+    /// now (its writes name it: the store takes them only while it holds).
+    pub async fn may_run(&mut self) -> Option<Held> {
         let every = self.ttl / 3;
         if self.last_try.is_some_and(|t| t.elapsed() < every) {
-            return self.running && self.last_ok.is_some_and(|t| t.elapsed() < self.ttl / 2);
+            let run = self.running && self.last_ok.is_some_and(|t| t.elapsed() < self.ttl / 2);
+            return self.held.clone().filter(|_| run);
         }
         self.last_try = Some(Instant::now());
         let renewal = match tokio::time::timeout(
             every,
-            self.store.renew_lease(&self.name, &self.owner, self.ttl),
+            self.store.hold_lease(&self.name, &self.owner, self.ttl),
         )
         .await
         {
-            Ok(Ok(Some(_))) => Renewal::Held,
+            Ok(Ok(Some(held))) => {
+                if self
+                    .held
+                    .as_ref()
+                    .is_some_and(|h| h.generation != held.generation)
+                {
+                    info!(lease = %self.name, generation = held.generation, "the controller lease was taken again after it lapsed");
+                }
+                self.held = Some(held);
+                Renewal::Held
+            }
             Ok(Ok(None)) => Renewal::Taken,
             Ok(Err(e)) => {
                 warn!(lease = %self.name, error = %e, "controller lease renewal failed");
@@ -105,7 +121,7 @@ impl Holder {
             }
             self.running = run;
         }
-        run
+        self.held.clone().filter(|_| run)
     }
 
     /// Gives the lease up (an orderly stop), so another process takes it

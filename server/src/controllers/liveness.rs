@@ -8,6 +8,7 @@
 //! `bc_store::liveness`'s, applied inside the sweep's transaction so that
 //! several controllers (one per gateway process) agree.
 
+use bc_store::leases::Held;
 use bc_store::liveness::LivenessRules;
 use bc_store::{GatewayStore, StoreError};
 use tracing::{info, warn};
@@ -20,9 +21,10 @@ pub async fn tick(
     rules: &LivenessRules,
     was_held: bool,
     metrics: &ServerMetrics,
+    lease: &Held,
 ) -> Result<bool, StoreError> {
     let out = metrics
-        .timed("sweep_liveness", store.sweep_liveness(rules))
+        .timed("sweep_liveness", store.sweep_liveness(rules, lease))
         .await?;
     metrics.transition("disconnected", out.disconnected.len());
     metrics.transition("unreachable", out.unreachable.len());

@@ -46,7 +46,9 @@ pub struct Leases {
 }
 
 /// Runs `pass` every `every` while this process holds `controller`'s
-/// lease, until `stop` fires; then gives the lease up.
+/// lease, until `stop` fires; then gives the lease up. `pass` is handed
+/// the lease as held, which its store writes name, so that a pass that
+/// outlived its lease writes nothing.
 async fn under_lease<F, Fut>(
     store: GatewayStore,
     controller: &str,
@@ -56,13 +58,13 @@ async fn under_lease<F, Fut>(
     mut stop: tokio::sync::watch::Receiver<bool>,
     mut pass: F,
 ) where
-    F: FnMut() -> Fut,
+    F: FnMut(bc_store::leases::Held) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut holder = lease::Holder::new(store, controller, &leases.owner, leases.ttl);
     loop {
-        if holder.may_run().await {
-            pass().await;
+        if let Some(held) = holder.may_run().await {
+            pass(held).await;
         }
         let woken = async {
             match &wake {
@@ -100,10 +102,10 @@ pub async fn run_liveness(
     // Whether timed transitions were held at the last pass (for the log).
     let held = Arc::new(AtomicBool::new(false));
     let s = store.clone();
-    under_lease(store, "liveness", leases, every, None, stop, || {
+    under_lease(store, "liveness", leases, every, None, stop, |lease| {
         let (s, held, metrics) = (s.clone(), held.clone(), metrics.clone());
         async move {
-            match liveness::tick(&s, &rules, held.load(Ordering::Relaxed), &metrics).await {
+            match liveness::tick(&s, &rules, held.load(Ordering::Relaxed), &metrics, &lease).await {
                 Ok(now_held) => held.store(now_held, Ordering::Relaxed),
                 Err(e) => warn!(error = %e, "liveness sweep failed"),
             }
@@ -121,10 +123,10 @@ pub async fn run_sweeper(
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = store.clone();
-    under_lease(store, "sweeper", leases, every, None, stop, || {
+    under_lease(store, "sweeper", leases, every, None, stop, |lease| {
         let s = s.clone();
         async move {
-            if let Err(e) = sweeper::tick(&s, dead_lease_after).await {
+            if let Err(e) = sweeper::tick(&s, dead_lease_after, &lease).await {
                 warn!(error = %e, "sweep failed");
             }
         }
@@ -144,10 +146,10 @@ pub async fn run_history(store: Store, leases: Leases, stop: tokio::sync::watch:
         sweeper::PRUNE_EVERY,
         None,
         stop,
-        || {
+        |lease| {
             let s = s.clone();
             async move {
-                if let Err(e) = sweeper::prune(&s).await {
+                if let Err(e) = sweeper::prune(&s, &lease).await {
                     warn!(error = %e, "pruning history failed");
                 }
             }
@@ -179,11 +181,11 @@ pub async fn run_rollouts(
         Duration::from_secs(1),
         Some(wake),
         stop,
-        || {
+        |lease| {
             let (s, key, gateway, believed) =
                 (s.clone(), key.clone(), gateway.clone(), believed.clone());
             async move {
-                match rollouts::tick(&s, &key, &believed).await {
+                match rollouts::tick(&s, &key, &believed, &lease).await {
                     Ok(woken) => {
                         for n in woken {
                             gateway.wake(&n);
@@ -208,7 +210,7 @@ pub async fn run_clones(
 ) {
     let s = store.clone();
     let watch = Arc::new(tokio::sync::Mutex::new(clones::Watch::new(ca_der)));
-    under_lease(store.gateway(), "clones", leases, every, None, stop, || {
+    under_lease(store.gateway(), "clones", leases, every, None, stop, |_| {
         let (s, key, watch) = (s.clone(), key.clone(), watch.clone());
         async move {
             if let Err(e) = watch.lock().await.tick(&s, &key).await {
@@ -241,7 +243,7 @@ pub async fn run_specs(
         SPECS_EVERY,
         None,
         stop,
-        || {
+        |_| {
             let (s, key, tickets, gateway) =
                 (s.clone(), key.clone(), tickets.clone(), gateway.clone());
             async move {
@@ -279,7 +281,7 @@ pub async fn run_gateway_revocations(
         gateway_revocations::every(life),
         Some(wake),
         stop,
-        || {
+        |_| {
             let (s, key, named) = (s.clone(), key.clone(), named.clone());
             async move {
                 match gateway_revocations::tick(&s, &key, life).await {
@@ -315,7 +317,7 @@ pub async fn run_receipts(
         RECEIPTS_EVERY,
         None,
         stop,
-        || {
+        |_| {
             let (s, key, ca_der) = (s.clone(), key.clone(), ca_der.clone());
             async move {
                 if let Err(e) = receipts::tick(&s, &key, &ca_der).await {

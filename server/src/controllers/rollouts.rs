@@ -150,6 +150,7 @@ pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
     believed: &Believed,
+    lease: &bc_store::leases::Held,
 ) -> Result<Vec<String>, TxError> {
     raise_floors(store, believed).await?;
     let mut woken = Vec::new();
@@ -179,7 +180,7 @@ pub async fn tick(
                 for i in positions {
                     let n = &r.nodes[i];
                     if n.release_floor >= r.sequence {
-                        store.skip_rollout_node(&id, &n.node_id).await?;
+                        store.skip_rollout_node(&id, &n.node_id, lease).await?;
                         continue;
                     }
                     let new = NewCommand {
@@ -205,7 +206,7 @@ pub async fn tick(
                 }
             }
             Step::Advance(to) => {
-                if store.advance_rollout(&id, r.wave, to).await? {
+                if store.advance_rollout(&id, r.wave, to, lease).await? {
                     info!(rollout = %id, wave = to, pct = r.waves[to], "next wave");
                 }
             }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use bc_store::leases::Held;
 use bc_store::reconcile::HistoryLimits;
 use bc_store::{GatewayStore, Store, StoreError};
 use tracing::info;
@@ -14,12 +15,13 @@ use tracing::info;
 pub async fn tick(
     store: &GatewayStore,
     dead_lease_after: Duration,
+    lease: &Held,
 ) -> Result<Vec<String>, StoreError> {
-    let expired = store.sweep_commands().await?;
+    let expired = store.sweep_commands(lease).await?;
     for id in &expired {
         info!(cmd = %id, "command expired before dispatch");
     }
-    for lease in store.remove_dead_leases(dead_lease_after).await? {
+    for lease in store.remove_dead_leases(dead_lease_after, lease).await? {
         info!(%lease, "removed a lease its holder left behind");
     }
     Ok(expired)
@@ -31,8 +33,8 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// Removes the oldest security events and boot records past the limits:
 /// the key holder's work (the history controller), never a gateway's,
 /// whose database role may not delete a security record.
-pub async fn prune(store: &Store) -> Result<(), StoreError> {
-    let p = store.prune_history(HistoryLimits::default()).await?;
+pub async fn prune(store: &Store, lease: &Held) -> Result<(), StoreError> {
+    let p = store.prune_history(HistoryLimits::default(), lease).await?;
     if p.fleet_events + p.boots > 0 {
         info!(
             fleet_events = p.fleet_events,

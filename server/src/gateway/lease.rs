@@ -70,8 +70,9 @@ pub fn skewed(offset_ms: i64) -> bool {
 /// What a renewal attempt came back with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
-    /// Held; the store's now.
-    Held(i64),
+    /// Held; the store's now and the lease's generation (the same only
+    /// while this owner renewed it in time).
+    Held(i64, u64),
     /// Another owner holds it, unexpired.
     Taken,
     /// The store failed or did not answer in time.
@@ -94,26 +95,31 @@ pub enum Action {
 
 /// Decides from a renewal, the time since the last good one on this
 /// process's monotonic clock (`None`: never renewed) and the store's time
-/// at it (`None`: never renewed).
+/// and the lease's generation at it (`None`: never renewed).
 pub fn decide(
     r: Renewal,
     since_last_ok: Option<Duration>,
-    last_store_now: Option<i64>,
+    last: Option<(i64, u64)>,
     ttl: Duration,
 ) -> Action {
     match r {
+        // The store says the lease was taken again since (it ran out in
+        // between, however the clocks look from here).
+        Renewal::Held(now, generation) if last.is_some_and(|(_, g)| g != generation) => {
+            Action::Rehold(now, "the gateway lease was taken again after it lapsed")
+        }
         // The store's own clock says a whole TTL passed since the last
         // renewal, so the lease ran out in between whatever this process
         // saw of it (a paused virtual machine's clock stands still); or
         // this process went half a TTL without renewing and without
         // fencing (it did not run).
-        Renewal::Held(now)
-            if last_store_now.is_some_and(|was| now.saturating_sub(was) >= ms(ttl))
+        Renewal::Held(now, _)
+            if last.is_some_and(|(was, _)| now.saturating_sub(was) >= ms(ttl))
                 || since_last_ok.is_some_and(|d| d >= ttl / 2) =>
         {
             Action::Rehold(now, "the gateway lease lapsed before this renewal")
         }
-        Renewal::Held(now) => Action::Hold(now),
+        Renewal::Held(now, _) => Action::Hold(now),
         Renewal::Taken => Action::Fence("another owner holds the gateway lease"),
         Renewal::Failed if since_last_ok.is_none_or(|d| d >= ttl / 2) => {
             Action::Fence("no lease renewal for half the lease TTL")
@@ -159,7 +165,8 @@ fn ms(d: Duration) -> i64 {
 pub async fn keep(state: Arc<GatewayState>) {
     let ttl = state.timing.gateway_lease_ttl;
     let mut last_ok: Option<Instant> = None;
-    let mut last_store_now: Option<i64> = None;
+    // The store's now and the lease's generation at the last hold.
+    let mut last: Option<(i64, u64)> = None;
     let mut tick = tokio::time::interval(ttl / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = state.lease_name();
@@ -194,12 +201,12 @@ pub async fn keep(state: Arc<GatewayState>) {
                 "renew_lease",
                 tokio::time::timeout(
                     renewal_budget(last_ok.map(|t| t.elapsed()), ttl),
-                    state.store.renew_lease(&name, &state.id, ttl),
+                    state.store.hold_lease(&name, &state.id, ttl),
                 ),
             )
             .await
         {
-            Ok(Ok(Some(now))) => Renewal::Held(now),
+            Ok(Ok(Some(held))) => Renewal::Held(held.now_ms, held.generation),
             Ok(Ok(None)) => Renewal::Taken,
             Ok(Err(e)) => {
                 warn!(error = %e, "gateway lease renewal failed");
@@ -210,7 +217,7 @@ pub async fn keep(state: Arc<GatewayState>) {
                 Renewal::Failed
             }
         };
-        let action = decide(renewal, last_ok.map(|t| t.elapsed()), last_store_now, ttl);
+        let action = decide(renewal, last_ok.map(|t| t.elapsed()), last, ttl);
         failing = action == Action::Wait;
         let held = match action {
             Action::Hold(now) => Some(now),
@@ -224,8 +231,8 @@ pub async fn keep(state: Arc<GatewayState>) {
             }
             Action::Wait => None,
         };
-        if let Some(now) = held {
-            last_store_now = Some(now);
+        if let (Some(now), Renewal::Held(_, generation)) = (held, renewal) {
+            last = Some((now, generation));
             state.clock.anchor(now);
             last_ok = Some(Instant::now());
             let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
@@ -319,24 +326,53 @@ mod tests {
         // The store's clock moved a whole TTL since the last renewal: the
         // lease ran out in between, whatever this process's clock says.
         assert!(matches!(
-            decide(Renewal::Held(121_000), Some(s(5)), Some(100_000), TTL),
+            decide(
+                Renewal::Held(121_000, 1),
+                Some(s(5)),
+                Some((100_000, 1)),
+                TTL
+            ),
             Action::Rehold(121_000, _)
         ));
         // This process did not run for half a TTL.
         assert!(matches!(
-            decide(Renewal::Held(105_000), Some(s(11)), Some(100_000), TTL),
+            decide(
+                Renewal::Held(105_000, 1),
+                Some(s(11)),
+                Some((100_000, 1)),
+                TTL
+            ),
             Action::Rehold(105_000, _)
+        ));
+        // The store took it again since: a new generation, whatever the
+        // clocks (a renewal that looks on time here).
+        assert!(matches!(
+            decide(
+                Renewal::Held(105_000, 2),
+                Some(s(5)),
+                Some((100_000, 1)),
+                TTL
+            ),
+            Action::Rehold(105_000, "the gateway lease was taken again after it lapsed")
         ));
         // A renewal on time holds.
         assert_eq!(
-            decide(Renewal::Held(105_000), Some(s(5)), Some(100_000), TTL),
+            decide(
+                Renewal::Held(105_000, 1),
+                Some(s(5)),
+                Some((100_000, 1)),
+                TTL
+            ),
             Action::Hold(105_000)
         );
     }
 
     #[test]
     fn a_held_lease_anchors_the_clock() {
-        assert_eq!(decide(Renewal::Held(5), None, None, TTL), Action::Hold(5));
+        assert_eq!(
+            decide(Renewal::Held(5, 1), None, None, TTL),
+            Action::Hold(5)
+        );
     }
 
     #[test]

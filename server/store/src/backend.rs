@@ -26,7 +26,7 @@ use crate::events::{EventInput, EventRow};
 use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
-use crate::leases::LeaseRow;
+use crate::leases::{Held, LeaseRow};
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
@@ -134,27 +134,47 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
         specs_since_ms: i64,
     ) -> Result<Vec<String>, StoreError>;
 
-    /// The liveness controller's sweep (see [`crate::liveness`]).
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError>;
+    /// The liveness controller's sweep (see [`crate::liveness`]), under
+    /// its lease (written only while `held` holds).
+    async fn sweep_liveness(
+        &self,
+        rules: &LivenessRules,
+        held: &Held,
+    ) -> Result<SweepOutcome, StoreError>;
 
     /// How many sessions are connected, and how many gateways hold a live
     /// lease: what a whole fleet redialing at once would bring.
     async fn fleet_size(&self) -> Result<FleetSize, StoreError>;
 
-    /// Takes or renews a lease for `owner`. Returns the store's now when
-    /// the lease is held, `None` when another owner holds it unexpired.
+    /// Takes or renews a lease for `owner`: what it holds (the store's now
+    /// and the lease's generation), `None` when another owner holds it
+    /// unexpired.
+    async fn hold_lease(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Held>, StoreError>;
+
+    /// [`Self::hold_lease`], answering only the store's now.
     async fn renew_lease(
         &self,
         name: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<i64>, StoreError>;
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(self.hold_lease(name, owner, ttl).await?.map(|h| h.now_ms))
+    }
 
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError>;
 
     /// Removes leases expired longer than `dead_after` ago (their holders
-    /// are gone); returns their names.
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError>;
+    /// are gone); returns their names. Under the sweeper's lease.
+    async fn remove_dead_leases(
+        &self,
+        dead_after: Duration,
+        held: &Held,
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Stores an inventory section the node signed, if it verifies
     /// ([`crate::nodes::judge_signed`]) and names the session `epoch`, which
@@ -204,8 +224,9 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
     /// How many commands are in each state (only states that have some).
     async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError>;
 
-    /// Expires pending commands past their deadline; returns them.
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError>;
+    /// Expires pending commands past their deadline; returns them. Under
+    /// the sweeper's lease.
+    async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError>;
 
     /// The signed spec to send a node, with its generation.
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
@@ -571,9 +592,11 @@ pub trait Backend: GatewayBackend {
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError>;
 
     /// Removes the oldest security events and boot records past `limits`.
+    /// Under the history controller's lease.
     async fn prune_history(
         &self,
         limits: crate::reconcile::HistoryLimits,
+        held: &Held,
     ) -> Result<crate::reconcile::Pruned, StoreError>;
 
     // ---------------------------------------------------------- inventory
@@ -742,8 +765,14 @@ pub trait Backend: GatewayBackend {
     ) -> Result<bool, StoreError>;
 
     /// Moves a running rollout from wave `from` to `to`; false if it was
-    /// not there.
-    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError>;
+    /// not there. Under the rollout controller's lease.
+    async fn advance_rollout(
+        &self,
+        id: &str,
+        from: usize,
+        to: usize,
+        held: &Held,
+    ) -> Result<bool, StoreError>;
 
     async fn record_rollout_command(
         &self,
@@ -754,7 +783,13 @@ pub trait Backend: GatewayBackend {
     ) -> Result<(), StoreError>;
 
     /// Marks a node skipped: it already runs the release or a later one.
-    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError>;
+    /// Under the rollout controller's lease.
+    async fn skip_rollout_node(
+        &self,
+        id: &str,
+        node_id: &str,
+        held: &Held,
+    ) -> Result<(), StoreError>;
 
     // -------------------------------------------------------------- audit
 

@@ -40,6 +40,18 @@ pub enum StoreError {
     /// the message says how, and carries no secret.
     #[error("{0}")]
     Address(String),
+    /// A write made under a lease its owner no longer holds at that
+    /// generation (it ran out, another process took it, or it was taken
+    /// again since): nothing was written; another process runs that work.
+    #[error(
+        "{owner} no longer holds lease {lease} (generation {generation}): nothing was written; \
+         the process holding it now does this work"
+    )]
+    LeaseLost {
+        lease: String,
+        owner: String,
+        generation: u64,
+    },
     /// A stored value does not parse: a bug or a hand-edited store.
     #[error("the store holds a value it cannot read: {0}")]
     Corrupt(String),

@@ -84,7 +84,7 @@ use crate::events::{EventInput, EventRow};
 use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
-use crate::leases::LeaseRow;
+use crate::leases::{Held, LeaseRow};
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
@@ -142,6 +142,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0038_operator_revocations.sql"),
     include_str!("migrations/0039_unknown_results.sql"),
     include_str!("migrations/0040_secrets.sql"),
+    include_str!("migrations/0041_lease_generation.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -590,20 +591,27 @@ impl GatewayBackend for PostgresBackend {
         .await)
     }
 
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
-        tx!(self, |tx| liveness::sweep(&tx, rules).await)
+    async fn sweep_liveness(
+        &self,
+        rules: &LivenessRules,
+        held: &Held,
+    ) -> Result<SweepOutcome, StoreError> {
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            liveness::sweep(&tx, rules).await
+        })
     }
 
     async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
         tx!(self, |tx| sessions::fleet_size(&tx).await)
     }
 
-    async fn renew_lease(
+    async fn hold_lease(
         &self,
         name: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Option<Held>, StoreError> {
         let fence = self.fence(name);
         let _alone = fence.write().await;
         tx!(self, leases, |tx| leases::renew(&tx, name, owner, ttl)
@@ -616,9 +624,15 @@ impl GatewayBackend for PostgresBackend {
         tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
     }
 
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| reconcile::remove_dead_leases(&tx, dead_after)
-            .await)
+    async fn remove_dead_leases(
+        &self,
+        dead_after: Duration,
+        held: &Held,
+    ) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            reconcile::remove_dead_leases(&tx, dead_after).await
+        })
     }
 
     async fn put_inventory(
@@ -668,8 +682,11 @@ impl GatewayBackend for PostgresBackend {
         tx!(self, |tx| commands::result(&tx, node_id, r, verify).await)
     }
 
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::sweep(&tx).await)
+    async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            commands::sweep(&tx).await
+        })
     }
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
@@ -1059,8 +1076,12 @@ impl Backend for PostgresBackend {
     async fn prune_history(
         &self,
         limits: crate::reconcile::HistoryLimits,
+        held: &Held,
     ) -> Result<crate::reconcile::Pruned, StoreError> {
-        tx!(self, |tx| reconcile::prune_history(&tx, limits).await)
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            reconcile::prune_history(&tx, limits).await
+        })
     }
 
     async fn inventory(
@@ -1249,8 +1270,17 @@ impl Backend for PostgresBackend {
             .await)
     }
 
-    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError> {
-        tx!(self, |tx| rollouts::advance(&tx, id, from, to).await)
+    async fn advance_rollout(
+        &self,
+        id: &str,
+        from: usize,
+        to: usize,
+        held: &Held,
+    ) -> Result<bool, StoreError> {
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            rollouts::advance(&tx, id, from, to).await
+        })
     }
 
     async fn record_rollout_command(
@@ -1266,8 +1296,16 @@ impl Backend for PostgresBackend {
         .await)
     }
 
-    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError> {
-        tx!(self, |tx| rollouts::skip(&tx, id, node_id).await)
+    async fn skip_rollout_node(
+        &self,
+        id: &str,
+        node_id: &str,
+        held: &Held,
+    ) -> Result<(), StoreError> {
+        tx!(self, |tx| {
+            leases::check_held(&tx, held).await?;
+            rollouts::skip(&tx, id, node_id).await
+        })
     }
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {

@@ -63,7 +63,7 @@ use crate::events::{EventInput, EventRow};
 use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
 use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
 use crate::inventory::{InventoryInput, InventoryRow};
-use crate::leases::LeaseRow;
+use crate::leases::{Held, LeaseRow};
 use crate::liveness::{LivenessRules, SweepOutcome};
 use crate::machines::{Enrolled, Enrolment, NewEnrolment};
 use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
@@ -120,6 +120,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0038_operator_revocations.sql"),
     include_str!("migrations/0039_unknown_results.sql"),
     include_str!("migrations/0040_secrets.sql"),
+    include_str!("migrations/0041_lease_generation.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -556,21 +557,29 @@ impl GatewayBackend for SqliteBackend {
             .await
     }
 
-    async fn sweep_liveness(&self, rules: &LivenessRules) -> Result<SweepOutcome, StoreError> {
-        let rules = *rules;
-        self.write(move |c| liveness::sweep(c, &rules)).await
+    async fn sweep_liveness(
+        &self,
+        rules: &LivenessRules,
+        held: &Held,
+    ) -> Result<SweepOutcome, StoreError> {
+        let (rules, held) = (*rules, held.clone());
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            liveness::sweep(c, &rules)
+        })
+        .await
     }
 
     async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
         self.read(sessions::fleet_size).await
     }
 
-    async fn renew_lease(
+    async fn hold_lease(
         &self,
         name: &str,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Option<Held>, StoreError> {
         let (name, owner) = (name.to_string(), owner.to_string());
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
             leases::renew(c, &name, &owner, ttl)
@@ -586,9 +595,17 @@ impl GatewayBackend for SqliteBackend {
         .await
     }
 
-    async fn remove_dead_leases(&self, dead_after: Duration) -> Result<Vec<String>, StoreError> {
-        self.write(move |c| reconcile::remove_dead_leases(c, dead_after))
-            .await
+    async fn remove_dead_leases(
+        &self,
+        dead_after: Duration,
+        held: &Held,
+    ) -> Result<Vec<String>, StoreError> {
+        let held = held.clone();
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            reconcile::remove_dead_leases(c, dead_after)
+        })
+        .await
     }
 
     async fn put_inventory(
@@ -640,8 +657,13 @@ impl GatewayBackend for SqliteBackend {
             .await
     }
 
-    async fn sweep_commands(&self) -> Result<Vec<String>, StoreError> {
-        self.write(commands::sweep).await
+    async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
+        let held = held.clone();
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            commands::sweep(c)
+        })
+        .await
     }
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
@@ -1069,9 +1091,14 @@ impl Backend for SqliteBackend {
     async fn prune_history(
         &self,
         limits: crate::reconcile::HistoryLimits,
+        held: &Held,
     ) -> Result<crate::reconcile::Pruned, StoreError> {
-        self.write(move |c| reconcile::prune_history(c, limits))
-            .await
+        let held = held.clone();
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            reconcile::prune_history(c, limits)
+        })
+        .await
     }
 
     async fn inventory(
@@ -1289,10 +1316,19 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn advance_rollout(&self, id: &str, from: usize, to: usize) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.write(move |c| rollouts::advance(c, &id, from, to))
-            .await
+    async fn advance_rollout(
+        &self,
+        id: &str,
+        from: usize,
+        to: usize,
+        held: &Held,
+    ) -> Result<bool, StoreError> {
+        let (id, held) = (id.to_string(), held.clone());
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            rollouts::advance(c, &id, from, to)
+        })
+        .await
     }
 
     async fn record_rollout_command(
@@ -1307,9 +1343,18 @@ impl Backend for SqliteBackend {
             .await
     }
 
-    async fn skip_rollout_node(&self, id: &str, node_id: &str) -> Result<(), StoreError> {
-        let (id, node) = (id.to_string(), node_id.to_string());
-        self.write(move |c| rollouts::skip(c, &id, &node)).await
+    async fn skip_rollout_node(
+        &self,
+        id: &str,
+        node_id: &str,
+        held: &Held,
+    ) -> Result<(), StoreError> {
+        let (id, node, held) = (id.to_string(), node_id.to_string(), held.clone());
+        self.write(move |c| {
+            leases::check_held(c, &held)?;
+            rollouts::skip(c, &id, &node)
+        })
+        .await
     }
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {

@@ -1,4 +1,4 @@
--- schema version 40
+-- schema version 41
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -134,6 +134,7 @@ leases.name: text NOT NULL
 leases.owner: text NOT NULL
 leases.expires_at: bigint NOT NULL
 leases.renewed_at: bigint NOT NULL
+leases.generation: bigint NOT NULL DEFAULT 1
 legacy_results.command_id: text NOT NULL
 machine_enrolments.id: text NOT NULL
 machine_enrolments.kind: text NOT NULL

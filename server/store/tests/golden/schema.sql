@@ -1,4 +1,4 @@
--- schema version 40
+-- schema version 41
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -269,7 +269,7 @@ CREATE TABLE leases (
         owner      TEXT NOT NULL,
         expires_at INTEGER NOT NULL,
         renewed_at INTEGER NOT NULL
-    ) STRICT;
+    , generation INTEGER NOT NULL DEFAULT 1) STRICT;
 
 -- table legacy_results
 CREATE TABLE legacy_results (

@@ -312,11 +312,17 @@ pub async fn the_sweeper_expires_only_pending_commands_past_their_deadline(f: Fi
     );
     f.advance(Duration::from_secs(60));
     assert!(
-        s.sweep_commands().await.unwrap().is_empty(),
+        s.sweep_commands(&super::controller(s).await)
+            .await
+            .unwrap()
+            .is_empty(),
         "at the deadline"
     );
     f.advance(Duration::from_millis(1));
-    assert_eq!(s.sweep_commands().await.unwrap(), vec![waiting.id.clone()]);
+    assert_eq!(
+        s.sweep_commands(&super::controller(s).await).await.unwrap(),
+        vec![waiting.id.clone()]
+    );
     let w = s.get_command(&waiting.id).await.unwrap().unwrap();
     assert_eq!(
         (w.state.as_str(), w.reason.as_str()),
@@ -538,7 +544,10 @@ pub async fn no_result_becomes_legacy_after_the_migration(f: Fixture) {
         .unwrap();
     // Ended with no node's signature (its deadline swept): not legacy.
     f.advance(Duration::from_secs(61));
-    assert_eq!(s.sweep_commands().await.unwrap(), vec![c.id.clone()]);
+    assert_eq!(
+        s.sweep_commands(&super::controller(s).await).await.unwrap(),
+        vec![c.id.clone()]
+    );
     let row = s.get_command(&c.id).await.unwrap().unwrap();
     assert_eq!((row.state.as_str(), row.legacy), ("expired", false));
     assert!(row.signed_result.is_none());
@@ -580,7 +589,10 @@ pub async fn a_finished_commands_ending_is_written_once(f: Fixture) {
         ResultApplied::Applied
     );
     f.advance(Duration::from_secs(61));
-    assert_eq!(s.sweep_commands().await.unwrap(), vec![ids[1].clone()]);
+    assert_eq!(
+        s.sweep_commands(&super::controller(s).await).await.unwrap(),
+        vec![ids[1].clone()]
+    );
     let before: Vec<_> = {
         let mut v = Vec::new();
         for id in &ids {

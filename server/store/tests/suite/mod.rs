@@ -141,6 +141,19 @@ pub async fn lease(s: &Store, gw: &str, ttl: Duration) {
         .expect("the lease is free");
 }
 
+/// The suite's controller lease (`controller:suite`, held for a century of
+/// the manual clock), as a controller's pass names it in its writes.
+pub async fn controller(s: &Store) -> bc_store::leases::Held {
+    s.hold_lease(
+        &bc_store::leases::controller_lease("suite"),
+        "suite",
+        Duration::from_secs(100 * 365 * 86_400),
+    )
+    .await
+    .unwrap()
+    .expect("the suite's controller lease is free")
+}
+
 /// Ends `node`'s session under `epoch` now, as its gateway writes it (the
 /// node last heard `seen_age` ago); whether it applied.
 pub async fn disconnect(s: &Store, node: &str, epoch: u64, seen_age: Duration) -> bool {
@@ -359,6 +372,7 @@ macro_rules! store_suite {
             liveness::gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it,
             liveness::a_sweep_gap_holds_timed_transitions,
             liveness::leases_have_one_owner_until_they_expire,
+            liveness::a_controller_writes_only_under_the_lease_it_holds,
             liveness::leases_are_listed_with_owner_and_expiry,
             liveness::the_fleet_size_counts_connected_sessions_and_live_gateways,
             races::two_hellos_for_one_node_get_distinct_epochs,

@@ -115,8 +115,12 @@ pub async fn reconcile_clears_dead_leases_keeps_live_ones_and_is_idempotent(f: F
         outage_gap: Duration::from_secs(3600),
         outage_hold: Duration::from_secs(1),
     };
-    s.sweep_liveness(&rules).await.unwrap();
-    s.sweep_liveness(&rules).await.unwrap();
+    s.sweep_liveness(&rules, &super::controller(s).await)
+        .await
+        .unwrap();
+    s.sweep_liveness(&rules, &super::controller(s).await)
+        .await
+        .unwrap();
     let third = s.reconcile("gw-new", grace).await.unwrap();
     let fourth = s.reconcile("gw-new", grace).await.unwrap();
     assert_eq!(third, fourth);
@@ -138,13 +142,25 @@ pub async fn the_sweeper_removes_only_leases_dead_past_the_grace(f: Fixture) {
     lease(s, "gw-gone", Duration::from_secs(1)).await;
     let grace = Duration::from_secs(120);
     f.advance(Duration::from_secs(121));
-    assert!(s.remove_dead_leases(grace).await.unwrap().is_empty());
+    assert!(
+        s.remove_dead_leases(grace, &super::controller(s).await)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     f.advance(Duration::from_secs(1));
     assert_eq!(
-        s.remove_dead_leases(grace).await.unwrap(),
+        s.remove_dead_leases(grace, &super::controller(s).await)
+            .await
+            .unwrap(),
         vec!["gateway:gw-gone".to_string()]
     );
-    assert!(s.remove_dead_leases(grace).await.unwrap().is_empty());
+    assert!(
+        s.remove_dead_leases(grace, &super::controller(s).await)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn racing_joins_never_burn_one_token_on_two_identities(f: Fixture) {
@@ -258,7 +274,9 @@ pub async fn history_peers_can_add_to_is_pruned_to_its_limits(f: Fixture) {
     let newest_events = s.fleet_events(&node, 4).await.unwrap();
     let newest_boot = s.boots(None, 1).await.unwrap();
     assert_eq!(
-        s.prune_history(limits).await.unwrap(),
+        s.prune_history(limits, &super::controller(s).await)
+            .await
+            .unwrap(),
         Pruned {
             fleet_events: 2,
             boots: 5
@@ -273,5 +291,10 @@ pub async fn history_peers_can_add_to_is_pruned_to_its_limits(f: Fixture) {
         assert!(s.boots(Some(mac), 50).await.unwrap().len() <= 3);
     }
     // Nothing more to do.
-    assert_eq!(s.prune_history(limits).await.unwrap(), Pruned::default());
+    assert_eq!(
+        s.prune_history(limits, &super::controller(s).await)
+            .await
+            .unwrap(),
+        Pruned::default()
+    );
 }

@@ -64,7 +64,9 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
     s.record_rollout_command(&r.id, ids[0], RolloutCommand::Upgrade, &up.id)
         .await
         .unwrap();
-    s.skip_rollout_node(&r.id, ids[1]).await.unwrap();
+    s.skip_rollout_node(&r.id, ids[1], &super::controller(s).await)
+        .await
+        .unwrap();
     let got = s.rollout(&r.id).await.unwrap().unwrap();
     assert_eq!(got.nodes.len(), 2);
     assert_eq!(got.nodes[0].status, NodeStatus::Upgrading);
@@ -104,8 +106,16 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
         Some(back.id.as_str())
     );
     // Waves move only forward from where they are, and only when running.
-    assert!(s.advance_rollout(&r.id, 0, 1).await.unwrap());
-    assert!(!s.advance_rollout(&r.id, 0, 1).await.unwrap());
+    assert!(
+        s.advance_rollout(&r.id, 0, 1, &super::controller(s).await)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.advance_rollout(&r.id, 0, 1, &super::controller(s).await)
+            .await
+            .unwrap()
+    );
     assert!(
         s.set_rollout_state(
             &r.id,
@@ -116,7 +126,11 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
         .await
         .unwrap()
     );
-    assert!(!s.advance_rollout(&r.id, 1, 2).await.unwrap());
+    assert!(
+        !s.advance_rollout(&r.id, 1, 2, &super::controller(s).await)
+            .await
+            .unwrap()
+    );
     assert!(
         !s.set_rollout_state(&r.id, &[RolloutState::Running], RolloutState::Done, "")
             .await
