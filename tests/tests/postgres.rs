@@ -497,14 +497,31 @@ fn fenced_within_half_the_default_lease(
     fail: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
     mend: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
 ) {
+    const NODES: usize = 20;
     let (mut cluster, url) = own_cluster(name);
     let d = tempfile::tempdir().unwrap();
     // The default lease and its renewal cadence: 20 s, every 5 s.
     let g = Server::start_postgres(&d.path().join("server"), &url, &["--gateway-id", "gw-h"])
         .expect("gateway starts");
-    // Just after a renewal (one runs as the gateway starts): the next,
-    // five seconds on, is the one that hangs.
-    std::thread::sleep(Duration::from_millis(500));
+    // Under load: a fleet connected, sending heartbeats and reports, with
+    // commands running when the database goes.
+    let sim_log = d.path().join("sim.log");
+    let mut sim = bcd_sim(
+        &g.url(),
+        &g.token(NODES as u32),
+        &d.path().join("nodes"),
+        NODES,
+        &sim_log,
+    );
+    let connected = |s: &Server| s.nodes().iter().filter(|n| n.state == "connected").count();
+    wait_for(Duration::from_secs(60), "the fleet connected", || {
+        (connected(&g) == NODES).then_some(())
+    });
+    for n in g.nodes() {
+        g.run_command(&n.node_id, "exec.run", &["/bin/sh", "-c", "sleep 1"]);
+    }
+    // The last renewal that answered was at most 5 s before the failure,
+    // so the gateway fences at most half the TTL (10 s) after it.
     assert!(!g.proc.log().contains("fencing"), "{}", g.proc.log());
     fail(&mut cluster);
     let failed = Instant::now();
@@ -521,7 +538,8 @@ fn fenced_within_half_the_default_lease(
         "fenced {:.1}s after the database {name}",
         fenced_in.as_secs_f64()
     );
-    // And it holds the lease again once the database answers.
+    // And it holds the lease again once the database answers, and the
+    // fleet is back.
     wait_for(
         Duration::from_secs(30),
         "the gateway holding its lease again",
@@ -532,6 +550,11 @@ fn fenced_within_half_the_default_lease(
                 .then_some(())
         },
     );
+    wait_for(Duration::from_secs(60), "the fleet connected again", || {
+        (connected(&g) == NODES).then_some(())
+    });
+    let _ = sim.kill();
+    let _ = sim.wait();
 }
 
 /// A spec change whose transaction commits long after its `updated_at`
