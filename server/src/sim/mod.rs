@@ -226,6 +226,35 @@ impl AfterRestart {
     }
 }
 
+/// One look while the fleet settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Every node connected, no command open, every spec applied.
+    Settled,
+    Waiting,
+    /// The limit passed first: the run fails.
+    GaveUp,
+}
+
+/// Whether the fleet settled, may still, or did not within `limit`. Time
+/// is a parameter.
+fn settle_step(
+    connected: usize,
+    nodes: usize,
+    open: usize,
+    unapplied: usize,
+    elapsed: Duration,
+    limit: Duration,
+) -> Settle {
+    if connected == nodes && open == 0 && unapplied == 0 {
+        Settle::Settled
+    } else if elapsed > limit {
+        Settle::GaveUp
+    } else {
+        Settle::Waiting
+    }
+}
+
 /// What must be the same before and after a restart, as lines.
 fn authoritative(s: &check::Snapshot) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -904,14 +933,21 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
                 t.connected, opts.nodes
             );
         }
-        if t.connected == opts.nodes && open == 0 && unapplied == 0 {
-            settled = true;
-            break;
+        match settle_step(
+            t.connected,
+            opts.nodes,
+            open,
+            unapplied,
+            settle_start.elapsed(),
+            settle_limit,
+        ) {
+            Settle::Settled => {
+                settled = true;
+                break;
+            }
+            Settle::GaveUp => break,
+            Settle::Waiting => tokio::time::sleep(Duration::from_millis(250)).await,
         }
-        if settle_start.elapsed() > settle_limit {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let settle_s = settle_start.elapsed().as_secs_f64();
     let connected_at_end = hosts.totals().connected;
@@ -1009,14 +1045,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), g.child.wait()).await;
     }
-    // A fleet that did not settle fails the run, whatever the checkers
-    // found in what did happen; so does a store that does not agree with
-    // the agents on who is connected.
-    let ok = settled
-        && connected_in_store == opts.nodes
-        && invariants.iter().all(|o| o.held())
-        && after_restart.held();
-    Ok(Report {
+    let mut report = Report {
         nodes: opts.nodes,
         gateways: opts.gateways,
         store: store_kind.to_string(),
@@ -1040,8 +1069,10 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         peak_kib_per_node: final_stats.peak_rss_kib / opts.nodes as u64,
         invariants,
         after_restart,
-        ok,
-    })
+        ok: false,
+    };
+    report.ok = report.failure().is_none();
+    Ok(report)
 }
 
 /// Kills every gateway and starts it again under its name (each start
@@ -1116,6 +1147,29 @@ fn peak_hellos(audit: &[check::Audit]) -> u64 {
 }
 
 impl Report {
+    /// Why the run failed, worded for the exit: a fleet that did not
+    /// settle fails it whatever the checkers found in what did happen; so
+    /// does a store that does not agree with the agents on who is
+    /// connected, and any invariant violated (before or after the restart).
+    pub fn failure(&self) -> Option<String> {
+        if !self.settled {
+            return Some(format!(
+                "the fleet did not settle within {:.0}s: {} of {} connected at the end (see the report)",
+                self.settle_limit_s, self.connected_at_end, self.nodes
+            ));
+        }
+        if self.connected_in_store != self.nodes {
+            return Some(format!(
+                "the store has {} of {} nodes connected where the agents count {} (see the report)",
+                self.connected_in_store, self.nodes, self.connected_at_end
+            ));
+        }
+        if !self.invariants.iter().all(|o| o.held()) || !self.after_restart.held() {
+            return Some("an invariant was violated (see the report)".into());
+        }
+        None
+    }
+
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
@@ -1211,20 +1265,120 @@ impl Report {
         for line in check::render(&r.invariants).lines() {
             s.push_str(&format!("    {line}\n"));
         }
-        s.push_str(if self.ok {
-            "  every invariant held and the fleet settled\n"
-        } else if self.settled {
-            "  INVARIANTS VIOLATED\n"
-        } else {
-            "  FAILED: the fleet did not settle\n"
-        });
+        match self.failure() {
+            None => s.push_str("  every invariant held and the fleet settled\n"),
+            Some(why) => s.push_str(&format!("  FAILED: {why}\n")),
+        }
         s
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{all_back, back_after};
+    use super::*;
+
+    fn outcome(violations: Vec<String>) -> check::Outcome {
+        check::Outcome {
+            name: "test",
+            title: "a test invariant",
+            checked: 1,
+            what: "things",
+            violations,
+        }
+    }
+
+    fn settled_report() -> Report {
+        Report {
+            nodes: 10,
+            gateways: 2,
+            store: "sqlite".into(),
+            node_state: "disk".into(),
+            chaos: "none".into(),
+            seed: 1,
+            connect_s: 1.0,
+            hellos_per_s_per_gateway: 5.0,
+            peak_hellos_per_s: 5,
+            storm_s: None,
+            connected_at_end: 10,
+            connected_in_store: 10,
+            settled: true,
+            settle_s: 0.5,
+            settle_limit_s: 60.0,
+            clock_faults: vec![],
+            commands: BTreeMap::new(),
+            commands_issued: 0,
+            faults: BTreeMap::new(),
+            rehome: vec![],
+            peak_kib_per_node: 100,
+            invariants: vec![outcome(vec![])],
+            after_restart: AfterRestart {
+                gateways_restarted: 2,
+                drift: vec![],
+                invariants: vec![outcome(vec![])],
+            },
+            ok: true,
+        }
+    }
+
+    #[test]
+    fn the_fleet_settles_only_whole_and_gives_up_past_its_limit() {
+        let (s, limit) = (Duration::from_secs, Duration::from_secs(60));
+        assert_eq!(settle_step(10, 10, 0, 0, s(0), limit), Settle::Settled);
+        assert_eq!(settle_step(10, 10, 0, 0, s(61), limit), Settle::Settled);
+        assert_eq!(settle_step(9, 10, 0, 0, s(59), limit), Settle::Waiting);
+        assert_eq!(settle_step(10, 10, 1, 0, s(59), limit), Settle::Waiting);
+        assert_eq!(settle_step(10, 10, 0, 1, s(59), limit), Settle::Waiting);
+        assert_eq!(settle_step(9, 10, 0, 0, s(61), limit), Settle::GaveUp);
+        // A store that cannot say counts as open.
+        assert_eq!(
+            settle_step(10, 10, usize::MAX, usize::MAX, s(61), limit),
+            Settle::GaveUp
+        );
+    }
+
+    #[test]
+    fn a_fleet_that_did_not_settle_fails_the_run_whatever_else_held() {
+        let r = settled_report();
+        assert_eq!(r.failure(), None);
+        assert!(
+            r.render()
+                .contains("every invariant held and the fleet settled")
+        );
+        let r = Report {
+            settled: false,
+            connected_at_end: 9,
+            ..settled_report()
+        };
+        let why = r.failure().unwrap();
+        assert_eq!(
+            why,
+            "the fleet did not settle within 60s: 9 of 10 connected at the end (see the report)"
+        );
+        let text = r.render();
+        assert!(
+            text.contains("DID NOT SETTLE within 60s: 9 of 10 connected"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("FAILED: {why}")), "{text}");
+        // A store that disagrees with the agents fails it too.
+        let r = Report {
+            connected_in_store: 11,
+            ..settled_report()
+        };
+        assert!(
+            r.failure()
+                .unwrap()
+                .contains("the store has 11 of 10 nodes connected")
+        );
+        assert!(r.render().contains("THE STORE DISAGREES"));
+        // And an invariant violated after the restart.
+        let mut r = settled_report();
+        r.after_restart.invariants = vec![outcome(vec!["two sessions".into()])];
+        assert_eq!(
+            r.failure().as_deref(),
+            Some("an invariant was violated (see the report)")
+        );
+    }
 
     /// A node is back with a session from after the cut, not while its
     /// host still reports it connected on the old one; the storm ends with
