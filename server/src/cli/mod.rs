@@ -21,6 +21,7 @@ mod releases;
 mod rollouts;
 mod secrets;
 mod serve;
+mod shell;
 mod sim;
 mod ticket_keys;
 mod tokens;
@@ -30,7 +31,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Where `add` writes a credential file (mode 0600), and whether it may
 /// replace one: shared by `gateways add` and `operators add`.
@@ -187,6 +188,12 @@ enum Command {
     /// store, leases, clock, releases and images. Read-only; exit 0 all
     /// ok, 1 a failure, 2 warnings only.
     Doctor(doctor::DoctorArgs),
+    /// Print the shell completion script: `better-compute completions
+    /// bash > /etc/bash_completion.d/better-compute`.
+    Completions(shell::CompletionsArgs),
+    /// Write the manual pages (one per command and subcommand) to a
+    /// directory.
+    Man(shell::ManArgs),
 }
 
 /// Where an operator verb finds the server.
@@ -277,6 +284,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
         Command::Images { command } => images::run(command, &target).await.map(|()| done),
         Command::Operators { command } => operators::run(command, &target).await.map(|()| done),
+        Command::Completions(args) => shell::completions(args, Cli::command()).map(|()| done),
+        Command::Man(args) => shell::man(args, Cli::command()).map(|_| done),
     }
 }
 
