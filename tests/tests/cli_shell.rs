@@ -7,9 +7,14 @@ use std::process::Command;
 use bc_tests::{bin, stderr};
 
 /// What bash completes for the words typed so far (the last one being
-/// completed), with the script `better-compute completions bash` prints.
+/// completed; the first names the program), with the script the program's
+/// `completions bash` prints.
 fn complete(words: &[&str]) -> Vec<String> {
-    let script = Command::new(bin("better-compute"))
+    complete_with(&bin("better-compute"), words)
+}
+
+fn complete_with(program: &std::path::Path, words: &[&str]) -> Vec<String> {
+    let script = Command::new(program)
         .args(["completions", "bash"])
         .output()
         .unwrap();
@@ -21,17 +26,19 @@ fn complete(words: &[&str]) -> Vec<String> {
     let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
     let program = format!(
         "source '{}'
-         func=$(complete -p better-compute | sed -E 's/.*-F ([^ ]+) .*/\\1/')
+         func=$(complete -p {} | sed -E 's/.*-F ([^ ]+) .*/\\1/')
          COMP_WORDS=({})
          COMP_CWORD={}
          COMP_LINE='{line}'
          COMP_POINT={}
-         \"$func\" better-compute '{}' '{}'
+         \"$func\" {} '{}' '{}'
          printf '%s\\n' \"${{COMPREPLY[@]}}\"",
         file.display(),
+        words[0],
         quoted.join(" "),
         words.len() - 1,
         line.len(),
+        words[0],
         words[words.len() - 1],
         words[words.len().saturating_sub(2)],
     );
@@ -135,4 +142,25 @@ fn a_manual_page_for_every_command_renders() {
             "{page}: {text}"
         );
     }
+}
+
+#[test]
+fn bash_completes_the_static_bcd_too() {
+    let bcd = bc_tests::static_bcd();
+    let mut top = complete_with(&bcd, &["bcd", "do"]);
+    top.sort();
+    assert_eq!(top, vec!["doctor"], "{top:?}");
+    let flags = complete_with(&bcd, &["bcd", "node", "--tunnel-l"]);
+    assert_eq!(flags, vec!["--tunnel-lifetime"], "{flags:?}");
+    // Bash only, said so by clap with the values it takes.
+    let out = Command::new(&bcd)
+        .args(["completions", "zsh"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("possible values: bash"),
+        "{}",
+        stderr(&out)
+    );
 }

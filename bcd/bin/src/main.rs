@@ -144,6 +144,12 @@ impl HwArgs {
     }
 }
 
+/// The shells `bcd completions` writes for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CompletionShell {
+    Bash,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Join a fleet: create the node key, prove the token, store the
@@ -402,6 +408,10 @@ enum Command {
     Init,
     /// Print the version and build flavour.
     Version,
+    /// Print the shell completion script: `bcd completions bash >
+    /// /etc/bash_completion.d/bcd` (bash only: the static binary keeps to
+    /// its size budget; `better-compute completions` has every shell).
+    Completions { shell: CompletionShell },
     /// How a tunnel's command starts under a terminal (the node runs it):
     /// a session of its own with its standard input as the controlling
     /// terminal, then the command.
@@ -971,6 +981,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init => match bcd_agent::init::run()? {},
         // Run before the runtime starts (see `main`).
         Command::TtyExec { argv } => Err(bcd_agent::node::tunnel::tty_exec(&argv).into()),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            let CompletionShell::Bash = shell;
+            clap_complete::generate(
+                clap_complete::shells::Bash,
+                &mut Cli::command(),
+                "bcd",
+                &mut script,
+            );
+            use std::io::Write;
+            match std::io::stdout().lock().write_all(&script) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                _ => Ok(ExitCode::SUCCESS),
+            }
+        }
         Command::Version => {
             println!("bcd {} ({})", env!("CARGO_PKG_VERSION"), flavour());
             let backends: Vec<&str> = bcd_tpm::Backend::built()
