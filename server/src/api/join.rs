@@ -86,7 +86,7 @@ pub struct JoinService {
     /// Signs the broker's deliveries (nodes hold its JWKS).
     pub tickets: Arc<crate::pki::tickets::TicketKey>,
     /// Each node's budget of secret requests.
-    pub secret_requests: Arc<super::secrets::PerNode>,
+    pub secret_requests: Arc<super::budget::PerNode>,
 }
 
 /// Which way a join reached the join service.

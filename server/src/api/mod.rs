@@ -10,6 +10,7 @@
 
 pub mod attest;
 pub mod auth;
+pub mod budget;
 pub mod commands;
 pub mod events;
 pub mod gateway_port;
