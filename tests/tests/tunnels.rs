@@ -398,6 +398,31 @@ fn a_gateway_killed_mid_tunnel_ends_it_on_the_cli() {
 }
 
 #[test]
+fn a_gateway_drained_for_a_stop_ends_its_tunnels_on_the_cli() {
+    use bc_tests::gateways::{add_gateway, start_gateway};
+    let d = tempfile::tempdir().unwrap();
+    let server = bc_tests::Server::start(&d.path().join("server"), bc_tests::FAST).unwrap();
+    let cred = d.path().join("gw-edge.json");
+    add_gateway(&server, "gw-edge", &cred);
+    let mut gw = start_gateway(&server, &d.path().join("gateway"), &cred, "gw-edge-2");
+    let mut node = bc_tests::Node::new(&d.path().join("n"), 80);
+    let o = node.join(&gw.url(), &server.token(1));
+    assert!(o.status.success(), "{}", bc_tests::stderr(&o));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "connected through the gateway", |n| {
+        n.state == "connected" && n.gateway == "gw-edge-2"
+    });
+    // SIGTERM: the gateway drains its sessions before it stops, and the
+    // tunnels on them end with the sessions.
+    let err = closed_by(&server, &id, None, "the gateway was stopped", || {
+        let status = gw.proc.stop();
+        assert!(status.success(), "the gateway stops in order: {status:?}");
+    });
+    assert!(err.contains("run the command again"), "{err}");
+}
+
+#[test]
 fn tunnels_go_on_through_ticket_key_rotations() {
     let (_d, server, _node, id) = setup_connected(78);
     let echo = |word: &str| {
