@@ -60,7 +60,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
         BackupCommand::Create { dir, json } => {
             let store = existing(&location).await?;
             let created = crate::backup::create(&store, data_dir, &backups_dir(dir)).await?;
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json_line(&created);
             }
             out!("{}", created.id);
@@ -82,7 +82,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                     .await
                     .or_store("cannot list the backup sets")?,
             );
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&serde_json::json!({ "backups": sets }));
             }
             out!(
@@ -128,7 +128,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                 std::fs::read(Path::new(&view.row.location).join(crate::backup::manifest::FILE))
                     .ok()
                     .and_then(|b| crate::backup::manifest::Manifest::parse(&b).ok());
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&serde_json::json!({
                     "backup": view,
                     "manifest": manifest,

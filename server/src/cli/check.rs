@@ -54,7 +54,7 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
     // The database's own words go to the log, not into the error.
     .map_err(|e| crate::backup::store_error(e, &format!("cannot read {location}")))?;
     let outcomes = crate::check::all(&snapshot);
-    if a.json {
+    if crate::cli::output::json_wanted(a.json) {
         match &a.label {
             Some(label) => output::json(&serde_json::json!({
                 "label": label,

@@ -119,7 +119,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 .map_err(status)?
                 .into_inner();
             if !wait {
-                if json {
+                if crate::cli::output::json_wanted(json) {
                     output::json_line(&info)?;
                 } else {
                     out!("{}", info.command_id);
@@ -138,7 +138,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
             }
             if forged(&info) {
                 // Nothing of a forged result is shown as the node's.
-                if json {
+                if crate::cli::output::json_wanted(json) {
                     output::json_line(&info)?;
                 }
                 eprintln!(
@@ -147,7 +147,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 );
                 return Ok(ExitCode::from(5));
             }
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 output::json_line(&info)?;
             } else {
                 output::emit(&String::from_utf8_lossy(&info.output))?;
@@ -169,7 +169,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 output::json(&r.commands)?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -201,7 +201,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 output::json(&i)?;
             } else {
                 show(&i)?;

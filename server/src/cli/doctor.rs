@@ -45,7 +45,7 @@ pub async fn run(a: DoctorArgs, data_dir: &Path, store: Option<&str>) -> anyhow:
         now_ms: bcd_sys::clock::unix_ms(),
     };
     let report = crate::doctor::run(&opts).await;
-    if a.json {
+    if crate::cli::output::json_wanted(a.json) {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.to_text());

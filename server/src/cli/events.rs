@@ -42,7 +42,7 @@ pub async fn run(a: EventsArgs, target: &Target) -> anyhow::Result<()> {
         within_ms: a.since.as_millis().min(u128::from(u64::MAX)) as u64,
         limit: a.limit,
     };
-    if !a.json {
+    if !crate::cli::output::json_wanted(a.json) {
         out!("{:<20} {:<34} {:<18} DETAIL", "TIME", "KIND", "NODE");
     }
     loop {
@@ -66,7 +66,7 @@ pub async fn run(a: EventsArgs, target: &Target) -> anyhow::Result<()> {
 }
 
 fn print(e: &FleetEvent, json: bool) -> anyhow::Result<()> {
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json_line(e);
     }
     out!(

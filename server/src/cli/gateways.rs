@@ -78,7 +78,7 @@ pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.gateways);
             }
             out!("{:<24} {:<26} REVOKED", "NAME", "ADDED");

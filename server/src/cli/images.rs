@@ -382,7 +382,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 eprintln!("\r\x1b[2K[{}] done in {seconds:.1}s", "#".repeat(24));
             }
             let m = &built.manifest;
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json_line(&Built {
                     image_id: &built.id.0,
                     name: &m.name,
@@ -435,7 +435,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json_line(&i);
             }
             out!("registered image {} ({})", i.image_id, i.name);
@@ -448,7 +448,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.images);
             }
             out!(
@@ -572,7 +572,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.macs);
             }
             out!("{:<17} {:<16} ADDED", "MAC", "POOL");
@@ -599,7 +599,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.boots);
             }
             out!(

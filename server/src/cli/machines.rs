@@ -123,7 +123,7 @@ pub async fn run(cmd: MachinesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json_line(&r);
             }
             let m = r.machine.unwrap_or_default();
@@ -140,7 +140,7 @@ pub async fn run(cmd: MachinesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.machines);
             }
             out!("{:<72} {:<18} {:<26} SUBJECT", "ID", "NODE", "ENROLLED");

@@ -86,6 +86,17 @@ struct Cli {
     /// cluster for the run) or a postgres:// address.
     #[arg(long, global = true, env = "BC_STORE", hide_env_values = true)]
     store: Option<String>,
+    /// How verbs print: `table` for people, `json` for scripts (the same
+    /// as a verb's own `--json`).
+    #[arg(
+        short = 'o',
+        long,
+        global = true,
+        value_enum,
+        default_value_t = output::Format::Table,
+        env = "BC_OUTPUT"
+    )]
+    output: output::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -291,6 +302,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    output::set_format(cli.output);
     // A simulation runs thousands of agents in this process: their
     // per-session lines would drown the progress display.
     init_logging(

@@ -94,7 +94,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r);
             }
             out!(
@@ -288,7 +288,7 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
         .map_err(status)?
         .into_inner()
         .events;
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json(&Shown {
             node: &n,
             spec: &spec,
@@ -357,7 +357,7 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
 }
 
 fn print_spec(i: &NodeSpecInfo, json: bool) -> anyhow::Result<()> {
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json(i);
     }
     out!("node       {}", i.node_id);

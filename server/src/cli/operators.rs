@@ -92,7 +92,7 @@ pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r);
             }
             out!("operator certificates are valid for one year from when they were added");

@@ -5,6 +5,28 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// How verbs print, chosen once for the process by the global `-o`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns and sentences, for people.
+    #[default]
+    Table,
+    /// The wire messages' own JSON, for scripts (each verb's `--json`).
+    Json,
+}
+
+static FORMAT: std::sync::OnceLock<Format> = std::sync::OnceLock::new();
+
+/// Sets the process's format (the first call wins).
+pub fn set_format(f: Format) {
+    let _ = FORMAT.set(f);
+}
+
+/// Whether a verb prints JSON: its own `--json`, or the global `-o json`.
+pub fn json_wanted(flag: bool) -> bool {
+    flag || FORMAT.get() == Some(&Format::Json)
+}
+
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly
 /// instead of panicking.
 pub fn emit(text: &str) -> anyhow::Result<()> {

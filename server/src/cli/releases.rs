@@ -153,7 +153,7 @@ pub async fn run(cmd: ReleasesCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.releases);
             }
             out!(

@@ -133,7 +133,7 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
 }
 
 fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json(r);
     }
     let count = |s: RolloutNodeStatus| r.nodes.iter().filter(|n| n.status == s as i32).count();

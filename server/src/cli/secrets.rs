@@ -99,7 +99,7 @@ pub async fn run(cmd: SecretsCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            if json {
+            if crate::cli::output::json_wanted(json) {
                 return output::json(&r.secrets);
             }
             out!(

@@ -55,12 +55,12 @@ pub async fn run(a: SimArgs, store: Option<String>) -> anyhow::Result<()> {
         duration: a.duration,
         data_dir: a.dir,
         gpus: a.gpus,
-        progress: !a.json,
+        progress: !crate::cli::output::json_wanted(a.json),
         store: store.unwrap_or_else(|| "sqlite".into()),
         node_state: a.node_state,
     })
     .await?;
-    if a.json {
+    if crate::cli::output::json_wanted(a.json) {
         output::json(&report)?;
     } else {
         output::emit(&report.render())?;

@@ -68,7 +68,7 @@ pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
         .await
         .map_err(crate::client::status)?
         .into_inner();
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json_line(&r);
     }
     out!("{}", r.token);
@@ -89,7 +89,7 @@ async fn list(all: bool, json: bool, target: &Target) -> anyhow::Result<()> {
         .await
         .map_err(crate::client::status)?
         .into_inner();
-    if json {
+    if crate::cli::output::json_wanted(json) {
         return output::json(&r.tokens);
     }
     out!(
