@@ -88,6 +88,9 @@ pub struct HostOptions {
     pub gpus: usize,
     #[arg(long, env = "BC_SIM_TOKEN", hide_env_values = true)]
     pub token: String,
+    /// The address this host's links to the gateways come from.
+    #[arg(long)]
+    pub source: Option<std::net::IpAddr>,
 }
 
 fn peak_rss_kib() -> u64 {
@@ -104,7 +107,7 @@ fn peak_rss_kib() -> u64 {
 /// The child: `better-compute sim-host`. Prints the balancer's address,
 /// then stats lines until told to stop.
 pub async fn run_host(opts: HostOptions) -> anyhow::Result<()> {
-    let balancer = Balancer::start().await?;
+    let balancer = Balancer::start_from(opts.source).await?;
     let fleet = Arc::new(Fleet::new(&bcd_fakehw::sim::SimOptions {
         nodes: opts.count,
         first: opts.first,
@@ -255,6 +258,7 @@ impl Hosts {
                 .arg(dir)
                 .args(["--first", &first.to_string(), "--count", &n.to_string()])
                 .args(["--seed", &seed.to_string(), "--gpus", &gpus.to_string()])
+                .args(["--source", &super::proxy::host_source(h).to_string()])
                 .env("BC_SIM_TOKEN", token)
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())

@@ -61,13 +61,31 @@ pub struct Balancer {
     links: Mutex<Vec<std::sync::Weak<Link>>>,
     next: AtomicUsize,
     delay_ms: AtomicU64,
+    /// The address its links to the backends come from (`None`: the
+    /// kernel's choice, 127.0.0.1 on loopback).
+    source: Option<std::net::IpAddr>,
     pub counters: Counters,
+}
+
+/// The source address of agent host `host` (0, 1, ...): 127.0.0.2 and up,
+/// so each host reaches the gateways from an address of its own, as racks
+/// of machines do, and the gateways' per-address rules see more than one
+/// address. Every 127/8 address is the loopback's on Linux.
+pub fn host_source(host: usize) -> std::net::IpAddr {
+    let n = host.min(0x00ff_fffc) as u32 + 2;
+    std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x7f00_0000 | n))
 }
 
 impl Balancer {
     pub async fn start() -> std::io::Result<Arc<Balancer>> {
+        Balancer::start_from(None).await
+    }
+
+    /// A balancer whose links to the backends come from `source`.
+    pub async fn start_from(source: Option<std::net::IpAddr>) -> std::io::Result<Arc<Balancer>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let b = Arc::new(Balancer {
+            source,
             addr: listener.local_addr()?,
             backends: Mutex::new(Vec::new()),
             links: Mutex::new(Vec::new()),
@@ -153,6 +171,19 @@ impl Balancer {
         m
     }
 
+    /// A connection to a backend, from the balancer's source address.
+    async fn dial(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let Some(source) = self.source else {
+            return TcpStream::connect(addr).await;
+        };
+        let socket = match source {
+            std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.connect(addr).await
+    }
+
     async fn serve(self: Arc<Self>, client: TcpStream) {
         let candidates: Vec<(String, SocketAddr, Arc<AtomicBool>)> = {
             let b = self.backends.lock().expect("backends");
@@ -168,7 +199,7 @@ impl Balancer {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for k in 0..candidates.len() {
             let (name, addr, blackholed) = &candidates[(start + k) % candidates.len()];
-            let Ok(server) = TcpStream::connect(addr).await else {
+            let Ok(server) = self.dial(*addr).await else {
                 continue;
             };
             self.counters.accepted.fetch_add(1, Ordering::Relaxed);
@@ -254,5 +285,38 @@ async fn pump(
         let _ = rustix::net::sockopt::set_socket_linger(AsRef::<TcpStream>::as_ref(&w), zero);
     } else {
         let _ = w.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_host_has_a_loopback_address_of_its_own() {
+        assert_eq!(host_source(0).to_string(), "127.0.0.2");
+        assert_eq!(host_source(1).to_string(), "127.0.0.3");
+        assert_eq!(host_source(300).to_string(), "127.0.1.46");
+        assert!(host_source(usize::MAX).is_loopback());
+    }
+
+    /// A backend sees a host's links come from the host's address.
+    #[tokio::test]
+    async fn links_come_from_the_balancers_source_address() {
+        let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = Balancer::start_from(Some(host_source(7))).await.unwrap();
+        b.set_backend("gw", Some(backend.local_addr().unwrap()));
+        let _client = TcpStream::connect(b.addr).await.unwrap();
+        let (_, peer) = tokio::time::timeout(Duration::from_secs(10), backend.accept())
+            .await
+            .expect("the balancer dials the backend")
+            .unwrap();
+        assert_eq!(peer.ip().to_string(), "127.0.0.9");
+        // Without one, the kernel's loopback address.
+        let plain = Balancer::start().await.unwrap();
+        plain.set_backend("gw", Some(backend.local_addr().unwrap()));
+        let _client = TcpStream::connect(plain.addr).await.unwrap();
+        let (_, peer) = backend.accept().await.unwrap();
+        assert_eq!(peer.ip().to_string(), "127.0.0.1");
     }
 }
