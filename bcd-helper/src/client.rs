@@ -123,7 +123,7 @@ fn hello(config: &ClientConfig) -> wire::Hello {
 
 fn check_hello_reply(body: &[u8]) -> Result<ServerInfo, ClientError> {
     let reply: wire::HelloReply = frame::decode("HelloReply", body)
-        .map_err(|e| ClientError::Protocol(format!("{e}: {}", error_source(&e))))?;
+        .map_err(|e| ClientError::Protocol(bcd_sys::error::chain(&e)))?;
     if !reply.refused.is_empty() {
         return Err(ClientError::Refused(reply.refused));
     }
@@ -139,15 +139,11 @@ fn check_hello_reply(body: &[u8]) -> Result<ServerInfo, ClientError> {
     })
 }
 
-fn error_source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
-}
-
 /// The reply of a response to a request of `kind`.
 fn reply_of(kind: Kind, body: &[u8]) -> Result<Reply, ClientError> {
     use wire::response::Result as W;
     let response: wire::Response = frame::decode("Response", body)
-        .map_err(|e| ClientError::Protocol(format!("{e}: {}", error_source(&e))))?;
+        .map_err(|e| ClientError::Protocol(bcd_sys::error::chain(&e)))?;
     let reply = match response.result {
         Some(W::Failure(f)) => {
             return Err(ClientError::Helper {

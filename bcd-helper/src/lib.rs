@@ -52,6 +52,8 @@
 //! the calls, the inhibitor wait and its bound, and the errors. The request
 //! decoder has a cargo-fuzz target in `fuzz/`, kept out of the workspace.
 #![forbid(unsafe_code)]
+// Unit tests are exempt from the one-clock rule (clippy.toml).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod client;
 pub mod error;

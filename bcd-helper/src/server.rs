@@ -178,7 +178,7 @@ impl<H> Shared<H> {
             .log
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .allow(Instant::now());
+            .allow(bcd_sys::clock::mono());
         if let Some(held_back) = allowed {
             if held_back > 0 {
                 warn!(held_back, "{message}");

@@ -7,6 +7,7 @@
 //! `JobRemoved` signal on the systemd manager. Everything between them and
 //! the helper's code (the bus daemon, its routing, match rules and name
 //! ownership, the wire format) is the real thing.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::BufRead;
 use std::path::Path;

@@ -5,6 +5,7 @@
 //! helper, and TPM commands relayed to a real swtpm.
 //!
 //! Run as root (as the suite does): dropping to other uids needs it.
+#![allow(clippy::disallowed_methods)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

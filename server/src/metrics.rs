@@ -15,7 +15,7 @@
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bc_store::GatewayStore;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -88,6 +88,8 @@ pub struct ServerMetrics {
     pub liveness: Family<ToLabels, Counter>,
     pub store_latency: Family<CallLabels, Histogram>,
     pub clock_offset_seconds: Gauge<f64, AtomicU64>,
+    pub absorbs_per_s: Gauge,
+    pub fleet_absorbs_per_s: Gauge,
     /// The command states seen at the last refresh (a state that empties
     /// goes back to 0 rather than keeping its last count).
     seen_states: Mutex<Vec<String>>,
@@ -117,6 +119,8 @@ impl ServerMetrics {
             liveness: Family::default(),
             store_latency: Family::new_with_constructor(store_histogram),
             clock_offset_seconds: Gauge::default(),
+            absorbs_per_s: Gauge::default(),
+            fleet_absorbs_per_s: Gauge::default(),
             seen_states: Mutex::new(Vec::new()),
         };
         registry.register(
@@ -183,6 +187,16 @@ impl ServerMetrics {
             "clock_offset_seconds",
             "This host's clock minus the store's, measured at each gateway lease renewal (ClockSkew above 1 s)",
             m.clock_offset_seconds.clone(),
+        );
+        registry.register(
+            "gateway_absorbs_hellos_per_second",
+            "The most Hellos this gateway committed in one second of the last five minutes, floored at what its handshake rate admits (reported on its lease)",
+            m.absorbs_per_s.clone(),
+        );
+        registry.register(
+            "fleet_absorbs_hellos_per_second",
+            "What the live gateways reported they absorb together: the first-redial window is the connected fleet over it",
+            m.fleet_absorbs_per_s.clone(),
         );
         ServerMetrics { registry, ..m }
     }
@@ -258,7 +272,7 @@ impl ServerMetrics {
 
     /// Runs one store call and records how long it took.
     pub async fn timed<T>(&self, call: &str, f: impl Future<Output = T>) -> T {
-        let start = Instant::now();
+        let start = crate::clock::mono();
         let out = f.await;
         self.store_call(call, start.elapsed());
         out

@@ -55,8 +55,8 @@ pub struct ServeOptions {
     pub release_keys: Vec<Vec<u8>>,
     /// The boot endpoint for netbooting nodes (off without a listen address).
     pub boot: crate::boot::BootOptions,
-    /// The simulator's clock fault: milliseconds this process's own clock
-    /// is off, read from this file at each lease renewal.
+    /// The simulator's clock fault: milliseconds this process's wall clock
+    /// is stepped by, read from this file each second ([`crate::clock`]).
     pub clock_offset_file: Option<PathBuf>,
     /// `/healthz`, `/readyz` and `/metrics` (off with `None`).
     pub http: Option<SocketAddr>,
@@ -177,6 +177,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     prepare(&opts.data_dir)?;
+    if let Some(file) = &opts.clock_offset_file {
+        crate::clock::follow_offset_file(file.clone());
+    }
     // Nothing starts on a half-restored control plane.
     crate::backup::journal::check_startable(&opts.data_dir)?;
     // The HTTP listener first: /healthz answers and /readyz says why not
@@ -269,15 +272,11 @@ pub async fn serve(
         .gateway_id
         .clone()
         .unwrap_or_else(|| format!("gw-{:08x}", rand::random::<u32>()));
-    let own_clock = crate::gateway::lease::OwnClock {
-        offset_file: opts.clock_offset_file.clone(),
-    };
     let gw = GatewayState::new(
         gateway_id.clone(),
         store.clone(),
         opts.timing,
         now,
-        own_clock,
         metrics.clone(),
     );
     {
@@ -592,8 +591,13 @@ pub async fn serve(
     });
     let server = tokio::spawn(server);
     readiness.started();
+    crate::systemd::ready();
+    if let Some(watchdog) = crate::systemd::spawn_watchdog() {
+        tasks.push(watchdog);
+    }
     shutdown.await;
     info!("shutting down");
+    crate::systemd::stopping();
     let _ = stop_controllers.send(true);
     for c in controllers {
         let _ = tokio::time::timeout(Duration::from_secs(2), c).await;

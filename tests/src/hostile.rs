@@ -7,6 +7,7 @@
 //! Each stream a node opens becomes a [`HostileSession`] once its Hello
 //! arrives: the test reads what the node sends and writes server messages,
 //! or ends the stream with any status.
+#![allow(clippy::disallowed_methods)]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -6,6 +6,7 @@
 //! with `cargo build --workspace --all-features` (`scripts/test` does).
 //! Conditions are awaited by polling with a deadline, never by sleeping a
 //! guessed time.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

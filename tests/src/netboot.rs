@@ -14,6 +14,7 @@
 //! then by PID, when dropped.
 //!
 //! One VM runs at a time ([`vm_lock`]): each takes a core under TCG.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

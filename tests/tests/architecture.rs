@@ -152,3 +152,82 @@ fn the_store_knows_nothing_of_the_wire() {
         }
     }
 }
+
+/// One clock: clippy refuses the host's clock reads (`clippy.toml`), and
+/// the only code allowed to make them is each crate's clock module, unit
+/// tests (a crate root's `cfg_attr(test, ...)`), integration tests,
+/// examples and benchmarks, and the swtpm harness they use.
+#[test]
+fn the_host_clock_is_read_in_clock_modules_only() {
+    let root = workspace();
+    let config = std::fs::read_to_string(root.join("clippy.toml")).expect("clippy.toml");
+    for method in [
+        "std::time::Instant::now",
+        "std::time::SystemTime::now",
+        "time::OffsetDateTime::now_utc",
+    ] {
+        assert!(
+            config.contains(&format!("path = \"{method}\"")),
+            "clippy.toml does not disallow {method}"
+        );
+    }
+    let clock_modules = [
+        "bcd/sys/src/clock.rs",
+        "server/src/clock.rs",
+        "server/store/src/clock.rs",
+    ];
+    let exempt = |rel: &str| {
+        rel.starts_with("tests/")
+            || rel
+                .split('/')
+                .any(|d| d == "tests" || d == "examples" || d == "benches")
+            || rel.contains("/src/bin/bench")
+            || rel.ends_with("-bench.rs")
+            || rel == "bcd/tpm/src/swtpm.rs"
+    };
+    let mut stack = vec![root.clone()];
+    let mut allowed = Vec::new();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if path.is_dir() {
+                if !name.starts_with('.') && name != "target" && name != "fuzz" {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines().filter(|l| {
+                let l = l.trim_start();
+                !l.starts_with("//") && l.contains("clippy::disallowed_methods")
+            }) {
+                let line = line.trim();
+                let unit_tests = line == "#![cfg_attr(test, allow(clippy::disallowed_methods))]"
+                    && rel.ends_with("src/lib.rs");
+                if clock_modules.contains(&rel.as_str()) || unit_tests || exempt(&rel) {
+                    allowed.push(rel.clone());
+                    continue;
+                }
+                panic!(
+                    "{rel} allows the host's clock outside a clock module ({line}): read it \
+                     through the crate's clock module, or take the time as a parameter"
+                );
+            }
+        }
+    }
+    for module in clock_modules {
+        assert!(
+            allowed.iter().any(|a| a == module),
+            "{module} is a clock module but reads no clock"
+        );
+    }
+}

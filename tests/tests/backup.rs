@@ -10,6 +10,7 @@
 //!
 //! The pause points need the test build (`--all-features`: the server's
 //! `failpoints` feature).
+#![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

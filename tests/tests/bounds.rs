@@ -4,6 +4,7 @@
 //! address holds at most its own cap while nodes from other addresses get
 //! in. Large release downloads hold the server's memory to a few chunks
 //! each, never the binary.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};

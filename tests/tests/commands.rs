@@ -1,5 +1,6 @@
 //! Exactly-once commands, end to end: real server and node processes,
 //! crashes injected at every step boundary and kill -9 from outside.
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

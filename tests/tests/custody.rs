@@ -2,6 +2,7 @@
 //! key serves a fleet (join, commands, specs, renewal, an upgrade) through
 //! the key-holding process's GatewayServices port, and a gateway that turns
 //! against the fleet can mint nothing through that port.
+#![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

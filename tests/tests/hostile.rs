@@ -3,6 +3,7 @@
 //! real `bcd` and on the store. Then the honest server comes back on the
 //! same store: the node still works, the store applied none of the
 //! forgeries, and each attempt is an event.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

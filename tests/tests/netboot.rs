@@ -10,6 +10,7 @@
 //! (`#[ignore = "needs ..."]`), so a plain `cargo test` says it did not run
 //! them; `scripts/test` runs them (`--include-ignored`), and a missing piece
 //! fails them with the command that provides it.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Duration;
 

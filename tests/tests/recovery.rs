@@ -7,6 +7,7 @@
 //! start reconciles and audits it, and `check --label` holds after each;
 //! on the embedded store and on PostgreSQL with two gateways. And joins
 //! racing on one single-use token, as separate `bcd join` processes.
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,6 +5,7 @@
 //! still spreads its redial over what the fleet has grown to. And the
 //! Hello queue: past `--max-pending-hellos` a Hello waits its turn rather
 //! than being turned away after its node paid for the TLS handshake.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,7 @@
 //! 503 (with a clean reason) while the store is locked away from it, as
 //! the simulator's outage does, and 200 again after; a node that dials
 //! again resuming its TLS session.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

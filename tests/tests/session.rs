@@ -1,5 +1,6 @@
 //! Join and session, end to end: real `better-compute serve` and `bcd`
 //! processes on loopback.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //! by proving the old certificate's key, where the control plane allows it
 //! (`serve --x509pop`), and stays the same node; without it, or once the
 //! node is deleted, the renewal is refused with what to do.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Duration;
 

@@ -24,6 +24,8 @@
 //! the host only under root paths it is given (`/sys`, the image root), and
 //! holds no unsafe code: netlink goes through rustix.
 #![forbid(unsafe_code)]
+// Unit tests are exempt from the one-clock rule (clippy.toml).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod alias;
 pub mod coldplug;

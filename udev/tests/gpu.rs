@@ -8,6 +8,7 @@
 //!
 //! A synthetic `change` is all these tests send the GPU: the kernel
 //! announces the device again and changes nothing on it.
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

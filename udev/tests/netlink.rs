@@ -12,6 +12,7 @@
 //!
 //! The tests share the kernel's multicast group, and one of them floods it,
 //! so they take turns.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Mutex;
 use std::time::Duration;

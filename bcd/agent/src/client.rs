@@ -415,7 +415,7 @@ pub async fn fetch_release(
         cap: std::time::Duration::from_secs(15),
     });
     let mut rng = bcd_core::SplitMix64::new(sequence ^ std::process::id() as u64);
-    let started = std::time::Instant::now();
+    let started = bcd_sys::clock::mono();
     let mut partial = None;
     loop {
         let (e, again) = match download(identity, sequence, &mut partial).await {

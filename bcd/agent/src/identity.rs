@@ -698,7 +698,7 @@ fn settle_renewal(dir: &Path, file: &mut IdentityFile, version: u32) -> Result<(
 /// Moves the identity and journal aside as `<name>.reset-<UTC time>`; never
 /// deletes. Returns the new paths.
 pub fn reset(dir: &Path) -> Result<Vec<PathBuf>, IdentityError> {
-    let stamp = utc_stamp(SystemTime::now());
+    let stamp = utc_stamp(bcd_sys::clock::system_now());
     let mut moved = Vec::new();
     for name in RESET_FILES {
         let path = dir.join(name);

@@ -208,7 +208,7 @@ pub fn link_journal(data_dir: &Path, volatile: &Path) -> Result<(), InitError> {
             std::fs::remove_file(&link).map_err(io_at(&link))?;
         }
         Ok(_) => {
-            let stamp = identity::utc_stamp(std::time::SystemTime::now());
+            let stamp = identity::utc_stamp(bcd_sys::clock::system_now());
             for suffix in ["", "-wal", "-shm"] {
                 let path = data_dir.join(format!("{JOURNAL}{suffix}"));
                 if path.exists() {
@@ -431,7 +431,8 @@ impl Pid1 {
             }
             Err(e) => {
                 error!(role = ?role, error = %e, "cannot start; trying again in 5 s");
-                self.restarts.push((Instant::now() + RESTART_DELAY, role));
+                self.restarts
+                    .push((bcd_sys::clock::mono() + RESTART_DELAY, role));
             }
         }
     }
@@ -446,7 +447,7 @@ impl Pid1 {
                     Role::Dhcp(iface) => {
                         warn!(%iface, ?code, "udhcpc ended; starting it again in 5 s");
                         self.restarts
-                            .push((Instant::now() + RESTART_DELAY, role.clone()));
+                            .push((bcd_sys::clock::mono() + RESTART_DELAY, role.clone()));
                     }
                     _ => self.ended.push((role, code)),
                 }
@@ -456,10 +457,10 @@ impl Pid1 {
 
     /// Reaps and restarts for `d`.
     fn pump(&mut self, d: Duration) {
-        let until = Instant::now() + d;
+        let until = bcd_sys::clock::mono() + d;
         loop {
             self.reap();
-            let now = Instant::now();
+            let now = bcd_sys::clock::mono();
             let (due, later): (Vec<_>, Vec<_>) =
                 self.restarts.drain(..).partition(|(at, _)| *at <= now);
             self.restarts = later;
@@ -485,8 +486,8 @@ impl Pid1 {
 
     /// Pumps until `ready` holds or `limit` passes.
     fn pump_until(&mut self, limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
-        let until = Instant::now() + limit;
-        while Instant::now() < until {
+        let until = bcd_sys::clock::mono() + limit;
+        while bcd_sys::clock::mono() < until {
             if ready() {
                 return true;
             }
@@ -655,7 +656,7 @@ pub fn run() -> Result<Infallible, InitError> {
             Err(e) => {
                 if last_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     error!("{e}");
-                    last_said = Some(Instant::now());
+                    last_said = Some(bcd_sys::clock::mono());
                 }
                 pid1.pump(Duration::from_secs(1));
             }

@@ -8,6 +8,8 @@
 //! Decisions (back-off, epochs, the server time mark, session liveness) live
 //! in `bcd-core` and must not move here; wire types live in `bcd-proto`.
 #![forbid(unsafe_code)]
+// Unit tests are exempt from the one-clock rule (clippy.toml).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod client;
 pub mod converge;

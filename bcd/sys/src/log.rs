@@ -25,6 +25,9 @@ pub struct LogConfig {
     pub format_var: &'static str,
     /// The level when the filter variable is unset or does not parse.
     pub default: tracing::Level,
+    /// Targets held at most at a level whatever the variable says (a
+    /// dependency whose lines repeat what our own say better).
+    pub capped: &'static [(&'static str, tracing::Level)],
 }
 
 impl LogConfig {
@@ -33,7 +36,19 @@ impl LogConfig {
         filter_var: "BCD_LOG",
         format_var: "BCD_LOG_FORMAT",
         default: tracing::Level::INFO,
+        capped: &[],
     };
+}
+
+impl LogConfig {
+    /// The filter from the variable's `value`, with the capped targets.
+    pub fn targets(&self, value: Option<&str>) -> tracing_subscriber::filter::Targets {
+        self.capped
+            .iter()
+            .fold(filter(value, self.default), |f, (target, level)| {
+                f.with_target(*target, *level)
+            })
+    }
 }
 
 /// The filter from `value` (`info`, `debug`, `info,bcd_agent=debug`), or
@@ -48,10 +63,7 @@ pub fn filter(value: Option<&str>, default: tracing::Level) -> tracing_subscribe
 pub fn init(config: LogConfig) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = filter(
-        std::env::var(config.filter_var).ok().as_deref(),
-        config.default,
-    );
+    let filter = config.targets(std::env::var(config.filter_var).ok().as_deref());
     let fmt = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(std::io::stderr)
@@ -81,5 +93,19 @@ mod tests {
             filter(None, Level::WARN).default_level(),
             Some(LevelFilter::WARN)
         );
+    }
+
+    #[test]
+    fn a_capped_target_stays_capped_whatever_the_variable_says() {
+        let config = LogConfig {
+            filter_var: "X_LOG",
+            format_var: "X_LOG_FORMAT",
+            default: Level::INFO,
+            capped: &[("deadpool", Level::ERROR)],
+        };
+        let f = config.targets(Some("debug"));
+        assert!(f.would_enable("bc_store", &Level::DEBUG));
+        assert!(!f.would_enable("deadpool::managed", &Level::WARN));
+        assert!(f.would_enable("deadpool", &Level::ERROR));
     }
 }

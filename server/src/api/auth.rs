@@ -228,12 +228,6 @@ pub fn decide(
     })
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// The Admin service behind the operator check: every call is admitted by
 /// [`decide`] on the store's current row for the caller's certificate.
 #[derive(Debug, Clone)]
@@ -299,7 +293,7 @@ where
                         let verdict = if revoked.contains(&fp) {
                             Err(Denied::Revoked(granted.name.clone().unwrap_or_default()))
                         } else {
-                            decide(row.as_ref(), &granted, &path, now_ms())
+                            decide(row.as_ref(), &granted, &path, crate::clock::unix_ms())
                         };
                         verdict.map_err(|d| {
                             info!(call = %path, denied = ?d, "operator call refused");

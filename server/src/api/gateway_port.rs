@@ -193,7 +193,7 @@ impl Port for GatewayPort {
             .map_err(|e| match e {
                 IssueError::Csr(e) => bad_request(e.to_string()),
                 IssueError::Ca(e) => {
-                    warn!(error = %format!("{e:#}"), "cannot issue a gateway certificate");
+                    warn!(error = %bcd_sys::error::chain(&e), "cannot issue a gateway certificate");
                     bad_request(
                         "cannot issue a certificate for these names: give DNS names or IP \
                          addresses",

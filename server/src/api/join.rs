@@ -121,7 +121,7 @@ fn issue(
 fn issued(c: Result<crate::pki::ca::NodeCert, IssueError>) -> Result<IssuedCert, Refusal> {
     let c = c.map_err(|e| match e {
         IssueError::Csr(e) => Refusal::BadRequest(e.to_string()),
-        IssueError::Ca(e) => Refusal::Internal(format!("{e:#}")),
+        IssueError::Ca(e) => Refusal::Internal(bcd_sys::error::chain(&e)),
     })?;
     Ok(IssuedCert {
         fingerprint: bcd_proto::fingerprint(&c.der),
@@ -520,7 +520,7 @@ impl JoinService {
     /// Signs a response statement with the fleet CA's key.
     fn sign(&self, statement: &[u8]) -> Result<Vec<u8>, Status> {
         self.ca.sign(statement).map_err(|e| {
-            tracing::error!(error = %format!("{e:#}"), "cannot sign a response");
+            tracing::error!(error = %bcd_sys::error::chain(&e), "cannot sign a response");
             super::status::refusal(Refusal::Internal("cannot sign the response".into()))
         })
     }

@@ -388,7 +388,7 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<String, Stat
 /// again (same body) so that it names both keys.
 pub async fn rotate_keys(svc: &AdminService) -> Result<v1::RotateTicketKeysResponse, Status> {
     let rotated = svc.ticket_key.rotate().map_err(|e| {
-        tracing::error!(error = %format!("{e:#}"), "cannot rotate the ticket keys");
+        tracing::error!(error = %bcd_sys::error::chain(&e), "cannot rotate the ticket keys");
         Status::internal("cannot write the new ticket key in the data directory")
     })?;
     info!(kid = %rotated.kid, previous = %rotated.previous_kid, "ticket keys rotated");

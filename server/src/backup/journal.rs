@@ -60,12 +60,6 @@ pub struct Journal {
     file: Option<File>,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -111,7 +105,7 @@ impl Journal {
                 phase: Phase::Verified,
                 backup: backup.to_string(),
                 source: source.to_path_buf(),
-                at_ms: now_ms(),
+                at_ms: crate::clock::unix_ms(),
             }],
             file: Some(file),
         };
@@ -132,7 +126,7 @@ impl Journal {
     pub fn reached(&mut self, phase: Phase) -> anyhow::Result<()> {
         let mut line = self.lines.last().expect("a journal has a line").clone();
         line.phase = phase;
-        line.at_ms = now_ms();
+        line.at_ms = crate::clock::unix_ms();
         self.lines.push(line);
         self.append()
     }
@@ -172,7 +166,7 @@ impl Journal {
 
     /// Renames the journal aside (`restore.journal.abandoned-<ms>`).
     pub fn abandon(&self, data_dir: &Path) -> anyhow::Result<String> {
-        let to = data_dir.join(format!("{FILE}.abandoned-{}", now_ms()));
+        let to = data_dir.join(format!("{FILE}.abandoned-{}", crate::clock::unix_ms()));
         std::fs::rename(data_dir.join(FILE), &to)
             .with_context(|| format!("cannot rename {}", data_dir.join(FILE).display()))?;
         sync_dir(data_dir)?;

@@ -345,7 +345,10 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
         }
         Err(e) => {
             let _ = store.fail_backup(&id, WRITE_FAILED).await;
-            mark_failed(&set, &format!("{WRITE_FAILED}: {e:#}"));
+            mark_failed(
+                &set,
+                &format!("{WRITE_FAILED}: {}", bcd_sys::error::chain(e.as_ref())),
+            );
             Err(e.context(format!("backup {id} failed and is not restore eligible")))
         }
     };

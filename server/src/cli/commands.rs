@@ -78,7 +78,7 @@ fn not_after(s: &str) -> anyhow::Result<Duration> {
     let t = humantime::parse_rfc3339_weak(s).map_err(|_| {
         anyhow::anyhow!("--not-after takes a duration (10m) or an RFC 3339 time, not {s:?}")
     })?;
-    t.duration_since(std::time::SystemTime::now())
+    t.duration_since(crate::clock::system_now())
         .map_err(|_| anyhow::anyhow!("--not-after {s} has already passed"))
 }
 

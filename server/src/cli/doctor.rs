@@ -42,7 +42,7 @@ pub async fn run(a: DoctorArgs, data_dir: &Path, store: Option<&str>) -> anyhow:
         release_keys: keys("--release-pubkey", &a.release_pubkeys)?,
         image_keys: keys("--image-pubkey", &a.image_pubkeys)?,
         store_timeout: a.store_timeout,
-        now_ms: bcd_sys::clock::unix_ms(),
+        now_ms: crate::clock::unix_ms(),
     };
     let report = crate::doctor::run(&opts).await;
     if crate::cli::output::json_wanted(a.json) {

@@ -75,12 +75,6 @@ pub fn check_accept(
     Ok(())
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// An open tunnel, as the CLI holds it: frames to the operator API,
 /// sealed records both ways.
 pub struct Tunnel {
@@ -132,7 +126,7 @@ impl Tunnel {
             &granted.sid,
             &granted.ticket,
             &granted.fleet_ca_der,
-            now_ms(),
+            crate::clock::unix_ms(),
         )
         .map_err(|why| {
             anyhow::anyhow!(

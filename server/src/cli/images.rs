@@ -370,7 +370,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 cmdline,
                 compression,
             };
-            let started = Instant::now();
+            let started = crate::clock::mono();
             let mut bar = Bar {
                 tty: std::io::stderr().is_terminal(),
                 started,

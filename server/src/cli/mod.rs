@@ -7,6 +7,7 @@
 mod backup;
 mod check;
 mod commands;
+mod config;
 mod doctor;
 mod events;
 mod exec;
@@ -30,7 +31,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
 
 /// Where `add` writes a credential file (mode 0600), and whether it may
@@ -221,27 +221,16 @@ impl Target {
 }
 
 fn init_logging(default: tracing::Level) {
-    use tracing_subscriber::filter::Targets;
-    // `info`, `debug`, `info,bcd_agent=debug`: target=level directives.
-    let filter: Targets = std::env::var("BC_LOG")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| Targets::new().with_default(default))
+    bcd_sys::log::init(bcd_sys::log::LogConfig {
+        // `info`, `debug`, `info,bc_store=debug`: target=level directives.
+        filter_var: "BC_LOG",
+        format_var: "BC_LOG_FORMAT",
+        default,
         // The connection pool logs the driver's words about each broken
         // connection; the store says what failed, with the database's code
         // (`bc_store::error::describe`), once.
-        .with_target("deadpool", tracing::level_filters::LevelFilter::ERROR);
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let fmt = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if std::env::var("BC_LOG_FORMAT").as_deref() == Ok("json") {
-        fmt.json().finish().with(filter).init();
-    } else {
-        fmt.finish().with(filter).init();
-    }
+        capped: &[("deadpool", tracing::Level::ERROR)],
+    });
 }
 
 /// Resolves at SIGTERM or SIGINT. The SIGTERM handler is installed when
@@ -295,13 +284,49 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rollouts { command } => rollouts::run(command, &target).await.map(|()| done),
         Command::Images { command } => images::run(command, &target).await.map(|()| done),
         Command::Operators { command } => operators::run(command, &target).await.map(|()| done),
-        Command::Completions(args) => shell::completions(args, Cli::command()).map(|()| done),
-        Command::Man(args) => shell::man(args, Cli::command()).map(|_| done),
+        Command::Completions(args) => shell::completions(args, command()).map(|()| done),
+        Command::Man(args) => shell::man(args, command()).map(|_| done),
     }
 }
 
+/// The command line as parsed: `Cli`'s tree with a variable for every
+/// flag of `serve` ([`config::with_env`]).
+fn command() -> clap::Command {
+    config::with_env(Cli::command())
+}
+
+/// Parses the command line; for `serve`, with what `--config` (or
+/// `BC_CONFIG`) adds under the flags and variables given.
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::FromArgMatches;
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = command();
+    let exit = |e: clap::Error| -> ExitCode {
+        let _ = e.print();
+        ExitCode::from(e.exit_code().clamp(0, 255) as u8)
+    };
+    let mut matches = cmd.try_get_matches_from_mut(&argv).map_err(exit)?;
+    if let Some(("serve", sm)) = matches.subcommand()
+        && let Some(file) = sm.get_one::<PathBuf>("config")
+    {
+        let serve = cmd.find_subcommand("serve").expect("serve").clone();
+        match config::flags_from_file(&serve, sm, file) {
+            Ok(extra) => argv.extend(extra),
+            Err(e) => {
+                eprintln!("error: {}", bcd_sys::error::chain(e.as_ref()));
+                return Err(ExitCode::from(2));
+            }
+        }
+        matches = command().try_get_matches_from(&argv).map_err(exit)?;
+    }
+    Cli::from_arg_matches(&matches).map_err(exit)
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     output::set_format(cli.output);
     // A simulation runs thousands of agents in this process: their
     // per-session lines would drown the progress display.
@@ -326,12 +351,10 @@ pub fn main() -> ExitCode {
     // A read of standard input still blocked in its thread (exec's input
     // once the command ended) must not hold the exit.
     rt.shutdown_background();
-    match result.context("better-compute") {
+    match result {
         Ok(code) => code,
         Err(e) => {
-            // Skip the context we just added; print the chain once.
-            let chain: Vec<String> = e.chain().skip(1).map(|c| c.to_string()).collect();
-            eprintln!("error: {}", chain.join(": "));
+            eprintln!("error: {}", bcd_sys::error::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -59,7 +59,7 @@ pub async fn run(args: PortForwardArgs, target: &Target) -> anyhow::Result<()> {
                 tokio::spawn(async move {
                     if let Err(e) = forward(&target, &node, remote, socket).await {
                         warn!(%peer, error = %e, "the forwarded connection ended");
-                        eprintln!("{peer}: {e:#}");
+                        eprintln!("{peer}: {}", bcd_sys::error::chain(e.as_ref()));
                     }
                 });
             }

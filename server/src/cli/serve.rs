@@ -18,6 +18,11 @@ pub enum RoleArg {
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// A TOML file of serve's flags (`handshake-rate = 500`): the keys are
+    /// the flags' long names; the command line and `BC_*` variables
+    /// override it; an unknown key is an error.
+    #[arg(long, env = crate::cli::config::CONFIG_VAR)]
+    config: Option<PathBuf>,
     /// What this process runs.
     #[arg(long, value_enum, default_value_t = RoleArg::All)]
     role: RoleArg,

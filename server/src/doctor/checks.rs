@@ -431,9 +431,9 @@ pub async fn clock(opts: &Options, store: &Store) -> Check {
     if !opts.store.is_postgres() {
         return Check::ok(C, "the SQLite store's clock is this host's own");
     }
-    let before = bcd_sys::clock::unix_ms();
+    let before = crate::clock::unix_ms();
     let now = bounded(opts, store.now()).await;
-    let after = bcd_sys::clock::unix_ms();
+    let after = crate::clock::unix_ms();
     match now {
         Some(Ok(store_now)) => {
             let offset = crate::gateway::lease::clock_offset_ms(before, after, store_now);
@@ -727,7 +727,7 @@ mod store_tests {
             release_keys: vec![],
             image_keys: vec![],
             store_timeout: Duration::from_secs(5),
-            now_ms: bcd_sys::clock::unix_ms(),
+            now_ms: crate::clock::unix_ms(),
         }
     }
 
@@ -767,7 +767,7 @@ mod store_tests {
     fn the_ca_and_serving_certificate_are_checked_as_files() {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
-        let now = bcd_sys::clock::unix_ms();
+        let now = crate::clock::unix_ms();
         crate::pki::Ca::load_or_create(d.path(), &[], now).unwrap();
         let c = ca(d.path(), now);
         assert_eq!(c.status, Level::Ok, "{c:?}");

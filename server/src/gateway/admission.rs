@@ -33,6 +33,67 @@ pub fn first_retry_window(connected: usize, gateways: usize, per_gateway: u32) -
     Duration::from_secs_f64(connected as f64 / capacity).clamp(MIN_FIRST_RETRY, MAX_FIRST_RETRY)
 }
 
+/// The Hellos a second the live gateways absorb together: the sum each
+/// reported ([`Absorption::reported`]), or, while none has reported (a
+/// store written by an older release), `gateways` times this one's floor.
+pub fn fleet_absorbs(reported_sum: u64, gateways: usize, floor: u32) -> u32 {
+    if reported_sum > 0 {
+        reported_sum.min(u64::from(u32::MAX)) as u32
+    } else {
+        (gateways.max(1) as u64 * u64::from(floor.max(1))).min(u64::from(u32::MAX)) as u32
+    }
+}
+
+/// How far back the peak of committed Hellos reaches.
+pub const ABSORPTION_WINDOW_S: u64 = 300;
+
+/// What a gateway measured it absorbs: Hellos committed in each whole
+/// second of the last [`ABSORPTION_WINDOW_S`], and the busiest of them.
+/// Sans-IO: seconds are a parameter.
+#[derive(Debug, Clone)]
+pub struct Absorption {
+    /// `(second, Hellos committed in it)`, one slot per second of the
+    /// window, indexed by the second modulo its length.
+    slots: Vec<(u64, u32)>,
+}
+
+impl Default for Absorption {
+    fn default() -> Absorption {
+        Absorption {
+            slots: vec![(u64::MAX, 0); ABSORPTION_WINDOW_S as usize],
+        }
+    }
+}
+
+impl Absorption {
+    /// A Hello committed in `second`.
+    pub fn committed(&mut self, second: u64) {
+        let slot = &mut self.slots[(second % ABSORPTION_WINDOW_S) as usize];
+        if slot.0 != second {
+            *slot = (second, 0);
+        }
+        slot.1 = slot.1.saturating_add(1);
+    }
+
+    /// The most Hellos committed in one second of the window ending at
+    /// `now` (the second in progress included).
+    pub fn peak(&self, now: u64) -> u32 {
+        self.slots
+            .iter()
+            .filter(|(second, _)| *second <= now && now - *second < ABSORPTION_WINDOW_S)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// What this gateway reports it absorbs a second: the peak, floored at
+    /// what its handshake bucket admits (`floor`), since a fleet that
+    /// stayed connected measured nothing.
+    pub fn reported(&self, now: u64, floor: u32) -> u32 {
+        self.peak(now).max(floor)
+    }
+}
+
 /// A token bucket: `rate` a second, bursts up to `rate`. Time is a
 /// parameter, so the arithmetic is tested without sleeping.
 #[derive(Debug, Clone)]
@@ -128,7 +189,7 @@ impl HandshakeBucket {
         metrics: std::sync::Arc<crate::metrics::ServerMetrics>,
     ) -> HandshakeBucket {
         HandshakeBucket {
-            start: std::time::Instant::now(),
+            start: crate::clock::mono(),
             bucket: std::sync::Mutex::new(Admitter::new(rate, 0)),
             refused: std::sync::atomic::AtomicU64::new(0),
             metrics,
@@ -175,7 +236,49 @@ impl tls::Admission for HandshakeBucket {
 
 #[cfg(test)]
 mod tests {
-    use super::{Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN, TokenBucket, first_retry_window};
+    use super::{
+        ABSORPTION_WINDOW_S, Absorption, Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN, TokenBucket,
+        first_retry_window, fleet_absorbs,
+    };
+
+    #[test]
+    fn absorption_is_the_busiest_second_of_the_last_five_minutes_floored() {
+        let mut a = Absorption::default();
+        assert_eq!(a.peak(0), 0);
+        assert_eq!(a.reported(0, 200), 200, "an idle gateway reports its floor");
+        for _ in 0..450 {
+            a.committed(10);
+        }
+        for _ in 0..300 {
+            a.committed(11);
+        }
+        assert_eq!(a.peak(11), 450);
+        assert_eq!(a.reported(11, 200), 450);
+        assert_eq!(a.reported(11, 1_000), 1_000);
+        // The busy second ages out of the window; the slot it used is
+        // counted afresh when its second comes round again.
+        assert_eq!(a.peak(10 + ABSORPTION_WINDOW_S - 1), 450);
+        assert_eq!(a.peak(10 + ABSORPTION_WINDOW_S), 300);
+        a.committed(10 + ABSORPTION_WINDOW_S);
+        assert_eq!(a.peak(10 + ABSORPTION_WINDOW_S), 300);
+        assert_eq!(a.peak(11 + ABSORPTION_WINDOW_S), 1);
+        // A clock read before a recorded second sees nothing from the future.
+        assert_eq!(a.peak(5), 0);
+    }
+
+    #[test]
+    fn the_fleet_absorbs_what_its_gateways_reported_or_their_floors() {
+        assert_eq!(fleet_absorbs(1_300, 3, 200), 1_300);
+        assert_eq!(fleet_absorbs(0, 3, 200), 600);
+        assert_eq!(fleet_absorbs(0, 0, 200), 200);
+        assert_eq!(fleet_absorbs(u64::MAX, 3, 200), u32::MAX);
+        // 3,000 nodes over gateways that absorbed 1,500 a second: 2 s,
+        // where three floors of 200 would have made it 5 s.
+        assert_eq!(
+            first_retry_window(3_000, 1, fleet_absorbs(1_500, 3, 200)),
+            Duration::from_secs(2)
+        );
+    }
 
     #[test]
     fn a_flood_from_strangers_leaves_known_nodes_a_bucket_of_their_own() {

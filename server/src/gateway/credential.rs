@@ -128,9 +128,9 @@ pub async fn certify(
         .map_err(|e| CertifyError::Refused(format!("cannot make a certificate request: {e}")))?;
     let ca = cred
         .ca()
-        .map_err(|e| CertifyError::Refused(format!("{e:#}")))?;
+        .map_err(|e| CertifyError::Refused(bcd_sys::error::chain(e.as_ref())))?;
     let config = tls::client_config(ServerTrust::Ca(ca), None)
-        .map_err(|e| CertifyError::Refused(format!("{e:#}")))?;
+        .map_err(|e| CertifyError::Refused(bcd_sys::error::chain(&e)))?;
     let channel = tls::connect(&cred.upstream, config).await.map_err(|e| {
         CertifyError::Unreachable(anyhow::Error::new(e).context(format!(
             "cannot reach the gateway services at {}",
@@ -261,7 +261,7 @@ pub async fn certify_at_start(
             Err(e @ CertifyError::Refused(_)) => return Err(e.into()),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e.into()),
             Err(e) => {
-                warn!(error = %format!("{:#}", anyhow::Error::new(e)), "cannot certify this gateway yet; retrying");
+                warn!(error = %bcd_sys::error::chain(&e), "cannot certify this gateway yet; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         }
@@ -278,13 +278,13 @@ pub async fn keep_certified(
     upstream: UpstreamLink,
 ) {
     loop {
-        let now = time_now_ms();
+        let now = crate::clock::unix_ms();
         tokio::time::sleep(certified.renew_in(now)).await;
         let next = match certify(&cred, &names).await {
             Ok(c) => c,
             Err(e) => {
                 let e = anyhow::Error::new(e);
-                warn!(error = %format!("{e:#}"), "cannot renew this gateway's certificate; retrying in 60s");
+                warn!(error = %bcd_sys::error::chain(e.as_ref()), "cannot renew this gateway's certificate; retrying in 60s");
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 continue;
             }
@@ -299,17 +299,11 @@ pub async fn keep_certified(
                 certified = next;
             }
             (Err(e), _) | (_, Err(e)) => {
-                warn!(error = %format!("{e:#}"), "cannot use the renewed gateway certificate; retrying in 60s");
+                warn!(error = %bcd_sys::error::chain(e.as_ref()), "cannot use the renewed gateway certificate; retrying in 60s");
                 tokio::time::sleep(Duration::from_secs(60)).await;
             }
         }
     }
-}
-
-fn time_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

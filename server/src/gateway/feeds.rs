@@ -118,14 +118,27 @@ pub async fn revocations(state: Arc<GatewayState>, every: Duration) {
 }
 
 /// Sizes the first-redial window Welcomes and heartbeat acks carry from
-/// the fleet's size now ([`super::admission::first_retry_window`]); false
-/// when the store could not say (the last figure stays).
+/// the fleet's size now and what its gateways measured they absorb
+/// ([`super::admission::first_retry_window`]); false when the store could
+/// not say (the last figure stays).
 pub async fn size_first_retry(state: &GatewayState) -> bool {
+    // This gateway's own figure first, on its lease, for everyone's
+    // window; a failure leaves the last figure there.
+    let absorbs = state.absorbs_per_s();
+    state.metrics.absorbs_per_s.set(i64::from(absorbs));
+    if let Err(e) = state.store.report_absorption(&state.id, absorbs).await {
+        warn!(error = %e, "cannot report what this gateway absorbs");
+    }
     match state.store.fleet_size().await {
         Ok(size) => {
-            let per_gateway = state.timing.hello_capacity.min(state.timing.handshake_rate);
-            let window =
-                super::admission::first_retry_window(size.connected, size.gateways, per_gateway);
+            // What the live gateways measured they absorb, together.
+            let absorbs = super::admission::fleet_absorbs(
+                size.absorbs_per_s,
+                size.gateways,
+                state.absorption_floor(),
+            );
+            state.metrics.fleet_absorbs_per_s.set(i64::from(absorbs));
+            let window = super::admission::first_retry_window(size.connected, 1, absorbs);
             state.first_retry_ms.store(
                 window.as_millis().min(u32::MAX as u128) as u32,
                 std::sync::atomic::Ordering::Relaxed,

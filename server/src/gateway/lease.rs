@@ -16,7 +16,6 @@
 //! nothing (liveness goes to the store as ages), so a skewed gateway keeps
 //! serving; the warning is for whoever runs its time sync.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -31,28 +30,6 @@ use super::GatewayState;
 pub const CLOCK_SKEW_LIMIT: Duration = Duration::from_secs(1);
 /// How often a skew that persists is raised again.
 const SKEW_REPEAT: Duration = Duration::from_secs(60);
-
-/// This process's own wall clock. The simulator's clock faults shift it by
-/// the milliseconds written in `offset_file` (read at each renewal), as a
-/// host whose time sync stepped its clock would.
-#[derive(Debug, Clone, Default)]
-pub struct OwnClock {
-    pub offset_file: Option<PathBuf>,
-}
-
-impl OwnClock {
-    fn offset_ms(&self) -> i64 {
-        self.offset_file
-            .as_ref()
-            .and_then(|f| std::fs::read_to_string(f).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    pub fn now_ms(&self) -> i64 {
-        bcd_sys::clock::unix_ms() + self.offset_ms()
-    }
-}
 
 /// How far this process's clock is ahead of the store's (negative:
 /// behind), from a renewal that began at `own_before` and answered at
@@ -193,7 +170,7 @@ pub async fn keep(state: Arc<GatewayState>) {
         if state.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let own_before = state.own_clock.now_ms();
+        let own_before = crate::clock::unix_ms();
         // Timed with its bound, so a renewal that times out is counted.
         let renewal = match state
             .metrics
@@ -235,7 +212,7 @@ pub async fn keep(state: Arc<GatewayState>) {
             last = Some((now, generation));
             state.clock.anchor(now);
             last_ok = Some(Instant::now());
-            let offset = clock_offset_ms(own_before, state.own_clock.now_ms(), now);
+            let offset = clock_offset_ms(own_before, crate::clock::unix_ms(), now);
             state.clock_offset_ms.store(offset, Ordering::Relaxed);
             let seconds = offset as f64 / 1000.0;
             state.metrics.clock_offset_seconds.set(seconds);

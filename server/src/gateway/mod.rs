@@ -166,13 +166,15 @@ pub struct GatewayState {
     pub clock: StoreClock,
     sessions: Mutex<HashMap<String, LocalSession>>,
     hellos: Arc<Semaphore>,
-    /// This process's own wall clock (only ever compared with the store's).
-    pub own_clock: lease::OwnClock,
-    /// How far it was from the store's at the last renewal.
+    /// How far this process's wall clock ([`crate::clock`]) was from the
+    /// store's at the last renewal.
     pub clock_offset_ms: AtomicI64,
     /// The first-redial window Welcomes carry (see
     /// [`admission::first_retry_window`]), refreshed by the work feed.
     pub first_retry_ms: AtomicU32,
+    /// Hellos committed a second, measured: what this gateway reports it
+    /// absorbs ([`admission::Absorption`]).
+    absorption: Mutex<(std::time::Instant, admission::Absorption)>,
     fenced: AtomicBool,
     /// Sessions that ended, waiting to be written together.
     pub ends: ends::Ends,
@@ -207,7 +209,6 @@ impl GatewayState {
         store: GatewayStore,
         timing: Timing,
         store_now_ms: i64,
-        own_clock: lease::OwnClock,
         metrics: Arc<crate::metrics::ServerMetrics>,
     ) -> Arc<GatewayState> {
         metrics.set_gateway(&id);
@@ -219,9 +220,9 @@ impl GatewayState {
             clock: StoreClock::new(store_now_ms),
             sessions: Mutex::new(HashMap::new()),
             hellos: Arc::new(Semaphore::new(timing.max_pending_hellos)),
-            own_clock,
             clock_offset_ms: AtomicI64::new(0),
             first_retry_ms: AtomicU32::new(1_000),
+            absorption: Mutex::new((crate::clock::mono(), admission::Absorption::default())),
             fenced: AtomicBool::new(true),
             ends: ends::Ends::default(),
             metrics,
@@ -272,6 +273,25 @@ impl GatewayState {
     }
 
     /// Fences the gateway: forget the lease, close every stream.
+    /// A Hello committed now.
+    pub fn hello_committed(&self) {
+        let mut a = self.absorption.lock().unwrap_or_else(|p| p.into_inner());
+        let second = a.0.elapsed().as_secs();
+        a.1.committed(second);
+    }
+
+    /// What this gateway absorbs a second: its measured peak, floored at
+    /// what its handshake bucket and Hello capacity admit.
+    pub fn absorbs_per_s(&self) -> u32 {
+        let a = self.absorption.lock().unwrap_or_else(|p| p.into_inner());
+        a.1.reported(a.0.elapsed().as_secs(), self.absorption_floor())
+    }
+
+    /// The rate this gateway admits by configuration alone.
+    pub fn absorption_floor(&self) -> u32 {
+        self.timing.hello_capacity.min(self.timing.handshake_rate)
+    }
+
     pub fn fence(&self, why: &str) {
         self.metrics.fenced.set(1);
         if !self.fenced.swap(true, Ordering::SeqCst) {

@@ -182,6 +182,7 @@ pub async fn run(
     {
         Ok(o) => {
             state.metrics.hello_welcomed();
+            state.hello_committed();
             state.metrics.transition("connected", 1);
             o
         }

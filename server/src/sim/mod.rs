@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use bcd_core::SplitMix64;
@@ -511,7 +511,7 @@ impl World {
             .collect();
         let hosts = self.hosts.clone();
         tokio::spawn(async move {
-            let start = Instant::now();
+            let start = crate::clock::mono();
             while !pending.is_empty() && start.elapsed() < Duration::from_secs(300) {
                 pending.retain(|i| match back_after(hosts.established_ms(*i), at_ms) {
                     Some(ms) => {
@@ -535,7 +535,7 @@ impl World {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
                     let nodes = self.store.connected_to(&g.name).await.unwrap_or_default();
-                    let at_ms = bcd_sys::clock::unix_ms();
+                    let at_ms = crate::clock::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
                     let _ = g.child.wait().await;
@@ -561,7 +561,10 @@ impl World {
                             me.set_backend(&new, Some(addr)).await;
                             me.gateways.lock().await[gateway] = g;
                         }
-                        Err(e) => eprintln!("sim: cannot start gateway {new}: {e:#}"),
+                        Err(e) => eprintln!(
+                            "sim: cannot start gateway {new}: {}",
+                            bcd_sys::error::chain(e.as_ref())
+                        ),
                     }
                 });
             }
@@ -600,13 +603,13 @@ impl World {
                 // A reconnect storm: every link at once; time until every
                 // node has a session established after the cut, timed as
                 // re-home is.
-                let at_ms = bcd_sys::clock::unix_ms();
+                let at_ms = crate::clock::unix_ms();
                 self.hosts.cut(usize::MAX, true, rng).await;
                 let back = Arc::new(std::sync::Mutex::new(Vec::new()));
                 self.watch_back(self.node_ids.clone(), at_ms, back.clone());
                 let me = self.clone();
                 tokio::spawn(async move {
-                    let start = Instant::now();
+                    let start = crate::clock::mono();
                     while start.elapsed() < Duration::from_secs(120) {
                         let last = all_back(&back.lock().expect("latencies"), me.hosts.nodes);
                         if let Some(ms) = last {
@@ -754,18 +757,18 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         clock_faults: std::sync::Mutex::new(Vec::new()),
         cluster: own_cluster.clone(),
     });
-    let started = Instant::now();
+    let started = crate::clock::mono();
     for (name, addr) in &addrs {
         world.set_backend(name, Some(*addr)).await;
     }
     let connect_deadline = Duration::from_secs(60 + opts.nodes as u64 / 50);
-    let mut next_progress = Instant::now() + Duration::from_secs(1);
+    let mut next_progress = crate::clock::mono() + Duration::from_secs(1);
     loop {
         let t = hosts.totals();
         if t.connected == opts.nodes {
             break;
         }
-        if Instant::now() >= next_progress {
+        if crate::clock::mono() >= next_progress {
             next_progress += Duration::from_secs(1);
             say(format!(
                 "sim: {:>4.0}s joining and connecting: {}/{} connected",
@@ -816,12 +819,15 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         let seed = opts.seed;
         tokio::spawn(async move {
             let mut rng = SplitMix64::new(seed ^ 0x11_4e5);
-            let t0 = Instant::now();
+            let t0 = crate::clock::mono();
             for (at, fault) in schedule {
                 tokio::time::sleep_until((t0 + at).into()).await;
                 let kind = fault.kind();
                 if let Err(e) = world.apply(fault, &mut rng).await {
-                    eprintln!("sim: fault {kind} failed: {e:#}");
+                    eprintln!(
+                        "sim: fault {kind} failed: {}",
+                        bcd_sys::error::chain(e.as_ref())
+                    );
                 }
             }
         })
@@ -830,8 +836,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let total_commands = (opts.nodes / 2).max(20);
     let mut issued: BTreeMap<String, (String, usize)> = BTreeMap::new(); // marker → (command id, node)
     let mut counted: BTreeSet<String> = BTreeSet::new();
-    let t0 = Instant::now();
-    let mut next_progress = Instant::now();
+    let t0 = crate::clock::mono();
+    let mut next_progress = crate::clock::mono();
     let mut marks: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     let mut assigned = 0usize;
     let mut k = 0usize;
@@ -891,7 +897,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             }
             assigned += 1;
         }
-        if Instant::now() >= next_progress {
+        if crate::clock::mono() >= next_progress {
             next_progress += Duration::from_secs(1);
             let t = hosts.totals();
             say(format!(
@@ -916,7 +922,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let _ = chaos_task.await;
 
     // Settle: every node back, every command finished (or a timeout).
-    let settle_start = Instant::now();
+    let settle_start = crate::clock::mono();
     let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
     let mut settled = false;
     loop {
@@ -1123,12 +1129,12 @@ async fn restart_all(
 
 /// A new operator connection, to a gateway that is up.
 async fn reconnect(dir: &Path, world: &World) -> anyhow::Result<crate::client::Admin> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = crate::clock::mono() + Duration::from_secs(30);
     loop {
         let api = world.api();
         match crate::client::connect(&dir.join("operator.json"), api.as_deref()).await {
             Ok(c) => return Ok(c),
-            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(e) if crate::clock::mono() > deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }

@@ -142,9 +142,14 @@ pub trait GatewayBackend: Send + Sync + std::fmt::Debug {
         held: &Held,
     ) -> Result<SweepOutcome, StoreError>;
 
-    /// How many sessions are connected, and how many gateways hold a live
-    /// lease: what a whole fleet redialing at once would bring.
+    /// How many sessions are connected, how many gateways hold a live
+    /// lease and what they reported they absorb: what a whole fleet
+    /// redialing at once would bring, and how fast it is taken.
     async fn fleet_size(&self) -> Result<FleetSize, StoreError>;
+
+    /// Records on this gateway's own lease the Hellos a second it measured
+    /// it absorbs (nothing when it does not hold the lease).
+    async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError>;
 
     /// Takes or renews a lease for `owner`: what it holds (the store's now
     /// and the lease's generation), `None` when another owner holds it

@@ -164,6 +164,9 @@ impl Ended {
 pub struct FleetSize {
     pub connected: usize,
     pub gateways: usize,
+    /// The Hellos a second the live gateways reported they absorb,
+    /// together (0 while none has reported).
+    pub absorbs_per_s: u64,
 }
 
 /// A session a gateway holds, by node and epoch.

@@ -1,6 +1,7 @@
 //! The store suite against the PostgreSQL backend: a real server (a
 //! throw-away cluster, or the one `BC_TEST_POSTGRES` names), a fresh
 //! database per test.
+#![allow(clippy::disallowed_methods)]
 
 #[macro_use]
 mod suite;

@@ -8,6 +8,7 @@
 //! After a deliberate schema change (a new migration, for both backends),
 //! regenerate the golden file with `BC_UPDATE_GOLDEN=1 cargo test -p
 //! bc-store --test postgres_backend` and commit it with the migration.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

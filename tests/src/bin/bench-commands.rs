@@ -12,6 +12,7 @@
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-commands --commands 300`.
+#![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -23,6 +23,7 @@
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-floods`.
+#![allow(clippy::disallowed_methods)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -10,6 +10,7 @@
 //! cargo build -p bcd --release --target x86_64-unknown-linux-musl
 //! target/bench-fast/bench-netboot --runs 3
 //! ```
+#![allow(clippy::disallowed_methods)]
 
 use std::time::Instant;
 

@@ -13,6 +13,7 @@
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-session --nodes 1000`.
+#![allow(clippy::disallowed_methods)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

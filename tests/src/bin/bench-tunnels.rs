@@ -18,6 +18,7 @@
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then run `target/bench-fast/bench-tunnels --execs 200 --mib 256`.
+#![allow(clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

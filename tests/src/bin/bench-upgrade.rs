@@ -15,6 +15,7 @@
 //! `cargo build --profile bench-fast --workspace --all-features` and
 //! `cargo build -p bcd --release --target x86_64-unknown-linux-musl`, then
 //! run `target/bench-fast/bench-upgrade --upgrades 10`.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

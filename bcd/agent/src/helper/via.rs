@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bcd_core::update::Slot;
 use bcd_helper::{BlockingClient, ClientError, wire};
@@ -274,8 +274,8 @@ pub struct HelperPower {
 
 impl HelperPower {
     fn await_new_boot(&self, before: &str, what: &str) -> std::io::Result<()> {
-        let deadline = Instant::now() + self.wait;
-        while Instant::now() < deadline {
+        let deadline = bcd_sys::clock::mono() + self.wait;
+        while bcd_sys::clock::mono() < deadline {
             if self.host.boot_id().is_ok_and(|b| b != before) {
                 return Ok(());
             }

@@ -33,7 +33,7 @@
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use bcd_core::command::Journaled;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -236,10 +236,7 @@ pub struct Entry {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    bcd_sys::clock::unix_ms()
 }
 
 impl Journal {
@@ -274,7 +271,7 @@ impl Journal {
                 },
             )),
             Err(OpenFailure::Sqlite(e)) if existed && is_corruption(&e) => {
-                let unix = SystemTime::now()
+                let unix = bcd_sys::clock::system_now()
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
@@ -334,7 +331,7 @@ impl Journal {
             path: path.to_path_buf(),
             options,
             conn: RefCell::new(Some(conn)),
-            last_used: Cell::new(Instant::now()),
+            last_used: Cell::new(bcd_sys::clock::mono()),
             journal_id,
             last_event: Cell::new(last_event as u64),
             applied_generation: Cell::new(applied_generation),
@@ -344,7 +341,7 @@ impl Journal {
 
     /// The connection, opened again if it was closed for idleness.
     fn conn(&self) -> rusqlite::Result<RefMut<'_, Connection>> {
-        self.last_used.set(Instant::now());
+        self.last_used.set(bcd_sys::clock::mono());
         let mut slot = self.conn.borrow_mut();
         if slot.is_none() {
             *slot = Some(connect(&self.path, self.options)?);

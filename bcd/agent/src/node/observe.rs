@@ -68,7 +68,7 @@ impl Agent {
         if last.is_some_and(|l| l.elapsed() < OBSERVE_EVERY) {
             return;
         }
-        *last = Some(Instant::now());
+        *last = Some(bcd_sys::clock::mono());
         if let Ok((events, results)) = self.journal.backlog() {
             m.unacked_events.set(events as i64);
             m.unacked_results.set(results as i64);

@@ -272,7 +272,7 @@ impl Agent {
                     }
                 }
                 _ = journal_idle(self.journal.idle_deadline()) => {
-                    self.journal.close_idle(std::time::Instant::now());
+                    self.journal.close_idle(bcd_sys::clock::mono());
                 }
                 _ = upgrade_sleep(self.upgrade_deadline) => {
                     if self.upgrade_overdue() {
@@ -340,7 +340,7 @@ impl Agent {
                     super::uevents::on_notice(n, &mut debounce, &mut uevents);
                 }
                 _ = super::uevents::due(&debounce) => {
-                    if debounce.fire(std::time::Instant::now())
+                    if debounce.fire(bcd_sys::clock::mono())
                         && let Err(e) = self.reinventory(&conn).await
                     {
                         return Stopped::JournalFailed(e);

@@ -216,7 +216,7 @@ impl Agent {
         let (h2, closed) = (c.conn.clone(), c.closed.clone());
         let limits = self.tunnels.limits;
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
+            let started = bcd_sys::clock::mono();
             let mut end = run(h2, closed, admitted, limits).await;
             end.seconds = started.elapsed().as_secs();
             open_now.fetch_sub(1, Ordering::SeqCst);

@@ -15,7 +15,7 @@ pub(super) fn on_notice(
     debounce: &mut Debounce,
     monitor: &mut Option<Monitor>,
 ) {
-    let now = std::time::Instant::now();
+    let now = bcd_sys::clock::mono();
     match notice {
         Ok(Notice::Event { message, sender }) => {
             if let Some(interest) = bcd_udev::interest(message.uevent()) {

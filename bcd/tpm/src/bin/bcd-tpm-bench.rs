@@ -6,6 +6,7 @@
 //!
 //! `bcd-tpm-bench [ITERATIONS]` (default 15); prints medians, p90 and
 //! minimum in milliseconds.
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

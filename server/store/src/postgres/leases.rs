@@ -66,6 +66,24 @@ pub(super) async fn release(tx: &Tx<'_>, name: &str, owner: &str) -> Result<(), 
     Ok(())
 }
 
+pub(super) async fn report_absorption(
+    tx: &Tx<'_>,
+    gateway_id: &str,
+    per_s: u32,
+) -> Result<(), StoreError> {
+    execute(
+        tx,
+        "UPDATE leases SET absorbs_per_s = $3 WHERE name = $1 AND owner = $2",
+        &[
+            &crate::leases::gateway_lease(gateway_id),
+            &gateway_id,
+            &i64::from(per_s),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<LeaseRow>, StoreError> {
     Ok(query(
         tx,

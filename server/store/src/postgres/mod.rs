@@ -143,6 +143,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0039_unknown_results.sql"),
     include_str!("migrations/0040_secrets.sql"),
     include_str!("migrations/0041_lease_generation.sql"),
+    include_str!("migrations/0042_lease_absorption.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -622,6 +623,11 @@ impl GatewayBackend for PostgresBackend {
         let fence = self.fence(name);
         let _alone = fence.write().await;
         tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
+    }
+
+    async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
+        tx!(self, |tx| leases::report_absorption(&tx, gateway_id, per_s)
+            .await)
     }
 
     async fn remove_dead_leases(

@@ -419,13 +419,16 @@ pub(super) async fn fleet_size(tx: &Tx<'_>) -> Result<FleetSize, StoreError> {
         tx,
         "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
                 (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
-                    AND expires_at >= compute_now())",
+                    AND expires_at >= compute_now()),
+                (SELECT COALESCE(SUM(absorbs_per_s), 0)::bigint FROM leases
+                    WHERE name LIKE 'gateway:%' AND expires_at >= compute_now())",
         &[],
     )
     .await?;
     Ok(FleetSize {
         connected: r.get::<_, i64>(0).max(0) as usize,
         gateways: r.get::<_, i64>(1).max(0) as usize,
+        absorbs_per_s: r.get::<_, i64>(2).max(0) as u64,
     })
 }
 

@@ -65,6 +65,18 @@ pub(super) fn release(c: &Connection, name: &str, owner: &str) -> Result<(), Sto
     Ok(())
 }
 
+pub(super) fn report_absorption(
+    c: &Connection,
+    gateway_id: &str,
+    per_s: u32,
+) -> Result<(), StoreError> {
+    c.execute_kept(
+        "UPDATE leases SET absorbs_per_s = ?3 WHERE name = ?1 AND owner = ?2",
+        params![crate::leases::gateway_lease(gateway_id), gateway_id, per_s],
+    )?;
+    Ok(())
+}
+
 pub(super) fn list(c: &Connection) -> Result<Vec<LeaseRow>, StoreError> {
     Ok(
         c.prepare_cached("SELECT name, owner, expires_at, renewed_at FROM leases ORDER BY name")?

@@ -121,6 +121,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("migrations/0039_unknown_results.sql"),
     include_str!("migrations/0040_secrets.sql"),
     include_str!("migrations/0041_lease_generation.sql"),
+    include_str!("migrations/0042_lease_absorption.sql"),
 ];
 
 /// The schema version this binary writes.
@@ -591,6 +592,14 @@ impl GatewayBackend for SqliteBackend {
         let (name, owner) = (name.to_string(), owner.to_string());
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
             leases::release(c, &name, &owner)
+        })
+        .await
+    }
+
+    async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
+        let gateway_id = gateway_id.to_string();
+        Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
+            leases::report_absorption(c, &gateway_id, per_s)
         })
         .await
     }

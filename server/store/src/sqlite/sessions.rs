@@ -344,16 +344,19 @@ pub(super) fn gateway_shutdown(
 }
 
 pub(super) fn fleet_size(c: &Connection) -> Result<FleetSize, StoreError> {
-    let (connected, gateways): (i64, i64) = c.query_row_kept(
+    let (connected, gateways, absorbs): (i64, i64, i64) = c.query_row_kept(
         "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
                 (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
-                    AND expires_at >= compute_now())",
+                    AND expires_at >= compute_now()),
+                (SELECT COALESCE(SUM(absorbs_per_s), 0) FROM leases
+                    WHERE name LIKE 'gateway:%' AND expires_at >= compute_now())",
         [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
     Ok(FleetSize {
         connected: connected.max(0) as usize,
         gateways: gateways.max(0) as usize,
+        absorbs_per_s: absorbs.max(0) as u64,
     })
 }
 

@@ -1,4 +1,4 @@
--- schema version 41
+-- schema version 42
 
 -- columns
 audit.id: bigint NOT NULL DEFAULT nextval('audit_id_seq'::regclass)
@@ -135,6 +135,7 @@ leases.owner: text NOT NULL
 leases.expires_at: bigint NOT NULL
 leases.renewed_at: bigint NOT NULL
 leases.generation: bigint NOT NULL DEFAULT 1
+leases.absorbs_per_s: bigint NOT NULL DEFAULT 0
 legacy_results.command_id: text NOT NULL
 machine_enrolments.id: text NOT NULL
 machine_enrolments.kind: text NOT NULL

@@ -1,4 +1,4 @@
--- schema version 41
+-- schema version 42
 
 -- index audit_chain_seq
 CREATE UNIQUE INDEX audit_chain_seq ON audit(chain, seq);
@@ -269,7 +269,7 @@ CREATE TABLE leases (
         owner      TEXT NOT NULL,
         expires_at INTEGER NOT NULL,
         renewed_at INTEGER NOT NULL
-    , generation INTEGER NOT NULL DEFAULT 1) STRICT;
+    , generation INTEGER NOT NULL DEFAULT 1, absorbs_per_s INTEGER NOT NULL DEFAULT 0) STRICT;
 
 -- table legacy_results
 CREATE TABLE legacy_results (

@@ -375,6 +375,7 @@ macro_rules! store_suite {
             liveness::a_controller_writes_only_under_the_lease_it_holds,
             liveness::leases_are_listed_with_owner_and_expiry,
             liveness::the_fleet_size_counts_connected_sessions_and_live_gateways,
+            liveness::the_fleet_absorbs_what_its_live_gateways_reported,
             races::two_hellos_for_one_node_get_distinct_epochs,
             races::two_hellos_for_one_node_queue_on_the_nodes_row,
             races::an_ack_against_an_epoch_bump_moves_nothing,
