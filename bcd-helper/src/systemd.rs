@@ -60,8 +60,6 @@ trait Manager {
 
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
 
-    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
-
     #[zbus(signal)]
     fn job_removed(
         &self,
@@ -87,7 +85,7 @@ pub enum DbusError {
         source: zbus::Error,
     },
     #[error(
-        "the reboot is blocked by {} after waiting {} s: retry once they end, or start bcd with --reboot-anyway to reboot through them",
+        "the reboot is blocked by {} after waiting {} s: retry once they end, or configure the helper to reboot anyway",
         describe(blocking),
         waited.as_secs()
     )]
@@ -308,30 +306,6 @@ impl Systemd {
     /// says. Returns once logind accepted the reboot.
     pub async fn reboot(&self, policy: &RebootPolicy) -> Result<Rebooting, DbusError> {
         let login1 = self.login1().await?;
-        let r = self.through_inhibitors(policy).await?;
-        login1
-            .reboot(false)
-            .await
-            .map_err(call("org.freedesktop.login1.Manager.Reboot"))?;
-        Ok(r)
-    }
-
-    /// Boots the kernel loaded for kexec (`kexec -l`) the way `systemctl
-    /// kexec` does: block inhibitors honoured as `policy` says, then
-    /// `kexec.target` started (`replace-irreversibly`), so services stop in
-    /// order before the jump. Returns once systemd queued the job.
-    pub async fn kexec(&self, policy: &RebootPolicy) -> Result<Rebooting, DbusError> {
-        let manager = self.manager().await?;
-        let r = self.through_inhibitors(policy).await?;
-        manager
-            .start_unit("kexec.target", "replace-irreversibly")
-            .await
-            .map_err(call("org.freedesktop.systemd1.Manager.StartUnit"))?;
-        Ok(r)
-    }
-
-    /// Waits for block inhibitors of shutdown to end, as `policy` says.
-    async fn through_inhibitors(&self, policy: &RebootPolicy) -> Result<Rebooting, DbusError> {
         let start = tokio::time::Instant::now();
         loop {
             let inhibitors = self.inhibitors().await?;
@@ -355,6 +329,10 @@ impl Systemd {
                             "rebooting through block inhibitors, as configured"
                         );
                     }
+                    login1
+                        .reboot(false)
+                        .await
+                        .map_err(call("org.freedesktop.login1.Manager.Reboot"))?;
                     return Ok(Rebooting { waited, overriding });
                 }
             }
@@ -485,7 +463,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "the reboot is blocked by fwupd (Firmware update in progress, pid 812) after waiting 60 s: retry once they end, or start bcd with --reboot-anyway to reboot through them"
+            "the reboot is blocked by fwupd (Firmware update in progress, pid 812) after waiting 60 s: retry once they end, or configure the helper to reboot anyway"
         );
         let many = DbusError::Inhibited {
             blocking: vec![lock("shutdown", "block"); 7],

@@ -171,16 +171,6 @@ impl Manager {
         Ok(job)
     }
 
-    fn start_unit(&self, name: String, mode: String) -> zbus::fdo::Result<OwnedObjectPath> {
-        let mut s = self.0.lock().unwrap();
-        s.calls.push(format!("StartUnit {name} {mode}"));
-        s.next_job += 1;
-        Ok(
-            OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{}", s.next_job))
-                .unwrap(),
-        )
-    }
-
     #[zbus(signal)]
     async fn job_removed(
         emitter: &SignalEmitter<'_>,
@@ -271,39 +261,6 @@ async fn reboot_goes_through_logind_when_nothing_blocks() {
     assert!(!s.reboots[0].0, "Reboot(false): never interactive");
 }
 
-/// kexec as `systemctl kexec` does it: the inhibitors first, then
-/// kexec.target started so that services stop in order; never logind's
-/// Reboot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kexec_starts_kexec_target_once_no_inhibitor_blocks() {
-    let bus = Bus::start();
-    let services = serve(&bus, JobEnd::Never).await;
-    let systemd = Systemd::connect(&bus.address).await.unwrap();
-    services.login.lock().unwrap().inhibitors = vec![block("fwupd", "shutdown", "block")];
-    let e = systemd
-        .kexec(&policy(Duration::ZERO, WhenBlocked::Fail))
-        .await
-        .unwrap_err();
-    assert!(
-        e.to_string().starts_with("the reboot is blocked by fwupd"),
-        "{e}"
-    );
-    assert!(
-        services.manager.lock().unwrap().calls.is_empty(),
-        "nothing started"
-    );
-    services.login.lock().unwrap().inhibitors.clear();
-    systemd
-        .kexec(&policy(Duration::from_secs(30), WhenBlocked::Fail))
-        .await
-        .unwrap();
-    assert_eq!(
-        services.manager.lock().unwrap().calls,
-        ["StartUnit kexec.target replace-irreversibly"]
-    );
-    assert!(services.login.lock().unwrap().reboots.is_empty());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reboot_waits_for_a_block_inhibitor_to_end() {
     let bus = Bus::start();
@@ -355,7 +312,7 @@ async fn a_block_inhibitor_past_the_bound_fails_the_reboot_or_is_overridden() {
     assert!(matches!(&e, DbusError::Inhibited { blocking, .. } if blocking.len() == 1));
     assert_eq!(
         e.to_string(),
-        "the reboot is blocked by fwupd (Firmware update in progress, pid 812) after waiting 0 s: retry once they end, or start bcd with --reboot-anyway to reboot through them"
+        "the reboot is blocked by fwupd (Firmware update in progress, pid 812) after waiting 0 s: retry once they end, or configure the helper to reboot anyway"
     );
     assert!(services.login.lock().unwrap().reboots.is_empty());
 

@@ -298,32 +298,3 @@ async fn the_watchdog_swaps_back_an_overdue_upgrade_and_restarts_bcd() {
     // Once back, nothing more to do.
     assert_eq!(watchdog_tick(&h, grace).await, None);
 }
-
-/// `bcd node` as root where systemd runs: its reboot is logind's, after
-/// the inhibitors, asked from the daemon's own async context; with no bus
-/// to reach, the reboot fails with what was tried rather than rebooting
-/// by the system call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn root_bcd_reboots_through_logind_where_systemd_runs() {
-    let bus = Bus::start();
-    let (calls, _conns) = serve(&bus).await;
-    let power = bcd_agent::hw::SystemdPower {
-        bus: bus.address.clone(),
-        policy: bcd_helper::systemd::RebootPolicy::default(),
-    };
-    power.reboot().unwrap();
-    assert_eq!(
-        calls.lock().unwrap().0,
-        ["ListInhibitors", "Reboot false"],
-        "the inhibitors first, then logind's Reboot, never interactive"
-    );
-    let gone = bcd_agent::hw::SystemdPower {
-        bus: "unix:path=/nonexistent/bus".into(),
-        policy: bcd_helper::systemd::RebootPolicy::default(),
-    };
-    let e = gone.reboot().unwrap_err().to_string();
-    assert!(
-        e.contains("cannot connect to the system bus at unix:path=/nonexistent/bus"),
-        "{e}"
-    );
-}

@@ -111,65 +111,7 @@ struct HwArgs {
     nvml: bool,
 }
 
-/// How a real machine reboots and kexecs: through logind and systemd
-/// where they run, by the system calls where they do not (a ramdisk).
-#[derive(Debug, clap::Args)]
-struct PowerArgs {
-    /// The system bus of logind and systemd; detected when not given
-    /// (none where systemd does not run: the direct path).
-    #[arg(long)]
-    system_bus: Option<String>,
-    /// How long a reboot or kexec waits for logind's block inhibitors.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    reboot_wait: std::time::Duration,
-    /// Reboot through block inhibitors still held after --reboot-wait.
-    #[arg(long)]
-    reboot_anyway: bool,
-}
-
-impl PowerArgs {
-    /// The system bus, when systemd runs this machine.
-    fn bus(&self) -> Option<String> {
-        self.system_bus
-            .clone()
-            .or_else(|| bcd_helper::systemd::detect(std::path::Path::new("/")))
-    }
-
-    fn policy(&self) -> bcd_helper::systemd::RebootPolicy {
-        bcd_helper::systemd::RebootPolicy {
-            max_wait: self.reboot_wait,
-            when_blocked: if self.reboot_anyway {
-                bcd_helper::systemd::WhenBlocked::Proceed
-            } else {
-                bcd_helper::systemd::WhenBlocked::Fail
-            },
-            ..Default::default()
-        }
-    }
-
-    /// `direct` (a real machine's system calls) through systemd when it
-    /// runs the machine; a fake machine's power stays as it is.
-    fn power(&self, direct: Arc<dyn hw::Power>, real: bool) -> Arc<dyn hw::Power> {
-        match self.bus() {
-            Some(bus) if real => Arc::new(hw::SystemdPower {
-                bus,
-                policy: self.policy(),
-            }),
-            _ => direct,
-        }
-    }
-}
-
 impl HwArgs {
-    /// Whether this is the real machine (not a fake one of a test build).
-    fn is_real(&self) -> bool {
-        #[cfg(feature = "fakehw")]
-        if self.fake_hw.is_some() {
-            return false;
-        }
-        true
-    }
-
     fn host(&self) -> Arc<dyn hw::Host> {
         self.machine().0
     }
@@ -303,8 +245,6 @@ enum Command {
         #[arg(long, hide = true)]
         uevents_from_any_sender: bool,
         #[command(flatten)]
-        power: PowerArgs,
-        #[command(flatten)]
         hw: HwArgs,
     },
     /// The privileged helper of an unprivileged `bcd node` (runs as root):
@@ -337,8 +277,16 @@ enum Command {
         /// The TPM: a device (/dev/tpmrm0), or swtpm:HOST:PORT.
         #[arg(long, default_value = "/dev/tpmrm0")]
         tpm: String,
-        #[command(flatten)]
-        power: PowerArgs,
+        /// The system bus of logind and systemd; detected when not given
+        /// (none where systemd does not run: the direct path).
+        #[arg(long)]
+        system_bus: Option<String>,
+        /// How long a reboot waits for logind's block inhibitors.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        reboot_wait: std::time::Duration,
+        /// Reboot through block inhibitors still held after --reboot-wait.
+        #[arg(long)]
+        reboot_anyway: bool,
         /// The unit the watchdog restarts after swapping back.
         #[arg(long, default_value = "bcd.service")]
         unit: String,
@@ -604,7 +552,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             metrics_listen,
             #[cfg(feature = "fakehw")]
             uevents_from_any_sender,
-            power,
             hw,
         } => {
             if upgrade::supervised() {
@@ -616,10 +563,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map_err(anyhow::Error::msg)?;
             let lock = lock::DirLock::acquire(&data_dir)?;
             bcd_sys::fs::remove_stale_temps(&data_dir);
-            let (host, direct) = hw.machine();
-            // As root, reboot and kexec through systemd where it runs; under
-            // the helper, the helper does.
-            let power = power.power(direct, hw.is_real());
+            let (host, power) = hw.machine();
             let staging = helper_staging.unwrap_or_else(|| data_dir.join("staging"));
             let client = helper.as_ref().map(|socket| {
                 Arc::new(bcd_helper::BlockingClient::new(
@@ -818,7 +762,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             private_dir,
             files,
             tpm,
-            power: power_args,
+            system_bus,
+            reboot_wait,
+            reboot_anyway,
             unit,
             grace,
             passwd,
@@ -827,10 +773,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             hw,
         } => {
             let user = helper::lookup_user(&passwd, &user)?;
-            let (host, direct) = hw.machine();
-            // kexec through systemd where it runs (the reboot goes to
-            // logind in the handler).
-            let power = power_args.power(direct, hw.is_real());
+            let (host, power) = hw.machine();
             #[cfg(feature = "fakehw")]
             let power: Arc<dyn hw::Power> = if fake_power {
                 Arc::new(bcd_fakehw::TreePower {
@@ -839,7 +782,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 power
             };
-            let system_bus = power_args.bus();
+            let system_bus =
+                system_bus.or_else(|| bcd_helper::systemd::detect(std::path::Path::new("/")));
             let handler = helper::AgentHandler::new(helper::HandlerConfig {
                 staging: staging.unwrap_or_else(|| data_dir.join("staging")),
                 data_dir,
@@ -851,7 +795,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 host,
                 power,
                 system_bus,
-                reboot: power_args.policy(),
+                reboot: bcd_helper::systemd::RebootPolicy {
+                    max_wait: reboot_wait,
+                    when_blocked: if reboot_anyway {
+                        bcd_helper::systemd::WhenBlocked::Proceed
+                    } else {
+                        bcd_helper::systemd::WhenBlocked::Fail
+                    },
+                    ..Default::default()
+                },
                 unit,
                 tpm: tpm_endpoint(&tpm)?,
             });

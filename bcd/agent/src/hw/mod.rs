@@ -15,7 +15,7 @@ pub mod sysfs;
 use serde::Serialize;
 
 pub use inventory::{Section, inventory};
-pub use sysfs::{RealHost, SysfsGpus, SysfsTpm, SystemPower, SystemdPower, load_kexec, real};
+pub use sysfs::{RealHost, SysfsGpus, SysfsTpm, SystemPower, real};
 
 /// What the agent reads from the machine it runs on (and the GPU reset,
 /// through [`Gpus`]).

@@ -313,27 +313,9 @@ impl Tpm for SysfsTpm {
     }
 }
 
-/// Reboot and kexec of this machine by the system calls (root,
-/// CAP_SYS_BOOT): for a ramdisk with no systemd. Where systemd runs the
-/// machine, [`SystemdPower`] asks it instead.
+/// Reboot and kexec of this machine (root, CAP_SYS_BOOT).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemPower;
-
-/// Loads `kernel` (and `initrd`) for kexec with kexec-tools
-/// (`kexec_file_load`), to be jumped into later.
-pub fn load_kexec(kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-    let mut load = std::process::Command::new("kexec");
-    load.args(["--kexec-file-syscall", "-l", kernel]);
-    if !initrd.is_empty() {
-        load.arg(format!("--initrd={initrd}"));
-    }
-    load.arg(format!("--command-line={cmdline}"));
-    let status = load.status()?;
-    if !status.success() {
-        return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
-    }
-    Ok(())
-}
 
 impl Power for SystemPower {
     fn reboot(&self) -> std::io::Result<()> {
@@ -343,76 +325,22 @@ impl Power for SystemPower {
     }
 
     fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-        load_kexec(kernel, initrd, cmdline)?;
+        // kexec-tools loads the image (kexec_file_load) and jumps into it.
+        let mut load = std::process::Command::new("kexec");
+        load.args(["--kexec-file-syscall", "-l", kernel]);
+        if !initrd.is_empty() {
+            load.arg(format!("--initrd={initrd}"));
+        }
+        load.arg(format!("--command-line={cmdline}"));
+        let status = load.status()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
+        }
         rustix::fs::sync();
         let status = std::process::Command::new("kexec").arg("-e").status()?;
         Err(std::io::Error::other(format!(
             "kexec -e returned: {status}"
         )))
-    }
-}
-
-/// Reboot and kexec through systemd, on a machine it runs: logind's
-/// Reboot, and `kexec.target` after `kexec -l` (what `systemctl kexec`
-/// does), each after logind's block inhibitors end as `policy` says. The
-/// services stop in order and bcd with them, so each returns `Ok` once
-/// systemd took the job.
-#[derive(Debug, Clone)]
-pub struct SystemdPower {
-    /// The system bus (`bcd_helper::systemd::detect`).
-    pub bus: String,
-    pub policy: bcd_helper::systemd::RebootPolicy,
-}
-
-impl SystemdPower {
-    /// Runs one request to systemd on a thread of its own, so a caller on
-    /// an async runtime does not block it in its own.
-    fn ask<F, Fut>(&self, what: &'static str, f: F) -> std::io::Result<()>
-    where
-        F: FnOnce(bcd_helper::systemd::Systemd, bcd_helper::systemd::RebootPolicy) -> Fut
-            + Send
-            + 'static,
-        Fut: std::future::Future<
-                Output = Result<bcd_helper::systemd::Rebooting, bcd_helper::systemd::DbusError>,
-            >,
-    {
-        let (bus, policy) = (self.bus.clone(), self.policy);
-        let asked = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
-                let systemd = bcd_helper::systemd::Systemd::connect(&bus).await?;
-                f(systemd, policy).await
-            })
-            .map_err(|e| std::io::Error::other(bcd_sys::error::chain(&e)))
-        })
-        .join()
-        .map_err(|_| std::io::Error::other(format!("the {what} request panicked")))??;
-        if !asked.overriding.is_empty() {
-            tracing::warn!(
-                locks = asked.overriding.len(),
-                "{what} through block inhibitors, as configured"
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Power for SystemdPower {
-    fn reboot(&self) -> std::io::Result<()> {
-        tracing::info!("rebooting through logind");
-        self.ask("reboot", |systemd, policy| async move {
-            systemd.reboot(&policy).await
-        })
-    }
-
-    fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-        load_kexec(kernel, initrd, cmdline)?;
-        tracing::info!("kexec through systemd (kexec.target)");
-        self.ask("kexec", |systemd, policy| async move {
-            systemd.kexec(&policy).await
-        })
     }
 }
 
