@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bc_tests::{Proc, bin, stderr};
 
@@ -182,14 +182,9 @@ fn serve_tells_systemd_it_is_ready_alive_and_stopping() {
     };
     // `listening on` is printed just before READY=1: it is the first.
     assert_eq!(next(), "READY=1");
-    let started = Instant::now();
+    // Pings keep coming (their interval is `systemd::watchdog_every`'s).
     assert_eq!(next(), "WATCHDOG=1");
     assert_eq!(next(), "WATCHDOG=1");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "two pings at 200 ms took {:?}",
-        started.elapsed()
-    );
     p.signal(rustix::process::Signal::TERM);
     let stopping = (0..50).map(|_| next()).find(|m| m != "WATCHDOG=1");
     assert_eq!(stopping.as_deref(), Some("STOPPING=1"));
