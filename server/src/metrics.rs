@@ -150,7 +150,7 @@ impl ServerMetrics {
         );
         registry.register(
             "handshakes",
-            "TLS connections the handshake bucket admitted or refused before their handshake",
+            "TLS connections the handshake buckets admitted or refused before their handshake (refused: the shared bucket; address_rate: the source address's own)",
             m.handshakes.clone(),
         );
         registry.register(
@@ -231,10 +231,13 @@ impl ServerMetrics {
             .inc();
     }
 
-    pub fn handshake(&self, admitted: bool) {
+    /// A connection's outcome before its handshake: `admitted`, `refused`
+    /// (the shared bucket was empty) or `address_rate` (its source address
+    /// was over --handshake-rate-per-address).
+    pub fn handshake(&self, outcome: &'static str) {
         self.handshakes
             .get_or_create(&OutcomeLabels {
-                outcome: if admitted { "admitted" } else { "refused" }.into(),
+                outcome: outcome.into(),
             })
             .inc();
     }
@@ -337,8 +340,8 @@ mod tests {
         m.sessions.set(2);
         m.hello_welcomed();
         m.hello_refused("fenced");
-        m.handshake(true);
-        m.handshake(false);
+        m.handshake("admitted");
+        m.handshake("refused");
         m.tls_session(false);
         m.tls_session(true);
         m.tls_session(true);

@@ -44,6 +44,8 @@ pub struct ServeOptions {
     /// The store: SQLite in the data directory, or PostgreSQL.
     pub store: Location,
     pub listen: SocketAddr,
+    /// Balancers that send a PROXY protocol v2 header on `listen`.
+    pub proxy_protocol_from: Vec<std::net::IpAddr>,
     /// The operator API's listener (the role holding the keys only).
     pub api_listen: SocketAddr,
     /// Extra names (DNS or IP) for the serving certificates.
@@ -419,11 +421,13 @@ pub async fn serve(
         config,
         Arc::new(HandshakeBucket::new(
             opts.timing.handshake_rate,
+            opts.timing.handshake_rate_per_address,
             metrics.clone(),
         )),
         tls::ConnectionCaps {
             total: opts.timing.max_connections,
             per_address: opts.timing.max_connections_per_address,
+            balancers: opts.proxy_protocol_from.clone(),
         },
     );
     let node_join = |services: Arc<dyn GatewayServices>| {
@@ -535,6 +539,7 @@ pub async fn serve(
                 tls::ConnectionCaps {
                     total: MAX_API_CONNECTIONS,
                     per_address: MAX_API_CONNECTIONS,
+                    balancers: Vec::new(),
                 },
             );
             let (api_stop_tx, api_stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -297,6 +297,7 @@ impl Hostile {
                     bcd_proto::tls::ConnectionCaps {
                         total: 1_000,
                         per_address: 1_000,
+                        balancers: Vec::new(),
                     },
                 );
                 let service = Service {

@@ -434,6 +434,7 @@ impl TamperingRelay {
                 tls::ConnectionCaps {
                     total: 16,
                     per_address: 16,
+                    balancers: Vec::new(),
                 },
             )
         });

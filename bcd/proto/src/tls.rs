@@ -610,13 +610,65 @@ mod accept {
     }
 
     /// How many connections a listener holds open at once, handshakes
-    /// included.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    /// included, and what counts as a connection's source address.
+    #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct ConnectionCaps {
         /// From everyone.
         pub total: usize,
         /// From one source address (see [`PerAddress`]).
         pub per_address: usize,
+        /// Load balancers that send a PROXY protocol v2 header first: a
+        /// connection from one of them counts as the client's address in
+        /// its header, never as the balancer's ([`read_proxy_v2`]).
+        pub balancers: Vec<std::net::IpAddr>,
+    }
+
+    /// The longest PROXY v2 header read: the addresses and the TLVs a
+    /// balancer adds (HAProxy's unique id, an NLB's endpoint id) fit well
+    /// inside it; a longer one is refused unread.
+    pub const MAX_PROXY_HEADER: usize = 1024;
+
+    /// Reads a PROXY protocol v2 header off the start of `stream`, and not
+    /// a byte more (the TLS handshake follows it). Returns the client's
+    /// address for a proxied TCP connection over IPv4 or IPv6, and `None`
+    /// for the balancer's own connection (the LOCAL command: its health
+    /// checks) or an address family that is not IP. Anything else (a
+    /// connection that does not start with the signature, another
+    /// version, a header longer than [`MAX_PROXY_HEADER`]) is an error
+    /// that names what was wrong.
+    pub async fn read_proxy_v2<R>(stream: &mut R) -> io::Result<Option<SocketAddr>>
+    where
+        R: AsyncRead + Unpin,
+    {
+        use ppp::v2::{Addresses, Command, Header, ParseError};
+        use tokio::io::AsyncReadExt;
+
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let mut header = vec![0u8; 16];
+        stream.read_exact(&mut header).await?;
+        let length = usize::from(u16::from_be_bytes([header[14], header[15]]));
+        match Header::try_from(&header[..]) {
+            Ok(_) | Err(ParseError::Partial(..)) => {}
+            Err(e) => return Err(bad(format!("not a PROXY protocol v2 header: {e}"))),
+        }
+        if 16 + length > MAX_PROXY_HEADER {
+            return Err(bad(format!(
+                "a PROXY protocol v2 header of {} bytes, over the {MAX_PROXY_HEADER} read",
+                16 + length
+            )));
+        }
+        header.resize(16 + length, 0);
+        stream.read_exact(&mut header[16..]).await?;
+        let parsed = Header::try_from(&header[..])
+            .map_err(|e| bad(format!("not a PROXY protocol v2 header: {e}")))?;
+        if parsed.command == Command::Local {
+            return Ok(None);
+        }
+        Ok(match parsed.addresses {
+            Addresses::IPv4(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+            Addresses::IPv6(a) => Some(SocketAddr::from((a.source_address, a.source_port))),
+            Addresses::Unspecified | Addresses::Unix(_) => None,
+        })
     }
 
     /// Open connections counted by source address, sans-IO. An IPv4
@@ -727,13 +779,77 @@ mod accept {
         }
     }
 
+    /// What an accepted connection goes through before it is yielded.
+    struct Accepting {
+        acceptor: tokio_rustls::TlsAcceptor,
+        admission: Arc<dyn Admission>,
+        addresses: Arc<std::sync::Mutex<PerAddress>>,
+        tx: tokio::sync::mpsc::Sender<Result<TlsConn, io::Error>>,
+    }
+
+    impl Accepting {
+        /// A place under the address cap and a turn from the admission
+        /// for a connection from `remote`; `None` (and the connection is
+        /// to be closed) otherwise.
+        fn admit(&self, remote: SocketAddr) -> Option<AddressSlot> {
+            let Some(address) = AddressSlot::take(&self.addresses, remote.ip()) else {
+                tracing::debug!(%remote, "at the per-address connection limit; closed");
+                self.admission.over_address_cap(remote.ip());
+                return None;
+            };
+            self.admission.admit(remote.ip()).then_some(address)
+        }
+
+        /// The TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`]; a finished
+        /// connection is yielded.
+        async fn handshake(
+            self,
+            tcp: TcpStream,
+            remote: SocketAddr,
+            slot: tokio::sync::OwnedSemaphorePermit,
+            address: AddressSlot,
+        ) {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    let conn = stream.get_ref().1;
+                    let cert = conn
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| Arc::new(c.clone().into_owned()));
+                    if cert.is_some() {
+                        let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+                        self.admission.authenticated(remote.ip(), resumed);
+                    }
+                    let info = PeerInfo {
+                        remote,
+                        cert_fingerprint: cert.as_deref().map(|c| fingerprint(c)),
+                        cert,
+                    };
+                    let _ = self
+                        .tx
+                        .send(Ok(TlsConn {
+                            inner: stream,
+                            info,
+                            _slot: slot,
+                            _address: address,
+                        }))
+                        .await;
+                }
+                Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+            }
+        }
+    }
+
     /// Accepts TCP connections and completes TLS handshakes concurrently; yields
     /// finished connections for `Server::serve_with_incoming`. Handshake failures
     /// are logged and dropped, never fatal to the server. At most
     /// `caps.total` are open at once, handshakes included, and at most
     /// `caps.per_address` from one source address: one more is closed as
     /// it is accepted (over the address cap, counted through
-    /// [`Admission::over_address_cap`]). The accept task ends when the
+    /// [`Admission::over_address_cap`]). A connection from one of
+    /// `caps.balancers` is counted, admitted and reported as the client
+    /// its PROXY v2 header names. The accept task ends when the
     /// returned stream is dropped.
     pub fn incoming(
         listener: TcpListener,
@@ -745,6 +861,10 @@ mod accept {
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let slots = Arc::new(tokio::sync::Semaphore::new(caps.total));
         let addresses = Arc::new(std::sync::Mutex::new(PerAddress::new(caps.per_address)));
+        let mut caps = caps;
+        for b in &mut caps.balancers {
+            *b = b.to_canonical();
+        }
         tokio::spawn(async move {
             loop {
                 let (tcp, remote) = tokio::select! {
@@ -763,51 +883,40 @@ mod accept {
                     drop(tcp);
                     continue;
                 };
-                let Some(address) = AddressSlot::take(&addresses, remote.ip()) else {
-                    tracing::debug!(%remote, "at the per-address connection limit; closed");
-                    admission.over_address_cap(remote.ip());
-                    drop(tcp);
-                    continue;
-                };
-                if !admission.admit(remote.ip()) {
-                    drop(tcp);
-                    continue;
-                }
                 let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                let admission = admission.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let conn = stream.get_ref().1;
-                            let cert = conn
-                                .peer_certificates()
-                                .and_then(|c| c.first())
-                                .map(|c| Arc::new(c.clone().into_owned()));
-                            if cert.is_some() {
-                                let resumed =
-                                    conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-                                admission.authenticated(remote.ip(), resumed);
+                let proxied = caps.balancers.contains(&remote.ip().to_canonical());
+                let conn = Accepting {
+                    acceptor: acceptor.clone(),
+                    admission: admission.clone(),
+                    addresses: addresses.clone(),
+                    tx: tx.clone(),
+                };
+                if proxied {
+                    tokio::spawn(async move {
+                        let mut tcp = tcp;
+                        let client = match tokio::time::timeout(
+                            HANDSHAKE_TIMEOUT,
+                            read_proxy_v2(&mut tcp),
+                        )
+                        .await
+                        {
+                            Ok(Ok(client)) => client.unwrap_or(remote),
+                            Ok(Err(e)) => {
+                                tracing::debug!(balancer = %remote, error = %e, "PROXY header refused");
+                                return;
                             }
-                            let info = PeerInfo {
-                                remote,
-                                cert_fingerprint: cert.as_deref().map(|c| fingerprint(c)),
-                                cert,
-                            };
-                            let _ = tx
-                                .send(Ok(TlsConn {
-                                    inner: stream,
-                                    info,
-                                    _slot: slot,
-                                    _address: address,
-                                }))
-                                .await;
+                            Err(_) => {
+                                tracing::debug!(balancer = %remote, "PROXY header timed out");
+                                return;
+                            }
+                        };
+                        if let Some(address) = conn.admit(client) {
+                            conn.handshake(tcp, client, slot, address).await;
                         }
-                        Ok(Err(e)) => tracing::debug!(%remote, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
-                    }
-                });
+                    });
+                } else if let Some(address) = conn.admit(remote) {
+                    tokio::spawn(conn.handshake(tcp, remote, slot, address));
+                }
             }
         });
         tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -829,6 +938,148 @@ mod tests {
         assert!(host_port("https://nohost").is_err());
         assert!(host_port("https://h:1/path").is_err());
         assert!(host_port("").is_err());
+    }
+
+    #[cfg(feature = "server")]
+    mod proxy_v2 {
+        use super::super::{MAX_PROXY_HEADER, read_proxy_v2};
+        use proptest::prelude::*;
+        use std::net::{IpAddr, SocketAddr};
+
+        const SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
+
+        /// A header as the HAProxy document lays it out, written here
+        /// rather than by the parser's own builder.
+        fn header(command: u8, src: SocketAddr, dst: SocketAddr, tlvs: &[u8]) -> Vec<u8> {
+            let mut addresses = Vec::new();
+            let family = match (src.ip(), dst.ip()) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    addresses.extend(s.octets());
+                    addresses.extend(d.octets());
+                    0x11
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    addresses.extend(s.octets());
+                    addresses.extend(d.octets());
+                    0x21
+                }
+                _ => panic!("one family"),
+            };
+            addresses.extend(src.port().to_be_bytes());
+            addresses.extend(dst.port().to_be_bytes());
+            addresses.extend(tlvs);
+            let mut h = SIGNATURE.to_vec();
+            h.push(0x20 | command);
+            h.push(family);
+            h.extend((addresses.len() as u16).to_be_bytes());
+            h.extend(addresses);
+            h
+        }
+
+        fn read(bytes: &[u8]) -> (std::io::Result<Option<SocketAddr>>, usize) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let mut rest = bytes;
+            let r = rt.block_on(read_proxy_v2(&mut rest));
+            (r, bytes.len() - rest.len())
+        }
+
+        fn tlvs() -> impl Strategy<Value = Vec<u8>> {
+            // Well-formed TLVs: a type, a length, that many bytes.
+            prop::collection::vec(
+                (any::<u8>(), prop::collection::vec(any::<u8>(), 0..40)),
+                0..4,
+            )
+            .prop_map(|v| {
+                v.into_iter()
+                    .flat_map(|(t, value)| {
+                        let mut b = vec![t];
+                        b.extend((value.len() as u16).to_be_bytes());
+                        b.extend(value);
+                        b
+                    })
+                    .collect()
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn the_client_address_is_read_and_not_a_byte_past_the_header(
+                v6 in any::<bool>(),
+                src in any::<[u8; 16]>(),
+                dst in any::<[u8; 16]>(),
+                ports in any::<(u16, u16)>(),
+                tlvs in tlvs(),
+                after in prop::collection::vec(any::<u8>(), 0..64),
+            ) {
+                let (src, dst) = if v6 {
+                    (IpAddr::from(src), IpAddr::from(dst))
+                } else {
+                    let (s, d): ([u8; 4], [u8; 4]) =
+                        (src[..4].try_into().unwrap(), dst[..4].try_into().unwrap());
+                    (IpAddr::from(s), IpAddr::from(d))
+                };
+                let src = SocketAddr::new(src, ports.0);
+                let h = header(0x1, src, SocketAddr::new(dst, ports.1), &tlvs);
+                let mut bytes = h.clone();
+                bytes.extend(&after);
+                let (r, consumed) = read(&bytes);
+                prop_assert_eq!(r.unwrap(), Some(src));
+                prop_assert_eq!(consumed, h.len(), "the TLS bytes after it are left");
+            }
+
+            #[test]
+            fn any_bytes_are_refused_or_read_within_the_bound(
+                bytes in prop::collection::vec(any::<u8>(), 0..2048),
+                signed in any::<bool>(),
+            ) {
+                let mut bytes = bytes;
+                if signed {
+                    // Past the signature, so the rest of the parser is reached.
+                    bytes.splice(0..bytes.len().min(12), SIGNATURE);
+                }
+                let (r, consumed) = read(&bytes);
+                prop_assert!(consumed <= MAX_PROXY_HEADER);
+                if r.is_ok() {
+                    let length = usize::from(u16::from_be_bytes([bytes[14], bytes[15]]));
+                    prop_assert_eq!(consumed, 16 + length);
+                }
+            }
+        }
+
+        #[test]
+        fn a_local_connection_is_the_balancer_s_own() {
+            let any: SocketAddr = "192.0.2.1:1".parse().unwrap();
+            let (r, _) = read(&header(0x0, any, any, &[]));
+            assert_eq!(r.unwrap(), None);
+        }
+
+        #[test]
+        fn what_is_not_a_proxy_header_is_refused_with_its_reason() {
+            // A TLS ClientHello's first bytes, as a client that does not
+            // go through the balancer would send.
+            let mut hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
+            hello.resize(64, 0);
+            let e = read(&hello).0.unwrap_err();
+            assert!(
+                e.to_string().contains("not a PROXY protocol v2 header"),
+                "{e}"
+            );
+            let any: SocketAddr = "192.0.2.1:1".parse().unwrap();
+            let mut long = header(0x1, any, any, &[]);
+            long[14..16].copy_from_slice(&2000u16.to_be_bytes());
+            let (r, consumed) = read(&long);
+            assert!(r.unwrap_err().to_string().contains("over the 1024 read"));
+            assert_eq!(consumed, 16, "nothing of it read past the fixed part");
+            let mut v1 = header(0x1, any, any, &[]);
+            v1[12] = 0x11;
+            assert!(read(&v1).0.is_err(), "version 1 in the binary form");
+            assert!(
+                read(&header(0x1, any, any, &[])[..20]).0.is_err(),
+                "cut short"
+            );
+        }
     }
 
     #[cfg(feature = "server")]

@@ -56,6 +56,24 @@ pub struct ServeArgs {
     /// the same number).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// Of those, how many one source address gets a second (its own
+    /// bucket, bursts up to the same number; an IPv6 address counts with
+    /// its /64): a flood from one address leaves the rest of the bucket to
+    /// everyone else. Refusals are counted in `handshakes_total` with
+    /// `outcome="address_rate"`. Behind a NAT or a balancer that does not
+    /// pass the client's address (see --proxy-protocol-from), raise it to
+    /// --handshake-rate.
+    #[arg(long, default_value_t = crate::gateway::admission::DEFAULT_HANDSHAKE_RATE_PER_ADDRESS)]
+    handshake_rate_per_address: u32,
+    /// The address of a layer-4 load balancer in front of this gateway that
+    /// sends a PROXY protocol v2 header (HAProxy's `send-proxy-v2`, an AWS
+    /// NLB's proxy protocol v2) ahead of each connection; repeat it, or
+    /// separate addresses with commas, for several. A connection from one
+    /// of them must start with the header, and the client's address in it
+    /// is the one the per-address caps and rates count; a connection from
+    /// any other address is read as plain TLS.
+    #[arg(long, value_delimiter = ',', value_name = "ADDRESS")]
+    proxy_protocol_from: Vec<std::net::IpAddr>,
     /// Hello transactions a second this gateway takes: with the handshake
     /// rate, it sizes the window nodes spread their first redial over.
     #[arg(long, default_value_t = 2000)]
@@ -145,6 +163,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         node_lease_ttl: a.node_lease_ttl,
         gateway_loss_grace: a.gateway_loss_grace,
         handshake_rate: a.handshake_rate,
+        handshake_rate_per_address: a.handshake_rate_per_address,
         drain_within: a.drain_within,
         controller_lease_ttl: a.controller_lease_ttl,
         hello_capacity: a.hello_capacity,
@@ -161,6 +180,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
                 .api_listen
                 .unwrap_or_else(|| crate::serve::default_api_listen(a.listen)),
             listen: a.listen,
+            proxy_protocol_from: a.proxy_protocol_from,
             sans: a.sans,
             gateway_id: a.gateway_id,
             timing,

@@ -114,6 +114,13 @@ impl TokenBucket {
         }
     }
 
+    /// Whether the bucket would be back at its burst by `now_ms`: one
+    /// that is full can be forgotten and made again.
+    pub fn full(&self, now_ms: u64) -> bool {
+        let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.tokens + elapsed * self.rate >= self.burst
+    }
+
     pub fn take(&mut self, now_ms: u64) -> bool {
         let elapsed = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
         self.last_ms = self.last_ms.max(now_ms);
@@ -132,7 +139,29 @@ pub const MAX_KNOWN: usize = 65_536;
 /// How long an address stays known after its last authenticated handshake.
 pub const KNOWN_FOR_MS: u64 = 60 * 60 * 1000;
 
-/// Handshake admission, sans-IO: the open bucket for everyone, and a
+/// The per-address rate a gateway starts with (`--handshake-rate-per-address`):
+/// a quarter of the default bucket, so one address, however hard it dials,
+/// leaves three quarters of the open bucket to everyone else.
+pub const DEFAULT_HANDSHAKE_RATE_PER_ADDRESS: u32 = 50;
+
+/// Addresses given a bucket of their own, at most. Past it (more addresses
+/// dialing at once than this within a second or two) a new address is
+/// held to the shared buckets alone: the per-address rule is for fairness,
+/// and failing open keeps a spray from many addresses from locking out
+/// new ones.
+pub const MAX_RATED_ADDRESSES: usize = 65_536;
+
+/// Why [`Admitter::admit`] refused a handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The source address is over its own rate.
+    AddressRate,
+    /// The shared bucket (and the reserve, for a known node) is empty.
+    Rate,
+}
+
+/// Handshake admission, sans-IO: a bucket per source address
+/// (`per_address` a second), then the open bucket for everyone, and a
 /// reserve of the same rate for addresses that lately authenticated as a
 /// node.
 #[derive(Debug, Clone)]
@@ -140,29 +169,60 @@ pub struct Admitter {
     open: TokenBucket,
     reserve: TokenBucket,
     known: std::collections::HashMap<std::net::IpAddr, u64>,
+    per_address: u32,
+    rated: std::collections::HashMap<std::net::IpAddr, TokenBucket>,
 }
 
 impl Admitter {
-    pub fn new(rate: u32, now_ms: u64) -> Admitter {
+    pub fn new(rate: u32, per_address: u32, now_ms: u64) -> Admitter {
         Admitter {
             open: TokenBucket::new(rate, now_ms),
             reserve: TokenBucket::new(rate, now_ms),
             known: std::collections::HashMap::new(),
+            per_address,
+            rated: std::collections::HashMap::new(),
         }
     }
 
-    pub fn admit(&mut self, remote: std::net::IpAddr, now_ms: u64) -> bool {
+    pub fn admit(&mut self, remote: std::net::IpAddr, now_ms: u64) -> Result<(), Refused> {
+        let remote = tls::PerAddress::key(remote);
+        if !self.take_for(remote, now_ms) {
+            return Err(Refused::AddressRate);
+        }
         if self.open.take(now_ms) {
-            return true;
+            return Ok(());
         }
         let known = self
             .known
             .get(&remote)
             .is_some_and(|at| now_ms.saturating_sub(*at) <= KNOWN_FOR_MS);
-        known && self.reserve.take(now_ms)
+        if known && self.reserve.take(now_ms) {
+            Ok(())
+        } else {
+            Err(Refused::Rate)
+        }
+    }
+
+    /// A token from `remote`'s own bucket.
+    fn take_for(&mut self, remote: std::net::IpAddr, now_ms: u64) -> bool {
+        if let Some(bucket) = self.rated.get_mut(&remote) {
+            return bucket.take(now_ms);
+        }
+        if self.rated.len() >= MAX_RATED_ADDRESSES {
+            // A bucket that has refilled says nothing a new one would not.
+            self.rated.retain(|_, b| !b.full(now_ms));
+            if self.rated.len() >= MAX_RATED_ADDRESSES {
+                return true;
+            }
+        }
+        let mut bucket = TokenBucket::new(self.per_address, now_ms);
+        let ok = bucket.take(now_ms);
+        self.rated.insert(remote, bucket);
+        ok
     }
 
     pub fn authenticated(&mut self, remote: std::net::IpAddr, now_ms: u64) {
+        let remote = tls::PerAddress::key(remote);
         if self.known.len() >= MAX_KNOWN && !self.known.contains_key(&remote) {
             self.known
                 .retain(|_, at| now_ms.saturating_sub(*at) <= KNOWN_FOR_MS);
@@ -186,11 +246,12 @@ pub struct HandshakeBucket {
 impl HandshakeBucket {
     pub fn new(
         rate: u32,
+        per_address: u32,
         metrics: std::sync::Arc<crate::metrics::ServerMetrics>,
     ) -> HandshakeBucket {
         HandshakeBucket {
             start: crate::clock::mono(),
-            bucket: std::sync::Mutex::new(Admitter::new(rate, 0)),
+            bucket: std::sync::Mutex::new(Admitter::new(rate, per_address, 0)),
             refused: std::sync::atomic::AtomicU64::new(0),
             metrics,
         }
@@ -213,32 +274,44 @@ impl tls::Admission for HandshakeBucket {
 
     fn admit(&self, remote: std::net::IpAddr) -> bool {
         let now = self.start.elapsed().as_millis() as u64;
-        let ok = self
+        let outcome = self
             .bucket
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .admit(remote, now);
-        self.metrics.handshake(ok);
-        if !ok {
-            let n = self
-                .refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n.is_multiple_of(1000) {
-                warn!(
+        self.metrics.handshake(match outcome {
+            Ok(()) => "admitted",
+            Err(Refused::Rate) => "refused",
+            Err(Refused::AddressRate) => "address_rate",
+        });
+        let Err(why) = outcome else {
+            return true;
+        };
+        let n = self
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n.is_multiple_of(1000) {
+            match why {
+                Refused::Rate => warn!(
                     refused = n + 1,
                     "over the handshake rate; closing connections before their handshake"
-                );
+                ),
+                Refused::AddressRate => warn!(
+                    refused = n + 1,
+                    %remote,
+                    "an address over --handshake-rate-per-address; closing its connections before their handshake"
+                ),
             }
         }
-        ok
+        false
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        ABSORPTION_WINDOW_S, Absorption, Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN, TokenBucket,
-        first_retry_window, fleet_absorbs,
+        ABSORPTION_WINDOW_S, Absorption, Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN,
+        MAX_RATED_ADDRESSES, Refused, TokenBucket, first_retry_window, fleet_absorbs,
     };
 
     #[test]
@@ -284,29 +357,79 @@ mod tests {
     fn a_flood_from_strangers_leaves_known_nodes_a_bucket_of_their_own() {
         let node: std::net::IpAddr = "10.0.0.7".parse().unwrap();
         let stranger: std::net::IpAddr = "203.0.113.9".parse().unwrap();
-        let mut a = Admitter::new(10, 0);
+        let mut a = Admitter::new(10, 1_000_000, 0);
         a.authenticated(node, 0);
         // The stranger empties the open bucket.
-        let admitted = (0..1_000).filter(|_| a.admit(stranger, 0)).count();
+        let admitted = (0..1_000).filter(|_| a.admit(stranger, 0).is_ok()).count();
         assert_eq!(admitted, 10);
         // The node still gets in, at the reserve's rate, and no further.
-        assert_eq!((0..100).filter(|_| a.admit(node, 0)).count(), 10);
-        assert!(!a.admit(stranger, 0));
+        assert_eq!((0..100).filter(|_| a.admit(node, 0).is_ok()).count(), 10);
+        assert_eq!(a.admit(stranger, 0), Err(Refused::Rate));
         // A second on, both buckets have refilled: the open one first.
-        assert!(a.admit(stranger, 1_000));
+        assert!(a.admit(stranger, 1_000).is_ok());
         // An address stays known for an hour after its last handshake.
-        let mut a = Admitter::new(1, 0);
+        let mut a = Admitter::new(1, 1_000_000, 0);
         a.authenticated(node, 0);
-        assert!(a.admit(stranger, 0));
-        assert!(a.admit(node, 0), "the reserve");
+        assert!(a.admit(stranger, 0).is_ok());
+        assert!(a.admit(node, 0).is_ok(), "the reserve");
         let later = KNOWN_FOR_MS + 5_000;
-        assert!(a.admit(stranger, later));
-        assert!(!a.admit(node, later), "no longer known");
+        assert!(a.admit(stranger, later).is_ok());
+        assert!(a.admit(node, later).is_err(), "no longer known");
+    }
+
+    #[test]
+    fn one_address_gets_its_own_rate_and_leaves_the_rest_to_everyone_else() {
+        let flood: std::net::IpAddr = "203.0.113.9".parse().unwrap();
+        let mut a = Admitter::new(200, 50, 0);
+        let taken = (0..10_000).filter(|_| a.admit(flood, 0).is_ok()).count();
+        assert_eq!(taken, 50, "a burst of its own rate");
+        assert_eq!(a.admit(flood, 0), Err(Refused::AddressRate));
+        // 150 strangers from 150 other addresses all get in in the same
+        // millisecond: what the flood left of the open bucket.
+        let others = (0..150u8)
+            .filter(|i| {
+                a.admit(std::net::IpAddr::from([198, 51, 100, *i]), 0)
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(others, 150);
+        // A second later the flood has 50 more, no more.
+        let taken = (0..10_000)
+            .filter(|_| a.admit(flood, 1_000).is_ok())
+            .count();
+        assert_eq!(taken, 50);
+        // An IPv6 flood counts by its /64, whatever the low bits.
+        let mut a = Admitter::new(200, 5, 0);
+        let v6 = (0..100u16)
+            .filter(|i| {
+                let ip = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, *i);
+                a.admit(ip.into(), 0).is_ok()
+            })
+            .count();
+        assert_eq!(v6, 5);
+    }
+
+    #[test]
+    fn the_rated_addresses_stay_bounded_and_fail_open_past_it() {
+        let mut a = Admitter::new(u32::MAX, 1, 0);
+        for i in 0..(MAX_RATED_ADDRESSES as u32) {
+            assert!(a.admit(std::net::IpAddr::from(i.to_be_bytes()), 0).is_ok());
+        }
+        assert_eq!(a.rated.len(), MAX_RATED_ADDRESSES);
+        // Full: a new address is held to the shared buckets alone.
+        let newcomer: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        assert!(a.admit(newcomer, 0).is_ok());
+        assert!(a.admit(newcomer, 0).is_ok());
+        assert_eq!(a.rated.len(), MAX_RATED_ADDRESSES);
+        // A second on, every bucket has refilled and is forgotten.
+        assert!(a.admit(newcomer, 1_000).is_ok());
+        assert_eq!(a.rated.len(), 1);
+        assert!(a.admit(newcomer, 1_000).is_err(), "rated again");
     }
 
     #[test]
     fn the_known_addresses_stay_bounded() {
-        let mut a = Admitter::new(1, 0);
+        let mut a = Admitter::new(1, 1, 0);
         for i in 0..(MAX_KNOWN as u32 + 10) {
             a.authenticated(std::net::IpAddr::from(i.to_be_bytes()), 0);
         }

@@ -74,6 +74,8 @@ pub struct Timing {
     pub max_pending_hellos: usize,
     /// TLS handshakes admitted per second.
     pub handshake_rate: u32,
+    /// Of those, from one source address.
+    pub handshake_rate_per_address: u32,
     /// On shutdown, nodes reconnect at random within this.
     pub drain_within: Duration,
     /// The controllers' table leases (renewed every third of it).
@@ -108,6 +110,7 @@ impl Default for Timing {
             outage_hold: Duration::from_secs(300),
             max_pending_hellos: DEFAULT_MAX_PENDING_HELLOS,
             handshake_rate: 200,
+            handshake_rate_per_address: admission::DEFAULT_HANDSHAKE_RATE_PER_ADDRESS,
             drain_within: Duration::from_secs(60),
             controller_lease_ttl: crate::controllers::lease::DEFAULT_TTL,
             hello_capacity: 2_000,

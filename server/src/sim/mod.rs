@@ -351,6 +351,9 @@ async fn start_gateway(
     // Every simulated node reaches the gateway through a balancer on
     // loopback, as behind a layer-4 balancer: one source address.
     cmd.args(["--max-connections-per-address", "20000"]);
+    // Each agent host carries many nodes from its one address: an address
+    // gets the whole bucket, as a NAT's would.
+    cmd.args(["--handshake-rate-per-address", &handshake_rate.to_string()]);
     let mut child = cmd
         .env("BC_LOG", "warn")
         .stdout(std::process::Stdio::piped())

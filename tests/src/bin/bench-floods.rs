@@ -4,7 +4,8 @@
 //! loopback. Hostile peers dial from 127.0.0.2 and up; real nodes dial
 //! from 127.0.0.1. Phase by phase the hostile load grows and stays, and
 //! each phase prints what it costs a real node (an enrolled node's
-//! restart back to connected; a new node's join and connect), what the
+//! restart back to connected; a new node's join and connect; a stranger's
+//! TLS handshake from an address the gateway has never seen), what the
 //! boot endpoint still answers, and the server's resident memory:
 //!
 //! 1. nothing: the baseline;
@@ -12,7 +13,8 @@
 //!    that trickle a ClientHello a byte a second, on the gateway port and
 //!    on the boot endpoint;
 //! 3. a flood of unauthenticated TLS handshakes, as fast as the flooders
-//!    go (the handshake bucket is `--handshake-rate`);
+//!    go, from `--flood-addresses` addresses (the handshake bucket is
+//!    `--handshake-rate`, each address's own `--handshake-rate-per-address`);
 //! 4. a stream flood: with an enrolled node's certificate, session streams
 //!    that never send a Hello, as many as the connections allow.
 //!
@@ -52,9 +54,17 @@ struct Args {
     /// (each carries as many silent session streams as the server allows).
     #[arg(long, default_value_t = 8)]
     stream_connections: usize,
+    /// The addresses the handshake flood dials from (the flooders share
+    /// them).
+    #[arg(long, default_value_t = 1)]
+    flood_addresses: usize,
     /// `--handshake-rate` of the gateway.
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
+    /// `--handshake-rate-per-address` of the gateway (set it to
+    /// --handshake-rate to see the flood without it).
+    #[arg(long, default_value_t = 50)]
+    handshake_rate_per_address: u32,
 }
 
 /// A loopback address for hostile peer `i` (127.0.0.2 and up, 100 per
@@ -109,8 +119,36 @@ async fn boot_answer(boot: SocketAddr) -> String {
     }
 }
 
+/// A stranger's TLS handshake (no client certificate) from an address the
+/// gateway has never seen, tried again every 100 ms as a client backing
+/// off would: the time to the first one that completes.
+async fn stranger_handshake(
+    from: [u8; 4],
+    gateway: SocketAddr,
+    config: Arc<tokio_rustls::rustls::ClientConfig>,
+) -> String {
+    let start = Instant::now();
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = rustls_pki_types::ServerName::try_from(bcd_proto::GATEWAY_NAME).unwrap();
+    let mut tries = 0;
+    while start.elapsed() < Duration::from_secs(30) {
+        tries += 1;
+        if let Ok(tcp) = dial(from, gateway).await
+            && let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_secs(5), connector.connect(name.clone(), tcp))
+                    .await
+        {
+            return format!("{} ms ({tries} tries)", start.elapsed().as_millis());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    format!("none within 30 s ({tries} tries)")
+}
+
 struct Probe<'a> {
     server: &'a Server,
+    tls: Arc<tokio_rustls::rustls::ClientConfig>,
+    strangers: u8,
     enrolled: Node,
     enrolled_id: String,
     dir: std::path::PathBuf,
@@ -169,9 +207,15 @@ impl Probe<'_> {
         let reconnect = ms(self.reconnect());
         let newcomer = ms(self.newcomer());
         let boot = rt.block_on(boot_answer(self.server.boot.expect("boot endpoint")));
+        self.strangers = self.strangers.wrapping_add(1);
+        let stranger = rt.block_on(stranger_handshake(
+            [127, 0, 9, self.strangers],
+            self.server.addr,
+            self.tls.clone(),
+        ));
         let rss = rss_kib(self.server.proc.pid()).unwrap_or(0);
         println!(
-            "{phase:<38} enrolled node back in {reconnect:>10}; new node joined+connected in {newcomer:>10}; boot endpoint answered in {boot:>8}; server RSS {} MiB",
+            "{phase:<38} enrolled node back in {reconnect:>10}; new node joined+connected in {newcomer:>10}; a stranger's handshake from a new address in {stranger:>18}; boot endpoint answered in {boot:>8}; server RSS {} MiB",
             rss / 1024
         );
     }
@@ -185,20 +229,34 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let rate = args.handshake_rate.to_string();
+    let per_address = args.handshake_rate_per_address.to_string();
     let server = Server::start(
         &d.path().join("server"),
-        &["--boot-listen", "127.0.0.1:0", "--handshake-rate", &rate],
+        &[
+            "--boot-listen",
+            "127.0.0.1:0",
+            "--handshake-rate",
+            &rate,
+            "--handshake-rate-per-address",
+            &per_address,
+        ],
     )?;
     println!(
-        "bench-floods: one gateway on loopback, --handshake-rate {}, hostile peers from 127.0.0.2 and up",
-        args.handshake_rate
+        "bench-floods: one gateway on loopback, --handshake-rate {}, --handshake-rate-per-address {}, hostile peers from 127.0.0.2 and up, strangers from 127.0.9.1 and up",
+        args.handshake_rate, args.handshake_rate_per_address
     );
+    let ca = std::fs::read(server.dir.join("ca.crt"))?;
+    let ca = rustls_pki_types::CertificateDer::from_pem_slice(&ca)
+        .map_err(|e| anyhow::anyhow!("ca.crt: {e}"))?;
+    let config = bcd_proto::tls::client_config(bcd_proto::tls::ServerTrust::Ca(ca), None)?;
     let enrolled = Node::new(&d.path().join("enrolled"), 7);
     let out = enrolled.join(&server.url(), &server.token(1));
     anyhow::ensure!(out.status.success(), "join: {}", bc_tests::stderr(&out));
     let enrolled_id = enrolled.id();
     let mut probe = Probe {
         server: &server,
+        tls: config.clone(),
+        strangers: 0,
         enrolled,
         enrolled_id,
         dir: d.path().to_path_buf(),
@@ -269,10 +327,6 @@ fn main() -> anyhow::Result<()> {
     );
 
     // 3. Unauthenticated handshakes, back to back.
-    let ca = std::fs::read(server.dir.join("ca.crt"))?;
-    let ca = rustls_pki_types::CertificateDer::from_pem_slice(&ca)
-        .map_err(|e| anyhow::anyhow!("ca.crt: {e}"))?;
-    let config = bcd_proto::tls::client_config(bcd_proto::tls::ServerTrust::Ca(ca), None)?;
     let done = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(AtomicU64::new(0));
     let flood_stop = Arc::new(AtomicBool::new(false));
@@ -285,7 +339,8 @@ fn main() -> anyhow::Result<()> {
             refused.clone(),
             flood_stop.clone(),
         );
-        let from = hostile(args.idle + 2 * args.slowloris + 100 + i * 100);
+        let from =
+            hostile(args.idle + 2 * args.slowloris + 100 + (i % args.flood_addresses.max(1)) * 100);
         flooders.push(rt.spawn(async move {
             let connector = tokio_rustls::TlsConnector::from(config);
             let name = rustls_pki_types::ServerName::try_from(bcd_proto::GATEWAY_NAME).unwrap();
@@ -307,7 +362,13 @@ fn main() -> anyhow::Result<()> {
         }));
     }
     std::thread::sleep(Duration::from_secs(2));
-    probe.report("3. + unauthenticated handshake flood", &rt);
+    probe.report(
+        &format!(
+            "3. + handshake flood from {} address(es)",
+            args.flood_addresses.max(1)
+        ),
+        &rt,
+    );
     let secs = flood_start.elapsed().as_secs_f64();
     println!(
         "   flood: {:.0} handshakes/s completed, {:.0}/s closed before or during the handshake",

@@ -231,6 +231,8 @@ fn main() -> anyhow::Result<()> {
         &args.handshake_rate.to_string(),
         "--max-connections-per-address",
         "20000",
+        "--handshake-rate-per-address",
+        &args.handshake_rate.to_string(),
     ];
     let server = match &store_url {
         Some(url) => Server::start_postgres(&d.path().join("server"), url, &serve_args)?,
