@@ -484,6 +484,108 @@ fn a_rollout_resumes_after_the_control_plane_crashes_mid_wave() {
     }
 }
 
+/// Two key-holding gateways on one PostgreSQL store, the rollout
+/// controller's lease on gw-a: gw-a is killed (SIGKILL) with the first
+/// wave's upgrade issued, gw-b takes the lease over and finishes the
+/// rollout from the store's record: every node upgraded once, no command
+/// issued twice, and the rollout done.
+#[test]
+fn a_rollout_taken_over_mid_wave_is_finished_by_the_next_holder() {
+    let url = bc_tests::postgres_database("rollover");
+    let f = bc_tests::fleet_on(Some(&url), &["--gateway-id", "gw-a"]);
+    let public = std::fs::read_to_string(f.key.with_extension("key.pub")).unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "gw-a to hold the rollout controller",
+        || {
+            f.server
+                .proc
+                .log()
+                .contains("holding the controller lease; running it lease=controller:rollouts owner=gw-a")
+                .then_some(())
+        },
+    );
+    let mut args = bc_tests::FAST.to_vec();
+    args.extend(["--release-pubkey", public.trim(), "--gateway-id", "gw-b"]);
+    let b = Server::start_postgres(&f.server.dir, &url, &args).unwrap();
+    let front = bc_tests::Front::new();
+    front.set("gw-a", Some(f.server.addr));
+    front.set("gw-b", Some(b.addr));
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let mut node = Node::new(&f.d.path().join(format!("t{i}")), 0);
+            node.host_root = Some(std::path::PathBuf::from("/"));
+            node.binary = Some(bc_tests::static_bcd());
+            let out = node.join(&front.url(), &b.token(1));
+            assert!(out.status.success(), "join: {}", stderr(&out));
+            node
+        })
+        .collect();
+    for n in &mut nodes {
+        supervise(n);
+    }
+    for n in &nodes {
+        wait_connected(&b, &n.id());
+    }
+    f.release(&f.bcd_release("0.2.0"), "0.2.0", 2);
+    let out = f
+        .server
+        .cli(&["rollouts", "start", "2", "--waves", "33%,100%", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rollout = r["id"].as_str().unwrap().to_string();
+    let status = |server: &Server| -> serde_json::Value {
+        let out = server.cli(&["rollouts", "status", &rollout, "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // The first wave's upgrade is issued and the second wave's are not:
+    // gw-a dies there, with the lease.
+    let s = wait_for(Duration::from_secs(60), "the first wave's command", || {
+        let s = status(&f.server);
+        let issued = s["nodes"]
+            .as_array()?
+            .iter()
+            .filter(|n| n["status"] != "waiting")
+            .count();
+        (issued >= 1).then_some(s)
+    });
+    let mut a = f.server;
+    a.proc.kill();
+    front.set("gw-a", None);
+    let waiting = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["status"] == "waiting")
+        .count();
+    assert_eq!(waiting, 2, "killed mid-wave, before the second wave: {s}");
+    let s = wait_for(Duration::from_secs(120), "gw-b to finish the rollout", || {
+        Some(status(&b)).filter(|s| s["state"] != "running")
+    });
+    if s["state"] != "done" {
+        let logs: Vec<String> = nodes.iter_mut().map(|n| n.proc().log()).collect();
+        panic!("{s}\n{}\n{}", b.proc.log(), logs.join("\n-----\n"));
+    }
+    assert!(
+        b.proc.log().contains(
+            "holding the controller lease; running it lease=controller:rollouts owner=gw-b"
+        ),
+        "{}",
+        b.proc.log()
+    );
+    for n in &nodes {
+        let upgrades: Vec<_> = b
+            .commands(&n.id())
+            .into_iter()
+            .filter(|c| c.kind == "daemon.upgrade")
+            .collect();
+        assert_eq!(upgrades.len(), 1, "{upgrades:?}");
+        assert_eq!(upgrades[0].state, "succeeded", "{upgrades:?}");
+        assert_eq!(update_state(n)["floor"], 2);
+    }
+}
+
 #[test]
 fn aborting_cancels_upgrades_not_yet_dispatched() {
     let f = fleet();
