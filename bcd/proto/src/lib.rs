@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attest;
+pub mod doctor;
 pub mod gateways;
 pub mod hello;
 pub mod joined;

@@ -1,7 +1,7 @@
 //! `better-compute doctor`: what an operator runs on a control-plane host
 //! that will not start, a fleet whose nodes cannot connect, a certificate
 //! about to run out. Each check says ok, warn or fail with what to do
-//! next, in the node doctor's format (`bcd_agent::doctor::Report`: the
+//! next, in the node doctor's format (`bcd_proto::doctor::Report`: the
 //! same text, `--json` and exit codes: 0 all ok, 1 a failure, 2 warnings
 //! only).
 //!
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bc_store::Location;
-pub use bcd_agent::doctor::{Check, Level, Report};
+pub use bcd_proto::doctor::{Check, Level, Report};
 
 /// The public keys `serve` runs with, recorded in the data directory at
 /// each start so that the doctor can check what the store holds.
