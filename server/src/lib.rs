@@ -42,5 +42,4 @@ pub mod metrics;
 pub mod pki;
 pub mod serve;
 pub mod services;
-pub mod sim;
 pub mod systemd;

@@ -1118,7 +1118,7 @@ pub fn postgres_database(prefix: &str) -> String {
 #[derive(Debug)]
 pub struct Front {
     rt: tokio::runtime::Runtime,
-    pub balancer: std::sync::Arc<better_compute::sim::proxy::Balancer>,
+    pub balancer: std::sync::Arc<bc_sim::proxy::Balancer>,
 }
 
 impl Front {
@@ -1129,7 +1129,7 @@ impl Front {
             .build()
             .expect("a runtime for the balancer");
         let balancer = rt
-            .block_on(better_compute::sim::proxy::Balancer::start())
+            .block_on(bc_sim::proxy::Balancer::start())
             .expect("the balancer listens");
         Front { rt, balancer }
     }

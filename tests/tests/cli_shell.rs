@@ -112,10 +112,8 @@ fn a_manual_page_for_every_command_renders() {
         assert!(pages.contains(&want.to_string()), "{want} in {pages:?}");
     }
     assert!(
-        !pages
-            .iter()
-            .any(|p| p.contains("sim-host") || p.ends_with("-help.1")),
-        "hidden commands and help get no page: {pages:?}"
+        !pages.iter().any(|p| p.ends_with("-help.1")),
+        "help gets no page: {pages:?}"
     );
     for page in &pages {
         let shown = Command::new("man")

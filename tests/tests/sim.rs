@@ -22,8 +22,8 @@ fn sim_with(
     seed: u64,
     duration: &str,
 ) -> serde_json::Value {
-    let out = Command::new(bin("better-compute"))
-        .args(["sim", "--gateways", "3", "--json"])
+    let out = Command::new(bin("bc-sim"))
+        .args(["--gateways", "3", "--json"])
         .args(extra)
         .args(["--nodes", &nodes.to_string(), "--chaos", chaos])
         .args(["--seed", &seed.to_string(), "--duration", duration])

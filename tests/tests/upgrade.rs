@@ -501,7 +501,9 @@ fn a_rollout_taken_over_mid_wave_is_finished_by_the_next_holder() {
             f.server
                 .proc
                 .log()
-                .contains("holding the controller lease; running it lease=controller:rollouts owner=gw-a")
+                .contains(
+                    "holding the controller lease; running it lease=controller:rollouts owner=gw-a",
+                )
                 .then_some(())
         },
     );
@@ -560,9 +562,11 @@ fn a_rollout_taken_over_mid_wave_is_finished_by_the_next_holder() {
         .filter(|n| n["status"] == "waiting")
         .count();
     assert_eq!(waiting, 2, "killed mid-wave, before the second wave: {s}");
-    let s = wait_for(Duration::from_secs(120), "gw-b to finish the rollout", || {
-        Some(status(&b)).filter(|s| s["state"] != "running")
-    });
+    let s = wait_for(
+        Duration::from_secs(120),
+        "gw-b to finish the rollout",
+        || Some(status(&b)).filter(|s| s["state"] != "running"),
+    );
     if s["state"] != "done" {
         let logs: Vec<String> = nodes.iter_mut().map(|n| n.proc().log()).collect();
         panic!("{s}\n{}\n{}", b.proc.log(), logs.join("\n-----\n"));

@@ -9,7 +9,7 @@
 //!
 //! It must never be linked into a release `bcd`: only the `fakehw` feature
 //! of the `bcd` binary package (`bcd/bin`) pulls it in, for `bcd sim` and
-//! `--fake-hw`; the server's simulator (`better-compute sim`) and the system
+//! `--fake-hw`; the server's simulator (`bc-sim`) and the system
 //! tests use it directly. Its neighbours: `bcd-agent` (the traits and the
 //! daemon it drives), `bcd-core` (its seeded generator).
 #![forbid(unsafe_code)]

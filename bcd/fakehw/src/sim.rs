@@ -6,7 +6,7 @@
 //! happens to machines: the daemon crashes (its task dies at whatever it
 //! was waiting on, with only what it made durable), the journal is lost,
 //! the machine reboots. `bcd sim` runs a fleet until stopped;
-//! `better-compute sim` adds gateways, chaos and the invariant checks.
+//! `bc-sim` adds gateways, chaos and the invariant checks.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -72,7 +72,7 @@ pub fn raise_fd_limit() -> u64 {
 
 /// Open files one simulated agent costs: its journal (database, WAL and
 /// shared memory), its TLS socket, room for a join or a renewal, and the two
-/// sockets of its link through `better-compute sim`'s balancer.
+/// sockets of its link through `bc-sim`'s balancer.
 pub const FILES_PER_NODE: u64 = 8;
 
 /// The wait after a simulated node's first failed join; it doubles after

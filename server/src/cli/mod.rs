@@ -23,7 +23,6 @@ mod rollouts;
 mod secrets;
 mod serve;
 mod shell;
-mod sim;
 mod ticket_keys;
 mod tokens;
 
@@ -82,8 +81,7 @@ struct Cli {
     server: Option<String>,
     /// The store `serve` and `check` use: `postgres://USER@HOST/DATABASE`
     /// (several gateway hosts), or `sqlite:PATH`; the SQLite file store.db
-    /// in --data-dir by default. For `sim`: sqlite, postgres (a throw-away
-    /// cluster for the run) or a postgres:// address.
+    /// in --data-dir by default.
     #[arg(long, global = true, env = "BC_STORE", hide_env_values = true)]
     store: Option<String>,
     /// How verbs print: `table` for people, `json` for scripts (the same
@@ -177,16 +175,6 @@ enum Command {
         #[command(subcommand)]
         command: images::ImagesCommand,
     },
-    /// Run a whole fleet on this machine: real gateways behind a balancer,
-    /// fakehw agents, a workload and seeded faults; then check the
-    /// invariants. Exits non-zero if one is violated.
-    Sim(sim::SimArgs),
-    /// One agent host of `sim` (started by it; orders on stdin).
-    #[command(hide = true)]
-    SimHost {
-        #[command(flatten)]
-        opts: crate::sim::host::HostOptions,
-    },
     /// Backup sets of the store and keys, and restores.
     Backup {
         #[command(subcommand)]
@@ -220,12 +208,12 @@ impl Target {
     }
 }
 
-fn init_logging(default: tracing::Level) {
+fn init_logging() {
     bcd_sys::log::init(bcd_sys::log::LogConfig {
         // `info`, `debug`, `info,bc_store=debug`: target=level directives.
         filter_var: "BC_LOG",
         format_var: "BC_LOG_FORMAT",
-        default,
+        default: tracing::Level::INFO,
         // The connection pool logs the driver's words about each broken
         // connection; the store says what failed, with the database's code
         // (`bc_store::error::describe`), once.
@@ -261,8 +249,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args, cli.data_dir, cli.store)
             .await
             .map(|()| done),
-        Command::Sim(args) => sim::run(args, cli.store).await.map(|()| done),
-        Command::SimHost { opts } => crate::sim::host::run_host(opts).await.map(|()| done),
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
             .await
             .map(|()| done),
@@ -328,15 +314,7 @@ pub fn main() -> ExitCode {
         Err(code) => return code,
     };
     output::set_format(cli.output);
-    // A simulation runs thousands of agents in this process: their
-    // per-session lines would drown the progress display.
-    init_logging(
-        if matches!(cli.command, Command::Sim { .. } | Command::SimHost { .. }) {
-            tracing::Level::WARN
-        } else {
-            tracing::Level::INFO
-        },
-    );
+    init_logging();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

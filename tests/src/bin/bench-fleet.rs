@@ -42,8 +42,8 @@ fn main() -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for store in &args.stores {
         eprintln!("bench-fleet: {} nodes on {store} ...", args.nodes);
-        let out = Command::new(bc_tests::bin("better-compute"))
-            .args(["sim", "--gateways", "3", "--chaos", "kill", "--json"])
+        let out = Command::new(bc_tests::bin("bc-sim"))
+            .args(["--gateways", "3", "--chaos", "kill", "--json"])
             .args(["--nodes", &args.nodes.to_string()])
             .args(["--duration", &args.duration, "--timings", &args.timings])
             .args(["--handshake-rate", &args.handshake_rate.to_string()])

@@ -18,13 +18,13 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bc_sim::NodeState;
 use bc_store::nodes::IssuedCert;
 use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
 use bc_store::sessions::HelloInput;
 use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{Location, Store, SystemClock};
 use bc_tests::{Node, Server, cpu_secs, rss_kib, wait_for};
-use better_compute::sim::NodeState;
 use clap::Parser;
 
 #[derive(Debug, Parser)]

@@ -1,5 +1,5 @@
 //! Agent hosts: the simulated fleet runs in a few child processes
-//! (`better-compute sim-host`), each with up to [`NODES_PER_HOST`] agents
+//! (`bc-sim host`), each with up to [`NODES_PER_HOST`] agents
 //! and its own balancer in front of every gateway, so no process needs more
 //! open files than a default limit allows (each agent costs a journal, a TLS
 //! socket and the two sockets of its link through the balancer).
@@ -104,7 +104,7 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// The child: `better-compute sim-host`. Prints the balancer's address,
+/// The child: `bc-sim host`. Prints the balancer's address,
 /// then stats lines until told to stop.
 pub async fn run_host(opts: HostOptions) -> anyhow::Result<()> {
     let balancer = Balancer::start_from(opts.source).await?;
@@ -253,7 +253,7 @@ impl Hosts {
             let n = per_host.min(nodes - first);
             let log = std::fs::File::create(dir.join(format!("host-{h}.log")))?;
             let mut child = tokio::process::Command::new(&exe)
-                .arg("sim-host")
+                .arg("host")
                 .arg("--dir")
                 .arg(dir)
                 .args(["--first", &first.to_string(), "--count", &n.to_string()])

@@ -1,5 +1,7 @@
-//! `better-compute sim`: a whole fleet on one machine, under chaos, with the
-//! invariants checked at the end.
+//! `bc-sim`: a whole fleet on one machine, under chaos, with the invariants
+//! checked at the end. It is a crate and binary of its own, beside
+//! `better-compute`, so the control plane links neither the agent nor the
+//! fake hardware.
 //!
 //! The server side is real: G `better-compute serve` processes (gateways,
 //! each with the join service, operator API, liveness and rollout
@@ -11,7 +13,7 @@
 //! of signed commands (each a real program whose side effect lands in the
 //! node's `effects` file, counted outside the journal) and GPU assignments
 //! runs while the faults of a seeded schedule ([`chaos`]) happen. Then the
-//! fleet is given time to settle, and [`crate::check`] runs over the store
+//! fleet is given time to settle, and [`better_compute::check`] runs over the store
 //! and what the nodes recorded.
 
 pub mod chaos;
@@ -32,7 +34,7 @@ use tokio::sync::Mutex;
 
 use bc_store::Store;
 
-use crate::check;
+use better_compute::check;
 use chaos::{Fault, Level};
 use host::{Hosts, Order};
 
@@ -319,13 +321,27 @@ fn clock_offset_file(dir: &Path, slot: usize) -> PathBuf {
     dir.join(format!("clock-{slot}.offset"))
 }
 
+/// The `better-compute` the gateways run: the one beside this binary, as
+/// cargo builds them and as a package installs them.
+pub fn server_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("where this binary is")?;
+    let beside = exe.with_file_name("better-compute");
+    anyhow::ensure!(
+        beside.exists(),
+        "better-compute is not beside {}: the simulator runs real gateways from it; \
+         build both (cargo build --profile bench-fast -p better-compute -p bc-sim)",
+        exe.display()
+    );
+    Ok(beside)
+}
+
 async fn start_gateway(
     dir: &Path,
     name: &str,
     slot: usize,
     config: &GatewayConfig,
 ) -> anyhow::Result<(Gateway, Listening)> {
-    let exe = std::env::current_exe()?;
+    let exe = server_binary()?;
     let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("serve").arg("--data-dir").arg(dir).args([
@@ -514,7 +530,7 @@ impl World {
             .collect();
         let hosts = self.hosts.clone();
         tokio::spawn(async move {
-            let start = crate::clock::mono();
+            let start = better_compute::clock::mono();
             while !pending.is_empty() && start.elapsed() < Duration::from_secs(300) {
                 pending.retain(|i| match back_after(hosts.established_ms(*i), at_ms) {
                     Some(ms) => {
@@ -538,7 +554,7 @@ impl World {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
                     let nodes = self.store.connected_to(&g.name).await.unwrap_or_default();
-                    let at_ms = crate::clock::unix_ms();
+                    let at_ms = better_compute::clock::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();
                     let _ = g.child.wait().await;
@@ -606,13 +622,13 @@ impl World {
                 // A reconnect storm: every link at once; time until every
                 // node has a session established after the cut, timed as
                 // re-home is.
-                let at_ms = crate::clock::unix_ms();
+                let at_ms = better_compute::clock::unix_ms();
                 self.hosts.cut(usize::MAX, true, rng).await;
                 let back = Arc::new(std::sync::Mutex::new(Vec::new()));
                 self.watch_back(self.node_ids.clone(), at_ms, back.clone());
                 let me = self.clone();
                 tokio::spawn(async move {
-                    let start = crate::clock::mono();
+                    let start = better_compute::clock::mono();
                     while start.elapsed() < Duration::from_secs(120) {
                         let last = all_back(&back.lock().expect("latencies"), me.hosts.nodes);
                         if let Some(ms) = last {
@@ -705,7 +721,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         timings: opts.timings,
         store: pg_url.clone(),
     };
-    let location = crate::serve::store_location(&server_dir, pg_url.as_deref());
+    let location = better_compute::serve::store_location(&server_dir, pg_url.as_deref());
 
     // The server side: the first gateway creates the CA and the store.
     let mut gateways = Vec::new();
@@ -717,9 +733,10 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         addrs.push((name, addr));
     }
     // The first gateway created the store; the simulator reads it too.
-    let store = crate::serve::open_store(&location).await?;
+    let store = better_compute::serve::open_store(&location).await?;
     let api = format!("https://{}", addrs[0].1.api);
-    let mut admin = crate::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
+    let mut admin =
+        better_compute::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
     let token = admin
         .create_token(bcd_proto::v1::CreateTokenRequest {
             ttl_ms: 0,
@@ -728,7 +745,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             pool: String::new(),
         })
         .await
-        .map_err(crate::client::status)?
+        .map_err(better_compute::client::status)?
         .into_inner()
         .token;
 
@@ -760,18 +777,18 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         clock_faults: std::sync::Mutex::new(Vec::new()),
         cluster: own_cluster.clone(),
     });
-    let started = crate::clock::mono();
+    let started = better_compute::clock::mono();
     for (name, addr) in &addrs {
         world.set_backend(name, Some(*addr)).await;
     }
     let connect_deadline = Duration::from_secs(60 + opts.nodes as u64 / 50);
-    let mut next_progress = crate::clock::mono() + Duration::from_secs(1);
+    let mut next_progress = better_compute::clock::mono() + Duration::from_secs(1);
     loop {
         let t = hosts.totals();
         if t.connected == opts.nodes {
             break;
         }
-        if crate::clock::mono() >= next_progress {
+        if better_compute::clock::mono() >= next_progress {
             next_progress += Duration::from_secs(1);
             say(format!(
                 "sim: {:>4.0}s joining and connecting: {}/{} connected",
@@ -822,7 +839,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         let seed = opts.seed;
         tokio::spawn(async move {
             let mut rng = SplitMix64::new(seed ^ 0x11_4e5);
-            let t0 = crate::clock::mono();
+            let t0 = better_compute::clock::mono();
             for (at, fault) in schedule {
                 tokio::time::sleep_until((t0 + at).into()).await;
                 let kind = fault.kind();
@@ -839,8 +856,8 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let total_commands = (opts.nodes / 2).max(20);
     let mut issued: BTreeMap<String, (String, usize)> = BTreeMap::new(); // marker → (command id, node)
     let mut counted: BTreeSet<String> = BTreeSet::new();
-    let t0 = crate::clock::mono();
-    let mut next_progress = crate::clock::mono();
+    let t0 = better_compute::clock::mono();
+    let mut next_progress = better_compute::clock::mono();
     let mut marks: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     let mut assigned = 0usize;
     let mut k = 0usize;
@@ -900,7 +917,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             }
             assigned += 1;
         }
-        if crate::clock::mono() >= next_progress {
+        if better_compute::clock::mono() >= next_progress {
             next_progress += Duration::from_secs(1);
             let t = hosts.totals();
             say(format!(
@@ -925,7 +942,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let _ = chaos_task.await;
 
     // Settle: every node back, every command finished (or a timeout).
-    let settle_start = crate::clock::mono();
+    let settle_start = better_compute::clock::mono();
     let settle_limit = Duration::from_secs(60 + opts.nodes as u64 / 100);
     let mut settled = false;
     loop {
@@ -1131,13 +1148,13 @@ async fn restart_all(
 }
 
 /// A new operator connection, to a gateway that is up.
-async fn reconnect(dir: &Path, world: &World) -> anyhow::Result<crate::client::Admin> {
-    let deadline = crate::clock::mono() + Duration::from_secs(30);
+async fn reconnect(dir: &Path, world: &World) -> anyhow::Result<better_compute::client::Admin> {
+    let deadline = better_compute::clock::mono() + Duration::from_secs(30);
     loop {
         let api = world.api();
-        match crate::client::connect(&dir.join("operator.json"), api.as_deref()).await {
+        match better_compute::client::connect(&dir.join("operator.json"), api.as_deref()).await {
             Ok(c) => return Ok(c),
-            Err(e) if crate::clock::mono() > deadline => return Err(e),
+            Err(e) if better_compute::clock::mono() > deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }
@@ -1182,7 +1199,7 @@ impl Report {
     pub fn render(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
-            "better-compute sim: {} nodes ({} state), {} gateways on {}, chaos {}, seed {}\n",
+            "bc-sim: {} nodes ({} state), {} gateways on {}, chaos {}, seed {}\n",
             self.nodes, self.node_state, self.gateways, self.store, self.chaos, self.seed
         ));
         s.push_str(&format!(
