@@ -25,7 +25,12 @@ pub struct CheckArgs {
     json: bool,
 }
 
-pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::Result<()> {
+/// The server's store as it is, for reading: nothing created, nothing
+/// migrated (a store a newer server wrote is refused, saying so).
+pub(super) async fn open_existing(
+    data_dir: &Path,
+    store: Option<&str>,
+) -> anyhow::Result<(bc_store::Store, bc_store::Location)> {
     let location = crate::serve::store_location(data_dir, store);
     if let bc_store::Location::Sqlite(path) = &location {
         anyhow::ensure!(
@@ -34,12 +39,15 @@ pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::
             path.display()
         );
     }
-    // Read as it is: a check creates nothing and migrates nothing (a store
-    // a newer server wrote is refused, saying so).
     let store =
         bc_store::Store::open_existing(&location, std::sync::Arc::new(bc_store::SystemClock))
             .await
             .with_context(|| format!("cannot open {location}"))?;
+    Ok((store, location))
+}
+
+pub async fn run(a: CheckArgs, data_dir: &Path, store: Option<&str>) -> anyhow::Result<()> {
+    let (store, location) = open_existing(data_dir, store).await?;
     let snapshot = crate::check::snapshot(
         &store,
         crate::check::Timings {

@@ -4,6 +4,7 @@
 //! its arguments and what it does; [`output`] is the one place output is
 //! formatted (tables, `--json`, exit codes).
 
+mod audit;
 mod backup;
 mod check;
 mod commands;
@@ -183,6 +184,12 @@ enum Command {
     /// Check the fleet invariants (I1–I8, backup states) on a store, live
     /// or not.
     Check(check::CheckArgs),
+    /// The store's hash-chained audit history: list it, verify its chains,
+    /// export it for another tool to verify. Reads the store as it is.
+    Audit {
+        #[command(subcommand)]
+        command: audit::AuditCommand,
+    },
     /// Check this control plane's host: CA and serving certificate, the
     /// store, leases, clock, releases and images. Read-only; exit 0 all
     /// ok, 1 a failure, 2 warnings only.
@@ -250,6 +257,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
             .map(|()| done),
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())
+            .await
+            .map(|()| done),
+        Command::Audit { command } => audit::run(command, &cli.data_dir, cli.store.as_deref())
             .await
             .map(|()| done),
         Command::Backup { command } => backup::run(command, &cli.data_dir, cli.store.as_deref())
