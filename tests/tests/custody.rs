@@ -617,9 +617,27 @@ fn a_certificate_planted_in_the_store_backs_no_renewal_and_no_re_enrolment() {
     ] {
         assert!(text.contains(&want), "{want} in {text}");
     }
+    assert!(
+        text.contains("tpm ek      - (joined with a token"),
+        "{text}"
+    );
     let shown = server.cli(&["nodes", "show", &id, "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(v["node"]["node_id"], id.as_str());
+    // Its GPUs, from the inventory its fake hardware reported, in both.
+    let gpus = v["gpus"].as_array().expect("gpus").clone();
+    assert!(!gpus.is_empty(), "{v}");
+    assert!(
+        text.contains(&format!("gpus        {} (reported", gpus.len())),
+        "{text}"
+    );
+    for g in &gpus {
+        let pci = g["pci_address"].as_str().unwrap();
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(pci)),
+            "{pci} in {text}"
+        );
+    }
     assert!(v["events"].as_array().is_some_and(|e| !e.is_empty()), "{v}");
     let missing = server.cli(&["nodes", "show", "nd-nobody"]);
     assert!(!missing.status.success());

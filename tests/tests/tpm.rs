@@ -214,6 +214,21 @@ fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it(backend: Back
     let c = server.wait_command(&server.run_command(&id, "exec.run", &["/bin/echo", "tpm"]));
     assert_eq!(c.state, "succeeded", "{c:?}");
     assert!(c.output.contains("tpm"), "{}", c.output);
+    // The operator sees the node bound to its endorsement key.
+    let ek = |id: &str| -> String {
+        let shown = server.cli(&["nodes", "show", id]);
+        assert!(shown.status.success(), "{}", stderr(&shown));
+        let text = String::from_utf8_lossy(&shown.stdout).to_string();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("tpm ek"))
+            .unwrap_or_else(|| panic!("no tpm ek line in {text}"))
+            .to_string();
+        assert!(line.ends_with("(bound by attestation)"), "{line}");
+        line.split_whitespace().nth(2).unwrap().to_string()
+    };
+    let bound = ek(&id);
+    assert_eq!(bound.len(), 64, "{bound}");
     node.proc().stop();
 
     // The same TPM joining again reclaims its node: same id, next
@@ -236,6 +251,12 @@ fn a_tpm_node_joins_connects_runs_commands_and_its_tpm_reclaims_it(backend: Back
     let other = Node::new(&d.path().join("node2"), 2);
     join_tpm(&other, &server, &token, &tpm2, &[]);
     assert_ne!(other.id(), id, "another TPM, another node");
+    assert_eq!(ek(&id), bound, "reclaimed under the same endorsement key");
+    assert_ne!(
+        ek(&other.id()),
+        bound,
+        "another TPM, another endorsement key"
+    );
 
     // The node's identity under the other TPM: another AK.
     let mut node_on_tpm2 = Node::new(&node.dir, 1);

@@ -75,6 +75,7 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListCommands",
     "GetCommand",
     "GetNodeSpec",
+    "GetNodeInventory",
     "ListReleases",
     "ListRollouts",
     "GetRollout",

@@ -267,6 +267,15 @@ impl Admin for AdminService {
             .map(Response::new)
     }
 
+    async fn get_node_inventory(
+        &self,
+        r: Request<v1::GetNodeInventoryRequest>,
+    ) -> Reply<v1::NodeInventory> {
+        nodes::inventory(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn set_access(&self, r: Request<v1::SetAccessRequest>) -> Reply<v1::NodeSpecInfo> {
         specs::set_access(self, r.into_inner())
             .await

@@ -1,4 +1,4 @@
-//! Nodes: `ListNodes`, `DeleteNode`.
+//! Nodes: `ListNodes`, `GetNodeInventory`, `DeleteNode`.
 
 use bc_store::nodes::NodeRow;
 use bcd_proto::v1::{self, DeleteNodeRequest, DeleteNodeResponse, ListNodesResponse, NodeInfo};
@@ -29,6 +29,7 @@ fn info(n: NodeRow, now: i64) -> NodeInfo {
         server_time_ms: now,
         pool: n.pool.unwrap_or_default(),
         macs: n.macs,
+        ek_sha256: n.ek_sha256.unwrap_or_default(),
     }
 }
 
@@ -38,6 +39,47 @@ pub async fn list(svc: &AdminService) -> Result<ListNodesResponse, Status> {
     Ok(ListNodesResponse {
         server_time_ms: now,
         nodes: list.nodes.into_iter().map(|n| info(n, now)).collect(),
+    })
+}
+
+/// The inventory sections a node reports, in this order.
+pub const SECTIONS: [&str; 3] = ["host", "gpus", "tpm"];
+
+pub async fn inventory(
+    svc: &AdminService,
+    r: v1::GetNodeInventoryRequest,
+) -> Result<v1::NodeInventory, Status> {
+    let node = r.node_id;
+    let known = svc
+        .store
+        .list_nodes()
+        .await
+        .map_err(unavailable)?
+        .nodes
+        .iter()
+        .any(|n| n.node_id == node);
+    if !known {
+        return Err(refusal(bc_store::Refusal::NoSuchNode(node)));
+    }
+    let mut sections = Vec::new();
+    for section in SECTIONS {
+        if let Some(row) = svc
+            .store
+            .inventory(&node, section)
+            .await
+            .map_err(unavailable)?
+        {
+            sections.push(v1::InventorySection {
+                section: section.to_string(),
+                sha256: row.sha256,
+                body: row.body,
+                updated_at_ms: row.updated_at_ms,
+            });
+        }
+    }
+    Ok(v1::NodeInventory {
+        node_id: node,
+        sections,
     })
 }
 

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use bcd_proto::v1::{
     AssignGpusRequest, BindingState, CommandInfo, CommandKind, DeleteNodeRequest, FleetEvent,
-    GetNodeSpecRequest, ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo,
-    NodeSpecInfo, NodeState, SectionState, SetAccessRequest, UnassignRequest,
+    GetNodeInventoryRequest, GetNodeSpecRequest, ListCommandsRequest, ListEventsRequest,
+    ListNodesRequest, NodeInfo, NodeSpecInfo, NodeState, SectionState, SetAccessRequest,
+    UnassignRequest,
 };
 use clap::Subcommand;
 
@@ -246,9 +247,29 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
 #[derive(serde::Serialize)]
 struct Shown<'a> {
     node: &'a NodeInfo,
+    /// The GPUs its last `gpus` inventory section reported.
+    gpus: &'a [Gpu],
     spec: &'a NodeSpecInfo,
     commands: &'a [CommandInfo],
     events: &'a [FleetEvent],
+}
+
+/// A GPU as a node's `gpus` inventory section reports it (the fields
+/// `nodes show` prints; others are ignored).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+struct Gpu {
+    pci_address: String,
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    numa_node: Option<i32>,
+}
+
+/// The GPUs in a `gpus` section's body, or why it does not read.
+fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
+    serde_json::from_slice(body).map_err(|e| format!("the gpus section does not read: {e}"))
 }
 
 async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::Result<()> {
@@ -288,9 +309,23 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
         .map_err(status)?
         .into_inner()
         .events;
+    let inventory = c
+        .get_node_inventory(GetNodeInventoryRequest {
+            node_id: node.to_string(),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    let gpu_section = inventory.sections.iter().find(|s| s.section == "gpus");
+    let (listed, unread) = match gpu_section.map(|s| gpus(&s.body)) {
+        Some(Ok(g)) => (g, None),
+        Some(Err(why)) => (Vec::new(), Some(why)),
+        None => (Vec::new(), None),
+    };
     if crate::cli::output::json_wanted(json) {
         return output::json(&Shown {
             node: &n,
+            gpus: &listed,
             spec: &spec,
             commands: &commands,
             events: &events,
@@ -324,6 +359,11 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
         n.release_floor
     );
     out!("certificate expires {}", output::time(n.cert_not_after_ms));
+    if n.ek_sha256.is_empty() {
+        out!("tpm ek      - (joined with a token, bound to no endorsement key)");
+    } else {
+        out!("tpm ek      {} (bound by attestation)", n.ek_sha256);
+    }
     out!(
         "boot        {} (journal {}, process {})",
         one(&n.boot_id),
@@ -337,6 +377,26 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
     out!("macs        {}", dash(&n.macs));
     out!("conditions  {}", dash(&n.conditions));
     out!("taints      {}", dash(&n.taints));
+    match (gpu_section, &unread) {
+        (None, _) => out!("gpus        - (no inventory reported yet)"),
+        (Some(_), Some(why)) => out!("gpus        - ({why})"),
+        (Some(s), None) => {
+            out!(
+                "gpus        {} (reported {})",
+                listed.len(),
+                output::time(s.updated_at_ms)
+            );
+            for g in &listed {
+                out!(
+                    "  {:<14} {:<42} {:<24} {}",
+                    g.pci_address,
+                    g.uuid.as_deref().unwrap_or("-"),
+                    g.model.as_deref().unwrap_or("-"),
+                    g.numa_node.map_or("-".to_string(), |n| format!("numa {n}"))
+                );
+            }
+        }
+    }
     print_spec_lines(&spec)?;
     out!("commands    (newest {recent})");
     for i in &commands {

@@ -206,6 +206,9 @@ pub struct NodeRow {
     pub pool: Option<String>,
     /// The MAC addresses it reported at its last join.
     pub macs: Vec<String>,
+    /// The TPM endorsement key it is bound to (the SHA-256 of the EK's
+    /// TPMT_PUBLIC, hex), when it joined by attestation.
+    pub ek_sha256: Option<String>,
 }
 
 /// Every node, and the store's time of the reading.

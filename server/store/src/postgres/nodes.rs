@@ -163,7 +163,8 @@ pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
                    WHERE c.node_id = n.id AND c.revoked_at IS NULL),
                 COALESCE(s.last_seen, n.created_at), COALESCE(s.boot_id, ''),
                 COALESCE(s.journal_id, ''), COALESCE(s.incarnation_id, ''),
-                n.agent_version, n.conditions, n.taints, n.release_floor, n.pool
+                n.agent_version, n.conditions, n.taints, n.release_floor, n.pool,
+                n.ek_sha256
          FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
          WHERE n.deleted_at IS NULL ORDER BY n.id",
         &[],
@@ -198,6 +199,7 @@ pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
             release_floor: r.get::<_, i64>(13) as u64,
             pool: r.get(14),
             macs: Vec::new(),
+            ek_sha256: r.get(15),
         });
         if let Some(m) = macs.remove(&nodes[nodes.len() - 1].node_id) {
             nodes.last_mut().expect("just pushed").macs = m;
