@@ -14,6 +14,7 @@ const GZIP_OS_UNIX: u8 = 3;
 
 /// How a whole archive is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Compression {
     /// Plain newc bytes.
     #[default]

@@ -80,7 +80,7 @@ pub enum ImagesCommand {
         out: PathBuf,
         /// gzip (the default: builds in a second), zstd (about a fifth
         /// smaller, several seconds at level 19) or none.
-        #[arg(long, default_value = "gzip", value_parser = parse_compression)]
+        #[arg(long, value_enum, default_value = "gzip")]
         compression: initramfs::Compression,
         #[arg(long)]
         json: bool,
@@ -202,15 +202,6 @@ fn cmdline_names(cmdline: &str) -> Vec<String> {
                 .to_string()
         })
         .collect()
-}
-
-fn parse_compression(s: &str) -> Result<initramfs::Compression, String> {
-    match s {
-        "zstd" => Ok(initramfs::Compression::Zstd),
-        "gzip" => Ok(initramfs::Compression::Gzip),
-        "none" => Ok(initramfs::Compression::None),
-        _ => Err(format!("--compression takes zstd, gzip or none, not {s:?}")),
-    }
 }
 
 /// A progress bar on stderr for a terminal, one line a step otherwise.

@@ -207,16 +207,11 @@ pub fn selects(selector: &str, node: &Candidate) -> Result<bool, String> {
     Ok(true)
 }
 
-/// `*` matches any run of characters.
+/// `*` matches any run of characters and `?` any one (the `wildmatch`
+/// crate: linear in the name, where a backtracking match of a pattern
+/// such as `*a*a*a*b` is exponential).
 pub fn glob(pattern: &str, s: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == s,
-        Some((head, rest)) => {
-            s.starts_with(head)
-                && (0..=s.len() - head.len())
-                    .any(|i| s.is_char_boundary(head.len() + i) && glob(rest, &s[head.len() + i..]))
-        }
-    }
+    wildmatch::WildMatch::new(pattern).matches(s)
 }
 
 /// Decides whether a rollout may start, and with which nodes (in order):
@@ -315,6 +310,11 @@ mod tests {
         assert!(glob("*", ""));
         assert!(glob("a*b*c", "aXbYc"));
         assert!(!glob("a*b", "ab-"));
+        assert!(glob("gpu-??", "gpu-07") && !glob("gpu-??", "gpu-7"));
+        // A pattern that makes a backtracking match take exponential time
+        // against a long name answers at once.
+        let name = "a".repeat(4_000);
+        assert!(!glob(&format!("{}b", "*a".repeat(40)), &name));
     }
 
     #[test]
