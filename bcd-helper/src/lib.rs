@@ -60,6 +60,7 @@ pub mod error;
 pub mod frame;
 pub mod request;
 pub mod server;
+#[cfg(feature = "systemd")]
 pub mod systemd;
 pub mod validate;
 

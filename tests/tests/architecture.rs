@@ -20,8 +20,9 @@ fn the_server_modules_form_no_cycle() {
 }
 
 /// The control plane links no node code: neither the agent nor its fake
-/// hardware (nor the bcd binary) is among what `better-compute` builds
-/// with; the simulator that runs them is `bc-sim`, a crate of its own.
+/// hardware (nor the bcd binary, nor the D-Bus and nftables crates the
+/// node converges with) is among what `better-compute` builds with; the
+/// simulator that runs them is `bc-sim`, a crate of its own.
 #[test]
 fn the_control_plane_links_neither_the_agent_nor_fake_hardware() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -51,7 +52,7 @@ fn the_control_plane_links_neither_the_agent_nor_fake_hardware() {
         let mut v: Vec<String> = tree
             .lines()
             .filter_map(|l| l.split(' ').next())
-            .filter(|c| ["bcd-agent", "bcd-fakehw", "bcd"].contains(c))
+            .filter(|c| ["bcd-agent", "bcd-fakehw", "bcd", "zbus", "nftables"].contains(c))
             .map(String::from)
             .collect();
         v.sort();
@@ -60,7 +61,10 @@ fn the_control_plane_links_neither_the_agent_nor_fake_hardware() {
     };
     assert_eq!(node_code(&tree("better-compute")), Vec::<String>::new());
     // What the check looks for is there to find where it is linked.
-    assert_eq!(node_code(&tree("bc-sim")), ["bcd-agent", "bcd-fakehw"]);
+    assert_eq!(
+        node_code(&tree("bc-sim")),
+        ["bcd-agent", "bcd-fakehw", "nftables", "zbus"]
+    );
 }
 
 #[test]
