@@ -110,12 +110,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Thousands of agents run in these processes: their per-session lines
     // would drown the progress display.
-    bcd_sys::log::init(bcd_sys::log::LogConfig {
-        filter_var: "BC_LOG",
-        format_var: "BC_LOG_FORMAT",
-        default: tracing::Level::WARN,
-        capped: &[("deadpool", tracing::Level::ERROR)],
-    });
+    better_compute::cli::init_logging(tracing::Level::WARN);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

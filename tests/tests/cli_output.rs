@@ -50,10 +50,39 @@ fn the_global_output_format_is_each_verbs_json() {
     assert!(table.status.success(), "{}", stderr(&table));
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.starts_with("NODE") && text.contains(&id), "{text}");
+    // -o wide: the same columns, then more, each row aligned under its
+    // header.
+    let wide = server.cli(&["-o", "wide", "nodes", "list"]);
+    assert!(wide.status.success(), "{}", stderr(&wide));
+    let wide = String::from_utf8_lossy(&wide.stdout).to_string();
+    let header = wide.lines().next().unwrap();
+    for column in [
+        "NODE",
+        "HOSTNAME",
+        "MACS",
+        "CONDITIONS",
+        "TAINTS",
+        "BOOT",
+        "TPM EK",
+    ] {
+        assert!(header.contains(column), "{column} in {header}");
+    }
+    assert!(
+        !text.lines().next().unwrap().contains("CONDITIONS"),
+        "{text}"
+    );
+    let row = wide
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .expect("the node's row");
+    let at = |l: &str, from: usize| l[from..].find(|c: char| c != ' ').map(|i| i + from);
+    let state = header.find("STATE").unwrap();
+    assert_eq!(at(row, state), Some(state), "STATE aligned: {wide}");
+    assert!(row[state..].starts_with("connected"), "{wide}");
     let bad = server.cli(&["-o", "yaml", "nodes", "list"]);
     assert!(!bad.status.success());
     assert!(
-        stderr(&bad).contains("possible values: table, json"),
+        stderr(&bad).contains("possible values: table, wide, json"),
         "{}",
         stderr(&bad)
     );

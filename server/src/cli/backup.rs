@@ -18,17 +18,21 @@ pub enum BackupCommand {
         /// Where sets go; <data-dir>/backups by default.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// The backup sets the store records, newest first.
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// One backup set, with its files when its directory is here.
     Show {
+        /// The backup set's id (backup list shows them).
         id: String,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },

@@ -10,8 +10,10 @@ use super::output;
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
+    /// The node lease TTL the server runs with (serve --node-lease-ttl).
     #[arg(long, default_value = "40s", value_parser = dur)]
     node_lease_ttl: Duration,
+    /// The grace the server runs with (serve --gateway-loss-grace).
     #[arg(long, default_value = "120s", value_parser = dur)]
     gateway_loss_grace: Duration,
     /// Commands younger than this may still be on their way.
@@ -21,6 +23,7 @@ pub struct CheckArgs {
     /// restart"`), so a series of checks reads as one report.
     #[arg(long)]
     label: Option<String>,
+    /// JSON instead of a table (the same as the global `-o json`).
     #[arg(long)]
     json: bool,
 }

@@ -27,9 +27,15 @@ pub enum CommandsCommand {
     /// boots them with the manifest's command line followed by cmdline=.
     /// boot.kexec kernel=PATH boots files already on the node, unverified,
     /// with cmdline= as the whole command line.
+    #[command(
+        after_help = "Examples:\n  better-compute commands run nd-1a2b3c4d5e6f exec.run --wait -- /usr/bin/nvidia-smi -L\n  better-compute commands run nd-1a2b3c4d5e6f node.reboot --not-after 10m\n  better-compute commands run nd-1a2b3c4d5e6f daemon.upgrade 7 --idempotency-key upgrade-7"
+    )]
     Run {
+        /// The node's id (nodes list shows them).
         node: String,
+        /// The command kind: exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback.
         kind: String,
+        /// The kind's arguments (exec.run: the program and its arguments, after --).
         args: Vec<String>,
         /// The node must start it within this long (a duration such as 10m),
         /// or by this time (RFC 3339); default 1h.
@@ -49,21 +55,27 @@ pub enum CommandsCommand {
         /// result in the store that its node did not sign).
         #[arg(long)]
         wait: bool,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Recent commands, newest first.
     List {
+        /// Only this node's commands.
         #[arg(long)]
         node: Option<String>,
+        /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// One command with its result and output.
     Show {
+        /// The command's id (commands list shows them).
         id: String,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },

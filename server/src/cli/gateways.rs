@@ -16,6 +16,7 @@ pub enum GatewaysCommand {
     /// it is shown once. On PostgreSQL, also prints the SQL that gives the
     /// gateway a database role of its own, with a gateway's privileges.
     Add {
+        /// The gateway credential's name (its gateways run with --gateway-id of their own).
         name: String,
         /// The process holding the keys, as the gateway reaches it: its
         /// node listener (`serve --listen`), https://HOST:PORT.
@@ -25,12 +26,16 @@ pub enum GatewaysCommand {
         file: super::CredentialOut,
     },
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Revoke a gateway's credential: it gets no certificate more, and the
     /// join service refuses what it relays.
-    Revoke { name: String },
+    Revoke {
+        /// The gateway credential's name (gateways list shows them).
+        name: String,
+    },
 }
 
 pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {

@@ -27,6 +27,7 @@ pub enum ImagesCommand {
     /// Make an ed25519 image key (offline); prints the public half for
     /// serve --image-pubkey.
     Keygen {
+        /// Where to write the image private key (its public half goes beside it, .pub).
         #[arg(long)]
         out: PathBuf,
     },
@@ -37,6 +38,8 @@ pub enum ImagesCommand {
         /// vmlinuz file (modules then under --modules-root).
         #[arg(long)]
         kernel: PathBuf,
+        /// The root the kernel's modules are under (`lib/modules/VERSION`
+        /// below it); `/` by default.
         #[arg(long)]
         modules_root: Option<PathBuf>,
         /// The static bcd (x86_64-unknown-linux-musl).
@@ -71,28 +74,34 @@ pub enum ImagesCommand {
         /// in it: what the boot network sees is the server and the pin.
         #[arg(long, value_name = "PIN")]
         tpm_ca_pin: Option<String>,
+        /// The image's name, as images list and assignments show it.
         #[arg(long, default_value = "bcd-node")]
         name: String,
         /// The image key (from images keygen).
         #[arg(long)]
         key: PathBuf,
+        /// The folder to write the image to (kernel, initrd, signed manifest).
         #[arg(long)]
         out: PathBuf,
         /// gzip (the default: builds in a second), zstd (about a fifth
         /// smaller, several seconds at level 19) or none.
         #[arg(long, value_enum, default_value = "gzip")]
         compression: initramfs::Compression,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Upload a built image (the folder images build wrote) to the server.
     Register {
+        /// The folder images build wrote.
         dir: PathBuf,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Registered images and what boots them.
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
@@ -125,6 +134,7 @@ pub enum ImagesCommand {
     /// Allow a MAC address to get minted join tokens from the boot
     /// endpoint (assignments with --join-token-ttl).
     AllowMac {
+        /// The MAC address (52:54:00:12:34:56).
         mac: String,
         /// The pool its node joins (default: the pool assigned to).
         #[arg(long)]
@@ -132,18 +142,25 @@ pub enum ImagesCommand {
     },
     /// Take a MAC address off the allow-list; its unspent minted token is
     /// deleted.
-    DisallowMac { mac: String },
+    DisallowMac {
+        /// The MAC address.
+        mac: String,
+    },
     /// The MAC addresses allowed minted join tokens.
     AllowedMacs {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Recorded boots (requests for a boot script), newest first.
     Boots {
+        /// Only this MAC address's boots.
         #[arg(long)]
         mac: Option<String>,
+        /// At most this many, the newest.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },

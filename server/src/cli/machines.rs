@@ -27,20 +27,26 @@ pub enum MachinesCommand {
         /// repeatable.
         #[arg(long, value_name = "FILE", requires = "ek_ca")]
         ek_intermediates: Vec<PathBuf>,
+        /// What the enrolment is for, shown in machines list.
         #[arg(long, default_value = "")]
         description: String,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Enrolments, and the node bound to each enrolled EK.
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Remove an enrolment (an id from `machines list`): no new node joins
     /// by it; a node already bound to the EK stays bound until `nodes
     /// delete` frees it.
-    Remove { id: String },
+    Remove {
+        /// The enrolment's id (machines list shows them).
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]

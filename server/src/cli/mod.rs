@@ -85,8 +85,9 @@ struct Cli {
     /// in --data-dir by default.
     #[arg(long, global = true, env = "BC_STORE", hide_env_values = true)]
     store: Option<String>,
-    /// How verbs print: `table` for people, `json` for scripts (the same
-    /// as a verb's own `--json`).
+    /// How verbs print: `table` for people, `wide` for the table with more
+    /// columns (`nodes list`), `json` for scripts (the same as a verb's own
+    /// `--json`).
     #[arg(
         short = 'o',
         long,
@@ -215,12 +216,15 @@ impl Target {
     }
 }
 
-fn init_logging() {
+/// The log set-up of the control plane's binaries: `BC_LOG` filters
+/// (`info`, `debug`, `info,bc_store=debug`), `BC_LOG_FORMAT=json` for JSON
+/// lines; `default` where `BC_LOG` is unset.
+pub fn init_logging(default: tracing::Level) {
     bcd_sys::log::init(bcd_sys::log::LogConfig {
         // `info`, `debug`, `info,bc_store=debug`: target=level directives.
         filter_var: "BC_LOG",
         format_var: "BC_LOG_FORMAT",
-        default: tracing::Level::INFO,
+        default,
         // The connection pool logs the driver's words about each broken
         // connection; the store says what failed, with the database's code
         // (`bc_store::error::describe`), once.
@@ -324,7 +328,7 @@ pub fn main() -> ExitCode {
         Err(code) => return code,
     };
     output::set_format(cli.output);
-    init_logging();
+    init_logging(tracing::Level::INFO);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -345,5 +349,38 @@ pub fn main() -> ExitCode {
             eprintln!("error: {}", bcd_sys::error::chain(e.as_ref()));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every argument an operator can give says what it is in `--help`,
+    /// and every verb that changes the fleet or reads it shows an example.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.is_hide_set() || sub.get_name() == "help" {
+                    continue;
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::command(), "better-compute", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help:\n{}",
+            missing.join("\n")
+        );
     }
 }

@@ -18,15 +18,22 @@ use crate::client::status;
 #[derive(Debug, Subcommand)]
 pub enum NodesCommand {
     /// Show each node's state, epoch, gateway, certificate expiry and last-seen age.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes list\n  better-compute -o wide nodes list\n  better-compute -o json nodes list | jq -r '.nodes[].node_id'"
+    )]
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Bind GPUs (UUIDs or indices) to an allocation on a node: the node
     /// writes the CDI spec and the allocation's env file.
     Assign {
+        /// The node's id (nodes list shows them).
         node: String,
+        /// The allocation's id: a name of the workload's choosing, one env file per allocation.
         allocation: String,
+        /// The GPUs, comma-separated: UUIDs or indices on the node (--gpus 0,1).
         #[arg(long, value_delimiter = ',', required = true)]
         gpus: Vec<String>,
         /// Extra environment for the allocation's env file, NAME=VALUE.
@@ -38,13 +45,17 @@ pub enum NodesCommand {
         /// (FILE: the name unless given).
         #[arg(long = "secret", value_name = "NAME[=FILE]")]
         secrets: Vec<String>,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Remove an allocation's GPUs from a node's spec.
     Unassign {
+        /// The node's id.
         node: String,
+        /// The allocation to release.
         allocation: String,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
@@ -53,34 +64,46 @@ pub enum NodesCommand {
     /// "principals"}], "trusted_user_ca_keys": [...], "firewall": {"rules":
     /// [{"protocol", "port", "source", "action"}]}}.
     Access {
+        /// The node's id.
         node: String,
+        /// The access spec, a JSON file as above.
         #[arg(long, required_unless_present = "clear")]
         file: Option<PathBuf>,
         /// No users, no CA keys, no firewall table.
         #[arg(long, conflicts_with = "file")]
         clear: bool,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// One node whole: identity, session, certificate, conditions, its
     /// spec against what it applied, its recent commands and events.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes show nd-1a2b3c4d5e6f\n  better-compute nodes show nd-1a2b3c4d5e6f --recent 50 -o json"
+    )]
     Show {
+        /// The node's id.
         node: String,
         /// Commands and events shown, the newest.
         #[arg(long, default_value_t = 10)]
         recent: u32,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// A node's desired spec against what it applied.
     Spec {
+        /// The node's id.
         node: String,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Delete a node: it can no longer connect; its certificates are revoked.
     Delete {
+        /// The node's id.
         node: String,
+        /// Delete without asking: the node's certificates are revoked and it stops for good.
         #[arg(long)]
         yes: bool,
     },
@@ -98,40 +121,55 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
             if crate::cli::output::json_wanted(json) {
                 return output::json(&r);
             }
-            out!(
-                "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}  {:<12} MACS",
-                "NODE",
-                "HOSTNAME",
-                "STATE",
-                "EPOCH",
-                "GATEWAY",
-                "CERT EXPIRES",
-                "LAST SEEN",
-                "VERSION",
-                "FLOOR",
-                "POOL"
-            );
+            use output::Align::{Left, Right};
+            let mut columns = vec![
+                ("NODE", Left),
+                ("HOSTNAME", Left),
+                ("STATE", Left),
+                ("EPOCH", Right),
+                ("GATEWAY", Left),
+                ("CERT EXPIRES", Left),
+                ("LAST SEEN", Right),
+                ("VERSION", Left),
+                ("FLOOR", Right),
+                ("POOL", Left),
+                ("MACS", Left),
+            ];
+            let wide = output::wide();
+            if wide {
+                columns.extend([
+                    ("CONDITIONS", Left),
+                    ("TAINTS", Left),
+                    ("BOOT", Left),
+                    ("TPM EK", Left),
+                ]);
+            }
+            let mut table = output::Table::new(&columns);
             for n in &r.nodes {
-                out!(
-                    "{:<16} {:<20} {:<13} {:>6} {:<12} {:<21} {:>9}  {:<12} {:>5}  {:<12} {}",
-                    n.node_id,
-                    n.hostname,
+                let mut row = vec![
+                    n.node_id.clone(),
+                    n.hostname.clone(),
                     spelled::<NodeState>(n.state),
-                    n.epoch,
-                    n.gateway_id,
+                    n.epoch.to_string(),
+                    n.gateway_id.clone(),
                     output::time(n.cert_not_after_ms),
                     output::age(n.last_seen_age_ms),
-                    n.agent_version,
-                    n.release_floor,
-                    if n.pool.is_empty() { "-" } else { &n.pool },
-                    if n.macs.is_empty() {
-                        "-".to_string()
-                    } else {
-                        n.macs.join(",")
-                    }
-                );
+                    n.agent_version.clone(),
+                    n.release_floor.to_string(),
+                    n.pool.clone(),
+                    n.macs.join(","),
+                ];
+                if wide {
+                    row.extend([
+                        n.conditions.join(","),
+                        n.taints.join(","),
+                        n.boot_id.clone(),
+                        output::short(&n.ek_sha256).to_string(),
+                    ]);
+                }
+                table.row(row);
             }
-            Ok(())
+            output::emit(&table.render())
         }
         NodesCommand::Assign {
             node,

@@ -32,7 +32,9 @@ pub enum OperatorsCommand {
     /// (valid one year) and writes the credential file (mode 0600) to hand
     /// over; use it with --operator FILE.
     Add {
+        /// The operator's name, as audit records and logs show it.
         name: String,
+        /// What the operator may do.
         #[arg(long, value_enum)]
         role: Role,
         #[command(flatten)]
@@ -40,12 +42,16 @@ pub enum OperatorsCommand {
     },
     /// Every operator: role, certificate serial and expiry, revocation.
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Revoke an operator: its certificate is refused from its next call,
     /// on every server sharing the store.
-    Revoke { name: String },
+    Revoke {
+        /// The operator's name (operators list shows them).
+        name: String,
+    },
 }
 
 pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {

@@ -11,6 +11,9 @@ pub enum Format {
     /// Aligned columns and sentences, for people.
     #[default]
     Table,
+    /// The table with more columns, where a verb has more to show (`nodes
+    /// list`: conditions, taints, boot id, TPM endorsement key).
+    Wide,
     /// The wire messages' own JSON, for scripts (each verb's `--json`).
     Json,
 }
@@ -25,6 +28,89 @@ pub fn set_format(f: Format) {
 /// Whether a verb prints JSON: its own `--json`, or the global `-o json`.
 pub fn json_wanted(flag: bool) -> bool {
     flag || FORMAT.get() == Some(&Format::Json)
+}
+
+/// Whether a table has its wide columns (the global `-o wide`).
+pub fn wide() -> bool {
+    FORMAT.get() == Some(&Format::Wide)
+}
+
+/// How a column's cells line up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    /// Numbers.
+    Right,
+}
+
+/// A table for people: each column as wide as its widest cell (header
+/// included), two spaces between columns, the last one not padded, so the
+/// columns stay aligned whatever the ids, names and addresses are.
+#[derive(Debug)]
+pub struct Table {
+    columns: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(columns: &[(&'static str, Align)]) -> Table {
+        Table {
+            columns: columns.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row: one cell per column (an empty cell shows as `-`).
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.columns.len());
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|c| if c.is_empty() { "-".into() } else { c })
+                .collect(),
+        );
+    }
+
+    pub fn render(&self) -> String {
+        let width = |i: usize| {
+            self.rows
+                .iter()
+                .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                .chain([self.columns[i].0.chars().count()])
+                .max()
+                .unwrap_or(0)
+        };
+        let widths: Vec<usize> = (0..self.columns.len()).map(width).collect();
+        let line = |cells: &mut dyn Iterator<Item = &str>| {
+            let mut out = String::new();
+            for (i, cell) in cells.enumerate() {
+                let last = i + 1 == widths.len();
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                if i > 0 {
+                    out.push_str("  ");
+                }
+                match self.columns[i].1 {
+                    Align::Right => {
+                        out.push_str(&" ".repeat(pad));
+                        out.push_str(cell);
+                    }
+                    Align::Left => {
+                        out.push_str(cell);
+                        if !last {
+                            out.push_str(&" ".repeat(pad));
+                        }
+                    }
+                }
+            }
+            out.push('\n');
+            out
+        };
+        let mut text = line(&mut self.columns.iter().map(|(h, _)| *h));
+        for r in &self.rows {
+            text.push_str(&line(&mut r.iter().map(String::as_str)));
+        }
+        text
+    }
 }
 
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly
@@ -128,6 +214,51 @@ pub fn command_exit(state: i32) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_stays_aligned_whatever_its_cells_hold() {
+        let mut t = Table::new(&[
+            ("NODE", Align::Left),
+            ("EPOCH", Align::Right),
+            ("HOSTNAME", Align::Left),
+        ]);
+        t.row(vec!["nd-1".into(), "7".into(), "a".into()]);
+        t.row(vec![
+            "nd-a-much-longer-node-id-than-usual".into(),
+            "12345".into(),
+            String::new(),
+        ]);
+        t.row(vec![
+            "nd-ü".into(),
+            "0".into(),
+            "gpu-host-with-a-long-name".into(),
+        ]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        // Every row's second and third columns start where the header's do.
+        let at = |l: &str, col: usize| {
+            let chars: Vec<char> = l.chars().collect();
+            let mut starts = vec![0];
+            for i in 1..chars.len() {
+                if chars[i] != ' ' && chars[i - 1] == ' ' && chars[..i].ends_with(&[' ', ' ']) {
+                    starts.push(i);
+                }
+            }
+            starts[col]
+        };
+        let header_third = at(lines[0], 2);
+        for l in &lines[1..] {
+            assert_eq!(at(l, 2), header_third, "{text}");
+            assert!(!l.ends_with(' '), "no trailing padding: {l:?}");
+        }
+        // Numbers right-aligned under their header.
+        assert!(lines[1].ends_with("    7  a"), "{text}");
+        assert!(
+            lines[2].ends_with("12345  -"),
+            "an empty cell shows as -: {text}"
+        );
+    }
 
     #[test]
     fn ages_and_times_for_people() {

@@ -14,13 +14,16 @@ use crate::client::status;
 pub enum ReleasesCommand {
     /// Make a release key pair: KEY (pkcs8, mode 0600) and KEY.pub (hex).
     Keygen {
+        /// Where to write the private key (its public half goes beside it, .pub).
         #[arg(long)]
         out: PathBuf,
     },
     /// Sign a bcd binary's manifest, offline, with a release key file.
     Sign {
+        /// The release private key (from releases keygen).
         #[arg(long)]
         key: PathBuf,
+        /// The bcd binary to release.
         #[arg(long)]
         binary: PathBuf,
         #[arg(long)]
@@ -28,6 +31,7 @@ pub enum ReleasesCommand {
         /// Must be above every sequence registered before.
         #[arg(long)]
         sequence: u64,
+        /// The target triple the binary runs on (x86_64-unknown-linux-musl).
         #[arg(long, default_value = "x86_64-unknown-linux-musl")]
         target: String,
         /// Rotate the release key: nodes that confirm this release trust
@@ -35,18 +39,22 @@ pub enum ReleasesCommand {
         /// then on, instead of --key's.
         #[arg(long)]
         next_key: Option<PathBuf>,
+        /// Where to write the signed manifest.
         #[arg(long)]
         out: PathBuf,
     },
     /// Upload a signed manifest and its binary to the server.
     Register {
+        /// The signed manifest (from releases sign).
         #[arg(long)]
         manifest: PathBuf,
+        /// The binary it signs: its size and SHA-256 must match.
         #[arg(long)]
         binary: PathBuf,
     },
     /// Registered releases, newest first.
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },

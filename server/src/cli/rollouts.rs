@@ -13,7 +13,11 @@ use crate::client::{Admin, status};
 #[derive(Debug, Subcommand)]
 pub enum RolloutsCommand {
     /// Start rolling release SEQUENCE out.
+    #[command(
+        after_help = "Examples:\n  better-compute rollouts start 7\n  better-compute rollouts start 7 --selector 'hostname=gpu-a*' --waves 10%,100% --max-failures 2"
+    )]
     Start {
+        /// The release's sequence number (releases list shows them).
         sequence: u64,
         /// Which nodes: node=ID, hostname=GLOB, version=V, comma-separated
         /// (all must hold); `all` for every node.
@@ -25,27 +29,38 @@ pub enum RolloutsCommand {
         /// Failed upgrades tolerated; one more halts the rollout.
         #[arg(long, default_value_t = 0)]
         max_failures: u32,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// A rollout's progress (the latest one without an ID).
     Status {
+        /// The rollout's id (rollouts list shows them).
         id: Option<String>,
         /// One line per node.
         #[arg(long)]
         nodes: bool,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Stop issuing upgrades; those under way finish.
-    Pause { id: String },
+    Pause {
+        /// The rollout's id.
+        id: String,
+    },
     /// Go on with a paused or halted rollout.
-    Resume { id: String },
+    Resume {
+        /// The rollout's id.
+        id: String,
+    },
     /// Stop the rollout: upgrades not yet dispatched are cancelled; with
     /// --rollback, nodes still upgrading are swapped back (confirmed nodes
     /// keep the release: roll forward instead).
     Abort {
+        /// The rollout's id.
         id: String,
+        /// Swap nodes still upgrading back to the release before.
         #[arg(long)]
         rollback: bool,
     },

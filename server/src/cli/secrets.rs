@@ -16,6 +16,7 @@ pub enum SecretsCommand {
     /// Put a new secret (version 1). Its value is read from a file or an
     /// environment variable, never from the command line.
     Put {
+        /// The secret's name (what allocations name with --secret NAME=FILE).
         name: String,
         #[command(flatten)]
         value: Value,
@@ -23,6 +24,7 @@ pub enum SecretsCommand {
     /// Give a secret a new value (its next version): every node whose spec
     /// names it gets a spec naming the new version, and fetches it.
     Rotate {
+        /// The secret's name; its next version replaces the current one.
         name: String,
         #[command(flatten)]
         value: Value,
@@ -30,12 +32,16 @@ pub enum SecretsCommand {
     /// The secrets, their newest versions and the nodes holding them
     /// (never a value).
     List {
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Delete a secret no allocation holds; every version's value is
     /// wiped.
-    Delete { name: String },
+    Delete {
+        /// The secret's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -41,15 +41,22 @@ pub struct ServeArgs {
     /// and the API's).
     #[arg(long = "san")]
     sans: Vec<String>,
+    /// This process's gateway id in the store (one per live process; a
+    /// random `gw-XXXXXXXX` by default). Give each of several processes
+    /// its own, kept across restarts, so logs, metrics and the store name
+    /// it the same way.
     #[arg(long)]
     gateway_id: Option<String>,
     /// How often nodes send heartbeats; three missed close a session.
     #[arg(long, default_value = "10s", value_parser = dur)]
     heartbeat_interval: Duration,
+    /// How long this gateway's lease lasts unrenewed; it fences at half of it.
     #[arg(long, default_value = "20s", value_parser = dur)]
     gateway_lease_ttl: Duration,
+    /// How long a node without heartbeats stays connected.
     #[arg(long, default_value = "40s", value_parser = dur)]
     node_lease_ttl: Duration,
+    /// How long nodes of a lost gateway have to reconnect before they are marked unreachable.
     #[arg(long, default_value = "120s", value_parser = dur)]
     gateway_loss_grace: Duration,
     /// TLS handshakes admitted per second (a token bucket; bursts up to
@@ -101,8 +108,10 @@ pub struct ServeArgs {
     /// the liveness controller, the command sweeper and rollouts.
     #[arg(long, default_value = "15s", value_parser = dur)]
     controller_lease_ttl: Duration,
+    /// How long a node certificate is valid (renewed at two thirds).
     #[arg(long, default_value = "24h", value_parser = dur)]
     node_cert_ttl: Duration,
+    /// How long a ramdisk node's certificate is valid (it joins again at every boot).
     #[arg(long, default_value = "2h", value_parser = dur)]
     ramdisk_cert_ttl: Duration,
     /// How long a signed list of revoked gateway certificates holds: a

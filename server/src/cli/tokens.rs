@@ -12,18 +12,24 @@ use super::{Target, dur};
 #[derive(Debug, Subcommand)]
 pub enum TokensCommand {
     /// Create a join token and print it.
+    #[command(
+        after_help = "Examples:\n  better-compute tokens create --ttl 1h\n  better-compute tokens create --ttl 7d --uses 100 --pool rack-3 --description 'rack 3 install'"
+    )]
     Create {
+        /// How long the token may be used (a duration: 1h, 30m, 7d).
         #[arg(long, default_value = "24h", value_parser = dur)]
         ttl: Duration,
         /// How many nodes may join with it.
         #[arg(long, default_value_t = 1)]
         uses: u32,
+        /// What the token is for, shown in tokens list.
         #[arg(long, default_value = "")]
         description: String,
         /// The pool the nodes that join with it belong to (images assign
         /// --pool boots them alike); none by default.
         #[arg(long)]
         pool: Option<String>,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
@@ -33,6 +39,7 @@ pub enum TokensCommand {
         /// Expired, used up and revoked tokens too.
         #[arg(long)]
         all: bool,
+        /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
@@ -40,6 +47,7 @@ pub enum TokensCommand {
     /// it expires now and no node joins with it again. The nodes that
     /// joined with it keep their identities (`nodes delete` removes one).
     Revoke {
+        /// The token, or its id (tokens list shows them).
         #[arg(value_name = "TOKEN_ID")]
         token: String,
     },
