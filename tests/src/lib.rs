@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod fence;
 pub mod gateways;
 pub mod hostile;
 pub mod hosttree;

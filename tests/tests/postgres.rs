@@ -9,9 +9,10 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use bc_tests::fence::{Failure, bcd_sim, fence_time, own_cluster};
 use bc_tests::{FAST, Front, Node, Server, bin, postgres_database, stderr, wait_for};
 use rustix::process::Signal;
 
@@ -19,25 +20,6 @@ fn args(gateway: &str) -> Vec<&str> {
     let mut a = FAST.to_vec();
     a.extend(["--gateway-id", gateway]);
     a
-}
-
-/// A cluster of the test's own (to stop, start or freeze) and a database
-/// `name` on it.
-fn own_cluster(name: &str) -> (bc_store::postgres::cluster::TempCluster, String) {
-    let cluster = bc_store::postgres::cluster::TempCluster::start(
-        bc_store::postgres::cluster::ClusterOptions {
-            durable: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let url = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(cluster.create_database(name))
-        .unwrap();
-    (cluster, url)
 }
 
 fn gateway(dir: &Path, url: &str, id: &str) -> Server {
@@ -277,19 +259,6 @@ fn a_zombie_gateways_writes_match_nothing() {
     );
 }
 
-fn bcd_sim(url: &str, token: &str, dir: &Path, nodes: usize, log: &Path) -> Child {
-    Command::new(bin("bcd"))
-        .args(["sim", "--nodes", &nodes.to_string(), "--server", url])
-        .args(["--token", token, "--duration", "1h"])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("BCD_LOG", "info,bcd_agent=debug")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("start bcd sim")
-}
-
 #[test]
 fn a_database_outage_under_load_loses_nothing() {
     const NODES: usize = 20;
@@ -473,11 +442,7 @@ fn check_on_an_empty_database_creates_nothing() {
 /// deadline, not half a TTL from whenever it began.
 #[test]
 fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
-    fenced_within_half_the_default_lease(
-        "hung",
-        |c| c.freeze(true).unwrap(),
-        |c| c.freeze(false).unwrap(),
-    );
+    fenced_within_half_the_default_lease(Failure::Hung);
 }
 
 /// A database that is gone (connections refused at once) fences a gateway
@@ -486,76 +451,25 @@ fn a_hung_database_fences_its_gateway_within_half_the_default_lease() {
 /// tick after it (15 s).
 #[test]
 fn a_stopped_database_fences_its_gateway_within_half_the_default_lease() {
-    fenced_within_half_the_default_lease(
-        "stopped",
-        |c| c.stop().unwrap(),
-        |c| c.start_again().unwrap(),
-    );
+    fenced_within_half_the_default_lease(Failure::Stopped);
 }
 
-fn fenced_within_half_the_default_lease(
-    name: &str,
-    fail: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
-    mend: impl FnOnce(&mut bc_store::postgres::cluster::TempCluster),
-) {
-    const NODES: usize = 20;
-    let (mut cluster, url) = own_cluster(name);
-    let d = tempfile::tempdir().unwrap();
-    // The default lease and its renewal cadence: 20 s, every 5 s.
-    let g = Server::start_postgres(&d.path().join("server"), &url, &["--gateway-id", "gw-h"])
-        .expect("gateway starts");
-    // Under load: a fleet connected, sending heartbeats and reports, with
-    // commands running when the database goes.
-    let sim_log = d.path().join("sim.log");
-    let mut sim = bcd_sim(
-        &g.url(),
-        &g.token(NODES as u32),
-        &d.path().join("nodes"),
-        NODES,
-        &sim_log,
-    );
-    let connected = |s: &Server| s.nodes().iter().filter(|n| n.state == "connected").count();
-    wait_for(Duration::from_secs(60), "the fleet connected", || {
-        (connected(&g) == NODES).then_some(())
-    });
-    for n in g.nodes() {
-        g.run_command(&n.node_id, "exec.run", &["/bin/sh", "-c", "sleep 1"]);
-    }
-    // The last renewal that answered was at most 5 s before the failure,
-    // so the gateway fences at most half the TTL (10 s) after it.
-    assert!(!g.proc.log().contains("fencing"), "{}", g.proc.log());
-    fail(&mut cluster);
-    let failed = Instant::now();
-    wait_for(Duration::from_secs(20), "the gateway fenced", || {
-        g.proc.log().contains("fencing").then_some(())
-    });
-    let fenced_in = failed.elapsed();
-    mend(&mut cluster);
-    eprintln!("{name} database: fenced in {:.1}s", fenced_in.as_secs_f64());
-    // At most half the TTL after the last renewal that answered, which
-    // was before the freeze (a second of slack for a loaded machine).
-    assert!(
-        fenced_in <= Duration::from_secs(11),
-        "fenced {:.1}s after the database {name}",
+/// At most half the TTL after the last renewal that answered, which was
+/// before the failure (a second of slack for a loaded machine): the lease
+/// cannot pass to another gateway before 20 s.
+fn fenced_within_half_the_default_lease(failure: Failure) {
+    let fenced_in = fence_time(failure, 20);
+    eprintln!(
+        "{} database: fenced in {:.1}s",
+        failure.name(),
         fenced_in.as_secs_f64()
     );
-    // And it holds the lease again once the database answers, and the
-    // fleet is back.
-    wait_for(
-        Duration::from_secs(30),
-        "the gateway holding its lease again",
-        || {
-            g.proc
-                .log()
-                .contains("holding the gateway lease; admitting sessions")
-                .then_some(())
-        },
+    assert!(
+        fenced_in <= Duration::from_secs(11),
+        "fenced {:.1}s after the database {}",
+        fenced_in.as_secs_f64(),
+        failure.name()
     );
-    wait_for(Duration::from_secs(60), "the fleet connected again", || {
-        (connected(&g) == NODES).then_some(())
-    });
-    let _ = sim.kill();
-    let _ = sim.wait();
 }
 
 /// A spec change whose transaction commits long after its `updated_at`
