@@ -81,6 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Signed labels encode in key order: the same intent, the same bytes.
+        .btree_map(".bcd.v1.NodeIntent.labels")
         .type_attribute(
             ".bcd",
             "#[cfg_attr(feature = \"serde\", derive(::serde::Serialize))]",

@@ -38,6 +38,7 @@ pub mod doctor;
 pub mod evidence;
 pub mod gateway;
 pub mod http;
+pub mod labels;
 pub mod metrics;
 pub mod pki;
 pub mod serve;

@@ -171,7 +171,7 @@ fn list_nodes(
             .await
             .map_err(|e| format!("connect: {e}"))?;
         AdminClient::new(channel)
-            .list_nodes(ListNodesRequest {})
+            .list_nodes(ListNodesRequest::default())
             .await
             .map(|_| ())
             .map_err(|s| format!("{:?}: {}", s.code(), s.message()))

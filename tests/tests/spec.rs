@@ -214,6 +214,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
                     }),
                     access: None,
                     ticket_jwks: String::new(),
+                    intent: None,
                 };
                 bcd_proto::sign::seal(&foreign, forged.encode_to_vec())
             }),

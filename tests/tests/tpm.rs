@@ -361,7 +361,9 @@ fn a_tpm_node_renews_with_a_next_key_its_ak_certified(backend: Backend) {
 /// the same socket: swtpm started again on fresh state): the renewal fails
 /// before any request with the spec's text, once, and is not tried again
 /// (retrying cannot help); the session keeps its current certificate, and
-/// `bcd doctor` fails the identity check with the same text.
+/// `bcd doctor` fails the identity check with the same text. Then the
+/// spec's recovery, followed as written: the old node cordoned and
+/// deleted, `bcd join --reset --yes`, and the machine joins as a new node.
 fn another_ak_at_renewal_stops_the_attempts_and_doctor_says_why(backend: Backend) {
     let d = tempfile::tempdir().unwrap();
     let mut args = bc_tests::FAST.to_vec();
@@ -412,6 +414,32 @@ fn another_ak_at_renewal_stops_the_attempts_and_doctor_says_why(backend: Backend
     let (status, summary) = doctor_identity(backend, &node, &tpm_arg(&tpm));
     assert_eq!(status, "fail", "{summary}");
     assert_eq!(summary, OTHER_AK);
+
+    // The spec's recovery, step by step: a machine whose EK changed joins
+    // as a new node once the old node is cordoned and deleted, its
+    // identity and journal moved aside by `bcd join --reset --yes`.
+    let out = server.cli(&["nodes", "cordon", &id, "--reason", "TPM replaced"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = server.cli(&["-o", "wide", "nodes", "list"]);
+    let wide = String::from_utf8_lossy(&out.stdout).to_string();
+    let row = wide.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(
+        row.contains(",cordoned") && row.contains("(TPM replaced)"),
+        "{wide}"
+    );
+    let out = server.cli(&["nodes", "delete", &id, "--yes"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = node
+        .bcd(&["join", "--reset", "--yes"])
+        .output()
+        .expect("bcd join --reset");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = join_through(backend, &node, &server, &server.token(1), &tpm, &[]);
+    assert!(out.contains("joined as node"), "{out}");
+    let new = node.id();
+    assert_ne!(new, id, "another EK, another node");
+    start_through(backend, &mut node, &tpm);
+    server.wait_node(&new, "the new node connected", |n| n.state == "connected");
 }
 
 /// x509pop for a TPM-held certificate: back after its certificate ran

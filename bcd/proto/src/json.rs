@@ -7,7 +7,7 @@
 //! does not know), image targets are `default` or `mac:...`. `build.rs`
 //! attaches these to the fields.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Serializer;
 
@@ -59,8 +59,12 @@ pub fn text<S: Serializer>(b: &impl AsRef<[u8]>, s: S) -> Result<S::Ok, S::Error
     s.serialize_str(&String::from_utf8_lossy(b.as_ref()))
 }
 
-pub fn sorted_map<S: Serializer>(m: &HashMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_map(m.iter().collect::<BTreeMap<_, _>>())
+/// A map in key order, whether prost made it a `HashMap` or a `BTreeMap`.
+pub fn sorted_map<'a, M, S: Serializer>(m: &'a M, s: S) -> Result<S::Ok, S::Error>
+where
+    &'a M: IntoIterator<Item = (&'a String, &'a String)>,
+{
+    s.collect_map(m.into_iter().collect::<BTreeMap<_, _>>())
 }
 
 #[cfg(test)]

@@ -335,8 +335,9 @@ fn signed_intent_and_facts() {
                 }],
             }),
         }),
-        // Added later: unset, it leaves the earlier encoding as it was.
+        // Added later: unset, they leave the earlier encoding as it was.
         ticket_jwks: String::new(),
+        intent: None,
     };
     check("node_spec", &spec);
     check(
@@ -359,6 +360,46 @@ fn signed_intent_and_facts() {
         }];
     }
     check("node_spec_secrets", &with_secrets);
+    check(
+        "node_spec_intent",
+        &v1::NodeSpec {
+            intent: Some(v1::NodeIntent {
+                labels: [("pool", "a"), ("gpu", "h200"), ("rack", "r1")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+                cordoned: true,
+                cordon_reason: "fan 3 failing".into(),
+                cordoned_at_ms: 1_790_000_100_000,
+            }),
+            ..spec.clone()
+        },
+    );
+    check(
+        "label_node",
+        &v1::LabelNodeRequest {
+            node_id: "nd-0f3a9c".into(),
+            set: [("pool".to_string(), "a".to_string())].into(),
+            remove: vec!["rack".into()],
+        },
+    );
+    check(
+        "cordon_node",
+        &v1::CordonNodeRequest {
+            node_id: "nd-0f3a9c".into(),
+            cordon: true,
+            reason: "fan 3 failing".into(),
+        },
+    );
+    check(
+        "list_nodes_request_filtered",
+        &v1::ListNodesRequest {
+            label_selector: "pool=a,gpu!=h100".into(),
+            state: v1::NodeState::Connected as i32,
+            pool: "lab".into(),
+            limit: 100,
+            after: "nd-0f3a9c".into(),
+        },
+    );
     let result = v1::CommandResult {
         command_id: "cmd-1".into(),
         seq: 5,

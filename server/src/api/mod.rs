@@ -221,8 +221,8 @@ impl Admin for AdminService {
         tunnels::rotate_keys(self).await.map(Response::new)
     }
 
-    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Reply<v1::ListNodesResponse> {
-        nodes::list(self).await.map(Response::new)
+    async fn list_nodes(&self, r: Request<v1::ListNodesRequest>) -> Reply<v1::ListNodesResponse> {
+        nodes::list(self, r.into_inner()).await.map(Response::new)
     }
 
     async fn delete_node(
@@ -280,6 +280,14 @@ impl Admin for AdminService {
         specs::set_access(self, r.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn label_node(&self, r: Request<v1::LabelNodeRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::label(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn cordon_node(&self, r: Request<v1::CordonNodeRequest>) -> Reply<v1::NodeSpecInfo> {
+        specs::cordon(self, r.into_inner()).await.map(Response::new)
     }
 
     async fn register_release(

@@ -1,12 +1,16 @@
 //! Nodes: `ListNodes`, `GetNodeInventory`, `DeleteNode`.
 
 use bc_store::nodes::NodeRow;
-use bcd_proto::v1::{self, DeleteNodeRequest, DeleteNodeResponse, ListNodesResponse, NodeInfo};
+use bc_store::specs::Intent;
+use bcd_proto::v1::{
+    self, DeleteNodeRequest, DeleteNodeResponse, ListNodesRequest, ListNodesResponse, NodeInfo,
+};
 use tonic::Status;
 use tracing::info;
 
 use super::AdminService;
-use super::status::{refusal, unavailable};
+use super::status::{bad_request, refusal, unavailable};
+use crate::labels::Selector;
 
 fn info(n: NodeRow, now: i64) -> NodeInfo {
     let state = bcd_proto::typed::parse::<v1::NodeState>(&n.state)
@@ -30,15 +34,68 @@ fn info(n: NodeRow, now: i64) -> NodeInfo {
         pool: n.pool.unwrap_or_default(),
         macs: n.macs,
         ek_sha256: n.ek_sha256.unwrap_or_default(),
+        intent: None,
+        intent_error: String::new(),
     }
 }
 
-pub async fn list(svc: &AdminService) -> Result<ListNodesResponse, Status> {
+/// `ListNodes`: every live node, or those the request's filters keep, a
+/// page at a time. Labels and cordons come from each node's signed spec;
+/// a node whose spec does not open matches no label selector.
+pub async fn list(svc: &AdminService, r: ListNodesRequest) -> Result<ListNodesResponse, Status> {
+    let selector = Selector::parse(&r.label_selector).map_err(bad_request)?;
+    let state = r.state();
     let list = svc.store.list_nodes().await.map_err(unavailable)?;
+    let mut intents = crate::pki::seal::intents(&svc.store, &svc.worker_key)
+        .await
+        .map_err(unavailable)?;
     let now = list.now_ms;
+    let limit = if r.limit == 0 {
+        usize::MAX
+    } else {
+        r.limit as usize
+    };
+    let mut nodes = Vec::new();
+    let mut next_after = String::new();
+    for n in list.nodes {
+        if !r.after.is_empty() && n.node_id <= r.after {
+            continue;
+        }
+        if !r.pool.is_empty() && n.pool.as_deref() != Some(r.pool.as_str()) {
+            continue;
+        }
+        let intent = intents.remove(&n.node_id).unwrap_or(Ok(Intent::default()));
+        let mut node = info(n, now);
+        if state != v1::NodeState::Unspecified && node.state() != state {
+            continue;
+        }
+        match intent {
+            Ok(i) => {
+                if !selector.matches(&i.labels) {
+                    continue;
+                }
+                node.intent = crate::pki::seal::intent(&i);
+            }
+            Err(why) => {
+                if !selector.is_empty() {
+                    continue;
+                }
+                node.intent_error = why;
+            }
+        }
+        if nodes.len() == limit {
+            next_after = nodes
+                .last()
+                .map(|n: &NodeInfo| n.node_id.clone())
+                .unwrap_or_default();
+            break;
+        }
+        nodes.push(node);
+    }
     Ok(ListNodesResponse {
         server_time_ms: now,
-        nodes: list.nodes.into_iter().map(|n| info(n, now)).collect(),
+        nodes,
+        next_after,
     })
 }
 

@@ -122,6 +122,21 @@ pub async fn start(svc: &AdminService, r: StartRolloutRequest) -> Result<Rollout
     } else {
         r.waves
     };
+    let selector = crate::labels::Selector::parse(&r.label_selector).map_err(bad_request)?;
+    let labels = if selector.is_empty() {
+        None
+    } else {
+        // Read from the signed specs: a node whose spec does not open
+        // matches no label selector.
+        let among = crate::pki::seal::intents(&svc.store, &svc.worker_key)
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .filter(|(_, i)| i.as_ref().is_ok_and(|i| selector.matches(&i.labels)))
+            .map(|(n, _)| n)
+            .collect();
+        Some((selector.to_string(), among))
+    };
     let rollout = svc
         .store
         .start_rollout(&NewRollout {
@@ -129,6 +144,7 @@ pub async fn start(svc: &AdminService, r: StartRolloutRequest) -> Result<Rollout
             selector: r.selector,
             waves,
             max_failures: r.max_failures,
+            labels,
         })
         .await
         .map_err(status)?;

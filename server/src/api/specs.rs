@@ -2,10 +2,10 @@
 //! the node's spec, sealed as its next generation) and `GetNodeSpec`.
 
 use bc_store::Refusal;
-use bc_store::specs::{Assignment, SpecBody};
+use bc_store::specs::{Assignment, Cordon, SpecBody};
 use bcd_proto::v1::{
-    self, AssignGpusRequest, BindingInfo, NodeSpecInfo, SectionStatus, SetAccessRequest,
-    UnassignRequest,
+    self, AssignGpusRequest, BindingInfo, CordonNodeRequest, LabelNodeRequest, NodeSpecInfo,
+    SectionStatus, SetAccessRequest, UnassignRequest,
 };
 use tonic::Status;
 use tracing::info;
@@ -73,6 +73,7 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
         .await
         .map_err(unavailable)?
         .ok_or_else(|| refusal(Refusal::NoSuchNode(node.clone())))?;
+    let mut intent = None;
     // What the operator sees desired is what the worker signed, as the node
     // will read it; the columns only where the envelope does not open (its
     // forgery is among the events, and changes are refused).
@@ -82,6 +83,7 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
         view.desired_generation = opened.generation;
         view.assignments = opened.body.assignments;
         view.access = opened.body.access;
+        intent = Some(seal::intent(&opened.body.intent).unwrap_or_default());
     }
     Ok(NodeSpecInfo {
         node_id: node,
@@ -112,6 +114,7 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
             })
             .collect(),
         reported_age_ms: view.reported_age_ms.unwrap_or(-1),
+        intent,
     })
 }
 
@@ -129,7 +132,25 @@ pub async fn assign_gpus(
     for g in &r.gpus {
         bcd_helper::validate::check_device_name(g).map_err(|e| bad_request(e.to_string()))?;
     }
+    let node = r.node_id.clone();
     let info = change(svc, r.node_id.clone(), move |body| {
+        // A cordoned node takes no new allocation; one it holds may change.
+        if let Some(c) = &body.intent.cordon
+            && !body
+                .assignments
+                .iter()
+                .any(|a| a.allocation_id == r.allocation_id)
+        {
+            return Err(Refusal::Conflict(format!(
+                "node {node} is cordoned{}: no new allocation lands on it \
+                 (better-compute nodes uncordon {node} first)",
+                if c.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", c.reason)
+                }
+            )));
+        }
         let assignments = &mut body.assignments;
         // A GPU is bound to one allocation at a time.
         for a in assignments.iter() {
@@ -184,6 +205,46 @@ pub async fn set_access(svc: &AdminService, r: SetAccessRequest) -> Result<NodeS
     })
     .await?;
     info!(node = %info.node_id, generation = info.desired_generation, "access set");
+    Ok(info)
+}
+
+/// `LabelNode`: sets and removes labels, signed as the node's next spec.
+pub async fn label(svc: &AdminService, r: LabelNodeRequest) -> Result<NodeSpecInfo, Status> {
+    let set: std::collections::BTreeMap<String, String> = r.set.into_iter().collect();
+    let remove = r.remove;
+    crate::labels::apply(&mut Default::default(), &set, &remove).map_err(bad_request)?;
+    let info = change(svc, r.node_id, move |body| {
+        crate::labels::apply(&mut body.intent.labels, &set, &remove).map_err(Refusal::BadRequest)
+    })
+    .await?;
+    info!(node = %info.node_id, generation = info.desired_generation, "labels changed");
+    Ok(info)
+}
+
+/// The longest cordon reason.
+pub const MAX_REASON: usize = 256;
+
+/// `CordonNode`: cordons (no new allocation, no rollout wave) or
+/// uncordons, signed as the node's next spec. Cordoning a cordoned node
+/// keeps its first time and takes the new reason.
+pub async fn cordon(svc: &AdminService, r: CordonNodeRequest) -> Result<NodeSpecInfo, Status> {
+    let reason = r.reason.trim().to_string();
+    if reason.len() > MAX_REASON || reason.chars().any(char::is_control) {
+        return Err(bad_request(format!(
+            "the reason must be one line of at most {MAX_REASON} bytes"
+        )));
+    }
+    let now_ms = crate::clock::unix_ms();
+    let cordon = r.cordon;
+    let info = change(svc, r.node_id, move |body| {
+        body.intent.cordon = cordon.then(|| Cordon {
+            since_ms: body.intent.cordon.as_ref().map_or(now_ms, |c| c.since_ms),
+            reason,
+        });
+        Ok(())
+    })
+    .await?;
+    info!(node = %info.node_id, cordon, generation = info.desired_generation, "cordon changed");
     Ok(info)
 }
 

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use bcd_proto::v1::{
-    CommandInfo, CommandKind, CommandState, GetCommandRequest, ListCommandsRequest, ResultEvidence,
-    RunCommandRequest,
+    CommandInfo, CommandKind, CommandState, GetCommandRequest, ListCommandsRequest,
+    ListNodesRequest, ResultEvidence, RunCommandRequest,
 };
 use clap::Subcommand;
 
@@ -28,15 +28,21 @@ pub enum CommandsCommand {
     /// boot.kexec kernel=PATH boots files already on the node, unverified,
     /// with cmdline= as the whole command line.
     #[command(
-        after_help = "Examples:\n  better-compute commands run nd-1a2b3c4d5e6f exec.run --wait -- /usr/bin/nvidia-smi -L\n  better-compute commands run nd-1a2b3c4d5e6f node.reboot --not-after 10m\n  better-compute commands run nd-1a2b3c4d5e6f daemon.upgrade 7 --idempotency-key upgrade-7"
+        after_help = "Examples:\n  better-compute commands run nd-1a2b3c4d5e6f exec.run --wait -- /usr/bin/nvidia-smi -L\n  better-compute commands run nd-1a2b3c4d5e6f node.reboot --not-after 10m\n  better-compute commands run nd-1a2b3c4d5e6f daemon.upgrade 7 --idempotency-key upgrade-7\n  better-compute commands run -l pool=a inventory.refresh --wait"
     )]
     Run {
-        /// The node's id (nodes list shows them).
-        node: String,
-        /// The command kind: exec.run, node.reboot, boot.kexec, inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback.
-        kind: String,
-        /// The kind's arguments (exec.run: the program and its arguments, after --).
-        args: Vec<String>,
+        /// NODE KIND [ARGS]...: the node's id (nodes list shows them), the
+        /// command kind (exec.run, node.reboot, boot.kexec,
+        /// inventory.refresh, gpu.reset, daemon.upgrade, daemon.rollback)
+        /// and its arguments (exec.run: the program and its arguments,
+        /// after --). With -l: KIND [ARGS]...
+        #[arg(required = true, value_name = "NODE KIND [ARGS]")]
+        words: Vec<String>,
+        /// Every node whose labels match instead of one: one signed command
+        /// per node, and a summary of their results with --wait (exit 0
+        /// when every one succeeded).
+        #[arg(short = 'l', long = "labels", value_name = "SELECTOR")]
+        labels: Option<String>,
         /// The node must start it within this long (a duration such as 10m),
         /// or by this time (RFC 3339); default 1h.
         #[arg(long)]
@@ -98,9 +104,8 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
     let mut c = target.connect().await?;
     match cmd {
         CommandsCommand::Run {
-            node,
-            kind,
-            args,
+            mut words,
+            labels,
             not_after: deadline,
             min_generation,
             idempotency_key,
@@ -109,6 +114,14 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
             json,
         } => {
             let deadline = deadline.as_deref().map(not_after).transpose()?;
+            let node = match &labels {
+                Some(_) => None,
+                None if words.len() < 2 => anyhow::bail!(
+                    "commands run takes NODE KIND [ARGS]... (or -l SELECTOR KIND [ARGS]...)"
+                ),
+                None => Some(words.remove(0)),
+            };
+            let kind = words.remove(0);
             let kind = bcd_proto::typed::parse::<CommandKind>(&kind)
                 .filter(|k| *k != CommandKind::Unspecified)
                 .ok_or_else(|| {
@@ -117,19 +130,19 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                         bcd_core::command::Kind::names()
                     )
                 })?;
-            let mut info = c
-                .run_command(RunCommandRequest {
-                    node_id: node,
-                    kind: kind as i32,
-                    args,
-                    not_after_ms: deadline.map_or(0, |d| d.as_millis() as u64),
-                    min_generation,
-                    idempotency_key: idempotency_key.unwrap_or_default(),
-                    timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
+            let request = RunCommandRequest {
+                node_id: node.clone().unwrap_or_default(),
+                kind: kind as i32,
+                args: words,
+                not_after_ms: deadline.map_or(0, |d| d.as_millis() as u64),
+                min_generation,
+                idempotency_key: idempotency_key.unwrap_or_default(),
+                timeout_ms: timeout.map_or(0, |d| d.as_millis() as u64),
+            };
+            if let Some(selector) = labels {
+                return fan_out(&mut c, &selector, request, wait, json).await;
+            }
+            let mut info = c.run_command(request).await.map_err(status)?.into_inner();
             if !wait {
                 if crate::cli::output::json_wanted(json) {
                     output::json_line(&info)?;
@@ -139,7 +152,7 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
                 return Ok(ExitCode::SUCCESS);
             }
             while !is_terminal(info.state) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(WAIT_POLL).await;
                 info = c
                     .get_command(GetCommandRequest {
                         command_id: info.command_id.clone(),
@@ -224,6 +237,125 @@ pub async fn run(cmd: CommandsCommand, target: &Target) -> anyhow::Result<ExitCo
 }
 
 /// Whether the key holder found the result no node's.
+/// How often a waiting CLI asks for a command's state.
+const WAIT_POLL: Duration = Duration::from_millis(50);
+
+/// `commands run -l`: one signed command per node whose labels match
+/// (under `KEY:NODE` when an idempotency key is given, so repeating the
+/// whole fan-out creates none twice), then, with `--wait`, each one's
+/// result and a summary. Exit code: 0 when every one succeeded, 5 when
+/// a result is forged, 1 when one failed, 4 when one expired or was
+/// rejected.
+async fn fan_out(
+    c: &mut crate::client::Admin,
+    selector: &str,
+    request: RunCommandRequest,
+    wait: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let nodes = c
+        .list_nodes(ListNodesRequest {
+            label_selector: selector.to_string(),
+            ..Default::default()
+        })
+        .await
+        .map_err(status)?
+        .into_inner()
+        .nodes;
+    anyhow::ensure!(
+        !nodes.is_empty(),
+        "no node's labels match {selector:?}: see better-compute nodes list -l {selector:?}"
+    );
+    let mut infos = Vec::with_capacity(nodes.len());
+    for n in &nodes {
+        let key = &request.idempotency_key;
+        let one = RunCommandRequest {
+            node_id: n.node_id.clone(),
+            idempotency_key: if key.is_empty() {
+                String::new()
+            } else {
+                format!("{key}:{}", n.node_id)
+            },
+            ..request.clone()
+        };
+        infos.push(c.run_command(one).await.map_err(status)?.into_inner());
+    }
+    if wait {
+        for info in infos.iter_mut() {
+            while !is_terminal(info.state) {
+                tokio::time::sleep(WAIT_POLL).await;
+                *info = c
+                    .get_command(GetCommandRequest {
+                        command_id: info.command_id.clone(),
+                    })
+                    .await
+                    .map_err(status)?
+                    .into_inner();
+            }
+        }
+    }
+    if crate::cli::output::json_wanted(json) {
+        for info in &infos {
+            output::json_line(info)?;
+        }
+    } else {
+        use output::Align::Left;
+        let mut table = output::Table::new(&[
+            ("NODE", Left),
+            ("COMMAND", Left),
+            ("STATE", Left),
+            ("REASON", Left),
+        ]);
+        for i in &infos {
+            table.row(vec![
+                i.node_id.clone(),
+                i.command_id.clone(),
+                state_word(i),
+                if forged(i) {
+                    i.evidence_detail.clone()
+                } else {
+                    i.reason.clone()
+                },
+            ]);
+        }
+        output::emit(&table.render())?;
+    }
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for i in &infos {
+        *counts.entry(state_word(i)).or_default() += 1;
+    }
+    eprintln!(
+        "{} nodes: {}",
+        infos.len(),
+        counts
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Ok(fan_out_exit(&infos))
+}
+
+/// The exit code of a waited fan-out: the worst of its commands'.
+fn fan_out_exit(infos: &[CommandInfo]) -> ExitCode {
+    if infos.iter().any(forged) {
+        return ExitCode::from(5);
+    }
+    let codes: Vec<ExitCode> = infos
+        .iter()
+        .map(|i| output::command_exit(i.state))
+        .collect();
+    for worst in [1u8, 4] {
+        if codes.contains(&ExitCode::from(worst)) {
+            return ExitCode::from(worst);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn forged(i: &CommandInfo) -> bool {
     i.evidence == ResultEvidence::Forged as i32
 }

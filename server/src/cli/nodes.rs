@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignGpusRequest, BindingState, CommandInfo, CommandKind, DeleteNodeRequest, FleetEvent,
-    GetNodeInventoryRequest, GetNodeSpecRequest, ListCommandsRequest, ListEventsRequest,
-    ListNodesRequest, NodeInfo, NodeSpecInfo, NodeState, SectionState, SetAccessRequest,
-    UnassignRequest,
+    AssignGpusRequest, BindingState, CommandInfo, CommandKind, CordonNodeRequest,
+    DeleteNodeRequest, FleetEvent, GetNodeInventoryRequest, GetNodeSpecRequest, LabelNodeRequest,
+    ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo, NodeSpecInfo, NodeState,
+    SectionState, SetAccessRequest, UnassignRequest,
 };
 use clap::Subcommand;
 
@@ -19,12 +19,85 @@ use crate::client::status;
 pub enum NodesCommand {
     /// Show each node's state, epoch, gateway, certificate expiry and last-seen age.
     #[command(
-        after_help = "Examples:\n  better-compute nodes list\n  better-compute -o wide nodes list\n  better-compute -o json nodes list | jq -r '.nodes[].node_id'"
+        after_help = "Examples:\n  better-compute nodes list\n  better-compute nodes list -l pool=a,gpu!=h100 --state connected\n  better-compute -o wide nodes list --limit 100 --after nd-1a2b3c4d5e6f\n  better-compute -o json nodes list | jq -r '.nodes[].node_id'"
     )]
     List {
+        /// Only nodes whose labels match: key=value, key!=value, key, !key,
+        /// comma-separated, all of which must hold.
+        #[arg(short = 'l', long = "labels", value_name = "SELECTOR")]
+        selector: Option<String>,
+        /// Only nodes in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// Only nodes of this pool (the pool their join token named).
+        #[arg(long)]
+        pool: Option<String>,
+        /// At most this many nodes, in id order; the next page's --after is
+        /// printed on stderr.
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Only nodes whose id sorts after this one (a page's last).
+        #[arg(long, value_name = "NODE")]
+        after: Option<String>,
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
+    },
+    /// Set or remove a node's labels: KEY=VALUE sets, KEY- removes. Signed
+    /// into the node's spec; label selectors (-l) match them.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes label nd-1a2b3c4d5e6f pool=a gpu=h200\n  better-compute nodes label nd-1a2b3c4d5e6f rack-"
+    )]
+    Label {
+        /// The node's id.
+        node: String,
+        /// KEY=VALUE to set, KEY- to remove (keys: letters, digits, . _ - /;
+        /// values: letters, digits, . _ -; 63 characters each).
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        labels: Vec<String>,
+        /// JSON instead of a table (the same as the global `-o json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cordon a node: no new allocation is assigned to it and no rollout
+    /// wave upgrades it (its wave waits) until it is uncordoned. What it
+    /// runs keeps running.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes cordon nd-1a2b3c4d5e6f --reason 'fan 3 failing'"
+    )]
+    Cordon {
+        /// The node's id.
+        node: String,
+        /// Why, shown in nodes list -o wide and nodes show.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// JSON instead of a table (the same as the global `-o json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Uncordon a node: allocations and rollout waves land on it again.
+    Uncordon {
+        /// The node's id.
+        node: String,
+        /// JSON instead of a table (the same as the global `-o json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cordon a node, then wait until its allocations are unassigned by
+    /// their owners (better-compute nodes unassign). It releases nothing
+    /// itself; exits 0 once none is left, 1 at --timeout naming those left.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes drain nd-1a2b3c4d5e6f --reason 'replace PSU' --timeout 2h"
+    )]
+    Drain {
+        /// The node's id.
+        node: String,
+        /// Why, as for cordon.
+        #[arg(long, default_value = "drain")]
+        reason: String,
+        /// How long to wait for the allocations to go.
+        #[arg(long, default_value = "10m", value_parser = super::dur)]
+        timeout: std::time::Duration,
     },
     /// Bind GPUs (UUIDs or indices) to an allocation on a node: the node
     /// writes the CDI spec and the allocation's env file.
@@ -111,13 +184,29 @@ pub enum NodesCommand {
 
 pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
     match cmd {
-        NodesCommand::List { json } => {
+        NodesCommand::List {
+            selector,
+            state,
+            pool,
+            limit,
+            after,
+            json,
+        } => {
             let mut c = target.connect().await?;
             let r = c
-                .list_nodes(ListNodesRequest {})
+                .list_nodes(ListNodesRequest {
+                    label_selector: selector.unwrap_or_default(),
+                    state: state.map_or(NodeState::Unspecified, StateFilter::wire) as i32,
+                    pool: pool.unwrap_or_default(),
+                    limit: limit.unwrap_or(0),
+                    after: after.unwrap_or_default(),
+                })
                 .await
                 .map_err(status)?
                 .into_inner();
+            if !r.next_after.is_empty() {
+                eprintln!("more nodes: --after {}", r.next_after);
+            }
             if crate::cli::output::json_wanted(json) {
                 return output::json(&r);
             }
@@ -142,6 +231,8 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                     ("TAINTS", Left),
                     ("BOOT", Left),
                     ("TPM EK", Left),
+                    ("LABELS", Left),
+                    ("CORDON", Left),
                 ]);
             }
             let mut table = output::Table::new(&columns);
@@ -149,7 +240,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 let mut row = vec![
                     n.node_id.clone(),
                     n.hostname.clone(),
-                    spelled::<NodeState>(n.state),
+                    state_word(n),
                     n.epoch.to_string(),
                     n.gateway_id.clone(),
                     output::time(n.cert_not_after_ms),
@@ -165,6 +256,11 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                         n.taints.join(","),
                         n.boot_id.clone(),
                         output::short(&n.ek_sha256).to_string(),
+                        n.intent
+                            .as_ref()
+                            .map(|i| crate::labels::show(&i.labels))
+                            .unwrap_or_default(),
+                        cordon_word(n),
                     ]);
                 }
                 table.row(row);
@@ -252,6 +348,34 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                 .into_inner();
             print_spec(&info, json)
         }
+        NodesCommand::Label { node, labels, json } => {
+            let (set, remove) =
+                crate::labels::parse_changes(&labels).map_err(anyhow::Error::msg)?;
+            let mut c = target.connect().await?;
+            let info = c
+                .label_node(LabelNodeRequest {
+                    node_id: node,
+                    set: set.into_iter().collect(),
+                    remove,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_spec(&info, json)
+        }
+        NodesCommand::Cordon { node, reason, json } => {
+            let info = cordon(target, &node, true, &reason).await?;
+            print_spec(&info, json)
+        }
+        NodesCommand::Uncordon { node, json } => {
+            let info = cordon(target, &node, false, "").await?;
+            print_spec(&info, json)
+        }
+        NodesCommand::Drain {
+            node,
+            reason,
+            timeout,
+        } => drain(target, &node, &reason, timeout).await,
         NodesCommand::Show { node, recent, json } => show(&node, recent, json, target).await,
         NodesCommand::Spec { node, json } => {
             let mut c = target.connect().await?;
@@ -278,6 +402,119 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
             out!("deleted {node}");
             Ok(())
         }
+    }
+}
+
+/// The states `nodes list --state` keeps.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum StateFilter {
+    Connected,
+    Disconnected,
+    Unreachable,
+}
+
+impl StateFilter {
+    fn wire(self) -> NodeState {
+        match self {
+            StateFilter::Connected => NodeState::Connected,
+            StateFilter::Disconnected => NodeState::Disconnected,
+            StateFilter::Unreachable => NodeState::Unreachable,
+        }
+    }
+}
+
+/// The state as `nodes list` shows it: `connected`, and `,cordoned` after
+/// it when the node is cordoned (or its signed spec does not open, so its
+/// cordon is unknown: `,spec-forged`).
+fn state_word(n: &NodeInfo) -> String {
+    let state = spelled::<NodeState>(n.state);
+    if !n.intent_error.is_empty() {
+        format!("{state},spec-forged")
+    } else if n.intent.as_ref().is_some_and(|i| i.cordoned) {
+        format!("{state},cordoned")
+    } else {
+        state
+    }
+}
+
+/// Since when and why a node is cordoned, or empty.
+fn cordon_word(n: &NodeInfo) -> String {
+    match &n.intent {
+        Some(i) if i.cordoned => format!(
+            "since {}{}",
+            output::time(i.cordoned_at_ms),
+            around(" (", &i.cordon_reason, ")")
+        ),
+        _ => String::new(),
+    }
+}
+
+async fn cordon(
+    target: &Target,
+    node: &str,
+    cordon: bool,
+    reason: &str,
+) -> anyhow::Result<NodeSpecInfo> {
+    let mut c = target.connect().await?;
+    Ok(c.cordon_node(CordonNodeRequest {
+        node_id: node.to_string(),
+        cordon,
+        reason: reason.to_string(),
+    })
+    .await
+    .map_err(status)?
+    .into_inner())
+}
+
+/// How often `nodes drain` looks at the node's allocations.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `nodes drain`: cordons, then waits for the allocations to be unassigned
+/// by whoever assigned them (I5: nothing is released here).
+async fn drain(
+    target: &Target,
+    node: &str,
+    reason: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    cordon(target, node, true, reason).await?;
+    out!("cordoned {node}: no new allocation lands on it");
+    let mut c = target.connect().await?;
+    let started = crate::clock::mono();
+    let mut last: Option<Vec<String>> = None;
+    loop {
+        let spec = c
+            .get_node_spec(GetNodeSpecRequest {
+                node_id: node.to_string(),
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        let left: Vec<String> = spec
+            .assignments
+            .iter()
+            .map(|a| a.allocation_id.clone())
+            .collect();
+        if left.is_empty() {
+            out!("drained {node}: no allocation is assigned to it");
+            return Ok(());
+        }
+        if last.as_ref() != Some(&left) {
+            out!(
+                "waiting for {} allocation(s) to be unassigned by their owners: {}",
+                left.len(),
+                left.join(", ")
+            );
+            last = Some(left.clone());
+        }
+        if started.elapsed() >= timeout {
+            anyhow::bail!(
+                "{node} is cordoned but still holds {}: their owners unassign them \
+                 (better-compute nodes unassign {node} ALLOCATION); drain releases nothing itself",
+                left.join(", ")
+            );
+        }
+        tokio::time::sleep(DRAIN_POLL.min(timeout.saturating_sub(started.elapsed()))).await;
     }
 }
 
@@ -313,7 +550,7 @@ fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
 async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::Result<()> {
     let mut c = target.connect().await?;
     let nodes = c
-        .list_nodes(ListNodesRequest {})
+        .list_nodes(ListNodesRequest::default())
         .await
         .map_err(status)?
         .into_inner()
@@ -413,6 +650,22 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
         if n.pool.is_empty() { "-" } else { &n.pool }
     );
     out!("macs        {}", dash(&n.macs));
+    out!(
+        "labels      {}",
+        n.intent
+            .as_ref()
+            .map(|i| crate::labels::show(&i.labels))
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| "-".into())
+    );
+    if !n.intent_error.is_empty() {
+        out!(
+            "cordon      unknown: the node's stored spec does not open ({})",
+            n.intent_error
+        );
+    } else {
+        out!("cordon      {}", one(&cordon_word(&n)));
+    }
     out!("conditions  {}", dash(&n.conditions));
     out!("taints      {}", dash(&n.taints));
     match (gpu_section, &unread) {
@@ -474,6 +727,18 @@ fn print_spec_lines(i: &NodeSpecInfo) -> anyhow::Result<()> {
             " (never reported)".into()
         }
     );
+    if let Some(intent) = &i.intent {
+        if !intent.labels.is_empty() {
+            out!("labels     {}", crate::labels::show(&intent.labels));
+        }
+        if intent.cordoned {
+            out!(
+                "cordoned   since {}{}",
+                output::time(intent.cordoned_at_ms),
+                around(" (", &intent.cordon_reason, ")")
+            );
+        }
+    }
     for a in &i.assignments {
         out!("allocation {}: GPUs {}", a.allocation_id, a.gpus.join(","));
         for s in &a.secrets {

@@ -14,7 +14,7 @@ use crate::client::{Admin, status};
 pub enum RolloutsCommand {
     /// Start rolling release SEQUENCE out.
     #[command(
-        after_help = "Examples:\n  better-compute rollouts start 7\n  better-compute rollouts start 7 --selector 'hostname=gpu-a*' --waves 10%,100% --max-failures 2"
+        after_help = "Examples:\n  better-compute rollouts start 7\n  better-compute rollouts start 7 --selector 'hostname=gpu-a*' --waves 10%,100% --max-failures 2\n  better-compute rollouts start 7 -l pool=a,gpu=h200"
     )]
     Start {
         /// The release's sequence number (releases list shows them).
@@ -23,6 +23,10 @@ pub enum RolloutsCommand {
         /// (all must hold); `all` for every node.
         #[arg(long, default_value = "all")]
         selector: String,
+        /// And only nodes whose labels match: key=value, key!=value, key,
+        /// !key, comma-separated (nodes list -l shows which).
+        #[arg(short = 'l', long = "labels", value_name = "SELECTOR")]
+        labels: Option<String>,
         /// Cumulative percentages of the selected nodes.
         #[arg(long, default_value = "1%,10%,50%,100%")]
         waves: String,
@@ -88,6 +92,7 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
         RolloutsCommand::Start {
             sequence,
             selector,
+            labels,
             waves,
             max_failures,
             json,
@@ -99,6 +104,7 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
                     selector,
                     waves,
                     max_failures,
+                    label_selector: labels.unwrap_or_default(),
                 })
                 .await
                 .map_err(status)?

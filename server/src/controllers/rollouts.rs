@@ -14,12 +14,16 @@
 //! A node confirms only on a result its node signed: an upgrade the store
 //! says succeeded is judged from the signed bytes first
 //! ([`crate::evidence`], [`Believed`]), and a forged one counts as failed.
+//! A cordoned node is not given its upgrade while it stays cordoned (its
+//! signed spec says so, [`held_back`]): its wave waits for it.
+//!
 //! Release floors rise the same way, for every upgrade a rollout's or an
 //! operator's ([`raise_floors`]): a gateway's row raises none.
 //!
 //! [`decide`] is the decision, pure; [`tick`] reads each running rollout
 //! from the store, decides, and writes what was decided.
 
+use std::ops::Not;
 use std::sync::Arc;
 
 use bc_store::commands::NewCommand;
@@ -146,6 +150,19 @@ pub async fn raise_floors(store: &Store, believed: &Believed) -> Result<(), TxEr
 /// One pass: release floors from confirmed upgrades ([`raise_floors`]),
 /// then the running rollouts. Returns the nodes given a command (their
 /// gateway sessions are woken).
+/// Whether `node` is cordoned, by its signed spec (one that does not open
+/// counts as cordoned).
+pub async fn held_back(
+    store: &Store,
+    key: &ring::signature::Ed25519KeyPair,
+    node: &str,
+) -> Result<bool, TxError> {
+    Ok(crate::pki::seal::node_intent(store, key, node)
+        .await?
+        .is_ok_and(|i| i.cordon.is_none())
+        .not())
+}
+
 pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
@@ -181,6 +198,13 @@ pub async fn tick(
                     let n = &r.nodes[i];
                     if n.release_floor >= r.sequence {
                         store.skip_rollout_node(&id, &n.node_id, lease).await?;
+                        continue;
+                    }
+                    // A cordoned node waits in its wave, as does one whose
+                    // signed spec does not open (its cordon is unknown):
+                    // the wave goes on with the others and ends once it is
+                    // uncordoned, or the rollout is aborted.
+                    if held_back(store, key, &n.node_id).await? {
                         continue;
                     }
                     let new = NewCommand {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use bc_store::commands::{CommandRow, CommandSeal, NewCommand, SealCommand};
 use bc_store::nodes::{SealStatement, StatementKind, StatementSeal};
 use bc_store::specs::{
-    Access, AccessUser, Assignment, Firewall, FirewallRule, OpenSpec, OpenedSpec, SealSpec,
-    SpecBody, SpecSeal,
+    Access, AccessUser, Assignment, Cordon, Firewall, FirewallRule, Intent, OpenSpec, OpenedSpec,
+    SealSpec, SpecBody, SpecSeal,
 };
 use bc_store::{Store, TxError};
 use bcd_proto::typed::{Spelling, parse};
@@ -141,6 +141,37 @@ pub fn spec_payload(node: &str, seal: &SpecSeal, body: &SpecBody, ticket_jwks: &
             assignments: body.assignments.iter().map(assignment).collect(),
         }),
         access: Some(access(&body.access)),
+        intent: intent(&body.intent),
+    }
+}
+
+/// The wire form of a node's intent; none when it says nothing, so a spec
+/// without labels or a cordon encodes as it did before intents existed.
+pub fn intent(i: &Intent) -> Option<v1::NodeIntent> {
+    if i.labels.is_empty() && i.cordon.is_none() {
+        return None;
+    }
+    Some(v1::NodeIntent {
+        labels: i.labels.clone(),
+        cordoned: i.cordon.is_some(),
+        cordon_reason: i
+            .cordon
+            .as_ref()
+            .map(|c| c.reason.clone())
+            .unwrap_or_default(),
+        cordoned_at_ms: i.cordon.as_ref().map(|c| c.since_ms).unwrap_or_default(),
+    })
+}
+
+/// A node's intent as its signed spec states it.
+pub fn intent_from_wire(i: Option<v1::NodeIntent>) -> Intent {
+    let i = i.unwrap_or_default();
+    Intent {
+        labels: i.labels,
+        cordon: i.cordoned.then_some(Cordon {
+            reason: i.cordon_reason,
+            since_ms: i.cordoned_at_ms,
+        }),
     }
 }
 
@@ -203,6 +234,7 @@ pub fn spec_opener(worker_keys: Vec<Vec<u8>>, node: &str) -> OpenSpec {
             body: SpecBody {
                 assignments,
                 access,
+                intent: intent_from_wire(spec.intent),
             },
         })
     })
@@ -213,6 +245,37 @@ pub fn spec_opener(worker_keys: Vec<Vec<u8>>, node: &str) -> OpenSpec {
 pub fn own_spec_opener(key: &Ed25519KeyPair, node: &str) -> OpenSpec {
     use ring::signature::KeyPair;
     spec_opener(vec![key.public_key().as_ref().to_vec()], node)
+}
+
+/// Every live node's intent as its signed spec states it, or why that spec
+/// does not open (a node whose spec was never signed has none: no labels,
+/// not cordoned). What label selectors and cordons are read from: never a
+/// column.
+pub async fn intents(
+    store: &Store,
+    key: &Ed25519KeyPair,
+) -> Result<std::collections::HashMap<String, Result<Intent, String>>, bc_store::StoreError> {
+    Ok(store
+        .signed_specs()
+        .await?
+        .into_iter()
+        .map(|(node, signed)| {
+            let opened = own_spec_opener(key, &node)(&signed).map(|o| o.body.intent);
+            (node, opened)
+        })
+        .collect())
+}
+
+/// One node's intent, as [`intents`] reads it.
+pub async fn node_intent(
+    store: &Store,
+    key: &Ed25519KeyPair,
+    node: &str,
+) -> Result<Result<Intent, String>, bc_store::StoreError> {
+    Ok(match store.signed_spec(node).await? {
+        Some((_, signed)) => own_spec_opener(key, node)(&signed).map(|o| o.body.intent),
+        None => Ok(Intent::default()),
+    })
 }
 
 /// The statement a worker signs about a node.
@@ -359,6 +422,15 @@ mod tests {
                     principals: vec![],
                 }],
                 ..Access::default()
+            },
+            intent: Intent {
+                labels: [("pool", "a"), ("gpu", "h200")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+                cordon: Some(Cordon {
+                    reason: "bad fan".into(),
+                    since_ms: 5,
+                }),
             },
         };
         let seal = SpecSeal {

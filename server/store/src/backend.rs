@@ -655,6 +655,10 @@ pub trait Backend: GatewayBackend {
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError>;
 
     /// Desired against applied; `None` for a node that does not exist.
+    /// Every live node's signed spec, by node id: what label selectors and
+    /// cordons are read from (opened and verified by the caller).
+    async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError>;
 
     // ----------------------------------------------------------- bindings

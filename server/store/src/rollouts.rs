@@ -103,6 +103,22 @@ pub struct NewRollout {
     pub selector: String,
     pub waves: Vec<u32>,
     pub max_failures: u32,
+    /// A label selector too: its text, and the nodes whose signed labels
+    /// match it (the caller opens the signed specs; the store holds no
+    /// label it could read).
+    pub labels: Option<(String, std::collections::BTreeSet<String>)>,
+}
+
+impl NewRollout {
+    /// The selector as the rollout records it: its terms, then the label
+    /// selector after ` -l `.
+    pub fn recorded_selector(&self) -> String {
+        match &self.labels {
+            Some((text, _)) if self.selector.trim().is_empty() => format!("-l {text}"),
+            Some((text, _)) => format!("{} -l {text}", self.selector.trim()),
+            None => self.selector.clone(),
+        }
+    }
 }
 
 /// A rollout as the store keeps it.
@@ -237,14 +253,22 @@ pub fn plan(
     }
     let mut chosen = Vec::new();
     for c in candidates {
-        if selects(&r.selector, c).map_err(Refusal::BadRequest)? {
+        let labelled = r
+            .labels
+            .as_ref()
+            .is_none_or(|(_, among)| among.contains(&c.node_id));
+        if selects(&r.selector, c).map_err(Refusal::BadRequest)? && labelled {
             chosen.push(c.node_id.clone());
         }
     }
     if chosen.is_empty() {
         return Err(Refusal::BadRequest(format!(
-            "the selector {:?} matches no node: see better-compute nodes list",
-            r.selector
+            "the selector {:?} matches no node: see better-compute nodes list{}",
+            r.recorded_selector(),
+            r.labels
+                .as_ref()
+                .map(|(l, _)| format!(" -l {l}"))
+                .unwrap_or_default()
         )));
     }
     Ok(chosen)
@@ -324,6 +348,7 @@ mod tests {
             selector: "hostname=gpu-*".into(),
             waves: vec![100],
             max_failures: 0,
+            labels: None,
         };
         let nodes = [
             Candidate {
@@ -348,6 +373,24 @@ mod tests {
         assert!(matches!(
             plan(&r, true, None, &nodes[1..]),
             Err(Refusal::BadRequest(_))
+        ));
+        let labelled = NewRollout {
+            selector: String::new(),
+            labels: Some(("pool=a".into(), ["n2".to_string()].into())),
+            ..r.clone()
+        };
+        assert_eq!(
+            plan(&labelled, true, None, &nodes),
+            Ok(vec!["n2".to_string()])
+        );
+        assert_eq!(labelled.recorded_selector(), "-l pool=a");
+        let none = NewRollout {
+            labels: Some(("pool=a".into(), ["n2".to_string()].into())),
+            ..r.clone()
+        };
+        assert!(matches!(
+            plan(&none, true, None, &nodes),
+            Err(Refusal::BadRequest(m)) if m.contains("-l pool=a")
         ));
         let bad = NewRollout {
             waves: vec![50],

@@ -89,6 +89,23 @@ pub struct SecretRef {
 pub struct SpecBody {
     pub assignments: Vec<Assignment>,
     pub access: Access,
+    /// The operator's labels and cordon: signed with the rest, kept in no
+    /// column (whoever reads them opens the signed spec).
+    pub intent: Intent,
+}
+
+/// What the control plane intends for a node beside what it applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Intent {
+    pub labels: BTreeMap<String, String>,
+    pub cordon: Option<Cordon>,
+}
+
+/// Why and since when a node is cordoned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cordon {
+    pub reason: String,
+    pub since_ms: i64,
 }
 
 /// Edits a node's spec body, or refuses the change.

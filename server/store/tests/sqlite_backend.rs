@@ -313,6 +313,7 @@ async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
                             secrets: Vec::new(),
                         }],
                         access: Default::default(),
+                        intent: Default::default(),
                     },
                 })
             }),

@@ -268,6 +268,7 @@ mod tests {
             access: None,
             not_after_ms: 0,
             ticket_jwks: String::new(),
+            intent: None,
         }
     }
 

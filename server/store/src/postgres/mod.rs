@@ -1139,6 +1139,10 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| specs::expiring(&tx, within).await)
     }
 
+    async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        tx!(self, |tx| specs::signed_all(&tx).await)
+    }
+
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
         tx!(self, |tx| specs::view(&tx, node_id).await)
     }

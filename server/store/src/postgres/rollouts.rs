@@ -51,7 +51,7 @@ pub(super) async fn start(tx: &Tx<'_>, r: &NewRollout) -> Result<Rollout, TxErro
         &[
             &id,
             &sequence,
-            &r.selector,
+            &r.recorded_selector(),
             &super::to_json(&r.waves),
             &i64::from(r.max_failures),
             &RolloutState::Running.name(),

@@ -44,6 +44,7 @@ async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, 
         SpecBody {
             assignments: json_col(&r, 1)?,
             access: json_col(&r, 2)?,
+            intent: Default::default(),
         },
     )))
 }
@@ -99,6 +100,19 @@ pub(super) async fn update(
     )
     .await?;
     Ok(Ok((next, body)))
+}
+
+pub(super) async fn signed_all(tx: &Tx<'_>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    Ok(query(
+        tx,
+        "SELECT s.node_id, s.signed FROM node_specs s JOIN nodes n ON n.id = s.node_id
+         WHERE n.deleted_at IS NULL ORDER BY s.node_id",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
 }
 
 pub(super) async fn expiring(tx: &Tx<'_>, within: Duration) -> Result<Vec<String>, StoreError> {

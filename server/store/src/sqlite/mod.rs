@@ -1166,6 +1166,10 @@ impl Backend for SqliteBackend {
         self.read(move |c| specs::expiring(c, within)).await
     }
 
+    async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.read(specs::signed_all).await
+    }
+
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
         let node = node_id.to_string();
         self.read(move |c| specs::view(c, &node)).await

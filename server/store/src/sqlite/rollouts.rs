@@ -47,7 +47,7 @@ pub(super) fn start(c: &Connection, r: &NewRollout) -> Result<Rollout, TxError> 
         params![
             id,
             r.sequence as i64,
-            r.selector,
+            r.recorded_selector(),
             to_json(&r.waves),
             r.max_failures,
             RolloutState::Running.name(),

@@ -40,6 +40,7 @@ fn current(c: &Connection, node_id: &str) -> rusqlite::Result<Option<(u64, SpecB
                 SpecBody {
                     assignments: json_col(r, 1)?,
                     access: json_col(r, 2)?,
+                    intent: Default::default(),
                 },
             ))
         },
@@ -96,6 +97,15 @@ pub(super) fn update(
         ],
     )?;
     Ok(Ok((next, body)))
+}
+
+pub(super) fn signed_all(c: &Connection) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    Ok(c.prepare_cached(
+        "SELECT s.node_id, s.signed FROM node_specs s JOIN nodes n ON n.id = s.node_id
+             WHERE n.deleted_at IS NULL ORDER BY s.node_id",
+    )?
+    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+    .collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 pub(super) fn expiring(c: &Connection, within: Duration) -> Result<Vec<String>, StoreError> {

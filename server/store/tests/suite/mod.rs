@@ -325,6 +325,7 @@ pub fn open_spec(node: &str) -> OpenSpec {
             body: SpecBody {
                 assignments,
                 access,
+                intent: Default::default(),
             },
         })
     })

@@ -28,6 +28,7 @@ fn new(sequence: u64, selector: &str) -> NewRollout {
         selector: selector.into(),
         waves: vec![50, 100],
         max_failures: 1,
+        labels: None,
     }
 }
 

@@ -182,9 +182,30 @@ pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
         s.specs_expiring(RESIGN_WITHIN).await.unwrap(),
         vec![b.clone()]
     );
+    // Every live node's signed spec, in node order (what selectors open).
+    let signed = s.signed_specs().await.unwrap();
+    assert_eq!(
+        signed.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        both
+    );
+    for (n, bytes) in &signed {
+        assert_eq!(
+            Some(bytes),
+            s.signed_spec(n).await.unwrap().map(|(_, b)| b).as_ref()
+        );
+    }
     // A deleted node's spec is nobody's business.
     s.delete_node(&b, Box::new(|_| vec![])).await.unwrap();
     assert!(s.specs_expiring(RESIGN_WITHIN).await.unwrap().is_empty());
+    assert_eq!(
+        s.signed_specs()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>(),
+        vec![a.clone()]
+    );
 }
 
 /// Whoever can write the store rewrites a node's spec row: the unsigned
