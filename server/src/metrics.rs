@@ -17,7 +17,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_store::GatewayStore;
+use bc_store::nodes::NodeList;
+use bc_store::rollouts::{NodeStatus, Rollout, RolloutState};
+use bc_store::{GatewayStore, Store};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -66,6 +68,16 @@ pub struct GatewayLabels {
     pub gateway: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+}
+
 fn store_histogram() -> Histogram {
     // 0.5 ms to about 12 s.
     Histogram::new(exponential_buckets(0.0005, 2.5, 12))
@@ -90,6 +102,14 @@ pub struct ServerMetrics {
     pub clock_offset_seconds: Gauge<f64, AtomicU64>,
     pub absorbs_per_s: Gauge,
     pub fleet_absorbs_per_s: Gauge,
+    pub build_info: Family<VersionLabels, Gauge>,
+    /// The fleet as the key holder reads it ([`refresh_fleet`]).
+    pub nodes: Family<StateLabels, Gauge>,
+    pub nodes_unconverged: Gauge,
+    pub node_cert_soonest_expiry: Gauge<f64, AtomicU64>,
+    pub ca_expiry: Gauge<f64, AtomicU64>,
+    pub rollouts: Family<StateLabels, Gauge>,
+    pub rollout_nodes: Family<StatusLabels, Gauge>,
     /// The command states seen at the last refresh (a state that empties
     /// goes back to 0 rather than keeping its last count).
     seen_states: Mutex<Vec<String>>,
@@ -121,6 +141,13 @@ impl ServerMetrics {
             clock_offset_seconds: Gauge::default(),
             absorbs_per_s: Gauge::default(),
             fleet_absorbs_per_s: Gauge::default(),
+            build_info: Family::default(),
+            nodes: Family::default(),
+            nodes_unconverged: Gauge::default(),
+            node_cert_soonest_expiry: Gauge::default(),
+            ca_expiry: Gauge::default(),
+            rollouts: Family::default(),
+            rollout_nodes: Family::default(),
             seen_states: Mutex::new(Vec::new()),
         };
         registry.register(
@@ -197,6 +224,61 @@ impl ServerMetrics {
             "fleet_absorbs_hellos_per_second",
             "What the live gateways reported they absorb together: the first-redial window is the connected fleet over it",
             m.fleet_absorbs_per_s.clone(),
+        );
+        registry.register(
+            "build_info",
+            "1, labelled with this binary's version",
+            m.build_info.clone(),
+        );
+        // Series an alert's rate reads exist from the start, at zero.
+        for outcome in ["welcomed", "refused"] {
+            m.hellos
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.into(),
+                })
+                .inc_by(0);
+        }
+        for reason in ["fenced", "not-hello", "too-many-hellos"] {
+            m.hello_refusals
+                .get_or_create(&ReasonLabels {
+                    reason: reason.into(),
+                })
+                .inc_by(0);
+        }
+        m.build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        registry.register(
+            "nodes",
+            "Live nodes by state (connected, disconnected, unreachable), read by the key holder every 15 s",
+            m.nodes.clone(),
+        );
+        registry.register(
+            "nodes_unconverged",
+            "Nodes whose applied spec generation is not the desired one (key holder)",
+            m.nodes_unconverged.clone(),
+        );
+        registry.register(
+            "node_certificate_soonest_expiry_timestamp_seconds",
+            "When the first certificate of a connected node runs out, in Unix seconds; 0: no connected node (key holder)",
+            m.node_cert_soonest_expiry.clone(),
+        );
+        registry.register(
+            "fleet_ca_expiry_timestamp_seconds",
+            "When the fleet CA's certificate runs out, in Unix seconds (key holder)",
+            m.ca_expiry.clone(),
+        );
+        registry.register(
+            "rollouts",
+            "Rollouts by state (key holder)",
+            m.rollouts.clone(),
+        );
+        registry.register(
+            "rollout_nodes",
+            "The nodes of running, paused and halted rollouts by status (key holder)",
+            m.rollout_nodes.clone(),
         );
         ServerMetrics { registry, ..m }
     }
@@ -329,6 +411,92 @@ pub async fn refresh_commands(store: GatewayStore, metrics: Arc<ServerMetrics>) 
     }
 }
 
+/// How often [`refresh_fleet`] reads the fleet.
+pub const FLEET_EVERY: Duration = Duration::from_secs(15);
+
+/// The node states the fleet gauges always carry, zero included.
+const NODE_STATES: [&str; 3] = ["connected", "disconnected", "unreachable"];
+/// The rollout node statuses the gauges always carry.
+const ROLLOUT_STATUSES: [NodeStatus; 6] = [
+    NodeStatus::Waiting,
+    NodeStatus::Upgrading,
+    NodeStatus::Confirmed,
+    NodeStatus::Failed,
+    NodeStatus::Skipped,
+    NodeStatus::Cancelled,
+];
+
+impl ServerMetrics {
+    /// The fleet gauges from one read of the nodes, the settling counts
+    /// and the rollouts.
+    pub fn set_fleet(&self, nodes: &NodeList, unconverged: usize, rollouts: &[Rollout]) {
+        for state in NODE_STATES {
+            let n = nodes.nodes.iter().filter(|n| n.state == state).count();
+            self.nodes
+                .get_or_create(&StateLabels {
+                    state: state.to_string(),
+                })
+                .set(n as i64);
+        }
+        let soonest = nodes
+            .nodes
+            .iter()
+            .filter(|n| n.state == "connected" && n.cert_not_after_ms > 0)
+            .map(|n| n.cert_not_after_ms)
+            .min();
+        self.node_cert_soonest_expiry
+            .set(soonest.map_or(0.0, |ms| ms as f64 / 1000.0));
+        self.nodes_unconverged.set(unconverged as i64);
+        for state in RolloutState::ALL {
+            let n = rollouts.iter().filter(|r| r.state == state).count();
+            self.rollouts
+                .get_or_create(&StateLabels {
+                    state: state.name().to_string(),
+                })
+                .set(n as i64);
+        }
+        let open = || {
+            rollouts
+                .iter()
+                .filter(|r| r.state.active() || r.state == RolloutState::Halted)
+                .flat_map(|r| r.nodes.iter())
+        };
+        for status in ROLLOUT_STATUSES {
+            let n = open().filter(|n| n.status == status).count();
+            self.rollout_nodes
+                .get_or_create(&StatusLabels {
+                    status: status.name().to_string(),
+                })
+                .set(n as i64);
+        }
+    }
+}
+
+/// The key holder's fleet gauges, read every [`FLEET_EVERY`]: nodes by
+/// state, the soonest certificate expiry of a connected node, nodes not
+/// converged, rollouts and their nodes.
+pub async fn refresh_fleet(store: Store, metrics: Arc<ServerMetrics>) {
+    let mut tick = tokio::time::interval(FLEET_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let read = async {
+            let nodes = metrics.timed("list_nodes", store.list_nodes()).await?;
+            let settling = metrics.timed("settling", store.settling()).await?;
+            let rollouts = metrics
+                .timed("list_rollouts", store.list_rollouts())
+                .await?;
+            Ok::<_, bc_store::StoreError>((nodes, settling, rollouts))
+        };
+        match read.await {
+            Ok((nodes, settling, rollouts)) => {
+                metrics.set_fleet(&nodes, settling.unapplied_specs, &rollouts)
+            }
+            Err(e) => tracing::debug!(error = %e, "metrics: cannot read the fleet"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,5 +546,45 @@ mod tests {
             "no series for nothing"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_fleet_gauges_count_every_state_zero_included() {
+        use bc_store::nodes::NodeRow;
+        let node = |id: &str, state: &str, cert: i64| NodeRow {
+            node_id: id.into(),
+            state: state.into(),
+            cert_not_after_ms: cert,
+            ..NodeRow::default()
+        };
+        let m = ServerMetrics::new();
+        let nodes = NodeList {
+            nodes: vec![
+                node("a", "connected", 9_000_000),
+                node("b", "connected", 7_000_000),
+                node("c", "unreachable", 1_000),
+            ],
+            now_ms: 0,
+        };
+        m.set_fleet(&nodes, 2, &[]);
+        let text = m.encode();
+        for line in [
+            "bc_nodes{state=\"connected\"} 2",
+            "bc_nodes{state=\"disconnected\"} 0",
+            "bc_nodes{state=\"unreachable\"} 1",
+            "bc_nodes_unconverged 2",
+            "bc_node_certificate_soonest_expiry_timestamp_seconds 7000.0",
+            "bc_rollouts{state=\"halted\"} 0",
+            "bc_rollout_nodes{status=\"waiting\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        assert!(
+            text.contains(&format!(
+                "bc_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
     }
 }

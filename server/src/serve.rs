@@ -240,6 +240,11 @@ pub async fn serve(
                     .context("exec ticket key")?,
             );
             record_keys(&opts)?;
+            metrics.ca_expiry.set(ca_expiry_s(&ca.cert));
+            tasks.push(tokio::spawn(crate::metrics::refresh_fleet(
+                store.clone(),
+                metrics.clone(),
+            )));
             Keys::Held {
                 store,
                 ca,
@@ -625,4 +630,11 @@ pub async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+/// When a certificate runs out, in Unix seconds (0 when it does not parse).
+fn ca_expiry_s(der: &[u8]) -> f64 {
+    use x509_parser::prelude::FromDer;
+    x509_parser::certificate::X509Certificate::from_der(der)
+        .map_or(0.0, |(_, c)| c.validity().not_after.timestamp() as f64)
 }

@@ -452,6 +452,8 @@ pub struct Node {
     pub binary: Option<PathBuf>,
     /// Extra environment for `bcd node`.
     pub env: Vec<(String, String)>,
+    /// Extra arguments for `bcd node` (after its own).
+    pub args: Vec<String>,
     /// `bcd node --run-dir` (`<dir>/run` unless set).
     pub run_dir: Option<PathBuf>,
 }
@@ -480,6 +482,7 @@ impl Node {
             host_root: None,
             binary: None,
             env: Vec::new(),
+            args: Vec::new(),
             run_dir: None,
         }
     }
@@ -574,6 +577,7 @@ impl Node {
         let child = Command::new(self.binary.clone().unwrap_or_else(|| bin("bcd")))
             .arg("node")
             .args(self.node_args())
+            .args(&self.args)
             .env("BCD_LOG", "info,bcd_agent=debug")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())

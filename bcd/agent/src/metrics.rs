@@ -164,6 +164,15 @@ impl NodeMetrics {
             "Record bytes of ended tunnels, in from the operator's CLI and out to it",
             m.tunnel_bytes.clone(),
         );
+        let built: Gauge = Gauge::default();
+        built.set(1);
+        registry
+            .sub_registry_with_label(("version".into(), env!("CARGO_PKG_VERSION").into()))
+            .register(
+                "build_info",
+                "1, labelled with this binary's version",
+                built,
+            );
         NodeMetrics { registry, ..m }
     }
 
@@ -309,6 +318,11 @@ mod tests {
             "bcd_convergence{section=\"devices\",status=\"progressing\"} 1",
             "bcd_convergence{section=\"devices\",status=\"ready\"} 0",
             "bcd_certificate_seconds_left 3600.5",
+            concat!(
+                "bcd_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }

@@ -186,7 +186,7 @@ pub fn judge_signed<'a, T: About>(
 }
 
 /// A node as `nodes list` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeRow {
     pub node_id: String,
     pub hostname: String,
