@@ -385,9 +385,22 @@ fn a_rollout_halts_on_its_failure_budget_and_a_good_one_completes() {
         assert!(out.status.success(), "{}", stderr(&out));
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    let s = wait_for(Duration::from_secs(90), "the rollout to halt", || {
-        Some(status(&rollout)).filter(|s| s["state"] != "running")
-    });
+    // --watch follows it to its end and exits 1 when it halts.
+    let watched = f
+        .server
+        .cli(&["rollouts", "status", &rollout, "--watch", "--json"]);
+    assert_eq!(watched.status.code(), Some(1), "{}", stderr(&watched));
+    assert!(
+        stderr(&watched).contains(&format!("rollout {rollout} halted: the failure budget")),
+        "{}",
+        stderr(&watched)
+    );
+    assert!(
+        stderr(&watched).contains("1/4 settled, halted wave 1/3"),
+        "a line per change when stderr is not a terminal: {}",
+        stderr(&watched)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&watched.stdout).unwrap();
     assert_eq!(s["state"], "halted", "{s}");
     assert!(s["reason"].as_str().unwrap().contains("failure budget"));
     let statuses: Vec<&str> = s["nodes"]
@@ -417,9 +430,11 @@ fn a_rollout_halts_on_its_failure_budget_and_a_good_one_completes() {
     assert!(out.status.success(), "{}", stderr(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rollout = r["id"].as_str().unwrap().to_string();
-    let s = wait_for(Duration::from_secs(120), "the rollout to finish", || {
-        Some(status(&rollout)).filter(|s| s["state"] != "running")
-    });
+    let watched = f
+        .server
+        .cli(&["rollouts", "status", &rollout, "--watch", "--json"]);
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    let s: serde_json::Value = serde_json::from_slice(&watched.stdout).unwrap();
     assert_eq!(s["state"], "done", "{s}");
     for n in s["nodes"].as_array().unwrap() {
         assert_eq!(n["status"], "confirmed", "{s}");

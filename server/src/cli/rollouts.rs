@@ -38,12 +38,20 @@ pub enum RolloutsCommand {
         json: bool,
     },
     /// A rollout's progress (the latest one without an ID).
+    #[command(
+        after_help = "Examples:\n  better-compute rollouts status\n  better-compute rollouts status ro-0a1b2c3d4e5f --watch --nodes"
+    )]
     Status {
         /// The rollout's id (rollouts list shows them).
         id: Option<String>,
         /// One line per node.
         #[arg(long)]
         nodes: bool,
+        /// Follow it with a progress bar (a line per change when stderr is
+        /// not a terminal) until it is no longer running or paused; exit 1
+        /// if it halted or was aborted.
+        #[arg(long)]
+        watch: bool,
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
@@ -111,7 +119,12 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
                 .into_inner();
             (r, json, false)
         }
-        RolloutsCommand::Status { id, nodes, json } => {
+        RolloutsCommand::Status {
+            id,
+            nodes,
+            watch: following,
+            json,
+        } => {
             let r = match id {
                 Some(id) => c
                     .get_rollout(GetRolloutRequest { id })
@@ -132,6 +145,19 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
                         )
                     })?,
             };
+            if following {
+                let r = watch(&mut c, r).await?;
+                print(&r, json, nodes)?;
+                let state = v1::RolloutState::try_from(r.state).unwrap_or_default();
+                anyhow::ensure!(
+                    !matches!(state, v1::RolloutState::Halted | v1::RolloutState::Aborted),
+                    "rollout {} {}{}",
+                    r.id,
+                    spelled::<v1::RolloutState>(r.state),
+                    around(": ", &r.reason, "")
+                );
+                return Ok(());
+            }
             (r, json, nodes)
         }
         RolloutsCommand::Pause { id } => (
@@ -151,6 +177,56 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
         ),
     };
     print(&info, json, nodes)
+}
+
+/// How often `rollouts status --watch` asks.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Follows a rollout until it is neither running nor paused: a bar of its
+/// settled nodes on a terminal, else a line on stderr per change.
+async fn watch(c: &mut crate::client::Admin, mut r: RolloutInfo) -> anyhow::Result<RolloutInfo> {
+    let bar = indicatif::ProgressBar::new(r.nodes.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} nodes settled  {msg}")
+            .expect("the template is valid"),
+    );
+    let mut last = String::new();
+    loop {
+        let count = |s: RolloutNodeStatus| r.nodes.iter().filter(|n| n.status == s as i32).count();
+        let settled =
+            r.nodes.len() - count(RolloutNodeStatus::Waiting) - count(RolloutNodeStatus::Upgrading);
+        let line = format!(
+            "{} wave {}/{}: confirmed {}, upgrading {}, failed {}, waiting {}",
+            spelled::<v1::RolloutState>(r.state),
+            r.wave + 1,
+            r.waves.len(),
+            count(RolloutNodeStatus::Confirmed),
+            count(RolloutNodeStatus::Upgrading),
+            count(RolloutNodeStatus::Failed),
+            count(RolloutNodeStatus::Waiting),
+        );
+        bar.set_length(r.nodes.len() as u64);
+        bar.set_position(settled as u64);
+        if bar.is_hidden() {
+            if line != last {
+                eprintln!("{} {settled}/{} settled, {line}", r.id, r.nodes.len());
+            }
+        } else {
+            bar.set_message(line.clone());
+        }
+        last = line;
+        let state = v1::RolloutState::try_from(r.state).unwrap_or_default();
+        if !matches!(state, v1::RolloutState::Running | v1::RolloutState::Paused) {
+            bar.finish_and_clear();
+            return Ok(r);
+        }
+        tokio::time::sleep(WATCH_EVERY).await;
+        r = c
+            .get_rollout(GetRolloutRequest { id: r.id.clone() })
+            .await
+            .map_err(status)?
+            .into_inner();
+    }
 }
 
 fn print(r: &RolloutInfo, json: bool, nodes: bool) -> anyhow::Result<()> {
