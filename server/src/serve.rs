@@ -290,6 +290,10 @@ pub async fn serve(
         let gw = gw.clone();
         readiness.watch_lease(Box::new(move || !gw.is_fenced()));
     }
+    {
+        let gw = gw.clone();
+        readiness.watch_draining(Box::new(move || gw.is_draining()));
+    }
     // Hold the lease before admitting anyone.
     match store
         .renew_lease(&gw.lease_name(), &gateway_id, opts.timing.gateway_lease_ttl)
@@ -523,6 +527,7 @@ pub async fn serve(
                     remote: remote_tunnels.clone(),
                 })),
                 open_tunnels: Arc::default(),
+                remote_gateways: remote_tunnels.clone(),
                 rollouts,
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),

@@ -312,3 +312,107 @@ fn a_rollout_by_label_holds_a_cordoned_node_until_uncordoned() {
     );
     assert!(f.server.commands(&c).is_empty(), "c is not labelled");
 }
+
+/// `GET /readyz` from a server's HTTP listener: the status code and body.
+fn readyz(server: &Server) -> (u16, String) {
+    let (code, _, body) =
+        bc_tests::netboot::http_get(server.http.expect("the HTTP listener"), "/readyz", &[]);
+    (code, String::from_utf8_lossy(&body).to_string())
+}
+
+/// `gateways drain` moves a running gateway's sessions to the others
+/// behind the balancer without stopping it, and the drained gateway
+/// refuses sessions and is not ready until undrained: a gateway process
+/// (reached by the request stream it holds open) and the key holder's own.
+#[test]
+fn a_drained_gateway_hands_its_sessions_to_the_others_until_undrained() {
+    use bc_tests::gateways::{add_gateway, start_gateway};
+    let d = tempfile::tempdir().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--gateway-id", "gw-main"]);
+    let server = Server::start(&d.path().join("server"), &args).unwrap();
+    let cred = d.path().join("gw-a.json");
+    add_gateway(&server, "gw-a", &cred);
+    let a = start_gateway(&server, &d.path().join("a"), &cred, "gw-a-1");
+    let front = bc_tests::Front::new();
+    front.set("a", Some(a.addr));
+    let mut node = Node::new(&d.path().join("n"), 95);
+    let out = node.join(&front.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = node.id();
+    node.start();
+    server.wait_node(&id, "the node on gw-a", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+    // A node that dials gw-a alone: while it drains, it has nowhere to go.
+    let mut only_a = Node::new(&d.path().join("only-a"), 96);
+    let out = only_a.join(&a.url(), &server.token(1));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let only = only_a.id();
+    only_a.start();
+    server.wait_node(&only, "the second node on gw-a", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+    front.set("main", Some(server.addr));
+
+    let out = server.cli(&["gateways", "drain", "gw-nope"]);
+    assert!(
+        stderr(&out).contains("no running gateway gw-nope"),
+        "{}",
+        stderr(&out)
+    );
+    // gw-a's request stream may still be dialling the key holder.
+    wait_for(Duration::from_secs(10), "gw-a to take the drain", || {
+        server
+            .cli(&["gateways", "drain", "gw-a-1", "--within", "1s"])
+            .status
+            .success()
+            .then_some(())
+    });
+    let moved = server.wait_node(&id, "the node on gw-main", |n| {
+        n.state == "connected" && n.gateway == "gw-main"
+    });
+    let (code, why) = readyz(&a);
+    assert_eq!(code, 503, "{why}");
+    assert!(why.contains("gateway: draining"), "{why}");
+    // gw-a refuses the node that dials it alone.
+    wait_for(
+        Duration::from_secs(20),
+        "gw-a to refuse the second node",
+        || {
+            only_a
+                .proc()
+                .log()
+                .contains("gateway gw-a-1 is draining; reconnect to another")
+                .then_some(())
+        },
+    );
+    assert_ne!(server.node(&only).unwrap().state, "connected");
+    // The balancer still sends half the dials to gw-a; the node stays.
+    std::thread::sleep(Duration::from_secs(2));
+    let still = server.node(&id).unwrap();
+    assert_eq!(
+        (still.gateway.as_str(), still.epoch),
+        ("gw-main", moved.epoch)
+    );
+
+    ok(&server, &["gateways", "undrain", "gw-a-1"]);
+    wait_for(Duration::from_secs(10), "gw-a ready again", || {
+        (readyz(&a).0 == 200).then_some(())
+    });
+    server.wait_node(&only, "the second node back on gw-a", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+
+    // The key holder's own gateway, asked directly: it counts the sessions.
+    let said = ok(&server, &["gateways", "drain", "gw-main", "--within", "1s"]);
+    assert!(said.contains("1 sessions told"), "{said}");
+    server.wait_node(&id, "the node back on gw-a", |n| {
+        n.state == "connected" && n.gateway == "gw-a-1"
+    });
+    assert_eq!(readyz(&server).0, 503);
+    ok(&server, &["gateways", "undrain", "gw-main"]);
+    wait_for(Duration::from_secs(10), "gw-main ready again", || {
+        (readyz(&server).0 == 200).then_some(())
+    });
+}

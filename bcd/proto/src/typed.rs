@@ -263,6 +263,7 @@ spelled!(v1::RefusalReason {
     NotEnrolled => "not-enrolled",
     Quarantined => "quarantined",
     HelloUnproved => "hello-unproved",
+    Draining => "draining",
 });
 
 spelled!(v1::ImagePart {

@@ -383,6 +383,24 @@ fn signed_intent_and_facts() {
         },
     );
     check(
+        "drain_gateway",
+        &v1::DrainGatewayRequest {
+            gateway_id: "gw-a-1".into(),
+            undo: false,
+            within_ms: 30_000,
+        },
+    );
+    check(
+        "tunnel_open_request_drain",
+        &v1::TunnelOpenRequest {
+            drain: Some(v1::GatewayDrain {
+                drain: true,
+                within_ms: 30_000,
+            }),
+            ..Default::default()
+        },
+    );
+    check(
         "cordon_node",
         &v1::CordonNodeRequest {
             node_id: "nd-0f3a9c".into(),

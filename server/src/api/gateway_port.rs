@@ -105,7 +105,7 @@ impl Port for GatewayPort {
         let name = self.gateway(&request).await?;
         let id = request.into_inner().gateway_id;
         info!(gateway = %name, %id, "a gateway takes tunnel requests");
-        let mut requests = self.tunnels.register();
+        let mut requests = self.tunnels.register(&id);
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             while let Some(r) = requests.recv().await {

@@ -91,3 +91,45 @@ pub async fn revoke(svc: &AdminService, r: RevokeGatewayRequest) -> Result<Gatew
         })?;
     Ok(info(c))
 }
+
+/// The longest drain window an operator may ask for.
+pub const MAX_DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// `DrainGateway`: the key holder's own gateway directly, a gateway
+/// process through the request stream it holds open.
+pub async fn drain(
+    svc: &AdminService,
+    r: bcd_proto::v1::DrainGatewayRequest,
+) -> Result<bcd_proto::v1::DrainGatewayResponse, Status> {
+    let within = std::time::Duration::from_millis(r.within_ms);
+    if within > MAX_DRAIN_WITHIN {
+        return Err(bad_request(format!(
+            "drain within at most {} s",
+            MAX_DRAIN_WITHIN.as_secs()
+        )));
+    }
+    let within = (!within.is_zero()).then_some(within);
+    if let Some(gw) = svc.gateway.as_ref().filter(|g| g.id() == r.gateway_id) {
+        let sessions = if r.undo {
+            gw.undrain();
+            0
+        } else {
+            gw.drain(within) as i64
+        };
+        info!(gateway = %r.gateway_id, undo = r.undo, sessions, "drain asked");
+        return Ok(bcd_proto::v1::DrainGatewayResponse { sessions });
+    }
+    let order = bcd_proto::v1::GatewayDrain {
+        drain: !r.undo,
+        within_ms: r.within_ms,
+    };
+    if svc.remote_gateways.drain(&r.gateway_id, order).await == 0 {
+        return Err(refusal(bc_store::Refusal::NotFound(format!(
+            "no running gateway {} reaches this key holder: nodes list shows the gateways \
+             holding sessions",
+            r.gateway_id
+        ))));
+    }
+    info!(gateway = %r.gateway_id, undo = r.undo, "drain sent");
+    Ok(bcd_proto::v1::DrainGatewayResponse { sessions: -1 })
+}

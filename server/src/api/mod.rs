@@ -42,6 +42,11 @@ pub const MAX_REQUEST: usize = 128 << 20;
 /// spec), so its session sends it now rather than at the next poll.
 pub trait Wake: Send + Sync + std::fmt::Debug {
     fn wake(&self, node: &str);
+    /// The gateway's id.
+    fn id(&self) -> &str;
+    /// `gateways drain` of this gateway: the sessions told to move.
+    fn drain(&self, within: Option<std::time::Duration>) -> usize;
+    fn undrain(&self);
 }
 
 #[derive(Clone)]
@@ -69,6 +74,8 @@ pub struct AdminService {
     pub tunnels: Option<Arc<dyn tunnels::Relay>>,
     /// The tunnels each operator holds open.
     pub open_tunnels: Arc<tunnels::PerOperator>,
+    /// The gateway processes that hold no key, by their streams.
+    pub remote_gateways: Arc<tunnels::RemoteTunnels>,
     /// Wakes the rollout controller.
     pub rollouts: Arc<tokio::sync::Notify>,
     /// Wakes the controller that signs the gateway revocation list.
@@ -288,6 +295,15 @@ impl Admin for AdminService {
 
     async fn cordon_node(&self, r: Request<v1::CordonNodeRequest>) -> Reply<v1::NodeSpecInfo> {
         specs::cordon(self, r.into_inner()).await.map(Response::new)
+    }
+
+    async fn drain_gateway(
+        &self,
+        r: Request<v1::DrainGatewayRequest>,
+    ) -> Reply<v1::DrainGatewayResponse> {
+        gateways::drain(self, r.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn register_release(

@@ -120,6 +120,8 @@ pub enum Turned {
     NoCertificate(&'static str),
     /// This gateway holds no lease now.
     GatewayFenced(String),
+    /// An operator drains this gateway.
+    GatewayDraining(String),
     /// Too many Hello transactions in flight.
     Busy,
     /// The peer broke the protocol.
@@ -152,6 +154,12 @@ pub fn turned(t: Turned) -> Status {
             Code::Unavailable,
             RefusalReason::Fenced,
             format!("gateway {gateway} holds no lease right now; reconnect"),
+            vec![],
+        ),
+        Turned::GatewayDraining(gateway) => typed(
+            Code::Unavailable,
+            RefusalReason::Draining,
+            format!("gateway {gateway} is draining; reconnect to another"),
             vec![],
         ),
         Turned::Busy => typed(
@@ -263,6 +271,7 @@ mod tests {
         for t in [
             Turned::NoCertificate("x"),
             Turned::GatewayFenced("g".into()),
+            Turned::GatewayDraining("g".into()),
             Turned::Busy,
             Turned::Protocol("p"),
             Turned::MissedHeartbeats(Duration::from_secs(30)),

@@ -117,7 +117,8 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(20);
 /// stream (the others say they hold none).
 #[derive(Debug, Default)]
 pub struct RemoteTunnels {
-    gateways: Mutex<Vec<mpsc::Sender<v1::TunnelOpenRequest>>>,
+    /// Each registered stream, with the gateway id it registered under.
+    gateways: Mutex<Vec<(String, mpsc::Sender<v1::TunnelOpenRequest>)>>,
     pending: Mutex<HashMap<String, Waiting>>,
 }
 
@@ -130,12 +131,33 @@ struct Waiting {
 
 impl RemoteTunnels {
     /// A gateway's `TunnelRequests` stream: the requests for it.
-    pub fn register(&self) -> mpsc::Receiver<v1::TunnelOpenRequest> {
+    pub fn register(&self, gateway_id: &str) -> mpsc::Receiver<v1::TunnelOpenRequest> {
         let (tx, rx) = mpsc::channel(16);
         let mut gateways = lock(&self.gateways);
-        gateways.retain(|g| !g.is_closed());
-        gateways.push(tx);
+        gateways.retain(|(_, g)| !g.is_closed());
+        gateways.push((gateway_id.to_string(), tx));
         rx
+    }
+
+    /// Sends a drain (or its end) to the gateways registered as
+    /// `gateway_id`; how many streams took it. (A gateway names its own id:
+    /// one registering under another's gets that one's drains, which tell
+    /// it only to do what it may do anyway.)
+    pub async fn drain(&self, gateway_id: &str, drain: v1::GatewayDrain) -> usize {
+        let streams: Vec<_> = lock(&self.gateways)
+            .iter()
+            .filter(|(id, g)| id == gateway_id && !g.is_closed())
+            .map(|(_, g)| g.clone())
+            .collect();
+        let mut took = 0;
+        for g in streams {
+            let request = v1::TunnelOpenRequest {
+                drain: Some(drain),
+                ..Default::default()
+            };
+            took += g.send(request).await.is_ok() as usize;
+        }
+        took
     }
 
     /// A gateway's first `TunnelRelay` frame for `sid`: when it carries
@@ -226,8 +248,8 @@ impl Relay for RemoteTunnels {
     async fn open(&self, node: &str, sid: &str, ticket: &str) -> Result<NodeLink, Status> {
         let gateways: Vec<_> = lock(&self.gateways)
             .iter()
-            .filter(|g| !g.is_closed())
-            .cloned()
+            .filter(|(_, g)| !g.is_closed())
+            .map(|(_, g)| g.clone())
             .collect();
         if gateways.is_empty() {
             return Err(Status::unavailable(format!(
@@ -247,6 +269,7 @@ impl Relay for RemoteTunnels {
             node_id: node.to_string(),
             sid: sid.to_string(),
             ticket: ticket.to_string(),
+            drain: None,
         };
         for g in gateways {
             if g.send(request.clone()).await.is_err()

@@ -1,7 +1,9 @@
 //! `better-compute gateways`: credentials for gateway processes that hold
 //! no key (`serve --role gateway`).
 
-use bcd_proto::v1::{AddGatewayRequest, ListGatewaysRequest, RevokeGatewayRequest};
+use bcd_proto::v1::{
+    AddGatewayRequest, DrainGatewayRequest, ListGatewaysRequest, RevokeGatewayRequest,
+};
 use clap::Subcommand;
 
 use super::Target;
@@ -35,6 +37,28 @@ pub enum GatewaysCommand {
     Revoke {
         /// The gateway credential's name (gateways list shows them).
         name: String,
+    },
+    /// Move a running gateway's sessions off it without stopping it: each
+    /// node is told to reconnect at random within the window (the spec's
+    /// drain), and the gateway refuses new sessions and answers /readyz
+    /// 503 until undrained or restarted. Nodes land on the other gateways
+    /// behind the balancer.
+    #[command(
+        after_help = "Examples:\n  better-compute gateways drain gw-3f2a19c0\n  better-compute gateways drain gw-3f2a19c0 --within 30s\n  better-compute gateways undrain gw-3f2a19c0"
+    )]
+    Drain {
+        /// The running gateway's id (nodes list shows the gateway holding
+        /// each node's session).
+        id: String,
+        /// Spread the reconnects over this long (default: the gateway's
+        /// --drain-within, 60 s).
+        #[arg(long, value_parser = super::dur)]
+        within: Option<std::time::Duration>,
+    },
+    /// Let a drained gateway take sessions again.
+    Undrain {
+        /// The gateway's id.
+        id: String,
     },
 }
 
@@ -106,6 +130,35 @@ pub async fn run(cmd: GatewaysCommand, target: &Target) -> anyhow::Result<()> {
                 .await
                 .map_err(status)?;
             out!("gateway {name} revoked");
+        }
+        GatewaysCommand::Drain { id, within } => {
+            let r = c
+                .drain_gateway(DrainGatewayRequest {
+                    gateway_id: id.clone(),
+                    undo: false,
+                    within_ms: within.map_or(0, |w| w.as_millis() as u64),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if r.sessions >= 0 {
+                out!(
+                    "gateway {id} draining: {} sessions told to reconnect elsewhere",
+                    r.sessions
+                );
+            } else {
+                out!("gateway {id} draining: its sessions are told to reconnect elsewhere");
+            }
+        }
+        GatewaysCommand::Undrain { id } => {
+            c.drain_gateway(DrainGatewayRequest {
+                gateway_id: id.clone(),
+                undo: true,
+                within_ms: 0,
+            })
+            .await
+            .map_err(status)?;
+            out!("gateway {id} takes sessions again");
         }
     }
     Ok(())

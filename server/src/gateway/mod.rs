@@ -179,6 +179,9 @@ pub struct GatewayState {
     /// absorbs ([`admission::Absorption`]).
     absorption: Mutex<(std::time::Instant, admission::Absorption)>,
     fenced: AtomicBool,
+    /// An operator drains this gateway (`gateways drain`): new sessions
+    /// are refused until `gateways undrain` or a restart.
+    draining: AtomicBool,
     /// Sessions that ended, waiting to be written together.
     pub ends: ends::Ends,
     /// What the gateway counts for `/metrics`.
@@ -227,6 +230,7 @@ impl GatewayState {
             first_retry_ms: AtomicU32::new(1_000),
             absorption: Mutex::new((crate::clock::mono(), admission::Absorption::default())),
             fenced: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
             ends: ends::Ends::default(),
             metrics,
             stopping: AtomicBool::new(false),
@@ -342,6 +346,34 @@ impl GatewayState {
         self.fenced.load(Ordering::SeqCst)
     }
 
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The spec's drain on an operator's word, without stopping: every
+    /// session is told to reconnect at random within `within` (the
+    /// gateway's --drain-within when none), and new sessions are refused
+    /// until [`undrain`](Self::undrain). Returns the sessions told.
+    pub fn drain(&self, within: Option<Duration>) -> usize {
+        self.draining.store(true, Ordering::SeqCst);
+        let within = within.unwrap_or(self.timing.drain_within);
+        let told = self
+            .sessions()
+            .values_mut()
+            .filter_map(|s| s.end.take())
+            .map(|tx| tx.send(End::Drain { within }).is_ok() as usize)
+            .sum();
+        info!(sessions = told, ?within, "draining on an operator's word");
+        told
+    }
+
+    /// Takes sessions again after a [`drain`](Self::drain).
+    pub fn undrain(&self) {
+        if self.draining.swap(false, Ordering::SeqCst) {
+            info!("taking sessions again");
+        }
+    }
+
     /// A planned stop: no new sessions, every node drained (told to
     /// reconnect at random within the drain window, so a fleet does not
     /// land on the other gateways at once), then the remaining sessions
@@ -394,6 +426,18 @@ impl crate::api::Wake for GatewayState {
     fn wake(&self, node: &str) {
         GatewayState::wake(self, node);
     }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn drain(&self, within: Option<Duration>) -> usize {
+        GatewayState::drain(self, within)
+    }
+
+    fn undrain(&self) {
+        GatewayState::undrain(self)
+    }
 }
 
 /// The tonic service.
@@ -432,6 +476,10 @@ impl Gateway for GatewayService {
         if self.state.is_fenced() {
             self.state.metrics.hello_refused("fenced");
             return Err(turned(Turned::GatewayFenced(self.state.id.clone())));
+        }
+        if self.state.is_draining() {
+            self.state.metrics.hello_refused("draining");
+            return Err(turned(Turned::GatewayDraining(self.state.id.clone())));
         }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);

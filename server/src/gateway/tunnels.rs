@@ -179,6 +179,16 @@ pub async fn upstream(state: Arc<GatewayState>, link: super::credential::Upstrea
             Ok(r) => {
                 let mut requests = r.into_inner();
                 while let Ok(Some(req)) = requests.message().await {
+                    if let Some(d) = req.drain {
+                        if d.drain {
+                            let within =
+                                (d.within_ms > 0).then(|| Duration::from_millis(d.within_ms));
+                            state.drain(within);
+                        } else {
+                            state.undrain();
+                        }
+                        continue;
+                    }
                     tokio::spawn(answer(state.clone(), link.clone(), req));
                 }
             }

@@ -79,12 +79,16 @@ pub fn verdict(started: bool, store: StoreState, lease_held: Option<bool>) -> Ve
 /// Whether the gateway holds its lease now.
 pub type LeaseHeld = Box<dyn Fn() -> bool + Send + Sync>;
 
+/// Whether an operator drains the gateway now (`gateways drain`).
+pub type Draining = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// The facts [`verdict`] reads, shared by the process's parts.
 #[derive(Default)]
 pub struct Readiness {
     started: AtomicBool,
     store: Mutex<Option<StoreState>>,
     lease: OnceLock<LeaseHeld>,
+    draining: OnceLock<Draining>,
 }
 
 impl std::fmt::Debug for Readiness {
@@ -111,6 +115,11 @@ impl Readiness {
         let _ = self.lease.set(held);
     }
 
+    /// How to tell whether the gateway is draining (set once).
+    pub fn watch_draining(&self, draining: Draining) {
+        let _ = self.draining.set(draining);
+    }
+
     pub fn set_store(&self, s: StoreState) {
         *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
     }
@@ -124,11 +133,18 @@ impl Readiness {
 
     /// Why not ready now; empty when ready.
     pub fn why_not(&self) -> Vec<String> {
-        verdict(
+        let mut why = verdict(
             self.started.load(Ordering::SeqCst),
             self.store_state(),
             self.lease.get().map(|held| held()),
-        )
+        );
+        if self.draining.get().is_some_and(|d| d()) {
+            why.push(
+                "gateway: draining (better-compute gateways undrain ID takes sessions again)"
+                    .into(),
+            );
+        }
+        why
     }
 }
 
@@ -204,8 +220,17 @@ mod tests {
         let held = Arc::new(AtomicBool::new(true));
         let h = held.clone();
         r.watch_lease(Box::new(move || h.load(Ordering::SeqCst)));
+        let draining = Arc::new(AtomicBool::new(false));
+        let d = draining.clone();
+        r.watch_draining(Box::new(move || d.load(Ordering::SeqCst)));
         assert!(r.why_not().is_empty());
         held.store(false, Ordering::SeqCst);
         assert_eq!(r.why_not(), ["gateway lease: not held (fenced)"]);
+        held.store(true, Ordering::SeqCst);
+        draining.store(true, Ordering::SeqCst);
+        assert_eq!(
+            r.why_not(),
+            ["gateway: draining (better-compute gateways undrain ID takes sessions again)"]
+        );
     }
 }
