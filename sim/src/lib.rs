@@ -156,6 +156,9 @@ pub struct Rehome {
     pub p50_ms: i64,
     pub p99_ms: i64,
     pub max_ms: i64,
+    /// Every re-homed node's time from the kill to its new session, in
+    /// order (what `scripts/plot-bench` draws as a CDF).
+    pub samples_ms: Vec<i64>,
 }
 
 /// A gateway whose host clock was stepped off, and whether it said so.
@@ -186,6 +189,9 @@ pub struct Report {
     /// After every link was reset at once (`--chaos kill`): the time until
     /// every node was connected again.
     pub storm_s: Option<f64>,
+    /// Each node's time from the storm's cut to its new session, in order:
+    /// the storm's timeline.
+    pub storm_samples_ms: Vec<i64>,
     pub connected_at_end: usize,
     /// Nodes the store has connected at the end (its sessions, not the
     /// agents' word): must be every node, as the agents say.
@@ -448,6 +454,7 @@ struct World {
     kills: Mutex<Vec<Kill>>,
     restarts: std::sync::atomic::AtomicUsize,
     storm: Mutex<Option<f64>>,
+    storm_samples: Mutex<Vec<i64>>,
     node_ids: Vec<String>,
     config: GatewayConfig,
     /// (gateway slot, offset) of each clock fault.
@@ -630,9 +637,12 @@ impl World {
                 tokio::spawn(async move {
                     let start = better_compute::clock::mono();
                     while start.elapsed() < Duration::from_secs(120) {
-                        let last = all_back(&back.lock().expect("latencies"), me.hosts.nodes);
-                        if let Some(ms) = last {
+                        let samples = back.lock().expect("latencies").clone();
+                        if let Some(ms) = all_back(&samples, me.hosts.nodes) {
                             *me.storm.lock().await = Some(ms as f64 / 1000.0);
+                            let mut samples = samples;
+                            samples.sort_unstable();
+                            *me.storm_samples.lock().await = samples;
                             return;
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -772,6 +782,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         kills: Mutex::new(Vec::new()),
         restarts: std::sync::atomic::AtomicUsize::new(0),
         storm: Mutex::new(None),
+        storm_samples: Mutex::new(Vec::new()),
         node_ids: Vec::new(),
         config,
         clock_faults: std::sync::Mutex::new(Vec::new()),
@@ -1019,6 +1030,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
             p50_ms: percentile(&lat, 0.5),
             p99_ms: percentile(&lat, 0.99),
             max_ms: lat.last().copied().unwrap_or(0),
+            samples_ms: lat,
         });
     }
 
@@ -1082,6 +1094,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         chaos: format!("{:?}", opts.chaos).to_lowercase(),
         peak_hellos_per_s: peak_hellos(&snapshot.audit),
         storm_s: *world.storm.lock().await,
+        storm_samples_ms: world.storm_samples.lock().await.clone(),
         seed: opts.seed,
         connect_s,
         hellos_per_s_per_gateway: hellos,
@@ -1325,6 +1338,7 @@ mod tests {
             hellos_per_s_per_gateway: 5.0,
             peak_hellos_per_s: 5,
             storm_s: None,
+            storm_samples_ms: Vec::new(),
             connected_at_end: 10,
             connected_in_store: 10,
             settled: true,

@@ -416,6 +416,7 @@ fn signed_intent_and_facts() {
             pool: "lab".into(),
             limit: 100,
             after: "nd-0f3a9c".into(),
+            node_id: "nd-1b2c3d".into(),
         },
     );
     let result = v1::CommandResult {

@@ -45,10 +45,19 @@ fn info(n: NodeRow, now: i64) -> NodeInfo {
 pub async fn list(svc: &AdminService, r: ListNodesRequest) -> Result<ListNodesResponse, Status> {
     let selector = Selector::parse(&r.label_selector).map_err(bad_request)?;
     let state = r.state();
-    let list = svc.store.list_nodes().await.map_err(unavailable)?;
-    let mut intents = crate::pki::seal::intents(&svc.store, &svc.worker_key)
-        .await
-        .map_err(unavailable)?;
+    let (list, mut intents) = if r.node_id.is_empty() {
+        let list = svc.store.list_nodes().await.map_err(unavailable)?;
+        let intents = crate::pki::seal::intents(&svc.store, &svc.worker_key)
+            .await
+            .map_err(unavailable)?;
+        (list, intents)
+    } else {
+        let list = svc.store.node(&r.node_id).await.map_err(unavailable)?;
+        let intent = crate::pki::seal::node_intent(&svc.store, &svc.worker_key, &r.node_id)
+            .await
+            .map_err(unavailable)?;
+        (list, [(r.node_id.clone(), intent)].into())
+    };
     let now = list.now_ms;
     let limit = if r.limit == 0 {
         usize::MAX
@@ -107,14 +116,13 @@ pub async fn inventory(
     r: v1::GetNodeInventoryRequest,
 ) -> Result<v1::NodeInventory, Status> {
     let node = r.node_id;
-    let known = svc
+    let known = !svc
         .store
-        .list_nodes()
+        .node(&node)
         .await
         .map_err(unavailable)?
         .nodes
-        .iter()
-        .any(|n| n.node_id == node);
+        .is_empty();
     if !known {
         return Err(refusal(bc_store::Refusal::NoSuchNode(node)));
     }

@@ -130,8 +130,9 @@ struct ExportHeader<'a> {
 
 pub async fn run(c: AuditCommand, data_dir: &Path, store: Option<&str>) -> anyhow::Result<()> {
     let (store, location) = super::check::open_existing(data_dir, store).await?;
+    // The history and the heads alone: none of the current tables.
     let snapshot = store
-        .audit_snapshot()
+        .audit_history()
         .await
         .map_err(|e| crate::backup::store_error(e, &format!("cannot read {location}")))?;
     let (audit, heads) = (&snapshot.audit, &snapshot.heads);

@@ -200,6 +200,7 @@ pub async fn run(cmd: NodesCommand, target: &Target) -> anyhow::Result<()> {
                     pool: pool.unwrap_or_default(),
                     limit: limit.unwrap_or(0),
                     after: after.unwrap_or_default(),
+                    node_id: String::new(),
                 })
                 .await
                 .map_err(status)?
@@ -550,7 +551,10 @@ fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
 async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::Result<()> {
     let mut c = target.connect().await?;
     let nodes = c
-        .list_nodes(ListNodesRequest::default())
+        .list_nodes(ListNodesRequest {
+            node_id: node.to_string(),
+            ..Default::default()
+        })
         .await
         .map_err(status)?
         .into_inner()

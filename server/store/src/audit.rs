@@ -284,6 +284,17 @@ pub struct BindingFact {
     pub state: String,
 }
 
+/// The audit history alone: every record in order and every chain's head,
+/// as of one moment (what `audit list|verify|export` read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditHistory {
+    pub now: i64,
+    /// In the order of [`AuditRow::id`].
+    pub audit: Vec<AuditRow>,
+    /// Every chain's head, by chain.
+    pub heads: Vec<ChainHead>,
+}
+
 /// The audit history and the current tables, as of one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditSnapshot {

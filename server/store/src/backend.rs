@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::audit::{AuditSnapshot, Settling};
+use crate::audit::{AuditHistory, AuditSnapshot, Settling};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
 use crate::commands::{CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand};
@@ -582,6 +582,9 @@ pub trait Backend: GatewayBackend {
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError>;
 
+    /// `list_nodes` of one node: empty when there is no such live node.
+    async fn node(&self, node_id: &str) -> Result<NodeList, StoreError>;
+
     /// Deletes a node and revokes its certificates, keeping the statement
     /// `seal` signs of it with them; false if there was no such node.
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError>;
@@ -804,6 +807,9 @@ pub trait Backend: GatewayBackend {
 
     /// The audit history and the current tables, in one read.
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError>;
+
+    /// The audit history and chain heads alone, in one read.
+    async fn audit_history(&self) -> Result<AuditHistory, StoreError>;
 
     async fn settling(&self) -> Result<Settling, StoreError>;
 

@@ -11,7 +11,8 @@
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
 //! then `target/bench-fast/bench-fleet --nodes 1000` (or `--nodes 10000
-//! --duration 60s --timings spec --handshake-rate 5000`).
+//! --duration 60s --timings spec --handshake-rate 5000`); `--save DIR`
+//! keeps the reports for `scripts/plot-bench`.
 
 use std::process::Command;
 
@@ -35,6 +36,10 @@ struct Args {
     /// Where the simulated machines keep their state (sim --node-state).
     #[arg(long, default_value = "disk")]
     node_state: String,
+    /// Also write each run's report to DIR/fleet-<store>-<nodes>.json
+    /// (what scripts/plot-bench draws; tests/bench/reports keeps them).
+    #[arg(long, value_name = "DIR")]
+    save: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +61,12 @@ fn main() -> anyhow::Result<()> {
                 bc_tests::stderr(&out)
             )
         })?;
+        if let Some(dir) = &args.save {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join(format!("fleet-{store}-{}.json", args.nodes));
+            std::fs::write(&path, serde_json::to_vec(&report)?)?;
+            eprintln!("bench-fleet: saved {}", path.display());
+        }
         reports.push((store.clone(), report));
     }
     println!(

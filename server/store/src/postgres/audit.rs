@@ -7,11 +7,12 @@ use std::time::Duration;
 use super::{Tx, json_col, now, query, query_one};
 use crate::audit::AUDIT_IN_ORDER;
 use crate::audit::{
-    AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
+    AuditHistory, AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact,
+    Settling,
 };
 use crate::error::StoreError;
 
-pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
+pub(super) async fn history(tx: &Tx<'_>) -> Result<AuditHistory, StoreError> {
     let now = now(tx).await?;
     let audit = query(tx, AUDIT_IN_ORDER, &[])
         .await?
@@ -45,6 +46,11 @@ pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
         hash: r.get(2),
     })
     .collect();
+    Ok(AuditHistory { now, audit, heads })
+}
+
+pub(super) async fn snapshot(tx: &Tx<'_>) -> Result<AuditSnapshot, StoreError> {
+    let AuditHistory { now, audit, heads } = history(tx).await?;
     let sessions = query(
         tx,
         "SELECT node_id, epoch, gateway_id, state FROM node_sessions",

@@ -71,7 +71,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
-use crate::audit::{AuditSnapshot, Settling};
+use crate::audit::{AuditHistory, AuditSnapshot, Settling};
 use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
@@ -951,6 +951,10 @@ impl Backend for PostgresBackend {
         tx!(self, |tx| nodes::list_nodes(&tx).await)
     }
 
+    async fn node(&self, node_id: &str) -> Result<NodeList, StoreError> {
+        tx!(self, |tx| nodes::nodes_matching(&tx, Some(node_id)).await)
+    }
+
     async fn sightings_unwatched(
         &self,
         limit: u32,
@@ -1324,6 +1328,14 @@ impl Backend for PostgresBackend {
         let snap = audit::snapshot(&tx).await?;
         tx.commit().await?;
         Ok(snap)
+    }
+
+    async fn audit_history(&self) -> Result<AuditHistory, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let tx = self.begin_consistent(&mut conn).await?;
+        let history = audit::history(&tx).await?;
+        tx.commit().await?;
+        Ok(history)
     }
 
     async fn settling(&self) -> Result<Settling, StoreError> {

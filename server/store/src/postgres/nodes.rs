@@ -154,6 +154,14 @@ pub(super) async fn revoked_since(
 }
 
 pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
+    nodes_matching(tx, None).await
+}
+
+/// Every live node, or the one named.
+pub(super) async fn nodes_matching(
+    tx: &Tx<'_>,
+    only: Option<&str>,
+) -> Result<NodeList, StoreError> {
     let now = now(tx).await?;
     let rows = query(
         tx,
@@ -166,15 +174,16 @@ pub(super) async fn list_nodes(tx: &Tx<'_>) -> Result<NodeList, StoreError> {
                 n.agent_version, n.conditions, n.taints, n.release_floor, n.pool,
                 n.ek_sha256
          FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
-         WHERE n.deleted_at IS NULL ORDER BY n.id",
-        &[],
+         WHERE n.deleted_at IS NULL AND ($1::text IS NULL OR n.id = $1) ORDER BY n.id",
+        &[&only],
     )
     .await?;
     let mut macs = std::collections::HashMap::<String, Vec<String>>::new();
     for r in query(
         tx,
-        "SELECT node_id, mac FROM node_macs ORDER BY node_id, mac",
-        &[],
+        "SELECT node_id, mac FROM node_macs WHERE $1::text IS NULL OR node_id = $1
+         ORDER BY node_id, mac",
+        &[&only],
     )
     .await?
     {

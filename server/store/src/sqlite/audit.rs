@@ -7,11 +7,12 @@ use rusqlite::Connection;
 use super::{Kept, json_col, now};
 use crate::audit::AUDIT_IN_ORDER;
 use crate::audit::{
-    AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact, Settling,
+    AuditHistory, AuditRow, AuditSnapshot, BindingFact, ChainHead, CommandFact, SessionFact,
+    Settling,
 };
 use crate::error::StoreError;
 
-pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
+pub(super) fn history(c: &Connection) -> Result<AuditHistory, StoreError> {
     let now = now(c)?;
     let audit = c
         .prepare(AUDIT_IN_ORDER)?
@@ -50,6 +51,11 @@ pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(AuditHistory { now, audit, heads })
+}
+
+pub(super) fn snapshot(c: &Connection) -> Result<AuditSnapshot, StoreError> {
+    let AuditHistory { now, audit, heads } = history(c)?;
     let sessions = c
         .prepare("SELECT node_id, epoch, gateway_id, state FROM node_sessions")?
         .query_map([], |r| {

@@ -50,7 +50,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::audit::{AuditSnapshot, Settling};
+use crate::audit::{AuditHistory, AuditSnapshot, Settling};
 use crate::backend::{Backend, GatewayBackend};
 use crate::backups::{BackupRow, Dump, NewBackup};
 use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
@@ -963,6 +963,12 @@ impl Backend for SqliteBackend {
         self.read(nodes::list_nodes).await
     }
 
+    async fn node(&self, node_id: &str) -> Result<NodeList, StoreError> {
+        let node = node_id.to_string();
+        self.read(move |c| nodes::nodes_matching(c, Some(&node)))
+            .await
+    }
+
     async fn sightings_unwatched(
         &self,
         limit: u32,
@@ -1372,6 +1378,10 @@ impl Backend for SqliteBackend {
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
         self.read(audit::snapshot).await
+    }
+
+    async fn audit_history(&self) -> Result<AuditHistory, StoreError> {
+        self.read(audit::history).await
     }
 
     async fn settling(&self) -> Result<Settling, StoreError> {

@@ -132,6 +132,11 @@ pub(super) fn revoked_since(c: &Connection, since_ms: i64) -> Result<Vec<Revocat
 }
 
 pub(super) fn list_nodes(c: &Connection) -> Result<NodeList, StoreError> {
+    nodes_matching(c, None)
+}
+
+/// Every live node, or the one named.
+pub(super) fn nodes_matching(c: &Connection, only: Option<&str>) -> Result<NodeList, StoreError> {
     let now = now(c)?;
     let mut q = c.prepare_cached(
         "SELECT n.id, n.hostname, COALESCE(s.state, 'disconnected'), COALESCE(s.epoch, 0),
@@ -143,18 +148,23 @@ pub(super) fn list_nodes(c: &Connection) -> Result<NodeList, StoreError> {
                 n.agent_version, n.conditions, n.taints, n.release_floor, n.pool,
                 n.ek_sha256
          FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id
-         WHERE n.deleted_at IS NULL ORDER BY n.id",
+         WHERE n.deleted_at IS NULL AND (?1 IS NULL OR n.id = ?1) ORDER BY n.id",
     )?;
     let mut macs = std::collections::HashMap::<String, Vec<String>>::new();
     for row in c
-        .prepare_cached("SELECT node_id, mac FROM node_macs ORDER BY node_id, mac")?
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+        .prepare_cached(
+            "SELECT node_id, mac FROM node_macs WHERE ?1 IS NULL OR node_id = ?1
+             ORDER BY node_id, mac",
+        )?
+        .query_map([only], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+        })?
     {
         let (node, mac) = row?;
         macs.entry(node).or_default().push(mac);
     }
     let nodes = q
-        .query_map([], |r| {
+        .query_map([only], |r| {
             Ok(NodeRow {
                 node_id: r.get(0)?,
                 hostname: r.get(1)?,

@@ -24,6 +24,12 @@ pub async fn triggers_stamp_history_with_the_store_clock(f: Fixture) {
     f.advance(Duration::from_millis(100));
     assert!(disconnect(s, &node, e, Duration::ZERO).await);
     let snap = s.audit_snapshot().await.unwrap();
+    // The history alone reads the same records and heads.
+    let history = s.audit_history().await.unwrap();
+    assert_eq!(
+        (&history.audit, &history.heads, history.now),
+        (&snap.audit, &snap.heads, snap.now)
+    );
     let mine: Vec<(&str, i64)> = snap
         .audit
         .iter()

@@ -329,4 +329,18 @@ pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixt
     );
     assert_eq!(macs(&other).await, ["52:54:00:00:00:02"]);
     assert_eq!(macs(&node).await, ["52:54:00:00:00:01"]);
+    // One node read alone is what the list shows of it, its MACs
+    // included; an unknown or deleted node is none.
+    let listed = s.list_nodes().await.unwrap().nodes;
+    for id in [&node, &other] {
+        let mut one = s.node(id).await.unwrap().nodes.pop().expect("a live node");
+        let mut from_list = listed.iter().find(|n| &n.node_id == id).unwrap().clone();
+        // Ages move between the two reads.
+        (one.last_seen_age_ms, from_list.last_seen_age_ms) = (0, 0);
+        assert_eq!(one, from_list);
+    }
+    assert!(s.node("nd-000000000000").await.unwrap().nodes.is_empty());
+    assert_eq!(s.node(&node).await.unwrap().nodes.len(), 1);
+    s.delete_node(&other, Box::new(|_| vec![])).await.unwrap();
+    assert!(s.node(&other).await.unwrap().nodes.is_empty());
 }
