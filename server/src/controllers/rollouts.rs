@@ -23,7 +23,6 @@
 //! [`decide`] is the decision, pure; [`tick`] reads each running rollout
 //! from the store, decides, and writes what was decided.
 
-use std::ops::Not;
 use std::sync::Arc;
 
 use bc_store::commands::NewCommand;
@@ -157,10 +156,8 @@ pub async fn held_back(
     key: &ring::signature::Ed25519KeyPair,
     node: &str,
 ) -> Result<bool, TxError> {
-    Ok(crate::pki::seal::node_intent(store, key, node)
-        .await?
-        .is_ok_and(|i| i.cordon.is_none())
-        .not())
+    let intent = crate::pki::seal::node_intent(store, key, node).await?;
+    Ok(!matches!(intent, Ok(i) if i.cordon.is_none()))
 }
 
 pub async fn tick(
