@@ -33,6 +33,7 @@ pub mod check;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod console;
 pub mod controllers;
 pub mod doctor;
 pub mod evidence;

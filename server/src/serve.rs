@@ -62,6 +62,8 @@ pub struct ServeOptions {
     pub clock_offset_file: Option<PathBuf>,
     /// `/healthz`, `/readyz` and `/metrics` (off with `None`).
     pub http: Option<SocketAddr>,
+    /// The web console (off with `None`; the key holder's only).
+    pub console: Option<SocketAddr>,
     /// What this process runs.
     pub role: Role,
 }
@@ -478,6 +480,19 @@ pub async fn serve(
                 )
             })?;
             let api_addr = api_listener.local_addr()?;
+            let console_listener = match opts.console {
+                Some(at) => Some(TcpListener::bind(at).await.with_context(|| {
+                    format!(
+                        "cannot listen on {at} for the web console (choose another with \
+                         --console-listen, or off)"
+                    )
+                })?),
+                None => None,
+            };
+            let console_url = match &console_listener {
+                Some(l) => Some(format!("https://{}/", l.local_addr()?)),
+                None => None,
+            };
             operator_credential(&opts.data_dir, store, &operator_ca, api_addr).await?;
             let secrets_key = Arc::new(
                 crate::pki::secrets::SecretsKey::load_or_create(&opts.data_dir)
@@ -532,7 +547,28 @@ pub async fn serve(
                 gateway_revocations,
                 operator_ca: operator_ca.clone(),
                 revoked_operators: revoked_operators.clone(),
+                console_url: console_url.clone(),
             };
+            if let (Some(listener), Some(url)) = (console_listener, &console_url) {
+                let config = tls::server_config_browser(
+                    operator_ca.serving_chain.clone(),
+                    operator_ca.serving_key(),
+                    operator_ca.cert.clone(),
+                )?;
+                let console = Arc::new(crate::console::Console {
+                    admin: admin.clone(),
+                    keys: vec![worker_key.public_key().as_ref().to_vec()],
+                    revoked: revoked_operators.clone(),
+                });
+                tasks.push(tokio::spawn(crate::console::serve(
+                    listener, config, console,
+                )));
+                println!(
+                    "console on {}",
+                    url.trim_start_matches("https://").trim_end_matches('/')
+                );
+                info!(%url, "web console");
+            }
             // The operator API: its own listener, the operator CA's serving
             // certificate, a client certificate from the operator CA
             // required. No fleet certificate opens it, and the node

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+pub mod chromium;
 pub mod fence;
 pub mod gateways;
 pub mod hostile;
@@ -144,6 +145,8 @@ pub struct Server {
     /// `/healthz`, `/readyz` and `/metrics` (an ephemeral loopback port
     /// unless the args say `--http-listen`).
     pub http: Option<SocketAddr>,
+    /// The web console (`--console-listen`), when it was asked for.
+    pub console: Option<SocketAddr>,
     pub args: Vec<String>,
     /// A PostgreSQL store's address (`None`: SQLite in `dir`).
     pub store_url: Option<String>,
@@ -236,6 +239,7 @@ impl Server {
         let mut boot = None;
         let mut http = None;
         let mut api = None;
+        let mut console = None;
         let mut lines = BufReader::new(stdout).lines();
         let addr = loop {
             let Some(Ok(line)) = lines.next() else {
@@ -247,6 +251,9 @@ impl Server {
             }
             if let Some(a) = line.strip_prefix("http on ") {
                 http = Some(a.trim().parse::<SocketAddr>()?);
+            }
+            if let Some(a) = line.strip_prefix("console on ") {
+                console = Some(a.trim().parse::<SocketAddr>()?);
             }
             if let Some(a) = line.strip_prefix("api on ") {
                 api = Some(a.trim().parse::<SocketAddr>()?);
@@ -265,6 +272,7 @@ impl Server {
             api,
             boot,
             http,
+            console,
             args,
             store_url,
             proc,

@@ -507,6 +507,28 @@ pub fn server_config_mutual(
     Ok(Arc::new(config))
 }
 
+/// Server configuration for HTTPS to browsers (the web console): HTTP/1.1,
+/// TLS 1.3, and a client certificate from `client_ca` taken when the
+/// browser offers one, not required.
+pub fn server_config_browser(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: CertificateDer<'static>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = provider();
+    let mut roots = RootCertStore::empty();
+    roots.add(client_ca)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 #[cfg(feature = "server")]
 pub use accept::*;
 

@@ -383,6 +383,26 @@ fn signed_intent_and_facts() {
         },
     );
     check(
+        "console_token",
+        &v1::ConsoleToken {
+            version: 1,
+            operator: "alice".into(),
+            role: "read-only".into(),
+            cert_sha256: "5e".repeat(32),
+            issued_ms: 1_790_000_000_000,
+            expires_ms: 1_790_003_600_000,
+            nonce: vec![7; 16],
+        },
+    );
+    check(
+        "mint_console_token",
+        &v1::MintConsoleTokenResponse {
+            token: "bcc1.AAAA.BBBB".into(),
+            expires_ms: 1_790_003_600_000,
+            console_url: "https://127.0.0.1:9466/".into(),
+        },
+    );
+    check(
         "drain_gateway",
         &v1::DrainGatewayRequest {
             gateway_id: "gw-a-1".into(),

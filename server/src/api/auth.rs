@@ -88,6 +88,8 @@ const READ_ONLY_CALLS: &[&str] = &[
     "ListMachines",
     "ListTokens",
     "ListEvents",
+    // A token that opens the read-only console, for the caller alone.
+    "MintConsoleToken",
 ];
 
 /// The role a call (its gRPC path, `/bcd.v1.Admin/ListNodes`) needs.
@@ -281,28 +283,12 @@ where
             let presented = peer.and_then(|p| Some((p.cert_fingerprint.clone()?, p.cert.clone()?)));
             let verdict = match presented {
                 None => Err(Denied::NoCertificate.status()),
-                Some((fp, cert)) => match store.operator_by_cert(&fp).await {
-                    Ok(row) => {
-                        // A signed revocation beside the row is remembered;
-                        // one remembered holds whatever the row says now.
-                        if let Some(statement) = row.as_ref().and_then(|r| r.revocation.as_deref())
-                            && let Err(why) = revoked.learn(statement)
-                        {
-                            warn!(call = %path, %why, "an operator row carries a revocation no worker key signed");
-                        }
-                        let granted = Granted::of(&cert);
-                        let verdict = if revoked.contains(&fp) {
-                            Err(Denied::Revoked(granted.name.clone().unwrap_or_default()))
-                        } else {
-                            decide(row.as_ref(), &granted, &path, crate::clock::unix_ms())
-                        };
-                        verdict.map_err(|d| {
-                            info!(call = %path, denied = ?d, "operator call refused");
-                            d.status()
-                        })
-                    }
-                    Err(e) => Err(unavailable(e)),
-                },
+                Some((fp, cert)) => admit(&store, &revoked, &fp, &Granted::of(&cert), &path)
+                    .await
+                    .map_err(|e| match e {
+                        Refused::Denied(d) => d.status(),
+                        Refused::Store(e) => unavailable(e),
+                    }),
             };
             match verdict {
                 Ok(operator) => {
@@ -313,6 +299,44 @@ where
             }
         })
     }
+}
+
+/// Why [`admit`] turned a caller away.
+#[derive(Debug)]
+pub enum Refused {
+    Denied(Denied),
+    /// The store could not be read.
+    Store(bc_store::StoreError),
+}
+
+/// The operator check both doors share (the API's client certificate, the
+/// console's certificate or token): the store's row for the certificate
+/// `fp`, which grants `granted`, and the signed revocations remembered,
+/// decide whether the call at `path` is made now.
+pub async fn admit(
+    store: &Store,
+    revoked: &RevokedOperators,
+    fp: &str,
+    granted: &Granted,
+    path: &str,
+) -> Result<Operator, Refused> {
+    let row = store.operator_by_cert(fp).await.map_err(Refused::Store)?;
+    // A signed revocation beside the row is remembered; one remembered
+    // holds whatever the row says now.
+    if let Some(statement) = row.as_ref().and_then(|r| r.revocation.as_deref())
+        && let Err(why) = revoked.learn(statement)
+    {
+        warn!(call = %path, %why, "an operator row carries a revocation no worker key signed");
+    }
+    let verdict = if revoked.contains(fp) {
+        Err(Denied::Revoked(granted.name.clone().unwrap_or_default()))
+    } else {
+        decide(row.as_ref(), granted, path, crate::clock::unix_ms())
+    };
+    verdict.map_err(|d| {
+        info!(call = %path, denied = ?d, "operator call refused");
+        Refused::Denied(d)
+    })
 }
 
 /// A certificate PEM block (64-column lines, LF).
@@ -505,7 +529,10 @@ mod tests {
         let calls = admin_calls();
         assert!(calls.len() >= 20, "{calls:?}");
         for call in &calls {
-            let reads = call.starts_with("List") || call.starts_with("Get");
+            // Minting a console token reads nothing and changes nothing:
+            // it signs the caller's own view in.
+            let reads =
+                call.starts_with("List") || call.starts_with("Get") || call == "MintConsoleToken";
             let want = if reads {
                 OperatorRole::ReadOnly
             } else {

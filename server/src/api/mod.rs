@@ -84,6 +84,8 @@ pub struct AdminService {
     pub operator_ca: Arc<crate::pki::OperatorCa>,
     /// The operator certificates this key holder knows revoked.
     pub revoked_operators: Arc<revoked_operators::RevokedOperators>,
+    /// Where the web console listens (`https://HOST:PORT/`); `None`: off.
+    pub console_url: Option<String>,
 }
 
 impl std::fmt::Debug for AdminService {
@@ -403,6 +405,21 @@ impl Admin for AdminService {
         _: Request<v1::ListOperatorsRequest>,
     ) -> Reply<v1::ListOperatorsResponse> {
         operators::list(self).await.map(Response::new)
+    }
+
+    async fn mint_console_token(
+        &self,
+        r: Request<v1::MintConsoleTokenRequest>,
+    ) -> Reply<v1::MintConsoleTokenResponse> {
+        let operator = operator(&r)?;
+        let cert = r
+            .extensions()
+            .get::<bcd_proto::tls::PeerInfo>()
+            .and_then(|p| p.cert_fingerprint.clone())
+            .ok_or_else(|| Status::unauthenticated("no operator certificate"))?;
+        operators::mint_console_token(self, &operator, &cert, r.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn revoke_operator(

@@ -1,11 +1,11 @@
 //! Operators: `AddOperator` (the operator CA signs the caller's request),
-//! `ListOperators`, `RevokeOperator`. Who may call them is decided in
+//! `ListOperators`, `RevokeOperator`, `MintConsoleToken`. Who may call them is decided in
 //! [`super::auth`], like every other call.
 
 use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
 use bcd_proto::v1::{
-    AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, OperatorInfo,
-    RevokeOperatorRequest,
+    AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
+    MintConsoleTokenResponse, OperatorInfo, RevokeOperatorRequest,
 };
 use tonic::Status;
 use tracing::info;
@@ -108,6 +108,45 @@ pub async fn revoke(svc: &AdminService, r: RevokeOperatorRequest) -> Result<Oper
     }
     info!(operator = %r.name, "operator revoked");
     Ok(info(&row))
+}
+
+/// A console token for the calling operator, as its certificate grants
+/// (`operator` was admitted by that certificate, `cert` its SHA-256).
+pub async fn mint_console_token(
+    svc: &AdminService,
+    operator: &super::auth::Operator,
+    cert: &str,
+    r: MintConsoleTokenRequest,
+) -> Result<MintConsoleTokenResponse, Status> {
+    let Some(console_url) = svc.console_url.clone() else {
+        return Err(super::status::refusal(bc_store::Refusal::Conflict(
+            "the web console is off on this server: start better-compute serve with \
+             --console-listen ADDR (console-listen in its config file)"
+                .into(),
+        )));
+    };
+    let mut nonce = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).map_err(|_| {
+        super::status::refusal(bc_store::Refusal::Internal(
+            "no randomness for a console token".into(),
+        ))
+    })?;
+    let (token, expires_ms) = crate::pki::console::mint(
+        &svc.worker_key,
+        &operator.name,
+        operator.role,
+        cert,
+        crate::clock::unix_ms(),
+        r.ttl_ms,
+        nonce,
+    )
+    .map_err(bad_request)?;
+    info!(operator = %operator.name, expires_ms, "console token minted");
+    Ok(MintConsoleTokenResponse {
+        token,
+        expires_ms,
+        console_url,
+    })
 }
 
 #[cfg(test)]

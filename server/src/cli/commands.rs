@@ -362,7 +362,7 @@ fn forged(i: &CommandInfo) -> bool {
 
 /// A command's state as lists print it: FORGED for a result no node
 /// signed, whatever the row says.
-pub(super) fn state_word(i: &CommandInfo) -> String {
+pub(crate) fn state_word(i: &CommandInfo) -> String {
     if forged(i) {
         "FORGED".to_string()
     } else {

@@ -7,7 +7,7 @@
 mod audit;
 mod backup;
 mod check;
-mod commands;
+pub(crate) mod commands;
 mod config;
 mod doctor;
 mod events;
@@ -15,7 +15,7 @@ mod exec;
 mod gateways;
 mod images;
 mod machines;
-mod nodes;
+pub(crate) mod nodes;
 mod operators;
 pub mod output;
 mod port_forward;
@@ -108,7 +108,7 @@ fn dur(s: &str) -> Result<Duration, humantime::DurationError> {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the control plane: gateway, join service, API and liveness.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Signed releases of bcd.
     Releases {
         #[command(subcommand)]
@@ -205,7 +205,7 @@ enum Command {
 
 /// Where an operator verb finds the server.
 #[derive(Debug, Clone)]
-struct Target {
+pub(crate) struct Target {
     operator: PathBuf,
     server: Option<String>,
 }
@@ -257,7 +257,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let done = ExitCode::SUCCESS;
     match cli.command {
-        Command::Serve(args) => serve::run(args, cli.data_dir, cli.store)
+        Command::Serve(args) => serve::run(*args, cli.data_dir, cli.store)
             .await
             .map(|()| done),
         Command::Check(args) => check::run(args, &cli.data_dir, cli.store.as_deref())

@@ -415,7 +415,7 @@ pub enum StateFilter {
 }
 
 impl StateFilter {
-    fn wire(self) -> NodeState {
+    pub(crate) fn wire(self) -> NodeState {
         match self {
             StateFilter::Connected => NodeState::Connected,
             StateFilter::Disconnected => NodeState::Disconnected,
@@ -427,7 +427,7 @@ impl StateFilter {
 /// The state as `nodes list` shows it: `connected`, and `,cordoned` after
 /// it when the node is cordoned (or its signed spec does not open, so its
 /// cordon is unknown: `,spec-forged`).
-fn state_word(n: &NodeInfo) -> String {
+pub(crate) fn state_word(n: &NodeInfo) -> String {
     let state = spelled::<NodeState>(n.state);
     if !n.intent_error.is_empty() {
         format!("{state},spec-forged")
@@ -439,7 +439,7 @@ fn state_word(n: &NodeInfo) -> String {
 }
 
 /// Since when and why a node is cordoned, or empty.
-fn cordon_word(n: &NodeInfo) -> String {
+pub(crate) fn cordon_word(n: &NodeInfo) -> String {
     match &n.intent {
         Some(i) if i.cordoned => format!(
             "since {}{}",
@@ -533,18 +533,18 @@ struct Shown<'a> {
 /// A GPU as a node's `gpus` inventory section reports it (the fields
 /// `nodes show` prints; others are ignored).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-struct Gpu {
-    pci_address: String,
+pub(crate) struct Gpu {
+    pub pci_address: String,
     #[serde(default)]
-    uuid: Option<String>,
+    pub uuid: Option<String>,
     #[serde(default)]
-    model: Option<String>,
+    pub model: Option<String>,
     #[serde(default)]
-    numa_node: Option<i32>,
+    pub numa_node: Option<i32>,
 }
 
 /// The GPUs in a `gpus` section's body, or why it does not read.
-fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
+pub(crate) fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
     serde_json::from_slice(body).map_err(|e| format!("the gpus section does not read: {e}"))
 }
 

@@ -1,7 +1,12 @@
 //! `better-compute operators`: add, list and revoke the operators who may
-//! call the API, each with a client certificate from the operator CA.
+//! call the API, each with a client certificate from the operator CA; and
+//! `login`, a short-lived token that opens the web console in a browser.
 
-use bcd_proto::v1::{AddOperatorRequest, ListOperatorsRequest, RevokeOperatorRequest};
+use std::time::Duration;
+
+use bcd_proto::v1::{
+    AddOperatorRequest, ListOperatorsRequest, MintConsoleTokenRequest, RevokeOperatorRequest,
+};
 use clap::Subcommand;
 
 use super::Target;
@@ -52,10 +57,45 @@ pub enum OperatorsCommand {
         /// The operator's name (operators list shows them).
         name: String,
     },
+    /// A token that signs you in to the web console (serve
+    /// --console-listen) as the operator of your credential, with its role;
+    /// paste it into the console's sign-in page. Revoking the operator ends
+    /// its tokens too.
+    #[command(after_help = "Examples:\n  better-compute operators login\n  \
+                            better-compute operators login --ttl 8h -o json")]
+    Login {
+        /// How long the token opens the console (at most 12h).
+        #[arg(long, default_value = "1h", value_parser = super::dur)]
+        ttl: Duration,
+        /// JSON instead of text (the same as the global `-o json`).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
     match cmd {
+        OperatorsCommand::Login { ttl, json } => {
+            let mut c = target.connect().await?;
+            let r = c
+                .mint_console_token(MintConsoleTokenRequest {
+                    ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            if crate::cli::output::json_wanted(json) {
+                return output::json(&r);
+            }
+            out!("console  {}", r.console_url);
+            out!("until    {}", output::time(r.expires_ms));
+            out!("token    {}", r.token);
+            eprintln!(
+                "Open the console and paste the token to sign in; it opens it for you alone \
+                 until it ends. Keep it as you would the credential."
+            );
+            Ok(())
+        }
         OperatorsCommand::Add { name, role, file } => {
             file.check()?;
             let super::CredentialOut { out, force } = file;

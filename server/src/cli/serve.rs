@@ -133,6 +133,12 @@ pub struct ServeArgs {
     /// address (loopback by default; `off` for none).
     #[arg(long, default_value = crate::http::DEFAULT_LISTEN, env = "BC_HTTP_LISTEN")]
     http_listen: String,
+    /// The read-only web console over HTTPS on this address (`off` by
+    /// default), for the role holding the keys: sign in with a token from
+    /// `better-compute operators login`, or a browser's operator
+    /// certificate.
+    #[arg(long, default_value = "off", value_name = "ADDR")]
+    console_listen: String,
     #[command(flatten)]
     boot: crate::boot::BootOptions,
     /// For the simulator's clock faults: a file holding how many
@@ -153,6 +159,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let http = crate::http::parse_listen(&a.http_listen).map_err(anyhow::Error::msg)?;
+    let console = crate::console::parse_listen(&a.console_listen).map_err(anyhow::Error::msg)?;
     let role = match (a.role, a.credential) {
         (RoleArg::All, None) => Role::All,
         (RoleArg::All, Some(_)) => {
@@ -160,6 +167,9 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
         }
         (RoleArg::Gateway, Some(_)) if a.api_listen.is_some() => anyhow::bail!(
             "--api-listen is for the role holding the keys: a gateway serves no operator API"
+        ),
+        (RoleArg::Gateway, Some(_)) if console.is_some() => anyhow::bail!(
+            "--console-listen is for the role holding the keys: a gateway serves no console"
         ),
         (RoleArg::Gateway, Some(credential)) => Role::Gateway { credential },
         (RoleArg::Gateway, None) => anyhow::bail!(
@@ -203,6 +213,7 @@ pub async fn run(a: ServeArgs, data_dir: PathBuf, store: Option<String>) -> anyh
             boot: a.boot,
             clock_offset_file: a.clock_offset_file,
             http,
+            console,
             role,
         },
         super::shutdown_signal(),

@@ -54,13 +54,42 @@ pub type Handler = Arc<
         + Sync,
 >;
 
+/// The client certificate a browser offered on the console's HTTPS
+/// listener (already verified by its TLS), in each request's extensions.
+#[derive(Debug, Clone)]
+pub struct ClientCert(pub Vec<u8>);
+
 /// Serves `handler` on `listener` within `limits` until the task is
 /// dropped; `what` names the listener in logs.
 pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, handler: Handler) {
+    serve_with(listener, what, limits, None, handler).await
+}
+
+/// As [`serve`], over TLS with `tls`: the handshake is due within the
+/// head timeout, and a client certificate offered reaches the handler as a
+/// [`ClientCert`].
+pub async fn serve_tls(
+    listener: TcpListener,
+    what: &'static str,
+    limits: Limits,
+    tls: Arc<rustls::ServerConfig>,
+    handler: Handler,
+) {
+    serve_with(listener, what, limits, Some(tls), handler).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    what: &'static str,
+    limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    handler: Handler,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let addresses = Arc::new(std::sync::Mutex::new(bcd_proto::tls::PerAddress::new(
         limits.max_per_address,
     )));
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -81,25 +110,31 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
             continue;
         };
         let handler = handler.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let reply = handler(peer, req);
-                async move { Ok::<_, Infallible>(reply.await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.head_timeout)
-                .max_buf_size(limits.max_head)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let ended = match limits.connection_limit {
-                Some(limit) => match tokio::time::timeout(limit, conn).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        debug!(%peer, "{what}: connection closed at its time limit");
-                        Ok(())
+            let ended = match acceptor {
+                None => connection(stream, peer, None, limits, handler).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.head_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let cert = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(|c| ClientCert(c.to_vec()));
+                            connection(stream, peer, cert, limits, handler).await
+                        }
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "{what}: TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            debug!(%peer, "{what}: TLS handshake timed out");
+                            Ok(())
+                        }
                     }
-                },
-                None => conn.await,
+                }
             };
             if let Err(e) = ended {
                 debug!(%peer, error = %e, "{what}: connection ended");
@@ -107,6 +142,41 @@ pub async fn serve(listener: TcpListener, what: &'static str, limits: Limits, ha
             drop(slot);
             drop(from);
         });
+    }
+}
+
+/// One connection's requests, within `limits`.
+async fn connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    cert: Option<ClientCert>,
+    limits: Limits,
+    handler: Handler,
+) -> Result<(), hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        if let Some(cert) = &cert {
+            req.extensions_mut().insert(cert.clone());
+        }
+        let reply = handler(peer, req);
+        async move { Ok::<_, Infallible>(reply.await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.head_timeout)
+        .max_buf_size(limits.max_head)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    match limits.connection_limit {
+        Some(limit) => match tokio::time::timeout(limit, conn).await {
+            Ok(r) => r,
+            Err(_) => {
+                debug!(%peer, "connection closed at its time limit");
+                Ok(())
+            }
+        },
+        None => conn.await,
     }
 }
 
