@@ -1,11 +1,14 @@
-//! systemd over D-Bus: reboot through logind and restart a unit through
-//! the systemd manager (zbus on tokio).
+//! systemd over D-Bus: reboot through logind, kexec and restart a unit
+//! through the systemd manager (zbus on tokio).
 //!
 //! Where the machine runs systemd, a reboot goes through
 //! `org.freedesktop.login1.Manager`: the helper lists the inhibitors first
 //! and waits, a bounded time, while any of them blocks shutdown, then
 //! fails or reboots anyway as its [`RebootPolicy`] says, and calls
-//! `Reboot(false)`. logind itself handles delay inhibitors. The restart
+//! `Reboot(false)`. logind itself handles delay inhibitors. A kexec, with
+//! the kernel already loaded, waits on the same inhibitors and then starts
+//! `kexec.target` in `replace-irreversibly` mode, as `systemctl kexec`
+//! does, so services stop in order before the jump. The restart
 //! after an upgrade is `org.freedesktop.systemd1.Manager.RestartUnit(unit,
 //! "replace")`, waiting for the job's `JobRemoved` signal (after
 //! `Subscribe`, without which systemd sends none).
@@ -37,6 +40,9 @@ pub const SYSTEM_BUS_SOCKET: &str = "run/dbus/system_bus_socket";
 /// The bcd service, as the units install it.
 pub const BCD_UNIT: &str = "bcd.service";
 
+/// What `systemctl kexec` starts.
+pub const KEXEC_TARGET: &str = "kexec.target";
+
 #[zbus::proxy(
     interface = "org.freedesktop.login1.Manager",
     default_service = "org.freedesktop.login1",
@@ -59,6 +65,8 @@ trait Manager {
     fn subscribe(&self) -> zbus::Result<()>;
 
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
 
     #[zbus(signal)]
     fn job_removed(
@@ -202,7 +210,15 @@ pub fn decide(inhibitors: &[Inhibitor], waited: Duration, policy: &RebootPolicy)
     }
 }
 
-/// A reboot logind accepted.
+/// How the machine goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Down {
+    Reboot,
+    /// Into the kernel already loaded for kexec.
+    Kexec,
+}
+
+/// A reboot logind accepted (or a kexec systemd did).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rebooting {
     pub waited: Duration,
@@ -302,10 +318,13 @@ impl Systemd {
             .collect())
     }
 
-    /// Reboots through logind, honouring block inhibitors as `policy`
-    /// says. Returns once logind accepted the reboot.
-    pub async fn reboot(&self, policy: &RebootPolicy) -> Result<Rebooting, DbusError> {
-        let login1 = self.login1().await?;
+    /// Waits as `policy` says for the block inhibitors on shutdown to end:
+    /// how long it waited and the locks it goes through (policy `Proceed`),
+    /// or the refusal naming who still blocks.
+    async fn through_inhibitors(
+        &self,
+        policy: &RebootPolicy,
+    ) -> Result<(Duration, Vec<Inhibitor>), DbusError> {
         let start = tokio::time::Instant::now();
         loop {
             let inhibitors = self.inhibitors().await?;
@@ -315,7 +334,7 @@ impl Systemd {
                     let left = policy.max_wait.saturating_sub(waited);
                     tracing::info!(
                         blocking = %describe(&inhibitors.iter().filter(|i| i.blocks_shutdown()).cloned().collect::<Vec<_>>()),
-                        "reboot waits for inhibitors"
+                        "shutdown waits for inhibitors"
                     );
                     tokio::time::sleep(policy.poll.min(left).max(Duration::from_millis(1))).await;
                 }
@@ -326,17 +345,39 @@ impl Systemd {
                     if !overriding.is_empty() {
                         tracing::warn!(
                             blocking = %describe(&overriding),
-                            "rebooting through block inhibitors, as configured"
+                            "going down through block inhibitors, as configured"
                         );
                     }
-                    login1
-                        .reboot(false)
-                        .await
-                        .map_err(call("org.freedesktop.login1.Manager.Reboot"))?;
-                    return Ok(Rebooting { waited, overriding });
+                    return Ok((waited, overriding));
                 }
             }
         }
+    }
+
+    /// Takes the machine down as `down` says, honouring block inhibitors
+    /// as `policy` says: a reboot through logind (`Reboot(false)`), or a
+    /// jump into the kernel loaded for kexec as `systemctl kexec` does
+    /// (`kexec.target` started irreversibly, so services stop in order
+    /// before systemd's shutdown executes it). Returns once logind or
+    /// systemd accepted.
+    pub async fn go_down(&self, down: Down, policy: &RebootPolicy) -> Result<Rebooting, DbusError> {
+        let (waited, overriding) = self.through_inhibitors(policy).await?;
+        match down {
+            Down::Reboot => self
+                .login1()
+                .await?
+                .reboot(false)
+                .await
+                .map_err(call("org.freedesktop.login1.Manager.Reboot"))?,
+            Down::Kexec => {
+                self.manager()
+                    .await?
+                    .start_unit(KEXEC_TARGET, "replace-irreversibly")
+                    .await
+                    .map_err(call("org.freedesktop.systemd1.Manager.StartUnit"))?;
+            }
+        }
+        Ok(Rebooting { waited, overriding })
     }
 
     /// Restarts `unit` (`replace` mode) and waits up to `within` for its

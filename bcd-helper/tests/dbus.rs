@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bcd_helper::systemd::{DbusError, RebootPolicy, Systemd, WhenBlocked};
+use bcd_helper::systemd::{DbusError, Down, RebootPolicy, Systemd, WhenBlocked};
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};
 
@@ -251,7 +251,10 @@ async fn reboot_goes_through_logind_when_nothing_blocks() {
     let systemd = Systemd::connect(&bus.address).await.unwrap();
     assert_eq!(systemd.inhibitors().await.unwrap().len(), 3);
     let r = systemd
-        .reboot(&policy(Duration::from_secs(30), WhenBlocked::Fail))
+        .go_down(
+            Down::Reboot,
+            &policy(Duration::from_secs(30), WhenBlocked::Fail),
+        )
         .await
         .unwrap();
     assert!(r.overriding.is_empty());
@@ -271,7 +274,10 @@ async fn reboot_waits_for_a_block_inhibitor_to_end() {
         let systemd = systemd.clone();
         async move {
             systemd
-                .reboot(&policy(Duration::from_secs(60), WhenBlocked::Fail))
+                .go_down(
+                    Down::Reboot,
+                    &policy(Duration::from_secs(60), WhenBlocked::Fail),
+                )
                 .await
         }
     });
@@ -304,7 +310,7 @@ async fn a_block_inhibitor_past_the_bound_fails_the_reboot_or_is_overridden() {
     let bound = Duration::from_millis(300);
     let started = Instant::now();
     let e = systemd
-        .reboot(&policy(bound, WhenBlocked::Fail))
+        .go_down(Down::Reboot, &policy(bound, WhenBlocked::Fail))
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -317,7 +323,7 @@ async fn a_block_inhibitor_past_the_bound_fails_the_reboot_or_is_overridden() {
     assert!(services.login.lock().unwrap().reboots.is_empty());
 
     let r = systemd
-        .reboot(&policy(bound, WhenBlocked::Proceed))
+        .go_down(Down::Reboot, &policy(bound, WhenBlocked::Proceed))
         .await
         .unwrap();
     assert_eq!(r.overriding.len(), 1);
@@ -378,7 +384,10 @@ async fn missing_services_and_a_missing_bus_are_errors() {
     // A bus without logind or systemd on it.
     let bus = Bus::start();
     let systemd = Systemd::connect(&bus.address).await.unwrap();
-    let e = systemd.reboot(&RebootPolicy::default()).await.unwrap_err();
+    let e = systemd
+        .go_down(Down::Reboot, &RebootPolicy::default())
+        .await
+        .unwrap_err();
     assert!(
         e.to_string()
             .starts_with("org.freedesktop.login1.Manager.ListInhibitors failed"),

@@ -86,13 +86,16 @@ impl Drop for Bus {
 #[derive(Debug, Default)]
 struct Calls(Vec<String>);
 
-struct Login1(Arc<Mutex<Calls>>);
+/// An inhibitor as logind lists it: what, who, why, mode, uid, pid.
+type Lock = (String, String, String, String, u32, u32);
+
+struct Login1(Arc<Mutex<Calls>>, Arc<Mutex<Vec<Lock>>>);
 
 #[zbus::interface(name = "org.freedesktop.login1.Manager")]
 impl Login1 {
-    fn list_inhibitors(&self) -> Vec<(String, String, String, String, u32, u32)> {
+    fn list_inhibitors(&self) -> Vec<Lock> {
         self.0.lock().unwrap().0.push("ListInhibitors".into());
-        Vec::new()
+        self.1.lock().unwrap().clone()
     }
 
     fn reboot(&self, interactive: bool) {
@@ -128,6 +131,15 @@ impl Manager {
         Ok(job)
     }
 
+    fn start_unit(&self, name: String, mode: String) -> OwnedObjectPath {
+        self.0
+            .lock()
+            .unwrap()
+            .0
+            .push(format!("StartUnit {name} {mode}"));
+        OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/8").unwrap()
+    }
+
     #[zbus(signal)]
     async fn job_removed(
         emitter: &SignalEmitter<'_>,
@@ -139,12 +151,20 @@ impl Manager {
 }
 
 async fn serve(bus: &Bus) -> (Arc<Mutex<Calls>>, Vec<zbus::Connection>) {
+    serve_locked(bus, Arc::default()).await
+}
+
+/// As [`serve`], with logind listing `locks`.
+async fn serve_locked(
+    bus: &Bus,
+    locks: Arc<Mutex<Vec<Lock>>>,
+) -> (Arc<Mutex<Calls>>, Vec<zbus::Connection>) {
     let calls = Arc::new(Mutex::new(Calls::default()));
     let a = zbus::connection::Builder::address(bus.address.as_str())
         .unwrap()
         .name("org.freedesktop.login1")
         .unwrap()
-        .serve_at("/org/freedesktop/login1", Login1(calls.clone()))
+        .serve_at("/org/freedesktop/login1", Login1(calls.clone(), locks))
         .unwrap()
         .build()
         .await
@@ -297,4 +317,115 @@ async fn the_watchdog_swaps_back_an_overdue_upgrade_and_restarts_bcd() {
     );
     // Once back, nothing more to do.
     assert_eq!(watchdog_tick(&h, grace).await, None);
+}
+
+/// A kexec-tools stand-in that logs its arguments, one call a line.
+fn kexec_tool(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let log = dir.join("kexec.log");
+    let tool = dir.join("kexec");
+    std::fs::write(
+        &tool,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (tool, log)
+}
+
+/// `bcd node` as root where systemd runs: the reboot is asked of logind
+/// and the kexec of systemd (the kernel loaded first, then kexec.target
+/// started irreversibly, as `systemctl kexec` does), each after the block
+/// inhibitors are gone; one still held after the bounded wait refuses both,
+/// names who holds it, and leaves no kernel loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_reboots_through_logind_and_kexecs_through_systemd_after_inhibitors() {
+    use bcd_helper::systemd::{RebootPolicy, WhenBlocked};
+    let bus = Bus::start();
+    let locks: Arc<Mutex<Vec<Lock>>> = Arc::default();
+    let (calls, _conns) = serve_locked(&bus, locks.clone()).await;
+    let d = tempfile::tempdir().unwrap();
+    let (tool, log) = kexec_tool(d.path());
+    let policy = RebootPolicy {
+        max_wait: Duration::from_millis(600),
+        poll: Duration::from_millis(50),
+        when_blocked: WhenBlocked::Fail,
+    };
+    let power = bcd_agent::hw::SystemdPower {
+        bus: bus.address.clone(),
+        policy,
+        kexec_tool: tool,
+    };
+    let p = power.clone();
+    tokio::task::spawn_blocking(move || p.reboot())
+        .await
+        .unwrap()
+        .unwrap();
+    let p = power.clone();
+    tokio::task::spawn_blocking(move || p.kexec("/boot/k", "/boot/i", "console=ttyS0"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        calls.lock().unwrap().0,
+        [
+            "ListInhibitors",
+            "Reboot false",
+            "ListInhibitors",
+            "StartUnit kexec.target replace-irreversibly"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "--kexec-file-syscall -l /boot/k --initrd=/boot/i --command-line=console=ttyS0\n"
+    );
+
+    // A firmware update holds a block lock on shutdown: both wait, then
+    // give up naming it.
+    calls.lock().unwrap().0.clear();
+    locks.lock().unwrap().push((
+        "shutdown:sleep".into(),
+        "fwupd".into(),
+        "Firmware update in progress".into(),
+        "block".into(),
+        0,
+        4242,
+    ));
+    let p = power.clone();
+    let e = tokio::task::spawn_blocking(move || p.reboot())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("fwupd"), "{e}");
+    let p = power.clone();
+    let e = tokio::task::spawn_blocking(move || p.kexec("/boot/k", "", "quiet"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("fwupd"), "{e}");
+    let seen = calls.lock().unwrap().0.clone();
+    assert!(seen.len() > 4, "it looked again while waiting: {seen:?}");
+    assert!(
+        seen.iter().all(|c| c == "ListInhibitors"),
+        "nothing went down: {seen:?}"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.ends_with("--kexec-file-syscall -l /boot/k --command-line=quiet\n-u\n"),
+        "the kernel is unloaded after the refusal: {logged}"
+    );
+
+    // The lock released during the wait: the reboot goes on.
+    calls.lock().unwrap().0.clear();
+    let p = power.clone();
+    let rebooting = tokio::task::spawn_blocking(move || p.reboot());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    locks.lock().unwrap().clear();
+    rebooting.await.unwrap().unwrap();
+    assert_eq!(calls.lock().unwrap().0.last().unwrap(), "Reboot false");
+
+    // Where systemd does not run (a ramdisk): the raw calls.
+    let ramdisk = tempfile::tempdir().unwrap();
+    let raw = bcd_agent::hw::power(ramdisk.path(), Default::default());
+    assert!(format!("{raw:?}").contains("SystemPower"), "{raw:?}");
 }

@@ -129,7 +129,11 @@ impl HwArgs {
             let fake = Arc::new(fake);
             return (fake.clone(), fake);
         }
-        (self.real_host(), Arc::new(hw::SystemPower))
+        // Through logind and systemd where they run; a ramdisk's raw calls.
+        (
+            self.real_host(),
+            hw::power(std::path::Path::new("/"), Default::default()),
+        )
     }
 
     fn real_host(&self) -> Arc<dyn hw::Host> {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use bcd_core::update::Slot;
-use bcd_helper::systemd::{RebootPolicy, Systemd};
+use bcd_helper::systemd::{Down, RebootPolicy, Systemd};
 use bcd_helper::validate::{self, StagedFile};
 use bcd_helper::{HelperError, Peer, Reply, Request};
 use bcd_proto::v1;
@@ -237,7 +237,7 @@ impl AgentHandler {
         if let Some(systemd) = self.systemd().await? {
             info!(%reason, "rebooting through logind");
             let r = systemd
-                .reboot(&self.config.reboot)
+                .go_down(Down::Reboot, &self.config.reboot)
                 .await
                 .map_err(|e| failed(bcd_sys::error::chain(&e)))?;
             if !r.overriding.is_empty() {

@@ -11,11 +11,13 @@ pub mod inventory;
 #[cfg(feature = "nvml")]
 pub mod nvml;
 pub mod sysfs;
+pub mod systemd;
 
 use serde::Serialize;
 
 pub use inventory::{Section, inventory};
 pub use sysfs::{RealHost, SysfsGpus, SysfsTpm, SystemPower, real};
+pub use systemd::{SystemdPower, power};
 
 /// What the agent reads from the machine it runs on (and the GPU reset,
 /// through [`Gpus`]).

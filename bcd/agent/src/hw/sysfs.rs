@@ -313,7 +313,9 @@ impl Tpm for SysfsTpm {
     }
 }
 
-/// Reboot and kexec of this machine (root, CAP_SYS_BOOT).
+/// Reboot and kexec of this machine by the raw calls (root,
+/// CAP_SYS_BOOT): where no systemd runs (a ramdisk with `bcd init` as PID
+/// 1); elsewhere [`super::systemd::SystemdPower`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemPower;
 
@@ -325,23 +327,33 @@ impl Power for SystemPower {
     }
 
     fn kexec(&self, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
-        // kexec-tools loads the image (kexec_file_load) and jumps into it.
-        let mut load = std::process::Command::new("kexec");
-        load.args(["--kexec-file-syscall", "-l", kernel]);
-        if !initrd.is_empty() {
-            load.arg(format!("--initrd={initrd}"));
-        }
-        load.arg(format!("--command-line={cmdline}"));
-        let status = load.status()?;
-        if !status.success() {
-            return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
-        }
+        kexec_load(Path::new(KEXEC), kernel, initrd, cmdline)?;
         rustix::fs::sync();
-        let status = std::process::Command::new("kexec").arg("-e").status()?;
+        let status = std::process::Command::new(KEXEC).arg("-e").status()?;
         Err(std::io::Error::other(format!(
             "kexec -e returned: {status}"
         )))
     }
+}
+
+/// kexec-tools, as Debian and the ramdisk install it.
+pub const KEXEC: &str = "kexec";
+
+/// Loads `kernel` (with `initrd`, if any, and `cmdline`) for the next
+/// kexec with kexec-tools' `tool` (`kexec_file_load`, so a kernel the
+/// machine's signing policy refuses is refused here).
+pub fn kexec_load(tool: &Path, kernel: &str, initrd: &str, cmdline: &str) -> std::io::Result<()> {
+    let mut load = std::process::Command::new(tool);
+    load.args(["--kexec-file-syscall", "-l", kernel]);
+    if !initrd.is_empty() {
+        load.arg(format!("--initrd={initrd}"));
+    }
+    load.arg(format!("--command-line={cmdline}"));
+    let status = load.status()?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!("kexec -l failed: {status}")));
+    }
+    Ok(())
 }
 
 pub fn real(root: impl Into<PathBuf>) -> Arc<dyn Host> {
