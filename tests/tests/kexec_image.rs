@@ -205,3 +205,118 @@ fn boot_kexec_loads_only_a_verified_image() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not both"), "{}", stderr(&out));
 }
+
+/// `images register` streams the image in chunks (`UploadImage`); the
+/// server verifies the signed manifest before it keeps a byte and holds
+/// each part to the size the manifest signs, so a hostile upload is
+/// refused with what was wrong and nothing is registered.
+#[test]
+fn an_image_upload_is_streamed_and_held_to_its_signed_manifest() {
+    use bcd_proto::v1::{ImageUpload, image_upload::Part};
+    let d = tempfile::tempdir().unwrap();
+    let (learned, stranger) = (key(1), key(2));
+    let mut args: Vec<&str> = FAST.to_vec();
+    let learned_hex = public_hex(&learned);
+    args.extend(["--image-pubkey", &learned_hex]);
+    let server = Server::start(&d.path().join("server"), &args).expect("server");
+    // Several chunks of each part.
+    let kernel = b"MZ kernel \x00\x01".repeat(300_000);
+    let initrd = b"070701 initrd".repeat(100_000);
+    let id = register(
+        &server,
+        &image_dir(d.path(), "big", &learned, &kernel, &initrd),
+    );
+    let out = server.cli(&["images", "list", "--json"]);
+    let images: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(images[0]["image_id"], id.as_str());
+    assert_eq!(images[0]["kernel_size"], kernel.len() as u64);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let manifest_of = |k: &Ed25519KeyPair, name: &str| {
+        std::fs::read(image_dir(d.path(), name, k, &kernel, &initrd).join(image::MANIFEST_FILE))
+            .unwrap()
+    };
+    let upload = |parts: Vec<Part>| {
+        rt.block_on(async {
+            let mut c = better_compute::client::connect(
+                &server.dir.join("operator.json"),
+                Some(&server.api_url()),
+            )
+            .await
+            .unwrap();
+            let parts = parts
+                .into_iter()
+                .map(|p| ImageUpload { part: Some(p) })
+                .collect::<Vec<_>>();
+            c.upload_image(tokio_stream::iter(parts))
+                .await
+                .map(|r| r.into_inner())
+        })
+    };
+    let fresh = manifest_of(&learned, "fresh");
+    let refused = |parts: Vec<Part>, why: &str| {
+        let e = upload(parts).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+        assert!(e.message().contains(why), "{why}: {e}");
+    };
+    refused(
+        vec![Part::Kernel(kernel.clone())],
+        "starts with its signed manifest",
+    );
+    refused(
+        vec![
+            Part::SignedManifest(fresh.clone()),
+            Part::Kernel(kernel.clone()),
+            Part::Kernel(vec![0]),
+        ],
+        "more kernel bytes than the signed manifest's",
+    );
+    refused(
+        vec![
+            Part::SignedManifest(fresh.clone()),
+            Part::Initrd(initrd.clone()),
+            Part::Kernel(kernel.clone()),
+        ],
+        "the kernel's bytes come before the initrd's",
+    );
+    refused(
+        vec![
+            Part::SignedManifest(fresh.clone()),
+            Part::SignedManifest(fresh.clone()),
+        ],
+        "one manifest, first",
+    );
+    let mut altered = kernel.clone();
+    altered[5] ^= 1;
+    refused(
+        vec![
+            Part::SignedManifest(fresh.clone()),
+            Part::Kernel(altered),
+            Part::Initrd(initrd.clone()),
+        ],
+        "vmlinuz's SHA-256 is",
+    );
+    refused(
+        vec![
+            Part::SignedManifest(manifest_of(&stranger, "stranger")),
+            Part::Kernel(kernel.clone()),
+        ],
+        "",
+    );
+    let out = server.cli(&["images", "list", "--json"]);
+    let images: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        images.as_array().unwrap().len(),
+        1,
+        "nothing more: {images}"
+    );
+    // Whole, in order: registered.
+    let info = upload(vec![
+        Part::SignedManifest(fresh),
+        Part::Kernel(kernel[..1000].to_vec()),
+        Part::Kernel(kernel[1000..].to_vec()),
+        Part::Initrd(initrd.clone()),
+    ])
+    .unwrap();
+    assert_eq!(info.name, "fresh");
+}

@@ -383,6 +383,12 @@ fn signed_intent_and_facts() {
         },
     );
     check(
+        "image_upload_kernel",
+        &v1::ImageUpload {
+            part: Some(v1::image_upload::Part::Kernel(b"MZ".to_vec())),
+        },
+    );
+    check(
         "console_token",
         &v1::ConsoleToken {
             version: 1,

@@ -9,7 +9,7 @@ use bc_store::Refusal;
 use bc_store::images::valid_pool;
 use bc_store::images::{BootRow, ImageRow, NewImage};
 use bcd_proto::v1::{
-    AssignImageRequest, AssignImageResponse, BootInfo, BootMac, DefaultTarget, ImageInfo,
+    self, AssignImageRequest, AssignImageResponse, BootInfo, BootMac, DefaultTarget, ImageInfo,
     ImageTarget, ListBootMacsResponse, ListBootsRequest, ListBootsResponse, ListImagesResponse,
     RegisterImageRequest, SetBootMacRequest, image_target,
 };
@@ -90,6 +90,65 @@ fn boot_info(b: BootRow) -> BootInfo {
         outcome: outcome as i32,
         detail,
     }
+}
+
+/// `UploadImage`: the signed manifest first, verified before a byte of a
+/// part is kept, then the kernel's and the initrd's bytes in order, each
+/// held to the size the manifest signs; then as [`register`].
+pub async fn upload(
+    svc: &AdminService,
+    mut parts: tonic::Streaming<v1::ImageUpload>,
+) -> Result<ImageInfo, Status> {
+    use v1::image_upload::Part;
+    let first = parts.message().await?.map(|m| m.part);
+    let Some(Some(Part::SignedManifest(signed_manifest))) = first else {
+        return Err(bad_request(
+            "an image upload starts with its signed manifest (manifest.json from images build)",
+        ));
+    };
+    if svc.image_keys.is_empty() {
+        return Err(refusal(Refusal::Conflict(
+            "this server has no image key: start it with --image-pubkey HEX (from images keygen)"
+                .into(),
+        )));
+    }
+    let manifest = image::SignedManifest::parse(&signed_manifest)
+        .and_then(|s| s.verify(&svc.image_keys))
+        .map_err(|e| bad_request(e.to_string()))?;
+    let (mut kernel, mut initrd) = (Vec::new(), Vec::new());
+    while let Some(m) = parts.message().await? {
+        let (into, name, size) = match m.part {
+            Some(Part::Kernel(_)) if !initrd.is_empty() => {
+                return Err(bad_request(
+                    "the kernel's bytes come before the initrd's in an image upload",
+                ));
+            }
+            Some(Part::Kernel(b)) => ((&mut kernel, b), "kernel", manifest.kernel.size),
+            Some(Part::Initrd(b)) => ((&mut initrd, b), "initrd", manifest.initrd.size),
+            Some(Part::SignedManifest(_)) | None => {
+                return Err(bad_request(
+                    "an image upload has one manifest, first; then kernel and initrd bytes",
+                ));
+            }
+        };
+        let (into, bytes) = into;
+        if (into.len() + bytes.len()) as u64 > size {
+            return Err(bad_request(format!(
+                "more {name} bytes than the signed manifest's {size}: the files are not the \
+                 ones images build signed"
+            )));
+        }
+        into.extend_from_slice(&bytes);
+    }
+    register(
+        svc,
+        RegisterImageRequest {
+            signed_manifest,
+            kernel,
+            initrd,
+        },
+    )
+    .await
 }
 
 pub async fn register(svc: &AdminService, r: RegisterImageRequest) -> Result<ImageInfo, Status> {

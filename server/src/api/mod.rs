@@ -349,6 +349,15 @@ impl Admin for AdminService {
             .map(Response::new)
     }
 
+    async fn upload_image(
+        &self,
+        r: Request<tonic::Streaming<v1::ImageUpload>>,
+    ) -> Reply<v1::ImageInfo> {
+        images::upload(self, r.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn register_image(&self, r: Request<v1::RegisterImageRequest>) -> Reply<v1::ImageInfo> {
         images::register(self, r.into_inner())
             .await

@@ -39,6 +39,7 @@ use bc_store::backups::{
     TableDump, Value, backup_lease, interrupted,
 };
 use bc_store::{Store, StoreError, TxError};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -259,7 +260,12 @@ fn new_id(now_ms: i64) -> String {
 
 /// Takes a backup set of `store` and the keys in `data_dir` into a new
 /// directory under `dir`.
-pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Result<Created> {
+pub async fn create(
+    store: &Store,
+    data_dir: &Path,
+    dir: &Path,
+    bar: &ProgressBar,
+) -> anyhow::Result<Created> {
     for (name, required, _) in KEY_FILES {
         anyhow::ensure!(
             !required || data_dir.join(name).is_file(),
@@ -319,7 +325,7 @@ pub async fn create(store: &Store, data_dir: &Path, dir: &Path) -> anyhow::Resul
             }
         })
     };
-    let written = write_set(store, data_dir, &set, &id).await;
+    let written = write_set(store, data_dir, &set, &id, bar).await;
     renew.abort();
     let out = match written {
         Ok((files, bytes)) => {
@@ -370,12 +376,18 @@ async fn write_set(
     data_dir: &Path,
     set: &Path,
     id: &str,
+    bar: &ProgressBar,
 ) -> anyhow::Result<(u64, u64)> {
     pause("backup-after-row");
+    bar.set_message("reading the store");
     let dump = store.dump().await.or_store("cannot read the store")?;
+    let rows: u64 = dump.tables.iter().map(|t| t.rows.len() as u64).sum();
+    bar.set_length(rows);
+    bar.set_position(0);
     let mut files = Vec::new();
     let mut tables = Vec::new();
     for t in &dump.tables {
+        bar.set_message(format!("writing {}", t.name));
         let mut text = String::new();
         for row in &t.rows {
             text.push_str(&serde_json::to_string(row)?);
@@ -383,6 +395,7 @@ async fn write_set(
         }
         let rel = format!("store/{}.jsonl", t.name);
         files.push(put(set, &rel, text.as_bytes(), 0o600)?);
+        bar.inc(t.rows.len() as u64);
         tables.push(TableHeader {
             name: t.name.clone(),
             columns: t.columns.clone(),
@@ -405,6 +418,7 @@ async fn write_set(
     )?);
     sync_dir(&set.join("store"))?;
     pause("backup-after-store");
+    bar.set_message("copying the keys");
     for (name, _, mode) in KEY_FILES {
         let path = data_dir.join(name);
         if path.is_file() {
@@ -472,7 +486,7 @@ pub struct Verified {
 }
 
 /// Reads the set in `dir` and checks every file against its manifest.
-pub fn verify(dir: &Path) -> anyhow::Result<Verified> {
+pub fn verify(dir: &Path, bar: &ProgressBar) -> anyhow::Result<Verified> {
     if let Ok(why) = std::fs::read_to_string(dir.join(FAILED_MARKER)) {
         bail!(
             "backup {} failed ({}) and is not restore eligible: restore another backup \
@@ -493,7 +507,10 @@ pub fn verify(dir: &Path) -> anyhow::Result<Verified> {
     };
     let manifest = Manifest::parse(&text)
         .with_context(|| format!("{} is not a backup manifest", path.display()))?;
+    bar.set_length(manifest.total_size());
+    bar.set_position(0);
     for f in &manifest.files {
+        bar.set_message(format!("verifying {}", f.path));
         let rel = Path::new(&f.path);
         anyhow::ensure!(
             rel.components()
@@ -519,6 +536,7 @@ pub fn verify(dir: &Path) -> anyhow::Result<Verified> {
                 f.size
             );
         }
+        bar.inc(f.size);
     }
     Ok(Verified {
         manifest,
@@ -578,6 +596,7 @@ pub async fn restore(
     data_dir: &Path,
     location: &bc_store::Location,
     on_interrupted: Interrupted,
+    bar: &ProgressBar,
 ) -> anyhow::Result<String> {
     private_dir(data_dir)?;
     let previous = Journal::read(data_dir)?;
@@ -607,7 +626,7 @@ pub async fn restore(
             .context("name the backup to restore (a directory under the backups directory)")?
             .to_path_buf(),
     };
-    let verified = verify(&source)?;
+    let verified = verify(&source, bar)?;
     let dump = verified.dump()?;
     let store = Store::open(location, std::sync::Arc::new(bc_store::SystemClock))
         .await
@@ -629,6 +648,7 @@ pub async fn restore(
     }
     journal.reached(Phase::KeysRestored)?;
     pause("restore-after-keys");
+    bar.set_message("restoring the store (one transaction)");
     match store.restore(dump).await {
         Ok(()) => {}
         Err(TxError::Refused(r)) => bail!("cannot restore the store: {r}"),
@@ -715,7 +735,9 @@ mod tests {
         let set = d.path().join("bk-1");
         // No manifest: an interrupted set.
         std::fs::create_dir(&set).unwrap();
-        let e = verify(&set).unwrap_err().to_string();
+        let e = verify(&set, &ProgressBar::hidden())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(MANIFEST_INCOMPLETE), "{e}");
         let files = vec![put(&set, "keys/ca.key", b"key", 0o600).unwrap()];
         let dump = Dump {
@@ -727,18 +749,27 @@ mod tests {
         };
         let m = Manifest::new("bk-1", 0, &dump, files);
         std::fs::write(set.join(manifest::FILE), m.to_json()).unwrap();
-        verify(&set).unwrap();
+        verify(&set, &ProgressBar::hidden()).unwrap();
         std::fs::write(set.join("keys/ca.key"), b"kez").unwrap();
-        let e = verify(&set).unwrap_err().to_string();
+        let e = verify(&set, &ProgressBar::hidden())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("backup file keys/ca.key does not match"), "{e}");
         // A manifest naming a path outside the set.
         let mut m = m;
         m.files[0].path = "../elsewhere".into();
         std::fs::write(set.join(manifest::FILE), m.to_json()).unwrap();
-        assert!(verify(&set).unwrap_err().to_string().contains("outside"));
+        assert!(
+            verify(&set, &ProgressBar::hidden())
+                .unwrap_err()
+                .to_string()
+                .contains("outside")
+        );
         // A failed set is never restored.
         mark_failed(&set, MANIFEST_INCOMPLETE);
-        let e = verify(&set).unwrap_err().to_string();
+        let e = verify(&set, &ProgressBar::hidden())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not restore eligible"), "{e}");
     }
 }

@@ -63,7 +63,13 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
     match cmd {
         BackupCommand::Create { dir, json } => {
             let store = existing(&location).await?;
-            let created = crate::backup::create(&store, data_dir, &backups_dir(dir)).await?;
+            let bar = output::progress(
+                crate::cli::output::json_wanted(json),
+                "{bar:40} {pos}/{len} rows  {msg}",
+            );
+            let created = crate::backup::create(&store, data_dir, &backups_dir(dir), &bar).await;
+            bar.finish_and_clear();
+            let created = created?;
             if crate::cli::output::json_wanted(json) {
                 return output::json_line(&created);
             }
@@ -191,6 +197,7 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                     backups_dir(dir.clone()).join(b)
                 }
             });
+            let bar = output::progress(false, "{bar:40} {bytes}/{total_bytes}  {msg}");
             let id = crate::backup::restore(
                 source.as_deref(),
                 data_dir,
@@ -200,8 +207,11 @@ pub async fn run(cmd: BackupCommand, data_dir: &Path, store: Option<&str>) -> an
                 } else {
                     Interrupted::Refuse
                 },
+                &bar,
             )
-            .await?;
+            .await;
+            bar.finish_and_clear();
+            let id = id?;
             out!("restored backup {id} into {}", data_dir.display());
             eprintln!(
                 "start the control plane (better-compute serve); this backup's own record there \

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use bcd_proto::v1::{
-    AssignImageRequest, BootOutcome, DefaultTarget, ImageTarget, ListBootMacsRequest,
+    AssignImageRequest, BootOutcome, DefaultTarget, ImageInfo, ImageTarget, ListBootMacsRequest,
     ListBootsRequest, ListImagesRequest, RegisterImageRequest, SetBootMacRequest, image_target,
 };
 use clap::Subcommand;
@@ -164,6 +164,62 @@ pub enum ImagesCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The bytes of one upload message.
+const UPLOAD_CHUNK: usize = 1 << 20;
+
+/// Uploads an image in chunks behind a progress bar of the bytes sent; a
+/// server from before `UploadImage` takes it whole.
+async fn upload(
+    c: &mut crate::client::Admin,
+    signed_manifest: Vec<u8>,
+    kernel: Vec<u8>,
+    initrd: Vec<u8>,
+    json: bool,
+) -> anyhow::Result<ImageInfo> {
+    use bcd_proto::v1::{ImageUpload, image_upload::Part};
+    use tokio_stream::StreamExt;
+    let bar = output::progress(
+        crate::cli::output::json_wanted(json),
+        "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec}  {msg}",
+    );
+    bar.set_length((kernel.len() + initrd.len()) as u64);
+    bar.set_message("uploading");
+    let parts = std::iter::once(Part::SignedManifest(signed_manifest.clone()))
+        .chain(
+            kernel
+                .chunks(UPLOAD_CHUNK)
+                .map(|c| Part::Kernel(c.to_vec())),
+        )
+        .chain(
+            initrd
+                .chunks(UPLOAD_CHUNK)
+                .map(|c| Part::Initrd(c.to_vec())),
+        )
+        .collect::<Vec<_>>();
+    let counted = bar.clone();
+    let stream = tokio_stream::iter(parts).map(move |part| {
+        if let Part::Kernel(b) | Part::Initrd(b) = &part {
+            counted.inc(b.len() as u64);
+        }
+        ImageUpload { part: Some(part) }
+    });
+    let sent = c.upload_image(stream).await;
+    bar.finish_and_clear();
+    match sent {
+        Ok(i) => Ok(i.into_inner()),
+        Err(e) if e.code() == tonic::Code::Unimplemented => Ok(c
+            .register_image(RegisterImageRequest {
+                signed_manifest,
+                kernel,
+                initrd,
+            })
+            .await
+            .map_err(status)?
+            .into_inner()),
+        Err(e) => Err(status(e)),
+    }
 }
 
 fn parse_file(s: &str) -> Result<(PathBuf, PathBuf), String> {
@@ -434,15 +490,7 @@ pub async fn run(cmd: ImagesCommand, target: &Target) -> anyhow::Result<()> {
                 initrd,
             } = image::build::load(&dir)?;
             let mut c = target.connect().await?;
-            let i = c
-                .register_image(RegisterImageRequest {
-                    signed_manifest,
-                    kernel,
-                    initrd,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
+            let i = upload(&mut c, signed_manifest, kernel, initrd, json).await?;
             if crate::cli::output::json_wanted(json) {
                 return output::json_line(&i);
             }

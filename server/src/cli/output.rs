@@ -169,6 +169,21 @@ pub fn time(ms: i64) -> String {
     .to_string()
 }
 
+/// A progress bar on stderr drawn with `template` (indicatif's), hidden
+/// when stderr is no terminal or `quiet` (JSON asked for), so scripts and
+/// logs see only the result.
+pub fn progress(quiet: bool, template: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
 /// A size in MiB with one decimal.
 pub fn mib(n: u64) -> String {
     format!("{:.1} MiB", n as f64 / (1024.0 * 1024.0))

@@ -50,12 +50,13 @@ impl SystemdPower {
             ));
         }
         tokio::task::block_in_place(|| {
-            runtime.block_on(async {
-                let systemd = Systemd::connect(&self.bus).await?;
-                systemd.go_down(down, &self.policy).await
-            })
-            .map(|_| ())
-            .map_err(|e| fail(bcd_sys::error::chain(&e)))
+            runtime
+                .block_on(async {
+                    let systemd = Systemd::connect(&self.bus).await?;
+                    systemd.go_down(down, &self.policy).await
+                })
+                .map(|_| ())
+                .map_err(|e| fail(bcd_sys::error::chain(&e)))
         })
     }
 }
