@@ -41,6 +41,9 @@ pub enum AuditCommand {
     /// Verify every chain: each record's hash, the links between records,
     /// no record missing and every head at its chain's end. Exit 0 when
     /// intact, 1 with one line per break.
+    #[command(
+        after_help = "Examples:\n  better-compute audit verify\n  better-compute --store postgres://bc@db/fleet audit verify"
+    )]
     Verify,
     /// Write the whole history with its heads as JSON Lines (standard
     /// output, or --out), for a tool of its own to verify.

@@ -14,6 +14,9 @@ use crate::backup::{Interrupted, OrStore, SetView, journal::Journal};
 pub enum BackupCommand {
     /// Take a backup set now (the control plane may be running): the
     /// store's dump, the CA and keys, and a manifest of their hashes.
+    #[command(
+        after_help = "Examples:\n  better-compute backup create\n  better-compute backup create --dir /srv/backups --json"
+    )]
     Create {
         /// Where sets go; <data-dir>/backups by default.
         #[arg(long)]
@@ -23,12 +26,18 @@ pub enum BackupCommand {
         json: bool,
     },
     /// The backup sets the store records, newest first.
+    #[command(
+        after_help = "Examples:\n  better-compute backup list\n  better-compute --store postgres://bc@db/fleet backup list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// One backup set, with its files when its directory is here.
+    #[command(
+        after_help = "Examples:\n  better-compute backup show bk-20261206T101159-5ee8\n  better-compute backup show bk-20261206T101159-5ee8 --json"
+    )]
     Show {
         /// The backup set's id (backup list shows them).
         id: String,
@@ -40,6 +49,9 @@ pub enum BackupCommand {
     /// and store (--data-dir, --store). Every file's hash is verified
     /// first. An interrupted restore must be resumed or abandoned before
     /// anything else starts.
+    #[command(
+        after_help = "Examples:\n  better-compute backup restore /var/lib/better-compute/backups/bk-20261206T101159-5ee8\n  better-compute --data-dir /var/lib/bc-new backup restore bk-20261206T101159-5ee8 --dir /backups\n  better-compute backup restore --resume"
+    )]
     Restore {
         /// The set: its directory, or its id under --dir.
         backup: Option<String>,

@@ -9,6 +9,9 @@ use super::dur;
 use super::output;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute check\n  better-compute --store postgres://bc@db/fleet check --label 'after restart'\n  better-compute check --node-lease-ttl 60s --gateway-loss-grace 5m --json"
+)]
 pub struct CheckArgs {
     /// The node lease TTL the server runs with (serve --node-lease-ttl).
     #[arg(long, default_value = "40s", value_parser = dur)]

@@ -66,6 +66,9 @@ pub enum CommandsCommand {
         json: bool,
     },
     /// Recent commands, newest first.
+    #[command(
+        after_help = "Examples:\n  better-compute commands list\n  better-compute commands list --node nd-0f3a9c1b2c3d --limit 10 --json"
+    )]
     List {
         /// Only this node's commands.
         #[arg(long)]
@@ -78,6 +81,9 @@ pub enum CommandsCommand {
         json: bool,
     },
     /// One command with its result and output.
+    #[command(
+        after_help = "Examples:\n  better-compute commands show cmd-3f9a0c1d2e4b5a6f\n  better-compute commands show cmd-3f9a0c1d2e4b5a6f -o json"
+    )]
     Show {
         /// The command's id (commands list shows them).
         id: String,

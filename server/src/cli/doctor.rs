@@ -7,6 +7,9 @@ use std::time::Duration;
 use crate::doctor::Options;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute doctor\n  better-compute --data-dir /var/lib/better-compute doctor --json\n  better-compute doctor --release-pubkey $(cat release.key.pub) --store-timeout 15s"
+)]
 pub struct DoctorArgs {
     /// The report as JSON (for scripts).
     #[arg(long)]

@@ -12,6 +12,9 @@ use super::{Target, dur};
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  better-compute events --kind 'security.*' --since 1h\n  better-compute events --node nd-0f3a9c1b2c3d --follow\n  better-compute events --since 7d --limit 100 --json"
+)]
 pub struct EventsArgs {
     /// Only this node's events.
     #[arg(long)]

@@ -24,6 +24,9 @@ use super::Target;
 use crate::client::status;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute exec nd-0f3a9c1b2c3d -- nvidia-smi -L\n  better-compute exec nd-0f3a9c1b2c3d --user ops -- sh -c 'ps aux | grep python'\n  better-compute exec -t nd-0f3a9c1b2c3d -- bash -l"
+)]
 pub struct ExecArgs {
     /// The node to run the command on.
     node: String,

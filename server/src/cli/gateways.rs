@@ -17,6 +17,9 @@ pub enum GatewaysCommand {
     /// `serve --role gateway --credential FILE` starts from. The secret in
     /// it is shown once. On PostgreSQL, also prints the SQL that gives the
     /// gateway a database role of its own, with a gateway's privileges.
+    #[command(
+        after_help = "Examples:\n  better-compute gateways add edge-1 --upstream https://10.0.0.5:7443 --out edge-1.json\n  better-compute gateways add edge-2 --upstream https://10.0.0.6:7443 --out edge-2.json --force"
+    )]
     Add {
         /// The gateway credential's name (its gateways run with --gateway-id of their own).
         name: String,
@@ -27,6 +30,9 @@ pub enum GatewaysCommand {
         #[command(flatten)]
         file: super::CredentialOut,
     },
+    #[command(
+        after_help = "Examples:\n  better-compute gateways list\n  better-compute gateways list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
@@ -34,6 +40,7 @@ pub enum GatewaysCommand {
     },
     /// Revoke a gateway's credential: it gets no certificate more, and the
     /// join service refuses what it relays.
+    #[command(after_help = "Examples:\n  better-compute gateways revoke edge-1")]
     Revoke {
         /// The gateway credential's name (gateways list shows them).
         name: String,
@@ -56,6 +63,7 @@ pub enum GatewaysCommand {
         within: Option<std::time::Duration>,
     },
     /// Let a drained gateway take sessions again.
+    #[command(after_help = "Examples:\n  better-compute gateways undrain gw-3f2a19c0")]
     Undrain {
         /// The gateway's id.
         id: String,

@@ -26,6 +26,7 @@ use crate::client::status;
 pub enum ImagesCommand {
     /// Make an ed25519 image key (offline); prints the public half for
     /// serve --image-pubkey.
+    #[command(after_help = "Examples:\n  better-compute images keygen --out image.key")]
     Keygen {
         /// Where to write the image private key (its public half goes beside it, .pub).
         #[arg(long)]
@@ -33,6 +34,9 @@ pub enum ImagesCommand {
     },
     /// Build a netboot image: kernel, initrd with bcd as init, signed
     /// manifest and iPXE script, into --out.
+    #[command(
+        after_help = "Examples:\n  better-compute images build --kernel kernel.deb --bcd bcd --key image.key --out img/\n  better-compute images build --kernel vmlinuz --modules-root /srv/rootfs --bcd bcd \\\n      --module virtio_net --carry ixgbe --program /usr/sbin/kexec --key image.key --out img/\n  better-compute images build --kernel kernel.deb --bcd bcd --key image.key --out img/ \\\n      --cmdline 'console=ttyS0 bcd.server=https://10.0.0.5:7443' --compression zstd"
+    )]
     Build {
         /// A kernel: a Debian package (.deb), its unpacked folder, or a
         /// vmlinuz file (modules then under --modules-root).
@@ -92,6 +96,9 @@ pub enum ImagesCommand {
         json: bool,
     },
     /// Upload a built image (the folder images build wrote) to the server.
+    #[command(
+        after_help = "Examples:\n  better-compute images register img/\n  better-compute images register img/ --json"
+    )]
     Register {
         /// The folder images build wrote.
         dir: PathBuf,
@@ -100,6 +107,9 @@ pub enum ImagesCommand {
         json: bool,
     },
     /// Registered images and what boots them.
+    #[command(
+        after_help = "Examples:\n  better-compute images list\n  better-compute images list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
@@ -108,6 +118,9 @@ pub enum ImagesCommand {
     /// Choose the image a MAC address, a node, a pool's nodes or the fleet
     /// by default boots. A booting MAC takes its own assignment, else its
     /// node's, else its node's pool's, else the default.
+    #[command(
+        after_help = "Examples:\n  better-compute images assign gpu-node --default --join-token-ttl 15m\n  better-compute images assign gpu-node --pool gpu --append bcd.state=bcd-state\n  better-compute images assign 3f2a19c0d1e4 --mac 52:54:00:12:34:56"
+    )]
     Assign {
         /// An image id (or 6+ hex digits of one) or name.
         image: String,
@@ -127,12 +140,18 @@ pub enum ImagesCommand {
         join_token_ttl: Option<std::time::Duration>,
     },
     /// Remove an assignment.
+    #[command(
+        after_help = "Examples:\n  better-compute images unassign --pool gpu\n  better-compute images unassign --node nd-0f3a9c1b2c3d\n  better-compute images unassign --default"
+    )]
     Unassign {
         #[command(flatten)]
         target: TargetArgs,
     },
     /// Allow a MAC address to get minted join tokens from the boot
     /// endpoint (assignments with --join-token-ttl).
+    #[command(
+        after_help = "Examples:\n  better-compute images allow-mac 52:54:00:12:34:56\n  better-compute images allow-mac 52:54:00:12:34:56 --pool gpu"
+    )]
     AllowMac {
         /// The MAC address (52:54:00:12:34:56).
         mac: String,
@@ -142,17 +161,24 @@ pub enum ImagesCommand {
     },
     /// Take a MAC address off the allow-list; its unspent minted token is
     /// deleted.
+    #[command(after_help = "Examples:\n  better-compute images disallow-mac 52:54:00:12:34:56")]
     DisallowMac {
         /// The MAC address.
         mac: String,
     },
     /// The MAC addresses allowed minted join tokens.
+    #[command(
+        after_help = "Examples:\n  better-compute images allowed-macs\n  better-compute images allowed-macs --json"
+    )]
     AllowedMacs {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
         json: bool,
     },
     /// Recorded boots (requests for a boot script), newest first.
+    #[command(
+        after_help = "Examples:\n  better-compute images boots\n  better-compute images boots --mac 52:54:00:12:34:56 --limit 10"
+    )]
     Boots {
         /// Only this MAC address's boots.
         #[arg(long)]

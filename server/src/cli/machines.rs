@@ -18,6 +18,9 @@ pub enum MachinesCommand {
     /// Enrol a machine by its TPM's EK, or every machine whose EK
     /// certificate an EK CA signed: it joins with no token, and a diskless
     /// node re-attests at every boot as the same node.
+    #[command(
+        after_help = "Examples:\n  better-compute machines enroll --ek-cert ek.pem --description 'gpu-a-17'\n  better-compute machines enroll --ek-sha256 \"$EK_SHA256\"\n  better-compute machines enroll --ek-ca vendor-root.pem --ek-intermediates vendor-ica.pem"
+    )]
     Enroll {
         #[command(flatten)]
         what: EnrolWhat,
@@ -35,6 +38,9 @@ pub enum MachinesCommand {
         json: bool,
     },
     /// Enrolments, and the node bound to each enrolled EK.
+    #[command(
+        after_help = "Examples:\n  better-compute machines list\n  better-compute machines list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
@@ -43,6 +49,7 @@ pub enum MachinesCommand {
     /// Remove an enrolment (an id from `machines list`): no new node joins
     /// by it; a node already bound to the EK stays bound until `nodes
     /// delete` frees it.
+    #[command(after_help = "Examples:\n  better-compute machines remove \"ek:$EK_SHA256\"")]
     Remove {
         /// The enrolment's id (machines list shows them).
         id: String,

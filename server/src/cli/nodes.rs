@@ -76,6 +76,7 @@ pub enum NodesCommand {
         json: bool,
     },
     /// Uncordon a node: allocations and rollout waves land on it again.
+    #[command(after_help = "Examples:\n  better-compute nodes uncordon nd-0f3a9c1b2c3d")]
     Uncordon {
         /// The node's id.
         node: String,
@@ -101,6 +102,9 @@ pub enum NodesCommand {
     },
     /// Bind GPUs (UUIDs or indices) to an allocation on a node: the node
     /// writes the CDI spec and the allocation's env file.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes assign nd-0f3a9c1b2c3d job-17 --gpus 0,1 --env JOB=17\n  better-compute nodes assign nd-0f3a9c1b2c3d job-18 --gpus 2 --secret db-pw=password"
+    )]
     Assign {
         /// The node's id (nodes list shows them).
         node: String,
@@ -123,6 +127,7 @@ pub enum NodesCommand {
         json: bool,
     },
     /// Remove an allocation's GPUs from a node's spec.
+    #[command(after_help = "Examples:\n  better-compute nodes unassign nd-0f3a9c1b2c3d job-17")]
     Unassign {
         /// The node's id.
         node: String,
@@ -136,6 +141,9 @@ pub enum NodesCommand {
     /// its firewall table, from a JSON file: {"users": [{"name", "authorized_keys",
     /// "principals"}], "trusted_user_ca_keys": [...], "firewall": {"rules":
     /// [{"protocol", "port", "source", "action"}]}}.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes access nd-0f3a9c1b2c3d --file access.json\n  better-compute nodes access nd-0f3a9c1b2c3d --clear"
+    )]
     Access {
         /// The node's id.
         node: String,
@@ -165,6 +173,9 @@ pub enum NodesCommand {
         json: bool,
     },
     /// A node's desired spec against what it applied.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes spec nd-0f3a9c1b2c3d\n  better-compute nodes spec nd-0f3a9c1b2c3d --json"
+    )]
     Spec {
         /// The node's id.
         node: String,
@@ -173,6 +184,9 @@ pub enum NodesCommand {
         json: bool,
     },
     /// Delete a node: it can no longer connect; its certificates are revoked.
+    #[command(
+        after_help = "Examples:\n  better-compute nodes delete nd-0f3a9c1b2c3d\n  better-compute nodes delete nd-0f3a9c1b2c3d --yes"
+    )]
     Delete {
         /// The node's id.
         node: String,

@@ -36,6 +36,9 @@ pub enum OperatorsCommand {
     /// Add an operator: makes its key here, has the operator CA sign it
     /// (valid one year) and writes the credential file (mode 0600) to hand
     /// over; use it with --operator FILE.
+    #[command(
+        after_help = "Examples:\n  better-compute operators add alice --role admin --out alice.json\n  better-compute operators add grafana --role read-only --out grafana.json"
+    )]
     Add {
         /// The operator's name, as audit records and logs show it.
         name: String,
@@ -46,6 +49,9 @@ pub enum OperatorsCommand {
         file: super::CredentialOut,
     },
     /// Every operator: role, certificate serial and expiry, revocation.
+    #[command(
+        after_help = "Examples:\n  better-compute operators list\n  better-compute operators list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
@@ -53,6 +59,7 @@ pub enum OperatorsCommand {
     },
     /// Revoke an operator: its certificate is refused from its next call,
     /// on every server sharing the store.
+    #[command(after_help = "Examples:\n  better-compute operators revoke grafana")]
     Revoke {
         /// The operator's name (operators list shows them).
         name: String,

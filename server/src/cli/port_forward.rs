@@ -14,6 +14,9 @@ use super::Target;
 use super::exec::Tunnel;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute port-forward nd-0f3a9c1b2c3d 8888\n  better-compute port-forward nd-0f3a9c1b2c3d 0:8888\n  better-compute port-forward nd-0f3a9c1b2c3d 9090:8888 --address 0.0.0.0"
+)]
 pub struct PortForwardArgs {
     /// The node whose port to reach.
     node: String,

@@ -13,12 +13,16 @@ use crate::client::status;
 #[derive(Debug, Subcommand)]
 pub enum ReleasesCommand {
     /// Make a release key pair: KEY (pkcs8, mode 0600) and KEY.pub (hex).
+    #[command(after_help = "Examples:\n  better-compute releases keygen --out release.key")]
     Keygen {
         /// Where to write the private key (its public half goes beside it, .pub).
         #[arg(long)]
         out: PathBuf,
     },
     /// Sign a bcd binary's manifest, offline, with a release key file.
+    #[command(
+        after_help = "Examples:\n  better-compute releases sign --key release.key --binary bcd --version 0.2.0 \\\n      --sequence 2 --out bcd-0.2.0.json\n  better-compute releases sign --key release.key --next-key release-2.key.pub --binary bcd \\\n      --version 0.3.0 --sequence 3 --out bcd-0.3.0.json"
+    )]
     Sign {
         /// The release private key (from releases keygen).
         #[arg(long)]
@@ -44,6 +48,9 @@ pub enum ReleasesCommand {
         out: PathBuf,
     },
     /// Upload a signed manifest and its binary to the server.
+    #[command(
+        after_help = "Examples:\n  better-compute releases register --manifest bcd-0.2.0.json --binary bcd"
+    )]
     Register {
         /// The signed manifest (from releases sign).
         #[arg(long)]
@@ -53,6 +60,9 @@ pub enum ReleasesCommand {
         binary: PathBuf,
     },
     /// Registered releases, newest first.
+    #[command(
+        after_help = "Examples:\n  better-compute releases list\n  better-compute releases list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]

@@ -57,11 +57,13 @@ pub enum RolloutsCommand {
         json: bool,
     },
     /// Stop issuing upgrades; those under way finish.
+    #[command(after_help = "Examples:\n  better-compute rollouts pause ro-0a1b2c3d4e5f")]
     Pause {
         /// The rollout's id.
         id: String,
     },
     /// Go on with a paused or halted rollout.
+    #[command(after_help = "Examples:\n  better-compute rollouts resume ro-0a1b2c3d4e5f")]
     Resume {
         /// The rollout's id.
         id: String,
@@ -69,6 +71,9 @@ pub enum RolloutsCommand {
     /// Stop the rollout: upgrades not yet dispatched are cancelled; with
     /// --rollback, nodes still upgrading are swapped back (confirmed nodes
     /// keep the release: roll forward instead).
+    #[command(
+        after_help = "Examples:\n  better-compute rollouts abort ro-0a1b2c3d4e5f\n  better-compute rollouts abort ro-0a1b2c3d4e5f --rollback"
+    )]
     Abort {
         /// The rollout's id.
         id: String,

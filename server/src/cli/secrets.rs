@@ -15,6 +15,9 @@ use crate::client::status;
 pub enum SecretsCommand {
     /// Put a new secret (version 1). Its value is read from a file or an
     /// environment variable, never from the command line.
+    #[command(
+        after_help = "Examples:\n  better-compute secrets put hf-token --from-file token.txt\n  better-compute secrets put db-pw --from-env DB_PASSWORD\n  better-compute secrets put db-pw --from-file - < db-pw.txt"
+    )]
     Put {
         /// The secret's name (what allocations name with --secret NAME=FILE).
         name: String,
@@ -23,6 +26,9 @@ pub enum SecretsCommand {
     },
     /// Give a secret a new value (its next version): every node whose spec
     /// names it gets a spec naming the new version, and fetches it.
+    #[command(
+        after_help = "Examples:\n  better-compute secrets rotate hf-token --from-file new-token.txt\n  better-compute secrets rotate db-pw --from-env DB_PASSWORD"
+    )]
     Rotate {
         /// The secret's name; its next version replaces the current one.
         name: String,
@@ -31,6 +37,9 @@ pub enum SecretsCommand {
     },
     /// The secrets, their newest versions and the nodes holding them
     /// (never a value).
+    #[command(
+        after_help = "Examples:\n  better-compute secrets list\n  better-compute secrets list --json"
+    )]
     List {
         /// JSON instead of a table (the same as the global `-o json`).
         #[arg(long)]
@@ -38,6 +47,7 @@ pub enum SecretsCommand {
     },
     /// Delete a secret no allocation holds; every version's value is
     /// wiped.
+    #[command(after_help = "Examples:\n  better-compute secrets delete hf-token")]
     Delete {
         /// The secret's name.
         name: String,

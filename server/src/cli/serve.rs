@@ -17,6 +17,9 @@ pub enum RoleArg {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute serve --listen 0.0.0.0:7443 --api-listen 10.0.0.5:7444\n  better-compute serve --config /etc/better-compute/serve.toml\n  better-compute --store postgres://bc@db/bc serve --role gateway --credential edge-1.json"
+)]
 pub struct ServeArgs {
     /// A TOML file of serve's flags (`handshake-rate = 500`): the keys are
     /// the flags' long names; the command line and `BC_*` variables

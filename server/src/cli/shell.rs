@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use clap::Command;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  better-compute completions bash > /etc/bash_completion.d/better-compute\n  better-compute completions zsh > ~/.zfunc/_better-compute"
+)]
 pub struct CompletionsArgs {
     /// The shell: bash, zsh, fish, elvish or powershell. Bash:
     /// `better-compute completions bash > /etc/bash_completion.d/better-compute`.
@@ -14,7 +17,9 @@ pub struct CompletionsArgs {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example:\n  better-compute man --out /usr/share/man/man1")]
+#[command(
+    after_help = "Examples:\n  better-compute man --out /usr/share/man/man1\n  better-compute man --out target/man && man -l target/man/better-compute-nodes-list.1"
+)]
 pub struct ManArgs {
     /// The directory the pages go to (made if missing): better-compute.1,
     /// and one page per command and subcommand (better-compute-nodes-list.1).

@@ -14,6 +14,7 @@ pub enum TicketKeysCommand {
     /// next rotation (every spec names both, and each node is signed for
     /// with the newest key its spec names); the one before is dropped.
     /// Every node's spec is signed again.
+    #[command(after_help = "Examples:\n  better-compute ticket-keys rotate")]
     Rotate,
 }
 

@@ -35,6 +35,9 @@ pub enum TokensCommand {
     },
     /// Join tokens, newest first (never their secrets): the ones a node
     /// can still join with, or every one with --all (at most 1,000).
+    #[command(
+        after_help = "Examples:\n  better-compute tokens list\n  better-compute tokens list --all --json"
+    )]
     List {
         /// Expired, used up and revoked tokens too.
         #[arg(long)]
@@ -46,6 +49,7 @@ pub enum TokensCommand {
     /// Revoke a join token (its id from `tokens list`, or the whole token):
     /// it expires now and no node joins with it again. The nodes that
     /// joined with it keep their identities (`nodes delete` removes one).
+    #[command(after_help = "Examples:\n  better-compute tokens revoke 3f9a0c1d2e4b5a6f")]
     Revoke {
         /// The token, or its id (tokens list shows them).
         #[arg(value_name = "TOKEN_ID")]
