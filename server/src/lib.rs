@@ -45,3 +45,4 @@ pub mod pki;
 pub mod serve;
 pub mod services;
 pub mod systemd;
+pub mod words;

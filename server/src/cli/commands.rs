@@ -12,6 +12,7 @@ use clap::Subcommand;
 use super::output::{self, around, is_terminal, out, spelled};
 use super::{Target, dur};
 use crate::client::status;
+use crate::words::command_state as state_word;
 
 #[derive(Debug, Subcommand)]
 pub enum CommandsCommand {
@@ -364,16 +365,6 @@ fn fan_out_exit(infos: &[CommandInfo]) -> ExitCode {
 
 fn forged(i: &CommandInfo) -> bool {
     i.evidence == ResultEvidence::Forged as i32
-}
-
-/// A command's state as lists print it: FORGED for a result no node
-/// signed, whatever the row says.
-pub(crate) fn state_word(i: &CommandInfo) -> String {
-    if forged(i) {
-        "FORGED".to_string()
-    } else {
-        spelled::<CommandState>(i.state)
-    }
 }
 
 fn show(i: &CommandInfo) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@
 mod audit;
 mod backup;
 mod check;
-pub(crate) mod commands;
+mod commands;
 mod config;
 mod doctor;
 mod events;
@@ -15,7 +15,7 @@ mod exec;
 mod gateways;
 mod images;
 mod machines;
-pub(crate) mod nodes;
+mod nodes;
 mod operators;
 pub mod output;
 mod port_forward;
@@ -205,7 +205,7 @@ enum Command {
 
 /// Where an operator verb finds the server.
 #[derive(Debug, Clone)]
-pub(crate) struct Target {
+struct Target {
     operator: PathBuf,
     server: Option<String>,
 }

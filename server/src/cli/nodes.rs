@@ -14,6 +14,7 @@ use clap::Subcommand;
 use super::Target;
 use super::output::{self, around, out, spelled};
 use crate::client::status;
+use crate::words::{Gpu, cordon as cordon_word, gpus, node_state as state_word};
 
 #[derive(Debug, Subcommand)]
 pub enum NodesCommand {
@@ -429,38 +430,12 @@ pub enum StateFilter {
 }
 
 impl StateFilter {
-    pub(crate) fn wire(self) -> NodeState {
+    fn wire(self) -> NodeState {
         match self {
             StateFilter::Connected => NodeState::Connected,
             StateFilter::Disconnected => NodeState::Disconnected,
             StateFilter::Unreachable => NodeState::Unreachable,
         }
-    }
-}
-
-/// The state as `nodes list` shows it: `connected`, and `,cordoned` after
-/// it when the node is cordoned (or its signed spec does not open, so its
-/// cordon is unknown: `,spec-forged`).
-pub(crate) fn state_word(n: &NodeInfo) -> String {
-    let state = spelled::<NodeState>(n.state);
-    if !n.intent_error.is_empty() {
-        format!("{state},spec-forged")
-    } else if n.intent.as_ref().is_some_and(|i| i.cordoned) {
-        format!("{state},cordoned")
-    } else {
-        state
-    }
-}
-
-/// Since when and why a node is cordoned, or empty.
-pub(crate) fn cordon_word(n: &NodeInfo) -> String {
-    match &n.intent {
-        Some(i) if i.cordoned => format!(
-            "since {}{}",
-            output::time(i.cordoned_at_ms),
-            around(" (", &i.cordon_reason, ")")
-        ),
-        _ => String::new(),
     }
 }
 
@@ -542,24 +517,6 @@ struct Shown<'a> {
     spec: &'a NodeSpecInfo,
     commands: &'a [CommandInfo],
     events: &'a [FleetEvent],
-}
-
-/// A GPU as a node's `gpus` inventory section reports it (the fields
-/// `nodes show` prints; others are ignored).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-pub(crate) struct Gpu {
-    pub pci_address: String,
-    #[serde(default)]
-    pub uuid: Option<String>,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub numa_node: Option<i32>,
-}
-
-/// The GPUs in a `gpus` section's body, or why it does not read.
-pub(crate) fn gpus(body: &[u8]) -> Result<Vec<Gpu>, String> {
-    serde_json::from_slice(body).map_err(|e| format!("the gpus section does not read: {e}"))
 }
 
 async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::Result<()> {
@@ -713,7 +670,7 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
             "  {:<20} {:<17} {:<10} {} {}",
             i.command_id,
             spelled::<CommandKind>(i.kind),
-            super::commands::state_word(i),
+            crate::words::command_state(i),
             output::time(i.created_at_ms),
             i.summary
         );

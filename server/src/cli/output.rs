@@ -151,23 +151,7 @@ pub fn around(before: &str, text: &str, after: &str) -> String {
     }
 }
 
-/// An age for people: seconds, minutes, hours.
-pub fn age(ms: i64) -> String {
-    let s = ms.max(0) / 1000;
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        _ => format!("{}h", s / 3600),
-    }
-}
-
-/// A store time (unix ms) in RFC 3339, to the second.
-pub fn time(ms: i64) -> String {
-    humantime::format_rfc3339_seconds(
-        std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64),
-    )
-    .to_string()
-}
+pub use crate::words::{age, spelled, time};
 
 /// A progress bar on stderr drawn with `template` (indicatif's), hidden
 /// when stderr is no terminal or `quiet` (JSON asked for), so scripts and
@@ -192,15 +176,6 @@ pub fn mib(n: u64) -> String {
 /// The first 16 characters of a long id.
 pub fn short(id: &str) -> &str {
     &id[..id.len().min(16)]
-}
-
-/// An enum field of a wire message as people read it: its one spelling
-/// (`bcd_proto::typed`), or the number of a value this CLI does not know.
-pub fn spelled<E: bcd_proto::typed::Spelling + TryFrom<i32>>(v: i32) -> String {
-    match E::try_from(v) {
-        Ok(e) => e.spelling().to_string(),
-        Err(_) => v.to_string(),
-    }
 }
 
 /// Whether a command's state is terminal.

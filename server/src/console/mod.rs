@@ -382,7 +382,7 @@ fn stream(c: &Console, after: i64) -> Reply {
                 after = after.max(e.id);
                 let data = serde_json::json!({
                     "id": e.id,
-                    "time": crate::cli::output::time(e.at_ms),
+                    "time": crate::words::time(e.at_ms),
                     "kind": e.kind,
                     "node": e.node_id,
                     "detail": e.detail,

@@ -14,7 +14,7 @@ use tonic::Status;
 use super::query;
 use crate::api::AdminService;
 use crate::api::auth::Operator;
-use crate::cli::output::{age, spelled, time};
+use crate::words::{age, spelled, time};
 
 pub const CSS: &str = include_str!("console.css");
 pub const JS: &str = include_str!("console.js");
@@ -296,17 +296,12 @@ async fn nodes(svc: &AdminService, o: &Operator, q: &str) -> Result<String, Stat
     let state = query(q, "state").unwrap_or_default();
     let state_wire = match state.as_str() {
         "" => NodeState::Unspecified,
-        s => {
-            use clap::ValueEnum;
-            crate::cli::nodes::StateFilter::from_str(s, true)
-                .map_err(|_| {
-                    Status::invalid_argument(format!(
-                        "there is no node state {s:?} to filter by: choose connected, \
-                         disconnected or unreachable"
-                    ))
-                })?
-                .wire()
-        }
+        s => crate::words::node_state_filter(s).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "there is no node state {s:?} to filter by: choose connected, disconnected \
+                 or unreachable"
+            ))
+        })?,
     };
     let after = query(q, "after").unwrap_or_default();
     let r = all_nodes(
@@ -333,7 +328,7 @@ async fn nodes(svc: &AdminService, o: &Operator, q: &str) -> Result<String, Stat
                 vec![
                     node_link(&n.node_id),
                     dash(&n.hostname),
-                    esc(&crate::cli::nodes::state_word(n)),
+                    esc(&crate::words::node_state(n)),
                     dash(&n.gateway_id),
                     esc(&age(n.last_seen_age_ms)),
                     dash(&n.agent_version),
@@ -392,7 +387,7 @@ fn command_rows(commands: &[CommandInfo]) -> Vec<(String, Vec<String>)> {
                     node_link(&c.node_id),
                     esc(&spelled::<v1::CommandKind>(c.kind)),
                     esc(&c.summary),
-                    esc(&crate::cli::commands::state_word(c)),
+                    esc(&crate::words::command_state(c)),
                     if c.has_exit_code {
                         c.exit_code.to_string()
                     } else {
@@ -462,7 +457,7 @@ async fn node(svc: &AdminService, o: &Operator, id: &str) -> Result<String, Stat
         "State",
         format!(
             "<span id=\"state\">{}</span>, epoch {}, gateway {}, last seen {} ago",
-            esc(&crate::cli::nodes::state_word(&n)),
+            esc(&crate::words::node_state(&n)),
             n.epoch,
             dash(&n.gateway_id),
             esc(&age(n.last_seen_age_ms))
@@ -492,7 +487,7 @@ async fn node(svc: &AdminService, o: &Operator, id: &str) -> Result<String, Stat
     fact(
         "Cordon",
         if n.intent_error.is_empty() {
-            dash(&crate::cli::nodes::cordon_word(&n))
+            dash(&crate::words::cordon(&n))
         } else {
             format!(
                 "unknown: the node's stored spec does not open ({})",
@@ -512,7 +507,7 @@ async fn node(svc: &AdminService, o: &Operator, id: &str) -> Result<String, Stat
     body.push_str("</dl>\n<h2>GPUs</h2>");
     match inventory.sections.iter().find(|s| s.section == "gpus") {
         None => body.push_str("<p>No inventory reported yet.</p>"),
-        Some(s) => match crate::cli::nodes::gpus(&s.body) {
+        Some(s) => match crate::words::gpus(&s.body) {
             Err(why) => {
                 let _ = write!(body, "<p class=\"problem\">{}</p>", esc(&why));
             }
