@@ -725,9 +725,12 @@ async fn exec_tty(
 }
 
 /// Ends a command whose tunnel went: SIGHUP to its process group, as a
-/// terminal's hang-up, then SIGKILL to the command, and reaps it.
+/// terminal's hang-up, then SIGKILL to the whole group (a child that
+/// ignores SIGHUP, as one started under nohup does, goes too), and reaps
+/// the command.
 async fn hang_up(child: &mut tokio::process::Child, group: Option<rustix::process::Pid>) {
     signal_group(group, libc_sighup());
+    signal_group(group, rustix::process::Signal::KILL.as_raw());
     let _ = child.start_kill();
     let _ = child.wait().await;
 }
