@@ -509,13 +509,8 @@ fn a_tunnel_closes_when_idle_and_at_the_end_of_its_lifetime_with_its_whole_proce
     assert!(took >= Duration::from_secs(5), "{took:?}");
     let pid = std::fs::read_to_string(&pid_file).unwrap();
     let proc = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
-    // Gone, or dead and waiting for its new parent (init) to reap it.
     bc_tests::wait_for(ANSWER, "the background sleep to be gone", || {
-        let zombie = std::fs::read_to_string(proc.join("stat")).is_ok_and(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('Z'))
-        });
-        (!proc.exists() || zombie).then_some(())
+        (!proc.exists()).then_some(())
     });
 
     // Nothing moves: closed after the idle time, well before the lifetime.

@@ -419,9 +419,22 @@ async fn the_node_reboots_through_logind_and_kexecs_through_systemd_after_inhibi
     calls.lock().unwrap().0.clear();
     let p = power.clone();
     let rebooting = tokio::task::spawn_blocking(move || p.reboot());
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let looked = || {
+        calls
+            .lock()
+            .unwrap()
+            .0
+            .iter()
+            .filter(|c| *c == "ListInhibitors")
+            .count()
+    };
+    // Released once the reboot has seen it held (and is waiting).
+    while looked() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     locks.lock().unwrap().clear();
     rebooting.await.unwrap().unwrap();
+    assert!(looked() >= 2, "it looked again after the lock went");
     assert_eq!(calls.lock().unwrap().0.last().unwrap(), "Reboot false");
 
     // Where systemd does not run (a ramdisk): the raw calls.

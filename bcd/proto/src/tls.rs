@@ -494,17 +494,7 @@ pub fn server_config_mutual(
     key: PrivateKeyDer<'static>,
     client_ca: CertificateDer<'static>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let provider = provider();
-    let mut roots = RootCertStore::empty();
-    roots.add(client_ca)?;
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    client_verified(chain, key, client_ca, true, b"h2")
 }
 
 /// Server configuration for HTTPS to browsers (the web console): HTTP/1.1,
@@ -515,17 +505,31 @@ pub fn server_config_browser(
     key: PrivateKeyDer<'static>,
     client_ca: CertificateDer<'static>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    client_verified(chain, key, client_ca, false, b"http/1.1")
+}
+
+/// TLS 1.3 serving `chain`, verifying client certificates against
+/// `client_ca` (one `required`, or taken when offered), speaking `alpn`.
+fn client_verified(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: CertificateDer<'static>,
+    required: bool,
+    alpn: &[u8],
+) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = provider();
     let mut roots = RootCertStore::empty();
     roots.add(client_ca)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()?;
+    let mut verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+    if !required {
+        verifier = verifier.allow_unauthenticated();
+    }
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(verifier.build()?)
         .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }
 

@@ -117,21 +117,20 @@ pub async fn upload(
         .map_err(|e| bad_request(e.to_string()))?;
     let (mut kernel, mut initrd) = (Vec::new(), Vec::new());
     while let Some(m) = parts.message().await? {
-        let (into, name, size) = match m.part {
+        let (into, bytes, name, size) = match m.part {
             Some(Part::Kernel(_)) if !initrd.is_empty() => {
                 return Err(bad_request(
                     "the kernel's bytes come before the initrd's in an image upload",
                 ));
             }
-            Some(Part::Kernel(b)) => ((&mut kernel, b), "kernel", manifest.kernel.size),
-            Some(Part::Initrd(b)) => ((&mut initrd, b), "initrd", manifest.initrd.size),
+            Some(Part::Kernel(b)) => (&mut kernel, b, "kernel", manifest.kernel.size),
+            Some(Part::Initrd(b)) => (&mut initrd, b, "initrd", manifest.initrd.size),
             Some(Part::SignedManifest(_)) | None => {
                 return Err(bad_request(
                     "an image upload has one manifest, first; then kernel and initrd bytes",
                 ));
             }
         };
-        let (into, bytes) = into;
         if (into.len() + bytes.len()) as u64 > size {
             return Err(bad_request(format!(
                 "more {name} bytes than the signed manifest's {size}: the files are not the \

@@ -112,6 +112,14 @@ fn operator<T>(r: &Request<T>) -> Result<auth::Operator, Status> {
         .ok_or_else(|| Status::unauthenticated("no operator admitted this call"))
 }
 
+/// The SHA-256 of the certificate the admitted operator called with.
+fn operator_cert<T>(r: &Request<T>) -> Result<String, Status> {
+    r.extensions()
+        .get::<bcd_proto::tls::PeerInfo>()
+        .and_then(|p| p.cert_fingerprint.clone())
+        .ok_or_else(|| Status::unauthenticated("no operator certificate"))
+}
+
 #[tonic::async_trait]
 impl Admin for AdminService {
     type TunnelStream = tunnels::TunnelStream;
@@ -122,11 +130,7 @@ impl Admin for AdminService {
     ) -> Reply<Self::TunnelStream> {
         // Admitted by `auth::Guarded`, which names the operator.
         let operator = operator(&r)?;
-        let cert = r
-            .extensions()
-            .get::<bcd_proto::tls::PeerInfo>()
-            .and_then(|p| p.cert_fingerprint.clone())
-            .ok_or_else(|| Status::unauthenticated("no operator certificate"))?;
+        let cert = operator_cert(&r)?;
         tunnels::open(self, operator, cert, r.into_inner())
             .await
             .map(Response::new)
@@ -421,11 +425,7 @@ impl Admin for AdminService {
         r: Request<v1::MintConsoleTokenRequest>,
     ) -> Reply<v1::MintConsoleTokenResponse> {
         let operator = operator(&r)?;
-        let cert = r
-            .extensions()
-            .get::<bcd_proto::tls::PeerInfo>()
-            .and_then(|p| p.cert_fingerprint.clone())
-            .ok_or_else(|| Status::unauthenticated("no operator certificate"))?;
+        let cert = operator_cert(&r)?;
         operators::mint_console_token(self, &operator, &cert, r.into_inner())
             .await
             .map(Response::new)

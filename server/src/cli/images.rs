@@ -205,6 +205,7 @@ async fn upload(
     json: bool,
 ) -> anyhow::Result<ImageInfo> {
     use bcd_proto::v1::{ImageUpload, image_upload::Part};
+    use std::sync::Arc;
     use tokio_stream::StreamExt;
     let bar = output::progress(
         crate::cli::output::json_wanted(json),
@@ -212,18 +213,18 @@ async fn upload(
     );
     bar.set_length((kernel.len() + initrd.len()) as u64);
     bar.set_message("uploading");
+    // Each chunk is copied as the stream sends it, not all at once.
+    let (kernel, initrd) = (Arc::new(kernel), Arc::new(initrd));
+    let chunks = |bytes: &Arc<Vec<u8>>, part: fn(Vec<u8>) -> Part| {
+        let bytes = bytes.clone();
+        (0..bytes.len().div_ceil(UPLOAD_CHUNK)).map(move |i| {
+            let end = ((i + 1) * UPLOAD_CHUNK).min(bytes.len());
+            part(bytes[i * UPLOAD_CHUNK..end].to_vec())
+        })
+    };
     let parts = std::iter::once(Part::SignedManifest(signed_manifest.clone()))
-        .chain(
-            kernel
-                .chunks(UPLOAD_CHUNK)
-                .map(|c| Part::Kernel(c.to_vec())),
-        )
-        .chain(
-            initrd
-                .chunks(UPLOAD_CHUNK)
-                .map(|c| Part::Initrd(c.to_vec())),
-        )
-        .collect::<Vec<_>>();
+        .chain(chunks(&kernel, Part::Kernel))
+        .chain(chunks(&initrd, Part::Initrd));
     let counted = bar.clone();
     let stream = tokio_stream::iter(parts).map(move |part| {
         if let Part::Kernel(b) | Part::Initrd(b) = &part {
@@ -238,8 +239,8 @@ async fn upload(
         Err(e) if e.code() == tonic::Code::Unimplemented => Ok(c
             .register_image(RegisterImageRequest {
                 signed_manifest,
-                kernel,
-                initrd,
+                kernel: Arc::unwrap_or_clone(kernel),
+                initrd: Arc::unwrap_or_clone(initrd),
             })
             .await
             .map_err(status)?

@@ -207,12 +207,11 @@ async fn answer(c: &Console, req: Request<Incoming>) -> Reply {
         (Method::POST, "/login") => sign_in(c, req).await,
         (Method::POST, "/logout") => {
             let mut r = redirect("/login");
-            r.headers_mut().insert(
-                header::SET_COOKIE,
-                HeaderValue::from_static(
-                    "bc_console=; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=0",
-                ),
-            );
+            if let Ok(v) = HeaderValue::from_str(&format!(
+                "{COOKIE}=; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age=0"
+            )) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
             r
         }
         (Method::GET | Method::HEAD, _) => {
@@ -377,7 +376,10 @@ fn stream(c: &Console, after: i64) -> Reply {
                 },
             )
             .await;
-            let Ok(read) = read else { break };
+            let Ok(mut read) = read else { break };
+            // A first read (no cursor) comes newest first; the page puts
+            // each event on top, so send them oldest first.
+            read.events.sort_by_key(|e| e.id);
             for e in read.events {
                 after = after.max(e.id);
                 let data = serde_json::json!({

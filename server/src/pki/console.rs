@@ -95,7 +95,7 @@ pub enum Refused {
     Forged,
     Expired,
     /// A format version this server does not read.
-    Version(u32),
+    Version,
 }
 
 impl std::fmt::Display for Refused {
@@ -112,7 +112,7 @@ impl std::fmt::Display for Refused {
             Refused::Expired => {
                 "that token has expired: mint another with better-compute operators login"
             }
-            Refused::Version(_) => {
+            Refused::Version => {
                 "that token is of a format this server does not read: mint one with this \
                  server's better-compute operators login"
             }
@@ -144,7 +144,7 @@ pub fn open(keys: &[Vec<u8>], token: &str, now_ms: i64) -> Result<Opened, Refuse
     }
     let t = v1::ConsoleToken::decode(body.as_slice()).map_err(|_| Refused::Malformed)?;
     if t.version != VERSION {
-        return Err(Refused::Version(t.version));
+        return Err(Refused::Version);
     }
     let role = OperatorRole::parse(&t.role).ok_or(Refused::Malformed)?;
     if now_ms >= t.expires_ms || t.issued_ms > now_ms.saturating_add(5 * 60 * 1000) {
