@@ -49,6 +49,37 @@ pub enum Joined {
     ResetOnly(Vec<PathBuf>),
 }
 
+impl Joined {
+    /// What `bcd join` prints: the node and its certificate, or the paths
+    /// a reset moved aside.
+    pub fn summary(&self) -> String {
+        match self {
+            Joined::Joined(id) => {
+                let how = if id.file.identity_generation > 1 {
+                    "re-enrolled as"
+                } else {
+                    "joined as"
+                };
+                format!(
+                    "{how} node {} (certificate {} valid until {})\n",
+                    id.file.node_id,
+                    id.file.cert_serial,
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH
+                            + std::time::Duration::from_millis(
+                                id.file.cert_not_after_ms.max(0) as u64
+                            )
+                    )
+                )
+            }
+            Joined::ResetOnly(moved) => moved
+                .iter()
+                .map(|m| format!("moved aside: {}\n", m.display()))
+                .collect(),
+        }
+    }
+}
+
 pub fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()

@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod converge;
+pub mod daemon;
 pub mod doctor;
 pub mod effects;
 pub mod failpoints;

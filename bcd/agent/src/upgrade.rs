@@ -597,6 +597,17 @@ async fn stop(child: &mut tokio::process::Child) -> u8 {
 /// `bcd rollback`: swaps an unconfirmed upgrade back now (`overdue`: only
 /// one past its deadline plus `grace`, as the watchdog timer does). Returns
 /// a line for the operator and whether it swapped.
+/// Restarts a systemd unit (`bcd rollback --restart-unit`, after a swap
+/// back).
+pub fn restart_unit(unit: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("systemctl")
+        .args(["restart", unit])
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot run systemctl restart {unit}: {e}"))?;
+    anyhow::ensure!(status.success(), "systemctl restart {unit}: {status}");
+    Ok(())
+}
+
 pub fn rollback(
     data_dir: &Path,
     overdue: bool,

@@ -12,9 +12,9 @@
 //! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
 
-use bcd_agent::converge::{DeviceDirs, Nft, SshdDirs};
-use bcd_agent::helper::via;
-use bcd_agent::{doctor, helper, hw, join, lock, metrics, node, upgrade};
+use bcd_agent::converge::MachineDirs;
+use bcd_agent::daemon::{self, tpm_at, tpm_endpoint};
+use bcd_agent::{doctor, helper, hw, join, metrics, node, upgrade};
 #[cfg(feature = "fakehw")]
 use bcd_fakehw::sim;
 
@@ -56,31 +56,13 @@ struct MachineFiles {
 }
 
 impl MachineFiles {
-    fn env_dir(&self) -> PathBuf {
-        self.run_dir.join("env")
-    }
-
-    fn secrets_dir(&self) -> PathBuf {
-        self.run_dir.join(bcd_agent::node::secrets::DIR)
-    }
-
-    fn devices(&self) -> DeviceDirs {
-        DeviceDirs {
+    fn dirs(&self) -> MachineDirs {
+        MachineDirs {
             cdi_dir: self.cdi_dir.clone(),
-            env_dir: self.env_dir(),
-        }
-    }
-
-    fn sshd(&self) -> SshdDirs {
-        SshdDirs {
+            run_dir: self.run_dir.clone(),
             etc_dir: self.etc_dir.clone(),
-            sshd: self.sshd.clone(),
-        }
-    }
-
-    fn nft(&self) -> Nft {
-        Nft {
             nft: self.nft.clone(),
+            sshd: self.sshd.clone(),
         }
     }
 }
@@ -452,38 +434,6 @@ struct TpmBackendArg {
     backend: bcd_tpm::Backend,
 }
 
-/// A TPM and its backend from the command line: the backend must be in
-/// this build and able to reach the endpoint (said before anything runs).
-fn tpm_at(
-    backend: bcd_tpm::Backend,
-    endpoint: bcd_tpm::Endpoint,
-) -> anyhow::Result<bcd_tpm::TpmAt> {
-    backend
-        .check(&endpoint)
-        .map_err(|e| anyhow::anyhow!("--tpm-backend {backend}: {e}"))?;
-    Ok(bcd_tpm::TpmAt { backend, endpoint })
-}
-
-/// A TPM endpoint from the command line.
-fn tpm_endpoint(s: &str) -> anyhow::Result<bcd_agent::helper::TpmEndpoint> {
-    Ok(match s.strip_prefix("swtpm:") {
-        Some(addr) => bcd_agent::helper::TpmEndpoint::Tcp(
-            addr.parse()
-                .map_err(|e| anyhow::anyhow!("--tpm swtpm:{addr}: {e}"))?,
-        ),
-        None => bcd_agent::helper::TpmEndpoint::Device(s.into()),
-    })
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Join {
@@ -515,31 +465,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 tpm,
                 ca_pin,
             };
-            match join::run(&opts, hw.host().as_ref()).await? {
-                join::Joined::Joined(id) => {
-                    let how = if id.file.identity_generation > 1 {
-                        "re-enrolled as"
-                    } else {
-                        "joined as"
-                    };
-                    println!(
-                        "{how} node {} (certificate {} valid until {})",
-                        id.file.node_id,
-                        id.file.cert_serial,
-                        humantime::format_rfc3339_seconds(
-                            std::time::UNIX_EPOCH
-                                + std::time::Duration::from_millis(
-                                    id.file.cert_not_after_ms.max(0) as u64
-                                )
-                        )
-                    );
-                }
-                join::Joined::ResetOnly(moved) => {
-                    for m in moved {
-                        println!("moved aside: {}", m.display());
-                    }
-                }
-            }
+            print!("{}", join::run(&opts, hw.host().as_ref()).await?.summary());
             Ok(ExitCode::SUCCESS)
         }
         Command::Node {
@@ -558,204 +484,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             uevents_from_any_sender,
             hw,
         } => {
-            if upgrade::supervised() {
-                // The daemon does not outlive its supervisor.
-                upgrade::die_with_parent()?;
-            }
-            // With slots set up, only the binary `current` names runs.
-            upgrade::hand_over_if_needed(&bcd_agent::slots::Slots::new(&data_dir))
-                .map_err(anyhow::Error::msg)?;
-            let lock = lock::DirLock::acquire(&data_dir)?;
-            bcd_sys::fs::remove_stale_temps(&data_dir);
             let (host, power) = hw.machine();
-            let staging = helper_staging.unwrap_or_else(|| data_dir.join("staging"));
-            let client = helper.as_ref().map(|socket| {
-                Arc::new(bcd_helper::BlockingClient::new(
-                    bcd_helper::ClientConfig::new(socket),
-                ))
-            });
-            let machine = match &client {
-                None => node::Machine {
-                    host,
-                    power,
-                    devices: Arc::new(files.devices()),
-                    sshd: Arc::new(files.sshd()),
-                    firewall: Arc::new(files.nft()),
-                },
-                Some(client) => {
-                    let c = client.clone();
-                    match tokio::task::spawn_blocking(move || c.server_info()).await? {
-                        Ok(info) => tracing::info!(
-                            helper = %info.software,
-                            protocol = info.version,
-                            "privileged acts go through the helper"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "the helper does not answer yet; privileged acts fail until it does")
-                        }
-                    }
-                    node::Machine {
-                        host: Arc::new(via::HelperHost::new(host.clone(), client.clone())),
-                        power: Arc::new(via::HelperPower {
-                            client: client.clone(),
-                            host,
-                            staging: staging.clone(),
-                            wait: via::REBOOT_WAIT,
-                        }),
-                        devices: Arc::new(via::HelperDevices {
-                            client: client.clone(),
-                            env_dir: files.env_dir(),
-                        }),
-                        sshd: Arc::new(via::HelperSshd {
-                            client: client.clone(),
-                        }),
-                        firewall: Arc::new(via::HelperFirewall {
-                            client: client.clone(),
-                        }),
-                    }
-                }
-            };
-            let node_metrics = match metrics_listen {
-                Some(addr) => {
-                    let listener = metrics::bind(addr).await.map_err(|e| {
-                        anyhow::anyhow!("cannot listen for metrics on {addr}: {e}; choose another address with --metrics-listen")
-                    })?;
-                    tracing::info!(%addr, "metrics on /metrics");
-                    let m = Arc::new(metrics::NodeMetrics::new());
-                    tokio::spawn(metrics::serve(listener, m.clone()));
-                    Some(m)
-                }
-                None => None,
-            };
             #[cfg(feature = "fakehw")]
-            let accept = if uevents_from_any_sender {
+            let uevents = if uevents_from_any_sender {
                 bcd_udev::Accept::Any
             } else {
                 bcd_udev::Accept::Kernel
             };
             #[cfg(not(feature = "fakehw"))]
-            let accept = bcd_udev::Accept::Kernel;
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                let _ = stop_tx.send(true);
-            });
-            loop {
-                let mut agent = node::open(
-                    &data_dir,
-                    machine.clone(),
-                    rand::random(),
-                    None,
-                    node::Footprint::NODE,
-                )?;
-                if agent.identity.tpm_record().is_some() {
-                    // A TPM-held key needs its TPM: no start without it.
-                    let endpoint = match &helper {
-                        Some(socket) => bcd_agent::helper::TpmEndpoint::Helper(socket.clone()),
-                        None => tpm_endpoint(&tpm)?,
-                    };
-                    let endpoint = tpm_at(tpm_backend.backend, endpoint)?;
-                    tokio::task::block_in_place(|| agent.identity.attach_tpm(endpoint))
-                        .map_err(anyhow::Error::msg)?;
-                }
-                agent.converge_every = converge_every;
-                agent.tunnels.limits = bcd_agent::node::tunnel::Limits {
+            let uevents = bcd_udev::Accept::Kernel;
+            daemon::run(daemon::DaemonOptions {
+                data_dir,
+                dirs: files.dirs(),
+                host,
+                power,
+                converge_every,
+                confirm_within,
+                tunnels: node::tunnel::Limits {
                     idle: tunnel_idle,
                     lifetime: tunnel_lifetime,
-                };
-                if client.is_none() {
-                    // A memory-backed directory: an image outgrows a small
-                    // state partition. Through the helper the daemon keeps
-                    // its data directory, which it can write.
-                    agent.kexec_dir = files.run_dir.join("kexec");
-                }
-                // Secrets go to memory only (the node, or the helper,
-                // checks the directory is).
-                agent.secrets.files = Some(match &client {
-                    None => Arc::new(bcd_agent::node::secrets::MemoryDir(files.secrets_dir())),
-                    Some(client) => Arc::new(via::HelperSecrets {
-                        client: client.clone(),
-                    }),
-                });
-                #[cfg(feature = "failpoints")]
-                {
-                    agent.failpoints = bcd_agent::failpoints::Failpoints::from_env()
-                        .map_err(anyhow::Error::msg)?;
-                }
-                let mut updater = upgrade::Updater::new(&data_dir, confirm_within);
-                if let Some(client) = &client {
-                    updater.acts = Arc::new(via::HelperSlots {
-                        client: client.clone(),
-                        slots: bcd_agent::slots::Slots::new(&data_dir),
-                        staging: staging.clone(),
-                    });
-                }
-                agent.update = Some(updater);
-                agent.metrics = node_metrics.clone();
-                agent.uevents = match bcd_udev::Monitor::open(bcd_udev::Group::Kernel, accept) {
-                    Ok(m) => Some(m),
-                    Err(e) => {
-                        tracing::warn!(error = %bcd_sys::error::chain(&e), "no uevents");
-                        None
-                    }
-                };
-                let mut stop = stop_rx.clone();
-                let stopped = agent
-                    .run(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                match stopped {
-                    node::Stopped::Shutdown => return Ok(ExitCode::SUCCESS),
-                    node::Stopped::Refused(message) => {
-                        eprintln!("error: the server refused this node: {message}");
-                        return Ok(ExitCode::from(3));
-                    }
-                    node::Stopped::Rebooted => {
-                        tracing::info!("the machine rebooted; starting the agent again");
-                    }
-                    node::Stopped::Restart => {
-                        drop(lock);
-                        if upgrade::supervised() {
-                            return Ok(ExitCode::from(upgrade::EXIT_RESTART));
-                        }
-                        // Under systemd, the helper restarts bcd.service
-                        // through systemd's manager, which stops this
-                        // process first; elsewhere it cannot, and this
-                        // process starts the new binary in its place.
-                        if let Some(client) = &client {
-                            let c = client.clone();
-                            let mut stop = stop_rx.clone();
-                            tokio::select! {
-                                r = tokio::task::spawn_blocking(move || c.restart_daemon()) => {
-                                    match r? {
-                                        Ok(()) => return Ok(ExitCode::SUCCESS),
-                                        Err(e) => tracing::info!(error = %e, "restarting in place"),
-                                    }
-                                }
-                                _ = stop.wait_for(|s| *s) => return Ok(ExitCode::SUCCESS),
-                            }
-                        }
-                        let slots = bcd_agent::slots::Slots::new(&data_dir);
-                        anyhow::bail!(
-                            "cannot restart into {}: {}",
-                            slots.current_binary().display(),
-                            upgrade::exec_current(&slots)
-                        );
-                    }
-                    node::Stopped::BelowFloor(message) => {
-                        eprintln!("error: {message}");
-                        return Ok(ExitCode::from(upgrade::EXIT_BELOW_FLOOR));
-                    }
-                    node::Stopped::JournalFailed(e) => {
-                        anyhow::bail!(
-                            "the journal failed ({e}); bcd stops rather than act without it: \
-                             check the disk under {}",
-                            data_dir.display()
-                        );
-                    }
-                }
-            }
+                },
+                helper,
+                helper_staging,
+                tpm: tpm_endpoint(&tpm)?,
+                tpm_backend: tpm_backend.backend,
+                metrics_listen,
+                uevents,
+            })
+            .await
         }
         Command::Helper {
             user,
@@ -777,6 +533,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             hw,
         } => {
             let user = helper::lookup_user(&passwd, &user)?;
+            let dirs = files.dirs();
             let (host, power) = hw.machine();
             #[cfg(feature = "fakehw")]
             let power: Arc<dyn hw::Power> = if fake_power {
@@ -792,10 +549,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 staging: staging.unwrap_or_else(|| data_dir.join("staging")),
                 data_dir,
                 private: private_dir,
-                devices: files.devices(),
-                secrets: files.secrets_dir(),
-                sshd: files.sshd(),
-                nft: files.nft(),
+                devices: dirs.devices(),
+                secrets: dirs.secrets_dir(),
+                sshd: dirs.sshd(),
+                nft: dirs.nft(),
                 host,
                 power,
                 system_bus,
@@ -820,7 +577,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     sysfs_root: hw.host_root.join("sys"),
                 },
                 handler,
-                shutdown_signal(),
+                daemon::shutdown_signal(),
             )
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -837,15 +594,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             hw,
         } => {
+            let dirs = files.dirs();
             let helper = helper.or_else(|| {
                 let default = PathBuf::from(bcd_agent::helper::DEFAULT_SOCKET);
                 default.exists().then_some(default)
             });
             let report = doctor::run(&doctor::Options {
                 data_dir,
-                devices: files.devices(),
-                sshd: files.sshd(),
-                nft: files.nft(),
+                devices: dirs.devices(),
+                sshd: dirs.sshd(),
+                nft: dirs.nft(),
                 host: hw.host(),
                 helper,
                 udev_rules_dir,
@@ -919,67 +677,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let (line, swapped) = upgrade::rollback(&data_dir, overdue, grace)?;
             println!("{line}");
             if swapped && let Some(unit) = restart_unit {
-                let status = std::process::Command::new("systemctl")
-                    .args(["restart", &unit])
-                    .status()
-                    .map_err(|e| anyhow::anyhow!("cannot run systemctl restart {unit}: {e}"))?;
-                anyhow::ensure!(status.success(), "systemctl restart {unit}: {status}");
+                upgrade::restart_unit(&unit)?;
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Gpus { json, cdi, hw } => {
-            let host = hw.host();
-            let gpus = host.gpus().list()?;
-            let inv = host.gpus().cdi_inventory()?;
-            if cdi {
-                let spec = cdi::nvidia::spec(&inv);
-                spec.validate()
-                    .map_err(|e| anyhow::anyhow!("no CDI spec for this machine: {e}"))?;
-                print!("{}", String::from_utf8_lossy(&spec.to_json()));
-            } else if json {
-                let nodes: Vec<_> = inv
-                    .gpus
-                    .iter()
-                    .map(|g| serde_json::json!({"index": g.index, "uuid": g.uuid, "path": g.node.path, "major": g.node.major, "minor": g.node.minor}))
-                    .collect();
-                let control: Vec<_> = inv
-                    .control_nodes
-                    .iter()
-                    .map(
-                        |n| serde_json::json!({"path": n.path, "major": n.major, "minor": n.minor}),
-                    )
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({
-                        "gpus": gpus, "device_nodes": nodes, "control_nodes": control,
-                        "driver_files": inv.driver_files,
-                    }))?
-                );
-            } else {
-                println!(
-                    "{:<14} {:<8} {:<42} {:<34} NODE",
-                    "PCI", "DEVICE", "UUID", "MODEL"
-                );
-                for g in &gpus {
-                    let node = g
-                        .minor
-                        .and_then(|m| inv.gpus.iter().find(|n| n.index == m))
-                        .map(|n| format!("{} ({}:{})", n.node.path, n.node.major, n.node.minor))
-                        .unwrap_or_else(|| "-".into());
-                    println!(
-                        "{:<14} {:<8} {:<42} {:<34} {}",
-                        g.pci_address,
-                        g.device_id,
-                        g.uuid.as_deref().unwrap_or("-"),
-                        g.model.as_deref().unwrap_or("-"),
-                        node
-                    );
-                }
-                if gpus.is_empty() {
-                    println!("(no NVIDIA GPUs on this machine)");
-                }
-            }
+            let how = match (cdi, json) {
+                (true, _) => hw::show::Show::Cdi,
+                (false, true) => hw::show::Show::Json,
+                (false, false) => hw::show::Show::Table,
+            };
+            print!("{}", hw::show::gpus(hw.host().as_ref(), how)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Init => match bcd_agent::init::run()? {},

@@ -10,6 +10,7 @@
 pub mod inventory;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+pub mod show;
 pub mod sysfs;
 pub mod systemd;
 

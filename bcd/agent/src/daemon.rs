@@ -1,0 +1,293 @@
+//! `bcd node` as a process: the machine the agent acts on assembled (its
+//! own files, or the privileged helper's), the metrics listener, the
+//! agent started and started again after a (fake) reboot, and how it
+//! stopped turned into an exit code.
+//!
+//! Exit codes: 0 stopped as asked, 3 the server refused this node for good
+//! (join again), 4 this binary is below the release floor, 75 start again
+//! from the `current` slot (to `bcd supervise`); an error is 1.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::converge::MachineDirs;
+use crate::helper::{TpmEndpoint, via};
+use crate::hw::{Host, Power};
+use crate::node::{self, Machine, Stopped};
+use crate::{lock, metrics, upgrade};
+
+/// Everything `bcd node` is started with.
+#[derive(Debug)]
+pub struct DaemonOptions {
+    pub data_dir: PathBuf,
+    pub dirs: MachineDirs,
+    /// What the machine reads, and how it reboots.
+    pub host: Arc<dyn Host>,
+    pub power: Arc<dyn Power>,
+    /// How often the convergers re-check the machine for drift.
+    pub converge_every: Duration,
+    /// How long a new release has to be confirmed before it is swapped
+    /// back.
+    pub confirm_within: Duration,
+    pub tunnels: node::tunnel::Limits,
+    /// The privileged helper's socket: every privileged act goes through
+    /// it (the daemon runs unprivileged).
+    pub helper: Option<PathBuf>,
+    /// Where the daemon leaves files for the helper (default
+    /// `<data-dir>/staging`).
+    pub helper_staging: Option<PathBuf>,
+    /// The TPM of a TPM-held node key (the helper's under `helper`).
+    pub tpm: TpmEndpoint,
+    pub tpm_backend: bcd_tpm::Backend,
+    /// Serve metrics on GET /metrics here.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Whose uevents are taken (the kernel's, but in test builds).
+    pub uevents: bcd_udev::Accept,
+}
+
+/// A TPM and its backend, checked before anything runs: the backend must
+/// be in this build and able to reach the endpoint.
+pub fn tpm_at(backend: bcd_tpm::Backend, endpoint: TpmEndpoint) -> anyhow::Result<bcd_tpm::TpmAt> {
+    backend
+        .check(&endpoint)
+        .map_err(|e| anyhow::anyhow!("--tpm-backend {backend}: {e}"))?;
+    Ok(bcd_tpm::TpmAt { backend, endpoint })
+}
+
+/// A TPM endpoint as the command line names it: a device path, or
+/// `swtpm:HOST:PORT`.
+pub fn tpm_endpoint(s: &str) -> anyhow::Result<TpmEndpoint> {
+    Ok(match s.strip_prefix("swtpm:") {
+        Some(addr) => TpmEndpoint::Tcp(
+            addr.parse()
+                .map_err(|e| anyhow::anyhow!("--tpm swtpm:{addr}: {e}"))?,
+        ),
+        None => TpmEndpoint::Device(s.into()),
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Runs the daemon until it is stopped, refused, below the floor, or
+/// must start again from another binary.
+pub async fn run(opts: DaemonOptions) -> anyhow::Result<ExitCode> {
+    if upgrade::supervised() {
+        // The daemon does not outlive its supervisor.
+        upgrade::die_with_parent()?;
+    }
+    let data_dir = opts.data_dir.clone();
+    // With slots set up, only the binary `current` names runs.
+    upgrade::hand_over_if_needed(&crate::slots::Slots::new(&data_dir))
+        .map_err(anyhow::Error::msg)?;
+    let lock = lock::DirLock::acquire(&data_dir)?;
+    bcd_sys::fs::remove_stale_temps(&data_dir);
+    let staging = opts
+        .helper_staging
+        .clone()
+        .unwrap_or_else(|| data_dir.join("staging"));
+    let client = opts.helper.as_ref().map(|socket| {
+        Arc::new(bcd_helper::BlockingClient::new(
+            bcd_helper::ClientConfig::new(socket),
+        ))
+    });
+    let machine = machine(&opts, client.as_ref(), &staging).await?;
+    let node_metrics = match opts.metrics_listen {
+        Some(addr) => {
+            let listener = metrics::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot listen for metrics on {addr}: {e}; choose another address with --metrics-listen"
+                )
+            })?;
+            tracing::info!(%addr, "metrics on /metrics");
+            let m = Arc::new(metrics::NodeMetrics::new());
+            tokio::spawn(metrics::serve(listener, m.clone()));
+            Some(m)
+        }
+        None => None,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    loop {
+        let mut agent = node::open(
+            &data_dir,
+            machine.clone(),
+            rand::random(),
+            None,
+            node::Footprint::NODE,
+        )?;
+        if agent.identity.tpm_record().is_some() {
+            // A TPM-held key needs its TPM: no start without it.
+            let endpoint = match &opts.helper {
+                Some(socket) => TpmEndpoint::Helper(socket.clone()),
+                None => opts.tpm.clone(),
+            };
+            let endpoint = tpm_at(opts.tpm_backend, endpoint)?;
+            tokio::task::block_in_place(|| agent.identity.attach_tpm(endpoint))
+                .map_err(anyhow::Error::msg)?;
+        }
+        agent.converge_every = opts.converge_every;
+        agent.tunnels.limits = opts.tunnels;
+        if client.is_none() {
+            // A memory-backed directory: an image outgrows a small state
+            // partition. Through the helper the daemon keeps its data
+            // directory, which it can write.
+            agent.kexec_dir = opts.dirs.run_dir.join("kexec");
+        }
+        // Secrets go to memory only (the node, or the helper, checks the
+        // directory is).
+        agent.secrets.files = Some(match &client {
+            None => Arc::new(node::secrets::MemoryDir(opts.dirs.secrets_dir())),
+            Some(client) => Arc::new(via::HelperSecrets {
+                client: client.clone(),
+            }),
+        });
+        #[cfg(feature = "failpoints")]
+        {
+            agent.failpoints =
+                crate::failpoints::Failpoints::from_env().map_err(anyhow::Error::msg)?;
+        }
+        let mut updater = upgrade::Updater::new(&data_dir, opts.confirm_within);
+        if let Some(client) = &client {
+            updater.acts = Arc::new(via::HelperSlots {
+                client: client.clone(),
+                slots: crate::slots::Slots::new(&data_dir),
+                staging: staging.clone(),
+            });
+        }
+        agent.update = Some(updater);
+        agent.metrics = node_metrics.clone();
+        agent.uevents = match bcd_udev::Monitor::open(bcd_udev::Group::Kernel, opts.uevents) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %bcd_sys::error::chain(&e), "no uevents");
+                None
+            }
+        };
+        let mut stop = stop_rx.clone();
+        let stopped = agent
+            .run(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        match stopped {
+            Stopped::Shutdown => return Ok(ExitCode::SUCCESS),
+            Stopped::Refused(message) => {
+                eprintln!("error: the server refused this node: {message}");
+                return Ok(ExitCode::from(3));
+            }
+            Stopped::Rebooted => {
+                tracing::info!("the machine rebooted; starting the agent again");
+            }
+            Stopped::Restart => {
+                drop(lock);
+                return restart(&data_dir, client.as_ref(), stop_rx).await;
+            }
+            Stopped::BelowFloor(message) => {
+                eprintln!("error: {message}");
+                return Ok(ExitCode::from(upgrade::EXIT_BELOW_FLOOR));
+            }
+            Stopped::JournalFailed(e) => {
+                anyhow::bail!(
+                    "the journal failed ({e}); bcd stops rather than act without it: \
+                     check the disk under {}",
+                    data_dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// The machine the agent acts on: its own files, or every privileged act
+/// through the helper.
+async fn machine(
+    opts: &DaemonOptions,
+    client: Option<&Arc<bcd_helper::BlockingClient>>,
+    staging: &Path,
+) -> anyhow::Result<Machine> {
+    let (host, power) = (opts.host.clone(), opts.power.clone());
+    let Some(client) = client else {
+        return Ok(Machine {
+            host,
+            power,
+            devices: Arc::new(opts.dirs.devices()),
+            sshd: Arc::new(opts.dirs.sshd()),
+            firewall: Arc::new(opts.dirs.nft()),
+        });
+    };
+    let c = client.clone();
+    match tokio::task::spawn_blocking(move || c.server_info()).await? {
+        Ok(info) => tracing::info!(
+            helper = %info.software,
+            protocol = info.version,
+            "privileged acts go through the helper"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "the helper does not answer yet; privileged acts fail until it does")
+        }
+    }
+    Ok(Machine {
+        host: Arc::new(via::HelperHost::new(host.clone(), client.clone())),
+        power: Arc::new(via::HelperPower {
+            client: client.clone(),
+            host,
+            staging: staging.to_path_buf(),
+            wait: via::REBOOT_WAIT,
+        }),
+        devices: Arc::new(via::HelperDevices {
+            client: client.clone(),
+            env_dir: opts.dirs.env_dir(),
+        }),
+        sshd: Arc::new(via::HelperSshd {
+            client: client.clone(),
+        }),
+        firewall: Arc::new(via::HelperFirewall {
+            client: client.clone(),
+        }),
+    })
+}
+
+/// The `current` slot changed. Under `bcd supervise`, exit for it to start
+/// the new binary; under systemd, the helper restarts bcd.service through
+/// systemd's manager, which stops this process first; elsewhere this
+/// process starts the new binary in its place.
+async fn restart(
+    data_dir: &Path,
+    client: Option<&Arc<bcd_helper::BlockingClient>>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<ExitCode> {
+    if upgrade::supervised() {
+        return Ok(ExitCode::from(upgrade::EXIT_RESTART));
+    }
+    if let Some(client) = client {
+        let c = client.clone();
+        let mut stop = stop_rx;
+        tokio::select! {
+            r = tokio::task::spawn_blocking(move || c.restart_daemon()) => {
+                match r? {
+                    Ok(()) => return Ok(ExitCode::SUCCESS),
+                    Err(e) => tracing::info!(error = %e, "restarting in place"),
+                }
+            }
+            _ = stop.wait_for(|s| *s) => return Ok(ExitCode::SUCCESS),
+        }
+    }
+    let slots = crate::slots::Slots::new(data_dir);
+    anyhow::bail!(
+        "cannot restart into {}: {}",
+        slots.current_binary().display(),
+        upgrade::exec_current(&slots)
+    );
+}
