@@ -15,6 +15,7 @@
 
 pub mod attest;
 pub mod doctor;
+pub mod events;
 pub mod gateways;
 pub mod hello;
 pub mod joined;

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use bcd_core::gateways::{GatewayTrust, Leave, RevocationList, RevokedGateway};
+use bcd_proto::events;
 use tracing::{debug, warn};
 
 use super::Agent;
@@ -66,13 +67,16 @@ impl Agent {
     fn left(&mut self, gateway: &str, leave: &Leave) {
         warn!(gateway, reason = %leave, "leaving the gateway");
         let kind = match leave {
-            Leave::Revoked { .. } => "security.gateway.revoked",
-            Leave::Stale { .. } => "security.gateway.stale",
+            Leave::Revoked { .. } => <events::GatewayLeft as events::Body>::KIND,
+            Leave::Stale { .. } => events::GATEWAY_STALE,
         };
-        self.event(
+        self.event_of_kind(
             kind,
             EventClass::Transition,
-            serde_json::json!({"gateway_sha256": gateway, "why": leave.to_string()}),
+            &events::GatewayLeft {
+                gateway_sha256: gateway.to_string(),
+                why: leave.to_string(),
+            },
         );
     }
 
@@ -96,10 +100,7 @@ impl Agent {
         let list = match verified(&envelope, &self.worker_keys()) {
             Ok(l) => l,
             Err(why) => {
-                self.refused_frame(
-                    "security.gateway_revocations.refused",
-                    serde_json::json!({ "why": why }),
-                );
+                self.refused_frame(events::GatewayRevocationsRefused { why });
                 return Ok(None);
             }
         };
