@@ -28,8 +28,13 @@ pub enum RolloutsCommand {
         #[arg(short = 'l', long = "labels", value_name = "SELECTOR")]
         labels: Option<String>,
         /// Cumulative percentages of the selected nodes.
-        #[arg(long, default_value = "1%,10%,50%,100%")]
-        waves: String,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_parser = bc_store::rollouts::parse_wave,
+            default_value = "1%,10%,50%,100%"
+        )]
+        waves: Vec<u32>,
         /// Failed upgrades tolerated; one more halts the rollout.
         #[arg(long, default_value_t = 0)]
         max_failures: u32,
@@ -110,7 +115,7 @@ pub async fn run(cmd: RolloutsCommand, target: &Target) -> anyhow::Result<()> {
             max_failures,
             json,
         } => {
-            let waves = bc_store::rollouts::parse_waves(&waves).map_err(anyhow::Error::msg)?;
+            bc_store::rollouts::validate_waves(&waves).map_err(anyhow::Error::msg)?;
             let r = c
                 .start_rollout(StartRolloutRequest {
                     sequence,

@@ -162,18 +162,13 @@ pub fn new_rollout_id() -> String {
 }
 
 /// Parses `1%,10%,50%,100%`: rising percentages ending at 100.
-pub fn parse_waves(s: &str) -> Result<Vec<u32>, String> {
-    let waves: Vec<u32> = s
-        .split(',')
-        .map(|w| {
-            w.trim()
-                .trim_end_matches('%')
-                .parse::<u32>()
-                .map_err(|_| format!("wave {w:?} is not a percentage"))
-        })
-        .collect::<Result<_, _>>()?;
-    validate_waves(&waves)?;
-    Ok(waves)
+/// One wave of `--waves` (clap splits the list at commas): `10%` or `10`.
+pub fn parse_wave(w: &str) -> Result<u32, String> {
+    w.trim()
+        .strip_suffix('%')
+        .unwrap_or(w.trim())
+        .parse::<u32>()
+        .map_err(|_| format!("{w:?} is not a percentage: e.g. 1%,10%,50%,100%"))
 }
 
 pub fn validate_waves(waves: &[u32]) -> Result<(), String> {
@@ -281,13 +276,14 @@ mod tests {
 
     #[test]
     fn waves_parse_and_must_rise_to_100() {
-        assert_eq!(
-            parse_waves("1%,10%,50%,100%").unwrap(),
-            vec![1, 10, 50, 100]
-        );
-        assert_eq!(parse_waves("100").unwrap(), vec![100]);
-        for bad in ["", "10%,5%,100%", "1%,50%", "0%,100%", "x,100%"] {
-            assert!(parse_waves(bad).is_err(), "{bad}");
+        assert_eq!(parse_wave("10%"), Ok(10));
+        assert_eq!(parse_wave(" 100 "), Ok(100));
+        for bad in ["", "%", "x", "10%%", "-5%", "1.5%"] {
+            assert!(parse_wave(bad).is_err(), "{bad}");
+        }
+        assert_eq!(validate_waves(&[1, 10, 50, 100]), Ok(()));
+        for bad in [&[][..], &[10, 5, 100], &[1, 50], &[0, 100], &[50, 50, 100]] {
+            assert!(validate_waves(bad).is_err(), "{bad:?}");
         }
     }
 
