@@ -99,6 +99,12 @@ pub struct Updater {
     pub confirm_within: Duration,
     /// Started by `bcd supervise` (which counts starts and restarts).
     pub supervised: bool,
+    /// Boot-clock deadline for this binary's confirmation, while it is an
+    /// unconfirmed upgrade (the daemon's own watchdog swaps it back then).
+    pub deadline_ms: Option<u64>,
+    /// This process journaled its request for the key holder's
+    /// confirmation.
+    pub confirmation_asked: bool,
 }
 
 /// A release that confirmed.
@@ -154,6 +160,8 @@ impl Updater {
             state: None,
             confirm_within,
             supervised: supervised(),
+            deadline_ms: None,
+            confirmation_asked: false,
         }
     }
 

@@ -157,11 +157,6 @@ pub struct Agent {
     spec: Option<v1::NodeSpec>,
     /// What the server has heard from this process.
     reports: Reports,
-    /// Boot-clock deadline for an unconfirmed upgrade's confirmation.
-    upgrade_deadline: Option<u64>,
-    /// This process journaled its request for the key holder's
-    /// confirmation of an upgrade.
-    confirmation_asked: bool,
     /// Where a downloaded release, or an image fetched for `boot.kexec
     /// image=`, goes back to the loop.
     staged: Option<mpsc::UnboundedSender<Staged>>,
@@ -397,8 +392,6 @@ pub fn open(
         sent_events: 0,
         spec,
         reports: Reports::new(),
-        upgrade_deadline: None,
-        confirmation_asked: false,
         staged: None,
         epoch: None,
         signer: None,

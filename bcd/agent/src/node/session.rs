@@ -271,7 +271,7 @@ impl Agent {
                 _ = journal_idle(self.journal.idle_deadline()) => {
                     self.journal.close_idle(bcd_sys::clock::mono());
                 }
-                _ = upgrade_sleep(self.upgrade_deadline) => {
+                _ = upgrade_sleep(self.update.as_ref().and_then(|u| u.deadline_ms)) => {
                     if self.upgrade_overdue() {
                         self.uncount(&mut counted);
                         self.persist_mark(&session);

@@ -40,6 +40,8 @@ impl Agent {
             state: update.state.clone(),
             confirm_within: update.confirm_within,
             supervised: false,
+            deadline_ms: None,
+            confirmation_asked: false,
         };
         tokio::spawn(async move {
             let result = match crate::client::fetch_release(&identity, sequence).await {
@@ -104,7 +106,9 @@ impl Agent {
                     "running a new release; it confirms on the key holder's receipt of its \
                      report at the first Welcome"
                 );
-                self.upgrade_deadline = Some(deadline_ms);
+                if let Some(u) = self.update.as_mut() {
+                    u.deadline_ms = Some(deadline_ms);
+                }
                 // It may be swapped back: keep writing what the previous
                 // release reads until then.
                 self.identity.write_version = 1;
@@ -142,7 +146,7 @@ impl Agent {
     /// awaits confirmation of, once a process, as a security event the node
     /// keeps until the key holder's receipt ([`Agent::upgrade_receipted`]).
     pub(super) fn ask_confirmation(&mut self) {
-        if self.confirmation_asked {
+        if self.update.as_ref().is_none_or(|u| u.confirmation_asked) {
             return;
         }
         let Some((body, _)) = self.update.as_ref().and_then(|u| u.awaiting()) else {
@@ -157,7 +161,9 @@ impl Agent {
             crate::journal::EventBounds::default(),
         ) {
             Ok(true) => {
-                self.confirmation_asked = true;
+                if let Some(u) = self.update.as_mut() {
+                    u.confirmation_asked = true;
+                }
                 info!("the new release asks the key holder to confirm it");
             }
             Ok(false) => tracing::warn!("the journal has no room for the release's report"),
@@ -192,7 +198,9 @@ impl Agent {
             return Ok(None);
         };
         let id = confirmed.command_id;
-        self.upgrade_deadline = None;
+        if let Some(u) = self.update.as_mut() {
+            u.deadline_ms = None;
+        }
         info!(cmd = %id, "the new release is confirmed");
         // From now on the floor keeps older releases from running: write
         // this release's format (with the floors and the clock base).
@@ -233,7 +241,9 @@ impl Agent {
     /// The daemon's own watchdog: swaps an upgrade still unconfirmed at its
     /// deadline back. True when it swapped (the caller restarts).
     pub(super) fn upgrade_overdue(&mut self) -> bool {
-        self.upgrade_deadline = None;
+        if let Some(u) = self.update.as_mut() {
+            u.deadline_ms = None;
+        }
         match self.update.as_mut().map(|u| u.tick(upgrade::boot_ms())) {
             Some(Ok(swapped)) => swapped,
             Some(Err(e)) => {
