@@ -33,13 +33,14 @@ pub fn join_macs(macs: &[String]) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// The `mac` parameter of a query string.
+/// The `mac` parameter of a query string, percent-decoded (iPXE's
+/// `${net0/mac:uristring}` writes `52%3A54%3A...`).
 pub fn query_mac(query: &str) -> Option<String> {
-    query
+    let (_, v) = query
         .split('&')
         .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| *k == "mac")
-        .and_then(|(_, v)| parse_mac(v))
+        .find(|(k, _)| *k == "mac")?;
+    parse_mac(&percent_encoding::percent_decode_str(v).decode_utf8().ok()?)
 }
 
 /// A `Range` header against a body of `len` bytes.
@@ -123,7 +124,10 @@ mod tests {
         let want = Some("52:54:00:12:ab:cd".to_string());
         assert_eq!(parse_mac("52:54:00:12:AB:CD"), want);
         assert_eq!(parse_mac("52-54-00-12-ab-cd"), want);
-        assert_eq!(parse_mac("52%3A54%3A00%3A12%3Aab%3Acd"), want);
+        assert_eq!(query_mac("mac=52%3A54%3A00%3A12%3Aab%3Acd"), want);
+        assert_eq!(query_mac("mac=52%3a54%3a00%3a12%3aAB%3aCD&x=%FF"), want);
+        assert_eq!(query_mac("mac=52%3A54%3A00%3A12%3Aab%3Acd%FF"), None);
+        assert_eq!(parse_mac("52%3A54%3A00%3A12%3Aab%3Acd"), None);
         assert_eq!(parse_mac("52:54:00:12:ab"), None);
         assert_eq!(parse_mac("52:54:00:12:ab:cd:ef"), None);
         assert_eq!(parse_mac("5:254:00:12:ab:cd"), None);

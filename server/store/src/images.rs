@@ -225,7 +225,6 @@ pub fn no_image_named(what: &str) -> Refusal {
 /// joined by `:`. Accepts `:` or `-` separators, `%3A` escapes and upper
 /// case, as iPXE's `${net0/mac}` and `${net0/mac:hexhyp}` give them.
 pub fn parse_mac(s: &str) -> Option<String> {
-    let s = s.replace("%3A", ":").replace("%3a", ":");
     let parts: Vec<&str> = s.split([':', '-']).collect();
     if parts.len() != 6 {
         return None;
