@@ -801,10 +801,16 @@ fn previous_pair(
 }
 
 /// The node id a node certificate names in its subject alternative name,
-/// `urn:bc:node:ID`.
+/// `urn:bc:node:ID` (a URI, context tag 6, short form length).
 pub fn cert_node_id(der: &[u8]) -> Option<String> {
-    let id = bcd_proto::cert::san_uri_after(der, "urn:bc:node:")?;
-    bcd_proto::reenrol::valid_node_id(&id).then_some(id)
+    const URN: &[u8] = b"urn:bc:node:";
+    let at = der.windows(URN.len()).position(|w| w == URN)?;
+    let (tag, len) = (*der.get(at.checked_sub(2)?)?, usize::from(der[at - 1]));
+    if tag != 0x86 || len <= URN.len() || len > 0x7f {
+        return None;
+    }
+    let id = std::str::from_utf8(der.get(at + URN.len()..at + len)?).ok()?;
+    bcd_proto::reenrol::valid_node_id(id).then(|| id.to_string())
 }
 
 /// `20261129T101500Z`: compact UTC time for file names.

@@ -245,20 +245,25 @@ impl TpmKey {
 
 /// The AK name a node certificate names (`urn:bc:tpm-ak:HEX`), if any.
 pub fn certificate_ak(cert_der: &[u8]) -> Option<Vec<u8>> {
-    let hex = bcd_proto::cert::san_uri_after(cert_der, bcd_proto::attest::AK_URN)?;
+    let prefix = bcd_proto::attest::AK_URN.as_bytes();
+    let at = cert_der.windows(prefix.len()).position(|w| w == prefix)?;
+    let len = usize::from(*cert_der.get(at.checked_sub(1)?)?);
+    if *cert_der.get(at.checked_sub(2)?)? != 0x86 || len <= prefix.len() || len > 0x7f {
+        return None;
+    }
+    let hex = std::str::from_utf8(cert_der.get(at + prefix.len()..at + len)?).ok()?;
     hex::decode(hex).ok()
 }
 
-/// The P-256 SubjectPublicKeyInfo (DER) a certificate holds; none for a
-/// key of another kind.
+/// The P-256 SubjectPublicKeyInfo (DER) a certificate holds: the fixed
+/// 26-byte prefix of such a key and the 65-byte point after it.
 fn certificate_spki(cert_der: &[u8]) -> Option<Vec<u8>> {
-    // SEQUENCE { SEQUENCE { id-ecPublicKey, prime256v1 }, BIT STRING (65
-    // bytes: an uncompressed point) }.
-    const P256: [u8; 26] = [
+    const PREFIX: [u8; 26] = [
         0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08,
         0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
     ];
-    bcd_proto::cert::spki(cert_der).filter(|s| s.len() == P256.len() + 65 && s.starts_with(&P256))
+    let at = cert_der.windows(PREFIX.len()).position(|w| w == PREFIX)?;
+    cert_der.get(at..at + PREFIX.len() + 65).map(<[u8]>::to_vec)
 }
 
 /// A key in the TPM as rcgen signs a certificate request with it.

@@ -250,11 +250,11 @@ impl Updater {
     /// names.
     pub fn awaiting(&self) -> Option<(String, String)> {
         let (command_id, sequence) = self.state.as_ref()?.awaiting()?;
-        let body = bcd_proto::events::encode(&bcd_proto::events::ReleaseRunning {
-            command_id: command_id.to_string(),
-            release_sequence: sequence,
-        });
-        let body = String::from_utf8(body).expect("JSON is UTF-8");
+        let body = serde_json::json!({
+            "command_id": command_id,
+            "release_sequence": sequence,
+        })
+        .to_string();
         let digest = bcd_proto::fingerprint(body.as_bytes());
         Some((body, digest))
     }

@@ -14,9 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attest;
-pub mod cert;
 pub mod doctor;
-pub mod events;
 pub mod gateways;
 pub mod hello;
 pub mod joined;

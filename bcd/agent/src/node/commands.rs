@@ -7,7 +7,7 @@
 //! settles what a previous process left.
 
 use bcd_core::command::{self, DispatchFacts, Kind, NodeView, OnDispatch, Recovery};
-use bcd_proto::{events, v1};
+use bcd_proto::v1;
 use prost::Message;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -82,12 +82,9 @@ impl Agent {
                     .map_err(journal_err)?;
                 self.failpoints.at(Point::AfterAccept);
                 self.event(
+                    "command.accepted",
                     EventClass::Transition,
-                    &events::CommandAccepted {
-                        command_id: d.command_id.clone(),
-                        seq: d.seq,
-                        kind: kind.name().into(),
-                    },
+                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": kind.name()}),
                 );
                 send(conn, ack(&d.command_id, d.seq, v1::AckState::Accepted)).await;
                 if let Some(stopped) = self
@@ -114,13 +111,13 @@ impl Agent {
                     | command::Rejection::WrongNode(_)
                     | command::Rejection::UnknownKind
                     | command::Rejection::Replayed { .. }
-                    | command::Rejection::TooLong { .. } => {
-                        self.refused_frame(events::CommandRefused {
-                            command_id: d.command_id.clone(),
-                            seq: d.seq,
-                            reason: rejection.to_string(),
-                        })
-                    }
+                    | command::Rejection::TooLong { .. } => self.refused_frame(
+                        "security.command.refused",
+                        serde_json::json!({
+                            "command_id": d.command_id, "seq": d.seq,
+                            "reason": rejection.to_string(),
+                        }),
+                    ),
                     command::Rejection::OutOfOrder { .. }
                     | command::Rejection::Expired { .. }
                     | command::Rejection::BelowMinGeneration { .. } => {
@@ -191,11 +188,9 @@ impl Agent {
             .map_err(|e| format!("journal: {e}"))?;
         self.failpoints.at(Point::AfterRunning);
         self.event(
+            "command.running",
             EventClass::Transition,
-            &events::CommandRunning {
-                command_id: id.to_string(),
-                boot_id: boot_id.to_string(),
-            },
+            serde_json::json!({"command_id": id, "boot_id": boot_id}),
         );
         let id = id.to_string();
         info!(cmd = %id, kind = kind.map_or("unknown", Kind::name), "running");

@@ -315,13 +315,11 @@ impl Agent {
 
     /// A frame a gateway sent that the node refuses: logged and journaled
     /// as a `security.*` event, at most once a minute per kind.
-    fn refused_frame<D: bcd_proto::events::Detail>(&mut self, detail: D) {
-        let kind = D::KIND;
+    fn refused_frame(&mut self, kind: &'static str, detail: serde_json::Value) {
         let Some(held) = self.warned.allow(kind, self.now()) else {
             return;
         };
         // What a gateway put in a frame is journaled a few KiB at most.
-        let detail = serde_json::to_value(&detail).unwrap_or_default();
         let detail = match detail.to_string() {
             text if text.len() > MAX_DETAIL => serde_json::Value::String(format!(
                 "{}... ({} bytes in all)",
@@ -331,13 +329,10 @@ impl Agent {
             _ => detail,
         };
         warn!(kind, %detail, held_back = held, "refused a frame from the gateway");
-        self.event_of_kind(
+        self.event(
             kind,
             crate::journal::EventClass::Transition,
-            &bcd_proto::events::Refused {
-                detail,
-                held_back: held,
-            },
+            serde_json::json!({"detail": detail, "held_back": held}),
         );
     }
 }

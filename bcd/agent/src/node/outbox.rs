@@ -3,7 +3,6 @@
 //! events, deleted only on the key holder's receipt.
 
 use bcd_core::command::Outcome;
-use bcd_proto::events;
 use bcd_proto::v1::{self, node_message};
 use tracing::{debug, warn};
 
@@ -21,24 +20,24 @@ impl Agent {
     /// else is refused and nothing goes. `Some` with an upgrade's command
     /// when the receipt confirmed it (its result is journaled, to send).
     pub(super) fn on_event_receipt(&mut self, envelope: &[u8]) -> Result<Option<String>, String> {
-        let refused = |why: String| events::ReceiptRefused {
-            command_id: None,
-            why,
-        };
+        let refused = |why: String| serde_json::json!({ "why": why });
         let receipt = match bcd_proto::receipts::open_event(envelope, &self.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame(refused(e.to_string()));
+                self.refused_frame("security.receipt.refused", refused(e.to_string()));
                 return Ok(None);
             }
         };
         if receipt.node_id != self.identity.file.node_id
             || receipt.journal_id != self.journal.journal_id()
         {
-            self.refused_frame(refused(format!(
-                "an event receipt for node {} journal {}, not this node and journal",
-                receipt.node_id, receipt.journal_id
-            )));
+            self.refused_frame(
+                "security.receipt.refused",
+                refused(format!(
+                    "an event receipt for node {} journal {}, not this node and journal",
+                    receipt.node_id, receipt.journal_id
+                )),
+            );
             return Ok(None);
         }
         match self
@@ -47,10 +46,13 @@ impl Agent {
             .map_err(|e| format!("journal: {e}"))?
         {
             Some(true) => return self.upgrade_receipted(&receipt.kind, &receipt.body_sha256),
-            Some(false) => self.refused_frame(refused(format!(
-                "the receipt for event {} names another kind or body than this node journaled",
-                receipt.event_id
-            ))),
+            Some(false) => self.refused_frame(
+                "security.receipt.refused",
+                refused(format!(
+                    "the receipt for event {} names another kind or body than this node journaled",
+                    receipt.event_id
+                )),
+            ),
             None => debug!(
                 event = receipt.event_id,
                 "a receipt for an event no longer journaled"
@@ -61,19 +63,8 @@ impl Agent {
 
     /// Journals an event; a journal that cannot take it is logged, not
     /// fatal: events are reports, not decisions.
-    pub(super) fn event<B: events::Body>(&mut self, class: EventClass, body: &B) {
-        self.event_of_kind(B::KIND, class, body);
-    }
-
-    /// Journals an event whose kind is not its body's alone (a body that
-    /// several kinds share).
-    pub(super) fn event_of_kind(
-        &mut self,
-        kind: &str,
-        class: EventClass,
-        body: &impl serde::Serialize,
-    ) {
-        let body = events::encode(body);
+    pub(super) fn event(&mut self, kind: &str, class: EventClass, body: serde_json::Value) {
+        let body = body.to_string().into_bytes();
         match self
             .journal
             .push_event(kind, class, &body, EventBounds::default())
@@ -86,12 +77,11 @@ impl Agent {
 
     pub(super) fn finished_event(&mut self, r: &v1::CommandResult, outcome: Outcome) {
         self.event(
+            "command.finished",
             EventClass::Result,
-            &events::CommandFinished {
-                command_id: r.command_id.clone(),
-                outcome: outcome.name().into(),
-                reason: r.reason.clone(),
-            },
+            serde_json::json!({
+                "command_id": r.command_id, "outcome": outcome.name(), "reason": r.reason,
+            }),
         );
     }
 

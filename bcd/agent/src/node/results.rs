@@ -175,10 +175,10 @@ impl Agent {
         let receipt = match bcd_proto::receipts::open(envelope, &self.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame(bcd_proto::events::ReceiptRefused {
-                    command_id: None,
-                    why: e.to_string(),
-                });
+                self.refused_frame(
+                    "security.receipt.refused",
+                    serde_json::json!({ "why": e.to_string() }),
+                );
                 return Ok(());
             }
         };
@@ -210,12 +210,14 @@ impl Agent {
             || receipt.seq != entry.seq
             || !(decided || signed.as_deref() == Some(receipt.result_sha256.as_str()))
         {
-            self.refused_frame(bcd_proto::events::ReceiptRefused {
-                command_id: Some(receipt.command_id.clone()),
-                why: "the receipt names another node, sequence or result than this node \
-                      journaled"
-                    .into(),
-            });
+            self.refused_frame(
+                "security.receipt.refused",
+                serde_json::json!({
+                    "command_id": receipt.command_id,
+                    "why": "the receipt names another node, sequence or result than this node \
+                            journaled",
+                }),
+            );
             return Ok(());
         }
         if decided {

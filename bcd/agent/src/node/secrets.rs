@@ -412,12 +412,15 @@ impl Agent {
                         .insert(key, (f.want.name.clone(), f.want.version));
                 }
                 Err(e) if e.forged => {
-                    self.refused_frame(bcd_proto::events::SecretRefused {
-                        allocation: f.want.allocation.clone(),
-                        secret: f.want.name.clone(),
-                        version: f.want.version,
-                        why: e.message.clone(),
-                    });
+                    self.refused_frame(
+                        "security.secret.refused",
+                        serde_json::json!({
+                            "allocation": f.want.allocation,
+                            "secret": f.want.name,
+                            "version": f.want.version,
+                            "why": e.message,
+                        }),
+                    );
                     failed.get_or_insert(format!(
                         "{} v{}: {}",
                         f.want.name, f.want.version, e.message

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use bcd_core::command::Journaled;
 use bcd_core::{Action, CloseReason, Event, Renewal, RenewalConfig, ServerClock, Session, Witness};
-use bcd_proto::events;
 use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
 use prost::Message;
 use tokio::sync::mpsc;
@@ -158,9 +157,11 @@ impl Agent {
                             }
                         }
                         Action::Close { reason } => match &reason {
-                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => {
-                                self.refused_frame(events::WelcomeRefused(reason.to_string()))
-                            }
+                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => self
+                                .refused_frame(
+                                    "security.welcome.refused",
+                                    serde_json::json!(reason.to_string()),
+                                ),
                             CloseReason::WelcomeTimeout
                             | CloseReason::ServerSilent { .. }
                             | CloseReason::Drain => warn!(%reason, "closing the session"),
@@ -182,14 +183,16 @@ impl Agent {
                             }
                         }
                         Action::ServerTimeAhead { said_ms, limit_ms } => {
-                            self.refused_frame(events::ClockAhead {
-                                said_ms,
-                                limit_ms,
-                                why: "the gateway's server time is past what the key \
-                                      holder's signed times allow; server time is held \
-                                      to the limit"
-                                    .into(),
-                            });
+                            self.refused_frame(
+                                "security.clock.ahead",
+                                serde_json::json!({
+                                    "said_ms": said_ms,
+                                    "limit_ms": limit_ms,
+                                    "why": "the gateway's server time is past what the key \
+                                            holder's signed times allow; server time is held \
+                                            to the limit",
+                                }),
+                            );
                             self.flush_events(&conn).await;
                         }
                         Action::Stop { message } => {
@@ -297,7 +300,11 @@ impl Agent {
                 }
                 Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
                     self.observe_tunnel(&ended);
-                    self.event(EventClass::Transition, &ended);
+                    self.event(
+                        "tunnel.ended",
+                        EventClass::Transition,
+                        serde_json::to_value(&ended).unwrap_or_default(),
+                    );
                     self.flush_events(&conn).await;
                 }
                 Some(batch) = async { secrets_done.as_mut().expect("guarded").recv().await }, if secrets_done.is_some() => {
@@ -342,12 +349,9 @@ impl Agent {
                 _ = metrics.tick() => {
                     if let Some(load) = self.machine.host.load_average() {
                         self.event(
+                            "node.load",
                             EventClass::Metric,
-                            &events::NodeLoad {
-                                load1: load[0],
-                                load5: load[1],
-                                load15: load[2],
-                            },
+                            serde_json::json!({"load1": load[0], "load5": load[1], "load15": load[2]}),
                         );
                     }
                     self.flush_events(&conn).await;
@@ -373,11 +377,14 @@ impl Agent {
                             let keys = self.worker_keys();
                             let ended = conn::stream_error(&status, self.me(), &keys);
                             if let Some(why) = ended.unconfirmed {
-                                self.refused_frame(events::RefusalUnconfirmed {
-                                    code: status.code().to_string(),
-                                    message: status.message().to_string(),
-                                    why: why.to_string(),
-                                });
+                                self.refused_frame(
+                                    "security.refusal.unconfirmed",
+                                    serde_json::json!({
+                                        "code": status.code().to_string(),
+                                        "message": status.message(),
+                                        "why": why,
+                                    }),
+                                );
                             }
                             ended.event
                         }
@@ -457,10 +464,10 @@ impl Agent {
                                 s.node_id, s.kind, s.serials
                             ),
                         };
-                        self.refused_frame(events::RevocationUnconfirmed {
-                            reason: r.reason.clone(),
-                            why: why.to_string(),
-                        });
+                        self.refused_frame(
+                            "security.revocation.unconfirmed",
+                            serde_json::json!({"reason": r.reason, "why": why}),
+                        );
                         Event::Received
                     }
                 }
@@ -468,10 +475,13 @@ impl Agent {
             Some(server_message::Msg::Drain(d)) => {
                 let within = Duration::from_millis(u64::from(d.reconnect_within_ms));
                 if within > self.config.max_drain {
-                    self.refused_frame(events::DrainClamped {
-                        asked_ms: d.reconnect_within_ms.into(),
-                        clamped_ms: self.config.max_drain.as_millis() as u64,
-                    });
+                    self.refused_frame(
+                        "security.drain.clamped",
+                        serde_json::json!({
+                            "asked_ms": d.reconnect_within_ms,
+                            "clamped_ms": self.config.max_drain.as_millis() as u64,
+                        }),
+                    );
                 }
                 Event::Drain { within }
             }

@@ -56,11 +56,9 @@ impl Agent {
             Ok((_, Verdict::Refuse(reason))) | Err(reason) => {
                 warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
                 self.event(
+                    "spec.refused",
                     EventClass::Transition,
-                    &bcd_proto::events::SpecRefused {
-                        generation: d.generation,
-                        reason: reason.clone(),
-                    },
+                    serde_json::json!({"generation": d.generation, "reason": reason}),
                 );
                 return Ok(());
             }

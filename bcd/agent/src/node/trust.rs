@@ -7,7 +7,6 @@
 use std::path::Path;
 
 use bcd_core::gateways::{GatewayTrust, Leave, RevocationList, RevokedGateway};
-use bcd_proto::events;
 use tracing::{debug, warn};
 
 use super::Agent;
@@ -67,16 +66,13 @@ impl Agent {
     fn left(&mut self, gateway: &str, leave: &Leave) {
         warn!(gateway, reason = %leave, "leaving the gateway");
         let kind = match leave {
-            Leave::Revoked { .. } => <events::GatewayLeft as events::Body>::KIND,
-            Leave::Stale { .. } => events::GATEWAY_STALE,
+            Leave::Revoked { .. } => "security.gateway.revoked",
+            Leave::Stale { .. } => "security.gateway.stale",
         };
-        self.event_of_kind(
+        self.event(
             kind,
             EventClass::Transition,
-            &events::GatewayLeft {
-                gateway_sha256: gateway.to_string(),
-                why: leave.to_string(),
-            },
+            serde_json::json!({"gateway_sha256": gateway, "why": leave.to_string()}),
         );
     }
 
@@ -100,7 +96,10 @@ impl Agent {
         let list = match verified(&envelope, &self.worker_keys()) {
             Ok(l) => l,
             Err(why) => {
-                self.refused_frame(events::GatewayRevocationsRefused { why });
+                self.refused_frame(
+                    "security.gateway_revocations.refused",
+                    serde_json::json!({ "why": why }),
+                );
                 return Ok(None);
             }
         };

@@ -106,8 +106,24 @@ impl Tunnels {
     }
 }
 
-/// How a tunnel ended: the body of its `tunnel.ended` event.
-pub use bcd_proto::events::TunnelEnded as Ended;
+/// How a tunnel ended, for its `tunnel.ended` event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Ended {
+    pub sid: String,
+    pub jti: String,
+    /// The operator the ticket names.
+    pub operator: String,
+    /// The command, or `port:N`.
+    pub what: Vec<String>,
+    pub user: String,
+    /// Record bytes from the CLI and to it.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub exit_code: Option<i32>,
+    pub signal: i32,
+    pub error: String,
+    pub seconds: u64,
+}
 
 /// Whom a command runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,10 +193,10 @@ impl Agent {
         let admitted = match self.admit(&open, server_now) {
             Ok(a) => a,
             Err(reason) => {
-                self.refused_frame(bcd_proto::events::TunnelRefused {
-                    sid: open.sid.clone(),
-                    why: reason.clone(),
-                });
+                self.refused_frame(
+                    "security.tunnel.refused",
+                    serde_json::json!({"sid": open.sid, "why": reason}),
+                );
                 return Some(v1::TunnelRefused {
                     sid: open.sid,
                     reason,
