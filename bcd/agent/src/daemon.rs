@@ -12,7 +12,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::converge::MachineDirs;
 use crate::helper::{TpmEndpoint, via};
 use crate::hw::{Host, Power};
 use crate::node::{self, Machine, Stopped};
@@ -290,4 +289,56 @@ async fn restart(
         slots.current_binary().display(),
         upgrade::exec_current(&slots)
     );
+}
+
+/// Where the convergers write on one machine, and the tools they check
+/// with: one set, so `bcd node`, `bcd helper` and `bcd doctor` agree.
+#[derive(Debug, Clone)]
+pub struct MachineDirs {
+    /// The CDI spec for assigned GPUs (`/var/run/cdi`).
+    pub cdi_dir: std::path::PathBuf,
+    /// Runtime files: per-allocation env files under `env/`, secrets under
+    /// [`crate::node::secrets::DIR`] (`/run/bcd`, memory-backed).
+    pub run_dir: std::path::PathBuf,
+    /// The root of sshd's configuration (`/etc`).
+    pub etc_dir: std::path::PathBuf,
+    /// The `nft` program.
+    pub nft: std::path::PathBuf,
+    /// The `sshd` that checks its configuration (`sshd -t`).
+    pub sshd: std::path::PathBuf,
+}
+
+impl MachineDirs {
+    /// Per-allocation env files.
+    pub fn env_dir(&self) -> std::path::PathBuf {
+        self.run_dir.join("env")
+    }
+
+    /// Secrets handed to allocations.
+    pub fn secrets_dir(&self) -> std::path::PathBuf {
+        self.run_dir.join(crate::node::secrets::DIR)
+    }
+
+    /// The CDI spec and env files.
+    pub fn devices(&self) -> crate::converge::DeviceDirs {
+        crate::converge::DeviceDirs {
+            cdi_dir: self.cdi_dir.clone(),
+            env_dir: self.env_dir(),
+        }
+    }
+
+    /// sshd's files.
+    pub fn sshd(&self) -> crate::converge::SshdDirs {
+        crate::converge::SshdDirs {
+            etc_dir: self.etc_dir.clone(),
+            sshd: self.sshd.clone(),
+        }
+    }
+
+    /// The nftables table.
+    pub fn nft(&self) -> crate::converge::Nft {
+        crate::converge::Nft {
+            nft: self.nft.clone(),
+        }
+    }
 }

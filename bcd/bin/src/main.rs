@@ -12,8 +12,7 @@
 //! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
 
-use bcd_agent::converge::MachineDirs;
-use bcd_agent::daemon::{self, tpm_at, tpm_endpoint};
+use bcd_agent::daemon::{self, MachineDirs, tpm_at, tpm_endpoint};
 use bcd_agent::{doctor, helper, hw, join, metrics, node, upgrade};
 #[cfg(feature = "fakehw")]
 use bcd_fakehw::sim;
