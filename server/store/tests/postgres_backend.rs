@@ -3,7 +3,8 @@
 //! processes at once; the refusal of a store from a newer binary; a pool
 //! that recovers from a database restart without reopening the store, and
 //! errors meanwhile that carry no address; and the lock and idle timeouts
-//! that keep a paused holder of a lease from blocking its takeover.
+//! that keep a paused holder of a lease from blocking its takeover; Hellos
+//! grouped into shared transactions, each undone alone when it fails.
 //!
 //! After a deliberate schema change (a new migration, for both backends),
 //! regenerate the golden file with `BC_UPDATE_GOLDEN=1 cargo test -p
@@ -419,4 +420,119 @@ async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
             .is_none(),
         "the zombie's own renewal finds another owner"
     );
+}
+
+/// Concurrent Hellos share transactions (`hellos.rs`): one that fails in
+/// the database mid-group (a NUL byte PostgreSQL refuses in a text column,
+/// met by its session write) is rolled back to its savepoint alone, and
+/// the Hellos queued beside it commit. Grouping is made certain by holding
+/// the gateway's lease row while the Hellos queue: the runners' first
+/// groups wait on it and the rest queue up behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_that_fails_in_a_group_is_undone_alone() {
+    use bc_store::nodes::IssuedCert;
+    use bc_store::sessions::HelloInput;
+    use bc_store::tokens::{JoinInput, NewToken};
+
+    let url = test_database("groups").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(600))
+        .await
+        .unwrap()
+        .unwrap();
+    const NODES: usize = 40;
+    let mut ids = Vec::new();
+    for i in 0..NODES {
+        let token = format!("t{i}");
+        s.create_token(&NewToken {
+            id: token.clone(),
+            secret_sha256: "h".into(),
+            ttl: Duration::from_secs(60),
+            uses: 1,
+            description: String::new(),
+            pool: None,
+        })
+        .await
+        .unwrap();
+        let cert = IssuedCert {
+            der: vec![i as u8],
+            serial: format!("s{i}"),
+            fingerprint: format!("f{i}"),
+            not_before_ms: 0,
+            not_after_ms: i64::MAX / 2,
+        };
+        let joined = s
+            .join(
+                &JoinInput {
+                    token_id: token,
+                    secret_sha256: "h".into(),
+                    hostname: "host".into(),
+                    ramdisk: false,
+                    macs: Vec::new(),
+                },
+                Box::new(move |_, _| Ok(cert)),
+            )
+            .await
+            .unwrap();
+        ids.push(joined.node_id);
+    }
+    let hello = |i: usize, boot: &str| HelloInput {
+        node_id: ids[i].clone(),
+        cert_fingerprint: format!("f{i}"),
+        cert_serial: format!("s{i}"),
+        gateway_id: "gw".into(),
+        incarnation_id: "inc".into(),
+        boot_id: boot.into(),
+        journal_id: "j".into(),
+        agent_version: "0".into(),
+        last_epoch: 0,
+        inventory_hashes: vec![],
+        journal_running: vec![],
+        journal_done: vec![],
+        daemon_exits: 0,
+        proof: None,
+    };
+    // Each node's stored epoch: a Hello that commits moves it on by one.
+    let mut epochs = [0u64; NODES];
+    let mut blocker = client(&url).await;
+    for (round, bad) in [(1, NODES / 2), (2, NODES - 1), (3, 7)] {
+        let tx = blocker.transaction().await.unwrap();
+        tx.query_one(
+            "SELECT 1 FROM leases WHERE name = 'gateway:gw' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+        let tasks: Vec<_> = (0..NODES)
+            .map(|i| {
+                let (s, h) = (
+                    s.clone(),
+                    hello(i, if i == bad { "bad\0boot" } else { "boot" }),
+                );
+                tokio::spawn(async move { s.hello(&h).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tx.commit().await.unwrap();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let out = t.await.unwrap();
+            if i == bad {
+                assert!(out.is_err(), "round {round}: the bad Hello was taken");
+                continue;
+            }
+            let out = out.unwrap_or_else(|e| {
+                panic!("round {round}: Hello {i} failed beside the bad one: {e}")
+            });
+            epochs[i] += 1;
+            assert_eq!(out.epoch, epochs[i], "round {round}: node {i}");
+        }
+    }
+    // What each answer said was durable: every node's next epoch follows
+    // its last committed one (the bad Hellos left nothing).
+    for (i, epoch) in epochs.iter().enumerate() {
+        let out = s.hello(&hello(i, "boot")).await.unwrap();
+        assert_eq!(out.epoch, epoch + 1, "node {i}");
+    }
 }

@@ -91,9 +91,51 @@ fn connected(server: &Server, min_epoch: u64) -> usize {
         .count()
 }
 
+/// What one in-process store run measured.
+struct StoreRun {
+    hellos_per_s: f64,
+    /// PostgreSQL only: the cluster's counters over the run, per Hello.
+    postgres: Option<PgCost>,
+}
+
+/// What a run cost PostgreSQL, per Hello.
+struct PgCost {
+    /// CPU milliseconds of the server and its backends.
+    cpu_ms: f64,
+    /// Transactions committed.
+    commits: f64,
+    /// WAL flushes to disk (`pg_stat_wal.wal_sync`): what group commit saves.
+    fsyncs: f64,
+}
+
+/// The cluster's commit and WAL-sync counters, from a connection of its own.
+async fn pg_counters(url: &str) -> (i64, i64) {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the cluster");
+    let task = tokio::spawn(conn);
+    let row = c
+        .query_one(
+            "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                    (SELECT wal_sync FROM pg_stat_wal)",
+            &[],
+        )
+        .await
+        .expect("pg_stat_database and pg_stat_wal");
+    drop(c);
+    let _ = task.await;
+    (row.get(0), row.get(1))
+}
+
 /// Hello transactions per second through the store interface, in process
-/// (no TLS, no gateway), `concurrency` at a time.
-fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
+/// (no TLS, no gateway), `concurrency` at a time; on PostgreSQL, with what
+/// they cost the cluster.
+fn store_hellos(
+    location: &Location,
+    n: usize,
+    concurrency: usize,
+    cluster: Option<&TempCluster>,
+) -> StoreRun {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -166,6 +208,17 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
         // queue keeps them, never waves that wait for their slowest.
         let hello = std::sync::Arc::new(hello);
         let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let url = match location {
+            Location::Postgres(url) => Some(url.as_str()),
+            Location::Sqlite(_) => None,
+        };
+        let before = match (url, cluster) {
+            (Some(url), Some(cluster)) => Some((
+                pg_counters(url).await,
+                cluster.cpu_secs().expect("the cluster's CPU time"),
+            )),
+            _ => None,
+        };
         let start = Instant::now();
         let workers: Vec<_> = (0..concurrency)
             .map(|_| {
@@ -184,7 +237,28 @@ fn store_hellos(location: &Location, n: usize, concurrency: usize) -> f64 {
         for w in workers {
             w.await.expect("worker");
         }
-        n as f64 / start.elapsed().as_secs_f64()
+        let hellos_per_s = n as f64 / start.elapsed().as_secs_f64();
+        // The backends write their counters out as their connections end.
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let postgres = match (before, url, cluster) {
+            (Some(((commits, syncs), cpu)), Some(url), Some(cluster)) => {
+                let (commits_after, syncs_after) = pg_counters(url).await;
+                let cpu_after = cluster.cpu_secs().expect("the cluster's CPU time");
+                let per = |x: f64| x / n as f64;
+                Some(PgCost {
+                    cpu_ms: per((cpu_after - cpu) * 1000.0),
+                    // The counters' own reading commits once.
+                    commits: per((commits_after - commits - 1) as f64),
+                    fsyncs: per((syncs_after - syncs) as f64),
+                })
+            }
+            _ => None,
+        };
+        StoreRun {
+            hellos_per_s,
+            postgres,
+        }
     })
 }
 
@@ -201,18 +275,32 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     println!("store Hello transactions per second, in process (no TLS), durable commits:");
-    println!("  {:<14} {:>10} {:>12}", "", "SQLite", "PostgreSQL");
+    println!(
+        "  {:<14} {:>10} {:>12}   PostgreSQL per Hello: CPU, commits, WAL fsyncs",
+        "", "SQLite", "PostgreSQL"
+    );
     for concurrency in [1, 64] {
         let sqlite = store_hellos(
             &Location::Sqlite(d.path().join(format!("hellos-{concurrency}.db"))),
             args.store_hellos,
             concurrency,
+            None,
         );
         let url = rt.block_on(cluster.create_database(&format!("hellos_{concurrency}")))?;
-        let pg = store_hellos(&Location::Postgres(url), args.store_hellos, concurrency);
+        let pg = store_hellos(
+            &Location::Postgres(url),
+            args.store_hellos,
+            concurrency,
+            Some(&cluster),
+        );
+        let cost = pg.postgres.map_or(String::new(), |c| {
+            format!("{:.3} ms, {:.3}, {:.3}", c.cpu_ms, c.commits, c.fsyncs)
+        });
         println!(
-            "  {:<14} {sqlite:>10.0} {pg:>12.0}",
-            format!("{concurrency} at a time")
+            "  {:<14} {:>10.0} {:>12.0}   {cost}",
+            format!("{concurrency} at a time"),
+            sqlite.hellos_per_s,
+            pg.hellos_per_s
         );
     }
 
@@ -271,6 +359,7 @@ fn main() -> anyhow::Result<()> {
 
     // Phase 2: everyone reconnects at once.
     let server_cpu = cpu_secs(server.proc.pid());
+    let pg_cpu = store_url.as_ref().map(|_| cluster.cpu_secs()).transpose()?;
     let t = Instant::now();
     let second = sim(&server, &token, &sims.path().join("sim"), n);
     wait_for(Duration::from_secs(600), "every node reconnected", || {
@@ -295,6 +384,12 @@ fn main() -> anyhow::Result<()> {
             per(server_cpu),
             n as f64 / server_cpu,
             per(sim_cpu)
+        );
+    }
+    if let Some((before, after)) = pg_cpu.zip(pg_cpu.and_then(|_| cluster.cpu_secs().ok())) {
+        println!(
+            "  CPU per Hello: PostgreSQL (server and backends) {:.2} ms",
+            (after - before) * 1000.0 / n as f64
         );
     }
     std::thread::sleep(Duration::from_secs(3));

@@ -273,24 +273,11 @@ impl TempCluster {
     /// host is: connections stay open and nothing answers. `false` thaws
     /// it (SIGCONT). A frozen cluster is thawed before it is dropped.
     pub fn freeze(&mut self, frozen: bool) -> Result<(), ClusterError> {
-        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
-            .ok()
-            .and_then(|s| s.lines().next().map(str::to_string))
-            .ok_or_else(|| ClusterError::Failed {
-                what: "freezing the cluster".into(),
-                detail: "no postmaster.pid: the cluster is not running".into(),
-            })?;
-        let mut pids = vec![pid.clone()];
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            // pid (comm) state ppid ...: the fields after the last ')'.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
-            if ppid == Some(pid.as_str()) {
-                pids.push(e.file_name().to_string_lossy().into_owned());
-            }
-        }
+        let pids: Vec<String> = self
+            .processes("freezing the cluster")?
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .collect();
         let signal = if frozen { "-STOP" } else { "-CONT" };
         let out = Command::new("kill")
             .arg(signal)
@@ -305,6 +292,62 @@ impl TempCluster {
         }
         self.frozen = frozen;
         Ok(())
+    }
+
+    /// The server's process and every backend and helper it started, each
+    /// with the fields of its `/proc/PID/stat` after the command name
+    /// (state first).
+    fn processes(&self, what: &str) -> Result<Vec<(String, Vec<String>)>, ClusterError> {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_string))
+            .ok_or_else(|| ClusterError::Failed {
+                what: what.into(),
+                detail: "no postmaster.pid: the cluster is not running".into(),
+            })?;
+        let fields = |pid: &str| -> Option<Vec<String>> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (comm) state ppid ...: the fields after the last ')'.
+            let rest = stat.rsplit_once(')')?.1;
+            Some(rest.split_whitespace().map(str::to_string).collect())
+        };
+        let mut found = vec![(
+            pid.clone(),
+            fields(&pid).ok_or_else(|| ClusterError::Failed {
+                what: what.into(),
+                detail: format!("the server's process {pid} is gone"),
+            })?,
+        )];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let child = e.file_name().to_string_lossy().into_owned();
+            if let Some(f) = fields(&child).filter(|f| f.get(1) == Some(&pid)) {
+                found.push((child, f));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The CPU time the cluster has used so far, in seconds: the server's
+    /// own, its live backends' and helpers', and that of the ones it has
+    /// reaped (a backend's time counts once its connection ends, too).
+    /// Benchmarks read it before and after a run.
+    pub fn cpu_secs(&self) -> Result<f64, ClusterError> {
+        let ticks = |f: &[String], from: usize, to: usize| -> u64 {
+            f.get(from..=to)
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.parse::<u64>().ok())
+                .sum()
+        };
+        let processes = self.processes("reading the cluster's CPU time")?;
+        // After the command name: utime and stime are fields 11 and 12,
+        // the reaped children's cutime and cstime 13 and 14.
+        let total: u64 = processes
+            .iter()
+            .enumerate()
+            .map(|(i, (_, f))| ticks(f, 11, 12) + if i == 0 { ticks(f, 13, 14) } else { 0 })
+            .sum();
+        Ok(total as f64 / rustix::param::clock_ticks_per_second() as f64)
     }
 
     /// Stops the server (`fast`: open sessions are ended, as a database

@@ -48,6 +48,7 @@ pub mod connect;
 mod events;
 mod gateways;
 pub mod grants;
+mod hellos;
 mod images;
 mod inventory;
 mod leases;
@@ -289,6 +290,29 @@ macro_rules! tx {
     };
 }
 
+/// Begins a transaction with the store's clock (`None`: the database's).
+async fn begin_with<'a>(
+    conn: &'a mut Object,
+    clock: Option<&dyn Clock>,
+) -> Result<Tx<'a>, StoreError> {
+    let tx = conn.transaction().await?;
+    pin_clock(&tx, clock).await?;
+    Ok(tx)
+}
+
+/// With an injected clock, `compute_now()` answers it in `tx`.
+async fn pin_clock(tx: &Tx<'_>, clock: Option<&dyn Clock>) -> Result<(), StoreError> {
+    if let Some(clock) = clock {
+        execute(
+            tx,
+            "SELECT set_config('bc.now_ms', $1, true)",
+            &[&clock.now_ms().to_string()],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// The PostgreSQL store.
 pub struct PostgresBackend {
     pool: Pool,
@@ -297,6 +321,8 @@ pub struct PostgresBackend {
     clock: Option<Arc<dyn Clock>>,
     /// Per gateway lease: its Hellos share it, its renewal takes it alone.
     fences: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+    /// Hellos grouped into shared transactions.
+    hellos: hellos::Groups,
 }
 
 impl std::fmt::Debug for PostgresBackend {
@@ -383,8 +409,10 @@ impl PostgresBackend {
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<PostgresBackend, StoreError> {
         let connection = connection(url)?;
+        let main = pool(connection.clone(), POOL_SIZE)?;
         let backend = PostgresBackend {
-            pool: pool(connection.clone(), POOL_SIZE)?,
+            hellos: hellos::Groups::new(main.clone(), clock.clone()),
+            pool: main,
             leases: pool(connection, 2)?,
             clock,
             fences: Mutex::new(HashMap::new()),
@@ -400,8 +428,10 @@ impl PostgresBackend {
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<PostgresBackend, StoreError> {
         let connection = connection(url)?;
+        let main = pool(connection.clone(), 2)?;
         Ok(PostgresBackend {
-            pool: pool(connection.clone(), 2)?,
+            hellos: hellos::Groups::new(main.clone(), clock.clone()),
+            pool: main,
             leases: pool(connection, 1)?,
             clock,
             fences: Mutex::new(HashMap::new()),
@@ -410,9 +440,7 @@ impl PostgresBackend {
 
     /// Begins a transaction with the store's clock.
     async fn begin<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
-        let tx = conn.transaction().await?;
-        self.pin_clock(&tx).await?;
-        Ok(tx)
+        begin_with(conn, self.clock.as_deref()).await
     }
 
     /// A read-only transaction at repeatable read: one consistent reading
@@ -424,21 +452,8 @@ impl PostgresBackend {
             .read_only(true)
             .start()
             .await?;
-        self.pin_clock(&tx).await?;
+        pin_clock(&tx, self.clock.as_deref()).await?;
         Ok(tx)
-    }
-
-    /// With an injected clock, `compute_now()` answers it in `tx`.
-    async fn pin_clock(&self, tx: &Tx<'_>) -> Result<(), StoreError> {
-        if let Some(clock) = &self.clock {
-            execute(
-                tx,
-                "SELECT set_config('bc.now_ms', $1, true)",
-                &[&clock.now_ms().to_string()],
-            )
-            .await?;
-        }
-        Ok(())
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -548,7 +563,7 @@ impl GatewayBackend for PostgresBackend {
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
         let _shared = fence.read().await;
-        tx!(self, |tx| sessions::hello(&tx, h).await)
+        self.hellos.hello(h).await
     }
 
     async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
