@@ -112,7 +112,7 @@ pub async fn run_host(opts: HostOptions) -> anyhow::Result<()> {
         nodes: opts.count,
         first: opts.first,
         server: format!("https://{}", balancer.addr),
-        token: opts.token.clone(),
+        tokens: vec![opts.token.clone()],
         data_dir: opts.dir.clone(),
         seed: opts.seed,
         gpus: opts.gpus,

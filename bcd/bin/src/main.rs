@@ -363,8 +363,18 @@ enum Command {
         #[arg(long, env = "BCD_SERVER")]
         server: String,
         /// A token with at least as many uses as nodes that have not joined.
-        #[arg(long, env = "BCD_TOKEN", hide_env_values = true)]
-        token: String,
+        #[arg(
+            long,
+            env = "BCD_TOKEN",
+            hide_env_values = true,
+            required_unless_present = "tokens_file"
+        )]
+        token: Option<String>,
+        /// A file of join tokens, one per line, one per node (node k joins
+        /// with line k), as `better-compute tokens create --count N`
+        /// prints them: a rack installed with a one-use token per machine.
+        #[arg(long, conflicts_with = "token")]
+        tokens_file: Option<PathBuf>,
         #[arg(long, default_value = "./bcd-sim")]
         data_dir: PathBuf,
         #[arg(long, default_value_t = 1)]
@@ -630,17 +640,31 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             nodes,
             server,
             token,
+            tokens_file,
             data_dir,
             seed,
             gpus,
             join_concurrency,
             duration,
         } => {
+            let tokens = match (token, tokens_file) {
+                (Some(token), _) => vec![token],
+                (None, Some(file)) => std::fs::read_to_string(&file)
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot read the tokens file {}: {e}", file.display())
+                    })?
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                (None, None) => anyhow::bail!("give --token or --tokens-file"),
+            };
             sim::run(sim::SimOptions {
                 nodes,
                 first: 0,
                 server,
-                token,
+                tokens,
                 data_dir,
                 seed,
                 gpus,

@@ -31,7 +31,10 @@ pub struct SimOptions {
     /// nodes (directories, seeds, hostnames) from here.
     pub first: usize,
     pub server: String,
-    pub token: String,
+    /// Join tokens: one that every node joins with, or one per node (node
+    /// `first + k` joins with the `k`-th), as a rack installed with a
+    /// one-use token per machine does.
+    pub tokens: Vec<String>,
     pub data_dir: PathBuf,
     pub seed: u64,
     pub gpus: usize,
@@ -112,7 +115,8 @@ pub struct Totals {
 pub struct Fleet {
     pub nodes: Vec<Arc<SimNode>>,
     server: String,
-    token: JoinToken,
+    /// One token for every node, or one per node.
+    tokens: Vec<JoinToken>,
     joins: Arc<Semaphore>,
     stop: watch::Sender<bool>,
 }
@@ -128,7 +132,20 @@ impl Fleet {
             opts.nodes
         );
         join::prepare_dir(&opts.data_dir)?;
-        let token = JoinToken::parse(&opts.token)?;
+        anyhow::ensure!(
+            opts.tokens.len() == 1 || opts.tokens.len() >= opts.nodes,
+            "{} join tokens for {} simulated nodes: give one token for all of them, or one per node",
+            opts.tokens.len(),
+            opts.nodes
+        );
+        let tokens = opts
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                JoinToken::parse(t).map_err(|e| anyhow::anyhow!("join token {}: {e}", k + 1))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let nodes = (opts.first..opts.first + opts.nodes)
             .map(|i| {
                 let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
@@ -145,7 +162,7 @@ impl Fleet {
         Ok(Fleet {
             nodes,
             server: opts.server.clone(),
-            token,
+            tokens,
             joins: Arc::new(Semaphore::new(opts.join_concurrency.max(1))),
             stop: watch::channel(false).0,
         })
@@ -163,7 +180,8 @@ impl Fleet {
     /// the one that ended no longer counts as connected.
     pub fn start(&self, i: usize) {
         let node = self.nodes[i].clone();
-        let (server, token, joins) = (self.server.clone(), self.token.clone(), self.joins.clone());
+        let token = self.tokens[if self.tokens.len() == 1 { 0 } else { i }].clone();
+        let (server, joins) = (self.server.clone(), self.joins.clone());
         let stop = self.stop.subscribe();
         let mut slot = self.nodes[i].task.lock().expect("task lock");
         let old = slot.take();

@@ -13,9 +13,13 @@ use super::{Target, dur};
 pub enum TokensCommand {
     /// Create a join token and print it.
     #[command(
-        after_help = "Examples:\n  better-compute tokens create --ttl 1h\n  better-compute tokens create --ttl 7d --uses 100 --pool rack-3 --description 'rack 3 install'"
+        after_help = "Examples:\n  better-compute tokens create --ttl 1h\n  better-compute tokens create --ttl 7d --uses 100 --pool rack-3 --description 'rack 3 install'\n  better-compute tokens create --count 40 --pool rack-3 > rack-3.tokens   # one per machine"
     )]
     Create {
+        /// How many tokens to create, one per line (a one-use token for
+        /// each machine of a rack: no two joins wait on one token's row).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_COUNT as i64))]
+        count: u32,
         /// How long the token may be used (a duration: 1h, 30m, 7d).
         #[arg(long, default_value = "24h", value_parser = dur)]
         ttl: Duration,
@@ -57,40 +61,67 @@ pub enum TokensCommand {
     },
 }
 
+/// The most tokens one `tokens create --count` makes.
+const MAX_COUNT: u32 = 100_000;
+
 pub async fn run(cmd: TokensCommand, target: &Target) -> anyhow::Result<()> {
-    let (ttl, uses, description, pool, json) = match cmd {
+    let (count, ttl, uses, description, pool, json) = match cmd {
         TokensCommand::Create {
+            count,
             ttl,
             uses,
             description,
             pool,
             json,
-        } => (ttl, uses, description, pool, json),
+        } => (count, ttl, uses, description, pool, json),
         TokensCommand::List { all, json } => return list(all, json, target).await,
         TokensCommand::Revoke { token } => return revoke(&token, target).await,
     };
     let mut c = target.connect().await?;
-    let r = c
-        .create_token(CreateTokenRequest {
-            ttl_ms: ttl.as_millis() as u64,
-            uses,
-            description,
-            pool: pool.unwrap_or_default(),
-        })
-        .await
-        .map_err(crate::client::status)?
-        .into_inner();
-    if crate::cli::output::json_wanted(json) {
-        return output::json_line(&r);
+    let json = crate::cli::output::json_wanted(json);
+    for made in 0..count {
+        let r = c
+            .create_token(CreateTokenRequest {
+                ttl_ms: ttl.as_millis() as u64,
+                uses,
+                description: description.clone(),
+                pool: pool.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(|e| {
+                let e = crate::client::status(e);
+                if made == 0 {
+                    e
+                } else {
+                    e.context(format!(
+                        "{made} of {count} tokens were created and printed; they stay valid \
+                         (tokens revoke removes one)"
+                    ))
+                }
+            })?
+            .into_inner();
+        if json {
+            output::json_line(&r)?;
+            continue;
+        }
+        out!("{}", r.token);
+        if count == 1 {
+            eprintln!(
+                "token {} for {} node(s){}, expires {}",
+                r.token_id,
+                r.uses,
+                output::around(" in pool ", &r.pool, ""),
+                output::time(r.expires_at_ms)
+            );
+        } else if made + 1 == count {
+            eprintln!(
+                "{count} tokens for {} node(s) each{}, expire {}",
+                r.uses,
+                output::around(" in pool ", &r.pool, ""),
+                output::time(r.expires_at_ms)
+            );
+        }
     }
-    out!("{}", r.token);
-    eprintln!(
-        "token {} for {} node(s){}, expires {}",
-        r.token_id,
-        r.uses,
-        output::around(" in pool ", &r.pool, ""),
-        output::time(r.expires_at_ms)
-    );
     Ok(())
 }
 

@@ -7,8 +7,13 @@
 //!   at a time, and 64 at a time (what group commit shares), on SQLite and
 //!   on PostgreSQL (a throw-away cluster with durable commits), side by
 //!   side.
-//! - CPU time the gateway and `bcd sim` spent on the reconnect storm, per
-//!   Hello: what one gateway core can take when the clients are elsewhere.
+//! - A fleet powering on: N simulated nodes join and connect, each with a
+//!   one-use token of its own (`--join-tokens shared`: one token for all);
+//!   joins a second on one key holder.
+//! - CPU time the gateway, PostgreSQL (its server and backends) and
+//!   `bcd sim` spent on the reconnect storm, per Hello: what one gateway
+//!   core can take when the clients are elsewhere. Each store in
+//!   `--stores` (both by default) runs in turn, side by side in one table.
 //! - Resident memory of one `bcd node`, and of `bcd sim` per simulated node.
 //!
 //! Build first: `cargo build --profile bench-fast --workspace --all-features`,
@@ -18,7 +23,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bc_sim::NodeState;
+use bc_sim::{NodeState, NodesDir};
 use bc_store::nodes::IssuedCert;
 use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
 use bc_store::sessions::HelloInput;
@@ -34,9 +39,10 @@ struct Args {
     /// Hellos for the in-process store figure.
     #[arg(long, default_value_t = 20_000)]
     store_hellos: usize,
-    /// The gateway's store for the end-to-end figures: sqlite or postgres.
-    #[arg(long, default_value = "sqlite")]
-    store: String,
+    /// The gateways' stores for the end-to-end figures, each run in turn:
+    /// sqlite, postgres, or both.
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
+    stores: Vec<String>,
     /// The gateway's handshake bucket (serve --handshake-rate).
     #[arg(long, default_value_t = 200)]
     handshake_rate: u32,
@@ -46,12 +52,25 @@ struct Args {
     /// the disk the gateway's store commits to).
     #[arg(long, value_enum, default_value = "disk")]
     node_state: NodeState,
+    /// How the simulated nodes join: each with a one-use token of its own
+    /// (`tokens create --count N`, as a rack powering on), or all with one
+    /// shared token (whose row every join then locks).
+    #[arg(long, value_enum, default_value = "one-use")]
+    join_tokens: JoinTokens,
     /// Print only the in-process store figure and stop.
     #[arg(long)]
     only_store: bool,
 }
 
-fn sim(server: &Server, token: &str, dir: &std::path::Path, nodes: usize) -> Child {
+/// `bcd sim` of `nodes` nodes joining with `join` (`--token T` or
+/// `--tokens-file F`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum JoinTokens {
+    OneUse,
+    Shared,
+}
+
+fn sim(server: &Server, join: &[String], dir: &std::path::Path, nodes: usize) -> Child {
     Command::new(bc_tests::bin("bcd"))
         .args([
             "sim",
@@ -60,14 +79,8 @@ fn sim(server: &Server, token: &str, dir: &std::path::Path, nodes: usize) -> Chi
             "--server",
             &server.url(),
         ])
-        .args([
-            "--token",
-            token,
-            "--join-concurrency",
-            "64",
-            "--duration",
-            "1h",
-        ])
+        .args(join)
+        .args(["--join-concurrency", "64", "--duration", "1h"])
         .arg("--data-dir")
         .arg(dir)
         .env("BCD_LOG", "warn")
@@ -262,6 +275,121 @@ fn store_hellos(
     })
 }
 
+/// What one store's end-to-end run measured.
+struct StormRow {
+    joins_per_s: f64,
+    hellos_per_s: f64,
+    /// CPU milliseconds per Hello of the gateway, of PostgreSQL's server
+    /// and backends, of the `bcd sim` process.
+    gateway_ms: f64,
+    postgres_ms: Option<f64>,
+    sim_ms: f64,
+    server_rss: u64,
+}
+
+/// A gateway on `store`; N simulated nodes join and connect, disconnect,
+/// then all reconnect at once. Returns the gateway, the figures, the
+/// reconnected `bcd sim` (still running) and where its nodes
+/// keep their state.
+fn storm(
+    args: &Args,
+    cluster: &TempCluster,
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    store: &str,
+) -> anyhow::Result<(Server, StormRow, Child, NodesDir)> {
+    let n = args.nodes;
+    let store_url = match store {
+        "sqlite" => None,
+        "postgres" => {
+            Some(rt.block_on(cluster.create_database(&format!("sessions_{}", std::process::id())))?)
+        }
+        other => anyhow::bail!("--stores takes sqlite and postgres, not {other:?}"),
+    };
+    // Every simulated node dials from 127.0.0.1.
+    let serve_args = [
+        "--handshake-rate",
+        &args.handshake_rate.to_string(),
+        "--max-connections-per-address",
+        "20000",
+        "--handshake-rate-per-address",
+        &args.handshake_rate.to_string(),
+    ];
+    let home = dir.join(format!("server-{store}"));
+    let server = match &store_url {
+        Some(url) => Server::start_postgres(&home, url, &serve_args)?,
+        None => Server::start(&home, &serve_args)?,
+    };
+    let join = match args.join_tokens {
+        JoinTokens::Shared => vec!["--token".to_string(), server.token(n as u32 + 1)],
+        JoinTokens::OneUse => {
+            let out = server.cli(&["tokens", "create", "--count", &n.to_string()]);
+            anyhow::ensure!(
+                out.status.success(),
+                "tokens create --count {n}: {}",
+                bc_tests::stderr(&out)
+            );
+            let file = home.join("join.tokens");
+            std::fs::write(&file, &out.stdout)?;
+            vec!["--tokens-file".to_string(), file.display().to_string()]
+        }
+    };
+    let sims = args.node_state.place(&home)?;
+    let sim_dir = sims.path().join("sim");
+    // Sessions counted from the gateway's own figure while they come up:
+    // asking the operator API for every node each time would be a client
+    // of its own on the same cores.
+    let sessions = || server.counter("bc_gateway_sessions") as usize;
+
+    // Phase 1: join everyone and connect.
+    let t = Instant::now();
+    let first = sim(&server, &join, &sim_dir, n);
+    wait_for(
+        Duration::from_secs(600),
+        "every node joined and connected",
+        || (sessions() == n).then_some(()),
+    );
+    assert_eq!(connected(&server, 1), n, "nodes connected in the store");
+    let joins_per_s = n as f64 / t.elapsed().as_secs_f64();
+    stop(first);
+    wait_for(Duration::from_secs(60), "every node disconnected", || {
+        (connected(&server, 0) == 0).then_some(())
+    });
+
+    // Phase 2: everyone reconnects at once.
+    let server_cpu = cpu_secs(server.proc.pid());
+    let pg_cpu = store_url.as_ref().map(|_| cluster.cpu_secs()).transpose()?;
+    let t = Instant::now();
+    let second = sim(&server, &join, &sim_dir, n);
+    wait_for(Duration::from_secs(600), "every node reconnected", || {
+        (sessions() == n).then_some(())
+    });
+    let secs = t.elapsed().as_secs_f64();
+    let per = |cpu: f64| cpu * 1000.0 / n as f64;
+    let gateway_ms = per(cpu_secs(server.proc.pid())
+        .zip(server_cpu)
+        .map_or(0.0, |(b, a)| b - a));
+    let sim_ms = per(cpu_secs(second.id() as i32).unwrap_or(0.0));
+    let postgres_ms = pg_cpu
+        .zip(pg_cpu.and_then(|_| cluster.cpu_secs().ok()))
+        .map(|(before, after)| per(after - before));
+    assert_eq!(connected(&server, 2), n, "nodes reconnected in the store");
+    let server_rss = rss_kib(server.proc.pid()).unwrap_or(0);
+    Ok((
+        server,
+        StormRow {
+            joins_per_s,
+            hellos_per_s: n as f64 / secs,
+            gateway_ms,
+            postgres_ms,
+            sim_ms,
+            server_rss,
+        },
+        second,
+        sims,
+    ))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let n = args.nodes;
@@ -308,97 +436,54 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let store_url = match args.store.as_str() {
-        "sqlite" => None,
-        "postgres" => Some(rt.block_on(cluster.create_database("sessions"))?),
-        other => anyhow::bail!("--store takes sqlite or postgres, not {other:?}"),
-    };
-    // Every simulated node dials from 127.0.0.1.
-    let serve_args = [
-        "--handshake-rate",
-        &args.handshake_rate.to_string(),
-        "--max-connections-per-address",
-        "20000",
-        "--handshake-rate-per-address",
-        &args.handshake_rate.to_string(),
-    ];
-    let server = match &store_url {
-        Some(url) => Server::start_postgres(&d.path().join("server"), url, &serve_args)?,
-        None => Server::start(&d.path().join("server"), &serve_args)?,
-    };
+    // The end-to-end figures, one store after the other, each on a gateway
+    // of its own; the last one's stays up for the figures after.
+    let mut rows = Vec::new();
+    let mut last = None;
+    for store in &args.stores {
+        if let Some((server, sim, sims)) = last.take() {
+            stop(sim);
+            drop((server, sims));
+        }
+        let (server, row, sim, sims) = storm(&args, &cluster, &rt, d.path(), store)?;
+        rows.push((store.clone(), row));
+        last = Some((server, sim, sims));
+    }
     println!(
-        "one gateway on {}, --handshake-rate {}:",
-        args.store, args.handshake_rate
+        "reconnect storm, {n} Hellos (TLS + Hello transaction + Welcome), one gateway, --handshake-rate {}:",
+        args.handshake_rate
     );
-    let token = server.token(n as u32 + 1);
-
-    let sims = args.node_state.place(d.path())?;
-    // Sessions counted from the gateway's own figure while they come up:
-    // asking the operator API for every node each time would be a client
-    // of its own on the same cores.
-    let sessions = || server.counter("bc_gateway_sessions") as usize;
-
-    // Phase 1: join everyone and connect.
-    let t = Instant::now();
-    let first = sim(&server, &token, &sims.path().join("sim"), n);
-    wait_for(
-        Duration::from_secs(600),
-        "every node joined and connected",
-        || (sessions() == n).then_some(()),
-    );
-    assert_eq!(connected(&server, 1), n, "nodes connected in the store");
     println!(
-        "join + connect {n} nodes: {:.2}s ({:.0} joins/s)",
-        t.elapsed().as_secs_f64(),
-        n as f64 / t.elapsed().as_secs_f64()
+        "  {:<12} {:>10} {:>11} {:>10} {:>12} {:>12} {:>12} {:>10}",
+        "store", "joins/s", "Hellos/s", "gateway", "PostgreSQL", "bcd sim", "per core", "serve RSS"
     );
-    stop(first);
-    wait_for(Duration::from_secs(60), "every node disconnected", || {
-        (connected(&server, 0) == 0).then_some(())
-    });
-
-    // Phase 2: everyone reconnects at once.
-    let server_cpu = cpu_secs(server.proc.pid());
-    let pg_cpu = store_url.as_ref().map(|_| cluster.cpu_secs()).transpose()?;
-    let t = Instant::now();
-    let second = sim(&server, &token, &sims.path().join("sim"), n);
-    wait_for(Duration::from_secs(600), "every node reconnected", || {
-        (sessions() == n).then_some(())
-    });
-    let secs = t.elapsed().as_secs_f64();
-    let (server_cpu, sim_cpu) = (
-        cpu_secs(server.proc.pid())
-            .zip(server_cpu)
-            .map(|(b, a)| b - a),
-        cpu_secs(second.id() as i32),
-    );
-    assert_eq!(connected(&server, 2), n, "nodes reconnected in the store");
-    println!(
-        "reconnect storm: {n} Hellos (TLS + Hello transaction + Welcome) in {secs:.2}s = {:.0} Hellos/s on one gateway",
-        n as f64 / secs
-    );
-    if let (Some(server_cpu), Some(sim_cpu)) = (server_cpu, sim_cpu) {
-        let per = |cpu: f64| cpu * 1000.0 / n as f64;
+    for (store, r) in &rows {
         println!(
-            "  CPU per Hello: gateway {:.2} ms ({:.0} Hellos/s per core), bcd sim {:.2} ms (its start included)",
-            per(server_cpu),
-            n as f64 / server_cpu,
-            per(sim_cpu)
+            "  {:<12} {:>10.0} {:>11.0} {:>7.2} ms {:>9} {:>9.2} ms {:>12.0} {:>6} KiB",
+            store,
+            r.joins_per_s,
+            r.hellos_per_s,
+            r.gateway_ms,
+            r.postgres_ms
+                .map_or("-".to_string(), |ms| format!("{ms:.2} ms")),
+            r.sim_ms,
+            1000.0 / r.gateway_ms,
+            r.server_rss
         );
     }
-    if let Some((before, after)) = pg_cpu.zip(pg_cpu.and_then(|_| cluster.cpu_secs().ok())) {
-        println!(
-            "  CPU per Hello: PostgreSQL (server and backends) {:.2} ms",
-            (after - before) * 1000.0 / n as f64
-        );
-    }
+    println!("  (CPU per Hello of each process; per core: Hellos a second one gateway core takes)");
+    let (server, second, sims) = last.ok_or_else(|| anyhow::anyhow!("--stores names no store"))?;
     std::thread::sleep(Duration::from_secs(3));
     let sim_rss = rss_kib(second.id() as i32).unwrap_or(0);
-    let server_rss = rss_kib(server.proc.pid()).unwrap_or(0);
     stop(second);
 
     // Baseline: the same process with one node.
-    let one = sim(&server, &token, &sims.path().join("sim1"), 1);
+    let one = sim(
+        &server,
+        &["--token".to_string(), server.token(1)],
+        &sims.path().join("sim1"),
+        1,
+    );
     wait_for(
         Duration::from_secs(60),
         "the single-node sim connected",
@@ -419,7 +504,6 @@ fn main() -> anyhow::Result<()> {
         "bcd sim resident memory: {sim_rss} KiB for {n} nodes, {base} KiB for 1; {:.1} KiB per simulated node (marginal)",
         (sim_rss.saturating_sub(base)) as f64 / (n.max(2) - 1) as f64
     );
-    println!("better-compute serve resident memory with {n} sessions: {server_rss} KiB");
 
     // One real agent process (the static build when present).
     let mut node = Node::new(&d.path().join("single"), 424242);
