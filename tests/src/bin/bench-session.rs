@@ -62,15 +62,17 @@ struct Args {
     only_store: bool,
 }
 
-/// `bcd sim` of `nodes` nodes joining with `join` (`--token T` or
-/// `--tokens-file F`).
+/// How the simulated nodes join.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum JoinTokens {
     OneUse,
     Shared,
 }
 
+/// `bcd sim` of `nodes` nodes joining with `join` (`--token T` or
+/// `--tokens-file F`); what it says goes to `dir`.log.
 fn sim(server: &Server, join: &[String], dir: &std::path::Path, nodes: usize) -> Child {
+    let log = std::fs::File::create(dir.with_extension("log")).expect("bcd sim's log file");
     Command::new(bc_tests::bin("bcd"))
         .args([
             "sim",
@@ -85,9 +87,23 @@ fn sim(server: &Server, join: &[String], dir: &std::path::Path, nodes: usize) ->
         .arg(dir)
         .env("BCD_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start bcd sim")
+}
+
+/// Stops the benchmark if `bcd sim` (writing to `dir`.log) has exited (too
+/// many nodes for the open-file limit, a bad token), instead of waiting out
+/// the timeout for nodes that will never come.
+fn running(c: &mut Child, dir: &std::path::Path) {
+    if let Ok(Some(status)) = c.try_wait() {
+        let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        panic!(
+            "bcd sim exited ({status}):\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
 }
 
 fn stop(mut c: Child) {
@@ -343,11 +359,14 @@ fn storm(
 
     // Phase 1: join everyone and connect.
     let t = Instant::now();
-    let first = sim(&server, &join, &sim_dir, n);
+    let mut first = sim(&server, &join, &sim_dir, n);
     wait_for(
         Duration::from_secs(600),
         "every node joined and connected",
-        || (sessions() == n).then_some(()),
+        || {
+            running(&mut first, &sim_dir);
+            (sessions() == n).then_some(())
+        },
     );
     assert_eq!(connected(&server, 1), n, "nodes connected in the store");
     let joins_per_s = n as f64 / t.elapsed().as_secs_f64();
@@ -360,8 +379,9 @@ fn storm(
     let server_cpu = cpu_secs(server.proc.pid());
     let pg_cpu = store_url.as_ref().map(|_| cluster.cpu_secs()).transpose()?;
     let t = Instant::now();
-    let second = sim(&server, &join, &sim_dir, n);
+    let mut second = sim(&server, &join, &sim_dir, n);
     wait_for(Duration::from_secs(600), "every node reconnected", || {
+        running(&mut second, &sim_dir);
         (sessions() == n).then_some(())
     });
     let secs = t.elapsed().as_secs_f64();
