@@ -845,3 +845,39 @@ fn a_release_rotates_the_release_key() {
         "{c:?}"
     );
 }
+
+/// `rollouts start --waves` as an operator mistypes it: a wave that is no
+/// percentage is a usage error naming it, waves that fall or stop short of
+/// 100% are refused with an example, and nothing is started.
+#[test]
+fn mistyped_waves_are_refused_before_a_rollout_starts() {
+    let d = tempfile::tempdir().unwrap();
+    let server = bc_tests::Server::start(&d.path().join("server"), &[]).unwrap();
+    let start = |waves: &str| server.cli(&["rollouts", "start", "1", "--waves", waves]);
+    let typo = start("10%,x");
+    assert_eq!(typo.status.code(), Some(2), "{}", bc_tests::stderr(&typo));
+    assert!(
+        bc_tests::stderr(&typo).contains("\"x\" is not a percentage: e.g. 1%,10%,50%,100%"),
+        "{}",
+        bc_tests::stderr(&typo)
+    );
+    for (waves, says) in [
+        ("50%,10%,100%", "the waves must rise, from above 0% to 100%"),
+        ("10%,50%", "the waves must end at 100%"),
+    ] {
+        let out = start(waves);
+        assert!(!out.status.success(), "{waves} was taken");
+        assert!(
+            bc_tests::stderr(&out).contains(says),
+            "{waves}: {}",
+            bc_tests::stderr(&out)
+        );
+    }
+    let status = server.cli(&["rollouts", "status"]);
+    assert!(
+        !status.status.success(),
+        "a rollout exists: {}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    println!("{}", bc_tests::stderr(&status));
+}
