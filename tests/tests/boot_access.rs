@@ -173,6 +173,19 @@ fn minted_tokens_reach_allowed_macs_only_and_a_nodes_own_assignment_wins() {
     let (status, first) = script(boot, &mac);
     assert_eq!(status, 200, "{first}");
     assert!(first.contains(&pooled), "{first}");
+    // The MAC as a firmware escapes it (iPXE's `uristring`), in either
+    // case, is the same machine; an escape that is no UTF-8 is no MAC.
+    for escaped in [mac.replace(':', "%3A"), mac.replace(':', "%3a")] {
+        let (status, body) = script(boot, &escaped);
+        assert_eq!(status, 200, "{escaped}: {body}");
+        assert!(
+            body.contains(&pooled) && token_in(&body).is_some(),
+            "{body}"
+        );
+    }
+    let (status, body) = script(boot, &format!("{}%FF", mac.replace(':', "%3A")));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("pass the booting MAC address"), "{body}");
     let replaced = token_in(&first).expect("a minted token");
     let (_, second) = script(boot, &mac);
     let token = token_in(&second).expect("a minted token");
