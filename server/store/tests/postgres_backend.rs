@@ -11,7 +11,10 @@
 //! bc-store --test postgres_backend` and commit it with the migration.
 #![allow(clippy::disallowed_methods)]
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bc_store::postgres::cluster::{ClusterOptions, TempCluster, test_database};
@@ -25,6 +28,31 @@ async fn client(url: &str) -> tokio_postgres::Client {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     client
+}
+
+/// Waits until `n` other backends of this database wait for a lock.
+async fn locked_out(watch: &tokio_postgres::Client, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting as usize >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} of {n} backends came to wait for a lock in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// Every schema object, sorted, as the catalog describes it.
@@ -426,8 +454,9 @@ async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
 /// the database mid-group (a NUL byte PostgreSQL refuses in a text column,
 /// met by its session write) is rolled back to its savepoint alone, and
 /// the Hellos queued beside it commit. Grouping is made certain by holding
-/// the gateway's lease row while the Hellos queue: the runners' first
-/// groups wait on it and the rest queue up behind them.
+/// the gateway's lease row until every Hello is queued or taken and a
+/// runner waits on the row (`pg_stat_activity`): none can finish before it
+/// is released, so 40 Hellos meet at most four runners.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hello_that_fails_in_a_group_is_undone_alone() {
     use bc_store::nodes::IssuedCert;
@@ -497,7 +526,9 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
     // Each node's stored epoch: a Hello that commits moves it on by one.
     let mut epochs = [0u64; NODES];
     let mut blocker = client(&url).await;
+    let blocker_watch = client(&url).await;
     for (round, bad) in [(1, NODES / 2), (2, NODES - 1), (3, 7)] {
+        let queued = Arc::new(AtomicUsize::new(0));
         let tx = blocker.transaction().await.unwrap();
         tx.query_one(
             "SELECT 1 FROM leases WHERE name = 'gateway:gw' FOR UPDATE",
@@ -511,10 +542,30 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
                     s.clone(),
                     hello(i, if i == bad { "bad\0boot" } else { "boot" }),
                 );
-                tokio::spawn(async move { s.hello(&h).await })
+                let queued = queued.clone();
+                tokio::spawn(async move {
+                    // Polled once, a Hello is queued for a runner (its
+                    // lease fence is free and the queue far from full).
+                    let mut hello = std::pin::pin!(s.hello(&h));
+                    let first =
+                        std::future::poll_fn(|cx| Poll::Ready(hello.as_mut().poll(cx))).await;
+                    queued.fetch_add(1, Ordering::SeqCst);
+                    match first {
+                        Poll::Ready(out) => out,
+                        Poll::Pending => hello.await,
+                    }
+                })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Every runner's first Hello waits on the held row, so the rest
+        // queue behind them and go in groups.
+        // Once every Hello is queued or taken and a runner waits on the
+        // held row, none can finish before it is released: they go in
+        // groups (where the bad one lands varies with the round).
+        while queued.load(Ordering::SeqCst) < NODES {
+            tokio::task::yield_now().await;
+        }
+        locked_out(&blocker_watch, 1).await;
         tx.commit().await.unwrap();
         for (i, t) in tasks.into_iter().enumerate() {
             let out = t.await.unwrap();
