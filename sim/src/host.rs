@@ -86,8 +86,17 @@ pub struct HostOptions {
     pub seed: u64,
     #[arg(long)]
     pub gpus: usize,
-    #[arg(long, env = "BC_SIM_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// The token every node of this host joins with.
+    #[arg(
+        long,
+        env = "BC_SIM_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "tokens_file"
+    )]
+    pub token: Option<String>,
+    /// A token for each node of this host, one per line, in order.
+    #[arg(long, conflicts_with = "token")]
+    pub tokens_file: Option<PathBuf>,
     /// The address this host's links to the gateways come from.
     #[arg(long)]
     pub source: Option<std::net::IpAddr>,
@@ -107,12 +116,21 @@ fn peak_rss_kib() -> u64 {
 /// The child: `bc-sim host`. Prints the balancer's address,
 /// then stats lines until told to stop.
 pub async fn run_host(opts: HostOptions) -> anyhow::Result<()> {
+    let tokens = match (&opts.tokens_file, &opts.token) {
+        (Some(file), _) => std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        (None, Some(token)) => vec![token.clone()],
+        (None, None) => anyhow::bail!("an agent host needs --token or --tokens-file"),
+    };
     let balancer = Balancer::start_from(opts.source).await?;
     let fleet = Arc::new(Fleet::new(&bcd_fakehw::sim::SimOptions {
         nodes: opts.count,
         first: opts.first,
         server: format!("https://{}", balancer.addr),
-        tokens: vec![opts.token.clone()],
+        tokens,
         data_dir: opts.dir.clone(),
         seed: opts.seed,
         gpus: opts.gpus,
@@ -238,7 +256,7 @@ impl Hosts {
         nodes: usize,
         seed: u64,
         gpus: usize,
-        token: &str,
+        tokens: &[String],
     ) -> anyhow::Result<Hosts> {
         let exe = std::env::current_exe()?;
         let count = nodes.div_ceil(NODES_PER_HOST).max(1);
@@ -252,14 +270,26 @@ impl Hosts {
             let first = h * per_host;
             let n = per_host.min(nodes - first);
             let log = std::fs::File::create(dir.join(format!("host-{h}.log")))?;
-            let mut child = tokio::process::Command::new(&exe)
-                .arg("host")
+            let mut cmd = tokio::process::Command::new(&exe);
+            cmd.arg("host");
+            if let [token] = tokens {
+                cmd.env("BC_SIM_TOKEN", token);
+            } else {
+                // This host's nodes' own tokens, readable by this user alone.
+                let file = dir.join(format!("host-{h}.tokens"));
+                bcd_sys::fs::atomic_write(
+                    &file,
+                    tokens[first..first + n].join("\n").as_bytes(),
+                    0o600,
+                )?;
+                cmd.arg("--tokens-file").arg(&file);
+            }
+            let mut child = cmd
                 .arg("--dir")
                 .arg(dir)
                 .args(["--first", &first.to_string(), "--count", &n.to_string()])
                 .args(["--seed", &seed.to_string(), "--gpus", &gpus.to_string()])
                 .args(["--source", &super::proxy::host_source(h).to_string()])
-                .env("BC_SIM_TOKEN", token)
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(log)

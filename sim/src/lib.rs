@@ -57,6 +57,28 @@ pub const SPEC_TIMINGS: &[(&str, &str)] = &[
     ("--controller-lease-ttl", "15s"),
 ];
 
+/// What the simulated machines join with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JoinTokens {
+    /// A token of its own for each machine, used once, as a rack is
+    /// installed (`tokens create --count N`): no token row is shared.
+    OneUse,
+    /// One token every machine joins with (its row is taken by each join).
+    Shared,
+}
+
+impl JoinTokens {
+    fn word(self) -> &'static str {
+        match self {
+            JoinTokens::OneUse => "one-use",
+            JoinTokens::Shared => "shared",
+        }
+    }
+}
+
+/// One-use tokens minted at once while the simulator prepares its fleet.
+const MINTING_AT_ONCE: usize = 16;
+
 /// Where the simulated machines keep their state (journal, identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NodeState {
@@ -146,6 +168,7 @@ pub struct SimOptions {
     /// cluster this run starts), or a PostgreSQL address.
     pub store: String,
     pub node_state: NodeState,
+    pub join_tokens: JoinTokens,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -180,6 +203,14 @@ pub struct Report {
     pub node_state: String,
     pub chaos: String,
     pub seed: u64,
+    /// What the machines joined with: `one-use` or `shared`.
+    pub join_tokens: String,
+    /// The fleet powering on: every machine joined through the one key
+    /// holder and held its first session (`connect_s`); nodes a second.
+    pub power_on_per_s: f64,
+    /// Minted one-use tokens still unspent once the fleet connected (at
+    /// most the store's list limit; 0 when every machine spent its own).
+    pub tokens_unspent: Option<usize>,
     pub connect_s: f64,
     /// Sessions established per second per gateway while the fleet
     /// connected (joins included).
@@ -747,23 +778,13 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     let api = format!("https://{}", addrs[0].1.api);
     let mut admin =
         better_compute::client::connect(&server_dir.join("operator.json"), Some(&api)).await?;
-    let token = admin
-        .create_token(bcd_proto::v1::CreateTokenRequest {
-            ttl_ms: 0,
-            uses: opts.nodes as u32,
-            description: "bc sim".into(),
-            pool: String::new(),
-        })
-        .await
-        .map_err(better_compute::client::status)?
-        .into_inner()
-        .token;
+    let tokens = mint_tokens(&admin, opts.nodes, opts.join_tokens).await?;
 
     // The fleet: agent hosts, which start their nodes once they know the
     // gateways.
     let nodes_dir = opts.node_state.place(&dir.join("nodes"))?;
     let hosts =
-        Arc::new(Hosts::start(nodes_dir.path(), opts.nodes, opts.seed, opts.gpus, &token).await?);
+        Arc::new(Hosts::start(nodes_dir.path(), opts.nodes, opts.seed, opts.gpus, &tokens).await?);
     say(format!(
         "sim: {} gateways, {} nodes in {} agent hosts, chaos {}, seed {}",
         opts.gateways,
@@ -820,6 +841,17 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     }
     let connect_s = started.elapsed().as_secs_f64();
     let hellos = hosts.totals().sessions as f64 / connect_s / opts.gateways as f64;
+    let tokens_unspent = match opts.join_tokens {
+        JoinTokens::OneUse => Some(
+            store
+                .list_tokens(false)
+                .await?
+                .iter()
+                .filter(|t| t.description == MINTED_FOR)
+                .count(),
+        ),
+        JoinTokens::Shared => None,
+    };
     say(format!(
         "sim: {} nodes connected in {connect_s:.1}s",
         opts.nodes
@@ -1096,6 +1128,9 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         storm_s: *world.storm.lock().await,
         storm_samples_ms: world.storm_samples.lock().await.clone(),
         seed: opts.seed,
+        join_tokens: opts.join_tokens.word().into(),
+        power_on_per_s: opts.nodes as f64 / connect_s,
+        tokens_unspent,
         connect_s,
         hellos_per_s_per_gateway: hellos,
         connected_at_end,
@@ -1112,6 +1147,52 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
     };
     report.ok = report.failure().is_none();
     Ok(report)
+}
+
+/// The description of the tokens the simulator mints.
+const MINTED_FOR: &str = "bc sim";
+
+/// The join tokens for `nodes` machines: one each, used once, or one for
+/// all of them.
+async fn mint_tokens(
+    admin: &better_compute::client::Admin,
+    nodes: usize,
+    kind: JoinTokens,
+) -> anyhow::Result<Vec<String>> {
+    let (count, uses) = match kind {
+        JoinTokens::OneUse => (nodes, 1),
+        JoinTokens::Shared => (1, nodes as u32),
+    };
+    let mut tokens = vec![String::new(); count];
+    let mut minting = tokio::task::JoinSet::new();
+    for i in 0..count {
+        if minting.len() >= MINTING_AT_ONCE
+            && let Some(done) = minting.join_next().await
+        {
+            let (k, token) = done??;
+            tokens[k] = token;
+        }
+        let mut admin = admin.clone();
+        minting.spawn(async move {
+            let token = admin
+                .create_token(bcd_proto::v1::CreateTokenRequest {
+                    ttl_ms: 0,
+                    uses,
+                    description: MINTED_FOR.into(),
+                    pool: String::new(),
+                })
+                .await
+                .map_err(better_compute::client::status)?
+                .into_inner()
+                .token;
+            anyhow::Ok((i, token))
+        });
+    }
+    while let Some(done) = minting.join_next().await {
+        let (k, token) = done??;
+        tokens[k] = token;
+    }
+    Ok(tokens)
 }
 
 /// Kills every gateway and starts it again under its name (each start
@@ -1216,8 +1297,11 @@ impl Report {
             self.nodes, self.node_state, self.gateways, self.store, self.chaos, self.seed
         ));
         s.push_str(&format!(
-            "  connected the fleet in {:.1}s ({:.0} Hellos/s per gateway); {} of {} connected at the end, {} in the store (settled in {:.1}s)\n",
+            "  powered on: {} machines joined ({} tokens) and connected in {:.1}s ({:.0} a second, {:.0} Hellos/s per gateway); {} of {} connected at the end, {} in the store (settled in {:.1}s)\n",
+            self.nodes,
+            self.join_tokens,
             self.connect_s,
+            self.power_on_per_s,
             self.hellos_per_s_per_gateway,
             self.connected_at_end,
             self.nodes,
@@ -1334,6 +1418,9 @@ mod tests {
             node_state: "disk".into(),
             chaos: "none".into(),
             seed: 1,
+            join_tokens: "one-use".into(),
+            power_on_per_s: 10.0,
+            tokens_unspent: Some(0),
             connect_s: 1.0,
             hellos_per_s_per_gateway: 5.0,
             peak_hellos_per_s: 5,

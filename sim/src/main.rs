@@ -70,6 +70,10 @@ struct SimArgs {
     /// machine's one disk).
     #[arg(long, value_enum, default_value = "disk")]
     node_state: bc_sim::NodeState,
+    /// What the machines join with: `one-use` (a token minted for each,
+    /// as a rack is installed) or `shared` (one token for all).
+    #[arg(long, value_enum, default_value = "one-use")]
+    join_tokens: bc_sim::JoinTokens,
     /// The store: `sqlite` (a file in the run's directory), `postgres` (a
     /// throw-away cluster for the run) or a postgres:// address.
     #[arg(long, default_value = "sqlite")]
@@ -93,6 +97,7 @@ async fn run(a: SimArgs) -> anyhow::Result<()> {
         progress: !a.json,
         store: a.store,
         node_state: a.node_state,
+        join_tokens: a.join_tokens,
     })
     .await?;
     if a.json {

@@ -42,6 +42,15 @@ fn sim_with(
 
 fn assert_clean(r: &serde_json::Value, nodes: usize) {
     assert_eq!(r["ok"], true);
+    // The fleet powered on as a rack does: each machine joined with a
+    // one-use token minted for it, and every one of them was spent.
+    if r["join_tokens"] == "one-use" {
+        assert_eq!(r["tokens_unspent"], 0, "{r}");
+    } else {
+        assert_eq!(r["join_tokens"], "shared", "{r}");
+        assert!(r["tokens_unspent"].is_null(), "{r}");
+    }
+    assert!(r["power_on_per_s"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["settled"], true, "{r}");
     assert_eq!(r["connected_at_end"], nodes, "{r}");
     assert_eq!(r["connected_in_store"], nodes, "the store agrees: {r}");
@@ -71,11 +80,18 @@ fn assert_clean(r: &serde_json::Value, nodes: usize) {
 #[test]
 fn light_chaos_two_seeds() {
     // The second with the simulated machines' state in memory, as
-    // diskless nodes keep it.
-    for (seed, state) in [(1, "disk"), (2, "memory")] {
-        let r = sim_with(&["--node-state", state], 150, "light", seed, "15s");
+    // diskless nodes keep it, and one token for every machine.
+    for (seed, state, tokens) in [(1, "disk", "one-use"), (2, "memory", "shared")] {
+        let r = sim_with(
+            &["--node-state", state, "--join-tokens", tokens],
+            150,
+            "light",
+            seed,
+            "15s",
+        );
         assert_clean(&r, 150);
         assert_eq!(r["node_state"], state, "{r}");
+        assert_eq!(r["join_tokens"], tokens, "{r}");
         assert_eq!(r["faults"]["gateway kill"], 1, "{r}");
         let rehome = &r["rehome"][0];
         assert_eq!(rehome["rehomed"], rehome["nodes"], "{r}");

@@ -2,7 +2,9 @@
 //! figures side by side. Prints figures, asserts nothing.
 //!
 //! For each store (SQLite, PostgreSQL on a throw-away cluster with durable
-//! commits): three gateways, N simulated nodes; one gateway SIGKILLed a
+//! commits): three gateways, N simulated nodes powering on (each joins
+//! through the one key holder with a one-use token of its own, then holds
+//! its first session: machines a second); one gateway SIGKILLed a
 //! third of the way in (re-home p50/p99/max: each of its nodes' first
 //! session after the kill), every link reset two thirds of the way in (the
 //! reconnect storm: until every node is back), the most Hello
@@ -36,6 +38,10 @@ struct Args {
     /// Where the simulated machines keep their state (sim --node-state).
     #[arg(long, default_value = "disk")]
     node_state: String,
+    /// What the machines join with (sim --join-tokens): the power-on
+    /// figure is a join and a first session per machine.
+    #[arg(long, default_value = "one-use")]
+    join_tokens: String,
     /// Also write each run's report to DIR/fleet-<store>-<nodes>.json
     /// (what scripts/plot-bench draws; tests/bench/reports keeps them).
     #[arg(long, value_name = "DIR")]
@@ -54,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             .args(["--handshake-rate", &args.handshake_rate.to_string()])
             .args(["--seed", &args.seed.to_string(), "--store", store])
             .args(["--node-state", &args.node_state])
+            .args(["--join-tokens", &args.join_tokens])
             .output()?;
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
             anyhow::anyhow!(
@@ -70,8 +77,8 @@ fn main() -> anyhow::Result<()> {
         reports.push((store.clone(), report));
     }
     println!(
-        "bench-fleet: {} nodes ({} state), 3 gateways, --chaos kill, --timings {}, --handshake-rate {}, seed {}",
-        args.nodes, args.node_state, args.timings, args.handshake_rate, args.seed
+        "bench-fleet: {} nodes ({} state, {} join tokens), 3 gateways, --chaos kill, --timings {}, --handshake-rate {}, seed {}",
+        args.nodes, args.node_state, args.join_tokens, args.timings, args.handshake_rate, args.seed
     );
     let cell = |r: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> Option<String>| {
         f(r).unwrap_or_else(|| "-".into())
@@ -82,8 +89,12 @@ fn main() -> anyhow::Result<()> {
     );
     let rows: Vec<Row> = vec![
         (
-            "connect the fleet (joins included)",
+            "power on: join and connect the fleet",
             Box::new(|r| Some(format!("{:.1} s", r["connect_s"].as_f64()?))),
+        ),
+        (
+            "power on: machines joined a second",
+            Box::new(|r| Some(format!("{:.0}", r["power_on_per_s"].as_f64()?))),
         ),
         (
             "peak Hello transactions/s, one gateway",
