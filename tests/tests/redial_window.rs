@@ -16,15 +16,22 @@ use bcd_proto::v1::{self, node_message, server_message};
 #[test]
 fn welcomes_and_heartbeat_acks_carry_the_window_sized_for_the_fleet() {
     let d = tempfile::tempdir().unwrap();
-    // One gateway taking 4 Hellos a second: one connected node makes a
-    // 250 ms window; none connected, the 50 ms floor.
+    // One gateway taking one Hello a second: its full buckets admit one
+    // known node at once (`known_burst`), so the second connected node is
+    // spread over a 1 s window; one node alone redials within the 50 ms
+    // floor (from the rate alone it would be 1 s, then 2 s). The Hellos
+    // are over a second apart, so the gateway measures one a second and
+    // the window stays what its configuration says.
     let server = Server::start(
         &d.path().join("server"),
-        &["--heartbeat-interval", "300ms", "--hello-capacity", "4"],
+        &["--heartbeat-interval", "1s", "--hello-capacity", "1"],
     )
     .unwrap();
     let node = Node::new(&d.path().join("n"), 7);
-    assert!(node.join(&server.url(), &server.token(1)).status.success());
+    let other = Node::new(&d.path().join("o"), 8);
+    for n in [&node, &other] {
+        assert!(n.join(&server.url(), &server.token(1)).status.success());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -32,23 +39,15 @@ fn welcomes_and_heartbeat_acks_carry_the_window_sized_for_the_fleet() {
     rt.block_on(async {
         let (tx, mut stream) = node.raw_session(&server.url()).await;
         tx.send(node.hello()).await.unwrap();
-        let first = match stream.message().await.unwrap().unwrap().msg {
-            Some(server_message::Msg::Welcome(w)) => w.first_retry_ms,
+        match stream.message().await.unwrap().unwrap().msg {
+            Some(server_message::Msg::Welcome(w)) => assert_eq!(w.first_retry_ms, 50),
             m => panic!("expected a Welcome, got {m:?}"),
         };
-        assert!(
-            first == 50 || first == 250,
-            "a Welcome's window is the sized one, not the starting second: {first}"
-        );
-        // The gateway sizes the window again within 5 s of the node
-        // connecting; the session's acks carry it from then on.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Alone, the node stays within the floor through the gateway's
+        // next sizing (every 5 s): one known node is within the burst.
+        let alone = Instant::now();
         let mut seq = 0;
-        let acked = loop {
-            assert!(
-                Instant::now() < deadline,
-                "no heartbeat ack carried the 250 ms window within 20 s"
-            );
+        while alone.elapsed() < Duration::from_millis(6_000) {
             seq += 1;
             tx.send(v1::NodeMessage {
                 msg: Some(node_message::Msg::Heartbeat(v1::Heartbeat { seq })),
@@ -61,11 +60,51 @@ fn welcomes_and_heartbeat_acks_carry_the_window_sized_for_the_fleet() {
                     _ => continue,
                 }
             };
+            assert_eq!(ack.first_retry_ms, 50, "one node alone: {ack:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let (other_tx, mut other_stream) = other.raw_session(&server.url()).await;
+        other_tx.send(other.hello()).await.unwrap();
+        match other_stream.message().await.unwrap().unwrap().msg {
+            Some(server_message::Msg::Welcome(w)) => assert!(
+                w.first_retry_ms == 50 || w.first_retry_ms == 1_000,
+                "a Welcome's window is the sized one: {}",
+                w.first_retry_ms
+            ),
+            m => panic!("expected a Welcome, got {m:?}"),
+        };
+        // The gateway sizes the window again within 5 s of the node
+        // connecting; the session's acks carry it from then on.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let acked = loop {
             assert!(
-                ack.first_retry_ms == 50 || ack.first_retry_ms == 250,
+                Instant::now() < deadline,
+                "no heartbeat ack carried the 1 s window within 20 s"
+            );
+            seq += 1;
+            // Both nodes stay connected: each heartbeats and is acked.
+            for t in [&tx, &other_tx] {
+                t.send(v1::NodeMessage {
+                    msg: Some(node_message::Msg::Heartbeat(v1::Heartbeat { seq })),
+                })
+                .await
+                .unwrap();
+            }
+            while !matches!(
+                other_stream.message().await.unwrap().unwrap().msg,
+                Some(server_message::Msg::HeartbeatAck(_))
+            ) {}
+            let ack = loop {
+                match stream.message().await.unwrap().unwrap().msg {
+                    Some(server_message::Msg::HeartbeatAck(a)) => break a,
+                    _ => continue,
+                }
+            };
+            assert!(
+                ack.first_retry_ms == 50 || ack.first_retry_ms == 1_000,
                 "{ack:?}"
             );
-            if ack.first_retry_ms == 250 {
+            if ack.first_retry_ms == 1_000 {
                 break ack;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -73,13 +112,14 @@ fn welcomes_and_heartbeat_acks_carry_the_window_sized_for_the_fleet() {
         assert_eq!(acked.seq, seq);
         // A second session (it supersedes the first, so the node counts
         // as connected throughout) starts with it.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
         let (tx2, mut stream) = node.raw_session(&server.url()).await;
         tx2.send(node.hello()).await.unwrap();
         match stream.message().await.unwrap().unwrap().msg {
-            Some(server_message::Msg::Welcome(w)) => assert_eq!(w.first_retry_ms, 250),
+            Some(server_message::Msg::Welcome(w)) => assert_eq!(w.first_retry_ms, 1_000),
             m => panic!("expected a Welcome, got {m:?}"),
         }
-        drop(tx);
+        drop((tx, other_tx));
     });
 }
 

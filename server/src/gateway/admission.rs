@@ -23,14 +23,28 @@ pub const MAX_FIRST_RETRY: Duration = Duration::from_secs(30);
 
 /// The window a node draws its first redial from after losing its session
 /// (full jitter): long enough that the whole fleet (`connected` nodes)
-/// redialing at once arrives no faster than the `gateways` can take them
-/// at `per_gateway` Hellos a second each. After one gateway dies its
-/// share of the fleet arrives over the others in the same window, well
-/// under their capacity; after every link breaks, the fleet arrives at
-/// about the gateways' capacity. A node cannot know either number.
-pub fn first_retry_window(connected: usize, gateways: usize, per_gateway: u32) -> Duration {
-    let capacity = gateways.max(1) as f64 * f64::from(per_gateway.max(1));
-    Duration::from_secs_f64(connected as f64 / capacity).clamp(MIN_FIRST_RETRY, MAX_FIRST_RETRY)
+/// redialing at once arrives no faster than the gateways admit it: the
+/// first `burst` at once (what their full buckets admit from known nodes,
+/// [`known_burst`] each), the rest at `absorbs` a second (together,
+/// [`fleet_absorbs`]). After one gateway dies its share of the fleet
+/// arrives over the others in the same window, well under what they
+/// admit; after every link breaks, the fleet arrives at about that. A node
+/// cannot know either number. Sized from the rate alone, the window kept a
+/// 1,000-node fleet behind the default 200/s buckets of three gateways
+/// spread over 1.7 s though their bursts admit all of it at once.
+pub fn first_retry_window(connected: usize, absorbs: u32, burst: u64) -> Duration {
+    let later = (connected as u64).saturating_sub(burst);
+    Duration::from_secs_f64(later as f64 / f64::from(absorbs.max(1)))
+        .clamp(MIN_FIRST_RETRY, MAX_FIRST_RETRY)
+}
+
+/// The handshakes one gateway admits at once from nodes it knows, before
+/// its rate applies: its open bucket's burst and its reserve's (each
+/// `handshake_rate`, [`Admitter`]), at most the Hellos it takes in a
+/// second (`hello_capacity`), so an admitted burst passes its Hello queue
+/// well within the queue's wait.
+pub fn known_burst(handshake_rate: u32, hello_capacity: u32) -> u32 {
+    handshake_rate.saturating_mul(2).min(hello_capacity)
 }
 
 /// The Hellos a second the live gateways absorb together: the sum each
@@ -311,7 +325,7 @@ impl tls::Admission for HandshakeBucket {
 mod tests {
     use super::{
         ABSORPTION_WINDOW_S, Absorption, Admitter, Duration, KNOWN_FOR_MS, MAX_KNOWN,
-        MAX_RATED_ADDRESSES, Refused, TokenBucket, first_retry_window, fleet_absorbs,
+        MAX_RATED_ADDRESSES, Refused, TokenBucket, first_retry_window, fleet_absorbs, known_burst,
     };
 
     #[test]
@@ -348,7 +362,7 @@ mod tests {
         // 3,000 nodes over gateways that absorbed 1,500 a second: 2 s,
         // where three floors of 200 would have made it 5 s.
         assert_eq!(
-            first_retry_window(3_000, 1, fleet_absorbs(1_500, 3, 200)),
+            first_retry_window(3_000, fleet_absorbs(1_500, 3, 200), 0),
             Duration::from_secs(2)
         );
     }
@@ -443,16 +457,46 @@ mod tests {
     fn the_first_retry_window_spreads_the_fleet_over_what_the_gateways_take() {
         // 1,000 nodes on 3 gateways taking 2,000 Hellos/s each: 1/6 s.
         assert_eq!(
-            first_retry_window(1_000, 3, 2_000),
+            first_retry_window(1_000, 6_000, 0),
             Duration::from_secs_f64(1_000.0 / 6_000.0)
         );
         // 10,000 nodes behind the default 200/s bucket on 3 gateways.
         assert_eq!(
-            first_retry_window(10_000, 3, 200),
+            first_retry_window(10_000, 600, 0),
             Duration::from_secs_f64(10_000.0 / 600.0)
         );
-        assert_eq!(first_retry_window(3, 3, 2_000), Duration::from_millis(50));
-        assert_eq!(first_retry_window(1_000_000, 0, 1), Duration::from_secs(30));
+        assert_eq!(first_retry_window(3, 6_000, 0), Duration::from_millis(50));
+        assert_eq!(first_retry_window(1_000_000, 1, 0), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn what_full_buckets_admit_at_once_comes_off_the_window() {
+        // The defaults: a 200/s bucket and its reserve, 2,000 Hellos/s.
+        let burst = known_burst(200, 2_000);
+        assert_eq!(burst, 400);
+        // 1,000 nodes on three gateways: their buckets admit all of them
+        // at once (1.67 s from the rate alone).
+        assert_eq!(
+            first_retry_window(1_000, 600, 3 * u64::from(burst)),
+            Duration::from_millis(50)
+        );
+        // 3,000: 1,800 past the bursts at 600 a second.
+        assert_eq!(
+            first_retry_window(3_000, 600, 3 * u64::from(burst)),
+            Duration::from_secs(3)
+        );
+        // A raised bucket admits at once no more than the Hellos a
+        // gateway takes in a second.
+        assert_eq!(known_burst(5_000, 2_000), 2_000);
+        assert_eq!(
+            first_retry_window(10_000, 6_000, 3 * 2_000),
+            Duration::from_secs_f64(4_000.0 / 6_000.0)
+        );
+        assert_eq!(known_burst(u32::MAX, u32::MAX), u32::MAX);
+        assert_eq!(
+            first_retry_window(10, 1, u64::MAX),
+            Duration::from_millis(50)
+        );
     }
 
     #[test]

@@ -138,7 +138,10 @@ pub async fn size_first_retry(state: &GatewayState) -> bool {
                 state.absorption_floor(),
             );
             state.metrics.fleet_absorbs_per_s.set(i64::from(absorbs));
-            let window = super::admission::first_retry_window(size.connected, 1, absorbs);
+            // What full buckets admit at once, taking every gateway to
+            // be configured as this one.
+            let burst = size.gateways.max(1) as u64 * u64::from(state.known_burst());
+            let window = super::admission::first_retry_window(size.connected, absorbs, burst);
             state.first_retry_ms.store(
                 window.as_millis().min(u32::MAX as u128) as u32,
                 std::sync::atomic::Ordering::Relaxed,

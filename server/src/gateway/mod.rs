@@ -294,6 +294,12 @@ impl GatewayState {
         a.1.reported(a.0.elapsed().as_secs(), self.absorption_floor())
     }
 
+    /// The handshakes this gateway admits at once from known nodes
+    /// ([`admission::known_burst`]).
+    pub fn known_burst(&self) -> u32 {
+        admission::known_burst(self.timing.handshake_rate, self.timing.hello_capacity)
+    }
+
     /// The rate this gateway admits by configuration alone.
     pub fn absorption_floor(&self) -> u32 {
         self.timing.hello_capacity.min(self.timing.handshake_rate)
