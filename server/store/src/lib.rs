@@ -33,6 +33,8 @@ pub mod clones;
 pub mod commands;
 pub mod error;
 pub mod events;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod gateways;
 pub mod images;
 pub mod inventory;

@@ -459,9 +459,7 @@ async fn a_paused_holder_of_a_lease_cannot_block_its_takeover() {
 /// is released, so 40 Hellos meet at most four runners.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hello_that_fails_in_a_group_is_undone_alone() {
-    use bc_store::nodes::IssuedCert;
     use bc_store::sessions::HelloInput;
-    use bc_store::tokens::{JoinInput, NewToken};
 
     let url = test_database("groups").await.unwrap();
     let s = Store::open_postgres(&url, Arc::new(SystemClock))
@@ -474,38 +472,7 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
     const NODES: usize = 40;
     let mut ids = Vec::new();
     for i in 0..NODES {
-        let token = format!("t{i}");
-        s.create_token(&NewToken {
-            id: token.clone(),
-            secret_sha256: "h".into(),
-            ttl: Duration::from_secs(60),
-            uses: 1,
-            description: String::new(),
-            pool: None,
-        })
-        .await
-        .unwrap();
-        let cert = IssuedCert {
-            der: vec![i as u8],
-            serial: format!("s{i}"),
-            fingerprint: format!("f{i}"),
-            not_before_ms: 0,
-            not_after_ms: i64::MAX / 2,
-        };
-        let joined = s
-            .join(
-                &JoinInput {
-                    token_id: token,
-                    secret_sha256: "h".into(),
-                    hostname: "host".into(),
-                    ramdisk: false,
-                    macs: Vec::new(),
-                },
-                Box::new(move |_, _| Ok(cert)),
-            )
-            .await
-            .unwrap();
-        ids.push(joined.node_id);
+        ids.push(bc_store::fixtures::enroll(&s, i).await.unwrap());
     }
     let hello = |i: usize, boot: &str| HelloInput {
         node_id: ids[i].clone(),

@@ -379,37 +379,7 @@ async fn a_store_failure_while_judging_a_binding_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("store.db");
     let s = open(&path, &ManualClock::new(1_000)).await.unwrap();
-    s.create_token(&NewToken {
-        id: "t".into(),
-        secret_sha256: "h".into(),
-        ttl: Duration::from_secs(60),
-        uses: 1,
-        description: String::new(),
-        pool: None,
-    })
-    .await
-    .unwrap();
-    let cert = IssuedCert {
-        der: b"cert".to_vec(),
-        serial: "s".into(),
-        fingerprint: "f".into(),
-        not_before_ms: 0,
-        not_after_ms: i64::MAX / 2,
-    };
-    let node = s
-        .join(
-            &JoinInput {
-                token_id: "t".into(),
-                secret_sha256: "h".into(),
-                hostname: "h".into(),
-                ramdisk: false,
-                macs: Vec::new(),
-            },
-            Box::new(move |_, _| Ok(cert)),
-        )
-        .await
-        .unwrap()
-        .node_id;
+    let node = bc_store::fixtures::enroll(&s, 0).await.unwrap();
     fn verify(cert: &[u8], _message: &[u8], signature: &[u8]) -> bool {
         cert == signature
     }
@@ -426,7 +396,7 @@ async fn a_store_failure_while_judging_a_binding_changes_nothing() {
         signature: signature.to_vec(),
     };
     assert_eq!(
-        s.record_binding(&report("n1", b"cert"), verify)
+        s.record_binding(&report("n1", &bc_store::fixtures::cert(0).der), verify)
             .await
             .unwrap(),
         BindingOutcome::Accepted

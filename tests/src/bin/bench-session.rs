@@ -24,10 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bc_sim::{NodeState, NodesDir};
-use bc_store::nodes::IssuedCert;
 use bc_store::postgres::cluster::{ClusterOptions, TempCluster};
 use bc_store::sessions::HelloInput;
-use bc_store::tokens::{JoinInput, NewToken};
 use bc_store::{Location, Store, SystemClock};
 use bc_tests::{Node, Server, cpu_secs, rss_kib, wait_for};
 use clap::Parser;
@@ -177,39 +175,7 @@ fn store_hellos(
         let nodes = 1000.min(n);
         let mut ids = Vec::new();
         for i in 0..nodes {
-            let tid = format!("{i:016x}");
-            s.create_token(&NewToken {
-                id: tid.clone(),
-                secret_sha256: "h".into(),
-                ttl: Duration::from_secs(60),
-                uses: 1,
-                description: String::new(),
-                pool: None,
-            })
-            .await
-            .expect("token");
-            let joined = s
-                .join(
-                    &JoinInput {
-                        token_id: tid,
-                        secret_sha256: "h".into(),
-                        hostname: "bench".into(),
-                        ramdisk: false,
-                        macs: Vec::new(),
-                    },
-                    Box::new(move |_, _| {
-                        Ok(IssuedCert {
-                            der: vec![],
-                            serial: format!("s{i}"),
-                            fingerprint: format!("f{i}"),
-                            not_before_ms: 0,
-                            not_after_ms: i64::MAX / 2,
-                        })
-                    }),
-                )
-                .await
-                .expect("join");
-            ids.push(joined.node_id);
+            ids.push(bc_store::fixtures::enroll(&s, i).await.expect("join"));
         }
         // The routing transaction checks the gateway's lease.
         s.renew_lease("gateway:gw", "gw", Duration::from_secs(3600))

@@ -1,0 +1,51 @@
+//! Nodes enrolled without a certificate authority, for the store's own
+//! tests and the benchmarks that drive a store directly: a one-use token
+//! made and spent by a join whose "certificate" is a few plain bytes.
+
+use std::time::Duration;
+
+use crate::nodes::IssuedCert;
+use crate::tokens::{JoinInput, NewToken};
+use crate::{Store, TxError};
+
+/// What [`enroll`] records as node `i`'s certificate: `der` is
+/// `cert-<i>`, the serial `s<i>`, the fingerprint `f<i>`.
+pub fn cert(i: usize) -> IssuedCert {
+    IssuedCert {
+        der: format!("cert-{i}").into_bytes(),
+        serial: format!("s{i}"),
+        fingerprint: format!("f{i}"),
+        not_before_ms: 0,
+        not_after_ms: i64::MAX / 2,
+    }
+}
+
+/// Makes a one-use token `fixture-<i>` and joins node `i` with it (its
+/// certificate [`cert`]`(i)`); the new node's id.
+pub async fn enroll(store: &Store, i: usize) -> Result<String, TxError> {
+    let token_id = format!("fixture-{i}");
+    store
+        .create_token(&NewToken {
+            id: token_id.clone(),
+            secret_sha256: "h".into(),
+            ttl: Duration::from_secs(3600),
+            uses: 1,
+            description: String::new(),
+            pool: None,
+        })
+        .await?;
+    let issued = cert(i);
+    let joined = store
+        .join(
+            &JoinInput {
+                token_id,
+                secret_sha256: "h".into(),
+                hostname: format!("host-{i}"),
+                ramdisk: false,
+                macs: Vec::new(),
+            },
+            Box::new(move |_, _| Ok(issued)),
+        )
+        .await?;
+    Ok(joined.node_id)
+}
