@@ -554,3 +554,73 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
         assert_eq!(out.epoch, epoch + 1, "node {i}");
     }
 }
+
+/// A Hello that queued behind another of its node (its row locked, as a
+/// group on another gateway holds it until that group commits) judges its
+/// gateway's lease when it gets the row, not when it started waiting: a
+/// lease that ran out meanwhile fences it. Read before the wait, the time
+/// admitted the expired lease and the node was routed by a gateway that
+/// no longer held it (invariant I1, seen at 10,000 nodes on PostgreSQL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
+    use bc_store::sessions::HelloInput;
+
+    let url = test_database("late_lease").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let node = bc_store::fixtures::enroll(&s, 0).await.unwrap();
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let hello = HelloInput {
+        node_id: node.clone(),
+        cert_fingerprint: "f0".into(),
+        cert_serial: "s0".into(),
+        gateway_id: "gw".into(),
+        incarnation_id: "inc".into(),
+        boot_id: "boot".into(),
+        journal_id: "j".into(),
+        agent_version: "0".into(),
+        last_epoch: 0,
+        inventory_hashes: vec![],
+        journal_running: vec![],
+        journal_done: vec![],
+        daemon_exits: 0,
+        proof: None,
+    };
+    let mut blocker = client(&url).await;
+    let watch = client(&url).await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.query_one(
+        "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+        &[&node],
+    )
+    .await
+    .unwrap();
+    let waiting = {
+        let s = s.clone();
+        tokio::spawn(async move { s.hello(&hello).await })
+    };
+    locked_out(&watch, 1).await;
+    // The lease runs out while the Hello waits for the node's row.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !watch
+        .query_one(
+            "SELECT compute_now() > expires_at FROM leases WHERE name = 'gateway:gw'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the lease did not run out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    match waiting.await.unwrap() {
+        Err(bc_store::TxError::Refused(bc_store::Refusal::Fenced(g))) => assert_eq!(g, "gw"),
+        other => panic!("a Hello routed on a lease that ran out while it waited: {other:?}"),
+    }
+}

@@ -45,17 +45,21 @@ const HELLO_IN_FLIGHT: &str = "SELECT id, seq, kind, state, signed FROM commands
      FOR UPDATE";
 
 /// The Hello: what it reads is read in one pipelined batch (the node's row
-/// locked, then the lease `FOR SHARE`), what it writes in a second, so a
+/// locked, then the lease `FOR SHARE`, then the time), what it writes in a second, so a
 /// Hello costs the database a few round trips, not one per statement.
 pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, TxError> {
     let lease_name = gateway_lease(&h.gateway_id);
     let mut read = pipeline(
         tx,
         &[
-            ("SELECT compute_now()", &[]),
             (HELLO_NODE, &[&h.cert_fingerprint]),
             (CERT_ROW, &[&h.cert_fingerprint]),
             (HELLO_LEASE, &[&lease_name, &h.gateway_id]),
+            // The time is read once the locks above are held: a Hello that
+            // queued behind another of its node (for as long as that one's
+            // group ran) judges the lease at the time it routes, not at the
+            // time it started waiting.
+            ("SELECT compute_now()", &[]),
             (HELLO_SIGHTINGS, &[&h.cert_serial]),
             (HELLO_PREV, &[&h.node_id, &h.cert_serial]),
             (HELLO_INVENTORY, &[&h.node_id]),
@@ -65,16 +69,17 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
     .await?
     .into_iter();
     let mut next = || read.next().unwrap_or_default();
+    let node = next();
+    let cert = next();
+    let lease: Option<i64> = next().first().map(|r| r.get(0));
     let now: i64 = next()
         .first()
         .map(|r| r.get(0))
         .ok_or_else(|| StoreError::Database("compute_now() returned no row".into()))?;
-    let node = next();
-    let cert = check_cert(next().first().map(cert_from_row), now)?;
+    let cert = check_cert(cert.first().map(cert_from_row), now)?;
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
-    let lease: Option<i64> = next().first().map(|r| r.get(0));
     if !lease_admits(lease, now) {
         return Err(Refusal::Fenced(h.gateway_id.clone()).into());
     }
