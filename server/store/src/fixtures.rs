@@ -1,10 +1,12 @@
 //! Nodes enrolled without a certificate authority, for the store's own
 //! tests and the benchmarks that drive a store directly: a one-use token
-//! made and spent by a join whose "certificate" is a few plain bytes.
+//! made and spent by a join whose "certificate" is a few plain bytes, and
+//! the Hello such a node sends.
 
 use std::time::Duration;
 
 use crate::nodes::IssuedCert;
+use crate::sessions::HelloInput;
 use crate::tokens::{JoinInput, NewToken};
 use crate::{Store, TxError};
 
@@ -48,4 +50,26 @@ pub async fn enroll(store: &Store, i: usize) -> Result<String, TxError> {
         )
         .await?;
     Ok(joined.node_id)
+}
+
+/// A Hello from node `i` that [`enroll`] made (`node_id`) through
+/// `gateway`: its certificate's fingerprint and serial, boot `boot`, a
+/// journal that ran nothing, no inventory, no proof.
+pub fn hello(node_id: &str, i: usize, gateway: &str) -> HelloInput {
+    HelloInput {
+        node_id: node_id.into(),
+        cert_fingerprint: format!("f{i}"),
+        cert_serial: format!("s{i}"),
+        gateway_id: gateway.into(),
+        incarnation_id: "inc".into(),
+        boot_id: "boot".into(),
+        journal_id: "j".into(),
+        agent_version: "0".into(),
+        last_epoch: 0,
+        inventory_hashes: Vec::new(),
+        journal_running: Vec::new(),
+        journal_done: Vec::new(),
+        daemon_exits: 0,
+        proof: None,
+    }
 }

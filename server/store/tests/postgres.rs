@@ -73,27 +73,9 @@ async fn postgres() -> suite::Fixture {
         let db = waited_db.clone();
         Box::pin(async move {
             let (client, _) = connect(&db).await;
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            loop {
-                let waiting: i64 = client
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE datname = current_database() AND wait_event_type = 'Lock'
-                           AND pid <> pg_backend_pid()",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                if waiting as usize >= n {
-                    return;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{waiting} of {n} transactions came to wait for a lock in 30 s"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
+            bc_store::postgres::cluster::lock_waiters(&client, n)
+                .await
+                .unwrap();
         }) as Pin<Box<dyn Future<Output = ()> + Send>>
     });
     suite::Fixture::new(store, clock, (reopen, tamper, hold, waiting), Box::new(())).await

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use bc_store::postgres::cluster::{ClusterOptions, TempCluster, test_database};
+use bc_store::postgres::cluster::{ClusterOptions, TempCluster, lock_waiters, test_database};
 use bc_store::postgres::{IDLE_IN_TRANSACTION_TIMEOUT, LOCK_TIMEOUT, MIGRATIONS, SCHEMA_VERSION};
 use bc_store::{ManualClock, Store, StoreError, SystemClock};
 
@@ -28,31 +28,6 @@ async fn client(url: &str) -> tokio_postgres::Client {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(conn);
     client
-}
-
-/// Waits until `n` other backends of this database wait for a lock.
-async fn locked_out(watch: &tokio_postgres::Client, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = watch
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'
-                   AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting as usize >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{waiting} of {n} backends came to wait for a lock in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Every schema object, sorted, as the catalog describes it.
@@ -475,20 +450,8 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
         ids.push(bc_store::fixtures::enroll(&s, i).await.unwrap());
     }
     let hello = |i: usize, boot: &str| HelloInput {
-        node_id: ids[i].clone(),
-        cert_fingerprint: format!("f{i}"),
-        cert_serial: format!("s{i}"),
-        gateway_id: "gw".into(),
-        incarnation_id: "inc".into(),
         boot_id: boot.into(),
-        journal_id: "j".into(),
-        agent_version: "0".into(),
-        last_epoch: 0,
-        inventory_hashes: vec![],
-        journal_running: vec![],
-        journal_done: vec![],
-        daemon_exits: 0,
-        proof: None,
+        ..bc_store::fixtures::hello(&ids[i], i, "gw")
     };
     // Each node's stored epoch: a Hello that commits moves it on by one.
     let mut epochs = [0u64; NODES];
@@ -532,7 +495,7 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
         while queued.load(Ordering::SeqCst) < NODES {
             tokio::task::yield_now().await;
         }
-        locked_out(&blocker_watch, 1).await;
+        lock_waiters(&blocker_watch, 1).await.unwrap();
         tx.commit().await.unwrap();
         for (i, t) in tasks.into_iter().enumerate() {
             let out = t.await.unwrap();
@@ -563,8 +526,6 @@ async fn a_hello_that_fails_in_a_group_is_undone_alone() {
 /// no longer held it (invariant I1, seen at 10,000 nodes on PostgreSQL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
-    use bc_store::sessions::HelloInput;
-
     let url = test_database("late_lease").await.unwrap();
     let s = Store::open_postgres(&url, Arc::new(SystemClock))
         .await
@@ -574,22 +535,7 @@ async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
         .await
         .unwrap()
         .unwrap();
-    let hello = HelloInput {
-        node_id: node.clone(),
-        cert_fingerprint: "f0".into(),
-        cert_serial: "s0".into(),
-        gateway_id: "gw".into(),
-        incarnation_id: "inc".into(),
-        boot_id: "boot".into(),
-        journal_id: "j".into(),
-        agent_version: "0".into(),
-        last_epoch: 0,
-        inventory_hashes: vec![],
-        journal_running: vec![],
-        journal_done: vec![],
-        daemon_exits: 0,
-        proof: None,
-    };
+    let hello = bc_store::fixtures::hello(&node, 0, "gw");
     let mut blocker = client(&url).await;
     let watch = client(&url).await;
     let tx = blocker.transaction().await.unwrap();
@@ -603,7 +549,7 @@ async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
         let s = s.clone();
         tokio::spawn(async move { s.hello(&hello).await })
     };
-    locked_out(&watch, 1).await;
+    lock_waiters(&watch, 1).await.unwrap();
     // The lease runs out while the Hello waits for the node's row.
     let deadline = Instant::now() + Duration::from_secs(30);
     while !watch
@@ -623,4 +569,66 @@ async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
         Err(bc_store::TxError::Refused(bc_store::Refusal::Fenced(g))) => assert_eq!(g, "gw"),
         other => panic!("a Hello routed on a lease that ran out while it waited: {other:?}"),
     }
+}
+
+/// A Hello whose session write waits (its node's session row held, here
+/// by a test connection) while its gateway's lease runs out is fenced at
+/// the write and leaves nothing: the lease is read again once the route
+/// is written, so no route is recorded after the lease ended (I1), even
+/// when the lease was good when the Hello judged it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_whose_write_outlives_the_lease_routes_nothing() {
+    let url = test_database("lease_at_write").await.unwrap();
+    let s = Store::open_postgres(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let node = bc_store::fixtures::enroll(&s, 0).await.unwrap();
+    let hello = bc_store::fixtures::hello(&node, 0, "gw");
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(600))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.hello(&hello).await.unwrap().epoch, 1);
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut blocker = client(&url).await;
+    let watch = client(&url).await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.query_one(
+        "SELECT 1 FROM node_sessions WHERE node_id = $1 FOR UPDATE",
+        &[&node],
+    )
+    .await
+    .unwrap();
+    let waiting = {
+        let (s, hello) = (s.clone(), hello.clone());
+        tokio::spawn(async move { s.hello(&hello).await })
+    };
+    lock_waiters(&watch, 1).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !watch
+        .query_one(
+            "SELECT compute_now() > expires_at FROM leases WHERE name = 'gateway:gw'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the lease did not run out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    match waiting.await.unwrap() {
+        Err(bc_store::TxError::Refused(bc_store::Refusal::Fenced(g))) => assert_eq!(g, "gw"),
+        other => panic!("a route was written after the lease ended: {other:?}"),
+    }
+    // Nothing of it stayed: the next Hello on a renewed lease is epoch 2.
+    s.renew_lease("gateway:gw", "gw", Duration::from_secs(600))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.hello(&hello).await.unwrap().epoch, 2);
 }

@@ -183,20 +183,8 @@ fn store_hellos(
             .expect("lease")
             .expect("free lease");
         let hello = move |i: usize| HelloInput {
-            node_id: ids[i].clone(),
-            cert_fingerprint: format!("f{i}"),
-            cert_serial: format!("s{i}"),
-            gateway_id: "gw".into(),
-            incarnation_id: "inc".into(),
-            boot_id: "boot".into(),
-            journal_id: "j".into(),
-            agent_version: "0".into(),
-            last_epoch: 0,
             inventory_hashes: vec![("gpus".into(), "x".into())],
-            journal_running: vec![],
-            journal_done: vec![],
-            daemon_exits: 0,
-            proof: None,
+            ..bc_store::fixtures::hello(&ids[i], i, "gw")
         };
         // `concurrency` workers, each taking the next Hello as soon as its
         // last one committed: always that many in flight, as a gateway's

@@ -446,6 +446,45 @@ impl TempCluster {
     }
 }
 
+/// How long [`lock_waiters`] waits.
+const LOCK_WAITERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until at least `n` other backends of `client`'s database wait for
+/// a lock (`pg_stat_activity`): a test that holds a row knows the
+/// transactions that want it are queued behind it. An error naming how
+/// many came if fewer did within 30 s.
+pub async fn lock_waiters(client: &tokio_postgres::Client, n: usize) -> Result<(), ClusterError> {
+    let mut seen = 0;
+    let waited = tokio::time::timeout(LOCK_WAITERS_WITHIN, async {
+        loop {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                       AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map_err(|e| ClusterError::Failed {
+                    what: "reading pg_stat_activity".into(),
+                    detail: e.to_string(),
+                })?;
+            seen = row.get::<_, i64>(0).max(0) as usize;
+            if seen >= n {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    waited.unwrap_or_else(|_| {
+        Err(ClusterError::Failed {
+            what: format!("waiting for {n} transactions to wait for a lock"),
+            detail: format!("{seen} did within {LOCK_WAITERS_WITHIN:?}"),
+        })
+    })
+}
+
 /// Creates database `name` through the maintenance database at `admin`
 /// (`postgres://.../postgres`) and returns the new database's address.
 pub async fn create_database(admin: &str, name: &str) -> Result<String, ClusterError> {

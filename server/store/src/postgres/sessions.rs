@@ -29,6 +29,13 @@ const HELLO_NODE: &str = "SELECT id, conditions, taints, hello_proofs_since IS N
 /// The routing transaction's fence: this gateway holds its lease now, and
 /// nobody changes it until this transaction ends.
 const HELLO_LEASE: &str = "SELECT expires_at FROM leases WHERE name = $1 AND owner = $2 FOR SHARE";
+/// Whether the lease (locked above) still runs now that the route is
+/// written: a lease that ran out between the check and the write (the
+/// write waited, or the machine stalled) fences the Hello, whose writes its
+/// caller then rolls back, so no route is recorded after its gateway's
+/// lease ended.
+const HELLO_LEASE_HELD: &str =
+    "SELECT expires_at >= compute_now() FROM leases WHERE name = $1 AND owner = $2";
 const HELLO_SIGHTINGS: &str =
     "SELECT boot_id FROM cert_sightings WHERE serial = $1 ORDER BY id DESC LIMIT 1";
 /// The node's session, and whether it names a certificate of the node
@@ -163,11 +170,21 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
                 &[&h.node_id, &h.agent_version, &conditions, &taints],
             ),
             (HELLO_IN_FLIGHT, &[&h.node_id]),
+            // Read once the route is written (its audit record stamped
+            // with the time of the write): the lease still held then.
+            (HELLO_LEASE_HELD, &[&lease_name, &h.gateway_id]),
         ],
     )
     .await?;
+    let held = written
+        .get(3)
+        .and_then(|rows| rows.first())
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if !held {
+        return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+    }
     let in_flight: Vec<InFlight> = written
-        .last()
+        .get(2)
         .map(|rows| {
             rows.iter()
                 .map(|r| InFlight {
