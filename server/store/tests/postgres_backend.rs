@@ -536,36 +536,15 @@ async fn a_hello_that_waited_for_its_node_judges_the_lease_after_the_wait() {
         .unwrap()
         .unwrap();
     let hello = bc_store::fixtures::hello(&node, 0, "gw");
-    let mut blocker = client(&url).await;
-    let watch = client(&url).await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.query_one(
-        "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
-        &[&node],
-    )
-    .await
-    .unwrap();
-    let waiting = {
-        let s = s.clone();
-        tokio::spawn(async move { s.hello(&hello).await })
-    };
-    lock_waiters(&watch, 1).await.unwrap();
     // The lease runs out while the Hello waits for the node's row.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !watch
-        .query_one(
-            "SELECT compute_now() > expires_at FROM leases WHERE name = 'gateway:gw'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        assert!(Instant::now() < deadline, "the lease did not run out");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tx.commit().await.unwrap();
-    match waiting.await.unwrap() {
+    let out = hello_while_the_lease_runs_out(
+        &url,
+        &s,
+        &hello,
+        "SELECT 1 FROM nodes WHERE id = $1 FOR NO KEY UPDATE",
+    )
+    .await;
+    match out {
         Err(bc_store::TxError::Refused(bc_store::Refusal::Fenced(g))) => assert_eq!(g, "gw"),
         other => panic!("a Hello routed on a lease that ran out while it waited: {other:?}"),
     }
@@ -593,35 +572,14 @@ async fn a_hello_whose_write_outlives_the_lease_routes_nothing() {
         .await
         .unwrap()
         .unwrap();
-    let mut blocker = client(&url).await;
-    let watch = client(&url).await;
-    let tx = blocker.transaction().await.unwrap();
-    tx.query_one(
+    let out = hello_while_the_lease_runs_out(
+        &url,
+        &s,
+        &hello,
         "SELECT 1 FROM node_sessions WHERE node_id = $1 FOR UPDATE",
-        &[&node],
     )
-    .await
-    .unwrap();
-    let waiting = {
-        let (s, hello) = (s.clone(), hello.clone());
-        tokio::spawn(async move { s.hello(&hello).await })
-    };
-    lock_waiters(&watch, 1).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !watch
-        .query_one(
-            "SELECT compute_now() > expires_at FROM leases WHERE name = 'gateway:gw'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        assert!(Instant::now() < deadline, "the lease did not run out");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tx.commit().await.unwrap();
-    match waiting.await.unwrap() {
+    .await;
+    match out {
         Err(bc_store::TxError::Refused(bc_store::Refusal::Fenced(g))) => assert_eq!(g, "gw"),
         other => panic!("a route was written after the lease ended: {other:?}"),
     }
@@ -631,4 +589,40 @@ async fn a_hello_whose_write_outlives_the_lease_routes_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(s.hello(&hello).await.unwrap().epoch, 2);
+}
+
+/// Sends `hello` while a test connection holds the node's row that `lock`
+/// (one parameter: the node id) locks, lets the gateway's lease run out
+/// while the Hello waits on it, then releases it; the Hello's outcome.
+async fn hello_while_the_lease_runs_out(
+    url: &str,
+    s: &Store,
+    hello: &bc_store::sessions::HelloInput,
+    lock: &str,
+) -> Result<bc_store::sessions::HelloOutcome, bc_store::TxError> {
+    let mut blocker = client(url).await;
+    let watch = client(url).await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.query_one(lock, &[&hello.node_id]).await.unwrap();
+    let waiting = {
+        let (s, hello) = (s.clone(), hello.clone());
+        tokio::spawn(async move { s.hello(&hello).await })
+    };
+    lock_waiters(&watch, 1).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let lease = format!("gateway:{}", hello.gateway_id);
+    while !watch
+        .query_one(
+            "SELECT compute_now() > expires_at FROM leases WHERE name = $1",
+            &[&lease],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the lease did not run out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.unwrap();
+    waiting.await.unwrap()
 }
