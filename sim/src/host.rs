@@ -282,7 +282,9 @@ impl Hosts {
                     tokens[first..first + n].join("\n").as_bytes(),
                     0o600,
                 )?;
-                cmd.arg("--tokens-file").arg(&file);
+                cmd.arg("--tokens-file")
+                    .arg(&file)
+                    .env_remove("BC_SIM_TOKEN");
             }
             let mut child = cmd
                 .arg("--dir")
