@@ -49,6 +49,7 @@ pub mod rollouts;
 pub mod secrets;
 pub mod sessions;
 pub mod specs;
+mod sql;
 pub mod sqlite;
 pub mod tokens;
 

@@ -1,7 +1,7 @@
 //! The key holder's part of the clone watch (as SQLite's; see
 //! [`crate::clones`]).
 
-use super::bindings::fleet_event;
+use super::fleet_event;
 use super::{Tx, execute, now, query, query_one, query_opt};
 use crate::clones;
 use crate::error::{StoreError, TxError};

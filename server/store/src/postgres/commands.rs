@@ -2,9 +2,8 @@
 
 use bcd_core::command::{ServerState, apply_result};
 
-use super::bindings::fleet_event;
-use super::nodes::valid_certs;
-use super::{Tx, execute, ms, now, query, query_one, query_opt};
+use super::fleet_event;
+use super::{Pg, Tx, execute, ms, now, query, query_one, query_opt};
 use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
@@ -253,7 +252,7 @@ pub(super) async fn result(
     verify: VerifySignature,
 ) -> Result<ResultApplied, StoreError> {
     let now = now(tx).await?;
-    let certs = valid_certs(tx, node_id, now).await?;
+    let certs = crate::sql::nodes::valid_certs(&Pg(tx), node_id, now).await?;
     let r = match judge_signed(node_id, signed, &certs, verify) {
         Ok(r) => r,
         Err(reason) => {

@@ -40,27 +40,18 @@
 
 mod audit;
 mod backups;
-mod bindings;
 mod clones;
 pub mod cluster;
 mod commands;
 pub mod connect;
 mod events;
-mod gateways;
 pub mod grants;
 mod hellos;
 mod images;
-mod inventory;
-mod leases;
 mod liveness;
-mod machines;
-mod nodes;
-mod reconcile;
 mod releases;
 mod rollouts;
-mod secrets;
 mod sessions;
-mod specs;
 mod tokens;
 
 use std::collections::HashMap;
@@ -94,6 +85,10 @@ use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
+};
+use crate::sql::{
+    self, Dialect, Row, bindings, gateways, inventory, leases, machines, nodes, reconcile, secrets,
+    specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -183,6 +178,42 @@ impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         StoreError::Database(Box::new(e))
     }
+}
+
+/// A PostgreSQL transaction as the shared bodies see it ([`crate::sql`]).
+pub(super) struct Pg<'t, 'a>(pub(super) &'t Tx<'a>);
+
+impl Pg<'_, '_> {
+    fn values<'p>(params: sql::Params<'p>) -> Vec<&'p (dyn ToSql + Sync)> {
+        params.iter().map(|p| p.pg()).collect()
+    }
+}
+
+impl sql::Db for Pg<'_, '_> {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    async fn query(&self, sql: &str, params: sql::Params<'_>) -> Result<Vec<Row>, StoreError> {
+        Ok(query(self.0, sql, &Self::values(params))
+            .await?
+            .into_iter()
+            .map(Row::Postgres)
+            .collect())
+    }
+
+    async fn execute(&self, sql: &str, params: sql::Params<'_>) -> Result<u64, StoreError> {
+        Ok(execute(self.0, sql, &Self::values(params)).await?)
+    }
+}
+
+/// Records a fleet event about a node ([`sql::bindings::fleet_event`]).
+async fn fleet_event(
+    tx: &Tx<'_>,
+    at: i64,
+    kind: &str,
+    node_id: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    bindings::fleet_event(&Pg(tx), at, kind, node_id, detail).await
 }
 
 /// Rows of a cached statement.
@@ -527,15 +558,15 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
-        tx!(self, |tx| nodes::check_cert(&tx, fingerprint).await)
+        tx!(self, |tx| nodes::check_cert(&Pg(&tx), fingerprint).await)
     }
 
     async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
-        tx!(self, |tx| nodes::revoked_since(&tx, since_ms).await)
+        tx!(self, |tx| nodes::revoked_since(&Pg(&tx), since_ms).await)
     }
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
-        tx!(self, |tx| gateways::revocations(&tx).await)
+        tx!(self, |tx| gateways::revocations(&Pg(&tx)).await)
     }
 
     async fn event_receipts(
@@ -613,7 +644,7 @@ impl GatewayBackend for PostgresBackend {
         held: &Held,
     ) -> Result<SweepOutcome, StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
+            leases::check_held(&Pg(&tx), held).await?;
             liveness::sweep(&tx, rules).await
         })
     }
@@ -630,19 +661,24 @@ impl GatewayBackend for PostgresBackend {
     ) -> Result<Option<Held>, StoreError> {
         let fence = self.fence(name);
         let _alone = fence.write().await;
-        tx!(self, leases, |tx| leases::renew(&tx, name, owner, ttl)
+        tx!(self, leases, |tx| leases::renew(&Pg(&tx), name, owner, ttl)
             .await)
     }
 
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         let fence = self.fence(name);
         let _alone = fence.write().await;
-        tx!(self, leases, |tx| leases::release(&tx, name, owner).await)
+        tx!(self, leases, |tx| leases::release(&Pg(&tx), name, owner)
+            .await)
     }
 
     async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
-        tx!(self, |tx| leases::report_absorption(&tx, gateway_id, per_s)
-            .await)
+        tx!(self, |tx| leases::report_absorption(
+            &Pg(&tx),
+            gateway_id,
+            per_s
+        )
+        .await)
     }
 
     async fn remove_dead_leases(
@@ -651,8 +687,8 @@ impl GatewayBackend for PostgresBackend {
         held: &Held,
     ) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
-            reconcile::remove_dead_leases(&tx, dead_after).await
+            leases::check_held(&Pg(&tx), held).await?;
+            reconcile::remove_dead_leases(&Pg(&tx), dead_after).await
         })
     }
 
@@ -664,7 +700,11 @@ impl GatewayBackend for PostgresBackend {
         verify: VerifySignature,
     ) -> Result<FactApplied, StoreError> {
         tx!(self, |tx| inventory::put(
-            &tx, node_id, epoch, section, verify
+            &Pg(&tx),
+            node_id,
+            epoch,
+            section,
+            verify
         )
         .await)
     }
@@ -705,13 +745,13 @@ impl GatewayBackend for PostgresBackend {
 
     async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
+            leases::check_held(&Pg(&tx), held).await?;
             commands::sweep(&tx).await
         })
     }
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| specs::signed(&tx, node_id).await)
+        tx!(self, |tx| specs::signed(&Pg(&tx), node_id).await)
     }
 
     async fn put_state_report(
@@ -721,7 +761,10 @@ impl GatewayBackend for PostgresBackend {
         verify: VerifySignature,
     ) -> Result<FactApplied, StoreError> {
         tx!(self, |tx| specs::put_state_report(
-            &tx, node_id, report, verify
+            &Pg(&tx),
+            node_id,
+            report,
+            verify
         )
         .await)
     }
@@ -731,7 +774,7 @@ impl GatewayBackend for PostgresBackend {
         b: &BindingInput,
         verify: VerifySignature,
     ) -> Result<BindingOutcome, StoreError> {
-        tx!(self, |tx| bindings::record(&tx, b, verify).await)
+        tx!(self, |tx| bindings::record(&Pg(&tx), b, verify).await)
     }
 
     async fn put_events(
@@ -745,7 +788,7 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
-        tx!(self, |tx| releases::head(&tx, sequence).await)
+        tx!(self, |tx| sql::releases::head(&Pg(&tx), sequence).await)
     }
 
     async fn release_chunk(
@@ -772,7 +815,7 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-        tx!(self, |tx| releases::files(&tx, sequence).await)
+        tx!(self, |tx| sql::releases::files(&Pg(&tx), sequence).await)
     }
 }
 
@@ -805,7 +848,7 @@ impl Backend for PostgresBackend {
         by: &str,
         seal: crate::secrets::SealSecret,
     ) -> Result<crate::secrets::SecretSummary, TxError> {
-        tx!(self, |tx| secrets::put(&tx, name, put, by, seal).await)
+        tx!(self, |tx| secrets::put(&Pg(&tx), name, put, by, seal).await)
     }
 
     async fn secret(
@@ -813,15 +856,15 @@ impl Backend for PostgresBackend {
         name: &str,
         version: u64,
     ) -> Result<Option<crate::secrets::SecretRow>, StoreError> {
-        tx!(self, |tx| secrets::get(&tx, name, version).await)
+        tx!(self, |tx| secrets::get(&Pg(&tx), name, version).await)
     }
 
     async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError> {
-        tx!(self, |tx| secrets::list(&tx).await)
+        tx!(self, |tx| secrets::list(&Pg(&tx)).await)
     }
 
     async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError> {
-        tx!(self, |tx| secrets::delete(&tx, name).await)
+        tx!(self, |tx| secrets::delete(&Pg(&tx), name).await)
     }
 
     async fn add_gateway_credential(
@@ -829,34 +872,35 @@ impl Backend for PostgresBackend {
         name: &str,
         secret_sha256: &str,
     ) -> Result<i64, TxError> {
-        tx!(self, |tx| gateways::add(&tx, name, secret_sha256).await)
+        tx!(self, |tx| gateways::add(&Pg(&tx), name, secret_sha256)
+            .await)
     }
 
     async fn gateway_credential(
         &self,
         name: &str,
     ) -> Result<Option<GatewayCredential>, StoreError> {
-        tx!(self, |tx| gateways::get(&tx, name).await)
+        tx!(self, |tx| gateways::get(&Pg(&tx), name).await)
     }
 
     async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError> {
-        tx!(self, |tx| gateways::list(&tx).await)
+        tx!(self, |tx| gateways::list(&Pg(&tx)).await)
     }
 
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| gateways::revoke(&tx, name).await)
+        tx!(self, |tx| gateways::revoke(&Pg(&tx), name).await)
     }
 
     async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError> {
-        tx!(self, |tx| gateways::record_cert(&tx, cert).await)
+        tx!(self, |tx| gateways::record_cert(&Pg(&tx), cert).await)
     }
 
     async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError> {
-        tx!(self, |tx| gateways::revoked_certs(&tx).await)
+        tx!(self, |tx| gateways::revoked_certs(&Pg(&tx)).await)
     }
 
     async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError> {
-        tx!(self, |tx| gateways::put_revocations(&tx, list).await)
+        tx!(self, |tx| gateways::put_revocations(&Pg(&tx), list).await)
     }
 
     async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
@@ -925,15 +969,15 @@ impl Backend for PostgresBackend {
     }
 
     async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {
-        tx!(self, |tx| machines::enrol(&tx, e).await)
+        tx!(self, |tx| machines::enrol(&Pg(&tx), e).await)
     }
 
     async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError> {
-        tx!(self, |tx| machines::list(&tx).await)
+        tx!(self, |tx| machines::list(&Pg(&tx)).await)
     }
 
     async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError> {
-        tx!(self, |tx| machines::remove(&tx, id).await)
+        tx!(self, |tx| machines::remove(&Pg(&tx), id).await)
     }
 
     async fn renew_within(
@@ -943,7 +987,7 @@ impl Backend for PostgresBackend {
         expired_grace_ms: i64,
     ) -> Result<Joined, TxError> {
         tx!(self, |tx| nodes::renew(
-            &tx,
+            &Pg(&tx),
             fingerprint,
             issue,
             expired_grace_ms
@@ -963,11 +1007,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
-        tx!(self, |tx| nodes::list_nodes(&tx).await)
+        tx!(self, |tx| nodes::list_nodes(&Pg(&tx)).await)
     }
 
     async fn node(&self, node_id: &str) -> Result<NodeList, StoreError> {
-        tx!(self, |tx| nodes::nodes_matching(&tx, Some(node_id)).await)
+        tx!(self, |tx| nodes::nodes_matching(&Pg(&tx), Some(node_id))
+            .await)
     }
 
     async fn sightings_unwatched(
@@ -1083,7 +1128,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
-        tx!(self, |tx| nodes::delete_node(&tx, node_id, seal).await)
+        tx!(self, |tx| nodes::delete_node(&Pg(&tx), node_id, seal).await)
     }
 
     async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
@@ -1095,7 +1140,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        tx!(self, |tx| leases::list(&tx).await)
+        tx!(self, |tx| leases::list(&Pg(&tx)).await)
     }
 
     async fn prune_history(
@@ -1104,8 +1149,8 @@ impl Backend for PostgresBackend {
         held: &Held,
     ) -> Result<crate::reconcile::Pruned, StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
-            reconcile::prune_history(&tx, limits).await
+            leases::check_held(&Pg(&tx), held).await?;
+            reconcile::prune_history(&Pg(&tx), limits).await
         })
     }
 
@@ -1114,7 +1159,7 @@ impl Backend for PostgresBackend {
         node_id: &str,
         section: &str,
     ) -> Result<Option<InventoryRow>, StoreError> {
-        tx!(self, |tx| inventory::get(&tx, node_id, section).await)
+        tx!(self, |tx| inventory::get(&Pg(&tx), node_id, section).await)
     }
 
     async fn create_command(
@@ -1148,37 +1193,43 @@ impl Backend for PostgresBackend {
         open: OpenSpec,
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError> {
-        let updated: Result<_, TxError> =
-            tx!(self, |tx| specs::update(&tx, node_id, change, open, seal)
-                .await);
+        let updated: Result<_, TxError> = tx!(self, |tx| specs::update(
+            &Pg(&tx),
+            node_id,
+            change,
+            open,
+            seal
+        )
+        .await);
         updated?.map_err(TxError::from)
     }
 
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| specs::expiring(&tx, within).await)
+        tx!(self, |tx| specs::expiring(&Pg(&tx), within).await)
     }
 
     async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| specs::signed_all(&tx).await)
+        tx!(self, |tx| specs::signed_all(&Pg(&tx)).await)
     }
 
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
-        tx!(self, |tx| specs::view(&tx, node_id).await)
+        tx!(self, |tx| specs::view(&Pg(&tx), node_id).await)
     }
 
     async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
-        tx!(self, |tx| bindings::list(&tx, node_id).await)
+        tx!(self, |tx| bindings::list(&Pg(&tx), node_id).await)
     }
 
     async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| bindings::fleet_events(&tx, node_id, limit).await)
+        tx!(self, |tx| bindings::fleet_events(&Pg(&tx), node_id, limit)
+            .await)
     }
 
     async fn list_fleet_events(
         &self,
         q: &crate::events::EventQuery,
     ) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
-        tx!(self, |tx| bindings::list_fleet_events(&tx, q).await)
+        tx!(self, |tx| bindings::list_fleet_events(&Pg(&tx), q).await)
     }
 
     async fn publish_fleet_event(
@@ -1189,7 +1240,7 @@ impl Backend for PostgresBackend {
     ) -> Result<(), StoreError> {
         tx!(self, |tx| async {
             let at = now(&tx).await?;
-            bindings::fleet_event(&tx, at, kind, node_id, detail).await?;
+            bindings::fleet_event(&Pg(&tx), at, kind, node_id, detail).await?;
             Ok::<(), StoreError>(())
         }
         .await)
@@ -1200,11 +1251,11 @@ impl Backend for PostgresBackend {
     }
 
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
-        tx!(self, |tx| releases::register(&tx, r).await)
+        tx!(self, |tx| sql::releases::register(&Pg(&tx), r).await)
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
-        tx!(self, |tx| releases::list(&tx).await)
+        tx!(self, |tx| sql::releases::list(&Pg(&tx)).await)
     }
 
     async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
@@ -1307,7 +1358,7 @@ impl Backend for PostgresBackend {
         held: &Held,
     ) -> Result<bool, StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
+            leases::check_held(&Pg(&tx), held).await?;
             rollouts::advance(&tx, id, from, to).await
         })
     }
@@ -1332,7 +1383,7 @@ impl Backend for PostgresBackend {
         held: &Held,
     ) -> Result<(), StoreError> {
         tx!(self, |tx| {
-            leases::check_held(&tx, held).await?;
+            leases::check_held(&Pg(&tx), held).await?;
             rollouts::skip(&tx, id, node_id).await
         })
     }
@@ -1398,6 +1449,6 @@ impl Backend for PostgresBackend {
         owner: &str,
         dead_after: Duration,
     ) -> Result<crate::reconcile::Reconciled, StoreError> {
-        tx!(self, |tx| reconcile::run(&tx, owner, dead_after).await)
+        tx!(self, |tx| reconcile::run(&Pg(&tx), owner, dead_after).await)
     }
 }

@@ -8,8 +8,7 @@
 
 use bcd_core::command::{HelloDecision, ServerState};
 
-use super::bindings::fleet_event;
-use super::nodes::{CERT_ROW, cert_from_row};
+use super::fleet_event;
 use super::{Tx, execute, json_col, ms, pipeline, query, query_one, query_opt, to_json};
 use crate::clones;
 use crate::commands::Dispatch;
@@ -20,6 +19,8 @@ use crate::sessions::{
     Ended, Finished, FleetSize, HELLO_WORK, HelloInput, HelloOutcome, InFlight, Seen, SessionKey,
     SessionRow, inventory_wanted, lease_admits, settle_in_flight,
 };
+use crate::sql::Row;
+use crate::sql::nodes::{CERT_ROW, cert_from_row};
 
 /// The node's row, found through the certificate presented (never the
 /// node id the Hello claims, so a Hello naming another node locks nothing
@@ -83,7 +84,13 @@ pub(super) async fn hello(tx: &Tx<'_>, h: &HelloInput) -> Result<HelloOutcome, T
         .first()
         .map(|r| r.get(0))
         .ok_or_else(|| StoreError::Database("compute_now() returned no row".into()))?;
-    let cert = check_cert(cert.first().map(cert_from_row), now)?;
+    let cert = check_cert(
+        cert.into_iter()
+            .next()
+            .map(|r| cert_from_row(&Row::Postgres(r)))
+            .transpose()?,
+        now,
+    )?;
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
@@ -230,7 +237,7 @@ async fn watch_clones(
     last: Option<&str>,
     connected: Option<&str>,
     proofs_required: bool,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<(), StoreError> {
     let first_confirmed = !proofs_required && h.proof.as_ref().is_some_and(|p| p.release_confirmed);
     let v = clones::at_hello(
         last,

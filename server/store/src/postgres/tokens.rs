@@ -1,6 +1,9 @@
 //! Join tokens and operator credentials.
 
+use super::Pg;
 use super::{Params, Tx, execute, ms, now, pipeline, query, query_one, query_opt};
+use crate::sql::inventory::{INSERT_MAC, record_macs};
+
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
@@ -202,24 +205,6 @@ pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result
 
 /// A MAC address `$1` that node `$2` reported at `$3`; one another node
 /// reported before names this node now.
-const INSERT_MAC: &str = "INSERT INTO node_macs (mac, node_id, reported_at) VALUES ($1, $2, $3)
-     ON CONFLICT (mac) DO UPDATE SET node_id = $2, reported_at = $3";
-
-/// The MAC addresses `node_id` reported replace those it reported before;
-/// a MAC another node reported before names this node now.
-pub(super) async fn record_macs(
-    tx: &Tx<'_>,
-    node_id: &str,
-    macs: &[String],
-    now: i64,
-) -> Result<(), StoreError> {
-    execute(tx, "DELETE FROM node_macs WHERE node_id = $1", &[&node_id]).await?;
-    for mac in macs {
-        execute(tx, INSERT_MAC, &[mac, &node_id, &now]).await?;
-    }
-    Ok(())
-}
-
 /// Whether [`new_node`] spends the join's token, or its caller did (or
 /// there is none: a machine enrolled by its EK has no token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -411,7 +396,7 @@ async fn reenrol_node(
         ],
     )
     .await?;
-    record_macs(tx, node_id, &j.macs, now).await?;
+    record_macs(&Pg(tx), node_id, &j.macs, now).await?;
     execute(
         tx,
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
@@ -427,7 +412,7 @@ async fn reenrol_node(
         ],
     )
     .await?;
-    super::bindings::fleet_event(
+    super::fleet_event(
         tx,
         now,
         REENROLLED_EVENT,
@@ -435,7 +420,8 @@ async fn reenrol_node(
         &detail(generation, &serials, &j.token_id),
     )
     .await?;
-    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(tx, node_id).await?;
+    let (command_seq_floor, spec_generation_floor) =
+        crate::sql::nodes::floors(&Pg(tx), node_id).await?;
     Ok(Joined {
         node_id: node_id.to_string(),
         cert,
@@ -496,7 +482,7 @@ pub(super) async fn join_enrolled(
             .map(|r| r.get(0))
             .collect();
             if !certs.iter().any(|der| proves(&node_id, der)) {
-                super::bindings::fleet_event(
+                super::fleet_event(
                     tx,
                     now,
                     machines::EK_BINDING_FORGED,
@@ -581,7 +567,7 @@ async fn watch_reattest(
         .await?;
     }
     if v.takeover {
-        super::bindings::fleet_event(
+        super::fleet_event(
             tx,
             now,
             clones::DUPLICATE_SESSION,
@@ -611,7 +597,7 @@ pub(super) async fn quarantine_node(
         &[&node_id, &now],
     )
     .await?;
-    super::bindings::fleet_event(tx, now, clones::QUARANTINED, node_id, &detail(&serials)).await?;
+    super::fleet_event(tx, now, clones::QUARANTINED, node_id, &detail(&serials)).await?;
     Ok(())
 }
 

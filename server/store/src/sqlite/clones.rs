@@ -5,7 +5,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::bindings::fleet_event;
+use super::fleet_event;
 use super::{Kept, now};
 use crate::clones;
 use crate::error::{StoreError, TxError};

@@ -3,9 +3,8 @@
 use bcd_core::command::{ServerState, apply_result};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::bindings::fleet_event;
-use super::nodes::valid_certs;
-use super::{Kept, now};
+use super::fleet_event;
+use super::{Kept, Lite, now};
 use crate::bindings::VerifySignature;
 use crate::commands::{
     CommandRow, CommandSeal, Dispatch, FORGED, NewCommand, ResultApplied, ResultInput, Route,
@@ -15,6 +14,7 @@ use crate::commands::{
 use crate::error::{Refusal, StoreError, TxError};
 use crate::events::SECURITY_EVENTS_KEPT_MS;
 use crate::nodes::{Signed, judge_signed};
+use crate::sql::ready;
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
      COALESCE(output, X''), output_truncated, created_at, not_after, result_at, epoch, \
@@ -214,7 +214,7 @@ pub(super) fn result(
     verify: VerifySignature,
 ) -> Result<ResultApplied, StoreError> {
     let now = now(c)?;
-    let certs = valid_certs(c, node_id, now)?;
+    let certs = ready(crate::sql::nodes::valid_certs(&Lite(c), node_id, now))?;
     let r = match judge_signed(node_id, signed, &certs, verify) {
         Ok(r) => r,
         Err(reason) => {

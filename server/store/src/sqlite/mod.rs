@@ -16,28 +16,21 @@
 //!   transaction each; the schema version (`user_version`) is the number
 //!   applied. A store newer than this binary is refused.
 //!
-//! Each domain's SQL is in the file of the same name; this module holds the
-//! connections and the [`Backend`] implementation that calls them.
+//! The transactions written once for both backends are in [`crate::sql`],
+//! run here over [`Lite`]; each other domain's SQL is in the file of the
+//! same name. This module holds the connections and the [`Backend`]
+//! implementation that calls them.
 
 mod audit;
 mod backups;
-mod bindings;
 mod clones;
 mod commands;
 mod events;
-mod gateways;
 mod images;
-mod inventory;
-mod leases;
 mod liveness;
-mod machines;
-mod nodes;
-mod reconcile;
 mod releases;
 mod rollouts;
-mod secrets;
 mod sessions;
-mod specs;
 mod tokens;
 mod writer;
 
@@ -72,6 +65,10 @@ use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
 use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
 use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
+};
+use crate::sql::{
+    self, Dialect, Params, Row, bindings, gateways, inventory, leases, machines, nodes, ready,
+    reconcile, secrets, specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -126,6 +123,50 @@ pub const MIGRATIONS: &[&str] = &[
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// A SQLite transaction as the shared bodies see it ([`crate::sql`]).
+pub(super) struct Lite<'c>(pub(super) &'c Connection);
+
+impl Lite<'_> {
+    fn values<'p>(params: Params<'p>) -> Vec<&'p dyn rusqlite::ToSql> {
+        params.iter().map(|p| p.lite()).collect()
+    }
+}
+
+impl sql::Db for Lite<'_> {
+    const DIALECT: Dialect = Dialect::Sqlite;
+
+    async fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, StoreError> {
+        let mut st = self.0.prepare_cached(&sql::lite_text(sql))?;
+        let columns = st.column_count();
+        let mut rows = st.query(Self::values(params).as_slice())?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(Row::Sqlite(
+                (0..columns)
+                    .map(|i| r.get(i))
+                    .collect::<rusqlite::Result<_>>()?,
+            ));
+        }
+        Ok(out)
+    }
+
+    async fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
+        let mut st = self.0.prepare_cached(&sql::lite_text(sql))?;
+        Ok(st.execute(Self::values(params).as_slice())? as u64)
+    }
+}
+
+/// Records a fleet event about a node ([`sql::bindings::fleet_event`]).
+fn fleet_event(
+    c: &Connection,
+    at: i64,
+    kind: &str,
+    node_id: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    ready(bindings::fleet_event(&Lite(c), at, kind, node_id, detail))
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -475,15 +516,17 @@ impl GatewayBackend for SqliteBackend {
 
     async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
         let fp = fingerprint.to_string();
-        self.read(move |c| nodes::check_cert(c, &fp)).await
+        self.read(move |c| ready(nodes::check_cert(&Lite(c), &fp)))
+            .await
     }
 
     async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
-        self.read(move |c| nodes::revoked_since(c, since_ms)).await
+        self.read(move |c| ready(nodes::revoked_since(&Lite(c), since_ms)))
+            .await
     }
 
     async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
-        self.read(gateways::revocations).await
+        self.read(|c| ready(gateways::revocations(&Lite(c)))).await
     }
 
     async fn event_receipts(
@@ -565,7 +608,7 @@ impl GatewayBackend for SqliteBackend {
     ) -> Result<SweepOutcome, StoreError> {
         let (rules, held) = (*rules, held.clone());
         self.write(move |c| {
-            leases::check_held(c, &held)?;
+            ready(leases::check_held(&Lite(c), &held))?;
             liveness::sweep(c, &rules)
         })
         .await
@@ -583,7 +626,7 @@ impl GatewayBackend for SqliteBackend {
     ) -> Result<Option<Held>, StoreError> {
         let (name, owner) = (name.to_string(), owner.to_string());
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            leases::renew(c, &name, &owner, ttl)
+            ready(leases::renew(&Lite(c), &name, &owner, ttl))
         })
         .await
     }
@@ -591,7 +634,7 @@ impl GatewayBackend for SqliteBackend {
     async fn release_lease(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         let (name, owner) = (name.to_string(), owner.to_string());
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            leases::release(c, &name, &owner)
+            ready(leases::release(&Lite(c), &name, &owner))
         })
         .await
     }
@@ -599,7 +642,7 @@ impl GatewayBackend for SqliteBackend {
     async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
         let gateway_id = gateway_id.to_string();
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            leases::report_absorption(c, &gateway_id, per_s)
+            ready(leases::report_absorption(&Lite(c), &gateway_id, per_s))
         })
         .await
     }
@@ -611,8 +654,8 @@ impl GatewayBackend for SqliteBackend {
     ) -> Result<Vec<String>, StoreError> {
         let held = held.clone();
         self.write(move |c| {
-            leases::check_held(c, &held)?;
-            reconcile::remove_dead_leases(c, dead_after)
+            ready(leases::check_held(&Lite(c), &held))?;
+            ready(reconcile::remove_dead_leases(&Lite(c), dead_after))
         })
         .await
     }
@@ -625,7 +668,7 @@ impl GatewayBackend for SqliteBackend {
         verify: VerifySignature,
     ) -> Result<FactApplied, StoreError> {
         let (node, section) = (node_id.to_string(), section.clone());
-        self.write(move |c| inventory::put(c, &node, epoch, &section, verify))
+        self.write(move |c| ready(inventory::put(&Lite(c), &node, epoch, &section, verify)))
             .await
     }
 
@@ -669,7 +712,7 @@ impl GatewayBackend for SqliteBackend {
     async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
         let held = held.clone();
         self.write(move |c| {
-            leases::check_held(c, &held)?;
+            ready(leases::check_held(&Lite(c), &held))?;
             commands::sweep(c)
         })
         .await
@@ -677,7 +720,8 @@ impl GatewayBackend for SqliteBackend {
 
     async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| specs::signed(c, &node)).await
+        self.read(move |c| ready(specs::signed(&Lite(c), &node)))
+            .await
     }
 
     async fn put_state_report(
@@ -687,7 +731,7 @@ impl GatewayBackend for SqliteBackend {
         verify: VerifySignature,
     ) -> Result<FactApplied, StoreError> {
         let (node, report) = (node_id.to_string(), report.clone());
-        self.write(move |c| specs::put_state_report(c, &node, &report, verify))
+        self.write(move |c| ready(specs::put_state_report(&Lite(c), &node, &report, verify)))
             .await
     }
 
@@ -697,7 +741,8 @@ impl GatewayBackend for SqliteBackend {
         verify: VerifySignature,
     ) -> Result<BindingOutcome, StoreError> {
         let b = b.clone();
-        self.write(move |c| bindings::record(c, &b, verify)).await
+        self.write(move |c| ready(bindings::record(&Lite(c), &b, verify)))
+            .await
     }
 
     async fn put_events(
@@ -713,7 +758,8 @@ impl GatewayBackend for SqliteBackend {
     }
 
     async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
-        self.read(move |c| releases::head(c, sequence)).await
+        self.read(move |c| ready(sql::releases::head(&Lite(c), sequence)))
+            .await
     }
 
     async fn release_chunk(
@@ -743,7 +789,8 @@ impl GatewayBackend for SqliteBackend {
     }
 
     async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-        self.read(move |c| releases::files(c, sequence)).await
+        self.read(move |c| ready(sql::releases::files(&Lite(c), sequence)))
+            .await
     }
 }
 
@@ -788,7 +835,7 @@ impl Backend for SqliteBackend {
         let mut seal = Some(seal);
         self.write(move |c| {
             let seal = seal.take().expect("a write runs once");
-            secrets::put(c, &name, put, &by, seal)
+            ready(secrets::put(&Lite(c), &name, put, &by, seal))
         })
         .await
     }
@@ -799,16 +846,18 @@ impl Backend for SqliteBackend {
         version: u64,
     ) -> Result<Option<crate::secrets::SecretRow>, StoreError> {
         let name = name.to_string();
-        self.read(move |c| secrets::get(c, &name, version)).await
+        self.read(move |c| ready(secrets::get(&Lite(c), &name, version)))
+            .await
     }
 
     async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError> {
-        self.read(secrets::list).await
+        self.read(|c| ready(secrets::list(&Lite(c)))).await
     }
 
     async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError> {
         let name = name.to_string();
-        self.write(move |c| secrets::delete(c, &name)).await
+        self.write(move |c| ready(secrets::delete(&Lite(c), &name)))
+            .await
     }
 
     async fn add_gateway_credential(
@@ -817,7 +866,8 @@ impl Backend for SqliteBackend {
         secret_sha256: &str,
     ) -> Result<i64, TxError> {
         let (name, hash) = (name.to_string(), secret_sha256.to_string());
-        self.write(move |c| gateways::add(c, &name, &hash)).await
+        self.write(move |c| ready(gateways::add(&Lite(c), &name, &hash)))
+            .await
     }
 
     async fn gateway_credential(
@@ -825,30 +875,34 @@ impl Backend for SqliteBackend {
         name: &str,
     ) -> Result<Option<GatewayCredential>, StoreError> {
         let name = name.to_string();
-        self.read(move |c| gateways::get(c, &name)).await
+        self.read(move |c| ready(gateways::get(&Lite(c), &name)))
+            .await
     }
 
     async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError> {
-        self.read(gateways::list).await
+        self.read(|c| ready(gateways::list(&Lite(c)))).await
     }
 
     async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
         let name = name.to_string();
-        self.write(move |c| gateways::revoke(c, &name)).await
+        self.write(move |c| ready(gateways::revoke(&Lite(c), &name)))
+            .await
     }
 
     async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError> {
         let cert = cert.clone();
-        self.write(move |c| gateways::record_cert(c, &cert)).await
+        self.write(move |c| ready(gateways::record_cert(&Lite(c), &cert)))
+            .await
     }
 
     async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError> {
-        self.read(gateways::revoked_certs).await
+        self.read(|c| ready(gateways::revoked_certs(&Lite(c))))
+            .await
     }
 
     async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError> {
         let list = list.clone();
-        self.write(move |c| gateways::put_revocations(c, &list))
+        self.write(move |c| ready(gateways::put_revocations(&Lite(c), &list)))
             .await
     }
 
@@ -923,16 +977,18 @@ impl Backend for SqliteBackend {
 
     async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {
         let e = e.clone();
-        self.write(move |c| machines::enrol(c, &e)).await
+        self.write(move |c| ready(machines::enrol(&Lite(c), &e)))
+            .await
     }
 
     async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError> {
-        self.read(machines::list).await
+        self.read(|c| ready(machines::list(&Lite(c)))).await
     }
 
     async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError> {
         let id = id.to_string();
-        self.write(move |c| machines::remove(c, &id)).await
+        self.write(move |c| ready(machines::remove(&Lite(c), &id)))
+            .await
     }
 
     async fn renew_within(
@@ -942,7 +998,7 @@ impl Backend for SqliteBackend {
         expired_grace_ms: i64,
     ) -> Result<Joined, TxError> {
         let fp = fingerprint.to_string();
-        self.write(move |c| nodes::renew(c, &fp, issue, expired_grace_ms))
+        self.write(move |c| ready(nodes::renew(&Lite(c), &fp, issue, expired_grace_ms)))
             .await
     }
 
@@ -960,12 +1016,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn list_nodes(&self) -> Result<NodeList, StoreError> {
-        self.read(nodes::list_nodes).await
+        self.read(|c| ready(nodes::list_nodes(&Lite(c)))).await
     }
 
     async fn node(&self, node_id: &str) -> Result<NodeList, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| nodes::nodes_matching(c, Some(&node)))
+        self.read(move |c| ready(nodes::nodes_matching(&Lite(c), Some(&node))))
             .await
     }
 
@@ -1085,7 +1141,7 @@ impl Backend for SqliteBackend {
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
         let node = node_id.to_string();
-        self.write(move |c| nodes::delete_node(c, &node, seal))
+        self.write(move |c| ready(nodes::delete_node(&Lite(c), &node, seal)))
             .await
     }
 
@@ -1100,7 +1156,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        self.read(leases::list).await
+        self.read(|c| ready(leases::list(&Lite(c)))).await
     }
 
     async fn prune_history(
@@ -1110,8 +1166,8 @@ impl Backend for SqliteBackend {
     ) -> Result<crate::reconcile::Pruned, StoreError> {
         let held = held.clone();
         self.write(move |c| {
-            leases::check_held(c, &held)?;
-            reconcile::prune_history(c, limits)
+            ready(leases::check_held(&Lite(c), &held))?;
+            ready(reconcile::prune_history(&Lite(c), limits))
         })
         .await
     }
@@ -1122,7 +1178,8 @@ impl Backend for SqliteBackend {
         section: &str,
     ) -> Result<Option<InventoryRow>, StoreError> {
         let (node, section) = (node_id.to_string(), section.to_string());
-        self.read(move |c| inventory::get(c, &node, &section)).await
+        self.read(move |c| ready(inventory::get(&Lite(c), &node, &section)))
+            .await
     }
 
     async fn create_command(
@@ -1163,32 +1220,35 @@ impl Backend for SqliteBackend {
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError> {
         let node = node_id.to_string();
-        self.write(move |c| specs::update(c, &node, change, open, seal))
+        self.write(move |c| ready(specs::update(&Lite(c), &node, change, open, seal)))
             .await?
             .map_err(TxError::from)
     }
 
     async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
-        self.read(move |c| specs::expiring(c, within)).await
+        self.read(move |c| ready(specs::expiring(&Lite(c), within)))
+            .await
     }
 
     async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.read(specs::signed_all).await
+        self.read(|c| ready(specs::signed_all(&Lite(c)))).await
     }
 
     async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| specs::view(c, &node)).await
+        self.read(move |c| ready(specs::view(&Lite(c), &node)))
+            .await
     }
 
     async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| bindings::list(c, &node)).await
+        self.read(move |c| ready(bindings::list(&Lite(c), &node)))
+            .await
     }
 
     async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| bindings::fleet_events(c, &node, limit))
+        self.read(move |c| ready(bindings::fleet_events(&Lite(c), &node, limit)))
             .await
     }
 
@@ -1197,7 +1257,8 @@ impl Backend for SqliteBackend {
         q: &crate::events::EventQuery,
     ) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
         let q = q.clone();
-        self.read(move |c| bindings::list_fleet_events(c, &q)).await
+        self.read(move |c| ready(bindings::list_fleet_events(&Lite(c), &q)))
+            .await
     }
 
     async fn publish_fleet_event(
@@ -1209,7 +1270,7 @@ impl Backend for SqliteBackend {
         let (kind, node, detail) = (kind.to_string(), node_id.to_string(), detail.to_string());
         self.write(move |c| {
             let at = now(c)?;
-            bindings::fleet_event(c, at, &kind, &node, &detail)?;
+            ready(bindings::fleet_event(&Lite(c), at, &kind, &node, &detail))?;
             Ok(())
         })
         .await
@@ -1222,11 +1283,12 @@ impl Backend for SqliteBackend {
 
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
         let r = r.clone();
-        self.write(move |c| releases::register(c, &r)).await
+        self.write(move |c| ready(sql::releases::register(&Lite(c), &r)))
+            .await
     }
 
     async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
-        self.read(|c| Ok(releases::list(c)?)).await
+        self.read(|c| ready(sql::releases::list(&Lite(c)))).await
     }
 
     async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
@@ -1344,7 +1406,7 @@ impl Backend for SqliteBackend {
     ) -> Result<bool, StoreError> {
         let (id, held) = (id.to_string(), held.clone());
         self.write(move |c| {
-            leases::check_held(c, &held)?;
+            ready(leases::check_held(&Lite(c), &held))?;
             rollouts::advance(c, &id, from, to)
         })
         .await
@@ -1370,7 +1432,7 @@ impl Backend for SqliteBackend {
     ) -> Result<(), StoreError> {
         let (id, node, held) = (id.to_string(), node_id.to_string(), held.clone());
         self.write(move |c| {
-            leases::check_held(c, &held)?;
+            ready(leases::check_held(&Lite(c), &held))?;
             rollouts::skip(c, &id, &node)
         })
         .await
@@ -1451,7 +1513,7 @@ impl Backend for SqliteBackend {
         dead_after: Duration,
     ) -> Result<crate::reconcile::Reconciled, StoreError> {
         let owner = owner.to_string();
-        self.write(move |c| reconcile::run(c, &owner, dead_after))
+        self.write(move |c| ready(reconcile::run(&Lite(c), &owner, dead_after)))
             .await
     }
 }

@@ -3,8 +3,8 @@
 use bcd_core::command::{HelloDecision, ServerState};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::bindings::fleet_event;
-use super::nodes::cert_row;
+use super::Lite;
+use super::fleet_event;
 use super::{Kept, json_col, ms, now, to_json};
 use crate::clones;
 use crate::commands::Dispatch;
@@ -15,10 +15,12 @@ use crate::sessions::{
     Ended, Finished, FleetSize, HELLO_WORK, HelloInput, HelloOutcome, InFlight, Seen, SessionKey,
     SessionRow, inventory_wanted, lease_admits, settle_in_flight,
 };
+use crate::sql::nodes::cert_row;
+use crate::sql::ready;
 
 pub(super) fn hello(c: &Connection, h: &HelloInput) -> Result<HelloOutcome, TxError> {
     let now = now(c)?;
-    let cert = check_cert(cert_row(c, &h.cert_fingerprint)?, now)?;
+    let cert = check_cert(ready(cert_row(&Lite(c), &h.cert_fingerprint))?, now)?;
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
         return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
     }
@@ -164,7 +166,7 @@ fn watch_clones(
     now: i64,
     connected: Option<&str>,
     proofs_required: bool,
-) -> rusqlite::Result<()> {
+) -> Result<(), StoreError> {
     let last: Option<String> = c
         .query_row_kept(
             "SELECT boot_id FROM cert_sightings WHERE serial = ?1 ORDER BY id DESC LIMIT 1",

@@ -2,7 +2,11 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::Lite;
 use super::{Kept, ms, now};
+use crate::sql::inventory::record_macs;
+use crate::sql::ready;
+
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, ProvesMachine, TokenlessJoin};
@@ -194,25 +198,6 @@ pub(super) fn join(c: &Connection, j: &JoinInput, issue: IssueCert) -> Result<Jo
     new_node(c, j, now, issue, None)
 }
 
-/// The MAC addresses `node_id` reported replace those it reported before;
-/// a MAC another node reported before names this node now.
-pub(super) fn record_macs(
-    c: &Connection,
-    node_id: &str,
-    macs: &[String],
-    now: i64,
-) -> rusqlite::Result<()> {
-    c.execute_kept("DELETE FROM node_macs WHERE node_id = ?1", [node_id])?;
-    for mac in macs {
-        c.execute_kept(
-            "INSERT INTO node_macs (mac, node_id, reported_at) VALUES (?1, ?2, ?3)
-             ON CONFLICT (mac) DO UPDATE SET node_id = ?2, reported_at = ?3",
-            params![mac, node_id, now],
-        )?;
-    }
-    Ok(())
-}
-
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
 /// certificate `issue` builds; the token was spent.
 fn new_node(
@@ -229,7 +214,7 @@ fn new_node(
          VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, (SELECT pool FROM join_tokens WHERE id = ?5))",
         params![node_id, j.hostname, now, j.ramdisk, j.token_id, ek_sha256],
     )?;
-    record_macs(c, &node_id, &j.macs, now)?;
+    ready(record_macs(&Lite(c), &node_id, &j.macs, now))?;
     c.execute_kept(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6)",
@@ -345,7 +330,7 @@ fn reenrol_node(
             j.token_id
         ],
     )?;
-    record_macs(c, node_id, &j.macs, now)?;
+    ready(record_macs(&Lite(c), node_id, &j.macs, now))?;
     c.execute_kept(
         "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -359,14 +344,15 @@ fn reenrol_node(
             cert.der
         ],
     )?;
-    super::bindings::fleet_event(
+    super::fleet_event(
         c,
         now,
         REENROLLED_EVENT,
         node_id,
         &detail(generation, &serials, &j.token_id),
     )?;
-    let (command_seq_floor, spec_generation_floor) = super::nodes::floors(c, node_id)?;
+    let (command_seq_floor, spec_generation_floor) =
+        ready(crate::sql::nodes::floors(&Lite(c), node_id))?;
     Ok(Joined {
         node_id: node_id.to_string(),
         cert,
@@ -420,7 +406,7 @@ pub(super) fn join_enrolled(
                 .query_map([&node_id], |r| r.get(0))?
                 .collect::<rusqlite::Result<_>>()?;
             if !certs.iter().any(|der| proves(&node_id, der)) {
-                super::bindings::fleet_event(
+                super::fleet_event(
                     c,
                     now,
                     machines::EK_BINDING_FORGED,
@@ -484,7 +470,7 @@ fn watch_reattest(c: &Connection, node_id: &str, boot_id: &str, now: i64) -> Res
             .execute(params![node_id, now - clones::CLONE_WINDOW_MS])?;
     }
     if v.takeover {
-        super::bindings::fleet_event(
+        super::fleet_event(
             c,
             now,
             clones::DUPLICATE_SESSION,
@@ -511,7 +497,7 @@ pub(super) fn quarantine_node(
         "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
         params![node_id, now],
     )?;
-    super::bindings::fleet_event(c, now, clones::QUARANTINED, node_id, &detail(&serials))?;
+    super::fleet_event(c, now, clones::QUARANTINED, node_id, &detail(&serials))?;
     Ok(())
 }
 

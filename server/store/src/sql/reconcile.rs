@@ -1,84 +1,83 @@
-//! The start-up reconcile (see `crate::reconcile`; as SQLite's).
+//! The start-up reconcile (see `crate::reconcile`).
 
-use super::{Tx, execute, json_col, ms, query, query_one, to_json};
+use super::{Db, to_json};
+use crate::clock::ms;
 use crate::error::StoreError;
 use crate::reconcile::{HistoryLimits, Pruned, Reconciled, derived};
 
 /// Removes leases dead for longer than `dead_after`; returns their names.
-pub(super) async fn remove_dead_leases(
-    tx: &Tx<'_>,
+pub(crate) async fn remove_dead_leases(
+    db: &impl Db,
     dead_after: std::time::Duration,
 ) -> Result<Vec<String>, StoreError> {
-    Ok(query(
-        tx,
+    db.query(
         "DELETE FROM leases WHERE expires_at < compute_now() - $1 RETURNING name",
         &[&ms(dead_after)],
     )
     .await?
     .iter()
     .map(|r| r.get(0))
-    .collect())
+    .collect()
 }
 
 /// Removes the oldest security events and boot records past `limits`.
-pub(super) async fn prune_history(
-    tx: &Tx<'_>,
+pub(crate) async fn prune_history(
+    db: &impl Db,
     limits: HistoryLimits,
 ) -> Result<Pruned, StoreError> {
-    let fleet_events = execute(
-        tx,
-        "DELETE FROM fleet_events WHERE id IN (
+    let fleet_events = db
+        .execute(
+            "DELETE FROM fleet_events WHERE id IN (
              SELECT id FROM (
                  SELECT id, row_number() OVER (PARTITION BY node_id ORDER BY id DESC) AS n
                  FROM fleet_events) AS ranked
              WHERE n > $1)",
-        &[&i64::from(limits.fleet_events_per_node)],
-    )
-    .await?;
-    let boots = execute(
-        tx,
-        "DELETE FROM boots WHERE id IN (
+            &[&i64::from(limits.fleet_events_per_node)],
+        )
+        .await?;
+    let boots = db
+        .execute(
+            "DELETE FROM boots WHERE id IN (
              SELECT id FROM (
                  SELECT id,
                         row_number() OVER (PARTITION BY mac ORDER BY id DESC) AS per_mac,
                         row_number() OVER (ORDER BY id DESC) AS overall
                  FROM boots) AS ranked
              WHERE per_mac > $1 OR overall > $2)",
-        &[&i64::from(limits.boots_per_mac), &i64::from(limits.boots)],
-    )
-    .await?;
+            &[&i64::from(limits.boots_per_mac), &i64::from(limits.boots)],
+        )
+        .await?;
     Ok(Pruned {
         fleet_events,
         boots,
     })
 }
 
-pub(super) async fn run(
-    tx: &Tx<'_>,
+pub(crate) async fn run(
+    db: &impl Db,
     owner: &str,
     dead_after: std::time::Duration,
 ) -> Result<Reconciled, StoreError> {
     let mut out = Reconciled {
-        leases_removed: remove_dead_leases(tx, dead_after).await?,
+        leases_removed: remove_dead_leases(db, dead_after).await?,
         ..Default::default()
     };
     out.leases_removed.sort();
-    let rows = query(
-        tx,
-        "SELECT n.id, n.conditions, n.taints, s.state FROM nodes n
+    let rows = db
+        .query(
+            "SELECT n.id, n.conditions, n.taints, s.state FROM nodes n
          LEFT JOIN node_sessions s ON s.node_id = n.id ORDER BY n.id FOR UPDATE OF n",
-        &[],
-    )
-    .await?;
+            &[],
+        )
+        .await?;
     for r in &rows {
-        let id: String = r.get(0);
-        let conditions: Vec<String> = json_col(r, 1)?;
-        let taints: Vec<String> = json_col(r, 2)?;
-        let state: Option<String> = r.get(3);
+        let id: String = r.get(0)?;
+        let conditions: Vec<String> = r.json(1)?;
+        let taints: Vec<String> = r.json(2)?;
+        let state: Option<String> = r.get(3)?;
         let want = derived(conditions.clone(), taints.clone(), state.as_deref());
         if want != (conditions, taints) {
-            execute(
-                tx,
+            db.execute(
                 "UPDATE nodes SET conditions = $2, taints = $3 WHERE id = $1",
                 &[&id, &to_json(&want.0), &to_json(&want.1)],
             )
@@ -87,9 +86,7 @@ pub(super) async fn run(
         }
     }
     let count = |sql: &'static str| async move {
-        query_one(tx, sql, &[])
-            .await
-            .map(|r| r.get::<_, i64>(0).max(0) as u64)
+        Ok::<_, StoreError>(db.query_one(sql, &[]).await?.get::<i64>(0)?.max(0) as u64)
     };
     out.routes_to_dead_gateways = count(
         "SELECT count(*) FROM node_sessions s WHERE s.state = 'connected' AND NOT EXISTS (
@@ -104,8 +101,7 @@ pub(super) async fn run(
     )
     .await?;
     out.rollouts_running = count("SELECT count(*) FROM rollouts WHERE state = 'running'").await?;
-    execute(
-        tx,
+    db.execute(
         "INSERT INTO audit (at, node_id, kind, gateway_id, detail)
          VALUES (compute_now(), '', 'reconcile', $1, $2)",
         &[&owner, &to_json(&out)],

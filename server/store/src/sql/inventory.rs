@@ -1,8 +1,8 @@
 //! Inventory sections.
 
+use super::Db;
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::{Tx, execute, now, query_opt};
 use crate::bindings::VerifySignature;
 use crate::error::StoreError;
 use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
@@ -12,15 +12,15 @@ use crate::specs::FactApplied;
 /// Stores a section the node signed (a forgery is recorded) if it names
 /// `epoch` and that is the node's session epoch; the session row is held
 /// `FOR SHARE` so a Hello cannot bump the epoch meanwhile.
-pub(super) async fn put(
-    tx: &Tx<'_>,
+pub(crate) async fn put(
+    db: &impl Db,
     node_id: &str,
     epoch: u64,
     signed: &Signed<InventoryInput>,
     verify: VerifySignature,
 ) -> Result<FactApplied, StoreError> {
-    let now = now(tx).await?;
-    let certs = valid_certs(tx, node_id, now).await?;
+    let now = db.now().await?;
+    let certs = valid_certs(db, node_id, now).await?;
     let section = match judge_signed(node_id, signed, &certs, verify) {
         Ok(s) => s,
         Err(reason) => {
@@ -28,25 +28,25 @@ pub(super) async fn put(
                 Some(s) => format!("section {}: {reason}", s.section),
                 None => reason,
             };
-            fleet_event(tx, now, FORGED, node_id, &detail).await?;
+            fleet_event(db, now, FORGED, node_id, &detail).await?;
             return Ok(FactApplied::Forged(detail));
         }
     };
-    let current: Option<i64> = query_opt(
-        tx,
-        "SELECT epoch FROM node_sessions WHERE node_id = $1 FOR SHARE",
-        &[&node_id],
-    )
-    .await?
-    .map(|r| r.get(0));
+    let current: Option<i64> = db
+        .query_opt(
+            "SELECT epoch FROM node_sessions WHERE node_id = $1 FOR SHARE",
+            &[&node_id],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .transpose()?;
     // Sent under this session's epoch, and this session is the current one.
     if section.epoch != epoch
         || !current.is_some_and(|cur| bcd_core::epoch::write_applies(cur as u64, epoch))
     {
         return Ok(FactApplied::Stale);
     }
-    execute(
-        tx,
+    db.execute(
         "INSERT INTO inventory (node_id, section, sha256, body, updated_at)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (node_id, section) DO UPDATE SET
@@ -61,26 +61,48 @@ pub(super) async fn put(
     )
     .await?;
     if let Some(macs) = host_macs(&section.section, &section.body) {
-        super::tokens::record_macs(tx, node_id, &macs, now).await?;
+        record_macs(db, node_id, &macs, now).await?;
     }
     Ok(FactApplied::Applied)
 }
 
-pub(super) async fn get(
-    tx: &Tx<'_>,
+pub(crate) async fn get(
+    db: &impl Db,
     node_id: &str,
     section: &str,
 ) -> Result<Option<InventoryRow>, StoreError> {
-    Ok(query_opt(
-        tx,
-        "SELECT sha256, COALESCE(body, ''::bytea), updated_at FROM inventory
-             WHERE node_id = $1 AND section = $2",
+    db.query_opt(
+        "SELECT sha256, body, updated_at FROM inventory WHERE node_id = $1 AND section = $2",
         &[&node_id, &section],
     )
     .await?
-    .map(|r| InventoryRow {
-        sha256: r.get(0),
-        body: r.get(1),
-        updated_at_ms: r.get(2),
-    }))
+    .map(|r| {
+        Ok(InventoryRow {
+            sha256: r.get(0)?,
+            body: r.get::<Option<Vec<u8>>>(1)?.unwrap_or_default(),
+            updated_at_ms: r.get(2)?,
+        })
+    })
+    .transpose()
+}
+
+/// Stores a MAC address as `node_id`'s, taking it from any node that
+/// reported it before.
+pub(crate) const INSERT_MAC: &str = "INSERT INTO node_macs (mac, node_id, reported_at)
+     VALUES ($1, $2, $3) ON CONFLICT (mac) DO UPDATE SET node_id = $2, reported_at = $3";
+
+/// The MAC addresses `node_id` reported replace those it reported before;
+/// a MAC another node reported before names this node now.
+pub(crate) async fn record_macs(
+    db: &impl Db,
+    node_id: &str,
+    macs: &[String],
+    now: i64,
+) -> Result<(), StoreError> {
+    db.execute("DELETE FROM node_macs WHERE node_id = $1", &[&node_id])
+        .await?;
+    for mac in macs {
+        db.execute(INSERT_MAC, &[mac, &node_id, &now]).await?;
+    }
+    Ok(())
 }

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::{Tx, execute, json_col, ms, now, query, query_opt, to_json};
+use super::{Db, to_json};
 use crate::bindings::VerifySignature;
+use crate::clock::ms;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::{
@@ -17,33 +18,37 @@ use crate::specs::{
 /// Whether the node exists and is not deleted; with `lock`, its row is
 /// held until the transaction ends (what changes a node's spec or state
 /// takes it, so two changes queue instead of losing one).
-async fn live_node(tx: &Tx<'_>, node_id: &str, lock: bool) -> Result<bool, StoreError> {
+async fn live_node(db: &impl Db, node_id: &str, lock: bool) -> Result<bool, StoreError> {
     let sql = if lock {
         "SELECT deleted_at FROM nodes WHERE id = $1 FOR NO KEY UPDATE"
     } else {
         "SELECT deleted_at FROM nodes WHERE id = $1"
     };
-    let deleted: Option<Option<i64>> = query_opt(tx, sql, &[&node_id]).await?.map(|r| r.get(0));
+    let deleted: Option<Option<i64>> = db
+        .query_opt(sql, &[&node_id])
+        .await?
+        .map(|r| r.get(0))
+        .transpose()?;
     Ok(matches!(deleted, Some(None)))
 }
 
 /// The stored spec's generation and body as its columns show them: for the
 /// operator's view only; a change starts from the signed bytes.
-async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, StoreError> {
-    let Some(r) = query_opt(
-        tx,
-        "SELECT generation, assignments, access FROM node_specs WHERE node_id = $1",
-        &[&node_id],
-    )
-    .await?
+async fn current(db: &impl Db, node_id: &str) -> Result<Option<(u64, SpecBody)>, StoreError> {
+    let Some(r) = db
+        .query_opt(
+            "SELECT generation, assignments, access FROM node_specs WHERE node_id = $1",
+            &[&node_id],
+        )
+        .await?
     else {
         return Ok(None);
     };
     Ok(Some((
-        r.get::<_, i64>(0) as u64,
+        r.get::<i64>(0)? as u64,
         SpecBody {
-            assignments: json_col(&r, 1)?,
-            access: json_col(&r, 2)?,
+            assignments: r.json(1)?,
+            access: r.json(2)?,
             intent: Default::default(),
         },
     )))
@@ -52,22 +57,22 @@ async fn current(tx: &Tx<'_>, node_id: &str) -> Result<Option<(u64, SpecBody)>, 
 /// Changes a node's spec from what a worker signed last. `Ok(Err(_))`: the
 /// stored spec did not open; its forgery is recorded (the transaction
 /// commits that) and nothing is signed.
-pub(super) async fn update(
-    tx: &Tx<'_>,
+pub(crate) async fn update(
+    db: &impl Db,
     node_id: &str,
     change: ChangeSpec,
     open: OpenSpec,
     seal: SealSpec,
 ) -> Result<Result<(u64, SpecBody), Refusal>, TxError> {
-    if !live_node(tx, node_id, true).await? {
+    if !live_node(db, node_id, true).await? {
         return Err(Refusal::NoSuchNode(node_id.to_string()).into());
     }
-    let now = now(tx).await?;
-    let stored = signed(tx, node_id).await?;
+    let now = db.now().await?;
+    let stored = signed(db, node_id).await?;
     let (generation, mut body) = match start_from(stored.as_ref().map(|(_, b)| &b[..]), open) {
         Ok(start) => start,
         Err(why) => {
-            fleet_event(tx, now, SPEC_FORGED, node_id, &why).await?;
+            fleet_event(db, now, SPEC_FORGED, node_id, &why).await?;
             return Ok(Err(forged_refusal(node_id, &why)));
         }
     };
@@ -79,8 +84,7 @@ pub(super) async fn update(
         not_after_ms: now + ms(LIFETIME),
     };
     let signed = seal(&sealed, &body);
-    execute(
-        tx,
+    db.execute(
         "INSERT INTO node_specs (node_id, generation, signed, assignments, access, updated_at,
              not_after)
          VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -102,22 +106,20 @@ pub(super) async fn update(
     Ok(Ok((next, body)))
 }
 
-pub(super) async fn signed_all(tx: &Tx<'_>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    Ok(query(
-        tx,
+pub(crate) async fn signed_all(db: &impl Db) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    db.query(
         "SELECT s.node_id, s.signed FROM node_specs s JOIN nodes n ON n.id = s.node_id
          WHERE n.deleted_at IS NULL ORDER BY s.node_id",
         &[],
     )
     .await?
     .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect())
+    .map(|r| Ok((r.get(0)?, r.get(1)?)))
+    .collect()
 }
 
-pub(super) async fn expiring(tx: &Tx<'_>, within: Duration) -> Result<Vec<String>, StoreError> {
-    Ok(query(
-        tx,
+pub(crate) async fn expiring(db: &impl Db, within: Duration) -> Result<Vec<String>, StoreError> {
+    db.query(
         "SELECT s.node_id FROM node_specs s JOIN nodes n ON n.id = s.node_id
          WHERE n.deleted_at IS NULL AND s.not_after < compute_now() + $1
          ORDER BY s.not_after",
@@ -126,44 +128,45 @@ pub(super) async fn expiring(tx: &Tx<'_>, within: Duration) -> Result<Vec<String
     .await?
     .iter()
     .map(|r| r.get(0))
-    .collect())
+    .collect()
 }
 
-pub(super) async fn signed(
-    tx: &Tx<'_>,
+pub(crate) async fn signed(
+    db: &impl Db,
     node_id: &str,
 ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-    Ok(query_opt(
-        tx,
+    db.query_opt(
         "SELECT generation, signed FROM node_specs WHERE node_id = $1",
         &[&node_id],
     )
     .await?
-    .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+    .map(|r| Ok((r.get::<i64>(0)? as u64, r.get(1)?)))
+    .transpose()
 }
 
-pub(super) async fn put_state_report(
-    tx: &Tx<'_>,
+pub(crate) async fn put_state_report(
+    db: &impl Db,
     node_id: &str,
     signed: &Signed<StateReportInput>,
     verify: VerifySignature,
 ) -> Result<FactApplied, StoreError> {
-    let now = now(tx).await?;
-    let certs = valid_certs(tx, node_id, now).await?;
+    let now = db.now().await?;
+    let certs = valid_certs(db, node_id, now).await?;
     let report = match judge_signed(node_id, signed, &certs, verify) {
         Ok(r) => r,
         Err(reason) => {
-            fleet_event(tx, now, FORGED, node_id, &reason).await?;
+            fleet_event(db, now, FORGED, node_id, &reason).await?;
             return Ok(FactApplied::Forged(reason));
         }
     };
-    let stored: Option<(i64, i64)> = query_opt(
-        tx,
-        "SELECT applied_generation, report_epoch FROM node_state WHERE node_id = $1 FOR UPDATE",
-        &[&node_id],
-    )
-    .await?
-    .map(|r| (r.get(0), r.get(1)));
+    let stored: Option<(i64, i64)> = db
+        .query_opt(
+            "SELECT applied_generation, report_epoch FROM node_state WHERE node_id = $1 FOR UPDATE",
+            &[&node_id],
+        )
+        .await?
+        .map(|r| Ok::<_, StoreError>((r.get(0)?, r.get(1)?)))
+        .transpose()?;
     if let Some((_, stored_epoch)) = stored
         && !report_applies(stored_epoch.max(0) as u64, report.epoch)
     {
@@ -173,8 +176,7 @@ pub(super) async fn put_state_report(
         stored.map(|(g, _)| g.max(0) as u64),
         report.applied_generation,
     );
-    execute(
-        tx,
+    db.execute(
         "INSERT INTO node_state (node_id, applied_generation, sections, reported_at, report_epoch)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (node_id) DO UPDATE SET applied_generation = excluded.applied_generation,
@@ -192,23 +194,23 @@ pub(super) async fn put_state_report(
     Ok(FactApplied::Applied)
 }
 
-pub(super) async fn view(tx: &Tx<'_>, node_id: &str) -> Result<Option<SpecView>, StoreError> {
-    if !live_node(tx, node_id, false).await? {
+pub(crate) async fn view(db: &impl Db, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+    if !live_node(db, node_id, false).await? {
         return Ok(None);
     }
-    let now = now(tx).await?;
-    let (desired_generation, body) = current(tx, node_id).await?.unwrap_or_default();
-    let state = match query_opt(
-        tx,
-        "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = $1",
-        &[&node_id],
-    )
-    .await?
+    let now = db.now().await?;
+    let (desired_generation, body) = current(db, node_id).await?.unwrap_or_default();
+    let state = match db
+        .query_opt(
+            "SELECT applied_generation, sections, reported_at FROM node_state WHERE node_id = $1",
+            &[&node_id],
+        )
+        .await?
     {
         Some(r) => Some((
-            r.get::<_, i64>(0),
-            json_col::<Vec<SectionRow>>(&r, 1)?,
-            r.get::<_, i64>(2),
+            r.get::<i64>(0)?,
+            r.json::<Vec<SectionRow>>(1)?,
+            r.get::<i64>(2)?,
         )),
         None => None,
     };
