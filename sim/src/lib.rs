@@ -68,11 +68,12 @@ pub enum JoinTokens {
 }
 
 impl JoinTokens {
-    fn word(self) -> &'static str {
-        match self {
-            JoinTokens::OneUse => "one-use",
-            JoinTokens::Shared => "shared",
-        }
+    /// The flag's own spelling of this value, as the report says it.
+    fn word(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -1128,7 +1129,7 @@ pub async fn run(opts: SimOptions) -> anyhow::Result<Report> {
         storm_s: *world.storm.lock().await,
         storm_samples_ms: world.storm_samples.lock().await.clone(),
         seed: opts.seed,
-        join_tokens: opts.join_tokens.word().into(),
+        join_tokens: opts.join_tokens.word(),
         power_on_per_s: opts.nodes as f64 / connect_s,
         tokens_unspent,
         connect_s,

@@ -38,20 +38,16 @@
 //! Errors carry the database's message for the logs (never the connection
 //! string); peers see only that the store is unavailable.
 
-mod audit;
-mod backups;
-mod clones;
+mod chunks;
 pub mod cluster;
 mod commands;
 pub mod connect;
+mod dump;
 mod events;
 pub mod grants;
 mod hellos;
-mod images;
-mod liveness;
-mod releases;
-mod rollouts;
 mod sessions;
+mod stall;
 mod tokens;
 
 use std::collections::HashMap;
@@ -87,8 +83,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Row, bindings, gateways, inventory, leases, machines, nodes, reconcile, secrets,
-    specs,
+    self, Dialect, Row, audit, backups, bindings, clones, gateways, images, inventory, leases,
+    liveness, machines, nodes, reconcile, rollouts, secrets, specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -645,7 +641,7 @@ impl GatewayBackend for PostgresBackend {
     ) -> Result<SweepOutcome, StoreError> {
         tx!(self, |tx| {
             leases::check_held(&Pg(&tx), held).await?;
-            liveness::sweep(&tx, rules).await
+            liveness::sweep(&Pg(&tx), rules).await
         })
     }
 
@@ -797,11 +793,12 @@ impl GatewayBackend for PostgresBackend {
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| releases::chunk(&tx, sequence, offset, len).await)
+        tx!(self, |tx| chunks::release_chunk(&tx, sequence, offset, len)
+            .await)
     }
 
     async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| images::get(&tx, image_id).await)
+        tx!(self, |tx| images::get(&Pg(&tx), image_id).await)
     }
 
     async fn image_artifact_chunk(
@@ -810,7 +807,7 @@ impl GatewayBackend for PostgresBackend {
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| images::artifact_chunk(&tx, sha256, offset, len)
+        tx!(self, |tx| chunks::artifact_chunk(&tx, sha256, offset, len)
             .await)
     }
 
@@ -1019,11 +1016,11 @@ impl Backend for PostgresBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        tx!(self, |tx| clones::unwatched(&tx, limit).await)
+        tx!(self, |tx| clones::unwatched(&Pg(&tx), limit).await)
     }
 
     async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError> {
-        tx!(self, |tx| clones::mark_watched(&tx, ids).await)
+        tx!(self, |tx| clones::mark_watched(&Pg(&tx), ids).await)
     }
 
     async fn sightings_of(
@@ -1031,18 +1028,19 @@ impl Backend for PostgresBackend {
         serial: &str,
         since_ms: i64,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        tx!(self, |tx| clones::of(&tx, serial, since_ms).await)
+        tx!(self, |tx| clones::of(&Pg(&tx), serial, since_ms).await)
     }
 
     async fn drop_forged_sightings(
         &self,
         forged: &[(crate::sessions::Sighting, String)],
     ) -> Result<(), StoreError> {
-        tx!(self, |tx| clones::drop_forged(&tx, forged).await)
+        tx!(self, |tx| clones::drop_forged(&Pg(&tx), forged).await)
     }
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| clones::supersede(&tx, node_id, serial).await)
+        tx!(self, |tx| clones::supersede(&Pg(&tx), node_id, serial)
+            .await)
     }
 
     async fn security_events_unreceipted(
@@ -1105,7 +1103,9 @@ impl Backend for PostgresBackend {
 
     async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {
         tx!(self, |tx| clones::require_hello_proofs(
-            &tx, node_id, serial
+            &Pg(&tx),
+            node_id,
+            serial
         )
         .await)
     }
@@ -1118,7 +1118,7 @@ impl Backend for PostgresBackend {
         seal: SealStatement,
     ) -> Result<bool, TxError> {
         tx!(self, |tx| clones::quarantine(
-            &tx,
+            &Pg(&tx),
             node_id,
             serial,
             alternations,
@@ -1259,19 +1259,19 @@ impl Backend for PostgresBackend {
     }
 
     async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
-        tx!(self, |tx| images::register(&tx, i).await)
+        tx!(self, |tx| images::register(&Pg(&tx), i).await)
     }
 
     async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
-        tx!(self, |tx| images::list(&tx).await)
+        tx!(self, |tx| images::list(&Pg(&tx)).await)
     }
 
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| images::manifests(&tx).await)
+        tx!(self, |tx| images::manifests(&Pg(&tx)).await)
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
-        tx!(self, |tx| images::resolve(&tx, what).await)
+        tx!(self, |tx| images::resolve(&Pg(&tx), what).await)
     }
 
     async fn assign_image(
@@ -1282,7 +1282,7 @@ impl Backend for PostgresBackend {
         mint_ttl_ms: Option<i64>,
     ) -> Result<(), StoreError> {
         tx!(self, |tx| images::assign(
-            &tx,
+            &Pg(&tx),
             target,
             image_id,
             append,
@@ -1292,51 +1292,51 @@ impl Backend for PostgresBackend {
     }
 
     async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
-        tx!(self, |tx| images::for_mac(&tx, mac).await)
+        tx!(self, |tx| images::for_mac(&Pg(&tx), mac).await)
     }
 
     async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
-        tx!(self, |tx| images::mint(&tx, mac, t).await)
+        tx!(self, |tx| images::mint(&Pg(&tx), mac, t).await)
     }
 
     async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
-        tx!(self, |tx| images::allow_mac(&tx, mac, pool).await)
+        tx!(self, |tx| images::allow_mac(&Pg(&tx), mac, pool).await)
     }
 
     async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| images::disallow_mac(&tx, mac).await)
+        tx!(self, |tx| images::disallow_mac(&Pg(&tx), mac).await)
     }
 
     async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError> {
-        tx!(self, |tx| images::allowed_macs(&tx).await)
+        tx!(self, |tx| images::allowed_macs(&Pg(&tx)).await)
     }
 
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| images::artifact(&tx, sha256).await)
+        tx!(self, |tx| images::artifact(&Pg(&tx), sha256).await)
     }
 
     async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
-        tx!(self, |tx| images::artifact_size(&tx, sha256).await)
+        tx!(self, |tx| images::artifact_size(&Pg(&tx), sha256).await)
     }
 
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
-        tx!(self, |tx| images::record_boot(&tx, b).await)
+        tx!(self, |tx| images::record_boot(&Pg(&tx), b).await)
     }
 
     async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError> {
-        tx!(self, |tx| images::boots(&tx, mac, limit).await)
+        tx!(self, |tx| images::boots(&Pg(&tx), mac, limit).await)
     }
 
     async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError> {
-        tx!(self, |tx| rollouts::start(&tx, r).await)
+        tx!(self, |tx| rollouts::start(&Pg(&tx), r).await)
     }
 
     async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
-        tx!(self, |tx| rollouts::get(&tx, id).await)
+        tx!(self, |tx| rollouts::get(&Pg(&tx), id).await)
     }
 
     async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
-        tx!(self, |tx| rollouts::list(&tx).await)
+        tx!(self, |tx| rollouts::list(&Pg(&tx)).await)
     }
 
     async fn set_rollout_state(
@@ -1346,8 +1346,14 @@ impl Backend for PostgresBackend {
         to: RolloutState,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        tx!(self, |tx| rollouts::set_state(&tx, id, from, to, reason)
-            .await)
+        tx!(self, |tx| rollouts::set_state(
+            &Pg(&tx),
+            id,
+            from,
+            to,
+            reason
+        )
+        .await)
     }
 
     async fn advance_rollout(
@@ -1359,7 +1365,7 @@ impl Backend for PostgresBackend {
     ) -> Result<bool, StoreError> {
         tx!(self, |tx| {
             leases::check_held(&Pg(&tx), held).await?;
-            rollouts::advance(&tx, id, from, to).await
+            rollouts::advance(&Pg(&tx), id, from, to).await
         })
     }
 
@@ -1371,7 +1377,11 @@ impl Backend for PostgresBackend {
         command_id: &str,
     ) -> Result<(), StoreError> {
         tx!(self, |tx| rollouts::record_command(
-            &tx, id, node_id, which, command_id
+            &Pg(&tx),
+            id,
+            node_id,
+            which,
+            command_id
         )
         .await)
     }
@@ -1384,14 +1394,14 @@ impl Backend for PostgresBackend {
     ) -> Result<(), StoreError> {
         tx!(self, |tx| {
             leases::check_held(&Pg(&tx), held).await?;
-            rollouts::skip(&tx, id, node_id).await
+            rollouts::skip(&Pg(&tx), id, node_id).await
         })
     }
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = self.begin_consistent(&mut conn).await?;
-        let snap = audit::snapshot(&tx).await?;
+        let snap = audit::snapshot(&Pg(&tx)).await?;
         tx.commit().await?;
         Ok(snap)
     }
@@ -1399,49 +1409,49 @@ impl Backend for PostgresBackend {
     async fn audit_history(&self) -> Result<AuditHistory, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = self.begin_consistent(&mut conn).await?;
-        let history = audit::history(&tx).await?;
+        let history = audit::history(&Pg(&tx)).await?;
         tx.commit().await?;
         Ok(history)
     }
 
     async fn settling(&self) -> Result<Settling, StoreError> {
-        tx!(self, |tx| audit::settling(&tx).await)
+        tx!(self, |tx| audit::settling(&Pg(&tx)).await)
     }
 
     async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError> {
-        tx!(self, |tx| backups::begin(&tx, b).await)
+        tx!(self, |tx| backups::begin(&Pg(&tx), b).await)
     }
 
     async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
-        tx!(self, |tx| backups::finish(&tx, id, files, bytes).await)
+        tx!(self, |tx| backups::finish(&Pg(&tx), id, files, bytes).await)
     }
 
     async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| backups::fail(&tx, id, reason).await)
+        tx!(self, |tx| backups::fail(&Pg(&tx), id, reason).await)
     }
 
     async fn backups(&self) -> Result<Vec<BackupRow>, StoreError> {
-        tx!(self, |tx| backups::list(&tx).await)
+        tx!(self, |tx| backups::list(&Pg(&tx)).await)
     }
 
     async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError> {
-        tx!(self, |tx| backups::get(&tx, id).await)
+        tx!(self, |tx| backups::get(&Pg(&tx), id).await)
     }
 
     async fn dump(&self) -> Result<Dump, StoreError> {
         let mut conn = self.pool.get().await?;
         let tx = self.begin_consistent(&mut conn).await?;
-        let dump = backups::dump(&tx).await?;
+        let dump = dump::dump(&tx).await?;
         tx.commit().await?;
         Ok(dump)
     }
 
     async fn restore(&self, dump: Dump) -> Result<(), TxError> {
-        tx!(self, |tx| backups::restore(&tx, &dump).await)
+        tx!(self, |tx| dump::restore(&tx, &dump).await)
     }
 
     async fn stall(&self, duration: Duration) -> Result<(), StoreError> {
-        tx!(self, |tx| audit::stall(&tx, duration).await)
+        tx!(self, |tx| stall::stall(&tx, duration).await)
     }
 
     async fn reconcile(

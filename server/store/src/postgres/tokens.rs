@@ -3,11 +3,12 @@
 use super::Pg;
 use super::{Params, Tx, execute, ms, now, pipeline, query, query_one, query_opt};
 use crate::sql::inventory::{INSERT_MAC, record_macs};
+use crate::sql::nodes::{quarantine_node, revoke_all};
 
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
-use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
+use crate::nodes::{REENROLLED, SealStatement};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRow,
     PreviousProof, ProvenNode, REENROLLED_EVENT, SealRevocation, TOKEN_INFO_COLUMNS, TokenInfo,
@@ -379,7 +380,7 @@ async fn reenrol_node(
     detail: fn(u64, &[String], &str) -> String,
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
-    let serials = revoke_all(tx, node_id, now, REENROLLED, seal).await?;
+    let serials = revoke_all(&Pg(tx), node_id, now, REENROLLED, seal).await?;
     let generation_col = generation as i64;
     execute(
         tx,
@@ -493,8 +494,14 @@ pub(super) async fn join_enrolled(
                 return Ok(Enrolled::Forged { node_id });
             }
             if watch_reattest(tx, &node_id, boot_id, now).await? {
-                quarantine_node(tx, &node_id, now, seal, clones::reattest_quarantine_detail)
-                    .await?;
+                quarantine_node(
+                    &Pg(tx),
+                    &node_id,
+                    now,
+                    seal,
+                    clones::reattest_quarantine_detail,
+                )
+                .await?;
                 return Ok(Enrolled::Quarantined { node_id });
             }
             reenrol_node(
@@ -577,63 +584,6 @@ async fn watch_reattest(
         .await?;
     }
     Ok(v.quarantine())
-}
-
-/// Quarantines a node as a cloned identity: every certificate revoked
-/// (`duplicate-identity`, with the statement `seal` signs), joins with no
-/// token refused until an operator's join with a token; the fleet event
-/// says `detail` of the serials revoked.
-pub(super) async fn quarantine_node(
-    tx: &Tx<'_>,
-    node_id: &str,
-    now: i64,
-    seal: SealStatement,
-    detail: impl FnOnce(&[String]) -> String,
-) -> Result<(), TxError> {
-    let serials = revoke_all(tx, node_id, now, clones::DUPLICATE_IDENTITY, seal).await?;
-    execute(
-        tx,
-        "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
-        &[&node_id, &now],
-    )
-    .await?;
-    super::fleet_event(tx, now, clones::QUARANTINED, node_id, &detail(&serials)).await?;
-    Ok(())
-}
-
-/// Revokes every certificate of `node_id` still valid, for `reason`, with
-/// the statement `seal` signs; returns their serials.
-async fn revoke_all(
-    tx: &Tx<'_>,
-    node_id: &str,
-    now: i64,
-    reason: &str,
-    seal: SealStatement,
-) -> Result<Vec<String>, TxError> {
-    let serials: Vec<String> = query(
-        tx,
-        "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
-        &[&node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: reason.to_string(),
-        issued_at_ms: now,
-    });
-    execute(
-        tx,
-        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
-         WHERE node_id = $1 AND revoked_at IS NULL",
-        &[&node_id, &now, &reason, &statement],
-    )
-    .await?;
-    Ok(serials)
 }
 
 /// The live node bound to the EK `ek_sha256`, locked as a re-enrolment

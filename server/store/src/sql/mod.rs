@@ -30,14 +30,20 @@ use std::rc::Rc;
 
 use crate::error::StoreError;
 
+pub(crate) mod audit;
+pub(crate) mod backups;
 pub(crate) mod bindings;
+pub(crate) mod clones;
 pub(crate) mod gateways;
+pub(crate) mod images;
 pub(crate) mod inventory;
 pub(crate) mod leases;
+pub(crate) mod liveness;
 pub(crate) mod machines;
 pub(crate) mod nodes;
 pub(crate) mod reconcile;
 pub(crate) mod releases;
+pub(crate) mod rollouts;
 pub(crate) mod secrets;
 pub(crate) mod specs;
 
@@ -109,6 +115,18 @@ impl Row {
         let text: String = self.get(i)?;
         serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("column {i} does not parse: {e}")))
+    }
+}
+
+/// The rows of a list bound as the JSON text of an array at placeholder
+/// `$n` (`WHERE x IN {list}`): SQLite binds no arrays, PostgreSQL would
+/// bind one only to itself.
+pub(crate) fn json_list(dialect: Dialect, n: usize) -> String {
+    match dialect {
+        Dialect::Sqlite => format!("(SELECT value FROM json_each(${n}))"),
+        Dialect::Postgres => {
+            format!("(SELECT jsonb_array_elements_text(CAST(CAST(${n} AS TEXT) AS jsonb)))")
+        }
     }
 }
 

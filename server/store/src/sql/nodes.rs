@@ -1,6 +1,8 @@
 //! Nodes and their certificates.
 
+use super::bindings::fleet_event;
 use super::{Db, Row};
+use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::nodes::{
     CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
@@ -253,4 +255,59 @@ pub(crate) async fn delete_node(
     )
     .await?;
     Ok(true)
+}
+
+/// Quarantines `node_id` as a cloned identity: every certificate it holds
+/// is revoked (the statement `seal` signs says why), and a fleet event
+/// says which (`detail` words it from their serials).
+pub(crate) async fn quarantine_node(
+    db: &impl Db,
+    node_id: &str,
+    now: i64,
+    seal: SealStatement,
+    detail: impl FnOnce(&[String]) -> String,
+) -> Result<(), TxError> {
+    let serials = revoke_all(db, node_id, now, clones::DUPLICATE_IDENTITY, seal).await?;
+    db.execute(
+        "UPDATE nodes SET quarantined_at = $2 WHERE id = $1",
+        &[&node_id, &now],
+    )
+    .await?;
+    fleet_event(db, now, clones::QUARANTINED, node_id, &detail(&serials)).await?;
+    Ok(())
+}
+
+/// Revokes every certificate of `node_id` still valid, for `reason`, with
+/// the statement `seal` signs; returns their serials.
+pub(crate) async fn revoke_all(
+    db: &impl Db,
+    node_id: &str,
+    now: i64,
+    reason: &str,
+    seal: SealStatement,
+) -> Result<Vec<String>, TxError> {
+    let serials: Vec<String> = db
+        .query(
+            "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
+             ORDER BY serial",
+            &[&node_id],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect::<Result<_, _>>()?;
+    let statement = seal(&StatementSeal {
+        node_id: node_id.to_string(),
+        kind: StatementKind::Revoked,
+        serials: serials.clone(),
+        reason: reason.to_string(),
+        issued_at_ms: now,
+    });
+    db.execute(
+        "UPDATE node_certs SET revoked_at = $2, revoke_reason = $3, statement = $4
+         WHERE node_id = $1 AND revoked_at IS NULL",
+        &[&node_id, &now, &reason, &statement],
+    )
+    .await?;
+    Ok(serials)
 }

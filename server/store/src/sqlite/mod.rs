@@ -21,15 +21,10 @@
 //! same name. This module holds the connections and the [`Backend`]
 //! implementation that calls them.
 
-mod audit;
-mod backups;
-mod clones;
+mod chunks;
 mod commands;
+mod dump;
 mod events;
-mod images;
-mod liveness;
-mod releases;
-mod rollouts;
 mod sessions;
 mod tokens;
 mod writer;
@@ -67,8 +62,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Params, Row, bindings, gateways, inventory, leases, machines, nodes, ready,
-    reconcile, secrets, specs,
+    self, Dialect, Params, Row, audit, backups, bindings, clones, gateways, images, inventory,
+    leases, liveness, machines, nodes, ready, reconcile, rollouts, secrets, specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -609,7 +604,7 @@ impl GatewayBackend for SqliteBackend {
         let (rules, held) = (*rules, held.clone());
         self.write(move |c| {
             ready(leases::check_held(&Lite(c), &held))?;
-            liveness::sweep(c, &rules)
+            ready(liveness::sweep(&Lite(c), &rules))
         })
         .await
     }
@@ -768,13 +763,13 @@ impl GatewayBackend for SqliteBackend {
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.read(move |c| releases::chunk(c, sequence, offset, len))
+        self.read(move |c| chunks::release_chunk(c, sequence, offset, len))
             .await
     }
 
     async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
         let id = image_id.to_string();
-        self.read(move |c| images::get(c, &id)).await
+        self.read(move |c| ready(images::get(&Lite(c), &id))).await
     }
 
     async fn image_artifact_chunk(
@@ -784,7 +779,7 @@ impl GatewayBackend for SqliteBackend {
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let sha = sha256.to_string();
-        self.read(move |c| images::artifact_chunk(c, &sha, offset, len))
+        self.read(move |c| chunks::artifact_chunk(c, &sha, offset, len))
             .await
     }
 
@@ -1029,12 +1024,14 @@ impl Backend for SqliteBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        self.read(move |c| clones::unwatched(c, limit)).await
+        self.read(move |c| ready(clones::unwatched(&Lite(c), limit)))
+            .await
     }
 
     async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError> {
         let ids = ids.to_vec();
-        self.write(move |c| clones::mark_watched(c, &ids)).await
+        self.write(move |c| ready(clones::mark_watched(&Lite(c), &ids)))
+            .await
     }
 
     async fn sightings_of(
@@ -1043,7 +1040,8 @@ impl Backend for SqliteBackend {
         since_ms: i64,
     ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
         let serial = serial.to_string();
-        self.read(move |c| clones::of(c, &serial, since_ms)).await
+        self.read(move |c| ready(clones::of(&Lite(c), &serial, since_ms)))
+            .await
     }
 
     async fn drop_forged_sightings(
@@ -1051,12 +1049,13 @@ impl Backend for SqliteBackend {
         forged: &[(crate::sessions::Sighting, String)],
     ) -> Result<(), StoreError> {
         let forged = forged.to_vec();
-        self.write(move |c| clones::drop_forged(c, &forged)).await
+        self.write(move |c| ready(clones::drop_forged(&Lite(c), &forged)))
+            .await
     }
 
     async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
-        self.write(move |c| clones::supersede(c, &node, &serial))
+        self.write(move |c| ready(clones::supersede(&Lite(c), &node, &serial)))
             .await
     }
 
@@ -1123,7 +1122,7 @@ impl Backend for SqliteBackend {
 
     async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
-        self.write(move |c| clones::require_hello_proofs(c, &node, &serial))
+        self.write(move |c| ready(clones::require_hello_proofs(&Lite(c), &node, &serial)))
             .await
     }
 
@@ -1135,8 +1134,16 @@ impl Backend for SqliteBackend {
         seal: SealStatement,
     ) -> Result<bool, TxError> {
         let (node, serial) = (node_id.to_string(), serial.to_string());
-        self.write(move |c| clones::quarantine(c, &node, &serial, alternations, seal))
-            .await
+        self.write(move |c| {
+            ready(clones::quarantine(
+                &Lite(c),
+                &node,
+                &serial,
+                alternations,
+                seal,
+            ))
+        })
+        .await
     }
 
     async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
@@ -1293,20 +1300,22 @@ impl Backend for SqliteBackend {
 
     async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
         let i = i.clone();
-        self.write(move |c| images::register(c, &i)).await
+        self.write(move |c| ready(images::register(&Lite(c), &i)))
+            .await
     }
 
     async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
-        self.read(images::list).await
+        self.read(|c| ready(images::list(&Lite(c)))).await
     }
 
     async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.read(images::manifests).await
+        self.read(|c| ready(images::manifests(&Lite(c)))).await
     }
 
     async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
         let what = what.to_string();
-        self.read(move |c| images::resolve(c, &what)).await
+        self.read(move |c| ready(images::resolve(&Lite(c), &what)))
+            .await
     }
 
     async fn assign_image(
@@ -1321,68 +1330,84 @@ impl Backend for SqliteBackend {
             image_id.map(str::to_string),
             append.to_string(),
         );
-        self.write(move |c| images::assign(c, &target, image.as_deref(), &append, mint_ttl_ms))
-            .await
+        self.write(move |c| {
+            ready(images::assign(
+                &Lite(c),
+                &target,
+                image.as_deref(),
+                &append,
+                mint_ttl_ms,
+            ))
+        })
+        .await
     }
 
     async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
         let mac = mac.to_string();
-        self.read(move |c| images::for_mac(c, &mac)).await
+        self.read(move |c| ready(images::for_mac(&Lite(c), &mac)))
+            .await
     }
 
     async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
         let (mac, t) = (mac.to_string(), t.clone());
-        self.write(move |c| images::mint(c, &mac, &t)).await
+        self.write(move |c| ready(images::mint(&Lite(c), &mac, &t)))
+            .await
     }
 
     async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
         let (mac, pool) = (mac.to_string(), pool.map(str::to_string));
-        self.write(move |c| images::allow_mac(c, &mac, pool.as_deref()))
+        self.write(move |c| ready(images::allow_mac(&Lite(c), &mac, pool.as_deref())))
             .await
     }
 
     async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError> {
         let mac = mac.to_string();
-        self.write(move |c| images::disallow_mac(c, &mac)).await
+        self.write(move |c| ready(images::disallow_mac(&Lite(c), &mac)))
+            .await
     }
 
     async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError> {
-        self.read(images::allowed_macs).await
+        self.read(|c| ready(images::allowed_macs(&Lite(c)))).await
     }
 
     async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let sha = sha256.to_string();
-        self.read(move |c| images::artifact(c, &sha)).await
+        self.read(move |c| ready(images::artifact(&Lite(c), &sha)))
+            .await
     }
 
     async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
         let sha = sha256.to_string();
-        self.read(move |c| images::artifact_size(c, &sha)).await
+        self.read(move |c| ready(images::artifact_size(&Lite(c), &sha)))
+            .await
     }
 
     async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         let b = b.clone();
-        self.write(move |c| images::record_boot(c, &b)).await
+        self.write(move |c| ready(images::record_boot(&Lite(c), &b)))
+            .await
     }
 
     async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError> {
         let mac = mac.map(str::to_string);
-        self.read(move |c| images::boots(c, mac.as_deref(), limit))
+        self.read(move |c| ready(images::boots(&Lite(c), mac.as_deref(), limit)))
             .await
     }
 
     async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError> {
         let r = r.clone();
-        self.write(move |c| rollouts::start(c, &r)).await
+        self.write(move |c| ready(rollouts::start(&Lite(c), &r)))
+            .await
     }
 
     async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| Ok(rollouts::get(c, &id)?)).await
+        self.read(move |c| ready(rollouts::get(&Lite(c), &id)))
+            .await
     }
 
     async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
-        self.read(rollouts::list).await
+        self.read(|c| ready(rollouts::list(&Lite(c)))).await
     }
 
     async fn set_rollout_state(
@@ -1393,7 +1418,7 @@ impl Backend for SqliteBackend {
         reason: &str,
     ) -> Result<bool, StoreError> {
         let (id, from, reason) = (id.to_string(), from.to_vec(), reason.to_string());
-        self.write(move |c| rollouts::set_state(c, &id, &from, to, &reason))
+        self.write(move |c| ready(rollouts::set_state(&Lite(c), &id, &from, to, &reason)))
             .await
     }
 
@@ -1407,7 +1432,7 @@ impl Backend for SqliteBackend {
         let (id, held) = (id.to_string(), held.clone());
         self.write(move |c| {
             ready(leases::check_held(&Lite(c), &held))?;
-            rollouts::advance(c, &id, from, to)
+            ready(rollouts::advance(&Lite(c), &id, from, to))
         })
         .await
     }
@@ -1420,7 +1445,7 @@ impl Backend for SqliteBackend {
         command_id: &str,
     ) -> Result<(), StoreError> {
         let (id, node, cmd) = (id.to_string(), node_id.to_string(), command_id.to_string());
-        self.write(move |c| rollouts::record_command(c, &id, &node, which, &cmd))
+        self.write(move |c| ready(rollouts::record_command(&Lite(c), &id, &node, which, &cmd)))
             .await
     }
 
@@ -1433,50 +1458,52 @@ impl Backend for SqliteBackend {
         let (id, node, held) = (id.to_string(), node_id.to_string(), held.clone());
         self.write(move |c| {
             ready(leases::check_held(&Lite(c), &held))?;
-            rollouts::skip(c, &id, &node)
+            ready(rollouts::skip(&Lite(c), &id, &node))
         })
         .await
     }
 
     async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
-        self.read(audit::snapshot).await
+        self.read(|c| ready(audit::snapshot(&Lite(c)))).await
     }
 
     async fn audit_history(&self) -> Result<AuditHistory, StoreError> {
-        self.read(audit::history).await
+        self.read(|c| ready(audit::history(&Lite(c)))).await
     }
 
     async fn settling(&self) -> Result<Settling, StoreError> {
-        self.read(audit::settling).await
+        self.read(|c| ready(audit::settling(&Lite(c)))).await
     }
 
     async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError> {
         let b = b.clone();
-        self.write(move |c| backups::begin(c, &b)).await
+        self.write(move |c| ready(backups::begin(&Lite(c), &b)))
+            .await
     }
 
     async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.write(move |c| backups::finish(c, &id, files, bytes))
+        self.write(move |c| ready(backups::finish(&Lite(c), &id, files, bytes)))
             .await
     }
 
     async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
         let (id, reason) = (id.to_string(), reason.to_string());
-        self.write(move |c| backups::fail(c, &id, &reason)).await
+        self.write(move |c| ready(backups::fail(&Lite(c), &id, &reason)))
+            .await
     }
 
     async fn backups(&self) -> Result<Vec<BackupRow>, StoreError> {
-        self.read(backups::list).await
+        self.read(|c| ready(backups::list(&Lite(c)))).await
     }
 
     async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| backups::get(c, &id)).await
+        self.read(move |c| ready(backups::get(&Lite(c), &id))).await
     }
 
     async fn dump(&self) -> Result<Dump, StoreError> {
-        self.read(backups::dump).await
+        self.read(dump::dump).await
     }
 
     async fn restore(&self, dump: Dump) -> Result<(), TxError> {
@@ -1486,7 +1513,7 @@ impl Backend for SqliteBackend {
         tokio::task::spawn_blocking(move || -> Result<(), TxError> {
             let mut conn = connect(&path, &clock)?;
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            backups::restore(&tx, &dump)?;
+            dump::restore(&tx, &dump)?;
             tx.commit()?;
             Ok(())
         })

@@ -5,12 +5,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::Lite;
 use super::{Kept, ms, now};
 use crate::sql::inventory::record_macs;
+use crate::sql::nodes::{quarantine_node, revoke_all};
 use crate::sql::ready;
 
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, ProvesMachine, TokenlessJoin};
-use crate::nodes::{REENROLLED, SealStatement, StatementKind, StatementSeal};
+use crate::nodes::{REENROLLED, SealStatement};
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OPERATOR_COLUMNS, OperatorRole,
     OperatorRow, PreviousProof, ProvenNode, REENROLLED_EVENT, SealRevocation, TOKEN_INFO_COLUMNS,
@@ -316,7 +317,7 @@ fn reenrol_node(
     detail: fn(u64, &[String], &str) -> String,
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
-    let serials = revoke_all(c, node_id, now, REENROLLED, seal)?;
+    let serials = ready(revoke_all(&Lite(c), node_id, now, REENROLLED, seal))?;
     c.execute_kept(
         "UPDATE nodes SET identity_generation = ?2, hostname = ?3, ramdisk = ?4,
              hello_proofs_since = NULL,
@@ -416,7 +417,13 @@ pub(super) fn join_enrolled(
                 return Ok(Enrolled::Forged { node_id });
             }
             if watch_reattest(c, &node_id, boot_id, now)? {
-                quarantine_node(c, &node_id, now, seal, clones::reattest_quarantine_detail)?;
+                ready(quarantine_node(
+                    &Lite(c),
+                    &node_id,
+                    now,
+                    seal,
+                    clones::reattest_quarantine_detail,
+                ))?;
                 return Ok(Enrolled::Quarantined { node_id });
             }
             reenrol_node(
@@ -479,57 +486,6 @@ fn watch_reattest(c: &Connection, node_id: &str, boot_id: &str, now: i64) -> Res
         )?;
     }
     Ok(v.quarantine())
-}
-
-/// Quarantines a node as a cloned identity: every certificate revoked
-/// (`duplicate-identity`, with the statement `seal` signs), joins with no
-/// token refused until an operator's join with a token; the fleet event
-/// says `detail` of the serials revoked.
-pub(super) fn quarantine_node(
-    c: &Connection,
-    node_id: &str,
-    now: i64,
-    seal: SealStatement,
-    detail: impl FnOnce(&[String]) -> String,
-) -> Result<(), TxError> {
-    let serials = revoke_all(c, node_id, now, clones::DUPLICATE_IDENTITY, seal)?;
-    c.execute_kept(
-        "UPDATE nodes SET quarantined_at = ?2 WHERE id = ?1",
-        params![node_id, now],
-    )?;
-    super::fleet_event(c, now, clones::QUARANTINED, node_id, &detail(&serials))?;
-    Ok(())
-}
-
-/// Revokes every certificate of `node_id` still valid, for `reason`, with
-/// the statement `seal` signs; returns their serials.
-fn revoke_all(
-    c: &Connection,
-    node_id: &str,
-    now: i64,
-    reason: &str,
-    seal: SealStatement,
-) -> Result<Vec<String>, TxError> {
-    let serials: Vec<String> = c
-        .prepare(
-            "SELECT serial FROM node_certs WHERE node_id = ?1 AND revoked_at IS NULL \
-             ORDER BY serial",
-        )?
-        .query_map([node_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
-        kind: StatementKind::Revoked,
-        serials: serials.clone(),
-        reason: reason.to_string(),
-        issued_at_ms: now,
-    });
-    c.execute_kept(
-        "UPDATE node_certs SET revoked_at = ?2, revoke_reason = ?3, statement = ?4
-         WHERE node_id = ?1 AND revoked_at IS NULL",
-        params![node_id, now, reason, statement],
-    )?;
-    Ok(serials)
 }
 
 /// The live node bound to the EK `ek_sha256` (the writer's transaction

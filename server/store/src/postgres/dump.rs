@@ -1,81 +1,12 @@
-//! Backup sets, the dump and the restore.
+//! The dump and the restore (backup sets' records: `crate::sql::backups`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use tokio_postgres::types::{ToSql, Type};
 
-use super::{Tx, execute, now, query, query_opt};
-use crate::backups::{
-    BackupRow, Dump, NewBackup, SequenceDump, TableDump, Value, plain_identifier, restore_order,
-};
+use super::{Tx, now, query};
+use crate::backups::{Dump, SequenceDump, TableDump, Value, plain_identifier, restore_order};
 use crate::error::{Refusal, StoreError, TxError};
-
-const COLUMNS: &str = "id, state, reason, restore_eligible, created_at, finished_at, location, \
-                       host, process, files, bytes";
-
-fn backup_row(r: &tokio_postgres::Row) -> BackupRow {
-    BackupRow {
-        id: r.get(0),
-        state: r.get(1),
-        reason: r.get(2),
-        restore_eligible: r.get(3),
-        created_at: r.get(4),
-        finished_at: r.get(5),
-        location: r.get(6),
-        host: r.get(7),
-        process: r.get(8),
-        files: r.get::<_, i64>(9) as u64,
-        bytes: r.get::<_, i64>(10) as u64,
-    }
-}
-
-pub(super) async fn begin(tx: &Tx<'_>, b: &NewBackup) -> Result<BackupRow, StoreError> {
-    let sql = format!(
-        "INSERT INTO backups (id, state, created_at, location, host, process)
-         VALUES ($1, 'CREATING', compute_now(), $2, $3, $4) RETURNING {COLUMNS}"
-    );
-    let r = super::query_one(tx, &sql, &[&b.id, &b.location, &b.host, &b.process]).await?;
-    Ok(backup_row(&r))
-}
-
-pub(super) async fn finish(
-    tx: &Tx<'_>,
-    id: &str,
-    files: u64,
-    bytes: u64,
-) -> Result<bool, StoreError> {
-    Ok(execute(
-        tx,
-        "UPDATE backups SET state = 'COMPLETE', restore_eligible = true,
-             finished_at = compute_now(), files = $2, bytes = $3
-         WHERE id = $1 AND state = 'CREATING'",
-        &[&id, &(files as i64), &(bytes as i64)],
-    )
-    .await?
-        == 1)
-}
-
-pub(super) async fn fail(tx: &Tx<'_>, id: &str, reason: &str) -> Result<bool, StoreError> {
-    Ok(execute(
-        tx,
-        "UPDATE backups SET state = 'FAILED', restore_eligible = false, reason = $2,
-             finished_at = compute_now()
-         WHERE id = $1 AND state = 'CREATING'",
-        &[&id, &reason],
-    )
-    .await?
-        == 1)
-}
-
-pub(super) async fn list(tx: &Tx<'_>) -> Result<Vec<BackupRow>, StoreError> {
-    let sql = format!("SELECT {COLUMNS} FROM backups ORDER BY created_at DESC, id");
-    Ok(query(tx, &sql, &[]).await?.iter().map(backup_row).collect())
-}
-
-pub(super) async fn get(tx: &Tx<'_>, id: &str) -> Result<Option<BackupRow>, StoreError> {
-    let sql = format!("SELECT {COLUMNS} FROM backups WHERE id = $1");
-    Ok(query_opt(tx, &sql, &[&id]).await?.as_ref().map(backup_row))
-}
 
 fn ident(name: &str) -> Result<&str, StoreError> {
     plain_identifier(name).map_err(StoreError::Corrupt)

@@ -1,70 +1,13 @@
-//! Backup sets, the dump and the restore.
+//! The dump and the restore (backup sets' records: `crate::sql::backups`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rusqlite::Connection;
 use rusqlite::types::{Value as Sql, ValueRef};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{now, user_version};
-use crate::backups::{
-    BackupRow, Dump, NewBackup, TableDump, Value, plain_identifier, restore_order,
-};
+use crate::backups::{Dump, TableDump, Value, plain_identifier, restore_order};
 use crate::error::{Refusal, StoreError, TxError};
-
-const COLUMNS: &str = "id, state, reason, restore_eligible, created_at, finished_at, location, \
-                       host, process, files, bytes";
-
-fn backup_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BackupRow> {
-    Ok(BackupRow {
-        id: r.get(0)?,
-        state: r.get(1)?,
-        reason: r.get(2)?,
-        restore_eligible: r.get::<_, i64>(3)? != 0,
-        created_at: r.get(4)?,
-        finished_at: r.get(5)?,
-        location: r.get(6)?,
-        host: r.get(7)?,
-        process: r.get(8)?,
-        files: r.get::<_, i64>(9)? as u64,
-        bytes: r.get::<_, i64>(10)? as u64,
-    })
-}
-
-pub(super) fn begin(c: &Connection, b: &NewBackup) -> Result<BackupRow, StoreError> {
-    Ok(c.prepare_cached(&format!(
-        "INSERT INTO backups (id, state, created_at, location, host, process)
-         VALUES (?1, 'CREATING', compute_now(), ?2, ?3, ?4) RETURNING {COLUMNS}"
-    ))?
-    .query_row(params![b.id, b.location, b.host, b.process], backup_row)?)
-}
-
-pub(super) fn finish(c: &Connection, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
-    Ok(c.prepare_cached(
-        "UPDATE backups SET state = 'COMPLETE', restore_eligible = 1,
-             finished_at = compute_now(), files = ?2, bytes = ?3
-         WHERE id = ?1 AND state = 'CREATING'",
-    )?
-    .execute(params![id, files as i64, bytes as i64])?
-        == 1)
-}
-
-pub(super) fn fail(c: &Connection, id: &str, reason: &str) -> Result<bool, StoreError> {
-    Ok(c.prepare_cached(
-        "UPDATE backups SET state = 'FAILED', restore_eligible = 0, reason = ?2,
-             finished_at = compute_now()
-         WHERE id = ?1 AND state = 'CREATING'",
-    )?
-    .execute(params![id, reason])?
-        == 1)
-}
-
-pub(super) fn list(c: &Connection) -> Result<Vec<BackupRow>, StoreError> {
-    Ok(c.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM backups ORDER BY created_at DESC, id"
-    ))?
-    .query_map([], backup_row)?
-    .collect::<rusqlite::Result<Vec<_>>>()?)
-}
 
 /// Every table but SQLite's own, parents first; `sqlite_sequence` (the
 /// AUTOINCREMENT positions) last.
@@ -220,13 +163,4 @@ pub(super) fn restore(c: &Connection, d: &Dump) -> Result<(), TxError> {
         c.execute_batch(sql)?;
     }
     Ok(())
-}
-
-/// A backup set by id.
-pub(super) fn get(c: &Connection, id: &str) -> Result<Option<BackupRow>, StoreError> {
-    Ok(
-        c.prepare_cached(&format!("SELECT {COLUMNS} FROM backups WHERE id = ?1"))?
-            .query_row([id], backup_row)
-            .optional()?,
-    )
 }
