@@ -24,7 +24,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::{Mutex as AsyncMutex, mpsc, oneshot};
 
-use super::{Tx, sessions};
+use super::{Pg, Tx};
 use crate::clock::Clock;
 use crate::error::{StoreError, TxError};
 use crate::sessions::{HelloInput, HelloOutcome};
@@ -201,8 +201,11 @@ async fn one(tx: &Tx<'_>, hello: &HelloInput, first: bool) -> Result<HelloOutcom
     };
     // Polled first, so sent first: the savepoint goes out ahead of the
     // Hello's statements, in the same round trip.
-    let (saved, out) =
-        futures_util::future::join(tx.batch_execute(savepoint), sessions::hello(tx, hello)).await;
+    let (saved, out) = futures_util::future::join(
+        tx.batch_execute(savepoint),
+        crate::sql::sessions::hello(&Pg(tx), hello),
+    )
+    .await;
     if let Err(e) = saved {
         return Err(Failed::Group(e.into()));
     }

@@ -199,6 +199,23 @@ impl sql::Db for Pg<'_, '_> {
     async fn execute(&self, sql: &str, params: sql::Params<'_>) -> Result<u64, StoreError> {
         Ok(execute(self.0, sql, &Self::values(params)).await?)
     }
+
+    async fn batch(
+        &self,
+        statements: &[(&str, sql::Params<'_>)],
+    ) -> Result<Vec<Vec<Row>>, StoreError> {
+        let values: Vec<_> = statements.iter().map(|(_, p)| Self::values(p)).collect();
+        let batch: Vec<(&str, Params<'_>)> = statements
+            .iter()
+            .zip(&values)
+            .map(|((sql, _), v)| (*sql, v.as_slice()))
+            .collect();
+        Ok(pipeline(self.0, &batch)
+            .await?
+            .into_iter()
+            .map(|rows| rows.into_iter().map(Row::Postgres).collect())
+            .collect())
+    }
 }
 
 /// Records a fleet event about a node ([`sql::bindings::fleet_event`]).
@@ -278,21 +295,6 @@ async fn now(tx: &Tx<'_>) -> Result<i64, tokio_postgres::Error> {
 /// A duration in milliseconds, as the store keeps it.
 fn ms(d: Duration) -> i64 {
     crate::clock::ms(d)
-}
-
-/// A JSON column, parsed; a value that does not parse is an error.
-fn json_col<T: serde::de::DeserializeOwned>(
-    r: &tokio_postgres::Row,
-    i: usize,
-) -> Result<T, StoreError> {
-    let text: String = r.get(i);
-    serde_json::from_str(&text)
-        .map_err(|e| StoreError::Corrupt(format!("column {i} does not parse: {e}")))
-}
-
-/// A value as the JSON text of a column.
-fn to_json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("plain data serializes")
 }
 
 /// Runs `$body` (an expression that awaits a domain function given the

@@ -45,6 +45,7 @@ pub(crate) mod reconcile;
 pub(crate) mod releases;
 pub(crate) mod rollouts;
 pub(crate) mod secrets;
+pub(crate) mod sessions;
 pub(crate) mod specs;
 
 /// Which database a [`Db`] speaks to.
@@ -149,6 +150,17 @@ pub(crate) trait Db {
 
     /// A statement's changed row count.
     async fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError>;
+
+    /// Statements run in the order given, each one's rows: on PostgreSQL
+    /// sent together and answered in one round trip (an error aborts the
+    /// transaction as usual), on SQLite one after another.
+    async fn batch(&self, statements: &[(&str, Params<'_>)]) -> Result<Vec<Vec<Row>>, StoreError> {
+        let mut out = Vec::with_capacity(statements.len());
+        for (sql, params) in statements {
+            out.push(self.query(sql, params).await?);
+        }
+        Ok(out)
+    }
 
     /// At most one row; a second is an error.
     async fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, StoreError> {

@@ -361,22 +361,6 @@ fn ms(d: Duration) -> i64 {
     crate::clock::ms(d)
 }
 
-/// A JSON column, parsed; a value that does not parse is an error.
-fn json_col<T: serde::de::DeserializeOwned>(
-    r: &rusqlite::Row<'_>,
-    i: usize,
-) -> rusqlite::Result<T> {
-    let text: String = r.get(i)?;
-    serde_json::from_str(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-    })
-}
-
-/// A value as the JSON text of a column.
-fn to_json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("plain data serializes")
-}
-
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     // A panic while holding the lock cannot leave a half-applied
     // transaction (SQLite rolls it back), so a poisoned lock is usable.
@@ -553,7 +537,8 @@ impl GatewayBackend for SqliteBackend {
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let h = h.clone();
-        self.write(move |c| sessions::hello(c, &h)).await
+        self.write(move |c| ready(sql::sessions::hello(&Lite(c), &h)))
+            .await
     }
 
     async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
@@ -1562,11 +1547,13 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
         let mut conn = super::connect(&d.path().join("s.db"), &clock).unwrap();
         super::migrate(&mut conn).unwrap();
+        // The Hello's read of its node's commands in flight, as SQLite runs it.
+        let in_flight = crate::sql::lite_text(crate::sql::sessions::HELLO_IN_FLIGHT);
         for node in ["a", "b", "c", "d"] {
-            let mut q = conn.prepare_cached(super::sessions::IN_FLIGHT).unwrap();
+            let mut q = conn.prepare_cached(&in_flight).unwrap();
             assert_eq!(q.query_map([node], |_| Ok(())).unwrap().count(), 0);
         }
-        let q = conn.prepare_cached(super::sessions::IN_FLIGHT).unwrap();
+        let q = conn.prepare_cached(&in_flight).unwrap();
         assert_eq!(q.get_status(StatementStatus::RePrepare), 0);
     }
 }
