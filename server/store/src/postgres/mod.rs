@@ -40,7 +40,6 @@
 
 mod chunks;
 pub mod cluster;
-mod commands;
 pub mod connect;
 mod dump;
 mod events;
@@ -83,8 +82,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Row, audit, backups, bindings, clones, gateways, images, inventory, leases,
-    liveness, machines, nodes, reconcile, rollouts, secrets, specs,
+    self, Dialect, Row, audit, backups, bindings, clones, commands, gateways, images, inventory,
+    leases, liveness, machines, nodes, reconcile, rollouts, secrets, specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -582,11 +581,12 @@ impl GatewayBackend for PostgresBackend {
         node: &str,
         ids: &[String],
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| commands::result_receipts(&tx, node, ids).await)
+        tx!(self, |tx| commands::result_receipts(&Pg(&tx), node, ids)
+            .await)
     }
 
     async fn put_unknown_result(&self, r: &UnknownResult) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::put_unknown_result(&tx, r).await)
+        tx!(self, |tx| commands::put_unknown_result(&Pg(&tx), r).await)
     }
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
@@ -708,7 +708,7 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        tx!(self, |tx| commands::states(&tx).await)
+        tx!(self, |tx| commands::states(&Pg(&tx)).await)
     }
 
     async fn take_dispatchable(
@@ -718,7 +718,10 @@ impl GatewayBackend for PostgresBackend {
         epoch: u64,
     ) -> Result<Vec<Dispatch>, StoreError> {
         tx!(self, |tx| commands::take_dispatchable(
-            &tx, gateway_id, node_id, epoch
+            &Pg(&tx),
+            gateway_id,
+            node_id,
+            epoch
         )
         .await)
     }
@@ -729,7 +732,7 @@ impl GatewayBackend for PostgresBackend {
         id: &str,
         running: bool,
     ) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::ack(&tx, route, id, running).await)
+        tx!(self, |tx| commands::ack(&Pg(&tx), route, id, running).await)
     }
 
     async fn command_result(
@@ -738,13 +741,14 @@ impl GatewayBackend for PostgresBackend {
         r: &Signed<ResultInput>,
         verify: VerifySignature,
     ) -> Result<ResultApplied, StoreError> {
-        tx!(self, |tx| commands::result(&tx, node_id, r, verify).await)
+        tx!(self, |tx| commands::result(&Pg(&tx), node_id, r, verify)
+            .await)
     }
 
     async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| {
             leases::check_held(&Pg(&tx), held).await?;
-            commands::sweep(&tx).await
+            commands::sweep(&Pg(&tx)).await
         })
     }
 
@@ -1064,8 +1068,11 @@ impl Backend for PostgresBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<UnknownResult>, StoreError> {
-        tx!(self, |tx| commands::unknown_results_unreceipted(&tx, limit)
-            .await)
+        tx!(self, |tx| commands::unknown_results_unreceipted(
+            &Pg(&tx),
+            limit
+        )
+        .await)
     }
 
     async fn put_unknown_result_receipt(
@@ -1074,22 +1081,30 @@ impl Backend for PostgresBackend {
         receipt: &[u8],
     ) -> Result<(), StoreError> {
         tx!(self, |tx| commands::put_unknown_result_receipt(
-            &tx, r, receipt
+            &Pg(&tx),
+            r,
+            receipt
         )
         .await)
     }
 
     async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::results_unreceipted(&tx, limit).await)
-    }
-
-    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
-        tx!(self, |tx| commands::put_result_receipt(&tx, id, receipt)
+        tx!(self, |tx| commands::results_unreceipted(&Pg(&tx), limit)
             .await)
     }
 
+    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
+        tx!(self, |tx| commands::put_result_receipt(
+            &Pg(&tx),
+            id,
+            receipt
+        )
+        .await)
+    }
+
     async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::upgrades_unjudged(&tx, limit).await)
+        tx!(self, |tx| commands::upgrades_unjudged(&Pg(&tx), limit)
+            .await)
     }
 
     async fn judge_upgrade_floor(
@@ -1098,7 +1113,9 @@ impl Backend for PostgresBackend {
         believed: bool,
     ) -> Result<Option<u64>, StoreError> {
         tx!(self, |tx| commands::judge_upgrade_floor(
-            &tx, command_id, believed
+            &Pg(&tx),
+            command_id,
+            believed
         )
         .await)
     }
@@ -1169,11 +1186,11 @@ impl Backend for PostgresBackend {
         cmd: &NewCommand,
         seal: SealCommand,
     ) -> Result<(CommandRow, bool), TxError> {
-        tx!(self, |tx| commands::create(&tx, cmd, seal).await)
+        tx!(self, |tx| commands::create(&Pg(&tx), cmd, seal).await)
     }
 
     async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
-        tx!(self, |tx| commands::row(&tx, id).await)
+        tx!(self, |tx| commands::row(&Pg(&tx), id).await)
     }
 
     async fn list_commands(
@@ -1181,11 +1198,12 @@ impl Backend for PostgresBackend {
         node_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<CommandRow>, StoreError> {
-        tx!(self, |tx| commands::list(&tx, node_id, limit).await)
+        tx!(self, |tx| commands::list(&Pg(&tx), node_id, limit).await)
     }
 
     async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::cancel_pending(&tx, id, reason).await)
+        tx!(self, |tx| commands::cancel_pending(&Pg(&tx), id, reason)
+            .await)
     }
 
     async fn update_spec(

@@ -34,6 +34,7 @@ pub(crate) mod audit;
 pub(crate) mod backups;
 pub(crate) mod bindings;
 pub(crate) mod clones;
+pub(crate) mod commands;
 pub(crate) mod gateways;
 pub(crate) mod images;
 pub(crate) mod inventory;

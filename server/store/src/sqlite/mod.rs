@@ -22,7 +22,6 @@
 //! implementation that calls them.
 
 mod chunks;
-mod commands;
 mod dump;
 mod events;
 mod sessions;
@@ -62,8 +61,8 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Params, Row, audit, backups, bindings, clones, gateways, images, inventory,
-    leases, liveness, machines, nodes, ready, reconcile, rollouts, secrets, specs,
+    self, Dialect, Params, Row, audit, backups, bindings, clones, commands, gateways, images,
+    inventory, leases, liveness, machines, nodes, ready, reconcile, rollouts, secrets, specs,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -148,7 +147,18 @@ impl sql::Db for Lite<'_> {
 
     async fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
         let mut st = self.0.prepare_cached(&sql::lite_text(sql))?;
-        Ok(st.execute(Self::values(params).as_slice())? as u64)
+        let values = Self::values(params);
+        if st.column_count() == 0 {
+            return Ok(st.execute(values.as_slice())? as u64);
+        }
+        // A statement that returns rows (a locking read PostgreSQL needs),
+        // run to its end: its rows counted, as PostgreSQL counts them.
+        let mut rows = st.query(values.as_slice())?;
+        let mut n = 0;
+        while rows.next()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
     }
 }
 
@@ -525,13 +535,13 @@ impl GatewayBackend for SqliteBackend {
         ids: &[String],
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let (node, ids) = (node.to_string(), ids.to_vec());
-        self.read(move |c| commands::result_receipts(c, &node, &ids))
+        self.read(move |c| ready(commands::result_receipts(&Lite(c), &node, &ids)))
             .await
     }
 
     async fn put_unknown_result(&self, r: &UnknownResult) -> Result<bool, StoreError> {
         let r = r.clone();
-        self.write(move |c| commands::put_unknown_result(c, &r))
+        self.write(move |c| ready(commands::put_unknown_result(&Lite(c), &r)))
             .await
     }
 
@@ -653,7 +663,7 @@ impl GatewayBackend for SqliteBackend {
     }
 
     async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        self.read(commands::states).await
+        self.read(|c| ready(commands::states(&Lite(c)))).await
     }
 
     async fn take_dispatchable(
@@ -663,7 +673,7 @@ impl GatewayBackend for SqliteBackend {
         epoch: u64,
     ) -> Result<Vec<Dispatch>, StoreError> {
         let (gw, node) = (gateway_id.to_string(), node_id.to_string());
-        self.write(move |c| commands::take_dispatchable(c, &gw, &node, epoch))
+        self.write(move |c| ready(commands::take_dispatchable(&Lite(c), &gw, &node, epoch)))
             .await
     }
 
@@ -674,7 +684,7 @@ impl GatewayBackend for SqliteBackend {
         running: bool,
     ) -> Result<bool, StoreError> {
         let (route, id) = (route.clone(), id.to_string());
-        self.write(move |c| commands::ack(c, &route, &id, running))
+        self.write(move |c| ready(commands::ack(&Lite(c), &route, &id, running)))
             .await
     }
 
@@ -685,7 +695,7 @@ impl GatewayBackend for SqliteBackend {
         verify: VerifySignature,
     ) -> Result<ResultApplied, StoreError> {
         let (node, r) = (node_id.to_string(), r.clone());
-        self.write(move |c| commands::result(c, &node, &r, verify))
+        self.write(move |c| ready(commands::result(&Lite(c), &node, &r, verify)))
             .await
     }
 
@@ -693,7 +703,7 @@ impl GatewayBackend for SqliteBackend {
         let held = held.clone();
         self.write(move |c| {
             ready(leases::check_held(&Lite(c), &held))?;
-            commands::sweep(c)
+            ready(commands::sweep(&Lite(c)))
         })
         .await
     }
@@ -1065,7 +1075,7 @@ impl Backend for SqliteBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<UnknownResult>, StoreError> {
-        self.read(move |c| commands::unknown_results_unreceipted(c, limit))
+        self.read(move |c| ready(commands::unknown_results_unreceipted(&Lite(c), limit)))
             .await
     }
 
@@ -1075,23 +1085,23 @@ impl Backend for SqliteBackend {
         receipt: &[u8],
     ) -> Result<(), StoreError> {
         let (r, receipt) = (r.clone(), receipt.to_vec());
-        self.write(move |c| commands::put_unknown_result_receipt(c, &r, &receipt))
+        self.write(move |c| ready(commands::put_unknown_result_receipt(&Lite(c), &r, &receipt)))
             .await
     }
 
     async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        self.read(move |c| commands::results_unreceipted(c, limit))
+        self.read(move |c| ready(commands::results_unreceipted(&Lite(c), limit)))
             .await
     }
 
     async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
         let (id, receipt) = (id.to_string(), receipt.to_vec());
-        self.write(move |c| commands::put_result_receipt(c, &id, &receipt))
+        self.write(move |c| ready(commands::put_result_receipt(&Lite(c), &id, &receipt)))
             .await
     }
 
     async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        self.read(move |c| commands::upgrades_unjudged(c, limit))
+        self.read(move |c| ready(commands::upgrades_unjudged(&Lite(c), limit)))
             .await
     }
 
@@ -1101,7 +1111,7 @@ impl Backend for SqliteBackend {
         believed: bool,
     ) -> Result<Option<u64>, StoreError> {
         let id = command_id.to_string();
-        self.write(move |c| commands::judge_upgrade_floor(c, &id, believed))
+        self.write(move |c| ready(commands::judge_upgrade_floor(&Lite(c), &id, believed)))
             .await
     }
 
@@ -1180,12 +1190,14 @@ impl Backend for SqliteBackend {
         seal: SealCommand,
     ) -> Result<(CommandRow, bool), TxError> {
         let cmd = cmd.clone();
-        self.write(move |c| commands::create(c, &cmd, seal)).await
+        self.write(move |c| ready(commands::create(&Lite(c), &cmd, seal)))
+            .await
     }
 
     async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
         let id = id.to_string();
-        self.read(move |c| Ok(commands::row(c, &id)?)).await
+        self.read(move |c| ready(commands::row(&Lite(c), &id)))
+            .await
     }
 
     async fn list_commands(
@@ -1194,13 +1206,13 @@ impl Backend for SqliteBackend {
         limit: u32,
     ) -> Result<Vec<CommandRow>, StoreError> {
         let node = node_id.map(str::to_string);
-        self.read(move |c| commands::list(c, node.as_deref(), limit))
+        self.read(move |c| ready(commands::list(&Lite(c), node.as_deref(), limit)))
             .await
     }
 
     async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
         let (id, reason) = (id.to_string(), reason.to_string());
-        self.write(move |c| commands::cancel_pending(c, &id, &reason))
+        self.write(move |c| ready(commands::cancel_pending(&Lite(c), &id, &reason)))
             .await
     }
 
