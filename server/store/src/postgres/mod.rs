@@ -14,7 +14,12 @@
 //!   clock, so every process agrees on "now" whatever its own clock says.
 //!   A store opened with an injected clock (tests) sets it in each
 //!   transaction (`bc.now_ms`).
-//! - The spec's rules, in the SQL of each domain: the Hello re-reads its
+//! - Every transaction's statements are written once for both backends
+//!   in `crate::sql` and run here over `Pg` (a batch pipelined in one
+//!   round trip; PostgreSQL's own: ranges of large values by `substring()`,
+//!   `chunks`; the dump and restore over its catalogs, `dump`; the Hellos
+//!   grouped into shared transactions, `hellos`; the simulated stall).
+//! - The spec's rules, in those statements: the Hello re-reads its
 //!   gateway's lease `FOR SHARE` (a lease that moved aborts it, fenced);
 //!   session writes carry `AND epoch = $epoch`; dispatch holds the session
 //!   row `FOR SHARE`, so it cannot race an epoch bump; liveness is flushed
@@ -42,12 +47,9 @@ mod chunks;
 pub mod cluster;
 pub mod connect;
 mod dump;
-mod events;
 pub mod grants;
 mod hellos;
-mod sessions;
 mod stall;
-mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -82,8 +84,9 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Row, audit, backups, bindings, clones, commands, gateways, images, inventory,
-    leases, liveness, machines, nodes, reconcile, rollouts, secrets, specs,
+    self, Dialect, Row, audit, backups, bindings, clones, commands, events, gateways, images,
+    inventory, leases, liveness, machines, nodes, reconcile, rollouts, secrets, sessions, specs,
+    tokens,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -217,17 +220,6 @@ impl sql::Db for Pg<'_, '_> {
     }
 }
 
-/// Records a fleet event about a node ([`sql::bindings::fleet_event`]).
-async fn fleet_event(
-    tx: &Tx<'_>,
-    at: i64,
-    kind: &str,
-    node_id: &str,
-    detail: &str,
-) -> Result<(), StoreError> {
-    bindings::fleet_event(&Pg(tx), at, kind, node_id, detail).await
-}
-
 /// Rows of a cached statement.
 async fn query(
     tx: &Tx<'_>,
@@ -289,11 +281,6 @@ async fn execute(tx: &Tx<'_>, sql: &str, params: Params<'_>) -> Result<u64, toki
 /// `compute_now()`.
 async fn now(tx: &Tx<'_>) -> Result<i64, tokio_postgres::Error> {
     Ok(query_one(tx, "SELECT compute_now()", &[]).await?.get(0))
-}
-
-/// A duration in milliseconds, as the store keeps it.
-fn ms(d: Duration) -> i64 {
-    crate::clock::ms(d)
 }
 
 /// Runs `$body` (an expression that awaits a domain function given the
@@ -572,8 +559,13 @@ impl GatewayBackend for PostgresBackend {
         journal_id: &str,
         keys: &[crate::events::EventKey],
     ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| events::receipts(&tx, node, journal_id, keys)
-            .await)
+        tx!(self, |tx| events::receipts(
+            &Pg(&tx),
+            node,
+            journal_id,
+            keys
+        )
+        .await)
     }
 
     async fn result_receipts(
@@ -596,7 +588,7 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::disconnect(&tx, ended).await)
+        tx!(self, |tx| sessions::disconnect(&Pg(&tx), ended).await)
     }
 
     async fn flush_liveness(
@@ -604,8 +596,12 @@ impl GatewayBackend for PostgresBackend {
         gateway_id: &str,
         seen: &[Seen],
     ) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::flush_liveness(&tx, gateway_id, seen)
-            .await)
+        tx!(self, |tx| sessions::flush_liveness(
+            &Pg(&tx),
+            gateway_id,
+            seen
+        )
+        .await)
     }
 
     async fn gateway_shutdown(
@@ -614,13 +610,16 @@ impl GatewayBackend for PostgresBackend {
         sessions: &[SessionKey],
     ) -> Result<(), StoreError> {
         tx!(self, |tx| sessions::gateway_shutdown(
-            &tx, gateway_id, sessions
+            &Pg(&tx),
+            gateway_id,
+            sessions
         )
         .await)
     }
 
     async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
-        tx!(self, |tx| sessions::spec_generations(&tx, gateway_id).await)
+        tx!(self, |tx| sessions::spec_generations(&Pg(&tx), gateway_id)
+            .await)
     }
 
     async fn nodes_with_work(
@@ -629,7 +628,7 @@ impl GatewayBackend for PostgresBackend {
         specs_since_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
         tx!(self, |tx| sessions::nodes_with_work(
-            &tx,
+            &Pg(&tx),
             gateway_id,
             specs_since_ms
         )
@@ -648,7 +647,7 @@ impl GatewayBackend for PostgresBackend {
     }
 
     async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
-        tx!(self, |tx| sessions::fleet_size(&tx).await)
+        tx!(self, |tx| sessions::fleet_size(&Pg(&tx)).await)
     }
 
     async fn hold_lease(
@@ -785,8 +784,13 @@ impl GatewayBackend for PostgresBackend {
         journal_id: &str,
         events: &[EventInput],
     ) -> Result<u64, StoreError> {
-        tx!(self, |tx| events::put(&tx, node_id, journal_id, events)
-            .await)
+        tx!(self, |tx| events::put(
+            &Pg(&tx),
+            node_id,
+            journal_id,
+            events
+        )
+        .await)
     }
 
     async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
@@ -825,15 +829,16 @@ impl GatewayBackend for PostgresBackend {
 #[async_trait]
 impl Backend for PostgresBackend {
     async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
-        tx!(self, |tx| tokens::add_operator(&tx, o).await)
+        tx!(self, |tx| tokens::add_operator(&Pg(&tx), o).await)
     }
 
     async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError> {
-        tx!(self, |tx| tokens::list_operators(&tx).await)
+        tx!(self, |tx| tokens::list_operators(&Pg(&tx)).await)
     }
 
     async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError> {
-        tx!(self, |tx| tokens::operator_by_cert(&tx, cert_sha256).await)
+        tx!(self, |tx| tokens::operator_by_cert(&Pg(&tx), cert_sha256)
+            .await)
     }
 
     async fn revoke_operator(
@@ -841,7 +846,7 @@ impl Backend for PostgresBackend {
         id: &str,
         seal: SealRevocation,
     ) -> Result<OperatorRow, TxError> {
-        tx!(self, |tx| tokens::revoke_operator(&tx, id, seal).await)
+        tx!(self, |tx| tokens::revoke_operator(&Pg(&tx), id, seal).await)
     }
 
     async fn put_secret(
@@ -911,19 +916,19 @@ impl Backend for PostgresBackend {
     }
 
     async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
-        tx!(self, |tx| tokens::list_tokens(&tx, all).await)
+        tx!(self, |tx| tokens::list_tokens(&Pg(&tx), all).await)
     }
 
     async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError> {
-        tx!(self, |tx| tokens::revoke_token(&tx, id).await)
+        tx!(self, |tx| tokens::revoke_token(&Pg(&tx), id).await)
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {
-        tx!(self, |tx| tokens::create_token(&tx, t).await)
+        tx!(self, |tx| tokens::create_token(&Pg(&tx), t).await)
     }
 
     async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
-        tx!(self, |tx| tokens::join(&tx, j, issue).await)
+        tx!(self, |tx| tokens::join(&Pg(&tx), j, issue).await)
     }
 
     async fn reenrol(
@@ -933,7 +938,8 @@ impl Backend for PostgresBackend {
         issue: IssueCert,
         seal: SealStatement,
     ) -> Result<Joined, TxError> {
-        tx!(self, |tx| tokens::reenrol(&tx, j, proof, issue, seal).await)
+        tx!(self, |tx| tokens::reenrol(&Pg(&tx), j, proof, issue, seal)
+            .await)
     }
 
     async fn join_attested(
@@ -944,7 +950,11 @@ impl Backend for PostgresBackend {
         seal: SealStatement,
     ) -> Result<Joined, TxError> {
         tx!(self, |tx| tokens::join_attested(
-            &tx, j, ek_sha256, issue, seal
+            &Pg(&tx),
+            j,
+            ek_sha256,
+            issue,
+            seal
         )
         .await)
     }
@@ -960,7 +970,7 @@ impl Backend for PostgresBackend {
         proves: crate::machines::ProvesMachine,
     ) -> Result<Enrolled, TxError> {
         tx!(self, |tx| tokens::join_enrolled(
-            &tx,
+            &Pg(&tx),
             j,
             ek_sha256,
             ek_ca,
@@ -1053,7 +1063,7 @@ impl Backend for PostgresBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<crate::events::SecurityEvent>, StoreError> {
-        tx!(self, |tx| events::unreceipted(&tx, limit).await)
+        tx!(self, |tx| events::unreceipted(&Pg(&tx), limit).await)
     }
 
     async fn put_event_receipt(
@@ -1061,7 +1071,8 @@ impl Backend for PostgresBackend {
         event: &crate::events::SecurityEvent,
         receipt: &[u8],
     ) -> Result<(), StoreError> {
-        tx!(self, |tx| events::put_receipt(&tx, event, receipt).await)
+        tx!(self, |tx| events::put_receipt(&Pg(&tx), event, receipt)
+            .await)
     }
 
     async fn unknown_results_unreceipted(
@@ -1151,11 +1162,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
-        tx!(self, |tx| sessions::session(&tx, node_id).await)
+        tx!(self, |tx| sessions::session(&Pg(&tx), node_id).await)
     }
 
     async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| sessions::connected_to(&tx, gateway_id).await)
+        tx!(self, |tx| sessions::connected_to(&Pg(&tx), gateway_id)
+            .await)
     }
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
@@ -1267,7 +1279,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
-        tx!(self, |tx| events::list(&tx, node_id).await)
+        tx!(self, |tx| events::list(&Pg(&tx), node_id).await)
     }
 
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {

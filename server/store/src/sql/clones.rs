@@ -3,7 +3,7 @@
 
 use super::bindings::fleet_event;
 use super::nodes::quarantine_node;
-use super::{Db, Row, json_list, to_json};
+use super::{Db, List, Row, in_list};
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::nodes::{SUPERSEDED, SealStatement};
@@ -39,10 +39,10 @@ pub(crate) async fn unwatched(db: &impl Db, limit: u32) -> Result<Vec<Sighting>,
 pub(crate) async fn mark_watched(db: &impl Db, ids: &[i64]) -> Result<(), StoreError> {
     db.execute(
         &format!(
-            "UPDATE cert_sightings SET watched = TRUE WHERE id IN {}",
-            json_list(db.dialect(), 1)
+            "UPDATE cert_sightings SET watched = TRUE WHERE {}",
+            in_list(db.dialect(), "id", 1)
         ),
-        &[&to_json(&ids)],
+        &[&List(ids.to_vec())],
     )
     .await?;
     Ok(())

@@ -4,7 +4,7 @@ use bcd_core::command::{ServerState, apply_result};
 
 use super::bindings::fleet_event;
 use super::nodes::valid_certs;
-use super::{Db, Dialect, Row, json_list, to_json};
+use super::{Db, Dialect, List, Row, in_list};
 use crate::bindings::VerifySignature;
 use crate::clock::ms;
 use crate::commands::{
@@ -206,10 +206,10 @@ pub(crate) async fn take_dispatchable(
         .query(
             &format!(
                 "UPDATE commands SET state = 'dispatched', epoch = $2, updated_at = compute_now()
-                 WHERE id IN {} AND state = 'pending' RETURNING id",
-                json_list(db.dialect(), 1)
+                 WHERE {} AND state = 'pending' RETURNING id",
+                in_list(db.dialect(), "id", 1)
             ),
-            &[&to_json(&ids), &epoch],
+            &[&List(ids), &epoch],
         )
         .await?
         .iter()
@@ -441,16 +441,19 @@ pub(crate) async fn result_receipts(
     node: &str,
     ids: &[String],
 ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-    let list = json_list(db.dialect(), 1);
+    let (commands, unknown) = (
+        in_list(db.dialect(), "id", 1),
+        in_list(db.dialect(), "command_id", 1),
+    );
     db.query(
         &format!(
             "SELECT id, receipt FROM commands
-             WHERE id IN {list} AND node_id = $2 AND receipt IS NOT NULL
+             WHERE {commands} AND node_id = $2 AND receipt IS NOT NULL
              UNION ALL
              SELECT command_id, receipt FROM unknown_results
-             WHERE command_id IN {list} AND node_id = $2 AND length(receipt) > 0"
+             WHERE {unknown} AND node_id = $2 AND length(receipt) > 0"
         ),
-        &[&to_json(&ids), &node],
+        &[&List(ids.to_vec()), &node],
     )
     .await?
     .iter()

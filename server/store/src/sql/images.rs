@@ -1,7 +1,7 @@
 //! Netboot images. A range of an artifact is read by each backend its own
 //! way (`artifact_chunk` in each backend's `images`).
 
-use super::{Db, Row, json_list};
+use super::{Db, List, Row, in_list};
 use crate::clock::ms;
 use crate::error::{StoreError, TxError};
 use crate::images::{
@@ -169,14 +169,14 @@ pub(crate) async fn for_mac(db: &impl Db, mac: &str) -> Result<Option<Assigned>,
         node_id: r.get(0)?,
         pool: r.get(1)?,
     };
-    let targets = super::to_json(&boot_targets(mac, &owner));
+    let targets = List(boot_targets(mac, &owner));
     let found = db
         .query(
             &format!(
                 "SELECT a.target, a.image_id, i.signed_manifest, a.append, a.mint_ttl_ms
                  FROM image_assignments a JOIN images i ON i.image_id = a.image_id
-                 WHERE a.target IN {}",
-                json_list(db.dialect(), 1)
+                 WHERE {}",
+                in_list(db.dialect(), "a.target", 1)
             ),
             &[&targets],
         )

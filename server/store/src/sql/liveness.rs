@@ -1,6 +1,6 @@
 //! The liveness sweep.
 
-use super::{Db, Dialect, json_list, to_json};
+use super::{Db, Dialect, List, in_list, to_json};
 use crate::error::StoreError;
 use crate::liveness::{GATEWAY_LOST, LivenessRules, SweepOutcome, hold_until, unreachable_due};
 use crate::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE, with};
@@ -117,12 +117,12 @@ pub(crate) async fn sweep(db: &impl Db, rules: &LivenessRules) -> Result<SweepOu
             &format!(
                 "UPDATE node_sessions SET state = 'disconnected', state_since = $1,
                      disconnect_cause = $2
-                 WHERE state = 'connected' AND (gateway_id IN {} OR NOT EXISTS (
+                 WHERE state = 'connected' AND ({} OR NOT EXISTS (
                      SELECT 1 FROM leases WHERE name = 'gateway:' || node_sessions.gateway_id))
                  RETURNING node_id",
-                json_list(db.dialect(), 3)
+                in_list(db.dialect(), "gateway_id", 3)
             ),
-            &[&now, &GATEWAY_LOST, &to_json(&expired)],
+            &[&now, &GATEWAY_LOST, &List(expired)],
         )
         .await?
         .iter()

@@ -35,6 +35,7 @@ pub(crate) mod backups;
 pub(crate) mod bindings;
 pub(crate) mod clones;
 pub(crate) mod commands;
+pub(crate) mod events;
 pub(crate) mod gateways;
 pub(crate) mod images;
 pub(crate) mod inventory;
@@ -48,6 +49,7 @@ pub(crate) mod rollouts;
 pub(crate) mod secrets;
 pub(crate) mod sessions;
 pub(crate) mod specs;
+pub(crate) mod tokens;
 
 /// Which database a [`Db`] speaks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,15 +122,48 @@ impl Row {
     }
 }
 
-/// The rows of a list bound as the JSON text of an array at placeholder
-/// `$n` (`WHERE x IN {list}`): SQLite binds no arrays, PostgreSQL would
-/// bind one only to itself.
-pub(crate) fn json_list(dialect: Dialect, n: usize) -> String {
+/// A list bound as one value: an array on PostgreSQL (`= ANY($n)`,
+/// `unnest($n)`), the JSON text of an array on SQLite, which binds no
+/// arrays (`json_each($n)`). [`in_list`] writes the test of a column
+/// against one.
+#[derive(Debug)]
+pub(crate) struct List<T>(pub(crate) Vec<T>);
+
+impl<T: serde::Serialize> rusqlite::ToSql for List<T> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        let text = serde_json::to_string(&self.0)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        Ok(rusqlite::types::ToSqlOutput::Owned(
+            rusqlite::types::Value::Text(text),
+        ))
+    }
+}
+
+impl<T> tokio_postgres::types::ToSql for List<T>
+where
+    T: std::fmt::Debug,
+    Vec<T>: tokio_postgres::types::ToSql,
+{
+    fn to_sql(
+        &self,
+        ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        self.0.to_sql(ty, out)
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        <Vec<T> as tokio_postgres::types::ToSql>::accepts(ty)
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// Whether `column` is one of the [`List`] bound at placeholder `$n`.
+pub(crate) fn in_list(dialect: Dialect, column: &str, n: usize) -> String {
     match dialect {
-        Dialect::Sqlite => format!("(SELECT value FROM json_each(${n}))"),
-        Dialect::Postgres => {
-            format!("(SELECT jsonb_array_elements_text(CAST(CAST(${n} AS TEXT) AS jsonb)))")
-        }
+        Dialect::Sqlite => format!("{column} IN (SELECT value FROM json_each(${n}))"),
+        Dialect::Postgres => format!("{column} = ANY(${n})"),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Rollouts.
 
-use super::{Db, Dialect, json_list, to_json};
+use super::{Db, Dialect, List, in_list, to_json};
 use crate::error::{StoreError, TxError};
 use crate::rollouts::{
     Candidate, NewRollout, NodeStatus, Rollout, RolloutCommand, RolloutNode, RolloutState,
@@ -72,10 +72,10 @@ pub(crate) async fn start(db: &impl Db, r: &NewRollout) -> Result<Rollout, TxErr
         Dialect::Postgres => {
             "INSERT INTO rollout_nodes (rollout_id, node_id, position)
              SELECT $1, n.node_id, n.position - 1
-             FROM jsonb_array_elements_text(CAST(CAST($2 AS TEXT) AS jsonb)) WITH ORDINALITY AS n(node_id, position)"
+             FROM unnest($2::text[]) WITH ORDINALITY AS n(node_id, position)"
         }
     };
-    db.execute(sql, &[&id, &to_json(&chosen)]).await?;
+    db.execute(sql, &[&id, &List(chosen)]).await?;
     Ok(get(db, &id)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("rollout {id} vanished")))?)
@@ -172,10 +172,10 @@ pub(crate) async fn set_state(
         .execute(
             &format!(
                 "UPDATE rollouts SET state = $2, reason = $3, updated_at = compute_now()
-                 WHERE id = $1 AND state IN {}",
-                json_list(db.dialect(), 4)
+                 WHERE id = $1 AND {}",
+                in_list(db.dialect(), "state", 4)
             ),
-            &[&id, &to.name(), &reason, &to_json(&from)],
+            &[&id, &to.name(), &reason, &List(from)],
         )
         .await?;
     Ok(n == 1)

@@ -1,28 +1,28 @@
-//! The Hello transaction, written once (see [`crate::sessions`] for its
-//! decisions): what it reads is read in one batch (the node's row locked,
+//! Sessions: the Hello transaction (see [`crate::sessions`] for its
+//! decisions) and what sessions write. The Hello: what it reads is read in one batch (the node's row locked,
 //! then the lease `FOR SHARE`, then the time), what it writes in a second,
 //! so on PostgreSQL a Hello costs two round trips, not one per statement
 //! (SQLite runs a batch's statements one after another on its writer). The
 //! Hello locks the node's row first (two Hellos of one node queue there),
 //! re-reads its gateway's lease `FOR SHARE` (a renewal by another owner
 //! waits until the Hello commits, and a Hello after it sees the new owner
-//! and is fenced), then routes. The other writes of a session (in each
-//! backend's `sessions`) carry `AND epoch = $epoch` and match nothing once a
-//! newer Hello ran.
+//! and is fenced), then routes. The other writes of a session carry
+//! `AND epoch = $epoch` and match nothing once a newer Hello ran.
 
 use bcd_core::command::{HelloDecision, ServerState};
 
 use super::bindings::fleet_event;
 use super::nodes::{CERT_ROW, cert_from_row};
-use super::{Db, to_json};
+use super::{Db, Dialect, List, to_json};
+use crate::clock::ms;
 use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
 use crate::leases::gateway_lease;
 use crate::nodes::{SUPERSEDED, TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
-    Finished, HELLO_WORK, HelloInput, HelloOutcome, InFlight, inventory_wanted, lease_admits,
-    settle_in_flight,
+    Ended, Finished, FleetSize, HELLO_WORK, HelloInput, HelloOutcome, InFlight, Seen, SessionKey,
+    SessionRow, inventory_wanted, lease_admits, settle_in_flight,
 };
 
 /// The node's row, found through the certificate presented (never the
@@ -349,4 +349,230 @@ async fn settle(
         }
     }
     Ok((replay, finished))
+}
+
+/// Marks each session disconnected (since it ended) if its epoch is still
+/// the node's; rows whose epoch moved on match nothing. On PostgreSQL one
+/// statement for all of them (the rows taken in one order, as every writer
+/// of many session rows takes them), on SQLite one a session.
+pub(crate) async fn disconnect(
+    db: &impl Db,
+    ended: &[Ended],
+) -> Result<Vec<SessionKey>, StoreError> {
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    if db.dialect() == Dialect::Sqlite {
+        let mut applied = Vec::new();
+        for e in ended {
+            let n = db
+                .execute(
+                    "UPDATE node_sessions SET state = 'disconnected',
+                         state_since = compute_now() - $5, disconnect_cause = $3,
+                         last_seen = MAX(last_seen, compute_now() - $4)
+                     WHERE node_id = $1 AND epoch = $2 AND state = 'connected'",
+                    &[
+                        &e.node_id,
+                        &(e.epoch as i64),
+                        &e.cause,
+                        &ms(e.seen_age),
+                        &ms(e.ended_age),
+                    ],
+                )
+                .await?;
+            if n == 1 {
+                applied.push(SessionKey {
+                    node_id: e.node_id.clone(),
+                    epoch: e.epoch,
+                });
+            }
+        }
+        return Ok(applied);
+    }
+    let mut sorted: Vec<&Ended> = ended.iter().collect();
+    sorted.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    let nodes = List(sorted.iter().map(|e| e.node_id.as_str()).collect());
+    let epochs = List(sorted.iter().map(|e| e.epoch as i64).collect());
+    let causes = List(sorted.iter().map(|e| e.cause.as_str()).collect());
+    let seen = List(sorted.iter().map(|e| ms(e.seen_age)).collect());
+    let ended_ages = List(sorted.iter().map(|e| ms(e.ended_age)).collect());
+    db.query(
+        "UPDATE node_sessions s SET state = 'disconnected', state_since = compute_now() - v.ended,
+             disconnect_cause = v.cause, last_seen = GREATEST(s.last_seen, compute_now() - v.seen)
+         FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[])
+              AS v(node_id, epoch, cause, seen, ended)
+         WHERE s.node_id = v.node_id AND s.epoch = v.epoch AND s.state = 'connected'
+         RETURNING s.node_id, s.epoch",
+        &[&nodes, &epochs, &causes, &seen, &ended_ages],
+    )
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(SessionKey {
+            node_id: r.get(0)?,
+            epoch: r.get::<i64>(1)? as u64,
+        })
+    })
+    .collect()
+}
+
+/// Records when each of a gateway's sessions was last heard (the database
+/// turns each age into a time on its own clock); returns the sessions that
+/// are no longer current, whose rows matched nothing. On PostgreSQL one
+/// statement for the flush, on SQLite one a session.
+pub(crate) async fn flush_liveness(
+    db: &impl Db,
+    gateway_id: &str,
+    seen: &[Seen],
+) -> Result<Vec<SessionKey>, StoreError> {
+    if seen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let gone = |s: &Seen| SessionKey {
+        node_id: s.node_id.clone(),
+        epoch: s.epoch,
+    };
+    if db.dialect() == Dialect::Sqlite {
+        let mut out = Vec::new();
+        for s in seen {
+            let n = db
+                .execute(
+                    "UPDATE node_sessions SET last_seen = MAX(last_seen, compute_now() - $4)
+                     WHERE node_id = $1 AND epoch = $2 AND gateway_id = $3
+                       AND state = 'connected'",
+                    &[&s.node_id, &(s.epoch as i64), &gateway_id, &ms(s.age)],
+                )
+                .await?;
+            if n == 0 {
+                out.push(gone(s));
+            }
+        }
+        return Ok(out);
+    }
+    let mut sorted: Vec<&Seen> = seen.iter().collect();
+    sorted.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    let nodes = List(sorted.iter().map(|s| s.node_id.as_str()).collect());
+    let epochs = List(sorted.iter().map(|s| s.epoch as i64).collect());
+    let ages = List(sorted.iter().map(|s| ms(s.age)).collect());
+    let current: std::collections::HashSet<(String, i64)> = db
+        .query(
+            "UPDATE node_sessions s SET last_seen = GREATEST(s.last_seen, compute_now() - v.age)
+             FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS v(node_id, epoch, age)
+             WHERE s.node_id = v.node_id AND s.epoch = v.epoch AND s.gateway_id = $4
+               AND s.state = 'connected'
+             RETURNING s.node_id, s.epoch",
+            &[&nodes, &epochs, &ages, &gateway_id],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?)))
+        .collect::<Result<_, StoreError>>()?;
+    Ok(seen
+        .iter()
+        .filter(|s| !current.contains(&(s.node_id.clone(), s.epoch as i64)))
+        .map(gone)
+        .collect())
+}
+
+/// An orderly gateway stop: its remaining sessions disconnected (cause
+/// `gateway-shutdown`) and its lease released, together.
+pub(crate) async fn gateway_shutdown(
+    db: &impl Db,
+    gateway_id: &str,
+    sessions: &[SessionKey],
+) -> Result<(), StoreError> {
+    let ended: Vec<Ended> = sessions.iter().map(Ended::at_shutdown).collect();
+    disconnect(db, &ended).await?;
+    db.execute(
+        "DELETE FROM leases WHERE name = $1 AND owner = $2",
+        &[&gateway_lease(gateway_id), &gateway_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn fleet_size(db: &impl Db) -> Result<FleetSize, StoreError> {
+    let r = db
+        .query_one(
+            "SELECT (SELECT COUNT(*) FROM node_sessions WHERE state = 'connected'),
+                    (SELECT COUNT(*) FROM leases WHERE name LIKE 'gateway:%'
+                        AND expires_at >= compute_now()),
+                    (SELECT CAST(COALESCE(SUM(absorbs_per_s), 0) AS BIGINT) FROM leases
+                        WHERE name LIKE 'gateway:%' AND expires_at >= compute_now())",
+            &[],
+        )
+        .await?;
+    Ok(FleetSize {
+        connected: r.get::<i64>(0)?.max(0) as usize,
+        gateways: r.get::<i64>(1)?.max(0) as usize,
+        absorbs_per_s: r.get::<i64>(2)?.max(0) as u64,
+    })
+}
+
+pub(crate) async fn session(db: &impl Db, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+    db.query_opt(
+        "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = $1",
+        &[&node_id],
+    )
+    .await?
+    .map(|r| {
+        Ok(SessionRow {
+            epoch: r.get::<i64>(0)? as u64,
+            gateway_id: r.get(1)?,
+            state: r.get(2)?,
+        })
+    })
+    .transpose()
+}
+
+pub(crate) async fn connected_to(
+    db: &impl Db,
+    gateway_id: &str,
+) -> Result<Vec<String>, StoreError> {
+    db.query(
+        "SELECT node_id FROM node_sessions WHERE gateway_id = $1 AND state = 'connected'
+         ORDER BY node_id",
+        &[&gateway_id],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+pub(crate) async fn spec_generations(
+    db: &impl Db,
+    gateway_id: &str,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    db.query(
+        "SELECT s.node_id, p.generation FROM node_sessions s
+         JOIN node_specs p ON p.node_id = s.node_id
+         WHERE s.gateway_id = $1 AND s.state = 'connected'
+         ORDER BY s.node_id",
+        &[&gateway_id],
+    )
+    .await?
+    .iter()
+    .map(|r| Ok((r.get::<String>(0)?, r.get::<i64>(1)? as u64)))
+    .collect()
+}
+
+pub(crate) async fn nodes_with_work(
+    db: &impl Db,
+    gateway_id: &str,
+    specs_since_ms: i64,
+) -> Result<Vec<String>, StoreError> {
+    db.query(
+        "SELECT s.node_id FROM node_sessions s
+         WHERE s.gateway_id = $1 AND s.state = 'connected' AND (
+             EXISTS (SELECT 1 FROM commands c
+                     WHERE c.node_id = s.node_id AND c.state = 'pending')
+             OR EXISTS (SELECT 1 FROM node_specs p
+                        WHERE p.node_id = s.node_id AND p.updated_at >= $2))",
+        &[&gateway_id, &specs_since_ms],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }

@@ -16,16 +16,14 @@
 //!   transaction each; the schema version (`user_version`) is the number
 //!   applied. A store newer than this binary is refused.
 //!
-//! The transactions written once for both backends are in [`crate::sql`],
-//! run here over [`Lite`]; each other domain's SQL is in the file of the
-//! same name. This module holds the connections and the [`Backend`]
-//! implementation that calls them.
+//! Every transaction's statements are written once for both backends in
+//! `crate::sql` and run here over `Lite` (SQLite's own: the ranges of
+//! large values read by blob I/O, `chunks`; the dump and restore over its
+//! catalog, `dump`). This module holds the connections and the
+//! [`Backend`] implementation that opens a transaction for each call.
 
 mod chunks;
 mod dump;
-mod events;
-mod sessions;
-mod tokens;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -61,8 +59,9 @@ use crate::specs::{
     ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
 };
 use crate::sql::{
-    self, Dialect, Params, Row, audit, backups, bindings, clones, commands, gateways, images,
-    inventory, leases, liveness, machines, nodes, ready, reconcile, rollouts, secrets, specs,
+    self, Dialect, Params, Row, audit, backups, bindings, clones, commands, events, gateways,
+    images, inventory, leases, liveness, machines, nodes, ready, reconcile, rollouts, secrets,
+    sessions, specs, tokens,
 };
 use crate::tokens::{
     IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
@@ -160,17 +159,6 @@ impl sql::Db for Lite<'_> {
         }
         Ok(n)
     }
-}
-
-/// Records a fleet event about a node ([`sql::bindings::fleet_event`]).
-fn fleet_event(
-    c: &Connection,
-    at: i64,
-    kind: &str,
-    node_id: &str,
-    detail: &str,
-) -> Result<(), StoreError> {
-    ready(bindings::fleet_event(&Lite(c), at, kind, node_id, detail))
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -366,11 +354,6 @@ fn statements_kept(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// A duration in milliseconds, as the store keeps it.
-fn ms(d: Duration) -> i64 {
-    crate::clock::ms(d)
-}
-
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     // A panic while holding the lock cannot leave a half-applied
     // transaction (SQLite rolls it back), so a poisoned lock is usable.
@@ -525,7 +508,7 @@ impl GatewayBackend for SqliteBackend {
         keys: &[crate::events::EventKey],
     ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError> {
         let (node, journal_id, keys) = (node.to_string(), journal_id.to_string(), keys.to_vec());
-        self.read(move |c| events::receipts(c, &node, &journal_id, &keys))
+        self.read(move |c| ready(events::receipts(&Lite(c), &node, &journal_id, &keys)))
             .await
     }
 
@@ -547,13 +530,14 @@ impl GatewayBackend for SqliteBackend {
 
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let h = h.clone();
-        self.write(move |c| ready(sql::sessions::hello(&Lite(c), &h)))
+        self.write(move |c| ready(sessions::hello(&Lite(c), &h)))
             .await
     }
 
     async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
         let ended = ended.to_vec();
-        self.write(move |c| sessions::disconnect(c, &ended)).await
+        self.write(move |c| ready(sessions::disconnect(&Lite(c), &ended)))
+            .await
     }
 
     async fn flush_liveness(
@@ -562,7 +546,7 @@ impl GatewayBackend for SqliteBackend {
         seen: &[Seen],
     ) -> Result<Vec<SessionKey>, StoreError> {
         let (gw, seen) = (gateway_id.to_string(), seen.to_vec());
-        self.write(move |c| sessions::flush_liveness(c, &gw, &seen))
+        self.write(move |c| ready(sessions::flush_liveness(&Lite(c), &gw, &seen)))
             .await
     }
 
@@ -572,13 +556,14 @@ impl GatewayBackend for SqliteBackend {
         sessions: &[SessionKey],
     ) -> Result<(), StoreError> {
         let (gw, mine) = (gateway_id.to_string(), sessions.to_vec());
-        self.write(move |c| sessions::gateway_shutdown(c, &gw, &mine))
+        self.write(move |c| ready(sessions::gateway_shutdown(&Lite(c), &gw, &mine)))
             .await
     }
 
     async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let gw = gateway_id.to_string();
-        self.read(move |c| sessions::spec_generations(c, &gw)).await
+        self.read(move |c| ready(sessions::spec_generations(&Lite(c), &gw)))
+            .await
     }
 
     async fn nodes_with_work(
@@ -587,7 +572,7 @@ impl GatewayBackend for SqliteBackend {
         specs_since_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
         let gw = gateway_id.to_string();
-        self.read(move |c| sessions::nodes_with_work(c, &gw, specs_since_ms))
+        self.read(move |c| ready(sessions::nodes_with_work(&Lite(c), &gw, specs_since_ms)))
             .await
     }
 
@@ -605,7 +590,7 @@ impl GatewayBackend for SqliteBackend {
     }
 
     async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
-        self.read(sessions::fleet_size).await
+        self.read(|c| ready(sessions::fleet_size(&Lite(c)))).await
     }
 
     async fn hold_lease(
@@ -743,7 +728,7 @@ impl GatewayBackend for SqliteBackend {
     ) -> Result<u64, StoreError> {
         let (node, journal, events) =
             (node_id.to_string(), journal_id.to_string(), events.to_vec());
-        self.write(move |c| events::put(c, &node, &journal, &events))
+        self.write(move |c| ready(events::put(&Lite(c), &node, &journal, &events)))
             .await
     }
 
@@ -788,16 +773,18 @@ impl GatewayBackend for SqliteBackend {
 impl Backend for SqliteBackend {
     async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
         let o = o.clone();
-        self.write(move |c| tokens::add_operator(c, &o)).await
+        self.write(move |c| ready(tokens::add_operator(&Lite(c), &o)))
+            .await
     }
 
     async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError> {
-        self.read(tokens::list_operators).await
+        self.read(|c| ready(tokens::list_operators(&Lite(c)))).await
     }
 
     async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError> {
         let hash = cert_sha256.to_string();
-        self.read(move |c| tokens::operator_by_cert(c, &hash)).await
+        self.read(move |c| ready(tokens::operator_by_cert(&Lite(c), &hash)))
+            .await
     }
 
     async fn revoke_operator(
@@ -809,7 +796,7 @@ impl Backend for SqliteBackend {
         let mut seal = Some(seal);
         self.write(move |c| {
             let seal = seal.take().expect("a write runs once");
-            tokens::revoke_operator(c, &id, seal)
+            ready(tokens::revoke_operator(&Lite(c), &id, seal))
         })
         .await
     }
@@ -901,22 +888,26 @@ impl Backend for SqliteBackend {
     }
 
     async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
-        self.read(move |c| tokens::list_tokens(c, all)).await
+        self.read(move |c| ready(tokens::list_tokens(&Lite(c), all)))
+            .await
     }
 
     async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError> {
         let id = id.to_string();
-        self.write(move |c| tokens::revoke_token(c, &id)).await
+        self.write(move |c| ready(tokens::revoke_token(&Lite(c), &id)))
+            .await
     }
 
     async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {
         let t = t.clone();
-        self.write(move |c| tokens::create_token(c, &t)).await
+        self.write(move |c| ready(tokens::create_token(&Lite(c), &t)))
+            .await
     }
 
     async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
         let j = j.clone();
-        self.write(move |c| tokens::join(c, &j, issue)).await
+        self.write(move |c| ready(tokens::join(&Lite(c), &j, issue)))
+            .await
     }
 
     async fn reenrol(
@@ -927,7 +918,7 @@ impl Backend for SqliteBackend {
         seal: SealStatement,
     ) -> Result<Joined, TxError> {
         let (j, proof) = (j.clone(), proof.clone());
-        self.write(move |c| tokens::reenrol(c, &j, &proof, issue, seal))
+        self.write(move |c| ready(tokens::reenrol(&Lite(c), &j, &proof, issue, seal)))
             .await
     }
 
@@ -939,7 +930,7 @@ impl Backend for SqliteBackend {
         seal: SealStatement,
     ) -> Result<Joined, TxError> {
         let (j, ek) = (j.clone(), ek_sha256.to_string());
-        self.write(move |c| tokens::join_attested(c, &j, &ek, issue, seal))
+        self.write(move |c| ready(tokens::join_attested(&Lite(c), &j, &ek, issue, seal)))
             .await
     }
 
@@ -960,7 +951,15 @@ impl Backend for SqliteBackend {
             boot_id.to_string(),
         );
         self.write(move |c| {
-            tokens::join_enrolled(c, &j, &ek, ca.as_deref(), &boot, (issue, seal), proves)
+            ready(tokens::join_enrolled(
+                &Lite(c),
+                &j,
+                &ek,
+                ca.as_deref(),
+                &boot,
+                (issue, seal),
+                proves,
+            ))
         })
         .await
     }
@@ -1058,7 +1057,8 @@ impl Backend for SqliteBackend {
         &self,
         limit: u32,
     ) -> Result<Vec<crate::events::SecurityEvent>, StoreError> {
-        self.read(move |c| events::unreceipted(c, limit)).await
+        self.read(move |c| ready(events::unreceipted(&Lite(c), limit)))
+            .await
     }
 
     async fn put_event_receipt(
@@ -1067,7 +1067,7 @@ impl Backend for SqliteBackend {
         receipt: &[u8],
     ) -> Result<(), StoreError> {
         let (event, receipt) = (event.clone(), receipt.to_vec());
-        self.write(move |c| events::put_receipt(c, &event, &receipt))
+        self.write(move |c| ready(events::put_receipt(&Lite(c), &event, &receipt)))
             .await
     }
 
@@ -1149,12 +1149,14 @@ impl Backend for SqliteBackend {
 
     async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| sessions::session(c, &node)).await
+        self.read(move |c| ready(sessions::session(&Lite(c), &node)))
+            .await
     }
 
     async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
         let gw = gateway_id.to_string();
-        self.read(move |c| sessions::connected_to(c, &gw)).await
+        self.read(move |c| ready(sessions::connected_to(&Lite(c), &gw)))
+            .await
     }
 
     async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
@@ -1282,7 +1284,8 @@ impl Backend for SqliteBackend {
 
     async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
         let node = node_id.to_string();
-        self.read(move |c| events::list(c, &node)).await
+        self.read(move |c| ready(events::list(&Lite(c), &node)))
+            .await
     }
 
     async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {

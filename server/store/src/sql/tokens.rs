@@ -1,10 +1,10 @@
 //! Join tokens and operator credentials.
 
-use super::Pg;
-use super::{Params, Tx, execute, ms, now, pipeline, query, query_one, query_opt};
-use crate::sql::inventory::{INSERT_MAC, record_macs};
-use crate::sql::nodes::{quarantine_node, revoke_all};
-
+use super::bindings::fleet_event;
+use super::inventory::{INSERT_MAC, record_macs};
+use super::nodes::{floors, quarantine_node, revoke_all};
+use super::{Db, Dialect, Param, Params, Row};
+use crate::clock::ms;
 use crate::clones;
 use crate::error::{StoreError, TxError};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
@@ -15,21 +15,19 @@ use crate::tokens::{
     TokenRow, admit, judge_proof, new_node_id, no_operator, operator_exists, operator_role,
     reattest_detail, reclaim_detail, reenrol_detail,
 };
-use tokio_postgres::types::ToSql;
 
-pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxError> {
-    let taken: bool = query_one(
-        tx,
-        "SELECT EXISTS (SELECT 1 FROM operators WHERE id = $1)",
-        &[&o.id],
-    )
-    .await?
-    .get(0);
+pub(crate) async fn add_operator(db: &impl Db, o: &NewOperator) -> Result<(), TxError> {
+    let taken: bool = db
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM operators WHERE id = $1)",
+            &[&o.id],
+        )
+        .await?
+        .get(0)?;
     if taken {
         return Err(operator_exists(&o.id).into());
     }
-    execute(
-        tx,
+    db.execute(
         "INSERT INTO operators (id, role, cert_sha256, cert_serial, created_at, not_after)
          VALUES ($1, $2, $3, $4, compute_now(), $5)",
         &[
@@ -44,22 +42,21 @@ pub(super) async fn add_operator(tx: &Tx<'_>, o: &NewOperator) -> Result<(), TxE
     Ok(())
 }
 
-fn operator_row(r: &tokio_postgres::Row) -> Result<OperatorRow, StoreError> {
+fn operator_row(r: &Row) -> Result<OperatorRow, StoreError> {
     Ok(OperatorRow {
-        id: r.get(0),
-        role: operator_role(r.get(1))?,
-        cert_sha256: r.get(2),
-        cert_serial: r.get(3),
-        created_at: r.get(4),
-        not_after: r.get(5),
-        revoked_at: r.get(6),
-        revocation: r.get(7),
+        id: r.get(0)?,
+        role: operator_role(&r.get::<String>(1)?)?,
+        cert_sha256: r.get(2)?,
+        cert_serial: r.get(3)?,
+        created_at: r.get(4)?,
+        not_after: r.get(5)?,
+        revoked_at: r.get(6)?,
+        revocation: r.get(7)?,
     })
 }
 
-pub(super) async fn list_operators(tx: &Tx<'_>) -> Result<Vec<OperatorRow>, StoreError> {
-    query(
-        tx,
+pub(crate) async fn list_operators(db: &impl Db) -> Result<Vec<OperatorRow>, StoreError> {
+    db.query(
         &format!("SELECT {OPERATOR_COLUMNS} FROM operators ORDER BY created_at, id"),
         &[],
     )
@@ -69,12 +66,11 @@ pub(super) async fn list_operators(tx: &Tx<'_>) -> Result<Vec<OperatorRow>, Stor
     .collect()
 }
 
-pub(super) async fn operator_by_cert(
-    tx: &Tx<'_>,
+pub(crate) async fn operator_by_cert(
+    db: &impl Db,
     cert_sha256: &str,
 ) -> Result<Option<OperatorRow>, StoreError> {
-    query_opt(
-        tx,
+    db.query_opt(
         &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE cert_sha256 = $1"),
         &[&cert_sha256],
     )
@@ -84,18 +80,18 @@ pub(super) async fn operator_by_cert(
     .transpose()
 }
 
-pub(super) async fn revoke_operator(
-    tx: &Tx<'_>,
+pub(crate) async fn revoke_operator(
+    db: &impl Db,
     id: &str,
     seal: SealRevocation,
 ) -> Result<OperatorRow, TxError> {
-    let row = query_opt(
-        tx,
-        &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = $1 FOR UPDATE"),
-        &[&id],
-    )
-    .await?
-    .ok_or_else(|| no_operator(id))?;
+    let row = db
+        .query_opt(
+            &format!("SELECT {OPERATOR_COLUMNS} FROM operators WHERE id = $1 FOR UPDATE"),
+            &[&id],
+        )
+        .await?
+        .ok_or_else(|| no_operator(id))?;
     let row = operator_row(&row)?;
     if row.revocation.is_some() {
         return Ok(row);
@@ -103,11 +99,10 @@ pub(super) async fn revoke_operator(
     // Revoked before revocations were signed: signed now, at its time.
     let now: i64 = match row.revoked_at {
         Some(at) => at,
-        None => query_one(tx, "SELECT compute_now()", &[]).await?.get(0),
+        None => db.now().await?,
     };
     let revocation = seal(&row, now);
-    execute(
-        tx,
+    db.execute(
         "UPDATE operators SET revoked_at = $2, revocation = $3 WHERE id = $1",
         &[&id, &now, &revocation],
     )
@@ -119,33 +114,39 @@ pub(super) async fn revoke_operator(
     })
 }
 
-pub(super) async fn create_token(tx: &Tx<'_>, t: &NewToken) -> Result<i64, StoreError> {
-    Ok(query_one(
-        tx,
-        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total, uses_left, description, pool)
+pub(crate) async fn create_token(db: &impl Db, t: &NewToken) -> Result<i64, StoreError> {
+    db.query_one(
+        "INSERT INTO join_tokens (id, secret_sha256, created_at, expires_at, uses_total,
+             uses_left, description, pool)
          VALUES ($1, $2, compute_now(), compute_now() + $3, $4, $4, $5, $6) RETURNING expires_at",
-        &[&t.id, &t.secret_sha256, &ms(t.ttl), &i64::from(t.uses), &t.description, &t.pool],
+        &[
+            &t.id,
+            &t.secret_sha256,
+            &ms(t.ttl),
+            &i64::from(t.uses),
+            &t.description,
+            &t.pool,
+        ],
     )
     .await?
-    .get(0))
+    .get(0)
 }
 
-fn token_info(r: &tokio_postgres::Row) -> TokenInfo {
-    TokenInfo {
-        id: r.get(0),
-        created_at_ms: r.get(1),
-        expires_at_ms: r.get(2),
-        uses_total: r.get(3),
-        uses_left: r.get(4),
-        description: r.get(5),
-        pool: r.get(6),
-        minted_for_mac: r.get(7),
-    }
+fn token_info(r: &Row) -> Result<TokenInfo, StoreError> {
+    Ok(TokenInfo {
+        id: r.get(0)?,
+        created_at_ms: r.get(1)?,
+        expires_at_ms: r.get(2)?,
+        uses_total: r.get(3)?,
+        uses_left: r.get(4)?,
+        description: r.get(5)?,
+        pool: r.get(6)?,
+        minted_for_mac: r.get(7)?,
+    })
 }
 
-pub(super) async fn list_tokens(tx: &Tx<'_>, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
-    Ok(query(
-        tx,
+pub(crate) async fn list_tokens(db: &impl Db, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
+    db.query(
         &format!(
             "SELECT {TOKEN_INFO_COLUMNS} FROM join_tokens
              WHERE $1 OR (expires_at >= compute_now() AND uses_left > 0)
@@ -156,56 +157,58 @@ pub(super) async fn list_tokens(tx: &Tx<'_>, all: bool) -> Result<Vec<TokenInfo>
     .await?
     .iter()
     .map(token_info)
-    .collect())
+    .collect()
 }
 
-pub(super) async fn revoke_token(tx: &Tx<'_>, id: &str) -> Result<Option<TokenInfo>, StoreError> {
-    Ok(query_opt(
-        tx,
+pub(crate) async fn revoke_token(db: &impl Db, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+    db.query_opt(
         &format!(
-            "UPDATE join_tokens SET expires_at = LEAST(expires_at, compute_now() - 1)
+            "UPDATE join_tokens SET expires_at = CASE WHEN expires_at < compute_now() - 1
+                 THEN expires_at ELSE compute_now() - 1 END
              WHERE id = $1 RETURNING {TOKEN_INFO_COLUMNS}"
         ),
         &[&id],
     )
     .await?
     .as_ref()
-    .map(token_info))
+    .map(token_info)
+    .transpose()
 }
 
 /// Checks the token (`admit`), locking its row; the caller spends it.
-async fn check_token(tx: &Tx<'_>, j: &JoinInput, now: i64) -> Result<(), TxError> {
+async fn check_token(db: &impl Db, j: &JoinInput, now: i64) -> Result<(), TxError> {
     // Locked: two joins with one token spend two uses, one after the other.
-    let token = query_opt(
-        tx,
-        "SELECT secret_sha256, expires_at, uses_left FROM join_tokens WHERE id = $1 FOR UPDATE",
-        &[&j.token_id],
-    )
-    .await?
-    .map(|r| TokenRow {
-        secret_sha256: r.get(0),
-        expires_at_ms: r.get(1),
-        uses_left: r.get(2),
-    });
+    let token = db
+        .query_opt(
+            "SELECT secret_sha256, expires_at, uses_left FROM join_tokens WHERE id = $1 FOR UPDATE",
+            &[&j.token_id],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, StoreError>(TokenRow {
+                secret_sha256: r.get(0)?,
+                expires_at_ms: r.get(1)?,
+                uses_left: r.get(2)?,
+            })
+        })
+        .transpose()?;
     admit(token.as_ref(), &j.secret_sha256, now)?;
     Ok(())
 }
 
 const SPEND_TOKEN: &str = "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = $1";
 
-async fn spend_token(tx: &Tx<'_>, token_id: &str) -> Result<(), tokio_postgres::Error> {
-    execute(tx, SPEND_TOKEN, &[&token_id]).await?;
+async fn spend_token(db: &impl Db, token_id: &str) -> Result<(), StoreError> {
+    db.execute(SPEND_TOKEN, &[&token_id]).await?;
     Ok(())
 }
 
-pub(super) async fn join(tx: &Tx<'_>, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
-    let now = now(tx).await?;
-    check_token(tx, j, now).await?;
-    new_node(tx, j, now, issue, None, Spend::Token).await
+pub(crate) async fn join(db: &impl Db, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
+    let now = db.now().await?;
+    check_token(db, j, now).await?;
+    new_node(db, j, now, issue, None, Spend::Token).await
 }
 
-/// A MAC address `$1` that node `$2` reported at `$3`; one another node
-/// reported before names this node now.
 /// Whether [`new_node`] spends the join's token, or its caller did (or
 /// there is none: a machine enrolled by its EK has no token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,11 +219,11 @@ enum Spend {
 
 /// Creates a node (bound to the EK `ek_sha256`, if any) with the
 /// certificate `issue` builds, spending the token first if `spend` says
-/// so. Its writes go in one pipelined batch: a join holds its token's
+/// so. Its writes go in one batch (one round trip on PostgreSQL): a join holds its token's
 /// row locked from the check to the commit, and every join with that
 /// token waits for it.
 async fn new_node(
-    tx: &Tx<'_>,
+    db: &impl Db,
     j: &JoinInput,
     now: i64,
     issue: IssueCert,
@@ -230,12 +233,12 @@ async fn new_node(
     let node_id = new_node_id();
     let cert = issue(&node_id, now)?;
     let mut batch: Vec<(&str, Params<'_>)> = Vec::new();
-    let token = [&j.token_id as &(dyn ToSql + Sync)];
+    let token: [&dyn Param; 1] = [&j.token_id];
     if spend == Spend::Token {
         batch.push((SPEND_TOKEN, &token));
     }
-    let node = [
-        &node_id as &(dyn ToSql + Sync),
+    let node: [&dyn Param; 6] = [
+        &node_id,
         &j.hostname,
         &now,
         &j.ramdisk,
@@ -247,16 +250,16 @@ async fn new_node(
          VALUES ($1, $2, $3, 1, $4, $5, $6, (SELECT pool FROM join_tokens WHERE id = $5))",
         &node,
     ));
-    let macs: Vec<[&(dyn ToSql + Sync); 3]> = j
+    let macs: Vec<[&dyn Param; 3]> = j
         .macs
         .iter()
-        .map(|m| [m as _, &node_id as _, &now as _])
+        .map(|m| [m as &dyn Param, &node_id, &now])
         .collect();
     for m in &macs {
         batch.push((INSERT_MAC, m));
     }
-    let certificate = [
-        &cert.serial as &(dyn ToSql + Sync),
+    let certificate: [&dyn Param; 6] = [
+        &cert.serial,
         &node_id,
         &cert.fingerprint,
         &cert.not_before_ms,
@@ -268,67 +271,68 @@ async fn new_node(
          VALUES ($1, $2, $3, 1, $4, $5, $6)",
         &certificate,
     ));
-    pipeline(tx, &batch).await?;
+    db.batch(&batch).await?;
     Ok(Joined::new_node(node_id, cert, now))
 }
 
-pub(super) async fn reenrol(
-    tx: &Tx<'_>,
+pub(crate) async fn reenrol(
+    db: &impl Db,
     j: &JoinInput,
     proof: &PreviousProof,
     issue: IssueCert,
     seal: SealStatement,
 ) -> Result<Joined, TxError> {
-    let now = now(tx).await?;
-    check_token(tx, j, now).await?;
+    let now = db.now().await?;
+    check_token(db, j, now).await?;
     let node_id = proof.node_id.as_str();
     // Locked (after the token, as every join locks): of two re-enrolments
     // of one node the second reads what the first left, its proof's
     // certificate revoked.
-    let node = query_opt(
-        tx,
-        "SELECT deleted_at IS NOT NULL, identity_generation FROM nodes WHERE id = $1 FOR UPDATE",
+    let node = db.query_opt("SELECT deleted_at IS NOT NULL, identity_generation FROM nodes WHERE id = $1 FOR UPDATE",
         &[&node_id],
     )
     .await?
-    .map(|r| ProvenNode {
-        deleted: r.get(0),
-        identity_generation: r.get(1),
-    });
+    .map(|r| {
+        Ok::<_, StoreError>(ProvenNode {
+            deleted: r.get(0)?,
+            identity_generation: r.get(1)?,
+        })
+    })
+    .transpose()?;
     // Unrevoked, expired or not: a machine offline past its certificate's
     // end still holds the node's key.
-    let certs: Vec<Vec<u8>> = query(
-        tx,
-        "SELECT der FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
+    let certs: Vec<Vec<u8>> = db
+        .query(
+            "SELECT der FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
          AND der IS NOT NULL ORDER BY not_after DESC",
-        &[&node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
+            &[&node_id],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect::<Result<_, _>>()?;
     let generation = judge_proof(node.as_ref(), &certs, proof)?;
-    spend_token(tx, &j.token_id).await?;
-    reenrol_node(tx, j, node_id, generation, now, issue, seal, reenrol_detail).await
+    spend_token(db, &j.token_id).await?;
+    reenrol_node(db, j, node_id, generation, now, issue, seal, reenrol_detail).await
 }
 
 /// Joins the machine whose EK has `ek_sha256` with a token: the node
 /// bound to that EK again, at its next identity generation with its
 /// earlier certificates revoked, or a new node bound to it.
-pub(super) async fn join_attested(
-    tx: &Tx<'_>,
+pub(crate) async fn join_attested(
+    db: &impl Db,
     j: &JoinInput,
     ek_sha256: &str,
     issue: IssueCert,
     seal: SealStatement,
 ) -> Result<Joined, TxError> {
-    let now = now(tx).await?;
-    check_token(tx, j, now).await?;
+    let now = db.now().await?;
+    check_token(db, j, now).await?;
     // Locked after the token, as every join locks.
-    let bound = bound_node(tx, ek_sha256).await?;
-    spend_token(tx, &j.token_id).await?;
+    let bound = bound_node(db, ek_sha256).await?;
+    spend_token(db, &j.token_id).await?;
     match bound {
-        None => new_node(tx, j, now, issue, Some(ek_sha256), Spend::Done).await,
+        None => new_node(db, j, now, issue, Some(ek_sha256), Spend::Done).await,
         Some(BoundNode {
             node_id,
             generation,
@@ -337,20 +341,15 @@ pub(super) async fn join_attested(
             let generation = generation.max(0) as u64 + 1;
             // An operator's join with a token ends a quarantine, and the
             // clone watch starts over.
-            execute(
-                tx,
+            db.execute(
                 "UPDATE nodes SET quarantined_at = NULL WHERE id = $1",
                 &[&node_id],
             )
             .await?;
-            execute(
-                tx,
-                "DELETE FROM ek_sightings WHERE node_id = $1",
-                &[&node_id],
-            )
-            .await?;
+            db.execute("DELETE FROM ek_sightings WHERE node_id = $1", &[&node_id])
+                .await?;
             reenrol_node(
-                tx,
+                db,
                 j,
                 &node_id,
                 generation,
@@ -370,7 +369,7 @@ pub(super) async fn join_attested(
 /// and the token) kept.
 #[allow(clippy::too_many_arguments)]
 async fn reenrol_node(
-    tx: &Tx<'_>,
+    db: &impl Db,
     j: &JoinInput,
     node_id: &str,
     generation: u64,
@@ -380,10 +379,9 @@ async fn reenrol_node(
     detail: fn(u64, &[String], &str) -> String,
 ) -> Result<Joined, TxError> {
     let cert = issue(node_id, now)?;
-    let serials = revoke_all(&Pg(tx), node_id, now, REENROLLED, seal).await?;
+    let serials = revoke_all(db, node_id, now, REENROLLED, seal).await?;
     let generation_col = generation as i64;
-    execute(
-        tx,
+    db.execute(
         "UPDATE nodes SET identity_generation = $2, hostname = $3, ramdisk = $4,
              hello_proofs_since = NULL,
              pool = COALESCE((SELECT pool FROM join_tokens WHERE id = $5), pool)
@@ -397,10 +395,8 @@ async fn reenrol_node(
         ],
     )
     .await?;
-    record_macs(&Pg(tx), node_id, &j.macs, now).await?;
-    execute(
-        tx,
-        "INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
+    record_macs(db, node_id, &j.macs, now).await?;
+    db.execute("INSERT INTO node_certs (serial, node_id, fingerprint, identity_generation, not_before, not_after, der)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
         &[
             &cert.serial,
@@ -413,16 +409,15 @@ async fn reenrol_node(
         ],
     )
     .await?;
-    super::fleet_event(
-        tx,
+    fleet_event(
+        db,
         now,
         REENROLLED_EVENT,
         node_id,
         &detail(generation, &serials, &j.token_id),
     )
     .await?;
-    let (command_seq_floor, spec_generation_floor) =
-        crate::sql::nodes::floors(&Pg(tx), node_id).await?;
+    let (command_seq_floor, spec_generation_floor) = floors(db, node_id).await?;
     Ok(Joined {
         node_id: node_id.to_string(),
         cert,
@@ -439,8 +434,8 @@ async fn reenrol_node(
 /// is spent. The join's `boot_id` is a sighting for the clone watch: a
 /// node whose re-attestations alternate between machines is quarantined.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn join_enrolled(
-    tx: &Tx<'_>,
+pub(crate) async fn join_enrolled(
+    db: &impl Db,
     j: &JoinInput,
     ek_sha256: &str,
     ek_ca: Option<&str>,
@@ -448,43 +443,44 @@ pub(super) async fn join_enrolled(
     (issue, seal): (IssueCert, SealStatement),
     proves: machines::ProvesMachine,
 ) -> Result<Enrolled, TxError> {
-    let now = now(tx).await?;
-    let bound = bound_node(tx, ek_sha256).await?;
+    let now = db.now().await?;
+    let bound = bound_node(db, ek_sha256).await?;
     // FOR SHARE: an enrolment removed meanwhile waits for this join.
-    let enrolled = query_opt(
-        tx,
-        "SELECT 1 FROM machine_enrolments WHERE id = $1 FOR SHARE",
-        &[&machines::ek_id(ek_sha256)],
-    )
-    .await?
-    .is_some();
-    let ca: Option<String> = match ek_ca {
-        None => None,
-        Some(id) => query_opt(
-            tx,
-            "SELECT id FROM machine_enrolments WHERE id = $1 AND kind = 'ek-ca' FOR SHARE",
-            &[&id],
+    let enrolled = db
+        .query_opt(
+            "SELECT 1 FROM machine_enrolments WHERE id = $1 FOR SHARE",
+            &[&machines::ek_id(ek_sha256)],
         )
         .await?
-        .map(|r| r.get(0)),
+        .is_some();
+    let ca: Option<String> = match ek_ca {
+        None => None,
+        Some(id) => db
+            .query_opt(
+                "SELECT id FROM machine_enrolments WHERE id = $1 AND kind = 'ek-ca' FOR SHARE",
+                &[&id],
+            )
+            .await?
+            .map(|r| r.get(0))
+            .transpose()?,
     };
     match machines::admit_tokenless(ek_sha256, bound, enrolled, ca.as_deref())? {
         TokenlessJoin::Reclaim {
             node_id,
             generation,
         } => {
-            let certs: Vec<Vec<u8>> = query(
-                tx,
-                "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL",
-                &[&node_id],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+            let certs: Vec<Vec<u8>> = db
+                .query(
+                    "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL",
+                    &[&node_id],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect::<Result<_, _>>()?;
             if !certs.iter().any(|der| proves(&node_id, der)) {
-                super::fleet_event(
-                    tx,
+                fleet_event(
+                    db,
                     now,
                     machines::EK_BINDING_FORGED,
                     &node_id,
@@ -493,19 +489,13 @@ pub(super) async fn join_enrolled(
                 .await?;
                 return Ok(Enrolled::Forged { node_id });
             }
-            if watch_reattest(tx, &node_id, boot_id, now).await? {
-                quarantine_node(
-                    &Pg(tx),
-                    &node_id,
-                    now,
-                    seal,
-                    clones::reattest_quarantine_detail,
-                )
-                .await?;
+            if watch_reattest(db, &node_id, boot_id, now).await? {
+                quarantine_node(db, &node_id, now, seal, clones::reattest_quarantine_detail)
+                    .await?;
                 return Ok(Enrolled::Quarantined { node_id });
             }
             reenrol_node(
-                tx,
+                db,
                 j,
                 &node_id,
                 generation,
@@ -522,8 +512,8 @@ pub(super) async fn join_enrolled(
                 token_id: admitted_by,
                 ..j.clone()
             };
-            let joined = new_node(tx, &j, now, issue, Some(ek_sha256), Spend::Done).await?;
-            watch_reattest(tx, &joined.node_id, boot_id, now).await?;
+            let joined = new_node(db, &j, now, issue, Some(ek_sha256), Spend::Done).await?;
+            watch_reattest(db, &joined.node_id, boot_id, now).await?;
             Ok(Enrolled::Joined(joined))
         }
     }
@@ -534,7 +524,7 @@ pub(super) async fn join_enrolled(
 /// a takeover of a connected session from another boot; true when the
 /// alternations call for quarantine. A join with no boot id is not watched.
 async fn watch_reattest(
-    tx: &Tx<'_>,
+    db: &impl Db,
     node_id: &str,
     boot_id: &str,
     now: i64,
@@ -542,40 +532,39 @@ async fn watch_reattest(
     if boot_id.is_empty() {
         return Ok(false);
     }
-    let sightings: Vec<(String, i64)> = query(
-        tx,
-        "SELECT boot_id, at FROM ek_sightings WHERE node_id = $1 ORDER BY id",
-        &[&node_id],
-    )
-    .await?
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect();
-    let connected: Option<String> = query_opt(
-        tx,
-        "SELECT boot_id FROM node_sessions WHERE node_id = $1 AND state = 'connected'",
-        &[&node_id],
-    )
-    .await?
-    .map(|r| r.get(0));
+    let sightings: Vec<(String, i64)> = db
+        .query(
+            "SELECT boot_id, at FROM ek_sightings WHERE node_id = $1 ORDER BY id",
+            &[&node_id],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?)))
+        .collect::<Result<_, StoreError>>()?;
+    let connected: Option<String> = db
+        .query_opt(
+            "SELECT boot_id FROM node_sessions WHERE node_id = $1 AND state = 'connected'",
+            &[&node_id],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .transpose()?;
     let v = clones::judge(&sightings, connected.as_deref(), boot_id, now);
     if v.record {
-        execute(
-            tx,
+        db.execute(
             "INSERT INTO ek_sightings (node_id, boot_id, at) VALUES ($1, $2, $3)",
             &[&node_id, &boot_id, &now],
         )
         .await?;
-        execute(
-            tx,
+        db.execute(
             "DELETE FROM ek_sightings WHERE node_id = $1 AND at < $2",
             &[&node_id, &(now - clones::CLONE_WINDOW_MS)],
         )
         .await?;
     }
     if v.takeover {
-        super::fleet_event(
-            tx,
+        fleet_event(
+            db,
             now,
             clones::DUPLICATE_SESSION,
             node_id,
@@ -590,24 +579,28 @@ async fn watch_reattest(
 /// locks the node it proves. Two first joins of one EK at once: the
 /// second waits for the first and then finds its node (a row lock cannot
 /// hold a row not yet there), by an advisory lock on the EK's hash held
-/// to the end of the transaction.
-async fn bound_node(tx: &Tx<'_>, ek_sha256: &str) -> Result<Option<BoundNode>, TxError> {
-    execute(
-        tx,
-        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-        &[&ek_sha256],
-    )
-    .await?;
-    Ok(query_opt(
-        tx,
-        "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
-         WHERE ek_sha256 = $1 AND deleted_at IS NULL FOR UPDATE",
-        &[&ek_sha256],
-    )
-    .await?
-    .map(|r| BoundNode {
-        node_id: r.get(0),
-        generation: r.get(1),
-        quarantined: r.get(2),
-    }))
+/// to the end of the transaction (SQLite's one writer orders them).
+async fn bound_node(db: &impl Db, ek_sha256: &str) -> Result<Option<BoundNode>, TxError> {
+    if db.dialect() == Dialect::Postgres {
+        db.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&ek_sha256],
+        )
+        .await?;
+    }
+    Ok(db
+        .query_opt(
+            "SELECT id, identity_generation, quarantined_at IS NOT NULL FROM nodes
+             WHERE ek_sha256 = $1 AND deleted_at IS NULL FOR UPDATE",
+            &[&ek_sha256],
+        )
+        .await?
+        .map(|r| {
+            Ok::<_, StoreError>(BoundNode {
+                node_id: r.get(0)?,
+                generation: r.get(1)?,
+                quarantined: r.get(2)?,
+            })
+        })
+        .transpose()?)
 }
