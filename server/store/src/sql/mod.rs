@@ -15,8 +15,10 @@
 //! concurrent writers. SQLite runs the same text with `?N` and without
 //! the row locks ([`lite_text`]): its one writer connection holds the
 //! whole database for a write transaction, which is what the locks stand
-//! for. Where the two truly differ (arrays, literals of a type),
-//! [`Db::DIALECT`] picks the text; values are bound with the type
+//! for. A list binds as one [`List`] (an array on PostgreSQL, JSON text on
+//! SQLite). Where the two truly differ (one statement over arrays against
+//! a loop, a digest one database derives), [`Db::DIALECT`] picks the text
+//! or the sequence; values are bound with the type
 //! PostgreSQL's column has (`i64` for `BIGINT`, `bool` for `BOOLEAN`),
 //! which SQLite stores as it is given.
 //!
@@ -255,7 +257,10 @@ fn rewrite_for_sqlite(sql: &str) -> String {
         } else if c == '$' && rest[1..].starts_with(|d: char| d.is_ascii_digit()) {
             out.push('?');
             rest = &rest[1..];
-        } else if let Some(lock) = LOCKS.iter().find(|l| starts_with_word(rest, l)) {
+        } else if let Some(lock) = LOCKS
+            .iter()
+            .find(|l| !ends_in_word(&out) && starts_with_word(rest, l))
+        {
             rest = &rest[lock.len()..];
             // `OF table[, table]`: the tables it names.
             let after = rest.trim_start();
@@ -283,6 +288,11 @@ fn rewrite_for_sqlite(sql: &str) -> String {
         }
     }
     out
+}
+
+/// Whether `s` ends inside a word (a lock clause cannot start there).
+fn ends_in_word(s: &str) -> bool {
+    s.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Whether `s` starts with the words `w`, not a longer word.
@@ -336,6 +346,7 @@ mod tests {
             // is no lock.
             ("SELECT '$1 FOR SHARE', $2", "SELECT '$1 FOR SHARE', ?2"),
             ("SELECT FOR_SHARE FROM t", "SELECT FOR_SHARE FROM t"),
+            ("SELECT PLATFOR SHARE FROM t", "SELECT PLATFOR SHARE FROM t"),
             ("SELECT $ FROM t", "SELECT $ FROM t"),
         ];
         for (pg, lite) in cases {
