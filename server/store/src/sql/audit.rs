@@ -85,12 +85,7 @@ pub(crate) async fn snapshot(db: &impl Db) -> Result<AuditSnapshot, StoreError> 
         .iter()
         .map(|r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
         .collect::<Result<BTreeMap<_, _>, StoreError>>()?;
-    let nodes = db
-        .query("SELECT id FROM nodes", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+    let nodes = db.column("SELECT id FROM nodes", &[]).await?;
     let commands = db
         .query(
             "SELECT id, node_id, kind, state, reason, exit_code, created_at FROM commands",

@@ -203,7 +203,7 @@ pub(crate) async fn take_dispatchable(
     // Marked in one statement; a command another transaction finished or
     // expired meanwhile is not sent.
     let marked: std::collections::HashSet<String> = db
-        .query(
+        .column(
             &format!(
                 "UPDATE commands SET state = 'dispatched', epoch = $2, updated_at = compute_now()
                  WHERE {} AND state = 'pending' RETURNING id",
@@ -211,10 +211,7 @@ pub(crate) async fn take_dispatchable(
             ),
             &[&List(ids), &epoch],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     out.retain(|d| marked.contains(&d.id));
     Ok(out)
 }
@@ -306,16 +303,13 @@ pub(crate) async fn result(
 }
 
 pub(crate) async fn upgrades_unjudged(db: &impl Db, limit: u32) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "SELECT id FROM commands
          WHERE kind = 'daemon.upgrade' AND state = 'succeeded' AND NOT floor_judged
          ORDER BY id LIMIT $1",
         &[&i64::from(limit)],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 /// Raises the node's release floor from a confirmed upgrade the key holder
@@ -370,15 +364,12 @@ pub(crate) async fn judge_upgrade_floor(
 pub(crate) async fn sweep(db: &impl Db) -> Result<Vec<String>, StoreError> {
     // "now" as a value, so the deadline index bounds the scan.
     let now = db.now().await?;
-    db.query(
+    db.column(
         "UPDATE commands SET state = 'expired', reason = $1, result_at = $2, updated_at = $2
          WHERE state = 'pending' AND not_after < $2 RETURNING id",
         &[&SWEPT, &now],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 pub(crate) async fn cancel_pending(
@@ -412,15 +403,12 @@ pub(crate) async fn results_unreceipted(
     db: &impl Db,
     limit: u32,
 ) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "SELECT id FROM commands WHERE receipt IS NULL AND result_signature IS NOT NULL \
          ORDER BY id LIMIT $1",
         &[&i64::from(limit)],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 pub(crate) async fn put_result_receipt(

@@ -113,15 +113,12 @@ pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<String, TxError>
         return Err(no_image_named(what).into());
     };
     let ids: Vec<String> = db
-        .query(
+        .column(
             "SELECT image_id FROM images
              WHERE substr(image_id, 1, length(CAST($1 AS TEXT))) = $1",
             &[&prefix],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     Ok(by_prefix(what, ids)?)
 }
 

@@ -103,17 +103,14 @@ pub(crate) async fn sweep(db: &impl Db, rules: &LivenessRules) -> Result<SweepOu
     // Sessions of a gateway whose lease ran out. The expired leases are
     // held FOR SHARE, so a renewal racing this sweep lands after it.
     let expired: Vec<String> = db
-        .query(
+        .column(
             "SELECT substr(name, 9) FROM leases WHERE name LIKE 'gateway:%' AND expires_at < $1
          FOR SHARE",
             &[&now],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     let mut lost: Vec<String> = db
-        .query(
+        .column(
             &format!(
                 "UPDATE node_sessions SET state = 'disconnected', state_since = $1,
                      disconnect_cause = $2
@@ -124,10 +121,7 @@ pub(crate) async fn sweep(db: &impl Db, rules: &LivenessRules) -> Result<SweepOu
             ),
             &[&now, &GATEWAY_LOST, &List(expired)],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     lost.sort();
     out.disconnected = lost;
     Ok(out)

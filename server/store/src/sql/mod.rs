@@ -200,6 +200,19 @@ pub(crate) trait Db {
         Ok(out)
     }
 
+    /// The first column of every row of a statement.
+    async fn column<T: Col, C: FromIterator<T>>(
+        &self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> Result<C, StoreError> {
+        self.query(sql, params)
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// At most one row; a second is an error.
     async fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, StoreError> {
         let mut rows = self.query(sql, params).await?;

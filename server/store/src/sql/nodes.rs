@@ -17,15 +17,12 @@ pub(crate) async fn valid_certs(
     node_id: &str,
     now: i64,
 ) -> Result<Vec<Vec<u8>>, StoreError> {
-    db.query(
+    db.column(
         "SELECT der FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
          AND not_after >= $2 AND der IS NOT NULL ORDER BY not_after DESC",
         &[&node_id, &now],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 /// The replay floors the store knows for a node: the highest sequence it
@@ -231,13 +228,10 @@ pub(crate) async fn delete_node(
     if n == 0 {
         return Ok(false);
     }
-    let serials: Vec<String> = db.query("SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
+    let serials: Vec<String> = db.column("SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL ORDER BY serial",
         &[&node_id],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect::<Result<_, _>>()?;
+    .await?;
     // Every certificate the node ever had gets the statement: a node
     // presenting an older one is told the same.
     let statement = seal(&StatementSeal {
@@ -287,15 +281,12 @@ pub(crate) async fn revoke_all(
     seal: SealStatement,
 ) -> Result<Vec<String>, TxError> {
     let serials: Vec<String> = db
-        .query(
+        .column(
             "SELECT serial FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
              ORDER BY serial",
             &[&node_id],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     let statement = seal(&StatementSeal {
         node_id: node_id.to_string(),
         kind: StatementKind::Revoked,

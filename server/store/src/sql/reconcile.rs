@@ -10,14 +10,11 @@ pub(crate) async fn remove_dead_leases(
     db: &impl Db,
     dead_after: std::time::Duration,
 ) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "DELETE FROM leases WHERE expires_at < compute_now() - $1 RETURNING name",
         &[&ms(dead_after)],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 /// Removes the oldest security events and boot records past `limits`.

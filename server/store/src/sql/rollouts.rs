@@ -146,11 +146,8 @@ pub(crate) async fn get(db: &impl Db, id: &str) -> Result<Option<Rollout>, Store
 
 pub(crate) async fn list(db: &impl Db) -> Result<Vec<Rollout>, StoreError> {
     let ids: Vec<String> = db
-        .query("SELECT id FROM rollouts ORDER BY created_at DESC, id", &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .column("SELECT id FROM rollouts ORDER BY created_at DESC, id", &[])
+        .await?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         if let Some(r) = get(db, &id).await? {

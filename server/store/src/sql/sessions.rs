@@ -529,15 +529,12 @@ pub(crate) async fn connected_to(
     db: &impl Db,
     gateway_id: &str,
 ) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "SELECT node_id FROM node_sessions WHERE gateway_id = $1 AND state = 'connected'
          ORDER BY node_id",
         &[&gateway_id],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 pub(crate) async fn spec_generations(
@@ -562,7 +559,7 @@ pub(crate) async fn nodes_with_work(
     gateway_id: &str,
     specs_since_ms: i64,
 ) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "SELECT s.node_id FROM node_sessions s
          WHERE s.gateway_id = $1 AND s.state = 'connected' AND (
              EXISTS (SELECT 1 FROM commands c
@@ -571,8 +568,5 @@ pub(crate) async fn nodes_with_work(
                         WHERE p.node_id = s.node_id AND p.updated_at >= $2))",
         &[&gateway_id, &specs_since_ms],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }

@@ -119,16 +119,13 @@ pub(crate) async fn signed_all(db: &impl Db) -> Result<Vec<(String, Vec<u8>)>, S
 }
 
 pub(crate) async fn expiring(db: &impl Db, within: Duration) -> Result<Vec<String>, StoreError> {
-    db.query(
+    db.column(
         "SELECT s.node_id FROM node_specs s JOIN nodes n ON n.id = s.node_id
          WHERE n.deleted_at IS NULL AND s.not_after < compute_now() + $1
          ORDER BY s.not_after",
         &[&ms(within)],
     )
-    .await?
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
+    .await
 }
 
 pub(crate) async fn signed(

@@ -302,15 +302,12 @@ pub(crate) async fn reenrol(
     // Unrevoked, expired or not: a machine offline past its certificate's
     // end still holds the node's key.
     let certs: Vec<Vec<u8>> = db
-        .query(
+        .column(
             "SELECT der FROM node_certs WHERE node_id = $1 AND revoked_at IS NULL
          AND der IS NOT NULL ORDER BY not_after DESC",
             &[&node_id],
         )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect::<Result<_, _>>()?;
+        .await?;
     let generation = judge_proof(node.as_ref(), &certs, proof)?;
     spend_token(db, &j.token_id).await?;
     reenrol_node(db, j, node_id, generation, now, issue, seal, reenrol_detail).await
@@ -470,14 +467,11 @@ pub(crate) async fn join_enrolled(
             generation,
         } => {
             let certs: Vec<Vec<u8>> = db
-                .query(
+                .column(
                     "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL",
                     &[&node_id],
                 )
-                .await?
-                .iter()
-                .map(|r| r.get(0))
-                .collect::<Result<_, _>>()?;
+                .await?;
             if !certs.iter().any(|der| proves(&node_id, der)) {
                 fleet_event(
                     db,
