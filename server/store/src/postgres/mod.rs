@@ -55,43 +55,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
-use crate::audit::{AuditHistory, AuditSnapshot, Settling};
-use crate::backend::{Backend, GatewayBackend};
-use crate::backups::{BackupRow, Dump, NewBackup};
-use crate::bindings::{BindingInput, BindingOutcome, BindingRow, VerifySignature};
+use crate::backend::*;
 use crate::clock::Clock;
-use crate::commands::{
-    CommandRow, Dispatch, NewCommand, ResultApplied, ResultInput, SealCommand, UnknownResult,
-};
 use crate::error::{StoreError, TxError};
-use crate::events::{EventInput, EventRow};
-use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
-use crate::images::{AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage};
-use crate::inventory::{InventoryInput, InventoryRow};
-use crate::leases::{Held, LeaseRow};
-use crate::liveness::{LivenessRules, SweepOutcome};
-use crate::machines::{Enrolled, Enrolment, NewEnrolment};
-use crate::nodes::{NodeList, RenewCert, Revocation, SealStatement, Signed, ValidCert};
-use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow};
-use crate::rollouts::{NewRollout, Rollout, RolloutCommand, RolloutState};
-use crate::sessions::{Ended, FleetSize, HelloInput, HelloOutcome, Seen, SessionKey, SessionRow};
-use crate::specs::{
-    ChangeSpec, FactApplied, OpenSpec, SealSpec, SpecBody, SpecView, StateReportInput,
-};
-use crate::sql::{
-    self, Dialect, Row, audit, backups, bindings, clones, commands, events, gateways, images,
-    inventory, leases, liveness, machines, nodes, reconcile, rollouts, secrets, sessions, specs,
-    tokens,
-};
-use crate::tokens::{
-    IssueCert, JoinInput, Joined, NewOperator, NewToken, OperatorRow, PreviousProof,
-    SealRevocation, TokenInfo,
-};
+use crate::sql::{self, Dialect, Row, leases};
 
 /// The migrations, in order. The schema version is how many ran; the
 /// numbers mean the same schema as SQLite's.
@@ -284,12 +255,13 @@ async fn now(tx: &Tx<'_>) -> Result<i64, tokio_postgres::Error> {
 }
 
 /// Runs `$body` (an expression that awaits a domain function given the
-/// transaction `$tx`) in one transaction on a connection from `$pool`:
+/// transaction `$tx`) in one transaction on a connection from `$pool`,
+/// begun by `$self.$begin` (default: [`PostgresBackend::begin`]):
 /// committed when it returns `Ok`, rolled back otherwise.
 macro_rules! tx {
-    ($self:ident, $pool:ident, |$tx:ident| $body:expr) => {{
+    ($self:ident, $pool:ident, $begin:ident, |$tx:ident| $body:expr) => {{
         let mut conn = $self.$pool.get().await.map_err(StoreError::from)?;
-        let $tx = $self.begin(&mut conn).await?;
+        let $tx = $self.$begin(&mut conn).await?;
         let out = $body;
         match out {
             Ok(v) => {
@@ -300,8 +272,33 @@ macro_rules! tx {
             Err(e) => Err(e),
         }
     }};
+    ($self:ident, $pool:ident, |$tx:ident| $body:expr) => {
+        tx!($self, $pool, begin, |$tx| $body)
+    };
     ($self:ident, |$tx:ident| $body:expr) => {
         tx!($self, pool, |$tx| $body)
+    };
+}
+
+/// Runs an operation's body ([`implement`]) on PostgreSQL, in a
+/// transaction from the main pool begun as its kind says: `read` and
+/// `write` by [`PostgresBackend::begin`], `snapshot` by
+/// [`PostgresBackend::begin_consistent`].
+macro_rules! pg_run {
+    ($self:ident, snapshot, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
+        tx!($self, pool, begin_consistent, |tx| {
+            let $db = &Pg(&tx);
+            $body.await
+        })
+    };
+    ($self:ident, read, $($rest:tt)*) => {
+        pg_run!($self, write, $($rest)*)
+    };
+    ($self:ident, write, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
+        tx!($self, pool, begin, |tx| {
+            let $db = &Pg(&tx);
+            $body.await
+        })
     };
 }
 
@@ -522,8 +519,7 @@ impl PostgresBackend {
     }
 }
 
-#[async_trait]
-impl GatewayBackend for PostgresBackend {
+gateway_operations!(implement!(PostgresBackend, pg_run, GatewayBackend {
     async fn now(&self) -> Result<i64, StoreError> {
         if let Some(c) = &self.clock {
             return Ok(c.now_ms());
@@ -541,113 +537,10 @@ impl GatewayBackend for PostgresBackend {
         .await)
     }
 
-    async fn check_cert(&self, fingerprint: &str) -> Result<ValidCert, TxError> {
-        tx!(self, |tx| nodes::check_cert(&Pg(&tx), fingerprint).await)
-    }
-
-    async fn revoked_since(&self, since_ms: i64) -> Result<Vec<Revocation>, StoreError> {
-        tx!(self, |tx| nodes::revoked_since(&Pg(&tx), since_ms).await)
-    }
-
-    async fn gateway_revocations(&self) -> Result<Option<SignedRevocations>, StoreError> {
-        tx!(self, |tx| gateways::revocations(&Pg(&tx)).await)
-    }
-
-    async fn event_receipts(
-        &self,
-        node: &str,
-        journal_id: &str,
-        keys: &[crate::events::EventKey],
-    ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| events::receipts(
-            &Pg(&tx),
-            node,
-            journal_id,
-            keys
-        )
-        .await)
-    }
-
-    async fn result_receipts(
-        &self,
-        node: &str,
-        ids: &[String],
-    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| commands::result_receipts(&Pg(&tx), node, ids)
-            .await)
-    }
-
-    async fn put_unknown_result(&self, r: &UnknownResult) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::put_unknown_result(&Pg(&tx), r).await)
-    }
-
     async fn hello(&self, h: &HelloInput) -> Result<HelloOutcome, TxError> {
         let fence = self.fence(&crate::leases::gateway_lease(&h.gateway_id));
         let _shared = fence.read().await;
         self.hellos.hello(h).await
-    }
-
-    async fn disconnect(&self, ended: &[Ended]) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::disconnect(&Pg(&tx), ended).await)
-    }
-
-    async fn flush_liveness(
-        &self,
-        gateway_id: &str,
-        seen: &[Seen],
-    ) -> Result<Vec<SessionKey>, StoreError> {
-        tx!(self, |tx| sessions::flush_liveness(
-            &Pg(&tx),
-            gateway_id,
-            seen
-        )
-        .await)
-    }
-
-    async fn gateway_shutdown(
-        &self,
-        gateway_id: &str,
-        sessions: &[SessionKey],
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| sessions::gateway_shutdown(
-            &Pg(&tx),
-            gateway_id,
-            sessions
-        )
-        .await)
-    }
-
-    async fn spec_generations(&self, gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError> {
-        tx!(self, |tx| sessions::spec_generations(&Pg(&tx), gateway_id)
-            .await)
-    }
-
-    async fn nodes_with_work(
-        &self,
-        gateway_id: &str,
-        specs_since_ms: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| sessions::nodes_with_work(
-            &Pg(&tx),
-            gateway_id,
-            specs_since_ms
-        )
-        .await)
-    }
-
-    async fn sweep_liveness(
-        &self,
-        rules: &LivenessRules,
-        held: &Held,
-    ) -> Result<SweepOutcome, StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            liveness::sweep(&Pg(&tx), rules).await
-        })
-    }
-
-    async fn fleet_size(&self) -> Result<FleetSize, StoreError> {
-        tx!(self, |tx| sessions::fleet_size(&Pg(&tx)).await)
     }
 
     async fn hold_lease(
@@ -678,125 +571,6 @@ impl GatewayBackend for PostgresBackend {
         .await)
     }
 
-    async fn remove_dead_leases(
-        &self,
-        dead_after: Duration,
-        held: &Held,
-    ) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            reconcile::remove_dead_leases(&Pg(&tx), dead_after).await
-        })
-    }
-
-    async fn put_inventory(
-        &self,
-        node_id: &str,
-        epoch: u64,
-        section: &Signed<InventoryInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        tx!(self, |tx| inventory::put(
-            &Pg(&tx),
-            node_id,
-            epoch,
-            section,
-            verify
-        )
-        .await)
-    }
-
-    async fn command_states(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        tx!(self, |tx| commands::states(&Pg(&tx)).await)
-    }
-
-    async fn take_dispatchable(
-        &self,
-        gateway_id: &str,
-        node_id: &str,
-        epoch: u64,
-    ) -> Result<Vec<Dispatch>, StoreError> {
-        tx!(self, |tx| commands::take_dispatchable(
-            &Pg(&tx),
-            gateway_id,
-            node_id,
-            epoch
-        )
-        .await)
-    }
-
-    async fn command_ack(
-        &self,
-        route: &crate::commands::Route,
-        id: &str,
-        running: bool,
-    ) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::ack(&Pg(&tx), route, id, running).await)
-    }
-
-    async fn command_result(
-        &self,
-        node_id: &str,
-        r: &Signed<ResultInput>,
-        verify: VerifySignature,
-    ) -> Result<ResultApplied, StoreError> {
-        tx!(self, |tx| commands::result(&Pg(&tx), node_id, r, verify)
-            .await)
-    }
-
-    async fn sweep_commands(&self, held: &Held) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            commands::sweep(&Pg(&tx)).await
-        })
-    }
-
-    async fn signed_spec(&self, node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| specs::signed(&Pg(&tx), node_id).await)
-    }
-
-    async fn put_state_report(
-        &self,
-        node_id: &str,
-        report: &Signed<StateReportInput>,
-        verify: VerifySignature,
-    ) -> Result<FactApplied, StoreError> {
-        tx!(self, |tx| specs::put_state_report(
-            &Pg(&tx),
-            node_id,
-            report,
-            verify
-        )
-        .await)
-    }
-
-    async fn record_binding(
-        &self,
-        b: &BindingInput,
-        verify: VerifySignature,
-    ) -> Result<BindingOutcome, StoreError> {
-        tx!(self, |tx| bindings::record(&Pg(&tx), b, verify).await)
-    }
-
-    async fn put_events(
-        &self,
-        node_id: &str,
-        journal_id: &str,
-        events: &[EventInput],
-    ) -> Result<u64, StoreError> {
-        tx!(self, |tx| events::put(
-            &Pg(&tx),
-            node_id,
-            journal_id,
-            events
-        )
-        .await)
-    }
-
-    async fn release_head(&self, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
-        tx!(self, |tx| sql::releases::head(&Pg(&tx), sequence).await)
-    }
-
     async fn release_chunk(
         &self,
         sequence: u64,
@@ -805,10 +579,6 @@ impl GatewayBackend for PostgresBackend {
     ) -> Result<Option<Vec<u8>>, StoreError> {
         tx!(self, |tx| chunks::release_chunk(&tx, sequence, offset, len)
             .await)
-    }
-
-    async fn image(&self, image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| images::get(&Pg(&tx), image_id).await)
     }
 
     async fn image_artifact_chunk(
@@ -820,404 +590,9 @@ impl GatewayBackend for PostgresBackend {
         tx!(self, |tx| chunks::artifact_chunk(&tx, sha256, offset, len)
             .await)
     }
+}));
 
-    async fn release(&self, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
-        tx!(self, |tx| sql::releases::files(&Pg(&tx), sequence).await)
-    }
-}
-
-#[async_trait]
-impl Backend for PostgresBackend {
-    async fn add_operator(&self, o: &NewOperator) -> Result<(), TxError> {
-        tx!(self, |tx| tokens::add_operator(&Pg(&tx), o).await)
-    }
-
-    async fn list_operators(&self) -> Result<Vec<OperatorRow>, StoreError> {
-        tx!(self, |tx| tokens::list_operators(&Pg(&tx)).await)
-    }
-
-    async fn operator_by_cert(&self, cert_sha256: &str) -> Result<Option<OperatorRow>, StoreError> {
-        tx!(self, |tx| tokens::operator_by_cert(&Pg(&tx), cert_sha256)
-            .await)
-    }
-
-    async fn revoke_operator(
-        &self,
-        id: &str,
-        seal: SealRevocation,
-    ) -> Result<OperatorRow, TxError> {
-        tx!(self, |tx| tokens::revoke_operator(&Pg(&tx), id, seal).await)
-    }
-
-    async fn put_secret(
-        &self,
-        name: &str,
-        put: crate::secrets::Put,
-        by: &str,
-        seal: crate::secrets::SealSecret,
-    ) -> Result<crate::secrets::SecretSummary, TxError> {
-        tx!(self, |tx| secrets::put(&Pg(&tx), name, put, by, seal).await)
-    }
-
-    async fn secret(
-        &self,
-        name: &str,
-        version: u64,
-    ) -> Result<Option<crate::secrets::SecretRow>, StoreError> {
-        tx!(self, |tx| secrets::get(&Pg(&tx), name, version).await)
-    }
-
-    async fn list_secrets(&self) -> Result<Vec<crate::secrets::SecretSummary>, StoreError> {
-        tx!(self, |tx| secrets::list(&Pg(&tx)).await)
-    }
-
-    async fn delete_secret(&self, name: &str) -> Result<crate::secrets::SecretSummary, TxError> {
-        tx!(self, |tx| secrets::delete(&Pg(&tx), name).await)
-    }
-
-    async fn add_gateway_credential(
-        &self,
-        name: &str,
-        secret_sha256: &str,
-    ) -> Result<i64, TxError> {
-        tx!(self, |tx| gateways::add(&Pg(&tx), name, secret_sha256)
-            .await)
-    }
-
-    async fn gateway_credential(
-        &self,
-        name: &str,
-    ) -> Result<Option<GatewayCredential>, StoreError> {
-        tx!(self, |tx| gateways::get(&Pg(&tx), name).await)
-    }
-
-    async fn list_gateway_credentials(&self) -> Result<Vec<GatewayCredential>, StoreError> {
-        tx!(self, |tx| gateways::list(&Pg(&tx)).await)
-    }
-
-    async fn revoke_gateway_credential(&self, name: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| gateways::revoke(&Pg(&tx), name).await)
-    }
-
-    async fn record_gateway_cert(&self, cert: &GatewayCert) -> Result<(), StoreError> {
-        tx!(self, |tx| gateways::record_cert(&Pg(&tx), cert).await)
-    }
-
-    async fn revoked_gateway_certs(&self) -> Result<Vec<GatewayCert>, StoreError> {
-        tx!(self, |tx| gateways::revoked_certs(&Pg(&tx)).await)
-    }
-
-    async fn put_gateway_revocations(&self, list: &SignedRevocations) -> Result<(), StoreError> {
-        tx!(self, |tx| gateways::put_revocations(&Pg(&tx), list).await)
-    }
-
-    async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
-        tx!(self, |tx| grants::role_sql_here(&tx, name).await.map(Some))
-    }
-
-    async fn list_tokens(&self, all: bool) -> Result<Vec<TokenInfo>, StoreError> {
-        tx!(self, |tx| tokens::list_tokens(&Pg(&tx), all).await)
-    }
-
-    async fn revoke_token(&self, id: &str) -> Result<Option<TokenInfo>, StoreError> {
-        tx!(self, |tx| tokens::revoke_token(&Pg(&tx), id).await)
-    }
-
-    async fn create_token(&self, t: &NewToken) -> Result<i64, StoreError> {
-        tx!(self, |tx| tokens::create_token(&Pg(&tx), t).await)
-    }
-
-    async fn join(&self, j: &JoinInput, issue: IssueCert) -> Result<Joined, TxError> {
-        tx!(self, |tx| tokens::join(&Pg(&tx), j, issue).await)
-    }
-
-    async fn reenrol(
-        &self,
-        j: &JoinInput,
-        proof: &PreviousProof,
-        issue: IssueCert,
-        seal: SealStatement,
-    ) -> Result<Joined, TxError> {
-        tx!(self, |tx| tokens::reenrol(&Pg(&tx), j, proof, issue, seal)
-            .await)
-    }
-
-    async fn join_attested(
-        &self,
-        j: &JoinInput,
-        ek_sha256: &str,
-        issue: IssueCert,
-        seal: SealStatement,
-    ) -> Result<Joined, TxError> {
-        tx!(self, |tx| tokens::join_attested(
-            &Pg(&tx),
-            j,
-            ek_sha256,
-            issue,
-            seal
-        )
-        .await)
-    }
-
-    async fn join_enrolled(
-        &self,
-        j: &JoinInput,
-        ek_sha256: &str,
-        ek_ca: Option<&str>,
-        boot_id: &str,
-        issue: IssueCert,
-        seal: SealStatement,
-        proves: crate::machines::ProvesMachine,
-    ) -> Result<Enrolled, TxError> {
-        tx!(self, |tx| tokens::join_enrolled(
-            &Pg(&tx),
-            j,
-            ek_sha256,
-            ek_ca,
-            boot_id,
-            (issue, seal),
-            proves
-        )
-        .await)
-    }
-
-    async fn enrol_machine(&self, e: &NewEnrolment) -> Result<Enrolment, TxError> {
-        tx!(self, |tx| machines::enrol(&Pg(&tx), e).await)
-    }
-
-    async fn list_enrolments(&self) -> Result<Vec<Enrolment>, StoreError> {
-        tx!(self, |tx| machines::list(&Pg(&tx)).await)
-    }
-
-    async fn remove_enrolment(&self, id: &str) -> Result<Enrolment, TxError> {
-        tx!(self, |tx| machines::remove(&Pg(&tx), id).await)
-    }
-
-    async fn renew_within(
-        &self,
-        fingerprint: &str,
-        issue: RenewCert,
-        expired_grace_ms: i64,
-    ) -> Result<Joined, TxError> {
-        tx!(self, |tx| nodes::renew(
-            &Pg(&tx),
-            fingerprint,
-            issue,
-            expired_grace_ms
-        )
-        .await)
-    }
-
-    async fn node_certificates(&self, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        let rows = tx!(self, |tx| query(
-            &tx,
-            "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL ORDER BY serial",
-            &[&node_id],
-        )
-        .await
-        .map_err(StoreError::from))?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
-    }
-
-    async fn list_nodes(&self) -> Result<NodeList, StoreError> {
-        tx!(self, |tx| nodes::list_nodes(&Pg(&tx)).await)
-    }
-
-    async fn node(&self, node_id: &str) -> Result<NodeList, StoreError> {
-        tx!(self, |tx| nodes::nodes_matching(&Pg(&tx), Some(node_id))
-            .await)
-    }
-
-    async fn sightings_unwatched(
-        &self,
-        limit: u32,
-    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        tx!(self, |tx| clones::unwatched(&Pg(&tx), limit).await)
-    }
-
-    async fn mark_sightings_watched(&self, ids: &[i64]) -> Result<(), StoreError> {
-        tx!(self, |tx| clones::mark_watched(&Pg(&tx), ids).await)
-    }
-
-    async fn sightings_of(
-        &self,
-        serial: &str,
-        since_ms: i64,
-    ) -> Result<Vec<crate::sessions::Sighting>, StoreError> {
-        tx!(self, |tx| clones::of(&Pg(&tx), serial, since_ms).await)
-    }
-
-    async fn drop_forged_sightings(
-        &self,
-        forged: &[(crate::sessions::Sighting, String)],
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| clones::drop_forged(&Pg(&tx), forged).await)
-    }
-
-    async fn supersede(&self, node_id: &str, serial: &str) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| clones::supersede(&Pg(&tx), node_id, serial)
-            .await)
-    }
-
-    async fn security_events_unreceipted(
-        &self,
-        limit: u32,
-    ) -> Result<Vec<crate::events::SecurityEvent>, StoreError> {
-        tx!(self, |tx| events::unreceipted(&Pg(&tx), limit).await)
-    }
-
-    async fn put_event_receipt(
-        &self,
-        event: &crate::events::SecurityEvent,
-        receipt: &[u8],
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| events::put_receipt(&Pg(&tx), event, receipt)
-            .await)
-    }
-
-    async fn unknown_results_unreceipted(
-        &self,
-        limit: u32,
-    ) -> Result<Vec<UnknownResult>, StoreError> {
-        tx!(self, |tx| commands::unknown_results_unreceipted(
-            &Pg(&tx),
-            limit
-        )
-        .await)
-    }
-
-    async fn put_unknown_result_receipt(
-        &self,
-        r: &UnknownResult,
-        receipt: &[u8],
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| commands::put_unknown_result_receipt(
-            &Pg(&tx),
-            r,
-            receipt
-        )
-        .await)
-    }
-
-    async fn results_unreceipted(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::results_unreceipted(&Pg(&tx), limit)
-            .await)
-    }
-
-    async fn put_result_receipt(&self, id: &str, receipt: &[u8]) -> Result<(), StoreError> {
-        tx!(self, |tx| commands::put_result_receipt(
-            &Pg(&tx),
-            id,
-            receipt
-        )
-        .await)
-    }
-
-    async fn upgrades_unjudged(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| commands::upgrades_unjudged(&Pg(&tx), limit)
-            .await)
-    }
-
-    async fn judge_upgrade_floor(
-        &self,
-        command_id: &str,
-        believed: bool,
-    ) -> Result<Option<u64>, StoreError> {
-        tx!(self, |tx| commands::judge_upgrade_floor(
-            &Pg(&tx),
-            command_id,
-            believed
-        )
-        .await)
-    }
-
-    async fn require_hello_proofs(&self, node_id: &str, serial: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| clones::require_hello_proofs(
-            &Pg(&tx),
-            node_id,
-            serial
-        )
-        .await)
-    }
-
-    async fn quarantine_clone(
-        &self,
-        node_id: &str,
-        serial: &str,
-        alternations: u32,
-        seal: SealStatement,
-    ) -> Result<bool, TxError> {
-        tx!(self, |tx| clones::quarantine(
-            &Pg(&tx),
-            node_id,
-            serial,
-            alternations,
-            seal
-        )
-        .await)
-    }
-
-    async fn delete_node(&self, node_id: &str, seal: SealStatement) -> Result<bool, StoreError> {
-        tx!(self, |tx| nodes::delete_node(&Pg(&tx), node_id, seal).await)
-    }
-
-    async fn session(&self, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
-        tx!(self, |tx| sessions::session(&Pg(&tx), node_id).await)
-    }
-
-    async fn connected_to(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| sessions::connected_to(&Pg(&tx), gateway_id)
-            .await)
-    }
-
-    async fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        tx!(self, |tx| leases::list(&Pg(&tx)).await)
-    }
-
-    async fn prune_history(
-        &self,
-        limits: crate::reconcile::HistoryLimits,
-        held: &Held,
-    ) -> Result<crate::reconcile::Pruned, StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            reconcile::prune_history(&Pg(&tx), limits).await
-        })
-    }
-
-    async fn inventory(
-        &self,
-        node_id: &str,
-        section: &str,
-    ) -> Result<Option<InventoryRow>, StoreError> {
-        tx!(self, |tx| inventory::get(&Pg(&tx), node_id, section).await)
-    }
-
-    async fn create_command(
-        &self,
-        cmd: &NewCommand,
-        seal: SealCommand,
-    ) -> Result<(CommandRow, bool), TxError> {
-        tx!(self, |tx| commands::create(&Pg(&tx), cmd, seal).await)
-    }
-
-    async fn get_command(&self, id: &str) -> Result<Option<CommandRow>, StoreError> {
-        tx!(self, |tx| commands::row(&Pg(&tx), id).await)
-    }
-
-    async fn list_commands(
-        &self,
-        node_id: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<CommandRow>, StoreError> {
-        tx!(self, |tx| commands::list(&Pg(&tx), node_id, limit).await)
-    }
-
-    async fn cancel_pending_command(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| commands::cancel_pending(&Pg(&tx), id, reason)
-            .await)
-    }
-
+key_holder_operations!(implement!(PostgresBackend, pg_run, Backend {
     async fn update_spec(
         &self,
         node_id: &str,
@@ -1225,7 +600,7 @@ impl Backend for PostgresBackend {
         open: OpenSpec,
         seal: SealSpec,
     ) -> Result<(u64, SpecBody), TxError> {
-        let updated: Result<_, TxError> = tx!(self, |tx| specs::update(
+        let updated: Result<_, TxError> = tx!(self, |tx| sql::specs::update(
             &Pg(&tx),
             node_id,
             change,
@@ -1236,238 +611,8 @@ impl Backend for PostgresBackend {
         updated?.map_err(TxError::from)
     }
 
-    async fn specs_expiring(&self, within: Duration) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| specs::expiring(&Pg(&tx), within).await)
-    }
-
-    async fn signed_specs(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| specs::signed_all(&Pg(&tx)).await)
-    }
-
-    async fn spec_view(&self, node_id: &str) -> Result<Option<SpecView>, StoreError> {
-        tx!(self, |tx| specs::view(&Pg(&tx), node_id).await)
-    }
-
-    async fn bindings(&self, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
-        tx!(self, |tx| bindings::list(&Pg(&tx), node_id).await)
-    }
-
-    async fn fleet_events(&self, node_id: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        tx!(self, |tx| bindings::fleet_events(&Pg(&tx), node_id, limit)
-            .await)
-    }
-
-    async fn list_fleet_events(
-        &self,
-        q: &crate::events::EventQuery,
-    ) -> Result<Vec<crate::events::FleetEvent>, StoreError> {
-        tx!(self, |tx| bindings::list_fleet_events(&Pg(&tx), q).await)
-    }
-
-    async fn publish_fleet_event(
-        &self,
-        kind: &str,
-        node_id: &str,
-        detail: &str,
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| async {
-            let at = now(&tx).await?;
-            bindings::fleet_event(&Pg(&tx), at, kind, node_id, detail).await?;
-            Ok::<(), StoreError>(())
-        }
-        .await)
-    }
-
-    async fn node_events(&self, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
-        tx!(self, |tx| events::list(&Pg(&tx), node_id).await)
-    }
-
-    async fn register_release(&self, r: &NewRelease) -> Result<ReleaseRow, TxError> {
-        tx!(self, |tx| sql::releases::register(&Pg(&tx), r).await)
-    }
-
-    async fn list_releases(&self) -> Result<Vec<ReleaseRow>, StoreError> {
-        tx!(self, |tx| sql::releases::list(&Pg(&tx)).await)
-    }
-
-    async fn register_image(&self, i: &NewImage) -> Result<bool, StoreError> {
-        tx!(self, |tx| images::register(&Pg(&tx), i).await)
-    }
-
-    async fn list_images(&self) -> Result<Vec<ImageRow>, StoreError> {
-        tx!(self, |tx| images::list(&Pg(&tx)).await)
-    }
-
-    async fn image_manifests(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        tx!(self, |tx| images::manifests(&Pg(&tx)).await)
-    }
-
-    async fn resolve_image(&self, what: &str) -> Result<String, TxError> {
-        tx!(self, |tx| images::resolve(&Pg(&tx), what).await)
-    }
-
-    async fn assign_image(
-        &self,
-        target: &str,
-        image_id: Option<&str>,
-        append: &str,
-        mint_ttl_ms: Option<i64>,
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| images::assign(
-            &Pg(&tx),
-            target,
-            image_id,
-            append,
-            mint_ttl_ms
-        )
-        .await)
-    }
-
-    async fn image_for_mac(&self, mac: &str) -> Result<Option<Assigned>, StoreError> {
-        tx!(self, |tx| images::for_mac(&Pg(&tx), mac).await)
-    }
-
-    async fn mint_boot_token(&self, mac: &str, t: &NewToken) -> Result<Option<Minted>, StoreError> {
-        tx!(self, |tx| images::mint(&Pg(&tx), mac, t).await)
-    }
-
-    async fn allow_boot_mac(&self, mac: &str, pool: Option<&str>) -> Result<(), StoreError> {
-        tx!(self, |tx| images::allow_mac(&Pg(&tx), mac, pool).await)
-    }
-
-    async fn disallow_boot_mac(&self, mac: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| images::disallow_mac(&Pg(&tx), mac).await)
-    }
-
-    async fn boot_macs(&self) -> Result<Vec<AllowedMac>, StoreError> {
-        tx!(self, |tx| images::allowed_macs(&Pg(&tx)).await)
-    }
-
-    async fn image_artifact(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        tx!(self, |tx| images::artifact(&Pg(&tx), sha256).await)
-    }
-
-    async fn image_artifact_size(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
-        tx!(self, |tx| images::artifact_size(&Pg(&tx), sha256).await)
-    }
-
-    async fn record_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
-        tx!(self, |tx| images::record_boot(&Pg(&tx), b).await)
-    }
-
-    async fn boots(&self, mac: Option<&str>, limit: u32) -> Result<Vec<BootRow>, StoreError> {
-        tx!(self, |tx| images::boots(&Pg(&tx), mac, limit).await)
-    }
-
-    async fn start_rollout(&self, r: &NewRollout) -> Result<Rollout, TxError> {
-        tx!(self, |tx| rollouts::start(&Pg(&tx), r).await)
-    }
-
-    async fn rollout(&self, id: &str) -> Result<Option<Rollout>, StoreError> {
-        tx!(self, |tx| rollouts::get(&Pg(&tx), id).await)
-    }
-
-    async fn list_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
-        tx!(self, |tx| rollouts::list(&Pg(&tx)).await)
-    }
-
-    async fn set_rollout_state(
-        &self,
-        id: &str,
-        from: &[RolloutState],
-        to: RolloutState,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        tx!(self, |tx| rollouts::set_state(
-            &Pg(&tx),
-            id,
-            from,
-            to,
-            reason
-        )
-        .await)
-    }
-
-    async fn advance_rollout(
-        &self,
-        id: &str,
-        from: usize,
-        to: usize,
-        held: &Held,
-    ) -> Result<bool, StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            rollouts::advance(&Pg(&tx), id, from, to).await
-        })
-    }
-
-    async fn record_rollout_command(
-        &self,
-        id: &str,
-        node_id: &str,
-        which: RolloutCommand,
-        command_id: &str,
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| rollouts::record_command(
-            &Pg(&tx),
-            id,
-            node_id,
-            which,
-            command_id
-        )
-        .await)
-    }
-
-    async fn skip_rollout_node(
-        &self,
-        id: &str,
-        node_id: &str,
-        held: &Held,
-    ) -> Result<(), StoreError> {
-        tx!(self, |tx| {
-            leases::check_held(&Pg(&tx), held).await?;
-            rollouts::skip(&Pg(&tx), id, node_id).await
-        })
-    }
-
-    async fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
-        let mut conn = self.pool.get().await?;
-        let tx = self.begin_consistent(&mut conn).await?;
-        let snap = audit::snapshot(&Pg(&tx)).await?;
-        tx.commit().await?;
-        Ok(snap)
-    }
-
-    async fn audit_history(&self) -> Result<AuditHistory, StoreError> {
-        let mut conn = self.pool.get().await?;
-        let tx = self.begin_consistent(&mut conn).await?;
-        let history = audit::history(&Pg(&tx)).await?;
-        tx.commit().await?;
-        Ok(history)
-    }
-
-    async fn settling(&self) -> Result<Settling, StoreError> {
-        tx!(self, |tx| audit::settling(&Pg(&tx)).await)
-    }
-
-    async fn begin_backup(&self, b: &NewBackup) -> Result<BackupRow, StoreError> {
-        tx!(self, |tx| backups::begin(&Pg(&tx), b).await)
-    }
-
-    async fn finish_backup(&self, id: &str, files: u64, bytes: u64) -> Result<bool, StoreError> {
-        tx!(self, |tx| backups::finish(&Pg(&tx), id, files, bytes).await)
-    }
-
-    async fn fail_backup(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
-        tx!(self, |tx| backups::fail(&Pg(&tx), id, reason).await)
-    }
-
-    async fn backups(&self) -> Result<Vec<BackupRow>, StoreError> {
-        tx!(self, |tx| backups::list(&Pg(&tx)).await)
-    }
-
-    async fn backup(&self, id: &str) -> Result<Option<BackupRow>, StoreError> {
-        tx!(self, |tx| backups::get(&Pg(&tx), id).await)
+    async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
+        tx!(self, |tx| grants::role_sql_here(&tx, name).await.map(Some))
     }
 
     async fn dump(&self) -> Result<Dump, StoreError> {
@@ -1485,12 +630,4 @@ impl Backend for PostgresBackend {
     async fn stall(&self, duration: Duration) -> Result<(), StoreError> {
         tx!(self, |tx| stall::stall(&tx, duration).await)
     }
-
-    async fn reconcile(
-        &self,
-        owner: &str,
-        dead_after: Duration,
-    ) -> Result<crate::reconcile::Reconciled, StoreError> {
-        tx!(self, |tx| reconcile::run(&Pg(&tx), owner, dead_after).await)
-    }
-}
+}));

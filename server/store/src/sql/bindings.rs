@@ -23,6 +23,17 @@ pub(crate) async fn fleet_event(
     Ok(())
 }
 
+/// Publishes a fleet event about a node at the store's now.
+pub(crate) async fn publish(
+    db: &impl Db,
+    kind: &str,
+    node_id: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    let at = db.now().await?;
+    fleet_event(db, at, kind, node_id, detail).await
+}
+
 pub(crate) async fn record(
     db: &impl Db,
     b: &BindingInput,

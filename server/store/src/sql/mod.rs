@@ -320,12 +320,9 @@ fn starts_with_word(s: &str, w: &str) -> bool {
 /// If the future waits: a body over SQLite awaited something that is not
 /// a statement (a bug).
 pub(crate) fn ready<T>(f: impl Future<Output = T>) -> T {
-    use std::task::{Context, Poll, Waker};
-    let mut f = std::pin::pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("a transaction body over SQLite waited for something"),
-    }
+    use futures_util::FutureExt;
+    f.now_or_never()
+        .expect("a transaction body over SQLite waited for something")
 }
 
 #[cfg(test)]

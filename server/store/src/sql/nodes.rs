@@ -81,6 +81,16 @@ pub(crate) async fn cert_row(
         .transpose()
 }
 
+/// A node's certificates (DER), oldest first; those kept without their
+/// bytes are left out.
+pub(crate) async fn certificates(db: &impl Db, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+    db.column(
+        "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL ORDER BY serial",
+        &[&node_id],
+    )
+    .await
+}
+
 pub(crate) async fn check_cert(db: &impl Db, fingerprint: &str) -> Result<ValidCert, TxError> {
     let row = cert_row(db, fingerprint).await?;
     Ok(check(row, db.now().await?)?)
