@@ -629,3 +629,33 @@ fn a_renewal_to_a_file_key_is_refused_for_a_tpm_certificate() {
         "{events}"
     );
 }
+
+/// `--tpm` is checked as the command line is read: an swtpm address that
+/// is no address stops `bcd node`, `join`, `doctor` and `helper` with a
+/// usage error (exit 2) naming the flag and what it takes, before anything
+/// is opened or written.
+#[test]
+fn a_tpm_flag_that_names_no_tpm_is_refused_before_anything_starts() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    for args in [
+        vec!["node", "--tpm", "swtpm:localhost"],
+        vec!["join", "--server", "https://127.0.0.1:1", "--tpm", "swtpm:"],
+        vec!["doctor", "--tpm", ""],
+        vec!["helper", "--tpm", "swtpm:127.0.0.1"],
+    ] {
+        let out = std::process::Command::new(bc_tests::bin("bcd"))
+            .args(&args)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .expect("run bcd");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--tpm") && err.contains("swtpm:"),
+            "{args:?}: {err}"
+        );
+        assert!(!data.exists(), "{args:?}: the data directory was touched");
+    }
+}

@@ -55,16 +55,39 @@ pub fn tpm_at(backend: bcd_tpm::Backend, endpoint: TpmEndpoint) -> anyhow::Resul
     Ok(bcd_tpm::TpmAt { backend, endpoint })
 }
 
-/// A TPM endpoint as the command line names it: a device path, or
-/// `swtpm:HOST:PORT`.
-pub fn tpm_endpoint(s: &str) -> anyhow::Result<TpmEndpoint> {
-    Ok(match s.strip_prefix("swtpm:") {
-        Some(addr) => TpmEndpoint::Tcp(
-            addr.parse()
-                .map_err(|e| anyhow::anyhow!("--tpm swtpm:{addr}: {e}"))?,
-        ),
-        None => TpmEndpoint::Device(s.into()),
-    })
+/// A TPM endpoint as the command line names it (`--tpm`, checked as the
+/// command line is read): a device path, or `swtpm:HOST:PORT`.
+pub fn tpm_endpoint(s: &str) -> Result<TpmEndpoint, String> {
+    match s.strip_prefix("swtpm:") {
+        Some(addr) => addr.parse().map(TpmEndpoint::Tcp).map_err(|e| {
+            format!("{e}: swtpm's command socket is an address and port, e.g. swtpm:127.0.0.1:2321")
+        }),
+        None if s.is_empty() => {
+            Err("give a TPM device (e.g. /dev/tpmrm0) or swtpm:HOST:PORT".to_string())
+        }
+        None => Ok(TpmEndpoint::Device(s.into())),
+    }
+}
+
+#[cfg(test)]
+mod tpm_endpoint_tests {
+    use super::*;
+
+    #[test]
+    fn a_tpm_is_a_device_or_an_swtpm_address() {
+        assert_eq!(
+            tpm_endpoint("/dev/tpmrm0"),
+            Ok(TpmEndpoint::Device("/dev/tpmrm0".into()))
+        );
+        assert_eq!(
+            tpm_endpoint("swtpm:127.0.0.1:2321"),
+            Ok(TpmEndpoint::Tcp("127.0.0.1:2321".parse().unwrap()))
+        );
+        for bad in ["", "swtpm:", "swtpm:localhost", "swtpm:127.0.0.1"] {
+            let e = tpm_endpoint(bad).unwrap_err();
+            assert!(e.contains("swtpm"), "{bad:?}: {e}");
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

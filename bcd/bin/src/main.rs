@@ -16,6 +16,7 @@ use bcd_agent::daemon::{self, MachineDirs, tpm_at, tpm_endpoint};
 use bcd_agent::{doctor, helper, hw, join, metrics, node, upgrade};
 #[cfg(feature = "fakehw")]
 use bcd_fakehw::sim;
+use bcd_tpm::Endpoint as TpmEndpoint;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -175,8 +176,8 @@ enum Command {
         attestor: Attestor,
         /// The TPM for --attestor tpm: a device (/dev/tpmrm0), or
         /// swtpm:HOST:PORT.
-        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
-        tpm: String,
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM", value_parser = tpm_endpoint)]
+        tpm: TpmEndpoint,
         #[command(flatten)]
         tpm_backend: TpmBackendArg,
         #[command(flatten)]
@@ -215,8 +216,8 @@ enum Command {
         /// The TPM holding a node key joined with --attestor tpm: a device
         /// (/dev/tpmrm0), or swtpm:HOST:PORT. Under --helper, the helper's
         /// TPM is used instead.
-        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
-        tpm: String,
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM", value_parser = tpm_endpoint)]
+        tpm: TpmEndpoint,
         #[command(flatten)]
         tpm_backend: TpmBackendArg,
         /// Serve metrics (Prometheus text format) on GET /metrics at this
@@ -260,8 +261,8 @@ enum Command {
         #[command(flatten)]
         files: MachineFiles,
         /// The TPM: a device (/dev/tpmrm0), or swtpm:HOST:PORT.
-        #[arg(long, default_value = "/dev/tpmrm0")]
-        tpm: String,
+        #[arg(long, default_value = "/dev/tpmrm0", value_parser = tpm_endpoint)]
+        tpm: TpmEndpoint,
         /// The system bus of logind and systemd; detected when not given
         /// (none where systemd does not run: the direct path).
         #[arg(long)]
@@ -309,8 +310,8 @@ enum Command {
         /// The TPM holding a node key joined with --attestor tpm: a device
         /// (/dev/tpmrm0), or swtpm:HOST:PORT. With a helper, the helper's
         /// TPM is checked instead.
-        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM")]
-        tpm: String,
+        #[arg(long, default_value = "/dev/tpmrm0", env = "BCD_TPM", value_parser = tpm_endpoint)]
+        tpm: TpmEndpoint,
         #[command(flatten)]
         tpm_backend: TpmBackendArg,
         /// How long the gateway may take to answer.
@@ -461,7 +462,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let tpm = match attestor {
                 Attestor::Token => None,
-                Attestor::Tpm => Some(tpm_at(tpm_backend.backend, tpm_endpoint(&tpm)?)?),
+                Attestor::Tpm => Some(tpm_at(tpm_backend.backend, tpm)?),
             };
             let opts = join::JoinOptions {
                 server,
@@ -515,7 +516,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 helper,
                 helper_staging,
-                tpm: tpm_endpoint(&tpm)?,
+                tpm,
                 tpm_backend: tpm_backend.backend,
                 metrics_listen,
                 uevents,
@@ -575,7 +576,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     ..Default::default()
                 },
                 unit,
-                tpm: tpm_endpoint(&tpm)?,
+                tpm,
             });
             helper::serve(
                 helper::ServeOptions {
@@ -621,7 +622,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // identity check's failure, with the others still run.
                 tpm: bcd_tpm::TpmAt {
                     backend: tpm_backend.backend,
-                    endpoint: tpm_endpoint(&tpm)?,
+                    endpoint: tpm,
                 },
                 gateway_timeout: timeout,
                 now_ms: bcd_sys::clock::unix_ms(),
