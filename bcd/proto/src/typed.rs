@@ -179,6 +179,18 @@ spelled!(v1::AckState {
     Running => "running",
 });
 
+spelled!(v1::OperatorRole {
+    Unspecified => "unspecified",
+    ReadOnly => "read-only",
+    Admin => "admin",
+});
+
+spelled!(v1::MachineKind {
+    Unspecified => "unspecified",
+    Ek => "ek",
+    EkCa => "ek-ca",
+});
+
 spelled!(v1::BindingState {
     Unspecified => "unspecified",
     Active => "active",

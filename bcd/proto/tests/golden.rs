@@ -36,6 +36,16 @@ fn check<M: Message + Default + PartialEq + std::fmt::Debug>(name: &str, m: &M) 
     assert_eq!(&decoded, m, "{name} does not decode back to itself");
 }
 
+/// A message of an earlier encoding, from its golden file (never
+/// rewritten): what a peer or a store of that release sent must still
+/// decode. Fields since removed (their numbers `reserved`) read as absent.
+fn earlier<M: Message + Default>(name: &str) -> M {
+    let p = path(name);
+    let golden = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    M::decode(hex::decode(golden.trim()).unwrap().as_slice())
+        .unwrap_or_else(|e| panic!("{name} no longer decodes: {e}"))
+}
+
 fn worker_key() -> ring::signature::Ed25519KeyPair {
     // ed25519 signatures are deterministic: a fixed seed pins the envelope.
     ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7; 32]).unwrap()
@@ -393,11 +403,46 @@ fn signed_intent_and_facts() {
         &v1::ConsoleToken {
             version: 1,
             operator: "alice".into(),
-            role: "read-only".into(),
+            // Version 1: the role by name (field 3), kept for such tokens.
+            role_name: "read-only".into(),
+            role: 0,
             cert_sha256: "5e".repeat(32),
             issued_ms: 1_790_000_000_000,
             expires_ms: 1_790_003_600_000,
             nonce: vec![7; 16],
+        },
+    );
+    check(
+        "console_token_v2",
+        &v1::ConsoleToken {
+            version: 2,
+            operator: "alice".into(),
+            role_name: String::new(),
+            role: v1::OperatorRole::ReadOnly as i32,
+            cert_sha256: "5e".repeat(32),
+            issued_ms: 1_790_000_000_000,
+            expires_ms: 1_790_003_600_000,
+            nonce: vec![7; 16],
+        },
+    );
+    check(
+        "add_operator_request",
+        &v1::AddOperatorRequest {
+            name: "alice".into(),
+            role: v1::OperatorRole::Admin as i32,
+            csr_der: vec![0x30, 0x82, 0x01],
+        },
+    );
+    check(
+        "operator_info",
+        &v1::OperatorInfo {
+            name: "alice".into(),
+            role: v1::OperatorRole::Admin as i32,
+            cert_sha256: "5e".repeat(32),
+            cert_serial: "01ab".into(),
+            created_at_ms: 1_790_000_000_000,
+            not_after_ms: 1_821_536_000_000,
+            revoked_at_ms: 0,
         },
     );
     check(
@@ -714,21 +759,32 @@ fn machine_enrolment() {
             ek_intermediates_der: vec![],
         },
     );
+    let machine = v1::MachineInfo {
+        id: format!("ek:{}", "e4".repeat(32)),
+        kind: v1::MachineKind::Ek as i32,
+        ek_sha256: "e4".repeat(32),
+        subject: "CN=EK".into(),
+        description: "rack 3".into(),
+        created_at_ms: 1_790_000_000_000,
+        node_id: "nd-0f3a9c".into(),
+        intermediates: vec![],
+    };
     check(
-        "enroll_machine_response",
+        "enroll_machine_response_kind",
         &v1::EnrollMachineResponse {
-            machine: Some(v1::MachineInfo {
-                id: format!("ek:{}", "e4".repeat(32)),
-                kind: "ek".into(),
-                ek_sha256: "e4".repeat(32),
-                subject: "CN=EK".into(),
-                description: "rack 3".into(),
-                created_at_ms: 1_790_000_000_000,
-                node_id: "nd-0f3a9c".into(),
-                intermediates: vec![],
-            }),
+            machine: Some(machine.clone()),
             ca_pin: "ab".repeat(32),
         },
+    );
+    // Before the kind was an enum (field 2, "ek"): the rest still reads,
+    // the kind as not given.
+    let before: v1::EnrollMachineResponse = earlier("enroll_machine_response");
+    assert_eq!(
+        before,
+        v1::EnrollMachineResponse {
+            machine: Some(v1::MachineInfo { kind: 0, ..machine }),
+            ca_pin: "ab".repeat(32),
+        }
     );
     // An EK CA with the intermediates between it and the EK certificates.
     check(
@@ -741,19 +797,19 @@ fn machine_enrolment() {
             ek_intermediates_der: vec![vec![0x30, 0x82, 0x03], vec![0x30, 0x82, 0x02]],
         },
     );
-    check(
-        "machine_info_intermediates",
-        &v1::MachineInfo {
-            id: format!("ek-ca:{}", "c1".repeat(32)),
-            kind: "ek-ca".into(),
-            ek_sha256: String::new(),
-            subject: "CN=vendor root".into(),
-            description: "vendor root".into(),
-            created_at_ms: 1_790_000_000_000,
-            node_id: String::new(),
-            intermediates: vec!["CN=vendor EK CA 1".into()],
-        },
-    );
+    let machine = v1::MachineInfo {
+        id: format!("ek-ca:{}", "c1".repeat(32)),
+        kind: v1::MachineKind::EkCa as i32,
+        ek_sha256: String::new(),
+        subject: "CN=vendor root".into(),
+        description: "vendor root".into(),
+        created_at_ms: 1_790_000_000_000,
+        node_id: String::new(),
+        intermediates: vec!["CN=vendor EK CA 1".into()],
+    };
+    check("machine_info_kind", &machine);
+    let before: v1::MachineInfo = earlier("machine_info_intermediates");
+    assert_eq!(before, v1::MachineInfo { kind: 0, ..machine });
 }
 
 /// What a node sends to renew, and what a gateway relays to the join

@@ -1,9 +1,9 @@
 //! Machines enrolled by their TPM's EK (`EnrollMachine`, `ListMachines`,
 //! `RemoveMachine`): they join with no token (`bc_store::machines`).
 
-use bc_store::machines::{Enrolment, NewEnrolment};
+use bc_store::machines::{Enrolment, EnrolmentKind, NewEnrolment};
 use bcd_proto::v1::{
-    EnrollMachineRequest, EnrollMachineResponse, ListMachinesResponse, MachineInfo,
+    self, EnrollMachineRequest, EnrollMachineResponse, ListMachinesResponse, MachineInfo,
     RemoveMachineRequest,
 };
 use tonic::Status;
@@ -16,6 +16,14 @@ use super::status::{bad_request, refusal, status, unavailable};
 /// The largest certificate taken.
 const MAX_CERT: usize = 16 << 10;
 
+/// An enrolment's kind as the wire names it.
+fn wire_kind(k: EnrolmentKind) -> v1::MachineKind {
+    match k {
+        EnrolmentKind::Ek => v1::MachineKind::Ek,
+        EnrolmentKind::EkCa => v1::MachineKind::EkCa,
+    }
+}
+
 fn info(e: Enrolment) -> MachineInfo {
     let intermediates = attest::certificates(e.ca_intermediates.as_deref().unwrap_or_default())
         .unwrap_or_default()
@@ -25,7 +33,7 @@ fn info(e: Enrolment) -> MachineInfo {
     MachineInfo {
         intermediates,
         id: e.id,
-        kind: e.kind.as_str().to_string(),
+        kind: wire_kind(e.kind) as i32,
         ek_sha256: e.ek_sha256.unwrap_or_default(),
         subject: e.subject,
         description: e.description,
@@ -128,4 +136,20 @@ pub async fn remove(svc: &AdminService, r: RemoveMachineRequest) -> Result<Machi
     let e = svc.store.remove_enrolment(&r.id).await.map_err(status)?;
     info!(enrolment = %e.id, "machine enrolment removed");
     Ok(info(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use bcd_proto::typed::Spelling;
+
+    use super::*;
+
+    /// Each kind goes on the wire spelled as the store keeps it.
+    #[test]
+    fn kinds_are_spelled_as_the_store_keeps_them() {
+        for k in [EnrolmentKind::Ek, EnrolmentKind::EkCa] {
+            assert_eq!(wire_kind(k).spelling(), k.as_str());
+            assert_eq!(EnrolmentKind::parse(wire_kind(k).spelling()), Some(k));
+        }
+    }
 }

@@ -4,7 +4,7 @@
 
 use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
 use bcd_proto::v1::{
-    AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
+    self, AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
     MintConsoleTokenResponse, OperatorInfo, RevokeOperatorRequest,
 };
 use tonic::Status;
@@ -23,10 +23,28 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
 }
 
+/// A role as the wire names it.
+pub fn wire_role(r: OperatorRole) -> v1::OperatorRole {
+    match r {
+        OperatorRole::ReadOnly => v1::OperatorRole::ReadOnly,
+        OperatorRole::Admin => v1::OperatorRole::Admin,
+    }
+}
+
+/// The role a wire value names; `None` for UNSPECIFIED or one this server
+/// does not know.
+pub fn role(v: i32) -> Option<OperatorRole> {
+    match bcd_proto::typed::wire::<v1::OperatorRole>(v)? {
+        v1::OperatorRole::Unspecified => None,
+        v1::OperatorRole::ReadOnly => Some(OperatorRole::ReadOnly),
+        v1::OperatorRole::Admin => Some(OperatorRole::Admin),
+    }
+}
+
 pub fn info(o: &OperatorRow) -> OperatorInfo {
     OperatorInfo {
         name: o.id.clone(),
-        role: o.role.as_str().to_string(),
+        role: wire_role(o.role) as i32,
         cert_sha256: o.cert_sha256.clone().unwrap_or_default(),
         cert_serial: o.cert_serial.clone().unwrap_or_default(),
         created_at_ms: o.created_at,
@@ -42,8 +60,7 @@ pub async fn add(svc: &AdminService, r: AddOperatorRequest) -> Result<AddOperato
              or digit",
         ));
     }
-    let role = OperatorRole::parse(&r.role)
-        .ok_or_else(|| bad_request("the role is admin or read-only"))?;
+    let role = role(r.role).ok_or_else(|| bad_request("the role is admin or read-only"))?;
     let now = svc.store.now().await.map_err(unavailable)?;
     let cert = svc
         .operator_ca
@@ -151,7 +168,21 @@ pub async fn mint_console_token(
 
 #[cfg(test)]
 mod tests {
-    use super::valid_name;
+    use bcd_proto::typed::Spelling;
+
+    use super::*;
+
+    /// Each role crosses the wire and comes back, spelled as the store
+    /// keeps it; UNSPECIFIED and unknown values name none.
+    #[test]
+    fn roles_survive_the_wire() {
+        for r in [OperatorRole::ReadOnly, OperatorRole::Admin] {
+            assert_eq!(role(wire_role(r) as i32), Some(r));
+            assert_eq!(wire_role(r).spelling(), r.as_str());
+        }
+        assert_eq!(role(0), None);
+        assert_eq!(role(99), None);
+    }
 
     #[test]
     fn operator_names_are_plain() {

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use bcd_proto::typed::Spelling;
 use bcd_proto::v1::{
-    AddOperatorRequest, ListOperatorsRequest, MintConsoleTokenRequest, RevokeOperatorRequest,
+    self, AddOperatorRequest, ListOperatorsRequest, MintConsoleTokenRequest, RevokeOperatorRequest,
 };
 use clap::Subcommand;
 
 use super::Target;
-use super::output::{self, out};
+use super::output::{self, out, spelled};
 use crate::api::auth::{OperatorCredential, cert_pem, new_key_and_csr, write_credential};
 use crate::client::status;
 
@@ -22,11 +23,11 @@ pub enum Role {
     ReadOnly,
 }
 
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Admin => "admin",
-            Role::ReadOnly => "read-only",
+impl From<Role> for v1::OperatorRole {
+    fn from(r: Role) -> Self {
+        match r {
+            Role::Admin => v1::OperatorRole::Admin,
+            Role::ReadOnly => v1::OperatorRole::ReadOnly,
         }
     }
 }
@@ -115,7 +116,7 @@ pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
             let r = c
                 .add_operator(AddOperatorRequest {
                     name: name.clone(),
-                    role: role.as_str().to_string(),
+                    role: v1::OperatorRole::from(role) as i32,
                     csr_der: csr,
                 })
                 .await
@@ -132,7 +133,7 @@ pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
             let not_after = r.operator.map_or(0, |o| o.not_after_ms);
             out!(
                 "operator {name} ({}) added; credential in {}, valid until {}",
-                role.as_str(),
+                v1::OperatorRole::from(role).spelling(),
                 out.display(),
                 output::time(not_after)
             );
@@ -169,7 +170,7 @@ pub async fn run(cmd: OperatorsCommand, target: &Target) -> anyhow::Result<()> {
                 out!(
                     "{:<20} {:<10} {:<33} {:<21} {:<21} {:<21}",
                     o.name,
-                    o.role,
+                    spelled::<v1::OperatorRole>(o.role),
                     if o.cert_serial.is_empty() {
                         "-"
                     } else {

@@ -23,7 +23,7 @@ pub const PREFIX: &str = "bcc1.";
 /// What the signature covers before the token's bytes.
 pub const CONTEXT: &[u8] = b"better-compute console token v1\0";
 /// The token format this server writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// A token's life when the caller names none.
 pub const DEFAULT_TTL_MS: u64 = 60 * 60 * 1000;
 /// The longest life a token may have.
@@ -66,7 +66,8 @@ pub fn mint(
     let body = v1::ConsoleToken {
         version: VERSION,
         operator: operator.to_string(),
-        role: role.as_str().to_string(),
+        role_name: String::new(),
+        role: crate::api::operators::wire_role(role) as i32,
         cert_sha256: cert_sha256.to_string(),
         issued_ms: now_ms,
         expires_ms,
@@ -143,10 +144,13 @@ pub fn open(keys: &[Vec<u8>], token: &str, now_ms: i64) -> Result<Opened, Refuse
         return Err(Refused::Forged);
     }
     let t = v1::ConsoleToken::decode(body.as_slice()).map_err(|_| Refused::Malformed)?;
-    if t.version != VERSION {
-        return Err(Refused::Version);
+    let role = match t.version {
+        // Minted before roles were an enum: by name, read until it ends.
+        1 => OperatorRole::parse(&t.role_name),
+        VERSION => crate::api::operators::role(t.role),
+        _ => return Err(Refused::Version),
     }
-    let role = OperatorRole::parse(&t.role).ok_or(Refused::Malformed)?;
+    .ok_or(Refused::Malformed)?;
     if now_ms >= t.expires_ms || t.issued_ms > now_ms.saturating_add(5 * 60 * 1000) {
         return Err(Refused::Expired);
     }
@@ -226,6 +230,56 @@ mod tests {
         );
     }
 
+    /// A token of `body`, signed as [`mint`] signs one.
+    fn signed_token(body: &v1::ConsoleToken) -> String {
+        let body = body.encode_to_vec();
+        let sig = key(1).sign(&signed(&body));
+        format!(
+            "{PREFIX}{}.{}",
+            URL_SAFE_NO_PAD.encode(&body),
+            URL_SAFE_NO_PAD.encode(sig.as_ref())
+        )
+    }
+
+    /// A token minted before roles were an enum (version 1, the role by
+    /// name) still opens with its role until it ends; a role name or a
+    /// version this server does not know opens nothing.
+    #[test]
+    fn a_version_1_token_opens_with_the_role_it_names() {
+        let v1_token = |role_name: &str, version: u32| v1::ConsoleToken {
+            version,
+            operator: "alice".into(),
+            role_name: role_name.into(),
+            role: 0,
+            cert_sha256: "ab".into(),
+            issued_ms: NOW,
+            expires_ms: NOW + 1000,
+            nonce: vec![3; 16],
+        };
+        let o = open(&public(&key(1)), &signed_token(&v1_token("admin", 1)), NOW).unwrap();
+        assert_eq!(o.role, OperatorRole::Admin);
+        let o = open(
+            &public(&key(1)),
+            &signed_token(&v1_token("read-only", 1)),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(o.role, OperatorRole::ReadOnly);
+        assert_eq!(
+            open(&public(&key(1)), &signed_token(&v1_token("root", 1)), NOW),
+            Err(Refused::Malformed)
+        );
+        // Version 2 reads the enum only: a name there grants nothing.
+        assert_eq!(
+            open(&public(&key(1)), &signed_token(&v1_token("admin", 2)), NOW),
+            Err(Refused::Malformed)
+        );
+        assert_eq!(
+            open(&public(&key(1)), &signed_token(&v1_token("admin", 3)), NOW),
+            Err(Refused::Version)
+        );
+    }
+
     /// A token edited anywhere, its role raised included, no longer opens.
     #[test]
     fn an_edited_token_is_forged() {
@@ -234,7 +288,7 @@ mod tests {
         let (body, sig) = rest.split_once('.').unwrap();
         let mut decoded =
             v1::ConsoleToken::decode(URL_SAFE_NO_PAD.decode(body).unwrap().as_slice()).unwrap();
-        decoded.role = "admin".into();
+        decoded.role = v1::OperatorRole::Admin as i32;
         decoded.expires_ms += 1;
         let edited = format!(
             "{PREFIX}{}.{sig}",
