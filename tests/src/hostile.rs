@@ -432,7 +432,14 @@ impl HostileSession {
             server_time_ms,
             gateway_id: "gw-hostile".into(),
             heartbeat_interval_ms: 30_000,
-            inventory_wanted: wanted.iter().map(|s| s.to_string()).collect(),
+            inventory_wanted: wanted
+                .iter()
+                .map(|s| {
+                    let s = bcd_core::report::InventorySection::from_name(s)
+                        .unwrap_or_else(|| panic!("no inventory section {s}"));
+                    v1::InventoryKind::from(s) as i32
+                })
+                .collect(),
             first_retry_ms: 0,
             hello_seq_seen: 0,
         }));

@@ -320,7 +320,7 @@ async fn send_join(
             inventory_hashes: inventory
                 .iter()
                 .map(|s| InventoryHash {
-                    section: s.name.to_string(),
+                    section: bcd_proto::v1::InventoryKind::from(s.name) as i32,
                     sha256: s.sha256.clone(),
                 })
                 .collect(),

@@ -8,12 +8,43 @@
 //! its hash changed since the server last had it. A new session starts
 //! over: the server may have lost what the old one sent.
 
-/// The inventory sections a node reports, by name; a server takes no
-/// other (each is one row per node).
-pub const INVENTORY_SECTIONS: [&str; 3] = ["host", "gpus", "tpm"];
-
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// An inventory section a node reports; a server takes no other (each is
+/// one row per node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InventorySection {
+    /// Hostname, agent version, network cards.
+    Host,
+    /// The GPUs.
+    Gpus,
+    /// The TPM.
+    Tpm,
+}
+
+impl InventorySection {
+    /// Every section, in the order a node reports them.
+    pub const ALL: [InventorySection; 3] = [
+        InventorySection::Host,
+        InventorySection::Gpus,
+        InventorySection::Tpm,
+    ];
+
+    /// Its name in the store, the operator's tools and `--json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            InventorySection::Host => "host",
+            InventorySection::Gpus => "gpus",
+            InventorySection::Tpm => "tpm",
+        }
+    }
+
+    /// The section a name names; `None` for any other.
+    pub fn from_name(name: &str) -> Option<InventorySection> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
 
 /// A section's status after a convergence pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -72,7 +103,7 @@ pub struct Reports {
     /// Bindings reported in this session: allocation → GPU UUIDs, sorted.
     bound: BTreeMap<String, Vec<String>>,
     /// Inventory hashes the server has, by section.
-    inventory: BTreeMap<String, String>,
+    inventory: BTreeMap<InventorySection, String>,
 }
 
 impl Reports {
@@ -179,16 +210,15 @@ impl Reports {
     /// had them. Records the hash as the server's either way.
     pub fn inventory_needed(
         &mut self,
-        section: &str,
+        section: InventorySection,
         sha256: &str,
-        wanted: Option<&[String]>,
+        wanted: Option<&[InventorySection]>,
     ) -> bool {
         let needed = match wanted {
-            Some(w) => w.iter().any(|w| w == section),
-            None => self.inventory.get(section).map(String::as_str) != Some(sha256),
+            Some(w) => w.contains(&section),
+            None => self.inventory.get(&section).map(String::as_str) != Some(sha256),
         };
-        self.inventory
-            .insert(section.to_string(), sha256.to_string());
+        self.inventory.insert(section, sha256.to_string());
         needed
     }
 
@@ -265,17 +295,26 @@ mod tests {
 
     #[test]
     fn inventory_sections_go_when_asked_for_or_changed() {
+        use InventorySection::{Gpus, Host};
         let mut r = Reports::new();
-        let wanted = vec!["gpus".to_string()];
-        assert!(!r.inventory_needed("host", "h1", Some(&wanted)));
-        assert!(r.inventory_needed("gpus", "g1", Some(&wanted)));
+        let wanted = vec![Gpus];
+        assert!(!r.inventory_needed(Host, "h1", Some(&wanted)));
+        assert!(r.inventory_needed(Gpus, "g1", Some(&wanted)));
         // Between Welcomes: only what changed.
-        assert!(!r.inventory_needed("host", "h1", None));
-        assert!(!r.inventory_needed("gpus", "g1", None));
-        assert!(r.inventory_needed("gpus", "g2", None));
-        assert!(!r.inventory_needed("gpus", "g2", None));
+        assert!(!r.inventory_needed(Host, "h1", None));
+        assert!(!r.inventory_needed(Gpus, "g1", None));
+        assert!(r.inventory_needed(Gpus, "g2", None));
+        assert!(!r.inventory_needed(Gpus, "g2", None));
         r.forget_inventory();
-        assert!(r.inventory_needed("host", "h1", None));
+        assert!(r.inventory_needed(Host, "h1", None));
+    }
+
+    #[test]
+    fn inventory_sections_are_named_once() {
+        for s in InventorySection::ALL {
+            assert_eq!(InventorySection::from_name(s.name()), Some(s));
+        }
+        assert_eq!(InventorySection::from_name("devices"), None);
     }
 
     proptest! {

@@ -9,7 +9,7 @@
 //! receiver refuses or ignores it, it never becomes a default.
 
 use bcd_core::command::{Kind, Outcome, ServerState};
-use bcd_core::report::Status;
+use bcd_core::report::{InventorySection, Status};
 
 use crate::v1;
 
@@ -155,6 +155,33 @@ pub fn section_status(v: i32) -> Option<Status> {
 impl Spelling for v1::SectionState {
     fn spelling(self) -> &'static str {
         section_status(self as i32).map_or("unspecified", Status::name)
+    }
+}
+
+impl From<InventorySection> for v1::InventoryKind {
+    fn from(s: InventorySection) -> Self {
+        match s {
+            InventorySection::Host => v1::InventoryKind::Host,
+            InventorySection::Gpus => v1::InventoryKind::Gpus,
+            InventorySection::Tpm => v1::InventoryKind::Tpm,
+        }
+    }
+}
+
+/// The inventory section a wire value names; `None` for UNSPECIFIED or an
+/// unknown value.
+pub fn inventory_section(v: i32) -> Option<InventorySection> {
+    Some(match wire::<v1::InventoryKind>(v)? {
+        v1::InventoryKind::Unspecified => return None,
+        v1::InventoryKind::Host => InventorySection::Host,
+        v1::InventoryKind::Gpus => InventorySection::Gpus,
+        v1::InventoryKind::Tpm => InventorySection::Tpm,
+    })
+}
+
+impl Spelling for v1::InventoryKind {
+    fn spelling(self) -> &'static str {
+        inventory_section(self as i32).map_or("unspecified", InventorySection::name)
     }
 }
 
@@ -347,6 +374,15 @@ mod tests {
         for s in [Status::Ready, Status::Progressing, Status::Failed] {
             assert_eq!(section_status(v1::SectionState::from(s) as i32), Some(s));
         }
+        for s in InventorySection::ALL {
+            assert_eq!(
+                inventory_section(v1::InventoryKind::from(s) as i32),
+                Some(s)
+            );
+            assert_eq!(v1::InventoryKind::from(s).spelling(), s.name());
+        }
+        assert_eq!(inventory_section(0), None);
+        assert_eq!(inventory_section(99), None);
         assert_eq!(outcome(0), None);
         assert_eq!(command_state(0), None);
         assert_eq!(section_status(0), None);

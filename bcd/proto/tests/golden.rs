@@ -53,32 +53,38 @@ fn worker_key() -> ring::signature::Ed25519KeyPair {
 
 #[test]
 fn session_messages() {
-    check(
-        "hello",
-        &v1::NodeMessage {
-            msg: Some(node_message::Msg::Hello(v1::Hello {
-                node_id: "nd-0f3a9c".into(),
-                cert_serial: "5a17c0de".into(),
-                incarnation_id: "inc-1".into(),
-                boot_id: "boot-1".into(),
-                journal_id: "j-1".into(),
-                inventory_hashes: vec![v1::InventoryHash {
-                    section: "gpus".into(),
-                    sha256: "ab".repeat(32),
-                }],
-                agent_version: "0.1.0".into(),
-                last_epoch: 7,
-                release_floor: 3,
-                server_time_mark_ms: 1_790_000_123_456,
-                journal_running: vec!["cmd-1".into()],
-                journal_done: vec!["cmd-0".into()],
-                applied_generation: 4,
-                // Added later: unset, they leave the earlier encoding as it was.
-                daemon_exits: 0,
-                proof: None,
-            })),
-        },
-    );
+    let hello = v1::NodeMessage {
+        msg: Some(node_message::Msg::Hello(v1::Hello {
+            node_id: "nd-0f3a9c".into(),
+            cert_serial: "5a17c0de".into(),
+            incarnation_id: "inc-1".into(),
+            boot_id: "boot-1".into(),
+            journal_id: "j-1".into(),
+            inventory_hashes: vec![v1::InventoryHash {
+                section: v1::InventoryKind::Gpus as i32,
+                sha256: "ab".repeat(32),
+            }],
+            agent_version: "0.1.0".into(),
+            last_epoch: 7,
+            release_floor: 3,
+            server_time_mark_ms: 1_790_000_123_456,
+            journal_running: vec!["cmd-1".into()],
+            journal_done: vec!["cmd-0".into()],
+            applied_generation: 4,
+            // Added later: unset, they leave the earlier encoding as it was.
+            daemon_exits: 0,
+            proof: None,
+        })),
+    };
+    check("hello_inventory_kind", &hello);
+    // Before sections were an enum (field 1, "gpus"): the hash reads with
+    // its section not given, which a gateway skips.
+    let before: v1::NodeMessage = earlier("hello");
+    let mut expect = hello.clone();
+    if let Some(node_message::Msg::Hello(h)) = &mut expect.msg {
+        h.inventory_hashes[0].section = 0;
+    }
+    assert_eq!(before, expect);
     check(
         "hello_daemon_exits",
         &v1::NodeMessage {
@@ -166,21 +172,26 @@ fn session_messages() {
             })),
         },
     );
-    check(
-        "welcome",
-        &v1::ServerMessage {
-            msg: Some(server_message::Msg::Welcome(v1::Welcome {
-                epoch: 8,
-                server_time_ms: 1_790_000_200_000,
-                gateway_id: "gw-1".into(),
-                heartbeat_interval_ms: 10_000,
-                inventory_wanted: vec!["tpm".into()],
-                // Added later: unset, they leave the earlier encoding as it was.
-                first_retry_ms: 0,
-                hello_seq_seen: 0,
-            })),
-        },
-    );
+    let welcome = v1::ServerMessage {
+        msg: Some(server_message::Msg::Welcome(v1::Welcome {
+            epoch: 8,
+            server_time_ms: 1_790_000_200_000,
+            gateway_id: "gw-1".into(),
+            heartbeat_interval_ms: 10_000,
+            inventory_wanted: vec![v1::InventoryKind::Tpm as i32],
+            // Added later: unset, they leave the earlier encoding as it was.
+            first_retry_ms: 0,
+            hello_seq_seen: 0,
+        })),
+    };
+    check("welcome_inventory_kind", &welcome);
+    // Before sections were an enum (field 5, "tpm"): none is asked for.
+    let before: v1::ServerMessage = earlier("welcome");
+    let mut expect = welcome.clone();
+    if let Some(server_message::Msg::Welcome(w)) = &mut expect.msg {
+        w.inventory_wanted.clear();
+    }
+    assert_eq!(before, expect);
     check(
         "heartbeat_ack",
         &v1::ServerMessage {
@@ -527,15 +538,23 @@ fn signed_intent_and_facts() {
             epoch: 8,
         },
     );
-    check(
-        "inventory",
-        &v1::Inventory {
-            section: "gpus".into(),
-            sha256: "cd".repeat(32),
-            body: b"{\"gpus\":[]}".to_vec(),
-            node_id: "nd-0f3a9c".into(),
-            epoch: 8,
-        },
+    let inventory = v1::Inventory {
+        section: v1::InventoryKind::Gpus as i32,
+        sha256: "cd".repeat(32),
+        body: b"{\"gpus\":[]}".to_vec(),
+        node_id: "nd-0f3a9c".into(),
+        epoch: 8,
+    };
+    check("inventory_kind", &inventory);
+    // Before sections were an enum (field 1, "gpus"): the section reads
+    // as not given, which a gateway turns away.
+    let before: v1::Inventory = earlier("inventory");
+    assert_eq!(
+        before,
+        v1::Inventory {
+            section: 0,
+            ..inventory
+        }
     );
 }
 
@@ -591,27 +610,30 @@ fn refusals_statements_and_join() {
             })),
         },
     );
-    check(
-        "join_request_previous",
-        &v1::JoinRequest {
-            token: "tok1.secret".into(),
-            csr_der: vec![0x30, 0x82, 0x01],
-            hostname: "gpu-7".into(),
-            inventory_hashes: vec![v1::InventoryHash {
-                section: "gpus".into(),
-                sha256: "ab".repeat(32),
-            }],
-            ramdisk: false,
-            previous: Some(v1::PreviousIdentity {
-                node_id: "nd-0f3a9c".into(),
-                signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
-            }),
-            tpm: None,
-            boot_id: String::new(),
-            macs: vec![],
-            sealed_token: vec![],
-        },
-    );
+    let previous = v1::JoinRequest {
+        token: "tok1.secret".into(),
+        csr_der: vec![0x30, 0x82, 0x01],
+        hostname: "gpu-7".into(),
+        inventory_hashes: vec![v1::InventoryHash {
+            section: v1::InventoryKind::Gpus as i32,
+            sha256: "ab".repeat(32),
+        }],
+        ramdisk: false,
+        previous: Some(v1::PreviousIdentity {
+            node_id: "nd-0f3a9c".into(),
+            signature: [&[0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01][..], &[0x02]].concat(),
+        }),
+        tpm: None,
+        boot_id: String::new(),
+        macs: vec![],
+        sealed_token: vec![],
+    };
+    check("join_request_previous_inventory_kind", &previous);
+    // Before sections were an enum (field 1, "gpus").
+    let before: v1::JoinRequest = earlier("join_request_previous");
+    let mut expect = previous.clone();
+    expect.inventory_hashes[0].section = 0;
+    assert_eq!(before, expect);
     // An earlier server's response carries no signature; a signed one
     // adds field 11.
     check("join_response", &join_response(vec![]));

@@ -2,6 +2,7 @@
 
 use bc_store::nodes::NodeRow;
 use bc_store::specs::Intent;
+use bcd_core::report::InventorySection;
 use bcd_proto::v1::{
     self, DeleteNodeRequest, DeleteNodeResponse, ListNodesRequest, ListNodesResponse, NodeInfo,
 };
@@ -108,9 +109,6 @@ pub async fn list(svc: &AdminService, r: ListNodesRequest) -> Result<ListNodesRe
     })
 }
 
-/// The inventory sections a node reports, in this order.
-pub const SECTIONS: [&str; 3] = ["host", "gpus", "tpm"];
-
 pub async fn inventory(
     svc: &AdminService,
     r: v1::GetNodeInventoryRequest,
@@ -127,15 +125,15 @@ pub async fn inventory(
         return Err(refusal(bc_store::Refusal::NoSuchNode(node)));
     }
     let mut sections = Vec::new();
-    for section in SECTIONS {
+    for section in InventorySection::ALL {
         if let Some(row) = svc
             .store
-            .inventory(&node, section)
+            .inventory(&node, section.name())
             .await
             .map_err(unavailable)?
         {
             sections.push(v1::InventorySection {
-                section: section.to_string(),
+                section: v1::InventoryKind::from(section) as i32,
                 sha256: row.sha256,
                 body: row.body,
                 updated_at_ms: row.updated_at_ms,

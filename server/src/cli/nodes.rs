@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use bcd_proto::v1::{
     AssignGpusRequest, BindingState, CommandInfo, CommandKind, CordonNodeRequest,
-    DeleteNodeRequest, FleetEvent, GetNodeInventoryRequest, GetNodeSpecRequest, LabelNodeRequest,
-    ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo, NodeSpecInfo, NodeState,
-    SectionState, SetAccessRequest, UnassignRequest,
+    DeleteNodeRequest, FleetEvent, GetNodeInventoryRequest, GetNodeSpecRequest, InventoryKind,
+    LabelNodeRequest, ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo,
+    NodeSpecInfo, NodeState, SectionState, SetAccessRequest, UnassignRequest,
 };
 use clap::Subcommand;
 
@@ -566,7 +566,10 @@ async fn show(node: &str, recent: u32, json: bool, target: &Target) -> anyhow::R
         .await
         .map_err(status)?
         .into_inner();
-    let gpu_section = inventory.sections.iter().find(|s| s.section == "gpus");
+    let gpu_section = inventory
+        .sections
+        .iter()
+        .find(|s| s.section == InventoryKind::Gpus as i32);
     let (listed, unread) = match gpu_section.map(|s| gpus(&s.body)) {
         Some(Ok(g)) => (g, None),
         Some(Err(why)) => (Vec::new(), Some(why)),

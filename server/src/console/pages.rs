@@ -505,7 +505,11 @@ async fn node(svc: &AdminService, o: &Operator, id: &str) -> Result<String, Stat
         ),
     );
     body.push_str("</dl>\n<h2>GPUs</h2>");
-    match inventory.sections.iter().find(|s| s.section == "gpus") {
+    match inventory
+        .sections
+        .iter()
+        .find(|s| s.section == v1::InventoryKind::Gpus as i32)
+    {
         None => body.push_str("<p>No inventory reported yet.</p>"),
         Some(s) => match crate::words::gpus(&s.body) {
             Err(why) => {

@@ -83,7 +83,12 @@ pub fn inventory(s: v1::NodeSigned) -> Signed<InventoryInput> {
         .map(|i| InventoryInput {
             node_id: i.node_id,
             epoch: i.epoch,
-            section: i.section,
+            // A section this gateway does not know keeps its number, and
+            // is turned away before the store.
+            section: bcd_proto::typed::inventory_section(i.section).map_or_else(
+                || format!("unknown ({})", i.section),
+                |s| s.name().to_string(),
+            ),
             sha256: i.sha256,
             body: i.body,
         });

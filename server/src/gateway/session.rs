@@ -18,7 +18,8 @@ use bc_store::events::EventInput;
 use bc_store::sessions::{HelloInput, HelloProved};
 use bc_store::specs::FactApplied;
 use bc_store::{Refusal, TxError};
-use bcd_core::report::INVENTORY_SECTIONS;
+use bcd_core::report::InventorySection;
+use bcd_proto::typed;
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
 use prost::Message;
 use rustls_pki_types::CertificateDer;
@@ -77,13 +78,13 @@ fn hello_input(
         agent_version: h.agent_version,
         last_epoch: h.last_epoch,
         // Known sections only, once each: a node's rows stay bounded.
-        inventory_hashes: INVENTORY_SECTIONS
-            .iter()
+        inventory_hashes: InventorySection::ALL
+            .into_iter()
             .filter_map(|s| {
                 h.inventory_hashes
                     .iter()
-                    .find(|x| x.section == *s)
-                    .map(|x| (s.to_string(), x.sha256.clone()))
+                    .find(|x| typed::inventory_section(x.section) == Some(s))
+                    .map(|x| (s.name().to_string(), x.sha256.clone()))
             })
             .collect(),
         journal_running: h.journal_running,
@@ -248,7 +249,12 @@ pub async fn run(
             server_time_ms: outcome.server_time_ms,
             gateway_id: state.id.clone(),
             heartbeat_interval_ms: timing.heartbeat.as_millis() as u32,
-            inventory_wanted: outcome.inventory_wanted,
+            inventory_wanted: outcome
+                .inventory_wanted
+                .iter()
+                .filter_map(|s| InventorySection::from_name(s))
+                .map(|s| v1::InventoryKind::from(s) as i32)
+                .collect(),
             first_retry_ms: state
                 .first_retry_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
@@ -645,10 +651,10 @@ impl Session<'_> {
                 if let Some(i) = &section.fact
                     && (bcd_proto::fingerprint(&i.body) != i.sha256
                         || i.body.len() > 1 << 20
-                        || !INVENTORY_SECTIONS.contains(&i.section.as_str()))
+                        || InventorySection::from_name(&i.section).is_none())
                 {
                     warn!(
-                        section = ?i.section.chars().take(64).collect::<String>(),
+                        section = %i.section,
                         "inventory section unknown, too large or not matching its hash; ignored"
                     );
                     return true;
@@ -870,18 +876,18 @@ mod hello_tests {
 
     #[test]
     fn a_hello_names_known_inventory_sections_only_once_each() {
-        let hash = |section: &str, sha: &str| v1::InventoryHash {
-            section: section.into(),
+        let hash = |section: i32, sha: &str| v1::InventoryHash {
+            section,
             sha256: sha.into(),
         };
         let h = v1::Hello {
             node_id: "nd-1".into(),
             inventory_hashes: vec![
-                hash("gpus", "a"),
-                hash("gpus", "b"),
-                hash("made-up", "c"),
-                hash(&"x".repeat(10_000), "d"),
-                hash("host", "e"),
+                hash(v1::InventoryKind::Gpus as i32, "a"),
+                hash(v1::InventoryKind::Gpus as i32, "b"),
+                hash(v1::InventoryKind::Unspecified as i32, "c"),
+                hash(99, "d"),
+                hash(v1::InventoryKind::Host as i32, "e"),
             ],
             ..Default::default()
         };

@@ -1,6 +1,7 @@
 //! The inventory the node reports: canonical JSON per section and its
 //! hash (hashes travel in Hello, bodies when the server asks).
 
+use bcd_core::report::InventorySection;
 use serde::Serialize;
 
 use super::Host;
@@ -8,13 +9,13 @@ use super::Host;
 /// One inventory section: canonical JSON and its hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Section {
-    pub name: &'static str,
+    pub name: InventorySection,
     pub body: Vec<u8>,
     pub sha256: String,
 }
 
 impl Section {
-    fn new(name: &'static str, value: &impl Serialize) -> Section {
+    fn new(name: InventorySection, value: &impl Serialize) -> Section {
         let body = serde_json::to_vec(value).expect("inventory serializes");
         Section {
             name,
@@ -43,14 +44,14 @@ pub fn inventory(host: &dyn Host) -> Vec<Section> {
     }
     vec![
         Section::new(
-            "host",
+            InventorySection::Host,
             &HostSection {
                 hostname: host.hostname(),
                 agent_version: env!("CARGO_PKG_VERSION"),
                 macs: host.macs(),
             },
         ),
-        Section::new("gpus", &gpus),
-        Section::new("tpm", &host.tpm().info()),
+        Section::new(InventorySection::Gpus, &gpus),
+        Section::new(InventorySection::Tpm, &host.tpm().info()),
     ]
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bcd_core::command::Journaled;
+use bcd_core::report::InventorySection;
 use bcd_core::{Action, CloseReason, Event, Renewal, RenewalConfig, ServerClock, Session, Witness};
 use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
 use prost::Message;
@@ -48,7 +49,7 @@ impl Agent {
             Session::new(self.config, self.seed, clock, self.identity.file.last_epoch);
         let mut dialing: Option<JoinHandle<Result<Stream, String>>> = None;
         let mut conn: Conn = None;
-        let mut wanted: Vec<String> = Vec::new();
+        let mut wanted: Vec<InventorySection> = Vec::new();
         let mut counted = false;
         // When the session now open was established.
         let mut established_at: Option<Instant> = None;
@@ -429,14 +430,19 @@ impl Agent {
     async fn on_message(
         &mut self,
         msg: ServerMessage,
-        wanted: &mut Vec<String>,
+        wanted: &mut Vec<InventorySection>,
         conn: &Conn,
         server_now: Option<i64>,
         done: &mpsc::UnboundedSender<Done>,
     ) -> Result<Event, Stopped> {
         Ok(match msg.msg {
             Some(server_message::Msg::Welcome(w)) => {
-                *wanted = w.inventory_wanted;
+                // A section this node does not know is not sent.
+                *wanted = w
+                    .inventory_wanted
+                    .iter()
+                    .filter_map(|&s| bcd_proto::typed::inventory_section(s))
+                    .collect();
                 let f = &mut self.identity.file;
                 f.hello_seq = bcd_proto::hello::raised(f.hello_seq, w.hello_seq_seen);
                 Event::Welcome {
@@ -581,7 +587,7 @@ impl Agent {
             inventory_hashes: hw::inventory(self.machine.host.as_ref())
                 .into_iter()
                 .map(|s| InventoryHash {
-                    section: s.name.to_string(),
+                    section: v1::InventoryKind::from(s.name) as i32,
                     sha256: s.sha256,
                 })
                 .collect(),

@@ -7,7 +7,7 @@
 //! and inventory sections are signed by the node key, and state reports
 //! and inventory name the session epoch they were sent under.
 
-use bcd_core::report::Status;
+use bcd_core::report::{InventorySection, Status};
 use bcd_core::spec::{self, Verdict};
 use bcd_proto::v1::{self, node_message};
 use prost::Message;
@@ -240,7 +240,11 @@ impl Agent {
     /// Sends inventory sections: after a Welcome the ones the server asked
     /// for; otherwise the ones whose hash changed since the server last
     /// had them (a GPU that appeared or vanished shows up within a pass).
-    pub(super) async fn send_inventory(&mut self, conn: &Conn, wanted: Option<&[String]>) {
+    pub(super) async fn send_inventory(
+        &mut self,
+        conn: &Conn,
+        wanted: Option<&[InventorySection]>,
+    ) {
         let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
             return;
         };
@@ -250,7 +254,7 @@ impl Agent {
                 .inventory_needed(section.name, &section.sha256, wanted)
             {
                 let payload = v1::Inventory {
-                    section: section.name.to_string(),
+                    section: v1::InventoryKind::from(section.name) as i32,
                     sha256: section.sha256,
                     body: section.body,
                     node_id: self.identity.file.node_id.clone(),
@@ -258,7 +262,10 @@ impl Agent {
                 }
                 .encode_to_vec();
                 let Some(signature) = self.sign(&payload) else {
-                    warn!(section = section.name, "cannot sign the inventory section");
+                    warn!(
+                        section = section.name.name(),
+                        "cannot sign the inventory section"
+                    );
                     continue;
                 };
                 send(
