@@ -102,8 +102,9 @@ pub struct Reports {
     sent: Option<Summary>,
     /// Bindings reported in this session: allocation → GPU UUIDs, sorted.
     bound: BTreeMap<String, Vec<String>>,
-    /// Inventory hashes the server has, by section.
-    inventory: BTreeMap<InventorySection, String>,
+    /// Inventory hashes the server has, by section (its index in
+    /// [`InventorySection::ALL`]).
+    inventory: [Option<String>; InventorySection::ALL.len()],
 }
 
 impl Reports {
@@ -216,15 +217,15 @@ impl Reports {
     ) -> bool {
         let needed = match wanted {
             Some(w) => w.contains(&section),
-            None => self.inventory.get(&section).map(String::as_str) != Some(sha256),
+            None => self.inventory[section as usize].as_deref() != Some(sha256),
         };
-        self.inventory.insert(section, sha256.to_string());
+        self.inventory[section as usize] = Some(sha256.to_string());
         needed
     }
 
     /// `inventory.refresh`: send every section on the next pass.
     pub fn forget_inventory(&mut self) {
-        self.inventory.clear();
+        self.inventory = Default::default();
     }
 }
 
@@ -311,7 +312,8 @@ mod tests {
 
     #[test]
     fn inventory_sections_are_named_once() {
-        for s in InventorySection::ALL {
+        for (i, s) in InventorySection::ALL.into_iter().enumerate() {
+            assert_eq!(s as usize, i, "{s:?} indexes the hashes");
             assert_eq!(InventorySection::from_name(s.name()), Some(s));
         }
         assert_eq!(InventorySection::from_name("devices"), None);
