@@ -132,11 +132,14 @@ fn judge_hello_ending(
 /// Judges `row` against `certs`, every certificate the store holds for
 /// its node (DER), of which only those `ca_der` issued count.
 pub fn judge(row: &CommandRow, certs: &[Vec<u8>], ca_der: &[u8]) -> Evidence {
-    let Some(ServerState::Terminal(outcome)) = ServerState::parse(&row.state) else {
+    let Some(ServerState::Terminal(outcome)) = row.state.known() else {
         return Evidence::Unfinished;
     };
-    let Some(kind) = Kind::parse(&row.kind) else {
-        return Evidence::Forged(format!("the row names an unknown kind {:?}", row.kind));
+    let Some(kind) = row.kind.known() else {
+        return Evidence::Forged(format!(
+            "the row names an unknown kind {:?}",
+            row.kind.text()
+        ));
     };
     // A result the node signed itself may say `rebooted` too (its journal
     // knew the command across the reboot): that is a result, not a proof.
@@ -208,6 +211,7 @@ pub fn judge(row: &CommandRow, certs: &[Vec<u8>], ca_der: &[u8]) -> Evidence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bc_store::named::Named;
     use rcgen::{CertificateParams, KeyPair};
     use std::time::Duration;
 
@@ -260,9 +264,9 @@ mod tests {
             id: "cmd-1".into(),
             node_id: node.into(),
             seq: 1,
-            kind: "exec.run".into(),
+            kind: Named::read("exec.run".into()),
             summary: String::new(),
-            state: "succeeded".into(),
+            state: Named::read("succeeded".into()),
             reason: String::new(),
             exit_code: Some(0),
             output: b"out".to_vec(),
@@ -300,7 +304,7 @@ mod tests {
         edited.output = b"forged".to_vec();
         assert!(forged(judge(&edited, &certs, &ca)).contains("signed"));
         let mut failed = good.clone();
-        failed.state = "failed".into();
+        failed.state = Named::read("failed".into());
         assert!(forged(judge(&failed, &certs, &ca)).contains("signed SUCCEEDED"));
         // Its signed bytes moved to another command.
         let mut moved = good.clone();
@@ -338,8 +342,8 @@ mod tests {
         let (ca, cert) = issued(d.path(), "nd-1", &key);
         let ended = |kind: &str, state: &str, reason: &str| {
             let mut r = row("nd-1", &key);
-            r.kind = kind.into();
-            r.state = state.into();
+            r.kind = Named::read(kind.into());
+            r.state = Named::read(state.into());
             r.reason = reason.into();
             r.signed_result = None;
             judge(&r, std::slice::from_ref(&cert), &ca)
@@ -368,9 +372,15 @@ mod tests {
         forged(ended("daemon.upgrade", "succeeded", reason::REBOOTED));
         forged(ended("inventory.refresh", "failed", reason::JOURNAL_LOST));
         forged(ended("exec.run", "succeeded", bc_store::commands::SWEPT));
+        // A kind a gateway wrote that names none: forged, whatever else
+        // the row says; a state that names none is not an ending.
+        assert!(forged(ended("exec.root", "succeeded", "")).contains("unknown kind"));
+        let mut odd = row("nd-1", &key);
+        odd.state = Named::read("won".into());
+        assert_eq!(judge(&odd, &[], &ca), Evidence::Unfinished);
         // Unfinished rows rest on nothing yet.
         let mut running = row("nd-1", &key);
-        running.state = "running".into();
+        running.state = Named::read("running".into());
         assert_eq!(judge(&running, &[], &ca), Evidence::Unfinished);
     }
 
@@ -390,8 +400,8 @@ mod tests {
         let payload = bcd_proto::hello::proof_after(&hello, 9, before).encode_to_vec();
         let mut r = row("nd-1", key);
         r.seq = 5;
-        r.kind = kind.into();
-        r.state = state.into();
+        r.kind = Named::read(kind.into());
+        r.state = Named::read(state.into());
         r.reason = why.into();
         r.exit_code = None;
         r.output = vec![];

@@ -8,7 +8,7 @@ use bc_store::Refusal;
 use bc_store::commands::{CommandRow, NewCommand};
 
 use crate::evidence::Evidence;
-use bcd_core::command::{Kind, MAX_LIFE, ServerState};
+use bcd_core::command::{Kind, MAX_LIFE};
 use bcd_proto::v1::{
     self, CommandInfo, ExecArgs, GetCommandRequest, GpuResetArgs, KexecArgs, ListCommandsRequest,
     ListCommandsResponse, NoArgs, RunCommandRequest, UpgradeArgs, command_payload,
@@ -168,8 +168,14 @@ pub fn not_after(requested_ms: u64) -> Result<Duration, String> {
 
 /// A command as the API shows it, with what its result rests on.
 pub fn info(c: CommandRow, evidence: &Evidence) -> CommandInfo {
-    let kind = Kind::parse(&c.kind).map_or(0, |k| v1::CommandKind::from(k) as i32);
-    let state = ServerState::parse(&c.state).map_or(0, |s| v1::CommandState::from(s) as i32);
+    let kind = c
+        .kind
+        .known()
+        .map_or(0, |k| v1::CommandKind::from(k) as i32);
+    let state = c
+        .state
+        .known()
+        .map_or(0, |s| v1::CommandState::from(s) as i32);
     let (evidence, evidence_detail) = evidence.to_wire();
     CommandInfo {
         command_id: c.id,
@@ -198,7 +204,7 @@ pub async fn judged(svc: &AdminService, rows: Vec<CommandRow>) -> Result<Vec<Com
     let mut certs: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let evidence = if ServerState::parse(&row.state).is_some_and(|s| s.is_terminal()) {
+        let evidence = if row.state.known().is_some_and(|s| s.is_terminal()) {
             if !certs.contains_key(&row.node_id) {
                 let found = svc
                     .store

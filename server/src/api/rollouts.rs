@@ -12,7 +12,7 @@ use bc_store::commands::NewCommand;
 use bc_store::rollouts::{
     CANCELLED, DEFAULT_WAVES, NewRollout, Rollout, RolloutCommand, RolloutState,
 };
-use bcd_core::command::Kind;
+use bcd_core::command::{Kind, ServerState};
 use bcd_proto::v1::{
     self, ChangeRolloutRequest, ListRolloutsResponse, NoArgs, RolloutInfo, StartRolloutRequest,
     command_payload,
@@ -220,8 +220,8 @@ async fn apply(svc: &AdminService, id: &str, change: Change) -> Result<Vec<Strin
             .map_err(unavailable)?
             .map(|c| c.state);
         let in_flight = matches!(
-            now_state.as_deref(),
-            Some("dispatched" | "acked" | "running")
+            now_state.and_then(|s| s.known()),
+            Some(ServerState::Dispatched | ServerState::Acked | ServerState::Running)
         );
         if rollback && in_flight {
             let new = NewCommand {

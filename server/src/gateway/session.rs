@@ -18,6 +18,7 @@ use bc_store::events::EventInput;
 use bc_store::sessions::{HelloInput, HelloProved};
 use bc_store::specs::FactApplied;
 use bc_store::{Refusal, TxError};
+use bcd_core::command::ServerState;
 use bcd_core::report::InventorySection;
 use bcd_proto::typed;
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, Welcome, node_message, server_message};
@@ -289,7 +290,7 @@ pub async fn run(
             return session.finish(End::StreamEnded).await;
         }
         for f in &outcome.finished {
-            info!(cmd = %f.id, state = %f.state, reason = %f.reason, "command finished at Hello");
+            info!(cmd = %f.id, state = ServerState::Terminal(f.outcome).name(), reason = %f.reason, "command finished at Hello");
         }
         // In-flight commands first, in sequence order, then what is pending.
         for d in outcome.replay {

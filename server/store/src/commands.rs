@@ -18,6 +18,7 @@ use std::time::Duration;
 use bcd_core::command::{Kind, ServerState};
 
 use crate::error::Refusal;
+use crate::named::Named;
 
 /// A command to create.
 #[derive(Debug, Clone)]
@@ -64,9 +65,9 @@ pub struct CommandRow {
     pub id: String,
     pub node_id: String,
     pub seq: u64,
-    pub kind: String,
+    pub kind: Named<Kind>,
     pub summary: String,
-    pub state: String,
+    pub state: Named<ServerState>,
     pub reason: String,
     pub exit_code: Option<i32>,
     pub output: Vec<u8>,
@@ -181,7 +182,7 @@ pub fn new_command_id() -> String {
 /// An idempotency key that names a command of another node or kind is a
 /// mistake, not a repeat.
 pub fn same_request(existing: &CommandRow, new: &NewCommand, key: &str) -> Result<(), Refusal> {
-    if existing.node_id != new.node_id || existing.kind != new.kind.name() {
+    if existing.node_id != new.node_id || existing.kind != new.kind {
         return Err(Refusal::Conflict(format!(
             "idempotency key {key:?} was used for command {} ({} on {}); use a new key",
             existing.id, existing.kind, existing.node_id
@@ -243,9 +244,9 @@ mod tests {
             id: "cmd-1".into(),
             node_id: "n1".into(),
             seq: 1,
-            kind: "exec.run".into(),
+            kind: Kind::ExecRun.into(),
             summary: String::new(),
-            state: "pending".into(),
+            state: ServerState::Pending.into(),
             reason: String::new(),
             exit_code: None,
             output: vec![],

@@ -41,6 +41,7 @@ pub mod inventory;
 pub mod leases;
 pub mod liveness;
 pub mod machines;
+pub mod named;
 pub mod nodes;
 pub mod postgres;
 pub mod reconcile;

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use bcd_core::command::{HelloDecision, Kind, NodeReport, ServerState};
+use bcd_core::command::{HelloDecision, Kind, NodeReport, Outcome, ServerState};
 
 use crate::commands::Dispatch;
 
@@ -112,7 +112,8 @@ impl HelloOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
     pub id: String,
-    pub state: String,
+    /// How it ended (the state it is in now is that outcome's).
+    pub outcome: Outcome,
     pub reason: String,
 }
 

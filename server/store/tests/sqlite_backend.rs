@@ -141,7 +141,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let commands = s.list_commands(Some(NODE), 10).await.unwrap();
     let states: Vec<(u64, &str, &str)> = commands
         .iter()
-        .map(|c| (c.seq, c.kind.as_str(), c.state.as_str()))
+        .map(|c| (c.seq, c.kind.text(), c.state.text()))
         .collect();
     assert_eq!(
         states,
@@ -551,7 +551,11 @@ async fn a_hello_ending_from_before_hello_proofs_reads_as_legacy() {
     assert!(listed(&s).await);
     let commands = s.list_commands(Some(NODE), 10).await.unwrap();
     assert_eq!(commands.iter().filter(|c| c.legacy).count(), 2);
-    assert!(!commands.iter().any(|c| c.state == "pending" && c.legacy));
+    assert!(
+        !commands
+            .iter()
+            .any(|c| c.state.text() == "pending" && c.legacy)
+    );
     let e = c
         .execute(
             "INSERT INTO legacy_results (command_id) VALUES ('cmd-d7332f5887e9fe8d')",

@@ -39,7 +39,10 @@ fn store_ms(server: &bc_tests::Server, cmd: &str) -> (i64, String) {
         .block(store.store.get_command(cmd))
         .expect("the store")
         .expect("the command");
-    (c.result_at_ms.unwrap_or(0) - c.created_at_ms, c.state)
+    (
+        c.result_at_ms.unwrap_or(0) - c.created_at_ms,
+        c.state.to_string(),
+    )
 }
 
 fn link(dir: &std::path::Path) -> String {

@@ -14,6 +14,7 @@ use crate::commands::{
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::events::SECURITY_EVENTS_KEPT_MS;
+use crate::named::Named;
 use crate::nodes::{Signed, judge_signed};
 
 const COLUMNS: &str = "id, node_id, seq, kind, summary, state, reason, exit_code, \
@@ -26,9 +27,9 @@ fn read(r: &Row) -> Result<CommandRow, StoreError> {
         id: r.get(0)?,
         node_id: r.get(1)?,
         seq: r.get::<i64>(2)? as u64,
-        kind: r.get(3)?,
+        kind: Named::read(r.get(3)?),
         summary: r.get(4)?,
-        state: r.get(5)?,
+        state: Named::read(r.get(5)?),
         reason: r.get(6)?,
         exit_code: r.get(7)?,
         output: r.get::<Option<Vec<u8>>>(8)?.unwrap_or_default(),

@@ -342,7 +342,7 @@ async fn settle(
                 .await?;
                 finished.push(Finished {
                     id: cmd.id,
-                    state: state.to_string(),
+                    outcome,
                     reason: reason.to_string(),
                 });
             }

@@ -146,7 +146,7 @@ pub async fn a_dump_restores_exactly_over_a_store_that_moved_on(f: Fixture) {
             .all(|n| n.node_id != other)
     );
     assert_eq!(
-        s.backup("self").await.unwrap().unwrap().state,
+        s.backup("self").await.unwrap().unwrap().state.as_str(),
         CREATING,
         "the restored store holds the set as the dump saw it"
     );

@@ -1,8 +1,9 @@
 use std::time::Duration;
 
 use bc_store::commands::{NewCommand, ResultApplied, ResultInput};
+use bc_store::named::Named;
 use bc_store::{Refusal, TxError};
-use bcd_core::command::{Kind, Outcome};
+use bcd_core::command::{Kind, Outcome, ServerState};
 
 use bc_store::nodes::Signed;
 
@@ -51,7 +52,7 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
         .await
         .unwrap();
     assert!(created);
-    assert_eq!((c.seq, c.state.as_str()), (1, "pending"));
+    assert_eq!((c.seq, c.state.text()), (1, "pending"));
     assert_eq!((c.created_at_ms, c.not_after_ms), (T0, T0 + 60_000));
     assert_eq!(
         s.command_result(
@@ -89,7 +90,7 @@ pub async fn results_first_one_wins_and_unknown_ones_change_nothing(f: Fixture) 
         ResultApplied::Duplicate
     );
     let row = s.get_command(&c.id).await.unwrap().unwrap();
-    assert_eq!(row.state, "succeeded");
+    assert_eq!(row.state.text(), "succeeded");
     assert_eq!(
         (row.exit_code, row.output.as_slice()),
         (Some(0), &b"out"[..])
@@ -152,7 +153,7 @@ pub async fn dispatch_needs_the_gateways_lease(f: Fixture) {
         "a lease of another owner dispatches nothing"
     );
     assert_eq!(
-        s.get_command(&c.id).await.unwrap().unwrap().state,
+        s.get_command(&c.id).await.unwrap().unwrap().state.text(),
         "pending"
     );
     f.clock.advance(std::time::Duration::from_secs(21));
@@ -236,13 +237,16 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
         "in sequence order"
     );
     let row = s.get_command(&c3.id).await.unwrap().unwrap();
-    assert_eq!((row.state.as_str(), row.epoch), ("dispatched", e2));
+    assert_eq!((row.state.text(), row.epoch), ("dispatched", e2));
     assert!(
         s.command_ack(&super::route("gw-b", &node, e2), &c3.id, false)
             .await
             .unwrap()
     );
-    assert_eq!(s.get_command(&c3.id).await.unwrap().unwrap().state, "acked");
+    assert_eq!(
+        s.get_command(&c3.id).await.unwrap().unwrap().state.text(),
+        "acked"
+    );
     assert!(
         s.nodes_with_work("gw-b", i64::MAX)
             .await
@@ -325,7 +329,7 @@ pub async fn the_sweeper_expires_only_pending_commands_past_their_deadline(f: Fi
     );
     let w = s.get_command(&waiting.id).await.unwrap().unwrap();
     assert_eq!(
-        (w.state.as_str(), w.reason.as_str()),
+        (w.state.text(), w.reason.as_str()),
         ("expired", "not_after passed before dispatch")
     );
     assert_eq!(
@@ -333,7 +337,7 @@ pub async fn the_sweeper_expires_only_pending_commands_past_their_deadline(f: Fi
         "rollout-aborted"
     );
     assert_eq!(
-        s.get_command(&held.id).await.unwrap().unwrap().state,
+        s.get_command(&held.id).await.unwrap().unwrap().state.text(),
         "dispatched",
         "a command the node may hold is never swept"
     );
@@ -436,6 +440,37 @@ pub async fn commands_for_unknown_nodes_are_refused(f: Fixture) {
     );
 }
 
+/// A command row whose kind or state a gateway rewrote to a name this
+/// build does not know still reads, in a listing and alone, holding the
+/// text it was given: the reader decides (the evidence calls such a row
+/// forged), and the rest of the listing is not lost to one row.
+pub async fn a_row_naming_no_known_kind_or_state_still_reads(f: Fixture) {
+    let s = &f.store;
+    let node = joined(s, 1).await;
+    let (c, _) = s
+        .create_command(&command(&node, Kind::ExecRun, "x"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    let (other, _) = s
+        .create_command(&command(&node, Kind::GpuReset, "y"), Box::new(|_| vec![]))
+        .await
+        .unwrap();
+    f.tamper(&format!(
+        "UPDATE commands SET kind = 'exec.root', state = 'won' WHERE id = '{}'",
+        c.id
+    ))
+    .await;
+    let row = s.get_command(&c.id).await.unwrap().unwrap();
+    assert_eq!(row.kind, Named::Unknown("exec.root".into()));
+    assert_eq!(row.state, Named::Unknown("won".into()));
+    assert_eq!(row.kind.known(), None);
+    let listed = s.list_commands(Some(&node), 10).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let other = listed.iter().find(|r| r.id == other.id).unwrap();
+    assert_eq!(other.kind, Named::Known(Kind::GpuReset));
+    assert!(other.state == ServerState::Pending);
+}
+
 pub async fn command_states_are_counted(f: Fixture) {
     let s = &f.store;
     assert!(s.command_states().await.unwrap().is_empty());
@@ -489,7 +524,7 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
         "an ACCEPTED after RUNNING"
     );
     assert_eq!(
-        s.get_command(&a.id).await.unwrap().unwrap().state,
+        s.get_command(&a.id).await.unwrap().unwrap().state.text(),
         "running"
     );
 
@@ -518,7 +553,7 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
         }
     }
     assert_eq!(
-        s.get_command(&b.id).await.unwrap().unwrap().state,
+        s.get_command(&b.id).await.unwrap().unwrap().state.text(),
         "dispatched"
     );
     assert!(
@@ -526,7 +561,10 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
             .await
             .unwrap()
     );
-    assert_eq!(s.get_command(&b.id).await.unwrap().unwrap().state, "acked");
+    assert_eq!(
+        s.get_command(&b.id).await.unwrap().unwrap().state.text(),
+        "acked"
+    );
 }
 
 /// Only the migration that began keeping results' signatures lists the
@@ -549,7 +587,7 @@ pub async fn no_result_becomes_legacy_after_the_migration(f: Fixture) {
         vec![c.id.clone()]
     );
     let row = s.get_command(&c.id).await.unwrap().unwrap();
-    assert_eq!((row.state.as_str(), row.legacy), ("expired", false));
+    assert_eq!((row.state.text(), row.legacy), ("expired", false));
     assert!(row.signed_result.is_none());
     let sql = format!(
         "INSERT INTO legacy_results (command_id) VALUES ('{}')",

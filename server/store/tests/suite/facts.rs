@@ -68,7 +68,7 @@ pub async fn forged_facts_are_recorded_and_applied_nowhere(f: Fixture) {
         assert!(matches!(forged(r).await, ResultApplied::Forged(_)));
     }
     assert_eq!(
-        s.get_command(&c.id).await.unwrap().unwrap().state,
+        s.get_command(&c.id).await.unwrap().unwrap().state.text(),
         "pending"
     );
     let events = s.fleet_events(&node, 50).await.unwrap();

@@ -54,7 +54,7 @@ pub async fn gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it(
         .unwrap();
     assert_eq!(out.unreachable, vec![node.clone()]);
     let row = s.list_nodes().await.unwrap().nodes.remove(0);
-    assert_eq!(row.state, "unreachable");
+    assert_eq!(row.state.as_str(), "unreachable");
     assert_eq!(row.conditions, vec![CONDITION_UNREACHABLE.to_string()]);
     assert_eq!(row.taints, vec![TAINT_UNREACHABLE.to_string()]);
     assert!(row.cert_not_after_ms > 0, "the certificate is not revoked");
@@ -68,7 +68,7 @@ pub async fn gateway_loss_then_unreachable_releases_nothing_and_hello_clears_it(
     );
     s.hello(&hello(&node, 1, "gw2", 0)).await.unwrap();
     let row = s.list_nodes().await.unwrap().nodes.remove(0);
-    assert_eq!(row.state, "connected");
+    assert_eq!(row.state.as_str(), "connected");
     assert!(row.conditions.is_empty() && row.taints.is_empty());
 }
 
@@ -94,7 +94,10 @@ pub async fn a_sweep_gap_holds_timed_transitions(f: Fixture) {
         .unwrap();
     assert!(out.held);
     assert!(out.disconnected.is_empty() && out.unreachable.is_empty());
-    assert_eq!(s.session(&node).await.unwrap().unwrap().state, "connected");
+    assert_eq!(
+        s.session(&node).await.unwrap().unwrap().state.as_str(),
+        "connected"
+    );
     // Regular sweeps during the hold keep holding until it ends.
     for _ in 0..4 {
         f.advance(Duration::from_millis(20));

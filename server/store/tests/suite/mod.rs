@@ -362,6 +362,7 @@ macro_rules! store_suite {
             specs::expiring_specs_are_found_for_signing_again,
             specs::a_rewritten_spec_row_signs_nothing,
             commands::command_states_are_counted,
+            commands::a_row_naming_no_known_kind_or_state_still_reads,
             events::events_are_kept_once_and_acknowledged_up_to_the_highest,
             events::security_events_are_kept_apart_until_their_one_receipt,
             events::a_planted_security_event_keeps_the_nodes_own_out_no_longer,

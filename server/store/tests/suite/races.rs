@@ -111,7 +111,7 @@ pub async fn an_ack_against_an_epoch_bump_moves_nothing(f: Fixture) {
         ack.await.unwrap().unwrap();
         let row = a.get_command(&c.id).await.unwrap().unwrap();
         assert_eq!(
-            (row.state.as_str(), row.epoch),
+            (row.state.text(), row.epoch),
             ("dispatched", bumped.epoch),
             "round {round}: the old session's ack moved the replayed command"
         );
@@ -232,16 +232,13 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
             // replays it.
             before += 1;
             assert!(bumped.replay.iter().any(|d| d.id == c.id), "round {round}");
-            assert_eq!(
-                (row.state.as_str(), row.epoch),
-                ("dispatched", bumped.epoch)
-            );
+            assert_eq!((row.state.text(), row.epoch), ("dispatched", bumped.epoch));
         } else {
             // The bump came first: nothing went to the old session; the
             // command waits for the new one.
             after += 1;
             assert!(bumped.replay.is_empty(), "round {round}");
-            assert_eq!(row.state, "pending");
+            assert_eq!(row.state.text(), "pending");
             let d = b
                 .take_dispatchable("gw-b", &node, bumped.epoch)
                 .await
@@ -275,8 +272,12 @@ pub async fn of_two_results_the_first_wins(f: Fixture) {
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         let state = a.get_command(&c.id).await.unwrap().unwrap().state;
         match (ra, rb) {
-            (ResultApplied::Applied, ResultApplied::Duplicate) => assert_eq!(state, "succeeded"),
-            (ResultApplied::Duplicate, ResultApplied::Applied) => assert_eq!(state, "failed"),
+            (ResultApplied::Applied, ResultApplied::Duplicate) => {
+                assert_eq!(state.text(), "succeeded")
+            }
+            (ResultApplied::Duplicate, ResultApplied::Applied) => {
+                assert_eq!(state.text(), "failed")
+            }
             other => panic!("round {round}: {other:?}"),
         }
     }

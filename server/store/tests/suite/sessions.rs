@@ -4,7 +4,7 @@ use bc_store::commands::NewCommand;
 use bc_store::nodes::IssuedCert;
 use bc_store::sessions::{Ended, HelloInput, Seen, SessionKey};
 use bc_store::{Refusal, TxError};
-use bcd_core::command::Kind;
+use bcd_core::command::{Kind, ServerState};
 
 use bc_store::inventory::InventoryInput;
 use bc_store::nodes::Signed;
@@ -89,7 +89,7 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
     f.advance(Duration::from_secs(5));
     assert!(disconnect(s, &node, 2, Duration::from_secs(2)).await);
     assert_eq!(
-        s.session(&node).await.unwrap().unwrap().state,
+        s.session(&node).await.unwrap().unwrap().state.as_str(),
         "disconnected"
     );
     let row = s.list_nodes().await.unwrap().nodes.remove(0);
@@ -242,7 +242,13 @@ pub async fn hello_settles_in_flight_commands(f: Fixture) {
     let finished: Vec<(&str, &str, &str)> = out
         .finished
         .iter()
-        .map(|x| (x.id.as_str(), x.state.as_str(), x.reason.as_str()))
+        .map(|x| {
+            (
+                x.id.as_str(),
+                ServerState::Terminal(x.outcome).name(),
+                x.reason.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         finished,
@@ -258,7 +264,7 @@ pub async fn hello_settles_in_flight_commands(f: Fixture) {
     );
     let reboot = s.get_command(&ids[2]).await.unwrap().unwrap();
     assert_eq!(
-        (reboot.state.as_str(), reboot.result_at_ms),
+        (reboot.state.text(), reboot.result_at_ms),
         ("succeeded", Some(T0))
     );
 }
@@ -287,8 +293,14 @@ pub async fn a_gateway_shutdown_disconnects_and_releases_together(f: Fixture) {
     )
     .await
     .unwrap();
-    assert_eq!(s.session(&a).await.unwrap().unwrap().state, "disconnected");
-    assert_eq!(s.session(&b).await.unwrap().unwrap().state, "connected");
+    assert_eq!(
+        s.session(&a).await.unwrap().unwrap().state.as_str(),
+        "disconnected"
+    );
+    assert_eq!(
+        s.session(&b).await.unwrap().unwrap().state.as_str(),
+        "connected"
+    );
     // The lease is free: another owner takes it at once.
     assert!(
         s.renew_lease("gateway:gw-x", "someone", Duration::from_secs(1))
@@ -341,7 +353,11 @@ pub async fn a_gateway_writes_the_sessions_that_ended_together(f: Fixture) {
         (&b, "connected"),
         (&c, "disconnected"),
     ] {
-        assert_eq!(s.session(n).await.unwrap().unwrap().state, want, "{n}");
+        assert_eq!(
+            s.session(n).await.unwrap().unwrap().state.as_str(),
+            want,
+            "{n}"
+        );
     }
     let ages: std::collections::HashMap<String, i64> = s
         .list_nodes()
