@@ -24,6 +24,59 @@
 //! command rules.
 #![forbid(unsafe_code)]
 
+/// The schema's migrations, in order, as `&[&str]`: each backend keeps its
+/// own SQL for each under `$dir` (relative to the file that names them), the
+/// same file names and numbers meaning the same schema. A new migration is
+/// a line here and a file in each backend's folder.
+macro_rules! migrations {
+    ($dir:literal) => {
+        &[
+            include_str!(concat!($dir, "/0001_join_nodes_sessions.sql")),
+            include_str!(concat!($dir, "/0002_commands.sql")),
+            include_str!(concat!($dir, "/0003_node_events.sql")),
+            include_str!(concat!($dir, "/0004_desired_state.sql")),
+            include_str!(concat!($dir, "/0005_access.sql")),
+            include_str!(concat!($dir, "/0006_bindings_fleet_events.sql")),
+            include_str!(concat!($dir, "/0007_releases.sql")),
+            include_str!(concat!($dir, "/0008_release_floors_rollouts.sql")),
+            include_str!(concat!($dir, "/0009_audit.sql")),
+            include_str!(concat!($dir, "/0010_images.sql")),
+            include_str!(concat!($dir, "/0011_compute_now.sql")),
+            include_str!(concat!($dir, "/0012_signed_facts_statements.sql")),
+            include_str!(concat!($dir, "/0013_audit_chain.sql")),
+            include_str!(concat!($dir, "/0014_backups.sql")),
+            include_str!(concat!($dir, "/0015_cert_sightings.sql")),
+            include_str!(concat!($dir, "/0016_operator_certificates.sql")),
+            include_str!(concat!($dir, "/0017_gateway_credentials.sql")),
+            include_str!(concat!($dir, "/0018_node_ek.sql")),
+            include_str!(concat!($dir, "/0019_audit_chains.sql")),
+            include_str!(concat!($dir, "/0020_machine_enrolments.sql")),
+            include_str!(concat!($dir, "/0021_ek_ca_intermediates.sql")),
+            include_str!(concat!($dir, "/0022_boot_access.sql")),
+            include_str!(concat!($dir, "/0023_hello_cost.sql")),
+            include_str!(concat!($dir, "/0024_signed_results.sql")),
+            include_str!(concat!($dir, "/0025_revocations_stay.sql")),
+            include_str!(concat!($dir, "/0026_legacy_results.sql")),
+            include_str!(concat!($dir, "/0027_controller_leases.sql")),
+            include_str!(concat!($dir, "/0028_hello_proofs.sql")),
+            include_str!(concat!($dir, "/0029_legacy_hello_endings.sql")),
+            include_str!(concat!($dir, "/0030_endings_written_once.sql")),
+            include_str!(concat!($dir, "/0031_sightings_watched.sql")),
+            include_str!(concat!($dir, "/0032_hello_proofs_required.sql")),
+            include_str!(concat!($dir, "/0033_floors_from_signed_upgrades.sql")),
+            include_str!(concat!($dir, "/0034_gateway_revocations.sql")),
+            include_str!(concat!($dir, "/0035_result_receipts.sql")),
+            include_str!(concat!($dir, "/0036_node_security_events.sql")),
+            include_str!(concat!($dir, "/0037_security_events_by_body.sql")),
+            include_str!(concat!($dir, "/0038_operator_revocations.sql")),
+            include_str!(concat!($dir, "/0039_unknown_results.sql")),
+            include_str!(concat!($dir, "/0040_secrets.sql")),
+            include_str!(concat!($dir, "/0041_lease_generation.sql")),
+            include_str!(concat!($dir, "/0042_lease_absorption.sql")),
+        ]
+    };
+}
+
 pub mod audit;
 pub mod backend;
 pub mod backups;

@@ -66,50 +66,7 @@ use crate::sql::{self, Dialect, Row, leases};
 
 /// The migrations, in order. The schema version is how many ran; the
 /// numbers mean the same schema as SQLite's.
-pub const MIGRATIONS: &[&str] = &[
-    include_str!("migrations/0001_join_nodes_sessions.sql"),
-    include_str!("migrations/0002_commands.sql"),
-    include_str!("migrations/0003_node_events.sql"),
-    include_str!("migrations/0004_desired_state.sql"),
-    include_str!("migrations/0005_access.sql"),
-    include_str!("migrations/0006_bindings_fleet_events.sql"),
-    include_str!("migrations/0007_releases.sql"),
-    include_str!("migrations/0008_release_floors_rollouts.sql"),
-    include_str!("migrations/0009_audit.sql"),
-    include_str!("migrations/0010_images.sql"),
-    include_str!("migrations/0011_compute_now.sql"),
-    include_str!("migrations/0012_signed_facts_statements.sql"),
-    include_str!("migrations/0013_audit_chain.sql"),
-    include_str!("migrations/0014_backups.sql"),
-    include_str!("migrations/0015_cert_sightings.sql"),
-    include_str!("migrations/0016_operator_certificates.sql"),
-    include_str!("migrations/0017_gateway_credentials.sql"),
-    include_str!("migrations/0018_node_ek.sql"),
-    include_str!("migrations/0019_audit_chains.sql"),
-    include_str!("migrations/0020_machine_enrolments.sql"),
-    include_str!("migrations/0021_ek_ca_intermediates.sql"),
-    include_str!("migrations/0022_boot_access.sql"),
-    include_str!("migrations/0023_hello_cost.sql"),
-    include_str!("migrations/0024_signed_results.sql"),
-    include_str!("migrations/0025_revocations_stay.sql"),
-    include_str!("migrations/0026_legacy_results.sql"),
-    include_str!("migrations/0027_controller_leases.sql"),
-    include_str!("migrations/0028_hello_proofs.sql"),
-    include_str!("migrations/0029_legacy_hello_endings.sql"),
-    include_str!("migrations/0030_endings_written_once.sql"),
-    include_str!("migrations/0031_sightings_watched.sql"),
-    include_str!("migrations/0032_hello_proofs_required.sql"),
-    include_str!("migrations/0033_floors_from_signed_upgrades.sql"),
-    include_str!("migrations/0034_gateway_revocations.sql"),
-    include_str!("migrations/0035_result_receipts.sql"),
-    include_str!("migrations/0036_node_security_events.sql"),
-    include_str!("migrations/0037_security_events_by_body.sql"),
-    include_str!("migrations/0038_operator_revocations.sql"),
-    include_str!("migrations/0039_unknown_results.sql"),
-    include_str!("migrations/0040_secrets.sql"),
-    include_str!("migrations/0041_lease_generation.sql"),
-    include_str!("migrations/0042_lease_absorption.sql"),
-];
+pub const MIGRATIONS: &[&str] = migrations!("migrations");
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
