@@ -2,9 +2,9 @@
 //! `ListOperators`, `RevokeOperator`, `MintConsoleToken`. Who may call them is decided in
 //! [`super::auth`], like every other call.
 
-use bc_store::tokens::{NewOperator, OperatorRole, OperatorRow};
+use bc_store::tokens::{NewOperator, OperatorRow};
 use bcd_proto::v1::{
-    self, AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
+    AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
     MintConsoleTokenResponse, OperatorInfo, RevokeOperatorRequest,
 };
 use tonic::Status;
@@ -12,6 +12,7 @@ use tracing::info;
 
 use super::AdminService;
 use super::status::{bad_request, status, unavailable};
+use crate::pki::operator::{role, wire_role};
 
 /// An operator name: 1 to 64 of `a-z 0-9 . _ -`, starting with a letter or
 /// digit.
@@ -21,24 +22,6 @@ pub fn valid_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
-}
-
-/// A role as the wire names it.
-pub fn wire_role(r: OperatorRole) -> v1::OperatorRole {
-    match r {
-        OperatorRole::ReadOnly => v1::OperatorRole::ReadOnly,
-        OperatorRole::Admin => v1::OperatorRole::Admin,
-    }
-}
-
-/// The role a wire value names; `None` for UNSPECIFIED or one this server
-/// does not know.
-pub fn role(v: i32) -> Option<OperatorRole> {
-    match bcd_proto::typed::wire::<v1::OperatorRole>(v)? {
-        v1::OperatorRole::Unspecified => None,
-        v1::OperatorRole::ReadOnly => Some(OperatorRole::ReadOnly),
-        v1::OperatorRole::Admin => Some(OperatorRole::Admin),
-    }
 }
 
 pub fn info(o: &OperatorRow) -> OperatorInfo {
@@ -168,21 +151,7 @@ pub async fn mint_console_token(
 
 #[cfg(test)]
 mod tests {
-    use bcd_proto::typed::Spelling;
-
     use super::*;
-
-    /// Each role crosses the wire and comes back, spelled as the store
-    /// keeps it; UNSPECIFIED and unknown values name none.
-    #[test]
-    fn roles_survive_the_wire() {
-        for r in [OperatorRole::ReadOnly, OperatorRole::Admin] {
-            assert_eq!(role(wire_role(r) as i32), Some(r));
-            assert_eq!(wire_role(r).spelling(), r.as_str());
-        }
-        assert_eq!(role(0), None);
-        assert_eq!(role(99), None);
-    }
 
     #[test]
     fn operator_names_are_plain() {

@@ -67,7 +67,7 @@ pub fn mint(
         version: VERSION,
         operator: operator.to_string(),
         role_name: String::new(),
-        role: crate::api::operators::wire_role(role) as i32,
+        role: super::operator::wire_role(role) as i32,
         cert_sha256: cert_sha256.to_string(),
         issued_ms: now_ms,
         expires_ms,
@@ -147,7 +147,7 @@ pub fn open(keys: &[Vec<u8>], token: &str, now_ms: i64) -> Result<Opened, Refuse
     let role = match t.version {
         // Minted before roles were an enum: by name, read until it ends.
         1 => OperatorRole::parse(&t.role_name),
-        VERSION => crate::api::operators::role(t.role),
+        VERSION => super::operator::role(t.role),
         _ => return Err(Refused::Version),
     }
     .ok_or(Refused::Malformed)?;

@@ -106,9 +106,28 @@ impl OperatorCa {
     }
 }
 
+/// A role as the wire names it.
+pub fn wire_role(r: OperatorRole) -> bcd_proto::v1::OperatorRole {
+    match r {
+        OperatorRole::ReadOnly => bcd_proto::v1::OperatorRole::ReadOnly,
+        OperatorRole::Admin => bcd_proto::v1::OperatorRole::Admin,
+    }
+}
+
+/// The role a wire value names; `None` for UNSPECIFIED or one this server
+/// does not know.
+pub fn role(v: i32) -> Option<OperatorRole> {
+    match bcd_proto::typed::wire::<bcd_proto::v1::OperatorRole>(v)? {
+        bcd_proto::v1::OperatorRole::Unspecified => None,
+        bcd_proto::v1::OperatorRole::ReadOnly => Some(OperatorRole::ReadOnly),
+        bcd_proto::v1::OperatorRole::Admin => Some(OperatorRole::Admin),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bcd_proto::typed::Spelling;
 
     fn verifies(ca: &CertificateDer<'static>, cert: &CertificateDer<'static>) -> bool {
         let mut roots = rustls::RootCertStore::empty();
@@ -170,5 +189,17 @@ mod tests {
             !verifies(&ops.cert, &node.der),
             "a node certificate is no operator's"
         );
+    }
+
+    /// Each role crosses the wire and comes back, spelled as the store
+    /// keeps it; UNSPECIFIED and unknown values name none.
+    #[test]
+    fn roles_survive_the_wire() {
+        for r in [OperatorRole::ReadOnly, OperatorRole::Admin] {
+            assert_eq!(role(wire_role(r) as i32), Some(r));
+            assert_eq!(wire_role(r).spelling(), r.as_str());
+        }
+        assert_eq!(role(0), None);
+        assert_eq!(role(99), None);
     }
 }
