@@ -16,6 +16,7 @@ pub mod converge;
 pub mod daemon;
 pub mod doctor;
 pub mod effects;
+pub mod events;
 pub mod failpoints;
 pub mod helper;
 pub mod hw;

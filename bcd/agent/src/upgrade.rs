@@ -250,11 +250,11 @@ impl Updater {
     /// names.
     pub fn awaiting(&self) -> Option<(String, String)> {
         let (command_id, sequence) = self.state.as_ref()?.awaiting()?;
-        let body = serde_json::json!({
-            "command_id": command_id,
-            "release_sequence": sequence,
+        let body = serde_json::to_string(&crate::events::ReleaseRunning {
+            command_id: command_id.to_string(),
+            release_sequence: sequence,
         })
-        .to_string();
+        .unwrap_or_default();
         let digest = bcd_proto::fingerprint(body.as_bytes());
         Some((body, digest))
     }

@@ -16,10 +16,10 @@ use super::conn::{Conn, ack, send};
 use super::results::journaled_result;
 use super::{Agent, Done, Stopped};
 use crate::effects::{self, Effect};
+use crate::events::{CommandAccepted, CommandRefused, CommandRunning};
 use crate::failpoints::Point;
 use crate::hw::Gpu;
 use crate::identity::ReplayFloors;
-use crate::journal::EventClass;
 
 fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
     Err(format!("journal: {e}"))
@@ -81,11 +81,11 @@ impl Agent {
                     .accept(&d.command_id, d.seq, kind.name(), &payload.encode_to_vec())
                     .map_err(journal_err)?;
                 self.failpoints.at(Point::AfterAccept);
-                self.event(
-                    "command.accepted",
-                    EventClass::Transition,
-                    serde_json::json!({"command_id": d.command_id, "seq": d.seq, "kind": kind.name()}),
-                );
+                self.event(&CommandAccepted {
+                    command_id: d.command_id.clone(),
+                    kind: kind.name().to_string(),
+                    seq: d.seq,
+                });
                 send(conn, ack(&d.command_id, d.seq, v1::AckState::Accepted)).await;
                 if let Some(stopped) = self
                     .start(&d.command_id, Some(kind), &payload, done)
@@ -111,13 +111,11 @@ impl Agent {
                     | command::Rejection::WrongNode(_)
                     | command::Rejection::UnknownKind
                     | command::Rejection::Replayed { .. }
-                    | command::Rejection::TooLong { .. } => self.refused_frame(
-                        "security.command.refused",
-                        serde_json::json!({
-                            "command_id": d.command_id, "seq": d.seq,
-                            "reason": rejection.to_string(),
-                        }),
-                    ),
+                    | command::Rejection::TooLong { .. } => self.refused_frame(CommandRefused {
+                        command_id: d.command_id.clone(),
+                        reason: rejection.to_string(),
+                        seq: d.seq,
+                    }),
                     command::Rejection::OutOfOrder { .. }
                     | command::Rejection::Expired { .. }
                     | command::Rejection::BelowMinGeneration { .. } => {
@@ -187,11 +185,10 @@ impl Agent {
             .set_running(id, &boot_id)
             .map_err(|e| format!("journal: {e}"))?;
         self.failpoints.at(Point::AfterRunning);
-        self.event(
-            "command.running",
-            EventClass::Transition,
-            serde_json::json!({"command_id": id, "boot_id": boot_id}),
-        );
+        self.event(&CommandRunning {
+            boot_id: boot_id.clone(),
+            command_id: id.to_string(),
+        });
         let id = id.to_string();
         info!(cmd = %id, kind = kind.map_or("unknown", Kind::name), "running");
         match (kind, payload.args.clone()) {

@@ -60,6 +60,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::converge::{DeviceFiles, Firewall, SshdFiles};
 use crate::effects::Effect;
+use crate::events::{Detail, Refusal, Refused};
 use crate::failpoints::Failpoints;
 use crate::hw::{Host, Power};
 use crate::identity::{self, Identity};
@@ -315,24 +316,32 @@ impl Agent {
 
     /// A frame a gateway sent that the node refuses: logged and journaled
     /// as a `security.*` event, at most once a minute per kind.
-    fn refused_frame(&mut self, kind: &'static str, detail: serde_json::Value) {
-        let Some(held) = self.warned.allow(kind, self.now()) else {
+    fn refused_frame<R: Refusal>(&mut self, frame: R) {
+        self.refused(R::KIND, serde_json::to_value(frame).unwrap_or_default());
+    }
+
+    /// [`Self::refused_frame`] once its frame is JSON: written once for
+    /// every kind.
+    fn refused(&mut self, kind: &'static str, frame: serde_json::Value) {
+        let Some(held_back) = self.warned.allow(kind, self.now()) else {
             return;
         };
         // What a gateway put in a frame is journaled a few KiB at most.
-        let detail = match detail.to_string() {
-            text if text.len() > MAX_DETAIL => serde_json::Value::String(format!(
+        let text = frame.to_string();
+        let detail = if text.len() > MAX_DETAIL {
+            Detail::Cut(format!(
                 "{}... ({} bytes in all)",
                 &text[..text.floor_char_boundary(MAX_DETAIL)],
                 text.len()
-            )),
-            _ => detail,
+            ))
+        } else {
+            Detail::Frame(frame)
         };
-        warn!(kind, %detail, held_back = held, "refused a frame from the gateway");
-        self.event(
+        warn!(kind, detail = %text.chars().take(MAX_DETAIL).collect::<String>(), held_back, "refused a frame from the gateway");
+        self.journal_event(
             kind,
             crate::journal::EventClass::Transition,
-            serde_json::json!({"detail": detail, "held_back": held}),
+            &serde_json::to_vec(&Refused { detail, held_back }).unwrap_or_default(),
         );
     }
 }

@@ -8,6 +8,7 @@ use tracing::{debug, warn};
 
 use super::Agent;
 use super::conn::{Conn, send};
+use crate::events::{Body, CommandFinished, ReceiptRefused};
 use crate::journal::{EventBounds, EventClass};
 
 /// Events per batch on the stream.
@@ -20,24 +21,24 @@ impl Agent {
     /// else is refused and nothing goes. `Some` with an upgrade's command
     /// when the receipt confirmed it (its result is journaled, to send).
     pub(super) fn on_event_receipt(&mut self, envelope: &[u8]) -> Result<Option<String>, String> {
-        let refused = |why: String| serde_json::json!({ "why": why });
+        let refused = |why: String| ReceiptRefused {
+            command_id: None,
+            why,
+        };
         let receipt = match bcd_proto::receipts::open_event(envelope, &self.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame("security.receipt.refused", refused(e.to_string()));
+                self.refused_frame(refused(e.to_string()));
                 return Ok(None);
             }
         };
         if receipt.node_id != self.identity.file.node_id
             || receipt.journal_id != self.journal.journal_id()
         {
-            self.refused_frame(
-                "security.receipt.refused",
-                refused(format!(
-                    "an event receipt for node {} journal {}, not this node and journal",
-                    receipt.node_id, receipt.journal_id
-                )),
-            );
+            self.refused_frame(refused(format!(
+                "an event receipt for node {} journal {}, not this node and journal",
+                receipt.node_id, receipt.journal_id
+            )));
             return Ok(None);
         }
         match self
@@ -46,13 +47,10 @@ impl Agent {
             .map_err(|e| format!("journal: {e}"))?
         {
             Some(true) => return self.upgrade_receipted(&receipt.kind, &receipt.body_sha256),
-            Some(false) => self.refused_frame(
-                "security.receipt.refused",
-                refused(format!(
-                    "the receipt for event {} names another kind or body than this node journaled",
-                    receipt.event_id
-                )),
-            ),
+            Some(false) => self.refused_frame(refused(format!(
+                "the receipt for event {} names another kind or body than this node journaled",
+                receipt.event_id
+            ))),
             None => debug!(
                 event = receipt.event_id,
                 "a receipt for an event no longer journaled"
@@ -63,11 +61,16 @@ impl Agent {
 
     /// Journals an event; a journal that cannot take it is logged, not
     /// fatal: events are reports, not decisions.
-    pub(super) fn event(&mut self, kind: &str, class: EventClass, body: serde_json::Value) {
-        let body = body.to_string().into_bytes();
+    pub(super) fn event(&mut self, body: &impl Body) {
+        let bytes = serde_json::to_vec(body).unwrap_or_default();
+        self.journal_event(body.kind(), body.class(), &bytes);
+    }
+
+    /// [`Self::event`] once its body is JSON.
+    pub(super) fn journal_event(&mut self, kind: &str, class: EventClass, body: &[u8]) {
         match self
             .journal
-            .push_event(kind, class, &body, EventBounds::default())
+            .push_event(kind, class, body, EventBounds::default())
         {
             Ok(true) => {}
             Ok(false) => debug!(kind, "journal full: metric event dropped"),
@@ -76,13 +79,11 @@ impl Agent {
     }
 
     pub(super) fn finished_event(&mut self, r: &v1::CommandResult, outcome: Outcome) {
-        self.event(
-            "command.finished",
-            EventClass::Result,
-            serde_json::json!({
-                "command_id": r.command_id, "outcome": outcome.name(), "reason": r.reason,
-            }),
-        );
+        self.event(&CommandFinished {
+            command_id: r.command_id.clone(),
+            outcome: outcome.name().to_string(),
+            reason: r.reason.clone(),
+        });
     }
 
     /// Sends journaled events not yet sent in this session.

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use super::Agent;
 use super::conn::{Conn, send};
 use crate::effects::Effect;
+use crate::events::ReceiptRefused;
 use crate::failpoints::Point;
 
 /// The shape a journaled result had before outcomes were typed: the
@@ -175,10 +176,10 @@ impl Agent {
         let receipt = match bcd_proto::receipts::open(envelope, &self.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame(
-                    "security.receipt.refused",
-                    serde_json::json!({ "why": e.to_string() }),
-                );
+                self.refused_frame(ReceiptRefused {
+                    command_id: None,
+                    why: e.to_string(),
+                });
                 return Ok(());
             }
         };
@@ -210,14 +211,12 @@ impl Agent {
             || receipt.seq != entry.seq
             || !(decided || signed.as_deref() == Some(receipt.result_sha256.as_str()))
         {
-            self.refused_frame(
-                "security.receipt.refused",
-                serde_json::json!({
-                    "command_id": receipt.command_id,
-                    "why": "the receipt names another node, sequence or result than this node \
-                            journaled",
-                }),
-            );
+            self.refused_frame(ReceiptRefused {
+                command_id: Some(receipt.command_id.clone()),
+                why: "the receipt names another node, sequence or result than this node \
+                      journaled"
+                    .to_string(),
+            });
             return Ok(());
         }
         if decided {

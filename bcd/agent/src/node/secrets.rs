@@ -28,6 +28,7 @@ use super::Agent;
 use super::conn::Conn;
 use crate::converge::Outcome;
 use crate::converge::access::StepError;
+use crate::events::SecretRefused;
 
 // The helper takes what the broker may send.
 const _: () = assert!(bcd_helper::validate::MAX_SECRET == secret::MAX_VALUE);
@@ -412,15 +413,12 @@ impl Agent {
                         .insert(key, (f.want.name.clone(), f.want.version));
                 }
                 Err(e) if e.forged => {
-                    self.refused_frame(
-                        "security.secret.refused",
-                        serde_json::json!({
-                            "allocation": f.want.allocation,
-                            "secret": f.want.name,
-                            "version": f.want.version,
-                            "why": e.message,
-                        }),
-                    );
+                    self.refused_frame(SecretRefused {
+                        allocation: f.want.allocation.clone(),
+                        secret: f.want.name.clone(),
+                        version: f.want.version,
+                        why: e.message.clone(),
+                    });
                     failed.get_or_insert(format!(
                         "{} v{}: {}",
                         f.want.name, f.want.version, e.message

@@ -22,9 +22,11 @@ use super::conn::{self, Conn, send};
 use super::update::upgrade_sleep;
 use super::{Agent, Done, Staged, Stopped};
 use crate::client::Stream;
+use crate::events::{
+    ClockAhead, DrainClamped, NodeLoad, RefusalUnconfirmed, RevocationUnconfirmed, WelcomeRefused,
+};
 use crate::failpoints::Point;
 use crate::hw;
-use crate::journal::EventClass;
 
 /// After a Welcome, how long a gateway has to hand a list newer than the
 /// one the node holds before a list that ran out meanwhile (a long outage,
@@ -158,11 +160,9 @@ impl Agent {
                             }
                         }
                         Action::Close { reason } => match &reason {
-                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => self
-                                .refused_frame(
-                                    "security.welcome.refused",
-                                    serde_json::json!(reason.to_string()),
-                                ),
+                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => {
+                                self.refused_frame(WelcomeRefused(reason.to_string()))
+                            }
                             CloseReason::WelcomeTimeout
                             | CloseReason::ServerSilent { .. }
                             | CloseReason::Drain => warn!(%reason, "closing the session"),
@@ -184,16 +184,13 @@ impl Agent {
                             }
                         }
                         Action::ServerTimeAhead { said_ms, limit_ms } => {
-                            self.refused_frame(
-                                "security.clock.ahead",
-                                serde_json::json!({
-                                    "said_ms": said_ms,
-                                    "limit_ms": limit_ms,
-                                    "why": "the gateway's server time is past what the key \
-                                            holder's signed times allow; server time is held \
-                                            to the limit",
-                                }),
-                            );
+                            self.refused_frame(ClockAhead {
+                                limit_ms,
+                                said_ms,
+                                why: "the gateway's server time is past what the key holder's \
+                                      signed times allow; server time is held to the limit"
+                                    .to_string(),
+                            });
                             self.flush_events(&conn).await;
                         }
                         Action::Stop { message } => {
@@ -301,11 +298,7 @@ impl Agent {
                 }
                 Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
                     self.observe_tunnel(&ended);
-                    self.event(
-                        "tunnel.ended",
-                        EventClass::Transition,
-                        serde_json::to_value(&ended).unwrap_or_default(),
-                    );
+                    self.event(&ended);
                     self.flush_events(&conn).await;
                 }
                 Some(batch) = async { secrets_done.as_mut().expect("guarded").recv().await }, if secrets_done.is_some() => {
@@ -349,11 +342,11 @@ impl Agent {
                 }
                 _ = metrics.tick() => {
                     if let Some(load) = self.machine.host.load_average() {
-                        self.event(
-                            "node.load",
-                            EventClass::Metric,
-                            serde_json::json!({"load1": load[0], "load5": load[1], "load15": load[2]}),
-                        );
+                        self.event(&NodeLoad {
+                            load1: load[0],
+                            load15: load[2],
+                            load5: load[1],
+                        });
                     }
                     self.flush_events(&conn).await;
                 }
@@ -378,14 +371,11 @@ impl Agent {
                             let keys = self.worker_keys();
                             let ended = conn::stream_error(&status, self.me(), &keys);
                             if let Some(why) = ended.unconfirmed {
-                                self.refused_frame(
-                                    "security.refusal.unconfirmed",
-                                    serde_json::json!({
-                                        "code": status.code().to_string(),
-                                        "message": status.message(),
-                                        "why": why,
-                                    }),
-                                );
+                                self.refused_frame(RefusalUnconfirmed {
+                                    code: status.code().to_string(),
+                                    message: status.message().to_string(),
+                                    why,
+                                });
                             }
                             ended.event
                         }
@@ -470,10 +460,10 @@ impl Agent {
                                 s.node_id, s.kind, s.serials
                             ),
                         };
-                        self.refused_frame(
-                            "security.revocation.unconfirmed",
-                            serde_json::json!({"reason": r.reason, "why": why}),
-                        );
+                        self.refused_frame(RevocationUnconfirmed {
+                            reason: r.reason.clone(),
+                            why,
+                        });
                         Event::Received
                     }
                 }
@@ -481,13 +471,10 @@ impl Agent {
             Some(server_message::Msg::Drain(d)) => {
                 let within = Duration::from_millis(u64::from(d.reconnect_within_ms));
                 if within > self.config.max_drain {
-                    self.refused_frame(
-                        "security.drain.clamped",
-                        serde_json::json!({
-                            "asked_ms": d.reconnect_within_ms,
-                            "clamped_ms": self.config.max_drain.as_millis() as u64,
-                        }),
-                    );
+                    self.refused_frame(DrainClamped {
+                        asked_ms: d.reconnect_within_ms,
+                        clamped_ms: self.config.max_drain.as_millis() as u64,
+                    });
                 }
                 Event::Drain { within }
             }

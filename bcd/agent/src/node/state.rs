@@ -16,9 +16,9 @@ use tracing::{info, warn};
 use super::Agent;
 use super::conn::{Conn, send};
 use crate::converge::{self, Outcome};
+use crate::events::SpecRefused;
 use crate::hw;
 use crate::identity::ReplayFloors;
-use crate::journal::EventClass;
 
 impl Agent {
     /// A new spec from the server: verified, judged, journaled, converged.
@@ -55,11 +55,10 @@ impl Agent {
             Ok((_, Verdict::Same)) => return Ok(()),
             Ok((_, Verdict::Refuse(reason))) | Err(reason) => {
                 warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
-                self.event(
-                    "spec.refused",
-                    EventClass::Transition,
-                    serde_json::json!({"generation": d.generation, "reason": reason}),
-                );
+                self.event(&SpecRefused {
+                    generation: d.generation,
+                    reason: reason.to_string(),
+                });
                 return Ok(());
             }
         };

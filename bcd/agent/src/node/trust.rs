@@ -10,7 +10,7 @@ use bcd_core::gateways::{GatewayTrust, Leave, RevocationList, RevokedGateway};
 use tracing::{debug, warn};
 
 use super::Agent;
-use crate::journal::EventClass;
+use crate::events::{GatewayLeft, RevocationsRefused};
 
 /// The newest verified list, as the worker-signed envelope a gateway
 /// handed (a `SignedEnvelope` holding `GatewayRevocations`), in the data
@@ -65,15 +65,11 @@ impl Agent {
     /// Journals that the node left `gateway` and why.
     fn left(&mut self, gateway: &str, leave: &Leave) {
         warn!(gateway, reason = %leave, "leaving the gateway");
-        let kind = match leave {
-            Leave::Revoked { .. } => "security.gateway.revoked",
-            Leave::Stale { .. } => "security.gateway.stale",
-        };
-        self.event(
-            kind,
-            EventClass::Transition,
-            serde_json::json!({"gateway_sha256": gateway, "why": leave.to_string()}),
-        );
+        self.event(&GatewayLeft {
+            gateway_sha256: gateway.to_string(),
+            why: leave.to_string(),
+            revoked: matches!(leave, Leave::Revoked { .. }),
+        });
     }
 
     /// A gateway just reached: `Err` with why when the node leaves it
@@ -96,10 +92,7 @@ impl Agent {
         let list = match verified(&envelope, &self.worker_keys()) {
             Ok(l) => l,
             Err(why) => {
-                self.refused_frame(
-                    "security.gateway_revocations.refused",
-                    serde_json::json!({ "why": why }),
-                );
+                self.refused_frame(RevocationsRefused { why });
                 return Ok(None);
             }
         };

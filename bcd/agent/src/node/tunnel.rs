@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::Agent;
+use crate::events::TunnelRefused;
 
 /// Tunnels one node holds open at once.
 pub const MAX_TUNNELS: usize = 8;
@@ -193,10 +194,10 @@ impl Agent {
         let admitted = match self.admit(&open, server_now) {
             Ok(a) => a,
             Err(reason) => {
-                self.refused_frame(
-                    "security.tunnel.refused",
-                    serde_json::json!({"sid": open.sid, "why": reason}),
-                );
+                self.refused_frame(TunnelRefused {
+                    sid: open.sid.clone(),
+                    why: reason.clone(),
+                });
                 return Some(v1::TunnelRefused {
                     sid: open.sid,
                     reason,
