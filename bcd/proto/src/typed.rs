@@ -379,8 +379,10 @@ mod tests {
                 inventory_section(v1::InventoryKind::from(s) as i32),
                 Some(s)
             );
-            assert_eq!(v1::InventoryKind::from(s).spelling(), s.name());
         }
+        assert_eq!(v1::InventoryKind::Host.spelling(), "host");
+        assert_eq!(v1::InventoryKind::Gpus.spelling(), "gpus");
+        assert_eq!(v1::InventoryKind::Tpm.spelling(), "tpm");
         assert_eq!(inventory_section(0), None);
         assert_eq!(inventory_section(99), None);
         assert_eq!(outcome(0), None);

@@ -43,7 +43,12 @@ pub async fn add(svc: &AdminService, r: AddOperatorRequest) -> Result<AddOperato
              or digit",
         ));
     }
-    let role = role(r.role).ok_or_else(|| bad_request("the role is admin or read-only"))?;
+    let role = role(r.role).ok_or_else(|| {
+        bad_request(
+            "the request names no role this server knows (admin or read-only); add operators \
+             with this release's better-compute",
+        )
+    })?;
     let now = svc.store.now().await.map_err(unavailable)?;
     let cert = svc
         .operator_ca

@@ -22,7 +22,7 @@ use ring::signature::{ED25519, Ed25519KeyPair, UnparsedPublicKey};
 pub const PREFIX: &str = "bcc1.";
 /// What the signature covers before the token's bytes.
 pub const CONTEXT: &[u8] = b"better-compute console token v1\0";
-/// The token format this server writes and reads.
+/// The token format this server writes; it reads this and version 1.
 pub const VERSION: u32 = 2;
 /// A token's life when the caller names none.
 pub const DEFAULT_TTL_MS: u64 = 60 * 60 * 1000;

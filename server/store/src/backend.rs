@@ -114,8 +114,12 @@ pub(crate) use implement;
 /// repeatable read on PostgreSQL). A new operation is a line here and a
 /// function in [`crate::sql`]; what one backend runs its own way is
 /// declared in the `own` block of [`GatewayBackend`] and written in each
-/// backend. `$then` is the macro that turns the list into a trait or an
-/// implementation (`declare`, and each backend's own).
+/// backend. A body's `Err` rolls its transaction back, so an operation
+/// whose refusal must still commit what it recorded (`update_spec`'s
+/// forged-spec event) answers the refusal inside its `Ok` and is written
+/// in each backend too. `$then` is the macro that turns the list into a
+/// trait (`declare`) or an implementation (`implement`, given the
+/// backend's own `$run`: `lite_run`, `pg_run`).
 macro_rules! gateway_operations {
     ($then:ident!($($own:tt)*)) => {
         $then! {
@@ -771,12 +775,12 @@ macro_rules! key_holder_operations {
             read specs_expiring(within: Duration) -> Result<Vec<String>, StoreError>
                 = |db| sql::specs::expiring(db, within);
 
-            /// Desired against applied; `None` for a node that does not exist.
             /// Every live node's signed spec, by node id: what label selectors and
             /// cordons are read from (opened and verified by the caller).
             read signed_specs() -> Result<Vec<(String, Vec<u8>)>, StoreError>
                 = |db| sql::specs::signed_all(db);
 
+            /// Desired against applied; `None` for a node that does not exist.
             read spec_view(node_id: &str) -> Result<Option<SpecView>, StoreError>
                 = |db| sql::specs::view(db, node_id);
 

@@ -5,7 +5,9 @@
 //! this one does not know, so a row that names nothing known is not an
 //! error that fails a whole listing: it reads as [`Named::Unknown`] with
 //! the text it holds, and whoever reads it decides (the evidence of a
-//! result calls such a row forged; a listing shows it as unspecified).
+//! result calls a row of an unknown kind forged, and one of an unknown
+//! state unfinished: no ending it rests on; a listing shows either as
+//! unspecified).
 
 use std::fmt;
 

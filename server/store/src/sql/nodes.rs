@@ -81,8 +81,8 @@ pub(crate) async fn cert_row(
         .transpose()
 }
 
-/// A node's certificates (DER), oldest first; those kept without their
-/// bytes are left out.
+/// A node's certificates (DER), in serial order (serials are random: no
+/// order in time); those kept without their bytes are left out.
 pub(crate) async fn certificates(db: &impl Db, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
     db.column(
         "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL ORDER BY serial",
