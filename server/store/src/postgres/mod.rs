@@ -238,9 +238,10 @@ macro_rules! tx {
 }
 
 /// Runs an operation's body ([`implement`]) on PostgreSQL, in a
-/// transaction from the main pool begun as its kind says: `read` and
-/// `write` by [`PostgresBackend::begin`], `snapshot` by
-/// [`PostgresBackend::begin_consistent`].
+/// transaction from the main pool begun as its kind says: `write` by
+/// [`PostgresBackend::begin`], `read` by
+/// [`PostgresBackend::begin_read_only`] (a `read` that wrote would fail),
+/// `snapshot` by [`PostgresBackend::begin_consistent`].
 macro_rules! pg_run {
     ($self:ident, snapshot, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
         tx!($self, pool, begin_consistent, |tx| {
@@ -248,8 +249,11 @@ macro_rules! pg_run {
             $body.await
         })
     };
-    ($self:ident, read, $($rest:tt)*) => {
-        pg_run!($self, write, $($rest)*)
+    ($self:ident, read, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
+        tx!($self, pool, begin_read_only, |tx| {
+            let $db = &Pg(&tx);
+            $body.await
+        })
     };
     ($self:ident, write, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
         tx!($self, pool, begin, |tx| {
@@ -410,6 +414,13 @@ impl PostgresBackend {
     /// Begins a transaction with the store's clock.
     async fn begin<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
         begin_with(conn, self.clock.as_deref()).await
+    }
+
+    /// A read-only transaction with the store's clock, at read committed.
+    async fn begin_read_only<'a>(&self, conn: &'a mut Object) -> Result<Tx<'a>, StoreError> {
+        let tx = conn.build_transaction().read_only(true).start().await?;
+        pin_clock(&tx, self.clock.as_deref()).await?;
+        Ok(tx)
     }
 
     /// A read-only transaction at repeatable read: one consistent reading

@@ -343,6 +343,9 @@ impl SqliteBackend {
             let writer = writer::Writer::start(writer, pin)
                 .map_err(|e| StoreError::Database(Box::new(e)))?;
             let reader = connect(&path, &clock)?;
+            // A `read` operation writes nothing: one that tried would
+            // fail here rather than write outside the writer's commits.
+            reader.pragma_update(None, "query_only", true)?;
             let leases = connect(&path, &clock)?;
             Ok(SqliteBackend {
                 path,
@@ -410,8 +413,10 @@ impl SqliteBackend {
 
 /// Runs an operation's body ([`implement`]) on SQLite: its arguments
 /// carried to the transaction's thread ([`carry`]), the body run there in
-/// a transaction of the operation's kind (a `snapshot` is any read: a WAL
-/// reader sees one instant for its whole transaction).
+/// a transaction of the operation's kind: a `write` through the writer, a
+/// `read` on the reader connection, which is `query_only` (a `read` that
+/// wrote would fail), and a `snapshot` as a read (a WAL reader sees one
+/// instant for its whole transaction).
 macro_rules! lite_run {
     ($self:ident, snapshot, $($rest:tt)*) => {
         lite_run!($self, read, $($rest)*)
