@@ -115,15 +115,6 @@ pub struct ReleaseRunning {
 }
 body!(ReleaseRunning, "security.release.running", Transition);
 
-impl Body for crate::node::tunnel::Ended {
-    fn kind(&self) -> &'static str {
-        "tunnel.ended"
-    }
-    fn class(&self) -> EventClass {
-        EventClass::Transition
-    }
-}
-
 /// What a refused frame's event names: its kind, and its own fields.
 pub trait Refusal: Serialize {
     /// The `security.*` kind it is journaled as.

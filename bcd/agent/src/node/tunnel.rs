@@ -31,7 +31,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use super::Agent;
-use crate::events::TunnelRefused;
+use crate::events::{self, TunnelRefused};
+use crate::journal::EventClass;
 
 /// Tunnels one node holds open at once.
 pub const MAX_TUNNELS: usize = 8;
@@ -124,6 +125,15 @@ pub struct Ended {
     pub signal: i32,
     pub error: String,
     pub seconds: u64,
+}
+
+impl events::Body for Ended {
+    fn kind(&self) -> &'static str {
+        "tunnel.ended"
+    }
+    fn class(&self) -> EventClass {
+        EventClass::Transition
+    }
 }
 
 /// Whom a command runs as.
