@@ -99,7 +99,7 @@ macro_rules! implement {
             $($own)*
             $(
                 async fn $name(&self, $($arg: $ty),*) -> $ret {
-                    $run!(self, $mode, |$db| $body, $($arg: $ty),*)
+                    committed!($mode, $run!(self, $mode, |$db| $body, $($arg: $ty),*))
                 }
             )*
         }
@@ -107,17 +107,29 @@ macro_rules! implement {
 }
 pub(crate) use implement;
 
+/// An operation's answer once its transaction ended: as the body gave it,
+/// but for a `recording` operation, a write whose body answers a refusal inside
+/// `Ok` so that what it recorded commits; the refusal is its error after.
+macro_rules! committed {
+    (recording, $done:expr) => {
+        $done?.map_err(TxError::from)
+    };
+    ($mode:ident, $done:expr) => {
+        $done
+    };
+}
+pub(crate) use committed;
+
 /// The gateway's operations, each written once: its signature and its
 /// transaction's body over `db` (a [`crate::sql::Db`]), run by each
 /// backend in one transaction of the kind its word names: `read`,
-/// `write`, or `snapshot` (a read that sees every table at one instant:
-/// repeatable read on PostgreSQL). A new operation is a line here and a
+/// `write`, `snapshot` (a read that sees every table at one instant:
+/// repeatable read on PostgreSQL) or `recording` (a write whose refusal
+/// must still commit what it recorded: a body's `Err` rolls back, so its body
+/// answers `Ok(Err(refusal))`, the error once committed). A new operation is a line here and a
 /// function in [`crate::sql`]; what one backend runs its own way is
 /// declared in the `own` block of [`GatewayBackend`] and written in each
-/// backend. A body's `Err` rolls its transaction back, so an operation
-/// whose refusal must still commit what it recorded (`update_spec`'s
-/// forged-spec event) answers the refusal inside its `Ok` and is written
-/// in each backend too. `$then` is the macro that turns the list into a
+/// backend. `$then` is the macro that turns the list into a
 /// trait (`declare`) or an implementation (`implement`, given the
 /// backend's own `$run`: `lite_run`, `pg_run`).
 macro_rules! gateway_operations {
@@ -770,6 +782,22 @@ macro_rules! key_holder_operations {
                 = |db| sql::commands::cancel_pending(db, id, reason);
 
             // -------------------------------------------------------------- specs
+            /// Changes a node's spec: `open` verifies the stored signed spec and
+            /// gives the body it holds (never the unsigned columns), `change` edits
+            /// it (or refuses), the generation grows by one, and `seal` signs the
+            /// new spec, which lives [`crate::specs::LIFETIME`]. A stored spec that
+            /// does not open is recorded as [`crate::specs::SPEC_FORGED`] and the
+            /// change refused ([`crate::specs::forged_refusal`]): nothing is signed.
+            /// Its refusal commits that event: the body answers it inside
+            /// `Ok` (`recording`), and it becomes the error once committed.
+            recording update_spec(
+                node_id: &str,
+                change: ChangeSpec,
+                open: OpenSpec,
+                seal: SealSpec,
+            ) -> Result<(u64, SpecBody), TxError>
+                = |db| sql::specs::update(db, node_id, change, open, seal);
+
             /// Nodes (not deleted) whose signed spec expires within `within`: the
             /// worker signs a new generation for each.
             read specs_expiring(within: Duration) -> Result<Vec<String>, StoreError>
@@ -993,22 +1021,6 @@ key_holder_operations!(declare!(
     /// does.
     (pub trait Backend: GatewayBackend)
     {
-        /// Changes a node's spec: `open` verifies the stored signed spec and
-        /// gives the body it holds (never the unsigned columns), `change` edits
-        /// it (or refuses), the generation grows by one, and `seal` signs the
-        /// new spec, which lives [`crate::specs::LIFETIME`]. A stored spec that
-        /// does not open is recorded as [`crate::specs::SPEC_FORGED`] and the
-        /// change refused ([`crate::specs::forged_refusal`]): nothing is signed.
-        /// Each backend writes it itself: that refusal commits the event it
-        /// records, so its transaction answers the refusal inside its `Ok`.
-        async fn update_spec(
-            &self,
-            node_id: &str,
-            change: ChangeSpec,
-            open: OpenSpec,
-            seal: SealSpec,
-        ) -> Result<(u64, SpecBody), TxError>;
-
         /// On PostgreSQL, what to run (as a user who may create roles) so that
         /// gateway `name` connects as a role of its own with exactly a
         /// gateway's privileges ([`crate::postgres::grants`]); `None` on

@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use bcd_core::command::{Kind, Outcome, ServerState};
+use bcd_core::command::{Kind, ServerState};
 
 /// A closed set kept by name.
 pub trait ByName: Copy + Sized {
@@ -36,15 +36,6 @@ impl ByName for ServerState {
     }
     fn from_name(name: &str) -> Option<Self> {
         ServerState::parse(name)
-    }
-}
-
-impl ByName for Outcome {
-    fn name(self) -> &'static str {
-        Outcome::name(self)
-    }
-    fn from_name(name: &str) -> Option<Self> {
-        Outcome::parse(name)
     }
 }
 

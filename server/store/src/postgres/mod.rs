@@ -238,7 +238,8 @@ macro_rules! tx {
 }
 
 /// Runs an operation's body ([`implement`]) on PostgreSQL, in a
-/// transaction from the main pool begun as its kind says: `write` by
+/// transaction from the main pool begun as its kind says: `write` (and
+/// `recording`) by
 /// [`PostgresBackend::begin`], `read` by
 /// [`PostgresBackend::begin_read_only`] (a `read` that wrote would fail),
 /// `snapshot` by [`PostgresBackend::begin_consistent`].
@@ -248,6 +249,9 @@ macro_rules! pg_run {
             let $db = &Pg(&tx);
             $body.await
         })
+    };
+    ($self:ident, recording, $($rest:tt)*) => {
+        pg_run!($self, write, $($rest)*)
     };
     ($self:ident, read, |$db:ident| $body:expr, $($arg:ident: $ty:ty),*) => {
         tx!($self, pool, begin_read_only, |tx| {
@@ -561,24 +565,6 @@ gateway_operations!(implement!(PostgresBackend, pg_run, GatewayBackend {
 }));
 
 key_holder_operations!(implement!(PostgresBackend, pg_run, Backend {
-    async fn update_spec(
-        &self,
-        node_id: &str,
-        change: ChangeSpec,
-        open: OpenSpec,
-        seal: SealSpec,
-    ) -> Result<(u64, SpecBody), TxError> {
-        let updated: Result<_, TxError> = tx!(self, |tx| sql::specs::update(
-            &Pg(&tx),
-            node_id,
-            change,
-            open,
-            seal
-        )
-        .await);
-        updated?.map_err(TxError::from)
-    }
-
     async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
         tx!(self, |tx| grants::role_sql_here(&tx, name).await.map(Some))
     }

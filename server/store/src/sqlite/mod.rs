@@ -413,11 +413,15 @@ impl SqliteBackend {
 
 /// Runs an operation's body ([`implement`]) on SQLite: its arguments
 /// carried to the transaction's thread ([`carry`]), the body run there in
-/// a transaction of the operation's kind: a `write` through the writer, a
+/// a transaction of the operation's kind: a `write` (and a `recording`
+/// one) through the writer, a
 /// `read` on the reader connection, which is `query_only` (a `read` that
 /// wrote would fail), and a `snapshot` as a read (a WAL reader sees one
 /// instant for its whole transaction).
 macro_rules! lite_run {
+    ($self:ident, recording, $($rest:tt)*) => {
+        lite_run!($self, write, $($rest)*)
+    };
     ($self:ident, snapshot, $($rest:tt)*) => {
         lite_run!($self, read, $($rest)*)
     };
@@ -500,19 +504,6 @@ gateway_operations!(implement!(SqliteBackend, lite_run, GatewayBackend {
 }));
 
 key_holder_operations!(implement!(SqliteBackend, lite_run, Backend {
-    async fn update_spec(
-        &self,
-        node_id: &str,
-        change: ChangeSpec,
-        open: OpenSpec,
-        seal: SealSpec,
-    ) -> Result<(u64, SpecBody), TxError> {
-        let node = node_id.to_string();
-        self.write(move |c| ready(sql::specs::update(&Lite(c), &node, change, open, seal)))
-            .await?
-            .map_err(TxError::from)
-    }
-
     async fn gateway_role_sql(&self, _name: &str) -> Result<Option<String>, StoreError> {
         Ok(None)
     }
