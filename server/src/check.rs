@@ -55,7 +55,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bc_store::{Store, StoreError};
+use bc_store::{CommandId, NodeId, Store, StoreError};
 use serde::Serialize;
 
 pub use bc_store::audit::{
@@ -101,7 +101,7 @@ pub struct Snapshot {
     pub applied: BTreeMap<String, u64>,
     pub backups: Vec<Backup>,
     /// Each finished command's evidence (`None`: no fleet CA to judge by).
-    pub results: Option<Vec<(String, String, crate::evidence::Evidence)>>,
+    pub results: Option<Vec<(CommandId, NodeId, crate::evidence::Evidence)>>,
     pub timings: Timings,
     /// Commands created within this window may still be on their way.
     pub settle: Duration,
@@ -137,7 +137,7 @@ impl Leases {
     fn new(audit: &[Audit]) -> Leases {
         let mut m: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
         for a in audit.iter().filter(|a| a.kind == "lease") {
-            m.entry(a.gateway_id.clone())
+            m.entry(a.gateway_id.to_string())
                 .or_default()
                 .push((a.id, a.value));
         }
@@ -401,7 +401,10 @@ pub fn i7(s: &Snapshot) -> Outcome {
                 ));
             }
         }
-        if s.leases.get(&sess.gateway_id).is_none_or(|e| *e < s.now) {
+        if s.leases
+            .get(sess.gateway_id.as_str())
+            .is_none_or(|e| *e < s.now)
+        {
             v.push(format!(
                 "node {node}: connected through {}, which holds no live lease",
                 sess.gateway_id
@@ -495,7 +498,7 @@ pub fn stranded_commands(s: &Snapshot) -> Outcome {
         .collect();
     let violations = open
         .iter()
-        .filter(|c| !s.nodes.contains(&c.node_id))
+        .filter(|c| !s.nodes.contains(c.node_id.as_str()))
         .map(|c| {
             format!(
                 "command {} is still {} for node {}, which the store no longer knows",
@@ -690,13 +693,13 @@ async fn judge_results(
     store: &Store,
     commands: &[Command],
     ca_der: &[u8],
-) -> Result<Vec<(String, String, crate::evidence::Evidence)>, StoreError> {
+) -> Result<Vec<(CommandId, NodeId, crate::evidence::Evidence)>, StoreError> {
     let finished: BTreeSet<&str> = commands
         .iter()
         .filter(|c| TERMINAL.contains(&c.state.as_str()))
         .map(|c| c.id.as_str())
         .collect();
-    let mut certs: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    let mut certs: BTreeMap<NodeId, Vec<Vec<u8>>> = BTreeMap::new();
     let mut out = Vec::new();
     for row in store.list_commands(None, u32::MAX).await? {
         if !finished.contains(row.id.as_str()) {
@@ -764,7 +767,7 @@ mod tests {
             node_id: node.into(),
             kind: kind.into(),
             epoch: 0,
-            gateway_id: String::new(),
+            gateway_id: bc_store::GatewayId::default(),
             value: 0,
             detail: String::new(),
             prev_hash: String::new(),

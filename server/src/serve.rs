@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bc_store::liveness::LivenessRules;
-use bc_store::{GatewayStore, Location, Store, SystemClock};
+use bc_store::{GatewayId, GatewayStore, Location, Store, SystemClock};
 use bcd_proto::tls;
 use bcd_proto::v1::{
     admin_server::AdminServer, gateway_server::GatewayServer,
@@ -282,7 +282,7 @@ pub async fn serve(
         .clone()
         .unwrap_or_else(|| format!("gw-{:08x}", rand::random::<u32>()));
     let gw = GatewayState::new(
-        gateway_id.clone(),
+        GatewayId::from(gateway_id.clone()),
         store.clone(),
         opts.timing,
         now,

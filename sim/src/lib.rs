@@ -563,9 +563,9 @@ impl World {
     /// Records how long after `at_ms` each of `nodes` had its first session
     /// (re-home after a kill, and the reconnect storm).
     fn watch_back(&self, nodes: Vec<String>, at_ms: i64, out: Arc<std::sync::Mutex<Vec<i64>>>) {
-        let wanted: BTreeSet<&String> = nodes.iter().collect();
+        let wanted: BTreeSet<&str> = nodes.iter().map(String::as_str).collect();
         let mut pending: Vec<usize> = (0..self.node_ids.len())
-            .filter(|i| wanted.contains(&self.node_ids[*i]))
+            .filter(|i| wanted.contains(self.node_ids[*i].as_str()))
             .collect();
         let hosts = self.hosts.clone();
         tokio::spawn(async move {
@@ -592,7 +592,14 @@ impl World {
                 let name = {
                     let mut gws = self.gateways.lock().await;
                     let g = &mut gws[gateway];
-                    let nodes = self.store.connected_to(&g.name).await.unwrap_or_default();
+                    let nodes = self
+                        .store
+                        .connected_to(&bc_store::GatewayId::from(&g.name))
+                        .await
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(String::from)
+                        .collect::<Vec<_>>();
                     let at_ms = better_compute::clock::unix_ms();
                     // No disconnect writes, no lease release: SIGKILL.
                     let _ = g.child.start_kill();

@@ -278,3 +278,115 @@ fn the_host_clock_is_read_in_clock_modules_only() {
         );
     }
 }
+
+/// The fleet's ids are types in the store's interface (`bc_store::id`):
+/// every operation's argument that names a node, gateway, command,
+/// operator, token or image (`backend.rs`), and every public field of the
+/// store's rows and inputs that holds one, is its id type, never `str` or
+/// `String`, so one kind of id cannot be passed where another is asked.
+#[test]
+fn the_store_names_ids_by_their_types() {
+    let src = workspace().join("server/store/src");
+    let id_names = [
+        "node",
+        "node_id",
+        "session_node",
+        "gateway_id",
+        "command_id",
+        "command_ids",
+        "image_id",
+        "token_id",
+        "operator_id",
+    ];
+    let untyped = |ty: &str| {
+        let ty = ty.trim().trim_end_matches(',');
+        ["str", "String"].iter().any(|t| {
+            ty.split(|c: char| !c.is_alphanumeric() && c != '_')
+                .any(|word| word == *t)
+        })
+    };
+    // An operation's parameters, one per line in the lists.
+    let backend = std::fs::read_to_string(src.join("backend.rs")).unwrap();
+    let mut checked = 0;
+    for (n, line) in backend.lines().enumerate() {
+        let line = line.trim_start();
+        if line.starts_with("//") {
+            continue;
+        }
+        for (name, ty) in params(line) {
+            if id_names.contains(&name) {
+                checked += 1;
+                assert!(
+                    !untyped(ty),
+                    "backend.rs:{}: `{name}: {ty}` takes an id as text; use its type from bc_store::id",
+                    n + 1
+                );
+            }
+        }
+    }
+    assert!(
+        checked > 30,
+        "the operations' id parameters were found ({checked})"
+    );
+    // The public fields of the rows and inputs.
+    let mut fields = 0;
+    for e in std::fs::read_dir(&src).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let Some(field) = line.trim_start().strip_prefix("pub ") else {
+                continue;
+            };
+            let Some((name, ty)) = field.split_once(": ") else {
+                continue;
+            };
+            if id_names.contains(&name) {
+                fields += 1;
+                assert!(
+                    !untyped(ty),
+                    "{}:{}: `{name}: {ty}` holds an id as text; use its type from bc_store::id",
+                    path.display(),
+                    n + 1
+                );
+            }
+        }
+    }
+    assert!(fields > 30, "the rows' id fields were found ({fields})");
+}
+
+/// `name: type` pairs declared on one line of a signature: each
+/// `ident: type` up to the next top-level comma or closing parenthesis.
+fn params(line: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while let Some(at) = line[i..].find(": ") {
+        let colon = i + at;
+        let start = line[..colon]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |p| p + 1);
+        let name = &line[start..colon];
+        let mut depth = 0i32;
+        let mut end = colon + 2;
+        while end < bytes.len() {
+            match bytes[end] {
+                b'<' | b'(' | b'[' => depth += 1,
+                b'>' if end > 0 && bytes[end - 1] == b'-' => {}
+                b'>' | b']' => depth -= 1,
+                b')' if depth == 0 => break,
+                b')' => depth -= 1,
+                b',' if depth == 0 => break,
+                _ => {}
+            }
+            end += 1;
+        }
+        if !name.is_empty() {
+            out.push((name, &line[colon + 2..end]));
+        }
+        i = end.max(colon + 2);
+    }
+    out
+}

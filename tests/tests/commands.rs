@@ -2,6 +2,7 @@
 //! crashes injected at every step boundary and kill -9 from outside.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::NodeId;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -433,7 +434,9 @@ fn events_reach_the_server_and_restart_with_a_new_journal() {
     server.wait_command(&cmd);
     let store = server.store();
     let events = wait_for(Duration::from_secs(20), "the command's events", || {
-        let ev = store.block(store.store.node_events(&id)).unwrap();
+        let ev = store
+            .block(store.store.node_events(&NodeId::from(&id)))
+            .unwrap();
         (ev.iter()
             .filter(|e| String::from_utf8_lossy(&e.body).contains(&cmd))
             .count()
@@ -478,7 +481,7 @@ fn events_reach_the_server_and_restart_with_a_new_journal() {
         "the second journal's events",
         || {
             let ev: Vec<_> = store
-                .block(store.store.node_events(&id))
+                .block(store.store.node_events(&NodeId::from(&id)))
                 .unwrap()
                 .into_iter()
                 .filter(|e| e.journal_id != first_journal)
@@ -521,7 +524,7 @@ fn forged_and_tampered_commands_are_rejected_with_the_reason_recorded() {
     let store = server.store();
     let plant = |tag: &str, seal: bc_store::commands::SealCommand| -> String {
         let new = bc_store::commands::NewCommand {
-            node_id: id.clone(),
+            node_id: NodeId::from(&id),
             kind: bcd_core::command::Kind::ExecRun,
             summary: tag.to_string(),
             not_after: Duration::from_secs(3600),
@@ -533,6 +536,7 @@ fn forged_and_tampered_commands_are_rejected_with_the_reason_recorded() {
             .unwrap()
             .0
             .id
+            .into_string()
     };
     let args = |tag: &str| {
         bcd_proto::v1::command_payload::Args::Exec(bcd_proto::v1::ExecArgs {

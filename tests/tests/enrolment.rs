@@ -338,7 +338,11 @@ fn machines_with_a_copied_tpm_state_are_quarantined_and_an_operator_rejoins_the_
     assert!(stopped.is_some(), "the real machine's daemon is refused");
     let events = |server: &Server| {
         let s = server.store();
-        format!("{:?}", s.block(s.store.fleet_events(&id, 50)).unwrap())
+        format!(
+            "{:?}",
+            s.block(s.store.fleet_events(&bc_store::NodeId::from(&id), 50))
+                .unwrap()
+        )
     };
     let seen = events(&server);
     assert!(seen.contains("security.node.duplicate-session"), "{seen}");

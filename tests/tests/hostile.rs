@@ -5,6 +5,7 @@
 //! forgeries, and each attempt is an event.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::{CommandId, NodeId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bc_store::commands::ResultApplied;
@@ -104,7 +105,7 @@ fn envelope(server: &Server, command: &str) -> (u64, Vec<u8>) {
 fn node_event_kinds(server: &Server, node: &str) -> Vec<String> {
     let store = server.store();
     store
-        .block(store.store.node_events(node))
+        .block(store.store.node_events(&NodeId::from(node)))
         .expect("node events")
         .into_iter()
         .map(|e| e.kind)
@@ -170,7 +171,7 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
 
     let store = server.store();
     let current = store
-        .block(store.store.session(&id))
+        .block(store.store.session(&NodeId::from(&id)))
         .unwrap()
         .expect("the node's session row")
         .epoch;
@@ -186,11 +187,11 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
     };
     assert!(matches!(
         store
-            .block(
-                store
-                    .store
-                    .command_result(&id, &facts::result(flipped), verify_node_signature)
-            )
+            .block(store.store.command_result(
+                &NodeId::from(&id),
+                &facts::result(flipped),
+                verify_node_signature
+            ))
             .unwrap(),
         ResultApplied::Forged(_)
     ));
@@ -208,7 +209,7 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
     assert!(matches!(
         store
             .block(store.store.put_state_report(
-                &id,
+                &NodeId::from(&id),
                 &facts::state_report(raised),
                 verify_node_signature
             ))
@@ -229,7 +230,7 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
     assert!(matches!(
         store
             .block(store.store.put_inventory(
-                &id,
+                &NodeId::from(&id),
                 current,
                 &facts::inventory(planted),
                 verify_node_signature
@@ -345,11 +346,13 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
     });
     let store = server.store();
     let gpus = store
-        .block(store.store.inventory(&id, "gpus"))
+        .block(store.store.inventory(&NodeId::from(&id), "gpus"))
         .unwrap()
         .expect("the node's gpus section");
     assert_ne!(gpus.body, b"[]".to_vec(), "the planted inventory");
-    let fleet = store.block(store.store.fleet_events(&id, 100)).unwrap();
+    let fleet = store
+        .block(store.store.fleet_events(&NodeId::from(&id), 100))
+        .unwrap();
     drop(store);
     for kind in [
         "security.result.forged",
@@ -385,7 +388,7 @@ fn a_replay_after_a_lost_journal_is_refused() {
     server.assign_and_wait(&id, "alloc-a", "0", 1);
     let store = server.store();
     let (generation, old_spec) = store
-        .block(store.store.signed_spec(&id))
+        .block(store.store.signed_spec(&NodeId::from(&id)))
         .unwrap()
         .expect("a signed spec");
     drop(store);
@@ -485,11 +488,10 @@ fn a_result_a_gateway_acknowledged_is_kept_until_the_key_holder_receipts_it() {
     });
     let store = server.store();
     let (_, first_receipt) = store
-        .block(
-            store
-                .store
-                .result_receipts(&id, std::slice::from_ref(&first)),
-        )
+        .block(store.store.result_receipts(
+            &NodeId::from(&id),
+            std::slice::from_ref(&CommandId::from(&first)),
+        ))
         .unwrap()
         .pop()
         .expect("the key holder's receipt for the first result");

@@ -3,6 +3,7 @@
 //! within a pass, as its section's hash changes.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::NodeId;
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,7 +36,7 @@ fn gpu(root: &Path, addr: &str) {
 fn stored_gpus(server: &Server, node: &str) -> Vec<String> {
     let store = server.store();
     let body = store
-        .block(store.store.inventory(node, "gpus"))
+        .block(store.store.inventory(&NodeId::from(node), "gpus"))
         .unwrap()
         .map(|row| row.body);
     let v: serde_json::Value = body

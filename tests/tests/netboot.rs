@@ -434,7 +434,11 @@ fn refused_ek(vm: &Vm) -> Option<String> {
 
 fn fleet_events(f: &NetFleet, node: &str) -> String {
     let s = f.server.store();
-    format!("{:?}", s.block(s.store.fleet_events(node, 100)).unwrap())
+    format!(
+        "{:?}",
+        s.block(s.store.fleet_events(&bc_store::NodeId::from(node), 100))
+            .unwrap()
+    )
 }
 
 #[test]

@@ -172,7 +172,9 @@ fn a_secret_reaches_its_allocation_through_a_keyless_gateway_on_postgresql() {
         Duration::from_secs(60),
         "the secrets section waiting",
         || {
-            let view = store.block(store.store.spec_view(&id)).unwrap()?;
+            let view = store
+                .block(store.store.spec_view(&bc_store::NodeId::from(&id)))
+                .unwrap()?;
             view.sections
                 .into_iter()
                 .find(|s| s.section == "secrets" && s.message.contains("unavailable"))

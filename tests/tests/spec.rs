@@ -2,6 +2,7 @@
 //! CDI spec and env files, keeps enforcing them without the server, and
 //! reports what it applied.
 
+use bc_store::NodeId;
 use std::time::Duration;
 
 use bc_tests::{FAST, Node, Server, section, stderr, wait_for};
@@ -152,7 +153,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     server.assign_and_wait(&id, "job-b", "1", 2);
     assert!(node.dir.join("run/env/job-b.env").exists());
     let (_, old) = store
-        .block(store.store.signed_spec(&id))
+        .block(store.store.signed_spec(&NodeId::from(&id)))
         .unwrap()
         .expect("a signed spec");
     assert!(
@@ -167,7 +168,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     // The genuine generation-2 bytes, stored again as generation 4.
     let (generation, _) = store
         .block(store.store.update_spec(
-            &id,
+            &NodeId::from(&id),
             Box::new(|_| Ok(())),
             stored(3),
             Box::new(move |_, _| old),
@@ -195,7 +196,7 @@ fn a_spec_not_signed_by_a_worker_key_is_refused() {
     let node_id = id.clone();
     let (generation, _) = store
         .block(store.store.update_spec(
-            &id,
+            &NodeId::from(&id),
             Box::new(|_| Ok(())),
             stored(4),
             Box::new(move |seal, _| {

@@ -3,6 +3,7 @@
 //! gateway with the serving key that tries to open one of its own.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::NodeId;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -99,7 +100,7 @@ fn exec_streams_input_output_and_the_exit_code_through_the_gateway() {
     let store = server.store();
     let ended: Vec<serde_json::Value> = bc_tests::wait_for(ANSWER, "tunnel.ended events", || {
         let ended: Vec<serde_json::Value> = store
-            .block(store.store.node_events(&id))
+            .block(store.store.node_events(&NodeId::from(&id)))
             .unwrap()
             .into_iter()
             .filter(|e| e.kind == "tunnel.ended")
@@ -444,7 +445,10 @@ fn tunnels_go_on_through_ticket_key_rotations() {
         vec![k.public_key().as_ref().to_vec()]
     };
     let kids = || -> Vec<String> {
-        let (_, signed) = store.block(store.store.signed_spec(&id)).unwrap().unwrap();
+        let (_, signed) = store
+            .block(store.store.signed_spec(&NodeId::from(&id)))
+            .unwrap()
+            .unwrap();
         let payload = bcd_proto::sign::open(&signed, &worker).unwrap();
         let spec = v1::NodeSpec::decode(payload.as_slice()).unwrap();
         ticket::Jwks::parse(&spec.ticket_jwks)

@@ -6,6 +6,7 @@
 //! would run it.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::NodeId;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -81,7 +82,7 @@ fn finished_events(server: &Server, cmd: &str) -> usize {
     let node = server.command(cmd).node_id;
     let store = server.store();
     store
-        .block(store.store.node_events(&node))
+        .block(store.store.node_events(&NodeId::from(&node)))
         .unwrap()
         .iter()
         .filter(|e| e.kind == "command.finished" && String::from_utf8_lossy(&e.body).contains(cmd))

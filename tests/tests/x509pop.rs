@@ -4,6 +4,7 @@
 //! node is deleted, the renewal is refused with what to do.
 #![allow(clippy::disallowed_methods)]
 
+use bc_store::NodeId;
 use std::time::Duration;
 
 use bc_tests::{FAST, Node, Server, stderr, wait_for};
@@ -85,7 +86,7 @@ fn a_node_back_after_its_certificate_ran_out_renews_by_its_old_key() {
     // It proved its key: the refusal is published, naming the node.
     let access = server.store();
     let events = access
-        .block(access.store.fleet_events(&id, 50))
+        .block(access.store.fleet_events(&NodeId::from(&id), 50))
         .unwrap()
         .join("\n");
     assert!(

@@ -13,6 +13,7 @@
 //! 0600), in its data directory on first start; `better-compute operators
 //! add` makes more.
 
+use bc_store::OperatorId;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -207,26 +208,26 @@ pub fn decide(
         return Err(Denied::Unknown);
     }
     if row.revoked_at.is_some() || row.cert_sha256.is_none() {
-        return Err(Denied::Revoked(row.id.clone()));
+        return Err(Denied::Revoked(row.id.to_string()));
     }
     if !row.active(now_ms) {
-        return Err(Denied::Expired(row.id.clone()));
+        return Err(Denied::Expired(row.id.to_string()));
     }
     let Some(signed_role) = granted.role else {
-        return Err(Denied::NoRole(row.id.clone()));
+        return Err(Denied::NoRole(row.id.to_string()));
     };
     let role = signed_role.min(row.role);
     let needs = required_role(path);
     if role < needs {
         return Err(Denied::Role {
-            name: row.id.clone(),
+            name: row.id.to_string(),
             has: role,
             call: path.rsplit('/').next().unwrap_or_default().to_string(),
             needs,
         });
     }
     Ok(Operator {
-        name: row.id.clone(),
+        name: row.id.to_string(),
         role,
     })
 }
@@ -409,7 +410,7 @@ async fn first_admin(
             .context("cannot issue the first admin's certificate")?;
         let added = store
             .add_operator(&NewOperator {
-                id: name.clone(),
+                id: OperatorId::from(name.clone()),
                 role: OperatorRole::Admin,
                 cert_sha256: bcd_proto::fingerprint(&cert.der),
                 cert_serial: cert.serial.clone(),

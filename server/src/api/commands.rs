@@ -2,6 +2,7 @@
 //! typed arguments, then created sealed by the worker key), `ListCommands`,
 //! `GetCommand`.
 
+use bc_store::{CommandId, ImageId, NodeId};
 use std::time::Duration;
 
 use bc_store::Refusal;
@@ -178,8 +179,8 @@ pub fn info(c: CommandRow, evidence: &Evidence) -> CommandInfo {
         .map_or(0, |s| v1::CommandState::from(s) as i32);
     let (evidence, evidence_detail) = evidence.to_wire();
     CommandInfo {
-        command_id: c.id,
-        node_id: c.node_id,
+        command_id: c.id.into_string(),
+        node_id: c.node_id.into_string(),
         seq: c.seq,
         kind,
         summary: c.summary,
@@ -201,7 +202,7 @@ pub fn info(c: CommandRow, evidence: &Evidence) -> CommandInfo {
 /// Judges each row's result against its node's certificates (read once
 /// per node).
 pub async fn judged(svc: &AdminService, rows: Vec<CommandRow>) -> Result<Vec<CommandInfo>, Status> {
-    let mut certs: std::collections::HashMap<String, Vec<Vec<u8>>> = Default::default();
+    let mut certs: std::collections::HashMap<NodeId, Vec<Vec<u8>>> = Default::default();
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let evidence = if row.state.known().is_some_and(|s| s.is_terminal()) {
@@ -235,7 +236,7 @@ pub async fn run(svc: &AdminService, r: RunCommandRequest) -> Result<CommandInfo
     }
     let not_after = not_after(r.not_after_ms).map_err(bad_request)?;
     let new = NewCommand {
-        node_id: r.node_id,
+        node_id: NodeId::from(r.node_id),
         kind,
         summary,
         not_after,
@@ -267,7 +268,7 @@ async fn kexec_image(svc: &AdminService, what: &str) -> Result<(String, String),
     let id = svc.store.resolve_image(what).await.map_err(status)?;
     let (_, signed) = svc
         .store
-        .image(&id)
+        .image(&ImageId::from(&id))
         .await
         .map_err(unavailable)?
         .ok_or_else(|| refusal(bc_store::images::no_such_image(what)))?;
@@ -287,7 +288,7 @@ pub async fn list(
     svc: &AdminService,
     r: ListCommandsRequest,
 ) -> Result<ListCommandsResponse, Status> {
-    let node = (!r.node_id.is_empty()).then_some(r.node_id);
+    let node = (!r.node_id.is_empty()).then(|| NodeId::from(r.node_id));
     let limit = if r.limit == 0 {
         100
     } else {
@@ -295,7 +296,7 @@ pub async fn list(
     };
     let rows = svc
         .store
-        .list_commands(node.as_deref(), limit)
+        .list_commands(node.as_ref(), limit)
         .await
         .map_err(unavailable)?;
     Ok(ListCommandsResponse {
@@ -306,7 +307,11 @@ pub async fn list(
 /// `GetCommand`.
 pub async fn get(svc: &AdminService, r: GetCommandRequest) -> Result<CommandInfo, Status> {
     let id = r.command_id;
-    let row = svc.store.get_command(&id).await.map_err(unavailable)?;
+    let row = svc
+        .store
+        .get_command(&CommandId::from(&id))
+        .await
+        .map_err(unavailable)?;
     let row = row.ok_or_else(|| {
         refusal(Refusal::NotFound(format!(
             "no command {id}: see better-compute commands list"

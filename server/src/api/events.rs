@@ -1,5 +1,6 @@
 //! The fleet's events, as operators read them.
 
+use bc_store::NodeId;
 use bc_store::events::{EVENTS_READ_AT_MOST, EventQuery};
 use bcd_proto::v1;
 use tonic::Status;
@@ -18,7 +19,7 @@ pub async fn list(
         return Err(bad_request("a kind pattern is at most 200 characters"));
     }
     let q = EventQuery {
-        node_id: (!r.node_id.is_empty()).then_some(r.node_id),
+        node_id: (!r.node_id.is_empty()).then_some(NodeId::from(r.node_id)),
         kind: r.kind,
         after_id: r.after_id.max(0),
         since_ms: match r.within_ms {
@@ -41,7 +42,7 @@ pub async fn list(
                 id: e.id,
                 at_ms: e.at_ms,
                 kind: e.kind,
-                node_id: e.node_id,
+                node_id: e.node_id.into_string(),
                 detail: e.detail,
             })
             .collect(),

@@ -11,6 +11,7 @@
 //! certificate for a key of its own; a relayed join spends the node's
 //! token as a direct one would.
 
+use bc_store::NodeId;
 use std::sync::Arc;
 
 use bc_store::gateways::valid_name;
@@ -303,7 +304,7 @@ impl GatewayPort {
             if let Err(e) = self
                 .join
                 .store
-                .publish_fleet_event(CERTIFICATE_FORGED, &node, &detail)
+                .publish_fleet_event(CERTIFICATE_FORGED, &NodeId::from(&node), &detail)
                 .await
             {
                 warn!(error = %e, %node, "cannot record a forged certificate");

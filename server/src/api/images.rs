@@ -5,6 +5,7 @@
 //! to the kernel command line), `ListBoots`. The boot endpoint that serves
 //! them is `boot`; what goes into an image is the `image` crate's.
 
+use bc_store::ImageId;
 use bc_store::Refusal;
 use bc_store::images::valid_pool;
 use bc_store::images::{BootRow, ImageRow, NewImage};
@@ -65,7 +66,7 @@ pub fn carries_token(append: &str) -> bool {
 
 fn info(i: ImageRow) -> ImageInfo {
     ImageInfo {
-        image_id: i.image_id,
+        image_id: i.image_id.into_string(),
         name: i.name,
         kernel_version: i.kernel_version,
         bcd_version: i.bcd_version,
@@ -84,7 +85,7 @@ fn boot_info(b: BootRow) -> BootInfo {
     let (outcome, detail) = crate::boot::outcome(&b.outcome);
     BootInfo {
         mac: b.mac,
-        image_id: b.image_id,
+        image_id: b.image_id.into_string(),
         at_ms: b.at_ms,
         remote: b.remote,
         outcome: outcome as i32,
@@ -169,7 +170,7 @@ pub async fn register(svc: &AdminService, r: RegisterImageRequest) -> Result<Ima
     let created = svc
         .store
         .register_image(&NewImage {
-            image_id: id.clone(),
+            image_id: ImageId::from(id.clone()),
             name: manifest.name.clone(),
             key_id: signed.key_id.clone(),
             kernel_version: manifest.kernel_version,
@@ -238,15 +239,17 @@ pub async fn assign(
     let image_id = if r.image.is_empty() {
         None
     } else {
-        Some(svc.store.resolve_image(&r.image).await.map_err(status)?)
+        Some(ImageId::from(
+            svc.store.resolve_image(&r.image).await.map_err(status)?,
+        ))
     };
     svc.store
-        .assign_image(&target, image_id.as_deref(), &r.append, mint_ttl_ms)
+        .assign_image(&target, image_id.as_ref(), &r.append, mint_ttl_ms)
         .await
         .map_err(unavailable)?;
     info!(%target, image = ?image_id, ?mint_ttl_ms, "image assignment changed");
     Ok(AssignImageResponse {
-        image_id: image_id.unwrap_or_default(),
+        image_id: image_id.unwrap_or_default().into_string(),
         target: Some(wire_target(&target)),
         append: r.append,
         join_token_ttl_ms: mint_ttl_ms.unwrap_or(0) as u64,

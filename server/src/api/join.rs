@@ -7,6 +7,7 @@
 //! (`crate::services`): in this process, or over mutual TLS
 //! ([`crate::api::gateway_port`]).
 
+use bc_store::{NodeId, TokenId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -232,7 +233,7 @@ impl JoinService {
         let ttl = self.policy.ttl(r.ramdisk);
         let macs = crate::boot::parse::join_macs(&r.macs).map_err(bad_request)?;
         let input = JoinInput {
-            token_id: id.to_string(),
+            token_id: TokenId::from(id),
             // Keyed by the fleet CA: a token row planted with a secret of
             // its own matches nothing.
             secret_sha256: self.ca.secret_digest().of(secret),
@@ -249,7 +250,7 @@ impl JoinService {
         let ca_der = self.ca.cert.to_vec();
         let proof = proof.map(|p| PreviousProof {
             message: bcd_proto::reenrol::statement(&p.node_id, id, &r.csr_der),
-            node_id: p.node_id,
+            node_id: NodeId::from(p.node_id),
             signature: p.signature,
             // A certificate row proves a key only if the fleet CA issued
             // the certificate in it.
@@ -326,7 +327,7 @@ impl JoinService {
                         );
                         return Err(status(
                             Refusal::NotReenrolled(
-                                node_id,
+                                node_id.into_string(),
                                 format!(
                                     "no certificate of it names this TPM's attestation key (its \
                                      EK binding does not match what the fleet CA certified; \
@@ -344,7 +345,9 @@ impl JoinService {
                             boot = %boot_id,
                             "node quarantined: machines alternate on its TPM identity"
                         );
-                        return Err(super::status::refusal(Refusal::Quarantined(node_id)));
+                        return Err(super::status::refusal(Refusal::Quarantined(
+                            node_id.into_string(),
+                        )));
                     }
                     Err(e) => Err(e),
                 }
@@ -378,7 +381,7 @@ impl JoinService {
             info!(node = %joined.node_id, serial = %cert.serial, "node joined");
         }
         let mut response = JoinResponse {
-            node_id: joined.node_id,
+            node_id: joined.node_id.into_string(),
             cert_der: cert.der,
             ca_der: self.ca.cert.to_vec(),
             cert_serial: cert.serial,
@@ -594,7 +597,7 @@ impl JoinService {
                     let detail = format!("{reason}: {}", refused.status.message());
                     if let Err(e) = self
                         .store
-                        .publish_fleet_event(RENEW_REFUSED, &node, &detail)
+                        .publish_fleet_event(RENEW_REFUSED, &NodeId::from(&node), &detail)
                         .await
                     {
                         warn!(error = %e, %node, "cannot publish a refused renewal");

@@ -38,7 +38,7 @@ fn info(e: Enrolment) -> MachineInfo {
         subject: e.subject,
         description: e.description,
         created_at_ms: e.created_ms,
-        node_id: e.node_id.unwrap_or_default(),
+        node_id: e.node_id.unwrap_or_default().into_string(),
     }
 }
 

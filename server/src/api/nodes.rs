@@ -1,5 +1,6 @@
 //! Nodes: `ListNodes`, `GetNodeInventory`, `DeleteNode`.
 
+use bc_store::NodeId;
 use bc_store::nodes::NodeRow;
 use bc_store::specs::Intent;
 use bcd_core::report::InventorySection;
@@ -17,11 +18,11 @@ fn info(n: NodeRow, now: i64) -> NodeInfo {
     let state = bcd_proto::typed::parse::<v1::NodeState>(&n.state)
         .unwrap_or(v1::NodeState::Unspecified) as i32;
     NodeInfo {
-        node_id: n.node_id,
+        node_id: n.node_id.into_string(),
         hostname: n.hostname,
         state,
         epoch: n.epoch,
-        gateway_id: n.gateway_id,
+        gateway_id: n.gateway_id.into_string(),
         cert_not_after_ms: n.cert_not_after_ms,
         last_seen_age_ms: n.last_seen_age_ms,
         boot_id: n.boot_id,
@@ -53,11 +54,12 @@ pub async fn list(svc: &AdminService, r: ListNodesRequest) -> Result<ListNodesRe
             .map_err(unavailable)?;
         (list, intents)
     } else {
-        let list = svc.store.node(&r.node_id).await.map_err(unavailable)?;
-        let intent = crate::pki::seal::node_intent(&svc.store, &svc.worker_key, &r.node_id)
+        let node = NodeId::from(r.node_id);
+        let list = svc.store.node(&node).await.map_err(unavailable)?;
+        let intent = crate::pki::seal::node_intent(&svc.store, &svc.worker_key, &node)
             .await
             .map_err(unavailable)?;
-        (list, [(r.node_id.clone(), intent)].into())
+        (list, [(node, intent)].into())
     };
     let now = list.now_ms;
     let limit = if r.limit == 0 {
@@ -68,7 +70,7 @@ pub async fn list(svc: &AdminService, r: ListNodesRequest) -> Result<ListNodesRe
     let mut nodes = Vec::new();
     let mut next_after = String::new();
     for n in list.nodes {
-        if !r.after.is_empty() && n.node_id <= r.after {
+        if !r.after.is_empty() && n.node_id.as_str() <= r.after.as_str() {
             continue;
         }
         if !r.pool.is_empty() && n.pool.as_deref() != Some(r.pool.as_str()) {
@@ -116,7 +118,7 @@ pub async fn inventory(
     let node = r.node_id;
     let known = !svc
         .store
-        .node(&node)
+        .node(&NodeId::from(&node))
         .await
         .map_err(unavailable)?
         .nodes
@@ -128,7 +130,7 @@ pub async fn inventory(
     for section in InventorySection::ALL {
         if let Some(row) = svc
             .store
-            .inventory(&node, section.name())
+            .inventory(&NodeId::from(&node), section.name())
             .await
             .map_err(unavailable)?
         {
@@ -156,7 +158,7 @@ pub async fn delete(
     let seal = crate::pki::seal::statement_sealer(svc.worker_key.clone());
     if !svc
         .store
-        .delete_node(&node, seal)
+        .delete_node(&NodeId::from(&node), seal)
         .await
         .map_err(unavailable)?
     {

@@ -2,6 +2,7 @@
 //! `ListOperators`, `RevokeOperator`, `MintConsoleToken`. Who may call them is decided in
 //! [`super::auth`], like every other call.
 
+use bc_store::OperatorId;
 use bc_store::tokens::{NewOperator, OperatorRow};
 use bcd_proto::v1::{
     AddOperatorRequest, AddOperatorResponse, ListOperatorsResponse, MintConsoleTokenRequest,
@@ -26,7 +27,7 @@ pub fn valid_name(name: &str) -> bool {
 
 pub fn info(o: &OperatorRow) -> OperatorInfo {
     OperatorInfo {
-        name: o.id.clone(),
+        name: o.id.to_string(),
         role: wire_role(o.role) as i32,
         cert_sha256: o.cert_sha256.clone().unwrap_or_default(),
         cert_serial: o.cert_serial.clone().unwrap_or_default(),
@@ -57,7 +58,7 @@ pub async fn add(svc: &AdminService, r: AddOperatorRequest) -> Result<AddOperato
             bad_request("the certificate request is not valid (bad encoding or signature)")
         })?;
     let new = NewOperator {
-        id: r.name.clone(),
+        id: OperatorId::from(r.name.clone()),
         role,
         cert_sha256: bcd_proto::fingerprint(&cert.der),
         cert_serial: cert.serial.clone(),
@@ -95,7 +96,7 @@ pub async fn revoke(svc: &AdminService, r: RevokeOperatorRequest) -> Result<Oper
             &key,
             bcd_proto::v1::OperatorRevocation {
                 purpose: String::new(),
-                name: row.id.clone(),
+                name: row.id.to_string(),
                 cert_sha256: row.cert_sha256.clone().unwrap_or_default(),
                 revoked_at_ms: at,
             },
@@ -103,7 +104,7 @@ pub async fn revoke(svc: &AdminService, r: RevokeOperatorRequest) -> Result<Oper
     });
     let row = svc
         .store
-        .revoke_operator(&r.name, seal)
+        .revoke_operator(&OperatorId::from(&r.name), seal)
         .await
         .map_err(status)?;
     if let Some(statement) = &row.revocation

@@ -88,11 +88,11 @@ pub fn info(r: Rollout) -> RolloutInfo {
             .nodes
             .into_iter()
             .map(|n| v1::RolloutNode {
-                node_id: n.node_id,
+                node_id: n.node_id.into_string(),
                 position: n.position as u32,
                 status: bcd_proto::typed::parse::<v1::RolloutNodeStatus>(n.status.name())
                     .unwrap_or(v1::RolloutNodeStatus::Unspecified) as i32,
-                command_id: n.command_id.unwrap_or_default(),
+                command_id: n.command_id.unwrap_or_default().into_string(),
                 reason: n.reason,
                 rollback_command_id: n.rollback_id.unwrap_or_default(),
             })
@@ -244,7 +244,7 @@ async fn apply(svc: &AdminService, id: &str, change: Change) -> Result<Vec<Strin
                 .record_rollout_command(id, &n.node_id, RolloutCommand::Rollback, &row.id)
                 .await
                 .map_err(unavailable)?;
-            rolled_back.push(n.node_id.clone());
+            rolled_back.push(n.node_id.to_string());
         }
     }
     Ok(rolled_back)

@@ -12,6 +12,7 @@
 //! the one-time key inside a delivery signed by the ticket key. What a
 //! relaying gateway sees is ciphertext for a key it does not have.
 
+use bc_store::NodeId;
 use std::collections::BTreeMap;
 
 use bc_store::Refusal;
@@ -71,7 +72,7 @@ async fn named_by(svc: &AdminService) -> Result<BTreeMap<String, Vec<String>>, S
         for name in names {
             by.entry(name.to_string())
                 .or_default()
-                .push(n.node_id.clone());
+                .push(n.node_id.to_string());
         }
     }
     Ok(by)
@@ -259,7 +260,7 @@ impl JoinService {
             );
             if let Err(e) = self
                 .store
-                .publish_fleet_event(FORGED, &r.node_id, &detail)
+                .publish_fleet_event(FORGED, &NodeId::from(&r.node_id), &detail)
                 .await
             {
                 warn!(error = %e, "cannot record a forged secret request");
@@ -296,7 +297,7 @@ impl JoinService {
         // for this allocation: the store's columns decide nothing.
         let spec = match self
             .store
-            .signed_spec(&r.node_id)
+            .signed_spec(&NodeId::from(&r.node_id))
             .await
             .map_err(unavailable)?
         {
@@ -365,7 +366,7 @@ impl JoinService {
         );
         if let Err(e) = self
             .store
-            .publish_fleet_event(DELIVERED, &r.node_id, &detail)
+            .publish_fleet_event(DELIVERED, &NodeId::from(&r.node_id), &detail)
             .await
         {
             warn!(error = %e, "cannot record a secret delivery");

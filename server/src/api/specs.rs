@@ -1,6 +1,7 @@
 //! Desired state: `AssignGpus`, `Unassign`, `SetAccess` (each a change of
 //! the node's spec, sealed as its next generation) and `GetNodeSpec`.
 
+use bc_store::NodeId;
 use bc_store::Refusal;
 use bc_store::specs::{Assignment, Cordon, SpecBody};
 use bcd_proto::v1::{
@@ -51,7 +52,7 @@ pub(super) async fn change(
 ) -> Result<NodeSpecInfo, Status> {
     svc.store
         .update_spec(
-            &node,
+            &NodeId::from(&node),
             Box::new(edit),
             seal::own_spec_opener(&svc.worker_key, &node),
             seal::spec_sealer(svc.worker_key.clone(), svc.ticket_key.clone(), &node),
@@ -66,10 +67,16 @@ pub(super) async fn change(
 /// recent fleet events.
 pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Status> {
     let store = &svc.store;
-    let bindings = store.bindings(&node).await.map_err(unavailable)?;
-    let events = store.fleet_events(&node, 20).await.map_err(unavailable)?;
+    let bindings = store
+        .bindings(&NodeId::from(&node))
+        .await
+        .map_err(unavailable)?;
+    let events = store
+        .fleet_events(&NodeId::from(&node), 20)
+        .await
+        .map_err(unavailable)?;
     let mut view = store
-        .spec_view(&node)
+        .spec_view(&NodeId::from(&node))
         .await
         .map_err(unavailable)?
         .ok_or_else(|| refusal(Refusal::NoSuchNode(node.clone())))?;
@@ -77,7 +84,10 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
     // What the operator sees desired is what the worker signed, as the node
     // will read it; the columns only where the envelope does not open (its
     // forgery is among the events, and changes are refused).
-    if let Some((_, signed)) = store.signed_spec(&node).await.map_err(unavailable)?
+    if let Some((_, signed)) = store
+        .signed_spec(&NodeId::from(&node))
+        .await
+        .map_err(unavailable)?
         && let Ok(opened) = seal::own_spec_opener(&svc.worker_key, &node)(&signed)
     {
         view.desired_generation = opened.generation;

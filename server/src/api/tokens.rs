@@ -1,5 +1,6 @@
 //! Join tokens: `CreateToken`, `ListTokens`, `RevokeToken`.
 
+use bc_store::TokenId;
 use std::time::Duration;
 
 use bc_store::tokens::{NewToken, TokenInfo};
@@ -39,7 +40,7 @@ pub async fn create(
     let expires_at_ms = svc
         .store
         .create_token(&NewToken {
-            id: token.id.clone(),
+            id: TokenId::from(token.id.clone()),
             secret_sha256: svc.secrets.of(&token.secret),
             ttl,
             uses,
@@ -68,7 +69,7 @@ pub async fn list(svc: &AdminService, r: ListTokensRequest) -> Result<ListTokens
 pub async fn revoke(svc: &AdminService, r: RevokeTokenRequest) -> Result<v1::TokenInfo, Status> {
     let t = svc
         .store
-        .revoke_token(&r.token_id)
+        .revoke_token(&TokenId::from(&r.token_id))
         .await
         .map_err(unavailable)?
         .ok_or_else(|| {
@@ -84,7 +85,7 @@ pub async fn revoke(svc: &AdminService, r: RevokeTokenRequest) -> Result<v1::Tok
 
 fn info(t: TokenInfo) -> v1::TokenInfo {
     v1::TokenInfo {
-        token_id: t.id,
+        token_id: t.id.into_string(),
         created_at_ms: t.created_at_ms,
         expires_at_ms: t.expires_at_ms,
         uses_total: t.uses_total.clamp(0, i64::from(u32::MAX)) as u32,

@@ -13,6 +13,7 @@
 //! what, ticket id); the node reports its end as `tunnel.ended` (bytes,
 //! exit).
 
+use bc_store::NodeId;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -370,7 +371,7 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<String, Stat
     };
     let stored = svc
         .store
-        .signed_spec(node)
+        .signed_spec(&NodeId::from(node))
         .await
         .map_err(unavailable)?
         .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &worker).ok())
@@ -392,7 +393,11 @@ async fn spec_carries_key(svc: &AdminService, node: &str) -> Result<String, Stat
     };
     let deadline = tokio::time::Instant::now() + SPEC_WAIT;
     loop {
-        let view = svc.store.spec_view(node).await.map_err(unavailable)?;
+        let view = svc
+            .store
+            .spec_view(&NodeId::from(node))
+            .await
+            .map_err(unavailable)?;
         if view.is_some_and(|v| v.applied_generation >= wanted) {
             return Ok(jwks);
         }
@@ -426,8 +431,8 @@ pub async fn rotate_keys(svc: &AdminService) -> Result<v1::RotateTicketKeysRespo
         {
             continue;
         }
-        super::specs::change(svc, n.node_id.clone(), |_| Ok(())).await?;
-        nodes.push(n.node_id);
+        super::specs::change(svc, n.node_id.to_string(), |_| Ok(())).await?;
+        nodes.push(n.node_id.into_string());
     }
     info!(
         nodes = nodes.len(),
@@ -503,7 +508,7 @@ pub async fn open(
     svc.store
         .publish_fleet_event(
             "tunnel.opened",
-            &node,
+            &NodeId::from(&node),
             &format!(
                 "operator {} opened tunnel {sid}: {what} (ticket {})",
                 operator.name, claims.jti

@@ -29,6 +29,7 @@
 
 pub mod parse;
 
+use bc_store::TokenId;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -318,7 +319,7 @@ async fn with_token(
         seal_key: Some(state.seal_key),
     };
     let new = bc_store::tokens::NewToken {
-        id: token.id.clone(),
+        id: TokenId::from(token.id.clone()),
         secret_sha256: state.secrets.of(&token.secret),
         ttl: std::time::Duration::from_millis(ttl_ms.max(0) as u64),
         uses: 1,

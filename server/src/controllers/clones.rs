@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bc_store::clones::{self, CLONE_WINDOW_MS, QUARANTINE_AFTER};
 use bc_store::sessions::Sighting;
-use bc_store::{Store, StoreError};
+use bc_store::{NodeId, Store, StoreError};
 use ring::signature::Ed25519KeyPair;
 use tracing::{info, warn};
 
@@ -72,13 +72,13 @@ impl Watch {
             return Ok(pass);
         }
         let now = store.now().await?;
-        let certs: BTreeSet<(String, String)> = batch
+        let certs: BTreeSet<(NodeId, String)> = batch
             .iter()
             .map(|s| (s.node_id.clone(), s.serial.clone()))
             .collect();
         let mut forged = Vec::new();
         for (node, serial) in certs {
-            let ders = store.node_certificates(&node).await?;
+            let ders = store.node_certificates(&NodeId::from(&node)).await?;
             let cert = ders.iter().find(|der| {
                 crate::certs::issued_by(der, &self.ca_der)
                     && crate::certs::named(der, "urn:bc:node:").is_some_and(|(n, _)| n == node)
@@ -96,7 +96,10 @@ impl Watch {
                 }
             }
             if confirmed && !self.required.contains(&serial) {
-                if store.require_hello_proofs(&node, &serial).await? {
+                if store
+                    .require_hello_proofs(&NodeId::from(&node), &serial)
+                    .await?
+                {
                     info!(%node, %serial, "the node proves its Hellos from a confirmed release: unproved ones are refused");
                 }
                 if self.required.len() >= REMEMBERED {
@@ -110,7 +113,7 @@ impl Watch {
             }
             if !self.superseded.contains(&serial) {
                 pass.superseded
-                    .extend(store.supersede(&node, &serial).await?);
+                    .extend(store.supersede(&NodeId::from(&node), &serial).await?);
                 if self.superseded.len() >= REMEMBERED {
                     self.superseded.clear();
                 }
@@ -121,12 +124,12 @@ impl Watch {
             if alternations > QUARANTINE_AFTER {
                 let seal = crate::pki::seal::statement_sealer(key.clone());
                 if store
-                    .quarantine_clone(&node, &serial, alternations, seal)
+                    .quarantine_clone(&NodeId::from(&node), &serial, alternations, seal)
                     .await
                     .map_err(|e| StoreError::Database(e.to_string().into()))?
                 {
                     warn!(%node, %serial, alternations, "cloned identity: the node is quarantined");
-                    pass.quarantined.push(node.clone());
+                    pass.quarantined.push(node.to_string());
                 }
             }
         }

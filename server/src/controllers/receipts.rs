@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bc_store::{Store, TxError};
+use bc_store::{NodeId, Store, TxError};
 use bcd_proto::v1::{EventReceipt, ResultReceipt};
 use tracing::{debug, warn};
 
@@ -46,7 +46,7 @@ pub async fn tick_events(
             key,
             EventReceipt {
                 purpose: String::new(),
-                node_id: e.node_id.clone(),
+                node_id: e.node_id.to_string(),
                 journal_id: e.journal_id.clone(),
                 event_id: e.event_id,
                 kind: e.kind.clone(),
@@ -65,7 +65,7 @@ pub async fn tick(
     ca_der: &[u8],
 ) -> Result<usize, TxError> {
     let ids = store.results_unreceipted(BATCH).await?;
-    let mut certs: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    let mut certs: HashMap<NodeId, Vec<Vec<u8>>> = HashMap::new();
     for id in &ids {
         let Some(row) = store.get_command(id).await? else {
             continue;
@@ -93,8 +93,8 @@ pub async fn tick(
                 key,
                 ResultReceipt {
                     purpose: String::new(),
-                    node_id: row.node_id.clone(),
-                    command_id: row.id.clone(),
+                    node_id: row.node_id.to_string(),
+                    command_id: row.id.to_string(),
                     seq: row.seq,
                     result_sha256,
                 },
@@ -120,7 +120,7 @@ pub async fn tick_unknown(
     ca_der: &[u8],
 ) -> Result<usize, TxError> {
     let results = store.unknown_results_unreceipted(BATCH).await?;
-    let mut certs: HashMap<String, Vec<Vec<u8>>> = HashMap::new();
+    let mut certs: HashMap<NodeId, Vec<Vec<u8>>> = HashMap::new();
     for r in &results {
         if !certs.contains_key(&r.node_id) {
             let held = store.node_certificates(&r.node_id).await?;
@@ -132,8 +132,8 @@ pub async fn tick_unknown(
                     key,
                     ResultReceipt {
                         purpose: String::new(),
-                        node_id: r.node_id.clone(),
-                        command_id: r.command_id.clone(),
+                        node_id: r.node_id.to_string(),
+                        command_id: r.command_id.to_string(),
                         seq,
                         result_sha256: bcd_proto::fingerprint(&r.payload),
                     },

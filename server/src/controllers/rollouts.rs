@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use bc_store::commands::NewCommand;
 use bc_store::rollouts::{NodeStatus, RolloutCommand, RolloutState};
-use bc_store::{Store, TxError};
+use bc_store::{CommandId, NodeId, Store, TxError};
 use bcd_core::command::Kind;
 use bcd_proto::v1::{UpgradeArgs, command_payload};
 use tracing::{info, warn};
@@ -109,7 +109,7 @@ impl Believed {
         {
             return Ok(known);
         }
-        let Some(row) = store.get_command(command_id).await? else {
+        let Some(row) = store.get_command(&CommandId::from(command_id)).await? else {
             return Ok(false);
         };
         let certs = store.node_certificates(&row.node_id).await?;
@@ -139,7 +139,10 @@ const FLOORS_BATCH: u32 = 100;
 pub async fn raise_floors(store: &Store, believed: &Believed) -> Result<(), TxError> {
     for id in store.upgrades_unjudged(FLOORS_BATCH).await? {
         let signed = believed.believed(store, &id).await?;
-        if let Some(floor) = store.judge_upgrade_floor(&id, signed).await? {
+        if let Some(floor) = store
+            .judge_upgrade_floor(&CommandId::from(&id), signed)
+            .await?
+        {
             info!(cmd = %id, floor, "a confirmed upgrade raised its node's release floor");
         }
     }
@@ -165,7 +168,7 @@ pub async fn tick(
     key: &Arc<ring::signature::Ed25519KeyPair>,
     believed: &Believed,
     lease: &bc_store::leases::Held,
-) -> Result<Vec<String>, TxError> {
+) -> Result<Vec<NodeId>, TxError> {
     raise_floors(store, believed).await?;
     let mut woken = Vec::new();
     let running: Vec<String> = store

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use bc_store::specs::RESIGN_WITHIN;
-use bc_store::{Store, TxError};
+use bc_store::{NodeId, Store, TxError};
 use tracing::{info, warn};
 
 use crate::pki::seal::{own_spec_opener, spec_sealer};
@@ -27,12 +27,12 @@ pub async fn tick(
     store: &Store,
     key: &Arc<ring::signature::Ed25519KeyPair>,
     tickets: &Arc<crate::pki::tickets::TicketKey>,
-) -> Result<Vec<String>, TxError> {
+) -> Result<Vec<NodeId>, TxError> {
     let mut renewed = Vec::new();
     for node in store.specs_expiring(RESIGN_WITHIN).await? {
         match store
             .update_spec(
-                &node,
+                &NodeId::from(&node),
                 Box::new(|_| Ok(())),
                 own_spec_opener(key, &node),
                 spec_sealer(key.clone(), tickets.clone(), &node),

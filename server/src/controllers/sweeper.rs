@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bc_store::leases::Held;
 use bc_store::reconcile::HistoryLimits;
-use bc_store::{GatewayStore, Store, StoreError};
+use bc_store::{CommandId, GatewayStore, Store, StoreError};
 use tracing::info;
 
 /// One sweep; returns the commands it expired.
@@ -16,7 +16,7 @@ pub async fn tick(
     store: &GatewayStore,
     dead_lease_after: Duration,
     lease: &Held,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<CommandId>, StoreError> {
     let expired = store.sweep_commands(lease).await?;
     for id in &expired {
         info!(cmd = %id, "command expired before dispatch");

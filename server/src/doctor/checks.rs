@@ -747,7 +747,7 @@ mod store_tests {
         };
         let signed = image::sign(&manifest, key);
         NewImage {
-            image_id: signed.id().unwrap().0,
+            image_id: bc_store::ImageId::from(signed.id().unwrap().0),
             name: manifest.name.clone(),
             key_id: signed.key_id.clone(),
             kernel_version: manifest.kernel_version.clone(),

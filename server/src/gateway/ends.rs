@@ -9,6 +9,7 @@
 //! ages are taken when the batch is written, so the store's clock still
 //! decides when the node was last seen and when its session ended.
 
+use bc_store::NodeId;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ impl Ends {
         queue
             .drain(..n)
             .map(|q| Ended {
-                node_id: q.node_id,
+                node_id: NodeId::from(q.node_id),
                 epoch: q.epoch,
                 seen_age: now.duration_since(q.last_heard),
                 ended_age: now.duration_since(q.ended),

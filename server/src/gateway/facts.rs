@@ -13,6 +13,7 @@ use bc_store::commands::ResultInput;
 use bc_store::inventory::InventoryInput;
 use bc_store::nodes::Signed;
 use bc_store::specs::{SectionReport, StateReportInput};
+use bc_store::{CommandId, NodeId};
 use bcd_proto::v1;
 use prost::Message;
 
@@ -35,8 +36,8 @@ pub fn result(s: v1::NodeSigned) -> Signed<ResultInput> {
         .and_then(|r| {
             Some(ResultInput {
                 outcome: bcd_proto::typed::outcome(r.outcome)?,
-                node_id: r.node_id,
-                command_id: r.command_id,
+                node_id: NodeId::from(r.node_id),
+                command_id: CommandId::from(r.command_id),
                 reason: r.reason,
                 exit_code: r.has_exit_code.then_some(r.exit_code),
                 output: r.output,
@@ -67,7 +68,7 @@ pub fn state_report(s: v1::NodeSigned) -> Signed<StateReportInput> {
                 })
                 .collect::<Option<Vec<_>>>()?;
             Some(StateReportInput {
-                node_id: r.node_id,
+                node_id: NodeId::from(r.node_id),
                 epoch: r.epoch,
                 applied_generation: r.applied_generation,
                 sections,
@@ -81,7 +82,7 @@ pub fn inventory(s: v1::NodeSigned) -> Signed<InventoryInput> {
     let fact = v1::Inventory::decode(s.payload.as_slice())
         .ok()
         .map(|i| InventoryInput {
-            node_id: i.node_id,
+            node_id: NodeId::from(i.node_id),
             epoch: i.epoch,
             // A section this gateway does not know keeps its number, and
             // is turned away before the store.

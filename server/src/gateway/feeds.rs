@@ -17,6 +17,7 @@
 //!   seconds, the fleet's size sizes the first-redial window Welcomes
 //!   carry.
 
+use bc_store::NodeId;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ pub async fn liveness(state: Arc<GatewayState>) {
                         age: heard.elapsed(),
                     },
                     Local {
-                        node_id: n.clone(),
+                        node_id: n.to_string(),
                         epoch: s.epoch,
                         cert_not_after_ms: s.cert_not_after_ms,
                     },
@@ -173,7 +174,7 @@ pub fn work_since(now_ms: i64, last_answered_ms: Option<i64>) -> i64 {
 
 /// The nodes whose session sent an older generation than the store holds
 /// (`sent` says what a node's session sent; `None`: no session here).
-pub fn behind(sent: impl Fn(&str) -> Option<u64>, store: &[(String, u64)]) -> Vec<&str> {
+pub fn behind(sent: impl Fn(&str) -> Option<u64>, store: &[(NodeId, u64)]) -> Vec<&str> {
     store
         .iter()
         .filter(|(node, generation)| sent(node).is_some_and(|s| s < *generation))
@@ -261,10 +262,10 @@ mod tests {
     #[test]
     fn a_session_behind_the_store_is_found_whatever_the_stamps() {
         let store = vec![
-            ("a".to_string(), 3),
-            ("b".to_string(), 5),
-            ("c".to_string(), 1),
-            ("gone".to_string(), 9),
+            (NodeId::from("a"), 3),
+            (NodeId::from("b"), 5),
+            (NodeId::from("c"), 1),
+            (NodeId::from("gone"), 9),
         ];
         let sent = |n: &str| match n {
             "a" => Some(3),

@@ -4,7 +4,7 @@
 //! no key and vouches for nothing: the node verifies the manifest against
 //! the image keys it learned at join, and both files against the manifest.
 
-use bc_store::{GatewayStore, Refusal};
+use bc_store::{GatewayStore, ImageId, Refusal};
 use bcd_proto::v1::{ImageChunk, ImagePart};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -30,7 +30,7 @@ pub async fn stream_image(
         ))));
     }
     let (row, signed_manifest) = store
-        .image(image_id)
+        .image(&ImageId::from(image_id))
         .await
         .map_err(unavailable)?
         .ok_or_else(|| not_found(image_id))?;

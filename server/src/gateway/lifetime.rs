@@ -7,6 +7,7 @@
 //! stream ends. [`End`] says what the node is told and whether the store
 //! gets an (epoch-fenced) disconnect.
 
+use bc_store::NodeId;
 use std::time::Duration;
 
 use bc_store::Refusal;
@@ -101,7 +102,7 @@ pub fn sweep(sessions: &[Local], store_now_ms: i64, gone: &[SessionKey]) -> Vec<
         .iter()
         .filter_map(|s| {
             let key = SessionKey {
-                node_id: s.node_id.clone(),
+                node_id: NodeId::from(s.node_id.clone()),
                 epoch: s.epoch,
             };
             let end = if s.cert_not_after_ms < store_now_ms {
@@ -160,7 +161,7 @@ mod tests {
             node_id: "b".into(),
             epoch: 4,
         }];
-        let ends: Vec<(String, End)> = sweep(&sessions, 1_001, &gone)
+        let ends: Vec<(NodeId, End)> = sweep(&sessions, 1_001, &gone)
             .into_iter()
             .map(|(k, e)| (k.node_id, e))
             .collect();

@@ -46,8 +46,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_store::GatewayStore;
 use bc_store::sessions::SessionKey;
+use bc_store::{GatewayId, GatewayStore, NodeId};
 use bcd_proto::tls::PeerInfo;
 use bcd_proto::v1::{self, NodeMessage, ServerMessage, gateway_server::Gateway};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
@@ -163,11 +163,11 @@ struct LocalSession {
 
 /// One gateway's state, shared by its streams and its background loops.
 pub struct GatewayState {
-    pub id: String,
+    pub id: GatewayId,
     pub store: GatewayStore,
     pub timing: Timing,
     pub clock: StoreClock,
-    sessions: Mutex<HashMap<String, LocalSession>>,
+    sessions: Mutex<HashMap<NodeId, LocalSession>>,
     hellos: Arc<Semaphore>,
     /// How far this process's wall clock ([`crate::clock`]) was from the
     /// store's at the last renewal.
@@ -211,7 +211,7 @@ impl std::fmt::Debug for GatewayState {
 
 impl GatewayState {
     pub fn new(
-        id: String,
+        id: GatewayId,
         store: GatewayStore,
         timing: Timing,
         store_now_ms: i64,
@@ -254,12 +254,12 @@ impl GatewayState {
         }
     }
 
-    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, LocalSession>> {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, LocalSession>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sessions held now, for `/metrics`.
-    fn count_sessions(&self, sessions: &HashMap<String, LocalSession>) {
+    fn count_sessions(&self, sessions: &HashMap<NodeId, LocalSession>) {
         self.metrics.sessions.set(sessions.len() as i64);
     }
 
@@ -314,7 +314,7 @@ impl GatewayState {
         for s in sessions.values_mut() {
             if let Some(tx) = s.end.take() {
                 let _ = tx.send(End::Fenced {
-                    gateway: self.id.clone(),
+                    gateway: self.id.to_string(),
                 });
             }
         }
@@ -330,7 +330,7 @@ impl GatewayState {
 
     /// Wakes every session whose node the store has at a newer spec
     /// generation than the session sent; how many.
-    pub fn wake_behind(&self, store: &[(String, u64)]) -> usize {
+    pub fn wake_behind(&self, store: &[(NodeId, u64)]) -> usize {
         let sessions = self.sessions();
         let behind = feeds::behind(
             |node| {
@@ -481,11 +481,11 @@ impl Gateway for GatewayService {
             })?;
         if self.state.is_fenced() {
             self.state.metrics.hello_refused("fenced");
-            return Err(turned(Turned::GatewayFenced(self.state.id.clone())));
+            return Err(turned(Turned::GatewayFenced(self.state.id.to_string())));
         }
         if self.state.is_draining() {
             self.state.metrics.hello_refused("draining");
-            return Err(turned(Turned::GatewayDraining(self.state.id.clone())));
+            return Err(turned(Turned::GatewayDraining(self.state.id.to_string())));
         }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(32);

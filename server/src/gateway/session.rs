@@ -17,7 +17,7 @@ use bc_store::commands::{Dispatch, ResultApplied};
 use bc_store::events::EventInput;
 use bc_store::sessions::{HelloInput, HelloProved};
 use bc_store::specs::FactApplied;
-use bc_store::{Refusal, TxError};
+use bc_store::{CommandId, GatewayId, NodeId, Refusal, TxError};
 use bcd_core::command::ServerState;
 use bcd_core::report::InventorySection;
 use bcd_proto::typed;
@@ -65,14 +65,14 @@ fn proved(h: &v1::Hello, cert_der: &[u8]) -> Result<Option<HelloProved>, String>
 fn hello_input(
     h: v1::Hello,
     fingerprint: String,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
     proof: Option<HelloProved>,
 ) -> HelloInput {
     HelloInput {
-        node_id: h.node_id,
+        node_id: NodeId::from(h.node_id),
         cert_fingerprint: fingerprint,
         cert_serial: h.cert_serial,
-        gateway_id: gateway_id.to_string(),
+        gateway_id: gateway_id.clone(),
         incarnation_id: h.incarnation_id,
         boot_id: h.boot_id,
         journal_id: h.journal_id,
@@ -88,8 +88,8 @@ fn hello_input(
                     .map(|x| (s.name().to_string(), x.sha256.clone()))
             })
             .collect(),
-        journal_running: h.journal_running,
-        journal_done: h.journal_done,
+        journal_running: h.journal_running.into_iter().map(CommandId::from).collect(),
+        journal_done: h.journal_done.into_iter().map(CommandId::from).collect(),
         daemon_exits: h.daemon_exits,
         proof,
     }
@@ -168,7 +168,7 @@ pub async fn run(
             return;
         }
     };
-    let node = hello.node_id.clone();
+    let node = NodeId::from(&hello.node_id);
     let cert_serial = hello.cert_serial.clone();
     let journal_id = hello.journal_id.clone();
     let applied_generation = hello.applied_generation;
@@ -192,7 +192,7 @@ pub async fn run(
             state.metrics.hello_refused("fenced");
             state.fence("the store says another gateway holds the lease, or it ran out");
             let end = End::Fenced {
-                gateway: state.id.clone(),
+                gateway: state.id.to_string(),
             };
             if let Some(s) = end.status() {
                 let _ = out.send(Err(s)).await;
@@ -248,7 +248,7 @@ pub async fn run(
         let welcome = Welcome {
             epoch,
             server_time_ms: outcome.server_time_ms,
-            gateway_id: state.id.clone(),
+            gateway_id: state.id.to_string(),
             heartbeat_interval_ms: timing.heartbeat.as_millis() as u32,
             inventory_wanted: outcome
                 .inventory_wanted
@@ -373,7 +373,7 @@ pub async fn run(
 /// What the session's steps share.
 struct Session<'a> {
     state: &'a Arc<GatewayState>,
-    node: &'a str,
+    node: &'a NodeId,
     epoch: u64,
     cert_serial: &'a str,
     out: &'a Out,
@@ -382,7 +382,7 @@ struct Session<'a> {
     journal_id: &'a str,
     /// Results stored in this session whose receipt the node has not been
     /// handed yet, with when they were stored.
-    awaiting: Mutex<Vec<(String, Instant)>>,
+    awaiting: Mutex<Vec<(CommandId, Instant)>>,
     /// Likewise the node's security events, by event id.
     /// Security events stored in this session, by id, kind and body.
     awaiting_events: Mutex<Vec<(bc_store::events::EventKey, Instant)>>,
@@ -453,7 +453,7 @@ impl Session<'_> {
         if awaiting.len() >= MAX_AWAITING {
             awaiting.remove(0);
         }
-        awaiting.push((id.to_string(), Instant::now()));
+        awaiting.push((CommandId::from(id), Instant::now()));
     }
 
     fn await_event_receipt(&self, id: bc_store::events::EventKey) {
@@ -527,7 +527,7 @@ impl Session<'_> {
     }
 
     async fn relay_result_receipts(&self) -> bool {
-        let ids: Vec<String> = {
+        let ids: Vec<CommandId> = {
             let mut awaiting = self.awaiting.lock().unwrap_or_else(|p| p.into_inner());
             awaiting.retain(|(_, at)| at.elapsed() < AWAIT_RECEIPT);
             awaiting.iter().map(|(id, _)| id.clone()).collect()
@@ -567,7 +567,7 @@ impl Session<'_> {
             self.state.metrics.dispatched_after(waited);
         }
         self.send(server_message::Msg::Command(v1::CommandDispatch {
-            command_id: d.id,
+            command_id: d.id.into_string(),
             seq: d.seq,
             signed: d.signed,
             epoch: self.epoch,
@@ -688,10 +688,13 @@ impl Session<'_> {
                 };
                 let route = bc_store::commands::Route {
                     gateway_id: self.state.id.clone(),
-                    node_id: node.to_string(),
+                    node_id: node.clone(),
                     epoch: self.epoch,
                 };
-                match store.command_ack(&route, &a.command_id, running).await {
+                match store
+                    .command_ack(&route, &CommandId::from(&a.command_id), running)
+                    .await
+                {
                     Ok(true) => {
                         debug!(cmd = %a.command_id, running, "command acknowledged")
                     }
@@ -733,7 +736,7 @@ impl Session<'_> {
                                 // Kept as signed, for the key holder to
                                 // receipt: the node then forgets it.
                                 let unknown = bc_store::commands::UnknownResult {
-                                    node_id: node.to_string(),
+                                    node_id: node.clone(),
                                     command_id: id.clone(),
                                     payload: r.payload.clone(),
                                     signature: r.signature.clone(),
@@ -760,7 +763,7 @@ impl Session<'_> {
                             self.await_receipt(&id);
                         }
                         self.send(server_message::Msg::ResultAck(v1::ResultAck {
-                            command_ids: vec![id],
+                            command_ids: vec![id.into_string()],
                         }))
                         .await
                     }
@@ -813,14 +816,14 @@ impl Session<'_> {
                 let report = v1::BindingPayload::decode(b.payload.as_slice())
                     .ok()
                     .map(|p| BindingReport {
-                        node_id: p.node_id,
+                        node_id: NodeId::from(p.node_id),
                         allocation_id: p.allocation_id,
                         gpu_uuids: p.gpu_uuids,
                         spec_generation: p.spec_generation,
                         nonce: p.nonce,
                     });
                 let input = BindingInput {
-                    session_node: node.to_string(),
+                    session_node: node.clone(),
                     report,
                     payload: b.payload,
                     signature: b.signature,
@@ -892,7 +895,7 @@ mod hello_tests {
             ],
             ..Default::default()
         };
-        let input = hello_input(h, "fp".into(), "gw", None);
+        let input = hello_input(h, "fp".into(), &GatewayId::from("gw"), None);
         assert_eq!(
             input.inventory_hashes,
             vec![

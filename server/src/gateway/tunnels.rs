@@ -170,7 +170,7 @@ pub async fn upstream(state: Arc<GatewayState>, link: super::credential::Upstrea
     use bcd_proto::v1::gateway_services_client::GatewayServicesClient;
     loop {
         let hello = v1::TunnelRequestsHello {
-            gateway_id: state.id.clone(),
+            gateway_id: state.id.to_string(),
         };
         match GatewayServicesClient::new(link.channel())
             .tunnel_requests(hello)
@@ -309,7 +309,7 @@ pub(super) async fn accept(
     };
     let held = state
         .sessions()
-        .get(&node)
+        .get(node.as_str())
         .is_some_and(|s| s.cert_serial == serial);
     if !held {
         return Err(Status::permission_denied(format!(

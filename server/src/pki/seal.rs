@@ -17,7 +17,7 @@ use bc_store::specs::{
     Access, AccessUser, Assignment, Cordon, Firewall, FirewallRule, Intent, OpenSpec, OpenedSpec,
     SealSpec, SpecBody, SpecSeal,
 };
-use bc_store::{Store, TxError};
+use bc_store::{NodeId, Store, TxError};
 use bcd_proto::typed::{Spelling, parse};
 use bcd_proto::v1::{self, CommandPayload, DevicesSpec, GpuAssignment, NodeSpec, command_payload};
 use prost::Message;
@@ -254,7 +254,7 @@ pub fn own_spec_opener(key: &Ed25519KeyPair, node: &str) -> OpenSpec {
 pub async fn intents(
     store: &Store,
     key: &Ed25519KeyPair,
-) -> Result<std::collections::HashMap<String, Result<Intent, String>>, bc_store::StoreError> {
+) -> Result<std::collections::HashMap<NodeId, Result<Intent, String>>, bc_store::StoreError> {
     Ok(store
         .signed_specs()
         .await?
@@ -272,7 +272,7 @@ pub async fn node_intent(
     key: &Ed25519KeyPair,
     node: &str,
 ) -> Result<Result<Intent, String>, bc_store::StoreError> {
-    Ok(match store.signed_spec(node).await? {
+    Ok(match store.signed_spec(&NodeId::from(node)).await? {
         Some((_, signed)) => own_spec_opener(key, node)(&signed).map(|o| o.body.intent),
         None => Ok(Intent::default()),
     })
@@ -281,7 +281,7 @@ pub async fn node_intent(
 /// The statement a worker signs about a node.
 pub fn statement(s: &StatementSeal) -> v1::NodeStatement {
     v1::NodeStatement {
-        node_id: s.node_id.clone(),
+        node_id: s.node_id.to_string(),
         kind: match s.kind {
             StatementKind::Deleted => v1::NodeStatementKind::Deleted,
             StatementKind::Revoked => v1::NodeStatementKind::Revoked,
@@ -300,8 +300,8 @@ pub fn statement_sealer(key: Arc<Ed25519KeyPair>) -> SealStatement {
 /// The payload a worker signs for a command.
 pub fn command_payload(c: &CommandSeal, args: command_payload::Args) -> CommandPayload {
     CommandPayload {
-        command_id: c.id.clone(),
-        node_id: c.node_id.clone(),
+        command_id: c.id.to_string(),
+        node_id: c.node_id.to_string(),
         seq: c.seq,
         kind: v1::CommandKind::from(c.kind) as i32,
         not_after_ms: c.not_after_ms,

@@ -26,6 +26,7 @@
 //! (`bc-audit-v1`), and no record is added to it. Chains 1 to
 //! [`AUDIT_CHAINS`] hash their chain's number too (`bc-audit-v2`).
 
+use crate::id::{GatewayId, NodeId};
 use std::collections::BTreeMap;
 
 /// The audit history in the order of [`AuditRow::id`], with the columns
@@ -50,12 +51,12 @@ pub struct AuditRow {
     /// sealed, which [`verify_chain`] reports).
     pub seq: i64,
     pub at: i64,
-    pub node_id: String,
+    pub node_id: NodeId,
     /// `route`, `disconnected`, `unreachable`, `lease`, `generation`,
     /// `floor`, `result`, `binding`, `backup`.
     pub kind: String,
     pub epoch: u64,
-    pub gateway_id: String,
+    pub gateway_id: GatewayId,
     pub value: i64,
     pub detail: String,
     /// The hash of the record before it (the chain's start: [`GENESIS`]).
@@ -259,16 +260,16 @@ fn verify_one(chain: i64, records: &[&AuditRow], head: &ChainHead, v: &mut Vec<S
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionFact {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub epoch: u64,
-    pub gateway_id: String,
+    pub gateway_id: GatewayId,
     pub state: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandFact {
     pub id: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub kind: String,
     pub state: String,
     pub reason: String,
@@ -278,7 +279,7 @@ pub struct CommandFact {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingFact {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub allocation_id: String,
     pub gpus: Vec<String>,
     pub state: String,

@@ -36,6 +36,7 @@ pub(crate) use crate::commands::{
 pub(crate) use crate::error::{StoreError, TxError};
 pub(crate) use crate::events::{EventInput, EventRow};
 pub(crate) use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
+pub(crate) use crate::id::{CommandId, GatewayId, ImageId, NodeId, OperatorId, TokenId};
 pub(crate) use crate::images::{
     AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage,
 };
@@ -155,7 +156,7 @@ macro_rules! gateway_operations {
             /// receipt): one at most for each, whatever else was planted under its
             /// id.
             read event_receipts(
-                node: &str,
+                node: &NodeId,
                 journal_id: &str,
                 keys: &[crate::events::EventKey],
             ) -> Result<Vec<(crate::events::EventKey, Vec<u8>)>, StoreError>
@@ -166,9 +167,9 @@ macro_rules! gateway_operations {
             /// judged the result and gives none), and for its unknown results
             /// with those ids; commands not judged yet are left out.
             read result_receipts(
-                node: &str,
-                ids: &[String],
-            ) -> Result<Vec<(String, Vec<u8>)>, StoreError>
+                node: &NodeId,
+                ids: &[CommandId],
+            ) -> Result<Vec<(CommandId, Vec<u8>)>, StoreError>
                 = |db| sql::commands::result_receipts(db, node, ids);
 
             /// Keeps a result its node signed for a command the store does not
@@ -187,7 +188,7 @@ macro_rules! gateway_operations {
             /// sessions that are no longer current (a newer Hello ran): the gateway
             /// closes them.
             write flush_liveness(
-                gateway_id: &str,
+                gateway_id: &GatewayId,
                 seen: &[Seen],
             ) -> Result<Vec<SessionKey>, StoreError>
                 = |db| sql::sessions::flush_liveness(db, gateway_id, seen);
@@ -195,7 +196,7 @@ macro_rules! gateway_operations {
             /// An orderly gateway stop: disconnects its remaining sessions (cause
             /// `gateway-shutdown`) and releases its lease, together.
             write gateway_shutdown(
-                gateway_id: &str,
+                gateway_id: &GatewayId,
                 sessions: &[SessionKey],
             ) -> Result<(), StoreError>
                 = |db| sql::sessions::gateway_shutdown(db, gateway_id, sessions);
@@ -204,15 +205,15 @@ macro_rules! gateway_operations {
             /// the gateway compares each with the one its session sent, so a spec
             /// whose transaction committed long after its `updated_at` stamp still
             /// goes out, whatever the clocks say.
-            read spec_generations(gateway_id: &str) -> Result<Vec<(String, u64)>, StoreError>
+            read spec_generations(gateway_id: &GatewayId) -> Result<Vec<(NodeId, u64)>, StoreError>
                 = |db| sql::sessions::spec_generations(db, gateway_id);
 
             /// Nodes connected through `gateway_id` with work waiting: a pending
             /// command, or a spec changed at or after `specs_since_ms`.
             read nodes_with_work(
-                gateway_id: &str,
+                gateway_id: &GatewayId,
                 specs_since_ms: i64,
-            ) -> Result<Vec<String>, StoreError>
+            ) -> Result<Vec<NodeId>, StoreError>
                 = |db| sql::sessions::nodes_with_work(db, gateway_id, specs_since_ms);
 
             /// The liveness controller's sweep (see [`crate::liveness`]), under
@@ -247,7 +248,7 @@ macro_rules! gateway_operations {
             /// ([`crate::nodes::judge_signed`]) and names the session `epoch`, which
             /// must be the node's current one; a forgery is recorded.
             write put_inventory(
-                node_id: &str,
+                node_id: &NodeId,
                 epoch: u64,
                 section: &Signed<InventoryInput>,
                 verify: VerifySignature,
@@ -259,8 +260,8 @@ macro_rules! gateway_operations {
             /// `gateway_id`, marking them dispatched; nothing if the node is routed
             /// elsewhere.
             write take_dispatchable(
-                gateway_id: &str,
-                node_id: &str,
+                gateway_id: &GatewayId,
+                node_id: &NodeId,
                 epoch: u64,
             ) -> Result<Vec<Dispatch>, StoreError>
                 = |db| sql::commands::take_dispatchable(db, gateway_id, node_id, epoch);
@@ -273,7 +274,7 @@ macro_rules! gateway_operations {
             /// nothing.
             write command_ack(
                 route: &crate::commands::Route,
-                id: &str,
+                id: &CommandId,
                 running: bool,
             ) -> Result<bool, StoreError>
                 = |db| sql::commands::ack(db, route, id, running);
@@ -282,7 +283,7 @@ macro_rules! gateway_operations {
             /// recorded and applied nowhere): the first terminal result wins, from
             /// any epoch. A confirmed upgrade raises the node's release floor.
             write command_result(
-                node_id: &str,
+                node_id: &NodeId,
                 r: &Signed<ResultInput>,
                 verify: VerifySignature,
             ) -> Result<ResultApplied, StoreError>
@@ -294,20 +295,20 @@ macro_rules! gateway_operations {
 
             /// Expires pending commands past their deadline; returns them. Under
             /// the sweeper's lease.
-            write sweep_commands(held: &Held) -> Result<Vec<String>, StoreError>
+            write sweep_commands(held: &Held) -> Result<Vec<CommandId>, StoreError>
                 = |db| async {
                     sql::leases::check_held(db, held).await?;
                     sql::commands::sweep(db).await
                 };
 
             /// The signed spec to send a node, with its generation.
-            read signed_spec(node_id: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError>
+            read signed_spec(node_id: &NodeId) -> Result<Option<(u64, Vec<u8>)>, StoreError>
                 = |db| sql::specs::signed(db, node_id);
 
             /// Records a state report the node signed, if it verifies (a forgery is
             /// recorded) and is not from an older session than the last applied.
             write put_state_report(
-                node_id: &str,
+                node_id: &NodeId,
                 report: &Signed<StateReportInput>,
                 verify: VerifySignature,
             ) -> Result<FactApplied, StoreError>
@@ -323,7 +324,7 @@ macro_rules! gateway_operations {
             /// Stores a batch of a node's events (idempotently); returns the id to
             /// acknowledge up to.
             write put_events(
-                node_id: &str,
+                node_id: &NodeId,
                 journal_id: &str,
                 events: &[EventInput],
             ) -> Result<u64, StoreError>
@@ -336,7 +337,7 @@ macro_rules! gateway_operations {
 
             /// One image by its whole id, with its signed manifest (its
             /// assignments not read); `None` if none has that id.
-            read image(image_id: &str) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError>
+            read image(image_id: &ImageId) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError>
                 = |db| sql::images::get(db, image_id);
 
             /// A release's manifest and binary, whole.
@@ -366,7 +367,7 @@ gateway_operations!(declare!(
 
         /// Records on this gateway's own lease the Hellos a second it measured
         /// it absorbs (nothing when it does not hold the lease).
-        async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError>;
+        async fn report_absorption(&self, gateway_id: &GatewayId, per_s: u32) -> Result<(), StoreError>;
 
         /// Takes or renews a lease for `owner`: what it holds (the store's now
         /// and the lease's generation), `None` when another owner holds it
@@ -436,7 +437,7 @@ macro_rules! key_holder_operations {
 
             /// Revokes an operator's certificate (once; again is no change),
             /// keeping beside it what `seal` signs of the row and the time.
-            write revoke_operator(id: &str, seal: SealRevocation) -> Result<OperatorRow, TxError>
+            write revoke_operator(id: &OperatorId, seal: SealRevocation) -> Result<OperatorRow, TxError>
                 = |db| sql::tokens::revoke_operator(db, id, seal);
 
             // ------------------------------------------------ secrets
@@ -510,7 +511,7 @@ macro_rules! key_holder_operations {
 
             /// Commands whose result a node signed that the key holder has not
             /// judged for a receipt yet, at most `limit`.
-            read results_unreceipted(limit: u32) -> Result<Vec<String>, StoreError>
+            read results_unreceipted(limit: u32) -> Result<Vec<CommandId>, StoreError>
                 = |db| sql::commands::results_unreceipted(db, limit);
 
             /// Unknown results the key holder has not judged yet, at most `limit`.
@@ -532,7 +533,7 @@ macro_rules! key_holder_operations {
 
             /// Records the key holder's judgement of a command's signed result:
             /// its receipt, or an empty one where it gives none. Once only.
-            write put_result_receipt(id: &str, receipt: &[u8]) -> Result<(), StoreError>
+            write put_result_receipt(id: &CommandId, receipt: &[u8]) -> Result<(), StoreError>
                 = |db| sql::commands::put_result_receipt(db, id, receipt);
 
             /// Stores a newly signed list of revoked gateway certificates in place
@@ -553,7 +554,7 @@ macro_rules! key_holder_operations {
             /// Makes a token expire now (no later join can spend it; the nodes
             /// that joined with it keep their identities); `None` if no token has
             /// that id. Revoking a spent or expired token changes nothing.
-            write revoke_token(id: &str) -> Result<Option<TokenInfo>, StoreError>
+            write revoke_token(id: &TokenId) -> Result<Option<TokenInfo>, StoreError>
                 = |db| sql::tokens::revoke_token(db, id);
 
             /// Checks and spends one use of a token, creates the node and records
@@ -651,7 +652,7 @@ macro_rules! key_holder_operations {
             /// Every certificate the store holds for `node_id` (DER), revoked and
             /// superseded ones too: what a reader checks against the fleet CA
             /// before it verifies something the node signed with one.
-            read node_certificates(node_id: &str) -> Result<Vec<Vec<u8>>, StoreError>
+            read node_certificates(node_id: &NodeId) -> Result<Vec<Vec<u8>>, StoreError>
                 = |db| sql::nodes::certificates(db, node_id);
 
             // ------------------------------------------------------ clone watch
@@ -678,12 +679,12 @@ macro_rules! key_holder_operations {
 
             /// Revokes, as superseded, `node_id`'s valid certificates no newer
             /// than `serial` (which the node proved it uses); their serials.
-            write supersede(node_id: &str, serial: &str) -> Result<Vec<String>, StoreError>
+            write supersede(node_id: &NodeId, serial: &str) -> Result<Vec<String>, StoreError>
                 = |db| sql::clones::supersede(db, node_id, serial);
 
             /// Succeeded upgrades whose result the key holder has not judged for
             /// the node's release floor, at most `limit` (their command ids).
-            read upgrades_unjudged(limit: u32) -> Result<Vec<String>, StoreError>
+            read upgrades_unjudged(limit: u32) -> Result<Vec<CommandId>, StoreError>
                 = |db| sql::commands::upgrades_unjudged(db, limit);
 
             /// Marks the succeeded upgrade `command_id` judged and, when the key
@@ -692,7 +693,7 @@ macro_rules! key_holder_operations {
             /// gateway's result raises no floor: the node's signature is believed
             /// only where the key holder checked it.
             write judge_upgrade_floor(
-                command_id: &str,
+                command_id: &CommandId,
                 believed: bool,
             ) -> Result<Option<u64>, StoreError>
                 = |db| sql::commands::judge_upgrade_floor(db, command_id, believed);
@@ -702,7 +703,7 @@ macro_rules! key_holder_operations {
             /// valid certificate `serial` signed by a confirmed release. True when
             /// this set it; false when it was set already, or `serial` is not a
             /// valid certificate of the node (a re-enrolment since revoked it).
-            write require_hello_proofs(node_id: &str, serial: &str) -> Result<bool, StoreError>
+            write require_hello_proofs(node_id: &NodeId, serial: &str) -> Result<bool, StoreError>
                 = |db| sql::clones::require_hello_proofs(db, node_id, serial);
 
             /// Quarantines `node_id` as a cloned identity (seen on `serial`, with
@@ -710,7 +711,7 @@ macro_rules! key_holder_operations {
             /// revoked with the statement `seal` signs, `security.node.quarantined`
             /// published. False when it already was.
             write quarantine_clone(
-                node_id: &str,
+                node_id: &NodeId,
                 serial: &str,
                 alternations: u32,
                 seal: SealStatement,
@@ -721,20 +722,20 @@ macro_rules! key_holder_operations {
                 = |db| sql::nodes::list_nodes(db);
 
             /// `list_nodes` of one node: empty when there is no such live node.
-            read node(node_id: &str) -> Result<NodeList, StoreError>
+            read node(node_id: &NodeId) -> Result<NodeList, StoreError>
                 = |db| sql::nodes::nodes_matching(db, Some(node_id));
 
             /// Deletes a node and revokes its certificates, keeping the statement
             /// `seal` signs of it with them; false if there was no such node.
-            write delete_node(node_id: &str, seal: SealStatement) -> Result<bool, StoreError>
+            write delete_node(node_id: &NodeId, seal: SealStatement) -> Result<bool, StoreError>
                 = |db| sql::nodes::delete_node(db, node_id, seal);
 
             // ----------------------------------------------------------- sessions
-            read session(node_id: &str) -> Result<Option<SessionRow>, StoreError>
+            read session(node_id: &NodeId) -> Result<Option<SessionRow>, StoreError>
                 = |db| sql::sessions::session(db, node_id);
 
             /// Nodes connected through `gateway_id`.
-            read connected_to(gateway_id: &str) -> Result<Vec<String>, StoreError>
+            read connected_to(gateway_id: &GatewayId) -> Result<Vec<NodeId>, StoreError>
                 = |db| sql::sessions::connected_to(db, gateway_id);
 
             // ------------------------------------------------------------- leases
@@ -754,7 +755,7 @@ macro_rules! key_holder_operations {
                 };
 
             // ---------------------------------------------------------- inventory
-            read inventory(node_id: &str, section: &str) -> Result<Option<InventoryRow>, StoreError>
+            read inventory(node_id: &NodeId, section: &str) -> Result<Option<InventoryRow>, StoreError>
                 = |db| sql::inventory::get(db, node_id, section);
 
             // ----------------------------------------------------------- commands
@@ -767,18 +768,18 @@ macro_rules! key_holder_operations {
             ) -> Result<(CommandRow, bool), TxError>
                 = |db| sql::commands::create(db, cmd, seal);
 
-            read get_command(id: &str) -> Result<Option<CommandRow>, StoreError>
+            read get_command(id: &CommandId) -> Result<Option<CommandRow>, StoreError>
                 = |db| sql::commands::row(db, id);
 
             /// Newest first.
             read list_commands(
-                node_id: Option<&str>,
+                node_id: Option<&NodeId>,
                 limit: u32,
             ) -> Result<Vec<CommandRow>, StoreError>
                 = |db| sql::commands::list(db, node_id, limit);
 
             /// Expires a command still pending with `reason`; false if it left.
-            write cancel_pending_command(id: &str, reason: &str) -> Result<bool, StoreError>
+            write cancel_pending_command(id: &CommandId, reason: &str) -> Result<bool, StoreError>
                 = |db| sql::commands::cancel_pending(db, id, reason);
 
             // -------------------------------------------------------------- specs
@@ -791,7 +792,7 @@ macro_rules! key_holder_operations {
             /// Its refusal commits that event: the body answers it inside
             /// `Ok` (`recording`), and it becomes the error once committed.
             recording update_spec(
-                node_id: &str,
+                node_id: &NodeId,
                 change: ChangeSpec,
                 open: OpenSpec,
                 seal: SealSpec,
@@ -800,24 +801,24 @@ macro_rules! key_holder_operations {
 
             /// Nodes (not deleted) whose signed spec expires within `within`: the
             /// worker signs a new generation for each.
-            read specs_expiring(within: Duration) -> Result<Vec<String>, StoreError>
+            read specs_expiring(within: Duration) -> Result<Vec<NodeId>, StoreError>
                 = |db| sql::specs::expiring(db, within);
 
             /// Every live node's signed spec, by node id: what label selectors and
             /// cordons are read from (opened and verified by the caller).
-            read signed_specs() -> Result<Vec<(String, Vec<u8>)>, StoreError>
+            read signed_specs() -> Result<Vec<(NodeId, Vec<u8>)>, StoreError>
                 = |db| sql::specs::signed_all(db);
 
             /// Desired against applied; `None` for a node that does not exist.
-            read spec_view(node_id: &str) -> Result<Option<SpecView>, StoreError>
+            read spec_view(node_id: &NodeId) -> Result<Option<SpecView>, StoreError>
                 = |db| sql::specs::view(db, node_id);
 
             // ----------------------------------------------------------- bindings
-            read bindings(node_id: &str) -> Result<Vec<BindingRow>, StoreError>
+            read bindings(node_id: &NodeId) -> Result<Vec<BindingRow>, StoreError>
                 = |db| sql::bindings::list(db, node_id);
 
             /// A node's recent fleet events, newest first: `kind: detail`.
-            read fleet_events(node_id: &str, limit: u32) -> Result<Vec<String>, StoreError>
+            read fleet_events(node_id: &NodeId, limit: u32) -> Result<Vec<String>, StoreError>
                 = |db| sql::bindings::fleet_events(db, node_id, limit);
 
             /// The fleet's events that `q` selects, oldest first.
@@ -831,14 +832,14 @@ macro_rules! key_holder_operations {
             /// every fleet event is: reconcile keeps the newest per node.
             write publish_fleet_event(
                 kind: &str,
-                node_id: &str,
+                node_id: &NodeId,
                 detail: &str,
             ) -> Result<(), StoreError>
                 = |db| sql::bindings::publish(db, kind, node_id, detail);
 
             // ------------------------------------------------------------- events
             /// A node's events, oldest first.
-            read node_events(node_id: &str) -> Result<Vec<EventRow>, StoreError>
+            read node_events(node_id: &NodeId) -> Result<Vec<EventRow>, StoreError>
                 = |db| sql::events::list(db, node_id);
 
             // ----------------------------------------------------------- releases
@@ -871,7 +872,7 @@ macro_rules! key_holder_operations {
             /// set: the boot endpoint mints a join token of that life per script.
             write assign_image(
                 target: &str,
-                image_id: Option<&str>,
+                image_id: Option<&ImageId>,
                 append: &str,
                 mint_ttl_ms: Option<i64>,
             ) -> Result<(), StoreError>
@@ -957,15 +958,15 @@ macro_rules! key_holder_operations {
 
             write record_rollout_command(
                 id: &str,
-                node_id: &str,
+                node_id: &NodeId,
                 which: RolloutCommand,
-                command_id: &str,
+                command_id: &CommandId,
             ) -> Result<(), StoreError>
                 = |db| sql::rollouts::record_command(db, id, node_id, which, command_id);
 
             /// Marks a node skipped: it already runs the release or a later one.
             /// Under the rollout controller's lease.
-            write skip_rollout_node(id: &str, node_id: &str, held: &Held) -> Result<(), StoreError>
+            write skip_rollout_node(id: &str, node_id: &NodeId, held: &Held) -> Result<(), StoreError>
                 = |db| async {
                     sql::leases::check_held(db, held).await?;
                     sql::rollouts::skip(db, id, node_id).await

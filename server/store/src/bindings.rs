@@ -13,10 +13,12 @@
 //! Only a real verification failure is a rejection. A store failure while
 //! judging is a store error: nothing changes, nothing is recorded.
 
+use crate::id::NodeId;
+
 /// The fields of a node's binding payload, decoded by the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingReport {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub allocation_id: String,
     pub gpu_uuids: Vec<String>,
     pub spec_generation: u64,
@@ -27,7 +29,7 @@ pub struct BindingReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindingInput {
     /// The node the session belongs to.
-    pub session_node: String,
+    pub session_node: NodeId,
     /// The decoded payload; `None` when it did not decode.
     pub report: Option<BindingReport>,
     /// The signed bytes, as the node sent them.

@@ -13,6 +13,7 @@
 //! The sweeper expires commands still pending after their deadline, never
 //! one a node may hold.
 
+use crate::id::{CommandId, GatewayId, NodeId};
 use std::time::Duration;
 
 use bcd_core::command::{Kind, ServerState};
@@ -23,7 +24,7 @@ use crate::named::Named;
 /// A command to create.
 #[derive(Debug, Clone)]
 pub struct NewCommand {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub kind: Kind,
     pub summary: String,
     /// Relative deadline from the store's now.
@@ -35,8 +36,8 @@ pub struct NewCommand {
 /// What the sealer signs: everything the store decides about a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandSeal {
-    pub id: String,
-    pub node_id: String,
+    pub id: CommandId,
+    pub node_id: NodeId,
     pub seq: u64,
     pub kind: Kind,
     pub issued_at_ms: i64,
@@ -51,7 +52,7 @@ pub type SealCommand = Box<dyn FnOnce(&CommandSeal) -> Vec<u8> + Send>;
 /// A command ready to send: its id, sequence and signed bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dispatch {
-    pub id: String,
+    pub id: CommandId,
     pub seq: u64,
     pub signed: Vec<u8>,
     /// How long the command waited in the store before this, its first
@@ -62,8 +63,8 @@ pub struct Dispatch {
 /// A command as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandRow {
-    pub id: String,
-    pub node_id: String,
+    pub id: CommandId,
+    pub node_id: NodeId,
     pub seq: u64,
     pub kind: Named<Kind>,
     pub summary: String,
@@ -106,8 +107,8 @@ pub fn signed_result(payload: Option<Vec<u8>>, signature: Option<Vec<u8>>) -> Op
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultInput {
     /// The node the result says ran the command.
-    pub node_id: String,
-    pub command_id: String,
+    pub node_id: NodeId,
+    pub command_id: CommandId,
     pub outcome: bcd_core::command::Outcome,
     pub reason: String,
     pub exit_code: Option<i32>,
@@ -138,8 +139,8 @@ pub enum ResultApplied {
 /// so the key holder can verify and receipt it, and the node forget it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownResult {
-    pub node_id: String,
-    pub command_id: String,
+    pub node_id: NodeId,
+    pub command_id: CommandId,
     /// The signed `CommandResult`, as sent.
     pub payload: Vec<u8>,
     pub signature: Vec<u8>,
@@ -159,8 +160,8 @@ pub const SWEPT: &str = "not_after passed before dispatch";
 /// The session a node's message came on: its gateway and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    pub gateway_id: String,
-    pub node_id: String,
+    pub gateway_id: GatewayId,
+    pub node_id: NodeId,
     pub epoch: u64,
 }
 

@@ -6,6 +6,8 @@
 //! per node. Fleet events (`reservation.binding-rejected`, ...) are the
 //! server's own records about a node.
 
+use crate::id::NodeId;
+
 /// Events kept per node; older ones are trimmed as new ones arrive.
 pub const EVENTS_KEPT_PER_NODE: i64 = 10_000;
 
@@ -54,7 +56,7 @@ impl EventKey {
 /// A node's security event the key holder has not judged for a receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecurityEvent {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub journal_id: String,
     pub event_id: u64,
     pub kind: String,
@@ -78,7 +80,7 @@ pub struct FleetEvent {
     pub id: i64,
     pub at_ms: i64,
     pub kind: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub detail: String,
 }
 
@@ -89,7 +91,7 @@ pub struct FleetEvent {
 /// 0, so a follower misses none) or else the newest.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EventQuery {
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     pub kind: String,
     pub after_id: i64,
     pub since_ms: i64,

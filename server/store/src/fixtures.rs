@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::nodes::IssuedCert;
 use crate::sessions::HelloInput;
 use crate::tokens::{JoinInput, NewToken};
-use crate::{Store, TxError};
+use crate::{NodeId, Store, TokenId, TxError};
 
 /// What [`enroll`] records as node `i`'s certificate: `der` is
 /// `cert-<i>`, the serial `s<i>`, the fingerprint `f<i>`.
@@ -24,8 +24,8 @@ pub fn cert(i: usize) -> IssuedCert {
 
 /// Makes a one-use token `fixture-<i>` and joins node `i` with it (its
 /// certificate [`cert`]`(i)`); the new node's id.
-pub async fn enroll(store: &Store, i: usize) -> Result<String, TxError> {
-    let token_id = format!("fixture-{i}");
+pub async fn enroll(store: &Store, i: usize) -> Result<NodeId, TxError> {
+    let token_id = TokenId::from(format!("fixture-{i}"));
     store
         .create_token(&NewToken {
             id: token_id.clone(),

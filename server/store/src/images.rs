@@ -15,6 +15,7 @@
 //! unspent at a time (minting replaces the previous one).
 
 use crate::error::Refusal;
+use crate::id::{ImageId, NodeId};
 
 /// Boots kept per MAC address.
 pub const BOOTS_KEPT: i64 = 1000;
@@ -22,7 +23,7 @@ pub const BOOTS_KEPT: i64 = 1000;
 /// A verified image to register, with its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewImage {
-    pub image_id: String,
+    pub image_id: ImageId,
     pub name: String,
     pub key_id: String,
     pub kernel_version: String,
@@ -45,7 +46,7 @@ pub const IMAGE_COLUMNS: &str = "image_id, name, kernel_version, bcd_version, cm
 /// A registered image, as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRow {
-    pub image_id: String,
+    pub image_id: ImageId,
     pub name: String,
     pub kernel_version: String,
     pub bcd_version: String,
@@ -66,7 +67,7 @@ pub struct Assigned {
     /// The target it was assigned to (`mac:...`, `node:...`, `pool:...`,
     /// `default`).
     pub target: String,
-    pub image_id: String,
+    pub image_id: ImageId,
     pub signed_manifest: Vec<u8>,
     pub append: String,
     /// Set: the boot endpoint mints a one-use join token living this long
@@ -79,7 +80,7 @@ pub struct Assigned {
 /// allow-list entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MacOwner {
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     pub pool: Option<String>,
 }
 
@@ -152,7 +153,7 @@ pub fn valid_pool(name: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootRecord {
     pub mac: String,
-    pub image_id: Option<String>,
+    pub image_id: Option<ImageId>,
     pub remote: String,
     pub outcome: String,
 }
@@ -162,7 +163,7 @@ pub struct BootRecord {
 pub struct BootRow {
     pub mac: String,
     /// Empty when no image was served.
-    pub image_id: String,
+    pub image_id: ImageId,
     pub at_ms: i64,
     pub remote: String,
     pub outcome: String,

@@ -7,6 +7,8 @@
 //! forged one is recorded as `security.inventory.forged`) and names the
 //! current epoch.
 
+use crate::id::NodeId;
+
 /// The fleet event a forged inventory section is recorded as.
 pub const FORGED: &str = "security.inventory.forged";
 
@@ -14,7 +16,7 @@ pub const FORGED: &str = "security.inventory.forged";
 /// [`crate::nodes::Signed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InventoryInput {
-    pub node_id: String,
+    pub node_id: NodeId,
     /// The session epoch the node sent it under.
     pub epoch: u64,
     pub section: String,

@@ -89,6 +89,7 @@ pub mod events;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod gateways;
+pub mod id;
 pub mod images;
 pub mod inventory;
 pub mod leases;
@@ -113,6 +114,7 @@ use std::sync::Arc;
 pub use backend::{Backend, GatewayBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Refusal, StoreError, TxError};
+pub use id::{CommandId, GatewayId, ImageId, NodeId, OperatorId, TokenId};
 
 /// A handle on a store: clone it freely. Its methods are [`Backend`]'s.
 #[derive(Clone)]

@@ -13,6 +13,7 @@
 //! bound to the EK stays bound until `nodes delete` frees it.
 
 use crate::error::Refusal;
+use crate::id::{NodeId, TokenId};
 use crate::tokens::Joined;
 
 /// The two kinds of enrolment.
@@ -54,7 +55,7 @@ pub struct Enrolment {
     pub description: String,
     pub created_ms: i64,
     /// Kind `Ek`: the live node bound to the EK, if one joined.
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     /// Kind `EkCa`: the intermediate CAs between the CA (the anchor) and
     /// the EK certificates, DER one after another, as enrolled.
     pub ca_intermediates: Option<Vec<u8>>,
@@ -147,16 +148,16 @@ pub fn no_enrolment(id: &str) -> Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenlessJoin {
     /// The live node bound to the EK, at this identity generation.
-    Reclaim { node_id: String, generation: u64 },
+    Reclaim { node_id: NodeId, generation: u64 },
     /// A new node bound to the EK, admitted by this enrolment (recorded as
     /// the node's join token).
-    NewNode { admitted_by: String },
+    NewNode { admitted_by: TokenId },
 }
 
 /// The live node bound to an EK, as a join with no token finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundNode {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub generation: i64,
     /// Quarantined as a cloned identity.
     pub quarantined: bool,
@@ -170,13 +171,13 @@ pub enum Enrolled {
     /// attested machine ([`ProvesMachine`]): the binding was rewritten.
     /// Recorded as [`EK_BINDING_FORGED`] (committed); nothing else changed.
     Forged {
-        node_id: String,
+        node_id: NodeId,
     },
     /// Two machines alternate on the node's TPM identity: the node was
     /// quarantined (its certificates revoked, `duplicate-identity`) by this
     /// join, which the peer is refused with [`Refusal::Quarantined`].
     Quarantined {
-        node_id: String,
+        node_id: NodeId,
     },
 }
 
@@ -214,7 +215,7 @@ pub fn admit_tokenless(
     }) = bound
     {
         if quarantined {
-            return Err(Refusal::Quarantined(node_id));
+            return Err(Refusal::Quarantined(node_id.into_string()));
         }
         return Ok(TokenlessJoin::Reclaim {
             node_id,
@@ -223,12 +224,12 @@ pub fn admit_tokenless(
     }
     if enrolled {
         return Ok(TokenlessJoin::NewNode {
-            admitted_by: ek_id(ek_sha256),
+            admitted_by: TokenId::from(ek_id(ek_sha256)),
         });
     }
     if let Some(ca) = ca {
         return Ok(TokenlessJoin::NewNode {
-            admitted_by: ca.to_string(),
+            admitted_by: TokenId::from(ca),
         });
     }
     Err(Refusal::NotEnrolled(ek_sha256.to_string()))
@@ -280,7 +281,7 @@ mod tests {
         assert_eq!(
             admit_tokenless(EK, None, true, Some("ek-ca:aa")).unwrap(),
             TokenlessJoin::NewNode {
-                admitted_by: ek_id(EK)
+                admitted_by: TokenId::from(ek_id(EK))
             }
         );
         assert_eq!(

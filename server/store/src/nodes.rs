@@ -17,6 +17,7 @@
 
 use crate::bindings::VerifySignature;
 use crate::error::Refusal;
+use crate::id::{GatewayId, NodeId};
 
 /// The certificate a join or renewal issues, decided before it is recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub type RenewCert = Box<dyn FnOnce(&str, i64, bool) -> Result<IssuedCert, crate
 /// A certificate as the store keeps it, with its node's deletion time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertRow {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub serial: String,
     pub revoked_at_ms: Option<i64>,
     pub revoke_reason: Option<String>,
@@ -48,7 +49,7 @@ pub struct CertRow {
 /// A certificate that is valid now: whose it is, and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidCert {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub serial: String,
     pub not_after_ms: i64,
 }
@@ -60,7 +61,7 @@ pub fn check_cert(row: Option<CertRow>, now_ms: i64) -> Result<ValidCert, Refusa
         return Err(Refusal::UnknownCertificate);
     };
     if c.node_deleted_at_ms.is_some() {
-        return Err(Refusal::DeletedNode(c.node_id, c.statement));
+        return Err(Refusal::DeletedNode(c.node_id.into_string(), c.statement));
     }
     if c.revoked_at_ms.is_some() {
         return Err(Refusal::Revoked(
@@ -101,7 +102,7 @@ pub fn check_renewable(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
     pub serial: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub reason: String,
     pub at_ms: i64,
     /// The signed statement that confirms it, relayed to the node.
@@ -125,7 +126,7 @@ pub enum StatementKind {
 /// What the store decided about a node, for the sealer to sign.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatementSeal {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub kind: StatementKind,
     /// The certificates revoked now.
     pub serials: Vec<String>,
@@ -188,11 +189,11 @@ pub fn judge_signed<'a, T: About>(
 /// A node as `nodes list` shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeRow {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub state: String,
     pub epoch: u64,
-    pub gateway_id: String,
+    pub gateway_id: GatewayId,
     pub cert_not_after_ms: i64,
     pub last_seen_age_ms: i64,
     pub boot_id: String,

@@ -7,6 +7,7 @@
 //! controller's decision over these statuses lives with the controller.
 
 use crate::error::Refusal;
+use crate::id::{CommandId, NodeId};
 
 pub const DEFAULT_WAVES: [u32; 4] = [1, 10, 50, 100];
 
@@ -106,7 +107,7 @@ pub struct NewRollout {
     /// A label selector too: its text, and the nodes whose signed labels
     /// match it (the caller opens the signed specs; the store holds no
     /// label it could read).
-    pub labels: Option<(String, std::collections::BTreeSet<String>)>,
+    pub labels: Option<(String, std::collections::BTreeSet<NodeId>)>,
 }
 
 impl NewRollout {
@@ -139,10 +140,10 @@ pub struct Rollout {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolloutNode {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub position: usize,
     pub status: NodeStatus,
-    pub command_id: Option<String>,
+    pub command_id: Option<CommandId>,
     pub command_state: Option<String>,
     pub reason: String,
     pub rollback_id: Option<String>,
@@ -184,7 +185,7 @@ pub fn validate_waves(waves: &[u32]) -> Result<(), String> {
 /// A node as the selector sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub hostname: String,
     pub version: String,
 }
@@ -233,7 +234,7 @@ pub fn plan(
     release_known: bool,
     active: Option<&str>,
     candidates: &[Candidate],
-) -> Result<Vec<String>, Refusal> {
+) -> Result<Vec<NodeId>, Refusal> {
     validate_waves(&r.waves).map_err(Refusal::BadRequest)?;
     if !release_known {
         return Err(Refusal::NotFound(format!(
@@ -358,7 +359,7 @@ mod tests {
                 version: String::new(),
             },
         ];
-        assert_eq!(plan(&r, true, None, &nodes), Ok(vec!["n1".to_string()]));
+        assert_eq!(plan(&r, true, None, &nodes), Ok(vec![NodeId::from("n1")]));
         assert!(
             matches!(plan(&r, false, None, &nodes), Err(Refusal::NotFound(m)) if m.contains("no release 3"))
         );
@@ -372,16 +373,16 @@ mod tests {
         ));
         let labelled = NewRollout {
             selector: String::new(),
-            labels: Some(("pool=a".into(), ["n2".to_string()].into())),
+            labels: Some(("pool=a".into(), [NodeId::from("n2")].into())),
             ..r.clone()
         };
         assert_eq!(
             plan(&labelled, true, None, &nodes),
-            Ok(vec!["n2".to_string()])
+            Ok(vec![NodeId::from("n2")])
         );
         assert_eq!(labelled.recorded_selector(), "-l pool=a");
         let none = NewRollout {
-            labels: Some(("pool=a".into(), ["n2".to_string()].into())),
+            labels: Some(("pool=a".into(), [NodeId::from("n2")].into())),
             ..r.clone()
         };
         assert!(matches!(

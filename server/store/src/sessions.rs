@@ -8,6 +8,7 @@
 //! decides. Writes on behalf of a session carry its epoch and change
 //! nothing once a newer Hello ran (`bcd_core::epoch::write_applies`).
 
+use crate::id::{CommandId, GatewayId, NodeId};
 use std::time::Duration;
 
 use bcd_core::command::{HelloDecision, Kind, NodeReport, Outcome, ServerState};
@@ -16,10 +17,10 @@ use crate::commands::Dispatch;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloInput {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub cert_fingerprint: String,
     pub cert_serial: String,
-    pub gateway_id: String,
+    pub gateway_id: GatewayId,
     pub incarnation_id: String,
     pub boot_id: String,
     pub journal_id: String,
@@ -28,8 +29,8 @@ pub struct HelloInput {
     /// (section, SHA-256) of the node's inventory.
     pub inventory_hashes: Vec<(String, String)>,
     /// Command ids the node's journal holds running, and done.
-    pub journal_running: Vec<String>,
-    pub journal_done: Vec<String>,
+    pub journal_running: Vec<CommandId>,
+    pub journal_done: Vec<CommandId>,
     /// Abnormal exits of the daemon its supervisor counted before this
     /// start: at the crash-loop threshold the node shows
     /// `DaemonCrashLoop` until a Hello below it.
@@ -64,7 +65,7 @@ pub struct HelloProved {
 pub struct Sighting {
     pub id: i64,
     pub serial: String,
-    pub node_id: String,
+    pub node_id: NodeId,
     pub boot_id: String,
     pub at_ms: i64,
     /// The count the proof carries, as the gateway recorded it.
@@ -111,7 +112,7 @@ impl HelloOutcome {
 /// A command a Hello finished.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
-    pub id: String,
+    pub id: CommandId,
     /// How it ended (the state it is in now is that outcome's).
     pub outcome: Outcome,
     pub reason: String,
@@ -121,7 +122,7 @@ pub struct Finished {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRow {
     pub epoch: u64,
-    pub gateway_id: String,
+    pub gateway_id: GatewayId,
     pub state: String,
 }
 
@@ -129,7 +130,7 @@ pub struct SessionRow {
 /// `age` ago.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub epoch: u64,
     pub age: Duration,
 }
@@ -139,7 +140,7 @@ pub struct Seen {
 /// the sessions that ended meanwhile together).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub epoch: u64,
     pub seen_age: Duration,
     pub ended_age: Duration,
@@ -173,7 +174,7 @@ pub struct FleetSize {
 /// A session a gateway holds, by node and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionKey {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub epoch: u64,
 }
 
@@ -199,7 +200,7 @@ pub fn inventory_wanted(
 /// An in-flight command as the Hello transaction reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
-    pub id: String,
+    pub id: CommandId,
     pub seq: u64,
     pub kind: String,
     pub state: String,
@@ -275,8 +276,8 @@ mod tests {
             agent_version: String::new(),
             last_epoch: 0,
             inventory_hashes: vec![],
-            journal_running: running.iter().map(|s| s.to_string()).collect(),
-            journal_done: done.iter().map(|s| s.to_string()).collect(),
+            journal_running: running.iter().map(|&s| CommandId::from(s)).collect(),
+            journal_done: done.iter().map(|&s| CommandId::from(s)).collect(),
             daemon_exits: 0,
             proof: None,
         }

@@ -13,6 +13,7 @@
 //! applied generation never moves backward except to 0, which a node with
 //! a new journal reports ([`applied_generation`]).
 
+use crate::id::NodeId;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -163,7 +164,7 @@ pub fn forged_refusal(node_id: &str, why: &str) -> Refusal {
 /// [`crate::nodes::Signed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateReportInput {
-    pub node_id: String,
+    pub node_id: NodeId,
     /// The session epoch the node sent it under.
     pub epoch: u64,
     pub applied_generation: u64,

@@ -12,6 +12,7 @@
 //! recorded, a fleet event kept); [`judge_proof`] decides whether the proof
 //! holds. A refused proof, like any refused join, spends nothing.
 
+use crate::id::{NodeId, OperatorId, TokenId};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use crate::nodes::IssuedCert;
 /// A join token to create.
 #[derive(Debug, Clone)]
 pub struct NewToken {
-    pub id: String,
+    pub id: TokenId,
     pub secret_sha256: String,
     pub ttl: Duration,
     pub uses: u32,
@@ -33,7 +34,7 @@ pub struct NewToken {
 /// A join token as an operator sees it: never its secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenInfo {
-    pub id: String,
+    pub id: TokenId,
     pub created_at_ms: i64,
     pub expires_at_ms: i64,
     pub uses_total: i64,
@@ -54,7 +55,7 @@ pub const TOKEN_INFO_COLUMNS: &str =
 /// A node's request to join with a token.
 #[derive(Debug, Clone)]
 pub struct JoinInput {
-    pub token_id: String,
+    pub token_id: TokenId,
     pub secret_sha256: String,
     pub hostname: String,
     pub ramdisk: bool,
@@ -70,7 +71,7 @@ pub struct JoinInput {
 /// starts above them).
 #[derive(Debug, Clone)]
 pub struct Joined {
-    pub node_id: String,
+    pub node_id: NodeId,
     pub cert: IssuedCert,
     pub now_ms: i64,
     /// The highest command sequence the store issued the node.
@@ -86,7 +87,7 @@ impl Joined {
     /// A node created by this join, at identity generation 1. Its floors
     /// are zero: nothing was issued to an id that did not exist (a node's
     /// row is never removed, so an id is never made twice).
-    pub fn new_node(node_id: String, cert: IssuedCert, now_ms: i64) -> Joined {
+    pub fn new_node(node_id: NodeId, cert: IssuedCert, now_ms: i64) -> Joined {
         Joined {
             node_id,
             cert,
@@ -106,7 +107,7 @@ pub type CheckProof = Arc<dyn Fn(&[u8], &[u8], &[u8]) -> bool + Send + Sync>;
 /// A joining machine's proof that it holds the key of an existing node.
 #[derive(Clone)]
 pub struct PreviousProof {
-    pub node_id: String,
+    pub node_id: NodeId,
     /// What the old key signed (`bcd_proto::reenrol::statement` of the node
     /// id, the token id and the request's CSR).
     pub message: Vec<u8>,
@@ -144,7 +145,7 @@ pub fn judge_proof(
     certs: &[Vec<u8>],
     proof: &PreviousProof,
 ) -> Result<u64, Refusal> {
-    let refuse = |why: &str| Refusal::NotReenrolled(proof.node_id.clone(), why.to_string());
+    let refuse = |why: &str| Refusal::NotReenrolled(proof.node_id.to_string(), why.to_string());
     let Some(node) = node else {
         return Err(refuse("there is no such node"));
     };
@@ -245,8 +246,8 @@ pub fn new_token_secret() -> (String, String) {
 }
 
 /// A fresh node id: `nd-` and 12 hex digits.
-pub fn new_node_id() -> String {
-    format!("nd-{:012x}", rand::random::<u64>() >> 16)
+pub fn new_node_id() -> NodeId {
+    NodeId::from(format!("nd-{:012x}", rand::random::<u64>() >> 16))
 }
 
 #[cfg(test)]
@@ -372,7 +373,7 @@ impl std::fmt::Display for OperatorRole {
 /// An operator to record, with the certificate the operator CA issued it.
 #[derive(Debug, Clone)]
 pub struct NewOperator {
-    pub id: String,
+    pub id: OperatorId,
     pub role: OperatorRole,
     /// SHA-256 of the certificate (DER), hex.
     pub cert_sha256: String,
@@ -383,7 +384,7 @@ pub struct NewOperator {
 /// An operator as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorRow {
-    pub id: String,
+    pub id: OperatorId,
     pub role: OperatorRole,
     /// `None` for an operator from before certificates (always revoked).
     pub cert_sha256: Option<String>,

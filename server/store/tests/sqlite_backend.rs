@@ -17,7 +17,7 @@ use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
 use bc_store::nodes::IssuedCert;
 use bc_store::sqlite::{MIGRATIONS, SCHEMA_VERSION};
 use bc_store::tokens::{JoinInput, NewToken};
-use bc_store::{ManualClock, Store, StoreError};
+use bc_store::{CommandId, ManualClock, NodeId, Store, StoreError};
 
 const GOLDEN: &str = "tests/golden/schema.sql";
 
@@ -132,13 +132,20 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
         (cert.node_id.as_str(), cert.serial.as_str()),
         (NODE, "0123456789abcdef0123456789abcdef")
     );
-    let session = s.session(NODE).await.unwrap().unwrap();
+    let session = s.session(&NodeId::from(NODE)).await.unwrap().unwrap();
     assert_eq!((session.epoch, session.gateway_id.as_str()), (1, "gw-1"));
-    let inv = s.inventory(NODE, "gpus").await.unwrap().unwrap();
+    let inv = s
+        .inventory(&NodeId::from(NODE), "gpus")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(inv.sha256, "9a");
     assert!(String::from_utf8_lossy(&inv.body).contains("0000:17:00.0"));
 
-    let commands = s.list_commands(Some(NODE), 10).await.unwrap();
+    let commands = s
+        .list_commands(Some(&NodeId::from(NODE)), 10)
+        .await
+        .unwrap();
     let states: Vec<(u64, &str, &str)> = commands
         .iter()
         .map(|c| (c.seq, c.kind.text(), c.state.text()))
@@ -152,7 +159,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
         ]
     );
     let done = s
-        .get_command("cmd-07e170d3e2eb9bcd")
+        .get_command(&CommandId::from("cmd-07e170d3e2eb9bcd"))
         .await
         .unwrap()
         .unwrap();
@@ -165,7 +172,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     assert!(done.legacy && done.signed_result.is_none());
     assert!(commands.iter().filter(|c| c.legacy).count() == 1);
 
-    let spec = s.spec_view(NODE).await.unwrap().unwrap();
+    let spec = s.spec_view(&NodeId::from(NODE)).await.unwrap().unwrap();
     assert_eq!((spec.desired_generation, spec.applied_generation), (1, 1));
     assert_eq!(spec.assignments[0].allocation_id, "job-a");
     assert_eq!(
@@ -175,10 +182,10 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     assert_eq!(spec.access.users[0].name, "ops");
     assert_eq!(spec.sections[0].status, "OBSERVED");
     assert_eq!(
-        s.signed_spec(NODE).await.unwrap(),
+        s.signed_spec(&NodeId::from(NODE)).await.unwrap(),
         Some((1, b"signed-spec".to_vec()))
     );
-    let bindings = s.bindings(NODE).await.unwrap();
+    let bindings = s.bindings(&NodeId::from(NODE)).await.unwrap();
     assert_eq!(
         (
             bindings[0].allocation_id.as_str(),
@@ -188,10 +195,10 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     );
     assert_eq!(bindings[0].gpus, vec!["GPU-0".to_string()]);
     assert_eq!(
-        s.fleet_events(NODE, 10).await.unwrap(),
+        s.fleet_events(&NodeId::from(NODE), 10).await.unwrap(),
         vec!["reservation.binding-rejected: allocation job-b: unsigned report".to_string()]
     );
-    let events = s.node_events(NODE).await.unwrap();
+    let events = s.node_events(&NodeId::from(NODE)).await.unwrap();
     assert_eq!(
         (events[0].kind.as_str(), events[0].event_id),
         ("command.accepted", 1)
@@ -298,7 +305,7 @@ async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
     );
     let (generation, body) = s
         .update_spec(
-            NODE,
+            &NodeId::from(NODE),
             Box::new(|_| Ok(())),
             // What the fixture's worker signed: generation 1 of this body.
             Box::new(|signed| {
@@ -335,13 +342,17 @@ async fn a_store_from_version_11_migrates_and_its_specs_are_signed_again() {
     // The state report it held still reads, and a report of any session
     // applies over it (it predates report epochs).
     assert_eq!(
-        s.spec_view(NODE).await.unwrap().unwrap().applied_generation,
+        s.spec_view(&NodeId::from(NODE))
+            .await
+            .unwrap()
+            .unwrap()
+            .applied_generation,
         1
     );
     // The certificate revoked by a deletion from then has no statement.
     assert!(s.check_cert(&"f1".repeat(32)).await.is_ok());
     assert!(
-        s.delete_node(NODE, Box::new(|_| b"st".to_vec()))
+        s.delete_node(&NodeId::from(NODE), Box::new(|_| b"st".to_vec()))
             .await
             .unwrap()
     );
@@ -535,7 +546,7 @@ async fn a_hello_ending_from_before_hello_proofs_reads_as_legacy() {
     let listed = |s: &Store| {
         let s = s.clone();
         async move {
-            s.get_command("cmd-0f8691a0b2177a5d")
+            s.get_command(&CommandId::from("cmd-0f8691a0b2177a5d"))
                 .await
                 .unwrap()
                 .unwrap()
@@ -549,7 +560,10 @@ async fn a_hello_ending_from_before_hello_proofs_reads_as_legacy() {
     // Migration 0029, as it runs on a store at version 28.
     c.execute_batch(MIGRATIONS[28]).unwrap();
     assert!(listed(&s).await);
-    let commands = s.list_commands(Some(NODE), 10).await.unwrap();
+    let commands = s
+        .list_commands(Some(&NodeId::from(NODE)), 10)
+        .await
+        .unwrap();
     assert_eq!(commands.iter().filter(|c| c.legacy).count(), 2);
     assert!(
         !commands

@@ -36,7 +36,7 @@ struct Args {
 fn store_ms(server: &bc_tests::Server, cmd: &str) -> (i64, String) {
     let store = server.store();
     let c = store
-        .block(store.store.get_command(cmd))
+        .block(store.store.get_command(&bc_store::CommandId::from(cmd)))
         .expect("the store")
         .expect("the command");
     (

@@ -534,7 +534,7 @@ gateway_operations!(implement!(PostgresBackend, pg_run, GatewayBackend {
             .await)
     }
 
-    async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
+    async fn report_absorption(&self, gateway_id: &GatewayId, per_s: u32) -> Result<(), StoreError> {
         tx!(self, |tx| leases::report_absorption(
             &Pg(&tx),
             gateway_id,

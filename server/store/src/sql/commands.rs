@@ -14,6 +14,7 @@ use crate::commands::{
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::events::SECURITY_EVENTS_KEPT_MS;
+use crate::id::{CommandId, NodeId};
 use crate::named::Named;
 use crate::nodes::{Signed, judge_signed};
 
@@ -84,11 +85,11 @@ pub(crate) async fn create(
     }
     let seq = match node {
         Some((None, seq)) => seq as u64,
-        _ => return Err(Refusal::NoSuchNode(cmd.node_id.clone()).into()),
+        _ => return Err(Refusal::NoSuchNode(cmd.node_id.to_string()).into()),
     };
     let now = db.now().await?;
     let sealed = CommandSeal {
-        id: new_command_id(),
+        id: CommandId::from(new_command_id()),
         node_id: cmd.node_id.clone(),
         seq,
         kind: cmd.kind,
@@ -127,7 +128,7 @@ pub(crate) async fn create(
 
 pub(crate) async fn list(
     db: &impl Db,
-    node_id: Option<&str>,
+    node_id: Option<&NodeId>,
     limit: u32,
 ) -> Result<Vec<CommandRow>, StoreError> {
     db.query(
@@ -203,7 +204,7 @@ pub(crate) async fn take_dispatchable(
     let ids: Vec<&str> = out.iter().map(|d| d.id.as_str()).collect();
     // Marked in one statement; a command another transaction finished or
     // expired meanwhile is not sent.
-    let marked: std::collections::HashSet<String> = db
+    let marked: std::collections::HashSet<CommandId> = db
         .column(
             &format!(
                 "UPDATE commands SET state = 'dispatched', epoch = $2, updated_at = compute_now()
@@ -303,7 +304,10 @@ pub(crate) async fn result(
     Ok(ResultApplied::Applied)
 }
 
-pub(crate) async fn upgrades_unjudged(db: &impl Db, limit: u32) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn upgrades_unjudged(
+    db: &impl Db,
+    limit: u32,
+) -> Result<Vec<CommandId>, StoreError> {
     db.column(
         "SELECT id FROM commands
          WHERE kind = 'daemon.upgrade' AND state = 'succeeded' AND NOT floor_judged
@@ -362,7 +366,7 @@ pub(crate) async fn judge_upgrade_floor(
     Ok(Some(floor))
 }
 
-pub(crate) async fn sweep(db: &impl Db) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn sweep(db: &impl Db) -> Result<Vec<CommandId>, StoreError> {
     // "now" as a value, so the deadline index bounds the scan.
     let now = db.now().await?;
     db.column(
@@ -403,7 +407,7 @@ pub(crate) async fn states(db: &impl Db) -> Result<Vec<(String, u64)>, StoreErro
 pub(crate) async fn results_unreceipted(
     db: &impl Db,
     limit: u32,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<CommandId>, StoreError> {
     db.column(
         "SELECT id FROM commands WHERE receipt IS NULL AND result_signature IS NOT NULL \
          ORDER BY id LIMIT $1",
@@ -427,9 +431,9 @@ pub(crate) async fn put_result_receipt(
 
 pub(crate) async fn result_receipts(
     db: &impl Db,
-    node: &str,
-    ids: &[String],
-) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    node: &NodeId,
+    ids: &[CommandId],
+) -> Result<Vec<(CommandId, Vec<u8>)>, StoreError> {
     let (commands, unknown) = (
         in_list(db.dialect(), "id", 1),
         in_list(db.dialect(), "command_id", 1),

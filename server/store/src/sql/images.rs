@@ -4,6 +4,7 @@
 use super::{Db, List, Row, in_list};
 use crate::clock::ms;
 use crate::error::{StoreError, TxError};
+use crate::id::ImageId;
 use crate::images::{
     AllowedMac, Assigned, BOOTS_KEPT, BootRecord, BootRow, IMAGE_COLUMNS, ImageRef, ImageRow,
     MacOwner, Minted, NewImage, boot_targets, by_prefix, image_ref, no_image_named, no_such_image,
@@ -125,7 +126,7 @@ pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<String, TxError>
 pub(crate) async fn assign(
     db: &impl Db,
     target: &str,
-    image_id: Option<&str>,
+    image_id: Option<&ImageId>,
     append: &str,
     mint_ttl_ms: Option<i64>,
 ) -> Result<(), StoreError> {

@@ -4,6 +4,7 @@ use super::bindings::fleet_event;
 use super::{Db, Row};
 use crate::clones;
 use crate::error::{StoreError, TxError};
+use crate::id::NodeId;
 use crate::nodes::{
     CertRow, NODE_DELETED, NodeList, NodeRow, RenewCert, Revocation, SealStatement, StatementKind,
     StatementSeal, ValidCert, check_cert as check, check_renewable,
@@ -216,7 +217,7 @@ pub(crate) async fn nodes_matching(
             macs: Vec::new(),
             ek_sha256: r.get(15)?,
         });
-        if let Some(m) = macs.remove(&nodes[nodes.len() - 1].node_id) {
+        if let Some(m) = macs.remove(nodes[nodes.len() - 1].node_id.as_str()) {
             nodes.last_mut().expect("just pushed").macs = m;
         }
     }
@@ -245,7 +246,7 @@ pub(crate) async fn delete_node(
     // Every certificate the node ever had gets the statement: a node
     // presenting an older one is told the same.
     let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
+        node_id: NodeId::from(node_id),
         kind: StatementKind::Deleted,
         serials,
         reason: NODE_DELETED.to_string(),
@@ -298,7 +299,7 @@ pub(crate) async fn revoke_all(
         )
         .await?;
     let statement = seal(&StatementSeal {
-        node_id: node_id.to_string(),
+        node_id: NodeId::from(node_id),
         kind: StatementKind::Revoked,
         serials: serials.clone(),
         reason: reason.to_string(),

@@ -18,6 +18,7 @@ use crate::clock::ms;
 use crate::clones;
 use crate::commands::Dispatch;
 use crate::error::{Refusal, StoreError, TxError};
+use crate::id::{GatewayId, NodeId};
 use crate::leases::gateway_lease;
 use crate::nodes::{SUPERSEDED, TAINT_UNREACHABLE, check_cert, conditions_at_hello, without};
 use crate::sessions::{
@@ -88,10 +89,10 @@ pub(crate) async fn hello(db: &impl Db, h: &HelloInput) -> Result<HelloOutcome, 
         .ok_or_else(|| StoreError::Database("compute_now() returned no row".into()))??;
     let cert = check_cert(cert.first().map(cert_from_row).transpose()?, now)?;
     if cert.node_id != h.node_id || cert.serial != h.cert_serial {
-        return Err(Refusal::WrongCertificate(h.node_id.clone()).into());
+        return Err(Refusal::WrongCertificate(h.node_id.to_string()).into());
     }
     if !lease_admits(lease, now) {
-        return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+        return Err(Refusal::Fenced(h.gateway_id.to_string()).into());
     }
     let last_sighting: Option<String> = next().first().map(|r| r.get(0)).transpose()?;
     let node = node.first().ok_or_else(|| {
@@ -100,7 +101,7 @@ pub(crate) async fn hello(db: &impl Db, h: &HelloInput) -> Result<HelloOutcome, 
     let (conditions, taints): (Vec<String>, Vec<String>) = (node.json(1)?, node.json(2)?);
     let proofs_required: bool = node.get(3)?;
     if !clones::admits(h.proof.is_some(), proofs_required) {
-        return Err(Refusal::HelloUnproved(h.node_id.clone()).into());
+        return Err(Refusal::HelloUnproved(h.node_id.to_string()).into());
     }
     let prev = next()
         .first()
@@ -191,7 +192,7 @@ pub(crate) async fn hello(db: &impl Db, h: &HelloInput) -> Result<HelloOutcome, 
         .transpose()?
         .unwrap_or(false);
     if !held {
-        return Err(Refusal::Fenced(h.gateway_id.clone()).into());
+        return Err(Refusal::Fenced(h.gateway_id.to_string()).into());
     }
     let in_flight: Vec<InFlight> = written
         .get(2)
@@ -469,7 +470,7 @@ pub(crate) async fn flush_liveness(
         .collect::<Result<_, StoreError>>()?;
     Ok(seen
         .iter()
-        .filter(|s| !current.contains(&(s.node_id.clone(), s.epoch as i64)))
+        .filter(|s| !current.contains(&(s.node_id.to_string(), s.epoch as i64)))
         .map(gone)
         .collect())
 }
@@ -527,8 +528,8 @@ pub(crate) async fn session(db: &impl Db, node_id: &str) -> Result<Option<Sessio
 
 pub(crate) async fn connected_to(
     db: &impl Db,
-    gateway_id: &str,
-) -> Result<Vec<String>, StoreError> {
+    gateway_id: &GatewayId,
+) -> Result<Vec<NodeId>, StoreError> {
     db.column(
         "SELECT node_id FROM node_sessions WHERE gateway_id = $1 AND state = 'connected'
          ORDER BY node_id",
@@ -540,7 +541,7 @@ pub(crate) async fn connected_to(
 pub(crate) async fn spec_generations(
     db: &impl Db,
     gateway_id: &str,
-) -> Result<Vec<(String, u64)>, StoreError> {
+) -> Result<Vec<(NodeId, u64)>, StoreError> {
     db.query(
         "SELECT s.node_id, p.generation FROM node_sessions s
          JOIN node_specs p ON p.node_id = s.node_id
@@ -550,7 +551,7 @@ pub(crate) async fn spec_generations(
     )
     .await?
     .iter()
-    .map(|r| Ok((r.get::<String>(0)?, r.get::<i64>(1)? as u64)))
+    .map(|r| Ok((r.get::<NodeId>(0)?, r.get::<i64>(1)? as u64)))
     .collect()
 }
 
@@ -558,7 +559,7 @@ pub(crate) async fn nodes_with_work(
     db: &impl Db,
     gateway_id: &str,
     specs_since_ms: i64,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<NodeId>, StoreError> {
     db.column(
         "SELECT s.node_id FROM node_sessions s
          WHERE s.gateway_id = $1 AND s.state = 'connected' AND (

@@ -8,6 +8,7 @@ use super::{Db, to_json};
 use crate::bindings::VerifySignature;
 use crate::clock::ms;
 use crate::error::{Refusal, StoreError, TxError};
+use crate::id::NodeId;
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::{
     ChangeSpec, FORGED, FactApplied, LIFETIME, OpenSpec, SPEC_FORGED, SealSpec, SectionRow,
@@ -106,7 +107,7 @@ pub(crate) async fn update(
     Ok(Ok((next, body)))
 }
 
-pub(crate) async fn signed_all(db: &impl Db) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+pub(crate) async fn signed_all(db: &impl Db) -> Result<Vec<(NodeId, Vec<u8>)>, StoreError> {
     db.query(
         "SELECT s.node_id, s.signed FROM node_specs s JOIN nodes n ON n.id = s.node_id
          WHERE n.deleted_at IS NULL ORDER BY s.node_id",
@@ -118,7 +119,7 @@ pub(crate) async fn signed_all(db: &impl Db) -> Result<Vec<(String, Vec<u8>)>, S
     .collect()
 }
 
-pub(crate) async fn expiring(db: &impl Db, within: Duration) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn expiring(db: &impl Db, within: Duration) -> Result<Vec<NodeId>, StoreError> {
     db.column(
         "SELECT s.node_id FROM node_specs s JOIN nodes n ON n.id = s.node_id
          WHERE n.deleted_at IS NULL AND s.not_after < compute_now() + $1

@@ -7,6 +7,7 @@ use super::{Db, Dialect, Param, Params, Row};
 use crate::clock::ms;
 use crate::clones;
 use crate::error::{StoreError, TxError};
+use crate::id::NodeId;
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement};
 use crate::tokens::{
@@ -416,7 +417,7 @@ async fn reenrol_node(
     .await?;
     let (command_seq_floor, spec_generation_floor) = floors(db, node_id).await?;
     Ok(Joined {
-        node_id: node_id.to_string(),
+        node_id: NodeId::from(node_id),
         cert,
         now_ms: now,
         command_seq_floor,

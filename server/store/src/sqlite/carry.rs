@@ -61,6 +61,16 @@ impl<'a> Carry<'a> for Option<&'a str> {
     }
 }
 
+impl<'a, T: Clone + Send + 'static> Carry<'a> for Option<&'a T> {
+    type Owned = Option<T>;
+    fn own(self) -> Option<T> {
+        self.cloned()
+    }
+    fn back(owned: &'a mut Option<T>) -> Self {
+        owned.as_ref()
+    }
+}
+
 /// Small values, copied.
 macro_rules! copied {
     ($($t:ty),* $(,)?) => {$(

@@ -473,7 +473,7 @@ gateway_operations!(implement!(SqliteBackend, lite_run, GatewayBackend {
         .await
     }
 
-    async fn report_absorption(&self, gateway_id: &str, per_s: u32) -> Result<(), StoreError> {
+    async fn report_absorption(&self, gateway_id: &GatewayId, per_s: u32) -> Result<(), StoreError> {
         let gateway_id = gateway_id.to_string();
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
             ready(leases::report_absorption(&Lite(c), &gateway_id, per_s))

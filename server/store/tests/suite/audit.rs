@@ -83,8 +83,8 @@ pub async fn a_snapshot_reads_the_history_and_the_tables(f: Fixture) {
     assert_eq!(snap.sessions[0].gateway_id, "gw");
     assert_eq!(snap.leases.get("gw"), Some(&(T0 + 3_600_000)));
     assert_eq!(snap.commands.len(), 1);
-    assert_eq!(snap.desired.get(&node), Some(&1));
-    assert_eq!(snap.applied.get(&node), None);
+    assert_eq!(snap.desired.get(node.as_str()), Some(&1));
+    assert_eq!(snap.applied.get(node.as_str()), None);
     assert!(
         snap.audit
             .iter()

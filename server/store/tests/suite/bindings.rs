@@ -1,3 +1,4 @@
+use bc_store::NodeId;
 use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
 use bc_store::nodes::IssuedCert;
 
@@ -19,7 +20,7 @@ fn report(session: &str, node: &str, alloc: &str, nonce: &str, key: Option<&[u8]
     }
 }
 
-async fn node_with_der(f: &Fixture, der: &[u8]) -> String {
+async fn node_with_der(f: &Fixture, der: &[u8]) -> NodeId {
     joined_with(
         &f.store,
         IssuedCert {

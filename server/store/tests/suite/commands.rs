@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use bc_store::commands::{NewCommand, ResultApplied, ResultInput};
 use bc_store::named::Named;
-use bc_store::{Refusal, TxError};
+use bc_store::{CommandId, GatewayId, Refusal, TxError};
 use bcd_core::command::{Kind, Outcome, ServerState};
 
 use bc_store::nodes::Signed;
@@ -131,7 +131,7 @@ pub async fn dispatch_needs_the_gateways_lease(f: Fixture) {
         .unwrap();
     f.clock.advance(std::time::Duration::from_secs(21));
     assert!(
-        s.take_dispatchable("gw-z", &node, e)
+        s.take_dispatchable(&GatewayId::from("gw-z"), &node, e)
             .await
             .unwrap()
             .is_empty(),
@@ -146,7 +146,7 @@ pub async fn dispatch_needs_the_gateways_lease(f: Fixture) {
     .unwrap()
     .expect("the lapsed lease is free");
     assert!(
-        s.take_dispatchable("gw-z", &node, e)
+        s.take_dispatchable(&GatewayId::from("gw-z"), &node, e)
             .await
             .unwrap()
             .is_empty(),
@@ -158,7 +158,10 @@ pub async fn dispatch_needs_the_gateways_lease(f: Fixture) {
     );
     f.clock.advance(std::time::Duration::from_secs(21));
     super::lease(s, "gw-z", std::time::Duration::from_secs(20)).await;
-    let d = s.take_dispatchable("gw-z", &node, e).await.unwrap();
+    let d = s
+        .take_dispatchable(&GatewayId::from("gw-z"), &node, e)
+        .await
+        .unwrap();
     assert_eq!(d.len(), 1, "held again, it dispatches");
 }
 
@@ -189,31 +192,36 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
         .unwrap();
     assert_eq!((c1.seq, c2.seq, c3.seq), (1, 2, 3));
     assert_eq!(
-        s.nodes_with_work("gw-b", i64::MAX).await.unwrap(),
+        s.nodes_with_work(&GatewayId::from("gw-b"), i64::MAX)
+            .await
+            .unwrap(),
         vec![node.clone()]
     );
     assert!(
-        s.nodes_with_work("gw-a", i64::MAX)
+        s.nodes_with_work(&GatewayId::from("gw-a"), i64::MAX)
             .await
             .unwrap()
             .is_empty()
     );
     // Nothing goes to a stale route or epoch.
     assert!(
-        s.take_dispatchable("gw-a", &node, e1)
+        s.take_dispatchable(&GatewayId::from("gw-a"), &node, e1)
             .await
             .unwrap()
             .is_empty()
     );
     assert!(
-        s.take_dispatchable("gw-b", &node, e1)
+        s.take_dispatchable(&GatewayId::from("gw-b"), &node, e1)
             .await
             .unwrap()
             .is_empty()
     );
     // The command waiting for generation 2 holds back the one after it.
     f.advance(Duration::from_millis(250));
-    let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
+    let d = s
+        .take_dispatchable(&GatewayId::from("gw-b"), &node, e2)
+        .await
+        .unwrap();
     assert_eq!(d[0].waited_ms, Some(250), "how long it waited, store clock");
     assert_eq!(
         d.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
@@ -221,7 +229,7 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
     );
     assert_eq!(d[0].signed, b"1");
     assert!(
-        s.take_dispatchable("gw-b", &node, e2)
+        s.take_dispatchable(&GatewayId::from("gw-b"), &node, e2)
             .await
             .unwrap()
             .is_empty(),
@@ -230,7 +238,10 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
     s.put_state_report(&node, &state(&node, 1, e2, 2, vec![]), verify)
         .await
         .unwrap();
-    let d = s.take_dispatchable("gw-b", &node, e2).await.unwrap();
+    let d = s
+        .take_dispatchable(&GatewayId::from("gw-b"), &node, e2)
+        .await
+        .unwrap();
     assert_eq!(
         d.iter().map(|d| d.seq).collect::<Vec<_>>(),
         [2, 3],
@@ -248,7 +259,7 @@ pub async fn dispatch_follows_the_route_and_the_applied_generation(f: Fixture) {
         "acked"
     );
     assert!(
-        s.nodes_with_work("gw-b", i64::MAX)
+        s.nodes_with_work(&GatewayId::from("gw-b"), i64::MAX)
             .await
             .unwrap()
             .is_empty()
@@ -289,7 +300,13 @@ pub async fn the_sweeper_expires_only_pending_commands_past_their_deadline(f: Fi
         .create_command(&command(&node, Kind::ExecRun, "held"), Box::new(|_| vec![]))
         .await
         .unwrap();
-    assert_eq!(s.take_dispatchable("gw", &node, e).await.unwrap().len(), 1);
+    assert_eq!(
+        s.take_dispatchable(&GatewayId::from("gw"), &node, e)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let (waiting, _) = s
         .create_command(
             &command(&node, Kind::ExecRun, "waiting"),
@@ -488,7 +505,10 @@ pub async fn command_states_are_counted(f: Fixture) {
         s.command_states().await.unwrap(),
         [("pending".to_string(), 2)]
     );
-    let d = s.take_dispatchable("gw-a", &node, e).await.unwrap();
+    let d = s
+        .take_dispatchable(&GatewayId::from("gw-a"), &node, e)
+        .await
+        .unwrap();
     s.command_result(
         &node,
         &result(&node, 1, &d[0].id, Outcome::Succeeded),
@@ -511,12 +531,19 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
     let s = &f.store;
     let node = joined(s, 1).await;
     let e1 = s.hello(&hello(&node, 1, "gw", 0)).await.unwrap().epoch;
-    let seal = || -> bc_store::commands::SealCommand { Box::new(|c| c.id.clone().into_bytes()) };
+    let seal =
+        || -> bc_store::commands::SealCommand { Box::new(|c| c.id.to_string().into_bytes()) };
     let (a, _) = s
         .create_command(&command(&node, Kind::ExecRun, "a"), seal())
         .await
         .unwrap();
-    assert_eq!(s.take_dispatchable("gw", &node, e1).await.unwrap().len(), 1);
+    assert_eq!(
+        s.take_dispatchable(&GatewayId::from("gw"), &node, e1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let old = super::route("gw", &node, e1);
     assert!(s.command_ack(&old, &a.id, true).await.unwrap());
     assert!(
@@ -537,7 +564,10 @@ pub async fn a_late_or_stale_ack_moves_nothing(f: Fixture) {
         .await
         .unwrap();
     assert_eq!(
-        s.take_dispatchable("gw-b", &node, e2).await.unwrap().len(),
+        s.take_dispatchable(&GatewayId::from("gw-b"), &node, e2)
+            .await
+            .unwrap()
+            .len(),
         1
     );
     for stale in [
@@ -772,7 +802,7 @@ pub async fn unknown_results_are_kept_for_one_receipt_and_bounded(f: Fixture) {
     let mut waiting = s.unknown_results_unreceipted(10).await.unwrap();
     waiting.sort_by(|a, b| a.payload.cmp(&b.payload));
     assert_eq!(waiting, vec![planted.clone(), own.clone()]);
-    let ids = ["cmd-gone".to_string()];
+    let ids = [CommandId::from("cmd-gone")];
     assert!(gw.result_receipts(&node, &ids).await.unwrap().is_empty());
     s.put_unknown_result_receipt(&own, b"receipt")
         .await
@@ -781,7 +811,7 @@ pub async fn unknown_results_are_kept_for_one_receipt_and_bounded(f: Fixture) {
     s.put_unknown_result_receipt(&planted, b"").await.unwrap();
     assert_eq!(
         gw.result_receipts(&node, &ids).await.unwrap(),
-        vec![("cmd-gone".to_string(), b"receipt".to_vec())],
+        vec![(CommandId::from("cmd-gone"), b"receipt".to_vec())],
         "the one receipt given, once"
     );
     assert!(gw.result_receipts(&other, &ids).await.unwrap().is_empty());
@@ -791,7 +821,7 @@ pub async fn unknown_results_are_kept_for_one_receipt_and_bounded(f: Fixture) {
     // receipted is: 1 held, then up to the bound, then none.
     for i in 1..UNKNOWN_RESULTS_PER_NODE {
         let r = UnknownResult {
-            command_id: format!("cmd-{i}"),
+            command_id: CommandId::from(format!("cmd-{i}")),
             ..own.clone()
         };
         assert!(gw.put_unknown_result(&r).await.unwrap(), "{i}");

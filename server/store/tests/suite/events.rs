@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use bc_store::NodeId;
 use bc_store::events::{EventInput, EventKey};
 
 use super::{Fixture, T0, joined};
@@ -73,7 +74,7 @@ pub async fn fleet_events_are_read_by_node_kind_age_and_position(f: Fixture) {
         ("security.result.forged", "nd-b"),
         ("security_x", "nd-a"),
     ] {
-        s.publish_fleet_event(kind, node, &format!("{kind} of {node}"))
+        s.publish_fleet_event(kind, &NodeId::from(node), &format!("{kind} of {node}"))
             .await
             .unwrap();
         f.advance(Duration::from_secs(60));
@@ -100,7 +101,7 @@ pub async fn fleet_events_are_read_by_node_kind_age_and_position(f: Fixture) {
     );
     assert_eq!(all[0].at_ms, T0);
     assert_eq!(all[0].detail, "security.node.quarantined of nd-a");
-    let kinds = |v: Vec<(String, String)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    let kinds = |v: Vec<(String, NodeId)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
     // A glob: `*` any run, and the `_` of a kind is no wildcard.
     assert_eq!(
         kinds(

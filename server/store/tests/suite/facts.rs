@@ -3,6 +3,7 @@
 //! is a `security.*.forged` event and changes nothing), and deleting a node
 //! keeps the signed statement of it with its certificates.
 
+use bc_store::NodeId;
 use std::time::Duration;
 
 use bc_store::Refusal;
@@ -44,7 +45,11 @@ pub async fn forged_facts_are_recorded_and_applied_nowhere(f: Fixture) {
         .await
         .unwrap();
     let n: &str = &node;
-    let forged = |r: Signed<_>| async move { s.command_result(n, &r, verify).await.unwrap() };
+    let forged = |r: Signed<_>| async move {
+        s.command_result(&NodeId::from(n), &r, verify)
+            .await
+            .unwrap()
+    };
     // Signed by a key that is not the node's.
     let by_another_key = result(&node, 9, &c.id, Outcome::Succeeded);
     // Unsigned.
@@ -176,9 +181,13 @@ pub async fn a_report_from_an_older_session_changes_nothing(f: Fixture) {
     let node = joined(s, 1).await;
     let n: &str = &node;
     let put = |epoch, applied| async move {
-        s.put_state_report(n, &state(n, 1, epoch, applied, ready()), verify)
-            .await
-            .unwrap()
+        s.put_state_report(
+            &NodeId::from(n),
+            &state(n, 1, epoch, applied, ready()),
+            verify,
+        )
+        .await
+        .unwrap()
     };
     assert_eq!(put(3, 4).await, FactApplied::Applied);
     assert_eq!(put(2, 9).await, FactApplied::Stale);
@@ -251,7 +260,7 @@ pub async fn deleting_a_node_keeps_a_signed_statement_with_its_certificates(f: F
     for fp in [fake_cert(1).fingerprint, fake_cert(2).fingerprint] {
         assert_eq!(
             s.check_cert(&fp).await.unwrap_err().refusal(),
-            Some(&Refusal::DeletedNode(node.clone(), statement.clone()))
+            Some(&Refusal::DeletedNode(node.to_string(), statement.clone()))
         );
     }
     let revoked = s.revoked_since(T0).await.unwrap();
@@ -283,7 +292,7 @@ pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixt
     };
     let n: &str = &node;
     let put = |i: InventoryInput, key: u8| async move {
-        s.put_inventory(n, epoch, &signed(key, i), verify)
+        s.put_inventory(&NodeId::from(n), epoch, &signed(key, i), verify)
             .await
             .unwrap()
     };
@@ -339,7 +348,13 @@ pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixt
         (one.last_seen_age_ms, from_list.last_seen_age_ms) = (0, 0);
         assert_eq!(one, from_list);
     }
-    assert!(s.node("nd-000000000000").await.unwrap().nodes.is_empty());
+    assert!(
+        s.node(&NodeId::from("nd-000000000000"))
+            .await
+            .unwrap()
+            .nodes
+            .is_empty()
+    );
     assert_eq!(s.node(&node).await.unwrap().nodes.len(), 1);
     s.delete_node(&other, Box::new(|_| vec![])).await.unwrap();
     assert!(s.node(&other).await.unwrap().nodes.is_empty());

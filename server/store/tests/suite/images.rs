@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use bc_store::ImageId;
 use bc_store::Refusal;
 use bc_store::images::{BootRecord, NewImage, minted_description};
 use bc_store::tokens::{JoinInput, NewToken};
@@ -8,7 +9,7 @@ use super::Fixture;
 
 fn image(id: char, name: &str, initrd: &[u8]) -> NewImage {
     NewImage {
-        image_id: id.to_string().repeat(64),
+        image_id: ImageId::from(id.to_string().repeat(64)),
         name: name.into(),
         key_id: "k".into(),
         kernel_version: "6.1.0-test".into(),
@@ -27,7 +28,7 @@ fn image(id: char, name: &str, initrd: &[u8]) -> NewImage {
 fn boot(mac: &str, image: Option<&str>, outcome: &str) -> BootRecord {
     BootRecord {
         mac: mac.into(),
-        image_id: image.map(str::to_string),
+        image_id: image.map(ImageId::from),
         remote: "127.0.0.1:1".into(),
         outcome: outcome.into(),
     }
@@ -35,7 +36,7 @@ fn boot(mac: &str, image: Option<&str>, outcome: &str) -> BootRecord {
 
 pub async fn assignments_prefer_the_mac_over_the_default_and_boots_are_kept(f: Fixture) {
     let s = &f.store;
-    let (a, b) = ("a".repeat(64), "b".repeat(64));
+    let (a, b) = (ImageId::from("a".repeat(64)), ImageId::from("b".repeat(64)));
     assert!(
         s.register_image(&image('a', "a", b"initrd-a"))
             .await
@@ -128,14 +129,22 @@ pub async fn images_resolve_by_id_name_or_prefix(f: Fixture) {
     // One image by its whole id, as listed, with its manifest; a prefix or
     // a name is not an id.
     let listed = s.list_images().await.unwrap();
-    let (row, manifest) = s.image(&"b".repeat(64)).await.unwrap().unwrap();
+    let (row, manifest) = s
+        .image(&ImageId::from("b".repeat(64)))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         Some(&row),
         listed.iter().find(|i| i.image_id == "b".repeat(64))
     );
     assert_eq!(manifest, b"{b}");
     for not_an_id in ["bbbbbbbb", "b", &"c".repeat(64)] {
-        assert_eq!(s.image(not_an_id).await.unwrap(), None, "{not_an_id}");
+        assert_eq!(
+            s.image(&ImageId::from(not_an_id)).await.unwrap(),
+            None,
+            "{not_an_id}"
+        );
     }
     for missing in ["cccccccc", "nope", &"c".repeat(64)] {
         let err = s.resolve_image(missing).await.unwrap_err();
@@ -182,7 +191,11 @@ pub async fn a_mac_boots_its_nodes_then_its_pools_assignment_and_minted_tokens_a
     f: Fixture,
 ) {
     let s = &f.store;
-    let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+    let (a, b, c) = (
+        ImageId::from("a".repeat(64)),
+        ImageId::from("b".repeat(64)),
+        ImageId::from("c".repeat(64)),
+    );
     for (id, name) in [('a', "a"), ('b', "bb"), ('c', "ccc")] {
         s.register_image(&image(id, name, name.as_bytes()))
             .await

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use bc_store::GatewayId;
 use bc_store::leases::LeaseRow;
 use bc_store::liveness::{LivenessRules, SweepOutcome};
 use bc_store::nodes::{CONDITION_UNREACHABLE, TAINT_UNREACHABLE};
@@ -195,16 +196,26 @@ pub async fn the_fleet_absorbs_what_its_live_gateways_reported(f: Fixture) {
     let s = &f.store;
     // Nothing reported yet: 0 (the gateways fall back to their floors).
     assert_eq!(s.fleet_size().await.unwrap().absorbs_per_s, 0);
-    s.report_absorption("gw", 450).await.unwrap();
-    s.report_absorption("gw2", 300).await.unwrap();
+    s.report_absorption(&GatewayId::from("gw"), 450)
+        .await
+        .unwrap();
+    s.report_absorption(&GatewayId::from("gw2"), 300)
+        .await
+        .unwrap();
     assert_eq!(s.fleet_size().await.unwrap().absorbs_per_s, 750);
     // A report replaces the last one; a gateway without its lease writes
     // nothing; a lapsed gateway's figure stops counting with it.
-    s.report_absorption("gw", 200).await.unwrap();
-    s.report_absorption("gw-nobody", 10_000).await.unwrap();
+    s.report_absorption(&GatewayId::from("gw"), 200)
+        .await
+        .unwrap();
+    s.report_absorption(&GatewayId::from("gw-nobody"), 10_000)
+        .await
+        .unwrap();
     assert_eq!(s.fleet_size().await.unwrap().absorbs_per_s, 500);
     lease(s, "gw-short", Duration::from_millis(10)).await;
-    s.report_absorption("gw-short", 1_000).await.unwrap();
+    s.report_absorption(&GatewayId::from("gw-short"), 1_000)
+        .await
+        .unwrap();
     assert_eq!(s.fleet_size().await.unwrap().absorbs_per_s, 1_500);
     f.advance(Duration::from_millis(11));
     let size = s.fleet_size().await.unwrap();

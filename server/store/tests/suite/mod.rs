@@ -31,6 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use bc_store::NodeId;
 use bc_store::nodes::{IssuedCert, Signed};
 use bc_store::sessions::HelloInput;
 use bc_store::specs::{
@@ -199,11 +200,11 @@ pub fn join_input(token_id: &str, secret: &str) -> JoinInput {
 }
 
 /// A node joined with certificate `fake_cert(cert)`; returns its id.
-pub async fn joined(s: &Store, cert: u8) -> String {
+pub async fn joined(s: &Store, cert: u8) -> NodeId {
     joined_with(s, fake_cert(cert)).await
 }
 
-pub async fn joined_with(s: &Store, cert: IssuedCert) -> String {
+pub async fn joined_with(s: &Store, cert: IssuedCert) -> NodeId {
     let id = format!("t-{}", cert.serial);
     s.create_token(&token(&id, Duration::from_secs(60), 1))
         .await

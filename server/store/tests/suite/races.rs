@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bc_store::commands::ResultApplied;
-use bc_store::{Refusal, TxError};
+use bc_store::{GatewayId, NodeId, Refusal, TxError};
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
@@ -96,7 +96,10 @@ pub async fn an_ack_against_an_epoch_bump_moves_nothing(f: Fixture) {
             .create_command(&command(&node, Kind::ExecRun, ""), Box::new(|_| vec![]))
             .await
             .unwrap();
-        let taken = a.take_dispatchable("gw-a", &node, e1).await.unwrap();
+        let taken = a
+            .take_dispatchable(&GatewayId::from("gw-a"), &node, e1)
+            .await
+            .unwrap();
         assert!(taken.iter().any(|d| d.id == c.id), "round {round}");
         let stalled = f.hold("UPDATE audit_head SET seq = seq").await;
         let (b2, h) = (b.clone(), hello(&node, 1, "gw-b", 0));
@@ -216,7 +219,10 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
             .await;
         let a2 = a.clone();
         let n2 = node.clone();
-        let dispatch = tokio::spawn(async move { a2.take_dispatchable("gw-a", &n2, e1).await });
+        let dispatch = tokio::spawn(async move {
+            a2.take_dispatchable(&GatewayId::from("gw-a"), &n2, e1)
+                .await
+        });
         // The dispatch has read the session and waits on the command row.
         f.until_waiting(1).await;
         let (b2, h) = (b.clone(), hello(&node, 1, "gw-b", 0));
@@ -240,7 +246,7 @@ pub async fn dispatch_against_an_epoch_bump_is_replayed_or_left_pending(f: Fixtu
             assert!(bumped.replay.is_empty(), "round {round}");
             assert_eq!(row.state.text(), "pending");
             let d = b
-                .take_dispatchable("gw-b", &node, bumped.epoch)
+                .take_dispatchable(&GatewayId::from("gw-b"), &node, bumped.epoch)
                 .await
                 .unwrap();
             assert_eq!(d.len(), 1);
@@ -298,14 +304,14 @@ pub async fn concurrent_writes_are_each_their_own_transaction(f: Fixture) {
     for i in 0..48 {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
         let target = if i % 3 == 0 {
-            "nd-nope".to_string()
+            NodeId::from("nd-nope")
         } else {
             node.clone()
         };
         tasks.push(tokio::spawn(async move {
             s.create_command(
                 &command(&target, Kind::ExecRun, ""),
-                Box::new(|c| c.id.clone().into_bytes()),
+                Box::new(|c| c.id.to_string().into_bytes()),
             )
             .await
         }));

@@ -244,7 +244,7 @@ pub async fn racing_re_enrolments_of_one_node_make_one_identity(f: Fixture) {
                 assert_eq!(
                     e.refusal(),
                     Some(&Refusal::NotReenrolled(
-                        node.clone(),
+                        node.to_string(),
                         "the proof is not signed by the key of its current certificate".into()
                     )),
                     "round {round}: the loser's proof is stale"
@@ -673,7 +673,7 @@ pub async fn machines_alternating_on_one_tpm_identity_are_quarantined(f: Fixture
     for boot in ["a", "c", "fresh"] {
         assert_eq!(
             refusal_of(reattest(s, &ek, None, boot, cert).await),
-            Refusal::Quarantined(node_id.clone())
+            Refusal::Quarantined(node_id.to_string())
         );
     }
     // An operator joins the real machine with a token: the node is back,
@@ -763,7 +763,7 @@ pub async fn unproved_hellos_are_refused_once_a_confirmed_release_proved_them(f:
     let refused = s.hello(&super::hello(&node, 1, "gw", 6)).await.unwrap_err();
     assert_eq!(
         refused.refusal(),
-        Some(&Refusal::HelloUnproved(node.clone()))
+        Some(&Refusal::HelloUnproved(node.to_string()))
     );
     assert!(refused.to_string().contains("bcd join --reset --yes"));
     // Proved ones go on, and once it is required a confirmed proof of the

@@ -1,6 +1,6 @@
 use bc_store::releases::NewRelease;
 use bc_store::rollouts::{NewRollout, NodeStatus, RolloutCommand, RolloutState};
-use bc_store::{Refusal, TxError};
+use bc_store::{NodeId, Refusal, TxError};
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
@@ -43,7 +43,7 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
         (RolloutState::Running, 0, "0.2.0")
     );
     assert_eq!(r.created_at_ms, T0);
-    let mut ids: Vec<&str> = vec![a.as_str(), b.as_str()];
+    let mut ids: Vec<&NodeId> = vec![&a, &b];
     ids.sort();
     assert_eq!(
         r.nodes
@@ -73,7 +73,7 @@ pub async fn a_rollout_fixes_its_nodes_and_follows_their_commands(f: Fixture) {
     assert_eq!(got.nodes[0].status, NodeStatus::Upgrading);
     assert_eq!(got.nodes[0].command_state.as_deref(), Some("pending"));
     assert_eq!(got.nodes[1].status, NodeStatus::Skipped);
-    let cert = if ids[0] == a { 1 } else { 2 };
+    let cert = if *ids[0] == a { 1 } else { 2 };
     s.command_result(
         ids[0],
         &result(ids[0], cert, &up.id, Outcome::Succeeded),

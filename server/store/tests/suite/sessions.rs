@@ -3,7 +3,7 @@ use std::time::Duration;
 use bc_store::commands::NewCommand;
 use bc_store::nodes::IssuedCert;
 use bc_store::sessions::{Ended, HelloInput, Seen, SessionKey};
-use bc_store::{Refusal, TxError};
+use bc_store::{GatewayId, NodeId, Refusal, TxError};
 use bcd_core::command::{Kind, ServerState};
 
 use bc_store::inventory::InventoryInput;
@@ -47,7 +47,10 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
     assert_eq!(second.epoch, 2);
     // gw-a's late writes under epoch 1 are fenced.
     assert!(!disconnect(s, &node, 1, Duration::ZERO).await);
-    let gone = s.flush_liveness("gw-a", &seen(&node, 1)).await.unwrap();
+    let gone = s
+        .flush_liveness(&GatewayId::from("gw-a"), &seen(&node, 1))
+        .await
+        .unwrap();
     assert_eq!(
         gone,
         vec![SessionKey {
@@ -66,11 +69,19 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
         (sess.epoch, sess.gateway_id.as_str(), sess.state.as_str()),
         (2, "gw-b", "connected")
     );
-    assert_eq!(s.connected_to("gw-b").await.unwrap(), vec![node.clone()]);
-    assert!(s.connected_to("gw-a").await.unwrap().is_empty());
+    assert_eq!(
+        s.connected_to(&GatewayId::from("gw-b")).await.unwrap(),
+        vec![node.clone()]
+    );
+    assert!(
+        s.connected_to(&GatewayId::from("gw-a"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // The current session's writes apply.
     assert!(
-        s.flush_liveness("gw-b", &seen(&node, 2))
+        s.flush_liveness(&GatewayId::from("gw-b"), &seen(&node, 2))
             .await
             .unwrap()
             .is_empty()
@@ -118,7 +129,7 @@ pub async fn deleted_nodes_and_foreign_certificates_are_refused(f: Fixture) {
     };
     assert_eq!(
         refusal(hello(&b, 1, "gw", 0)).await,
-        Refusal::WrongCertificate(b.clone())
+        Refusal::WrongCertificate(b.to_string())
     );
     assert_eq!(
         refusal(hello(&a, 7, "gw", 0)).await,
@@ -136,7 +147,7 @@ pub async fn deleted_nodes_and_foreign_certificates_are_refused(f: Fixture) {
     );
     assert_eq!(
         refusal(hello(&a, 1, "gw", 0)).await,
-        Refusal::DeletedNode(a.clone(), Some(b"statement".to_vec()))
+        Refusal::DeletedNode(a.to_string(), Some(b"statement".to_vec()))
     );
     assert_eq!(s.list_nodes().await.unwrap().nodes.len(), 1);
 }
@@ -194,13 +205,19 @@ pub async fn hello_settles_in_flight_commands(f: Fixture) {
         let (c, _) = s
             .create_command(
                 &command(&node, kind),
-                Box::new(|c| c.id.clone().into_bytes()),
+                Box::new(|c| c.id.to_string().into_bytes()),
             )
             .await
             .unwrap();
         ids.push(c.id);
     }
-    assert_eq!(s.take_dispatchable("gw", &node, e1).await.unwrap().len(), 4);
+    assert_eq!(
+        s.take_dispatchable(&GatewayId::from("gw"), &node, e1)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
     assert!(
         s.command_ack(&super::route("gw", &node, e1), &ids[2], true)
             .await
@@ -279,7 +296,7 @@ pub async fn a_gateway_shutdown_disconnects_and_releases_together(f: Fixture) {
     // b moved on meanwhile: its disconnect under the old epoch is fenced.
     s.hello(&hello(&b, 2, "gw", 0)).await.unwrap();
     s.gateway_shutdown(
-        "gw-x",
+        &GatewayId::from("gw-x"),
         &[
             SessionKey {
                 node_id: a.clone(),
@@ -359,7 +376,7 @@ pub async fn a_gateway_writes_the_sessions_that_ended_together(f: Fixture) {
             "{n}"
         );
     }
-    let ages: std::collections::HashMap<String, i64> = s
+    let ages: std::collections::HashMap<NodeId, i64> = s
         .list_nodes()
         .await
         .unwrap()
@@ -473,7 +490,10 @@ pub async fn certificates_renew_expire_and_are_revoked_with_their_node(f: Fixtur
         && r.statement.as_deref() == Some(&b"st"[..])));
     assert_eq!(
         s.check_cert("fp2").await.unwrap_err().refusal(),
-        Some(&Refusal::DeletedNode(node, Some(b"st".to_vec())))
+        Some(&Refusal::DeletedNode(
+            node.to_string(),
+            Some(b"st".to_vec())
+        ))
     );
 }
 
@@ -545,7 +565,12 @@ pub async fn published_fleet_events_are_read_back_newest_first(f: Fixture) {
             "security.renew.refused: renew:node-deleted: gone".to_string(),
         ]
     );
-    assert!(s.fleet_events("nd-other", 10).await.unwrap().is_empty());
+    assert!(
+        s.fleet_events(&NodeId::from("nd-other"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn the_first_hello_with_a_renewed_certificate_supersedes_the_old_one(f: Fixture) {

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use bc_store::specs::{Access, AccessUser, Assignment, LIFETIME, RESIGN_WITHIN, SectionReport};
-use bc_store::{Refusal, TxError};
+use bc_store::{GatewayId, NodeId, Refusal, TxError};
 
 use super::{Fixture, T0, joined, open_spec, seal_spec, state, verify};
 
@@ -91,20 +91,32 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
         .epoch;
     assert!(e > 0);
     assert_eq!(
-        s.nodes_with_work("gw", T0 + 5).await.unwrap(),
+        s.nodes_with_work(&GatewayId::from("gw"), T0 + 5)
+            .await
+            .unwrap(),
         vec![node.clone()]
     );
-    assert!(s.nodes_with_work("gw", T0 + 6).await.unwrap().is_empty());
+    assert!(
+        s.nodes_with_work(&GatewayId::from("gw"), T0 + 6)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // Whatever the stamps say, the generation of each connected node.
     assert_eq!(
-        s.spec_generations("gw").await.unwrap(),
+        s.spec_generations(&GatewayId::from("gw")).await.unwrap(),
         vec![(node.clone(), 2)]
     );
-    assert!(s.spec_generations("gw-other").await.unwrap().is_empty());
+    assert!(
+        s.spec_generations(&GatewayId::from("gw-other"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     // No spec for a node that does not exist.
     let err = s
         .update_spec(
-            "nd-nope",
+            &NodeId::from("nd-nope"),
             Box::new(|_| Ok(())),
             open_spec("nd-nope"),
             seal_spec("nd-nope"),
@@ -112,7 +124,7 @@ pub async fn spec_changes_are_sealed_and_refusals_change_nothing(f: Fixture) {
         .await
         .unwrap_err();
     assert_eq!(err.refusal(), Some(&Refusal::NoSuchNode("nd-nope".into())));
-    assert_eq!(s.spec_view("nd-nope").await.unwrap(), None);
+    assert_eq!(s.spec_view(&NodeId::from("nd-nope")).await.unwrap(), None);
 }
 
 pub async fn state_reports_move_the_applied_generation_forward_or_to_zero(f: Fixture) {
@@ -191,7 +203,11 @@ pub async fn expiring_specs_are_found_for_signing_again(f: Fixture) {
     for (n, bytes) in &signed {
         assert_eq!(
             Some(bytes),
-            s.signed_spec(n).await.unwrap().map(|(_, b)| b).as_ref()
+            s.signed_spec(&NodeId::from(n))
+                .await
+                .unwrap()
+                .map(|(_, b)| b)
+                .as_ref()
         );
     }
     // A deleted node's spec is nobody's business.
@@ -306,7 +322,7 @@ pub async fn a_rewritten_spec_row_signs_nothing(f: Fixture) {
     assert!(
         events
             .iter()
-            .any(|e| e.starts_with(bc_store::specs::SPEC_FORGED) && e.contains(&other)),
+            .any(|e| e.starts_with(bc_store::specs::SPEC_FORGED) && e.contains(other.as_str())),
         "{events:?}"
     );
 }

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use bc_store::{Refusal, TxError};
+use bc_store::{OperatorId, Refusal, TokenId, TxError};
 
 use super::{Fixture, fake_cert, join_input, token};
 
@@ -102,7 +102,7 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
             .is_err(),
         "one certificate, one operator"
     );
-    let names: Vec<String> = s
+    let names: Vec<OperatorId> = s
         .list_operators()
         .await
         .unwrap()
@@ -120,7 +120,10 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
     let seal = || -> bc_store::tokens::SealRevocation {
         Box::new(|row, at| format!("{} {:?} {at}", row.id, row.cert_sha256).into_bytes())
     };
-    let revoked = s.revoke_operator("viewer", seal()).await.unwrap();
+    let revoked = s
+        .revoke_operator(&OperatorId::from("viewer"), seal())
+        .await
+        .unwrap();
     assert_eq!(revoked.revoked_at, Some(super::T0 + 5_000));
     let statement = format!("viewer Some(\"c2\") {}", super::T0 + 5_000).into_bytes();
     assert_eq!(revoked.revocation.as_deref(), Some(statement.as_slice()));
@@ -130,7 +133,7 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
     f.advance(Duration::from_secs(5));
     let again = s
         .revoke_operator(
-            "viewer",
+            &OperatorId::from("viewer"),
             Box::new(|_, _| panic!("a revoked operator is not sealed again")),
         )
         .await
@@ -140,7 +143,7 @@ pub async fn operators_are_found_by_their_certificate_and_revoked_for_every_proc
         (Some(super::T0 + 5_000), Some(statement)),
         "revoking again changes nothing"
     );
-    match s.revoke_operator("nobody", seal()).await {
+    match s.revoke_operator(&OperatorId::from("nobody"), seal()).await {
         Err(TxError::Refused(Refusal::NotFound(m))) => assert!(m.contains("nobody"), "{m}"),
         other => panic!("revoking an unknown operator: {other:?}"),
     }
@@ -193,7 +196,11 @@ pub async fn tokens_are_listed_without_secrets_and_a_revoked_one_joins_nothing(f
         }
     );
     // Revoked: it expired now, it joins nothing, and it is no longer live.
-    let revoked = s.revoke_token("new").await.unwrap().unwrap();
+    let revoked = s
+        .revoke_token(&TokenId::from("new"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(revoked.expires_at_ms, super::T0 + 10 - 1);
     assert_eq!(revoked.uses_left, 3, "revoking spends nothing");
     f.advance(Duration::from_millis(1));
@@ -208,10 +215,18 @@ pub async fn tokens_are_listed_without_secrets_and_a_revoked_one_joins_nothing(f
     // Again, or after it expired: the expiry stays the earlier one.
     f.advance(Duration::from_secs(120));
     assert_eq!(
-        s.revoke_token("new").await.unwrap().unwrap().expires_at_ms,
+        s.revoke_token(&TokenId::from("new"))
+            .await
+            .unwrap()
+            .unwrap()
+            .expires_at_ms,
         revoked.expires_at_ms
     );
-    let old = s.revoke_token("old").await.unwrap().unwrap();
+    let old = s
+        .revoke_token(&TokenId::from("old"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(old.expires_at_ms, super::T0 + 60_000, "already expired");
-    assert_eq!(s.revoke_token("nope").await.unwrap(), None);
+    assert_eq!(s.revoke_token(&TokenId::from("nope")).await.unwrap(), None);
 }

@@ -1,0 +1,215 @@
+//! The fleet's identifiers, one type each: a node's id cannot be passed
+//! where a gateway's is asked for, nor a command's where a token's is.
+//!
+//! Each is the text the store keeps and the wire carries, unchanged
+//! (`#[serde(transparent)]`, bound and read as the column's text): typing
+//! them changes no row, file or message. An id is made from text where it
+//! comes in (a certificate, a request, a row) with `From`; it reads as
+//! `&str` (`as_str`, `Deref`) wherever it goes out, which cannot confuse
+//! one kind with another.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::ops::Deref;
+
+macro_rules! ids {
+    ($($(#[$doc:meta])* $name:ident;)+) => {$(
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        #[derive(serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The id's text, owned.
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(text: String) -> Self {
+                $name(text)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(text: &str) -> Self {
+                $name(text.to_owned())
+            }
+        }
+
+        impl From<&String> for $name {
+            fn from(text: &String) -> Self {
+                $name(text.clone())
+            }
+        }
+
+        impl From<&$name> for $name {
+            fn from(id: &$name) -> Self {
+                id.clone()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, other: &$name) -> bool {
+                self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
+        impl rusqlite::ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                self.0.to_sql()
+            }
+        }
+
+        impl rusqlite::types::FromSql for $name {
+            fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                String::column_result(value).map($name)
+            }
+        }
+
+        impl tokio_postgres::types::ToSql for $name {
+            fn to_sql(
+                &self,
+                ty: &tokio_postgres::types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.0.to_sql(ty, out)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <String as tokio_postgres::types::ToSql>::accepts(ty)
+            }
+
+            tokio_postgres::types::to_sql_checked!();
+        }
+
+        impl<'a> tokio_postgres::types::FromSql<'a> for $name {
+            fn from_sql(
+                ty: &tokio_postgres::types::Type,
+                raw: &'a [u8],
+            ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                String::from_sql(ty, raw).map($name)
+            }
+
+            fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+                <String as tokio_postgres::types::FromSql>::accepts(ty)
+            }
+        }
+    )+};
+}
+
+ids! {
+    /// A node: the id its certificates name (`nd-<hex>`), given at its
+    /// first join and kept through re-enrolments.
+    NodeId;
+    /// A gateway: the name its certificate and credential carry, which
+    /// sessions and leases are routed by.
+    GatewayId;
+    /// A command: its id as the key holder minted it, which the node's
+    /// result and the seal name.
+    CommandId;
+    /// An operator: the id an operator certificate names.
+    OperatorId;
+    /// A join token: its public id (never its secret).
+    TokenId;
+    /// A boot image: the digest-derived id `image register` gives it.
+    ImageId;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id serializes as its bare text, so typing the ids changed no
+    /// JSON the store or the API writes.
+    #[test]
+    fn an_id_serializes_as_its_text() {
+        let id = NodeId::from("nd-0a1b");
+        assert_eq!(serde_json::to_string(&id).unwrap(), "\"nd-0a1b\"");
+        let back: NodeId = serde_json::from_str("\"nd-0a1b\"").unwrap();
+        assert_eq!(back, id);
+        assert_eq!(format!("{id} {id:?}"), "nd-0a1b \"nd-0a1b\"");
+    }
+
+    /// A map keyed by an id is looked up by text.
+    #[test]
+    fn an_id_keyed_map_is_read_by_text() {
+        let mut seen = std::collections::HashMap::new();
+        seen.insert(GatewayId::from("gw-0"), 1);
+        assert_eq!(seen.get("gw-0"), Some(&1));
+    }
+}
