@@ -150,14 +150,14 @@ pub async fn run(opts: DaemonOptions) -> anyhow::Result<ExitCode> {
             None,
             node::Footprint::NODE,
         )?;
-        if agent.identity.tpm_record().is_some() {
+        if agent.shared.identity.tpm_record().is_some() {
             // A TPM-held key needs its TPM: no start without it.
             let endpoint = match &opts.helper {
                 Some(socket) => TpmEndpoint::Helper(socket.clone()),
                 None => opts.tpm.clone(),
             };
             let endpoint = tpm_at(opts.tpm_backend, endpoint)?;
-            tokio::task::block_in_place(|| agent.identity.attach_tpm(endpoint))
+            tokio::task::block_in_place(|| agent.shared.identity.attach_tpm(endpoint))
                 .map_err(anyhow::Error::msg)?;
         }
         agent.converge_every = opts.converge_every;
@@ -178,7 +178,7 @@ pub async fn run(opts: DaemonOptions) -> anyhow::Result<ExitCode> {
         });
         #[cfg(feature = "failpoints")]
         {
-            agent.failpoints =
+            agent.shared.failpoints =
                 crate::failpoints::Failpoints::from_env().map_err(anyhow::Error::msg)?;
         }
         let mut updater = upgrade::Updater::new(&data_dir, opts.confirm_within);
@@ -190,7 +190,7 @@ pub async fn run(opts: DaemonOptions) -> anyhow::Result<ExitCode> {
             });
         }
         agent.update = Some(updater);
-        agent.metrics = node_metrics.clone();
+        agent.shared.metrics = node_metrics.clone();
         agent.uevents = match bcd_udev::Monitor::open(bcd_udev::Group::Kernel, opts.uevents) {
             Ok(m) => Some(m),
             Err(e) => {

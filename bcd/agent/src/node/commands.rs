@@ -36,8 +36,12 @@ impl Agent {
         server_now: Option<i64>,
         done: &mpsc::UnboundedSender<Done>,
     ) -> Result<(), Result<Stopped, String>> {
-        let journaled = self.journal.command(&d.command_id).map_err(journal_err)?;
-        let opened = bcd_proto::sign::open(&d.signed, &self.worker_keys());
+        let journaled = self
+            .shared
+            .journal
+            .command(&d.command_id)
+            .map_err(journal_err)?;
+        let opened = bcd_proto::sign::open(&d.signed, &self.shared.worker_keys());
         let payload = opened
             .as_ref()
             .ok()
@@ -65,11 +69,15 @@ impl Agent {
             min_generation: payload.as_ref().map_or(0, |p| p.min_generation),
         };
         let view = NodeView {
-            node_id: &self.identity.file.node_id,
-            highest_seq: self.journal.highest_seq().map_err(journal_err)?,
-            seq_floor: self.identity.file.replay_floors.command_seq,
+            node_id: &self.shared.identity.file.node_id,
+            highest_seq: self.shared.journal.highest_seq().map_err(journal_err)?,
+            seq_floor: self.shared.identity.file.replay_floors.command_seq,
             server_now_ms: server_now,
-            applied_generation: self.journal.applied_generation().map_err(journal_err)?,
+            applied_generation: self
+                .shared
+                .journal
+                .applied_generation()
+                .map_err(journal_err)?,
         };
         let decision = command::on_dispatch(journaled.as_ref().map(|e| &e.state), &facts, &view);
         debug!(cmd = %d.command_id, seq = d.seq, ?decision, "dispatch");
@@ -77,11 +85,12 @@ impl Agent {
             OnDispatch::Accept => {
                 let payload = payload.expect("accepted payloads decoded");
                 let kind = kind.expect("accepted kinds are known");
-                self.journal
+                self.shared
+                    .journal
                     .accept(&d.command_id, d.seq, kind.name(), &payload.encode_to_vec())
                     .map_err(journal_err)?;
-                self.failpoints.at(Point::AfterAccept);
-                self.event(&CommandAccepted {
+                self.shared.failpoints.at(Point::AfterAccept);
+                self.shared.event(&CommandAccepted {
                     command_id: d.command_id.clone(),
                     kind: kind.name().to_string(),
                     seq: d.seq,
@@ -111,11 +120,13 @@ impl Agent {
                     | command::Rejection::WrongNode(_)
                     | command::Rejection::UnknownKind
                     | command::Rejection::Replayed { .. }
-                    | command::Rejection::TooLong { .. } => self.refused_frame(CommandRefused {
-                        command_id: d.command_id.clone(),
-                        reason: rejection.to_string(),
-                        seq: d.seq,
-                    }),
+                    | command::Rejection::TooLong { .. } => {
+                        self.shared.refused_frame(CommandRefused {
+                            command_id: d.command_id.clone(),
+                            reason: rejection.to_string(),
+                            seq: d.seq,
+                        })
+                    }
                     command::Rejection::OutOfOrder { .. }
                     | command::Rejection::Expired { .. }
                     | command::Rejection::BelowMinGeneration { .. } => {
@@ -127,7 +138,7 @@ impl Agent {
                     seq: d.seq,
                     outcome: v1::Outcome::from(rejection.outcome()) as i32,
                     reason: rejection.to_string(),
-                    node_id: self.identity.file.node_id.clone(),
+                    node_id: self.shared.identity.file.node_id.clone(),
                     ..Default::default()
                 };
                 // A well-formed command of ours that came too late is
@@ -140,9 +151,14 @@ impl Agent {
                     Some(k),
                 ) = (&rejection, &payload, kind)
                 {
-                    self.journal
+                    self.shared
+                        .journal
                         .accept(&d.command_id, d.seq, k.name(), &p.encode_to_vec())
-                        .and_then(|()| self.journal.finish(&d.command_id, &result.encode_to_vec()))
+                        .and_then(|()| {
+                            self.shared
+                                .journal
+                                .finish(&d.command_id, &result.encode_to_vec())
+                        })
                         .map_err(journal_err)?;
                 }
                 self.send_result(conn, result).await;
@@ -165,9 +181,9 @@ impl Agent {
     ) -> Result<Option<Stopped>, String> {
         let floors = ReplayFloors {
             command_seq: payload.seq,
-            ..self.identity.file.replay_floors
+            ..self.shared.identity.file.replay_floors
         };
-        if let Err(e) = self.identity.raise_floors(floors) {
+        if let Err(e) = self.shared.identity.raise_floors(floors) {
             let reason = format!(
                 "cannot persist the replay floor, so the command does not run: {}",
                 bcd_sys::error::chain(&e)
@@ -177,15 +193,17 @@ impl Agent {
             return Ok(None);
         }
         let boot_id = self
+            .shared
             .machine
             .host
             .boot_id()
             .map_err(|e| format!("boot id: {e}"))?;
-        self.journal
+        self.shared
+            .journal
             .set_running(id, &boot_id)
             .map_err(|e| format!("journal: {e}"))?;
-        self.failpoints.at(Point::AfterRunning);
-        self.event(&CommandRunning {
+        self.shared.failpoints.at(Point::AfterRunning);
+        self.shared.event(&CommandRunning {
             boot_id: boot_id.clone(),
             command_id: id.to_string(),
         });
@@ -210,6 +228,7 @@ impl Agent {
                     .map(|d| d.assignments.clone())
                     .unwrap_or_default();
                 let resolved = self
+                    .shared
                     .machine
                     .host
                     .gpus()
@@ -221,7 +240,7 @@ impl Agent {
                         let _ = done.send(Box::new((id, Effect::failed(reason))));
                     }
                     Ok(pci) => {
-                        let host = self.machine.host.clone();
+                        let host = self.shared.machine.host.clone();
                         let done = done.clone();
                         tokio::task::spawn_blocking(move || {
                             let effect = match host.gpus().reset(&pci) {
@@ -238,7 +257,7 @@ impl Agent {
             }
             (Some(Kind::NodeReboot), _) => {
                 info!("rebooting");
-                match self.machine.power.reboot() {
+                match self.shared.machine.power.reboot() {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
                         let _ = done.send(Box::new((id, Effect::failed(format!("reboot: {e}")))));
@@ -252,7 +271,12 @@ impl Agent {
             }
             (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k))) => {
                 info!(kernel = %k.kernel, "kexec");
-                match self.machine.power.kexec(&k.kernel, &k.initrd, &k.cmdline) {
+                match self
+                    .shared
+                    .machine
+                    .power
+                    .kexec(&k.kernel, &k.initrd, &k.cmdline)
+                {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
                         let _ = done.send(Box::new((id, Effect::failed(format!("kexec: {e}")))));
@@ -311,7 +335,7 @@ impl Agent {
             return;
         };
         info!(cmd = %id, image = %image_id, "fetching the image to kexec");
-        let identity = self.identity.clone();
+        let identity = self.shared.identity.clone();
         let dir = self.kexec_dir.clone();
         tokio::spawn(async move {
             let result = crate::client::fetch_image(&identity, &image_id, &extra, &dir).await;
@@ -328,7 +352,8 @@ impl Agent {
     ) -> Result<(), String> {
         info!(cmd = %id, image = %image.image_id, name = %image.name, cmdline = %image.cmdline, "kexec of a verified image");
         let (kernel, initrd) = (image.kernel.display(), image.initrd.display());
-        self.machine
+        self.shared
+            .machine
             .power
             .kexec(&kernel.to_string(), &initrd.to_string(), &image.cmdline)
             .map_err(|e| {
@@ -344,11 +369,13 @@ impl Agent {
         done: &mpsc::UnboundedSender<Done>,
     ) -> Result<Option<Stopped>, String> {
         let boot_id = self
+            .shared
             .machine
             .host
             .boot_id()
             .map_err(|e| format!("boot id: {e}"))?;
         let entries = self
+            .shared
             .journal
             .open_entries()
             .map_err(|e| format!("journal: {e}"))?;

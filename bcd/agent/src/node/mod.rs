@@ -56,15 +56,15 @@ use bcd_proto::v1;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use crate::converge::{DeviceFiles, Firewall, SshdFiles};
 use crate::effects::Effect;
-use crate::events::{Detail, Refusal, Refused};
+use crate::events::{Body, Detail, Refusal, Refused};
 use crate::failpoints::Failpoints;
 use crate::hw::{Host, Power};
 use crate::identity::{self, Identity};
-use crate::journal::{self, Journal};
+use crate::journal::{self, EventBounds, EventClass, Journal};
 use crate::metrics::NodeMetrics;
 use crate::upgrade::Updater;
 
@@ -122,17 +122,45 @@ pub struct Machine {
     pub firewall: Arc<dyn Firewall>,
 }
 
+/// What every part of the agent uses: the identity it speaks for, the
+/// machine under it, the journal, and the helpers over them that any part
+/// calls (the monotonic time, signing with the node key, journaling an
+/// event, refusing a gateway's frame). The parts borrow it for the length
+/// of a step; it owns no part's state.
 #[derive(Debug)]
-pub struct Agent {
+pub struct Shared {
+    /// The node's identity: its certificate, key, floors and time mark.
     pub identity: Identity,
+    /// The machine under the agent.
     pub machine: Machine,
+    /// The journal of commands, events and the spec.
     pub journal: Journal,
-    pub incarnation_id: String,
-    pub config: SessionConfig,
-    pub seed: u64,
-    pub stats: Option<Arc<Stats>>,
     /// Test builds only (`failpoints` feature): where to die.
     pub failpoints: Failpoints,
+    /// What `--metrics-listen` serves (none: metrics off).
+    pub metrics: Option<Arc<NodeMetrics>>,
+    /// The origin of the monotonic times handed to the core.
+    origin: Instant,
+    /// The node key, parsed once per key (a renewal replaces it).
+    signer: Option<(String, Arc<rcgen::KeyPair>)>,
+    /// What a gateway can make the node log or journal, rate-limited.
+    warned: Warned,
+}
+
+/// The daemon: the shared context and the parts, each owning its state,
+/// tied together by the session loop (`session`).
+#[derive(Debug)]
+pub struct Agent {
+    /// What every part uses.
+    pub shared: Shared,
+    /// This process's id, sent in every Hello.
+    pub incarnation_id: String,
+    /// The session state machine's timings.
+    pub config: SessionConfig,
+    /// The seed of the session's jitter.
+    pub seed: u64,
+    /// Counters a fleet of agents in one process shares, if any.
+    pub stats: Option<Arc<Stats>>,
     /// How often the convergers re-check the machine.
     pub converge_every: Duration,
     /// Where `boot.kexec image=` writes the image it fetches before it
@@ -142,14 +170,10 @@ pub struct Agent {
     pub kexec_dir: PathBuf,
     /// Self-update (none in `bcd sim`, whose agents share one process).
     pub update: Option<Updater>,
-    /// What `--metrics-listen` serves (none: metrics off).
-    pub metrics: Option<Arc<NodeMetrics>>,
     /// Kernel uevents (none: device changes show at the next pass).
     pub uevents: Option<bcd_udev::Monitor>,
     /// What the agent keeps in memory between uses.
     pub footprint: Footprint,
-    /// The origin of the monotonic times handed to the core.
-    origin: Instant,
     /// Jitter for decisions outside the session (renewal retries).
     rng: SplitMix64,
     /// The highest event id sent in this session.
@@ -164,10 +188,6 @@ pub struct Agent {
     /// The epoch of the session established now, if any: what state
     /// reports and inventory are signed under.
     epoch: Option<u64>,
-    /// The node key, parsed once per key (a renewal replaces it).
-    signer: Option<(String, Arc<rcgen::KeyPair>)>,
-    /// What a gateway can make the node log or journal, rate-limited.
-    warned: Warned,
     /// The boot and journal the last Hello came from: the identity keeps
     /// them once a Welcome confirms the session.
     hello_from: (String, String),
@@ -266,10 +286,12 @@ impl Agent {
         mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> impl std::future::Future<Output = Stopped> {
-        let span = info_span!("session", node = %self.identity.file.node_id);
+        let span = info_span!("session", node = %self.shared.identity.file.node_id);
         async move { self.run_loop(shutdown).await }.instrument(span)
     }
+}
 
+impl Shared {
     /// The monotonic time handed to the core.
     fn now(&self) -> Duration {
         self.origin.elapsed()
@@ -314,6 +336,25 @@ impl Agent {
         rcgen::SigningKey::sign(key.as_ref(), payload).ok()
     }
 
+    /// Journals an event; a journal that cannot take it is logged, not
+    /// fatal: events are reports, not decisions.
+    fn event(&mut self, body: &impl Body) {
+        let bytes = serde_json::to_vec(body).unwrap_or_default();
+        self.journal_event(body.kind(), body.class(), &bytes);
+    }
+
+    /// [`Self::event`] once its body is JSON.
+    fn journal_event(&mut self, kind: &str, class: EventClass, body: &[u8]) {
+        match self
+            .journal
+            .push_event(kind, class, body, EventBounds::default())
+        {
+            Ok(true) => {}
+            Ok(false) => debug!(kind, "journal full: metric event dropped"),
+            Err(e) => warn!(kind, error = %e, "cannot journal an event"),
+        }
+    }
+
     /// A frame a gateway sent that the node refuses: logged and journaled
     /// as a `security.*` event, at most once a minute per kind.
     fn refused_frame<R: Refusal>(&mut self, frame: R) {
@@ -340,7 +381,7 @@ impl Agent {
         warn!(kind, detail = %text.chars().take(MAX_DETAIL).collect::<String>(), held_back, "refused a frame from the gateway");
         self.journal_event(
             kind,
-            crate::journal::EventClass::Transition,
+            EventClass::Transition,
             &serde_json::to_vec(&Refused { detail, held_back }).unwrap_or_default(),
         );
     }
@@ -377,29 +418,31 @@ pub fn open(
     let (tunnels, tunnel_ends) = tunnel::Tunnels::new();
     let (secrets, secrets_done) = secrets::Secrets::new(None);
     Ok(Agent {
-        identity,
-        machine,
-        journal,
+        shared: Shared {
+            identity,
+            machine,
+            journal,
+            failpoints: Failpoints::none(),
+            metrics: None,
+            origin: Instant::now(),
+            signer: None,
+            warned: Warned::default(),
+        },
         incarnation_id: journal::new_id(),
         config: SessionConfig::default(),
         seed,
         stats,
-        failpoints: Failpoints::none(),
         converge_every: CONVERGE_EVERY,
         kexec_dir: dir.join(crate::client::KEXEC_DIR),
         update: None,
-        metrics: None,
         uevents: None,
         footprint,
-        origin: Instant::now(),
         rng: SplitMix64::new(seed.rotate_left(29) ^ 0x5245_4e45_5741_4c00),
         sent_events: 0,
         spec,
         reports: Reports::new(),
         staged: None,
         epoch: None,
-        signer: None,
-        warned: Warned::default(),
         hello_from: Default::default(),
         gateways,
         tunnels,

@@ -8,8 +8,7 @@ use tracing::{debug, warn};
 
 use super::Agent;
 use super::conn::{Conn, send};
-use crate::events::{Body, CommandFinished, ReceiptRefused};
-use crate::journal::{EventBounds, EventClass};
+use crate::events::{CommandFinished, ReceiptRefused};
 
 /// Events per batch on the stream.
 const EVENT_BATCH: usize = 256;
@@ -25,29 +24,30 @@ impl Agent {
             command_id: None,
             why,
         };
-        let receipt = match bcd_proto::receipts::open_event(envelope, &self.worker_keys()) {
+        let receipt = match bcd_proto::receipts::open_event(envelope, &self.shared.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame(refused(e.to_string()));
+                self.shared.refused_frame(refused(e.to_string()));
                 return Ok(None);
             }
         };
-        if receipt.node_id != self.identity.file.node_id
-            || receipt.journal_id != self.journal.journal_id()
+        if receipt.node_id != self.shared.identity.file.node_id
+            || receipt.journal_id != self.shared.journal.journal_id()
         {
-            self.refused_frame(refused(format!(
+            self.shared.refused_frame(refused(format!(
                 "an event receipt for node {} journal {}, not this node and journal",
                 receipt.node_id, receipt.journal_id
             )));
             return Ok(None);
         }
         match self
+            .shared
             .journal
             .settle_event(receipt.event_id, &receipt.kind, &receipt.body_sha256)
             .map_err(|e| format!("journal: {e}"))?
         {
             Some(true) => return self.upgrade_receipted(&receipt.kind, &receipt.body_sha256),
-            Some(false) => self.refused_frame(refused(format!(
+            Some(false) => self.shared.refused_frame(refused(format!(
                 "the receipt for event {} names another kind or body than this node journaled",
                 receipt.event_id
             ))),
@@ -59,27 +59,8 @@ impl Agent {
         Ok(None)
     }
 
-    /// Journals an event; a journal that cannot take it is logged, not
-    /// fatal: events are reports, not decisions.
-    pub(super) fn event(&mut self, body: &impl Body) {
-        let bytes = serde_json::to_vec(body).unwrap_or_default();
-        self.journal_event(body.kind(), body.class(), &bytes);
-    }
-
-    /// [`Self::event`] once its body is JSON.
-    pub(super) fn journal_event(&mut self, kind: &str, class: EventClass, body: &[u8]) {
-        match self
-            .journal
-            .push_event(kind, class, body, EventBounds::default())
-        {
-            Ok(true) => {}
-            Ok(false) => debug!(kind, "journal full: metric event dropped"),
-            Err(e) => warn!(kind, error = %e, "cannot journal an event"),
-        }
-    }
-
     pub(super) fn finished_event(&mut self, r: &v1::CommandResult, outcome: Outcome) {
-        self.event(&CommandFinished {
+        self.shared.event(&CommandFinished {
             command_id: r.command_id.clone(),
             outcome: outcome.name().to_string(),
             reason: r.reason.clone(),
@@ -92,7 +73,11 @@ impl Agent {
             return;
         }
         loop {
-            let batch = match self.journal.events_after(self.sent_events, EVENT_BATCH) {
+            let batch = match self
+                .shared
+                .journal
+                .events_after(self.sent_events, EVENT_BATCH)
+            {
                 Ok(b) => b,
                 Err(e) => {
                     warn!(error = %e, "cannot read events");

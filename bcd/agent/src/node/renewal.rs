@@ -25,7 +25,7 @@ impl Agent {
     /// server checks to within a minute).
     pub(super) fn renewal_clock(&self, server_now_ms: i64) -> i64 {
         let wall_ms = bcd_sys::clock::unix_ms();
-        if wall_ms > self.identity.file.cert_not_after_ms {
+        if wall_ms > self.shared.identity.file.cert_not_after_ms {
             server_now_ms.max(wall_ms)
         } else {
             server_now_ms
@@ -39,48 +39,48 @@ impl Agent {
         server_now_ms: i64,
     ) -> JoinHandle<Result<Renewed, RenewFailed>> {
         let server_now_ms = self.renewal_clock(server_now_ms);
-        let expired = server_now_ms > self.identity.file.cert_not_after_ms;
+        let expired = server_now_ms > self.shared.identity.file.cert_not_after_ms;
         if expired {
-            info!(serial = %self.identity.file.cert_serial, "the node certificate has run out; renewing it by proving its key (x509pop)");
+            info!(serial = %self.shared.identity.file.cert_serial, "the node certificate has run out; renewing it by proving its key (x509pop)");
         } else {
-            info!(serial = %self.identity.file.cert_serial, "renewing the node certificate");
+            info!(serial = %self.shared.identity.file.cert_serial, "renewing the node certificate");
         }
-        let server = self.identity.file.server.clone();
-        if self.identity.tpm_record().is_some() {
+        let server = self.shared.identity.file.server.clone();
+        if self.shared.identity.tpm_record().is_some() {
             // Never a file key for a certificate whose key is in the TPM:
             // the next key is the TPM's, certified by its AK.
-            let Some(key) = self.identity.tpm.clone() else {
+            let Some(key) = self.shared.identity.tpm.clone() else {
                 return tokio::spawn(async {
                     Err(RenewFailed::from(
                         "the node key is in the TPM, which this process has not opened",
                     ))
                 });
             };
-            let ca = self.identity.ca.clone();
+            let ca = self.shared.identity.ca.clone();
             let current = client::TpmCurrent {
-                cert: self.identity.cert.clone(),
+                cert: self.shared.identity.cert.clone(),
                 key,
-                node_id: self.identity.file.node_id.clone(),
+                node_id: self.shared.identity.file.node_id.clone(),
                 server_now_ms,
                 expired,
             };
-            let hostname = self.machine.host.hostname();
+            let hostname = self.shared.machine.host.hostname();
             return tokio::spawn(async move {
                 client::renew_tpm_certificate(&server, ca, current, &hostname).await
             });
         }
-        let ca = self.identity.ca.clone();
+        let ca = self.shared.identity.ca.clone();
         let current = client::Current {
             identity: ClientIdentity {
-                chain: vec![self.identity.cert.clone()],
-                key: self.identity.private_key(),
+                chain: vec![self.shared.identity.cert.clone()],
+                key: self.shared.identity.private_key(),
             },
-            key_pem: self.identity.key_pem.clone(),
-            node_id: self.identity.file.node_id.clone(),
+            key_pem: self.shared.identity.key_pem.clone(),
+            node_id: self.shared.identity.file.node_id.clone(),
             server_now_ms,
             expired,
         };
-        let hostname = self.machine.host.hostname();
+        let hostname = self.shared.machine.host.hostname();
         tokio::spawn(async move {
             client::renew_certificate(&server, ca, current, &hostname)
                 .await
@@ -100,13 +100,14 @@ impl Agent {
         let error = match result {
             Ok(renewed) => {
                 let serial = renewed.next.serial.clone();
-                match self
-                    .identity
-                    .install_renewal(renewed.key_pem, renewed.cert, renewed.next)
-                {
+                match self.shared.identity.install_renewal(
+                    renewed.key_pem,
+                    renewed.cert,
+                    renewed.next,
+                ) {
                     Ok(()) => {
                         if let (Some((record, public)), Some(key)) =
-                            (renewed.tpm, &self.identity.tpm)
+                            (renewed.tpm, &self.shared.identity.tpm)
                         {
                             key.switch(record, public);
                         }
@@ -122,7 +123,7 @@ impl Agent {
             }
             Err(e) => e,
         };
-        let expires_in_ms = self.identity.file.cert_not_after_ms - server_now_ms;
+        let expires_in_ms = self.shared.identity.file.cert_not_after_ms - server_now_ms;
         match renewal.failed(now, error.failure, &mut self.rng) {
             AfterFailure::Retry(retry) => {
                 warn!(error = %error.message, attempt = retry.attempt, expires_in_ms, retry_in = ?retry.retry_in, "renewal failed");

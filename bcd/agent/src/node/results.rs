@@ -45,6 +45,7 @@ impl Agent {
         effect: Effect,
     ) -> Result<Option<(v1::CommandResult, Option<Kind>)>, String> {
         let Some(entry) = self
+            .shared
             .journal
             .command(id)
             .map_err(|e| format!("journal: {e}"))?
@@ -61,10 +62,11 @@ impl Agent {
             has_exit_code: effect.exit_code.is_some(),
             output: effect.output,
             output_truncated: effect.truncated,
-            boot_id: self.machine.host.boot_id().unwrap_or_default(),
-            node_id: self.identity.file.node_id.clone(),
+            boot_id: self.shared.machine.host.boot_id().unwrap_or_default(),
+            node_id: self.shared.identity.file.node_id.clone(),
         };
-        self.journal
+        self.shared
+            .journal
             .finish(id, &result.encode_to_vec())
             .map_err(|e| format!("journal: {e}"))?;
         info!(cmd = %id, outcome = effect.outcome.name(), "finished");
@@ -81,6 +83,7 @@ impl Agent {
         effect: Effect,
     ) -> Result<(), String> {
         match self
+            .shared
             .journal
             .command(id)
             .map_err(|e| format!("journal: {e}"))?
@@ -99,10 +102,10 @@ impl Agent {
         }
         // Results journaled before node ids were in them name this node.
         if result.node_id.is_empty() {
-            result.node_id = self.identity.file.node_id.clone();
+            result.node_id = self.shared.identity.file.node_id.clone();
         }
         let payload = result.encode_to_vec();
-        let Some(signature) = self.sign(&payload) else {
+        let Some(signature) = self.shared.sign(&payload) else {
             warn!(cmd = %result.command_id, "cannot sign the result; it stays journaled");
             return;
         };
@@ -123,7 +126,7 @@ impl Agent {
         let Some((result, kind)) = self.journal_result(id, effect)? else {
             return Ok(());
         };
-        self.failpoints.at(Point::AfterResult);
+        self.shared.failpoints.at(Point::AfterResult);
         if kind == Some(Kind::InventoryRefresh) {
             self.reports.forget_inventory();
             self.send_inventory(conn, None).await;
@@ -139,6 +142,7 @@ impl Agent {
         id: &str,
     ) -> Result<(), String> {
         let entry = self
+            .shared
             .journal
             .command(id)
             .map_err(|e| format!("journal: {e}"))?;
@@ -155,8 +159,8 @@ impl Agent {
     /// acknowledged that no receipt settled, each in sequence order.
     pub(super) async fn resend_results(&mut self, conn: &Conn) -> Result<(), String> {
         let journal = |e: rusqlite::Error| format!("journal: {e}");
-        let mut entries = self.journal.open_entries().map_err(journal)?;
-        entries.extend(self.journal.unsettled_results().map_err(journal)?);
+        let mut entries = self.shared.journal.open_entries().map_err(journal)?;
+        entries.extend(self.shared.journal.unsettled_results().map_err(journal)?);
         for e in entries {
             if let (Journaled::Done { .. }, Some(r)) = (&e.state, &e.result)
                 && let Some(r) = journaled_result(r)
@@ -173,18 +177,19 @@ impl Agent {
     /// node, the command's sequence and the bytes the node signs for it;
     /// anything else is refused and settles nothing.
     pub(super) fn on_receipt(&mut self, envelope: &[u8]) -> Result<(), String> {
-        let receipt = match bcd_proto::receipts::open(envelope, &self.worker_keys()) {
+        let receipt = match bcd_proto::receipts::open(envelope, &self.shared.worker_keys()) {
             Ok(r) => r,
             Err(e) => {
-                self.refused_frame(ReceiptRefused {
+                self.shared.refused_frame(ReceiptRefused {
                     command_id: None,
                     why: e.to_string(),
                 });
                 return Ok(());
             }
         };
-        let me = self.identity.file.node_id.clone();
+        let me = self.shared.identity.file.node_id.clone();
         let Some(entry) = self
+            .shared
             .journal
             .command(&receipt.command_id)
             .map_err(|e| format!("journal: {e}"))?
@@ -211,7 +216,7 @@ impl Agent {
             || receipt.seq != entry.seq
             || !(decided || signed.as_deref() == Some(receipt.result_sha256.as_str()))
         {
-            self.refused_frame(ReceiptRefused {
+            self.shared.refused_frame(ReceiptRefused {
                 command_id: Some(receipt.command_id.clone()),
                 why: "the receipt names another node, sequence or result than this node \
                       journaled"
@@ -222,7 +227,8 @@ impl Agent {
         if decided {
             info!(cmd = %receipt.command_id, "the control plane ended the command itself; its result here is settled");
         }
-        self.journal
+        self.shared
+            .journal
             .settle(&receipt.command_id)
             .map_err(|e| format!("journal: {e}"))?;
         Ok(())

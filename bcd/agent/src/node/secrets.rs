@@ -355,21 +355,21 @@ impl Agent {
             };
             let public = otk.public();
             let statement = secret::request_statement(&Request {
-                node: &self.identity.file.node_id,
+                node: &self.shared.identity.file.node_id,
                 allocation: &w.allocation,
                 name: &w.name,
                 version: w.version,
                 one_time_key: &public,
                 time_ms: now_ms,
             });
-            let Some(signature) = self.sign(&statement) else {
+            let Some(signature) = self.shared.sign(&statement) else {
                 return waiting("the node key did not sign the request");
             };
             requests.push((
                 w.clone(),
                 otk,
                 v1::SecretRequest {
-                    node_id: self.identity.file.node_id.clone(),
+                    node_id: self.shared.identity.file.node_id.clone(),
                     allocation_id: w.allocation,
                     name: w.name,
                     version: w.version,
@@ -413,7 +413,7 @@ impl Agent {
                         .insert(key, (f.want.name.clone(), f.want.version));
                 }
                 Err(e) if e.forged => {
-                    self.refused_frame(SecretRefused {
+                    self.shared.refused_frame(SecretRefused {
                         allocation: f.want.allocation.clone(),
                         secret: f.want.name.clone(),
                         version: f.want.version,
@@ -425,7 +425,8 @@ impl Agent {
                     ));
                 }
                 Err(e) => {
-                    if let Some(held) = self.warned.allow("secret.fetch", self.now()) {
+                    if let Some(held) = self.shared.warned.allow("secret.fetch", self.shared.now())
+                    {
                         warn!(allocation = %f.want.allocation, secret = %f.want.name, version = f.want.version, error = %e.message, held_back = held, "secret not fetched; retrying");
                     }
                     failed.get_or_insert(format!(

@@ -41,14 +41,18 @@ impl Agent {
         &mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Stopped {
-        let mut clock = ServerClock::new(self.identity.file.mark(), self.witness());
+        let mut clock = ServerClock::new(self.shared.identity.file.mark(), self.witness());
         // A node that holds a gateway revocation list takes no server time
         // further than its mark allows until a gateway hands one on.
         if self.gateways.held().is_some() {
-            clock.limit_from_mark(self.now());
+            clock.limit_from_mark(self.shared.now());
         }
-        let mut session =
-            Session::new(self.config, self.seed, clock, self.identity.file.last_epoch);
+        let mut session = Session::new(
+            self.config,
+            self.seed,
+            clock,
+            self.shared.identity.file.last_epoch,
+        );
         let mut dialing: Option<JoinHandle<Result<Stream, String>>> = None;
         let mut conn: Conn = None;
         let mut wanted: Vec<InventorySection> = Vec::new();
@@ -92,12 +96,12 @@ impl Agent {
         let mut observed = None;
         loop {
             for event in events.drain(..) {
-                let actions = session.handle(self.now(), event);
+                let actions = session.handle(self.shared.now(), event);
                 for action in actions {
                     match action {
                         Action::Dial => {
                             dialing = Some(conn::spawn_dial(
-                                &self.identity,
+                                &self.shared.identity,
                                 self.footprint.stream_buffer,
                             ))
                         }
@@ -123,7 +127,7 @@ impl Agent {
                             self.epoch = Some(epoch);
                             // Written with the mark (the PersistMark that
                             // follows the Welcome).
-                            let f = &mut self.identity.file;
+                            let f = &mut self.shared.identity.file;
                             (f.last_boot_id, f.last_journal_id) = self.hello_from.clone();
                             self.observe_established(epoch);
                             if let Some(s) = &self.stats {
@@ -160,9 +164,9 @@ impl Agent {
                             }
                         }
                         Action::Close { reason } => match &reason {
-                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => {
-                                self.refused_frame(WelcomeRefused(reason.to_string()))
-                            }
+                            CloseReason::StaleEpoch(_) | CloseReason::ClockRefused(_) => self
+                                .shared
+                                .refused_frame(WelcomeRefused(reason.to_string())),
                             CloseReason::WelcomeTimeout
                             | CloseReason::ServerSilent { .. }
                             | CloseReason::Drain => warn!(%reason, "closing the session"),
@@ -177,14 +181,14 @@ impl Agent {
                             debug!(?retry_in, "disconnected");
                         }
                         Action::PersistMark { mark, epoch } => {
-                            self.identity.file.set_mark(&mark);
-                            self.identity.file.last_epoch = epoch;
-                            if let Err(e) = self.identity.save_state_blocking_pool().await {
+                            self.shared.identity.file.set_mark(&mark);
+                            self.shared.identity.file.last_epoch = epoch;
+                            if let Err(e) = self.shared.identity.save_state_blocking_pool().await {
                                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
                             }
                         }
                         Action::ServerTimeAhead { said_ms, limit_ms } => {
-                            self.refused_frame(ClockAhead {
+                            self.shared.refused_frame(ClockAhead {
                                 limit_ms,
                                 said_ms,
                                 why: "the gateway's server time is past what the key holder's \
@@ -202,10 +206,10 @@ impl Agent {
                 }
             }
             self.observe(&session, &mut observed);
-            let now = self.now();
+            let now = self.shared.now();
             let sleep_until = session
                 .deadline()
-                .map(|d| self.origin + d)
+                .map(|d| self.shared.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let server_now = self.renewal_clock(session.clock().now_or_mark(now));
             self.server_now_ms = session.clock().server_now(now);
@@ -218,11 +222,11 @@ impl Agent {
             });
             // None once a renewal failed for good: no attempt is due.
             let renew_due = renewal
-                .wait(now, server_now, self.identity.cert_life())
+                .wait(now, server_now, self.shared.identity.cert_life())
                 .map(|wait| Instant::now() + wait);
             tokio::select! {
                 _ = tokio::time::sleep_until(renew_due.unwrap_or_else(Instant::now)), if renewing.is_none() && renew_due.is_some() => {
-                    let server_now = session.clock().now_or_mark(self.now());
+                    let server_now = session.clock().now_or_mark(self.shared.now());
                     renewing = Some(self.spawn_renewal(server_now));
                 }
                 r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
@@ -230,7 +234,7 @@ impl Agent {
                     let result = r
                         .map_err(|e| crate::client::RenewFailed::from(e.to_string()))
                         .and_then(|r| r);
-                    let now = self.now();
+                    let now = self.shared.now();
                     let server_now = session.clock().now_or_mark(now);
                     self.renewal_finished(result, &mut renewal, now, server_now);
                 }
@@ -241,7 +245,7 @@ impl Agent {
                 }
                 _ = tokio::time::sleep_until(sleep_until) => events.push(Event::Tick),
                 _ = tokio::time::sleep_until(list_due.unwrap_or_else(Instant::now)), if list_due.is_some() => {
-                    let server_now = session.clock().server_now(self.now());
+                    let server_now = session.clock().server_now(self.shared.now());
                     let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
                     if let Err(error) = self.gateway_due(server_now, &gateway) {
                         events.push(Event::Closed { error });
@@ -269,8 +273,8 @@ impl Agent {
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
                     }
                 }
-                _ = journal_idle(self.journal.idle_deadline()) => {
-                    self.journal.close_idle(bcd_sys::clock::mono());
+                _ = journal_idle(self.shared.journal.idle_deadline()) => {
+                    self.shared.journal.close_idle(bcd_sys::clock::mono());
                 }
                 _ = upgrade_sleep(self.update.as_ref().and_then(|u| u.deadline_ms)) => {
                     if self.upgrade_overdue() {
@@ -298,7 +302,7 @@ impl Agent {
                 }
                 Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
                     self.observe_tunnel(&ended);
-                    self.event(&ended);
+                    self.shared.event(&ended);
                     self.flush_events(&conn).await;
                 }
                 Some(batch) = async { secrets_done.as_mut().expect("guarded").recv().await }, if secrets_done.is_some() => {
@@ -316,7 +320,7 @@ impl Agent {
                 }
                 Some(done) = done_rx.recv() => {
                     let (id, effect) = *done;
-                    self.failpoints.at(Point::MidEffect);
+                    self.shared.failpoints.at(Point::MidEffect);
                     self.observe_command(&id, &effect);
                     if let Err(e) = self.finish(&conn, &id, effect).await {
                         return Stopped::JournalFailed(e);
@@ -341,8 +345,8 @@ impl Agent {
                     }
                 }
                 _ = metrics.tick() => {
-                    if let Some(load) = self.machine.host.load_average() {
-                        self.event(&NodeLoad {
+                    if let Some(load) = self.shared.machine.host.load_average() {
+                        self.shared.event(&NodeLoad {
                             load1: load[0],
                             load15: load[2],
                             load5: load[1],
@@ -353,7 +357,7 @@ impl Agent {
                 m = async { conn.as_mut().expect("guarded").rx.message().await }, if conn.is_some() => {
                     let event = match m {
                         Ok(Some(msg)) => {
-                            let server_now = session.clock().server_now(self.now());
+                            let server_now = session.clock().server_now(self.shared.now());
                             match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
                                 Ok(ev) => {
                                     self.flush_events(&conn).await;
@@ -368,10 +372,10 @@ impl Agent {
                         }
                         Ok(None) => Event::Closed { error: "the gateway ended the stream".into() },
                         Err(status) => {
-                            let keys = self.worker_keys();
-                            let ended = conn::stream_error(&status, self.me(), &keys);
+                            let keys = self.shared.worker_keys();
+                            let ended = conn::stream_error(&status, self.shared.me(), &keys);
                             if let Some(why) = ended.unconfirmed {
-                                self.refused_frame(RefusalUnconfirmed {
+                                self.shared.refused_frame(RefusalUnconfirmed {
                                     code: status.code().to_string(),
                                     message: status.message().to_string(),
                                     why,
@@ -397,11 +401,11 @@ impl Agent {
     /// Persists the server time mark as the session's clock has it now.
     fn persist_mark(&mut self, session: &Session) {
         let mut clock = session.clock().clone();
-        clock.advance(self.now());
+        clock.advance(self.shared.now());
         let mark = clock.mark();
-        if mark != self.identity.file.mark() {
-            self.identity.file.set_mark(&mark);
-            if let Err(e) = self.identity.save_state() {
+        if mark != self.shared.identity.file.mark() {
+            self.shared.identity.file.set_mark(&mark);
+            if let Err(e) = self.shared.identity.save_state() {
                 warn!(error = %bcd_sys::error::chain(&e), "cannot persist the server time mark");
             }
         }
@@ -409,9 +413,9 @@ impl Agent {
 
     /// The node's own clocks at the origin of the times handed to the core.
     fn witness(&self) -> Witness {
-        let since = self.now().as_millis() as i64;
+        let since = self.shared.now().as_millis() as i64;
         Witness {
-            boot_id: self.machine.host.boot_id().unwrap_or_default(),
+            boot_id: self.shared.machine.host.boot_id().unwrap_or_default(),
             boot_ms: (bcd_sys::clock::boot_ms() as i64).saturating_sub(since),
             wall_ms: bcd_sys::clock::unix_ms().saturating_sub(since),
         }
@@ -433,7 +437,7 @@ impl Agent {
                     .iter()
                     .filter_map(|&s| bcd_proto::typed::inventory_section(s))
                     .collect();
-                let f = &mut self.identity.file;
+                let f = &mut self.shared.identity.file;
                 f.hello_seq = bcd_proto::hello::raised(f.hello_seq, w.hello_seq_seen);
                 Event::Welcome {
                     epoch: w.epoch,
@@ -447,9 +451,9 @@ impl Agent {
                 first_retry: Duration::from_millis(u64::from(a.first_retry_ms)),
             },
             Some(server_message::Msg::Revocation(r)) => {
-                let keys = self.worker_keys();
+                let keys = self.shared.worker_keys();
                 let checked = conn::statement(&r.statement, &keys);
-                match Event::revoked(checked.as_ref().ok(), self.me()) {
+                match Event::revoked(checked.as_ref().ok(), self.shared.me()) {
                     Some(stop) => stop,
                     None => {
                         let why = match checked {
@@ -460,7 +464,7 @@ impl Agent {
                                 s.node_id, s.kind, s.serials
                             ),
                         };
-                        self.refused_frame(RevocationUnconfirmed {
+                        self.shared.refused_frame(RevocationUnconfirmed {
                             reason: r.reason.clone(),
                             why,
                         });
@@ -471,7 +475,7 @@ impl Agent {
             Some(server_message::Msg::Drain(d)) => {
                 let within = Duration::from_millis(u64::from(d.reconnect_within_ms));
                 if within > self.config.max_drain {
-                    self.refused_frame(DrainClamped {
+                    self.shared.refused_frame(DrainClamped {
                         asked_ms: d.reconnect_within_ms,
                         clamped_ms: self.config.max_drain.as_millis() as u64,
                     });
@@ -492,7 +496,8 @@ impl Agent {
             }
             Some(server_message::Msg::EventAck(a)) => {
                 // Only what this session sent can be acknowledged.
-                self.journal
+                self.shared
+                    .journal
                     .ack_events(a.up_to.min(self.sent_events))
                     .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 Event::Received
@@ -522,8 +527,9 @@ impl Agent {
             }
             Some(server_message::Msg::ResultAck(a)) => {
                 for id in a.command_ids {
-                    self.failpoints.at(Point::BeforeAck);
-                    self.journal
+                    self.shared.failpoints.at(Point::BeforeAck);
+                    self.shared
+                        .journal
                         .mark_acked(&id)
                         .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 }
@@ -544,7 +550,7 @@ impl Agent {
     /// The Hello, with its proof signed under the next count (written
     /// first, so a crash never signs a count twice).
     async fn hello(&mut self, last_epoch: u64, mark_ms: i64) -> Result<Hello, String> {
-        let boot_id = self.machine.host.boot_id().unwrap_or_else(|e| {
+        let boot_id = self.shared.machine.host.boot_id().unwrap_or_else(|e| {
             warn!(error = %e, "cannot read the boot id");
             String::new()
         });
@@ -556,6 +562,7 @@ impl Agent {
         let mut journal_running = Vec::new();
         let mut journal_done = Vec::new();
         for e in self
+            .shared
             .journal
             .open_entries()
             .map_err(|e| format!("journal: {e}"))?
@@ -566,12 +573,12 @@ impl Agent {
             }
         }
         let mut hello = Hello {
-            node_id: self.identity.file.node_id.clone(),
-            cert_serial: self.identity.file.cert_serial.clone(),
+            node_id: self.shared.identity.file.node_id.clone(),
+            cert_serial: self.shared.identity.file.cert_serial.clone(),
             incarnation_id: self.incarnation_id.clone(),
             boot_id,
-            journal_id: self.journal.journal_id().to_string(),
-            inventory_hashes: hw::inventory(self.machine.host.as_ref())
+            journal_id: self.shared.journal.journal_id().to_string(),
+            inventory_hashes: hw::inventory(self.shared.machine.host.as_ref())
                 .into_iter()
                 .map(|s| InventoryHash {
                     section: v1::InventoryKind::from(s.name) as i32,
@@ -585,6 +592,7 @@ impl Agent {
             journal_running,
             journal_done,
             applied_generation: self
+                .shared
                 .journal
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?,
@@ -594,11 +602,11 @@ impl Agent {
         // The session this Hello opens, for the identity to keep once a
         // Welcome confirms it (an unproved one too).
         self.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
-        let seq = self.identity.file.hello_seq.saturating_add(1);
-        self.identity.file.hello_seq = seq;
+        let seq = self.shared.identity.file.hello_seq.saturating_add(1);
+        self.shared.identity.file.hello_seq = seq;
         // A Hello with no proof (the count not written, the TPM refused to
         // sign) still connects; it changes nothing the fleet believes.
-        if let Err(e) = self.identity.save_state_blocking_pool().await {
+        if let Err(e) = self.shared.identity.save_state_blocking_pool().await {
             warn!(error = %bcd_sys::error::chain(&e), "cannot count the Hello: it goes unproved");
             return Ok(hello);
         }
@@ -608,8 +616,8 @@ impl Agent {
         // memory only (`Identity::write_version` 1): after a restart they
         // read 0, so it signs no floor it cannot stand by (every command
         // may have started; none is sent again on its word).
-        let f = &self.identity.file;
-        let command_floor = if self.identity.write_version >= 2 {
+        let f = &self.shared.identity.file;
+        let command_floor = if self.shared.identity.write_version >= 2 {
             f.replay_floors.command_seq
         } else {
             u64::MAX
@@ -625,9 +633,10 @@ impl Agent {
         // so the key holder refuses the node's unproved Hellos from then
         // on. An unconfirmed upgrade says nothing of the kind: it may be
         // swapped back to the release before it.
-        proof.release_confirmed = self.identity.write_version >= 2;
+        proof.release_confirmed = self.shared.identity.write_version >= 2;
         let payload = proof.encode_to_vec();
         hello.proof = self
+            .shared
             .sign(&bcd_proto::hello::signed_message(&payload))
             .map(|signature| v1::NodeSigned { payload, signature });
         Ok(hello)

@@ -29,12 +29,12 @@ impl Agent {
         server_now: Option<i64>,
     ) -> Result<(), String> {
         let held = spec::Held {
-            node_id: &self.identity.file.node_id,
+            node_id: &self.shared.identity.file.node_id,
             current: self.spec.as_ref().map_or(0, |s| s.generation),
-            floor: self.identity.file.replay_floors.spec_generation,
+            floor: self.shared.identity.file.replay_floors.spec_generation,
             server_now_ms: server_now,
         };
-        let verdict = bcd_proto::sign::open(&d.signed_spec, &self.worker_keys())
+        let verdict = bcd_proto::sign::open(&d.signed_spec, &self.shared.worker_keys())
             .map_err(|e| e.to_string())
             .and_then(|p| {
                 v1::NodeSpec::decode(p.as_slice()).map_err(|e| format!("does not decode: {e}"))
@@ -55,7 +55,7 @@ impl Agent {
             Ok((_, Verdict::Same)) => return Ok(()),
             Ok((_, Verdict::Refuse(reason))) | Err(reason) => {
                 warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
-                self.event(&SpecRefused {
+                self.shared.event(&SpecRefused {
                     generation: d.generation,
                     reason: reason.to_string(),
                 });
@@ -66,14 +66,15 @@ impl Agent {
         // older generation back in.
         let floors = ReplayFloors {
             spec_generation: spec.generation,
-            ..self.identity.file.replay_floors
+            ..self.shared.identity.file.replay_floors
         };
-        if let Err(e) = self.identity.raise_floors(floors) {
+        if let Err(e) = self.shared.identity.raise_floors(floors) {
             warn!(generation = spec.generation, error = %bcd_sys::error::chain(&e),
                 "cannot persist the spec generation floor; the spec is not taken now");
             return Ok(());
         }
-        self.journal
+        self.shared
+            .journal
             .set_spec(spec.generation, &d.signed_spec)
             .map_err(|e| format!("journal: {e}"))?;
         info!(generation = spec.generation, "new spec");
@@ -86,9 +87,11 @@ impl Agent {
         let Some(spec) = self.spec.clone() else {
             return Ok(());
         };
-        let inv = self.machine.host.gpus().cdi_inventory();
+        let inv = self.shared.machine.host.gpus().cdi_inventory();
         let devices = match &inv {
-            Ok(inv) => converge::devices::converge(self.machine.devices.as_ref(), &spec, inv),
+            Ok(inv) => {
+                converge::devices::converge(self.shared.machine.devices.as_ref(), &spec, inv)
+            }
             Err(e) => Outcome::not(
                 Status::Progressing,
                 format!("cannot read the GPU inventory: {e}"),
@@ -100,12 +103,12 @@ impl Agent {
             self.report_bindings(conn, &spec, inv).await;
         }
         let access = converge::access::converge(
-            self.machine.sshd.as_ref(),
-            self.machine.firewall.as_ref(),
+            self.shared.machine.sshd.as_ref(),
+            self.shared.machine.firewall.as_ref(),
             &spec.access.clone().unwrap_or_default(),
         );
         let secrets = self.converge_secrets(&spec, conn);
-        let now = self.now();
+        let now = self.shared.now();
         for (name, outcome) in [
             ("devices", devices),
             ("access", access),
@@ -125,12 +128,14 @@ impl Agent {
         }
         if self.reports.all_ready()
             && self
+                .shared
                 .journal
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?
                 != spec.generation
         {
-            self.journal
+            self.shared
+                .journal
                 .set_applied_generation(spec.generation)
                 .map_err(|e| format!("journal: {e}"))?;
         }
@@ -177,14 +182,14 @@ impl Agent {
                 continue;
             }
             let payload = v1::BindingPayload {
-                node_id: self.identity.file.node_id.clone(),
+                node_id: self.shared.identity.file.node_id.clone(),
                 allocation_id: a.allocation_id.clone(),
                 gpu_uuids: uuids.clone(),
                 spec_generation: spec.generation,
                 nonce: crate::journal::new_id(),
             }
             .encode_to_vec();
-            let Some(signature) = self.sign(&payload) else {
+            let Some(signature) = self.shared.sign(&payload) else {
                 warn!(allocation = %a.allocation_id, "cannot sign the binding report");
                 continue;
             };
@@ -203,8 +208,8 @@ impl Agent {
         let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
             return;
         };
-        let applied = self.journal.applied_generation().unwrap_or(0);
-        let now = self.now();
+        let applied = self.shared.journal.applied_generation().unwrap_or(0);
+        let now = self.shared.now();
         let Some(report) = self.reports.state_report(applied, self.spec.is_some(), now) else {
             return;
         };
@@ -221,11 +226,11 @@ impl Agent {
         let payload = v1::StateReport {
             applied_generation: report.applied_generation,
             sections,
-            node_id: self.identity.file.node_id.clone(),
+            node_id: self.shared.identity.file.node_id.clone(),
             epoch,
         }
         .encode_to_vec();
-        let Some(signature) = self.sign(&payload) else {
+        let Some(signature) = self.shared.sign(&payload) else {
             warn!("cannot sign the state report");
             return;
         };
@@ -247,7 +252,7 @@ impl Agent {
         let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
             return;
         };
-        for section in hw::inventory(self.machine.host.as_ref()) {
+        for section in hw::inventory(self.shared.machine.host.as_ref()) {
             if self
                 .reports
                 .inventory_needed(section.name, &section.sha256, wanted)
@@ -256,11 +261,11 @@ impl Agent {
                     section: v1::InventoryKind::from(section.name) as i32,
                     sha256: section.sha256,
                     body: section.body,
-                    node_id: self.identity.file.node_id.clone(),
+                    node_id: self.shared.identity.file.node_id.clone(),
                     epoch,
                 }
                 .encode_to_vec();
-                let Some(signature) = self.sign(&payload) else {
+                let Some(signature) = self.shared.sign(&payload) else {
                     warn!(
                         section = section.name.name(),
                         "cannot sign the inventory section"

@@ -59,13 +59,13 @@ pub fn load(dir: &Path, keys: &[Vec<u8>], seed: u64) -> GatewayTrust {
 
 impl Agent {
     fn local_ms(&self) -> i64 {
-        self.now().as_millis() as i64
+        self.shared.now().as_millis() as i64
     }
 
     /// Journals that the node left `gateway` and why.
     fn left(&mut self, gateway: &str, leave: &Leave) {
         warn!(gateway, reason = %leave, "leaving the gateway");
-        self.event(&GatewayLeft {
+        self.shared.event(&GatewayLeft {
             gateway_sha256: gateway.to_string(),
             why: leave.to_string(),
             revoked: matches!(leave, Leave::Revoked { .. }),
@@ -89,10 +89,10 @@ impl Agent {
         envelope: Vec<u8>,
         gateway: &str,
     ) -> Result<Option<(i64, std::time::Duration)>, String> {
-        let list = match verified(&envelope, &self.worker_keys()) {
+        let list = match verified(&envelope, &self.shared.worker_keys()) {
             Ok(l) => l,
             Err(why) => {
-                self.refused_frame(RevocationsRefused { why });
+                self.shared.refused_frame(RevocationsRefused { why });
                 return Ok(None);
             }
         };
@@ -107,7 +107,7 @@ impl Agent {
             );
         }
         if newer && self.gateways.to_keep() {
-            let path = self.identity.dir.join(GATEWAY_REVOCATIONS);
+            let path = self.shared.identity.dir.join(GATEWAY_REVOCATIONS);
             let kept = tokio::task::spawn_blocking(move || {
                 bcd_sys::fs::atomic_write_shared(&path, &envelope, 0o600)
             })

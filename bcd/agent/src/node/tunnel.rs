@@ -204,7 +204,7 @@ impl Agent {
         let admitted = match self.admit(&open, server_now) {
             Ok(a) => a,
             Err(reason) => {
-                self.refused_frame(TunnelRefused {
+                self.shared.refused_frame(TunnelRefused {
                     sid: open.sid.clone(),
                     why: reason.clone(),
                 });
@@ -246,7 +246,7 @@ impl Agent {
         let keys = Jwks::parse(self.spec.as_ref().map_or("", |s| s.ticket_jwks.as_str()))
             .map_err(|e| e.to_string())?;
         let expect = Expect {
-            node: &self.identity.file.node_id,
+            node: &self.shared.identity.file.node_id,
             sid: &open.sid,
             now_ms,
         };
@@ -265,6 +265,7 @@ impl Agent {
             Allows::Port(_) => None,
         };
         match self
+            .shared
             .journal
             .spend_ticket(&claims.jti, claims.keep_jti_until_ms(), now_ms)
         {
@@ -283,6 +284,7 @@ impl Agent {
         let own = Ephemeral::new().map_err(|e| e.to_string())?;
         let node_public = own.public();
         let signature = self
+            .shared
             .sign(&tunnel::accept_message(
                 &open.sid,
                 &ticket_sha256,
@@ -297,7 +299,7 @@ impl Agent {
                 sid: open.sid.clone(),
                 ticket_sha256: ticket_sha256.to_vec(),
                 node_public: node_public.to_vec(),
-                cert_der: self.identity.cert.to_vec(),
+                cert_der: self.shared.identity.cert.to_vec(),
                 signature,
             },
             claims,

@@ -33,7 +33,7 @@ impl Agent {
             let _ = done.send(Box::new((id, Effect::failed(refusal.to_string()))));
             return;
         }
-        let identity = self.identity.clone();
+        let identity = self.shared.identity.clone();
         let writer = Updater {
             slots: update.slots.clone(),
             acts: update.acts.clone(),
@@ -81,7 +81,7 @@ impl Agent {
     fn switch_release(&mut self, id: &str, manifest: &release::Manifest) -> Result<(), String> {
         let update = self.update.as_mut().expect("staged only with an updater");
         update.switch(id, manifest, upgrade::boot_ms())?;
-        self.failpoints.at(Point::AfterSwitch);
+        self.shared.failpoints.at(Point::AfterSwitch);
         Ok(())
     }
 
@@ -111,7 +111,7 @@ impl Agent {
                 }
                 // It may be swapped back: keep writing what the previous
                 // release reads until then.
-                self.identity.write_version = 1;
+                self.shared.identity.write_version = 1;
             }
             AtStart::Restart => return Ok(Some(Stopped::Restart)),
             AtStart::Finished {
@@ -154,7 +154,7 @@ impl Agent {
         };
         // Asked once a process, once journaled: a journal that could not
         // take it is asked again at the next session.
-        match self.journal.push_event(
+        match self.shared.journal.push_event(
             bcd_core::update::CONFIRM_EVENT,
             crate::journal::EventClass::Transition,
             body.as_bytes(),
@@ -204,9 +204,10 @@ impl Agent {
         info!(cmd = %id, "the new release is confirmed");
         // From now on the floor keeps older releases from running: write
         // this release's format (with the floors and the clock base).
-        if self.identity.write_version != crate::identity::IDENTITY_VERSION {
-            self.identity.write_version = crate::identity::IDENTITY_VERSION;
-            self.identity
+        if self.shared.identity.write_version != crate::identity::IDENTITY_VERSION {
+            self.shared.identity.write_version = crate::identity::IDENTITY_VERSION;
+            self.shared
+                .identity
                 .save_state()
                 .map_err(|e| format!("cannot rewrite identity.json: {e:#}"))?;
         }
@@ -222,11 +223,12 @@ impl Agent {
         // before the update state is saved, so a crash here confirms (and
         // installs) again on the next process's confirmation.
         if let Some(key) = confirmed.next_key
-            && self.identity.file.release_keys != [key.clone()]
+            && self.shared.identity.file.release_keys != [key.clone()]
         {
             info!(key = %key, "rotating the release key");
-            self.identity.file.release_keys = vec![key];
-            self.identity
+            self.shared.identity.file.release_keys = vec![key];
+            self.shared
+                .identity
                 .save_state()
                 .map_err(|e| format!("cannot save the rotated release key: {e:#}"))?;
         }
