@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use anyhow::Context;
-use bcd_core::{Reports, SessionConfig, SplitMix64};
+use bcd_core::{Reports, SessionConfig};
 use bcd_proto::v1;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -174,10 +174,10 @@ pub struct Agent {
     pub uevents: Option<bcd_udev::Monitor>,
     /// What the agent keeps in memory between uses.
     pub footprint: Footprint,
-    /// Jitter for decisions outside the session (renewal retries).
-    rng: SplitMix64,
-    /// The highest event id sent in this session.
-    sent_events: u64,
+    /// Certificate renewal's retries.
+    renewals: renewal::Renewals,
+    /// What the stream carried of the journal's events.
+    outbox: outbox::Outbox,
     /// The spec this node enforces (verified when it arrived).
     spec: Option<v1::NodeSpec>,
     /// What the server has heard from this process.
@@ -192,13 +192,11 @@ pub struct Agent {
     /// them once a Welcome confirms the session.
     hello_from: (String, String),
     /// Which gateways it stays on (the signed gateway revocation list).
-    gateways: bcd_core::gateways::GatewayTrust,
+    trust: trust::Trust,
     /// The tunnels open now, and where their ends are reported.
     pub tunnels: tunnel::Tunnels,
-    tunnel_ends: Option<tokio::sync::mpsc::UnboundedReceiver<tunnel::Ended>>,
     /// The secrets the spec gives allocations, and where fetches end.
     pub secrets: secrets::Secrets,
-    secrets_done: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<secrets::Fetched>>>,
     /// The session clock's server time at the loop's last turn.
     server_now_ms: Option<i64>,
 }
@@ -414,9 +412,7 @@ pub fn open(
         .context("the journal cannot be read")?
         .and_then(|(_, signed)| bcd_proto::sign::open(&signed, &keys).ok())
         .and_then(|p| v1::NodeSpec::decode(p.as_slice()).ok());
-    let gateways = trust::load(dir, &keys, seed);
-    let (tunnels, tunnel_ends) = tunnel::Tunnels::new();
-    let (secrets, secrets_done) = secrets::Secrets::new(None);
+    let trust = trust::Trust::load(dir, &keys, seed);
     Ok(Agent {
         shared: Shared {
             identity,
@@ -437,18 +433,16 @@ pub fn open(
         update: None,
         uevents: None,
         footprint,
-        rng: SplitMix64::new(seed.rotate_left(29) ^ 0x5245_4e45_5741_4c00),
-        sent_events: 0,
+        renewals: renewal::Renewals::new(seed),
+        outbox: outbox::Outbox::default(),
         spec,
         reports: Reports::new(),
         staged: None,
         epoch: None,
         hello_from: Default::default(),
-        gateways,
-        tunnels,
-        tunnel_ends: Some(tunnel_ends),
-        secrets,
-        secrets_done: Some(secrets_done),
+        trust,
+        tunnels: tunnel::Tunnels::new(),
+        secrets: secrets::Secrets::new(None),
         server_now_ms: None,
     })
 }

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::Agent;
 use super::conn::{Conn, send};
 use crate::effects::Effect;
-use crate::events::ReceiptRefused;
+use crate::events::{CommandFinished, ReceiptRefused};
 use crate::failpoints::Point;
 
 /// The shape a journaled result had before outcomes were typed: the
@@ -70,7 +70,11 @@ impl Agent {
             .finish(id, &result.encode_to_vec())
             .map_err(|e| format!("journal: {e}"))?;
         info!(cmd = %id, outcome = effect.outcome.name(), "finished");
-        self.finished_event(&result, effect.outcome);
+        self.shared.event(&CommandFinished {
+            command_id: result.command_id.clone(),
+            outcome: effect.outcome.name().to_string(),
+            reason: result.reason.clone(),
+        });
         Ok(Some((result, Kind::parse(&entry.kind))))
     }
 

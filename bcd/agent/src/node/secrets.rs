@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::Agent;
+use super::Shared;
 use super::conn::Conn;
 use crate::converge::Outcome;
 use crate::converge::access::StepError;
@@ -78,6 +78,7 @@ impl From<String> for Failed {
 }
 
 /// The node's secrets: where they go, what was written, what is fetching.
+/// This module alone reads or changes it.
 #[derive(Debug)]
 pub struct Secrets {
     /// Where values go; `None`: this daemon has nowhere to write them (a
@@ -88,31 +89,40 @@ pub struct Secrets {
     /// Whether this process removed what an earlier one left: until then
     /// a pass with nothing to hold still sweeps.
     swept: bool,
+    /// Whether a batch of fetches is under way.
     fetching: bool,
+    /// When the next fetch after a failed one may start.
     retry_at: Option<Instant>,
+    /// The wait after the next failure.
     retry_in: Duration,
+    /// Why the last fetch failed, for the section's message.
     last_error: Option<String>,
+    /// Where a batch of fetches reports how it ended.
     done_tx: mpsc::UnboundedSender<Vec<Fetched>>,
+    /// Where the loop reads the batches, until it takes it.
+    done_rx: Option<mpsc::UnboundedReceiver<Vec<Fetched>>>,
 }
 
 impl Secrets {
-    pub fn new(
-        files: Option<std::sync::Arc<dyn SecretFiles>>,
-    ) -> (Secrets, mpsc::UnboundedReceiver<Vec<Fetched>>) {
+    /// Nothing written or fetching yet; values go to `files`.
+    pub fn new(files: Option<std::sync::Arc<dyn SecretFiles>>) -> Secrets {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        (
-            Secrets {
-                files,
-                written: BTreeMap::new(),
-                swept: false,
-                fetching: false,
-                retry_at: None,
-                retry_in: RETRY_FIRST,
-                last_error: None,
-                done_tx,
-            },
-            done_rx,
-        )
+        Secrets {
+            files,
+            written: BTreeMap::new(),
+            swept: false,
+            fetching: false,
+            retry_at: None,
+            retry_in: RETRY_FIRST,
+            last_error: None,
+            done_tx,
+            done_rx: Some(done_rx),
+        }
+    }
+
+    /// Where batches of fetches end, for the loop to read (once).
+    pub(super) fn take_done(&mut self) -> Option<mpsc::UnboundedReceiver<Vec<Fetched>>> {
+        self.done_rx.take()
     }
 }
 
@@ -263,12 +273,20 @@ pub fn write(dir: &Path, allocation: &str, file: &str, value: &[u8]) -> Result<(
         .map_err(|e| bcd_sys::error::chain(&e))
 }
 
-impl Agent {
+impl Secrets {
     /// One pass over the secrets: removes what the spec no longer names,
-    /// starts fetching what is missing, and says how far it got.
-    pub(super) fn converge_secrets(&mut self, spec: &v1::NodeSpec, conn: &Conn) -> Outcome {
+    /// starts fetching what is missing (requests dated `server_now_ms`, the
+    /// session's server time at the loop's last turn), and says how far it
+    /// got.
+    pub(super) fn converge(
+        &mut self,
+        shared: &mut Shared,
+        spec: &v1::NodeSpec,
+        conn: &Conn,
+        server_now_ms: Option<i64>,
+    ) -> Outcome {
         let wanted = wanted(spec);
-        let Some(files) = self.secrets.files.clone() else {
+        let Some(files) = self.files.clone() else {
             if wanted.is_empty() {
                 return Outcome::ready(false);
             }
@@ -287,18 +305,18 @@ impl Agent {
                 return Outcome::not(Status::Failed, e.to_string());
             }
         }
-        if wanted.is_empty() && self.secrets.written.is_empty() && self.secrets.swept {
+        if wanted.is_empty() && self.written.is_empty() && self.swept {
             return Outcome::ready(false);
         }
         let changed = match files.retain(&wanted) {
             Ok(c) => c,
             Err((status, e)) => return Outcome::not(status, e),
         };
-        self.secrets.swept = true;
+        self.swept = true;
         if changed {
             info!("secrets the spec no longer names were removed");
         }
-        self.secrets.written.retain(|(a, f), _| {
+        self.written.retain(|(a, f), _| {
             wanted
                 .iter()
                 .any(|w| &w.allocation == a && &w.file == f && files.holds(w))
@@ -306,15 +324,13 @@ impl Agent {
         let missing: Vec<Want> = wanted
             .into_iter()
             .filter(|w| {
-                self.secrets
-                    .written
-                    .get(&(w.allocation.clone(), w.file.clone()))
+                self.written.get(&(w.allocation.clone(), w.file.clone()))
                     != Some(&(w.name.clone(), w.version))
             })
             .collect();
         if missing.is_empty() {
-            self.secrets.last_error = None;
-            self.secrets.retry_in = RETRY_FIRST;
+            self.last_error = None;
+            self.retry_in = RETRY_FIRST;
             return Outcome::ready(changed);
         }
         let waiting = |why: &str| {
@@ -328,19 +344,19 @@ impl Agent {
                 ),
             )
         };
-        if self.secrets.fetching {
+        if self.fetching {
             return waiting("fetching");
         }
-        if let Some(at) = self.secrets.retry_at
+        if let Some(at) = self.retry_at
             && Instant::now() < at
         {
-            let why = self.secrets.last_error.clone().unwrap_or_default();
+            let why = self.last_error.clone().unwrap_or_default();
             return waiting(&why);
         }
         let Some(c) = conn else {
             return waiting("waiting for a session");
         };
-        let Some(now_ms) = self.server_now_ms else {
+        let Some(now_ms) = server_now_ms else {
             return waiting("waiting for the server's time");
         };
         let keys = match Jwks::parse(&spec.ticket_jwks) {
@@ -355,21 +371,21 @@ impl Agent {
             };
             let public = otk.public();
             let statement = secret::request_statement(&Request {
-                node: &self.shared.identity.file.node_id,
+                node: &shared.identity.file.node_id,
                 allocation: &w.allocation,
                 name: &w.name,
                 version: w.version,
                 one_time_key: &public,
                 time_ms: now_ms,
             });
-            let Some(signature) = self.shared.sign(&statement) else {
+            let Some(signature) = shared.sign(&statement) else {
                 return waiting("the node key did not sign the request");
             };
             requests.push((
                 w.clone(),
                 otk,
                 v1::SecretRequest {
-                    node_id: self.shared.identity.file.node_id.clone(),
+                    node_id: shared.identity.file.node_id.clone(),
                     allocation_id: w.allocation,
                     name: w.name,
                     version: w.version,
@@ -379,8 +395,8 @@ impl Agent {
                 },
             ));
         }
-        self.secrets.fetching = true;
-        let (h2, done) = (c.conn.clone(), self.secrets.done_tx.clone());
+        self.fetching = true;
+        let (h2, done) = (c.conn.clone(), self.done_tx.clone());
         tokio::spawn(async move {
             let mut out = Vec::new();
             for (want, otk, request) in requests {
@@ -394,9 +410,9 @@ impl Agent {
 
     /// A batch of fetches ended: writes what came, schedules a retry for
     /// what did not.
-    pub(super) fn secrets_fetched(&mut self, batch: Vec<Fetched>) {
-        self.secrets.fetching = false;
-        let Some(files) = self.secrets.files.clone() else {
+    pub(super) fn fetched(&mut self, shared: &mut Shared, batch: Vec<Fetched>) {
+        self.fetching = false;
+        let Some(files) = self.files.clone() else {
             return;
         };
         let mut failed = None;
@@ -408,12 +424,11 @@ impl Agent {
             {
                 Ok(()) => {
                     info!(allocation = %f.want.allocation, secret = %f.want.name, version = f.want.version, "secret written");
-                    self.secrets
-                        .written
+                    self.written
                         .insert(key, (f.want.name.clone(), f.want.version));
                 }
                 Err(e) if e.forged => {
-                    self.shared.refused_frame(SecretRefused {
+                    shared.refused_frame(SecretRefused {
                         allocation: f.want.allocation.clone(),
                         secret: f.want.name.clone(),
                         version: f.want.version,
@@ -425,8 +440,7 @@ impl Agent {
                     ));
                 }
                 Err(e) => {
-                    if let Some(held) = self.shared.warned.allow("secret.fetch", self.shared.now())
-                    {
+                    if let Some(held) = shared.warned.allow("secret.fetch", shared.now()) {
                         warn!(allocation = %f.want.allocation, secret = %f.want.name, version = f.want.version, error = %e.message, held_back = held, "secret not fetched; retrying");
                     }
                     failed.get_or_insert(format!(
@@ -438,43 +452,41 @@ impl Agent {
         }
         match failed {
             None => {
-                self.secrets.retry_at = None;
-                self.secrets.retry_in = RETRY_FIRST;
-                self.secrets.last_error = None;
+                self.retry_at = None;
+                self.retry_in = RETRY_FIRST;
+                self.last_error = None;
             }
             Some(e) => {
-                self.secrets.retry_at = Some(Instant::now() + self.secrets.retry_in);
-                self.secrets.retry_in = (self.secrets.retry_in * 2).min(RETRY_MAX);
-                self.secrets.last_error = Some(e);
+                self.retry_at = Some(Instant::now() + self.retry_in);
+                self.retry_in = (self.retry_in * 2).min(RETRY_MAX);
+                self.last_error = Some(e);
             }
         }
     }
 
     /// Whether the spec names a secret this process has not written and
     /// is not fetching.
-    pub(super) fn secrets_pending(&self) -> bool {
-        let Some(spec) = &self.spec else {
+    pub(super) fn pending(&self, spec: Option<&v1::NodeSpec>) -> bool {
+        let Some(spec) = spec else {
             return false;
         };
-        !self.secrets.fetching
-            && self.secrets.files.is_some()
+        !self.fetching
+            && self.files.is_some()
             && wanted(spec).iter().any(|w| {
-                self.secrets
-                    .written
-                    .get(&(w.allocation.clone(), w.file.clone()))
+                self.written.get(&(w.allocation.clone(), w.file.clone()))
                     != Some(&(w.name.clone(), w.version))
             })
     }
 
     /// The retry's time came: the next pass fetches (or, with no session,
     /// the pass after one is established).
-    pub(super) fn secrets_retry_due(&mut self) {
-        self.secrets.retry_at = None;
+    pub(super) fn retry_due(&mut self) {
+        self.retry_at = None;
     }
 
     /// When the next retry is due, if one waits.
-    pub(super) fn secrets_retry_at(&self) -> Option<Instant> {
-        self.secrets.retry_at.filter(|_| !self.secrets.fetching)
+    pub(super) fn retry_at(&self) -> Option<Instant> {
+        self.retry_at.filter(|_| !self.fetching)
     }
 }
 

@@ -44,7 +44,7 @@ impl Agent {
         let mut clock = ServerClock::new(self.shared.identity.file.mark(), self.witness());
         // A node that holds a gateway revocation list takes no server time
         // further than its mark allows until a gateway hands one on.
-        if self.gateways.held().is_some() {
+        if self.trust.holds_list() {
             clock.limit_from_mark(self.shared.now());
         }
         let mut session = Session::new(
@@ -61,8 +61,8 @@ impl Agent {
         let mut established_at: Option<Instant> = None;
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
-        let mut tunnel_ends = self.tunnel_ends.take();
-        let mut secrets_done = self.secrets_done.take();
+        let mut tunnel_ends = self.tunnels.take_ends();
+        let mut secrets_done = self.secrets.take_done();
         self.staged = Some(staged_tx);
         // Settle an upgrade a previous process started, then what it left
         // in the journal.
@@ -129,7 +129,7 @@ impl Agent {
                             // follows the Welcome).
                             let f = &mut self.shared.identity.file;
                             (f.last_boot_id, f.last_journal_id) = self.hello_from.clone();
-                            self.observe_established(epoch);
+                            super::observe::established(&self.shared, epoch);
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
                                 s.sessions.fetch_add(1, Ordering::Relaxed);
@@ -150,14 +150,14 @@ impl Agent {
                             // A new session: the server acknowledges events
                             // from the start of this journal again, and has
                             // heard none of this process's reports.
-                            self.sent_events = 0;
-                            self.flush_events(&conn).await;
+                            self.outbox.new_session();
+                            self.outbox.flush(&mut self.shared.journal, &conn).await;
                             self.reports.new_session();
                             self.report(&conn).await;
                             // Secrets waiting for a session are fetched now,
                             // not at the next pass.
                             self.server_now_ms = Some(server_time_ms);
-                            if self.secrets_pending()
+                            if self.secrets.pending(self.spec.as_ref())
                                 && let Err(e) = self.converge(&conn).await
                             {
                                 return Stopped::JournalFailed(e);
@@ -172,7 +172,7 @@ impl Agent {
                             | CloseReason::Drain => warn!(%reason, "closing the session"),
                         },
                         Action::Disconnected { retry_in } => {
-                            self.observe_disconnected(false);
+                            super::observe::disconnected(&self.shared, false);
                             established_at = None;
                             conn = None;
                             dialing = None;
@@ -195,7 +195,7 @@ impl Agent {
                                       signed times allow; server time is held to the limit"
                                     .to_string(),
                             });
-                            self.flush_events(&conn).await;
+                            self.outbox.flush(&mut self.shared.journal, &conn).await;
                         }
                         Action::Stop { message } => {
                             self.uncount(&mut counted);
@@ -205,19 +205,21 @@ impl Agent {
                     }
                 }
             }
-            self.observe(&session, &mut observed);
+            super::observe::gauges(&self.shared, &session, &mut observed);
             let now = self.shared.now();
             let sleep_until = session
                 .deadline()
                 .map(|d| self.shared.origin + d)
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-            let server_now = self.renewal_clock(session.clock().now_or_mark(now));
+            let server_now =
+                super::renewal::clock(&self.shared.identity, session.clock().now_or_mark(now));
             self.server_now_ms = session.clock().server_now(now);
-            let secrets_retry = self.secrets_retry_at();
+            let secrets_retry = self.secrets.retry_at();
             // When the held gateway revocation list runs out on this
             // gateway, if it can.
             let list_due = established_at.and_then(|at| {
-                self.gateway_due_in(session.clock().server_now(now))
+                self.trust
+                    .due_in(&self.shared, session.clock().server_now(now))
                     .map(|d| (Instant::now() + d).max(at + LIST_GRACE))
             });
             // None once a renewal failed for good: no attempt is due.
@@ -227,7 +229,7 @@ impl Agent {
             tokio::select! {
                 _ = tokio::time::sleep_until(renew_due.unwrap_or_else(Instant::now)), if renewing.is_none() && renew_due.is_some() => {
                     let server_now = session.clock().now_or_mark(self.shared.now());
-                    renewing = Some(self.spawn_renewal(server_now));
+                    renewing = Some(super::renewal::spawn(&self.shared, server_now));
                 }
                 r = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
                     renewing = None;
@@ -236,7 +238,7 @@ impl Agent {
                         .and_then(|r| r);
                     let now = self.shared.now();
                     let server_now = session.clock().now_or_mark(now);
-                    self.renewal_finished(result, &mut renewal, now, server_now);
+                    self.renewals.finished(&mut self.shared.identity, result, &mut renewal, now, server_now);
                 }
                 _ = &mut shutdown => {
                     self.uncount(&mut counted);
@@ -247,14 +249,14 @@ impl Agent {
                 _ = tokio::time::sleep_until(list_due.unwrap_or_else(Instant::now)), if list_due.is_some() => {
                     let server_now = session.clock().server_now(self.shared.now());
                     let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
-                    if let Err(error) = self.gateway_due(server_now, &gateway) {
+                    if let Err(error) = self.trust.due(&mut self.shared, server_now, &gateway) {
                         events.push(Event::Closed { error });
                     }
                 }
                 r = async { dialing.as_mut().expect("guarded").await }, if dialing.is_some() => {
                     dialing = None;
                     match r {
-                        Ok(Ok(c)) => match self.gateway_reached(&c.gateway) {
+                        Ok(Ok(c)) => match self.trust.reached(&mut self.shared, &c.gateway) {
                             Ok(()) => {
                                 conn = Some(c);
                                 events.push(Event::Connected);
@@ -267,7 +269,7 @@ impl Agent {
                                 s.dial_failures.fetch_add(1, Ordering::Relaxed);
                             }
                             debug!(%error, "dial failed");
-                            self.observe_disconnected(true);
+                            super::observe::disconnected(&self.shared, true);
                             events.push(Event::DialFailed { error });
                         }
                         Err(e) => events.push(Event::DialFailed { error: e.to_string() }),
@@ -296,24 +298,24 @@ impl Agent {
                             if let Err(e) = self.finish(&conn, &id, crate::effects::Effect::failed(reason)).await {
                                 return Stopped::JournalFailed(e);
                             }
-                            self.flush_events(&conn).await;
+                            self.outbox.flush(&mut self.shared.journal, &conn).await;
                         }
                     }
                 }
                 Some(ended) = async { tunnel_ends.as_mut().expect("guarded").recv().await }, if tunnel_ends.is_some() => {
-                    self.observe_tunnel(&ended);
+                    super::observe::tunnel(&self.shared, &ended);
                     self.shared.event(&ended);
-                    self.flush_events(&conn).await;
+                    self.outbox.flush(&mut self.shared.journal, &conn).await;
                 }
                 Some(batch) = async { secrets_done.as_mut().expect("guarded").recv().await }, if secrets_done.is_some() => {
-                    self.secrets_fetched(batch);
+                    self.secrets.fetched(&mut self.shared, batch);
                     if let Err(e) = self.converge(&conn).await {
                         return Stopped::JournalFailed(e);
                     }
-                    self.flush_events(&conn).await;
+                    self.outbox.flush(&mut self.shared.journal, &conn).await;
                 }
                 _ = tokio::time::sleep_until(secrets_retry.unwrap_or_else(Instant::now)), if secrets_retry.is_some() => {
-                    self.secrets_retry_due();
+                    self.secrets.retry_due();
                     if let Err(e) = self.converge(&conn).await {
                         return Stopped::JournalFailed(e);
                     }
@@ -321,17 +323,17 @@ impl Agent {
                 Some(done) = done_rx.recv() => {
                     let (id, effect) = *done;
                     self.shared.failpoints.at(Point::MidEffect);
-                    self.observe_command(&id, &effect);
+                    super::observe::command(&self.shared, &id, &effect);
                     if let Err(e) = self.finish(&conn, &id, effect).await {
                         return Stopped::JournalFailed(e);
                     }
-                    self.flush_events(&conn).await;
+                    self.outbox.flush(&mut self.shared.journal, &conn).await;
                 }
                 _ = converge.tick() => {
                     if let Err(e) = self.converge(&conn).await {
                         return Stopped::JournalFailed(e);
                     }
-                    self.observe_inventory("pass");
+                    super::observe::inventory(&self.shared, "pass");
                     self.send_inventory(&conn, None).await;
                 }
                 n = async { uevents.as_mut().expect("guarded").next().await }, if uevents.is_some() => {
@@ -352,7 +354,7 @@ impl Agent {
                             load5: load[1],
                         });
                     }
-                    self.flush_events(&conn).await;
+                    self.outbox.flush(&mut self.shared.journal, &conn).await;
                 }
                 m = async { conn.as_mut().expect("guarded").rx.message().await }, if conn.is_some() => {
                     let event = match m {
@@ -360,7 +362,7 @@ impl Agent {
                             let server_now = session.clock().server_now(self.shared.now());
                             match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
                                 Ok(ev) => {
-                                    self.flush_events(&conn).await;
+                                    self.outbox.flush(&mut self.shared.journal, &conn).await;
                                     ev
                                 }
                                 Err(stopped) => {
@@ -496,24 +498,32 @@ impl Agent {
             }
             Some(server_message::Msg::EventAck(a)) => {
                 // Only what this session sent can be acknowledged.
-                self.shared
-                    .journal
-                    .ack_events(a.up_to.min(self.sent_events))
+                self.outbox
+                    .acked(&self.shared.journal, a.up_to)
                     .map_err(|e| Stopped::JournalFailed(e.to_string()))?;
                 Event::Received
             }
             Some(server_message::Msg::GatewayRevocations(envelope)) => {
                 let gateway = conn.as_ref().map(|c| c.gateway.clone()).unwrap_or_default();
-                match self.gateway_revocations(envelope, &gateway).await {
+                match self
+                    .trust
+                    .offered(&mut self.shared, envelope, &gateway)
+                    .await
+                {
                     Ok(Some((issued_ms, ahead))) => Event::SignedTime { issued_ms, ahead },
                     Ok(None) => Event::Received,
                     Err(error) => Event::Closed { error },
                 }
             }
             Some(server_message::Msg::EventReceipt(envelope)) => {
-                let confirmed = self
-                    .on_event_receipt(&envelope)
+                let receipted = super::outbox::on_event_receipt(&mut self.shared, &envelope)
                     .map_err(Stopped::JournalFailed)?;
+                let confirmed = match receipted {
+                    Some((kind, body_sha256)) => self
+                        .upgrade_receipted(&kind, &body_sha256)
+                        .map_err(Stopped::JournalFailed)?,
+                    None => None,
+                };
                 if let Some(id) = confirmed {
                     self.send_journaled_result(conn, &id)
                         .await
@@ -536,10 +546,16 @@ impl Agent {
                 Event::Received
             }
             Some(server_message::Msg::TunnelOpen(open)) => {
-                if let Some(refused) = self.on_tunnel_open(open, conn, server_now) {
+                if let Some(refused) = self.tunnels.on_open(
+                    &mut self.shared,
+                    self.spec.as_ref(),
+                    open,
+                    conn,
+                    server_now,
+                ) {
                     send(conn, node_message::Msg::TunnelRefused(refused)).await;
                 }
-                self.flush_events(conn).await;
+                self.outbox.flush(&mut self.shared.journal, conn).await;
                 Event::Received
             }
             // A message of a later protocol: evidence the server is there.

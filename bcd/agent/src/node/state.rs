@@ -107,14 +107,20 @@ impl Agent {
             self.shared.machine.firewall.as_ref(),
             &spec.access.clone().unwrap_or_default(),
         );
-        let secrets = self.converge_secrets(&spec, conn);
+        let secrets = self
+            .secrets
+            .converge(&mut self.shared, &spec, conn, self.server_now_ms);
         let now = self.shared.now();
         for (name, outcome) in [
             ("devices", devices),
             ("access", access),
             ("secrets", secrets),
         ] {
-            self.observe_section(name, &outcome.status.name().to_ascii_lowercase());
+            super::observe::section(
+                &self.shared,
+                name,
+                &outcome.status.name().to_ascii_lowercase(),
+            );
             if outcome.changed {
                 info!(generation = spec.generation, section = name, "converged");
             }

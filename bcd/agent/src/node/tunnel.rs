@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use super::Agent;
+use super::Shared;
 use crate::events::{self, TunnelRefused};
 use crate::journal::EventClass;
 
@@ -86,25 +86,41 @@ const CHUNK: usize = 32 * 1024;
 const TUNNEL_PATH: &str = "/bcd.v1.Gateway/Tunnel";
 
 /// The tunnels of one daemon: how many are open, and where their ends
-/// are reported (the session loop journals them).
+/// are reported (the session loop journals them). This module alone reads
+/// or changes it.
 #[derive(Debug)]
 pub struct Tunnels {
+    /// How many tunnels are open now.
     open: Arc<AtomicUsize>,
+    /// Where a tunnel's task reports its end.
     ended: mpsc::UnboundedSender<Ended>,
+    /// Where the loop reads the ends, until it takes it.
+    ends: Option<mpsc::UnboundedReceiver<Ended>>,
+    /// How long a tunnel may stay open.
     pub limits: Limits,
 }
 
 impl Tunnels {
-    pub fn new() -> (Tunnels, mpsc::UnboundedReceiver<Ended>) {
-        let (ended, rx) = mpsc::unbounded_channel();
-        (
-            Tunnels {
-                open: Arc::new(AtomicUsize::new(0)),
-                ended,
-                limits: Limits::default(),
-            },
-            rx,
-        )
+    /// No tunnel open, under the default limits.
+    pub fn new() -> Tunnels {
+        let (ended, ends) = mpsc::unbounded_channel();
+        Tunnels {
+            open: Arc::new(AtomicUsize::new(0)),
+            ended,
+            ends: Some(ends),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Where tunnels' ends arrive, for the loop to read (once).
+    pub(super) fn take_ends(&mut self) -> Option<mpsc::UnboundedReceiver<Ended>> {
+        self.ends.take()
+    }
+}
+
+impl Default for Tunnels {
+    fn default() -> Tunnels {
+        Tunnels::new()
     }
 }
 
@@ -191,20 +207,23 @@ struct Admitted {
     accept: v1::TunnelAccept,
 }
 
-impl Agent {
+impl Tunnels {
     /// A `TunnelOpen` from the gateway: the tunnel opens on the session's
-    /// connection, or the refusal to send back.
-    pub(super) fn on_tunnel_open(
+    /// connection, or the refusal to send back. The ticket verifies under
+    /// the ticket keys of `spec`, the spec the node enforces.
+    pub(super) fn on_open(
         &mut self,
+        shared: &mut Shared,
+        spec: Option<&v1::NodeSpec>,
         open: v1::TunnelOpen,
         conn: &super::conn::Conn,
         server_now: Option<i64>,
     ) -> Option<v1::TunnelRefused> {
         let Some(c) = conn else { return None };
-        let admitted = match self.admit(&open, server_now) {
+        let admitted = match self.admit(shared, spec, &open, server_now) {
             Ok(a) => a,
             Err(reason) => {
-                self.shared.refused_frame(TunnelRefused {
+                shared.refused_frame(TunnelRefused {
                     sid: open.sid.clone(),
                     why: reason.clone(),
                 });
@@ -214,7 +233,7 @@ impl Agent {
                 });
             }
         };
-        let open_now = self.tunnels.open.clone();
+        let open_now = self.open.clone();
         open_now.fetch_add(1, Ordering::SeqCst);
         info!(
             sid = %open.sid,
@@ -223,9 +242,9 @@ impl Agent {
             what = ?admitted.allows,
             "tunnel opened"
         );
-        let ended = self.tunnels.ended.clone();
+        let ended = self.ended.clone();
         let (h2, closed) = (c.conn.clone(), c.closed.clone());
-        let limits = self.tunnels.limits;
+        let limits = self.limits;
         tokio::spawn(async move {
             let started = bcd_sys::clock::mono();
             let mut end = run(h2, closed, admitted, limits).await;
@@ -238,21 +257,23 @@ impl Agent {
 
     /// Checks the ticket and makes the tunnel's keys.
     fn admit(
-        &mut self,
+        &self,
+        shared: &mut Shared,
+        spec: Option<&v1::NodeSpec>,
         open: &v1::TunnelOpen,
         server_now: Option<i64>,
     ) -> Result<Admitted, String> {
         let now_ms = server_now.ok_or("the node has no server time yet")?;
-        let keys = Jwks::parse(self.spec.as_ref().map_or("", |s| s.ticket_jwks.as_str()))
-            .map_err(|e| e.to_string())?;
+        let keys =
+            Jwks::parse(spec.map_or("", |s| s.ticket_jwks.as_str())).map_err(|e| e.to_string())?;
         let expect = Expect {
-            node: &self.shared.identity.file.node_id,
+            node: &shared.identity.file.node_id,
             sid: &open.sid,
             now_ms,
         };
         let claims = ticket::verify(&open.ticket, &keys, expect).map_err(|e| e.to_string())?;
         let allows = claims.allows().map_err(|e| e.to_string())?;
-        if self.tunnels.open.load(Ordering::SeqCst) >= MAX_TUNNELS {
+        if self.open.load(Ordering::SeqCst) >= MAX_TUNNELS {
             return Err(format!(
                 "the node has {MAX_TUNNELS} tunnels open, as many as it keeps: close one first"
             ));
@@ -264,8 +285,7 @@ impl Agent {
             }
             Allows::Port(_) => None,
         };
-        match self
-            .shared
+        match shared
             .journal
             .spend_ticket(&claims.jti, claims.keep_jti_until_ms(), now_ms)
         {
@@ -283,8 +303,7 @@ impl Agent {
         let ticket_sha256 = tunnel::ticket_sha256(&open.ticket);
         let own = Ephemeral::new().map_err(|e| e.to_string())?;
         let node_public = own.public();
-        let signature = self
-            .shared
+        let signature = shared
             .sign(&tunnel::accept_message(
                 &open.sid,
                 &ticket_sha256,
@@ -299,7 +318,7 @@ impl Agent {
                 sid: open.sid.clone(),
                 ticket_sha256: ticket_sha256.to_vec(),
                 node_public: node_public.to_vec(),
-                cert_der: self.shared.identity.cert.to_vec(),
+                cert_der: shared.identity.cert.to_vec(),
                 signature,
             },
             claims,

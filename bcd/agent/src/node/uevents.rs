@@ -47,7 +47,7 @@ impl Agent {
     /// A device changed: a new inventory, and the device convergers.
     pub(super) async fn reinventory(&mut self, conn: &Conn) -> Result<(), String> {
         info!("devices changed; taking inventory");
-        self.observe_inventory("uevent");
+        super::observe::inventory(&self.shared, "uevent");
         self.send_inventory(conn, None).await;
         self.converge(conn).await
     }
