@@ -166,7 +166,7 @@ pub async fn run(opts: DaemonOptions) -> anyhow::Result<ExitCode> {
             // A memory-backed directory: an image outgrows a small state
             // partition. Through the helper the daemon keeps its data
             // directory, which it can write.
-            agent.kexec_dir = opts.dirs.run_dir.join("kexec");
+            agent.commands.kexec_dir = opts.dirs.run_dir.join("kexec");
         }
         // Secrets go to memory only (the node, or the helper, checks the
         // directory is).

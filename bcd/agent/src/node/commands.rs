@@ -9,39 +9,85 @@
 use bcd_core::command::{self, DispatchFacts, Kind, NodeView, OnDispatch, Recovery};
 use bcd_proto::v1;
 use prost::Message;
+use std::path::PathBuf;
+
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::conn::{Conn, ack, send};
-use super::results::journaled_result;
-use super::{Agent, Done, Stopped};
+use super::results::{self, journaled_result};
+use super::update;
+use super::{Done, Shared, Stage, Staged, Stopped};
 use crate::effects::{self, Effect};
 use crate::events::{CommandAccepted, CommandRefused, CommandRunning};
 use crate::failpoints::Point;
 use crate::hw::Gpu;
 use crate::identity::ReplayFloors;
+use crate::upgrade::Updater;
 
 fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
     Err(format!("journal: {e}"))
 }
 
-impl Agent {
+/// What commands own: where their side effects, and what they prepare in
+/// the background, go back to the loop, and where a kexec image is
+/// fetched to. This module alone reads or changes it.
+#[derive(Debug)]
+pub struct Commands {
+    /// Where `boot.kexec image=` writes the image it fetches before it
+    /// loads it: a memory-backed directory on a real machine (`bcd node`
+    /// without a helper sets `<run-dir>/kexec`), since a kernel and initrd
+    /// outgrow a small state partition; `<data-dir>/kexec` unless set.
+    pub kexec_dir: PathBuf,
+    /// Where a finished side effect goes back to the loop.
+    done: mpsc::UnboundedSender<Done>,
+    /// Where a downloaded release, or an image fetched for `boot.kexec
+    /// image=`, goes back to the loop.
+    staged: mpsc::UnboundedSender<Staged>,
+    /// The loop's ends of both, until it takes them.
+    returns: Option<Returns>,
+}
+
+/// The loop's ends of the channels commands report on: finished side
+/// effects, and what was staged in the background.
+pub(super) type Returns = (
+    mpsc::UnboundedReceiver<Done>,
+    mpsc::UnboundedReceiver<Staged>,
+);
+
+impl Commands {
+    /// Nothing running yet; images are fetched to `kexec_dir`.
+    pub(super) fn new(kexec_dir: PathBuf) -> Commands {
+        let (done, done_rx) = mpsc::unbounded_channel();
+        let (staged, staged_rx) = mpsc::unbounded_channel();
+        Commands {
+            kexec_dir,
+            done,
+            staged,
+            returns: Some((done_rx, staged_rx)),
+        }
+    }
+
+    /// Where side effects and staged work come back, for the loop to read
+    /// (once).
+    pub(super) fn take_returns(&mut self) -> Option<Returns> {
+        self.returns.take()
+    }
+
     /// Judges a dispatch by `bcd_core::command::on_dispatch` and acts on
     /// the decision. `Err(Ok(stopped))` ends the agent (a reboot);
     /// `Err(Err(message))` is a journal failure.
     pub(super) async fn on_dispatch(
         &mut self,
+        shared: &mut Shared,
+        update: &mut Option<Updater>,
+        spec: Option<&v1::NodeSpec>,
         d: v1::CommandDispatch,
         conn: &Conn,
         server_now: Option<i64>,
-        done: &mpsc::UnboundedSender<Done>,
     ) -> Result<(), Result<Stopped, String>> {
-        let journaled = self
-            .shared
-            .journal
-            .command(&d.command_id)
-            .map_err(journal_err)?;
-        let opened = bcd_proto::sign::open(&d.signed, &self.shared.worker_keys());
+        let journaled = shared.journal.command(&d.command_id).map_err(journal_err)?;
+        let opened = bcd_proto::sign::open(&d.signed, &shared.worker_keys());
         let payload = opened
             .as_ref()
             .ok()
@@ -69,15 +115,11 @@ impl Agent {
             min_generation: payload.as_ref().map_or(0, |p| p.min_generation),
         };
         let view = NodeView {
-            node_id: &self.shared.identity.file.node_id,
-            highest_seq: self.shared.journal.highest_seq().map_err(journal_err)?,
-            seq_floor: self.shared.identity.file.replay_floors.command_seq,
+            node_id: &shared.identity.file.node_id,
+            highest_seq: shared.journal.highest_seq().map_err(journal_err)?,
+            seq_floor: shared.identity.file.replay_floors.command_seq,
             server_now_ms: server_now,
-            applied_generation: self
-                .shared
-                .journal
-                .applied_generation()
-                .map_err(journal_err)?,
+            applied_generation: shared.journal.applied_generation().map_err(journal_err)?,
         };
         let decision = command::on_dispatch(journaled.as_ref().map(|e| &e.state), &facts, &view);
         debug!(cmd = %d.command_id, seq = d.seq, ?decision, "dispatch");
@@ -85,19 +127,19 @@ impl Agent {
             OnDispatch::Accept => {
                 let payload = payload.expect("accepted payloads decoded");
                 let kind = kind.expect("accepted kinds are known");
-                self.shared
+                shared
                     .journal
                     .accept(&d.command_id, d.seq, kind.name(), &payload.encode_to_vec())
                     .map_err(journal_err)?;
-                self.shared.failpoints.at(Point::AfterAccept);
-                self.shared.event(&CommandAccepted {
+                shared.failpoints.at(Point::AfterAccept);
+                shared.event(&CommandAccepted {
                     command_id: d.command_id.clone(),
                     kind: kind.name().to_string(),
                     seq: d.seq,
                 });
                 send(conn, ack(&d.command_id, d.seq, v1::AckState::Accepted)).await;
                 if let Some(stopped) = self
-                    .start(&d.command_id, Some(kind), &payload, done)
+                    .start(shared, update, spec, &d.command_id, Some(kind), &payload)
                     .map_err(Err)?
                 {
                     return Err(Ok(stopped));
@@ -110,7 +152,7 @@ impl Agent {
                 if let Some(r) = journaled.and_then(|e| e.result)
                     && let Some(r) = journaled_result(&r)
                 {
-                    self.send_result(conn, r).await;
+                    results::send_result(shared, conn, r).await;
                 }
             }
             OnDispatch::Reject(rejection) => {
@@ -120,13 +162,11 @@ impl Agent {
                     | command::Rejection::WrongNode(_)
                     | command::Rejection::UnknownKind
                     | command::Rejection::Replayed { .. }
-                    | command::Rejection::TooLong { .. } => {
-                        self.shared.refused_frame(CommandRefused {
-                            command_id: d.command_id.clone(),
-                            reason: rejection.to_string(),
-                            seq: d.seq,
-                        })
-                    }
+                    | command::Rejection::TooLong { .. } => shared.refused_frame(CommandRefused {
+                        command_id: d.command_id.clone(),
+                        reason: rejection.to_string(),
+                        seq: d.seq,
+                    }),
                     command::Rejection::OutOfOrder { .. }
                     | command::Rejection::Expired { .. }
                     | command::Rejection::BelowMinGeneration { .. } => {
@@ -138,7 +178,7 @@ impl Agent {
                     seq: d.seq,
                     outcome: v1::Outcome::from(rejection.outcome()) as i32,
                     reason: rejection.to_string(),
-                    node_id: self.shared.identity.file.node_id.clone(),
+                    node_id: shared.identity.file.node_id.clone(),
                     ..Default::default()
                 };
                 // A well-formed command of ours that came too late is
@@ -151,17 +191,17 @@ impl Agent {
                     Some(k),
                 ) = (&rejection, &payload, kind)
                 {
-                    self.shared
+                    shared
                         .journal
                         .accept(&d.command_id, d.seq, k.name(), &p.encode_to_vec())
                         .and_then(|()| {
-                            self.shared
+                            shared
                                 .journal
                                 .finish(&d.command_id, &result.encode_to_vec())
                         })
                         .map_err(journal_err)?;
                 }
-                self.send_result(conn, result).await;
+                results::send_result(shared, conn, result).await;
             }
         }
         Ok(())
@@ -174,16 +214,19 @@ impl Agent {
     /// `Some(Stopped::Rebooted)`.
     pub(super) fn start(
         &mut self,
+        shared: &mut Shared,
+        update: &mut Option<Updater>,
+        spec: Option<&v1::NodeSpec>,
         id: &str,
         kind: Option<Kind>,
         payload: &v1::CommandPayload,
-        done: &mpsc::UnboundedSender<Done>,
     ) -> Result<Option<Stopped>, String> {
+        let done = &self.done;
         let floors = ReplayFloors {
             command_seq: payload.seq,
-            ..self.shared.identity.file.replay_floors
+            ..shared.identity.file.replay_floors
         };
-        if let Err(e) = self.shared.identity.raise_floors(floors) {
+        if let Err(e) = shared.identity.raise_floors(floors) {
             let reason = format!(
                 "cannot persist the replay floor, so the command does not run: {}",
                 bcd_sys::error::chain(&e)
@@ -192,18 +235,17 @@ impl Agent {
             let _ = done.send(Box::new((id.to_string(), Effect::failed(reason))));
             return Ok(None);
         }
-        let boot_id = self
-            .shared
+        let boot_id = shared
             .machine
             .host
             .boot_id()
             .map_err(|e| format!("boot id: {e}"))?;
-        self.shared
+        shared
             .journal
             .set_running(id, &boot_id)
             .map_err(|e| format!("journal: {e}"))?;
-        self.shared.failpoints.at(Point::AfterRunning);
-        self.shared.event(&CommandRunning {
+        shared.failpoints.at(Point::AfterRunning);
+        shared.event(&CommandRunning {
             boot_id: boot_id.clone(),
             command_id: id.to_string(),
         });
@@ -221,14 +263,11 @@ impl Agent {
                 let _ = done.send(Box::new((id, Effect::ok())));
             }
             (Some(Kind::GpuReset), Some(v1::command_payload::Args::GpuReset(a))) => {
-                let assignments = self
-                    .spec
-                    .as_ref()
+                let assignments = spec
                     .and_then(|s| s.devices.as_ref())
                     .map(|d| d.assignments.clone())
                     .unwrap_or_default();
-                let resolved = self
-                    .shared
+                let resolved = shared
                     .machine
                     .host
                     .gpus()
@@ -240,7 +279,7 @@ impl Agent {
                         let _ = done.send(Box::new((id, Effect::failed(reason))));
                     }
                     Ok(pci) => {
-                        let host = self.shared.machine.host.clone();
+                        let host = shared.machine.host.clone();
                         let done = done.clone();
                         tokio::task::spawn_blocking(move || {
                             let effect = match host.gpus().reset(&pci) {
@@ -257,7 +296,7 @@ impl Agent {
             }
             (Some(Kind::NodeReboot), _) => {
                 info!("rebooting");
-                match self.shared.machine.power.reboot() {
+                match shared.machine.power.reboot() {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
                         let _ = done.send(Box::new((id, Effect::failed(format!("reboot: {e}")))));
@@ -267,16 +306,11 @@ impl Agent {
             (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k)))
                 if !k.image_id.is_empty() =>
             {
-                self.fetch_image(id, k.image_id, k.cmdline, done);
+                self.fetch_image(shared, id, k.image_id, k.cmdline);
             }
             (Some(Kind::BootKexec), Some(v1::command_payload::Args::Kexec(k))) => {
                 info!(kernel = %k.kernel, "kexec");
-                match self
-                    .shared
-                    .machine
-                    .power
-                    .kexec(&k.kernel, &k.initrd, &k.cmdline)
-                {
+                match shared.machine.power.kexec(&k.kernel, &k.initrd, &k.cmdline) {
                     Ok(()) => return Ok(Some(Stopped::Rebooted)),
                     Err(e) => {
                         let _ = done.send(Box::new((id, Effect::failed(format!("kexec: {e}")))));
@@ -284,10 +318,17 @@ impl Agent {
                 }
             }
             (Some(Kind::DaemonUpgrade), Some(v1::command_payload::Args::Upgrade(u))) => {
-                self.stage_release(id, u.sequence, done);
+                update::stage_release(
+                    update.as_ref(),
+                    &shared.identity,
+                    id,
+                    u.sequence,
+                    done,
+                    &self.staged,
+                );
             }
             (Some(Kind::DaemonRollback), _) => {
-                let Some(update) = self.update.as_mut() else {
+                let Some(update) = update.as_mut() else {
                     let _ = done.send(Box::new((
                         id,
                         Effect::failed("self-update is not available here"),
@@ -302,7 +343,7 @@ impl Agent {
                 if restart {
                     // The result is journaled before the switch takes
                     // effect; the old binary sends it.
-                    self.journal_result(&id, effect)?;
+                    results::journal_result(shared, &id, effect)?;
                     return Ok(Some(Stopped::Restart));
                 }
                 let _ = done.send(Box::new((id, effect)));
@@ -319,63 +360,32 @@ impl Agent {
 
     /// `boot.kexec image=`: fetches and verifies the image in the
     /// background (`client::fetch_image`); the loop loads it
-    /// ([`Agent::load_image`]).
-    fn fetch_image(
-        &mut self,
-        id: String,
-        image_id: String,
-        extra: String,
-        done: &mpsc::UnboundedSender<Done>,
-    ) {
-        let Some(staged) = self.staged.clone() else {
-            let _ = done.send(Box::new((
-                id,
-                Effect::failed("boot.kexec by image is not available here"),
-            )));
-            return;
-        };
+    /// ([`load_image`]).
+    fn fetch_image(&self, shared: &Shared, id: String, image_id: String, extra: String) {
+        let staged = self.staged.clone();
         info!(cmd = %id, image = %image_id, "fetching the image to kexec");
-        let identity = self.shared.identity.clone();
+        let identity = shared.identity.clone();
         let dir = self.kexec_dir.clone();
         tokio::spawn(async move {
             let result = crate::client::fetch_image(&identity, &image_id, &extra, &dir).await;
-            let _ = staged.send(Box::new((id, result.map(super::Stage::Image))));
+            let _ = staged.send(Box::new((id, result.map(Stage::Image))));
         });
-    }
-
-    /// A verified image is in hand: kexec it (on a fake machine the agent
-    /// then starts again), or say why not.
-    pub(super) fn load_image(
-        &mut self,
-        id: &str,
-        image: crate::client::KexecImage,
-    ) -> Result<(), String> {
-        info!(cmd = %id, image = %image.image_id, name = %image.name, cmdline = %image.cmdline, "kexec of a verified image");
-        let (kernel, initrd) = (image.kernel.display(), image.initrd.display());
-        self.shared
-            .machine
-            .power
-            .kexec(&kernel.to_string(), &initrd.to_string(), &image.cmdline)
-            .map_err(|e| {
-                let _ = std::fs::remove_dir_all(image.kernel.parent().unwrap_or(&image.kernel));
-                format!("kexec of image {}: {e}", image.image_id)
-            })
     }
 
     /// On start: runs what was accepted and never started, finishes what
     /// was running (`rebooted` after a new boot, `interrupted` otherwise).
     pub(super) fn recover(
         &mut self,
-        done: &mpsc::UnboundedSender<Done>,
+        shared: &mut Shared,
+        update: &mut Option<Updater>,
+        spec: Option<&v1::NodeSpec>,
     ) -> Result<Option<Stopped>, String> {
-        let boot_id = self
-            .shared
+        let boot_id = shared
             .machine
             .host
             .boot_id()
             .map_err(|e| format!("boot id: {e}"))?;
-        let entries = self
-            .shared
+        let entries = shared
             .journal
             .open_entries()
             .map_err(|e| format!("journal: {e}"))?;
@@ -383,7 +393,7 @@ impl Agent {
             match command::recover(Kind::parse(&e.kind), &e.state, &boot_id) {
                 Recovery::Run => {
                     let Ok(payload) = v1::CommandPayload::decode(e.payload.as_slice()) else {
-                        let _ = done.send(Box::new((
+                        let _ = self.done.send(Box::new((
                             e.id,
                             Effect::failed("journaled payload does not decode"),
                         )));
@@ -391,14 +401,15 @@ impl Agent {
                     };
                     info!(cmd = %e.id, "recovery: running a command accepted before the restart");
                     if let Some(stopped) =
-                        self.start(&e.id, Kind::parse(&e.kind), &payload, done)?
+                        self.start(shared, update, spec, &e.id, Kind::parse(&e.kind), &payload)?
                     {
                         return Ok(Some(stopped));
                     }
                 }
                 Recovery::Finish(outcome, reason) => {
                     info!(cmd = %e.id, outcome = outcome.name(), reason, "recovery: settling a command");
-                    self.journal_result(
+                    results::journal_result(
+                        shared,
                         &e.id,
                         Effect {
                             outcome,
@@ -411,20 +422,63 @@ impl Agent {
                     // The update state settled it at start, or settles it
                     // at the first Welcome; with no record there, the
                     // process stopped before the switch.
-                    let pending = self
-                        .update
+                    let pending = update
                         .as_ref()
                         .and_then(|u| u.pending_command())
                         .is_some_and(|p| p == e.id);
                     if !pending {
                         info!(cmd = %e.id, "recovery: an upgrade stopped before the switch");
-                        self.journal_result(&e.id, Effect::failed(command::reason::INTERRUPTED))?;
+                        results::journal_result(
+                            shared,
+                            &e.id,
+                            Effect::failed(command::reason::INTERRUPTED),
+                        )?;
                     }
                 }
                 Recovery::Resend | Recovery::Nothing => {}
             }
         }
         Ok(None)
+    }
+}
+
+/// A verified image is in hand: kexec it (on a fake machine the agent
+/// then starts again), or say why not.
+pub(super) fn load_image(
+    shared: &Shared,
+    id: &str,
+    image: crate::client::KexecImage,
+) -> Result<(), String> {
+    info!(cmd = %id, image = %image.image_id, name = %image.name, cmdline = %image.cmdline, "kexec of a verified image");
+    let (kernel, initrd) = (image.kernel.display(), image.initrd.display());
+    shared
+        .machine
+        .power
+        .kexec(&kernel.to_string(), &initrd.to_string(), &image.cmdline)
+        .map_err(|e| {
+            let _ = std::fs::remove_dir_all(image.kernel.parent().unwrap_or(&image.kernel));
+            format!("kexec of image {}: {e}", image.image_id)
+        })
+}
+
+/// What a command staged in the background is ready (or failed): a
+/// release is switched to (the caller restarts), an image is loaded (the
+/// machine is replaced); or why not.
+pub(super) fn finish_staged(
+    shared: &mut Shared,
+    update: &mut Option<Updater>,
+    id: &str,
+    staged: Result<Stage, String>,
+) -> Result<Stopped, String> {
+    match staged? {
+        Stage::Release(manifest) => {
+            update::switch_release(update, &mut shared.failpoints, id, &manifest)?;
+            Ok(Stopped::Restart)
+        }
+        Stage::Image(image) => {
+            load_image(shared, id, image)?;
+            Ok(Stopped::Rebooted)
+        }
     }
 }
 

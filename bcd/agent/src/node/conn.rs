@@ -13,6 +13,20 @@ use crate::identity::Identity;
 /// The open stream, if any.
 pub(super) type Conn = Option<Stream>;
 
+/// The session in progress as the parts see it. The session loop alone
+/// writes it; the parts that sign or date what they send read it.
+#[derive(Debug, Default)]
+pub(super) struct Link {
+    /// The epoch of the session established now, if any: what state
+    /// reports and inventory are signed under.
+    pub epoch: Option<u64>,
+    /// The session clock's server time at the loop's last turn.
+    pub server_now_ms: Option<i64>,
+    /// The boot and journal the last Hello came from: the identity keeps
+    /// them once a Welcome confirms the session.
+    pub hello_from: (String, String),
+}
+
 /// Dials in the background; the loop awaits the handle.
 pub(super) fn spawn_dial(
     identity: &Identity,

@@ -45,16 +45,15 @@ pub mod tunnel;
 mod uevents;
 mod update;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use anyhow::Context;
-use bcd_core::{Reports, SessionConfig};
+use bcd_core::SessionConfig;
 use bcd_proto::v1;
 use prost::Message;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -163,11 +162,6 @@ pub struct Agent {
     pub stats: Option<Arc<Stats>>,
     /// How often the convergers re-check the machine.
     pub converge_every: Duration,
-    /// Where `boot.kexec image=` writes the image it fetches before it
-    /// loads it: a memory-backed directory on a real machine (`bcd node`
-    /// without a helper sets `<run-dir>/kexec`), since a kernel and initrd
-    /// outgrow a small state partition; `<data-dir>/kexec` unless set.
-    pub kexec_dir: PathBuf,
     /// Self-update (none in `bcd sim`, whose agents share one process).
     pub update: Option<Updater>,
     /// Kernel uevents (none: device changes show at the next pass).
@@ -178,27 +172,18 @@ pub struct Agent {
     renewals: renewal::Renewals,
     /// What the stream carried of the journal's events.
     outbox: outbox::Outbox,
-    /// The spec this node enforces (verified when it arrived).
-    spec: Option<v1::NodeSpec>,
-    /// What the server has heard from this process.
-    reports: Reports,
-    /// Where a downloaded release, or an image fetched for `boot.kexec
-    /// image=`, goes back to the loop.
-    staged: Option<mpsc::UnboundedSender<Staged>>,
-    /// The epoch of the session established now, if any: what state
-    /// reports and inventory are signed under.
-    epoch: Option<u64>,
-    /// The boot and journal the last Hello came from: the identity keeps
-    /// them once a Welcome confirms the session.
-    hello_from: (String, String),
+    /// The session in progress, as the loop keeps it.
+    link: conn::Link,
+    /// The spec enforced and what the server heard of it.
+    desired: state::Desired,
+    /// Commands' channels back to the loop, and where images go.
+    pub commands: commands::Commands,
     /// Which gateways it stays on (the signed gateway revocation list).
     trust: trust::Trust,
     /// The tunnels open now, and where their ends are reported.
     pub tunnels: tunnel::Tunnels,
     /// The secrets the spec gives allocations, and where fetches end.
     pub secrets: secrets::Secrets,
-    /// The session clock's server time at the loop's last turn.
-    server_now_ms: Option<i64>,
 }
 
 /// Rate limits for what a peer can trigger: at most one log line and one
@@ -429,21 +414,17 @@ pub fn open(
         seed,
         stats,
         converge_every: CONVERGE_EVERY,
-        kexec_dir: dir.join(crate::client::KEXEC_DIR),
         update: None,
         uevents: None,
         footprint,
         renewals: renewal::Renewals::new(seed),
         outbox: outbox::Outbox::default(),
-        spec,
-        reports: Reports::new(),
-        staged: None,
-        epoch: None,
-        hello_from: Default::default(),
+        link: conn::Link::default(),
+        desired: state::Desired::new(spec),
+        commands: commands::Commands::new(dir.join(crate::client::KEXEC_DIR)),
         trust,
         tunnels: tunnel::Tunnels::new(),
         secrets: secrets::Secrets::new(None),
-        server_now_ms: None,
     })
 }
 

@@ -11,8 +11,9 @@ use bcd_proto::v1::{self, node_message};
 use prost::Message;
 use tracing::{debug, info, warn};
 
-use super::Agent;
-use super::conn::{Conn, send};
+use super::Shared;
+use super::conn::{Conn, Link, send};
+use super::state::Desired;
 use crate::effects::Effect;
 use crate::events::{CommandFinished, ReceiptRefused};
 use crate::failpoints::Point;
@@ -36,207 +37,203 @@ pub(super) fn journaled_result(bytes: &[u8]) -> Option<v1::CommandResult> {
     Some(r)
 }
 
-impl Agent {
-    /// Journals a command's result (sent now by [`Agent::finish`], or after
-    /// the next Welcome).
-    pub(super) fn journal_result(
-        &mut self,
-        id: &str,
-        effect: Effect,
-    ) -> Result<Option<(v1::CommandResult, Option<Kind>)>, String> {
-        let Some(entry) = self
-            .shared
-            .journal
-            .command(id)
-            .map_err(|e| format!("journal: {e}"))?
-        else {
-            warn!(cmd = %id, "a side effect finished for a command the journal does not hold");
-            return Ok(None);
-        };
-        let result = v1::CommandResult {
-            command_id: id.to_string(),
-            seq: entry.seq,
-            outcome: v1::Outcome::from(effect.outcome) as i32,
-            reason: effect.reason,
-            exit_code: effect.exit_code.unwrap_or(0),
-            has_exit_code: effect.exit_code.is_some(),
-            output: effect.output,
-            output_truncated: effect.truncated,
-            boot_id: self.shared.machine.host.boot_id().unwrap_or_default(),
-            node_id: self.shared.identity.file.node_id.clone(),
-        };
-        self.shared
-            .journal
-            .finish(id, &result.encode_to_vec())
-            .map_err(|e| format!("journal: {e}"))?;
-        info!(cmd = %id, outcome = effect.outcome.name(), "finished");
-        self.shared.event(&CommandFinished {
-            command_id: result.command_id.clone(),
-            outcome: effect.outcome.name().to_string(),
-            reason: result.reason.clone(),
+/// Journals a command's result (sent now by [`finish`], or after
+/// the next Welcome).
+pub(super) fn journal_result(
+    shared: &mut Shared,
+    id: &str,
+    effect: Effect,
+) -> Result<Option<(v1::CommandResult, Option<Kind>)>, String> {
+    let Some(entry) = shared
+        .journal
+        .command(id)
+        .map_err(|e| format!("journal: {e}"))?
+    else {
+        warn!(cmd = %id, "a side effect finished for a command the journal does not hold");
+        return Ok(None);
+    };
+    let result = v1::CommandResult {
+        command_id: id.to_string(),
+        seq: entry.seq,
+        outcome: v1::Outcome::from(effect.outcome) as i32,
+        reason: effect.reason,
+        exit_code: effect.exit_code.unwrap_or(0),
+        has_exit_code: effect.exit_code.is_some(),
+        output: effect.output,
+        output_truncated: effect.truncated,
+        boot_id: shared.machine.host.boot_id().unwrap_or_default(),
+        node_id: shared.identity.file.node_id.clone(),
+    };
+    shared
+        .journal
+        .finish(id, &result.encode_to_vec())
+        .map_err(|e| format!("journal: {e}"))?;
+    info!(cmd = %id, outcome = effect.outcome.name(), "finished");
+    shared.event(&CommandFinished {
+        command_id: result.command_id.clone(),
+        outcome: effect.outcome.name().to_string(),
+        reason: result.reason.clone(),
+    });
+    Ok(Some((result, Kind::parse(&entry.kind))))
+}
+
+/// Journals a result for a command the journal holds as accepted or
+/// running (a lost journal holds nothing: the server settles it as
+/// journal-lost).
+pub(super) fn journal_result_if_running(
+    shared: &mut Shared,
+    id: &str,
+    effect: Effect,
+) -> Result<(), String> {
+    match shared
+        .journal
+        .command(id)
+        .map_err(|e| format!("journal: {e}"))?
+    {
+        Some(e) if matches!(e.state, Journaled::Running { .. } | Journaled::Accepted) => {
+            journal_result(shared, id, effect).map(|_| ())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Sends a result, signed now with the node's current key.
+pub(super) async fn send_result(shared: &mut Shared, conn: &Conn, mut result: v1::CommandResult) {
+    if conn.is_none() {
+        return;
+    }
+    // Results journaled before node ids were in them name this node.
+    if result.node_id.is_empty() {
+        result.node_id = shared.identity.file.node_id.clone();
+    }
+    let payload = result.encode_to_vec();
+    let Some(signature) = shared.sign(&payload) else {
+        warn!(cmd = %result.command_id, "cannot sign the result; it stays journaled");
+        return;
+    };
+    send(
+        conn,
+        node_message::Msg::CommandResult(v1::NodeSigned { payload, signature }),
+    )
+    .await;
+}
+
+/// Journals a finished side effect's result, then sends it.
+pub(super) async fn finish(
+    shared: &mut Shared,
+    desired: &mut Desired,
+    conn: &Conn,
+    link: &Link,
+    id: &str,
+    effect: Effect,
+) -> Result<(), String> {
+    let Some((result, kind)) = journal_result(shared, id, effect)? else {
+        return Ok(());
+    };
+    shared.failpoints.at(Point::AfterResult);
+    if kind == Some(Kind::InventoryRefresh) {
+        desired.forget_inventory();
+        desired.send_inventory(shared, conn, link, None).await;
+    }
+    send_result(shared, conn, result).await;
+    Ok(())
+}
+
+/// Sends the result the journal holds for command `id`, if any.
+pub(super) async fn send_journaled_result(
+    shared: &mut Shared,
+    conn: &Conn,
+    id: &str,
+) -> Result<(), String> {
+    let entry = shared
+        .journal
+        .command(id)
+        .map_err(|e| format!("journal: {e}"))?;
+    if let Some(r) = entry
+        .and_then(|e| e.result)
+        .and_then(|r| journaled_result(&r))
+    {
+        send_result(shared, conn, r).await;
+    }
+    Ok(())
+}
+
+/// Results the server has not acknowledged, then those a gateway
+/// acknowledged that no receipt settled, each in sequence order.
+pub(super) async fn resend_results(shared: &mut Shared, conn: &Conn) -> Result<(), String> {
+    let journal = |e: rusqlite::Error| format!("journal: {e}");
+    let mut entries = shared.journal.open_entries().map_err(journal)?;
+    entries.extend(shared.journal.unsettled_results().map_err(journal)?);
+    for e in entries {
+        if let (Journaled::Done { .. }, Some(r)) = (&e.state, &e.result)
+            && let Some(r) = journaled_result(r)
+        {
+            send_result(shared, conn, r).await;
+        }
+    }
+    Ok(())
+}
+
+/// A receipt a gateway handed: the key holder says the store holds a
+/// result of this node as the node signed it. It settles the journaled
+/// result when it verifies against the worker keys and names this
+/// node, the command's sequence and the bytes the node signs for it;
+/// anything else is refused and settles nothing.
+pub(super) fn on_receipt(shared: &mut Shared, envelope: &[u8]) -> Result<(), String> {
+    let receipt = match bcd_proto::receipts::open(envelope, &shared.worker_keys()) {
+        Ok(r) => r,
+        Err(e) => {
+            shared.refused_frame(ReceiptRefused {
+                command_id: None,
+                why: e.to_string(),
+            });
+            return Ok(());
+        }
+    };
+    let me = shared.identity.file.node_id.clone();
+    let Some(entry) = shared
+        .journal
+        .command(&receipt.command_id)
+        .map_err(|e| format!("journal: {e}"))?
+    else {
+        // Settled and forgotten already.
+        debug!(cmd = %receipt.command_id, "a receipt for a result no longer journaled");
+        return Ok(());
+    };
+    let signed = entry
+        .result
+        .as_deref()
+        .and_then(journaled_result)
+        .map(|mut r| {
+            if r.node_id.is_empty() {
+                r.node_id = me.clone();
+            }
+            bcd_proto::fingerprint(&r.encode_to_vec())
         });
-        Ok(Some((result, Kind::parse(&entry.kind))))
+    // An empty digest: the store's ending is one the control plane
+    // decided (a Hello's proof of this node's reboot or lost journal),
+    // not these bytes; it is final either way.
+    let decided = receipt.result_sha256.is_empty() && signed.is_some();
+    if receipt.node_id != me
+        || receipt.seq != entry.seq
+        || !(decided || signed.as_deref() == Some(receipt.result_sha256.as_str()))
+    {
+        shared.refused_frame(ReceiptRefused {
+            command_id: Some(receipt.command_id.clone()),
+            why: "the receipt names another node, sequence or result than this node \
+                  journaled"
+                .to_string(),
+        });
+        return Ok(());
     }
-
-    /// Journals a result for a command the journal holds as accepted or
-    /// running (a lost journal holds nothing: the server settles it as
-    /// journal-lost).
-    pub(super) fn journal_result_if_running(
-        &mut self,
-        id: &str,
-        effect: Effect,
-    ) -> Result<(), String> {
-        match self
-            .shared
-            .journal
-            .command(id)
-            .map_err(|e| format!("journal: {e}"))?
-        {
-            Some(e) if matches!(e.state, Journaled::Running { .. } | Journaled::Accepted) => {
-                self.journal_result(id, effect).map(|_| ())
-            }
-            _ => Ok(()),
-        }
+    if decided {
+        info!(cmd = %receipt.command_id, "the control plane ended the command itself; its result here is settled");
     }
-
-    /// Sends a result, signed now with the node's current key.
-    pub(super) async fn send_result(&mut self, conn: &Conn, mut result: v1::CommandResult) {
-        if conn.is_none() {
-            return;
-        }
-        // Results journaled before node ids were in them name this node.
-        if result.node_id.is_empty() {
-            result.node_id = self.shared.identity.file.node_id.clone();
-        }
-        let payload = result.encode_to_vec();
-        let Some(signature) = self.shared.sign(&payload) else {
-            warn!(cmd = %result.command_id, "cannot sign the result; it stays journaled");
-            return;
-        };
-        send(
-            conn,
-            node_message::Msg::CommandResult(v1::NodeSigned { payload, signature }),
-        )
-        .await;
-    }
-
-    /// Journals a finished side effect's result, then sends it.
-    pub(super) async fn finish(
-        &mut self,
-        conn: &Conn,
-        id: &str,
-        effect: Effect,
-    ) -> Result<(), String> {
-        let Some((result, kind)) = self.journal_result(id, effect)? else {
-            return Ok(());
-        };
-        self.shared.failpoints.at(Point::AfterResult);
-        if kind == Some(Kind::InventoryRefresh) {
-            self.reports.forget_inventory();
-            self.send_inventory(conn, None).await;
-        }
-        self.send_result(conn, result).await;
-        Ok(())
-    }
-
-    /// Sends the result the journal holds for command `id`, if any.
-    pub(super) async fn send_journaled_result(
-        &mut self,
-        conn: &Conn,
-        id: &str,
-    ) -> Result<(), String> {
-        let entry = self
-            .shared
-            .journal
-            .command(id)
-            .map_err(|e| format!("journal: {e}"))?;
-        if let Some(r) = entry
-            .and_then(|e| e.result)
-            .and_then(|r| journaled_result(&r))
-        {
-            self.send_result(conn, r).await;
-        }
-        Ok(())
-    }
-
-    /// Results the server has not acknowledged, then those a gateway
-    /// acknowledged that no receipt settled, each in sequence order.
-    pub(super) async fn resend_results(&mut self, conn: &Conn) -> Result<(), String> {
-        let journal = |e: rusqlite::Error| format!("journal: {e}");
-        let mut entries = self.shared.journal.open_entries().map_err(journal)?;
-        entries.extend(self.shared.journal.unsettled_results().map_err(journal)?);
-        for e in entries {
-            if let (Journaled::Done { .. }, Some(r)) = (&e.state, &e.result)
-                && let Some(r) = journaled_result(r)
-            {
-                self.send_result(conn, r).await;
-            }
-        }
-        Ok(())
-    }
-
-    /// A receipt a gateway handed: the key holder says the store holds a
-    /// result of this node as the node signed it. It settles the journaled
-    /// result when it verifies against the worker keys and names this
-    /// node, the command's sequence and the bytes the node signs for it;
-    /// anything else is refused and settles nothing.
-    pub(super) fn on_receipt(&mut self, envelope: &[u8]) -> Result<(), String> {
-        let receipt = match bcd_proto::receipts::open(envelope, &self.shared.worker_keys()) {
-            Ok(r) => r,
-            Err(e) => {
-                self.shared.refused_frame(ReceiptRefused {
-                    command_id: None,
-                    why: e.to_string(),
-                });
-                return Ok(());
-            }
-        };
-        let me = self.shared.identity.file.node_id.clone();
-        let Some(entry) = self
-            .shared
-            .journal
-            .command(&receipt.command_id)
-            .map_err(|e| format!("journal: {e}"))?
-        else {
-            // Settled and forgotten already.
-            debug!(cmd = %receipt.command_id, "a receipt for a result no longer journaled");
-            return Ok(());
-        };
-        let signed = entry
-            .result
-            .as_deref()
-            .and_then(journaled_result)
-            .map(|mut r| {
-                if r.node_id.is_empty() {
-                    r.node_id = me.clone();
-                }
-                bcd_proto::fingerprint(&r.encode_to_vec())
-            });
-        // An empty digest: the store's ending is one the control plane
-        // decided (a Hello's proof of this node's reboot or lost journal),
-        // not these bytes; it is final either way.
-        let decided = receipt.result_sha256.is_empty() && signed.is_some();
-        if receipt.node_id != me
-            || receipt.seq != entry.seq
-            || !(decided || signed.as_deref() == Some(receipt.result_sha256.as_str()))
-        {
-            self.shared.refused_frame(ReceiptRefused {
-                command_id: Some(receipt.command_id.clone()),
-                why: "the receipt names another node, sequence or result than this node \
-                      journaled"
-                    .to_string(),
-            });
-            return Ok(());
-        }
-        if decided {
-            info!(cmd = %receipt.command_id, "the control plane ended the command itself; its result here is settled");
-        }
-        self.shared
-            .journal
-            .settle(&receipt.command_id)
-            .map_err(|e| format!("journal: {e}"))?;
-        Ok(())
-    }
+    shared
+        .journal
+        .settle(&receipt.command_id)
+        .map_err(|e| format!("journal: {e}"))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,14 +13,13 @@ use bcd_core::report::InventorySection;
 use bcd_core::{Action, CloseReason, Event, Renewal, RenewalConfig, ServerClock, Session, Witness};
 use bcd_proto::v1::{self, Hello, InventoryHash, ServerMessage, node_message, server_message};
 use prost::Message;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::conn::{self, Conn, send};
 use super::update::upgrade_sleep;
-use super::{Agent, Done, Staged, Stopped};
+use super::{Agent, Stopped};
 use crate::client::Stream;
 use crate::events::{
     ClockAhead, DrainClamped, NodeLoad, RefusalUnconfirmed, RevocationUnconfirmed, WelcomeRefused,
@@ -59,19 +58,23 @@ impl Agent {
         let mut counted = false;
         // When the session now open was established.
         let mut established_at: Option<Instant> = None;
-        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
-        let (staged_tx, mut staged_rx) = mpsc::unbounded_channel::<Staged>();
+        let (mut done_rx, mut staged_rx) = self
+            .commands
+            .take_returns()
+            .expect("an agent runs once: `run` takes it by value");
         let mut tunnel_ends = self.tunnels.take_ends();
         let mut secrets_done = self.secrets.take_done();
-        self.staged = Some(staged_tx);
         // Settle an upgrade a previous process started, then what it left
         // in the journal.
-        match self.settle_update() {
+        match super::update::settle(&mut self.update, &mut self.shared) {
             Ok(Some(stopped)) => return stopped,
             Ok(None) => {}
             Err(e) => return Stopped::JournalFailed(e),
         }
-        match self.recover(&done_tx) {
+        match self
+            .commands
+            .recover(&mut self.shared, &mut self.update, self.desired.spec())
+        {
             Ok(Some(stopped)) => return stopped,
             Ok(None) => {}
             Err(e) => return Stopped::JournalFailed(e),
@@ -124,11 +127,11 @@ impl Agent {
                         } => {
                             info!(epoch, server_time_ms, "session established");
                             established_at = Some(Instant::now());
-                            self.epoch = Some(epoch);
+                            self.link.epoch = Some(epoch);
                             // Written with the mark (the PersistMark that
                             // follows the Welcome).
                             let f = &mut self.shared.identity.file;
-                            (f.last_boot_id, f.last_journal_id) = self.hello_from.clone();
+                            (f.last_boot_id, f.last_journal_id) = self.link.hello_from.clone();
                             super::observe::established(&self.shared, epoch);
                             if let Some(s) = &self.stats {
                                 s.connected.fetch_add(1, Ordering::Relaxed);
@@ -138,13 +141,17 @@ impl Agent {
                                     .store(bcd_sys::clock::unix_ms(), Ordering::Relaxed);
                                 counted = true;
                             }
-                            self.send_inventory(&conn, Some(&wanted)).await;
+                            self.desired
+                                .send_inventory(&mut self.shared, &conn, &self.link, Some(&wanted))
+                                .await;
                             // A new release asks the key holder to confirm
                             // it (sent with the events below).
-                            self.ask_confirmation();
+                            super::update::ask_confirmation(&mut self.update, &self.shared.journal);
                             // Results the server has not acknowledged, in
                             // sequence order, before anything new.
-                            if let Err(e) = self.resend_results(&conn).await {
+                            if let Err(e) =
+                                super::results::resend_results(&mut self.shared, &conn).await
+                            {
                                 return Stopped::JournalFailed(e);
                             }
                             // A new session: the server acknowledges events
@@ -152,12 +159,14 @@ impl Agent {
                             // heard none of this process's reports.
                             self.outbox.new_session();
                             self.outbox.flush(&mut self.shared.journal, &conn).await;
-                            self.reports.new_session();
-                            self.report(&conn).await;
+                            self.desired.new_session();
+                            self.desired
+                                .report(&mut self.shared, &conn, &self.link)
+                                .await;
                             // Secrets waiting for a session are fetched now,
                             // not at the next pass.
-                            self.server_now_ms = Some(server_time_ms);
-                            if self.secrets.pending(self.spec.as_ref())
+                            self.link.server_now_ms = Some(server_time_ms);
+                            if self.secrets.pending(self.desired.spec())
                                 && let Err(e) = self.converge(&conn).await
                             {
                                 return Stopped::JournalFailed(e);
@@ -176,7 +185,7 @@ impl Agent {
                             established_at = None;
                             conn = None;
                             dialing = None;
-                            self.epoch = None;
+                            self.link.epoch = None;
                             self.uncount(&mut counted);
                             debug!(?retry_in, "disconnected");
                         }
@@ -213,7 +222,7 @@ impl Agent {
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             let server_now =
                 super::renewal::clock(&self.shared.identity, session.clock().now_or_mark(now));
-            self.server_now_ms = session.clock().server_now(now);
+            self.link.server_now_ms = session.clock().server_now(now);
             let secrets_retry = self.secrets.retry_at();
             // When the held gateway revocation list runs out on this
             // gateway, if it can.
@@ -279,7 +288,7 @@ impl Agent {
                     self.shared.journal.close_idle(bcd_sys::clock::mono());
                 }
                 _ = upgrade_sleep(self.update.as_ref().and_then(|u| u.deadline_ms)) => {
-                    if self.upgrade_overdue() {
+                    if super::update::overdue(&mut self.update) {
                         self.uncount(&mut counted);
                         self.persist_mark(&session);
                         return Stopped::Restart;
@@ -287,7 +296,7 @@ impl Agent {
                 }
                 Some(staged) = staged_rx.recv() => {
                     let (id, staged) = *staged;
-                    match self.finish_staged(&id, staged) {
+                    match super::commands::finish_staged(&mut self.shared, &mut self.update, &id, staged) {
                         Ok(stopped) => {
                             self.uncount(&mut counted);
                             self.persist_mark(&session);
@@ -295,7 +304,7 @@ impl Agent {
                         }
                         Err(reason) => {
                             warn!(cmd = %id, %reason, "the command did not go ahead; nothing changed");
-                            if let Err(e) = self.finish(&conn, &id, crate::effects::Effect::failed(reason)).await {
+                            if let Err(e) = super::results::finish(&mut self.shared, &mut self.desired, &conn, &self.link, &id, crate::effects::Effect::failed(reason)).await {
                                 return Stopped::JournalFailed(e);
                             }
                             self.outbox.flush(&mut self.shared.journal, &conn).await;
@@ -324,7 +333,7 @@ impl Agent {
                     let (id, effect) = *done;
                     self.shared.failpoints.at(Point::MidEffect);
                     super::observe::command(&self.shared, &id, &effect);
-                    if let Err(e) = self.finish(&conn, &id, effect).await {
+                    if let Err(e) = super::results::finish(&mut self.shared, &mut self.desired, &conn, &self.link, &id, effect).await {
                         return Stopped::JournalFailed(e);
                     }
                     self.outbox.flush(&mut self.shared.journal, &conn).await;
@@ -334,7 +343,7 @@ impl Agent {
                         return Stopped::JournalFailed(e);
                     }
                     super::observe::inventory(&self.shared, "pass");
-                    self.send_inventory(&conn, None).await;
+                    self.desired.send_inventory(&mut self.shared, &conn, &self.link, None).await;
                 }
                 n = async { uevents.as_mut().expect("guarded").next().await }, if uevents.is_some() => {
                     super::uevents::on_notice(n, &mut debounce, &mut uevents);
@@ -360,7 +369,7 @@ impl Agent {
                     let event = match m {
                         Ok(Some(msg)) => {
                             let server_now = session.clock().server_now(self.shared.now());
-                            match self.on_message(msg, &mut wanted, &conn, server_now, &done_tx).await {
+                            match self.on_message(msg, &mut wanted, &conn, server_now).await {
                                 Ok(ev) => {
                                     self.outbox.flush(&mut self.shared.journal, &conn).await;
                                     ev
@@ -390,6 +399,25 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// One pass of the convergers, the secrets' among them. On the agent:
+    /// it ties the desired state, the secrets and the session in progress.
+    async fn converge(&mut self, conn: &Conn) -> Result<(), String> {
+        self.desired
+            .converge(&mut self.shared, &mut self.secrets, conn, &self.link)
+            .await
+    }
+
+    /// A device changed: a new inventory, and the device convergers. On the
+    /// agent: it ties the desired state's inventory to its convergers.
+    async fn reinventory(&mut self, conn: &Conn) -> Result<(), String> {
+        info!("devices changed; taking inventory");
+        super::observe::inventory(&self.shared, "uevent");
+        self.desired
+            .send_inventory(&mut self.shared, conn, &self.link, None)
+            .await;
+        self.converge(conn).await
     }
 
     fn uncount(&self, counted: &mut bool) {
@@ -429,7 +457,6 @@ impl Agent {
         wanted: &mut Vec<InventorySection>,
         conn: &Conn,
         server_now: Option<i64>,
-        done: &mpsc::UnboundedSender<Done>,
     ) -> Result<Event, Stopped> {
         Ok(match msg.msg {
             Some(server_message::Msg::Welcome(w)) => {
@@ -485,13 +512,29 @@ impl Agent {
                 Event::Drain { within }
             }
             Some(server_message::Msg::Command(d)) => {
-                self.on_dispatch(d, conn, server_now, done)
+                self.commands
+                    .on_dispatch(
+                        &mut self.shared,
+                        &mut self.update,
+                        self.desired.spec(),
+                        d,
+                        conn,
+                        server_now,
+                    )
                     .await
                     .map_err(|e| e.unwrap_or_else(Stopped::JournalFailed))?;
                 Event::Received
             }
             Some(server_message::Msg::DesiredState(d)) => {
-                self.on_desired_state(d, conn, server_now)
+                self.desired
+                    .on_desired_state(
+                        &mut self.shared,
+                        &mut self.secrets,
+                        d,
+                        conn,
+                        &self.link,
+                        server_now,
+                    )
                     .await
                     .map_err(Stopped::JournalFailed)?;
                 Event::Received
@@ -519,20 +562,25 @@ impl Agent {
                 let receipted = super::outbox::on_event_receipt(&mut self.shared, &envelope)
                     .map_err(Stopped::JournalFailed)?;
                 let confirmed = match receipted {
-                    Some((kind, body_sha256)) => self
-                        .upgrade_receipted(&kind, &body_sha256)
-                        .map_err(Stopped::JournalFailed)?,
+                    Some((kind, body_sha256)) => super::update::receipted(
+                        &mut self.update,
+                        &mut self.shared,
+                        &kind,
+                        &body_sha256,
+                    )
+                    .map_err(Stopped::JournalFailed)?,
                     None => None,
                 };
                 if let Some(id) = confirmed {
-                    self.send_journaled_result(conn, &id)
+                    super::results::send_journaled_result(&mut self.shared, conn, &id)
                         .await
                         .map_err(Stopped::JournalFailed)?;
                 }
                 Event::Received
             }
             Some(server_message::Msg::ResultReceipt(envelope)) => {
-                self.on_receipt(&envelope).map_err(Stopped::JournalFailed)?;
+                super::results::on_receipt(&mut self.shared, &envelope)
+                    .map_err(Stopped::JournalFailed)?;
                 Event::Received
             }
             Some(server_message::Msg::ResultAck(a)) => {
@@ -548,7 +596,7 @@ impl Agent {
             Some(server_message::Msg::TunnelOpen(open)) => {
                 if let Some(refused) = self.tunnels.on_open(
                     &mut self.shared,
-                    self.spec.as_ref(),
+                    self.desired.spec(),
                     open,
                     conn,
                     server_now,
@@ -617,7 +665,7 @@ impl Agent {
         };
         // The session this Hello opens, for the identity to keep once a
         // Welcome confirms it (an unproved one too).
-        self.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
+        self.link.hello_from = (hello.boot_id.clone(), hello.journal_id.clone());
         let seq = self.shared.identity.file.hello_seq.saturating_add(1);
         self.shared.identity.file.hello_seq = seq;
         // A Hello with no proof (the count not written, the TPM refused to

@@ -7,34 +7,74 @@
 //! and inventory sections are signed by the node key, and state reports
 //! and inventory name the session epoch they were sent under.
 
+use bcd_core::Reports;
 use bcd_core::report::{InventorySection, Status};
 use bcd_core::spec::{self, Verdict};
 use bcd_proto::v1::{self, node_message};
 use prost::Message;
 use tracing::{info, warn};
 
-use super::Agent;
-use super::conn::{Conn, send};
+use super::Shared;
+use super::conn::{Conn, Link, send};
+use super::secrets::Secrets;
 use crate::converge::{self, Outcome};
 use crate::events::SpecRefused;
 use crate::hw;
 use crate::identity::ReplayFloors;
 
-impl Agent {
+/// The desired state: the spec this node enforces and what the server has
+/// heard of how far the machine got. This module alone reads or changes
+/// it; the others see the spec through [`Desired::spec`].
+#[derive(Debug)]
+pub(super) struct Desired {
+    /// The spec this node enforces (verified when it arrived).
+    spec: Option<v1::NodeSpec>,
+    /// What the server has heard from this process.
+    reports: Reports,
+}
+
+impl Desired {
+    /// The spec the journal held at start (verified then), and nothing
+    /// reported yet.
+    pub(super) fn new(spec: Option<v1::NodeSpec>) -> Desired {
+        Desired {
+            spec,
+            reports: Reports::new(),
+        }
+    }
+
+    /// The spec this node enforces, if any.
+    pub(super) fn spec(&self) -> Option<&v1::NodeSpec> {
+        self.spec.as_ref()
+    }
+
+    /// A new session: the server has heard none of this process's reports.
+    pub(super) fn new_session(&mut self) {
+        self.reports.new_session();
+    }
+
+    /// The server is to get every inventory section again.
+    pub(super) fn forget_inventory(&mut self) {
+        self.reports.forget_inventory();
+    }
+
     /// A new spec from the server: verified, judged, journaled, converged.
     pub(super) async fn on_desired_state(
         &mut self,
+        shared: &mut Shared,
+        secrets: &mut Secrets,
         d: v1::DesiredState,
         conn: &Conn,
+        link: &Link,
         server_now: Option<i64>,
     ) -> Result<(), String> {
         let held = spec::Held {
-            node_id: &self.shared.identity.file.node_id,
+            node_id: &shared.identity.file.node_id,
             current: self.spec.as_ref().map_or(0, |s| s.generation),
-            floor: self.shared.identity.file.replay_floors.spec_generation,
+            floor: shared.identity.file.replay_floors.spec_generation,
             server_now_ms: server_now,
         };
-        let verdict = bcd_proto::sign::open(&d.signed_spec, &self.shared.worker_keys())
+        let verdict = bcd_proto::sign::open(&d.signed_spec, &shared.worker_keys())
             .map_err(|e| e.to_string())
             .and_then(|p| {
                 v1::NodeSpec::decode(p.as_slice()).map_err(|e| format!("does not decode: {e}"))
@@ -55,7 +95,7 @@ impl Agent {
             Ok((_, Verdict::Same)) => return Ok(()),
             Ok((_, Verdict::Refuse(reason))) | Err(reason) => {
                 warn!(generation = d.generation, %reason, "spec refused; the last good one stays enforced");
-                self.shared.event(&SpecRefused {
+                shared.event(&SpecRefused {
                     generation: d.generation,
                     reason: reason.to_string(),
                 });
@@ -66,32 +106,37 @@ impl Agent {
         // older generation back in.
         let floors = ReplayFloors {
             spec_generation: spec.generation,
-            ..self.shared.identity.file.replay_floors
+            ..shared.identity.file.replay_floors
         };
-        if let Err(e) = self.shared.identity.raise_floors(floors) {
+        if let Err(e) = shared.identity.raise_floors(floors) {
             warn!(generation = spec.generation, error = %bcd_sys::error::chain(&e),
                 "cannot persist the spec generation floor; the spec is not taken now");
             return Ok(());
         }
-        self.shared
+        shared
             .journal
             .set_spec(spec.generation, &d.signed_spec)
             .map_err(|e| format!("journal: {e}"))?;
         info!(generation = spec.generation, "new spec");
         self.spec = Some(spec);
-        self.converge(conn).await
+        self.converge(shared, secrets, conn, link).await
     }
 
-    /// One pass of the convergers; reports what changed.
-    pub(super) async fn converge(&mut self, conn: &Conn) -> Result<(), String> {
+    /// One pass of the convergers (the secrets' among them); reports what
+    /// changed.
+    pub(super) async fn converge(
+        &mut self,
+        shared: &mut Shared,
+        secrets: &mut Secrets,
+        conn: &Conn,
+        link: &Link,
+    ) -> Result<(), String> {
         let Some(spec) = self.spec.clone() else {
             return Ok(());
         };
-        let inv = self.shared.machine.host.gpus().cdi_inventory();
+        let inv = shared.machine.host.gpus().cdi_inventory();
         let devices = match &inv {
-            Ok(inv) => {
-                converge::devices::converge(self.shared.machine.devices.as_ref(), &spec, inv)
-            }
+            Ok(inv) => converge::devices::converge(shared.machine.devices.as_ref(), &spec, inv),
             Err(e) => Outcome::not(
                 Status::Progressing,
                 format!("cannot read the GPU inventory: {e}"),
@@ -100,27 +145,21 @@ impl Agent {
         if devices.status == Status::Ready
             && let Ok(inv) = &inv
         {
-            self.report_bindings(conn, &spec, inv).await;
+            self.report_bindings(shared, conn, &spec, inv).await;
         }
         let access = converge::access::converge(
-            self.shared.machine.sshd.as_ref(),
-            self.shared.machine.firewall.as_ref(),
+            shared.machine.sshd.as_ref(),
+            shared.machine.firewall.as_ref(),
             &spec.access.clone().unwrap_or_default(),
         );
-        let secrets = self
-            .secrets
-            .converge(&mut self.shared, &spec, conn, self.server_now_ms);
-        let now = self.shared.now();
+        let secrets = secrets.converge(shared, &spec, conn, link.server_now_ms);
+        let now = shared.now();
         for (name, outcome) in [
             ("devices", devices),
             ("access", access),
             ("secrets", secrets),
         ] {
-            super::observe::section(
-                &self.shared,
-                name,
-                &outcome.status.name().to_ascii_lowercase(),
-            );
+            super::observe::section(shared, name, &outcome.status.name().to_ascii_lowercase());
             if outcome.changed {
                 info!(generation = spec.generation, section = name, "converged");
             }
@@ -133,19 +172,18 @@ impl Agent {
             }
         }
         if self.reports.all_ready()
-            && self
-                .shared
+            && shared
                 .journal
                 .applied_generation()
                 .map_err(|e| format!("journal: {e}"))?
                 != spec.generation
         {
-            self.shared
+            shared
                 .journal
                 .set_applied_generation(spec.generation)
                 .map_err(|e| format!("journal: {e}"))?;
         }
-        self.report(conn).await;
+        self.report(shared, conn, link).await;
         Ok(())
     }
 
@@ -153,6 +191,7 @@ impl Agent {
     /// key, so the server can tell it from anything a gateway makes up.
     async fn report_bindings(
         &mut self,
+        shared: &mut Shared,
         conn: &Conn,
         spec: &v1::NodeSpec,
         inv: &cdi::nvidia::Inventory,
@@ -188,14 +227,14 @@ impl Agent {
                 continue;
             }
             let payload = v1::BindingPayload {
-                node_id: self.shared.identity.file.node_id.clone(),
+                node_id: shared.identity.file.node_id.clone(),
                 allocation_id: a.allocation_id.clone(),
                 gpu_uuids: uuids.clone(),
                 spec_generation: spec.generation,
                 nonce: crate::journal::new_id(),
             }
             .encode_to_vec();
-            let Some(signature) = self.shared.sign(&payload) else {
+            let Some(signature) = shared.sign(&payload) else {
                 warn!(allocation = %a.allocation_id, "cannot sign the binding report");
                 continue;
             };
@@ -210,12 +249,12 @@ impl Agent {
 
     /// Sends a StateReport if it says something new, signed, once the
     /// session is established.
-    pub(super) async fn report(&mut self, conn: &Conn) {
-        let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
+    pub(super) async fn report(&mut self, shared: &mut Shared, conn: &Conn, link: &Link) {
+        let (true, Some(epoch)) = (conn.is_some(), link.epoch) else {
             return;
         };
-        let applied = self.shared.journal.applied_generation().unwrap_or(0);
-        let now = self.shared.now();
+        let applied = shared.journal.applied_generation().unwrap_or(0);
+        let now = shared.now();
         let Some(report) = self.reports.state_report(applied, self.spec.is_some(), now) else {
             return;
         };
@@ -232,11 +271,11 @@ impl Agent {
         let payload = v1::StateReport {
             applied_generation: report.applied_generation,
             sections,
-            node_id: self.shared.identity.file.node_id.clone(),
+            node_id: shared.identity.file.node_id.clone(),
             epoch,
         }
         .encode_to_vec();
-        let Some(signature) = self.shared.sign(&payload) else {
+        let Some(signature) = shared.sign(&payload) else {
             warn!("cannot sign the state report");
             return;
         };
@@ -252,13 +291,15 @@ impl Agent {
     /// had them (a GPU that appeared or vanished shows up within a pass).
     pub(super) async fn send_inventory(
         &mut self,
+        shared: &mut Shared,
         conn: &Conn,
+        link: &Link,
         wanted: Option<&[InventorySection]>,
     ) {
-        let (true, Some(epoch)) = (conn.is_some(), self.epoch) else {
+        let (true, Some(epoch)) = (conn.is_some(), link.epoch) else {
             return;
         };
-        for section in hw::inventory(self.shared.machine.host.as_ref()) {
+        for section in hw::inventory(shared.machine.host.as_ref()) {
             if self
                 .reports
                 .inventory_needed(section.name, &section.sha256, wanted)
@@ -267,11 +308,11 @@ impl Agent {
                     section: v1::InventoryKind::from(section.name) as i32,
                     sha256: section.sha256,
                     body: section.body,
-                    node_id: self.shared.identity.file.node_id.clone(),
+                    node_id: shared.identity.file.node_id.clone(),
                     epoch,
                 }
                 .encode_to_vec();
-                let Some(signature) = self.shared.sign(&payload) else {
+                let Some(signature) = shared.sign(&payload) else {
                     warn!(
                         section = section.name.name(),
                         "cannot sign the inventory section"

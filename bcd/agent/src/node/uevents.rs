@@ -4,10 +4,7 @@
 //! (`bcd_udev::Debounce`: within half a second of the first event).
 
 use bcd_udev::{Debounce, Monitor, MonitorError, Notice};
-use tracing::{debug, info, warn};
-
-use super::Agent;
-use super::conn::Conn;
+use tracing::{debug, warn};
 
 /// What to do after a notice.
 pub(super) fn on_notice(
@@ -40,15 +37,5 @@ pub(super) async fn due(debounce: &Debounce) {
     match debounce.deadline() {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
-    }
-}
-
-impl Agent {
-    /// A device changed: a new inventory, and the device convergers.
-    pub(super) async fn reinventory(&mut self, conn: &Conn) -> Result<(), String> {
-        info!("devices changed; taking inventory");
-        super::observe::inventory(&self.shared, "uevent");
-        self.send_inventory(conn, None).await;
-        self.converge(conn).await
     }
 }
