@@ -15,20 +15,38 @@
 //! table ([`Firewall`]). Self-update's slots come in as an
 //! [`Updater`](crate::upgrade::Updater).
 //!
+//! The agent is split by the state each part owns. What every part uses
+//! (the identity, the machine, the journal, failpoints, metrics, the signer
+//! and the refusal rate limit) is [`Shared`], borrowed for a step; each
+//! part owns the rest of its state and is implemented on it, taking what
+//! else it needs as parameters. `impl Agent` is written only here
+//! (construction) and in `session` (the loop that ties the parts), which
+//! `tests/tests/architecture_agent.rs` checks.
+//!
 //! The children, from the bottom up (each uses only those listed before
-//! it, through imports or the `Agent` methods they define):
-//! - `conn`: the session stream: dialing, sending, how a stream ends;
-//! - `outbox`: events, journaled and sent until acknowledged;
-//! - `state`: desired state, convergence, state reports, bindings,
-//!   inventory;
-//! - `results`: command results, journaled then sent;
-//! - `update`: self-update glue (stage, switch, settle, confirm);
-//! - `commands`: dispatches judged by the core, side effects, recovery;
-//! - `renewal`: certificate renewal attempts;
-//! - `trust`: which gateways the node stays on (the signed gateway
-//!   revocation list);
+//! it):
+//! - `conn`: the session stream: dialing, sending, how a stream ends; and
+//!   `Link`, the session in progress (epoch, server time, the Hello's
+//!   origin), written by the loop alone;
+//! - `outbox`: events sent until acknowledged (`Outbox`: what this session
+//!   sent), and event receipts;
+//! - `trust`: which gateways the node stays on (`Trust`: the signed
+//!   gateway revocation list);
+//! - `renewal`: certificate renewal attempts (`Renewals`: their jitter);
+//! - `tunnel`: tunnels an operator opens (`Tunnels`: how many are open,
+//!   where their ends go);
 //! - `observe`: what the metrics show (`--metrics-listen`);
-//! - `uevents`: device changes the kernel announces, re-taking inventory;
+//! - `secrets`: the secrets the spec gives allocations (`Secrets`: what
+//!   was written, what is fetching);
+//! - `state`: desired state, convergence, state reports, bindings,
+//!   inventory (`Desired`: the spec and what the server heard);
+//! - `results`: command results, journaled then sent;
+//! - `update`: self-update glue (stage, switch, settle, confirm), over the
+//!   [`Updater`];
+//! - `commands`: dispatches judged by the core, side effects, recovery
+//!   (`Commands`: where side effects and staged work come back, where
+//!   images go);
+//! - `uevents`: device changes the kernel announces;
 //! - `session`: the loop that ties them to the session state machine.
 
 mod commands;
