@@ -99,7 +99,7 @@ fn node_files() -> Vec<String> {
 }
 
 /// Each part of the node owns its state: `impl Agent` is written only
-/// where the parts are tied together (construction in `mod.rs`, the loop
+/// where the parts are tied together (`run` in `mod.rs`, the loop
 /// in `session.rs`); a part's state type is implemented only in its own
 /// module; and no other module reaches an `Agent` field that holds a part.
 #[test]
@@ -165,7 +165,7 @@ fn the_node_parts_own_their_state() {
     }
     assert_eq!(
         agent_impls, TIES,
-        "the Agent is built in mod.rs and run in session.rs"
+        "the Agent is run from mod.rs and its loop is in session.rs"
     );
 }
 

@@ -31,7 +31,8 @@ fn journal_err(e: rusqlite::Error) -> Result<Stopped, String> {
 
 /// What commands own: where their side effects, and what they prepare in
 /// the background, go back to the loop, and where a kexec image is
-/// fetched to. This module alone reads or changes it.
+/// fetched to. Apart from `kexec_dir`, which the daemon sets before it
+/// runs the agent, this module alone reads or changes it.
 #[derive(Debug)]
 pub struct Commands {
     /// Where `boot.kexec image=` writes the image it fetches before it

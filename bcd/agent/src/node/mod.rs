@@ -19,9 +19,9 @@
 //! (the identity, the machine, the journal, failpoints, metrics, the signer
 //! and the refusal rate limit) is [`Shared`], borrowed for a step; each
 //! part owns the rest of its state and is implemented on it, taking what
-//! else it needs as parameters. `impl Agent` is written only here
-//! (construction) and in `session` (the loop that ties the parts), which
-//! `tests/tests/architecture_agent.rs` checks.
+//! else it needs as parameters. `impl Agent` is written only here (`run`,
+//! beside `open`, which builds the agent) and in `session` (the loop that
+//! ties the parts), which `tests/tests/architecture_agent.rs` checks.
 //!
 //! The children, from the bottom up (each uses only those listed before
 //! it):

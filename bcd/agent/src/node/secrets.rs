@@ -78,7 +78,8 @@ impl From<String> for Failed {
 }
 
 /// The node's secrets: where they go, what was written, what is fetching.
-/// This module alone reads or changes it.
+/// Apart from `files`, which the daemon sets before it runs the agent,
+/// this module alone reads or changes it.
 #[derive(Debug)]
 pub struct Secrets {
     /// Where values go; `None`: this daemon has nowhere to write them (a

@@ -86,7 +86,8 @@ const CHUNK: usize = 32 * 1024;
 const TUNNEL_PATH: &str = "/bcd.v1.Gateway/Tunnel";
 
 /// The tunnels of one daemon: how many are open, and where their ends
-/// are reported (the session loop journals them). This module alone reads
+/// are reported (the session loop journals them). Apart from `limits`,
+/// which the daemon sets before it runs the agent, this module alone reads
 /// or changes it.
 #[derive(Debug)]
 pub struct Tunnels {
