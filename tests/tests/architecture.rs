@@ -281,9 +281,10 @@ fn the_host_clock_is_read_in_clock_modules_only() {
 
 /// The fleet's ids are types in the store's interface (`bc_store::id`):
 /// every operation's argument that names a node, gateway, command,
-/// operator, token or image (`backend.rs`), and every public field of the
-/// store's rows and inputs that holds one, is its id type, never `str` or
-/// `String`, so one kind of id cannot be passed where another is asked.
+/// operator, token, image or release (`backend.rs`), and every public
+/// field of the store's rows and inputs that holds one, is its id type,
+/// never `str`, `String` or (a release's sequence) `u64`, so one kind of
+/// id cannot be passed where another is asked.
 #[test]
 fn the_store_names_ids_by_their_types() {
     let src = workspace().join("server/store/src");
@@ -297,10 +298,11 @@ fn the_store_names_ids_by_their_types() {
         "image_id",
         "token_id",
         "operator_id",
+        "sequence",
     ];
     let untyped = |ty: &str| {
         let ty = ty.trim().trim_end_matches(',');
-        ["str", "String"].iter().any(|t| {
+        ["str", "String", "u64"].iter().any(|t| {
             ty.split(|c: char| !c.is_alphanumeric() && c != '_')
                 .any(|word| word == *t)
         })

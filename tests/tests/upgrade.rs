@@ -334,7 +334,7 @@ fn bad_releases_are_refused_before_anything_switches() {
             store
                 .store
                 .register_release(&bc_store::releases::NewRelease {
-                    sequence: m.sequence,
+                    sequence: bc_store::ReleaseSeq::new(m.sequence),
                     version: m.version,
                     target: m.target,
                     size: m.size,

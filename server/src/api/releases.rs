@@ -3,6 +3,7 @@
 //! nodes (`crate::gateway::releases`).
 
 use bc_store::Refusal;
+use bc_store::ReleaseSeq;
 use bc_store::releases::{NewRelease, ReleaseRow};
 use bcd_proto::v1::{ListReleasesResponse, RegisterReleaseRequest, ReleaseInfo};
 use tonic::Status;
@@ -14,7 +15,7 @@ use super::status::{bad_request, refusal, status, unavailable};
 fn info(r: ReleaseRow) -> ReleaseInfo {
     ReleaseInfo {
         version: r.version,
-        sequence: r.sequence,
+        sequence: r.sequence.get(),
         target: r.target,
         size: r.size,
         sha256: r.sha256,
@@ -44,7 +45,7 @@ pub async fn register(
     let row = svc
         .store
         .register_release(&NewRelease {
-            sequence: manifest.sequence,
+            sequence: ReleaseSeq::new(manifest.sequence),
             version: manifest.version,
             target: manifest.target,
             size: manifest.size,
@@ -55,7 +56,7 @@ pub async fn register(
         })
         .await
         .map_err(status)?;
-    info!(version = %row.version, sequence = row.sequence, "release registered");
+    info!(version = %row.version, sequence = row.sequence.get(), "release registered");
     Ok(info(row))
 }
 

@@ -5,6 +5,7 @@
 //! The controller that walks running rollouts is
 //! `controllers::rollouts`.
 
+use bc_store::ReleaseSeq;
 use std::time::Duration;
 
 use bc_store::Refusal;
@@ -74,7 +75,7 @@ fn no_rollout(id: &str) -> Status {
 pub fn info(r: Rollout) -> RolloutInfo {
     RolloutInfo {
         id: r.id,
-        sequence: r.sequence,
+        sequence: r.sequence.get(),
         version: r.version,
         selector: r.selector,
         waves: r.waves,
@@ -140,7 +141,7 @@ pub async fn start(svc: &AdminService, r: StartRolloutRequest) -> Result<Rollout
     let rollout = svc
         .store
         .start_rollout(&NewRollout {
-            sequence: r.sequence,
+            sequence: ReleaseSeq::new(r.sequence),
             selector: r.selector,
             waves,
             max_failures: r.max_failures,
@@ -148,7 +149,7 @@ pub async fn start(svc: &AdminService, r: StartRolloutRequest) -> Result<Rollout
         })
         .await
         .map_err(status)?;
-    info!(rollout = %rollout.id, sequence = rollout.sequence, nodes = rollout.nodes.len(), "rollout started");
+    info!(rollout = %rollout.id, sequence = rollout.sequence.get(), nodes = rollout.nodes.len(), "rollout started");
     svc.rollouts.notify_one();
     Ok(info(rollout))
 }

@@ -196,7 +196,7 @@ pub async fn tick(
             Step::Issue(positions) => {
                 for i in positions {
                     let n = &r.nodes[i];
-                    if n.release_floor >= r.sequence {
+                    if n.release_floor >= r.sequence.get() {
                         store.skip_rollout_node(&id, &n.node_id, lease).await?;
                         continue;
                     }
@@ -216,7 +216,7 @@ pub async fn tick(
                         idempotency_key: Some(format!("rollout:{id}:{}", n.node_id)),
                     };
                     let args = command_payload::Args::Upgrade(UpgradeArgs {
-                        sequence: r.sequence,
+                        sequence: r.sequence.get(),
                     });
                     let (row, created) =
                         crate::pki::seal::create_command(store, key, &new, args).await?;

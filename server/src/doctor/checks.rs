@@ -554,7 +554,7 @@ pub async fn releases(opts: &Options, store: &Store, keys: &Keys) -> Check {
             .and_then(|s| s.verify(&keys.release))
             .and_then(|m| m.check(&files.binary).map(|()| m));
         match checked {
-            Ok(m) if m.sequence == row.sequence => {}
+            Ok(m) if m.sequence == row.sequence.get() => {}
             Ok(m) => bad.push(format!(
                 "release {}: its manifest says sequence {}",
                 row.sequence, m.sequence

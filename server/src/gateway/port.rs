@@ -10,6 +10,7 @@
 //! certificate for a key of its own. Release downloads need no key: the
 //! gateway hands out the signed bytes the store keeps.
 
+use bc_store::ReleaseSeq;
 use std::sync::Arc;
 
 use bc_store::GatewayStore;
@@ -98,7 +99,7 @@ impl Join for NodeJoin {
         request: Request<FetchReleaseRequest>,
     ) -> Result<Response<FetchReleaseResponse>, Status> {
         self.node_cert(&request).await?;
-        super::releases::whole_release(&self.store, request.into_inner().sequence)
+        super::releases::whole_release(&self.store, ReleaseSeq::new(request.into_inner().sequence))
             .await
             .map(Response::new)
     }
@@ -112,7 +113,7 @@ impl Join for NodeJoin {
     ) -> Result<Response<Self::FetchReleaseChunksStream>, Status> {
         self.node_cert(&request).await?;
         let r = request.into_inner();
-        super::releases::stream_release(self.store.clone(), r.sequence, r.offset)
+        super::releases::stream_release(self.store.clone(), ReleaseSeq::new(r.sequence), r.offset)
             .await
             .map(Response::new)
     }

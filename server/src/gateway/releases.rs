@@ -3,7 +3,7 @@
 //! [`UNARY_MAX`] for nodes that predate the stream ([`whole_release`],
 //! `FetchRelease`). The signed bytes need no key to hand out.
 
-use bc_store::{GatewayStore, Refusal};
+use bc_store::{GatewayStore, Refusal, ReleaseSeq};
 use bcd_proto::v1::{FetchReleaseResponse, ReleaseChunk};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -29,14 +29,14 @@ const AHEAD: usize = 2;
 /// has.
 pub async fn stream_release(
     store: GatewayStore,
-    sequence: u64,
+    sequence: ReleaseSeq,
     offset: u64,
 ) -> Result<ReceiverStream<Result<ReleaseChunk, Status>>, Status> {
     let head = store
         .release_head(sequence)
         .await
         .map_err(unavailable)?
-        .ok_or_else(|| not_found(sequence))?;
+        .ok_or_else(|| not_found(sequence.get()))?;
     if offset > head.size {
         return Err(refusal(Refusal::BadRequest(format!(
             "release {sequence} is {} bytes: a download cannot resume at {offset}",
@@ -62,7 +62,7 @@ pub async fn stream_release(
                 data,
                 ..ReleaseChunk::default()
             },
-            || not_found(sequence),
+            || not_found(sequence.get()),
         )
         .await;
     });
@@ -113,13 +113,13 @@ where
 /// past [`UNARY_MAX`], so one call cannot hold a large binary in memory.
 pub async fn whole_release(
     store: &GatewayStore,
-    sequence: u64,
+    sequence: ReleaseSeq,
 ) -> Result<FetchReleaseResponse, Status> {
     let head = store
         .release_head(sequence)
         .await
         .map_err(unavailable)?
-        .ok_or_else(|| not_found(sequence))?;
+        .ok_or_else(|| not_found(sequence.get()))?;
     if head.size > UNARY_MAX {
         return Err(refusal(Refusal::Conflict(format!(
             "release {sequence} is {} MiB, more than the {} MiB this server hands out in one message: \
@@ -134,7 +134,7 @@ pub async fn whole_release(
         .release(sequence)
         .await
         .map_err(unavailable)?
-        .ok_or_else(|| not_found(sequence))?;
+        .ok_or_else(|| not_found(sequence.get()))?;
     Ok(FetchReleaseResponse {
         signed_manifest: files.signed_manifest,
         binary: files.binary,

@@ -36,7 +36,9 @@ pub(crate) use crate::commands::{
 pub(crate) use crate::error::{StoreError, TxError};
 pub(crate) use crate::events::{EventInput, EventRow};
 pub(crate) use crate::gateways::{GatewayCert, GatewayCredential, SignedRevocations};
-pub(crate) use crate::id::{CommandId, GatewayId, ImageId, NodeId, OperatorId, TokenId};
+pub(crate) use crate::id::{
+    CommandId, GatewayId, ImageId, NodeId, OperatorId, ReleaseSeq, TokenId,
+};
 pub(crate) use crate::images::{
     AllowedMac, Assigned, BootRecord, BootRow, ImageRow, Minted, NewImage,
 };
@@ -332,7 +334,7 @@ macro_rules! gateway_operations {
 
             /// A release's signed manifest and its binary's length, without
             /// reading the binary.
-            read release_head(sequence: u64) -> Result<Option<ReleaseHead>, StoreError>
+            read release_head(sequence: ReleaseSeq) -> Result<Option<ReleaseHead>, StoreError>
                 = |db| sql::releases::head(db, sequence);
 
             /// One image by its whole id, with its signed manifest (its
@@ -341,7 +343,7 @@ macro_rules! gateway_operations {
                 = |db| sql::images::get(db, image_id);
 
             /// A release's manifest and binary, whole.
-            read release(sequence: u64) -> Result<Option<ReleaseFiles>, StoreError>
+            read release(sequence: ReleaseSeq) -> Result<Option<ReleaseFiles>, StoreError>
                 = |db| sql::releases::files(db, sequence);
         }
     };
@@ -397,7 +399,7 @@ gateway_operations!(declare!(
         /// registered.
         async fn release_chunk(
             &self,
-            sequence: u64,
+            sequence: ReleaseSeq,
             offset: u64,
             len: u32,
         ) -> Result<Option<Vec<u8>>, StoreError>;

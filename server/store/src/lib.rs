@@ -114,7 +114,7 @@ use std::sync::Arc;
 pub use backend::{Backend, GatewayBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Refusal, StoreError, TxError};
-pub use id::{CommandId, GatewayId, ImageId, NodeId, OperatorId, TokenId};
+pub use id::{CommandId, GatewayId, ImageId, NodeId, OperatorId, ReleaseSeq, TokenId};
 
 /// A handle on a store: clone it freely. Its methods are [`Backend`]'s.
 #[derive(Clone)]

@@ -5,11 +5,12 @@
 //! and refuses a sequence registered before.
 
 use crate::error::Refusal;
+use crate::id::ReleaseSeq;
 
 /// A verified release to register.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewRelease {
-    pub sequence: u64,
+    pub sequence: ReleaseSeq,
     pub version: String,
     pub target: String,
     pub size: u64,
@@ -23,7 +24,7 @@ pub struct NewRelease {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRow {
     pub version: String,
-    pub sequence: u64,
+    pub sequence: ReleaseSeq,
     pub target: String,
     pub size: u64,
     pub sha256: String,
@@ -50,7 +51,7 @@ pub struct ReleaseHead {
 /// call reads.
 pub const MAX_CHUNK: u32 = 4 << 20;
 
-pub fn already_registered(sequence: u64) -> Refusal {
+pub fn already_registered(sequence: ReleaseSeq) -> Refusal {
     Refusal::Conflict(format!(
         "release sequence {sequence} is already registered: sign the new release with a higher --sequence"
     ))

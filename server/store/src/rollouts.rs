@@ -7,7 +7,7 @@
 //! controller's decision over these statuses lives with the controller.
 
 use crate::error::Refusal;
-use crate::id::{CommandId, NodeId};
+use crate::id::{CommandId, NodeId, ReleaseSeq};
 
 pub const DEFAULT_WAVES: [u32; 4] = [1, 10, 50, 100];
 
@@ -100,7 +100,7 @@ impl RolloutState {
 /// A rollout to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewRollout {
-    pub sequence: u64,
+    pub sequence: ReleaseSeq,
     pub selector: String,
     pub waves: Vec<u32>,
     pub max_failures: u32,
@@ -126,7 +126,7 @@ impl NewRollout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rollout {
     pub id: String,
-    pub sequence: u64,
+    pub sequence: ReleaseSeq,
     pub version: String,
     pub selector: String,
     pub waves: Vec<u32>,
@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn a_rollout_needs_a_release_no_other_rollout_and_a_node() {
         let r = NewRollout {
-            sequence: 3,
+            sequence: ReleaseSeq::new(3),
             selector: "hostname=gpu-*".into(),
             waves: vec![100],
             max_failures: 0,

@@ -17,7 +17,7 @@ use bc_store::bindings::{BindingInput, BindingOutcome, BindingReport};
 use bc_store::nodes::IssuedCert;
 use bc_store::sqlite::{MIGRATIONS, SCHEMA_VERSION};
 use bc_store::tokens::{JoinInput, NewToken};
-use bc_store::{CommandId, ManualClock, NodeId, Store, StoreError};
+use bc_store::{CommandId, ManualClock, NodeId, ReleaseSeq, Store, StoreError};
 
 const GOLDEN: &str = "tests/golden/schema.sql";
 
@@ -207,9 +207,12 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let releases = s.list_releases().await.unwrap();
     assert_eq!(
         (releases[0].sequence, releases[0].version.as_str()),
-        (2, "0.2.0")
+        (ReleaseSeq::new(2), "0.2.0")
     );
-    assert_eq!(s.release(2).await.unwrap().unwrap().binary, b"\x7fELF");
+    assert_eq!(
+        s.release(ReleaseSeq::new(2)).await.unwrap().unwrap().binary,
+        b"\x7fELF"
+    );
     let image = "c".repeat(64);
     let images = s.list_images().await.unwrap();
     assert_eq!(
@@ -233,7 +236,7 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let rollout = s.rollout("ro-188cf3d9e009").await.unwrap().unwrap();
     assert_eq!(
         (rollout.sequence, rollout.waves.clone()),
-        (2, vec![50, 100])
+        (ReleaseSeq::new(2), vec![50, 100])
     );
     assert_eq!(
         rollout.nodes[0].command_id.as_deref(),

@@ -4,13 +4,14 @@
 
 use super::{Tx, query_opt};
 use crate::error::StoreError;
+use crate::id::ReleaseSeq;
 use crate::releases::MAX_CHUNK;
 
 /// Reads the range with `substring()`, so only those bytes leave the
 /// database.
 pub(super) async fn release_chunk(
     tx: &Tx<'_>,
-    sequence: u64,
+    sequence: ReleaseSeq,
     offset: u64,
     len: u32,
 ) -> Result<Option<Vec<u8>>, StoreError> {
@@ -21,7 +22,7 @@ pub(super) async fn release_chunk(
     Ok(query_opt(
         tx,
         "SELECT substring(\"binary\" from $2 for $3) FROM releases WHERE sequence = $1",
-        &[&(sequence.min(i64::MAX as u64) as i64), &from, &len],
+        &[&sequence, &from, &len],
     )
     .await?
     .map(|r| r.get(0)))

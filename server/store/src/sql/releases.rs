@@ -4,12 +4,8 @@
 
 use super::{Db, Row};
 use crate::error::{StoreError, TxError};
+use crate::id::ReleaseSeq;
 use crate::releases::{NewRelease, ReleaseFiles, ReleaseHead, ReleaseRow, already_registered};
-
-/// A sequence as the store keeps it (`BIGINT`).
-fn seq(sequence: u64) -> i64 {
-    sequence.min(i64::MAX as u64) as i64
-}
 
 pub(crate) async fn register(db: &impl Db, r: &NewRelease) -> Result<ReleaseRow, TxError> {
     let n = db
@@ -19,7 +15,7 @@ pub(crate) async fn register(db: &impl Db, r: &NewRelease) -> Result<ReleaseRow,
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, compute_now())
              ON CONFLICT (sequence) DO NOTHING",
             &[
-                &seq(r.sequence),
+                &r.sequence,
                 &r.version,
                 &r.target,
                 &(r.size.min(i64::MAX as u64) as i64),
@@ -40,10 +36,13 @@ pub(crate) async fn register(db: &impl Db, r: &NewRelease) -> Result<ReleaseRow,
         .ok_or_else(|| StoreError::Corrupt(format!("release {} vanished", r.sequence)).into())
 }
 
-pub(crate) async fn files(db: &impl Db, sequence: u64) -> Result<Option<ReleaseFiles>, StoreError> {
+pub(crate) async fn files(
+    db: &impl Db,
+    sequence: ReleaseSeq,
+) -> Result<Option<ReleaseFiles>, StoreError> {
     db.query_opt(
         "SELECT signed_manifest, \"binary\" FROM releases WHERE sequence = $1",
-        &[&seq(sequence)],
+        &[&sequence],
     )
     .await?
     .map(|r| {
@@ -55,12 +54,15 @@ pub(crate) async fn files(db: &impl Db, sequence: u64) -> Result<Option<ReleaseF
     .transpose()
 }
 
-pub(crate) async fn head(db: &impl Db, sequence: u64) -> Result<Option<ReleaseHead>, StoreError> {
+pub(crate) async fn head(
+    db: &impl Db,
+    sequence: ReleaseSeq,
+) -> Result<Option<ReleaseHead>, StoreError> {
     // length() of a stored blob or bytea reads its header, not its bytes.
     db.query_opt(
         "SELECT signed_manifest, CAST(length(\"binary\") AS BIGINT) FROM releases
          WHERE sequence = $1",
-        &[&seq(sequence)],
+        &[&sequence],
     )
     .await?
     .map(|r| {
@@ -75,7 +77,7 @@ pub(crate) async fn head(db: &impl Db, sequence: u64) -> Result<Option<ReleaseHe
 fn row(r: &Row) -> Result<ReleaseRow, StoreError> {
     Ok(ReleaseRow {
         version: r.get(0)?,
-        sequence: r.get::<i64>(1)? as u64,
+        sequence: r.get(1)?,
         target: r.get(2)?,
         size: r.get::<i64>(3)? as u64,
         sha256: r.get(4)?,

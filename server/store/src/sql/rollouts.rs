@@ -16,7 +16,7 @@ pub(crate) async fn start(db: &impl Db, r: &NewRollout) -> Result<Rollout, TxErr
         db.execute("SELECT pg_advisory_xact_lock($1)", &[&START_LOCK])
             .await?;
     }
-    let sequence = r.sequence.min(i64::MAX as u64) as i64;
+    let sequence = r.sequence;
     let release_known = db
         .query_opt("SELECT 1 FROM releases WHERE sequence = $1", &[&sequence])
         .await?
@@ -97,7 +97,7 @@ pub(crate) async fn get(db: &impl Db, id: &str) -> Result<Option<Rollout>, Store
     let state: String = r.get(6)?;
     let mut rollout = Rollout {
         id: r.get(0)?,
-        sequence: r.get::<i64>(1)? as u64,
+        sequence: r.get(1)?,
         version: r.get(2)?,
         selector: r.get(3)?,
         waves: r.json(4)?,

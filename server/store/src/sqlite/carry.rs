@@ -99,6 +99,7 @@ copied!(
     crate::rollouts::RolloutCommand,
     crate::reconcile::HistoryLimits,
     crate::secrets::Put,
+    crate::id::ReleaseSeq,
 );
 
 /// Values that move in (the closures that seal, issue or judge): taken

@@ -2,6 +2,7 @@
 //! read so that only those bytes leave the database; the rest of releases
 //! and images is `crate::sql`'s.
 
+use crate::id::ReleaseSeq;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::Kept;
@@ -12,11 +13,11 @@ use crate::releases::MAX_CHUNK;
 /// by its rowid, `sequence`), so only the pages holding it are read.
 pub(super) fn release_chunk(
     c: &Connection,
-    sequence: u64,
+    sequence: ReleaseSeq,
     offset: u64,
     len: u32,
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    let Ok(rowid) = i64::try_from(sequence) else {
+    let Ok(rowid) = i64::try_from(sequence.get()) else {
         return Ok(None);
     };
     let size: Option<i64> = c

@@ -483,7 +483,7 @@ gateway_operations!(implement!(SqliteBackend, lite_run, GatewayBackend {
 
     async fn release_chunk(
         &self,
-        sequence: u64,
+        sequence: ReleaseSeq,
         offset: u64,
         len: u32,
     ) -> Result<Option<Vec<u8>>, StoreError> {

@@ -1,6 +1,6 @@
 use bc_store::releases::NewRelease;
 use bc_store::rollouts::{NewRollout, NodeStatus, RolloutCommand, RolloutState};
-use bc_store::{NodeId, Refusal, TxError};
+use bc_store::{NodeId, Refusal, ReleaseSeq, TxError};
 use bcd_core::command::{Kind, Outcome};
 
 use super::commands::{command, result};
@@ -9,7 +9,7 @@ use super::{Fixture, T0, joined};
 async fn release(f: &Fixture, sequence: u64) {
     f.store
         .register_release(&NewRelease {
-            sequence,
+            sequence: ReleaseSeq::new(sequence),
             version: format!("0.{sequence}.0"),
             target: "x86_64-unknown-linux-musl".into(),
             size: 1,
@@ -24,7 +24,7 @@ async fn release(f: &Fixture, sequence: u64) {
 
 fn new(sequence: u64, selector: &str) -> NewRollout {
     NewRollout {
-        sequence,
+        sequence: ReleaseSeq::new(sequence),
         selector: selector.into(),
         waves: vec![50, 100],
         max_failures: 1,
