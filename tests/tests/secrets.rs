@@ -464,7 +464,10 @@ fn a_gateway_can_neither_swap_forge_replay_nor_read_a_secret() {
             let r: v1::StateReport = bc_tests::hostile::fact(signed);
             r.sections
                 .into_iter()
-                .find(|s| s.section == "secrets" && s.message.contains("answers another request"))
+                .find(|s| {
+                    s.section == v1::StateSection::Secrets as i32
+                        && s.message.contains("answers another request")
+                })
                 .map(|s| s.message)
         }
         _ => None,

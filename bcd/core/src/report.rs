@@ -46,6 +46,43 @@ impl InventorySection {
     }
 }
 
+/// A part of the desired state the node converges and reports on: one
+/// status each in a state report, in name order (the order a report lists
+/// them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StateSection {
+    /// sshd's access and the node's nftables table.
+    Access,
+    /// The CDI spec and the allocations' env files.
+    Devices,
+    /// The secrets the spec gives allocations.
+    Secrets,
+}
+
+impl StateSection {
+    /// Every section, in name order.
+    pub const ALL: [StateSection; 3] = [
+        StateSection::Access,
+        StateSection::Devices,
+        StateSection::Secrets,
+    ];
+
+    /// Its name in the store, the logs, the metrics and the operator's
+    /// tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            StateSection::Devices => "devices",
+            StateSection::Access => "access",
+            StateSection::Secrets => "secrets",
+        }
+    }
+
+    /// The section a name names; `None` for any other.
+    pub fn from_name(name: &str) -> Option<StateSection> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
 /// A section's status after a convergence pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Status {
@@ -71,7 +108,7 @@ impl Status {
 /// changed, on the node's monotonic clock (the server derives the time).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionReport {
-    pub name: String,
+    pub section: StateSection,
     pub status: Status,
     pub message: String,
     pub age: Duration,
@@ -85,7 +122,7 @@ pub struct StateReport {
 
 /// What a report said: the applied generation and each section's status
 /// and message (ages are not news).
-type Summary = (u64, Vec<(String, Status, String)>);
+type Summary = (u64, Vec<(StateSection, Status, String)>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Section {
@@ -97,7 +134,7 @@ struct Section {
 /// The reports of one node process.
 #[derive(Debug, Clone, Default)]
 pub struct Reports {
-    sections: BTreeMap<String, Section>,
+    sections: BTreeMap<StateSection, Section>,
     /// What the last state report of this session said.
     sent: Option<Summary>,
     /// Bindings reported in this session: allocation → GPU UUIDs, sorted.
@@ -114,14 +151,20 @@ impl Reports {
 
     /// A pass's outcome for a section at `now`. True when its status or
     /// message changed (the shell logs those).
-    pub fn observe(&mut self, section: &str, status: Status, message: &str, now: Duration) -> bool {
+    pub fn observe(
+        &mut self,
+        section: StateSection,
+        status: Status,
+        message: &str,
+        now: Duration,
+    ) -> bool {
         let changed = self
             .sections
-            .get(section)
+            .get(&section)
             .is_none_or(|s| s.status != status || s.message != message);
         if changed {
             self.sections.insert(
-                section.to_string(),
+                section,
                 Section {
                     status,
                     message: message.to_string(),
@@ -149,10 +192,10 @@ impl Reports {
         if !has_spec && applied_generation == 0 && self.sections.is_empty() {
             return None;
         }
-        let summary: Vec<(String, Status, String)> = self
+        let summary: Vec<(StateSection, Status, String)> = self
             .sections
             .iter()
-            .map(|(n, s)| (n.clone(), s.status, s.message.clone()))
+            .map(|(n, s)| (*n, s.status, s.message.clone()))
             .collect();
         if self
             .sent
@@ -165,7 +208,7 @@ impl Reports {
             .sections
             .iter()
             .map(|(n, s)| SectionReport {
-                name: n.clone(),
+                section: *n,
                 status: s.status,
                 message: s.message.clone(),
                 age: now.saturating_sub(s.since),
@@ -247,17 +290,17 @@ mod tests {
     #[test]
     fn reports_only_changes_and_ages_from_the_last_change() {
         let mut r = Reports::new();
-        assert!(r.observe("devices", Status::Progressing, "waiting", S));
-        assert!(r.observe("access", Status::Ready, "", S));
+        assert!(r.observe(StateSection::Devices, Status::Progressing, "waiting", S));
+        assert!(r.observe(StateSection::Access, Status::Ready, "", S));
         let first = r.state_report(0, true, 2 * S).unwrap();
         assert_eq!(first.sections.len(), 2);
-        assert_eq!(first.sections[1].name, "devices");
+        assert_eq!(first.sections[1].section, StateSection::Devices);
         assert_eq!(first.sections[1].age, S);
         // The same again: nothing to say, however much time passed.
-        assert!(!r.observe("devices", Status::Progressing, "waiting", 5 * S));
+        assert!(!r.observe(StateSection::Devices, Status::Progressing, "waiting", 5 * S));
         assert_eq!(r.state_report(0, true, 10 * S), None);
         // A new message is news; the age counts from the change.
-        assert!(r.observe("devices", Status::Ready, "", 10 * S));
+        assert!(r.observe(StateSection::Devices, Status::Ready, "", 10 * S));
         assert!(r.all_ready());
         let next = r.state_report(0, true, 12 * S).unwrap();
         assert_eq!(next.sections[1].status, Status::Ready);
@@ -319,6 +362,16 @@ mod tests {
         assert_eq!(InventorySection::from_name("devices"), None);
     }
 
+    #[test]
+    fn state_sections_are_named_once_in_name_order() {
+        let names: Vec<_> = StateSection::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["access", "devices", "secrets"]);
+        for s in StateSection::ALL {
+            assert_eq!(StateSection::from_name(s.name()), Some(s));
+        }
+        assert_eq!(StateSection::from_name("gpus"), None);
+    }
+
     proptest! {
         /// Whatever the sequence of passes, two reports in a row never say
         /// the same thing, and every change is reported by the next call.
@@ -327,13 +380,13 @@ mod tests {
             passes in proptest::collection::vec((0usize..2, 0usize..3, 0usize..3, 0u64..3), 1..80),
         ) {
             let statuses = [Status::Ready, Status::Progressing, Status::Failed];
-            let names = ["devices", "access"];
+            let names = [StateSection::Devices, StateSection::Access];
             let mut r = Reports::new();
             let mut last: Option<Summary> = None;
             for (i, (n, st, msg, generation)) in passes.into_iter().enumerate() {
                 let now = Duration::from_millis(i as u64 * 100);
                 r.observe(names[n], statuses[st], &format!("m{msg}"), now);
-                let summary: Vec<_> = r.sections.iter().map(|(k, s)| (k.clone(), s.status, s.message.clone())).collect();
+                let summary: Vec<_> = r.sections.iter().map(|(k, s)| (*k, s.status, s.message.clone())).collect();
                 let expect_new = last.as_ref() != Some(&(generation, summary.clone()));
                 let report = r.state_report(generation, true, now);
                 prop_assert_eq!(report.is_some(), expect_new);

@@ -9,7 +9,7 @@
 //! receiver refuses or ignores it, it never becomes a default.
 
 use bcd_core::command::{Kind, Outcome, ServerState};
-use bcd_core::report::{InventorySection, Status};
+use bcd_core::report::{InventorySection, StateSection, Status};
 
 use crate::v1;
 
@@ -182,6 +182,33 @@ pub fn inventory_section(v: i32) -> Option<InventorySection> {
 impl Spelling for v1::InventoryKind {
     fn spelling(self) -> &'static str {
         inventory_section(self as i32).map_or("unspecified", InventorySection::name)
+    }
+}
+
+impl From<StateSection> for v1::StateSection {
+    fn from(s: StateSection) -> Self {
+        match s {
+            StateSection::Access => v1::StateSection::Access,
+            StateSection::Devices => v1::StateSection::Devices,
+            StateSection::Secrets => v1::StateSection::Secrets,
+        }
+    }
+}
+
+/// A state report's section; `None` for zero or a value this build does
+/// not know (the section is not understood).
+pub fn state_section(v: i32) -> Option<StateSection> {
+    Some(match wire::<v1::StateSection>(v)? {
+        v1::StateSection::Unspecified => return None,
+        v1::StateSection::Access => StateSection::Access,
+        v1::StateSection::Devices => StateSection::Devices,
+        v1::StateSection::Secrets => StateSection::Secrets,
+    })
+}
+
+impl Spelling for v1::StateSection {
+    fn spelling(self) -> &'static str {
+        state_section(self as i32).map_or("unspecified", StateSection::name)
     }
 }
 
@@ -383,6 +410,12 @@ mod tests {
         assert_eq!(v1::InventoryKind::Host.spelling(), "host");
         assert_eq!(v1::InventoryKind::Gpus.spelling(), "gpus");
         assert_eq!(v1::InventoryKind::Tpm.spelling(), "tpm");
+        for s in StateSection::ALL {
+            assert_eq!(state_section(v1::StateSection::from(s) as i32), Some(s));
+            assert_eq!(v1::StateSection::from(s).spelling(), s.name());
+        }
+        assert_eq!(state_section(0), None);
+        assert_eq!(state_section(99), None);
         assert_eq!(inventory_section(0), None);
         assert_eq!(inventory_section(99), None);
         assert_eq!(outcome(0), None);

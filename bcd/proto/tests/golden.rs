@@ -524,19 +524,30 @@ fn signed_intent_and_facts() {
             })),
         },
     );
-    check(
-        "state_report",
-        &v1::StateReport {
-            applied_generation: 4,
+    let report = v1::StateReport {
+        applied_generation: 4,
+        sections: vec![v1::SectionStatus {
+            section: v1::StateSection::Devices as i32,
+            status: v1::SectionState::Ready as i32,
+            message: String::new(),
+            age_ms: 1_500,
+        }],
+        node_id: "nd-0f3a9c".into(),
+        epoch: 8,
+    };
+    check("state_report_section_kind", &report);
+    // Before sections were an enum (field 1, "devices"): the section reads
+    // as not given, which a gateway leaves out of what it stores.
+    let before: v1::StateReport = earlier("state_report");
+    assert_eq!(
+        before,
+        v1::StateReport {
             sections: vec![v1::SectionStatus {
-                section: "devices".into(),
-                status: v1::SectionState::Ready as i32,
-                message: String::new(),
-                age_ms: 1_500,
+                section: 0,
+                ..report.sections[0].clone()
             }],
-            node_id: "nd-0f3a9c".into(),
-            epoch: 8,
-        },
+            ..report
+        }
     );
     let inventory = v1::Inventory {
         section: v1::InventoryKind::Gpus as i32,

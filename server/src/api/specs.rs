@@ -116,7 +116,9 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
             .sections
             .into_iter()
             .map(|s| SectionStatus {
-                section: s.section,
+                section: bcd_core::report::StateSection::from_name(&s.section)
+                    .map_or(v1::StateSection::Unspecified, v1::StateSection::from)
+                    as i32,
                 status: bcd_proto::typed::parse::<v1::SectionState>(&s.status)
                     .unwrap_or(v1::SectionState::Unspecified) as i32,
                 message: s.message,

@@ -7,7 +7,7 @@ use bcd_proto::v1::{
     AssignGpusRequest, BindingState, CommandInfo, CommandKind, CordonNodeRequest,
     DeleteNodeRequest, FleetEvent, GetNodeInventoryRequest, GetNodeSpecRequest, InventoryKind,
     LabelNodeRequest, ListCommandsRequest, ListEventsRequest, ListNodesRequest, NodeInfo,
-    NodeSpecInfo, NodeState, SectionState, SetAccessRequest, UnassignRequest,
+    NodeSpecInfo, NodeState, SectionState, SetAccessRequest, StateSection, UnassignRequest,
 };
 use clap::Subcommand;
 
@@ -744,7 +744,7 @@ fn print_spec_lines(i: &NodeSpecInfo) -> anyhow::Result<()> {
     for s in &i.sections {
         out!(
             "section    {} {}{}",
-            s.section,
+            spelled::<StateSection>(s.section),
             spelled::<SectionState>(s.status),
             around(": ", &s.message, "")
         );

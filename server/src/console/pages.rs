@@ -564,7 +564,7 @@ async fn node(svc: &AdminService, o: &Operator, id: &str) -> Result<String, Stat
             (
                 String::new(),
                 vec![
-                    esc(&s.section),
+                    esc(&spelled::<v1::StateSection>(s.section)),
                     esc(&spelled::<v1::SectionState>(s.status)),
                     dash(&s.message),
                     esc(&age(i64::try_from(s.age_ms).unwrap_or(i64::MAX))),

@@ -56,15 +56,18 @@ pub fn state_report(s: v1::NodeSigned) -> Signed<StateReportInput> {
                 .sections
                 .into_iter()
                 .take(MAX_SECTIONS)
-                .map(|s| {
-                    Some(SectionReport {
-                        status: bcd_proto::typed::section_status(s.status)?
-                            .name()
-                            .to_string(),
-                        section: s.section,
-                        message: s.message.chars().take(MAX_MESSAGE).collect(),
-                        age_ms: s.age_ms,
-                    })
+                // A section this gateway does not know is left out; a
+                // status it does not know makes the report unreadable.
+                .filter_map(|s| {
+                    let section = bcd_proto::typed::state_section(s.section)?;
+                    Some(
+                        bcd_proto::typed::section_status(s.status).map(|status| SectionReport {
+                            status: status.name().to_string(),
+                            section: section.name().to_string(),
+                            message: s.message.chars().take(MAX_MESSAGE).collect(),
+                            age_ms: s.age_ms,
+                        }),
+                    )
                 })
                 .collect::<Option<Vec<_>>>()?;
             Some(StateReportInput {
@@ -134,7 +137,7 @@ mod tests {
         let report = v1::StateReport {
             applied_generation: 2,
             sections: vec![v1::SectionStatus {
-                section: "devices".into(),
+                section: v1::StateSection::Devices as i32,
                 status: v1::SectionState::Ready as i32,
                 message: "x".repeat(5000),
                 age_ms: 1,
@@ -151,8 +154,27 @@ mod tests {
                 status: 42,
                 ..report.sections[0].clone()
             }],
-            ..report
+            ..report.clone()
         };
         assert_eq!(state_report(wrap(unknown.encode_to_vec())).fact, None);
+        // A section this gateway does not know (a newer node's, or none)
+        // is left out; the rest of the report stands.
+        let newer = v1::StateReport {
+            sections: vec![
+                v1::SectionStatus {
+                    section: 42,
+                    ..report.sections[0].clone()
+                },
+                v1::SectionStatus {
+                    section: 0,
+                    ..report.sections[0].clone()
+                },
+                report.sections[0].clone(),
+            ],
+            ..report.clone()
+        };
+        let fact = state_report(wrap(newer.encode_to_vec())).fact.unwrap();
+        assert_eq!(fact.sections.len(), 1);
+        assert_eq!(fact.sections[0].section, "devices");
     }
 }

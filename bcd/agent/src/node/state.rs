@@ -8,7 +8,7 @@
 //! and inventory name the session epoch they were sent under.
 
 use bcd_core::Reports;
-use bcd_core::report::{InventorySection, Status};
+use bcd_core::report::{InventorySection, StateSection, Status};
 use bcd_core::spec::{self, Verdict};
 use bcd_proto::v1::{self, node_message};
 use prost::Message;
@@ -154,18 +154,19 @@ impl Desired {
         );
         let secrets = secrets.converge(shared, &spec, conn, link.server_now_ms);
         let now = shared.now();
-        for (name, outcome) in [
-            ("devices", devices),
-            ("access", access),
-            ("secrets", secrets),
+        for (section, outcome) in [
+            (StateSection::Devices, devices),
+            (StateSection::Access, access),
+            (StateSection::Secrets, secrets),
         ] {
+            let name = section.name();
             super::observe::section(shared, name, &outcome.status.name().to_ascii_lowercase());
             if outcome.changed {
                 info!(generation = spec.generation, section = name, "converged");
             }
             if self
                 .reports
-                .observe(name, outcome.status, &outcome.message, now)
+                .observe(section, outcome.status, &outcome.message, now)
                 && outcome.status != Status::Ready
             {
                 warn!(section = name, status = outcome.status.name(), message = %outcome.message, "not converged");
@@ -262,7 +263,7 @@ impl Desired {
             .sections
             .into_iter()
             .map(|s| v1::SectionStatus {
-                section: s.name,
+                section: v1::StateSection::from(s.section) as i32,
                 status: v1::SectionState::from(s.status) as i32,
                 message: s.message,
                 age_ms: s.age.as_millis() as u64,
