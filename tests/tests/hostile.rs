@@ -232,7 +232,7 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
             .block(store.store.put_inventory(
                 &NodeId::from(&id),
                 current,
-                &facts::inventory(planted),
+                &facts::inventory(planted).expect("a known section"),
                 verify_node_signature
             ))
             .unwrap(),
@@ -346,7 +346,11 @@ fn a_hostile_gateway_forges_nothing_and_disables_nothing() {
     });
     let store = server.store();
     let gpus = store
-        .block(store.store.inventory(&NodeId::from(&id), "gpus"))
+        .block(
+            store
+                .store
+                .inventory(&NodeId::from(&id), bcd_core::report::InventorySection::Gpus),
+        )
         .unwrap()
         .expect("the node's gpus section");
     assert_ne!(gpus.body, b"[]".to_vec(), "the planted inventory");

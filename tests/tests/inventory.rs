@@ -36,7 +36,10 @@ fn gpu(root: &Path, addr: &str) {
 fn stored_gpus(server: &Server, node: &str) -> Vec<String> {
     let store = server.store();
     let body = store
-        .block(store.store.inventory(&NodeId::from(node), "gpus"))
+        .block(store.store.inventory(
+            &NodeId::from(node),
+            bcd_core::report::InventorySection::Gpus,
+        ))
         .unwrap()
         .map(|row| row.body);
     let v: serde_json::Value = body

@@ -116,9 +116,10 @@ pub async fn inventory(
     r: v1::GetNodeInventoryRequest,
 ) -> Result<v1::NodeInventory, Status> {
     let node = r.node_id;
+    let id = NodeId::from(&node);
     let known = !svc
         .store
-        .node(&NodeId::from(&node))
+        .node(&id)
         .await
         .map_err(unavailable)?
         .nodes
@@ -130,7 +131,7 @@ pub async fn inventory(
     for section in InventorySection::ALL {
         if let Some(row) = svc
             .store
-            .inventory(&NodeId::from(&node), section.name())
+            .inventory(&id, section)
             .await
             .map_err(unavailable)?
         {

@@ -67,16 +67,11 @@ pub(super) async fn change(
 /// recent fleet events.
 pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Status> {
     let store = &svc.store;
-    let bindings = store
-        .bindings(&NodeId::from(&node))
-        .await
-        .map_err(unavailable)?;
-    let events = store
-        .fleet_events(&NodeId::from(&node), 20)
-        .await
-        .map_err(unavailable)?;
+    let id = NodeId::from(&node);
+    let bindings = store.bindings(&id).await.map_err(unavailable)?;
+    let events = store.fleet_events(&id, 20).await.map_err(unavailable)?;
     let mut view = store
-        .spec_view(&NodeId::from(&node))
+        .spec_view(&id)
         .await
         .map_err(unavailable)?
         .ok_or_else(|| refusal(Refusal::NoSuchNode(node.clone())))?;
@@ -84,10 +79,7 @@ pub async fn info(svc: &AdminService, node: String) -> Result<NodeSpecInfo, Stat
     // What the operator sees desired is what the worker signed, as the node
     // will read it; the columns only where the envelope does not open (its
     // forgery is among the events, and changes are refused).
-    if let Some((_, signed)) = store
-        .signed_spec(&NodeId::from(&node))
-        .await
-        .map_err(unavailable)?
+    if let Some((_, signed)) = store.signed_spec(&id).await.map_err(unavailable)?
         && let Ok(opened) = seal::own_spec_opener(&svc.worker_key, &node)(&signed)
     {
         view.desired_generation = opened.generation;

@@ -78,7 +78,7 @@ impl Watch {
             .collect();
         let mut forged = Vec::new();
         for (node, serial) in certs {
-            let ders = store.node_certificates(&NodeId::from(&node)).await?;
+            let ders = store.node_certificates(&node).await?;
             let cert = ders.iter().find(|der| {
                 crate::certs::issued_by(der, &self.ca_der)
                     && crate::certs::named(der, "urn:bc:node:").is_some_and(|(n, _)| n == node)
@@ -96,10 +96,7 @@ impl Watch {
                 }
             }
             if confirmed && !self.required.contains(&serial) {
-                if store
-                    .require_hello_proofs(&NodeId::from(&node), &serial)
-                    .await?
-                {
+                if store.require_hello_proofs(&node, &serial).await? {
                     info!(%node, %serial, "the node proves its Hellos from a confirmed release: unproved ones are refused");
                 }
                 if self.required.len() >= REMEMBERED {
@@ -113,7 +110,7 @@ impl Watch {
             }
             if !self.superseded.contains(&serial) {
                 pass.superseded
-                    .extend(store.supersede(&NodeId::from(&node), &serial).await?);
+                    .extend(store.supersede(&node, &serial).await?);
                 if self.superseded.len() >= REMEMBERED {
                     self.superseded.clear();
                 }
@@ -124,7 +121,7 @@ impl Watch {
             if alternations > QUARANTINE_AFTER {
                 let seal = crate::pki::seal::statement_sealer(key.clone());
                 if store
-                    .quarantine_clone(&NodeId::from(&node), &serial, alternations, seal)
+                    .quarantine_clone(&node, &serial, alternations, seal)
                     .await
                     .map_err(|e| StoreError::Database(e.to_string().into()))?
                 {

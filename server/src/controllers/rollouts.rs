@@ -139,10 +139,7 @@ const FLOORS_BATCH: u32 = 100;
 pub async fn raise_floors(store: &Store, believed: &Believed) -> Result<(), TxError> {
     for id in store.upgrades_unjudged(FLOORS_BATCH).await? {
         let signed = believed.believed(store, &id).await?;
-        if let Some(floor) = store
-            .judge_upgrade_floor(&CommandId::from(&id), signed)
-            .await?
-        {
+        if let Some(floor) = store.judge_upgrade_floor(&id, signed).await? {
             info!(cmd = %id, floor, "a confirmed upgrade raised its node's release floor");
         }
     }

@@ -32,7 +32,7 @@ pub async fn tick(
     for node in store.specs_expiring(RESIGN_WITHIN).await? {
         match store
             .update_spec(
-                &NodeId::from(&node),
+                &node,
                 Box::new(|_| Ok(())),
                 own_spec_opener(key, &node),
                 spec_sealer(key.clone(), tickets.clone(), &node),

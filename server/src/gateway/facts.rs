@@ -80,23 +80,22 @@ pub fn state_report(s: v1::NodeSigned) -> Signed<StateReportInput> {
     signed(s, fact)
 }
 
-/// A signed inventory section.
-pub fn inventory(s: v1::NodeSigned) -> Signed<InventoryInput> {
-    let fact = v1::Inventory::decode(s.payload.as_slice())
-        .ok()
-        .map(|i| InventoryInput {
+/// A signed inventory section, or the number of a section this gateway
+/// does not know (a newer node's, or none), which is turned away before
+/// the store: not understood, not forged.
+pub fn inventory(s: v1::NodeSigned) -> Result<Signed<InventoryInput>, i32> {
+    let decoded = v1::Inventory::decode(s.payload.as_slice()).ok();
+    let fact = match decoded {
+        Some(i) => Some(InventoryInput {
+            section: bcd_proto::typed::inventory_section(i.section).ok_or(i.section)?,
             node_id: NodeId::from(i.node_id),
             epoch: i.epoch,
-            // A section this gateway does not know keeps its number, and
-            // is turned away before the store.
-            section: bcd_proto::typed::inventory_section(i.section).map_or_else(
-                || format!("unknown ({})", i.section),
-                |s| s.name().to_string(),
-            ),
             sha256: i.sha256,
             body: i.body,
-        });
-    signed(s, fact)
+        }),
+        None => None,
+    };
+    Ok(signed(s, fact))
 }
 
 #[cfg(test)]
@@ -108,6 +107,33 @@ mod tests {
             payload,
             signature: vec![1, 2],
         }
+    }
+
+    /// An inventory section this gateway does not know is turned away by
+    /// its number, not handed to the store as forged; an undecodable one
+    /// is (the store records the forgery).
+    #[test]
+    fn an_unknown_inventory_section_is_not_understood_not_forged() {
+        let sent = v1::Inventory {
+            section: v1::InventoryKind::Gpus as i32,
+            sha256: "ab".repeat(32),
+            body: b"{}".to_vec(),
+            node_id: "nd-1".into(),
+            epoch: 3,
+        };
+        let known = inventory(wrap(sent.encode_to_vec())).unwrap();
+        assert_eq!(
+            known.fact.map(|f| f.section),
+            Some(bcd_core::report::InventorySection::Gpus)
+        );
+        for unknown in [0, 42] {
+            let newer = v1::Inventory {
+                section: unknown,
+                ..sent.clone()
+            };
+            assert_eq!(inventory(wrap(newer.encode_to_vec())).unwrap_err(), unknown);
+        }
+        assert_eq!(inventory(wrap(vec![0xff])).unwrap().fact, None);
     }
 
     #[test]

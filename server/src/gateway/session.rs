@@ -648,15 +648,19 @@ impl Session<'_> {
                 .await
             }
             Some(node_message::Msg::Inventory(signed)) => {
-                let section = facts::inventory(signed);
+                let section = match facts::inventory(signed) {
+                    Ok(section) => section,
+                    Err(unknown) => {
+                        warn!(section = unknown, "inventory section unknown; ignored");
+                        return true;
+                    }
+                };
                 if let Some(i) = &section.fact
-                    && (bcd_proto::fingerprint(&i.body) != i.sha256
-                        || i.body.len() > 1 << 20
-                        || InventorySection::from_name(&i.section).is_none())
+                    && (bcd_proto::fingerprint(&i.body) != i.sha256 || i.body.len() > 1 << 20)
                 {
                     warn!(
-                        section = %i.section,
-                        "inventory section unknown, too large or not matching its hash; ignored"
+                        section = i.section.name(),
+                        "inventory section too large or not matching its hash; ignored"
                     );
                     return true;
                 }

@@ -757,7 +757,10 @@ macro_rules! key_holder_operations {
                 };
 
             // ---------------------------------------------------------- inventory
-            read inventory(node_id: &NodeId, section: &str) -> Result<Option<InventoryRow>, StoreError>
+            read inventory(
+                node_id: &NodeId,
+                section: bcd_core::report::InventorySection,
+            ) -> Result<Option<InventoryRow>, StoreError>
                 = |db| sql::inventory::get(db, node_id, section);
 
             // ----------------------------------------------------------- commands

@@ -8,6 +8,7 @@
 //! current epoch.
 
 use crate::id::NodeId;
+use bcd_core::report::InventorySection;
 
 /// The fleet event a forged inventory section is recorded as.
 pub const FORGED: &str = "security.inventory.forged";
@@ -19,7 +20,9 @@ pub struct InventoryInput {
     pub node_id: NodeId,
     /// The session epoch the node sent it under.
     pub epoch: u64,
-    pub section: String,
+    /// A section this release knows: a gateway turns away any other
+    /// before the store.
+    pub section: InventorySection,
     pub sha256: String,
     pub body: Vec<u8>,
 }
@@ -44,12 +47,12 @@ pub struct InventoryRow {
 /// `None` for another section, a host section without the list (an older
 /// agent), or one whose list is too long or holds something that is not a
 /// MAC: the MACs recorded before stay.
-pub fn host_macs(section: &str, body: &[u8]) -> Option<Vec<String>> {
+pub fn host_macs(section: InventorySection, body: &[u8]) -> Option<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Host {
         macs: Option<Vec<String>>,
     }
-    if section != "host" {
+    if section != InventorySection::Host {
         return None;
     }
     let macs = serde_json::from_slice::<Host>(body).ok()?.macs?;
@@ -67,27 +70,36 @@ pub fn host_macs(section: &str, body: &[u8]) -> Option<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_macs;
+    use super::{InventorySection, host_macs};
     use proptest::prelude::*;
 
     #[test]
     fn the_host_section_names_the_macs_and_nothing_else_changes_them() {
         let body = br#"{"hostname":"n","agent_version":"0.1.0","macs":["52:54:00:AB:cd:01","02-bc-00-00-00-01","52:54:00:ab:cd:01"]}"#;
         assert_eq!(
-            host_macs("host", body),
+            host_macs(InventorySection::Host, body),
             Some(vec!["02:bc:00:00:00:01".into(), "52:54:00:ab:cd:01".into()])
         );
-        assert_eq!(host_macs("gpus", body), None);
+        assert_eq!(host_macs(InventorySection::Gpus, body), None);
         assert_eq!(
-            host_macs("host", br#"{"hostname":"n","agent_version":"0.0.9"}"#),
+            host_macs(
+                InventorySection::Host,
+                br#"{"hostname":"n","agent_version":"0.0.9"}"#
+            ),
             None,
             "an older agent reports none: the join's stay"
         );
-        assert_eq!(host_macs("host", br#"{"macs":[]}"#), Some(vec![]));
-        assert_eq!(host_macs("host", br#"{"macs":["not a mac"]}"#), None);
+        assert_eq!(
+            host_macs(InventorySection::Host, br#"{"macs":[]}"#),
+            Some(vec![])
+        );
+        assert_eq!(
+            host_macs(InventorySection::Host, br#"{"macs":["not a mac"]}"#),
+            None
+        );
         let many: Vec<String> = (0..65).map(|i| format!("02:00:00:00:00:{i:02x}")).collect();
         let body = serde_json::to_vec(&serde_json::json!({ "macs": many })).unwrap();
-        assert_eq!(host_macs("host", &body), None);
+        assert_eq!(host_macs(InventorySection::Host, &body), None);
     }
 
     proptest! {
@@ -95,7 +107,7 @@ mod tests {
         // of well-formed MACs or in nothing.
         #[test]
         fn any_body_gives_well_formed_macs_or_none(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Some(macs) = host_macs("host", &body) {
+            if let Some(macs) = host_macs(InventorySection::Host, &body) {
                 prop_assert!(macs.len() <= crate::images::MAX_MACS);
                 for m in macs {
                     prop_assert!(crate::images::parse_mac(&m).as_deref() == Some(m.as_str()));
@@ -110,7 +122,7 @@ mod tests {
                 .map(|b| b.iter().map(|x| format!("{x:02X}")).collect::<Vec<_>>().join("-"))
                 .collect();
             let body = serde_json::to_vec(&serde_json::json!({ "macs": listed })).unwrap();
-            let got = host_macs("host", &body).unwrap();
+            let got = host_macs(InventorySection::Host, &body).unwrap();
             let mut want: Vec<String> = raw
                 .iter()
                 .map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":"))

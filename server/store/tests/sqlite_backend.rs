@@ -135,7 +135,10 @@ async fn a_store_from_the_previous_version_opens_migrates_and_reads_back() {
     let session = s.session(&NodeId::from(NODE)).await.unwrap().unwrap();
     assert_eq!((session.epoch, session.gateway_id.as_str()), (1, "gw-1"));
     let inv = s
-        .inventory(&NodeId::from(NODE), "gpus")
+        .inventory(
+            &NodeId::from(NODE),
+            bcd_core::report::InventorySection::Gpus,
+        )
         .await
         .unwrap()
         .unwrap();

@@ -8,6 +8,7 @@ use crate::error::StoreError;
 use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::FactApplied;
+use bcd_core::report::InventorySection;
 
 /// Stores a section the node signed (a forgery is recorded) if it names
 /// `epoch` and that is the node's session epoch; the session row is held
@@ -25,7 +26,7 @@ pub(crate) async fn put(
         Ok(s) => s,
         Err(reason) => {
             let detail = match &signed.fact {
-                Some(s) => format!("section {}: {reason}", s.section),
+                Some(s) => format!("section {}: {reason}", s.section.name()),
                 None => reason,
             };
             fleet_event(db, now, FORGED, node_id, &detail).await?;
@@ -53,14 +54,14 @@ pub(crate) async fn put(
              sha256 = excluded.sha256, body = excluded.body, updated_at = excluded.updated_at",
         &[
             &node_id,
-            &section.section,
+            &section.section.name(),
             &section.sha256,
             &section.body,
             &now,
         ],
     )
     .await?;
-    if let Some(macs) = host_macs(&section.section, &section.body) {
+    if let Some(macs) = host_macs(section.section, &section.body) {
         record_macs(db, node_id, &macs, now).await?;
     }
     Ok(FactApplied::Applied)
@@ -69,11 +70,11 @@ pub(crate) async fn put(
 pub(crate) async fn get(
     db: &impl Db,
     node_id: &str,
-    section: &str,
+    section: InventorySection,
 ) -> Result<Option<InventoryRow>, StoreError> {
     db.query_opt(
         "SELECT sha256, body, updated_at FROM inventory WHERE node_id = $1 AND section = $2",
-        &[&node_id, &section],
+        &[&node_id, &section.name()],
     )
     .await?
     .map(|r| {

@@ -100,6 +100,7 @@ copied!(
     crate::reconcile::HistoryLimits,
     crate::secrets::Put,
     crate::id::ReleaseSeq,
+    bcd_core::report::InventorySection,
 );
 
 /// Values that move in (the closures that seal, issue or judge): taken

@@ -20,7 +20,7 @@ fn inventory(node: &str, epoch: u64) -> InventoryInput {
     InventoryInput {
         node_id: node.into(),
         epoch,
-        section: "gpus".into(),
+        section: bcd_core::report::InventorySection::Gpus,
         sha256: "abc".into(),
         body: b"[]".to_vec(),
     }
@@ -112,7 +112,12 @@ pub async fn forged_facts_are_recorded_and_applied_nowhere(f: Fixture) {
     ));
     let view = s.spec_view(&node).await.unwrap().unwrap();
     assert_eq!((view.applied_generation, view.reported_age_ms), (0, None));
-    assert_eq!(s.inventory(&node, "gpus").await.unwrap(), None);
+    assert_eq!(
+        s.inventory(&node, bcd_core::report::InventorySection::Gpus)
+            .await
+            .unwrap(),
+        None
+    );
     let events = s.fleet_events(&node, 50).await.unwrap();
     assert!(
         events
@@ -286,7 +291,7 @@ pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixt
         }
     };
     let host = |body: &str| InventoryInput {
-        section: "host".into(),
+        section: bcd_core::report::InventorySection::Host,
         body: body.as_bytes().to_vec(),
         ..inventory(&node, epoch)
     };
@@ -326,7 +331,7 @@ pub async fn a_signed_host_inventory_replaces_the_macs_the_join_reported(f: Fixt
     let moved = InventoryInput {
         node_id: other.clone(),
         epoch: other_epoch,
-        section: "host".into(),
+        section: bcd_core::report::InventorySection::Host,
         sha256: "x".into(),
         body: br#"{"macs":["52:54:00:00:00:02"]}"#.to_vec(),
     };

@@ -21,7 +21,7 @@ fn inventory(node: &str, epoch: u64) -> Signed<InventoryInput> {
         InventoryInput {
             node_id: node.into(),
             epoch,
-            section: "gpus".into(),
+            section: bcd_core::report::InventorySection::Gpus,
             sha256: "abc".into(),
             body: b"[]".to_vec(),
         },
@@ -92,7 +92,11 @@ pub async fn hello_bumps_the_epoch_and_stale_writes_change_nothing(f: Fixture) {
             .unwrap(),
         FactApplied::Applied
     );
-    let inv = s.inventory(&node, "gpus").await.unwrap().unwrap();
+    let inv = s
+        .inventory(&node, bcd_core::report::InventorySection::Gpus)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (inv.sha256.as_str(), inv.body.as_slice()),
         ("abc", &b"[]"[..])
