@@ -226,10 +226,10 @@ pub fn i2(s: &Snapshot) -> Outcome {
         }
     }
     for c in &s.commands {
-        if !s.facts.counted.contains(&c.id) {
+        if !s.facts.counted.contains(c.id.as_str()) {
             continue;
         }
-        let n = s.facts.effects.get(&c.id).copied().unwrap_or(0);
+        let n = s.facts.effects.get(c.id.as_str()).copied().unwrap_or(0);
         if n > 1 && !retry_safe(&c.kind) {
             v.push(format!(
                 "command {} ({}): its side effect ran {n} times",

@@ -279,12 +279,15 @@ fn the_host_clock_is_read_in_clock_modules_only() {
     }
 }
 
-/// The fleet's ids are types in the store's interface (`bc_store::id`):
-/// every operation's argument that names a node, gateway, command,
-/// operator, token, image or release (`backend.rs`), and every public
-/// field of the store's rows and inputs that holds one, is its id type,
-/// never `str`, `String` or (a release's sequence) `u64`, so one kind of
-/// id cannot be passed where another is asked.
+/// The fleet's ids are types in the store (`bc_store::id`): every
+/// argument of the store's operations (`backend.rs`) and of the bodies they
+/// run (`sql/`) that names a node, gateway, command, operator, token,
+/// image or release, and every public field of the store's rows and inputs
+/// that holds one, is its id type, never `str`, `String` or (a release's
+/// sequence) `u64`, so one kind of id cannot be passed where another is
+/// asked. An argument or field called `id` is one of these unless it names
+/// a rollout, a backup or an enrolment (ids of kinds of their own), and a
+/// gateway's `name` is its id.
 #[test]
 fn the_store_names_ids_by_their_types() {
     let src = workspace().join("server/store/src");
@@ -295,11 +298,16 @@ fn the_store_names_ids_by_their_types() {
         "gateway_id",
         "command_id",
         "command_ids",
+        "rollback_id",
+        "journal_running",
+        "journal_done",
         "image_id",
         "token_id",
         "operator_id",
         "sequence",
     ];
+    // Ids of kinds outside the fleet's seven.
+    let other_ids = ["rollout", "backup", "enrolment", "machines::", "lease"];
     let untyped = |ty: &str| {
         let ty = ty.trim().trim_end_matches(',');
         ["str", "String", "u64"].iter().any(|t| {
@@ -307,56 +315,129 @@ fn the_store_names_ids_by_their_types() {
                 .any(|word| word == *t)
         })
     };
-    // An operation's parameters, one per line in the lists.
-    let backend = std::fs::read_to_string(src.join("backend.rs")).unwrap();
+    let textual = |ty: &str| {
+        ty.split(|c: char| !c.is_alphanumeric() && c != '_')
+            .any(|word| word == "str" || word == "String")
+    };
+    let rule = |name: &str, ty: &str, within: &str| -> bool {
+        let within = within.to_ascii_lowercase();
+        if id_names.contains(&name) {
+            return !untyped(ty);
+        }
+        if name == "id" || name == "ids" {
+            return !textual(ty) || other_ids.iter().any(|k| within.contains(k));
+        }
+        if name == "name" && within.contains("gateway") {
+            return !textual(ty);
+        }
+        true
+    };
+    // The operations' and their bodies' parameters, one or more a line;
+    // `within` is the operation or function they belong to.
+    let mut files = vec![src.join("backend.rs")];
+    for e in std::fs::read_dir(src.join("sql")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    let mut broken = Vec::new();
     let mut checked = 0;
-    for (n, line) in backend.lines().enumerate() {
-        let line = line.trim_start();
-        if line.starts_with("//") {
-            continue;
-        }
-        for (name, ty) in params(line) {
-            if id_names.contains(&name) {
-                checked += 1;
-                assert!(
-                    !untyped(ty),
-                    "backend.rs:{}: `{name}: {ty}` takes an id as text; use its type from bc_store::id",
-                    n + 1
-                );
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        // A body in `sql/` is named with its domain (`rollouts::get`).
+        let domain = match path.parent().and_then(|p| p.file_name()) {
+            Some(d) if d == "sql" => {
+                format!("{}::", path.file_stem().unwrap().to_string_lossy())
             }
-        }
-    }
-    assert!(
-        checked > 30,
-        "the operations' id parameters were found ({checked})"
-    );
-    // The public fields of the rows and inputs.
-    let mut fields = 0;
-    for e in std::fs::read_dir(&src).unwrap() {
-        let path = e.unwrap().path();
-        if path.extension().is_none_or(|x| x != "rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
+            _ => String::new(),
+        };
+        let mut within = String::new();
         for (n, line) in text.lines().enumerate() {
-            let Some(field) = line.trim_start().strip_prefix("pub ") else {
+            let line = line.trim_start();
+            // Signatures, not a body's locals.
+            if line.starts_with("//") || line.starts_with("let ") {
                 continue;
-            };
-            let Some((name, ty)) = field.split_once(": ") else {
-                continue;
-            };
-            if id_names.contains(&name) {
-                fields += 1;
-                assert!(
-                    !untyped(ty),
-                    "{}:{}: `{name}: {ty}` holds an id as text; use its type from bc_store::id",
-                    path.display(),
-                    n + 1
-                );
+            }
+            if let Some(name) = operation(line) {
+                within = format!("{domain}{name}");
+            }
+            for (name, ty) in params(line) {
+                if id_names.contains(&name) || name == "id" || name == "ids" || name == "name" {
+                    checked += 1;
+                }
+                if !rule(name, ty, &within) {
+                    broken.push(format!(
+                        "{}:{}: `{name}: {ty}` in {within} takes an id as text",
+                        path.display(),
+                        n + 1
+                    ));
+                }
             }
         }
     }
-    assert!(fields > 30, "the rows' id fields were found ({fields})");
+    assert!(checked > 100, "the id parameters were found ({checked})");
+    // The public fields of the rows and inputs; `within` is their struct.
+    let mut fields = 0;
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut within = String::new();
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim_start();
+                if let Some(rest) = line
+                    .strip_prefix("pub struct ")
+                    .or_else(|| line.strip_prefix("pub enum "))
+                {
+                    within = rest
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap_or("")
+                        .to_string();
+                }
+                let Some(field) = line.strip_prefix("pub ") else {
+                    continue;
+                };
+                let Some((name, ty)) = field.split_once(": ") else {
+                    continue;
+                };
+                if id_names.contains(&name) || name == "id" || name == "name" {
+                    fields += 1;
+                }
+                if !rule(name, ty, &within) {
+                    broken.push(format!(
+                        "{}:{}: `{name}: {ty}` in {within} holds an id as text",
+                        path.display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(fields > 50, "the rows' id fields were found ({fields})");
+    assert!(
+        broken.is_empty(),
+        "ids taken or held as text (use their types from bc_store::id):\n{}",
+        broken.join("\n")
+    );
+}
+
+/// The operation or function a line declares: `read name(`, `write
+/// name(`, `snapshot name(`, `recording name(`, `fn name(`.
+fn operation(line: &str) -> Option<&str> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| ["read", "write", "snapshot", "recording", "fn"].contains(w))?;
+    let next = words.get(at + 1)?;
+    let name = next.split(['(', '<']).next()?;
+    (!name.is_empty() && next.len() > name.len()).then_some(name)
 }
 
 /// `name: type` pairs declared on one line of a signature: each

@@ -280,7 +280,7 @@ async fn kexec_image(svc: &AdminService, what: &str) -> Result<(String, String),
                  register an image signed with a current key"
             )))
         })?;
-    Ok((id, manifest.name))
+    Ok((id.into_string(), manifest.name))
 }
 
 /// `ListCommands`.

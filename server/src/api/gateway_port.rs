@@ -11,6 +11,7 @@
 //! certificate for a key of its own; a relayed join spends the node's
 //! token as a direct one would.
 
+use bc_store::GatewayId;
 use bc_store::NodeId;
 use std::sync::Arc;
 
@@ -76,7 +77,7 @@ impl GatewayPort {
         let credential = self
             .join
             .store
-            .gateway_credential(&name)
+            .gateway_credential(&GatewayId::from(&name))
             .await
             .map_err(unavailable)?;
         match credential {
@@ -161,7 +162,7 @@ impl Port for GatewayPort {
         }
         let store = &self.join.store;
         let credential = store
-            .gateway_credential(&r.name)
+            .gateway_credential(&GatewayId::from(&r.name))
             .await
             .map_err(unavailable)?;
         // The digest is keyed by the fleet CA: a credential row planted
@@ -209,7 +210,7 @@ impl Port for GatewayPort {
             .ok_or_else(|| Status::internal("an issued chain has a certificate"))?;
         store
             .record_gateway_cert(&bc_store::gateways::GatewayCert {
-                name: r.name.clone(),
+                name: GatewayId::from(r.name.clone()),
                 sha256: bcd_proto::fingerprint(leaf),
                 issued_ms: now,
                 not_after_ms: cert.not_after_ms,

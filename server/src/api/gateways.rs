@@ -1,5 +1,6 @@
 //! Gateway credentials: `AddGateway`, `ListGateways`, `RevokeGateway`.
 
+use bc_store::GatewayId;
 use bc_store::gateways::{GatewayCredential, valid_name};
 use bcd_proto::v1::{
     AddGatewayRequest, AddGatewayResponse, GatewayInfo, ListGatewaysResponse, RevokeGatewayRequest,
@@ -12,7 +13,7 @@ use super::status::{bad_request, refusal, status, unavailable};
 
 fn info(c: GatewayCredential) -> GatewayInfo {
     GatewayInfo {
-        name: c.name,
+        name: c.name.into_string(),
         created_at_ms: c.created_ms,
         revoked_at_ms: c.revoked_ms.unwrap_or(0),
     }
@@ -31,13 +32,13 @@ pub async fn add(svc: &AdminService, r: AddGatewayRequest) -> Result<AddGatewayR
     );
     let created = svc
         .store
-        .add_gateway_credential(&r.name, &svc.secrets.of(&secret))
+        .add_gateway_credential(&GatewayId::from(&r.name), &svc.secrets.of(&secret))
         .await
         .map_err(status)?;
     info!(gateway = %r.name, "gateway credential added");
     let database_role_sql = svc
         .store
-        .gateway_role_sql(&r.name)
+        .gateway_role_sql(&GatewayId::from(&r.name))
         .await
         .map_err(unavailable)?
         .unwrap_or_default();
@@ -67,7 +68,7 @@ pub async fn list(svc: &AdminService) -> Result<ListGatewaysResponse, Status> {
 pub async fn revoke(svc: &AdminService, r: RevokeGatewayRequest) -> Result<GatewayInfo, Status> {
     let store = &svc.store;
     if !store
-        .revoke_gateway_credential(&r.name)
+        .revoke_gateway_credential(&GatewayId::from(&r.name))
         .await
         .map_err(unavailable)?
     {
@@ -80,7 +81,7 @@ pub async fn revoke(svc: &AdminService, r: RevokeGatewayRequest) -> Result<Gatew
     // Its certificates go into the list nodes are handed, signed now.
     svc.gateway_revocations.notify_one();
     let c = store
-        .gateway_credential(&r.name)
+        .gateway_credential(&GatewayId::from(&r.name))
         .await
         .map_err(unavailable)?
         .ok_or_else(|| {

@@ -239,9 +239,7 @@ pub async fn assign(
     let image_id = if r.image.is_empty() {
         None
     } else {
-        Some(ImageId::from(
-            svc.store.resolve_image(&r.image).await.map_err(status)?,
-        ))
+        Some(svc.store.resolve_image(&r.image).await.map_err(status)?)
     };
     svc.store
         .assign_image(&target, image_id.as_ref(), &r.append, mint_ttl_ms)

@@ -95,7 +95,7 @@ pub fn info(r: Rollout) -> RolloutInfo {
                     .unwrap_or(v1::RolloutNodeStatus::Unspecified) as i32,
                 command_id: n.command_id.unwrap_or_default().into_string(),
                 reason: n.reason,
-                rollback_command_id: n.rollback_id.unwrap_or_default(),
+                rollback_command_id: n.rollback_id.unwrap_or_default().into_string(),
             })
             .collect(),
     }

@@ -60,7 +60,7 @@ pub async fn tick(
         certs: revoked
             .into_iter()
             .map(|c| RevokedGatewayCert {
-                name: c.name,
+                name: c.name.into_string(),
                 sha256: c.sha256,
                 not_after_ms: c.not_after_ms,
             })

@@ -4,10 +4,13 @@
 //! signed bytes (`NodeSigned`). What is decoded here is only what the store
 //! judges: the store applies it only when the signature verifies against a
 //! valid certificate of the node the payload names, and records anything
-//! else as a forgery (`bc_store::nodes::judge_signed`). Decoding never
-//! refuses: bytes that do not decode, or name what this server does not
-//! understand (an outcome or status it does not know), become a fact the
-//! store records as forged, so every attempt is visible.
+//! else as a forgery (`bc_store::nodes::judge_signed`). Bytes that do not
+//! decode, or name an outcome or status this server does not know, become
+//! a fact the store records as forged, so every attempt is visible. A
+//! section this server does not know (of a state report or an inventory)
+//! is not understood rather than forged, as a newer node may send one: a
+//! state report leaves it out, an inventory section is turned away by its
+//! number before the store.
 
 use bc_store::commands::ResultInput;
 use bc_store::inventory::InventoryInput;

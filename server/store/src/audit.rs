@@ -26,7 +26,7 @@
 //! (`bc-audit-v1`), and no record is added to it. Chains 1 to
 //! [`AUDIT_CHAINS`] hash their chain's number too (`bc-audit-v2`).
 
-use crate::id::{GatewayId, NodeId};
+use crate::id::{CommandId, GatewayId, NodeId};
 use std::collections::BTreeMap;
 
 /// The audit history in the order of [`AuditRow::id`], with the columns
@@ -268,7 +268,7 @@ pub struct SessionFact {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandFact {
-    pub id: String,
+    pub id: CommandId,
     pub node_id: NodeId,
     pub kind: String,
     pub state: String,

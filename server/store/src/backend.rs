@@ -472,17 +472,17 @@ macro_rules! key_holder_operations {
             // ------------------------------------------------ gateway credentials
             /// Adds a gateway credential (the SHA-256 of its secret); returns when
             /// it was added. A name that is live already is refused.
-            write add_gateway_credential(name: &str, secret_sha256: &str) -> Result<i64, TxError>
+            write add_gateway_credential(name: &GatewayId, secret_sha256: &str) -> Result<i64, TxError>
                 = |db| sql::gateways::add(db, name, secret_sha256);
 
-            read gateway_credential(name: &str) -> Result<Option<GatewayCredential>, StoreError>
+            read gateway_credential(name: &GatewayId) -> Result<Option<GatewayCredential>, StoreError>
                 = |db| sql::gateways::get(db, name);
 
             read list_gateway_credentials() -> Result<Vec<GatewayCredential>, StoreError>
                 = |db| sql::gateways::list(db);
 
             /// Revokes a live credential; false if there is none by that name.
-            write revoke_gateway_credential(name: &str) -> Result<bool, StoreError>
+            write revoke_gateway_credential(name: &GatewayId) -> Result<bool, StoreError>
                 = |db| sql::gateways::revoke(db, name);
 
             /// Records a serving certificate just issued to a gateway.
@@ -870,7 +870,7 @@ macro_rules! key_holder_operations {
 
             /// An image by id, unique id prefix, or name (the latest registered of
             /// that name).
-            read resolve_image(what: &str) -> Result<String, TxError>
+            read resolve_image(what: &str) -> Result<ImageId, TxError>
                 = |db| sql::images::resolve(db, what);
 
             /// Sets (or with `None` clears) what `target` boots; `mint_ttl_ms`
@@ -1031,7 +1031,7 @@ key_holder_operations!(declare!(
         /// gateway `name` connects as a role of its own with exactly a
         /// gateway's privileges ([`crate::postgres::grants`]); `None` on
         /// SQLite, where every process shares the file.
-        async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError>;
+        async fn gateway_role_sql(&self, name: &GatewayId) -> Result<Option<String>, StoreError>;
 
         // ------------------------------------------------- nodes, certificates
         /// Issues a next certificate to the node whose valid certificate has

@@ -8,11 +8,12 @@
 //! (or a certificate issued under it) still counts.
 
 use crate::error::Refusal;
+use crate::id::GatewayId;
 
 /// A gateway credential as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayCredential {
-    pub name: String,
+    pub name: GatewayId,
     pub secret_sha256: String,
     pub created_ms: i64,
     pub revoked_ms: Option<i64>,
@@ -33,7 +34,7 @@ impl GatewayCredential {
 /// was issued so that a revocation can name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayCert {
-    pub name: String,
+    pub name: GatewayId,
     /// SHA-256 of the certificate's DER, lowercase hex.
     pub sha256: String,
     /// When it was issued, on the store's clock.

@@ -2,12 +2,15 @@
 //! where a gateway's is asked for, nor a command's where a token's is, nor
 //! a release's sequence where a number of another kind is.
 //!
-//! Each is the text the store keeps and the wire carries, unchanged
-//! (`#[serde(transparent)]`, bound and read as the column's text): typing
-//! them changes no row, file or message. An id is made from text where it
-//! comes in (a certificate, a request, a row) with `From`; it reads as
-//! `&str` (`as_str`, `Deref`) wherever it goes out, which cannot confuse
-//! one kind with another.
+//! Each is what the store keeps and the wire carries, unchanged
+//! (`#[serde(transparent)]`, bound and read as the column's text, or for
+//! [`ReleaseSeq`] its number): typing them changes no row, file or message.
+//! An id is made from text where it comes in (a certificate, a request, a
+//! row) with `From`; it reads as `&str` (`as_str`, `Deref`) where it goes
+//! out (a statement's text, a log line, a message). The store's operations
+//! and the bodies they run take each id by its type
+//! (`tests/tests/architecture.rs` checks both), so an argument of one kind
+//! given for another does not compile there.
 
 use std::borrow::Borrow;
 use std::fmt;

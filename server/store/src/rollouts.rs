@@ -146,7 +146,7 @@ pub struct RolloutNode {
     pub command_id: Option<CommandId>,
     pub command_state: Option<String>,
     pub reason: String,
-    pub rollback_id: Option<String>,
+    pub rollback_id: Option<CommandId>,
     pub release_floor: u64,
 }
 

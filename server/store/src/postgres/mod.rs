@@ -565,7 +565,7 @@ gateway_operations!(implement!(PostgresBackend, pg_run, GatewayBackend {
 }));
 
 key_holder_operations!(implement!(PostgresBackend, pg_run, Backend {
-    async fn gateway_role_sql(&self, name: &str) -> Result<Option<String>, StoreError> {
+    async fn gateway_role_sql(&self, name: &GatewayId) -> Result<Option<String>, StoreError> {
         tx!(self, |tx| grants::role_sql_here(&tx, name).await.map(Some))
     }
 

@@ -6,13 +6,14 @@ use crate::bindings::{
     judge, replayed,
 };
 use crate::error::StoreError;
+use crate::id::NodeId;
 
 /// Records a fleet event about a node.
 pub(crate) async fn fleet_event(
     db: &impl Db,
     at: i64,
     kind: &str,
-    node_id: &str,
+    node_id: &NodeId,
     detail: &str,
 ) -> Result<(), StoreError> {
     db.execute(
@@ -27,7 +28,7 @@ pub(crate) async fn fleet_event(
 pub(crate) async fn publish(
     db: &impl Db,
     kind: &str,
-    node_id: &str,
+    node_id: &NodeId,
     detail: &str,
 ) -> Result<(), StoreError> {
     let at = db.now().await?;
@@ -114,7 +115,7 @@ pub(crate) async fn record(
     Ok(BindingOutcome::Accepted)
 }
 
-pub(crate) async fn list(db: &impl Db, node_id: &str) -> Result<Vec<BindingRow>, StoreError> {
+pub(crate) async fn list(db: &impl Db, node_id: &NodeId) -> Result<Vec<BindingRow>, StoreError> {
     let rows = db
         .query(
             "SELECT allocation_id, gpus, state, spec_generation FROM bindings
@@ -172,7 +173,7 @@ pub(crate) async fn list_fleet_events(
 
 pub(crate) async fn fleet_events(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     limit: u32,
 ) -> Result<Vec<String>, StoreError> {
     db.query(

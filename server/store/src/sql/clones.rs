@@ -6,6 +6,7 @@ use super::nodes::quarantine_node;
 use super::{Db, List, Row, in_list};
 use crate::clones;
 use crate::error::{StoreError, TxError};
+use crate::id::NodeId;
 use crate::nodes::{SUPERSEDED, SealStatement};
 use crate::sessions::Sighting;
 
@@ -90,7 +91,7 @@ pub(crate) async fn drop_forged(
 /// does not set the mark for the new identity.
 pub(crate) async fn require_hello_proofs(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     serial: &str,
 ) -> Result<bool, StoreError> {
     let at = db.now().await?;
@@ -108,7 +109,7 @@ pub(crate) async fn require_hello_proofs(
 
 pub(crate) async fn supersede(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     serial: &str,
 ) -> Result<Vec<String>, StoreError> {
     let at = db.now().await?;
@@ -137,7 +138,7 @@ pub(crate) async fn supersede(
 
 pub(crate) async fn quarantine(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     serial: &str,
     alternations: u32,
     seal: SealStatement,

@@ -14,7 +14,7 @@ use crate::commands::{
 };
 use crate::error::{Refusal, StoreError, TxError};
 use crate::events::SECURITY_EVENTS_KEPT_MS;
-use crate::id::{CommandId, NodeId};
+use crate::id::{CommandId, GatewayId, NodeId};
 use crate::named::Named;
 use crate::nodes::{Signed, judge_signed};
 
@@ -44,7 +44,7 @@ fn read(r: &Row) -> Result<CommandRow, StoreError> {
     })
 }
 
-pub(crate) async fn row(db: &impl Db, id: &str) -> Result<Option<CommandRow>, StoreError> {
+pub(crate) async fn row(db: &impl Db, id: &CommandId) -> Result<Option<CommandRow>, StoreError> {
     db.query_opt(
         &format!("SELECT {COLUMNS} FROM commands WHERE id = $1"),
         &[&id],
@@ -70,7 +70,7 @@ pub(crate) async fn create(
         .map(|r| Ok::<_, StoreError>((r.get::<Option<i64>>(0)?, r.get::<i64>(1)?)))
         .transpose()?;
     if let Some(key) = &cmd.idempotency_key {
-        let existing: Option<String> = db
+        let existing: Option<CommandId> = db
             .query_opt("SELECT id FROM commands WHERE idempotency_key = $1", &[key])
             .await?
             .map(|r| r.get(0))
@@ -152,8 +152,8 @@ pub(crate) async fn list(
 /// dispatches nothing, and a takeover waits for a dispatch under way.
 pub(crate) async fn take_dispatchable(
     db: &impl Db,
-    gateway_id: &str,
-    node_id: &str,
+    gateway_id: &GatewayId,
+    node_id: &NodeId,
     epoch: u64,
 ) -> Result<Vec<Dispatch>, StoreError> {
     let epoch = epoch as i64;
@@ -221,7 +221,7 @@ pub(crate) async fn take_dispatchable(
 pub(crate) async fn ack(
     db: &impl Db,
     route: &Route,
-    id: &str,
+    id: &CommandId,
     running: bool,
 ) -> Result<bool, StoreError> {
     let (state, from) = ack_moves(running);
@@ -247,7 +247,7 @@ pub(crate) async fn ack(
 
 pub(crate) async fn result(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     signed: &Signed<ResultInput>,
     verify: VerifySignature,
 ) -> Result<ResultApplied, StoreError> {
@@ -322,7 +322,7 @@ pub(crate) async fn upgrades_unjudged(
 /// Hello takes them in.
 pub(crate) async fn judge_upgrade_floor(
     db: &impl Db,
-    id: &str,
+    id: &CommandId,
     believed: bool,
 ) -> Result<Option<u64>, StoreError> {
     let Some(node) = db
@@ -379,7 +379,7 @@ pub(crate) async fn sweep(db: &impl Db) -> Result<Vec<CommandId>, StoreError> {
 
 pub(crate) async fn cancel_pending(
     db: &impl Db,
-    id: &str,
+    id: &CommandId,
     reason: &str,
 ) -> Result<bool, StoreError> {
     let n = db
@@ -418,7 +418,7 @@ pub(crate) async fn results_unreceipted(
 
 pub(crate) async fn put_result_receipt(
     db: &impl Db,
-    id: &str,
+    id: &CommandId,
     receipt: &[u8],
 ) -> Result<(), StoreError> {
     db.execute(

@@ -8,6 +8,7 @@ use crate::events::{
     EVENTS_KEPT_PER_NODE, EventInput, EventKey, EventRow, SECURITY_EVENTS_KEPT_MS, SecurityEvent,
     is_security,
 };
+use crate::id::NodeId;
 
 /// An event's age, as the store keeps it.
 fn age(e: &EventInput) -> i64 {
@@ -16,7 +17,7 @@ fn age(e: &EventInput) -> i64 {
 
 pub(crate) async fn put(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     journal_id: &str,
     events: &[EventInput],
 ) -> Result<u64, StoreError> {
@@ -105,7 +106,7 @@ pub(crate) async fn put(
     Ok(up_to)
 }
 
-pub(crate) async fn list(db: &impl Db, node_id: &str) -> Result<Vec<EventRow>, StoreError> {
+pub(crate) async fn list(db: &impl Db, node_id: &NodeId) -> Result<Vec<EventRow>, StoreError> {
     db.query(
         "SELECT journal_id, event_id, kind, body, at FROM node_events WHERE node_id = $1
          ORDER BY at, event_id",
@@ -129,7 +130,7 @@ pub(crate) async fn list(db: &impl Db, node_id: &str) -> Result<Vec<EventRow>, S
 /// `journal_id` among `keys`: one at most for each.
 pub(crate) async fn receipts(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     journal_id: &str,
     keys: &[EventKey],
 ) -> Result<Vec<(EventKey, Vec<u8>)>, StoreError> {

@@ -6,6 +6,7 @@ use crate::gateways::{
     CERT_KEPT_PAST_END_MS, GatewayCert, GatewayCredential, LISTED_PAST_END_MS, SignedRevocations,
     name_taken,
 };
+use crate::id::GatewayId;
 
 const COLUMNS: &str = "name, secret_sha256, created_at, revoked_at";
 
@@ -18,7 +19,11 @@ fn row(r: &Row) -> Result<GatewayCredential, StoreError> {
     })
 }
 
-pub(crate) async fn add(db: &impl Db, name: &str, secret_sha256: &str) -> Result<i64, TxError> {
+pub(crate) async fn add(
+    db: &impl Db,
+    name: &GatewayId,
+    secret_sha256: &str,
+) -> Result<i64, TxError> {
     // A revoked name may be added again; a live one may not.
     let created = db
         .query_opt(
@@ -37,7 +42,10 @@ pub(crate) async fn add(db: &impl Db, name: &str, secret_sha256: &str) -> Result
     }
 }
 
-pub(crate) async fn get(db: &impl Db, name: &str) -> Result<Option<GatewayCredential>, StoreError> {
+pub(crate) async fn get(
+    db: &impl Db,
+    name: &GatewayId,
+) -> Result<Option<GatewayCredential>, StoreError> {
     db.query_opt(
         &format!("SELECT {COLUMNS} FROM gateway_credentials WHERE name = $1"),
         &[&name],
@@ -59,7 +67,7 @@ pub(crate) async fn list(db: &impl Db) -> Result<Vec<GatewayCredential>, StoreEr
     .collect()
 }
 
-pub(crate) async fn revoke(db: &impl Db, name: &str) -> Result<bool, StoreError> {
+pub(crate) async fn revoke(db: &impl Db, name: &GatewayId) -> Result<bool, StoreError> {
     Ok(db
         .execute(
             "UPDATE gateway_credentials SET revoked_at = compute_now() \

@@ -86,10 +86,10 @@ pub(crate) async fn list(db: &impl Db) -> Result<Vec<ImageRow>, StoreError> {
     Ok(images)
 }
 
-pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<String, TxError> {
+pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<ImageId, TxError> {
     let (name, prefix) = match image_ref(what) {
         ImageRef::Id(id) => {
-            let found: Option<String> = db
+            let found: Option<ImageId> = db
                 .query_opt("SELECT image_id FROM images WHERE image_id = $1", &[&id])
                 .await?
                 .map(|r| r.get(0))
@@ -98,7 +98,7 @@ pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<String, TxError>
         }
         ImageRef::Name { name, prefix } => (name, prefix),
     };
-    let by_name: Option<String> = db
+    let by_name: Option<ImageId> = db
         .query_opt(
             "SELECT image_id FROM images WHERE name = $1
          ORDER BY registered_at DESC, image_id LIMIT 1",
@@ -120,7 +120,7 @@ pub(crate) async fn resolve(db: &impl Db, what: &str) -> Result<String, TxError>
             &[&prefix],
         )
         .await?;
-    Ok(by_prefix(what, ids)?)
+    Ok(ImageId::from(by_prefix(what, ids)?))
 }
 
 pub(crate) async fn assign(
@@ -339,7 +339,7 @@ pub(crate) async fn boots(
 
 pub(crate) async fn get(
     db: &impl Db,
-    image_id: &str,
+    image_id: &ImageId,
 ) -> Result<Option<(ImageRow, Vec<u8>)>, StoreError> {
     db.query_opt(
         &format!("SELECT {IMAGE_COLUMNS}, signed_manifest FROM images WHERE image_id = $1"),

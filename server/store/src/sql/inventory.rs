@@ -5,6 +5,7 @@ use super::bindings::fleet_event;
 use super::nodes::valid_certs;
 use crate::bindings::VerifySignature;
 use crate::error::StoreError;
+use crate::id::NodeId;
 use crate::inventory::{FORGED, InventoryInput, InventoryRow, host_macs};
 use crate::nodes::{Signed, judge_signed};
 use crate::specs::FactApplied;
@@ -15,7 +16,7 @@ use bcd_core::report::InventorySection;
 /// `FOR SHARE` so a Hello cannot bump the epoch meanwhile.
 pub(crate) async fn put(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     epoch: u64,
     signed: &Signed<InventoryInput>,
     verify: VerifySignature,
@@ -69,7 +70,7 @@ pub(crate) async fn put(
 
 pub(crate) async fn get(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     section: InventorySection,
 ) -> Result<Option<InventoryRow>, StoreError> {
     db.query_opt(
@@ -96,7 +97,7 @@ pub(crate) const INSERT_MAC: &str = "INSERT INTO node_macs (mac, node_id, report
 /// a MAC another node reported before names this node now.
 pub(crate) async fn record_macs(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     macs: &[String],
     now: i64,
 ) -> Result<(), StoreError> {

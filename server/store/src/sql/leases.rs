@@ -1,5 +1,6 @@
 //! Leases.
 
+use crate::id::GatewayId;
 use std::time::Duration;
 
 use super::Db;
@@ -70,7 +71,7 @@ pub(crate) async fn release(db: &impl Db, name: &str, owner: &str) -> Result<(),
 
 pub(crate) async fn report_absorption(
     db: &impl Db,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
     per_s: u32,
 ) -> Result<(), StoreError> {
     db.execute(

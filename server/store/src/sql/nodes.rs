@@ -15,7 +15,7 @@ use crate::tokens::Joined;
 /// keys a fact the node signed is checked against.
 pub(crate) async fn valid_certs(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     now: i64,
 ) -> Result<Vec<Vec<u8>>, StoreError> {
     db.column(
@@ -28,7 +28,7 @@ pub(crate) async fn valid_certs(
 
 /// The replay floors the store knows for a node: the highest sequence it
 /// dispatched and its spec generation.
-pub(crate) async fn floors(db: &impl Db, node_id: &str) -> Result<(u64, u64), StoreError> {
+pub(crate) async fn floors(db: &impl Db, node_id: &NodeId) -> Result<(u64, u64), StoreError> {
     let seq: Option<i64> = db
         .query_one(
             "SELECT MAX(seq) FROM commands WHERE node_id = $1 AND state <> 'pending'",
@@ -84,7 +84,10 @@ pub(crate) async fn cert_row(
 
 /// A node's certificates (DER), in serial order (serials are random: no
 /// order in time); those kept without their bytes are left out.
-pub(crate) async fn certificates(db: &impl Db, node_id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+pub(crate) async fn certificates(
+    db: &impl Db,
+    node_id: &NodeId,
+) -> Result<Vec<Vec<u8>>, StoreError> {
     db.column(
         "SELECT der FROM node_certs WHERE node_id = $1 AND der IS NOT NULL ORDER BY serial",
         &[&node_id],
@@ -226,7 +229,7 @@ pub(crate) async fn nodes_matching(
 
 pub(crate) async fn delete_node(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     seal: SealStatement,
 ) -> Result<bool, StoreError> {
     let now = db.now().await?;
@@ -267,7 +270,7 @@ pub(crate) async fn delete_node(
 /// says which (`detail` words it from their serials).
 pub(crate) async fn quarantine_node(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     now: i64,
     seal: SealStatement,
     detail: impl FnOnce(&[String]) -> String,
@@ -286,7 +289,7 @@ pub(crate) async fn quarantine_node(
 /// the statement `seal` signs; returns their serials.
 pub(crate) async fn revoke_all(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     now: i64,
     reason: &str,
     seal: SealStatement,

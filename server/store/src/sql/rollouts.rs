@@ -2,6 +2,7 @@
 
 use super::{Db, Dialect, List, in_list, to_json};
 use crate::error::{StoreError, TxError};
+use crate::id::{CommandId, NodeId};
 use crate::rollouts::{
     Candidate, NewRollout, NodeStatus, Rollout, RolloutCommand, RolloutNode, RolloutState,
     new_rollout_id, plan,
@@ -201,9 +202,9 @@ pub(crate) async fn advance(
 pub(crate) async fn record_command(
     db: &impl Db,
     id: &str,
-    node_id: &str,
+    node_id: &NodeId,
     which: RolloutCommand,
-    command_id: &str,
+    command_id: &CommandId,
 ) -> Result<(), StoreError> {
     let sql = match which {
         RolloutCommand::Upgrade => {
@@ -217,7 +218,7 @@ pub(crate) async fn record_command(
     Ok(())
 }
 
-pub(crate) async fn skip(db: &impl Db, id: &str, node_id: &str) -> Result<(), StoreError> {
+pub(crate) async fn skip(db: &impl Db, id: &str, node_id: &NodeId) -> Result<(), StoreError> {
     db.execute(
         "UPDATE rollout_nodes SET skipped = TRUE WHERE rollout_id = $1 AND node_id = $2",
         &[&id, &node_id],

@@ -423,7 +423,7 @@ pub(crate) async fn disconnect(
 /// statement for the flush, on SQLite one a session.
 pub(crate) async fn flush_liveness(
     db: &impl Db,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
     seen: &[Seen],
 ) -> Result<Vec<SessionKey>, StoreError> {
     if seen.is_empty() {
@@ -479,7 +479,7 @@ pub(crate) async fn flush_liveness(
 /// `gateway-shutdown`) and its lease released, together.
 pub(crate) async fn gateway_shutdown(
     db: &impl Db,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
     sessions: &[SessionKey],
 ) -> Result<(), StoreError> {
     let ended: Vec<Ended> = sessions.iter().map(Ended::at_shutdown).collect();
@@ -510,7 +510,10 @@ pub(crate) async fn fleet_size(db: &impl Db) -> Result<FleetSize, StoreError> {
     })
 }
 
-pub(crate) async fn session(db: &impl Db, node_id: &str) -> Result<Option<SessionRow>, StoreError> {
+pub(crate) async fn session(
+    db: &impl Db,
+    node_id: &NodeId,
+) -> Result<Option<SessionRow>, StoreError> {
     db.query_opt(
         "SELECT epoch, gateway_id, state FROM node_sessions WHERE node_id = $1",
         &[&node_id],
@@ -540,7 +543,7 @@ pub(crate) async fn connected_to(
 
 pub(crate) async fn spec_generations(
     db: &impl Db,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
 ) -> Result<Vec<(NodeId, u64)>, StoreError> {
     db.query(
         "SELECT s.node_id, p.generation FROM node_sessions s
@@ -557,7 +560,7 @@ pub(crate) async fn spec_generations(
 
 pub(crate) async fn nodes_with_work(
     db: &impl Db,
-    gateway_id: &str,
+    gateway_id: &GatewayId,
     specs_since_ms: i64,
 ) -> Result<Vec<NodeId>, StoreError> {
     db.column(

@@ -19,7 +19,7 @@ use crate::specs::{
 /// Whether the node exists and is not deleted; with `lock`, its row is
 /// held until the transaction ends (what changes a node's spec or state
 /// takes it, so two changes queue instead of losing one).
-async fn live_node(db: &impl Db, node_id: &str, lock: bool) -> Result<bool, StoreError> {
+async fn live_node(db: &impl Db, node_id: &NodeId, lock: bool) -> Result<bool, StoreError> {
     let sql = if lock {
         "SELECT deleted_at FROM nodes WHERE id = $1 FOR NO KEY UPDATE"
     } else {
@@ -35,7 +35,7 @@ async fn live_node(db: &impl Db, node_id: &str, lock: bool) -> Result<bool, Stor
 
 /// The stored spec's generation and body as its columns show them: for the
 /// operator's view only; a change starts from the signed bytes.
-async fn current(db: &impl Db, node_id: &str) -> Result<Option<(u64, SpecBody)>, StoreError> {
+async fn current(db: &impl Db, node_id: &NodeId) -> Result<Option<(u64, SpecBody)>, StoreError> {
     let Some(r) = db
         .query_opt(
             "SELECT generation, assignments, access FROM node_specs WHERE node_id = $1",
@@ -60,7 +60,7 @@ async fn current(db: &impl Db, node_id: &str) -> Result<Option<(u64, SpecBody)>,
 /// commits that) and nothing is signed.
 pub(crate) async fn update(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     change: ChangeSpec,
     open: OpenSpec,
     seal: SealSpec,
@@ -131,7 +131,7 @@ pub(crate) async fn expiring(db: &impl Db, within: Duration) -> Result<Vec<NodeI
 
 pub(crate) async fn signed(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
 ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
     db.query_opt(
         "SELECT generation, signed FROM node_specs WHERE node_id = $1",
@@ -144,7 +144,7 @@ pub(crate) async fn signed(
 
 pub(crate) async fn put_state_report(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     signed: &Signed<StateReportInput>,
     verify: VerifySignature,
 ) -> Result<FactApplied, StoreError> {
@@ -192,7 +192,7 @@ pub(crate) async fn put_state_report(
     Ok(FactApplied::Applied)
 }
 
-pub(crate) async fn view(db: &impl Db, node_id: &str) -> Result<Option<SpecView>, StoreError> {
+pub(crate) async fn view(db: &impl Db, node_id: &NodeId) -> Result<Option<SpecView>, StoreError> {
     if !live_node(db, node_id, false).await? {
         return Ok(None);
     }

@@ -7,7 +7,7 @@ use super::{Db, Dialect, Param, Params, Row};
 use crate::clock::ms;
 use crate::clones;
 use crate::error::{StoreError, TxError};
-use crate::id::NodeId;
+use crate::id::{NodeId, OperatorId, TokenId};
 use crate::machines::{self, BoundNode, Enrolled, TokenlessJoin};
 use crate::nodes::{REENROLLED, SealStatement};
 use crate::tokens::{
@@ -83,7 +83,7 @@ pub(crate) async fn operator_by_cert(
 
 pub(crate) async fn revoke_operator(
     db: &impl Db,
-    id: &str,
+    id: &OperatorId,
     seal: SealRevocation,
 ) -> Result<OperatorRow, TxError> {
     let row = db
@@ -161,7 +161,10 @@ pub(crate) async fn list_tokens(db: &impl Db, all: bool) -> Result<Vec<TokenInfo
     .collect()
 }
 
-pub(crate) async fn revoke_token(db: &impl Db, id: &str) -> Result<Option<TokenInfo>, StoreError> {
+pub(crate) async fn revoke_token(
+    db: &impl Db,
+    id: &TokenId,
+) -> Result<Option<TokenInfo>, StoreError> {
     db.query_opt(
         &format!(
             "UPDATE join_tokens SET expires_at = CASE WHEN expires_at < compute_now() - 1
@@ -199,7 +202,7 @@ async fn check_token(db: &impl Db, j: &JoinInput, now: i64) -> Result<(), TxErro
 
 const SPEND_TOKEN: &str = "UPDATE join_tokens SET uses_left = uses_left - 1 WHERE id = $1";
 
-async fn spend_token(db: &impl Db, token_id: &str) -> Result<(), StoreError> {
+async fn spend_token(db: &impl Db, token_id: &TokenId) -> Result<(), StoreError> {
     db.execute(SPEND_TOKEN, &[&token_id]).await?;
     Ok(())
 }
@@ -285,7 +288,7 @@ pub(crate) async fn reenrol(
 ) -> Result<Joined, TxError> {
     let now = db.now().await?;
     check_token(db, j, now).await?;
-    let node_id = proof.node_id.as_str();
+    let node_id = &proof.node_id;
     // Locked (after the token, as every join locks): of two re-enrolments
     // of one node the second reads what the first left, its proof's
     // certificate revoked.
@@ -369,7 +372,7 @@ pub(crate) async fn join_attested(
 async fn reenrol_node(
     db: &impl Db,
     j: &JoinInput,
-    node_id: &str,
+    node_id: &NodeId,
     generation: u64,
     now: i64,
     issue: IssueCert,
@@ -520,7 +523,7 @@ pub(crate) async fn join_enrolled(
 /// alternations call for quarantine. A join with no boot id is not watched.
 async fn watch_reattest(
     db: &impl Db,
-    node_id: &str,
+    node_id: &NodeId,
     boot_id: &str,
     now: i64,
 ) -> Result<bool, TxError> {

@@ -476,7 +476,7 @@ gateway_operations!(implement!(SqliteBackend, lite_run, GatewayBackend {
     async fn report_absorption(&self, gateway_id: &GatewayId, per_s: u32) -> Result<(), StoreError> {
         let gateway_id = gateway_id.to_string();
         Self::run(&self.leases, TransactionBehavior::Immediate, move |c| {
-            ready(leases::report_absorption(&Lite(c), &gateway_id, per_s))
+            ready(leases::report_absorption(&Lite(c), &GatewayId::from(&gateway_id), per_s))
         })
         .await
     }
@@ -504,7 +504,7 @@ gateway_operations!(implement!(SqliteBackend, lite_run, GatewayBackend {
 }));
 
 key_holder_operations!(implement!(SqliteBackend, lite_run, Backend {
-    async fn gateway_role_sql(&self, _name: &str) -> Result<Option<String>, StoreError> {
+    async fn gateway_role_sql(&self, _name: &GatewayId) -> Result<Option<String>, StoreError> {
         Ok(None)
     }
 

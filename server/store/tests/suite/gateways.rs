@@ -1,54 +1,92 @@
 use std::time::Duration;
 
 use bc_store::gateways::{GatewayCert, LISTED_PAST_END_MS, SignedRevocations};
-use bc_store::{Refusal, TxError};
+use bc_store::{GatewayId, Refusal, TxError};
 
 use super::Fixture;
 
 pub async fn a_gateway_credential_is_live_once_and_a_revoked_name_starts_over(f: Fixture) {
     let s = &f.store;
-    let created = s.add_gateway_credential("gw-a", "h1").await.unwrap();
+    let created = s
+        .add_gateway_credential(&GatewayId::from("gw-a"), "h1")
+        .await
+        .unwrap();
     assert_eq!(created, super::T0, "on the store's clock");
-    match s.add_gateway_credential("gw-a", "h2").await {
+    match s
+        .add_gateway_credential(&GatewayId::from("gw-a"), "h2")
+        .await
+    {
         Err(TxError::Refused(Refusal::Conflict(m))) => {
             assert!(m.contains("better-compute gateways revoke gw-a"), "{m}")
         }
         other => panic!("a live name is not added twice: {other:?}"),
     }
-    let c = s.gateway_credential("gw-a").await.unwrap().unwrap();
+    let c = s
+        .gateway_credential(&GatewayId::from("gw-a"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.secret_sha256, "h1", "the refused add changed nothing");
     assert!(c.admits(super::T0));
 
     f.clock.advance(Duration::from_secs(10));
-    assert!(s.revoke_gateway_credential("gw-a").await.unwrap());
     assert!(
-        !s.revoke_gateway_credential("gw-a").await.unwrap(),
+        s.revoke_gateway_credential(&GatewayId::from("gw-a"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.revoke_gateway_credential(&GatewayId::from("gw-a"))
+            .await
+            .unwrap(),
         "revoked once"
     );
-    assert!(!s.revoke_gateway_credential("nope").await.unwrap());
-    let c = s.gateway_credential("gw-a").await.unwrap().unwrap();
+    assert!(
+        !s.revoke_gateway_credential(&GatewayId::from("nope"))
+            .await
+            .unwrap()
+    );
+    let c = s
+        .gateway_credential(&GatewayId::from("gw-a"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.revoked_ms, Some(super::T0 + 10_000));
     assert!(!c.admits(super::T0 + 5_000));
 
     f.clock.advance(Duration::from_secs(10));
-    let again = s.add_gateway_credential("gw-a", "h3").await.unwrap();
+    let again = s
+        .add_gateway_credential(&GatewayId::from("gw-a"), "h3")
+        .await
+        .unwrap();
     assert_eq!(again, super::T0 + 20_000);
-    let c = s.gateway_credential("gw-a").await.unwrap().unwrap();
+    let c = s
+        .gateway_credential(&GatewayId::from("gw-a"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((c.secret_sha256.as_str(), c.revoked_ms), ("h3", None));
     assert!(
         !c.admits(super::T0 + 5_000),
         "a certificate from before the name was added again does not count"
     );
-    s.add_gateway_credential("gw-b", "h4").await.unwrap();
+    s.add_gateway_credential(&GatewayId::from("gw-b"), "h4")
+        .await
+        .unwrap();
     let names: Vec<String> = s
         .list_gateway_credentials()
         .await
         .unwrap()
         .into_iter()
-        .map(|c| c.name)
+        .map(|c| c.name.into_string())
         .collect();
     assert_eq!(names, ["gw-a", "gw-b"]);
-    assert!(s.gateway_credential("nope").await.unwrap().is_none());
+    assert!(
+        s.gateway_credential(&GatewayId::from("nope"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 fn cert(name: &str, sha: &str, issued_ms: i64, not_after_ms: i64) -> GatewayCert {
@@ -66,8 +104,12 @@ pub async fn revoked_gateway_certificates_are_listed_until_their_end_and_the_new
     let s = &f.store;
     let day = 24 * 3600 * 1000;
     assert_eq!(s.gateway_revocations().await.unwrap(), None);
-    s.add_gateway_credential("gw-a", "h1").await.unwrap();
-    s.add_gateway_credential("gw-b", "h2").await.unwrap();
+    s.add_gateway_credential(&GatewayId::from("gw-a"), "h1")
+        .await
+        .unwrap();
+    s.add_gateway_credential(&GatewayId::from("gw-b"), "h2")
+        .await
+        .unwrap();
     let a1 = cert("gw-a", "a1", super::T0, super::T0 + 30 * day);
     let b1 = cert("gw-b", "b1", super::T0, super::T0 + 30 * day);
     s.record_gateway_cert(&a1).await.unwrap();
@@ -82,12 +124,18 @@ pub async fn revoked_gateway_certificates_are_listed_until_their_end_and_the_new
     );
 
     f.clock.advance(Duration::from_secs(10));
-    assert!(s.revoke_gateway_credential("gw-a").await.unwrap());
+    assert!(
+        s.revoke_gateway_credential(&GatewayId::from("gw-a"))
+            .await
+            .unwrap()
+    );
     assert_eq!(s.revoked_gateway_certs().await.unwrap(), vec![a1.clone()]);
     // The name added again: its old certificates stay revoked, its new
     // one is live.
     f.clock.advance(Duration::from_secs(10));
-    s.add_gateway_credential("gw-a", "h3").await.unwrap();
+    s.add_gateway_credential(&GatewayId::from("gw-a"), "h3")
+        .await
+        .unwrap();
     let a2 = cert("gw-a", "a2", super::T0 + 20_000, super::T0 + 30 * day);
     s.record_gateway_cert(&a2).await.unwrap();
     assert_eq!(s.revoked_gateway_certs().await.unwrap(), vec![a1.clone()]);
@@ -133,6 +181,10 @@ pub async fn revoked_gateway_certificates_are_listed_until_their_end_and_the_new
     .await
     .unwrap();
     // A record forgotten is not listed again if its credential goes.
-    assert!(s.revoke_gateway_credential("gw-b").await.unwrap());
+    assert!(
+        s.revoke_gateway_credential(&GatewayId::from("gw-b"))
+            .await
+            .unwrap()
+    );
     assert!(s.revoked_gateway_certs().await.unwrap().is_empty());
 }
