@@ -11,8 +11,8 @@
 //! - [`boot`]: the plain-HTTP boot endpoint for PXE clients.
 //! - [`pki`]: the fleet CA, the worker key and what it seals.
 //! - [`cli`] (with [`client`]): the operator's command line.
-//! - [`check`] and [`sim`]: the invariant checkers and the fleet
-//!   simulator.
+//! - [`check`]: the invariant checkers (the fleet simulator that runs
+//!   them is the `bc-sim` crate).
 //! - [`backup`]: backup sets of the store and keys, and restores.
 //!
 //! All state lives in the store, `bc-store` (`server/store`), which knows

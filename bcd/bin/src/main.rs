@@ -11,6 +11,9 @@
 //! (the `bcd-fakehw` crate), `failpoints` arms the agent's failpoints from
 //! `BCD_CRASH_AT`, `nvml` reads GPU fields through NVML (glibc builds).
 #![forbid(unsafe_code)]
+// The flags' doc comments are their `--help` text, shown as written:
+// `<data-dir>` there is a placeholder, not an HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
 
 use bcd_agent::daemon::{self, MachineDirs, tpm_at, tpm_endpoint};
 use bcd_agent::{doctor, helper, hw, join, metrics, node, upgrade};

@@ -4,7 +4,7 @@
 //! makes its serving key in memory and proves a secret to the process that
 //! holds the fleet CA, which certifies the key under the gateway's name.
 //! The store keeps the secret only as its SHA-256, with when the name was
-//! added and when it was revoked. [`admits`] decides whether a credential
+//! added and when it was revoked. [`GatewayCredential::admits`] decides whether a credential
 //! (or a certificate issued under it) still counts.
 
 use crate::error::Refusal;

@@ -47,7 +47,7 @@ pub struct ReleaseHead {
     pub size: u64,
 }
 
-/// The most bytes one [`Backend::release_chunk`](crate::Backend::release_chunk)
+/// The most bytes one [`GatewayBackend::release_chunk`](crate::GatewayBackend::release_chunk)
 /// call reads.
 pub const MAX_CHUNK: u32 = 4 << 20;
 

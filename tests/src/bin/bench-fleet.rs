@@ -15,6 +15,9 @@
 //! then `target/bench-fast/bench-fleet --nodes 1000` (or `--nodes 10000
 //! --duration 60s --timings spec --handshake-rate 5000`); `--save DIR`
 //! keeps the reports for `scripts/plot-bench`.
+// The flags' doc comments are their `--help` text, shown as written:
+// `<store>` there is a placeholder, not an HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::process::Command;
 

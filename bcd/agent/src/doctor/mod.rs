@@ -15,7 +15,7 @@
 //! daemon keeps its session.
 //!
 //! Time is a parameter ([`Options::now_ms`]); the checks are in
-//! [`checks`], one function each.
+//! `checks`, one function each.
 
 mod checks;
 

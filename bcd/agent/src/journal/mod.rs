@@ -670,7 +670,7 @@ impl Journal {
     /// gateway must not erase the node's record of what it forged.
     ///
     /// Security events a gateway acknowledged are kept up to
-    /// [`KEEP_SECURITY`] (the newest; a control plane from before receipts
+    /// `KEEP_SECURITY` (the newest; a control plane from before receipts
     /// sends none), and one over the 64 KiB a gateway stores goes with the
     /// acknowledgement (no gateway stores it, so no receipt comes).
     pub fn ack_events(&self, up_to: u64) -> rusqlite::Result<()> {

@@ -13,7 +13,7 @@
 //! GPU resets ([`Host`]), reboot and kexec ([`Power`]), the CDI spec and env
 //! files ([`DeviceFiles`]), sshd's files ([`SshdFiles`]) and the nftables
 //! table ([`Firewall`]). Self-update's slots come in as an
-//! [`Updater`](crate::upgrade::Updater).
+//! [`Updater`].
 //!
 //! The agent is split by the state each part owns. What every part uses
 //! (the identity, the machine, the journal, failpoints, metrics, the signer

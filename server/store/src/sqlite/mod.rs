@@ -5,7 +5,7 @@
 //! - The clock: every connection registers `compute_now()`, which reads the
 //!   [`Clock`] the store was opened with; every query and trigger uses it.
 //! - Three connections: writes go through one, owned by a writer thread
-//!   that commits the writes waiting for it together ([`writer`]: group
+//!   that commits the writes waiting for it together (`writer`: group
 //!   commit, one fsync for many); reads through another (WAL readers never
 //!   wait for writers); lease renewals through their own, so a gateway's
 //!   renewal never waits behind Hellos.
@@ -22,7 +22,7 @@
 //! catalog, `dump`). This module holds the connections, and implements
 //! the store's interfaces from their lists of operations (`lite_run`):
 //! each call's arguments carried to a transaction on the writer's thread or
-//! the reader's ([`carry`]).
+//! the reader's (`carry`).
 
 mod carry;
 mod chunks;
