@@ -88,7 +88,8 @@ fn modules_in(dir: &Path) -> std::io::Result<BTreeMap<String, Vec<PathBuf>>> {
     Ok(out)
 }
 
-fn rust_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// Every `.rs` file under `dir`, recursively, sorted.
+pub fn rust_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();

@@ -339,6 +339,14 @@ fn the_store_names_ids_by_their_types() {
         files.push(e.unwrap().path());
     }
     let mut broken = Vec::new();
+    let mut judge = |name: &str, ty: &str, within: &str, path: &std::path::Path, line: usize| {
+        if !rule(name, ty, within) {
+            broken.push(format!(
+                "{}:{line}: `{name}: {ty}` in {within} takes or holds an id as text",
+                path.display()
+            ));
+        }
+    };
     let mut checked = 0;
     for path in &files {
         let text = std::fs::read_to_string(path).unwrap();
@@ -363,61 +371,38 @@ fn the_store_names_ids_by_their_types() {
                 if id_names.contains(&name) || name == "id" || name == "ids" || name == "name" {
                     checked += 1;
                 }
-                if !rule(name, ty, &within) {
-                    broken.push(format!(
-                        "{}:{}: `{name}: {ty}` in {within} takes an id as text",
-                        path.display(),
-                        n + 1
-                    ));
-                }
+                judge(name, ty, &within, path, n + 1);
             }
         }
     }
     assert!(checked > 100, "the id parameters were found ({checked})");
     // The public fields of the rows and inputs; `within` is their struct.
     let mut fields = 0;
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
+    for path in bc_tests::module_graph::rust_files(&src).unwrap() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut within = String::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            if let Some(rest) = line
+                .strip_prefix("pub struct ")
+                .or_else(|| line.strip_prefix("pub enum "))
+            {
+                within = rest
+                    .split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+            }
+            let Some(field) = line.strip_prefix("pub ") else {
                 continue;
-            }
-            if path.extension().is_none_or(|x| x != "rs") {
+            };
+            let Some((name, ty)) = field.split_once(": ") else {
                 continue;
+            };
+            if id_names.contains(&name) || name == "id" || name == "name" {
+                fields += 1;
             }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let mut within = String::new();
-            for (n, line) in text.lines().enumerate() {
-                let line = line.trim_start();
-                if let Some(rest) = line
-                    .strip_prefix("pub struct ")
-                    .or_else(|| line.strip_prefix("pub enum "))
-                {
-                    within = rest
-                        .split(|c: char| !c.is_alphanumeric() && c != '_')
-                        .next()
-                        .unwrap_or("")
-                        .to_string();
-                }
-                let Some(field) = line.strip_prefix("pub ") else {
-                    continue;
-                };
-                let Some((name, ty)) = field.split_once(": ") else {
-                    continue;
-                };
-                if id_names.contains(&name) || name == "id" || name == "name" {
-                    fields += 1;
-                }
-                if !rule(name, ty, &within) {
-                    broken.push(format!(
-                        "{}:{}: `{name}: {ty}` in {within} holds an id as text",
-                        path.display(),
-                        n + 1
-                    ));
-                }
-            }
+            judge(name, ty, &within, &path, n + 1);
         }
     }
     assert!(fields > 50, "the rows' id fields were found ({fields})");
